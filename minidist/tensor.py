@@ -1,0 +1,826 @@
+"""The autograd Tensor: an array that remembers how it was made.
+
+Every operation builds a new Tensor and, next to its forward computation,
+defines its *local* backward: given the gradient of the loss with respect to
+its output, the gradients with respect to its inputs (the chain rule, one op
+at a time, in the style of micrograd). ``loss.backward()`` orders the graph
+topologically and calls the local backwards from the loss down to the leaves,
+where gradients are accumulated in place into ``tensor.grad``.
+
+The arrays come from :mod:`minidist.backend` (NumPy, or CuPy on a GPU), so
+``tensor.data`` and ``tensor.grad`` are plain backend arrays.
+
+Conventions, as a PyTorch user expects:
+
+* Python numbers and lists become float32; NumPy arrays keep their dtype (so
+  tests can use float64), unless ``dtype=`` says otherwise.
+* Gradients accumulate: call ``optimizer.zero_grad()`` between steps.
+* The graph is freed after ``backward()`` unless ``retain_graph=True``;
+  a second backward through a freed graph raises.
+* Broadcasting works as in NumPy, and every backward sums the gradient back
+  to the input's shape.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy
+
+from minidist import backend
+
+# --------------------------------------------------------------------------
+# Gradient mode
+
+
+_grad_enabled = True
+
+
+def is_grad_enabled() -> bool:
+    return _grad_enabled
+
+
+class no_grad:
+    """Context manager (and decorator) that records no graph: for evaluation
+    and for optimizer updates, which must not become part of the next step's
+    graph."""
+
+    def __enter__(self):
+        global _grad_enabled
+        self._previous = _grad_enabled
+        _grad_enabled = False
+        return self
+
+    def __exit__(self, *exc):
+        global _grad_enabled
+        _grad_enabled = self._previous
+        return False
+
+    def __call__(self, function):
+        @functools.wraps(function)
+        def wrapper(*args, **kwargs):
+            with no_grad():
+                return function(*args, **kwargs)
+
+        return wrapper
+
+
+# --------------------------------------------------------------------------
+# Helpers
+
+
+def _unbroadcast(grad, shape):
+    """Sum ``grad`` over the axes broadcasting added, back to ``shape``.
+
+    Broadcasting copies an input along new leading axes and along axes of
+    size 1; the gradient of a copy is the sum of the copies' gradients.
+    """
+    if grad.shape == tuple(shape):
+        return grad
+    extra = grad.ndim - len(shape)
+    if extra > 0:
+        grad = grad.sum(axis=tuple(range(extra)))
+    axes = tuple(i for i, size in enumerate(shape) if size == 1 and grad.shape[i] != 1)
+    if axes:
+        grad = grad.sum(axis=axes, keepdims=True)
+    return grad.reshape(shape)
+
+
+def _is_float(dtype) -> bool:
+    return numpy.issubdtype(numpy.dtype(dtype), numpy.floating)
+
+
+def _as_array(data, dtype=None):
+    xp = backend.get()
+    if isinstance(data, Tensor):
+        data = data.data
+    module = type(data).__module__
+    if isinstance(data, numpy.ndarray) or module.startswith("cupy"):
+        array = data
+        if backend.of(array) is not xp:
+            # Data created on the other backend follows the selected one.
+            array = xp.asarray(backend.to_numpy(array))
+        if dtype is not None and array.dtype != dtype:
+            array = array.astype(dtype)
+        return array
+    if isinstance(data, numpy.generic):
+        return xp.asarray(data, dtype=dtype)
+    # Python numbers and (nested) lists: float32 unless told otherwise.
+    return xp.asarray(data, dtype=dtype if dtype is not None else numpy.float32)
+
+
+def _shape_str(shape) -> str:
+    return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+# --------------------------------------------------------------------------
+# The Tensor
+
+
+class Tensor:
+    """An n-dimensional array with an optional gradient.
+
+    >>> x = Tensor([[1.0, 2.0]], requires_grad=True)
+    >>> y = (x * x).sum()
+    >>> y.backward()
+    >>> x.grad
+    array([[2., 4.]], dtype=float32)
+    """
+
+    __slots__ = (
+        "data",
+        "grad",
+        "requires_grad",
+        "name",
+        "_parents",
+        "_backward",
+        "_op",
+        "_freed",
+        "_retain",
+        "_hooks",
+        "__weakref__",
+    )
+    # NumPy defers to our reflected operators (array * tensor -> Tensor).
+    __array_priority__ = 1000
+
+    def __init__(self, data, requires_grad: bool = False, dtype=None, name: str | None = None):
+        self.data = _as_array(data, dtype)
+        if requires_grad and not _is_float(self.data.dtype):
+            raise TypeError(
+                f"only floating-point tensors can require gradients, got dtype {self.data.dtype}; "
+                "create it with dtype=numpy.float32 (or float64)"
+            )
+        self.grad = None
+        self.requires_grad = bool(requires_grad)
+        self.name = name
+        self._parents = ()
+        self._backward = None
+        self._op = ""
+        self._freed = False
+        self._retain = False
+        self._hooks = None
+
+    # -- construction of graph nodes ------------------------------------
+    @staticmethod
+    def _make(data, parents, backward, op):
+        """A new node: ``backward(grad_out)`` returns one gradient (or None)
+        per parent. Outside grad mode, or when no parent needs a gradient,
+        nothing is recorded and the closure is dropped at once."""
+        out = Tensor.__new__(Tensor)
+        out.data = data
+        out.grad = None
+        out.name = None
+        out._freed = False
+        out._retain = False
+        out._hooks = None
+        out._op = op
+        if _grad_enabled and any(p.requires_grad for p in parents):
+            out.requires_grad = True
+            out._parents = parents
+            out._backward = backward
+        else:
+            out.requires_grad = False
+            out._parents = ()
+            out._backward = None
+        return out
+
+    def _wrap(self, other):
+        if isinstance(other, Tensor):
+            return other
+        if isinstance(other, (int, float, bool)):
+            # A Python number takes this tensor's dtype, as in NumPy 2.
+            return Tensor(backend.of(self.data).asarray(other, dtype=self.data.dtype))
+        return Tensor(other)
+
+    # -- properties -----------------------------------------------------
+    @property
+    def shape(self):
+        return self.data.shape
+
+    @property
+    def ndim(self):
+        return self.data.ndim
+
+    @property
+    def size(self):
+        return self.data.size
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._backward is None and not self._freed
+
+    @property
+    def T(self):
+        return self.transpose()
+
+    def numel(self) -> int:
+        return int(self.data.size)
+
+    def __len__(self):
+        return len(self.data)
+
+    def __repr__(self):
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        body = numpy.array2string(backend.to_numpy(self.data), precision=4, separator=", ")
+        return f"Tensor({body}, dtype={self.data.dtype}{grad})"
+
+    def numpy(self):
+        """The data as a NumPy array (copied from the GPU if needed)."""
+        return backend.to_numpy(self.data)
+
+    def item(self):
+        if self.data.size != 1:
+            raise ValueError(
+                f"item() needs a tensor with one element, this one has shape {_shape_str(self.shape)}"
+            )
+        return self.data.reshape(()).item()
+
+    def detach(self) -> Tensor:
+        """The same data, cut from the graph."""
+        return Tensor(self.data)
+
+    def tolist(self):
+        return self.numpy().tolist()
+
+    def argmax(self, axis=None):
+        return self.data.argmax(axis=axis)
+
+    def astype(self, dtype) -> Tensor:
+        source = self.data.dtype
+        return Tensor._make(self.data.astype(dtype), (self,), lambda g: (g.astype(source),), "astype")
+
+    def retain_grad(self):
+        """Keep ``.grad`` on this intermediate tensor after backward."""
+        self._retain = True
+        return self
+
+    def register_post_accumulate_grad_hook(self, hook):
+        """Call ``hook(tensor)`` each time backward has accumulated into this
+        leaf's ``.grad``: the moment its gradient is ready. Data parallel
+        training uses it to start communicating a bucket while backward goes
+        on with earlier layers. Returns a handle with ``remove()``."""
+        if self._hooks is None:
+            self._hooks = []
+        self._hooks.append(hook)
+        hooks = self._hooks
+
+        class _Handle:
+            def remove(self_inner):
+                if hook in hooks:
+                    hooks.remove(hook)
+
+        return _Handle()
+
+    # -- backward -------------------------------------------------------
+    def _accumulate(self, grad):
+        if self.grad is None:
+            # Own copy: the incoming array may be shared with another branch.
+            self.grad = grad.astype(self.data.dtype, copy=True)
+        else:
+            # In place, so a .grad that is a view into a larger buffer (as
+            # data-parallel bucketing arranges) receives the sum.
+            self.grad += grad
+        if self._hooks:
+            for hook in list(self._hooks):
+                hook(self)
+
+    def _topological_order(self):
+        """Nodes that need a gradient, each after all the nodes it was made from."""
+        order, visited = [], set()
+        stack = [(self, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if expanded:
+                order.append(node)
+                continue
+            if id(node) in visited:
+                continue
+            visited.add(id(node))
+            stack.append((node, True))
+            for parent in node._parents:
+                if parent.requires_grad and id(parent) not in visited:
+                    stack.append((parent, False))
+        return order
+
+    def backward(self, gradient=None, retain_graph: bool = False):
+        """Compute the gradient of this tensor with respect to every leaf that
+        requires one, and add it to that leaf's ``.grad``."""
+        if not self.requires_grad:
+            raise RuntimeError(
+                "backward() called on a tensor that does not require grad: none of the "
+                "tensors it was computed from has requires_grad=True (or it was computed "
+                "inside no_grad())"
+            )
+        if self._freed:
+            raise RuntimeError(
+                "backward() through a graph that was already freed: the first backward() "
+                "released the saved intermediate values. Call backward(retain_graph=True) "
+                "the first time if you need to go through the graph twice."
+            )
+        xp = backend.of(self.data)
+        if gradient is None:
+            if self.data.size != 1:
+                raise RuntimeError(
+                    f"backward() on a non-scalar tensor of shape {_shape_str(self.shape)} needs "
+                    "a gradient of the same shape, e.g. t.backward(numpy.ones_like(t.data)); "
+                    "or reduce it first, e.g. t.sum().backward()"
+                )
+            gradient = xp.ones_like(self.data)
+        else:
+            gradient = _as_array(gradient, self.data.dtype)
+            if gradient.shape != self.data.shape:
+                raise ValueError(
+                    f"backward(gradient): gradient shape {_shape_str(gradient.shape)} does not "
+                    f"match the tensor's shape {_shape_str(self.shape)}"
+                )
+
+        grads = {id(self): gradient}
+        for node in reversed(self._topological_order()):
+            grad = grads.pop(id(node), None)
+            if grad is None:
+                continue
+            if node._backward is None:
+                if node._freed:
+                    raise RuntimeError(
+                        "backward() reached a part of the graph freed by an earlier "
+                        "backward(); use retain_graph=True on the first call"
+                    )
+                node._accumulate(grad)
+                continue
+            if node._retain:
+                node._accumulate(grad)
+            parent_grads = node._backward(grad)
+            for parent, parent_grad in zip(node._parents, parent_grads):
+                if parent_grad is None or not parent.requires_grad:
+                    continue
+                key = id(parent)
+                if key in grads:
+                    grads[key] = grads[key] + parent_grad
+                else:
+                    grads[key] = parent_grad
+            if not retain_graph:
+                node._backward = None
+                node._parents = ()
+                node._freed = True
+
+    # -- elementwise arithmetic -----------------------------------------
+    def __add__(self, other):
+        other = self._wrap(other)
+        a, b = self, other
+
+        def backward(g):
+            return (
+                _unbroadcast(g, a.shape) if a.requires_grad else None,
+                _unbroadcast(g, b.shape) if b.requires_grad else None,
+            )
+
+        return Tensor._make(a.data + b.data, (a, b), backward, "add")
+
+    def __radd__(self, other):
+        return self._wrap(other) + self
+
+    def __sub__(self, other):
+        other = self._wrap(other)
+        a, b = self, other
+
+        def backward(g):
+            return (
+                _unbroadcast(g, a.shape) if a.requires_grad else None,
+                _unbroadcast(-g, b.shape) if b.requires_grad else None,
+            )
+
+        return Tensor._make(a.data - b.data, (a, b), backward, "sub")
+
+    def __rsub__(self, other):
+        return self._wrap(other) - self
+
+    def __neg__(self):
+        return Tensor._make(-self.data, (self,), lambda g: (-g,), "neg")
+
+    def __mul__(self, other):
+        other = self._wrap(other)
+        a, b = self, other
+
+        def backward(g):
+            return (
+                _unbroadcast(g * b.data, a.shape) if a.requires_grad else None,
+                _unbroadcast(g * a.data, b.shape) if b.requires_grad else None,
+            )
+
+        return Tensor._make(a.data * b.data, (a, b), backward, "mul")
+
+    def __rmul__(self, other):
+        return self._wrap(other) * self
+
+    def __truediv__(self, other):
+        other = self._wrap(other)
+        a, b = self, other
+
+        def backward(g):
+            return (
+                _unbroadcast(g / b.data, a.shape) if a.requires_grad else None,
+                _unbroadcast(-g * a.data / (b.data * b.data), b.shape) if b.requires_grad else None,
+            )
+
+        return Tensor._make(a.data / b.data, (a, b), backward, "div")
+
+    def __rtruediv__(self, other):
+        return self._wrap(other) / self
+
+    def __pow__(self, exponent):
+        a = self
+        if isinstance(exponent, Tensor):
+            b = exponent
+            out = a.data**b.data
+            xp = backend.of(out)
+
+            def backward(g):
+                grad_a = grad_b = None
+                if a.requires_grad:
+                    grad_a = _unbroadcast(g * b.data * a.data ** (b.data - 1), a.shape)
+                if b.requires_grad:
+                    grad_b = _unbroadcast(g * out * xp.log(a.data), b.shape)
+                return grad_a, grad_b
+
+            return Tensor._make(out, (a, b), backward, "pow")
+        if not isinstance(exponent, (int, float)):
+            raise TypeError(f"pow: exponent must be a number or a Tensor, got {type(exponent).__name__}")
+        out = a.data**exponent
+        return Tensor._make(
+            out, (a,), lambda g: (g * exponent * a.data ** (exponent - 1),), "pow"
+        )
+
+    def __rpow__(self, base):
+        return self._wrap(base) ** self
+
+    def __matmul__(self, other):
+        return matmul(self, self._wrap(other))
+
+    def __rmatmul__(self, other):
+        return matmul(self._wrap(other), self)
+
+    # Comparisons give plain boolean tensors (no gradient flows through them).
+    def __gt__(self, other):
+        return Tensor(self.data > _data(other))
+
+    def __ge__(self, other):
+        return Tensor(self.data >= _data(other))
+
+    def __lt__(self, other):
+        return Tensor(self.data < _data(other))
+
+    def __le__(self, other):
+        return Tensor(self.data <= _data(other))
+
+    # Identity-based hashing keeps tensors usable as dict keys and in sets.
+    __hash__ = object.__hash__
+
+    # -- elementwise functions ------------------------------------------
+    def exp(self):
+        out = backend.of(self.data).exp(self.data)
+        return Tensor._make(out, (self,), lambda g: (g * out,), "exp")
+
+    def log(self):
+        x = self.data
+        return Tensor._make(backend.of(x).log(x), (self,), lambda g: (g / x,), "log")
+
+    def sqrt(self):
+        out = backend.of(self.data).sqrt(self.data)
+        return Tensor._make(out, (self,), lambda g: (g / (2 * out),), "sqrt")
+
+    def tanh(self):
+        out = backend.of(self.data).tanh(self.data)
+        return Tensor._make(out, (self,), lambda g: (g * (1 - out * out),), "tanh")
+
+    def sigmoid(self):
+        xp = backend.of(self.data)
+        x = self.data
+        # Split by sign so exp never overflows.
+        z = xp.exp(-xp.abs(x))
+        out = xp.where(x >= 0, 1 / (1 + z), z / (1 + z)).astype(x.dtype, copy=False)
+        return Tensor._make(out, (self,), lambda g: (g * out * (1 - out),), "sigmoid")
+
+    def relu(self):
+        x = self.data
+        mask = x > 0
+        return Tensor._make(x * mask, (self,), lambda g: (g * mask,), "relu")
+
+    def abs(self):
+        xp = backend.of(self.data)
+        x = self.data
+        return Tensor._make(xp.abs(x), (self,), lambda g: (g * xp.sign(x),), "abs")
+
+    def clip(self, min=None, max=None):
+        """Values limited to [min, max]; the gradient is passed only where the
+        value was inside the range."""
+        xp = backend.of(self.data)
+        x = self.data
+        out = xp.clip(x, min, max)
+        inside = xp.ones(x.shape, dtype=bool)
+        if min is not None:
+            inside &= x >= min
+        if max is not None:
+            inside &= x <= max
+        return Tensor._make(out, (self,), lambda g: (g * inside,), "clip")
+
+    # -- reductions -----------------------------------------------------
+    def sum(self, axis=None, keepdims=False):
+        x = self.data
+        xp = backend.of(x)
+        out = x.sum(axis=axis, keepdims=keepdims)
+
+        def backward(g):
+            if axis is not None and not keepdims:
+                g = xp.expand_dims(g, _normalise_axes(axis, x.ndim))
+            return (xp.broadcast_to(g, x.shape),)
+
+        return Tensor._make(out, (self,), backward, "sum")
+
+    def mean(self, axis=None, keepdims=False):
+        x = self.data
+        count = x.size if axis is None else int(numpy.prod([x.shape[i] for i in _normalise_axes(axis, x.ndim)]))
+        return self.sum(axis=axis, keepdims=keepdims) * (1.0 / max(count, 1))
+
+    def _extreme(self, axis, keepdims, take, op):
+        x = self.data
+        xp = backend.of(x)
+        out = take(x, axis=axis, keepdims=True)
+
+        def backward(g):
+            if axis is not None and not keepdims:
+                g = xp.expand_dims(g, _normalise_axes(axis, x.ndim))
+            elif axis is None and not keepdims:
+                g = g.reshape((1,) * x.ndim)
+            # Ties share the gradient equally, so the sum of gradients is kept.
+            mask = x == out
+            return (mask * (g / mask.sum(axis=axis, keepdims=True)),)
+
+        result = out if keepdims else (out.reshape(()) if axis is None else out.squeeze(axis=axis))
+        return Tensor._make(result, (self,), backward, op)
+
+    def max(self, axis=None, keepdims=False):
+        return self._extreme(axis, keepdims, lambda x, **kw: x.max(**kw), "max")
+
+    def min(self, axis=None, keepdims=False):
+        return self._extreme(axis, keepdims, lambda x, **kw: x.min(**kw), "min")
+
+    # -- shape ----------------------------------------------------------
+    def reshape(self, *shape):
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        source = self.shape
+        try:
+            out = self.data.reshape(shape)
+        except ValueError:
+            raise ValueError(
+                f"cannot reshape a tensor of shape {_shape_str(source)} ({self.size} elements) "
+                f"into shape {_shape_str(shape)}"
+            ) from None
+        return Tensor._make(out, (self,), lambda g: (g.reshape(source),), "reshape")
+
+    def view(self, *shape):
+        return self.reshape(*shape)
+
+    def flatten(self, start_axis=0):
+        return self.reshape(self.shape[:start_axis] + (-1,))
+
+    def transpose(self, *axes):
+        if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+            axes = tuple(axes[0])
+        xp = backend.of(self.data)
+        if not axes:
+            axes = tuple(reversed(range(self.ndim)))
+        inverse = tuple(numpy.argsort(axes))
+        out = xp.transpose(self.data, axes)
+        return Tensor._make(out, (self,), lambda g: (xp.transpose(g, inverse),), "transpose")
+
+    def __getitem__(self, index):
+        if isinstance(index, Tensor):
+            index = index.data
+        x = self.data
+        xp = backend.of(x)
+        out = x[index]
+
+        def backward(g):
+            grad = xp.zeros_like(x)
+            if _is_basic_index(index):
+                grad[index] = g
+            else:
+                # Fancy indices may repeat; add.at adds every occurrence.
+                xp.add.at(grad, index, g)
+            return (grad,)
+
+        return Tensor._make(out, (self,), backward, "getitem")
+
+    # -- softmax family (along one axis) --------------------------------
+    def softmax(self, axis=-1):
+        x = self.data
+        xp = backend.of(x)
+        shifted = xp.exp(x - x.max(axis=axis, keepdims=True))
+        out = shifted / shifted.sum(axis=axis, keepdims=True)
+
+        def backward(g):
+            return (out * (g - (g * out).sum(axis=axis, keepdims=True)),)
+
+        return Tensor._make(out, (self,), backward, "softmax")
+
+    def log_softmax(self, axis=-1):
+        x = self.data
+        xp = backend.of(x)
+        # log softmax = x - max - log(sum exp(x - max)): never overflows.
+        shifted = x - x.max(axis=axis, keepdims=True)
+        out = shifted - xp.log(xp.exp(shifted).sum(axis=axis, keepdims=True))
+
+        def backward(g):
+            return (g - xp.exp(out) * g.sum(axis=axis, keepdims=True),)
+
+        return Tensor._make(out, (self,), backward, "log_softmax")
+
+
+def _data(value):
+    return value.data if isinstance(value, Tensor) else value
+
+
+def _normalise_axes(axis, ndim):
+    axes = axis if isinstance(axis, (tuple, list)) else (axis,)
+    return tuple(sorted(a % ndim for a in axes))
+
+
+def _is_basic_index(index) -> bool:
+    parts = index if isinstance(index, tuple) else (index,)
+    return all(isinstance(p, (int, slice, type(None), type(Ellipsis))) or numpy.isscalar(p) for p in parts)
+
+
+# --------------------------------------------------------------------------
+# Functions of several tensors
+
+
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    """Matrix product with NumPy's rules (1-D operands, batched stacks).
+
+    Backward of C = A B: dA = dC B^T and dB = A^T dC, summed over any
+    broadcast batch axes.
+    """
+    a = a if isinstance(a, Tensor) else Tensor(a)
+    b = b if isinstance(b, Tensor) else Tensor(b)
+    A, B = a.data, b.data
+    if A.ndim == 0 or B.ndim == 0:
+        raise ValueError("matmul needs tensors with at least one axis; use * for scalars")
+    inner_a = A.shape[-1]
+    inner_b = B.shape[0] if B.ndim == 1 else B.shape[-2]
+    if inner_a != inner_b:
+        raise ValueError(
+            f"matmul shape mismatch: {_shape_str(A.shape)} @ {_shape_str(B.shape)}; the last axis "
+            f"of the left operand ({inner_a}) must equal the "
+            f"{'only' if B.ndim == 1 else 'second-to-last'} axis of the right one ({inner_b})"
+        )
+    out = A @ B
+    xp = backend.of(out)
+
+    def backward(g):
+        if A.ndim == 2 and B.ndim == 2:
+            return (g @ B.T if a.requires_grad else None, A.T @ g if b.requires_grad else None)
+        if A.ndim == 1 and B.ndim == 1:
+            return (g * B if a.requires_grad else None, g * A if b.requires_grad else None)
+        A2 = A[None, :] if A.ndim == 1 else A
+        B2 = B[:, None] if B.ndim == 1 else B
+        G = g
+        if A.ndim == 1:
+            G = xp.expand_dims(G, -2)
+        if B.ndim == 1:
+            G = xp.expand_dims(G, -1)
+        grad_a = grad_b = None
+        if a.requires_grad:
+            grad_a = G @ xp.swapaxes(B2, -1, -2)
+            if A.ndim == 1:
+                grad_a = grad_a.squeeze(-2)
+            grad_a = _unbroadcast(grad_a, A.shape)
+        if b.requires_grad:
+            grad_b = xp.swapaxes(A2, -1, -2) @ G
+            if B.ndim == 1:
+                grad_b = grad_b.squeeze(-1)
+            grad_b = _unbroadcast(grad_b, B.shape)
+        return grad_a, grad_b
+
+    return Tensor._make(out, (a, b), backward, "matmul")
+
+
+def concatenate(tensors, axis=0) -> Tensor:
+    """Join tensors along an existing axis; backward slices the gradient back."""
+    tensors = [t if isinstance(t, Tensor) else Tensor(t) for t in tensors]
+    if not tensors:
+        raise ValueError("concatenate needs at least one tensor")
+    xp = backend.of(tensors[0].data)
+    try:
+        out = xp.concatenate([t.data for t in tensors], axis=axis)
+    except ValueError:
+        shapes = ", ".join(_shape_str(t.shape) for t in tensors)
+        raise ValueError(
+            f"concatenate along axis {axis}: shapes {shapes} must match on every other axis"
+        ) from None
+    bounds = numpy.cumsum([t.shape[axis] for t in tensors])[:-1]
+
+    def backward(g):
+        return tuple(xp.split(g, bounds, axis=axis))
+
+    return Tensor._make(out, tuple(tensors), backward, "concatenate")
+
+
+cat = concatenate
+
+
+def stack(tensors, axis=0) -> Tensor:
+    """Join tensors along a new axis."""
+    tensors = [t if isinstance(t, Tensor) else Tensor(t) for t in tensors]
+    if not tensors:
+        raise ValueError("stack needs at least one tensor")
+    shapes = {t.shape for t in tensors}
+    if len(shapes) != 1:
+        raise ValueError(
+            "stack needs tensors of one shape, got " + ", ".join(_shape_str(t.shape) for t in tensors)
+        )
+    xp = backend.of(tensors[0].data)
+    out = xp.stack([t.data for t in tensors], axis=axis)
+
+    def backward(g):
+        return tuple(xp.moveaxis(g, axis, 0))
+
+    return Tensor._make(out, tuple(tensors), backward, "stack")
+
+
+def split(tensor: Tensor, sections, axis=0):
+    """Split into pieces like ``numpy.split`` (a count of equal parts, or the
+    indices where to cut). Each piece is a view with its own backward."""
+    size = tensor.shape[axis]
+    if isinstance(sections, int):
+        if sections <= 0 or size % sections:
+            raise ValueError(
+                f"split: axis {axis} has length {size}, which cannot be divided into {sections} "
+                "equal parts; pass a list of cut indices instead"
+            )
+        step = size // sections
+        cuts = list(range(step, size, step))
+    else:
+        cuts = list(sections)
+    starts = [0] + cuts
+    ends = cuts + [size]
+    pieces = []
+    for start, end in zip(starts, ends):
+        index = [slice(None)] * tensor.ndim
+        index[axis] = slice(start, end)
+        pieces.append(tensor[tuple(index)])
+    return pieces
+
+
+def where(condition, a, b) -> Tensor:
+    """Elementwise choice: ``a`` where ``condition`` holds, else ``b``."""
+    condition = _data(condition)
+    a = a if isinstance(a, Tensor) else Tensor(backend.get().asarray(a))
+    b = b if isinstance(b, Tensor) else Tensor(backend.get().asarray(b))
+    xp = backend.of(a.data)
+    out = xp.where(condition, a.data, b.data)
+    zero = xp.zeros((), dtype=out.dtype)
+
+    def backward(g):
+        return (
+            _unbroadcast(xp.where(condition, g, zero), a.shape) if a.requires_grad else None,
+            _unbroadcast(xp.where(condition, zero, g), b.shape) if b.requires_grad else None,
+        )
+
+    return Tensor._make(out, (a, b), backward, "where")
+
+
+def maximum(a, b) -> Tensor:
+    """Elementwise maximum; at ties the gradient goes to ``a``."""
+    a_data, b_data = _data(a), _data(b)
+    return where(a_data >= b_data, a, b)
+
+
+def minimum(a, b) -> Tensor:
+    """Elementwise minimum; at ties the gradient goes to ``a``."""
+    a_data, b_data = _data(a), _data(b)
+    return where(a_data <= b_data, a, b)
+
+
+# --------------------------------------------------------------------------
+# Factories
+
+
+def tensor(data, requires_grad=False, dtype=None) -> Tensor:
+    return Tensor(data, requires_grad=requires_grad, dtype=dtype)
+
+
+def zeros(*shape, dtype=numpy.float32, requires_grad=False) -> Tensor:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    return Tensor(backend.get().zeros(shape, dtype=dtype), requires_grad=requires_grad)
+
+
+def ones(*shape, dtype=numpy.float32, requires_grad=False) -> Tensor:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    return Tensor(backend.get().ones(shape, dtype=dtype), requires_grad=requires_grad)
