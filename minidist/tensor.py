@@ -288,23 +288,21 @@ class Tensor:
             for hook in list(self._hooks):
                 hook(self)
 
-    def _topological_order(self):
-        """Nodes that need a gradient, each after all the nodes it was made from."""
-        order, visited = [], set()
-        stack = [(self, False)]
+    def _count_consumers(self):
+        """For every node that needs a gradient, how many nodes of this graph
+        consume it: its gradient is complete once that many have sent theirs."""
+        consumers = {}
+        seen = {id(self)}
+        stack = [self]
         while stack:
-            node, expanded = stack.pop()
-            if expanded:
-                order.append(node)
-                continue
-            if id(node) in visited:
-                continue
-            visited.add(id(node))
-            stack.append((node, True))
+            node = stack.pop()
             for parent in node._parents:
-                if parent.requires_grad and id(parent) not in visited:
-                    stack.append((parent, False))
-        return order
+                if parent.requires_grad:
+                    consumers[id(parent)] = consumers.get(id(parent), 0) + 1
+                    if id(parent) not in seen:
+                        seen.add(id(parent))
+                        stack.append(parent)
+        return consumers
 
     def backward(self, gradient=None, retain_graph: bool = False):
         """Compute the gradient of this tensor with respect to every leaf that
@@ -338,11 +336,18 @@ class Tensor:
                     f"match the tensor's shape {_shape_str(self.shape)}"
                 )
 
+        # Walk the graph from the loss down, in dependency order: a node runs
+        # its local backward once all its consumers have sent their gradient.
+        # Ready nodes are taken last-in first-out, so a parameter's gradient
+        # is accumulated (and its hooks fire) as soon as it is complete: the
+        # last layer's first, which is what lets data parallel training start
+        # an all-reduce while backward is still working on earlier layers.
+        consumers = self._count_consumers()
         grads = {id(self): gradient}
-        for node in reversed(self._topological_order()):
-            grad = grads.pop(id(node), None)
-            if grad is None:
-                continue
+        ready = [self]
+        while ready:
+            node = ready.pop()
+            grad = grads.pop(id(node))
             if node._backward is None:
                 if node._freed:
                     raise RuntimeError(
@@ -355,13 +360,14 @@ class Tensor:
                 node._accumulate(grad)
             parent_grads = node._backward(grad)
             for parent, parent_grad in zip(node._parents, parent_grads):
-                if parent_grad is None or not parent.requires_grad:
+                if not parent.requires_grad:
                     continue
                 key = id(parent)
-                if key in grads:
-                    grads[key] = grads[key] + parent_grad
-                else:
-                    grads[key] = parent_grad
+                if parent_grad is not None:
+                    grads[key] = grads[key] + parent_grad if key in grads else parent_grad
+                consumers[key] -= 1
+                if consumers[key] == 0 and key in grads:
+                    ready.append(parent)
             if not retain_graph:
                 node._backward = None
                 node._parents = ()
