@@ -44,7 +44,9 @@ def main() -> int:
     # The source stores small whole numbers as floats; refuse to write if that
     # ever stops being true rather than silently rounding.
     if pixels.shape != (1797, 8, 8) or labels.shape != (1797,):
-        raise SystemExit(f"unexpected shapes {pixels.shape}, {labels.shape}; expected (1797, 8, 8), (1797,)")
+        raise SystemExit(
+            f"unexpected shapes {pixels.shape}, {labels.shape}; expected (1797, 8, 8), (1797,)"
+        )
     if not (np.array_equal(pixels, np.round(pixels)) and pixels.min() >= 0 and pixels.max() <= 16):
         raise SystemExit("pixels are not whole numbers in 0..16; the source has changed")
     if set(np.unique(labels)) != set(range(10)):

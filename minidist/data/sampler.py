@@ -94,7 +94,9 @@ class DistributedSampler:
                 f"0..{num_replicas - 1}. Pass this process's rank and the world size."
             )
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"seed must be a non-negative int, the same on all ranks; got {seed!r}")
+            raise ValueError(
+                f"seed must be a non-negative int, the same on all ranks; got {seed!r}"
+            )
         self.dataset_size = _dataset_size(dataset_size_or_dataset)
         self.num_replicas = int(num_replicas)
         self.rank = int(rank)
