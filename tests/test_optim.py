@@ -707,3 +707,15 @@ def test_batch_size_schedule_errors():
         BatchSizeSchedule(32, [3, 1])
     with pytest.raises(ValueError, match="momentum must be in"):
         noise_scale(0.1, 100, 10, momentum=1.0)
+
+
+def test_numpy_scalar_hyper_parameters_keep_float32():
+    # NumPy scalars are "strong" under NumPy 2: the optimizers convert them
+    # to Python floats so that they cannot promote a float32 update.
+    (w,) = make_params(dtype=np.float32, shapes=[(4,)])
+    optimizer = Adam([w], lr=np.float64(0.1), betas=(np.float32(0.9), np.float64(0.99)))
+    for _ in range(2):
+        w.grad = np.ones(4, np.float32)
+        optimizer.step()
+    assert w.data.dtype == np.float32
+    assert optimizer.state[0]["exp_avg"].dtype == np.float32

@@ -31,6 +31,7 @@ arrays are in the parameter's dtype.
 from __future__ import annotations
 
 import math
+import numbers
 
 from minidist import backend
 from minidist.optim.optimizer import Optimizer, check_non_negative
@@ -68,7 +69,7 @@ class Adam(Optimizer):
                 f"{betas!r} in param group {group_index}"
             )
         for which, beta in enumerate(betas):
-            if not (isinstance(beta, (int, float)) and 0.0 <= beta < 1.0):
+            if not (isinstance(beta, numbers.Real) and 0.0 <= beta < 1.0):
                 raise ValueError(
                     f"{name}: invalid beta{which + 1}={beta!r} in param group {group_index}; "
                     "each beta is the decay of a running average and must be in [0, 1) "

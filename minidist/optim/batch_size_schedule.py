@@ -33,6 +33,7 @@ each) the remaining decays fall back to decaying the rate, as in the paper's
 from __future__ import annotations
 
 import bisect
+import numbers
 from collections.abc import Sequence
 
 
@@ -76,7 +77,7 @@ class BatchSizeSchedule:
                 f"BatchSizeSchedule: milestones must be increasing integers >= 0 (the epochs "
                 f"where the rate would decay), got {milestones}"
             )
-        if not (isinstance(gamma, (int, float)) and 0 < gamma < 1):
+        if not (isinstance(gamma, numbers.Real) and 0 < gamma < 1):
             raise ValueError(
                 f"BatchSizeSchedule: gamma must be in (0, 1), the learning-rate decay that the "
                 f"batch growth replaces (the batch grows by 1/gamma), got {gamma!r}"

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import numbers
 from collections.abc import Callable, Sequence
 
 from minidist.optim.batch_size_schedule import BatchSizeSchedule, noise_scale
@@ -64,9 +65,9 @@ def linear_scaling_rule(base_lr: float, base_batch: int, batch: int) -> float:
                                then=MultiStepLR(optimizer, [30 * ipe, 60 * ipe, 80 * ipe]))
     """
     for name, value in (("base_batch", base_batch), ("batch", batch)):
-        if not (isinstance(value, (int, float)) and value > 0):
+        if not (isinstance(value, numbers.Real) and value > 0):
             raise ValueError(f"linear_scaling_rule: {name} must be a positive number, got {value!r}")
-    if not (isinstance(base_lr, (int, float)) and base_lr >= 0):
+    if not (isinstance(base_lr, numbers.Real) and base_lr >= 0):
         raise ValueError(f"linear_scaling_rule: base_lr must be a number >= 0, got {base_lr!r}")
     return base_lr * batch / base_batch
 
@@ -132,7 +133,7 @@ class StepLR(LRScheduler):
 
     def __init__(self, optimizer, step_size: int, gamma: float = 0.1):
         _check_count("StepLR", "step_size", step_size, 1)
-        if not (isinstance(gamma, (int, float)) and gamma >= 0):
+        if not (isinstance(gamma, numbers.Real) and gamma >= 0):
             raise ValueError(f"StepLR: gamma must be a number >= 0, got {gamma!r}")
         self.step_size, self.gamma = step_size, gamma
         super().__init__(optimizer)
@@ -151,7 +152,7 @@ class MultiStepLR(LRScheduler):
             _check_count("MultiStepLR", "each milestone", milestone, 0)
         if milestones != sorted(milestones):
             raise ValueError(f"MultiStepLR: milestones must be increasing, got {milestones}")
-        if not (isinstance(gamma, (int, float)) and gamma >= 0):
+        if not (isinstance(gamma, numbers.Real) and gamma >= 0):
             raise ValueError(f"MultiStepLR: gamma must be a number >= 0, got {gamma!r}")
         self.milestones, self.gamma = milestones, gamma
         super().__init__(optimizer)
@@ -174,7 +175,7 @@ class CosineAnnealingLR(LRScheduler):
 
     def __init__(self, optimizer, T_max: int, eta_min: float = 0.0):
         _check_count("CosineAnnealingLR", "T_max", T_max, 1)
-        if not (isinstance(eta_min, (int, float)) and eta_min >= 0):
+        if not (isinstance(eta_min, numbers.Real) and eta_min >= 0):
             raise ValueError(f"CosineAnnealingLR: eta_min must be a number >= 0, got {eta_min!r}")
         self.T_max, self.eta_min = T_max, eta_min
         super().__init__(optimizer)
@@ -201,7 +202,7 @@ class LinearWarmup(LRScheduler):
 
     def __init__(self, optimizer, warmup_steps: int, start_factor: float = 0.0):
         _check_count("LinearWarmup", "warmup_steps", warmup_steps, 0)
-        if not (isinstance(start_factor, (int, float)) and 0 <= start_factor <= 1):
+        if not (isinstance(start_factor, numbers.Real) and 0 <= start_factor <= 1):
             raise ValueError(
                 f"LinearWarmup: start_factor must be in [0, 1] (the first step's fraction "
                 f"of the base rate), got {start_factor!r}"

@@ -30,6 +30,7 @@ Two rules every subclass keeps, because later strategies depend on them:
 from __future__ import annotations
 
 import copy
+import numbers
 
 import numpy
 
@@ -248,7 +249,7 @@ def _array_like(value, param_data):
 def check_non_negative(optimizer_name: str, name: str, value, group_index: int, meaning: str):
     """Raise a ValueError naming the hyper-parameter unless ``value >= 0``
     (NaN fails too, since every comparison with NaN is false)."""
-    if not (isinstance(value, (int, float, numpy.floating, numpy.integer)) and value >= 0):
+    if not (isinstance(value, numbers.Real) and value >= 0):
         raise ValueError(
             f"{optimizer_name}: invalid {name}={value!r} in param group {group_index}; "
             f"{meaning} must be a number >= 0"
