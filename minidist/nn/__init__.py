@@ -1,0 +1,41 @@
+"""minidist.nn: layers, losses and the Module system.
+
+    from minidist import nn
+    from minidist.nn import functional as F
+
+    nn.init.manual_seed(0)                     # same model on every rank
+    model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 10))
+    loss = nn.CrossEntropyLoss()(model(x), labels)
+
+Files, one idea each:
+
+* ``module.py``, ``parameter.py``: Module (registration, parameters in a
+  stable order, state dicts, train/eval) and Parameter
+* ``functional.py``: every layer and loss as a function with a hand-written
+  backward; the layers below call it
+* ``im2col.py``: convolution as one matrix product
+* ``linear.py``, ``conv.py``, ``pooling.py``, ``batchnorm.py``,
+  ``dropout.py``, ``flatten.py``, ``activation.py``: the layers
+* ``container.py``: Sequential, ModuleList; ``loss.py``: the losses
+* ``init.py``: initialisers and the seeding convention
+"""
+
+from minidist.nn import functional, init
+from minidist.nn.activation import GELU, Identity, LogSoftmax, ReLU, Sigmoid, Softmax, Tanh
+from minidist.nn.batchnorm import BatchNorm1d, BatchNorm2d
+from minidist.nn.container import ModuleList, Sequential
+from minidist.nn.conv import Conv2d
+from minidist.nn.dropout import Dropout
+from minidist.nn.flatten import Flatten
+from minidist.nn.linear import Linear
+from minidist.nn.loss import CrossEntropyLoss, MSELoss, NLLLoss
+from minidist.nn.module import IncompatibleKeys, Module
+from minidist.nn.parameter import Parameter
+from minidist.nn.pooling import AvgPool2d, MaxPool2d
+
+__all__ = [
+    "Module", "Parameter", "IncompatibleKeys", "Sequential", "ModuleList",
+    "Linear", "Conv2d", "MaxPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d",
+    "Dropout", "Flatten", "ReLU", "Tanh", "Sigmoid", "GELU", "Softmax", "LogSoftmax",
+    "Identity", "CrossEntropyLoss", "NLLLoss", "MSELoss", "functional", "init",
+]

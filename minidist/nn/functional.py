@@ -1,0 +1,722 @@
+"""The layers and losses as functions of Tensors: ``from minidist.nn import functional as F``.
+
+Every function here computes its forward pass on the backend arrays and
+records *one* graph node whose local backward is written out by hand next to
+it (a fused node: ``linear`` is one node, not a matmul, a transpose and an
+add). Fewer nodes means fewer temporaries and less Python per step, which is
+what keeps a minidist training step close to a hand-written NumPy one. Each
+backward computes a parent's gradient only if that parent requires one, so
+the first layer never computes the gradient of the input images.
+
+Conventions:
+
+* Arrays stay in the dtype of the layer's weights: an input of another dtype
+  is cast to it (float64 images into a float32 network are cast to float32,
+  never the weights up), because float32 is twice as fast and PyTorch's
+  default. Use ``model.to(numpy.float64)`` for float64 gradient checks.
+* Image tensors are ``(N, C, H, W)``; ``stride``, ``padding`` and kernel
+  sizes are an int or an ``(h, w)`` pair.
+* Axes are called ``axis`` as in NumPy and :class:`minidist.Tensor`
+  (PyTorch says ``dim``).
+* Losses take ``reduction="mean"`` (default), ``"sum"`` or ``"none"``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy
+
+from minidist import backend
+from minidist.nn import init
+from minidist.nn.im2col import col2im, im2col, output_size, window
+from minidist.tensor import Tensor, _shape_str
+
+# --------------------------------------------------------------------------
+# Helpers
+
+
+def _tensor(value) -> Tensor:
+    return value if isinstance(value, Tensor) else Tensor(value)
+
+
+def _pair(value, name: str, minimum: int = 1) -> tuple[int, int]:
+    if isinstance(value, (int, numpy.integer)) and not isinstance(value, bool):
+        pair = (int(value), int(value))
+    elif isinstance(value, (tuple, list)) and len(value) == 2 and all(
+        isinstance(v, (int, numpy.integer)) and not isinstance(v, bool) for v in value
+    ):
+        pair = (int(value[0]), int(value[1]))
+    else:
+        raise TypeError(f"{name} must be an int or a pair of ints (h, w), got {value!r}")
+    if min(pair) < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    return pair
+
+
+def _in_dtype(array, dtype):
+    """``array`` cast to the layer's dtype (see the module docstring)."""
+    return array if array.dtype == dtype else array.astype(dtype)
+
+
+def _check_images(x, function: str):
+    if x.ndim != 4:
+        hint = (
+            "; for a single image add a batch axis, e.g. x.reshape(1, *x.shape)"
+            if x.ndim == 3
+            else "; for 28x28 grey images reshape to (N, 1, 28, 28)"
+            if x.ndim == 2
+            else ""
+        )
+        raise ValueError(
+            f"{function} expects images of shape (N, C, H, W), got shape {_shape_str(x.shape)}{hint}"
+        )
+
+
+def _check_reduction(reduction: str, function: str):
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"{function}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+
+def _reduce(losses, reduction: str):
+    """Per-sample losses reduced; a 0-d array for 'mean' and 'sum'."""
+    xp = backend.of(losses)
+    if reduction == "mean":
+        return xp.asarray(losses.mean(), dtype=losses.dtype)
+    if reduction == "sum":
+        return xp.asarray(losses.sum(), dtype=losses.dtype)
+    return losses
+
+
+def _loss_scale(g, reduction: str, count: int):
+    """The upstream gradient of each per-sample loss: g/N for 'mean', g for
+    'sum', g[i] for 'none' (shaped to broadcast over the sample's entries)."""
+    if reduction == "mean":
+        return g / max(count, 1)
+    return g
+
+
+# --------------------------------------------------------------------------
+# Activations
+
+
+def relu(input) -> Tensor:
+    """max(x, 0); the gradient passes where x > 0."""
+    return _tensor(input).relu()
+
+
+def sigmoid(input) -> Tensor:
+    """1 / (1 + exp(-x)), computed without overflow; gradient s (1 - s)."""
+    return _tensor(input).sigmoid()
+
+
+def tanh(input) -> Tensor:
+    """tanh(x); gradient 1 - tanh(x)^2."""
+    return _tensor(input).tanh()
+
+
+def softmax(input, axis: int = -1) -> Tensor:
+    """exp(x) / sum(exp(x)) along ``axis``, shifted by the max so it never overflows."""
+    return _tensor(input).softmax(axis=axis)
+
+
+def log_softmax(input, axis: int = -1) -> Tensor:
+    """x - logsumexp(x) along ``axis``, computed stably."""
+    return _tensor(input).log_softmax(axis=axis)
+
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_INV_SQRT_2 = 1.0 / math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+def _erf(x):
+    """erf(x) from the rational-exponential approximation of erfc in
+    Numerical Recipes (``erfcc``, after Chebyshev fitting): relative error
+    below 1.2e-7 everywhere, under float32 resolution. NumPy has no erf, and
+    this keeps GELU a pure array expression that runs on CuPy too."""
+    xp = backend.of(x)
+    z = xp.abs(x)
+    t = 1.0 / (1.0 + 0.5 * z)
+    poly = -1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (
+        -0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (
+            -0.82215223 + t * 0.17087277))))))))
+    erfc = t * xp.exp(poly - z * z)
+    return xp.where(x >= 0, 1.0 - erfc, erfc - 1.0)
+
+
+def gelu(input, approximate: str = "none") -> Tensor:
+    """Gaussian Error Linear Unit: x * Phi(x), Phi the standard normal CDF.
+
+    ``approximate="none"`` (the default, as in PyTorch) uses
+    Phi(x) = (1 + erf(x / sqrt 2)) / 2, with erf from :func:`_erf` (accurate
+    to float32 resolution); the gradient is Phi(x) + x * phi(x), phi the
+    normal density. ``approximate="tanh"`` uses the approximation of GPT-2,
+    Phi(x) ~ (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) / 2, differentiated
+    exactly.
+    """
+    input = _tensor(input)
+    x = input.data
+    xp = backend.of(x)
+    if approximate == "none":
+        cdf = 0.5 * (1.0 + _erf(x * _INV_SQRT_2))
+        out = x * cdf
+
+        def backward(g):
+            return (g * (cdf + x * (_INV_SQRT_2PI * xp.exp(-0.5 * x * x))),)
+
+    elif approximate == "tanh":
+        inner = _SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)
+        th = xp.tanh(inner)
+        out = 0.5 * x * (1.0 + th)
+
+        def backward(g):
+            d_inner = _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * x * x)
+            return (g * (0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * d_inner),)
+
+    else:
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return Tensor._make(out.astype(x.dtype, copy=False), (input,), backward, "gelu")
+
+
+# --------------------------------------------------------------------------
+# Linear
+
+
+def linear(input, weight, bias=None) -> Tensor:
+    """y = x W^T + b, with W of shape (out_features, in_features) as in PyTorch.
+
+    ``x`` is (..., in_features). Forward is one GEMM and an in-place bias
+    add: 2 * batch * in * out flops. Backward: grad_x = g W (a GEMM, skipped
+    when x needs no gradient), grad_W = g^T x (a GEMM), grad_b = sum of g
+    over the batch. BLAS reads the transposed operands in place; nothing is
+    copied.
+    """
+    input = _tensor(input)
+    x, w = input.data, weight.data
+    if x.ndim == 0 or x.shape[-1] != w.shape[1]:
+        raise ValueError(
+            f"linear: the input's last axis has {x.shape[-1] if x.ndim else 0} features "
+            f"(input shape {_shape_str(x.shape)}) but the weight {_shape_str(w.shape)} expects "
+            f"in_features={w.shape[1]}; flatten the input to (batch, {w.shape[1]}) "
+            f"(e.g. with nn.Flatten()), or build the layer as Linear({x.shape[-1] if x.ndim else '?'}, {w.shape[0]})"
+        )
+    x = _in_dtype(x, w.dtype)
+    out = x @ w.T
+    if bias is not None:
+        out += bias.data
+
+    def backward(g):
+        grad_x = g @ w if input.requires_grad else None
+        grad_w = grad_b = None
+        if weight.requires_grad or (bias is not None and bias.requires_grad):
+            g2 = g.reshape(-1, g.shape[-1])
+            if weight.requires_grad:
+                grad_w = g2.T @ x.reshape(-1, x.shape[-1])
+            if bias is not None and bias.requires_grad:
+                grad_b = g2.sum(axis=0)
+        return (grad_x, grad_w) if bias is None else (grad_x, grad_w, grad_b)
+
+    parents = (input, weight) if bias is None else (input, weight, bias)
+    return Tensor._make(out, parents, backward, "linear")
+
+
+# --------------------------------------------------------------------------
+# Convolution
+
+
+def conv2d(input, weight, bias=None, stride=1, padding=0) -> Tensor:
+    """2-D cross-correlation (what deep learning calls convolution).
+
+    ``input`` (N, C, H, W), ``weight`` (OC, C, KH, KW), ``bias`` (OC,) or None;
+    output (N, OC, OH, OW) with OH = floor((H + 2 ph - KH) / sh) + 1.
+
+    Algorithm (see :mod:`minidist.nn.im2col`): build the columns
+    (C*KH*KW, N*OH*OW) with KH*KW strided copies, then one GEMM
+    ``W (OC, C*KH*KW) @ columns``, done as one GEMM per image that reads
+    its block of the columns in place and writes (N, OC, OH, OW) directly.
+    Cost: 2 * OC * C*KH*KW * N*OH*OW flops, and the columns (KH*KW times the
+    input for stride 1) are kept for the weight gradient.
+
+    Backward: grad_W = g (OC, N*OH*OW) @ columns^T, grad_b = sum of g,
+    and, only if the input needs it, grad_columns = W^T @ g followed by
+    col2im (KH*KW strided adds).
+    """
+    input = _tensor(input)
+    x, w = input.data, weight.data
+    _check_images(x, "conv2d")
+    if w.ndim != 4:
+        raise ValueError(f"conv2d: weight must be (out_channels, in_channels, kh, kw), got {_shape_str(w.shape)}")
+    n, c, h, width = x.shape
+    oc, wc, kh, kw = w.shape
+    if c != wc:
+        raise ValueError(
+            f"conv2d: the input has {c} channels (shape {_shape_str(x.shape)}) but the weight "
+            f"{_shape_str(w.shape)} expects in_channels={wc}; build the layer as Conv2d({c}, {oc}, ...) "
+            "or check the previous layer's out_channels"
+        )
+    sh, sw = _pair(stride, "stride")
+    ph, pw = _pair(padding, "padding", minimum=0)
+    out_h, out_w = output_size(h, kh, sh, ph), output_size(width, kw, sw, pw)
+    if out_h < 1 or out_w < 1:
+        raise ValueError(
+            f"conv2d: a {kh}x{kw} kernel does not fit in the {h}x{width} input padded by "
+            f"({ph}, {pw}); use more padding or a smaller kernel"
+        )
+    x = _in_dtype(x, w.dtype)
+    xp = backend.of(x)
+    columns = im2col(x, kh, kw, sh, sw, ph, pw)
+    w2 = w.reshape(oc, c * kh * kw)
+    # One GEMM per image, each reading its (C*KH*KW, OH*OW) block of the
+    # columns in place (BLAS takes the row stride), so the result lands in
+    # (N, OC, OH*OW) order without a transposing copy.
+    out = w2 @ columns.reshape(c * kh * kw, n, out_h * out_w).transpose(1, 0, 2)
+    if bias is not None:
+        out += bias.data[:, None]
+    out = out.reshape(n, oc, out_h, out_w)
+
+    def backward(g):
+        g2 = g.transpose(1, 0, 2, 3).reshape(oc, n * out_h * out_w)
+        grad_x = grad_w = grad_b = None
+        if weight.requires_grad:
+            grad_w = (g2 @ columns.T).reshape(w.shape)
+        if bias is not None and bias.requires_grad:
+            grad_b = g2.sum(axis=1)
+        if input.requires_grad:
+            grad_x = col2im(w2.T @ g2, x.shape, kh, kw, sh, sw, ph, pw)
+        return (grad_x, grad_w) if bias is None else (grad_x, grad_w, grad_b)
+
+    parents = (input, weight) if bias is None else (input, weight, bias)
+    return Tensor._make(out, parents, backward, "conv2d")
+
+
+# --------------------------------------------------------------------------
+# Pooling
+
+
+def _pool_geometry(x, kernel_size, stride, padding, function):
+    _check_images(x, function)
+    kh, kw = _pair(kernel_size, "kernel_size")
+    sh, sw = (kh, kw) if stride is None else _pair(stride, "stride")
+    ph, pw = _pair(padding, "padding", minimum=0)
+    if ph > kh // 2 or pw > kw // 2:
+        raise ValueError(
+            f"{function}: padding ({ph}, {pw}) must be at most half the kernel ({kh}, {kw}), "
+            "or some windows would hold only padding"
+        )
+    n, c, h, w = x.shape
+    out_h, out_w = output_size(h, kh, sh, ph), output_size(w, kw, sw, pw)
+    if out_h < 1 or out_w < 1:
+        raise ValueError(
+            f"{function}: a {kh}x{kw} window does not fit in the {h}x{w} input "
+            f"(shape {_shape_str(x.shape)}); use a smaller kernel_size"
+        )
+    # Windows that tile the input exactly touch every pixel once: the
+    # backward can then write its result without zero-filling and adding.
+    tiles = (sh, sw) == (kh, kw) and ph == pw == 0 and out_h * kh == h and out_w * kw == w
+    return (kh, kw), (sh, sw), (ph, pw), (out_h, out_w), tiles
+
+
+def _pad_images(x, ph, pw, value):
+    if ph == 0 and pw == 0:
+        return x
+    xp = backend.of(x)
+    n, c, h, w = x.shape
+    padded = xp.full((n, c, h + 2 * ph, w + 2 * pw), value, dtype=x.dtype)
+    padded[:, :, ph : ph + h, pw : pw + w] = x
+    return padded
+
+
+def _unpad_images(padded, ph, pw, shape):
+    if ph == 0 and pw == 0:
+        return padded
+    return padded[:, :, ph : ph + shape[2], pw : pw + shape[3]]
+
+
+def max_pool2d(input, kernel_size, stride=None, padding=0) -> Tensor:
+    """The maximum of every KH x KW window (stride defaults to the kernel
+    size; padding adds -inf borders). (N, C, H, W) -> (N, C, OH, OW).
+
+    Algorithm: one vectorised ``maximum`` per kernel offset (i, j), over the
+    strided view ``x[:, :, i::s, j::s]`` that offset sees in every window:
+    KH*KW passes over an output-sized array. (Reshaping to
+    (N, C, OH, KH, OW, KW) and reducing two small axes, the other way when
+    kernel == stride, measured 20x slower in NumPy.)
+
+    Backward routes each window's gradient to its *first* maximum in
+    row-major order, as PyTorch does: walking the offsets in order, the
+    gradient still unrouted goes where the input equals the window's maximum
+    and is removed from what is left. Ties therefore never double the
+    gradient. Cost: about three output-sized passes per offset. Nothing is
+    stored in forward beyond references to the input and output.
+    """
+    input = _tensor(input)
+    x = input.data
+    (kh, kw), (sh, sw), (ph, pw), (out_h, out_w), tiles = _pool_geometry(
+        x, kernel_size, stride, padding, "max_pool2d"
+    )
+    xp = backend.of(x)
+    padded = _pad_images(x, ph, pw, -numpy.inf)
+    offsets = [(i, j) for i in range(kh) for j in range(kw)]
+    out = window(padded, 0, 0, out_h, out_w, sh, sw).copy()
+    for i, j in offsets[1:]:
+        xp.maximum(out, window(padded, i, j, out_h, out_w, sh, sw), out=out)
+
+    def backward(g):
+        grad = xp.empty_like(padded) if tiles else xp.zeros_like(padded)
+        remaining = g  # the gradient not yet routed; never written (g may be shared)
+        for index, (i, j) in enumerate(offsets):
+            target = window(grad, i, j, out_h, out_w, sh, sw)
+            if index == len(offsets) - 1:
+                hit = None
+            else:
+                hit = window(padded, i, j, out_h, out_w, sh, sw) == out
+            if tiles:
+                if hit is None:
+                    target[...] = remaining
+                else:
+                    xp.multiply(remaining, hit, out=target)
+            else:
+                target += remaining if hit is None else remaining * hit
+            if hit is not None:
+                missed = xp.logical_not(hit, out=hit)
+                if remaining is g:
+                    remaining = g * missed
+                else:
+                    remaining *= missed
+        return (_unpad_images(grad, ph, pw, x.shape),)
+
+    return Tensor._make(out, (input,), backward, "max_pool2d")
+
+
+def avg_pool2d(input, kernel_size, stride=None, padding=0) -> Tensor:
+    """The mean of every KH x KW window (stride defaults to the kernel size;
+    zero padding counts in the mean, PyTorch's ``count_include_pad=True``).
+
+    Algorithm: KH*KW vectorised adds of the strided views, then one scaling.
+    Backward: each window's gradient / (KH*KW) added to every pixel of the
+    window, one strided add per offset.
+    """
+    input = _tensor(input)
+    x = input.data
+    (kh, kw), (sh, sw), (ph, pw), (out_h, out_w), tiles = _pool_geometry(
+        x, kernel_size, stride, padding, "avg_pool2d"
+    )
+    xp = backend.of(x)
+    padded = _pad_images(x, ph, pw, 0)
+    offsets = [(i, j) for i in range(kh) for j in range(kw)]
+    out = window(padded, 0, 0, out_h, out_w, sh, sw).copy()
+    for i, j in offsets[1:]:
+        out += window(padded, i, j, out_h, out_w, sh, sw)
+    out *= 1.0 / (kh * kw)
+
+    def backward(g):
+        share = g * (1.0 / (kh * kw))
+        grad = xp.empty_like(padded) if tiles else xp.zeros_like(padded)
+        for i, j in offsets:
+            target = window(grad, i, j, out_h, out_w, sh, sw)
+            if tiles:
+                target[...] = share
+            else:
+                target += share
+        return (_unpad_images(grad, ph, pw, x.shape),)
+
+    return Tensor._make(out, (input,), backward, "avg_pool2d")
+
+
+# --------------------------------------------------------------------------
+# Normalisation
+
+
+def batch_norm(
+    input,
+    running_mean=None,
+    running_var=None,
+    weight=None,
+    bias=None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Batch normalisation over every axis but the channel axis 1.
+
+    ``input`` is (N, C), (N, C, L) or (N, C, H, W); statistics are per
+    channel, over the M = N*L (or N*H*W) values of that channel. Training::
+
+        mean, var = batch mean and biased variance
+        x_hat     = (x - mean) / sqrt(var + eps)
+        y         = weight * x_hat + bias
+        running   = (1 - momentum) * running + momentum * batch statistic
+
+    (the running variance is updated with the *unbiased* variance,
+    var * M / (M - 1), as in PyTorch). In evaluation (``training=False``) the
+    running statistics replace the batch ones, and y is an affine function of
+    x. ``running_mean``/``running_var`` (Tensors or arrays) are updated in
+    place; with None they are neither used nor updated.
+
+    Backward, in the standard closed form instead of through the graph of
+    mean and var (one node, no saved intermediates but the centred input)::
+
+        grad_bias   = sum(g)
+        grad_weight = sum(g * x_hat)
+        grad_x      = weight / sqrt(var + eps) *
+                      (g - sum(g) / M - x_hat * sum(g * x_hat) / M)
+
+    (sums per channel). Cost: about 4 passes over the input forward and 5
+    backward.
+    """
+    input = _tensor(input)
+    x = input.data
+    if x.ndim < 2:
+        raise ValueError(f"batch_norm expects (N, C, ...) input, got shape {_shape_str(x.shape)}")
+    xp = backend.of(x)
+    channels = x.shape[1]
+    axes = (0,) + tuple(range(2, x.ndim))
+    shape = (1, channels) + (1,) * (x.ndim - 2)
+    count = x.size // max(channels, 1)
+    dtype = weight.data.dtype if weight is not None else x.dtype
+    x = _in_dtype(x, dtype)
+    w = weight.data if weight is not None else None
+    b = bias.data if bias is not None else None
+    rm = running_mean.data if isinstance(running_mean, Tensor) else running_mean
+    rv = running_var.data if isinstance(running_var, Tensor) else running_var
+    for name, param in (("weight", w), ("bias", b), ("running_mean", rm), ("running_var", rv)):
+        if param is not None and param.shape != (channels,):
+            raise ValueError(
+                f"batch_norm: {name} has shape {_shape_str(param.shape)} but the input "
+                f"{_shape_str(x.shape)} has {channels} channels on axis 1; build the layer with "
+                f"num_features={channels}"
+            )
+    if weight is None and bias is not None:
+        raise ValueError("batch_norm: a bias without a weight is not supported; pass both or neither")
+    use_batch_stats = training or rm is None or rv is None
+
+    if use_batch_stats:
+        if count <= 1:
+            raise ValueError(
+                f"batch_norm in training mode needs more than one value per channel, got input "
+                f"shape {_shape_str(x.shape)}; use a batch of 2 or more, or call model.eval()"
+            )
+        mean = x.mean(axis=axes)
+        centred = x - mean.reshape(shape)
+        var = (centred * centred).mean(axis=axes)
+        inv_std = 1.0 / xp.sqrt(var + eps)
+        if training and rm is not None and rv is not None:
+            rm *= 1.0 - momentum
+            rm += momentum * mean
+            rv *= 1.0 - momentum
+            rv += (momentum * count / (count - 1)) * var
+    else:
+        mean = rm.astype(dtype, copy=False)
+        centred = None
+        inv_std = 1.0 / xp.sqrt(rv.astype(dtype, copy=False) + eps)
+    scale = inv_std if w is None else w * inv_std
+    if use_batch_stats:
+        out = centred * scale.reshape(shape)
+    else:
+        out = (x - mean.reshape(shape)) * scale.reshape(shape)
+    if b is not None:
+        out += b.reshape(shape)
+
+    def backward(g):
+        sum_g = g.sum(axis=axes)
+        if use_batch_stats:
+            sum_g_centred = (g * centred).sum(axis=axes)
+        else:
+            sum_g_centred = (g * (x - mean.reshape(shape))).sum(axis=axes)
+        grad_x = grad_w = grad_b = None
+        if input.requires_grad:
+            if use_batch_stats:
+                # grad_x = g * k1 + centred * k2 + k3, per-channel constants.
+                k2 = -scale * inv_std * inv_std * sum_g_centred / count
+                k3 = -scale * sum_g / count
+                grad_x = g * scale.reshape(shape)
+                grad_x += centred * k2.reshape(shape)
+                grad_x += k3.reshape(shape)
+            else:
+                grad_x = g * scale.reshape(shape)
+        if weight is not None and weight.requires_grad:
+            grad_w = sum_g_centred * inv_std
+        if bias is not None and bias.requires_grad:
+            grad_b = sum_g
+        return (grad_x, grad_w, grad_b)[: len(parents)]
+
+    parents = tuple(p for p in (input, weight, bias) if p is not None)
+    return Tensor._make(out, parents, backward, "batch_norm")
+
+
+# --------------------------------------------------------------------------
+# Dropout and shape
+
+
+def dropout(input, p: float = 0.5, training: bool = True, rng=None) -> Tensor:
+    """Inverted dropout: in training, zero each element with probability
+    ``p`` and scale the survivors by 1 / (1 - p), so the expected value is
+    unchanged and evaluation needs no rescaling; outside training, the
+    identity. The mask is drawn from ``rng`` (see :mod:`minidist.nn.init`
+    for the seeding convention) on the CPU and moved to the input's backend.
+    Cost: one random draw and two passes over the input."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability p must be in [0, 1], got {p}")
+    input = _tensor(input)
+    if not training or p == 0.0:
+        return input
+    x = input.data
+    xp = backend.of(x)
+    if p == 1.0:
+        mask = xp.zeros_like(x)
+    else:
+        draws = init.as_generator(rng).random(x.shape, dtype=numpy.float32)
+        mask = xp.asarray((draws >= p).astype(x.dtype))
+        mask *= 1.0 / (1.0 - p)
+    return Tensor._make(x * mask, (input,), lambda g: (g * mask,), "dropout")
+
+
+def flatten(input, start_axis: int = 1, end_axis: int = -1) -> Tensor:
+    """Merge axes ``start_axis..end_axis`` into one: (N, C, H, W) -> (N, C*H*W)
+    by default. A reshape: no copy for a contiguous input."""
+    input = _tensor(input)
+    shape = input.shape
+    ndim = len(shape)
+    if not (-ndim <= start_axis < ndim and -ndim <= end_axis < ndim) or start_axis % ndim > end_axis % ndim:
+        raise ValueError(
+            f"flatten: cannot merge axes {start_axis}..{end_axis} of a tensor of shape "
+            f"{_shape_str(shape)}; a batch of N vectors is already flat (N, features)"
+        )
+    start, end = start_axis % ndim, end_axis % ndim
+    merged = int(numpy.prod(shape[start : end + 1], dtype=numpy.int64))
+    return input.reshape(shape[:start] + (merged,) + shape[end + 1 :])
+
+
+# --------------------------------------------------------------------------
+# Losses
+
+
+def _class_labels(target, scores, function: str):
+    """``target`` as a 1-D integer array on the scores' backend, checked
+    against the (N, classes) scores."""
+    xp = backend.of(scores)
+    labels = target.data if isinstance(target, Tensor) else target
+    if isinstance(labels, (list, tuple, int, numpy.integer)):
+        labels = numpy.asarray(labels)
+    if backend.of(labels) is not xp:
+        labels = xp.asarray(backend.to_numpy(labels))
+    if scores.ndim != 2:
+        raise ValueError(
+            f"{function} expects scores of shape (batch, classes), got {_shape_str(scores.shape)}; "
+            "flatten extra axes into the batch, e.g. logits.reshape(-1, classes) and labels.reshape(-1)"
+        )
+    if labels.ndim != 1 or labels.shape[0] != scores.shape[0]:
+        raise ValueError(
+            f"{function}: the scores have batch size {scores.shape[0]} (shape "
+            f"{_shape_str(scores.shape)}) but the labels have shape {_shape_str(labels.shape)}; "
+            "pass one integer class label per row of scores, shape "
+            f"({scores.shape[0]},)"
+        )
+    if not numpy.issubdtype(labels.dtype, numpy.integer):
+        raise TypeError(
+            f"{function}: labels must be integer class indices, got dtype {labels.dtype}; convert "
+            "them with labels.astype(numpy.int64) (probability targets are not supported)"
+        )
+    classes = scores.shape[1]
+    if labels.size:
+        low, high = int(labels.min()), int(labels.max())
+        if low < 0 or high >= classes:
+            bad = low if low < 0 else high
+            raise ValueError(
+                f"{function}: label {bad} is out of range for scores with {classes} classes "
+                f"(valid labels are 0..{classes - 1}); check the labels, or give the last layer "
+                "as many outputs as there are classes"
+            )
+    return labels
+
+
+def cross_entropy(input, target, reduction: str = "mean") -> Tensor:
+    """Cross-entropy of logits ``input`` (N, classes) against integer class
+    labels ``target`` (N,) (a Tensor, an array or a list):
+    loss_i = logsumexp(z_i) - z_i[y_i], averaged over the batch by default.
+
+    Fused log-softmax and negative log-likelihood, one node: the forward
+    shifts each row by its maximum so exp never overflows, and the backward
+    is the famous (softmax(z) - onehot(y)) / N, computed from the saved
+    exponentials without building a one-hot matrix. Cost: a few passes over
+    the (N, classes) logits.
+    """
+    _check_reduction(reduction, "cross_entropy")
+    input = _tensor(input)
+    z = input.data
+    labels = _class_labels(target, z, "cross_entropy")
+    xp = backend.of(z)
+    n = z.shape[0]
+    rows = xp.arange(n)
+    shifted = z - z.max(axis=1, keepdims=True)
+    exp = xp.exp(shifted)
+    sum_exp = exp.sum(axis=1)
+    losses = xp.log(sum_exp) - shifted[rows, labels]
+    out = _reduce(losses, reduction)
+
+    def backward(g):
+        grad = exp / sum_exp[:, None]
+        grad[rows, labels] -= 1
+        scale = _loss_scale(g, reduction, n)
+        grad *= scale[:, None] if reduction == "none" else scale
+        return (grad,)
+
+    return Tensor._make(out, (input,), backward, "cross_entropy")
+
+
+def nll_loss(input, target, reduction: str = "mean") -> Tensor:
+    """Negative log-likelihood of log-probabilities ``input`` (N, classes):
+    loss_i = -input[i, y_i]. ``cross_entropy(z, y)`` equals
+    ``nll_loss(log_softmax(z), y)``, in one fused node."""
+    _check_reduction(reduction, "nll_loss")
+    input = _tensor(input)
+    scores = input.data
+    labels = _class_labels(target, scores, "nll_loss")
+    xp = backend.of(scores)
+    n = scores.shape[0]
+    rows = xp.arange(n)
+    out = _reduce(-scores[rows, labels], reduction)
+
+    def backward(g):
+        grad = xp.zeros_like(scores)
+        grad[rows, labels] = -_loss_scale(g, reduction, n)
+        return (grad,)
+
+    return Tensor._make(out, (input,), backward, "nll_loss")
+
+
+def mse_loss(input, target, reduction: str = "mean") -> Tensor:
+    """Mean squared error: mean((input - target)^2) over all elements by
+    default. The shapes must be equal (broadcasting a (N, 1) prediction
+    against (N,) targets is a classic silent bug). ``target`` may require a
+    gradient too. Backward: 2 (input - target) / count."""
+    _check_reduction(reduction, "mse_loss")
+    input = _tensor(input)
+    target_is_tensor = isinstance(target, Tensor)
+    target = target if target_is_tensor else Tensor(target)
+    a = input.data
+    b = target.data
+    if a.shape != b.shape:
+        raise ValueError(
+            f"mse_loss: input shape {_shape_str(a.shape)} and target shape {_shape_str(b.shape)} "
+            "differ; reshape one of them (e.g. prediction.reshape(-1) for (N, 1) against (N,))"
+        )
+    if not target.requires_grad:
+        b = _in_dtype(b, a.dtype)
+    diff = a - b
+    out = _reduce(diff * diff, reduction)
+    count = diff.size
+
+    def backward(g):
+        grad = diff * (2 * _loss_scale(g, reduction, count))
+        return (grad if input.requires_grad else None, -grad if target.requires_grad else None)
+
+    return Tensor._make(out, (input, target), backward, "mse_loss")
+
+
+__all__ = [
+    "relu", "sigmoid", "tanh", "gelu", "softmax", "log_softmax", "linear", "conv2d",
+    "max_pool2d", "avg_pool2d", "batch_norm", "dropout", "flatten", "cross_entropy",
+    "nll_loss", "mse_loss",
+]

@@ -1,0 +1,102 @@
+"""im2col and col2im: convolution as one matrix product.
+
+A 2-D convolution slides a ``(C, KH, KW)`` kernel over the image and takes a
+dot product at every output position. Copy, for every output position, the
+``C*KH*KW`` input values under the kernel into one column, and the whole
+convolution becomes a single GEMM, the operation BLAS does fastest:
+
+    out (OC, N*OH*OW) = weight (OC, C*KH*KW) @ columns (C*KH*KW, N*OH*OW)
+
+Layout of the columns, and why. Rows are ordered ``(c, i, j)``, matching
+``weight.reshape(OC, C*KH*KW)``; columns are ordered ``(n, oh, ow)``. The
+columns are built with one strided copy per kernel offset ``(i, j)``: the
+shifted, subsampled image ``x_padded[:, :, i::stride, j::stride]`` of *all*
+channels and samples is the block ``columns[(c, i, j), :]``, copied whole.
+That is KH*KW vectorised copies (9 for a 3x3 kernel), each writing a
+contiguous block, and it is the same as copying
+``sliding_window_view(x_padded, (KH, KW))`` transposed to
+``(C, KH, KW, N, OH, OW)``. The input is first padded into a channel-major
+``(C, N, H+2p, W+2p)`` array so that each block is a plain slice. The
+transposed layout ``(N*OH*OW, C*KH*KW)`` is the same GEMM with its operands
+swapped; measured with NumPy on a 64x16x14x14 batch it made both the copy
+into the columns and the copy of the result back to ``(N, OC, OH, OW)``
+slower (4-5x for the copy), because its blocks are scattered by the row
+length C*KH*KW.
+
+col2im is the adjoint: every column entry is added back to the input pixel it
+was copied from, again one strided *add* per kernel offset, never a
+scatter-add per element (``numpy.add.at`` is an unbuffered per-element loop,
+tens of times slower). Overlapping windows (stride < kernel) simply add
+several times into the same pixel, which is the chain rule for a value used
+several times.
+
+Cost for N images of C x H x W, OC output channels, a KH x KW kernel and an
+OH x OW output: the columns take C*KH*KW * N*OH*OW floats (KH*KW times the
+input for stride 1) and as many copied values; the GEMM takes
+2 * OC * C*KH*KW * N*OH*OW flops. Backward costs two GEMMs of the same size
+(weight gradient ``grad_out @ columns^T`` and column gradient
+``weight^T @ grad_out``) plus the KH*KW strided adds of col2im.
+"""
+
+from __future__ import annotations
+
+from minidist import backend
+
+
+def output_size(size: int, kernel: int, stride: int, padding: int) -> int:
+    """Positions a window of ``kernel`` fits along an axis of ``size`` padded
+    by ``padding`` on both sides, moving by ``stride``: floor((size + 2p - k) / s) + 1."""
+    return (size + 2 * padding - kernel) // stride + 1
+
+
+def window(padded, i: int, j: int, out_h: int, out_w: int, stride_h: int, stride_w: int):
+    """The view of the last two axes of ``padded`` that kernel offset ``(i, j)``
+    sees at every output position: rows i, i+s, ..., i+s*(out_h-1)."""
+    return padded[..., i : i + stride_h * (out_h - 1) + 1 : stride_h, j : j + stride_w * (out_w - 1) + 1 : stride_w]
+
+
+def pad_channels_first(x, padding_h: int, padding_w: int):
+    """``x`` (N, C, H, W) as a zero-padded ``(C, N, H+2ph, W+2pw)`` array (a
+    view without copying when there is no padding)."""
+    channels_first = x.transpose(1, 0, 2, 3)
+    if padding_h == 0 and padding_w == 0:
+        return channels_first
+    n, c, h, w = x.shape
+    xp = backend.of(x)
+    padded = xp.zeros((c, n, h + 2 * padding_h, w + 2 * padding_w), dtype=x.dtype)
+    padded[:, :, padding_h : padding_h + h, padding_w : padding_w + w] = channels_first
+    return padded
+
+
+def im2col(x, kernel_h: int, kernel_w: int, stride_h: int, stride_w: int, padding_h: int, padding_w: int):
+    """Columns ``(C*KH*KW, N*OH*OW)`` of ``x`` (N, C, H, W), rows ordered
+    (c, i, j) and columns (n, oh, ow). KH*KW strided block copies."""
+    n, c, h, w = x.shape
+    out_h = output_size(h, kernel_h, stride_h, padding_h)
+    out_w = output_size(w, kernel_w, stride_w, padding_w)
+    padded = pad_channels_first(x, padding_h, padding_w)
+    xp = backend.of(x)
+    columns = xp.empty((c, kernel_h, kernel_w, n, out_h, out_w), dtype=x.dtype)
+    for i in range(kernel_h):
+        for j in range(kernel_w):
+            columns[:, i, j] = window(padded, i, j, out_h, out_w, stride_h, stride_w)
+    return columns.reshape(c * kernel_h * kernel_w, n * out_h * out_w)
+
+
+def col2im(columns, x_shape, kernel_h: int, kernel_w: int, stride_h: int, stride_w: int, padding_h: int, padding_w: int):
+    """The adjoint of :func:`im2col`: add every entry of ``columns``
+    ``(C*KH*KW, N*OH*OW)`` back to the pixel of an ``x_shape`` (N, C, H, W)
+    image it came from. KH*KW strided block adds, then one copy back to
+    (N, C, H, W) that drops the padding."""
+    n, c, h, w = x_shape
+    out_h = output_size(h, kernel_h, stride_h, padding_h)
+    out_w = output_size(w, kernel_w, stride_w, padding_w)
+    xp = backend.of(columns)
+    blocks = columns.reshape(c, kernel_h, kernel_w, n, out_h, out_w)
+    padded = xp.zeros((c, n, h + 2 * padding_h, w + 2 * padding_w), dtype=columns.dtype)
+    for i in range(kernel_h):
+        for j in range(kernel_w):
+            target = window(padded, i, j, out_h, out_w, stride_h, stride_w)
+            target += blocks[:, i, j]
+    inner = padded[:, :, padding_h : padding_h + h, padding_w : padding_w + w]
+    return xp.ascontiguousarray(inner.transpose(1, 0, 2, 3))
