@@ -264,7 +264,6 @@ def conv2d(input, weight, bias=None, stride=1, padding=0) -> Tensor:
             f"({ph}, {pw}); use more padding or a smaller kernel"
         )
     x = _in_dtype(x, w.dtype)
-    xp = backend.of(x)
     columns = im2col(x, kh, kw, sh, sw, ph, pw)
     w2 = w.reshape(oc, c * kh * kw)
     # One GEMM per image, each reading its (C*KH*KW, OH*OW) block of the
