@@ -1,0 +1,236 @@
+"""Time one training step (forward, loss, backward, SGD-with-momentum update)
+in minidist, in a hand-written NumPy version of the same step, and in PyTorch
+(CPU) when it is installed: all in one run, with the same thread count.
+
+Models (float32):
+  mlp  784-512-512-10, ReLU, batch 128
+  cnn  Conv(1->16, 3x3, pad 1) ReLU MaxPool2 Conv(16->32, 3x3, pad 1) ReLU
+       MaxPool2 Flatten Linear(32*7*7 -> 10), batch 64, 28x28 inputs
+
+Usage:
+  python benchmarks/bench_training_step.py [--threads 1] [--repeats 30] [--json out.json]
+
+The figure reported per framework is the median of ``repeats`` timed steps
+after warm-up steps; the ratio column is minidist / PyTorch (lower is better).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def _limit_threads(threads: int):
+    # Must happen before NumPy or PyTorch load their thread pools.
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[name] = str(threads)
+
+
+def median_time(step, repeats: int, warmup: int = 5) -> float:
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return times[len(times) // 2]
+
+
+# ----------------------------------------------------------------- minidist
+def minidist_mlp_step(batch, rng):
+    import numpy as np
+
+    import minidist
+    from minidist import nn, optim
+
+    model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+    optimizer = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    x = rng.standard_normal((batch, 784)).astype(np.float32)
+    y = rng.integers(0, 10, batch)
+
+    def step():
+        loss = loss_fn(model(minidist.Tensor(x)), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def minidist_cnn_step(batch, rng):
+    import numpy as np
+
+    import minidist
+    from minidist import nn, optim
+
+    model = nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 7 * 7, 10),
+    )
+    optimizer = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    x = rng.standard_normal((batch, 1, 28, 28)).astype(np.float32)
+    y = rng.integers(0, 10, batch)
+
+    def step():
+        loss = loss_fn(model(minidist.Tensor(x)), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+# ------------------------------------------------------------ plain NumPy
+def numpy_mlp_step(batch, rng):
+    """The same step written out by hand: the floor minidist's autograd adds to."""
+    import numpy as np
+
+    sizes = [784, 512, 512, 10]
+    weights = [(rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32) for a, b in zip(sizes, sizes[1:])]
+    biases = [np.zeros(b, np.float32) for b in sizes[1:]]
+    velocity = [np.zeros_like(p) for p in weights + biases]
+    x = rng.standard_normal((batch, 784)).astype(np.float32)
+    y = rng.integers(0, 10, batch)
+    lr, momentum = np.float32(0.01), np.float32(0.9)
+
+    def step():
+        activations = [x]
+        h = x
+        for i, (w, b) in enumerate(zip(weights, biases)):
+            h = h @ w + b
+            if i < len(weights) - 1:
+                h = np.maximum(h, 0)
+            activations.append(h)
+        logits = activations[-1]
+        shifted = logits - logits.max(1, keepdims=True)
+        probs = np.exp(shifted)
+        probs /= probs.sum(1, keepdims=True)
+        grad = probs
+        grad[np.arange(batch), y] -= 1
+        grad /= batch
+        grads_w, grads_b = [], []
+        for i in reversed(range(len(weights))):
+            grads_w.append(activations[i].T @ grad)
+            grads_b.append(grad.sum(0))
+            if i > 0:
+                grad = (grad @ weights[i].T) * (activations[i] > 0)
+        grads = list(reversed(grads_w)) + list(reversed(grads_b))
+        for p, g, v in zip(weights + biases, grads, velocity):
+            v *= momentum
+            v += g
+            p -= lr * v
+
+    return step
+
+
+# ------------------------------------------------------------------ PyTorch
+def torch_mlp_step(batch, rng):
+    import torch
+
+    model = torch.nn.Sequential(
+        torch.nn.Linear(784, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    x = torch.from_numpy(rng.standard_normal((batch, 784)).astype("float32"))
+    y = torch.from_numpy(rng.integers(0, 10, batch))
+
+    def step():
+        loss = loss_fn(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def torch_cnn_step(batch, rng):
+    import torch
+
+    nn = torch.nn
+    model = nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 7 * 7, 10),
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    x = torch.from_numpy(rng.standard_normal((batch, 1, 28, 28)).astype("float32"))
+    y = torch.from_numpy(rng.integers(0, 10, batch))
+
+    def step():
+        loss = loss_fn(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1, help="BLAS/OpenMP threads for every framework")
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--json", default=None, help="also write the results here")
+    args = parser.parse_args(argv)
+    _limit_threads(args.threads)
+
+    import numpy as np
+
+    try:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        torch.manual_seed(0)
+        torch_version = torch.__version__
+    except ImportError:
+        torch = None
+        torch_version = None
+
+    from rich.console import Console
+    from rich.table import Table
+
+    rng = np.random.default_rng(0)
+    cases = [
+        ("mlp 784-512-512-10, batch 128", 128, minidist_mlp_step, numpy_mlp_step, torch_mlp_step),
+        ("cnn 2 conv + linear, batch 64, 28x28", 64, minidist_cnn_step, None, torch_cnn_step),
+    ]
+    results = []
+    for name, batch, ours, by_hand, theirs in cases:
+        row = {"model": name, "threads": args.threads}
+        row["minidist_ms"] = 1e3 * median_time(ours(batch, rng), args.repeats)
+        row["numpy_ms"] = 1e3 * median_time(by_hand(batch, rng), args.repeats) if by_hand else None
+        row["torch_ms"] = 1e3 * median_time(theirs(batch, rng), args.repeats) if torch else None
+        results.append(row)
+
+    table = Table(title=f"one training step, float32, {args.threads} thread(s), median of {args.repeats}")
+    for column in ("model", "minidist ms", "NumPy by hand ms", f"PyTorch {torch_version or '(absent)'} ms", "minidist / PyTorch", "minidist / NumPy"):
+        table.add_column(column, justify="right" if column != "model" else "left")
+    for row in results:
+        def fmt(value):
+            return "-" if value is None else f"{value:.2f}"
+
+        vs_torch = row["minidist_ms"] / row["torch_ms"] if row["torch_ms"] else None
+        vs_numpy = row["minidist_ms"] / row["numpy_ms"] if row["numpy_ms"] else None
+        table.add_row(
+            row["model"], fmt(row["minidist_ms"]), fmt(row["numpy_ms"]), fmt(row["torch_ms"]),
+            "-" if vs_torch is None else f"{vs_torch:.2f}x", "-" if vs_numpy is None else f"{vs_numpy:.2f}x",
+        )
+        row["ratio_vs_torch"] = vs_torch
+        row["ratio_vs_numpy"] = vs_numpy
+    Console().print(table)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"python": sys.version.split()[0], "numpy": np.__version__, "torch": torch_version, "results": results}, handle, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lesson 1: gradients, gradient descent, and one training loop
+#
+# Everything later in this course (data parallel, parameter servers, pipelines)
+# splits up *one* computation: the training step
+#
+# 1. **forward**: compute the model's predictions and the loss,
+# 2. **backward**: compute the gradient of the loss for every parameter,
+# 3. **update**: move every parameter a little against its gradient.
+#
+# This chapter builds that step from the bottom: a tensor that remembers how it
+# was computed, gradient descent on a problem whose answer we know, the three
+# ways of batching (batch GD, SGD, mini-batch), and finally a real network
+# trained on real handwritten digits.
+#
+# Run it as a script (`python lessons/01_autograd_and_training.py`) or open it
+# as a notebook (`jupytext --to notebook lessons/01_autograd_and_training.py`).
+
+# %%
+import time
+
+import numpy as np
+
+import minidist
+from minidist import Tensor, nn, optim
+from minidist.data import DataLoader, load_digits, make_linear_regression
+from minidist.lesson import output_dir, quick, use_headless_matplotlib
+
+use_headless_matplotlib()
+import matplotlib.pyplot as plt  # noqa: E402
+
+QUICK = quick()
+OUT = output_dir()
+
+# %% [markdown]
+# ## 1. A tensor that remembers
+#
+# `Tensor(..., requires_grad=True)` marks a value we want the gradient for.
+# Each operation records its inputs and its *local* derivative; `backward()`
+# applies the chain rule from the result back to the inputs.
+#
+# For $y = x^2 + 3x$ the derivative is $dy/dx = 2x + 3$, so at $x = 2$ it is 7.
+
+# %%
+x = Tensor(2.0, requires_grad=True)
+y = x * x + 3 * x
+y.backward()
+print("y =", y.item(), " dy/dx =", x.grad)
+assert np.isclose(x.grad, 7.0)
+
+# %% [markdown]
+# The same works for whole arrays. For a matrix product $z = \sum (a\,b)$ the
+# gradient with respect to $a$ is every row of ones times $b^T$. We can check
+# any gradient numerically with a *finite difference*:
+# $\partial f/\partial a_{ij} \approx (f(a + \epsilon e_{ij}) - f(a - \epsilon e_{ij})) / 2\epsilon$.
+
+# %%
+rng = np.random.default_rng(0)
+a = Tensor(rng.standard_normal((2, 3)), requires_grad=True)  # float64, for an exact check
+b = Tensor(rng.standard_normal((3, 4)))
+z = (a @ b).tanh().sum()
+z.backward()
+
+eps = 1e-6
+numeric = np.zeros_like(a.data)
+for i in range(2):
+    for j in range(3):
+        plus, minus = a.data.copy(), a.data.copy()
+        plus[i, j] += eps
+        minus[i, j] -= eps
+        numeric[i, j] = (np.tanh(plus @ b.data).sum() - np.tanh(minus @ b.data).sum()) / (2 * eps)
+print("autograd:\n", a.grad, "\nfinite differences:\n", numeric)
+assert np.allclose(a.grad, numeric, atol=1e-6)
+
+# %% [markdown]
+# ## 2. Gradient descent on a problem with a known answer
+#
+# Linear regression: $y = x\,w^* + b^* + \text{noise}$, with true weights $w^*$
+# we know. The loss is the mean squared error
+# $L(w, b) = \frac{1}{N}\sum_i (x_i w + b - y_i)^2$, and gradient descent repeats
+# $w \leftarrow w - \eta\,\nabla_w L$.
+#
+# Three ways to choose *which* examples the gradient is computed on:
+#
+# * **batch gradient descent**: all $N$ examples per update: exact gradient, one update per pass over the data;
+# * **stochastic gradient descent (SGD)**: one example per update: $N$ noisy updates per pass;
+# * **mini-batch SGD**: $B$ examples per update, in between, and what everyone uses.
+
+# %%
+features = 10
+x_data, y_data, w_true, b_true = make_linear_regression(n_samples=512, n_features=features, noise=0.1, seed=1)
+
+
+def train_linear(batch_size, lr, epochs):
+    """Mini-batch SGD on the regression; returns the full-data loss after every update."""
+    w = Tensor(np.zeros(features, np.float32), requires_grad=True)
+    b = Tensor(np.zeros((), np.float32), requires_grad=True)
+    history = []
+    for epoch in range(epochs):
+        for xb, yb in DataLoader((x_data, y_data), batch_size=batch_size, shuffle=True, seed=epoch):
+            loss = ((Tensor(xb) @ w + b - Tensor(yb)) ** 2).mean()
+            w.grad = b.grad = None
+            loss.backward()
+            with minidist.no_grad():
+                w.data -= lr * w.grad
+                b.data -= lr * b.grad
+            full = float(((x_data @ w.data + b.data - y_data) ** 2).mean())
+            history.append(full)
+    return w, history
+
+
+epochs = 3 if QUICK else 10
+runs = {
+    "batch GD (B = 512)": train_linear(512, 0.1, epochs * 10),
+    "mini-batch (B = 32)": train_linear(32, 0.05, epochs),
+    "SGD (B = 1)": train_linear(1, 0.01, epochs),
+}
+for name, (w, history) in runs.items():
+    print(f"{name:22s} updates {len(history):5d}  final loss {history[-1]:.4f}  "
+          f"|w - w*| = {np.linalg.norm(w.data - w_true):.3f}")
+
+# %% [markdown]
+# Every method finds weights close to $w^*$ (the noise sets the floor of the
+# loss at about $0.1^2 = 0.01$). Plotted against the number of *updates*, batch
+# GD is smooth but needs many updates, each of which reads all the data; SGD
+# makes progress after a handful of examples but its path is noisy.
+
+# %%
+fig, ax = plt.subplots(figsize=(7, 4))
+for name, (_, history) in runs.items():
+    ax.plot(np.arange(1, len(history) + 1), history, label=name)
+ax.set_xscale("log")
+ax.set_yscale("log")
+ax.set_xlabel("updates")
+ax.set_ylabel("mean squared error on all data")
+ax.set_title("Batch GD vs mini-batch vs SGD on linear regression")
+ax.legend()
+fig.tight_layout()
+fig.savefig(OUT / "01_gd_vs_sgd.png", dpi=100)
+print("saved", OUT / "01_gd_vs_sgd.png")
+
+# %% [markdown]
+# ### Why not always batch size 1? The hardware.
+#
+# A processor does a matrix product of 256 rows far faster than 256 products
+# of one row. Time per example falls as the batch grows, until the hardware is
+# busy. This is the first reason for mini-batches, and later the reason data
+# parallel training wants a *large global* batch (lesson 5 shows the price).
+
+# %%
+layer = nn.Linear(64, 256)
+for batch in (1, 8, 64, 256):
+    inputs = Tensor(rng.standard_normal((batch, 64)).astype(np.float32))
+    start = time.perf_counter()
+    repeats = 200 if not QUICK else 50
+    for _ in range(repeats):
+        layer(inputs).relu().sum().backward()
+    elapsed = time.perf_counter() - start
+    print(f"batch {batch:4d}: {1e6 * elapsed / (repeats * batch):8.2f} microseconds per example")
+
+# %% [markdown]
+# ## 3. One training loop, written out
+#
+# The bundled data set: 1,797 handwritten digits of 8x8 pixels (UCI, via
+# scikit-learn), split once and for all into 1,442 training and 355 test images.
+# A multilayer perceptron with one hidden layer, cross-entropy loss, SGD with
+# momentum. Every line of the step is visible:
+
+# %%
+x_train, y_train, x_test, y_test = load_digits()
+print("train", x_train.shape, "test", x_test.shape)
+
+model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+optimizer = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+loss_fn = nn.CrossEntropyLoss()
+
+
+def accuracy(model, x, y):
+    model.eval()
+    with minidist.no_grad():
+        predictions = model(Tensor(x)).data.argmax(axis=1)
+    model.train()
+    return float((predictions == y).mean())
+
+
+print(f"before training: test accuracy {accuracy(model, x_test, y_test):.3f} (chance is 0.1)")
+for epoch in range(5 if QUICK else 20):
+    losses = []
+    for xb, yb in DataLoader((x_train, y_train), batch_size=64, shuffle=True, seed=epoch):
+        logits = model(Tensor(xb))          # 1. forward
+        loss = loss_fn(logits, yb)
+        optimizer.zero_grad()               # gradients accumulate, so clear them
+        loss.backward()                     # 2. backward
+        optimizer.step()                    # 3. update
+        losses.append(loss.item())
+    if epoch % 2 == 0 or epoch == (4 if QUICK else 19):
+        print(f"epoch {epoch:2d}  loss {np.mean(losses):.4f}  test accuracy {accuracy(model, x_test, y_test):.3f}")
+
+final = accuracy(model, x_test, y_test)
+assert final > 0.9, final
+
+# %% [markdown]
+# ## What to take away
+#
+# * The training step is forward, backward, update. Backward costs about twice
+#   the forward (two matrix products per layer instead of one).
+# * Mini-batches trade the exactness of batch GD for many cheap updates, and
+#   keep the hardware busy.
+# * The gradient of a mini-batch is an *average over examples*. That is the
+#   property data parallel training exploits: split the batch over workers,
+#   average their gradients, and you have the gradient of the whole batch.
+#
+# **Try it:** change the batch size of the training loop to 1 and to 1,442 and
+# compare accuracy after the same number of epochs; run
+# `minidist train --model cnn` for a convolutional network.

@@ -1,0 +1,56 @@
+"""Single-process training on the bundled digits, and the command line."""
+
+import subprocess
+import sys
+
+import pytest
+from rich.console import Console
+
+from minidist.train import build_model, train_digits
+
+
+def quiet_console():
+    return Console(record=True, width=100, color_system=None, file=open("/dev/null", "w"))
+
+
+def test_a_short_run_learns():
+    result = train_digits("mlp", epochs=3, progress=False, console=quiet_console())
+    history = result["history"]
+    assert history[-1]["loss"] < 0.5 * history[0]["loss"]
+    assert result["test_accuracy"] > 0.6  # chance is 0.1
+
+
+@pytest.mark.parametrize("model, target", [("mlp", 0.95), ("cnn", 0.97)])
+def test_default_training_reaches_the_promised_accuracy(model, target):
+    result = train_digits(model, progress=False, console=quiet_console())
+    assert result["test_accuracy"] >= target, result["test_accuracy"]
+
+
+def test_same_seed_same_model_different_seed_different_model():
+    a, b, c = build_model("mlp", seed=1), build_model("mlp", seed=1), build_model("mlp", seed=2)
+    first = [p.data for p in a.parameters()]
+    assert all((x == y).all() for x, y in zip(first, [p.data for p in b.parameters()]))
+    assert not all((x == y).all() for x, y in zip(first, [p.data for p in c.parameters()]))
+
+
+def test_bad_arguments_are_reported():
+    with pytest.raises(ValueError, match="unknown model"):
+        train_digits("resnet", progress=False)
+    with pytest.raises(ValueError, match="epochs >= 1"):
+        train_digits("mlp", epochs=0, progress=False)
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "minidist.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_help_and_train():
+    help_text = run_cli("--help")
+    assert help_text.returncode == 0
+    for command in ("train", "run", "demo"):
+        assert command in help_text.stdout
+    trained = run_cli("train", "--model", "mlp", "--epochs", "2", "--no-progress")
+    assert trained.returncode == 0, trained.stderr
+    assert "test accuracy" in trained.stdout
+    wrong = run_cli("train", "--model", "transformer")
+    assert wrong.returncode != 0 and "invalid choice" in wrong.stderr
