@@ -16,12 +16,19 @@ That is KH*KW vectorised copies (9 for a 3x3 kernel), each writing a
 contiguous block, and it is the same as copying
 ``sliding_window_view(x_padded, (KH, KW))`` transposed to
 ``(C, KH, KW, N, OH, OW)``. The input is first padded into a channel-major
-``(C, N, H+2p, W+2p)`` array so that each block is a plain slice. The
-transposed layout ``(N*OH*OW, C*KH*KW)`` is the same GEMM with its operands
-swapped; measured with NumPy on a 64x16x14x14 batch it made both the copy
-into the columns and the copy of the result back to ``(N, OC, OH, OW)``
-slower (4-5x for the copy), because its blocks are scattered by the row
-length C*KH*KW.
+``(C, N, H+2p, W+2p)`` array so that each block is a plain slice.
+
+The forward product is best done as N GEMMs, one per image, each
+``weight @ columns[:, n-th block of OH*OW]``: BLAS reads the block in place
+(its rows are OH*OW contiguous floats, N*OH*OW apart), and the results land
+directly in ``(N, OC, OH, OW)`` order, with no transposing copy. The
+backward uses the single big GEMMs written above.
+
+The transposed layout ``(N*OH*OW, C*KH*KW)`` is the same GEMM with its
+operands swapped; measured with NumPy on a 64x16x14x14 batch it made both
+the copy into the columns and the copy of the result back to
+``(N, OC, OH, OW)`` slower (4-5x for the copy), because its blocks are
+scattered by the row length C*KH*KW.
 
 col2im is the adjoint: every column entry is added back to the input pixel it
 was copied from, again one strided *add* per kernel offset, never a
