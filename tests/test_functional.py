@@ -242,6 +242,27 @@ def test_batch_norm_gradients_by_finite_differences(shape, training):
     check_grad(op, randn(*shape) * 2 + 1, randn(channels), randn(channels))
 
 
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm_computes_only_the_gradients_asked_for(training):
+    arrays = randn(6, 3, 2, 2), randn(3), randn(3)
+    grad_out = randn(6, 3, 2, 2)
+    stats = randn(3), rng.uniform(0.5, 2, 3)
+
+    def run(wanted):
+        tensors = [Tensor(a, requires_grad=w) for a, w in zip(arrays, wanted)]
+        out = F.batch_norm(tensors[0], stats[0].copy(), stats[1].copy(), tensors[1], tensors[2], training)
+        out.backward(grad_out)
+        return [t.grad for t in tensors]
+
+    full = run((True, True, True))
+    for wanted in [(True, False, False), (False, True, False), (False, False, True)]:
+        for grad, reference, asked in zip(run(wanted), full, wanted):
+            if asked:
+                np.testing.assert_allclose(grad, reference, rtol=1e-12)
+            else:
+                assert grad is None
+
+
 def test_batch_norm_without_affine_or_running_statistics():
     x = randn(8, 3)
     check_grad(lambda a: F.batch_norm(a, None, None, None, None, False), x)

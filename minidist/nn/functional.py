@@ -89,8 +89,8 @@ def _reduce(losses, reduction: str):
 
 
 def _loss_scale(g, reduction: str, count: int):
-    """The upstream gradient of each per-sample loss: g/N for 'mean', g for
-    'sum', g[i] for 'none' (shaped to broadcast over the sample's entries)."""
+    """The gradient arriving at each per-sample loss: g / count for 'mean',
+    g itself for 'sum' (a scalar) and for 'none' (one value per sample)."""
     if reduction == "mean":
         return g / max(count, 1)
     return g
@@ -550,26 +550,29 @@ def batch_norm(
         out += b.reshape(shape)
 
     def backward(g):
-        sum_g = g.sum(axis=axes)
-        if use_batch_stats:
-            sum_g_centred = (g * centred).sum(axis=axes)
-        else:
-            sum_g_centred = (g * (x - mean.reshape(shape))).sum(axis=axes)
-        grad_x = grad_w = grad_b = None
-        if input.requires_grad:
-            if use_batch_stats:
-                # grad_x = g * k1 + centred * k2 + k3, per-channel constants.
-                k2 = -scale * inv_std * inv_std * sum_g_centred / count
-                k3 = -scale * sum_g / count
-                grad_x = g * scale.reshape(shape)
-                grad_x += centred * k2.reshape(shape)
-                grad_x += k3.reshape(shape)
-            else:
-                grad_x = g * scale.reshape(shape)
-        if weight is not None and weight.requires_grad:
-            grad_w = sum_g_centred * inv_std
-        if bias is not None and bias.requires_grad:
-            grad_b = sum_g
+        need_x = input.requires_grad
+        need_w = weight is not None and weight.requires_grad
+        need_b = bias is not None and bias.requires_grad
+        # In training the input's gradient goes through the batch statistics
+        # too, which is where the two per-channel sums come in.
+        through_stats = need_x and use_batch_stats
+        sum_g = g.sum(axis=axes) if need_b or through_stats else None
+        sum_g_centred = None
+        if need_w or through_stats:
+            centred_x = centred if use_batch_stats else x - mean.reshape(shape)
+            sum_g_centred = (g * centred_x).sum(axis=axes)
+        grad_x = None
+        if through_stats:
+            # grad_x = g * scale + centred * k2 + k3, with per-channel k2, k3.
+            k2 = -scale * inv_std * inv_std * sum_g_centred / count
+            k3 = -scale * sum_g / count
+            grad_x = g * scale.reshape(shape)
+            grad_x += centred * k2.reshape(shape)
+            grad_x += k3.reshape(shape)
+        elif need_x:
+            grad_x = g * scale.reshape(shape)
+        grad_w = sum_g_centred * inv_std if need_w else None
+        grad_b = sum_g if need_b else None
         return (grad_x, grad_w, grad_b)[: len(parents)]
 
     parents = tuple(p for p in (input, weight, bias) if p is not None)
