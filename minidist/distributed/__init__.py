@@ -1,0 +1,88 @@
+"""minidist.distributed: processes, groups and messages, torch.distributed style.
+
+    import minidist.distributed as dist
+
+    def worker():
+        rank, size = dist.get_rank(), dist.get_world_size()
+        x = np.full(4, rank, np.float32)
+        if rank == 0:
+            dist.send(x, dst=1, tag=7)
+        elif rank == 1:
+            dist.recv(x, src=0, tag=7)          # fills x in place
+        return x
+
+    minidist.launch(worker, world_size=2, transport="shm")
+
+Where things are:
+
+* :mod:`.launch`         ``minidist.launch`` and ``minidist run``; :mod:`.supervisor` the watchdog
+* :mod:`.world`          init / destroy, rank, world size, ``new_group``
+* :mod:`.process_group`  ``ProcessGroup``: ranks, contexts, point-to-point calls
+* :mod:`.point_to_point` the module-level forms of those calls (``group=None`` is the world)
+* :mod:`.transport`      how bytes move (``pipe``, ``shm``) and the progress engine
+* :mod:`.control`        abort flag and per-rank status in shared memory
+* :mod:`.desync`         the report printed when a wait times out
+* :mod:`.errors`         what can go wrong, and what each error says
+* :mod:`.console`        logs from every rank in the parent; ``print0``, ``progress0``
+"""
+
+from minidist.distributed.console import print0, progress0
+from minidist.distributed.errors import (
+    AbortedError,
+    CommTimeoutError,
+    DistributedError,
+    MessageMismatchError,
+    NotInitializedError,
+    PeerGoneError,
+    WorkerError,
+)
+from minidist.distributed.point_to_point import (
+    barrier,
+    iprobe,
+    irecv,
+    irecv_array,
+    irecv_reduce,
+    isend,
+    probe,
+    recv,
+    recv_array,
+    recv_object,
+    recv_reduce,
+    send,
+    send_object,
+    wait_all,
+)
+from minidist.distributed.process_group import ProcessGroup
+from minidist.distributed.reduce_op import ReduceOp
+from minidist.distributed.transport.base import ANY_SOURCE, ANY_TAG, MessageInfo
+from minidist.distributed.transport.base import Request as Work
+from minidist.distributed.world import (
+    DEFAULT_TIMEOUT,
+    destroy_process_group,
+    get_global_rank,
+    get_group_rank,
+    get_rank,
+    get_world_size,
+    init_process_group,
+    is_initialized,
+    new_group,
+)
+
+
+def group_world() -> ProcessGroup:
+    """The default group (all ranks)."""
+    from minidist.distributed.world import current
+
+    return current().group
+
+
+__all__ = [
+    "ANY_SOURCE", "ANY_TAG", "AbortedError", "CommTimeoutError", "DEFAULT_TIMEOUT",
+    "DistributedError", "MessageInfo", "MessageMismatchError", "NotInitializedError",
+    "PeerGoneError", "ProcessGroup", "ReduceOp", "Work", "WorkerError", "barrier",
+    "destroy_process_group", "get_global_rank", "get_group_rank", "get_rank",
+    "get_world_size", "group_world", "init_process_group", "iprobe", "irecv", "irecv_array",
+    "irecv_reduce", "is_initialized", "isend", "new_group", "print0", "probe",
+    "progress0", "recv", "recv_array", "recv_object", "recv_reduce", "send", "send_object",
+    "wait_all",
+]

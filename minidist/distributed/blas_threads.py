@@ -1,0 +1,101 @@
+"""Keep N workers from each starting a BLAS thread per core.
+
+NumPy's matrix products run on a BLAS library (OpenBLAS in NumPy's wheels)
+with a pool of one thread per core. Four workers on a 2-core laptop would
+then run 8 BLAS threads fighting for 2 cores, and everything slows down.
+Each worker should use ``cores // workers`` threads (at least one).
+
+* Workers that are separate programs (``minidist run``) get the usual
+  environment variables (OMP/OPENBLAS/MKL/... ``_NUM_THREADS``) before they
+  start, unless the user set them.
+* Workers made by fork inherit a BLAS library that is already loaded and
+  configured; environment variables are read only at load time, so instead we
+  call the library's own ``*_set_num_threads`` through ctypes in each worker
+  (the same thing threadpoolctl does, for the libraries NumPy ships).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+             "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+# (library file name contains, setter symbols, getter symbols)
+_LIBRARIES = (
+    ("openblas", ("openblas_set_num_threads", "scipy_openblas_set_num_threads64_",
+                  "scipy_openblas_set_num_threads_64_", "openblas_set_num_threads64_"),
+     ("openblas_get_num_threads", "scipy_openblas_get_num_threads64_",
+      "scipy_openblas_get_num_threads_64_", "openblas_get_num_threads64_")),
+    ("mkl_rt", ("MKL_Set_Num_Threads",), ("MKL_Get_Max_Threads",)),
+    ("libgomp", ("omp_set_num_threads",), ("omp_get_max_threads",)),
+    ("libomp", ("omp_set_num_threads",), ("omp_get_max_threads",)),
+)
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def threads_per_worker(world_size: int) -> int:
+    return max(1, available_cores() // max(world_size, 1))
+
+
+def environment_for(world_size: int, environ=None) -> dict[str, str]:
+    """Thread-count variables for a worker program, leaving the user's own alone."""
+    environ = os.environ if environ is None else environ
+    count = str(threads_per_worker(world_size))
+    return {name: count for name in _ENV_VARS if name not in environ}
+
+
+def _loaded_libraries():
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            paths = {line.split()[-1] for line in maps if ".so" in line and "/" in line}
+    except OSError:
+        return
+    for path in sorted(paths):
+        name = os.path.basename(path)
+        for marker, setters, getters in _LIBRARIES:
+            if marker in name:
+                try:
+                    library = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+                except OSError:
+                    continue
+                yield path, library, setters, getters
+
+
+def _first_symbol(library, names):
+    for name in names:
+        function = getattr(library, name, None)
+        if function is not None:
+            return function
+    return None
+
+
+def set_blas_threads(count: int) -> dict[str, int]:
+    """Set the thread count of every BLAS/OpenMP library already loaded here.
+    Returns {library path: count} for those it could set."""
+    done = {}
+    for path, library, setters, _ in _loaded_libraries():
+        setter = _first_symbol(library, setters)
+        if setter is not None:
+            setter.argtypes = [ctypes.c_int]
+            setter(count)
+            done[path] = count
+    return done
+
+
+def blas_threads() -> dict[str, int]:
+    """{library path: thread count} of the loaded BLAS/OpenMP libraries."""
+    counts = {}
+    for path, library, _, getters in _loaded_libraries():
+        getter = _first_symbol(library, getters)
+        if getter is not None:
+            getter.restype = ctypes.c_int
+            counts[path] = getter()
+    return counts

@@ -1,0 +1,173 @@
+"""The run's control block: one small shared-memory segment every process maps.
+
+It holds two things:
+
+* the **abort flag**. The parent raises it when any rank fails, dies or the run
+  is interrupted; every blocking wait in every transport checks it at least
+  every :data:`WAIT_SLICE` seconds (and the shared-memory transport is also
+  woken at once), so all ranks unblock promptly and nobody hangs.
+* one **status record per rank**: what that rank is doing now (waiting in a
+  send to 3 with tag 7 since t, running its own code, finished...). A rank
+  writes its record only when it starts or stops *waiting*, so a message that
+  completes without waiting costs nothing here. When a wait times out, the
+  records of all ranks become the desync report (see :mod:`.desync`).
+
+Records are read without locking: a report may catch a record half-updated,
+which for a diagnostic is an acceptable price for never slowing the fast path.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+
+from minidist.distributed.shared_segment import LocalSegment, Segment
+
+#: Longest a blocking wait sleeps before it looks at the abort flag again.
+WAIT_SLICE = 0.05
+
+_MAGIC = 0x6D696E6964697374  # "minidist"
+_HEADER_BYTES = 64
+_RECORD_BYTES = 64
+_RECORD = struct.Struct("<IIiIqQQQ")  # state op peer pid tag context nbytes since_ns
+
+# word indices in the header
+_W_MAGIC, _W_WORLD, _W_ABORT, _W_CULPRIT = 0, 1, 2, 3
+
+# states
+STARTING, RUNNING, WAITING, FINISHED, FAILED = range(5)
+STATE_NAMES = {STARTING: "starting", RUNNING: "running", WAITING: "waiting",
+               FINISHED: "finished", FAILED: "failed"}
+
+# operations a rank can be waiting in
+OP_NONE, OP_SEND, OP_RECV, OP_PROBE, OP_WAIT_MANY = range(5)
+OP_NAMES = {OP_NONE: "", OP_SEND: "send", OP_RECV: "recv", OP_PROBE: "probe",
+            OP_WAIT_MANY: "wait"}
+
+ANY = -1  # peer or tag wildcard as stored in a record
+NO_CULPRIT = -1
+
+
+@dataclass
+class RankStatus:
+    rank: int
+    state: int
+    op: int
+    peer: int
+    pid: int
+    tag: int
+    context: int
+    nbytes: int
+    since_ns: int
+
+    @property
+    def state_name(self) -> str:
+        return STATE_NAMES.get(self.state, f"state {self.state}")
+
+    @property
+    def op_name(self) -> str:
+        return OP_NAMES.get(self.op, f"op {self.op}")
+
+
+class ControlBlock:
+    """Abort flag and per-rank status records in shared memory."""
+
+    def __init__(self, segment: Segment, world_size: int, owner: bool):
+        self.segment = segment
+        self.world_size = world_size
+        self.owner = owner
+        self._words = segment.buf[:_HEADER_BYTES].cast("Q")
+        self._buf = segment.buf
+
+    @classmethod
+    def create(cls, world_size: int, shared: bool = True) -> ControlBlock:
+        size = _HEADER_BYTES + _RECORD_BYTES * world_size
+        segment = Segment.create(size, "control") if shared else LocalSegment(size)
+        block = cls(segment, world_size, owner=True)
+        block._words[_W_MAGIC] = _MAGIC
+        block._words[_W_WORLD] = world_size
+        block._words[_W_CULPRIT] = 0
+        for rank in range(world_size):
+            block._write(rank, STARTING, OP_NONE, -2, 0, 0, 0, 0, 0)
+        return block
+
+    @classmethod
+    def local(cls, world_size: int) -> ControlBlock:
+        """A control block in private memory, for a world of one."""
+        return cls.create(world_size, shared=False)
+
+    @classmethod
+    def attach(cls, name: str) -> ControlBlock:
+        segment = Segment.attach(name)
+        words = segment.buf[:_HEADER_BYTES].cast("Q")
+        magic, world_size = words[_W_MAGIC], words[_W_WORLD]
+        words.release()
+        if magic != _MAGIC:
+            segment.close()
+            raise RuntimeError(f"shared-memory segment {name} is not a minidist control block")
+        return cls(segment, int(world_size), owner=False)
+
+    @property
+    def name(self) -> str:
+        return self.segment.name
+
+    # ------------------------------------------------------------------ abort
+
+    @property
+    def aborted(self) -> bool:
+        return self._words[_W_ABORT] != 0
+
+    def abort(self, culprit: int = NO_CULPRIT) -> None:
+        """Raise the abort flag (first culprit wins); waits notice within WAIT_SLICE."""
+        if self._words[_W_ABORT] == 0:
+            self._words[_W_CULPRIT] = culprit + 1
+            self._words[_W_ABORT] = 1
+
+    @property
+    def culprit(self) -> int:
+        """The rank whose failure stopped the run, or -1 (interrupted / unknown)."""
+        return int(self._words[_W_CULPRIT]) - 1
+
+    # ------------------------------------------------------------------ status
+
+    def _write(self, rank, state, op, peer, pid, tag, context, nbytes, since_ns):
+        _RECORD.pack_into(self._buf, _HEADER_BYTES + rank * _RECORD_BYTES,
+                          state, op, peer, pid, tag, context, nbytes, since_ns)
+
+    def set_waiting(self, rank, op, peer, tag, context, nbytes, since_ns):
+        self._write(rank, WAITING, op, ANY if peer is None else peer, os.getpid(),
+                    ANY if tag is None else tag, context, nbytes, since_ns)
+
+    def set_running(self, rank, now_ns):
+        """Back in user code; keep the last wait's op/peer/tag for the report."""
+        offset = _HEADER_BYTES + rank * _RECORD_BYTES
+        _, op, peer, _, tag, context, nbytes, _ = _RECORD.unpack_from(self._buf, offset)
+        self._write(rank, RUNNING, op, peer, os.getpid(), tag, context, nbytes, now_ns)
+
+    def set_state(self, rank, state, now_ns=0):
+        offset = _HEADER_BYTES + rank * _RECORD_BYTES
+        _, op, peer, pid, tag, context, nbytes, since = _RECORD.unpack_from(self._buf, offset)
+        self._write(rank, state, op, peer, pid or os.getpid(), tag, context, nbytes,
+                    now_ns or since)
+
+    def state_of(self, rank: int) -> int:
+        return _RECORD.unpack_from(self._buf, _HEADER_BYTES + rank * _RECORD_BYTES)[0]
+
+    def status(self, rank: int) -> RankStatus:
+        return RankStatus(rank, *_RECORD.unpack_from(self._buf,
+                                                      _HEADER_BYTES + rank * _RECORD_BYTES))
+
+    def statuses(self) -> list[RankStatus]:
+        return [self.status(rank) for rank in range(self.world_size)]
+
+    # ------------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        self._words.release()
+        self._buf = None
+        self.segment.close()
+
+    def unlink(self) -> None:
+        if self.owner:
+            self.segment.unlink()

@@ -1,0 +1,264 @@
+"""Start N workers, watch them, tear everything down: ``minidist.launch`` and ``minidist run``.
+
+Start method: **fork**, on purpose. A forked worker starts as a copy of the
+parent, so the function it runs may be defined anywhere a student writes
+code: in a script's ``if __name__ == "__main__":`` block, in a notebook cell,
+as a lambda or a closure over local data. (``spawn`` would start a fresh
+interpreter that must *import* the function, which fails for all of those.)
+Fork also makes starting cheap: workers inherit the shared segments and pipes
+already mapped, nothing is pickled on the way in. Its known caveats are
+handled here: output buffers are flushed before forking (or they would be
+printed N+1 times), each worker drops the pipe ends that are not its own,
+BLAS thread pools are resized per worker (see :mod:`.blas_threads`), and a
+worker must not rely on threads of the parent (only the forking thread
+exists in a child). Fork is POSIX-only; this runtime targets Linux.
+
+Every exit path ends in the same ``finally``: abort flag raised, workers
+stopped (SIGTERM, then SIGKILL), pipes closed, segments unlinked. The parent
+turns SIGTERM into an exception while a run is in progress so that this
+cleanup also runs when the run is killed politely; Ctrl-C arrives as
+KeyboardInterrupt and is handled the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+
+from minidist import trace as _trace
+from minidist.distributed import console, world
+from minidist.distributed.control import ControlBlock
+from minidist.distributed.supervisor import ForkedWorker, ProgramWorker, Supervisor
+from minidist.distributed.transport import check_name, create_resources
+from minidist.distributed.worker import worker_main
+
+_DEFAULT = object()
+
+
+class _ResultPipe:
+    def __init__(self, context):
+        self.reader, self.writer = context.Pipe(duplex=False)
+
+    def close_in_child(self):
+        self.reader.close()
+        self.writer.close()
+
+
+@contextlib.contextmanager
+def _terminate_as_exception():
+    """While a run is in progress, SIGTERM raises SystemExit(143) in the parent so
+    that the cleanup in ``finally`` blocks runs (only possible in the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_sigterm(signum, frame):
+        raise SystemExit(128 + signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _check_world_size(world_size) -> int:
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    return world_size
+
+
+def _timeout_seconds(timeout):
+    if timeout is _DEFAULT:
+        return world.DEFAULT_TIMEOUT
+    return world._seconds(timeout)
+
+
+def launch(fn, world_size: int = 2, transport: str = "shm", args=(), kwargs=None, *,
+           trace=None, timeout=_DEFAULT, log_level="INFO") -> list:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` worker processes; return the
+    list of their return values, by rank.
+
+    Inside ``fn``, ``minidist.distributed`` is initialized: ``dist.get_rank()``,
+    ``dist.send``, ... work directly. ``transport`` is "shm" (shared memory,
+    fast) or "pipe" (OS pipes, simplest). ``trace`` is a path: every message
+    (and marked region) of every rank is written there as JSON lines, also when
+    the run fails. ``timeout`` (seconds, default 120, None for no limit) bounds
+    how long any single blocking call may wait; past it the call fails with a
+    report of what every rank was doing.
+
+    If any worker raises or dies, all others are stopped within a few seconds
+    and :class:`~minidist.distributed.errors.WorkerError` is raised here,
+    naming the rank and carrying its traceback.
+    """
+    if not callable(fn):
+        raise TypeError(f"launch needs a function to run, got {type(fn).__name__}")
+    world_size = _check_world_size(world_size)
+    check_name(transport)
+    if world.is_initialized():
+        raise RuntimeError(
+            f"minidist.launch was called inside rank {world.get_rank()} of a running launch; "
+            "workers cannot start workers. Call launch from the top-level program.")
+    if not hasattr(os, "fork"):
+        raise OSError("minidist.launch needs fork (Linux or another POSIX system)")
+    kwargs = dict(kwargs or {})
+    context = multiprocessing.get_context("fork")
+    options = {"timeout": _timeout_seconds(timeout), "trace": trace is not None,
+               "log_level": log_level, "parent_pid": os.getpid()}
+    control = ControlBlock.create(world_size)
+    resources = None
+    supervisor = None
+    workers = []
+    try:
+        resources = create_resources(transport, world_size)
+        pipes = [_ResultPipe(context) for _ in range(world_size)]
+        with _terminate_as_exception(), console.route_worker_logs():
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for rank in range(world_size):
+                options_for_rank = dict(options, other_pipes=[p for r, p in enumerate(pipes)
+                                                              if r != rank])
+                process = context.Process(
+                    target=worker_main, name=f"minidist-rank-{rank}", daemon=False,
+                    args=(rank, world_size, fn, args, kwargs, resources, control, pipes[rank],
+                          options_for_rank))
+                process.start()
+                pipes[rank].writer.close()
+                workers.append(ForkedWorker(rank, process, pipes[rank].reader))
+            resources.release_worker_ends()
+            supervisor = Supervisor(workers, control, resources.wake_all)
+            results = supervisor.run()
+        return [results[rank] for rank in range(world_size)]
+    finally:
+        try:
+            if supervisor is None and workers:
+                wake = resources.wake_all if resources is not None else (lambda: None)
+                Supervisor(workers, control, wake).stop()
+            for worker in workers:
+                worker.close()
+            if trace is not None and supervisor is not None:
+                _trace.write_jsonl(trace, supervisor.events,
+                                   _trace.make_header(world_size, transport=transport))
+        finally:
+            _release(resources, control)
+
+
+def _release(resources, control) -> None:
+    """Unmap and unlink everything the run created, whatever else fails."""
+    try:
+        if resources is not None:
+            resources.close()
+            resources.unlink()
+    finally:
+        control.close()
+        control.unlink()
+
+
+# --------------------------------------------------------------------------- minidist run
+
+
+def run_command(args) -> int:
+    """``minidist run -n N [--transport T] [--trace FILE] [--timeout S] script.py [args]``.
+
+    Starts N copies of ``python script.py args`` with MINIDIST_RANK,
+    MINIDIST_WORLD_SIZE, MINIDIST_TRANSPORT and MINIDIST_RUN in their
+    environment; each calls ``dist.init_process_group()``. Returns the exit
+    status: 0 when every rank exits 0; otherwise the first failure is printed
+    (rank, traceback) and the status is 1.
+    """
+    import json
+
+    from rich.console import Console
+
+    world_size = _check_world_size(args.nproc)
+    transport = check_name(args.transport)
+    script = args.script
+    if not os.path.isfile(script):
+        raise SystemExit(f"minidist run: no such script: {script}")
+    timeout = world.DEFAULT_TIMEOUT if args.timeout is None else args.timeout
+    script_args = list(args.script_args or [])
+    if script_args[:1] == ["--"]:
+        script_args = script_args[1:]
+    from minidist.distributed.blas_threads import environment_for
+
+    control = ControlBlock.create(world_size)
+    resources = None
+    run_dir = tempfile.mkdtemp(prefix="minidist-run-")
+    error_dir = os.path.join(run_dir, "errors")
+    trace_dir = os.path.join(run_dir, "trace") if args.trace else None
+    os.makedirs(error_dir)
+    if trace_dir:
+        os.makedirs(trace_dir)
+    workers = []
+    listener = None
+    supervisor = None
+    stderr = Console(stderr=True)
+    try:
+        resources = create_resources(transport, world_size)
+        blas_env = environment_for(world_size)
+        log_pipes = []
+        with _terminate_as_exception():
+            for rank in range(world_size):
+                log_read, log_write = os.pipe()
+                log_pipes.append(log_read)
+                spec = {"control": control.name, "transport": resources.spec_for(rank),
+                        "timeout": timeout, "parent_pid": os.getpid(), "log_fd": log_write,
+                        "trace_dir": trace_dir, "error_dir": error_dir}
+                env = dict(os.environ, **blas_env, MINIDIST_RANK=str(rank),
+                           MINIDIST_WORLD_SIZE=str(world_size), MINIDIST_TRANSPORT=transport,
+                           MINIDIST_RUN=json.dumps(spec))
+                try:
+                    popen = subprocess.Popen(
+                        [sys.executable, script, *script_args], env=env,
+                        pass_fds=[log_write, *resources.fds_for(rank)],
+                        start_new_session=True, preexec_fn=_die_with_parent)
+                finally:
+                    os.close(log_write)
+                workers.append(ProgramWorker(rank, popen))
+            resources.release_worker_ends()
+            listener = console.PipeLogListener(log_pipes)
+            listener.start()
+            supervisor = Supervisor(workers, control, resources.wake_all, error_dir=error_dir)
+            try:
+                supervisor.run()
+            except Exception as error:
+                if not hasattr(error, "rank"):
+                    raise
+                stderr.print("minidist run:", style="bold red", end=" ")
+                stderr.print(str(error), markup=False, highlight=False)
+                return 1
+        return 0
+    finally:
+        if supervisor is None and workers:
+            Supervisor(workers, control, lambda: None).stop()
+        if listener is not None:
+            listener.stop()
+        for worker in workers:
+            worker.close()
+        try:
+            if trace_dir:
+                _merge_traces(trace_dir, args.trace, world_size, transport, stderr)
+        finally:
+            _release(resources, control)
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _die_with_parent() -> None:
+    from minidist.distributed.process_setup import die_with_parent
+
+    die_with_parent()
+
+
+def _merge_traces(trace_dir, path, world_size, transport, console_) -> None:
+    events = []
+    for name in sorted(os.listdir(trace_dir)):
+        events.extend(_trace.read_jsonl(os.path.join(trace_dir, name)).events)
+    count = _trace.write_jsonl(path, events, _trace.make_header(world_size, transport=transport))
+    console_.print(f"trace: {count} events written to {path}", highlight=False)

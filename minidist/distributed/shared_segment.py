@@ -1,0 +1,116 @@
+"""Named shared-memory segments that never outlive their run.
+
+Every segment minidist creates is called ``minidist_<24 random hex digits>_<what>``:
+unguessable (another user cannot open or pre-create it), yet easy to count in
+``/dev/shm`` when checking for leaks. The process that starts a run creates
+the segments and is the only one that unlinks them, on every exit path; it
+also registers them with multiprocessing's resource tracker, which unlinks them
+if that process itself is killed with SIGKILL.
+
+Workers started with fork inherit the mapping and never open a segment by
+name. Workers started as separate programs (``minidist run``) attach by name
+*without* registering with a resource tracker of their own: such a tracker
+would unlink the segment when that one worker exits, under the feet of the
+others (a known trap of ``multiprocessing.shared_memory`` before Python 3.13).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+from multiprocessing import shared_memory
+
+PREFIX = "minidist_"
+
+
+def new_name(what: str) -> str:
+    return f"{PREFIX}{secrets.token_hex(12)}_{what}"
+
+
+class Segment:
+    """A mapped shared-memory segment: ``buf`` is a writable memoryview of it."""
+
+    def __init__(self, name: str, buf: memoryview, closer, unlinker):
+        self.name = name
+        self.buf = buf
+        self.size = len(buf)
+        self._closer = closer
+        self._unlinker = unlinker
+
+    @classmethod
+    def create(cls, size: int, what: str) -> Segment:
+        shm = shared_memory.SharedMemory(name=new_name(what), create=True, size=max(size, 1))
+        return cls(shm.name, shm.buf, shm.close, shm.unlink)
+
+    @classmethod
+    def attach(cls, name: str) -> Segment:
+        try:
+            shm = shared_memory.SharedMemory(name=name, track=False)  # Python 3.13+
+        except TypeError:
+            return cls._attach_without_tracker(name)
+        return cls(shm.name, shm.buf, shm.close, None)
+
+    @classmethod
+    def _attach_without_tracker(cls, name: str) -> Segment:
+        path = os.path.join("/dev/shm", name.lstrip("/"))
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"shared-memory segment {name} does not exist: the run that created it has "
+                "ended (or this process was not started by `minidist run`)"
+            ) from None
+        try:
+            mapping = mmap.mmap(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+        view = memoryview(mapping)
+
+        def close():
+            view.release()
+            mapping.close()
+
+        return cls(name, view, close, None)
+
+    def close(self) -> None:
+        """Unmap (if nothing still points into it; otherwise the unmapping waits
+        for process exit, which is harmless once the name is unlinked)."""
+        try:
+            self._closer()
+        except (BufferError, ValueError):
+            pass
+
+    def unlink(self) -> None:
+        """Remove the name (owner only). Safe to call twice."""
+        if self._unlinker is not None:
+            unlinker, self._unlinker = self._unlinker, None
+            try:
+                unlinker()
+            except FileNotFoundError:
+                pass
+
+
+class LocalSegment:
+    """Process-private memory with a Segment's interface (a world of one needs
+    no sharing)."""
+
+    name = "local"
+
+    def __init__(self, size: int):
+        self.buf = memoryview(bytearray(size))
+        self.size = size
+
+    def close(self) -> None:
+        """Nothing is mapped."""
+
+    def unlink(self) -> None:
+        """Nothing is named."""
+
+
+def count_segments(directory: str = "/dev/shm") -> int:
+    """How many minidist segments exist on this machine (for leak checks)."""
+    try:
+        return sum(1 for entry in os.listdir(directory) if entry.startswith(PREFIX))
+    except FileNotFoundError:
+        return 0

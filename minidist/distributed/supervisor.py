@@ -1,0 +1,314 @@
+"""The parent's watchdog: wait for every worker, and stop them all on the first failure.
+
+The parent blocks in ``multiprocessing.connection.wait`` on two things per
+worker: its result pipe (a message arrives when its function returns or
+raises) and its *sentinel* (ready the instant the process exits, whatever
+killed it). So a failure is seen as soon as it happens, without polling.
+
+Stopping, in order, fast enough that every worker is gone within a few
+seconds of the failure:
+
+1. raise the abort flag in the control block and ring every doorbell: each
+   rank blocked in a send, recv or probe raises ``AbortedError`` within one
+   wait slice (50 ms) and reports back;
+2. after ``grace`` seconds, SIGTERM whoever is still running (a rank busy in
+   its own code never looks at the flag);
+3. one second later, SIGKILL.
+
+Shared-memory segments are unlinked by the launcher's ``finally`` after
+this, on every path; if the parent itself is SIGKILLed, the workers die with
+it (``PR_SET_PDEATHSIG``) and multiprocessing's resource tracker unlinks the
+segments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import time
+from multiprocessing.connection import wait
+
+from minidist.distributed import control as ctl
+from minidist.distributed.errors import WorkerError
+
+GRACE_SECONDS = 1.0
+TERM_SECONDS = 1.0
+SETTLE_SECONDS = 0.1  # after a first failure, how long to look for its real cause
+
+# Which failure explains a run best: a rank that raised or died is the cause;
+# a rank whose peer vanished or that was told to stop is a consequence.
+_PRIORITY = {"exception": 0, "timeout": 0, "died": 0, "exited": 0, "peer_gone": 1,
+             "aborted": 2, "stopped": 3}
+
+
+def describe_exit(exitcode) -> str:
+    if exitcode is None:
+        return "is still running"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"was killed by {name}"
+    return f"exited with code {exitcode}"
+
+
+class ForkedWorker:
+    """A worker made by fork, with its result pipe."""
+
+    def __init__(self, rank, process, reader):
+        self.rank = rank
+        self.process = process
+        self.reader = reader  # None once its one message has been read
+        self._connection = reader
+        self.sentinel = process.sentinel
+
+    @property
+    def pid(self):
+        return self.process.pid
+
+    def exitcode(self):
+        return self.process.exitcode
+
+    def terminate(self):
+        self.process.terminate()
+
+    def kill(self):
+        self.process.kill()
+
+    def join(self, timeout=None):
+        self.process.join(timeout)
+
+    def close(self):
+        self._connection.close()
+        try:
+            self.process.close()
+        except ValueError:
+            pass
+
+
+class ProgramWorker:
+    """A worker that is a separate program (``minidist run``)."""
+
+    def __init__(self, rank, popen):
+        self.rank = rank
+        self.popen = popen
+        self.reader = None
+        try:
+            self.sentinel = os.pidfd_open(popen.pid)
+        except (AttributeError, OSError):
+            self.sentinel = None
+
+    @property
+    def pid(self):
+        return self.popen.pid
+
+    def exitcode(self):
+        return self.popen.poll()
+
+    def terminate(self):
+        if self.popen.poll() is None:
+            self.popen.terminate()
+
+    def kill(self):
+        if self.popen.poll() is None:
+            self.popen.kill()
+
+    def join(self, timeout=None):
+        try:
+            self.popen.wait(timeout)
+        except Exception:
+            pass
+
+    def close(self):
+        if self.sentinel is not None:
+            os.close(self.sentinel)
+            self.sentinel = None
+
+
+class Supervisor:
+    """Watches ``workers`` until all succeed, or stops them all and raises WorkerError."""
+
+    def __init__(self, workers, control: ctl.ControlBlock, wake_all, error_dir=None):
+        self.workers = workers
+        self.control = control
+        self.wake_all = wake_all
+        self.error_dir = error_dir
+        self.results = {}
+        self.failures = {}  # rank -> dict(kind, type, message, traceback, exitcode, order)
+        self.events = []
+        self._order = 0
+        self.stopped = False
+
+    # ---------------------------------------------------------------- messages
+
+    def _read(self, worker) -> bool:
+        """Read the worker's one message if it is there; True if one was read."""
+        if worker.reader is None:
+            return False
+        try:
+            if not worker.reader.poll():
+                return False
+            message = pickle.loads(worker.reader.recv_bytes())
+        except (EOFError, OSError):
+            worker.reader = None
+            return False
+        worker.reader = None
+        if message[0] == "ok":
+            _, rank, value, events = message
+            self.results[rank] = value
+            self.events.extend(events)
+        else:
+            _, rank, kind, type_name, text, tb, events = message
+            if type_name == "PeerGoneError":
+                kind = "peer_gone"
+            self._fail(rank, kind, type_name=type_name, message=text, traceback=tb)
+            self.events.extend(events)
+        return True
+
+    def _fail(self, rank, kind, **details) -> None:
+        if rank in self.failures:
+            return
+        self._order += 1
+        details.setdefault("exitcode", None)
+        self.failures[rank] = dict(kind=kind, order=self._order, **details)
+        self.control.set_state(rank, ctl.FAILED)
+
+    def _exited(self, worker) -> None:
+        """The process is gone: read its message, or record how it died."""
+        worker.join(0.5)
+        while self._read(worker):
+            pass
+        rank = worker.rank
+        if rank in self.results or rank in self.failures:
+            return
+        code = worker.exitcode()
+        if code == 0 and isinstance(worker, ProgramWorker):
+            self.results[rank] = None
+            return
+        details = self._error_file(rank)
+        if details:
+            kind = {"AbortedError": "aborted", "CommTimeoutError": "timeout",
+                    "PeerGoneError": "peer_gone"}.get(details["type"], "exception")
+            self._fail(rank, kind, type_name=details["type"], message=details["message"],
+                       traceback=details["traceback"], exitcode=code)
+        elif self.stopped:
+            self._fail(rank, "stopped", exitcode=code)
+        else:
+            self._fail(rank, "died" if code is None or code < 0 else "exited", exitcode=code)
+
+    def _error_file(self, rank):
+        if not self.error_dir:
+            return None
+        try:
+            with open(os.path.join(self.error_dir, f"rank{rank}.txt")) as file:
+                return json.load(file)
+        except (OSError, ValueError):
+            return None
+
+    # ---------------------------------------------------------------- watching
+
+    def _pending(self):
+        return [w for w in self.workers if w.rank not in self.results
+                and w.rank not in self.failures]
+
+    def _wait_round(self, timeout: float) -> None:
+        pending = self._pending()
+        waitables = {}
+        for worker in pending:
+            if worker.reader is not None:
+                waitables[worker.reader] = worker
+            if worker.sentinel is not None:
+                waitables[worker.sentinel] = worker
+        ready = wait(list(waitables), timeout) if waitables else []
+        if not waitables:
+            time.sleep(timeout)
+        seen = set()
+        for item in ready:
+            worker = waitables[item]
+            if worker.reader is not None and item is worker.reader:
+                self._read(worker)
+        for item in ready:
+            worker = waitables[item]
+            if item is worker.sentinel and worker.rank not in seen:
+                seen.add(worker.rank)
+                self._exited(worker)
+        for worker in pending:
+            if worker.sentinel is None and worker.exitcode() is not None:
+                self._exited(worker)
+
+    def run(self):
+        """Block until every worker succeeded (returns {rank: result}) or stop
+        all and raise :class:`WorkerError` for the failure that caused it."""
+        try:
+            while self._pending() and not self.failures:
+                self._wait_round(0.25)
+            if self.failures:
+                settle = time.monotonic() + SETTLE_SECONDS
+                while self._pending() and time.monotonic() < settle:
+                    self._wait_round(max(settle - time.monotonic(), 0.001))
+                self.stop()
+                raise self.error()
+            return self.results
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Abort the run and make sure no worker survives (idempotent)."""
+        if self.stopped:
+            return
+        self.stopped = True
+        culprit = min(self.failures, key=self._cause_key) if self.failures else ctl.NO_CULPRIT
+        self.control.abort(culprit)
+        self.wake_all()
+        deadline = time.monotonic() + GRACE_SECONDS
+        while self._pending() and time.monotonic() < deadline:
+            self._wait_round(min(0.05, max(deadline - time.monotonic(), 0.001)))
+        survivors = [w for w in self.workers if w.exitcode() is None]
+        for worker in survivors:
+            worker.terminate()
+        deadline = time.monotonic() + TERM_SECONDS
+        for worker in survivors:
+            worker.join(max(deadline - time.monotonic(), 0.01))
+        for worker in survivors:
+            if worker.exitcode() is None:
+                worker.kill()
+        for worker in survivors:
+            worker.join(1.0)
+        for worker in self._pending():
+            self._exited(worker)
+
+    # ---------------------------------------------------------------- the error
+
+    def _cause_key(self, rank):
+        failure = self.failures[rank]
+        return (_PRIORITY.get(failure["kind"], 0), failure["order"])
+
+    def _summary(self, rank) -> str:
+        """What happened to ``rank``, as a sentence without its subject."""
+        failure = self.failures[rank]
+        kind = failure["kind"]
+        if kind in ("died", "exited"):
+            return f"{describe_exit(failure['exitcode'])} before returning a result"
+        if kind == "stopped":
+            return f"{describe_exit(failure['exitcode'])} by the parent, which was stopping the run"
+        if kind == "aborted":
+            return "stopped waiting when the run was aborted (AbortedError)"
+        return f"failed with {failure['type_name']}: {failure['message']}"
+
+    def error(self) -> WorkerError:
+        cause = min(self.failures, key=self._cause_key)
+        failure = self.failures[cause]
+        others = []
+        for rank in sorted(self.failures):
+            if rank != cause:
+                summary = self._summary(rank)
+                others.append((rank, summary.split("\n")[0]))
+        return WorkerError(cause, failure["kind"], f"rank {cause} {self._summary(cause)}",
+                           remote_type=failure.get("type_name", ""),
+                           remote_message=failure.get("message", ""),
+                           remote_traceback=failure.get("traceback", "") or "",
+                           exitcode=failure.get("exitcode"), other_failures=others)

@@ -1,0 +1,76 @@
+"""How bytes move between ranks.
+
+* :mod:`.base`    the contract every transport keeps, and the shared progress engine
+* :mod:`.message` the header that travels before every array
+* :mod:`.pipe`    one OS pipe per pair of ranks: simplest, for reading first
+* :mod:`.shm`     rings of slots in shared memory, doorbells to sleep on: fast
+* :mod:`.doorbell` process-shared semaphores living in shared memory
+
+A transport is used in two halves. The parent creates its *resources* (pipes,
+a segment) before the workers start; each worker then *connects* to them and
+gets a :class:`~.base.Transport` for its rank.
+"""
+
+from __future__ import annotations
+
+import os
+
+from minidist.distributed.transport.base import (
+    ANY_SOURCE,
+    ANY_TAG,
+    MessageInfo,
+    Request,
+    Transport,
+)
+
+TRANSPORTS = ("shm", "pipe")
+
+__all__ = ["ANY_SOURCE", "ANY_TAG", "MessageInfo", "Request", "Transport", "TRANSPORTS",
+           "create_resources", "resources_from_spec", "check_name", "default_spin_ns"]
+
+
+def check_name(name: str) -> str:
+    if name not in TRANSPORTS:
+        raise ValueError(f"unknown transport {name!r}; choose one of {list(TRANSPORTS)}")
+    return name
+
+
+def create_resources(name: str, world_size: int):
+    """Parent side: make the pipes or the segment for ``world_size`` ranks."""
+    check_name(name)
+    if name == "shm":
+        from minidist.distributed.transport.shm import ShmResources
+
+        return ShmResources.create(world_size)
+    from minidist.distributed.transport.pipe import PipeResources
+
+    return PipeResources.create(world_size)
+
+
+def resources_from_spec(spec: dict):
+    """Worker side (separate program): find the parent's resources from their description."""
+    if spec["transport"] == "shm":
+        from minidist.distributed.transport.shm import ShmResources
+
+        return ShmResources.from_spec(spec)
+    from minidist.distributed.transport.pipe import PipeResources
+
+    return PipeResources.from_spec(spec)
+
+
+def default_spin_ns(world_size: int) -> int:
+    """How long a waiting rank spins before sleeping.
+
+    Spinning answers in well under a microsecond instead of the tens of
+    microseconds a sleep and wake-up take, but it only helps when every rank
+    has a core of its own: with more ranks than cores a spinning rank steals
+    the CPU from the rank it is waiting for. So: 50 us when ranks <= cores,
+    else 0. MINIDIST_SPIN_US overrides.
+    """
+    if "MINIDIST_SPIN_US" in os.environ:
+        return int(float(os.environ["MINIDIST_SPIN_US"]) * 1000)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return 50_000 if world_size <= cores else 0

@@ -1,0 +1,71 @@
+"""The life of one worker made by :func:`minidist.launch` (a forked process).
+
+Set up (die with the parent, own pipe ends only, BLAS threads, logging,
+tracing, transport), run the user's function, then report exactly one message
+to the parent over a private pipe::
+
+    ("ok", rank, return value, trace events)
+    ("error", rank, kind, exception type, message, traceback text, trace events)
+
+``kind`` is "exception", "timeout" or "aborted" (stopped because another rank
+failed: the parent does not report those as the cause).
+"""
+
+from __future__ import annotations
+
+import pickle
+import traceback
+
+from minidist import trace as _trace
+from minidist.distributed import blas_threads, console, world
+from minidist.distributed import control as ctl
+from minidist.distributed.errors import AbortedError, CommTimeoutError
+from minidist.distributed.process_setup import prepare_worker_process
+
+
+def worker_main(rank, world_size, fn, args, kwargs, resources, control, result_pipe, options):
+    connection = result_pipe.writer
+    result_pipe.reader.close()
+    prepare_worker_process(options["parent_pid"])
+    resources.after_fork(rank)
+    for other in options["other_pipes"]:
+        other.close_in_child()
+    blas_threads.set_blas_threads(blas_threads.threads_per_worker(world_size))
+    console.configure_worker_logging(rank, options["log_level"])
+    if options["trace"]:
+        _trace.start_recording(rank)
+    try:
+        world.start_worker(rank, world_size, resources, control, options["timeout"], "launch")
+        result = fn(*args, **kwargs)
+        world.finish_worker()
+        outcome = ("ok", rank, result, _trace.stop_recording())
+        try:
+            payload = pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as error:
+            raise TypeError(
+                f"rank {rank} returned a {type(result).__name__} that cannot be pickled "
+                f"({error}); return arrays, numbers or other plain data") from error
+    except BaseException as error:  # noqa: B036 - everything must be reported, even SystemExit
+        world.mark_failed()
+        if world.is_initialized():
+            try:
+                world.current().transport.close()
+            except Exception:
+                pass
+            world._world = None
+        control.set_state(rank, ctl.FAILED, _trace.now())
+        if isinstance(error, AbortedError):
+            kind = "aborted"
+        elif isinstance(error, CommTimeoutError):
+            kind = "timeout"
+        else:
+            kind = "exception"
+        outcome = ("error", rank, kind, type(error).__name__, str(error), traceback.format_exc(),
+                   _trace.stop_recording())
+        payload = pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
+    try:
+        connection.send_bytes(payload)
+    except OSError:
+        pass  # the parent is gone; the death signal will end us
+    finally:
+        connection.close()

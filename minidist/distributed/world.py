@@ -1,0 +1,287 @@
+"""This process's place in the run: its rank, the world group, its transport.
+
+Three ways a process becomes a rank:
+
+* :func:`minidist.launch` forks workers and initializes each one before
+  calling the user's function (``init_process_group()`` inside it is then a
+  no-op, so the same code runs under both launchers);
+* ``minidist run -n N script.py`` starts N programs with ``MINIDIST_RANK``,
+  ``MINIDIST_WORLD_SIZE``, ``MINIDIST_TRANSPORT`` and ``MINIDIST_RUN`` (where to
+  find the shared resources) in their environment; the script calls
+  :func:`init_process_group`, which reads them;
+* ``init_process_group(world_size=1)`` with no launcher: a world of one, so a
+  script can also run alone.
+
+Groups. :func:`new_group` must be called by every rank, in the same order,
+with the same ranks (as in torch.distributed): each call numbers the group,
+and that number, identical everywhere, keeps its messages apart.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import json
+import os
+import sys
+import traceback
+
+from minidist import trace as _trace
+from minidist.distributed import control as ctl
+from minidist.distributed.errors import NotInitializedError
+from minidist.distributed.process_group import ProcessGroup, describe_context
+
+DEFAULT_TIMEOUT = 120.0
+"""Seconds a blocking call may wait before it fails with a desync report."""
+
+_TORCH_BACKENDS = ("gloo", "nccl", "mpi", "ucc")
+
+
+class World:
+    """What an initialized process knows about its run."""
+
+    def __init__(self, rank, world_size, transport, control, resources, mode):
+        self.rank = rank
+        self.world_size = world_size
+        self.transport = transport
+        self.control = control
+        self.resources = resources
+        self.mode = mode  # "launch", "run" or "single"
+        self.group = ProcessGroup(transport, range(world_size), 0)
+        self.groups_created = 0
+        self.failed = False
+        self.finished = False
+        self.trace_dir = None
+
+
+_world: World | None = None
+
+
+def current() -> World:
+    if _world is None:
+        raise NotInitializedError()
+    return _world
+
+
+def is_initialized() -> bool:
+    return _world is not None
+
+
+def _seconds(timeout):
+    if isinstance(timeout, datetime.timedelta):
+        return timeout.total_seconds()
+    return None if timeout is None else float(timeout)
+
+
+# --------------------------------------------------------------------------- start / finish
+
+
+def start_worker(rank, world_size, resources, control, timeout, mode) -> World:
+    """Make this process rank ``rank``: connect the transport, build the world group."""
+    global _world
+    from minidist.distributed.transport import default_spin_ns
+
+    transport = resources.connect(rank, control, timeout, default_spin_ns(world_size))
+    transport.describe_context = describe_context
+    _world = World(rank, world_size, transport, control, resources, mode)
+    control.set_state(rank, ctl.RUNNING, _trace.now())
+    return _world
+
+
+def finish_worker() -> None:
+    """Complete outstanding sends, tell the others this rank is done, disconnect."""
+    global _world
+    world = _world
+    if world is None:
+        return
+    try:
+        if not world.failed:
+            world.transport.flush()
+            world.control.set_state(world.rank, ctl.FINISHED, _trace.now())
+            world.finished = True
+    finally:
+        world.transport.close()
+        _world = None
+
+
+def mark_failed() -> None:
+    if _world is not None:
+        _world.failed = True
+        _world.control.set_state(_world.rank, ctl.FAILED, _trace.now())
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def init_process_group(backend: str | None = None, init_method=None, timeout=None,
+                       world_size: int = -1, rank: int = -1, *, transport: str | None = None,
+                       log_level="INFO") -> None:
+    """Join the run this process was started in (torch.distributed's signature).
+
+    Under ``minidist run`` everything comes from the environment; under
+    :func:`minidist.launch` the process is already initialized and this
+    returns at once. ``backend`` may be a minidist transport ("shm", "pipe") or
+    a torch backend name ("gloo", ...), which means "whatever the launcher chose".
+    """
+    transport = transport or (backend if backend not in _TORCH_BACKENDS else None)
+    if _world is not None:
+        _check_consistent(_world, transport, world_size, rank)
+        return
+    if init_method not in (None, "env://"):
+        raise ValueError(f"init_method {init_method!r} is not supported; minidist's launchers "
+                         "pass everything through the environment (env://)")
+    if "MINIDIST_RANK" in os.environ:
+        _init_from_environment(transport, world_size, rank, timeout, log_level)
+    elif world_size in (-1, 1, None) and rank in (-1, 0, None):
+        if world_size in (-1, None):
+            raise RuntimeError(
+                "init_process_group() found no MINIDIST_RANK in the environment: this process "
+                "was not started by a minidist launcher. Start the script with "
+                "`minidist run -n 4 script.py`, run a function with minidist.launch(fn, "
+                "world_size=4), or call init_process_group(world_size=1) to run alone.")
+        _init_single(timeout)
+    else:
+        raise RuntimeError(
+            f"init_process_group(world_size={world_size}) cannot start other processes by "
+            f"itself; use `minidist run -n {world_size} script.py` or minidist.launch(fn, "
+            f"world_size={world_size}).")
+
+
+def _check_consistent(world: World, transport, world_size, rank) -> None:
+    if world_size not in (-1, None) and world_size != world.world_size:
+        raise ValueError(f"init_process_group(world_size={world_size}), but this run has "
+                         f"{world.world_size} ranks")
+    if rank not in (-1, None) and rank != world.rank:
+        raise ValueError(f"init_process_group(rank={rank}), but this process is rank "
+                         f"{world.rank}")
+    if transport is not None and transport != world.transport.name:
+        raise ValueError(f"init_process_group asks for transport {transport!r}, but this run "
+                         f"uses {world.transport.name!r}")
+
+
+def _init_single(timeout) -> None:
+    from minidist.distributed.transport.pipe import PipeResources
+
+    control = ctl.ControlBlock.local(1)
+    start_worker(0, 1, PipeResources(1, {}), control, _seconds(timeout), "single")
+
+
+def _init_from_environment(transport, world_size, rank, timeout, log_level) -> None:
+    from minidist.distributed import console
+    from minidist.distributed.process_setup import prepare_worker_process
+    from minidist.distributed.transport import resources_from_spec
+
+    env_rank = int(os.environ["MINIDIST_RANK"])
+    env_world = int(os.environ["MINIDIST_WORLD_SIZE"])
+    spec = json.loads(os.environ["MINIDIST_RUN"])
+    if world_size not in (-1, None) and world_size != env_world:
+        raise ValueError(f"init_process_group(world_size={world_size}), but `minidist run` "
+                         f"started {env_world} ranks")
+    if rank not in (-1, None) and rank != env_rank:
+        raise ValueError(f"init_process_group(rank={rank}), but MINIDIST_RANK is {env_rank}")
+    if transport is not None and transport != spec["transport"]["transport"]:
+        raise ValueError(f"init_process_group asks for transport {transport!r}, but "
+                         f"`minidist run` chose {spec['transport']['transport']!r} "
+                         "(use --transport)")
+    prepare_worker_process(spec["parent_pid"])
+    if spec.get("log_fd") is not None:
+        console.configure_script_logging(spec["log_fd"], env_rank, log_level)
+    if spec.get("trace_dir"):
+        _trace.start_recording(env_rank)
+    control = ctl.ControlBlock.attach(spec["control"])
+    resources = resources_from_spec(spec["transport"])
+    op_timeout = _seconds(timeout) if timeout is not None else spec.get("timeout")
+    world = start_worker(env_rank, env_world, resources, control, op_timeout, "run")
+    world.trace_dir = spec.get("trace_dir")
+    error_dir = spec.get("error_dir")
+    previous_hook = sys.excepthook
+
+    def report_uncaught(kind, value, tb):
+        mark_failed()
+        text = "".join(traceback.format_exception(kind, value, tb))
+        if error_dir:
+            try:
+                with open(os.path.join(error_dir, f"rank{env_rank}.txt"), "w") as file:
+                    json.dump({"type": kind.__name__, "message": str(value), "traceback": text},
+                              file)
+                return  # the parent prints it, once, with the others' states
+            except OSError:
+                pass
+        previous_hook(kind, value, tb)
+
+    sys.excepthook = report_uncaught
+    atexit.register(_finish_script)
+
+
+def _finish_script() -> None:
+    world = _world
+    if world is None or world.mode != "run":
+        return
+    trace_dir = world.trace_dir
+    try:
+        finish_worker()
+    except BaseException:
+        mark_failed()
+        raise
+    finally:
+        if trace_dir:
+            events = _trace.stop_recording()
+            path = os.path.join(trace_dir, f"rank{world.rank}.jsonl")
+            _trace.write_jsonl(path, events, _trace.make_header(world.world_size))
+
+
+def destroy_process_group(group: ProcessGroup | None = None) -> None:
+    """Leave the run (world) or forget a subgroup. Outstanding sends complete first."""
+    if group is not None and _world is not None and group is not _world.group:
+        return  # subgroups own nothing beyond their number
+    world = current()
+    if world.mode == "launch":
+        # The launcher finishes the worker when the function returns.
+        world.transport.flush()
+        return
+    if world.mode == "run":
+        _finish_script()
+    else:
+        finish_worker()
+
+
+def group_or_world(group: ProcessGroup | None) -> ProcessGroup:
+    if group is None:
+        return current().group
+    if not isinstance(group, ProcessGroup):
+        raise TypeError(f"group must be a ProcessGroup (from dist.new_group), got "
+                        f"{type(group).__name__}")
+    return group
+
+
+def get_rank(group: ProcessGroup | None = None) -> int:
+    """This process's rank in ``group`` (the world by default); -1 if not a member."""
+    return group_or_world(group).rank
+
+
+def get_world_size(group: ProcessGroup | None = None) -> int:
+    return group_or_world(group).size
+
+
+def new_group(ranks=None, timeout=None, backend=None) -> ProcessGroup:
+    """A group of the given global ranks (sorted, as in torch); all ranks must call
+    it, in the same order. Members' group ranks follow the sorted order."""
+    world = current()
+    members = list(range(world.world_size)) if ranks is None else [int(r) for r in ranks]
+    if len(set(members)) != len(members):
+        raise ValueError(f"new_group ranks {members} contain duplicates")
+    for member in members:
+        if not 0 <= member < world.world_size:
+            raise ValueError(f"new_group: rank {member} is out of range 0..{world.world_size - 1}")
+    if not members:
+        raise ValueError("new_group needs at least one rank")
+    world.groups_created += 1
+    return ProcessGroup(world.transport, sorted(members), world.groups_created)
+
+
+def get_global_rank(group: ProcessGroup, group_rank: int) -> int:
+    return group.global_rank(group_rank)
+
+
+def get_group_rank(group: ProcessGroup, global_rank: int) -> int:
+    return group.group_rank(global_rank)

@@ -1,0 +1,361 @@
+"""The event record every layer of minidist writes to.
+
+Each worker process keeps its own list of events in memory while it runs;
+the runtime gathers the lists when the run ends and writes them once, as JSON
+lines: one header line, then one event per line. Everything that draws a run
+(the visualiser, the Chrome / Perfetto export, the bubble measurements) reads
+this one format, so whatever runs can be drawn.
+
+An event is one interval on one rank::
+
+    {"rank": 0, "kind": "send", "peer": 1, "bytes": 4096, "tag": 7,
+     "label": "ring step 2", "start": 81234567890, "end": 81234571234,
+     "seq": 12, "group": 0, "channel": 0}
+
+``kind`` is ``send`` / ``recv`` for messages (written by the transports),
+``compute`` for regions a strategy marks with :func:`region`, and other words
+(``step``, ...) for what later layers add. ``seq`` numbers the messages from
+one rank to one peer, so the send ``(rank=a, peer=b, seq=s)`` and the recv
+``(rank=b, peer=a, seq=s)`` are the two ends of the same message.
+
+The clock. ``start`` and ``end`` are nanoseconds of ``CLOCK_MONOTONIC``
+(:func:`time.monotonic_ns` on Linux). That clock is one system-wide counter,
+so times taken in different processes on one machine are directly comparable
+and an arrow from a send to its recv never points backwards. (Python's
+``perf_counter`` makes no such promise across processes.)
+
+Cost. With tracing off, :func:`region` returns a shared do-nothing context
+manager and the transports skip recording with one ``is None`` test per
+message; ``benchmarks/bench_p2p.py`` measures what that costs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+SCHEMA = "minidist.trace"
+VERSION = 1
+CLOCK = "CLOCK_MONOTONIC"
+
+#: The order of the fields of an event tuple as recorded in memory.
+FIELDS = ("rank", "kind", "peer", "bytes", "tag", "label", "start", "end", "seq", "group", "channel")
+
+now = time.monotonic_ns
+"""The shared clock: nanoseconds of CLOCK_MONOTONIC, comparable across processes."""
+
+
+class Recorder:
+    """The events of one process, kept in memory until the run ends.
+
+    Events are stored as tuples in :data:`FIELDS` order (cheaper to build and to
+    pickle than dicts); :meth:`as_dicts` turns them into the written form.
+    """
+
+    __slots__ = ("rank", "events")
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.events: list[tuple] = []
+
+    def add(self, kind, start, end, peer=None, nbytes=0, tag=None, label="", seq=None,
+            group=0, channel=0):
+        self.events.append(
+            (self.rank, kind, peer, nbytes, tag, label, start, end, seq, group, channel)
+        )
+
+    def as_dicts(self) -> list[dict]:
+        return [dict(zip(FIELDS, event)) for event in self.events]
+
+
+_recorder: Recorder | None = None
+
+
+def start_recording(rank: int) -> Recorder:
+    """Turn tracing on in this process (the runtime calls this in each worker)."""
+    global _recorder
+    _recorder = Recorder(rank)
+    return _recorder
+
+
+def stop_recording() -> list[dict]:
+    """Turn tracing off in this process and hand back what was recorded."""
+    global _recorder
+    recorder, _recorder = _recorder, None
+    return recorder.as_dicts() if recorder is not None else []
+
+
+def current() -> Recorder | None:
+    """The recorder of this process, or None when tracing is off."""
+    return _recorder
+
+
+def enabled() -> bool:
+    return _recorder is not None
+
+
+def record(kind: str, start: int, end: int, *, peer=None, nbytes: int = 0, tag=None,
+           label: str = "", seq=None, group: int = 0, channel: int = 0) -> None:
+    """Append one event (times from :func:`now`); does nothing when tracing is off."""
+    if _recorder is not None:
+        _recorder.add(kind, start, end, peer, nbytes, tag, label, seq, group, channel)
+
+
+class _Region:
+    __slots__ = ("label", "kind", "start")
+
+    def __init__(self, label: str, kind: str):
+        self.label = label
+        self.kind = kind
+
+    def __enter__(self):
+        self.start = now()
+        return self
+
+    def __exit__(self, *exc_info):
+        recorder = _recorder
+        if recorder is not None:
+            recorder.add(self.kind, self.start, now(), label=self.label)
+        return False
+
+
+class _NoRegion:
+    __slots__ = ()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        return False
+
+
+_NO_REGION = _NoRegion()
+
+
+def region(label: str, kind: str = "compute"):
+    """Mark a region of work on this rank's timeline::
+
+        with trace.region("forward mb=3"):
+            y = model(x)
+
+    Costs one function call and one test when tracing is off.
+    """
+    if _recorder is None:
+        return _NO_REGION
+    return _Region(label, kind)
+
+
+# --------------------------------------------------------------------------- files
+
+
+@dataclass
+class Trace:
+    """A trace read back from a file: its header line and its events."""
+
+    header: dict
+    events: list[dict] = field(default_factory=list)
+
+
+def make_header(world_size: int | None = None, **extra) -> dict:
+    header = {
+        "schema": SCHEMA,
+        "version": VERSION,
+        "clock": CLOCK,
+        "time_unit": "ns",
+        "fields": list(FIELDS),
+    }
+    if world_size is not None:
+        header["world_size"] = world_size
+    header.update(extra)
+    return header
+
+
+def write_jsonl(path, events: Iterable[dict], header: dict | None = None) -> int:
+    """Write a header line and the events (sorted by start time) as JSON lines.
+
+    Returns the number of events written. The file is written to a temporary
+    name first and renamed, so a reader never sees half a trace.
+    """
+    ordered = sorted(events, key=lambda event: (event["start"], event["rank"]))
+    header = dict(header) if header is not None else make_header()
+    header.setdefault("schema", SCHEMA)
+    header.setdefault("version", VERSION)
+    header["events"] = len(ordered)
+    path = os.fspath(path)
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "w", encoding="utf-8") as file:
+        file.write(json.dumps(header) + "\n")
+        for event in ordered:
+            file.write(json.dumps(event, separators=(",", ":")) + "\n")
+    os.replace(temporary, path)
+    return len(ordered)
+
+
+def read_jsonl(path) -> Trace:
+    """Read a trace written by :func:`write_jsonl`."""
+    with open(path, encoding="utf-8") as file:
+        lines = iter(file)
+        try:
+            header = json.loads(next(lines))
+        except StopIteration:
+            raise ValueError(f"{path} is empty: not a minidist trace") from None
+        if header.get("schema") != SCHEMA:
+            raise ValueError(
+                f"{path} does not start with a minidist trace header "
+                f"(schema {header.get('schema')!r}, expected {SCHEMA!r})"
+            )
+        if header.get("version", 0) > VERSION:
+            raise ValueError(
+                f"{path} is trace version {header['version']}; this minidist reads "
+                f"up to version {VERSION}. Update minidist to read it."
+            )
+        events = [json.loads(line) for line in lines if line.strip()]
+    return Trace(header, events)
+
+
+# --------------------------------------------------------------------------- Chrome / Perfetto
+
+#: The fixed lanes of a rank's row; any other kind gets a lane of its own after these.
+LANES = ("compute", "send", "recv")
+_SUBLANES = 1000  # tid = lane * _SUBLANES + sublane
+
+
+def _lane_of(kind: str, extra_lanes: dict) -> int:
+    if kind in LANES:
+        return LANES.index(kind)
+    if kind not in extra_lanes:
+        extra_lanes[kind] = len(LANES) + len(extra_lanes)
+    return extra_lanes[kind]
+
+
+def _event_name(event: dict) -> str:
+    kind = event["kind"]
+    if kind in ("send", "recv"):
+        arrow = "to" if kind == "send" else "from"
+        name = f"{kind} {arrow} {event['peer']} tag {event['tag']} ({event['bytes']} B)"
+        return f"{event['label']}: {name}" if event.get("label") else name
+    return event.get("label") or kind
+
+
+def _place_on_sublanes(intervals: list[tuple[int, int, int]]) -> dict[int, int]:
+    """Give each interval (start, end, index) a sublane so that slices on one
+    sublane either nest or do not overlap (what trace viewers require).
+
+    Greedy: sort by start (longest first on ties); an interval goes on the first
+    sublane whose innermost open slice contains it, or that has no open slice.
+    """
+    stacks: list[list[int]] = []  # per sublane: ends of the open slices
+    placement = {}
+    for start, end, index in sorted(intervals, key=lambda item: (item[0], -item[1])):
+        for sublane, stack in enumerate(stacks):
+            while stack and stack[-1] <= start:
+                stack.pop()
+            if not stack or end <= stack[-1]:
+                stack.append(end)
+                placement[index] = sublane
+                break
+        else:
+            stacks.append([end])
+            placement[index] = len(stacks) - 1
+    return placement
+
+
+def to_chrome(events: Iterable[dict], header: dict | None = None) -> dict:
+    """Convert events to the Chrome trace / Perfetto JSON object format.
+
+    * one process per rank (``pid`` = rank), one thread per lane (``tid``):
+      compute, send, recv, then one per other kind; overlapping slices that do
+      not nest (two ``isend`` in flight) go on extra lanes "send 2", ...;
+    * each event becomes an "X" (complete) slice with ``ts`` and ``dur`` in
+      microseconds since the first event;
+    * each message is an arrow: the send slice carries ``"bind_id": k,
+      "flow_out": true`` and the matching recv slice ``"bind_id": k,
+      "flow_in": true`` (Perfetto's v2 flows);
+    * "M" metadata events name the processes and threads and fix their order.
+    """
+    events = list(events)
+    if not events:
+        return {"traceEvents": [], "displayTimeUnit": "ns", "otherData": dict(header or {})}
+    origin = min(event["start"] for event in events)
+    extra_lanes: dict[str, int] = {}
+
+    by_track: dict[tuple[int, int], list[int]] = {}
+    for index, event in enumerate(events):
+        lane = _lane_of(event["kind"], extra_lanes)
+        by_track.setdefault((event["rank"], lane), []).append(index)
+
+    tid_of_event: dict[int, int] = {}
+    thread_names: dict[tuple[int, int], str] = {}
+    lane_names = list(LANES) + sorted(extra_lanes, key=extra_lanes.get)
+    for (rank, lane), indices in by_track.items():
+        intervals = [(events[i]["start"], max(events[i]["end"], events[i]["start"]), i)
+                     for i in indices]
+        for index, sublane in _place_on_sublanes(intervals).items():
+            tid = lane * _SUBLANES + sublane
+            tid_of_event[index] = tid
+            name = lane_names[lane] if sublane == 0 else f"{lane_names[lane]} {sublane + 1}"
+            thread_names[(rank, tid)] = name
+
+    sends = {}
+    for index, event in enumerate(events):
+        if event["kind"] == "send" and event.get("seq") is not None:
+            sends[(event["rank"], event["peer"], event["seq"])] = index
+    flows: dict[int, tuple[int, int]] = {}  # send index -> (recv index, bind id)
+    for index, event in enumerate(events):
+        if event["kind"] == "recv" and event.get("seq") is not None:
+            send_index = sends.get((event["peer"], event["rank"], event["seq"]))
+            if send_index is not None and send_index not in flows:
+                flows[send_index] = (index, len(flows) + 1)
+    flow_in = {recv_index: bind for recv_index, bind in flows.values()}
+
+    trace_events = []
+    for rank in sorted({event["rank"] for event in events}):
+        trace_events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
+                             "args": {"name": f"rank {rank}"}})
+        trace_events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
+                             "args": {"sort_index": rank}})
+    for (rank, tid), name in sorted(thread_names.items()):
+        trace_events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid,
+                             "args": {"name": name}})
+        trace_events.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid,
+                             "args": {"sort_index": tid}})
+
+    for index, event in enumerate(events):
+        start_us = (event["start"] - origin) / 1000.0
+        dur_us = max(event["end"] - event["start"], 0) / 1000.0
+        args = {key: event[key] for key in ("peer", "bytes", "tag", "seq", "group", "channel",
+                                            "label") if event.get(key) not in (None, "")}
+        slice_ = {"ph": "X", "name": _event_name(event), "cat": event["kind"],
+                  "pid": event["rank"], "tid": tid_of_event[index], "ts": start_us,
+                  "dur": dur_us, "args": args}
+        if index in flows:
+            slice_["bind_id"] = flows[index][1]
+            slice_["flow_out"] = True
+        if index in flow_in:
+            slice_["bind_id"] = flow_in[index]
+            slice_["flow_in"] = True
+        trace_events.append(slice_)
+
+    other = {"clock": CLOCK, "origin_ns": origin}
+    if header:
+        other.update({key: value for key, value in header.items() if key != "fields"})
+    return {"traceEvents": trace_events, "displayTimeUnit": "ns", "otherData": other}
+
+
+def write_chrome(path, events: Iterable[dict], header: dict | None = None) -> None:
+    """Write :func:`to_chrome` to a file that chrome://tracing and ui.perfetto.dev open."""
+    with open(path, "w", encoding="utf-8") as file:
+        json.dump(to_chrome(events, header), file)
+
+
+def iter_messages(events: Iterable[dict]) -> Iterator[tuple[dict, dict | None]]:
+    """Pair each send with its recv (None when the recv was not recorded)."""
+    events = list(events)
+    receives = {(e["peer"], e["rank"], e["seq"]): e for e in events
+                if e["kind"] == "recv" and e.get("seq") is not None}
+    for event in events:
+        if event["kind"] == "send" and event.get("seq") is not None:
+            yield event, receives.get((event["rank"], event["peer"], event["seq"]))
