@@ -588,7 +588,8 @@ def dropout(input, p: float = 0.5, training: bool = True, rng=None) -> Tensor:
     ``p`` and scale the survivors by 1 / (1 - p), so the expected value is
     unchanged and evaluation needs no rescaling; outside training, the
     identity. The mask is drawn from ``rng`` (see :mod:`minidist.nn.init`
-    for the seeding convention) on the CPU and moved to the input's backend.
+    for the seeding convention; an int seed gives the same mask at every
+    call) on the CPU and moved to the input's backend.
     Cost: one random draw and two passes over the input."""
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability p must be in [0, 1], got {p}")

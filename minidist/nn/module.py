@@ -124,6 +124,8 @@ class Module:
             )
         self._registries()
         _check_name(self, name)
+        self._buffers.pop(name, None)
+        self._modules.pop(name, None)
         self._parameters[name] = param
         object.__setattr__(self, name, param)
 
@@ -134,6 +136,8 @@ class Module:
         with ``persistent=False`` is left out of ``state_dict()``."""
         self._registries()
         _check_name(self, name)
+        self._parameters.pop(name, None)
+        self._modules.pop(name, None)
         self._buffers[name] = _as_buffer(value)
         if persistent:
             self._non_persistent_buffers.discard(name)
@@ -300,7 +304,7 @@ class Module:
         mismatched = []
         for name, target in targets.items():
             if name in state_dict:
-                shape = tuple(getattr(_data_of(state_dict[name]), "shape", ()))
+                shape = tuple(_data_of(state_dict[name]).shape)
                 if shape != tuple(target.data.shape):
                     mismatched.append((name, shape, tuple(target.data.shape)))
 
@@ -317,7 +321,7 @@ class Module:
                     f"{_shape_str(targets[name].data.shape)}) is not in the state dict"
                 )
             for name in unexpected:
-                shape = tuple(getattr(_data_of(state_dict[name]), "shape", ()))
+                shape = tuple(_data_of(state_dict[name]).shape)
                 problems.append(
                     f"unexpected key {name!r} (shape {_shape_str(shape)}) in the state dict: "
                     "this model has no such parameter or buffer"
@@ -372,7 +376,10 @@ def _as_buffer(value):
 
 
 def _data_of(value):
-    return value.data if isinstance(value, Tensor) else value
+    """The array inside a state-dict entry (a Tensor, an array, or a number or list)."""
+    if isinstance(value, Tensor):
+        return value.data
+    return value if hasattr(value, "shape") else numpy.asarray(value)
 
 
 def _check_name(module, name):
