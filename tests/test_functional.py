@@ -99,13 +99,25 @@ def test_col2im_is_the_adjoint_of_im2col(h, w, k, s, p):
     assert np.isclose((columns * y).sum(), (x * back).sum(), rtol=1e-12)
 
 
+@pytest.mark.parametrize("stride, padding", [(1, 0), (1, 2), (2, 1), (3, 0)])
+def test_col2im_product_is_col2im_of_the_product(stride, padding):
+    weight, x_shape = randn(4, 3, 3, 2), (2, 3, 7, 8)
+    out_h = im2col_module.output_size(7, 3, stride, padding)
+    out_w = im2col_module.output_size(8, 2, stride, padding)
+    grad = randn(4, 2 * out_h * out_w)
+    expected = im2col_module.col2im(weight.reshape(4, -1).T @ grad, x_shape, 3, 2, stride, stride, padding, padding)
+    got = im2col_module.col2im_product(weight, grad, x_shape, 3, 2, stride, stride, padding, padding)
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+    assert got.flags.c_contiguous
+
+
 def test_conv2d_skips_the_input_gradient_when_not_needed(monkeypatch):
     # The first layer's images need no gradient: the col2im and its GEMM must
     # not run at all.
     def fail(*args, **kwargs):
         raise AssertionError("col2im ran for an input that needs no gradient")
 
-    monkeypatch.setattr(F, "col2im", fail)
+    monkeypatch.setattr(F, "col2im_product", fail)
     x = as_tensor(randn(2, 1, 5, 5).astype(np.float32))
     weight = Tensor(randn(3, 1, 3, 3).astype(np.float32), requires_grad=True)
     F.conv2d(x, weight, None, 1, 1).sum().backward()

@@ -29,7 +29,7 @@ import numpy
 
 from minidist import backend
 from minidist.nn import init
-from minidist.nn.im2col import col2im, im2col, output_size, window
+from minidist.nn.im2col import col2im_product, im2col, output_size, window
 from minidist.tensor import Tensor, _shape_str
 
 # --------------------------------------------------------------------------
@@ -239,8 +239,8 @@ def conv2d(input, weight, bias=None, stride=1, padding=0) -> Tensor:
     input for stride 1) are kept for the weight gradient.
 
     Backward: grad_W = g (OC, N*OH*OW) @ columns^T, grad_b = sum of g,
-    and, only if the input needs it, grad_columns = W^T @ g followed by
-    col2im (KH*KW strided adds).
+    and, only if the input needs it, col2im(W^T @ g): per kernel offset one
+    GEMM and one strided add (:func:`minidist.nn.im2col.col2im_product`).
     """
     input = _tensor(input)
     x, w = input.data, weight.data
@@ -282,7 +282,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0) -> Tensor:
         if bias is not None and bias.requires_grad:
             grad_b = g2.sum(axis=1)
         if input.requires_grad:
-            grad_x = col2im(w2.T @ g2, x.shape, kh, kw, sh, sw, ph, pw)
+            grad_x = col2im_product(w, g2, x.shape, kh, kw, sh, sw, ph, pw)
         return (grad_x, grad_w) if bias is None else (grad_x, grad_w, grad_b)
 
     parents = (input, weight) if bias is None else (input, weight, bias)
