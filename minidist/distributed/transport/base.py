@@ -429,8 +429,9 @@ class Transport(abc.ABC):
     def irecv(self, src: int, tag: int, context: int = 0, *, into: np.ndarray | None = None,
               reduce_into: np.ndarray | None = None, ufunc=None, label: str = "") -> RecvRequest:
         """Post a receive: a new array (default), ``into`` a buffer, or combined
-        into ``reduce_into`` with ``ufunc``. Raises MessageMismatchError at once if
-        an already-arrived matching message does not fit the buffer."""
+        into ``reduce_into`` with ``ufunc``. If the matching message does not fit
+        the buffer, the request fails (``wait()`` raises MessageMismatchError) and
+        the message stays queued for another receive."""
         if into is not None:
             request = RecvRequest(self, src, tag, context, _INTO, into, None, label)
         elif reduce_into is not None:
@@ -443,7 +444,8 @@ class Transport(abc.ABC):
                 if request.matches(source, entry.header):
                     error = request.misfit(source, entry.header)
                     if error is not None:
-                        raise error
+                        request._fail(error)  # raised by wait(); the message stays queued
+                        return request
                     self._unexpected[source].remove(entry)
                     request._bind(source, entry.header)
                     if entry.complete:
