@@ -692,7 +692,7 @@ class Transport(abc.ABC):
         if op == ctl.OP_PROBE and self.iprobe(peer, tag, context) is not None:
             return
         state = "finished" if peer == ANY_SOURCE or control.state_of(peer) == ctl.FINISHED \
-            else "stopped"
+            else "failed"
         what = self._describe(op, peer, tag, context)
         if op == ctl.OP_SEND:
             raise PeerGoneError(
@@ -709,6 +709,32 @@ class Transport(abc.ABC):
         return describe_wait(op, ctl.ANY if peer == ANY_SOURCE else peer,
                              ctl.ANY if tag == ANY_TAG else tag, self.describe_context(context))
 
+    def _unmatched_report(self, peer, tag, context) -> str:
+        """Messages that arrived here but that no receive has asked for: often
+        the one being waited for, sent with another tag or in another group."""
+        lines = []
+        sources = self._sources if peer in (ANY_SOURCE, None) else (peer,)
+        for source in sources:
+            headers = [entry.header for entry in self._unexpected[source]]
+            if self._peeked[source] is not None:
+                headers.append(self._peeked[source])
+            for header in headers:
+                where = self.describe_context(header.context)
+                lines.append(f"  from rank {source}: tag {header.tag}, {header.describe()}"
+                             + (f" ({where})" if where else ""))
+                if source == peer and header.context == context and tag not in (
+                        ANY_TAG, header.tag):
+                    lines.append(f"  hint: rank {source} sent tag {header.tag}, but rank "
+                                 f"{self.rank} waits for tag {tag}.")
+                elif source == peer and header.context != context:
+                    lines.append(f"  hint: rank {source} sent this in another group or "
+                                 "context than the one rank "
+                                 f"{self.rank} receives in.")
+        if not lines:
+            return ""
+        return (f"\nMessages that reached rank {self.rank} but match no receive:\n"
+                + "\n".join(lines))
+
     def _aborted_error(self, op, peer, tag, context) -> AbortedError:
         culprit = self._control.culprit
         why = (f"rank {culprit} failed" if culprit >= 0
@@ -722,6 +748,7 @@ class Transport(abc.ABC):
 
         report = format_report(self._control.statuses(), self.rank, current,
                                self.describe_context)
+        report += self._unmatched_report(peer, tag, context)
         what = self._describe(op, peer, tag, context)
         message_text = (
             f"rank {self.rank} timed out after {timeout:g} s waiting in {what}.\n"
