@@ -232,7 +232,7 @@ def run_command(args) -> int:
                 if not hasattr(error, "rank"):
                     raise
                 stderr.print("minidist run:", style="bold red", end=" ")
-                stderr.print(str(error), markup=False, highlight=False)
+                stderr.print(str(error), markup=False, highlight=False, soft_wrap=True)
                 return 1
         return 0
     finally:

@@ -691,15 +691,18 @@ class Transport(abc.ABC):
             return
         if op == ctl.OP_PROBE and self.iprobe(peer, tag, context) is not None:
             return
-        state = "finished" if peer == ANY_SOURCE or control.state_of(peer) == ctl.FINISHED \
-            else "failed"
         what = self._describe(op, peer, tag, context)
+        if peer != ANY_SOURCE and control.state_of(peer) == ctl.FAILED:
+            raise PeerGoneError(f"rank {self.rank}: {what} cannot complete: rank {peer} failed.")
+        if peer != ANY_SOURCE and control.state_of(peer) != ctl.FINISHED:
+            raise PeerGoneError(f"rank {self.rank}: {what} cannot complete: rank {peer} has "
+                                "exited (its end of the pipe is closed).")
         if op == ctl.OP_SEND:
             raise PeerGoneError(
-                f"rank {self.rank}: {what} cannot complete: {who} {state} without receiving it. "
-                "Every send needs a matching recv on the other side.")
+                f"rank {self.rank}: {what} cannot complete: {who} finished without receiving "
+                "it. Every send needs a matching recv on the other side.")
         raise PeerGoneError(
-            f"rank {self.rank}: {what} will never complete: {who} {state} without sending "
+            f"rank {self.rank}: {what} will never complete: {who} finished without sending "
             "a matching message. Check that both sides agree on the source, tag and group "
             "of every message.")
 

@@ -1,0 +1,150 @@
+"""minidist.launch: results, where functions may come from, logs, threads, output."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import pytest
+
+import minidist
+import minidist.distributed as dist
+from minidist.distributed import blas_threads
+
+
+def rank_and_size(offset=0, scale=1):
+    return (dist.get_rank() + offset) * scale, dist.get_world_size()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("transport", ["shm", "pipe"])
+def test_results_come_back_by_rank_with_args_and_kwargs(transport):
+    results = minidist.launch(rank_and_size, world_size=3, transport=transport, args=(10,),
+                              kwargs={"scale": 2})
+    assert results == [(20, 3), (22, 3), (24, 3)]
+
+
+@pytest.mark.timeout(30)
+def test_closures_lambdas_and_local_functions_work():
+    data = np.arange(5.0)  # a closure over local data, never pickled on the way in
+
+    def local_worker():
+        return float(data.sum()) + dist.get_rank()
+
+    assert minidist.launch(local_worker, world_size=2) == [10.0, 11.0]
+    assert minidist.launch(lambda: dist.get_rank() * 3, world_size=2) == [0, 3]
+
+
+@pytest.mark.timeout(30)
+def test_a_world_of_one():
+    def alone():
+        dist.barrier()
+        return dist.get_rank(), dist.get_world_size(), dist.is_initialized()
+
+    assert minidist.launch(alone, world_size=1) == [(0, 1, True)]
+
+
+@pytest.mark.timeout(30)
+def test_init_process_group_inside_launch_is_harmless():
+    def worker():
+        dist.init_process_group()  # the same code runs under `minidist run`
+        dist.init_process_group(world_size=2, rank=dist.get_rank())
+        try:
+            dist.init_process_group(world_size=5)
+        except ValueError as error:
+            return str(error)
+        return "accepted a wrong world size"
+
+    assert all("this run has 2 ranks" in message
+               for message in minidist.launch(worker, world_size=2))
+
+
+@pytest.mark.timeout(30)
+def test_launch_inside_a_worker_is_refused():
+    def nested():
+        minidist.launch(print, world_size=2)
+
+    with pytest.raises(dist.WorkerError, match="workers cannot start workers"):
+        minidist.launch(nested, world_size=1)
+
+
+@pytest.mark.timeout(30)
+def test_numpy_values_and_arrays_are_returned():
+    def worker():
+        return np.full((2, 2), dist.get_rank(), np.float32)
+
+    results = minidist.launch(worker, world_size=2, transport="pipe")
+    assert [r.dtype for r in results] == [np.float32] * 2
+    np.testing.assert_array_equal(results[1], np.ones((2, 2)))
+
+
+@pytest.mark.timeout(30)
+def test_blas_threads_are_shared_out_between_workers():
+    np.ones((64, 64)) @ np.ones((64, 64))  # make sure BLAS is loaded in the parent
+    if not blas_threads.blas_threads():
+        pytest.skip("no BLAS library with a thread-count API is loaded")
+    expected = blas_threads.threads_per_worker(4)
+    counts = minidist.launch(lambda: sorted(set(blas_threads.blas_threads().values())),
+                             world_size=4)
+    assert counts == [[expected]] * 4
+
+
+def test_thread_variables_for_worker_programs_leave_user_settings_alone():
+    env = blas_threads.environment_for(8, environ={"OMP_NUM_THREADS": "3"})
+    assert "OMP_NUM_THREADS" not in env
+    assert env["OPENBLAS_NUM_THREADS"] == str(blas_threads.threads_per_worker(8))
+
+
+@pytest.mark.timeout(30)
+def test_worker_logs_reach_the_parent_with_their_rank():
+    records = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    root = logging.getLogger()
+    handler = Collect()
+    root.addHandler(handler)
+    try:
+        def worker():
+            logging.getLogger("lesson").info("step %d done", 7)
+            logging.getLogger("lesson").warning("careful\nsecond line")
+
+        minidist.launch(worker, world_size=3)
+    finally:
+        root.removeHandler(handler)
+    for rank in range(3):
+        assert f"[rank {rank}] step 7 done" in records
+        assert f"[rank {rank}] careful\nsecond line" in records
+    assert root.handlers.count(handler) == 0  # the run's wrappers are gone
+
+
+@pytest.mark.timeout(30)
+def test_print0_prints_on_rank_zero_only(capfd):
+    def worker():
+        dist.print0("from the first rank", dist.get_rank())
+
+    minidist.launch(worker, world_size=3)
+    out, _ = capfd.readouterr()
+    assert out.count("from the first rank") == 1 and "from the first rank 0" in out
+
+
+@pytest.mark.timeout(30)
+def test_progress0_iterates_everywhere():
+    def worker():
+        return sum(dist.progress0(range(5), description="counting"))
+
+    assert minidist.launch(worker, world_size=2) == [10, 10]
+
+
+@pytest.mark.timeout(30)
+def test_workers_do_not_keep_each_others_pipe_ends():
+    def open_fds():
+        return len(os.listdir("/proc/self/fd"))
+
+    small, large = (minidist.launch(open_fds, world_size=n, transport="pipe")[0]
+                    for n in (2, 5))
+    # Each rank holds 2 (n - 1) pipe ends of its own, not 2 n (n - 1).
+    assert large - small == 2 * (5 - 1) - 2 * (2 - 1)

@@ -1,0 +1,128 @@
+"""`minidist run -n N script.py`: the torchrun-style launcher."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from minidist import trace
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HELLO = os.path.join(ROOT, "examples", "hello.py")
+
+
+def minidist_run(*arguments, timeout=60, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "minidist.cli", "run", *arguments],
+                          cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def segments():
+    return {name for name in os.listdir("/dev/shm") if name.startswith("minidist_")}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["shm", "pipe"])
+def test_hello_runs_on_four_ranks(transport, tmp_path):
+    path = tmp_path / "hello.trace.jsonl"
+    done = minidist_run("-n", "4", "--transport", transport, "--trace", str(path), HELLO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("the ring of 4 ranks added up to 6 (expected 6)") == 1
+    logs = done.stdout + done.stderr
+    for rank in range(4):
+        assert f"[rank {rank}] hello from rank {rank} of 4" in logs
+    recorded = trace.read_jsonl(path)
+    assert recorded.header["world_size"] == 4
+    pairs = list(trace.iter_messages(recorded.events))
+    ring = [(send["rank"], send["peer"]) for send, _ in pairs if send["label"] == ""]
+    assert sorted(ring) == [(0, 1), (1, 2), (2, 3), (3, 0)]
+    assert all(receive is not None for _, receive in pairs)
+
+
+SCRIPT = textwrap.dedent("""
+    import os, sys
+    import numpy as np
+    import minidist.distributed as dist
+
+    dist.init_process_group()
+    rank = dist.get_rank()
+    assert os.environ["MINIDIST_WORLD_SIZE"] == "3"
+    assert os.environ["MINIDIST_TRANSPORT"] in ("shm", "pipe")
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "1" or os.cpu_count() >= 6
+    if sys.argv[1:] == ["fail"] and rank == 2:
+        raise RuntimeError("rank two gives up")
+    if sys.argv[1:] == ["exit"] and rank == 1:
+        sys.exit(4)
+    dist.barrier()
+    print("args", sys.argv[1:], "rank", rank, flush=True)
+""")
+
+
+@pytest.mark.timeout(60)
+def test_script_arguments_and_environment(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    done = minidist_run("-n", "3", str(script), "alpha", "--beta")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("args ['alpha', '--beta']") == 3
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["shm", "pipe"])
+def test_a_failing_rank_ends_the_run_with_its_traceback(tmp_path, transport):
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    before = segments()
+    start = time.monotonic()
+    done = minidist_run("-n", "3", "--transport", transport, str(script), "fail")
+    assert time.monotonic() - start < 10
+    assert done.returncode == 1
+    assert "rank 2 failed with RuntimeError: rank two gives up" in done.stderr
+    assert 'raise RuntimeError("rank two gives up")' in done.stderr
+    assert not segments() - before
+
+
+@pytest.mark.timeout(60)
+def test_an_exit_code_is_reported(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    done = minidist_run("-n", "3", str(script), "exit")
+    assert done.returncode == 1
+    assert "rank 1 exited with code 4" in done.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_script_run_without_the_launcher_explains_itself(tmp_path):
+    script = tmp_path / "alone.py"
+    script.write_text("import minidist.distributed as dist\ndist.init_process_group()\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=60, env={k: v for k, v in os.environ.items()
+                                           if not k.startswith("MINIDIST_")})
+    assert done.returncode != 0
+    assert "minidist run -n 4 script.py" in done.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_world_of_one_without_a_launcher(tmp_path):
+    script = tmp_path / "alone.py"
+    script.write_text(textwrap.dedent("""
+        import minidist.distributed as dist
+        dist.init_process_group(world_size=1)
+        dist.barrier()
+        print(dist.get_rank(), dist.get_world_size())
+        dist.destroy_process_group()
+        print(dist.is_initialized())
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "1", "False"]
+
+
+def test_a_missing_script_is_reported():
+    done = minidist_run("-n", "2", "no_such_script.py")
+    assert done.returncode != 0 and "no such script" in done.stderr
