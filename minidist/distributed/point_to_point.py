@@ -4,6 +4,7 @@ for what each costs and guarantees."""
 
 from __future__ import annotations
 
+from minidist.distributed import world
 from minidist.distributed.process_group import ProcessGroup
 from minidist.distributed.reduce_op import ReduceOp
 from minidist.distributed.transport.base import _DEFAULT
@@ -13,13 +14,16 @@ from minidist.distributed.world import group_or_world
 def send(tensor, dst: int, group: ProcessGroup | None = None, tag: int = 0, *, label: str = "",
          timeout=_DEFAULT) -> None:
     """Send ``tensor`` to rank ``dst``; returns when the buffer may be reused."""
-    group_or_world(group).send(tensor, dst, tag, label=label, timeout=timeout)
+    # The latency path: the world group without a function call.
+    group = world._world.group if group is None and world._world else group_or_world(group)
+    group.send(tensor, dst, tag, label=label, timeout=timeout)
 
 
 def recv(tensor, src: int | None = None, group: ProcessGroup | None = None, tag: int | None = 0,
          *, label: str = "", timeout=_DEFAULT) -> int:
     """Receive into ``tensor`` in place; returns the sender's rank (``src=None``: any)."""
-    return group_or_world(group).recv(tensor, src, tag, label=label, timeout=timeout)
+    group = world._world.group if group is None and world._world else group_or_world(group)
+    return group.recv(tensor, src, tag, label=label, timeout=timeout)
 
 
 def isend(tensor, dst: int, group: ProcessGroup | None = None, tag: int = 0, *,

@@ -196,7 +196,6 @@ class ProcessGroup:
         # The common case, checked cheaply, may take the transport's fast path.
         if (type(tensor) is np.ndarray and type(dst) is int and type(tag) is int
                 and 0 <= dst < self.size and dst != self.rank >= 0 and 0 <= tag <= MAX_TAG
-                and tensor.flags.c_contiguous
                 and self._transport.send_small(tensor, self.ranks[dst], tag, self.context,
                                                label or self.purpose)):
             return
@@ -218,7 +217,6 @@ class ProcessGroup:
         ``src=None`` takes any sender, ``tag=None`` any tag."""
         if (type(tensor) is np.ndarray and type(src) is int and type(tag) is int
                 and 0 <= src < self.size and src != self.rank >= 0 and 0 <= tag <= MAX_TAG
-                and tensor.flags.c_contiguous and tensor.flags.writeable
                 and self._transport.recv_small(tensor, self.ranks[src], tag, self.context,
                                                label or self.purpose)):
             return src

@@ -66,17 +66,18 @@ _now = _trace.now
 
 
 class CopySink:
-    """Payload bytes go straight into ``target`` (a flat uint8 view)."""
+    """Payload bytes go straight into ``target`` (a flat uint8 array, written
+    through a memoryview: the cheapest copy Python has)."""
 
     __slots__ = ("target",)
 
     def __init__(self, target: np.ndarray):
-        self.target = target
+        self.target = memoryview(target)
 
-    def direct(self, offset: int, length: int) -> np.ndarray:
+    def direct(self, offset: int, length: int) -> memoryview:
         return self.target[offset:offset + length]
 
-    def consume(self, offset: int, chunk: np.ndarray) -> None:
+    def consume(self, offset: int, chunk) -> None:
         self.target[offset:offset + len(chunk)] = chunk
 
 
@@ -95,8 +96,8 @@ class ReduceSink:
     def direct(self, offset: int, length: int):
         return None
 
-    def consume(self, offset: int, chunk: np.ndarray) -> None:
-        incoming = chunk.view(self.dtype)
+    def consume(self, offset: int, chunk) -> None:
+        incoming = np.frombuffer(chunk, self.dtype)  # a view: no copy of the chunk
         start = offset // self.itemsize
         part = self.target[start:start + len(incoming)]
         self.ufunc(part, incoming, out=part)
@@ -396,7 +397,7 @@ class Transport(abc.ABC):
         """Start sending a C-contiguous array (the caller keeps it unchanged until done)."""
         seq = self._send_seq[dst]
         self._send_seq[dst] = seq + 1
-        header = message.encode(tag, context, seq, array.dtype, array.shape, array.nbytes)
+        header = message.encode(tag, context, seq, array.dtype, array.shape)
         request = SendRequest(self, dst, tag, context, header, _bytes_of(array),
                               array.dtype.itemsize, seq, label, array)
         queue = self._pending_sends[dst]
@@ -637,9 +638,11 @@ class Transport(abc.ABC):
         if is_done():
             return
         if self._spin_ns:
+            # Spin while things move (a stream of slots), give up after spin_ns of nothing.
             limit = _now() + self._spin_ns
             while _now() < limit:
-                self.progress()
+                if self.progress():
+                    limit = _now() + self._spin_ns
                 if is_done():
                     return
         if timeout is _DEFAULT:

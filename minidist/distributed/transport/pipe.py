@@ -123,7 +123,7 @@ class PipeResources:
         spec = self.spec_for(rank)
         reads = {int(src): fd for src, fd in spec["read"].items()}
         writes = {int(dst): fd for dst, fd in spec["write"].items()}
-        return PipeTransport(rank, self.world_size, reads, writes, control, timeout)
+        return PipeTransport(rank, self.world_size, reads, writes, control, timeout, spin_ns)
 
     def wake_all(self) -> None:
         """Sleepers poll with a short timeout and see the abort flag by themselves."""
@@ -148,8 +148,8 @@ class PipeTransport(Transport):
     name = "pipe"
 
     def __init__(self, rank, world_size, read_fds: dict, write_fds: dict, control,
-                 timeout=None):
-        super().__init__(rank, world_size, control, timeout, spin_ns=0)
+                 timeout=None, spin_ns=0):
+        super().__init__(rank, world_size, control, timeout, spin_ns)
         self._read_fd = [read_fds.get(r, -1) for r in range(world_size)]
         self._write_fd = [write_fds.get(r, -1) for r in range(world_size)]
         self._source_of_fd = {fd: src for src, fd in read_fds.items()}

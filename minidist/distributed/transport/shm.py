@@ -56,9 +56,12 @@ _HEADER_WORDS = 8
 _LINE = 64
 _PAGE = 4096
 _HEADER_PAD = 64  # payload starts at a 64-byte boundary after the header
+_FLAG_STRIDE = _LINE // 8  # one "sleeping" flag per cache line, in 8-byte words
 
-DEFAULT_SLOTS = 4
-MAX_SLOT_BYTES = 1 << 20
+DEFAULT_SLOTS = 8
+MAX_SLOT_BYTES = 1 << 19
+MIN_PIECES = 4
+MIN_PIECE_BYTES = 64 << 10
 MIN_SLOT_BYTES = 16 << 10
 MAX_RING_MEMORY = 1 << 30
 
@@ -100,15 +103,14 @@ def choose_geometry(world_size: int) -> tuple[int, int]:
     return slots, max(MIN_SLOT_BYTES, min(MAX_SLOT_BYTES, slot_bytes))
 
 
-_FIXED = message.FIXED
-_FIXED_BYTES = message.FIXED.size
-_HEADER_MAGIC = message.MAGIC
+_TAIL = message.TAIL
 _now = time.monotonic_ns
 
 
-class _SuffixCache(dict):
-    """(dtype, shape) -> (dtype+shape header bytes, dtype text length, payload
-    offset in a first slot), for the dtypes that memoryview can cast to bytes."""
+class _FastLayouts(dict):
+    """(dtype, shape) -> (header prefix, where the per-message tail goes, where
+    the payload starts) for the dtypes the fast paths handle (those whose
+    arrays memoryview can cast to bytes); None for the others."""
 
     FAST_DTYPES = frozenset(np.dtype(code) for code in "?bBhHiIlLqQefdgFDG")
 
@@ -116,13 +118,9 @@ class _SuffixCache(dict):
         dtype, shape = key
         if dtype not in self.FAST_DTYPES or len(self) > 4096:
             return None
-        text = message.encode(0, 0, 0, dtype, shape, 0)[_FIXED_BYTES:]
-        value = (text, len(dtype.str), _align(_FIXED_BYTES + len(text), _HEADER_PAD))
-        self[key] = value
-        return value
-
-    def get(self, key):
-        return self[key]
+        layout = message.layout(dtype, shape)
+        found = self[key] = (layout.prefix, layout.tail_at, _align(layout.length, _HEADER_PAD))
+        return found
 
 
 class _Layout:
@@ -223,7 +221,6 @@ class ShmTransport(Transport):
         world, slots, slot_bytes = layout.world_size, layout.slots, layout.slot_bytes
         buf = resources.segment.buf
         self._buf = buf
-        self._data = np.frombuffer(buf, np.uint8)
         self._counters = buf[layout.counters:layout.data].cast("Q")
         self._flags = buf[layout.flags:layout.flags + world * _LINE].cast("Q")
         self._doorbells = resources.doorbells
@@ -244,18 +241,24 @@ class ShmTransport(Transport):
         self._tail = [0] * world
         self._my_flag = rank * (_LINE // 8)
         self._small_bytes = slot_bytes // 2
-        self._suffixes = _SuffixCache()
+        self._layouts = _FastLayouts()
 
     # ---------------------------------------------------------------- geometry
 
-    def _capacities(self, header_length: int, itemsize: int) -> tuple[int, int, int]:
-        """(payload offset in a first slot, payload bytes in a first slot, in later slots);
-        both capacities are whole elements so every piece can be reduced on its own."""
+    def _capacities(self, header_length: int, itemsize: int, nbytes: int):
+        """(payload offset in the first slot, payload bytes in the first slot, in
+        each later slot). Pieces are whole elements, so each can be reduced on
+        its own. A message that does not fit one slot is cut into at least
+        :data:`MIN_PIECES` pieces (of at least :data:`MIN_PIECE_BYTES`), so that
+        even a 1 MiB message keeps both sides copying at once."""
         unit = itemsize if 0 < itemsize <= 4096 else 1
         offset = _align(header_length, _HEADER_PAD)
         first = (self._slot_bytes - offset) // unit * unit
-        later = self._slot_bytes // unit * unit
-        return offset, first, later
+        if nbytes <= first:
+            return offset, first, first
+        piece = min(self._slot_bytes, max(MIN_PIECE_BYTES, _align(-(-nbytes // MIN_PIECES), _PAGE)))
+        later = max(piece // unit * unit, unit)
+        return offset, min(first, later), later
 
     # ---------------------------------------------------------------- waking
 
@@ -264,7 +267,7 @@ class ShmTransport(Transport):
         lock = self._fence_lock
         lock.acquire()  # full fence: our counter store is visible before the flag load
         lock.release()
-        if self._flags[rank * (_LINE // 8)]:
+        if self._flags[rank * _FLAG_STRIDE]:
             self._doorbells.ring(rank)
 
     def _sleep(self, seconds: float) -> None:
@@ -297,10 +300,10 @@ class ShmTransport(Transport):
             return False
         header = request.header
         nbytes = request.nbytes
-        offset, first, later = self._capacities(len(header), request.itemsize)
+        offset, first, later = self._capacities(len(header), request.itemsize, nbytes)
         total = 1 if nbytes <= first else 1 + -(-(nbytes - first) // later)
         piece = request.written
-        payload, data, base0 = request.payload, self._data, self._out_base[dst]
+        payload, buf, base0 = request.payload, self._buf, self._out_base[dst]
         head_index = self._out_head[dst]
         while piece < total:
             if head >= limit:
@@ -309,13 +312,13 @@ class ShmTransport(Transport):
                     break
             base = base0 + (head % slots) * slot_bytes
             if piece == 0:
-                self._buf[base:base + len(header)] = header
+                buf[base:base + len(header)] = header
                 start, length, at = 0, min(first, nbytes), base + offset
             else:
                 start = first + (piece - 1) * later
                 length, at = min(later, nbytes - start), base
             if length:
-                data[at:at + length] = payload[start:start + length]
+                buf[at:at + length] = payload[start:start + length]
             head += 1
             piece += 1
             counters[head_index] = head
@@ -340,11 +343,11 @@ class ShmTransport(Transport):
         tail = self._tail[src]
         header = inbound.header
         nbytes = header.nbytes
-        offset, first, later = self._capacities(header.length, header.dtype.itemsize)
+        offset, first, later = self._capacities(header.length, header.dtype.itemsize, nbytes)
         total = 1 if nbytes <= first else 1 + -(-(nbytes - first) // later)
         piece = inbound.chunks
         slots, slot_bytes = self._slots, self._slot_bytes
-        data, base0, sink = self._data, self._in_base[src], inbound.sink
+        buf, base0, sink = self._buf, self._in_base[src], inbound.sink
         while piece < total:
             if tail >= head:
                 head = counters[head_index]
@@ -357,7 +360,7 @@ class ShmTransport(Transport):
                 start = first + (piece - 1) * later
                 length, at = min(later, nbytes - start), base
             if length:
-                sink.consume(start, data[at:at + length])
+                sink.consume(start, buf[at:at + length])
             inbound.received = start + length
             piece += 1
             tail += 1
@@ -381,63 +384,86 @@ class ShmTransport(Transport):
             return False
         counters = self._counters
         head = self._head[dst]
-        if head - counters[self._out_tail[dst]] >= self._slots:
+        slots = self._slots
+        if head - counters[self._out_tail[dst]] >= slots:
             return False
-        suffix = self._suffixes.get((array.dtype, array.shape))
-        if suffix is None:
+        layout = self._layouts[array.dtype, array.shape]
+        if layout is None:
             return False
-        start_ns = _now() if self._recorder is not None else 0
+        try:
+            payload = memoryview(array).cast("B")
+        except TypeError:
+            return False  # not C-contiguous
+        prefix, tail_at, payload_at = layout
+        recorder = self._recorder
+        start_ns = _now() if recorder is not None else 0
         seq = self._send_seq[dst]
         self._send_seq[dst] = seq + 1
-        base = self._out_base[dst] + (head % self._slots) * self._slot_bytes
+        base = self._out_base[dst] + (head % slots) * self._slot_bytes
         buf = self._buf
-        _FIXED.pack_into(buf, base, _HEADER_MAGIC, array.ndim, suffix[1], tag, context, nbytes,
-                         seq)
-        at = base + _FIXED_BYTES
-        buf[at:at + len(suffix[0])] = suffix[0]
-        at = base + suffix[2]
-        buf[at:at + nbytes] = memoryview(array).cast("B")
-        self._head[dst] = head + 1
-        counters[self._out_head[dst]] = head + 1
-        self._notify(dst)
-        if self._recorder is not None:
-            self._recorder.add("send", start_ns, _now(), dst, nbytes, tag, label, seq,
-                               context >> 32, context & 0xFFFFFFFF)
+        buf[base:base + tail_at] = prefix
+        _TAIL.pack_into(buf, base + tail_at, tag, context, seq)
+        buf[base + payload_at:base + payload_at + nbytes] = payload
+        head += 1
+        self._head[dst] = head
+        counters[self._out_head[dst]] = head  # published
+        lock = self._fence_lock  # see _notify
+        lock.acquire()
+        lock.release()
+        if self._flags[dst * _FLAG_STRIDE]:
+            self._doorbells.ring(dst)
+        if recorder is not None:
+            recorder.add("send", start_ns, _now(), dst, nbytes, tag, label, seq,
+                         context >> 32, context & 0xFFFFFFFF)
         return True
 
     def recv_small(self, buffer, src, tag, context, label) -> bool:
         if (self._posted or self._active_sends or self._incoming[src] is not None
                 or self._peeked[src] is not None or self._unexpected[src]):
             return False
-        suffix = self._suffixes.get((buffer.dtype, buffer.shape))
-        if suffix is None or buffer.nbytes > self._small_bytes or buffer.nbytes == 0:
+        nbytes = buffer.nbytes
+        if nbytes == 0 or nbytes > self._small_bytes:
             return False
-        start_ns = _now() if self._recorder is not None else 0
+        layout = self._layouts[buffer.dtype, buffer.shape]
+        if layout is None:
+            return False
+        target = memoryview(buffer)
+        if target.readonly or not target.c_contiguous:
+            return False
+        # Everything that does not need the message is done before it arrives.
+        target = target.cast("B")
+        prefix, tail_at, payload_at = layout
+        recorder = self._recorder
+        start_ns = _now() if recorder is not None else 0
         counters, head_index, tail = self._counters, self._in_head[src], self._tail[src]
+        base = self._in_base[src] + (tail % self._slots) * self._slot_bytes
+        buf = self._buf
         if counters[head_index] == tail:
             if not self._spin_ns:
                 return False
             limit = _now() + self._spin_ns
+            spins = 0
             while counters[head_index] == tail:
-                if _now() > limit:
+                spins += 1
+                if not spins & 15 and _now() > limit:
                     return False
-        base = self._in_base[src] + (tail % self._slots) * self._slot_bytes
-        buf = self._buf
-        magic, ndim, dtype_len, got_tag, got_context, nbytes, seq = _FIXED.unpack_from(buf, base)
-        text = suffix[0]
-        at = base + _FIXED_BYTES
-        if (got_tag != tag or got_context != context or nbytes != buffer.nbytes
-                or dtype_len != suffix[1] or buf[at:at + len(text)] != text):
-            return False  # not the message expected: the engine sorts it out
-        at = base + suffix[2]
-        memoryview(buffer).cast("B")[:] = buf[at:at + nbytes]
+        if buf[base:base + tail_at] != prefix:
+            return False  # another dtype or shape: the engine sorts it out
+        got_tag, got_context, seq = _TAIL.unpack_from(buf, base + tail_at)
+        if got_tag != tag or got_context != context:
+            return False
+        target[:] = buf[base + payload_at:base + payload_at + nbytes]
         tail += 1
         self._tail[src] = tail
         counters[self._in_tail[src]] = tail
-        self._notify(src)
-        if self._recorder is not None:
-            self._recorder.add("recv", start_ns, _now(), src, nbytes, tag, label, seq,
-                               context >> 32, context & 0xFFFFFFFF)
+        lock = self._fence_lock  # see _notify
+        lock.acquire()
+        lock.release()
+        if self._flags[src * _FLAG_STRIDE]:
+            self._doorbells.ring(src)
+        if recorder is not None:
+            recorder.add("recv", start_ns, _now(), src, nbytes, tag, label, seq,
+                         context >> 32, context & 0xFFFFFFFF)
         return True
 
     # ---------------------------------------------------------------- lifetime
@@ -448,5 +474,4 @@ class ShmTransport(Transport):
         super().close()
         self._counters.release()
         self._flags.release()
-        self._data = None
         self._buf = None
