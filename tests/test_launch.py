@@ -148,3 +148,13 @@ def test_workers_do_not_keep_each_others_pipe_ends():
                     for n in (2, 5))
     # Each rank holds 2 (n - 1) pipe ends of its own, not 2 n (n - 1).
     assert large - small == 2 * (5 - 1) - 2 * (2 - 1)
+
+
+@pytest.mark.timeout(30)
+def test_destroy_process_group_leaves_the_run():
+    def worker():
+        dist.barrier()
+        dist.destroy_process_group()
+        return dist.is_initialized()
+
+    assert minidist.launch(worker, world_size=2) == [False, False]

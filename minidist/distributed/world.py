@@ -235,14 +235,10 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
     if group is not None and _world is not None and group is not _world.group:
         return  # subgroups own nothing beyond their number
     world = current()
-    if world.mode == "launch":
-        # The launcher finishes the worker when the function returns.
-        world.transport.flush()
-        return
     if world.mode == "run":
         _finish_script()
     else:
-        finish_worker()
+        finish_worker()  # under launch, the function may go on without the runtime
 
 
 def group_or_world(group: ProcessGroup | None) -> ProcessGroup:
