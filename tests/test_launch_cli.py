@@ -58,7 +58,8 @@ SCRIPT = textwrap.dedent("""
     if sys.argv[1:] == ["exit"] and rank == 1:
         sys.exit(4)
     dist.barrier()
-    print("args", sys.argv[1:], "rank", rank, flush=True)
+    sys.stdout.write(f"args {sys.argv[1:]} rank {rank}\\n")  # one write: no interleaving
+    sys.stdout.flush()
 """)
 
 

@@ -207,11 +207,15 @@ def _rank() -> int:
     return int(os.environ.get("MINIDIST_RANK", 0))
 
 
-def print0(*args, **kwargs) -> None:
-    """``print`` on rank 0 only (flushed at once, so it is not held in a buffer)."""
+def print0(*args, sep: str = " ", end: str = "\n", file=None) -> None:
+    """``print`` on rank 0 only. The line is written with a single write and
+    flushed, so it does not interleave mid-line with the log lines the parent
+    prints at the same time (plain ``print`` writes each piece separately when
+    output is unbuffered)."""
     if _rank() == 0:
-        kwargs.setdefault("flush", True)
-        print(*args, **kwargs)
+        stream = sys.stdout if file is None else file
+        stream.write(sep.join(str(arg) for arg in args) + end)
+        stream.flush()
 
 
 def progress0(iterable, description: str = "", total: int | None = None):

@@ -61,11 +61,13 @@ def resources_from_spec(spec: dict):
 def default_spin_ns(world_size: int) -> int:
     """How long a waiting rank spins before sleeping.
 
-    Spinning answers in well under a microsecond instead of the tens of
-    microseconds a sleep and wake-up take, but it only helps when every rank
-    has a core of its own: with more ranks than cores a spinning rank steals
-    the CPU from the rank it is waiting for. So: 50 us when ranks <= cores,
-    else 0. MINIDIST_SPIN_US overrides.
+    Spinning answers in well under a microsecond instead of the 20 to 100
+    microseconds a sleep and wake-up take (more in a VM), but it only helps
+    when every rank has a core of its own: with more ranks than cores a
+    spinning rank steals the CPU from the rank it is waiting for. So: 200 us
+    when ranks <= cores (long enough to cover a peer's copy of a 1 MiB
+    message, short enough to cost nothing while a peer computes), else 0.
+    MINIDIST_SPIN_US overrides.
     """
     if "MINIDIST_SPIN_US" in os.environ:
         return int(float(os.environ["MINIDIST_SPIN_US"]) * 1000)
@@ -73,4 +75,4 @@ def default_spin_ns(world_size: int) -> int:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
         cores = os.cpu_count() or 1
-    return 50_000 if world_size <= cores else 0
+    return 200_000 if world_size <= cores else 0

@@ -16,7 +16,7 @@ straight from shared memory (``np.add(dst[i:j], slot_view, out=dst[i:j])``)
 and ``recv`` into a buffer copies each slot once: one copy on each side,
 no temporary buffers.
 
-Waiting. A rank that must wait first spins for a few tens of microseconds
+Waiting. A rank that must wait first spins for up to 200 microseconds
 (only when there are at least as many cores as ranks; with 8 ranks on 2 cores
 spinning would steal the CPU from the very rank it waits for), then sleeps on
 its *doorbell* (see :mod:`.doorbell`). Before sleeping it raises its
