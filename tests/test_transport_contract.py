@@ -326,6 +326,28 @@ def irecv_reduce_and_small_reduce():
 
 
 @case()
+def small_isends_and_reductions_of_every_shape():
+    rank, _ = rank_size()
+    shapes = [(), (1,), (7,), (3, 5)]
+    dtypes = ["float32", "float64", "int32", "int64", "complex64", "bool"]
+    if rank == 0:
+        requests = []
+        for index, (shape, dtype) in enumerate((s, d) for s in shapes for d in dtypes):
+            data = pattern(shape, dtype, index)
+            requests.append(dist.isend(data, 1, tag=index))
+            assert isinstance(requests[-1].test(), bool)
+        dist.wait_all(requests)
+        assert all(request.wait() is True for request in requests)
+    elif rank == 1:
+        for index, (shape, dtype) in enumerate((s, d) for s in shapes for d in dtypes):
+            mine = pattern(shape, dtype, index + 100)
+            theirs = pattern(shape, dtype, index)
+            buffer = mine.copy()
+            dist.recv_reduce(buffer, 0, op=ReduceOp.SUM, tag=index)  # bool: logical or
+            np.testing.assert_array_equal(buffer, np.add(mine, theirs))
+
+
+@case()
 def python_objects_by_pickle():
     rank, _ = rank_size()
     payload = {"step": 3, "names": ["a", "b"], "array": np.arange(3)}

@@ -27,7 +27,13 @@ import zlib
 import numpy as np
 
 from minidist.distributed.reduce_op import ReduceOp, ufunc_of
-from minidist.distributed.transport.base import _DEFAULT, ANY_SOURCE, ANY_TAG, MessageInfo
+from minidist.distributed.transport.base import (
+    _DEFAULT,
+    ANY_SOURCE,
+    ANY_TAG,
+    COMPLETED,
+    MessageInfo,
+)
 
 MAX_TAG = 2**31 - 1
 _CHANNEL_NAMES: dict[int, str] = {}
@@ -183,7 +189,13 @@ class ProcessGroup:
     # ---------------------------------------------------------------- sending
 
     def isend(self, tensor, dst: int, tag: int = 0, *, label: str = ""):
-        """Start sending; returns a request. Do not modify ``tensor`` until it completes."""
+        """Start sending; returns a request. Do not modify ``tensor`` until it completes.
+        (A small message often completes at once: it is copied to the transport.)"""
+        if (type(tensor) is np.ndarray and type(dst) is int and type(tag) is int
+                and 0 <= dst < self.size and dst != self.rank >= 0 and 0 <= tag <= MAX_TAG
+                and self._transport.send_small(tensor, self.ranks[dst], tag, self.context,
+                                               label or self.purpose)):
+            return COMPLETED
         self._require_member("send")
         dst = self._peer(dst, "destination", allow_any=False)
         tag = self._tag(tag, allow_any=False)
@@ -256,6 +268,11 @@ class ProcessGroup:
         (``np.add(tensor, incoming, out=tensor)`` for SUM), reading the incoming
         bytes where the transport holds them: no temporary of the message's size.
         Cost: alpha + nbytes * (beta + gamma). Returns the sender's rank."""
+        if (type(tensor) is np.ndarray and type(src) is int and type(tag) is int
+                and 0 <= src < self.size and src != self.rank >= 0 and 0 <= tag <= MAX_TAG
+                and self._transport.recv_small(tensor, self.ranks[src], tag, self.context,
+                                               label or self.purpose, ufunc_of(op))):
+            return src
         request = self.irecv_reduce(tensor, src, op, tag, label=label)
         request.wait(timeout)
         return self._source(request)

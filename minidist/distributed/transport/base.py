@@ -136,6 +136,22 @@ class Request:
         self.done = True
 
 
+class CompletedRequest(Request):
+    """A request that was done when it was made (a send taken by a fast path)."""
+
+    def __init__(self):
+        self._transport = None
+        self.done = True
+        self.error = None
+        self.tag = self.context = None
+        self.label = ""
+        self.start_ns = 0
+        self.group_ranks = None
+
+
+COMPLETED = CompletedRequest()
+
+
 class SendRequest(Request):
     __slots__ = ("dst", "header", "payload", "nbytes", "seq", "written", "itemsize", "keepalive")
 
@@ -385,9 +401,10 @@ class Transport(abc.ABC):
         message, nothing queued); False means: use isend().wait()."""
         return False
 
-    def recv_small(self, buffer, src: int, tag: int, context: int, label: str) -> bool:
-        """Receive into ``buffer`` at once (or after a short spin) if a fast path
-        applies; False means: use irecv().wait()."""
+    def recv_small(self, buffer, src: int, tag: int, context: int, label: str,
+                   ufunc=None) -> bool:
+        """Receive into ``buffer`` (or combine into it with ``ufunc``) at once, or
+        after a short spin, if a fast path applies; False means: use irecv().wait()."""
         return False
 
     # ---------------------------------------------------------------- sending
@@ -623,8 +640,14 @@ class Transport(abc.ABC):
         if len(pending) == 1:
             pending[0].wait(timeout)
         elif pending:
-            self._wait_until(lambda: all(request.done for request in pending), timeout,
-                             ctl.OP_WAIT_MANY, ANY_SOURCE, ANY_TAG, 0, 0)
+            try:
+                self._wait_until(lambda: all(request.done for request in pending), timeout,
+                                 ctl.OP_WAIT_MANY, ANY_SOURCE, ANY_TAG, 0, 0)
+            except BaseException:
+                for request in pending:
+                    if not request.done and isinstance(request, RecvRequest):
+                        self._cancel(request)
+                raise
         for request in requests:
             if request.error is not None:
                 raise request.error

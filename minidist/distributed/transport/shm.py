@@ -417,7 +417,7 @@ class ShmTransport(Transport):
                          context >> 32, context & 0xFFFFFFFF)
         return True
 
-    def recv_small(self, buffer, src, tag, context, label) -> bool:
+    def recv_small(self, buffer, src, tag, context, label, ufunc=None) -> bool:
         if (self._posted or self._active_sends or self._incoming[src] is not None
                 or self._peeked[src] is not None or self._unexpected[src]):
             return False
@@ -452,7 +452,11 @@ class ShmTransport(Transport):
         got_tag, got_context, seq = _TAIL.unpack_from(buf, base + tail_at)
         if got_tag != tag or got_context != context:
             return False
-        target[:] = buf[base + payload_at:base + payload_at + nbytes]
+        if ufunc is None:
+            target[:] = buf[base + payload_at:base + payload_at + nbytes]
+        else:  # combine straight from the slot
+            incoming = np.frombuffer(buf, buffer.dtype, buffer.size, base + payload_at)
+            ufunc(buffer, incoming.reshape(buffer.shape), out=buffer)
         tail += 1
         self._tail[src] = tail
         counters[self._in_tail[src]] = tail
