@@ -151,14 +151,15 @@ def launch(fn, world_size: int = 2, transport: str = "shm", args=(), kwargs=None
 
 
 def _release(resources, control) -> None:
-    """Unmap and unlink everything the run created, whatever else fails."""
+    """Unlink and unmap everything the run created, whatever else fails. (Names
+    go first: a segment that still has a name is always mapped by its run.)"""
     try:
         if resources is not None:
-            resources.close()
             resources.unlink()
+            resources.close()
     finally:
-        control.close()
         control.unlink()
+        control.close()
 
 
 # --------------------------------------------------------------------------- minidist run
