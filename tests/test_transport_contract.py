@@ -407,7 +407,7 @@ def groups_map_ranks_and_keep_traffic_apart():
 @case()
 def contexts_keep_library_traffic_apart():
     rank, _ = rank_size()
-    library = dist.group_world().with_context("contract-test")
+    library = dist.world_group().with_context("contract-test")
     if rank == 0:
         dist.send(np.array([1]), 1, tag=0)
         library.send(np.array([2]), 1, tag=0)

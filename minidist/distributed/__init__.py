@@ -15,7 +15,8 @@
 
 Where things are:
 
-* :mod:`.launch`         ``minidist.launch`` and ``minidist run``; :mod:`.supervisor` the watchdog
+* :mod:`.launch`         ``minidist.launch`` and ``minidist run``; :mod:`.supervisor` the
+  watchdog; :mod:`.worker` a forked worker's life; :mod:`.process_setup` dying with the parent
 * :mod:`.world`          init / destroy, rank, world size, ``new_group``
 * :mod:`.process_group`  ``ProcessGroup``: ranks, contexts, point-to-point calls
 * :mod:`.point_to_point` the module-level forms of those calls (``group=None`` is the world)
@@ -24,6 +25,16 @@ Where things are:
 * :mod:`.desync`         the report printed when a wait times out
 * :mod:`.errors`         what can go wrong, and what each error says
 * :mod:`.console`        logs from every rank in the parent; ``print0``, ``progress0``
+* :mod:`.blas_threads`   one BLAS thread pool per worker that fits the cores
+* :mod:`.shared_segment` named shared memory that never outlives its run
+
+For the layers above: a collective is written with the point-to-point calls of
+``group.with_context("its name")``, so its messages live in a tag space of
+their own; ``recv_reduce`` combines an incoming chunk into a buffer straight
+from the transport; ``isend`` of a small message completes at once.
+
+One thread per process talks to minidist.distributed (as with MPI's
+THREAD_FUNNELED): the progress engine has no locks.
 """
 
 from minidist.distributed.console import print0, progress0
@@ -69,7 +80,7 @@ from minidist.distributed.world import (
 )
 
 
-def group_world() -> ProcessGroup:
+def world_group() -> ProcessGroup:
     """The default group (all ranks)."""
     from minidist.distributed.world import current
 
@@ -81,7 +92,7 @@ __all__ = [
     "DistributedError", "MessageInfo", "MessageMismatchError", "NotInitializedError",
     "PeerGoneError", "ProcessGroup", "ReduceOp", "Work", "WorkerError", "barrier",
     "destroy_process_group", "get_global_rank", "get_group_rank", "get_rank",
-    "get_world_size", "group_world", "init_process_group", "iprobe", "irecv", "irecv_array",
+    "get_world_size", "world_group", "init_process_group", "iprobe", "irecv", "irecv_array",
     "irecv_reduce", "is_initialized", "isend", "new_group", "print0", "probe",
     "progress0", "recv", "recv_array", "recv_object", "recv_reduce", "send", "send_object",
     "wait_all",
