@@ -117,6 +117,15 @@ def route_worker_logs():
             added.close()
 
 
+def flush_worker_logs() -> None:
+    """Worker side (fork), at the end: push buffered records into the pipe now,
+    so they reach the parent before the worker's result does."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, MultiProcessingHandler):
+            handler.queue.close()
+            handler.queue.join_thread()
+
+
 def configure_worker_logging(rank: int, level) -> None:
     """Worker side (fork): tag this rank's records; let INFO through by default."""
     root = logging.getLogger()

@@ -135,6 +135,7 @@ def launch(fn, world_size: int = 2, transport: str = "shm", args=(), kwargs=None
             resources.release_worker_ends()
             supervisor = Supervisor(workers, control, resources.wake_all)
             results = supervisor.run()
+            supervisor.reap()
         return [results[rank] for rank in range(world_size)]
     finally:
         try:
@@ -229,6 +230,7 @@ def run_command(args) -> int:
             supervisor = Supervisor(workers, control, resources.wake_all, error_dir=error_dir)
             try:
                 supervisor.run()
+                supervisor.reap()
             except Exception as error:
                 if not hasattr(error, "rank"):
                     raise

@@ -256,6 +256,20 @@ class Supervisor:
             self.stop()
             raise
 
+    def reap(self, timeout: float = 5.0) -> None:
+        """After success: wait for the workers to exit (they do right after
+        reporting); stop any that linger (a thread of the user's that never ends)."""
+        deadline = time.monotonic() + timeout
+        for worker in self.workers:
+            worker.join(max(deadline - time.monotonic(), 0.01))
+        for worker in self.workers:
+            if worker.exitcode() is None:
+                worker.terminate()
+                worker.join(TERM_SECONDS)
+            if worker.exitcode() is None:
+                worker.kill()
+                worker.join(1.0)
+
     def stop(self) -> None:
         """Abort the run and make sure no worker survives (idempotent)."""
         if self.stopped:

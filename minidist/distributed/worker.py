@@ -63,6 +63,7 @@ def worker_main(rank, world_size, fn, args, kwargs, resources, control, result_p
         outcome = ("error", rank, kind, type(error).__name__, str(error), traceback.format_exc(),
                    _trace.stop_recording())
         payload = pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
+    console.flush_worker_logs()
     try:
         connection.send_bytes(payload)
     except OSError:

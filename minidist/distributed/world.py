@@ -50,7 +50,6 @@ class World:
         self.group = ProcessGroup(transport, range(world_size), 0)
         self.groups_created = 0
         self.failed = False
-        self.finished = False
         self.trace_dir = None
 
 
@@ -98,7 +97,6 @@ def finish_worker() -> None:
         if not world.failed:
             world.transport.flush()
             world.control.set_state(world.rank, ctl.FINISHED, _trace.now())
-            world.finished = True
     finally:
         world.transport.close()
         _world = None
