@@ -20,6 +20,7 @@ Where things are:
 * :mod:`.world`          init / destroy, rank, world size, ``new_group``
 * :mod:`.process_group`  ``ProcessGroup``: ranks, contexts, point-to-point calls
 * :mod:`.point_to_point` the module-level forms of those calls (``group=None`` is the world)
+* :mod:`.collectives`    broadcast, reduce, all_reduce, ...: every algorithm by name
 * :mod:`.transport`      how bytes move (``pipe``, ``shm``) and the progress engine
 * :mod:`.control`        abort flag and per-rank status in shared memory
 * :mod:`.desync`         the report printed when a wait times out
@@ -37,9 +38,11 @@ One thread per process talks to minidist.distributed (as with MPI's
 THREAD_FUNNELED): the progress engine has no locks.
 """
 
+from minidist.distributed.collectives import ALGORITHMS, all_reduce, broadcast, reduce
 from minidist.distributed.console import print0, progress0
 from minidist.distributed.errors import (
     AbortedError,
+    CollectiveMismatchError,
     CommTimeoutError,
     DistributedError,
     MessageMismatchError,
@@ -88,6 +91,7 @@ def world_group() -> ProcessGroup:
 
 
 __all__ = [
+    "ALGORITHMS", "CollectiveMismatchError", "all_reduce", "broadcast", "reduce",
     "ANY_SOURCE", "ANY_TAG", "AbortedError", "CommTimeoutError", "DEFAULT_TIMEOUT",
     "DistributedError", "MessageInfo", "MessageMismatchError", "NotInitializedError",
     "PeerGoneError", "ProcessGroup", "ReduceOp", "Work", "WorkerError", "barrier",

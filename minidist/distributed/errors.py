@@ -9,6 +9,8 @@ In a worker:
   or died;
 * :class:`MessageMismatchError` - the buffer given to a receive does not have the
   shape or dtype of the message that arrived (the message is left in place);
+* :class:`CollectiveMismatchError` - ranks of a group are in different collective
+  calls (another collective, dtype, count, root, op or algorithm);
 * :class:`AbortedError` - another rank failed and the run is being shut down.
 
 In the parent, :class:`WorkerError` names the rank that failed first and carries
@@ -50,6 +52,11 @@ class PeerGoneError(DistributedError):
 
 class MessageMismatchError(DistributedError, ValueError):
     """The receive buffer does not match the incoming message (shape or dtype)."""
+
+
+class CollectiveMismatchError(DistributedError, ValueError):
+    """Ranks of one group called different collectives, or the same one with
+    different arguments (dtype, element count, root, op, algorithm)."""
 
 
 class AbortedError(DistributedError):

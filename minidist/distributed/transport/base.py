@@ -48,6 +48,7 @@ from minidist import trace as _trace
 from minidist.distributed import control as ctl
 from minidist.distributed.errors import (
     AbortedError,
+    CollectiveMismatchError,
     CommTimeoutError,
     MessageMismatchError,
     PeerGoneError,
@@ -362,6 +363,10 @@ class Transport(abc.ABC):
         self._send_seq = [0] * world_size
         self._closed_sources: set[int] = set()
         self.describe_context = lambda context: ""
+        # Contexts whose messages must arrive in exactly the order they are
+        # received (the collectives'): context -> explain(expected_tag, got_tag),
+        # which returns why a message with another tag is a mismatch, or None.
+        self.strict_contexts: dict = {}
         self.closed = False
 
     # ---------------------------------------------------------------- subclass hooks
@@ -456,6 +461,14 @@ class Transport(abc.ABC):
             request = RecvRequest(self, src, tag, context, _REDUCE, reduce_into, ufunc, label)
         else:
             request = RecvRequest(self, src, tag, context, _NEW, None, None, label)
+        if self.strict_contexts and context in self.strict_contexts and src != ANY_SOURCE:
+            for entry in self._unexpected[src]:
+                if entry.header.context == context:
+                    if entry.header.tag != tag:
+                        self._strict_mismatch(request, src, entry.header)
+                        if request.done:
+                            return request
+                    break
         sources = self._sources if src == ANY_SOURCE else (src,)
         for source in sources:
             for entry in self._unexpected[source]:
@@ -490,6 +503,24 @@ class Transport(abc.ABC):
             index += 1
         return None
 
+    def _check_strict(self, source: int, header) -> None:
+        """A collective's message that no receive matches, while a receive from
+        the same rank in the same context waits for another tag: the two ranks
+        are in different collective calls. Fail that receive now rather than
+        let both wait until their timeout."""
+        for request in self._posted:
+            if request.src == source and request.context == header.context:
+                self._strict_mismatch(request, source, header)
+                if request.done:
+                    self._posted.remove(request)
+                return
+
+    def _strict_mismatch(self, request, source: int, header) -> None:
+        explain = self.strict_contexts[header.context]
+        why = explain(request.tag, header.tag, self.rank, source)
+        if why is not None:
+            request._fail(CollectiveMismatchError(f"rank {self.rank}: {why}"))
+
     def _wants_more_from(self, source: int) -> bool:
         for request in self._posted:
             if request.src == source or request.src == ANY_SOURCE:
@@ -518,6 +549,8 @@ class Transport(abc.ABC):
                     return moved
                 self._peeked[src] = header
             request = self._match_posted(src, header)
+            if request is None and header.context in self.strict_contexts:
+                self._check_strict(src, header)
             if request is not None:
                 inbound = Inbound(header, request.sink(header), request)
             elif drain or self._wants_more_from(src):

@@ -1,0 +1,222 @@
+"""The cost of a message, and of every collective algorithm built from messages.
+
+A message of n bytes takes ``t = alpha + n * beta``: a fixed latency alpha
+(seconds) and a time per byte beta (seconds per byte, 1 / bandwidth).
+Combining n bytes with a reduction takes ``n * gamma``. Every algorithm in
+:mod:`minidist.distributed.collectives` is a pattern of such messages, so its
+time is a formula in alpha, beta, gamma, the number of ranks n and the array
+size N (bytes); this module holds those formulas, fits alpha and beta from
+measurements, and predicts::
+
+    from minidist import costmodel
+    costmodel.predict("all_reduce", "ring", world_size=8, nbytes=64 << 20,
+                      params=costmodel.PARAMS["shm"])
+    costmodel.best("all_reduce", 8, 4096)          # -> "recursive_doubling"
+
+N is the size of each rank's array for broadcast, reduce and all_reduce; of
+the whole (gathered / scattered / exchanged) array for gather, scatter,
+all_gather, reduce_scatter (its input) and all_to_all (what one rank sends in
+total). p is the largest power of two not above n.
+
+The model assumes each rank can send one message and receive one message at
+a time (full duplex, one port), and that links do not slow each other down.
+On one machine all ranks share the memory bus, so the measured time of a
+bandwidth-bound collective is above the prediction once the copies of
+several ranks saturate it: the lesson measures by how much.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Params:
+    """alpha: seconds per message; beta: seconds per byte moved; gamma: seconds
+    per byte combined by a reduction."""
+
+    alpha: float
+    beta: float
+    gamma: float = 0.0
+
+    @property
+    def bandwidth(self) -> float:
+        """Bytes per second of one link (1 / beta)."""
+        return 1.0 / self.beta if self.beta else math.inf
+
+    def message(self, nbytes: float) -> float:
+        """Time of one message: alpha + nbytes * beta."""
+        return self.alpha + nbytes * self.beta
+
+
+#: Fitted on the 2-core development machine by ``benchmarks/bench_p2p.py``
+#: (ping-pong, see benchmarks/results/p2p.json); gamma from timing
+#: ``np.add(a, b, out=a)`` on 64 MiB float32 arrays (about 1.5e-10 s/B).
+#: Refit on your machine with :func:`fit` (lesson 2 shows how).
+PARAMS = {
+    "shm": Params(alpha=4.9e-6, beta=1.21e-10, gamma=1.5e-10),
+    "pipe": Params(alpha=3.1e-5, beta=3.83e-10, gamma=1.5e-10),
+    "mpi": Params(alpha=2.1e-6, beta=7.5e-11, gamma=1.5e-10),
+    # A cluster-like default for the simulator: 5 us latency, 10 GB/s links,
+    # combining at 10 GB/s.
+    "sim": Params(alpha=5e-6, beta=1e-10, gamma=1e-10),
+}
+
+
+def fit(sizes, seconds) -> Params:
+    """Least-squares fit of ``t = alpha + n * beta`` to measured one-way times.
+
+    Fitted on absolute errors, large messages dominate beta and small ones
+    alpha, which is what the predictions need. Negative results (noise on a
+    tiny alpha) are clipped to zero.
+    """
+    sizes = np.asarray(sizes, np.float64)
+    seconds = np.asarray(seconds, np.float64)
+    if sizes.shape != seconds.shape or sizes.size < 2:
+        raise ValueError("fit needs at least two (size, time) pairs of equal length, got "
+                         f"{sizes.size} sizes and {seconds.size} times")
+    design = np.stack([np.ones_like(sizes), sizes], axis=1)
+    # Weight by 1/t so that the latency of small messages is not drowned out.
+    weights = 1.0 / np.maximum(seconds, 1e-12)
+    (alpha, beta), *_ = np.linalg.lstsq(design * weights[:, None], seconds * weights, rcond=None)
+    return Params(alpha=max(float(alpha), 0.0), beta=max(float(beta), 0.0))
+
+
+def _log2(n: int) -> int:
+    """ceil(log2 n): rounds of a binomial tree."""
+    return max(n - 1, 0).bit_length()
+
+
+def _p(n: int) -> int:
+    return 1 << (n.bit_length() - 1)
+
+
+def _fold(n: int, N: float, P: Params) -> float:
+    """Extra cost of folding a non-power-of-two world into p ranks and back."""
+    return 0.0 if n == _p(n) else 2 * (P.alpha + N * P.beta) + N * P.gamma
+
+
+# Each formula: (n ranks, N bytes, Params) -> seconds. Keep in step with the
+# docstring of the algorithm it describes.
+FORMULAS = {
+    "broadcast": {
+        "linear": lambda n, N, P: (n - 1) * (P.alpha + N * P.beta),
+        "binomial": lambda n, N, P: _log2(n) * (P.alpha + N * P.beta),
+    },
+    "reduce": {
+        "linear": lambda n, N, P: (n - 1) * (P.alpha + N * P.beta + N * P.gamma),
+        "binomial": lambda n, N, P: _log2(n) * (P.alpha + N * P.beta + N * P.gamma),
+    },
+    "all_reduce": {
+        "coordinator": lambda n, N, P: 2 * (n - 1) * (P.alpha + N * P.beta)
+        + (n - 1) * N * P.gamma,
+        "reduce_broadcast": lambda n, N, P: 2 * _log2(n) * (P.alpha + N * P.beta)
+        + _log2(n) * N * P.gamma,
+        "recursive_doubling": lambda n, N, P: math.log2(_p(n)) * (P.alpha + N * P.beta
+                                                                   + N * P.gamma)
+        + _fold(n, N, P),
+        "rabenseifner": lambda n, N, P: 2 * math.log2(_p(n)) * P.alpha
+        + 2 * (_p(n) - 1) / _p(n) * N * P.beta + (_p(n) - 1) / _p(n) * N * P.gamma
+        + _fold(n, N, P),
+        "ring": lambda n, N, P: 2 * (n - 1) * P.alpha + 2 * (n - 1) / n * N * P.beta
+        + (n - 1) / n * N * P.gamma,
+    },
+}
+
+
+def formula(collective: str, algorithm: str):
+    """The cost function of one algorithm: ``f(n, N, params) -> seconds``."""
+    try:
+        algorithms = FORMULAS[collective]
+    except KeyError:
+        raise ValueError(f"no cost model for collective {collective!r}; known: "
+                         f"{sorted(FORMULAS)}") from None
+    try:
+        return algorithms[algorithm]
+    except KeyError:
+        raise ValueError(f"no cost model for {collective} algorithm {algorithm!r}; known: "
+                         f"{sorted(algorithms)}") from None
+
+
+def params_for(transport: str | None) -> Params:
+    return PARAMS.get(transport or "shm", PARAMS["shm"])
+
+
+def predict(collective: str, algorithm: str, world_size: int, nbytes: float,
+            params: Params | None = None, transport: str | None = None) -> float:
+    """Predicted seconds for one call (the alpha-beta-gamma formula)."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    if world_size == 1:
+        return 0.0
+    params = params or params_for(transport)
+    return float(formula(collective, algorithm)(world_size, float(nbytes), params))
+
+
+def predict_all(collective: str, world_size: int, nbytes: float,
+                params: Params | None = None, transport: str | None = None) -> dict:
+    """Predicted seconds of every modelled algorithm of ``collective``."""
+    return {name: predict(collective, name, world_size, nbytes, params, transport)
+            for name in FORMULAS.get(collective, {})}
+
+
+def best(collective: str, world_size: int, nbytes: float, *, transport: str | None = None,
+         params: Params | None = None, candidates=None) -> str:
+    """The algorithm the cost model predicts fastest (ties: the first listed)."""
+    algorithms = FORMULAS.get(collective, {})
+    names = [name for name in (candidates or algorithms) if name in algorithms]
+    if not names:
+        if candidates:
+            return tuple(candidates)[0]
+        raise ValueError(f"no cost model for collective {collective!r}")
+    params = params or params_for(transport)
+    return min(names, key=lambda name: formula(collective, name)(world_size, float(nbytes),
+                                                                  params))
+
+
+def parse_size(text) -> int:
+    """'100MB' -> 100_000_000, '64MiB' -> 67108864, '4k' -> 4000, 512 -> 512."""
+    if isinstance(text, (int, np.integer)):
+        return int(text)
+    units = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
+             "kib": 1024, "mib": 1024**2, "gib": 1024**3}
+    value, unit = _split_number(str(text))
+    if unit.lower() not in units:
+        raise ValueError(f"cannot read size {text!r}: use a number with B, KB, MB, GB, KiB, "
+                         "MiB or GiB")
+    return int(value * units[unit.lower()])
+
+
+def parse_time(text) -> float:
+    """'5us' -> 5e-6, '1.5ms' -> 1.5e-3, '2e-6' -> 2e-6 (seconds)."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    units = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+    value, unit = _split_number(str(text))
+    if unit.lower() not in units:
+        raise ValueError(f"cannot read time {text!r}: use a number with s, ms, us or ns")
+    return value * units[unit.lower()]
+
+
+def parse_bandwidth(text) -> float:
+    """'10GB/s' -> 1e10 bytes per second."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    text = str(text).strip()
+    if text.lower().endswith("/s"):
+        text = text[:-2]
+    return float(parse_size(text))
+
+
+def _split_number(text: str) -> tuple[float, str]:
+    text = text.strip().replace("_", "")
+    index = len(text)
+    while index and not (text[index - 1].isdigit() or text[index - 1] == "."):
+        index -= 1
+    try:
+        return float(text[:index]), text[index:].strip()
+    except ValueError:
+        raise ValueError(f"cannot read {text!r} as a number with a unit") from None

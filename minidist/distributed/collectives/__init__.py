@@ -1,0 +1,23 @@
+"""Collectives, each written by hand on point-to-point messages.
+
+One file per collective, each holding its public call (torch.distributed's
+name and in-place semantics) and its algorithms, every algorithm a generator
+on :class:`~.comm.Comm`'s ``isend`` / ``irecv`` / ``irecv_reduce`` with its
+alpha-beta-gamma cost in its docstring (and in :mod:`minidist.costmodel`):
+
+* :mod:`.broadcast`, :mod:`.reduce`, :mod:`.all_reduce`
+* :mod:`.comm`  what an algorithm sees; message fingerprints; the Work handle
+* :mod:`.call`  what every call shares: checks, algorithm choice, running
+* :mod:`.chunks` cutting a buffer into pieces
+
+``ALGORITHMS[collective]`` lists every algorithm by name; pass one as
+``algorithm=`` or leave "auto" for the cost model's choice.
+"""
+
+from minidist.distributed.collectives.all_reduce import all_reduce
+from minidist.distributed.collectives.broadcast import broadcast
+from minidist.distributed.collectives.call import ALGORITHMS
+from minidist.distributed.collectives.comm import Work
+from minidist.distributed.collectives.reduce import reduce
+
+__all__ = ["ALGORITHMS", "Work", "all_reduce", "broadcast", "reduce"]

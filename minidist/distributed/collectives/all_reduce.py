@@ -1,0 +1,230 @@
+"""all_reduce: every rank ends with the element-wise combination of all ranks' arrays.
+
+    dist.all_reduce(grad, op=dist.ReduceOp.SUM)              # in place, every rank
+    dist.all_reduce(grad, algorithm="ring")                   # choose the algorithm
+
+The algorithms of the course, cheapest in latency first. For n ranks and an
+N-byte array (alpha: latency of a message, beta: seconds per byte moved,
+gamma: seconds per byte combined; p: the largest power of two <= n):
+
+======================  ========================================================
+coordinator             2 (n - 1) (alpha + N beta) + (n - 1) N gamma
+reduce_broadcast        2 ceil(log2 n) (alpha + N beta) + ceil(log2 n) N gamma
+recursive_doubling      log2 p (alpha + N beta + N gamma)         (+2 steps if n != p)
+rabenseifner            2 log2 p alpha + 2 (p-1)/p N beta + (p-1)/p N gamma  (+2 steps if n != p)
+ring                    2 (n - 1) alpha + 2 (n-1)/n N beta + (n-1)/n N gamma
+======================  ========================================================
+
+Latency-bound small arrays want few steps (recursive doubling); large arrays
+want few bytes per rank (ring, Rabenseifner: each rank sends about 2N bytes
+whatever n is, which is why the ring's time stays flat as n grows).
+
+Identical bits: every algorithm here leaves the same bits on every rank. Each
+element is combined by exactly one rank (ring, Rabenseifner, coordinator,
+reduce + broadcast) and then copied, or, in recursive doubling, both partners
+compute ``a + b`` and ``b + a`` of identical partial results, which IEEE
+arithmetic makes equal.
+
+Worlds that are not a power of two (recursive doubling, Rabenseifner), as
+MPICH does it: of the first 2 (n - p) ranks, each even one hands its whole
+array to its odd neighbour and sits out; the remaining p ranks run the
+power-of-two algorithm; at the end each odd rank hands the result back.
+"""
+
+from __future__ import annotations
+
+from minidist.distributed.collectives import broadcast as _broadcast
+from minidist.distributed.collectives import call
+from minidist.distributed.collectives import reduce as _reduce
+from minidist.distributed.collectives.chunks import chunk_bounds, largest_power_of_two, split
+from minidist.distributed.reduce_op import ReduceOp
+
+
+def coordinator(comm, buffer):
+    """The slides' "coordinator": everyone sends to rank 0, rank 0 adds them up
+    one by one and sends the sum back to everyone. Rank 0's link carries
+    2 (n - 1) full arrays, so it is the bottleneck as n grows.
+    Cost: 2 (n - 1) (alpha + N beta) + (n - 1) N gamma."""
+    yield from _reduce.linear(comm, buffer, 0)
+    yield from _broadcast.linear(comm, buffer, 0)
+
+
+def reduce_broadcast(comm, buffer):
+    """all_reduce = reduce + broadcast: a binomial-tree reduce to rank 0, then a
+    binomial-tree broadcast of the result.
+    Cost: 2 ceil(log2 n) (alpha + N beta) + ceil(log2 n) N gamma."""
+    yield from _reduce.binomial(comm, buffer, 0)
+    yield from _broadcast.binomial(comm, buffer, 0)
+
+
+# --------------------------------------------------------------------------- power-of-two core
+
+
+def _fold_in(comm, buffer, p):
+    """Non-power-of-two worlds: of the first 2 (n - p) ranks, even ones send their
+    array to the odd neighbour and leave. Returns this rank's virtual rank in
+    the power-of-two core, or -1 for a rank that sat out."""
+    extra = comm.size - p
+    rank = comm.rank
+    if rank < 2 * extra:
+        if rank % 2 == 0:
+            yield [comm.isend(buffer, rank + 1, f"fold in to {rank + 1}")]
+            return -1
+        yield [comm.irecv_reduce(buffer, rank - 1, f"fold in from {rank - 1}")]
+        return rank // 2
+    return rank - extra
+
+
+def _fold_out(comm, buffer, p):
+    """The mirror of :func:`_fold_in`: odd ranks hand the result back."""
+    extra = comm.size - p
+    rank = comm.rank
+    if rank < 2 * extra:
+        if rank % 2 == 0:
+            yield [comm.irecv(buffer, rank + 1, f"fold out from {rank + 1}")]
+        else:
+            yield [comm.isend(buffer, rank - 1, f"fold out to {rank - 1}")]
+
+
+def _real_rank(virtual: int, extra: int) -> int:
+    """The rank of core member ``virtual`` (the odd ranks stand for their pairs)."""
+    return 2 * virtual + 1 if virtual < extra else virtual + extra
+
+
+def recursive_doubling(comm, buffer):
+    """Recursive doubling: in round k each rank swaps its whole partial result
+    with the rank whose number differs in bit k, and combines. After log2 p
+    rounds every rank has combined everything, with no rank in charge.
+    Cost: log2 p (alpha + N beta + N gamma), plus 2 (alpha + N beta) + N gamma
+    when n is not a power of two."""
+    n = comm.size
+    p = largest_power_of_two(n)
+    virtual = yield from _fold_in(comm, buffer, p)
+    if virtual >= 0:
+        incoming = buffer.copy()  # the partner's partial result, before it is combined
+        mask = 1
+        while mask < p:
+            partner = _real_rank(virtual ^ mask, n - p)
+            round_ = mask.bit_length() - 1
+            yield [comm.isend(buffer, partner, f"round {round_} to {partner}"),
+                   comm.irecv(incoming, partner, f"round {round_} from {partner}")]
+            comm.ufunc(buffer, incoming, out=buffer)
+            mask <<= 1
+    yield from _fold_out(comm, buffer, p)
+
+
+def rabenseifner(comm, buffer):
+    """Rabenseifner: a reduce-scatter by recursive halving, then an allgather by
+    recursive doubling.
+
+    Halving: the array is cut into p chunks. In round k a rank keeps half of
+    the chunks it is responsible for, sends the other half to its partner (the
+    rank differing in bit log2(p) - 1 - k) and combines the half it keeps
+    with the partner's. After log2 p rounds rank v owns the finished chunk v.
+    Doubling: the same partners in reverse order swap their finished parts,
+    doubling what each holds until everyone has the whole array.
+    Cost: 2 log2 p alpha + 2 (p-1)/p N beta + (p-1)/p N gamma
+    (plus the fold in and out when n is not a power of two).
+    """
+    n = comm.size
+    p = largest_power_of_two(n)
+    virtual = yield from _fold_in(comm, buffer, p)
+    if virtual >= 0:
+        bounds = chunk_bounds(buffer.size, p)
+        low, high = 0, p  # the chunks this rank is responsible for
+        mask = p >> 1
+        while mask:  # recursive halving: the reduce-scatter
+            partner = _real_rank(virtual ^ mask, n - p)
+            middle = (low + high) // 2
+            if virtual & mask:
+                keep, give = (middle, high), (low, middle)
+            else:
+                keep, give = (low, middle), (middle, high)
+            label = f"reduce-scatter step {p.bit_length() - 1 - mask.bit_length()}"
+            yield [comm.isend(buffer[bounds[give[0]]:bounds[give[1]]], partner,
+                              f"{label} chunks {give[0]}-{give[1] - 1}"),
+                   comm.irecv_reduce(buffer[bounds[keep[0]]:bounds[keep[1]]], partner,
+                                     f"{label} chunks {keep[0]}-{keep[1] - 1}")]
+            low, high = keep
+            mask >>= 1
+        mask = 1
+        while mask < p:  # recursive doubling: the allgather
+            partner = _real_rank(virtual ^ mask, n - p)
+            width = high - low
+            other = (low - width, low) if virtual & mask else (high, high + width)
+            label = f"allgather step {mask.bit_length() - 1}"
+            yield [comm.isend(buffer[bounds[low]:bounds[high]], partner,
+                              f"{label} chunks {low}-{high - 1}"),
+                   comm.irecv(buffer[bounds[other[0]]:bounds[other[1]]], partner,
+                              f"{label} chunks {other[0]}-{other[1] - 1}")]
+            low, high = min(low, other[0]), max(high, other[1])
+            mask <<= 1
+    yield from _fold_out(comm, buffer, p)
+
+
+def ring(comm, buffer):
+    """Ring allreduce: scatter-reduce for n - 1 steps, then allgather for n - 1 steps.
+
+    The array is cut into n chunks. In reduce-scatter step s, rank r sends
+    chunk (r - s) mod n to its right neighbour and combines chunk
+    (r - s - 1) mod n arriving from its left; each chunk travels the ring once,
+    picking up one more rank's contribution per hop, so after n - 1 steps rank
+    r holds the finished chunk (r + 1) mod n. The allgather passes the finished
+    chunks on around the ring for n - 1 more steps, copying instead of
+    combining. No rank is in charge and every link carries N/n bytes per step.
+
+    Pipelining: each chunk is streamed by the transport in slots, and the
+    receiver combines each slot as it lands while the next one is in flight,
+    so the copy and the add of one step overlap.
+
+    Cost: 2 (n - 1) alpha + 2 (n-1)/n N beta + (n-1)/n N gamma.
+    """
+    n, rank = comm.size, comm.rank
+    chunks = split(buffer, n)
+    right, left = (rank + 1) % n, (rank - 1) % n
+    for step in range(n - 1):
+        out, into = (rank - step) % n, (rank - step - 1) % n
+        yield [comm.isend(chunks[out], right, f"reduce-scatter step {step} chunk {out}"),
+               comm.irecv_reduce(chunks[into], left, f"reduce-scatter step {step} chunk {into}")]
+    for step in range(n - 1):
+        out, into = (rank + 1 - step) % n, (rank - step) % n
+        yield [comm.isend(chunks[out], right, f"allgather step {step} chunk {out}"),
+               comm.irecv(chunks[into], left, f"allgather step {step} chunk {into}")]
+
+
+ALGORITHMS = call.register("all_reduce", {
+    "coordinator": coordinator,
+    "reduce_broadcast": reduce_broadcast,
+    "recursive_doubling": recursive_doubling,
+    "rabenseifner": rabenseifner,
+    "ring": ring,
+})
+
+
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
+               algorithm: str = "auto"):
+    """Combine every rank's ``tensor`` with ``op`` and leave the result in
+    ``tensor`` on every rank (in place), with identical bits everywhere.
+
+    ``op``: a ReduceOp (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR), its
+    name, or a binary NumPy ufunc. ``algorithm``: one of :data:`ALGORITHMS`
+    or "auto". With ``async_op=True`` returns a Work: the algorithm advances
+    on its ``test()`` and finishes on ``wait()``.
+    """
+    group = call.group_of(group)
+    array = call.buffer_of(tensor, "all_reduce", group._global_rank)
+    op, ufunc, average = call.reduction(op, array.dtype, "all_reduce", group._global_rank)
+    flat, copied = call.flat_view(array)
+    if group.size == 1:
+        return call.nothing_to_do(async_op)
+    comm = call.start("all_reduce", group, algorithm, nbytes=flat.nbytes, op=op, ufunc=ufunc,
+                      dtype=flat.dtype, count=flat.size)
+
+    def finish():
+        if average:
+            call.finish_average(flat, group.size)
+        if copied:
+            array[...] = flat.reshape(array.shape)
+
+    return call.execute(comm, ALGORITHMS[comm.algorithm](comm, flat), async_op,
+                        finish if (average or copied) else None)

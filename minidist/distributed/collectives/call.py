@@ -1,0 +1,151 @@
+"""The part every collective call shares: check the arguments, choose the
+algorithm, tag the call, and run it blocking or as a :class:`~.comm.Work`.
+
+A public collective (``all_reduce``, ``broadcast``, ...) is three lines on top
+of this: turn its arguments into flat contiguous buffers, :func:`start` the
+call, and :func:`execute` the algorithm's generator.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minidist.distributed.collectives.comm import (
+    Comm,
+    Work,
+    _Fingerprints,
+    completed_work,
+    fingerprint,
+    run,
+)
+from minidist.distributed.process_group import _as_array
+from minidist.distributed.reduce_op import ReduceOp, ufunc_of
+from minidist.distributed.world import group_or_world
+
+#: Every collective's algorithms by name, filled in by the collective modules
+#: (the order is part of the message fingerprint: append, never reorder).
+ALGORITHMS: dict[str, dict] = {}
+
+
+def register(collective: str, algorithms: dict) -> dict:
+    ALGORITHMS[collective] = algorithms
+    return algorithms
+
+
+def group_of(group):
+    """The group (None: the world), checked to include this rank."""
+    group = group_or_world(group)
+    group._require_member("take part in a collective")
+    return group
+
+
+def buffer_of(tensor, collective: str, rank: int, *, writeable: bool = True) -> np.ndarray:
+    """The NumPy array behind ``tensor`` (an array or a minidist Tensor)."""
+    array = _as_array(tensor, collective, rank)
+    if writeable and not array.flags.writeable:
+        raise ValueError(f"rank {rank}: {collective} writes its result into the array you pass, "
+                         "but this one is read-only (a broadcast view, or np.frombuffer of "
+                         "bytes?). Pass a copy: array.copy().")
+    return array
+
+
+def flat_view(array: np.ndarray) -> tuple[np.ndarray, bool]:
+    """A flat C-contiguous array to run the algorithm on, and whether it is a
+    copy that must be written back (a strided input costs one copy each way)."""
+    if array.flags.c_contiguous:
+        return array.reshape(-1), False
+    return np.ascontiguousarray(array).reshape(-1), True
+
+
+def reduction(op, dtype: np.dtype, collective: str, rank: int):
+    """(ReduceOp or ufunc, ufunc, average?) for ``op``; AVG is SUM then one division."""
+    if isinstance(op, str):
+        try:
+            op = ReduceOp[op.upper()]
+        except KeyError:
+            raise ValueError(f"rank {rank}: unknown reduction {op!r} for {collective}; choose "
+                             f"one of {[o.name for o in ReduceOp]}") from None
+    if op is ReduceOp.AVG:
+        if dtype.kind not in "fc":
+            raise TypeError(f"rank {rank}: {collective} with ReduceOp.AVG needs a floating "
+                            f"point array, got {dtype}: an integer average would be rounded. "
+                            "Use ReduceOp.SUM and divide, or convert to float first.")
+        return ReduceOp.SUM, np.add, True
+    ufunc = ufunc_of(op)
+    if dtype == np.bool_ and op in (ReduceOp.PRODUCT,):
+        raise TypeError(f"rank {rank}: {collective} with {op!r} is not defined for bool arrays; "
+                        "use ReduceOp.MIN (logical and) or MAX (logical or).")
+    if op in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR) and dtype.kind not in "biu":
+        raise TypeError(f"rank {rank}: {collective} with {op!r} needs an integer or bool "
+                        f"array, got {dtype}.")
+    return op, ufunc, False
+
+
+def choose(collective: str, algorithm: str, group, nbytes: int) -> tuple[str, int]:
+    """The algorithm's name and index; "auto" asks the cost model."""
+    algorithms = ALGORITHMS[collective]
+    if algorithm == "auto":
+        from minidist import costmodel
+
+        algorithm = costmodel.best(collective, group.size, nbytes,
+                                   transport=getattr(group.transport, "name", None),
+                                   candidates=tuple(algorithms))
+    elif algorithm not in algorithms:
+        raise ValueError(f"rank {group._global_rank}: {collective} has no algorithm "
+                         f"{algorithm!r}; choose one of {list(algorithms)} or 'auto'.")
+    return algorithm, list(algorithms).index(algorithm)
+
+
+def _book(group) -> tuple:
+    """The collectives' context of ``group`` (made once per group object)."""
+    book = getattr(group, "_collectives", None)
+    if book is None:
+        context_group = group.with_context("collective")
+        fingerprints = _Fingerprints(ALGORITHMS)
+        group.transport.strict_contexts[context_group.context] = fingerprints.explain
+        book = group._collectives = (context_group, fingerprints)
+    return book
+
+
+def start(collective: str, group, algorithm: str, *, nbytes: int, op=None, ufunc=None,
+          dtype=None, count: int = 0, root: int = 0) -> Comm:
+    """A :class:`Comm` for one call: the algorithm chosen, the call tagged."""
+    name, index = choose(collective, algorithm, group, nbytes)
+    context_group, fingerprints = _book(group)
+    tag = fingerprint(collective, index, op, dtype, count, root, fingerprints.seq)
+    fingerprints.seq += 1
+    fingerprints.outstanding += 1
+    return Comm(context_group, tag, ufunc, f"{collective} {name}", name, fingerprints)
+
+
+def execute(comm: Comm, steps, async_op: bool, finish=None):
+    """Run ``steps`` (the algorithm's generator) now, or hand back a Work."""
+    fingerprints = comm.book
+    if async_op:
+        return Work(steps, finish, fingerprints)
+    try:
+        run(steps)
+    finally:
+        fingerprints.outstanding -= 1
+    if finish is not None:
+        return finish()
+    return None
+
+
+def nothing_to_do(async_op: bool, result=None):
+    """What a call returns when there is nothing to move (one rank, no data)."""
+    return completed_work(result) if async_op else result
+
+
+def check_root(root, group, collective: str, role: str = "src") -> int:
+    if isinstance(root, bool) or not isinstance(root, (int, np.integer)):
+        raise TypeError(f"rank {group._global_rank}: {collective} {role} must be an int "
+                        f"(a rank of the group), got {type(root).__name__}")
+    if not 0 <= root < group.size:
+        raise ValueError(f"rank {group._global_rank}: {collective} {role}={root} is out of "
+                         f"range; the group has ranks 0..{group.size - 1}.")
+    return int(root)
+
+
+def finish_average(flat: np.ndarray, size: int) -> None:
+    np.divide(flat, size, out=flat, casting="unsafe")

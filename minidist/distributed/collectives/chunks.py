@@ -1,0 +1,31 @@
+"""Cutting a flat buffer into the pieces an algorithm moves.
+
+``count`` elements into ``parts`` pieces as NumPy's ``array_split`` does: the
+first ``count % parts`` pieces get one element more. Pieces may be empty
+(fewer elements than ranks); every algorithm still sends them, so that both
+sides of every exchange agree without looking at the data.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def chunk_bounds(count: int, parts: int) -> list[int]:
+    """``parts + 1`` offsets: piece i is ``[bounds[i], bounds[i + 1])``."""
+    base, extra = divmod(count, parts)
+    bounds = [0]
+    for index in range(parts):
+        bounds.append(bounds[-1] + base + (1 if index < extra else 0))
+    return bounds
+
+
+def split(flat: np.ndarray, parts: int) -> list[np.ndarray]:
+    """Views of ``flat`` cut into ``parts`` pieces (writing to one writes to flat)."""
+    bounds = chunk_bounds(flat.size, parts)
+    return [flat[bounds[index]:bounds[index + 1]] for index in range(parts)]
+
+
+def largest_power_of_two(n: int) -> int:
+    """The largest power of two not above ``n`` (n >= 1)."""
+    return 1 << (n.bit_length() - 1)

@@ -1,0 +1,224 @@
+"""What a collective algorithm sees, and how a call to it runs.
+
+Every algorithm in this package is a **generator** written on three
+non-blocking point-to-point calls of a :class:`Comm`::
+
+    def ring(comm, buffer):
+        ...
+        for step in range(n - 1):
+            yield [comm.isend(chunk_out, right, "step 0"),
+                   comm.irecv_reduce(chunk_in, left, "step 0")]
+
+Each ``yield`` hands back the requests that must finish before the
+algorithm may go on: one *step* of the algorithm. Who waits for them is up to
+the driver, which is what lets the same code run
+
+* blocking (:func:`run`): wait for each step's requests, then resume;
+* as a non-blocking collective (``async_op=True``): the returned
+  :class:`Work` resumes the generator whenever the user calls ``test()`` or
+  ``wait()``, so computation can go on between steps (MPI without a
+  progress thread works the same way);
+* in the simulator, where thousands of ranks are generators in one process
+  and a virtual clock says when each step's messages arrive.
+
+Tags: the collective's fingerprint. All collectives of a group share one
+message context, and every message of one call carries the same tag, built
+from what the call is: which collective, which algorithm, the reduction,
+the dtype, a hash of the element count and root, and the call's number in
+the group. Two ranks that disagree about any of these exchange messages with
+different tags, which the transport notices at once
+(:class:`~minidist.distributed.errors.CollectiveMismatchError` naming both
+calls) instead of both waiting until a timeout. Within one call, messages
+between two ranks are told apart by their order, which every algorithm keeps
+the same on both sides.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+from minidist import trace as _trace
+from minidist.distributed.reduce_op import ReduceOp
+
+# --------------------------------------------------------------------------- fingerprints
+
+COLLECTIVES = ("broadcast", "reduce", "all_reduce", "gather", "scatter", "all_gather",
+               "reduce_scatter", "all_to_all", "barrier")
+_OPS = (None, ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.BAND,
+        ReduceOp.BOR, ReduceOp.BXOR)
+_DTYPES = tuple(np.dtype(name) for name in (
+    "bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+    "float16", "float32", "float64", "complex64", "complex128"))
+
+# 31 bits: seq (8) | shape hash (8) | dtype (4) | op (3) | algorithm (4) | collective (4)
+_SEQ_SHIFT, _HASH_SHIFT, _DTYPE_SHIFT, _OP_SHIFT, _ALGORITHM_SHIFT = 23, 15, 11, 8, 4
+
+
+def fingerprint(collective: str, algorithm_index: int, op, dtype, count: int, root: int,
+                seq: int) -> int:
+    """The tag every message of one collective call carries."""
+    op_code = _OPS.index(op) if op in _OPS else 0
+    dtype = np.dtype(dtype) if dtype is not None else None
+    dtype_code = _DTYPES.index(dtype) if dtype in _DTYPES else 15
+    shape_hash = zlib.crc32(f"{count},{root}".encode()) & 0xFF
+    return ((seq & 0xFF) << _SEQ_SHIFT | shape_hash << _HASH_SHIFT | dtype_code << _DTYPE_SHIFT
+            | op_code << _OP_SHIFT | (algorithm_index & 0xF) << _ALGORITHM_SHIFT
+            | COLLECTIVES.index(collective))
+
+
+def describe_fingerprint(tag: int, algorithms: dict) -> str:
+    """'all_reduce (ring, SUM, float32), call 3' from a tag."""
+    collective = COLLECTIVES[tag & 0xF] if (tag & 0xF) < len(COLLECTIVES) else "?"
+    names = list(algorithms.get(collective, {}))
+    index = (tag >> _ALGORITHM_SHIFT) & 0xF
+    algorithm = names[index] if index < len(names) else f"algorithm {index}"
+    op = _OPS[(tag >> _OP_SHIFT) & 0x7]
+    dtype_code = (tag >> _DTYPE_SHIFT) & 0xF
+    dtype = _DTYPES[dtype_code].name if dtype_code < len(_DTYPES) else "other dtype"
+    parts = [algorithm] + ([op.name] if op is not None else []) + [dtype]
+    return f"{collective} ({', '.join(parts)}), call {tag >> _SEQ_SHIFT}"
+
+
+class _Fingerprints:
+    """The per-(group, context) bookkeeping the transport's mismatch check asks."""
+
+    def __init__(self, algorithms: dict):
+        self.algorithms = algorithms
+        self.seq = 0           # calls started on this group
+        self.outstanding = 0   # calls started and not finished (several only with async_op)
+
+    def explain(self, expected: int, got: int, me: int, peer: int) -> str | None:
+        """Why rank ``me``, waiting for tag ``expected``, cannot take ``peer``'s
+        message tagged ``got``; None when that message is legitimately early."""
+        same_call = (expected >> _SEQ_SHIFT) == (got >> _SEQ_SHIFT)
+        if not same_call and self.outstanding > 1:
+            return None  # a message of another of this rank's unfinished calls
+        mine = describe_fingerprint(expected, self.algorithms)
+        theirs = describe_fingerprint(got, self.algorithms)
+        if mine == theirs:
+            theirs = ("the same collective with a different element count or root" if same_call
+                      else "a call with another number: the ranks have made different numbers "
+                      "of collective calls so far")
+        return (f"collective mismatch: rank {me} is in {mine}, but rank {peer} sent it a "
+                f"message of {theirs}. Every rank of a group must make the same collective "
+                "calls, in the same order, with the same count, dtype, root, op and algorithm.")
+
+
+# --------------------------------------------------------------------------- the comm
+
+
+class Comm:
+    """One rank's view of one collective call: its rank, the group size, and
+    non-blocking sends and receives that all carry the call's tag.
+
+    Ranks are group ranks. ``label`` says what the message is in the
+    algorithm's words ("reduce-scatter step 2 chunk 3"); it goes into the
+    trace (prefixed with the collective and algorithm) for the visualiser.
+    """
+
+    __slots__ = ("group", "rank", "size", "tag", "ufunc", "prefix", "tracing", "algorithm",
+                 "book")
+
+    def __init__(self, group, tag: int, ufunc, prefix: str, algorithm: str = "", book=None):
+        self.group = group
+        self.algorithm = algorithm
+        self.book = book
+        self.rank = group.rank
+        self.size = group.size
+        self.tag = tag
+        self.ufunc = ufunc
+        self.prefix = prefix
+        self.tracing = _trace.enabled()
+
+    def _label(self, label: str) -> str:
+        return f"{self.prefix}: {label}" if self.tracing else self.prefix
+
+    def isend(self, array: np.ndarray, to: int, label: str = ""):
+        """Start sending ``array`` to group rank ``to``; keep it unchanged until done."""
+        return self.group.isend(array, to, self.tag, label=self._label(label))
+
+    def irecv(self, array: np.ndarray, source: int, label: str = ""):
+        """Start receiving into ``array`` (same shape and dtype as the message)."""
+        return self.group.irecv(array, source, self.tag, label=self._label(label))
+
+    def irecv_reduce(self, array: np.ndarray, source: int, label: str = ""):
+        """Start receiving and combining into ``array`` with the call's reduction."""
+        return self.group.irecv_reduce(array, source, self.ufunc, self.tag,
+                                       label=self._label(label))
+
+
+# --------------------------------------------------------------------------- running
+
+
+def run(steps, timeout=None) -> None:
+    """Run an algorithm to the end, waiting for each step's requests."""
+    for requests in steps:
+        for request in requests:
+            if not request.done:
+                request.wait() if timeout is None else request.wait(timeout)
+            elif request.error is not None:
+                raise request.error
+
+
+class Work:
+    """The handle of a collective started with ``async_op=True`` (torch's Work).
+
+    Nothing runs in the background: each :meth:`test` moves the algorithm on
+    as far as it can without blocking, and :meth:`wait` runs it to the end.
+    Call ``test()`` now and then between pieces of computation to overlap
+    them with communication.
+    """
+
+    def __init__(self, steps, finish=None, book=None):
+        self._steps = steps
+        self._finish = finish
+        self._book = book
+        self._requests = ()
+        self._done = False
+        self.result = None
+
+    def _complete(self) -> None:
+        self._done = True
+        if self._book is not None:
+            self._book.outstanding -= 1
+        if self._finish is not None:
+            self.result = self._finish()
+
+    def test(self) -> bool:
+        """Advance without blocking; True once the collective has finished."""
+        while not self._done:
+            for request in self._requests:
+                if not request.test():
+                    return False
+            try:
+                self._requests = next(self._steps)
+            except StopIteration:
+                self._complete()
+        return True
+
+    is_completed = test
+
+    def wait(self, timeout=None) -> bool:
+        """Block until the collective has finished; returns True (as torch does)."""
+        while not self._done:
+            for request in self._requests:
+                request.wait() if timeout is None else request.wait(timeout)
+            try:
+                self._requests = next(self._steps)
+            except StopIteration:
+                self._complete()
+        return True
+
+
+class _Done(Work):
+    def __init__(self, result=None):
+        super().__init__(iter(()))
+        self._done = True
+        self.result = result
+
+
+def completed_work(result=None) -> Work:
+    """A Work that is already finished (a world of one, an empty buffer)."""
+    return _Done(result)
