@@ -8,6 +8,8 @@ call, and :func:`execute` the algorithm's generator.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from minidist.distributed.collectives.comm import (
@@ -57,8 +59,21 @@ def flat_view(array: np.ndarray) -> tuple[np.ndarray, bool]:
     return np.ascontiguousarray(array).reshape(-1), True
 
 
+_REDUCTIONS: dict = {}
+
+
 def reduction(op, dtype: np.dtype, collective: str, rank: int):
     """(ReduceOp or ufunc, ufunc, average?) for ``op``; AVG is SUM then one division."""
+    key = (op, dtype)
+    known = _REDUCTIONS.get(key)
+    if known is None:
+        known = _check_reduction(op, dtype, collective, rank)
+        if len(_REDUCTIONS) < 1024:
+            _REDUCTIONS[key] = known
+    return known
+
+
+def _check_reduction(op, dtype: np.dtype, collective: str, rank: int):
     if isinstance(op, str):
         try:
             op = ReduceOp[op.upper()]
@@ -85,15 +100,19 @@ def choose(collective: str, algorithm: str, group, nbytes: int) -> tuple[str, in
     """The algorithm's name and index; "auto" asks the cost model."""
     algorithms = ALGORITHMS[collective]
     if algorithm == "auto":
-        from minidist import costmodel
-
-        algorithm = costmodel.best(collective, group.size, nbytes,
-                                   transport=getattr(group.transport, "name", None),
-                                   candidates=tuple(algorithms))
+        algorithm = _auto(collective, group.size, nbytes,
+                          getattr(group.transport, "name", None), tuple(algorithms))
     elif algorithm not in algorithms:
         raise ValueError(f"rank {group._global_rank}: {collective} has no algorithm "
                          f"{algorithm!r}; choose one of {list(algorithms)} or 'auto'.")
     return algorithm, list(algorithms).index(algorithm)
+
+
+@functools.lru_cache(maxsize=1024)
+def _auto(collective: str, size: int, nbytes: int, transport, candidates) -> str:
+    from minidist import costmodel
+
+    return costmodel.best(collective, size, nbytes, transport=transport, candidates=candidates)
 
 
 def _book(group) -> tuple:
@@ -110,12 +129,22 @@ def _book(group) -> tuple:
 def start(collective: str, group, algorithm: str, *, nbytes: int, op=None, ufunc=None,
           dtype=None, count: int = 0, root: int = 0) -> Comm:
     """A :class:`Comm` for one call: the algorithm chosen, the call tagged."""
-    name, index = choose(collective, algorithm, group, nbytes)
     context_group, fingerprints = _book(group)
+    key = (collective, algorithm, nbytes, group.size, op, dtype, count, root)
+    plan = _PLANS.get(key)
+    if plan is None:
+        name, index = choose(collective, algorithm, group, nbytes)
+        plan = (name, index, f"{collective} {name}")
+        if len(_PLANS) < 4096:  # calls repeat the same few shapes; keep the cache bounded
+            _PLANS[key] = plan
+    name, index, prefix = plan
     tag = fingerprint(collective, index, op, dtype, count, root, fingerprints.seq)
     fingerprints.seq += 1
     fingerprints.outstanding += 1
-    return Comm(context_group, tag, ufunc, f"{collective} {name}", name, fingerprints)
+    return Comm(context_group, tag, ufunc, prefix, name, fingerprints)
+
+
+_PLANS: dict = {}
 
 
 def execute(comm: Comm, steps, async_op: bool, finish=None):
