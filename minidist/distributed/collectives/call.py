@@ -13,6 +13,7 @@ import functools
 import numpy as np
 
 from minidist.distributed.collectives.comm import (
+    SEQ_SHIFT,
     Comm,
     Work,
     _Fingerprints,
@@ -134,11 +135,12 @@ def start(collective: str, group, algorithm: str, *, nbytes: int, op=None, ufunc
     plan = _PLANS.get(key)
     if plan is None:
         name, index = choose(collective, algorithm, group, nbytes)
-        plan = (name, index, f"{collective} {name}")
+        plan = (name, fingerprint(collective, index, op, dtype, count, root, 0),
+                f"{collective} {name}")
         if len(_PLANS) < 4096:  # calls repeat the same few shapes; keep the cache bounded
             _PLANS[key] = plan
-    name, index, prefix = plan
-    tag = fingerprint(collective, index, op, dtype, count, root, fingerprints.seq)
+    name, base_tag, prefix = plan
+    tag = base_tag | (fingerprints.seq & 0xFF) << SEQ_SHIFT
     fingerprints.seq += 1
     fingerprints.outstanding += 1
     return Comm(context_group, tag, ufunc, prefix, name, fingerprints)

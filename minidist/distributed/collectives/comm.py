@@ -54,7 +54,7 @@ _DTYPES = tuple(np.dtype(name) for name in (
     "float16", "float32", "float64", "complex64", "complex128"))
 
 # 31 bits: seq (8) | shape hash (8) | dtype (4) | op (3) | algorithm (4) | collective (4)
-_SEQ_SHIFT, _HASH_SHIFT, _DTYPE_SHIFT, _OP_SHIFT, _ALGORITHM_SHIFT = 23, 15, 11, 8, 4
+SEQ_SHIFT, _HASH_SHIFT, _DTYPE_SHIFT, _OP_SHIFT, _ALGORITHM_SHIFT = 23, 15, 11, 8, 4
 
 
 def fingerprint(collective: str, algorithm_index: int, op, dtype, count: int, root: int,
@@ -66,7 +66,7 @@ def fingerprint(collective: str, algorithm_index: int, op, dtype, count: int, ro
         base = _base_tag(*key)
         if len(_BASES) < 4096:  # a bounded cache: calls repeat the same few shapes
             _BASES[key] = base
-    return (seq & 0xFF) << _SEQ_SHIFT | base
+    return (seq & 0xFF) << SEQ_SHIFT | base
 
 
 _BASES: dict = {}
@@ -92,7 +92,7 @@ def describe_fingerprint(tag: int, algorithms: dict) -> str:
     dtype_code = (tag >> _DTYPE_SHIFT) & 0xF
     dtype = _DTYPES[dtype_code].name if dtype_code < len(_DTYPES) else "other dtype"
     parts = [algorithm] + ([op.name] if op is not None else []) + [dtype]
-    return f"{collective} ({', '.join(parts)}), call {tag >> _SEQ_SHIFT}"
+    return f"{collective} ({', '.join(parts)}), call {tag >> SEQ_SHIFT}"
 
 
 class _Fingerprints:
@@ -106,7 +106,7 @@ class _Fingerprints:
     def explain(self, expected: int, got: int, me: int, peer: int) -> str | None:
         """Why rank ``me``, waiting for tag ``expected``, cannot take ``peer``'s
         message tagged ``got``; None when that message is legitimately early."""
-        same_call = (expected >> _SEQ_SHIFT) == (got >> _SEQ_SHIFT)
+        same_call = (expected >> SEQ_SHIFT) == (got >> SEQ_SHIFT)
         if not same_call and self.outstanding > 1:
             return None  # a message of another of this rank's unfinished calls
         mine = describe_fingerprint(expected, self.algorithms)
