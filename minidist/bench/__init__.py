@@ -75,7 +75,7 @@ def add_collectives_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="five sizes (4 KiB .. 64 MiB) and short timing: a smoke run")
     parser.add_argument("--iterations", type=int, default=None,
-                        help="timed calls per case (default: adaptive, about 0.2 s per case)")
+                        help="timed calls per case (default: adaptive, about 0.1 s per case)")
     parser.add_argument("--warmup", type=int, default=None,
                         help="untimed calls before timing (default: 1 to 5 by size)")
     parser.add_argument("--no-mpich", action="store_true", help="skip the MPICH (mpi4py) column")

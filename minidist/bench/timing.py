@@ -10,8 +10,9 @@ For one case (a collective, an algorithm, a size), on every rank::
 The reported time of the case is the largest mean over the ranks (the
 collective is finished when its slowest rank is). The number of calls is
 chosen so that each case takes about ``target_seconds``: many calls for tiny
-messages, where one call is microseconds and timer noise matters, few for
-hundreds of MiB. Only the library under test moves the data, so the same loop
+messages, where one call is microseconds and timer noise matters, few (at
+least two, or one when a call alone takes over half a second) for hundreds
+of MiB. Only the library under test moves the data, so the same loop
 serves minidist, MPICH and gloo: each passes its own call, barrier and
 "rank 0's number for everyone".
 """
@@ -31,9 +32,12 @@ class Timing:
     """How long to time each case. ``iterations`` / ``warmup`` fix the counts
     (the test uses 1); otherwise they adapt to the size."""
 
-    target_seconds: float = 0.2
+    target_seconds: float = 0.1
     min_iterations: int = 2
     max_iterations: int = 1000
+    #: A case whose minimum of calls would take longer gets one timed call
+    #: (256 MiB on 8 oversubscribed ranks: about a second a call).
+    max_case_seconds: float = 1.0
     iterations: int | None = None
     warmup: int | None = None
 
@@ -46,7 +50,9 @@ class Timing:
         if self.iterations is not None:
             return max(self.iterations, 1)
         wanted = math.ceil(self.target_seconds / max(seconds_per_call, 1e-7))
-        return max(self.min_iterations, min(self.max_iterations, wanted))
+        least = (self.min_iterations
+                 if seconds_per_call * self.min_iterations <= self.max_case_seconds else 1)
+        return max(least, min(self.max_iterations, wanted))
 
     def as_dict(self) -> dict:
         return asdict(self)
