@@ -108,10 +108,11 @@ def minidist_function(collective: str):
         module = importlib.import_module(f"minidist.distributed.collectives.{collective}")
     except ImportError:
         module = None
-    for name, build in CALLS.get(collective, ()):
-        function = getattr(module, name, None) or getattr(dist, name, None)
-        if callable(function):
-            return name, function, build
+    for namespace in (module, dist):
+        for name, build in CALLS.get(collective, ()):
+            function = getattr(namespace, name, None)
+            if callable(function):
+                return name, function, build
     return None
 
 
