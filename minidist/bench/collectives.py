@@ -99,7 +99,8 @@ CALLS = {
 
 
 def minidist_function(collective: str):
-    """(name, function) of the public call used for ``collective``, or None.
+    """(name, function, builder from :data:`CALLS`) of the public call used for
+    ``collective``, or None.
     The collective's own module is looked in first (``dist.barrier`` is the
     point-to-point barrier until a collective one is registered)."""
     import minidist.distributed as dist
