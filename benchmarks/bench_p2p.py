@@ -29,8 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,9 +40,10 @@ import numpy as np
 
 import minidist
 import minidist.distributed as dist
+from minidist.bench.common import KIB, MIB, find_mpiexec, machine
+from minidist.bench.common import human_size as human
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-KIB, MIB = 1 << 10, 1 << 20
 FULL_SIZES = [8] + [KIB * 4**k for k in range(10)]  # 8 B, 1 KiB ... 256 MiB
 QUICK_SIZES = [8, KIB, 16 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB]
 BYTES_PER_REPEAT = 256 * MIB
@@ -119,11 +118,6 @@ MPI_SCRIPT = textwrap.dedent("""
     if rank == 0:
         print(json.dumps({"best": best, "version": MPI.Get_library_version().splitlines()[0]}))
 """)
-
-
-def find_mpiexec():
-    candidate = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return candidate if os.path.exists(candidate) else shutil.which("mpiexec")
 
 
 def measure_mpich(sizes, repeats, quick):
@@ -203,32 +197,6 @@ def fit_alpha_beta(points: dict) -> tuple[float, float]:
     design = np.stack([np.ones_like(sizes), sizes], axis=1) * weights[:, None]
     (alpha, beta), *_ = np.linalg.lstsq(design, times * weights, rcond=None)
     return float(max(alpha, 0.0)), float(max(beta, 1e-15))
-
-
-def machine() -> dict:
-    model = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count()
-    return {"cpu": model, "cores": cores, "machine": platform.machine(),
-            "python": platform.python_version(), "numpy": np.__version__,
-            "system": platform.platform()}
-
-
-def human(size: int) -> str:
-    for unit, scale in (("MiB", MIB), ("KiB", KIB)):
-        if size >= scale:
-            return f"{size // scale} {unit}"
-    return f"{size} B"
 
 
 def print_table(sizes, results, memcpy, columns):

@@ -41,6 +41,15 @@ def _cmd_run(args) -> int:
     return run_command(args)
 
 
+def _cmd_bench(args) -> int:
+    if args.kind == "collectives":
+        from minidist.bench.collectives import run_from_args
+
+        return run_from_args(args)
+    args.bench_parser.print_help()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="minidist",
@@ -74,6 +83,24 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("script")
     run.add_argument("script_args", nargs=argparse.REMAINDER)
     run.set_defaults(handler=_cmd_run)
+
+    bench = sub.add_parser(
+        "bench",
+        help="measure minidist next to MPICH and gloo",
+        description="Benchmarks that print tables and write JSON results.",
+    )
+    bench_kinds = bench.add_subparsers(dest="kind", metavar="KIND")
+    collectives = bench_kinds.add_parser(
+        "collectives",
+        help="every collective algorithm, nccl-tests style, with MPICH, gloo and the cost model",
+        description="Time every collective algorithm per size and world size (time, algbw, "
+        "busbw), next to MPICH (mpi4py) and torch.distributed gloo when installed, and the "
+        "cost model's prediction.",
+    )
+    from minidist.bench import add_collectives_arguments
+
+    add_collectives_arguments(collectives)
+    bench.set_defaults(handler=_cmd_bench, bench_parser=bench)
 
     return parser
 

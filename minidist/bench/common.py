@@ -1,0 +1,65 @@
+"""What every benchmark shares: the machine it ran on, where MPICH's mpiexec
+is, how sizes are printed, and the environment of the processes it starts."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import sys
+
+import numpy as np
+
+KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
+
+
+def cores() -> int:
+    """The cores this process may run on (what the ranks share)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def machine() -> dict:
+    """CPU model, cores and library versions, for the record of a run."""
+    model = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"cpu": model, "cores": cores(), "machine": platform.machine(),
+            "python": platform.python_version(), "numpy": np.__version__,
+            "system": platform.platform()}
+
+
+def find_mpiexec() -> str | None:
+    """The mpiexec next to this Python (the ``mpich`` pip wheel puts it there),
+    else the first one on PATH."""
+    candidate = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return candidate if os.path.exists(candidate) else shutil.which("mpiexec")
+
+
+def human_size(size: int) -> str:
+    """4096 -> '4 KiB', 67108864 -> '64 MiB' (powers of two print exactly)."""
+    for unit, scale in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
+        if size >= scale:
+            value = size / scale
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{size} B"
+
+
+def child_env(**extra) -> dict:
+    """The environment for benchmark processes: one BLAS/OpenMP thread each
+    (the ranks already fill the cores), and this ``minidist`` importable even
+    when it was found through ``sys.path`` rather than installed."""
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.environ.get("PYTHONPATH", "")
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               PYTHONPATH=package_root + (os.pathsep + path if path else ""))
+    env.update(extra)
+    return env

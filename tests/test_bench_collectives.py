@@ -1,0 +1,226 @@
+"""``minidist bench collectives`` in its smallest form: the right rows, tables and
+JSON, with MPICH and gloo left out. Nothing here looks at how fast anything is."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from minidist import cli, costmodel
+from minidist.bench import native as native_side
+from minidist.bench import parse_sizes
+from minidist.bench.cases import ORDER, bus_factor, case_bytes, layout
+from minidist.bench.collectives import (
+    CALLS,
+    Options,
+    goals,
+    minidist_algorithms,
+    plan,
+    print_report,
+    run,
+)
+from minidist.bench.timing import Timing
+from minidist.distributed.collectives.call import ALGORITHMS
+
+ROOT = Path(__file__).resolve().parent.parent
+MEASURED = ("broadcast", "reduce", "all_reduce")
+SIZES = (4096, 16384)
+
+
+def test_every_registered_collective_has_a_way_to_be_called():
+    for collective in ALGORITHMS:
+        assert collective in CALLS, f"add {collective} to minidist.bench.collectives.CALLS"
+    assert set(MEASURED) <= set(minidist_algorithms())
+
+
+def test_sizes_layouts_and_bus_factors():
+    assert parse_sizes("4KiB-256MiB") == [4096 << (2 * k) for k in range(9)]
+    assert parse_sizes("4KiB-64KiB", factor=2) == [4096, 8192, 16384, 32768, 65536]
+    assert parse_sizes("1MiB,4KiB") == [4096, 1 << 20]
+    with pytest.raises(ValueError):
+        parse_sizes("64KiB-4KiB")
+    assert layout("all_reduce", 4, 4096) == (1024, 1024)
+    assert layout("all_gather", 4, 4096) == (256, 1024)
+    assert case_bytes("gather", 3, 4096) == 4092  # rounded to a multiple of the world
+    assert bus_factor("all_reduce", 4) == 1.5
+    assert bus_factor("all_to_all", 4) == 0.75
+    assert bus_factor("broadcast", 8) == 1.0
+    assert bus_factor("barrier", 8) is None
+
+
+def test_unknown_names_are_clear_errors():
+    with pytest.raises(ValueError, match="unknown collective"):
+        plan(Options(collectives=["allreduce"]))
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        plan(Options(collectives=["all_reduce"], algorithms=["rign"]))
+
+
+@pytest.mark.timeout(120)
+def test_command_prints_a_table_per_collective_and_writes_every_row(tmp_path, capsys):
+    output = tmp_path / "collectives.json"
+    code = cli.main(["bench", "collectives", "--collectives", ",".join(MEASURED),
+                     "--sizes", "4KiB,16KiB", "--world-sizes", "2", "--iterations", "1",
+                     "--warmup", "1", "--no-mpich", "--no-gloo", "--json", str(output)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    report = json.loads(output.read_text())
+
+    expected = {(collective, algorithm, size) for collective in MEASURED
+                for algorithm in ALGORITHMS[collective] for size in SIZES}
+    rows = report["rows"]
+    assert {(row["collective"], row["algorithm"], row["size"]) for row in rows} == expected
+    assert len(rows) == len(expected)
+    for row in rows:
+        assert row["world_size"] == 2 and row["transport"] == "shm"
+        assert row["bytes"] == row["size"] and row["iterations"] == 1
+        assert row["seconds"] > 0
+        assert row["busbw_GBps"] == pytest.approx(
+            row["algbw_GBps"] * bus_factor(row["collective"], 2))
+        assert row["predicted_seconds"] == pytest.approx(costmodel.predict(
+            row["collective"], row["algorithm"], 2, row["bytes"], params=costmodel.PARAMS["shm"]))
+        assert row["mpich_seconds"] is None and row["gloo_seconds"] is None
+    assert report["machine"]["cores"] >= 1
+    assert report["mpich"]["notes"] == {"all": "skipped (--no-mpich)"}
+    assert [goal["met"] for goal in report["goals"]] == [None, None, None]
+
+    for collective in MEASURED:
+        assert f"{collective}, 2 ranks, shm" in printed
+    for algorithm in {a for c in MEASURED for a in ALGORITHMS[c]}:
+        assert algorithm in printed
+    assert "MPICH: skipped (--no-mpich)" in printed
+    assert "goals" in printed
+
+
+@pytest.mark.timeout(120)
+def test_a_missing_reference_library_is_a_note_not_a_failure(monkeypatch):
+    monkeypatch.setattr(native_side, "missing", lambda kind: f"{kind} is not installed here")
+    console = Console(record=True, width=200, color_system=None)
+    options = Options(collectives=["all_reduce"], algorithms=["ring"], sizes=[4096],
+                      world_sizes=[2], timing=Timing(iterations=1, warmup=1))
+    report = run(options, console)
+    print_report(report, console)
+    text = console.export_text()
+    assert [(row["algorithm"], row["size"]) for row in report["rows"]] == [("ring", 4096)]
+    assert report["mpich"] == {"seconds": {}, "notes": {"all": "mpich is not installed here"}}
+    assert "MPICH: mpich is not installed here" in text
+    assert "gloo: gloo is not installed here" in text
+    assert "/MPICH" not in text  # no empty columns for what was not measured
+
+
+def test_goals_read_the_rows():
+    def row(algorithm, world_size, size, seconds, mpich, predicted):
+        return {"transport": "shm", "collective": "all_reduce", "algorithm": algorithm,
+                "world_size": world_size, "size": size, "bytes": size, "seconds": seconds,
+                "mpich_seconds": mpich, "over_mpich": seconds / mpich,
+                "measured_over_predicted": seconds / predicted, "oversubscribed": False}
+
+    mib = 1 << 20
+    report = {"rows": [row("ring", 2, 64 * mib, 4e-3, 10e-3, 4.2e-3),
+                       row("coordinator", 2, 64 * mib, 9e-3, 10e-3, 9e-3),
+                       row("ring", 4, 64 * mib, 4.5e-3, 10e-3, 3e-3),
+                       row("recursive_doubling", 2, 4096, 20e-6, 10e-6, 20e-6)]}
+    first, second, third = goals(report)
+    assert first["met"] is True
+    assert first["values"]["2"]["algorithm"] == "ring"
+    assert first["values"]["4"]["ratio"] == pytest.approx(0.45)
+    assert second["met"] is True and second["values"]["2"]["ratio"] == pytest.approx(2.0)
+    assert third["met"] is False  # n=4 ring is 1.5 x its prediction
+    assert third["values"]["all_reduce shm n=4"]["worst"] == pytest.approx(1.5)
+
+
+def test_the_script_is_a_thin_door_to_the_same_engine():
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_collectives.py"),
+                           "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "--world-sizes" in done.stdout and "--no-gloo" in done.stdout
+
+
+def test_collective_order_covers_the_fingerprint_list():
+    from minidist.distributed.collectives.comm import COLLECTIVES
+
+    assert set(COLLECTIVES) == set(ORDER)
+
+
+def _fake_collectives_module(form):
+    """Stand-ins for the collectives still being written, with torch.distributed's
+    signatures (``form``: the single-array calls such as all_gather_into_tensor, or
+    only the list forms); each checks the buffers it is handed and moves nothing."""
+    import types
+
+    import minidist.distributed as dist
+
+    def check(condition, what):
+        if not condition:
+            raise AssertionError(f"rank {dist.get_rank()}: {what}")
+
+    def gather(tensor, gather_list=None, dst=0, group=None, async_op=False, algorithm="auto"):
+        n = dist.get_world_size()
+        if dist.get_rank() == dst:
+            check(len(gather_list) == n and all(p.shape == tensor.shape for p in gather_list),
+                  "gather_list must hold one piece per rank")
+        else:
+            check(gather_list is None, "only the root passes gather_list")
+
+    def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False, algorithm="auto"):
+        gather(tensor, scatter_list, src, algorithm=algorithm)
+
+    def all_gather_into_tensor(output, input, group=None, async_op=False, algorithm="auto"):
+        check(output.size == input.size * dist.get_world_size(), "output is n inputs")
+
+    def reduce_scatter_tensor(output, input, op=None, group=None, async_op=False,
+                              algorithm="auto"):
+        check(input.size == output.size * dist.get_world_size(), "input is n outputs")
+
+    def all_to_all_single(output, input, group=None, async_op=False, algorithm="auto"):
+        check(output.shape == input.shape and input.size % dist.get_world_size() == 0,
+              "equal buffers, one piece per rank")
+
+    def all_gather(tensor_list, tensor, group=None, async_op=False, algorithm="auto"):
+        check(len(tensor_list) == dist.get_world_size()
+              and all(p.shape == tensor.shape for p in tensor_list), "one piece per rank")
+
+    def reduce_scatter(output, input_list, op=None, group=None, async_op=False,
+                       algorithm="auto"):
+        all_gather(input_list, output)
+
+    def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False,
+                   algorithm="auto"):
+        all_gather(output_tensor_list, input_tensor_list[0])
+        all_gather(input_tensor_list, output_tensor_list[0])
+
+    def barrier(group=None, async_op=False, algorithm="auto"):
+        check(algorithm == "fake", "the algorithm is passed on")
+
+    module = types.ModuleType("fake_collectives")
+    functions = ((all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single)
+                 if form == "tensor" else (all_gather, reduce_scatter, all_to_all))
+    for function in (gather, scatter, barrier) + functions:
+        setattr(module, function.__name__, function)
+    return module
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("form", ["tensor", "list"])
+def test_collectives_that_land_later_are_measured_without_changes(monkeypatch, form):
+    module = _fake_collectives_module(form)
+    later = ("gather", "scatter", "all_gather", "reduce_scatter", "all_to_all", "barrier")
+    for collective in later:
+        monkeypatch.setitem(ALGORITHMS, collective, {"fake": None})
+        monkeypatch.setitem(sys.modules, f"minidist.distributed.collectives.{collective}", module)
+    report = run(Options(collectives=list(later), sizes=[4096, 65536], world_sizes=[2, 4],
+                         timing=Timing(iterations=1, warmup=1), mpich=False, gloo=False),
+                 Console(record=True, width=200, color_system=None))
+    measured = {(row["collective"], row["world_size"], row["size"]) for row in report["rows"]}
+    assert measured == ({(c, n, s) for c in later if c != "barrier" for n in (2, 4)
+                         for s in (4096, 65536)} | {("barrier", n, 0) for n in (2, 4)})
+    for row in report["rows"]:
+        assert row["algorithm"] == "fake"
+        if row["collective"] == "barrier":
+            assert row["algbw_GBps"] is None
+        else:
+            assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * 0.5
+                                                      if row["world_size"] == 2
+                                                      else row["algbw_GBps"] * 0.75)
