@@ -41,6 +41,7 @@ import numpy as np
 
 from minidist import trace as _trace
 from minidist.distributed.reduce_op import ReduceOp
+from minidist.distributed.transport.base import _DEFAULT
 
 # --------------------------------------------------------------------------- fingerprints
 
@@ -152,12 +153,13 @@ class Comm:
 # --------------------------------------------------------------------------- running
 
 
-def run(steps, timeout=None) -> None:
-    """Run an algorithm to the end, waiting for each step's requests."""
+def run(steps, timeout=_DEFAULT) -> None:
+    """Run an algorithm to the end, waiting for each step's requests (each wait
+    at most ``timeout`` seconds: default the run's timeout, None no limit)."""
     for requests in steps:
         for request in requests:
             if not request.done:
-                request.wait() if timeout is None else request.wait(timeout)
+                request.wait(timeout)
             elif request.error is not None:
                 raise request.error
 
