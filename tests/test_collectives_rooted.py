@@ -373,3 +373,21 @@ def test_barrier_timeout_is_honoured():
         minidist.launch(_barrier_with_a_missing_rank, world_size=2, transport="shm",
                         timeout=30)
     assert caught.value.rank == 0 and "timed out after 0.5 s" in str(caught.value)
+
+
+def _scatter_meets_gather():
+    x = np.ones(6, np.float32)
+    if dist.get_rank() == 1:  # waits for pieces, and receives rank 0's scatter message
+        dist.gather(x, [x.copy() for _ in range(2)], dst=1, algorithm="linear")
+    else:
+        dist.scatter(x, [x, x], src=0, algorithm="linear")
+
+
+@pytest.mark.timeout(60)
+def test_mismatched_rooted_calls_fail_at_once_naming_both():
+    with pytest.raises(dist.WorkerError) as caught:
+        minidist.launch(_scatter_meets_gather, world_size=2, transport="shm", timeout=60)
+    text = str(caught.value)
+    assert "CollectiveMismatchError" in text and "timed out" not in text
+    assert ("rank 1 is in gather (linear, float32), call 0, but rank 0 sent it a message of "
+            "scatter (linear, float32), call 0") in text

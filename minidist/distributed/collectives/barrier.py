@@ -77,5 +77,5 @@ def barrier(group=None, async_op: bool = False, algorithm: str = "auto", *, time
     group = call.group_of(group)
     if group.size == 1:
         return call.nothing_to_do(async_op)
-    comm = call.start("barrier", group, algorithm, nbytes=0)
+    comm = call.start("barrier", group, algorithm, nbytes=0, dtype=np.uint8)
     return call.execute(comm, ALGORITHMS[comm.algorithm](comm), async_op, timeout=timeout)
