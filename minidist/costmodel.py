@@ -127,6 +127,137 @@ FORMULAS = {
 }
 
 
+# --------------------------------------------------------------------------- rooted, barrier
+
+
+def _chain_segments(N: float) -> int:
+    from minidist.distributed.collectives.broadcast import chain_segments
+
+    return chain_segments(int(N))
+
+
+FORMULAS["broadcast"].update({
+    "scatter_allgather": lambda n, N, P: _log2(n) * P.alpha + (n - 1) / n * N * P.beta
+    + (n - 1) * (P.alpha + N / n * P.beta),
+    "chain": lambda n, N, P: (n - 2 + _chain_segments(N))
+    * (P.alpha + N / _chain_segments(N) * P.beta),
+})
+# Root 0, which sits out of the fold (and is handed its chunk) whenever n != p.
+FORMULAS["reduce"]["rabenseifner"] = lambda n, N, P: (
+    2 * math.log2(_p(n)) * P.alpha + 2 * (_p(n) - 1) / _p(n) * N * P.beta
+    + (_p(n) - 1) / _p(n) * N * P.gamma
+    + (0.0 if n == _p(n) else P.alpha + N * P.beta + N * P.gamma + P.alpha + N / _p(n) * P.beta))
+FORMULAS["scatter"] = {
+    "linear": lambda n, N, P: (n - 1) * (P.alpha + N / n * P.beta),
+    "binomial": lambda n, N, P: _log2(n) * P.alpha + (n - 1) / n * N * P.beta,
+}
+FORMULAS["gather"] = dict(FORMULAS["scatter"])
+FORMULAS["barrier"] = {
+    "dissemination": lambda n, N, P: _log2(n) * P.alpha,
+    "tree": lambda n, N, P: 2 * _log2(n) * P.alpha,
+}
+
+
+# --------------------------------------------------------------------------- traffic
+#
+# TRAFFIC[collective][algorithm](n, count, itemsize, root=0) -> (messages, bytes):
+# how many messages the algorithm sends, summed over all ranks, and how many
+# payload bytes they carry, exactly as the code sends them (empty chunks
+# included: they are still sent). ``count`` is the element count of the array
+# each rank passes (one rank's piece for scatter and gather). A world of one
+# sends nothing. The test suite compares these with traced runs.
+
+
+def _chunk_bytes(count: int, parts: int, itemsize: int) -> list[int]:
+    from minidist.distributed.collectives.chunks import chunk_bounds
+
+    bounds = chunk_bounds(count, parts)
+    return [(bounds[index + 1] - bounds[index]) * itemsize for index in range(parts)]
+
+
+def _subtree(virtual: int, n: int) -> int:
+    return n if virtual == 0 else min(virtual & -virtual, n - virtual)
+
+
+def _scatter_allgather_traffic(n, count, itemsize, root=0):
+    chunks = _chunk_bytes(count, n, itemsize)
+    scatter = sum(sum(chunks[v:v + _subtree(v, n)]) for v in range(1, n))
+    return (n - 1) + n * (n - 1), scatter + (n - 1) * count * itemsize
+
+
+def _chain_traffic(n, count, itemsize, root=0):
+    return (n - 1) * _chain_segments(count * itemsize), (n - 1) * count * itemsize
+
+
+def _whole_arrays(messages_per_n):
+    """Traffic of an algorithm whose every message is the whole array."""
+    return lambda n, count, itemsize, root=0: (messages_per_n(n),
+                                               messages_per_n(n) * count * itemsize)
+
+
+def _reduce_rabenseifner_traffic(n, count, itemsize, root=0):
+    p = _p(n)
+    extra, rounds = n - p, p.bit_length() - 1
+    total = count * itemsize
+    root_sat_out = root < 2 * extra and root % 2 == 0
+    core_root = root // 2 if root < 2 * extra else root - extra
+    chunks = _chunk_bytes(count, p, itemsize)
+    # In the gather, chunk c travels once for every bit in which c and the
+    # root's chunk differ (each level's sender passes on all it has gathered).
+    gathered = sum(bin(chunk ^ core_root).count("1") * nbytes
+                   for chunk, nbytes in enumerate(chunks))
+    # fold in; halving ((p-1) N in all); the root's chunk if it sat out; gather
+    messages = extra + p * rounds + root_sat_out + (p - 1)
+    payload = extra * total + (p - 1) * total + root_sat_out * chunks[core_root] + gathered
+    return messages, payload
+
+
+def _all_reduce_rabenseifner_traffic(n, count, itemsize, root=0):
+    p = _p(n)
+    extra, rounds = n - p, p.bit_length() - 1
+    return 2 * extra + 2 * p * rounds, (2 * extra + 2 * (p - 1)) * count * itemsize
+
+
+def _binomial_pieces_traffic(n, count, itemsize, root=0):
+    return n - 1, sum(_subtree(v, n) for v in range(1, n)) * count * itemsize
+
+
+TRAFFIC = {
+    "broadcast": {
+        "linear": _whole_arrays(lambda n: n - 1),
+        "binomial": _whole_arrays(lambda n: n - 1),
+        "scatter_allgather": _scatter_allgather_traffic,
+        "chain": _chain_traffic,
+    },
+    "reduce": {
+        "linear": _whole_arrays(lambda n: n - 1),
+        "binomial": _whole_arrays(lambda n: n - 1),
+        "rabenseifner": _reduce_rabenseifner_traffic,
+    },
+    "all_reduce": {
+        "coordinator": _whole_arrays(lambda n: 2 * (n - 1)),
+        "reduce_broadcast": _whole_arrays(lambda n: 2 * (n - 1)),
+        "recursive_doubling": _whole_arrays(
+            lambda n: 2 * (n - _p(n)) + _p(n) * (_p(n).bit_length() - 1)),
+        "rabenseifner": _all_reduce_rabenseifner_traffic,
+        "ring": lambda n, count, itemsize, root=0: (2 * n * (n - 1),
+                                                    2 * (n - 1) * count * itemsize),
+    },
+    "scatter": {
+        "linear": _whole_arrays(lambda n: n - 1),
+        "binomial": _binomial_pieces_traffic,
+    },
+    "gather": {
+        "linear": _whole_arrays(lambda n: n - 1),
+        "binomial": _binomial_pieces_traffic,
+    },
+    "barrier": {
+        "dissemination": lambda n, count=0, itemsize=0, root=0: (n * _log2(n), 0),
+        "tree": lambda n, count=0, itemsize=0, root=0: (2 * (n - 1), 0),
+    },
+}
+
+
 def formula(collective: str, algorithm: str):
     """The cost function of one algorithm: ``f(n, N, params) -> seconds``."""
     try:

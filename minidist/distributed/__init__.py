@@ -38,7 +38,15 @@ One thread per process talks to minidist.distributed (as with MPI's
 THREAD_FUNNELED): the progress engine has no locks.
 """
 
-from minidist.distributed.collectives import ALGORITHMS, all_reduce, broadcast, reduce
+from minidist.distributed.collectives import (
+    ALGORITHMS,
+    all_reduce,
+    barrier,
+    broadcast,
+    gather,
+    reduce,
+    scatter,
+)
 from minidist.distributed.console import print0, progress0
 from minidist.distributed.errors import (
     AbortedError,
@@ -51,7 +59,6 @@ from minidist.distributed.errors import (
     WorkerError,
 )
 from minidist.distributed.point_to_point import (
-    barrier,
     iprobe,
     irecv,
     irecv_array,
@@ -101,3 +108,4 @@ __all__ = [
     "progress0", "recv", "recv_array", "recv_object", "recv_reduce", "send", "send_object",
     "wait_all",
 ]
+__all__ += ["gather", "scatter"]

@@ -6,18 +6,25 @@ on :class:`~.comm.Comm`'s ``isend`` / ``irecv`` / ``irecv_reduce`` with its
 alpha-beta-gamma cost in its docstring (and in :mod:`minidist.costmodel`):
 
 * :mod:`.broadcast`, :mod:`.reduce`, :mod:`.all_reduce`
+* :mod:`.scatter`, :mod:`.gather`, :mod:`.barrier`
 * :mod:`.comm`  what an algorithm sees; message fingerprints; the Work handle
 * :mod:`.call`  what every call shares: checks, algorithm choice, running
 * :mod:`.chunks` cutting a buffer into pieces
+* :mod:`.trees` binomial trees for any n; :mod:`.halving` recursive halving and the
+  fold of a non-power-of-two world
 
 ``ALGORITHMS[collective]`` lists every algorithm by name; pass one as
 ``algorithm=`` or leave "auto" for the cost model's choice.
 """
 
 from minidist.distributed.collectives.all_reduce import all_reduce
+from minidist.distributed.collectives.barrier import barrier
 from minidist.distributed.collectives.broadcast import broadcast
 from minidist.distributed.collectives.call import ALGORITHMS
 from minidist.distributed.collectives.comm import Work
+from minidist.distributed.collectives.gather import gather
 from minidist.distributed.collectives.reduce import reduce
+from minidist.distributed.collectives.scatter import scatter
 
 __all__ = ["ALGORITHMS", "Work", "all_reduce", "broadcast", "reduce"]
+__all__ += ["barrier", "gather", "scatter"]

@@ -36,7 +36,11 @@ from __future__ import annotations
 from minidist.distributed.collectives import broadcast as _broadcast
 from minidist.distributed.collectives import call
 from minidist.distributed.collectives import reduce as _reduce
-from minidist.distributed.collectives.chunks import chunk_bounds, largest_power_of_two, split
+from minidist.distributed.collectives.chunks import largest_power_of_two, split
+from minidist.distributed.collectives.halving import fold_in as _fold_in
+from minidist.distributed.collectives.halving import fold_out as _fold_out
+from minidist.distributed.collectives.halving import real_rank as _real_rank
+from minidist.distributed.collectives.halving import reduce_scatter_by_halving
 from minidist.distributed.reduce_op import ReduceOp
 
 
@@ -55,40 +59,6 @@ def reduce_broadcast(comm, buffer):
     Cost: 2 ceil(log2 n) (alpha + N beta) + ceil(log2 n) N gamma."""
     yield from _reduce.binomial(comm, buffer, 0)
     yield from _broadcast.binomial(comm, buffer, 0)
-
-
-# --------------------------------------------------------------------------- power-of-two core
-
-
-def _fold_in(comm, buffer, p):
-    """Non-power-of-two worlds: of the first 2 (n - p) ranks, even ones send their
-    array to the odd neighbour and leave. Returns this rank's virtual rank in
-    the power-of-two core, or -1 for a rank that sat out."""
-    extra = comm.size - p
-    rank = comm.rank
-    if rank < 2 * extra:
-        if rank % 2 == 0:
-            yield [comm.isend(buffer, rank + 1, f"fold in to {rank + 1}")]
-            return -1
-        yield [comm.irecv_reduce(buffer, rank - 1, f"fold in from {rank - 1}")]
-        return rank // 2
-    return rank - extra
-
-
-def _fold_out(comm, buffer, p):
-    """The mirror of :func:`_fold_in`: odd ranks hand the result back."""
-    extra = comm.size - p
-    rank = comm.rank
-    if rank < 2 * extra:
-        if rank % 2 == 0:
-            yield [comm.irecv(buffer, rank + 1, f"fold out from {rank + 1}")]
-        else:
-            yield [comm.isend(buffer, rank - 1, f"fold out to {rank - 1}")]
-
-
-def _real_rank(virtual: int, extra: int) -> int:
-    """The rank of core member ``virtual`` (the odd ranks stand for their pairs)."""
-    return 2 * virtual + 1 if virtual < extra else virtual + extra
 
 
 def recursive_doubling(comm, buffer):
@@ -130,23 +100,8 @@ def rabenseifner(comm, buffer):
     p = largest_power_of_two(n)
     virtual = yield from _fold_in(comm, buffer, p)
     if virtual >= 0:
-        bounds = chunk_bounds(buffer.size, p)
-        low, high = 0, p  # the chunks this rank is responsible for
-        mask = p >> 1
-        while mask:  # recursive halving: the reduce-scatter
-            partner = _real_rank(virtual ^ mask, n - p)
-            middle = (low + high) // 2
-            if virtual & mask:
-                keep, give = (middle, high), (low, middle)
-            else:
-                keep, give = (low, middle), (middle, high)
-            label = f"reduce-scatter step {p.bit_length() - 1 - mask.bit_length()}"
-            yield [comm.isend(buffer[bounds[give[0]]:bounds[give[1]]], partner,
-                              f"{label} chunks {give[0]}-{give[1] - 1}"),
-                   comm.irecv_reduce(buffer[bounds[keep[0]]:bounds[keep[1]]], partner,
-                                     f"{label} chunks {keep[0]}-{keep[1] - 1}")]
-            low, high = keep
-            mask >>= 1
+        bounds = yield from reduce_scatter_by_halving(comm, buffer, virtual, p)
+        low, high = virtual, virtual + 1  # the finished chunk this rank owns
         mask = 1
         while mask < p:  # recursive doubling: the allgather
             partner = _real_rank(virtual ^ mask, n - p)

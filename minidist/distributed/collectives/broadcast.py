@@ -6,10 +6,17 @@
 Costs for n ranks and an N-byte array (alpha: latency per message, beta:
 seconds per byte on a link); see :mod:`minidist.costmodel`:
 
-=====================  ===========================================
+=====================  ==================================================================
 linear                 (n - 1) * (alpha + N beta)   (the root sends n - 1 times)
 binomial               ceil(log2 n) * (alpha + N beta)
-=====================  ===========================================
+scatter_allgather      ceil(log2 n) alpha + (n-1)/n N beta + (n - 1) (alpha + N/n beta)
+chain                  (n - 2 + S) (alpha + N/S beta)   (S segments, see chain_segments)
+=====================  ==================================================================
+
+Small arrays want few messages (binomial); large ones want every link busy
+with a small part of the array: van de Geijn's scatter + allgather moves
+about 2N bytes per rank whatever n is, and the pipelined chain keeps all n - 1
+links streaming segments at once.
 
 Ranks are *virtual*: ``v = (rank - src) mod n``, so every algorithm is written
 as if the root were rank 0.
@@ -18,6 +25,8 @@ as if the root were rank 0.
 from __future__ import annotations
 
 from minidist.distributed.collectives import call
+from minidist.distributed.collectives.chunks import chunk_bounds, split
+from minidist.distributed.collectives.scatter import binomial_scatter
 
 
 def linear(comm, buffer, root):
@@ -58,9 +67,83 @@ def binomial(comm, buffer, root):
         yield sends
 
 
+def scatter_allgather(comm, buffer, root):
+    """Van de Geijn: a binomial scatter, then a ring allgather.
+
+    The array is cut into n chunks, chunk v belonging to virtual rank v.
+    Scatter: the root sends each subtree of the binomial tree its chunks (the
+    rank n/2 away gets the second half, and so on), so after ceil(log2 n)
+    rounds rank v holds chunk v. Allgather: for n - 1 steps every rank sends
+    the chunk it got last to its right neighbour and receives one from its
+    left, until everyone holds every chunk. Chunks may be empty (fewer
+    elements than ranks); they are still sent.
+    Cost: ceil(log2 n) alpha + (n-1)/n N beta + (n - 1) (alpha + N/n beta).
+    """
+    n = comm.size
+    bounds = chunk_bounds(buffer.size, n)
+    yield from binomial_scatter(comm, buffer, bounds, root, 0)
+    virtual = (comm.rank - root) % n
+    right, left = (comm.rank + 1) % n, (comm.rank - 1) % n
+    for step in range(n - 1):
+        out, into = (virtual - step) % n, (virtual - step - 1) % n
+        yield [comm.isend(buffer[bounds[out]:bounds[out + 1]], right,
+                          f"allgather step {step} chunk {out}"),
+               comm.irecv(buffer[bounds[into]:bounds[into + 1]], left,
+                          f"allgather step {step} chunk {into}")]
+
+
+#: The chain's segments: about this many bytes each ...
+SEGMENT_BYTES = 256 << 10
+#: ... but never more than this many: each segment costs a latency alpha, and
+#: with 64 segments the pipeline's fill (n - 2 segment times) is already a small
+#: part of the whole for the world sizes of the course.
+MAX_SEGMENTS = 64
+
+
+def chain_segments(nbytes: int) -> int:
+    """How many segments the chain cuts an ``nbytes`` array into: segments of
+    about :data:`SEGMENT_BYTES`, at least 1 and at most :data:`MAX_SEGMENTS`.
+    (The best S would be sqrt((n - 2) N beta / alpha), which every rank would
+    need the same alpha and beta to agree on; a fixed size keeps it simple.)"""
+    return max(1, min(MAX_SEGMENTS, -(-nbytes // SEGMENT_BYTES)))
+
+
+def chain(comm, buffer, root):
+    """Pipelined chain: the array is cut into S segments that flow down the chain
+    of virtual ranks 0 -> 1 -> ... -> n-1. The root sends the segments one after
+    another; rank v receives segment s from v - 1 and forwards it to v + 1 while
+    it receives segment s + 1. Once the pipeline is full every link carries a
+    segment at the same time, so the time approaches N beta for large arrays,
+    whatever n is. S from :func:`chain_segments` (segments of ~256 KiB, at most
+    64). Cost: (n - 2 + S) (alpha + N/S beta).
+    """
+    n = comm.size
+    virtual = (comm.rank - root) % n
+    segments = split(buffer, chain_segments(buffer.nbytes))
+    after, before = (comm.rank + 1) % n, (comm.rank - 1) % n
+    if virtual == 0:
+        # The root has every segment from the start: post all its sends; the
+        # transport streams them in order.
+        yield [comm.isend(segment, after, f"segment {index} to {after}")
+               for index, segment in enumerate(segments)]
+        return
+    yield [comm.irecv(segments[0], before, f"segment 0 from {before}")]
+    for index in range(len(segments)):
+        step = []
+        if virtual < n - 1:
+            step.append(comm.isend(segments[index], after, f"segment {index} to {after}"))
+        if index + 1 < len(segments):
+            step.append(comm.irecv(segments[index + 1], before,
+                                   f"segment {index + 1} from {before}"))
+        if step:
+            yield step
+
+
 ALGORITHMS = call.register("broadcast", {
     "linear": linear,
     "binomial": binomial,
+    "scatter_allgather": scatter_allgather,
+    "chain": chain,
 })
 
 

@@ -23,6 +23,7 @@ from minidist.distributed.collectives.comm import (
 )
 from minidist.distributed.process_group import _as_array
 from minidist.distributed.reduce_op import ReduceOp, ufunc_of
+from minidist.distributed.transport.base import _DEFAULT
 from minidist.distributed.world import group_or_world
 
 #: Every collective's algorithms by name, filled in by the collective modules
@@ -149,13 +150,13 @@ def start(collective: str, group, algorithm: str, *, nbytes: int, op=None, ufunc
 _PLANS: dict = {}
 
 
-def execute(comm: Comm, steps, async_op: bool, finish=None):
+def execute(comm: Comm, steps, async_op: bool, finish=None, timeout=_DEFAULT):
     """Run ``steps`` (the algorithm's generator) now, or hand back a Work."""
     fingerprints = comm.book
     if async_op:
         return Work(steps, finish, fingerprints)
     try:
-        run(steps)
+        run(steps, timeout)
     finally:
         fingerprints.outstanding -= 1
     if finish is not None:

@@ -223,7 +223,8 @@ class _Receive:
 
 
 def run(steps, timeout=_DEFAULT) -> None:
-    """Run an algorithm to the end, waiting for each step's requests."""
+    """Run an algorithm to the end, waiting for each step's requests (each wait
+    at most ``timeout`` seconds: default the run's timeout, None no limit)."""
     for requests in steps:
         for request in requests:
             if not request.done:

@@ -4,10 +4,15 @@
 
 Costs for n ranks and an N-byte array (gamma: seconds per byte combined):
 
-=====================  ======================================================
+=====================  ======================================================================
 linear                 (n - 1) * (alpha + N beta + N gamma)  (the root receives n - 1 times)
 binomial               ceil(log2 n) * (alpha + N beta + N gamma)
-=====================  ======================================================
+rabenseifner           2 log2 p alpha + 2 (p-1)/p N beta + (p-1)/p N gamma  (+ fold if n != p)
+=====================  ======================================================================
+
+(p: the largest power of two <= n.) The trees combine whole arrays at every
+step; Rabenseifner's reduce-scatter + gather has each rank combine and send
+only parts, so large arrays cost about 2 N beta + N gamma whatever n is.
 
 The reduction must be commutative and associative (all of ReduceOp's are):
 algorithms combine in different orders. Only the root's array changes; the
@@ -19,6 +24,13 @@ from __future__ import annotations
 import numpy as np
 
 from minidist.distributed.collectives import call
+from minidist.distributed.collectives.chunks import chunk_bounds, largest_power_of_two
+from minidist.distributed.collectives.halving import (
+    core_member,
+    fold_in,
+    real_rank,
+    reduce_scatter_by_halving,
+)
 
 
 def linear(comm, buffer, root):
@@ -54,9 +66,70 @@ def binomial(comm, buffer, root):
         mask <<= 1
 
 
+def rabenseifner(comm, buffer, root):
+    """Rabenseifner's reduce: a reduce-scatter by recursive halving, then a
+    binomial gather of the finished chunks to the root.
+
+    Halving (as in all_reduce's Rabenseifner): the array is cut into p chunks;
+    in each of log2 p rounds a rank swaps half of its chunks with a partner and
+    combines the half it keeps, until core member v owns the finished chunk v.
+    Gather: the halving's rounds in reverse order. In the round of bit k the
+    two partners hold neighbouring blocks of 2^k finished chunks; the one on
+    the root's side (its bit k equals the root's) receives the other's block,
+    the other is done. After log2 p rounds the root holds all p chunks.
+
+    Non-power-of-two n: the first 2 (n - p) ranks fold in pairwise (even ranks
+    hand their array to their odd neighbour and sit out). If the root is one of
+    the ranks that sat out, its neighbour hands it the finished chunk of their
+    pair and the root takes the neighbour's place in the gather (as MPICH does).
+    Cost: 2 log2 p alpha + 2 (p-1)/p N beta + (p-1)/p N gamma, plus
+    alpha + N beta + N gamma for the fold and alpha + N/p beta for the root's
+    chunk when n != p and the root sat out (always so for root 0).
+    """
+    n = comm.size
+    p = largest_power_of_two(n)
+    extra = n - p
+    virtual = yield from fold_in(comm, buffer, p)
+    root_sat_out = root < 2 * extra and root % 2 == 0
+    core_root = core_member(root, extra)
+    if virtual >= 0:
+        yield from reduce_scatter_by_halving(comm, buffer, virtual, p)
+    bounds = chunk_bounds(buffer.size, p)
+    if root_sat_out:
+        stand_in = root + 1
+        if comm.rank == stand_in:
+            yield [comm.isend(buffer[bounds[virtual]:bounds[virtual + 1]], root,
+                              f"finished chunk {virtual} to the root {root}")]
+            return
+        if comm.rank == root:
+            virtual = core_root
+            yield [comm.irecv(buffer[bounds[virtual]:bounds[virtual + 1]], stand_in,
+                              f"finished chunk {virtual} from {stand_in}")]
+    if virtual < 0:
+        return
+
+    def partner_rank(member):
+        return root if root_sat_out and member == core_root else real_rank(member, extra)
+
+    mask = 1
+    while mask < p:
+        partner = virtual ^ mask
+        label = f"gather step {mask.bit_length() - 1}"
+        if (virtual ^ core_root) & mask:
+            first = virtual & ~(mask - 1)
+            yield [comm.isend(buffer[bounds[first]:bounds[first + mask]], partner_rank(partner),
+                              f"{label} chunks {first}-{first + mask - 1}")]
+            return
+        first = partner & ~(mask - 1)
+        yield [comm.irecv(buffer[bounds[first]:bounds[first + mask]], partner_rank(partner),
+                          f"{label} chunks {first}-{first + mask - 1}")]
+        mask <<= 1
+
+
 ALGORITHMS = call.register("reduce", {
     "linear": linear,
     "binomial": binomial,
+    "rabenseifner": rabenseifner,
 })
 
 

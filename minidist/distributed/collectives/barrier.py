@@ -1,0 +1,81 @@
+"""barrier: no rank leaves until every rank of the group has entered.
+
+    dist.barrier()                                # every rank, the world
+    dist.barrier(algorithm="tree")
+
+Only empty messages move, so the cost is latency alone (n ranks):
+
+=====================  ===========================================
+dissemination          ceil(log2 n) alpha
+tree                   2 ceil(log2 n) alpha
+=====================  ===========================================
+
+A rank may leave once it has heard, directly or through others, from every
+rank: then every rank has entered.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minidist.distributed.collectives import call, trees
+from minidist.distributed.transport.base import _DEFAULT
+
+
+def _empty() -> np.ndarray:
+    return np.empty(0, np.uint8)
+
+
+def dissemination(comm):
+    """Dissemination barrier: in round k each rank sends an empty message to
+    rank + 2^k and receives one from rank - 2^k (mod n). After round k a rank
+    has heard from the 2^(k+1) ranks before it, so after ceil(log2 n) rounds
+    from all of them; no rank is in charge and any n works.
+    Cost: ceil(log2 n) alpha."""
+    n, rank = comm.size, comm.rank
+    distance = 1
+    while distance < n:
+        round_ = distance.bit_length() - 1
+        target, source = (rank + distance) % n, (rank - distance) % n
+        yield [comm.isend(_empty(), target, f"round {round_} to {target}"),
+               comm.irecv(_empty(), source, f"round {round_} from {source}")]
+        distance <<= 1
+
+
+def tree(comm):
+    """Tree barrier: a binomial gather of empty messages to rank 0 (each rank
+    reports once its whole subtree has), then a binomial broadcast of empty
+    messages from rank 0 (everyone has entered: go). Any n works: subtrees
+    past the end are smaller or missing. Cost: 2 ceil(log2 n) alpha."""
+    n, rank = comm.size, comm.rank
+    children = trees.children(rank, n)
+    if children:
+        yield [comm.irecv(_empty(), child, f"entered: from {child}") for child in children]
+    if rank:
+        parent = trees.parent(rank)
+        yield [comm.isend(_empty(), parent, f"entered: to {parent}")]
+        yield [comm.irecv(_empty(), parent, f"go: from {parent}")]
+    if children:
+        yield [comm.isend(_empty(), child, f"go: to {child}") for child in children]
+
+
+ALGORITHMS = call.register("barrier", {
+    "dissemination": dissemination,
+    "tree": tree,
+})
+
+
+def barrier(group=None, async_op: bool = False, algorithm: str = "auto", *, timeout=_DEFAULT):
+    """Return once every rank of ``group`` (None: the world) has entered.
+
+    ``algorithm``: one of :data:`ALGORITHMS` or "auto". ``timeout``: seconds
+    each wait may take (default: the run's timeout; None: no limit); with
+    ``async_op=True`` pass it to the Work's ``wait`` instead. With
+    ``async_op=True`` returns a Work: ``test()`` says whether everyone has
+    entered yet, without blocking.
+    """
+    group = call.group_of(group)
+    if group.size == 1:
+        return call.nothing_to_do(async_op)
+    comm = call.start("barrier", group, algorithm, nbytes=0, dtype=np.uint8)
+    return call.execute(comm, ALGORITHMS[comm.algorithm](comm), async_op, timeout=timeout)

@@ -1,0 +1,160 @@
+"""gather: every rank's array lands, one per rank, in a list on the root.
+
+    pieces = [np.empty(4, np.float32) for _ in range(n)] if rank == 0 else None
+    dist.gather(x, pieces, dst=0)                 # pieces[r] becomes rank r's x
+
+Costs for n ranks, N bytes gathered in all (each rank's piece is N/n):
+
+=====================  ===========================================================
+linear                 (n - 1) (alpha + N/n beta)   (the root receives n - 1 pieces)
+binomial               ceil(log2 n) alpha + (n-1)/n N beta
+=====================  ===========================================================
+
+The mirror of :mod:`.scatter`: the root collects the pieces in one buffer in
+*virtual* order (piece v comes from rank (v + dst) mod n), where every
+subtree of the binomial tree is one slice, and copies them into the list at
+the end.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minidist.distributed.collectives import call, trees
+
+
+def linear(comm, pieces, piece, root):
+    """Every rank sends its piece straight to the root, which receives the
+    n - 1 pieces into their places (all posted at once; its link takes them one
+    after another). Cost: (n - 1) (alpha + N/n beta)."""
+    n = comm.size
+    if comm.rank == root:
+        count = piece.size
+        yield [comm.irecv(pieces[virtual * count:(virtual + 1) * count],
+                          trees.real_rank(virtual, root, n),
+                          f"from {trees.real_rank(virtual, root, n)}")
+               for virtual in range(1, n)]
+    else:
+        yield [comm.isend(piece, root, f"to {root}")]
+
+
+def binomial_gather(comm, held, bounds, root, origin):
+    """Gather ranges of pieces up the binomial tree: the scatter run backwards.
+
+    ``bounds[v]`` is where virtual rank v's piece starts (n + 1 offsets); this
+    rank's ``held`` holds the pieces from virtual rank ``origin`` on. Receive
+    each child's subtree of pieces (all at once: they go to different places),
+    then send the own subtree's pieces to the parent in one message.
+    """
+    n = comm.size
+    virtual = (comm.rank - root) % n
+    base = bounds[origin]
+
+    def pieces_of(first):
+        return held[bounds[first] - base:bounds[first + trees.subtree_size(first, n)] - base]
+
+    receives = []
+    for child in reversed(trees.children(virtual, n)):
+        source = trees.real_rank(child, root, n)
+        receives.append(comm.irecv(pieces_of(child), source,
+                                   f"round {trees.round_of(child)} from {source}, "
+                                   f"{trees.subtree_size(child, n)} pieces"))
+    if receives:
+        yield receives
+    if virtual:
+        target = trees.real_rank(trees.parent(virtual), root, n)
+        yield [comm.isend(pieces_of(virtual), target,
+                          f"round {trees.round_of(virtual)} to {target}")]
+
+
+def binomial(comm, pieces, piece, root):
+    """Binomial tree: in round k every rank whose virtual rank has bit k set
+    (and no lower one) sends everything it has gathered so far to the rank 2^k
+    before it and is done; the receivers keep collecting. After ceil(log2 n)
+    rounds the root has every piece. Non-power-of-two n: subtrees past the end
+    are smaller or missing. Cost: ceil(log2 n) alpha + (n-1)/n N beta (the
+    root's link: n - 1 pieces).
+    """
+    n = comm.size
+    count = piece.size
+    virtual = (comm.rank - root) % n
+    size = trees.subtree_size(virtual, n)
+    if virtual == 0:
+        held = pieces
+    elif size == 1:
+        held = piece  # a leaf sends its piece as it is
+    else:
+        held = np.empty(size * count, piece.dtype)
+        held[:count] = piece
+    bounds = [index * count for index in range(n + 1)]
+    yield from binomial_gather(comm, held, bounds, root, virtual)
+
+
+ALGORITHMS = call.register("gather", {
+    "linear": linear,
+    "binomial": binomial,
+})
+
+
+def _checked_list(gather_list, array, group):
+    """The root's gather_list as writeable arrays of the tensor's shape and dtype."""
+    rank, n = group._global_rank, group.size
+    if not isinstance(gather_list, (list, tuple)):
+        raise TypeError(f"rank {rank}: gather on the destination rank needs gather_list, a "
+                        f"list of {n} arrays (one per rank of the group) to receive into, "
+                        f"got {type(gather_list).__name__}.")
+    if len(gather_list) != n:
+        raise ValueError(f"rank {rank}: gather_list has {len(gather_list)} arrays, but the "
+                         f"group has {n} ranks; pass exactly one array per rank.")
+    targets = []
+    for index, item in enumerate(gather_list):
+        target = call.buffer_of(item, f"gather (gather_list[{index}])", rank)
+        if target.shape != array.shape or target.dtype != array.dtype:
+            raise ValueError(f"rank {rank}: gather_list[{index}] is {target.dtype} of shape "
+                             f"{target.shape}, but tensor is {array.dtype} of shape "
+                             f"{array.shape}; every array of gather_list must have the shape "
+                             "and dtype of the tensors gathered.")
+        targets.append(target)
+    return targets
+
+
+def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = False,
+           algorithm: str = "auto"):
+    """Every rank's ``tensor`` is copied into ``gather_list[rank]`` on group rank
+    ``dst``.
+
+    On ``dst``, ``gather_list`` is a list of one array per rank, each the shape
+    and dtype of ``tensor``; on the other ranks it must be None (as in
+    torch.distributed). ``tensor`` is not changed. ``algorithm``: one of
+    :data:`ALGORITHMS` or "auto". With ``async_op=True`` returns a Work; call
+    ``wait()`` before reading gather_list.
+    """
+    group = call.group_of(group)
+    root = call.check_root(dst, group, "gather", "dst")
+    rank = group._global_rank
+    array = call.buffer_of(tensor, "gather", rank, writeable=False)
+    is_root = group.rank == root
+    if is_root:
+        targets = _checked_list(gather_list, array, group)
+    elif gather_list is not None:
+        raise ValueError(f"rank {rank}: gather_list is only written on the destination rank "
+                         f"(dst={root}); pass None on the other ranks.")
+    piece = np.ascontiguousarray(array).reshape(-1)
+    pieces = np.empty(group.size * piece.size, piece.dtype) if is_root else None
+    if is_root:
+        pieces[:piece.size] = piece  # virtual piece 0 is the root's own
+
+    def finish():
+        if is_root:
+            n, count = group.size, piece.size
+            for virtual in range(n):
+                targets[trees.real_rank(virtual, root, n)][...] = \
+                    pieces[virtual * count:(virtual + 1) * count].reshape(array.shape)
+
+    if group.size == 1:
+        finish()
+        return call.nothing_to_do(async_op)
+    comm = call.start("gather", group, algorithm, nbytes=piece.nbytes * group.size,
+                      dtype=piece.dtype, count=piece.size, root=root)
+    return call.execute(comm, ALGORITHMS[comm.algorithm](comm, pieces, piece, root), async_op,
+                        finish)

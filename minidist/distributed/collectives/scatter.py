@@ -1,0 +1,165 @@
+"""scatter: the root holds one array per rank; each rank receives its own.
+
+    pieces = [np.full(4, r, np.float32) for r in range(n)] if rank == 0 else None
+    out = np.empty(4, np.float32)
+    dist.scatter(out, pieces, src=0)              # rank r's out becomes pieces[r]
+
+Costs for n ranks, N bytes scattered in all (each rank's piece is N/n):
+
+=====================  ===========================================================
+linear                 (n - 1) (alpha + N/n beta)   (the root sends n - 1 pieces)
+binomial               ceil(log2 n) alpha + (n-1)/n N beta
+=====================  ===========================================================
+
+The root first copies the list into one contiguous buffer, in *virtual*
+order (piece v belongs to rank (v + src) mod n), so that every subtree of the
+binomial tree is one slice of it (see :mod:`.trees`). The binomial tree sends
+fewer messages but forwards pieces through intermediate ranks: the root's link
+still carries (n-1)/n N bytes, and the whole tree moves more bytes in total
+than the linear scatter (each piece once per level it descends).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minidist.distributed.collectives import call, trees
+
+
+def linear(comm, pieces, output, root):
+    """The root sends each other rank its piece, one message per rank (all
+    posted at once; its link carries them one after another).
+    Cost: (n - 1) (alpha + N/n beta)."""
+    n = comm.size
+    if comm.rank == root:
+        count = output.size
+        yield [comm.isend(pieces[virtual * count:(virtual + 1) * count],
+                          trees.real_rank(virtual, root, n),
+                          f"piece of rank {trees.real_rank(virtual, root, n)}")
+               for virtual in range(1, n)]
+    else:
+        yield [comm.irecv(output, root, f"from {root}")]
+
+
+def binomial_scatter(comm, held, bounds, root, origin):
+    """Scatter ranges of pieces down the binomial tree (also the first half of
+    broadcast's scatter_allgather).
+
+    ``bounds[v]`` is where virtual rank v's piece starts (n + 1 offsets); this
+    rank's ``held`` holds the pieces from virtual rank ``origin`` on, so piece
+    v is ``held[bounds[v] - bounds[origin]:...]``. Receive the pieces of the
+    own subtree from the parent, then send each child its subtree's pieces,
+    farthest child (largest subtree) first.
+    """
+    n = comm.size
+    virtual = (comm.rank - root) % n
+    base = bounds[origin]
+
+    def pieces_of(first):
+        return held[bounds[first] - base:bounds[first + trees.subtree_size(first, n)] - base]
+
+    if virtual:
+        source = trees.real_rank(trees.parent(virtual), root, n)
+        yield [comm.irecv(pieces_of(virtual), source,
+                          f"round {trees.round_of(virtual)} from {source}")]
+    sends = []
+    for child in trees.children(virtual, n):
+        target = trees.real_rank(child, root, n)
+        sends.append(comm.isend(pieces_of(child), target,
+                                f"round {trees.round_of(child)} to {target}, "
+                                f"{trees.subtree_size(child, n)} pieces"))
+    if sends:
+        yield sends
+
+
+def binomial(comm, pieces, output, root):
+    """Binomial tree: the root sends the pieces of the ranks n/2 away and
+    beyond to the rank n/2 away, the pieces of the next quarter to the rank n/4
+    away, and so on; every rank that received pieces for others does the same
+    within its subtree. After ceil(log2 n) rounds everyone has its piece.
+    Non-power-of-two n: subtrees past the end are smaller or missing.
+    Cost: ceil(log2 n) alpha + (n-1)/n N beta (the root's link: n - 1 pieces).
+    """
+    n = comm.size
+    count = output.size
+    virtual = (comm.rank - root) % n
+    size = trees.subtree_size(virtual, n)
+    if virtual == 0:
+        held = pieces
+    elif size == 1:
+        held = output  # a leaf receives its piece straight into place
+    else:
+        held = np.empty(size * count, output.dtype)
+    bounds = [piece * count for piece in range(n + 1)]
+    yield from binomial_scatter(comm, held, bounds, root, virtual)
+    if virtual and size > 1:
+        np.copyto(output, held[:count])
+
+
+ALGORITHMS = call.register("scatter", {
+    "linear": linear,
+    "binomial": binomial,
+})
+
+
+def _gathered_pieces(scatter_list, array, root, group):
+    """The root's list checked and copied into one buffer in virtual order."""
+    rank, n = group._global_rank, group.size
+    if not isinstance(scatter_list, (list, tuple)):
+        raise TypeError(f"rank {rank}: scatter on the source rank (src={root}) needs "
+                        f"scatter_list, a list of {n} arrays (one per rank of the group), "
+                        f"got {type(scatter_list).__name__}.")
+    if len(scatter_list) != n:
+        raise ValueError(f"rank {rank}: scatter_list has {len(scatter_list)} arrays, but the "
+                         f"group has {n} ranks; pass exactly one array per rank.")
+    pieces = np.empty(n * array.size, array.dtype)
+    for index, item in enumerate(scatter_list):
+        piece = call.buffer_of(item, f"scatter (scatter_list[{index}])", rank, writeable=False)
+        if piece.shape != array.shape or piece.dtype != array.dtype:
+            raise ValueError(f"rank {rank}: scatter_list[{index}] is {piece.dtype} of shape "
+                             f"{piece.shape}, but tensor is {array.dtype} of shape "
+                             f"{array.shape}; every piece must have the shape and dtype of "
+                             "the tensor that receives it.")
+        virtual = (index - root) % n
+        pieces[virtual * array.size:(virtual + 1) * array.size] = piece.reshape(-1)
+    return pieces
+
+
+def scatter(tensor, scatter_list=None, src: int = 0, group=None, async_op: bool = False,
+            algorithm: str = "auto"):
+    """Rank ``src`` sends ``scatter_list[r]`` to group rank r, which receives it
+    into ``tensor`` (in place); ``src`` keeps ``scatter_list[src]``.
+
+    On ``src``, ``scatter_list`` is a list of one array per rank, each the shape
+    and dtype of ``tensor``; on the other ranks it must be None (as in
+    torch.distributed). ``algorithm``: one of :data:`ALGORITHMS` or "auto".
+    With ``async_op=True`` returns a Work; call ``wait()`` before using tensor.
+    """
+    group = call.group_of(group)
+    root = call.check_root(src, group, "scatter", "src")
+    rank = group._global_rank
+    array = call.buffer_of(tensor, "scatter", rank)
+    is_root = group.rank == root
+    if is_root:
+        pieces = _gathered_pieces(scatter_list, array, root, group)
+    elif scatter_list is not None:
+        raise ValueError(f"rank {rank}: scatter_list is only read on the source rank "
+                         f"(src={root}); pass None on the other ranks.")
+    else:
+        pieces = None
+    flat, copied = call.flat_view(array)
+    if is_root:
+        np.copyto(flat, pieces[:flat.size])  # virtual piece 0 is the root's own
+    if group.size == 1:
+        if copied:
+            array[...] = flat.reshape(array.shape)
+        return call.nothing_to_do(async_op)
+    comm = call.start("scatter", group, algorithm, nbytes=flat.nbytes * group.size,
+                      dtype=flat.dtype, count=flat.size, root=root)
+
+    def finish():
+        if copied:
+            array[...] = flat.reshape(array.shape)
+
+    return call.execute(comm, ALGORITHMS[comm.algorithm](comm, pieces, flat, root), async_op,
+                        finish if copied else None)

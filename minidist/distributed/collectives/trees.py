@@ -1,0 +1,52 @@
+"""Binomial trees on virtual ranks, for any number of ranks.
+
+Virtual ranks count from the root: ``v = (rank - root) mod n``, so the root
+is 0 and ``real_rank`` turns a virtual rank back. In the binomial tree,
+
+* the parent of v > 0 is v with its lowest set bit cleared;
+* the children of v are v + 2^j for every 2^j below v's lowest set bit (for
+  the root: every 2^j below n), as long as v + 2^j < n;
+* the subtree of v is the range of virtual ranks [v, v + subtree_size(v, n)).
+
+Subtrees being ranges is what lets scatter and gather move a whole subtree's
+pieces as one slice: they lay the pieces out in virtual order (as MPICH does).
+In round j (j = 0, 1, ...) of a broadcast the ranks below 2^j send to the rank
+2^j further on, so a rank hears from its parent in the round of its lowest set
+bit and ceil(log2 n) rounds reach everyone.
+"""
+
+from __future__ import annotations
+
+
+def real_rank(virtual: int, root: int, n: int) -> int:
+    """The group rank of virtual rank ``virtual`` in a tree rooted at ``root``."""
+    return (virtual + root) % n
+
+
+def parent(virtual: int) -> int:
+    """The parent of virtual rank ``virtual`` > 0."""
+    return virtual - (virtual & -virtual)
+
+
+def children(virtual: int, n: int) -> list[int]:
+    """The children of ``virtual``, farthest (largest subtree) first."""
+    below = virtual & -virtual if virtual else 1 << max(n - 1, 0).bit_length()
+    kids = []
+    mask = below >> 1
+    while mask:
+        if virtual + mask < n:
+            kids.append(virtual + mask)
+        mask >>= 1
+    return kids
+
+
+def subtree_size(virtual: int, n: int) -> int:
+    """How many virtual ranks the subtree of ``virtual`` holds (itself included)."""
+    if virtual == 0:
+        return n
+    return min(virtual & -virtual, n - virtual)
+
+
+def round_of(virtual: int) -> int:
+    """The round (0, 1, ...) in which ``virtual`` > 0 hears from its parent."""
+    return (virtual & -virtual).bit_length() - 1
