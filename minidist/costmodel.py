@@ -127,6 +127,76 @@ FORMULAS = {
 }
 
 
+# --------------------------------------------------------------------------- the all-to-all family
+# all_gather (N: the gathered result), reduce_scatter (N: the input), all_to_all
+# (N: what one rank sends); each rank's piece is N/n bytes.
+
+
+def _doubling_pieces(n: int) -> int:
+    """B(n): pieces on the critical path of a folded recursive doubling / halving
+    (round k moves at most 2^k + min(2^k, n - p) pieces); n - 1 when n = p."""
+    p, extra = _p(n), n - _p(n)
+    return sum((1 << k) + min(1 << k, extra) for k in range(p.bit_length() - 1))
+
+
+def _bruck_pieces(n: int) -> int:
+    """Pieces an all-to-all Bruck rank sends: in round k those whose index has bit k set."""
+    return sum(sum(1 for index in range(n) if index >> k & 1) for k in range(_log2(n)))
+
+
+def _folded(n: int, power_of_two: float, otherwise: float) -> float:
+    return power_of_two if n == _p(n) else otherwise
+
+
+FORMULAS.update({
+    "all_gather": {
+        "ring": lambda n, N, P: (n - 1) * (P.alpha + N / n * P.beta),
+        "recursive_doubling": lambda n, N, P: _folded(
+            n, math.log2(n) * P.alpha + (n - 1) / n * N * P.beta,
+            (math.log2(_p(n)) + 2) * P.alpha + (_doubling_pieces(n) + 1 + n) * N / n * P.beta),
+        "bruck": lambda n, N, P: _log2(n) * P.alpha + (n - 1) / n * N * P.beta,
+    },
+    "reduce_scatter": {
+        "ring": lambda n, N, P: (n - 1) * (P.alpha + N / n * (P.beta + P.gamma)),
+        "recursive_halving": lambda n, N, P: _folded(
+            n, math.log2(n) * P.alpha + (n - 1) / n * N * (P.beta + P.gamma),
+            (math.log2(_p(n)) + 2) * P.alpha
+            + (_doubling_pieces(n) + n) * N / n * (P.beta + P.gamma) + N / n * P.beta),
+        "pairwise": lambda n, N, P: (n - 1) * (P.alpha + N / n * (P.beta + P.gamma)),
+    },
+    "all_to_all": {
+        "pairwise": lambda n, N, P: (n - 1) * (P.alpha + N / n * P.beta),
+        "bruck": lambda n, N, P: _log2(n) * P.alpha + _bruck_pieces(n) * N / n * P.beta,
+    },
+})
+
+#: What each algorithm puts on the wires, summed over all ranks:
+#: ``f(n, count, itemsize) -> (messages, bytes)``, count being the elements of
+#: N above (a multiple of n). Empty pieces are still sent, so messages do not
+#: depend on count.
+TRAFFIC_ALL_TO_ALL_FAMILY = {
+    "all_gather": {
+        "ring": lambda n, count, itemsize: (n * (n - 1), (n - 1) * count * itemsize),
+        "recursive_doubling": lambda n, count, itemsize: (
+            _p(n) * _log2(_p(n)) + 2 * (n - _p(n)),
+            (n - _p(n) + n * (_p(n) - 1) + (n - _p(n)) * n) * count // n * itemsize),
+        "bruck": lambda n, count, itemsize: (n * _log2(n), (n - 1) * count * itemsize),
+    },
+    "reduce_scatter": {
+        "ring": lambda n, count, itemsize: (n * (n - 1), (n - 1) * count * itemsize),
+        "recursive_halving": lambda n, count, itemsize: (
+            _p(n) * _log2(_p(n)) + 2 * (n - _p(n)),
+            ((n - _p(n)) * n + n * (_p(n) - 1) + n - _p(n)) * count // n * itemsize),
+        "pairwise": lambda n, count, itemsize: (n * (n - 1), (n - 1) * count * itemsize),
+    },
+    "all_to_all": {
+        "pairwise": lambda n, count, itemsize: (n * (n - 1), (n - 1) * count * itemsize),
+        "bruck": lambda n, count, itemsize: (n * _log2(n),
+                                             _bruck_pieces(n) * count * itemsize),
+    },
+}
+
+
 def formula(collective: str, algorithm: str):
     """The cost function of one algorithm: ``f(n, N, params) -> seconds``."""
     try:

@@ -38,7 +38,18 @@ One thread per process talks to minidist.distributed (as with MPI's
 THREAD_FUNNELED): the progress engine has no locks.
 """
 
-from minidist.distributed.collectives import ALGORITHMS, all_reduce, broadcast, reduce
+from minidist.distributed.collectives import (
+    ALGORITHMS,
+    all_gather,
+    all_gather_into_tensor,
+    all_reduce,
+    all_to_all,
+    all_to_all_single,
+    broadcast,
+    reduce,
+    reduce_scatter,
+    reduce_scatter_tensor,
+)
 from minidist.distributed.console import print0, progress0
 from minidist.distributed.errors import (
     AbortedError,
@@ -101,3 +112,5 @@ __all__ = [
     "progress0", "recv", "recv_array", "recv_object", "recv_reduce", "send", "send_object",
     "wait_all",
 ]
+__all__ += ["all_gather", "all_gather_into_tensor", "all_to_all", "all_to_all_single",
+            "reduce_scatter", "reduce_scatter_tensor"]

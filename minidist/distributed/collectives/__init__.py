@@ -6,6 +6,7 @@ on :class:`~.comm.Comm`'s ``isend`` / ``irecv`` / ``irecv_reduce`` with its
 alpha-beta-gamma cost in its docstring (and in :mod:`minidist.costmodel`):
 
 * :mod:`.broadcast`, :mod:`.reduce`, :mod:`.all_reduce`
+* :mod:`.all_gather`, :mod:`.reduce_scatter`, :mod:`.all_to_all`
 * :mod:`.comm`  what an algorithm sees; message fingerprints; the Work handle
 * :mod:`.call`  what every call shares: checks, algorithm choice, running
 * :mod:`.chunks` cutting a buffer into pieces
@@ -14,10 +15,15 @@ alpha-beta-gamma cost in its docstring (and in :mod:`minidist.costmodel`):
 ``algorithm=`` or leave "auto" for the cost model's choice.
 """
 
+from minidist.distributed.collectives.all_gather import all_gather, all_gather_into_tensor
 from minidist.distributed.collectives.all_reduce import all_reduce
+from minidist.distributed.collectives.all_to_all import all_to_all, all_to_all_single
 from minidist.distributed.collectives.broadcast import broadcast
 from minidist.distributed.collectives.call import ALGORITHMS
 from minidist.distributed.collectives.comm import Work
 from minidist.distributed.collectives.reduce import reduce
+from minidist.distributed.collectives.reduce_scatter import reduce_scatter, reduce_scatter_tensor
 
 __all__ = ["ALGORITHMS", "Work", "all_reduce", "broadcast", "reduce"]
+__all__ += ["all_gather", "all_gather_into_tensor", "all_to_all", "all_to_all_single",
+            "reduce_scatter", "reduce_scatter_tensor"]
