@@ -34,6 +34,8 @@ from minidist.distributed.collectives import ALGORITHMS
 LARGE = 65536  # 256 KiB of float32 per rank
 SIZES = (0, 1, 3, LARGE)
 DTYPES = ("float16", "float32", "float64", "int32", "int64")
+OTHER_DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "uint32", "uint64", "complex64",
+                "complex128")
 SAMPLE_STRIDE = 61
 WORLD_SIZES = (1, 2, 3, 4, 5, 8)
 TRANSPORTS = ("shm", "pipe")
@@ -86,7 +88,7 @@ def reduced(n, count, dtype, op, salt=0) -> np.ndarray:
     inputs = inputs_of_every_rank(n, n * count, dtype, salt)
     if op == "MAX":
         return inputs.max(axis=0)
-    wide = inputs.astype(np.float64 if np.dtype(dtype).kind == "f" else np.int64).sum(axis=0)
+    wide = inputs.astype(WIDE.get(np.dtype(dtype).kind, np.int64)).sum(axis=0)
     return wide / n if op == "AVG" else wide
 
 
@@ -104,6 +106,7 @@ def exact(dtype, count, op):
     return np.dtype(dtype).kind != "f" or op == "MAX" or (count >= LARGE and op != "AVG")
 
 
+WIDE = {"f": np.float64, "c": np.complex128}
 TOLERANCE = {"float16": 2e-2, "float32": 1e-5, "float64": 1e-12}
 
 
@@ -177,6 +180,22 @@ def list_forms_strided_and_groups():
         outputs = [np.zeros(count, "int32") for _ in range(n)]
         dist.all_to_all(outputs, list(source.reshape(n, count)), algorithm=algorithm)
         results["all_to_all list", algorithm] = np.concatenate(outputs)
+    for dtype in OTHER_DTYPES:
+        for algorithm in ALGORITHMS["all_gather"]:
+            output = np.zeros(n * count, dtype)
+            dist.all_gather_into_tensor(output, contribution(rank, count, dtype),
+                                        algorithm=algorithm)
+            results["all_gather", algorithm, dtype] = output
+        for algorithm in ALGORITHMS["reduce_scatter"]:
+            output = np.zeros(count, dtype)
+            dist.reduce_scatter_tensor(output, contribution(rank, n * count, dtype),
+                                       algorithm=algorithm)
+            results["reduce_scatter", algorithm, dtype] = output
+        for algorithm in ALGORITHMS["all_to_all"]:
+            output = np.zeros(n * count, dtype)
+            dist.all_to_all_single(output, contribution(rank, n * count, dtype),
+                                   algorithm=algorithm)
+            results["all_to_all", algorithm, dtype] = output
     # Strided outputs (and input) are gathered into a copy and written back.
     wide = np.zeros((n * count, 2), "int64")
     dist.all_gather_into_tensor(wide[:, 1], contribution(rank, count, "int64", 1))
@@ -363,6 +382,17 @@ def test_list_forms_strided_buffers_and_subgroups(report):
         for algorithm in ALGORITHMS["all_to_all"]:
             np.testing.assert_array_equal(forms["all_to_all list", algorithm],
                                           exchanged(n, rank, count, "int32", 1))
+        for dtype in OTHER_DTYPES:  # SUM of bools is their logical or
+            for algorithm in ALGORITHMS["all_gather"]:
+                check(forms["all_gather", algorithm, dtype], gathered(n, count, dtype), dtype,
+                      count, None, f"all_gather {algorithm} {dtype}")
+            for algorithm in ALGORITHMS["reduce_scatter"]:
+                check(forms["reduce_scatter", algorithm, dtype],
+                      reduced_piece(n, rank, count, dtype, "SUM"), dtype, count, "SUM",
+                      f"reduce_scatter {algorithm} {dtype}")
+            for algorithm in ALGORITHMS["all_to_all"]:
+                check(forms["all_to_all", algorithm, dtype], exchanged(n, rank, count, dtype),
+                      dtype, count, None, f"all_to_all {algorithm} {dtype}")
         assert not forms["all_gather strided"][:, 0].any()
         np.testing.assert_array_equal(forms["all_gather strided"][:, 1],
                                       gathered(n, count, "int64", 1))
@@ -419,10 +449,10 @@ def traced_calls(count):
                                contribution(rank, n * count, "float64"), algorithm=algorithm)
 
 
-@pytest.mark.parametrize("world_size", [3, 4, 5, 8])
-def test_messages_and_bytes_match_the_traffic_formulas(tmp_path, world_size):
+@pytest.mark.parametrize("world_size, count", [(3, 3), (4, 3), (5, 3), (8, 3), (5, 0)])
+def test_messages_and_bytes_match_the_traffic_formulas(tmp_path, world_size, count):
+    """``count`` elements per piece; empty pieces are messages too."""
     path = tmp_path / "collectives.trace.jsonl"
-    count = 3  # elements per piece
     minidist.launch(traced_calls, world_size=world_size, args=(count,), trace=str(path))
     sent: dict[tuple[str, str], list[int]] = {}
     for event in trace_file.read_jsonl(path).events:
