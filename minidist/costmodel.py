@@ -170,6 +170,23 @@ FORMULAS.update({
     },
 })
 
+#: The double binary tree all_reduce pipelines each half of the array in
+#: chunks of about this many bytes.
+DOUBLE_BINARY_TREE_CHUNK_BYTES = 1 << 16
+
+
+def double_binary_tree_chunks(nbytes: float) -> int:
+    """k: the chunks each half of an ``nbytes`` array is pipelined in."""
+    return max(1, math.ceil(nbytes / 2 / DOUBLE_BINARY_TREE_CHUNK_BYTES))
+
+
+def _double_binary_tree(n: int, N: float, P: Params) -> float:
+    k = double_binary_tree_chunks(N)
+    return (k + 2 * _log2(n) - 1) * (P.alpha + 2 * N / k * P.beta + N / k * P.gamma)
+
+
+FORMULAS["all_reduce"]["double_binary_tree"] = _double_binary_tree
+
 #: What each algorithm puts on the wires, summed over all ranks:
 #: ``f(n, count, itemsize) -> (messages, bytes)``, count being the elements of
 #: N above (a multiple of n). Empty pieces are still sent, so messages do not
@@ -193,6 +210,13 @@ TRAFFIC_ALL_TO_ALL_FAMILY = {
         "pairwise": lambda n, count, itemsize: (n * (n - 1), (n - 1) * count * itemsize),
         "bruck": lambda n, count, itemsize: (n * _log2(n),
                                              _bruck_pieces(n) * count * itemsize),
+    },
+    # Not of this family, but added with it: each non-root rank of each tree
+    # sends k chunks up and receives k down (count: the whole array).
+    "all_reduce": {
+        "double_binary_tree": lambda n, count, itemsize: (
+            4 * (n - 1) * double_binary_tree_chunks(count * itemsize),
+            2 * (n - 1) * count * itemsize),
     },
 }
 

@@ -30,6 +30,7 @@ from minidist import costmodel
 from minidist import trace as trace_file
 from minidist.distributed import ReduceOp
 from minidist.distributed.collectives import ALGORITHMS
+from minidist.distributed.collectives.all_reduce import _heights_and_depths, double_binary_trees
 
 LARGE = 65536  # 256 KiB of float32 per rank
 SIZES = (0, 1, 3, LARGE)
@@ -83,9 +84,10 @@ def gathered(n, count, dtype, salt=0):
 
 
 @functools.lru_cache(maxsize=64)
-def reduced(n, count, dtype, op, salt=0) -> np.ndarray:
-    """The combination over ranks of their n * count inputs (float64 / int64 for sums)."""
-    inputs = inputs_of_every_rank(n, n * count, dtype, salt)
+def combined(n, count, dtype, op, salt=0) -> np.ndarray:
+    """The combination over ranks of their inputs of ``count`` elements
+    (in float64 / complex128 / int64 for sums)."""
+    inputs = inputs_of_every_rank(n, count, dtype, salt)
     if op == "MAX":
         return inputs.max(axis=0)
     wide = inputs.astype(WIDE.get(np.dtype(dtype).kind, np.int64)).sum(axis=0)
@@ -93,7 +95,7 @@ def reduced(n, count, dtype, op, salt=0) -> np.ndarray:
 
 
 def reduced_piece(n, rank, count, dtype, op, salt=0):
-    return reduced(n, count, dtype, op, salt)[rank * count:(rank + 1) * count]
+    return combined(n, n * count, dtype, op, salt)[rank * count:(rank + 1) * count]
 
 
 def exchanged(n, rank, count, dtype, salt=0):
@@ -158,6 +160,10 @@ def every_algorithm():
                 assert np.array_equal(source, contribution(rank, n * count, dtype)), \
                     f"all_to_all {algorithm} changed its input"
                 results["all_to_all", algorithm, count, dtype, None] = summary(output)
+            for op in ops_for(dtype):
+                array = contribution(rank, count, dtype).copy()
+                dist.all_reduce(array, op=ReduceOp[op], algorithm="double_binary_tree")
+                results["all_reduce", "double_binary_tree", count, dtype, op] = summary(array)
     return results
 
 
@@ -368,6 +374,39 @@ def test_all_to_all_every_algorithm_size_and_dtype(report):
                           count, None, f"{key} rank {rank}")
 
 
+def test_double_binary_tree_all_reduce_every_size_dtype_and_op(report):
+    n, reports = report
+    for count in SIZES:
+        for dtype in DTYPES:
+            for op in ops_for(dtype):
+                key = ("all_reduce", "double_binary_tree", count, dtype, op)
+                answers = [ranks["algorithms"][key] for ranks in reports]
+                for rank, got in enumerate(answers):
+                    check(got, combined(n, count, dtype, op), dtype, count, op,
+                          f"{key} rank {rank}")
+                for got in answers[1:]:  # replicated: identical bits on every rank
+                    if count < LARGE:
+                        assert got.tobytes() == answers[0].tobytes(), key
+                    else:
+                        assert got[0] == answers[0][0], key
+
+
+@pytest.mark.parametrize("n", range(1, 66))
+def test_the_two_trees_span_every_rank_and_share_few_interior_nodes(n):
+    trees = double_binary_trees(n)
+    interior = []
+    for parents, children in trees:
+        assert parents.count(-1) == 1
+        for rank in range(n):
+            assert all(parents[kid] == rank for kid in children[rank])
+            assert parents[rank] < 0 or rank in children[parents[rank]]
+            assert len(children[rank]) <= 2
+        heights, depths = _heights_and_depths(parents, children)
+        assert max(depths) == max(heights) == (n - 1).bit_length()
+        interior.append({rank for rank in range(n) if children[rank]})
+    assert interior[0] & interior[1] == (set() if n % 2 == 0 or n == 1 else {0})
+
+
 def test_list_forms_strided_buffers_and_subgroups(report):
     n, reports = report
     count = 5
@@ -447,6 +486,8 @@ def traced_calls(count):
     for algorithm in ALGORITHMS["all_to_all"]:
         dist.all_to_all_single(np.zeros(n * count, "float64"),
                                contribution(rank, n * count, "float64"), algorithm=algorithm)
+    dist.all_reduce(contribution(rank, n * count, "float64").copy(),
+                    algorithm="double_binary_tree")
 
 
 @pytest.mark.parametrize("world_size, count", [(3, 3), (4, 3), (5, 3), (8, 3), (5, 0)])
@@ -462,7 +503,8 @@ def test_messages_and_bytes_match_the_traffic_formulas(tmp_path, world_size, cou
             totals[0] += 1
             totals[1] += event["bytes"]
     for collective, algorithms in costmodel.TRAFFIC_ALL_TO_ALL_FAMILY.items():
-        assert set(algorithms) == set(ALGORITHMS[collective])
+        if collective != "all_reduce":
+            assert set(algorithms) == set(ALGORITHMS[collective])
         for algorithm, traffic in algorithms.items():
             expected = traffic(world_size, world_size * count, 8)
             assert tuple(sent[collective, algorithm]) == expected, (collective, algorithm)
@@ -481,3 +523,7 @@ def test_every_algorithm_has_a_cost_formula_that_auto_can_use():
     assert costmodel.predict("all_gather", "recursive_doubling", 8, 800, params) == 700
     assert costmodel.predict("reduce_scatter", "recursive_halving", 8, 800, params) == 700
     assert costmodel.predict("all_to_all", "bruck", 8, 800, params) == 3 * 400
+    # The double binary tree: ring-like bandwidth with log n latency.
+    sim = costmodel.PARAMS["sim"]
+    assert (costmodel.predict("all_reduce", "double_binary_tree", 1024, 1 << 20, sim)
+            < costmodel.predict("all_reduce", "ring", 1024, 1 << 20, sim) / 5)
