@@ -37,6 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from minidist.distributed.collectives import call
+from minidist.distributed.collectives.all_reduce import _real_rank
 from minidist.distributed.collectives.chunks import largest_power_of_two, split
 
 
@@ -65,11 +66,6 @@ def core_piece_offsets(n: int, p: int, piece: int) -> list[int]:
     own one. Any run of core members owns a contiguous run of pieces."""
     extra = n - p
     return [(v + min(v, extra)) * piece for v in range(p + 1)]
-
-
-def _real_rank(virtual: int, extra: int) -> int:
-    """The rank of core member ``virtual`` (the odd ranks stand for their pairs)."""
-    return 2 * virtual + 1 if virtual < extra else virtual + extra
 
 
 def recursive_doubling(comm, buffer):
@@ -210,7 +206,7 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False, algorith
     group = call.group_of(group)
     rank = group._global_rank
     contribution = call.buffer_of(tensor, "all_gather", rank, writeable=False)
-    outputs = _check_list(tensor_list, group, contribution, "all_gather", "tensor_list", "tensor")
+    outputs = check_per_rank_list(tensor_list, group, contribution, "all_gather", "tensor_list", "tensor")
     result = np.empty(group.size * contribution.size, contribution.dtype)
 
     def finish():
@@ -220,7 +216,7 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False, algorith
     return _gather(group, result, contribution, async_op, algorithm, finish)
 
 
-def _check_list(arrays, group, like: np.ndarray, collective: str, list_name: str,
+def check_per_rank_list(arrays, group, like: np.ndarray, collective: str, list_name: str,
                 like_name: str, writeable: bool = True) -> list[np.ndarray]:
     """The arrays of a per-rank list, checked: one per rank, each like ``like``."""
     rank = group._global_rank

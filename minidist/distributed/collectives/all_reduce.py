@@ -36,6 +36,7 @@ power-of-two algorithm; at the end each odd rank hands the result back.
 
 from __future__ import annotations
 
+from minidist.costmodel import double_binary_tree_chunks
 from minidist.distributed.collectives import broadcast as _broadcast
 from minidist.distributed.collectives import call
 from minidist.distributed.collectives import reduce as _reduce
@@ -288,8 +289,6 @@ def double_binary_tree(comm, buffer):
     the ring's 2 N beta + N gamma with log n rather than n latency.
     Any n works (the trees simply stop at the last rank).
     """
-    from minidist.costmodel import double_binary_tree_chunks
-
     n, rank = comm.size, comm.rank
     count = double_binary_tree_chunks(buffer.nbytes)
     plans = []

@@ -35,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from minidist.distributed.collectives import call
-from minidist.distributed.collectives.all_gather import _check_list
+from minidist.distributed.collectives.all_gather import check_per_rank_list
 from minidist.distributed.collectives.chunks import split
 
 
@@ -172,9 +172,9 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
         raise TypeError(f"rank {rank}: all_to_all needs input_tensor_list as a list of "
                         f"{group.size} arrays (one per rank), got {input_tensor_list!r:.60}.")
     like = call.buffer_of(input_tensor_list[0], "all_to_all", rank, writeable=False)
-    inputs = _check_list(input_tensor_list, group, like, "all_to_all", "input_tensor_list",
+    inputs = check_per_rank_list(input_tensor_list, group, like, "all_to_all", "input_tensor_list",
                          "input_tensor_list[0]", writeable=False)
-    outputs = _check_list(output_tensor_list, group, like, "all_to_all", "output_tensor_list",
+    outputs = check_per_rank_list(output_tensor_list, group, like, "all_to_all", "output_tensor_list",
                           "input_tensor_list[0]")
     source = np.concatenate([array.reshape(-1) for array in inputs])
     result = np.empty_like(source)

@@ -42,7 +42,8 @@ from __future__ import annotations
 import numpy as np
 
 from minidist.distributed.collectives import call
-from minidist.distributed.collectives.all_gather import _check_list, _real_rank, core_piece_offsets
+from minidist.distributed.collectives.all_gather import check_per_rank_list, core_piece_offsets
+from minidist.distributed.collectives.all_reduce import _real_rank
 from minidist.distributed.collectives.chunks import largest_power_of_two, split
 from minidist.distributed.reduce_op import ReduceOp
 
@@ -209,7 +210,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bo
     """
     group = call.group_of(group)
     result = call.buffer_of(output, "reduce_scatter", group._global_rank)
-    inputs = _check_list(input_list, group, result, "reduce_scatter", "input_list", "output",
+    inputs = check_per_rank_list(input_list, group, result, "reduce_scatter", "input_list", "output",
                          writeable=False)
     pieces = np.concatenate([array.reshape(-1) for array in inputs])
     return _scatter_reduce(group, pieces, True, result, op, async_op, algorithm,
