@@ -258,6 +258,111 @@ TRAFFIC = {
 }
 
 
+# --------------------------------------------------------------------------- the all-to-all family
+# all_gather (N: the gathered result), reduce_scatter (N: the input), all_to_all
+# (N: what one rank sends); each rank's piece is N/n bytes.
+
+
+def _doubling_pieces(n: int) -> int:
+    """B(n): pieces on the critical path of a folded recursive doubling / halving
+    (round k moves at most 2^k + min(2^k, n - p) pieces); n - 1 when n = p."""
+    p, extra = _p(n), n - _p(n)
+    return sum((1 << k) + min(1 << k, extra) for k in range(p.bit_length() - 1))
+
+
+def _bruck_pieces(n: int) -> int:
+    """Pieces an all-to-all Bruck rank sends: in round k those whose index has bit k set."""
+    return sum(sum(1 for index in range(n) if index >> k & 1) for k in range(_log2(n)))
+
+
+def _folded(n: int, power_of_two: float, otherwise: float) -> float:
+    return power_of_two if n == _p(n) else otherwise
+
+
+FORMULAS.update({
+    "all_gather": {
+        "ring": lambda n, N, P: (n - 1) * (P.alpha + N / n * P.beta),
+        "recursive_doubling": lambda n, N, P: _folded(
+            n, math.log2(n) * P.alpha + (n - 1) / n * N * P.beta,
+            (math.log2(_p(n)) + 2) * P.alpha + (_doubling_pieces(n) + 1 + n) * N / n * P.beta),
+        "bruck": lambda n, N, P: _log2(n) * P.alpha + (n - 1) / n * N * P.beta,
+    },
+    "reduce_scatter": {
+        "ring": lambda n, N, P: (n - 1) * (P.alpha + N / n * (P.beta + P.gamma)),
+        "recursive_halving": lambda n, N, P: _folded(
+            n, math.log2(n) * P.alpha + (n - 1) / n * N * (P.beta + P.gamma),
+            (math.log2(_p(n)) + 2) * P.alpha
+            + (_doubling_pieces(n) + n) * N / n * (P.beta + P.gamma) + N / n * P.beta),
+        "pairwise": lambda n, N, P: (n - 1) * (P.alpha + N / n * (P.beta + P.gamma)),
+    },
+    "all_to_all": {
+        "pairwise": lambda n, N, P: (n - 1) * (P.alpha + N / n * P.beta),
+        "bruck": lambda n, N, P: _log2(n) * P.alpha + _bruck_pieces(n) * N / n * P.beta,
+    },
+})
+
+#: The double binary tree all_reduce pipelines each half of the array in
+#: chunks of about this many bytes.
+DOUBLE_BINARY_TREE_CHUNK_BYTES = 1 << 16
+
+
+def double_binary_tree_chunks(nbytes: float) -> int:
+    """k: the chunks each half of an ``nbytes`` array is pipelined in."""
+    return max(1, math.ceil(nbytes / 2 / DOUBLE_BINARY_TREE_CHUNK_BYTES))
+
+
+def _double_binary_tree(n: int, N: float, P: Params) -> float:
+    k = double_binary_tree_chunks(N)
+    return (k + 2 * _log2(n) - 1) * (P.alpha + 2 * N / k * P.beta + N / k * P.gamma)
+
+
+FORMULAS["all_reduce"]["double_binary_tree"] = _double_binary_tree
+
+#: What each algorithm puts on the wires, summed over all ranks:
+#: ``f(n, count, itemsize) -> (messages, bytes)``, count being the elements of
+#: N above (a multiple of n). Empty pieces are still sent, so messages do not
+#: depend on count.
+TRAFFIC_ALL_TO_ALL_FAMILY = {
+    "all_gather": {
+        "ring": lambda n, count, itemsize: (n * (n - 1), (n - 1) * count * itemsize),
+        "recursive_doubling": lambda n, count, itemsize: (
+            _p(n) * _log2(_p(n)) + 2 * (n - _p(n)),
+            (n - _p(n) + n * (_p(n) - 1) + (n - _p(n)) * n) * count // n * itemsize),
+        "bruck": lambda n, count, itemsize: (n * _log2(n), (n - 1) * count * itemsize),
+    },
+    "reduce_scatter": {
+        "ring": lambda n, count, itemsize: (n * (n - 1), (n - 1) * count * itemsize),
+        "recursive_halving": lambda n, count, itemsize: (
+            _p(n) * _log2(_p(n)) + 2 * (n - _p(n)),
+            ((n - _p(n)) * n + n * (_p(n) - 1) + n - _p(n)) * count // n * itemsize),
+        "pairwise": lambda n, count, itemsize: (n * (n - 1), (n - 1) * count * itemsize),
+    },
+    "all_to_all": {
+        "pairwise": lambda n, count, itemsize: (n * (n - 1), (n - 1) * count * itemsize),
+        "bruck": lambda n, count, itemsize: (n * _log2(n),
+                                             _bruck_pieces(n) * count * itemsize),
+    },
+    # Not of this family, but added with it: each non-root rank of each tree
+    # sends k chunks up and receives k down (count: the whole array).
+    "all_reduce": {
+        "double_binary_tree": lambda n, count, itemsize: (
+            4 * (n - 1) * double_binary_tree_chunks(count * itemsize),
+            2 * (n - 1) * count * itemsize),
+    },
+}
+
+
+
+def _without_root(function):
+    return lambda n, count, itemsize, root=0: function(n, count, itemsize)
+
+
+# One TRAFFIC table for every algorithm (the all-to-all family has no root).
+for _collective, _algorithms in TRAFFIC_ALL_TO_ALL_FAMILY.items():
+    for _name, _function in _algorithms.items():
+        TRAFFIC.setdefault(_collective, {})[_name] = _without_root(_function)
+
+
 def formula(collective: str, algorithm: str):
     """The cost function of one algorithm: ``f(n, N, params) -> seconds``."""
     try:

@@ -40,11 +40,17 @@ THREAD_FUNNELED): the progress engine has no locks.
 
 from minidist.distributed.collectives import (
     ALGORITHMS,
+    all_gather,
+    all_gather_into_tensor,
     all_reduce,
+    all_to_all,
+    all_to_all_single,
     barrier,
     broadcast,
     gather,
     reduce,
+    reduce_scatter,
+    reduce_scatter_tensor,
     scatter,
 )
 from minidist.distributed.console import print0, progress0
@@ -109,3 +115,5 @@ __all__ = [
     "wait_all",
 ]
 __all__ += ["gather", "scatter"]
+__all__ += ["all_gather", "all_gather_into_tensor", "all_to_all", "all_to_all_single",
+            "reduce_scatter", "reduce_scatter_tensor"]

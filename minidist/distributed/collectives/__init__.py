@@ -7,6 +7,7 @@ alpha-beta-gamma cost in its docstring (and in :mod:`minidist.costmodel`):
 
 * :mod:`.broadcast`, :mod:`.reduce`, :mod:`.all_reduce`
 * :mod:`.scatter`, :mod:`.gather`, :mod:`.barrier`
+* :mod:`.all_gather`, :mod:`.reduce_scatter`, :mod:`.all_to_all`
 * :mod:`.comm`  what an algorithm sees; message fingerprints; the Work handle
 * :mod:`.call`  what every call shares: checks, algorithm choice, running
 * :mod:`.chunks` cutting a buffer into pieces
@@ -17,14 +18,18 @@ alpha-beta-gamma cost in its docstring (and in :mod:`minidist.costmodel`):
 ``algorithm=`` or leave "auto" for the cost model's choice.
 """
 
+from minidist.distributed.collectives.all_gather import all_gather, all_gather_into_tensor
 from minidist.distributed.collectives.all_reduce import all_reduce
+from minidist.distributed.collectives.all_to_all import all_to_all, all_to_all_single
 from minidist.distributed.collectives.barrier import barrier
 from minidist.distributed.collectives.broadcast import broadcast
 from minidist.distributed.collectives.call import ALGORITHMS
 from minidist.distributed.collectives.comm import Work
 from minidist.distributed.collectives.gather import gather
 from minidist.distributed.collectives.reduce import reduce
+from minidist.distributed.collectives.reduce_scatter import reduce_scatter, reduce_scatter_tensor
 from minidist.distributed.collectives.scatter import scatter
 
-__all__ = ["ALGORITHMS", "Work", "all_reduce", "broadcast", "reduce"]
-__all__ += ["barrier", "gather", "scatter"]
+__all__ = ["ALGORITHMS", "Work", "all_gather", "all_gather_into_tensor", "all_reduce",
+           "all_to_all", "all_to_all_single", "barrier", "broadcast", "gather", "reduce",
+           "reduce_scatter", "reduce_scatter_tensor", "scatter"]

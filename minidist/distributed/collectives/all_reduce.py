@@ -13,7 +13,10 @@ reduce_broadcast        2 ceil(log2 n) (alpha + N beta) + ceil(log2 n) N gamma
 recursive_doubling      log2 p (alpha + N beta + N gamma)         (+2 steps if n != p)
 rabenseifner            2 log2 p alpha + 2 (p-1)/p N beta + (p-1)/p N gamma  (+2 steps if n != p)
 ring                    2 (n - 1) alpha + 2 (n-1)/n N beta + (n-1)/n N gamma
+double_binary_tree      (k + 2 ceil(log2 n) - 1) (alpha + 2 N/k beta + N/k gamma)
 ======================  ========================================================
+
+(k: the chunks each half is pipelined in, see :func:`double_binary_tree`.)
 
 Latency-bound small arrays want few steps (recursive doubling); large arrays
 want few bytes per rank (ring, Rabenseifner: each rank sends about 2N bytes
@@ -21,7 +24,7 @@ whatever n is, which is why the ring's time stays flat as n grows).
 
 Identical bits: every algorithm here leaves the same bits on every rank. Each
 element is combined by exactly one rank (ring, Rabenseifner, coordinator,
-reduce + broadcast) and then copied, or, in recursive doubling, both partners
+reduce + broadcast, double binary tree) and then copied, or, in recursive doubling, both partners
 compute ``a + b`` and ``b + a`` of identical partial results, which IEEE
 arithmetic makes equal.
 
@@ -33,6 +36,7 @@ power-of-two algorithm; at the end each odd rank hands the result back.
 
 from __future__ import annotations
 
+from minidist.costmodel import double_binary_tree_chunks
 from minidist.distributed.collectives import broadcast as _broadcast
 from minidist.distributed.collectives import call
 from minidist.distributed.collectives import reduce as _reduce
@@ -147,12 +151,141 @@ def ring(comm, buffer):
                comm.irecv(chunks[into], left, f"allgather step {step} chunk {into}")]
 
 
+# --------------------------------------------------------------------------- double binary tree
+
+
+def binary_tree(n: int, rank: int) -> tuple[int, list[int]]:
+    """(parent, children) of ``rank`` in NCCL's binary tree of n ranks (parent
+    -1 at the root, rank 0). Rank r's level is its lowest set bit b: its
+    parent is the rank with that bit cleared and the next one set (or just
+    cleared, past the end), its children r - b/2 and r + b/2 (or the nearest
+    r + b/2^j inside the world). Every odd rank is a leaf; rank 0's one child
+    is the largest power of two below n. Depth: ceil(log2 n)."""
+    bit = 1
+    while bit < n and not bit & rank:
+        bit <<= 1
+    if rank == 0:
+        return -1, ([bit >> 1] if n > 1 else [])
+    parent = (rank ^ bit) | (bit << 1)
+    if parent >= n:
+        parent = rank ^ bit
+    low = bit >> 1
+    children = [rank - low] if low else []
+    while low and rank + low >= n:
+        low >>= 1
+    if low:
+        children.append(rank + low)
+    return parent, children
+
+
+def double_binary_trees(n: int) -> list[tuple[list[int], list[list[int]]]]:
+    """NCCL's two trees, each as (parent of every rank, children of every rank).
+
+    The second tree is the first with ranks mirrored (r -> n - 1 - r) when n
+    is even, shifted (r -> r + 1) when n is odd, which turns the first tree's
+    leaves (odd ranks) into the second's interior nodes: every rank is a leaf
+    in at least one tree (for odd n all but rank 0, the first root, which
+    has only one child there), so each rank forwards the data of one tree only.
+    """
+    if n % 2:
+        relabel, back = (lambda rank: (rank - 1) % n), (lambda rank: (rank + 1) % n)
+    else:
+        relabel = back = (lambda rank: n - 1 - rank)
+    trees = []
+    def same(rank):
+        return rank
+
+    for label, unlabel in ((same, same), (relabel, back)):
+        parents, children = [], []
+        for rank in range(n):
+            parent, kids = binary_tree(n, label(rank))
+            parents.append(-1 if parent < 0 else unlabel(parent))
+            children.append([unlabel(kid) for kid in kids])
+        trees.append((parents, children))
+    return trees
+
+
+def _heights_and_depths(parents, children):
+    n = len(parents)
+    depths = []
+    for rank in range(n):
+        depth, node = 0, rank
+        while parents[node] >= 0:
+            node, depth = parents[node], depth + 1
+        depths.append(depth)
+    heights = [0] * n
+    for rank in sorted(range(n), key=depths.__getitem__, reverse=True):
+        heights[rank] = max((heights[kid] + 1 for kid in children[rank]), default=0)
+    return heights, depths
+
+
+def double_binary_tree(comm, buffer):
+    """NCCL's double binary tree: each half of the array is reduced up one of two
+    binary trees and broadcast back down it, both pipelined in k chunks.
+
+    A single binary tree would make every interior rank receive two whole
+    arrays and send three (one up, two down): twice the bandwidth of a ring.
+    With two trees in which a leaf of one is an interior node of the other
+    (:func:`double_binary_trees`), each rank forwards only half the array.
+
+    Schedule, per tree (h: a rank's height above its deepest leaf, d: its
+    depth below the root, H = ceil(log2 n) the root's height): in step s a
+    rank combines chunk s - h(c) arriving from each child c and sends chunk
+    s - h, finished below it, to its parent; the root, done with chunk j at
+    step j + H - 1, sends it down at step j + H, and a rank at depth d
+    receives it at step j + H + d - 1 and passes it on at step j + H + d.
+    So the reduce of later chunks overlaps the broadcast of earlier ones, in
+    k + 2H - 1 steps in all; k = :func:`~minidist.costmodel.double_binary_tree_chunks`.
+
+    Cost: in a step a rank receives at most four chunks of N/(2k) (two from
+    its children and one from its parent in the tree where it is interior,
+    one from its parent in the other) and combines two:
+    (k + 2 ceil(log2 n) - 1) (alpha + 2 N/k beta + N/k gamma), which tends to
+    the ring's 2 N beta + N gamma with log n rather than n latency.
+    Any n works (the trees simply stop at the last rank).
+    """
+    n, rank = comm.size, comm.rank
+    count = double_binary_tree_chunks(buffer.nbytes)
+    plans = []
+    for half, (parents, children) in zip(split(buffer, 2), double_binary_trees(n)):
+        heights, depths = _heights_and_depths(parents, children)
+        plans.append((split(half, count), parents[rank], children[rank], heights, depths[rank],
+                      heights[parents.index(-1)]))
+    steps = count + 2 * (n - 1).bit_length() - 1
+    for step in range(steps):
+        requests = []
+        for tree, (chunks, parent, kids, heights, depth, top) in enumerate(plans):
+            for kid in kids:
+                chunk = step - heights[kid]
+                if 0 <= chunk < count:
+                    requests.append(comm.irecv_reduce(
+                        chunks[chunk], kid, f"tree {tree} reduce chunk {chunk} from {kid}"))
+            if parent >= 0:
+                chunk = step - heights[rank]
+                if 0 <= chunk < count:
+                    requests.append(comm.isend(
+                        chunks[chunk], parent, f"tree {tree} reduce chunk {chunk} to {parent}"))
+                chunk = step - top - depth + 1
+                if 0 <= chunk < count:
+                    requests.append(comm.irecv(
+                        chunks[chunk], parent,
+                        f"tree {tree} broadcast chunk {chunk} from {parent}"))
+            chunk = step - top - depth
+            if 0 <= chunk < count:
+                for kid in kids:
+                    requests.append(comm.isend(
+                        chunks[chunk], kid, f"tree {tree} broadcast chunk {chunk} to {kid}"))
+        if requests:
+            yield requests
+
+
 ALGORITHMS = call.register("all_reduce", {
     "coordinator": coordinator,
     "reduce_broadcast": reduce_broadcast,
     "recursive_doubling": recursive_doubling,
     "rabenseifner": rabenseifner,
     "ring": ring,
+    "double_binary_tree": double_binary_tree,
 })
 
 
