@@ -86,7 +86,13 @@ def train_digits(
     loader = DataLoader((x_train, y_train), batch_size=batch_size, shuffle=True, seed=seed)
 
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
     console = console or Console()
     console.print(
