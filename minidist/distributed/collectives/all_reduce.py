@@ -82,7 +82,7 @@ def recursive_doubling(comm, buffer):
             round_ = mask.bit_length() - 1
             yield [comm.isend(buffer, partner, f"round {round_} to {partner}"),
                    comm.irecv(incoming, partner, f"round {round_} from {partner}")]
-            comm.ufunc(buffer, incoming, out=buffer)
+            comm.combine(buffer, incoming)
             mask <<= 1
     yield from _fold_out(comm, buffer, p)
 

@@ -133,7 +133,7 @@ class Comm:
     """
 
     __slots__ = ("group", "rank", "size", "tag", "ufunc", "prefix", "tracing", "algorithm",
-                 "book")
+                 "book", "_charge_combine")
 
     def __init__(self, group, tag: int, ufunc, prefix: str, algorithm: str = "", book=None):
         self.group = group
@@ -144,7 +144,12 @@ class Comm:
         self.tag = tag
         self.ufunc = ufunc
         self.prefix = prefix
-        self.tracing = _trace.enabled()
+        transport = group.transport
+        # The simulator records its own trace in this process; real transports
+        # follow the process's recorder.
+        self.tracing = _trace.enabled() or getattr(transport, "tracing", False)
+        # Only the simulator charges time for local work (its clock is virtual).
+        self._charge_combine = getattr(transport, "charge_combine", None)
 
     def _label(self, label: str) -> str:
         return f"{self.prefix}: {label}" if self.tracing else self.prefix
@@ -217,6 +222,14 @@ class _Receive:
         return self.done
 
     is_completed = test
+
+    def combine(self, array: np.ndarray, incoming: np.ndarray) -> None:
+        """``array = op(array, incoming)`` with the call's reduction, on this rank.
+        Use it (not the ufunc directly) for every local combine, so that the
+        simulator can charge its N gamma."""
+        self.ufunc(array, incoming, out=array)
+        if self._charge_combine is not None:
+            self._charge_combine(array.nbytes)
 
 
 # --------------------------------------------------------------------------- running

@@ -1,0 +1,445 @@
+"""Run a collective on many simulated ranks in this process, and time it.
+
+    from minidist.distributed import simulate
+    result = simulate("all_reduce", "ring", world_size=1024, nbytes=100_000_000,
+                      alpha=5e-6, beta=1e-10, gamma=1e-10, trace="ring.jsonl")
+    result.time        # simulated seconds (the latest rank's clock)
+    result.predicted   # the cost model's formula, for comparison
+
+How. Every rank gets a :class:`~minidist.distributed.transport.sim.SimTransport`
+of one :class:`~minidist.distributed.transport.sim.SimNetwork` and a
+:class:`~minidist.distributed.process_group.ProcessGroup` on it, and calls the
+*public* collective with ``group=`` its group and ``async_op=True``: exactly
+the code that runs on real processes. Each call returns a Work whose
+generator has not started. The driver then moves the ranks on: it calls
+``work.test()`` on a rank, which runs its algorithm until it waits for a
+message that has not been sent yet, and takes the next rank from a queue of
+ranks that have something new (a receive completed). When the queue is
+empty and some rank has not finished, that rank waits for a message nobody
+will send: the error names who waits for what.
+
+The virtual clock (see :mod:`~minidist.distributed.transport.sim`) follows
+the cost model's single-port alpha-beta-gamma model, so on arrays that
+divide evenly the simulated time equals the formula of
+:mod:`minidist.costmodel`; where they differ, the simulation shows what the
+formula leaves out (chunks of unequal size, the ranks of a non-power-of-two
+world waiting for each other).
+
+Big arrays cost nothing: the ranks run on a small array (an element count
+every chunking of the algorithms divides), and the network charges each
+message ``byte_scale`` times its real size. Only arrays that fit in
+:data:`MEMORY_BUDGET` for all ranks together are simulated at their real size.
+
+Adding a collective: one entry in :data:`CALLS` saying which arrays a rank
+passes and how the public function is called.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from minidist import costmodel
+from minidist import trace as _trace
+from minidist.distributed.collectives import ALGORITHMS, all_reduce, broadcast, reduce
+from minidist.distributed.collectives.chunks import largest_power_of_two
+from minidist.distributed.errors import DistributedError
+from minidist.distributed.process_group import ProcessGroup
+from minidist.distributed.reduce_op import ReduceOp
+from minidist.distributed.transport.sim import SimNetwork, SimulationStallError
+
+MEMORY_BUDGET = 16 << 20
+"""Real bytes (all ranks together) up to which arrays are simulated at their true size."""
+
+
+class SimulationError(DistributedError):
+    """A simulated rank raised: the algorithm failed, not the simulator."""
+
+
+# --------------------------------------------------------------------------- how to call each collective
+
+
+@dataclass(frozen=True)
+class CollectiveCall:
+    """How the driver calls one public collective on a simulated rank.
+
+    ``inputs(rank, world_size, count, dtype)``: the arrays the rank passes,
+    where ``count`` is the element count of the N-byte array the cost model
+    means (each rank's array for broadcast / reduce / all_reduce; the whole
+    gathered array for gather-like collectives, which then pass count / n).
+    ``start(group, arrays, root, algorithm, op)``: the call, with
+    ``async_op=True``, returning its Work. ``rooted``: takes a root.
+    """
+
+    inputs: Callable
+    start: Callable
+    rooted: bool = False
+
+
+def sample_values(rank: int, count: int, dtype) -> np.ndarray:
+    """Rank-dependent small integers: exact in every dtype, so any order of
+    summation gives the same bits and a result can be checked exactly."""
+    dtype = np.dtype(dtype)
+    values = (np.arange(count, dtype=np.int64) * 7 + rank * 3 + 1) % 5
+    if dtype == np.bool_:
+        return values % 2 == 1
+    return values.astype(dtype)
+
+
+def _one_array(rank, world_size, count, dtype):
+    return (sample_values(rank, count, dtype),)
+
+
+def _start_broadcast(group, arrays, root, algorithm, op):
+    return broadcast(arrays[0], src=root, group=group, async_op=True, algorithm=algorithm)
+
+
+def _start_reduce(group, arrays, root, algorithm, op):
+    return reduce(arrays[0], dst=root, op=op, group=group, async_op=True, algorithm=algorithm)
+
+
+def _start_all_reduce(group, arrays, root, algorithm, op):
+    return all_reduce(arrays[0], op=op, group=group, async_op=True, algorithm=algorithm)
+
+
+CALLS: dict[str, CollectiveCall] = {
+    "broadcast": CollectiveCall(_one_array, _start_broadcast, rooted=True),
+    "reduce": CollectiveCall(_one_array, _start_reduce, rooted=True),
+    "all_reduce": CollectiveCall(_one_array, _start_all_reduce),
+}
+
+
+# --------------------------------------------------------------------------- result
+
+
+@dataclass
+class SimulationResult:
+    """What one simulated call did and how long it took (seconds of virtual time)."""
+
+    collective: str
+    algorithm: str
+    world_size: int
+    nbytes: int
+    params: costmodel.Params
+    time: float
+    clocks: list[float]
+    messages: int
+    bytes: float
+    byte_scale: float
+    predicted: float | None
+    buffers: list = field(repr=False)
+    #: With tracing: one tuple per send and per receive, in
+    #: :data:`minidist.trace.FIELDS` order, times in virtual nanoseconds.
+    events: list[tuple] | None = field(default=None, repr=False)
+
+    def trace_header(self) -> dict:
+        return _trace.make_header(
+            self.world_size, transport="sim", clock="virtual", collective=self.collective,
+            algorithm=self.algorithm, nbytes=self.nbytes, alpha=self.params.alpha,
+            beta=self.params.beta, gamma=self.params.gamma, simulated_seconds=self.time)
+
+    def event_dicts(self) -> list[dict]:
+        """The events in the written form (one dict per message end)."""
+        return [dict(zip(_trace.FIELDS, event)) for event in self.events or ()]
+
+    def write_trace(self, path) -> int:
+        """Write the events as a minidist trace (JSON lines, as
+        :func:`minidist.trace.write_jsonl` does, one event at a time so that
+        millions of them need no list of dicts); returns their number."""
+        if self.events is None:
+            raise ValueError("this simulation kept no events; run simulate(..., trace=True) "
+                             "or simulate(..., trace='file.jsonl')")
+        ordered = sorted(self.events, key=lambda event: (event[6], event[0]))  # start, rank
+        header = self.trace_header()
+        header["events"] = len(ordered)
+        path = os.fspath(path)
+        temporary = f"{path}.{os.getpid()}.tmp"
+        fields = _trace.FIELDS
+        with open(temporary, "w", encoding="utf-8") as file:
+            file.write(json.dumps(header) + "\n")
+            for event in ordered:
+                file.write(json.dumps(dict(zip(fields, event)), separators=(",", ":")) + "\n")
+        os.replace(temporary, path)
+        return len(ordered)
+
+
+# --------------------------------------------------------------------------- sizing
+
+
+def plan_elements(world_size: int, nbytes: int, itemsize: int) -> tuple[int, float]:
+    """(elements per array, byte_scale) to simulate an ``nbytes`` array.
+
+    At its true size when that fits :data:`MEMORY_BUDGET` for all ranks;
+    otherwise lcm(n, p) elements (p: the largest power of two <= n), which
+    every chunking of the algorithms here (n chunks, p chunks, halves of
+    those) divides evenly, charged as ``nbytes`` bytes.
+    """
+    if nbytes % itemsize == 0 and nbytes * world_size <= MEMORY_BUDGET:
+        return nbytes // itemsize, 1.0
+    count = math.lcm(world_size, largest_power_of_two(world_size))
+    if count * itemsize * world_size > MEMORY_BUDGET:
+        count = world_size
+    return count, nbytes / (count * itemsize)
+
+
+# --------------------------------------------------------------------------- the driver
+
+
+def _check(collective, algorithm, world_size, nbytes, root) -> str:
+    if collective not in ALGORITHMS or collective not in CALLS:
+        known = sorted(name for name in ALGORITHMS if name in CALLS)
+        raise ValueError(f"cannot simulate collective {collective!r}; choose one of {known}")
+    algorithms = list(ALGORITHMS[collective])
+    if algorithm not in algorithms and algorithm != "auto":
+        raise ValueError(f"{collective} has no algorithm {algorithm!r}; choose one of "
+                         f"{algorithms} or 'auto'")
+    if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) \
+            or world_size < 1:
+        raise ValueError(f"world_size must be a whole number >= 1, got {world_size!r}")
+    if nbytes is not None and (not isinstance(nbytes, (int, np.integer)) or nbytes < 0):
+        raise ValueError(f"nbytes must be a whole number of bytes >= 0, got {nbytes!r}")
+    if CALLS[collective].rooted and not 0 <= root < world_size:
+        raise ValueError(f"root {root} is out of range: the simulated world has ranks "
+                         f"0..{world_size - 1}")
+    return collective
+
+
+def simulate(collective: str, algorithm: str = "auto", world_size: int = 8,
+             nbytes: int | None = None, *, alpha: float | None = None, beta: float | None = None,
+             gamma: float | None = None, dtype=np.float32, op=ReduceOp.SUM, root: int = 0,
+             inputs=None, trace=None) -> SimulationResult:
+    """Simulate one call of ``collective`` with ``algorithm`` on ``world_size`` ranks.
+
+    ``nbytes``: the size N the cost model means (each rank's array for
+    all_reduce); simulated on a small array scaled up (see
+    :func:`plan_elements`). ``alpha`` (seconds per message), ``beta`` (seconds
+    per byte), ``gamma`` (seconds per byte combined) default to
+    ``costmodel.PARAMS["sim"]``. ``inputs``: each rank's arrays (a list of one
+    array per rank, or of tuples for collectives taking several), simulated
+    at their true size; ``result.buffers`` holds them after the call.
+    ``trace``: True to keep the events in ``result.events``, or a path to also
+    write them there as a minidist trace (virtual nanoseconds).
+    """
+    _check(collective, algorithm, world_size, nbytes, root)
+    world_size = int(world_size)
+    defaults = costmodel.PARAMS["sim"]
+    params = costmodel.Params(alpha=defaults.alpha if alpha is None else float(alpha),
+                              beta=defaults.beta if beta is None else float(beta),
+                              gamma=defaults.gamma if gamma is None else float(gamma))
+    spec = CALLS[collective]
+    if inputs is not None:
+        arrays = _given_inputs(inputs, world_size)
+        real = arrays[0][0].nbytes
+        nbytes = real if nbytes is None else int(nbytes)
+        byte_scale = nbytes / real if real else 1.0
+    else:
+        if nbytes is None:
+            raise ValueError("say how big the array is: nbytes=... (or pass inputs=)")
+        count, byte_scale = plan_elements(world_size, int(nbytes), np.dtype(dtype).itemsize)
+        arrays = [spec.inputs(rank, world_size, count, dtype) for rank in range(world_size)]
+    if algorithm == "auto":
+        algorithm = costmodel.best(collective, world_size, nbytes, params=params,
+                                   candidates=tuple(ALGORITHMS[collective]))
+
+    network = SimNetwork(world_size, params.alpha, params.beta, params.gamma,
+                         byte_scale=byte_scale, record=bool(trace))
+    _run(network, spec, arrays, root, algorithm, op, collective)
+
+    try:
+        predicted = costmodel.predict(collective, algorithm, world_size, nbytes, params)
+    except ValueError:
+        predicted = None  # no formula for this algorithm
+    result = SimulationResult(
+        collective=collective, algorithm=algorithm, world_size=world_size, nbytes=int(nbytes),
+        params=params, time=network.time,
+        clocks=[transport.clock for transport in network.transports],
+        messages=network.messages, bytes=network.bytes, byte_scale=byte_scale,
+        predicted=predicted, buffers=[a[0] if len(a) == 1 else a for a in arrays],
+        events=network.events)
+    if trace and not isinstance(trace, bool):
+        result.write_trace(trace)
+    return result
+
+
+def _given_inputs(inputs, world_size: int) -> list[tuple]:
+    inputs = list(inputs)
+    if len(inputs) != world_size:
+        raise ValueError(f"inputs has {len(inputs)} entries but world_size is {world_size}: "
+                         "give one array (or tuple of arrays) per simulated rank")
+    arrays = [tuple(entry) if isinstance(entry, (tuple, list)) else (entry,)
+              for entry in inputs]
+    for rank, entry in enumerate(arrays):
+        for array in entry:
+            if not isinstance(array, np.ndarray):
+                raise TypeError(f"inputs[{rank}] must be NumPy arrays, got "
+                                f"{type(array).__name__}")
+    return arrays
+
+
+def _run(network: SimNetwork, spec: CollectiveCall, arrays, root, algorithm, op,
+         collective) -> None:
+    """Start the call on every rank, then move ranks on until all have finished."""
+    world_size = network.world_size
+    members = range(world_size)
+    ready = deque(members)
+    queued = bytearray(b"\x01") * world_size
+
+    def wake(rank: int) -> None:
+        if not queued[rank]:
+            queued[rank] = 1
+            ready.append(rank)
+
+    network.on_ready = wake
+    works = []
+    for rank in members:
+        group = ProcessGroup(network.transports[rank], members, 0)
+        try:
+            works.append(spec.start(group, arrays[rank], root, algorithm, op))
+        except DistributedError:
+            raise
+        except Exception as error:
+            raise type(error)(f"simulated rank {rank}: {error}") from error
+
+    finished = bytearray(world_size)
+    remaining = world_size
+    while ready:
+        rank = ready.popleft()
+        queued[rank] = 0
+        if finished[rank]:
+            continue
+        try:
+            complete = works[rank].test()
+        except DistributedError:
+            raise
+        except Exception as error:
+            raise SimulationError(f"simulated rank {rank} failed in {collective} "
+                                  f"({algorithm}): {type(error).__name__}: {error}") from error
+        if complete:
+            finished[rank] = 1
+            remaining -= 1
+    if remaining:
+        raise SimulationStallError(_stall_report(network, finished, collective, algorithm))
+
+
+def _stall_report(network, finished, collective, algorithm) -> str:
+    stuck = [rank for rank in range(network.world_size) if not finished[rank]]
+    lines = []
+    for rank in stuck[:8]:
+        waits = network.transports[rank].waiting_for() or ["nothing it can name"]
+        lines.append(f"  rank {rank} waits for {waits[0]}"
+                     + (f" (and {len(waits) - 1} more)" if len(waits) > 1 else ""))
+    if len(stuck) > 8:
+        lines.append(f"  ... and {len(stuck) - 8} more ranks")
+    return (f"{collective} ({algorithm}) cannot finish: {len(stuck)} of {network.world_size} "
+            "simulated ranks wait for messages that no rank will send (a deadlock: check "
+            "that every receive has a matching send, posted in the same order on both "
+            "sides).\n" + "\n".join(lines))
+
+
+# --------------------------------------------------------------------------- minidist simulate
+
+
+def _format_seconds(seconds: float) -> str:
+    if seconds == 0:
+        return "0 s"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9)):
+        if seconds >= scale or unit == "ns":
+            return f"{seconds / scale:.4g} {unit}"
+    return f"{seconds:g} s"
+
+
+def _format_bytes(nbytes: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.4g} {unit}"
+    return f"{nbytes:.4g} B"
+
+
+def _trace_path(path: str, algorithm: str, several: bool) -> str:
+    if not several:
+        return path
+    stem, suffix = os.path.splitext(path)
+    return f"{stem}.{algorithm}{suffix or '.jsonl'}"
+
+
+def simulate_command(args) -> int:
+    """``minidist simulate COLLECTIVE [--algorithm NAME|all] -n N --size 100MB
+    --alpha 5us --bandwidth 10GB/s [--gamma-bandwidth 10GB/s] [--trace FILE]``.
+
+    Simulates each chosen algorithm, prints a table of simulated time against
+    the cost model's prediction, and writes the traces if asked (one file per
+    algorithm when there are several: FILE with the algorithm's name inserted).
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    out = Console()
+    try:
+        collective = args.collective
+        if collective not in CALLS or collective not in ALGORITHMS:
+            known = sorted(name for name in ALGORITHMS if name in CALLS)
+            raise ValueError(f"cannot simulate {collective!r}; choose one of {known}")
+        names = list(ALGORITHMS[collective])
+        algorithms = names if args.algorithm in (None, "all") else [args.algorithm]
+        for name in algorithms:
+            if name not in names:
+                raise ValueError(f"{collective} has no algorithm {name!r}; choose one of "
+                                 f"{names} or 'all'")
+        if args.nproc < 1:
+            raise ValueError(f"-n must be at least 1, got {args.nproc}")
+        nbytes = costmodel.parse_size(args.size)
+        if nbytes < 0:
+            raise ValueError(f"--size must not be negative, got {args.size!r}")
+        alpha = costmodel.parse_time(args.alpha)
+        bandwidth = costmodel.parse_bandwidth(args.bandwidth)
+        gamma_bandwidth = costmodel.parse_bandwidth(args.gamma_bandwidth)
+        for flag, value in (("--alpha", alpha), ("--bandwidth", bandwidth),
+                            ("--gamma-bandwidth", gamma_bandwidth)):
+            if not value >= 0 or (flag != "--alpha" and value == 0):
+                raise ValueError(f"{flag} must be positive, got {value:g}")
+        dtype = np.dtype(args.dtype)
+        if CALLS[collective].rooted and not 0 <= args.root < args.nproc:
+            raise ValueError(f"--root {args.root} is out of range for -n {args.nproc}")
+    except (ValueError, TypeError) as error:
+        Console(stderr=True).print(f"minidist simulate: error: {error}", style="bold red",
+                                   markup=False, highlight=False)
+        return 2
+
+    params = costmodel.Params(alpha=alpha, beta=1.0 / bandwidth,
+                              gamma=1.0 / gamma_bandwidth if math.isfinite(gamma_bandwidth)
+                              else 0.0)
+    table = Table(title=f"{collective}, {args.nproc} ranks, {_format_bytes(nbytes)} "
+                        f"(alpha {_format_seconds(alpha)}, {_format_bytes(bandwidth)}/s, "
+                        f"combining {_format_bytes(gamma_bandwidth)}/s)")
+    table.add_column("algorithm")
+    table.add_column("simulated", justify="right")
+    table.add_column("cost model", justify="right")
+    table.add_column("messages", justify="right")
+    table.add_column("bytes moved", justify="right")
+    several = len(algorithms) > 1
+    results = []
+    for name in algorithms:
+        result = simulate(collective, name, args.nproc, nbytes, alpha=params.alpha,
+                          beta=params.beta, gamma=params.gamma, dtype=dtype, root=args.root,
+                          trace=bool(args.trace))
+        results.append(result)
+        if args.trace:
+            path = _trace_path(args.trace, name, several)
+            count = result.write_trace(path)
+            out.print(f"trace of {name}: {count} events in {path}", markup=False,
+                      highlight=False)
+            result.events = None  # a 1,024-rank trace is large: keep one at a time
+    fastest = min(result.time for result in results)
+    for result in results:
+        style = "bold green" if several and result.time == fastest else None
+        table.add_row(result.algorithm, _format_seconds(result.time),
+                      "-" if result.predicted is None else _format_seconds(result.predicted),
+                      f"{result.messages:,}", _format_bytes(result.bytes), style=style)
+    out.print(table)
+    return 0

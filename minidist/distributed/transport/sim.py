@@ -1,0 +1,493 @@
+"""The "sim" transport: many ranks in one process, timed by a virtual clock.
+
+The collectives run here exactly as on real processes (the same generators,
+the same :class:`~minidist.distributed.process_group.ProcessGroup`), but every
+rank is a :class:`SimTransport` of one :class:`SimNetwork` in this process,
+and time is not measured: it is computed from the alpha-beta-gamma model.
+That is what lets a laptop run an all_reduce on 1,024 ranks and say how
+long it would take on a cluster.
+
+The model (one port per direction per rank, full duplex; the cost model's):
+
+* every rank has a **clock**, and two ports: **out** (sending) and **in**
+  (receiving), each busy until some time;
+* ``isend`` of m bytes starts when the rank gets there and its out port is
+  free, ``start = max(clock, out_free)``, and the message arrives
+  ``alpha + m beta`` later; the send completes then, and the out port is busy
+  until then (a rank's sends leave one after another);
+* a receive has the data when the message has arrived and the in port has
+  had ``alpha + m beta`` for it after its previous message:
+  ``ready = max(arrival, in_free + alpha + m beta)``. A rank takes its
+  messages in the order it posted the receives (the order MPI matches them),
+  so n - 1 messages to one root take (n - 1)(alpha + m beta) however early
+  they were sent;
+* a combining receive (``irecv_reduce``) then spends ``m gamma`` adding the
+  data, starting no earlier than the rank posted it; the in port is busy
+  until the sum is done, because the transport combines straight from its
+  buffers (so a reduce to one root costs (n - 1)(alpha + m beta + m gamma),
+  as the formula says);
+* once a step's requests are done (``request.test()`` in the driver), the
+  rank's clock moves to the latest of their completion times, and a local
+  combine (:meth:`~minidist.distributed.collectives.comm.Comm.combine`)
+  adds ``m gamma`` to it.
+
+With this, every formula of :mod:`minidist.costmodel` comes out exactly when
+the array divides evenly: a ring step costs ``alpha + (N/n) beta``, a binomial
+broadcast ``ceil(log2 n)(alpha + N beta)``.
+
+Data really moves: a message is copied when it is sent (straight into the
+receive buffer if one is posted), so the results can be compared with NumPy.
+
+**byte_scale.** To simulate 1,024 ranks of 100 MB each without 100 GB of
+memory, the driver runs the algorithm on a small array (a few elements per
+rank) and the network charges every message ``nbytes * byte_scale`` bytes, in
+the clock and in the trace. This is exact as long as the algorithm cuts the
+small array in the same proportions as the large one (the driver picks an
+element count that every chunking divides).
+
+Nothing blocks: all calls return at once, and a receive is completed by the
+sender's ``isend``. A ``wait()`` on a request that is not done cannot be
+served (the other ranks are generators that only the driver moves), so it
+raises; run collectives with ``async_op=True`` under
+:func:`minidist.distributed.simulator.simulate`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from minidist.distributed.errors import (
+    CollectiveMismatchError,
+    DistributedError,
+    MessageMismatchError,
+)
+from minidist.distributed.transport.base import ANY_SOURCE, ANY_TAG, MessageInfo
+
+_INTO, _REDUCE, _NEW = range(3)
+
+
+class SimulationStallError(DistributedError):
+    """A simulated rank waits for something that can never happen."""
+
+
+class SimRequest:
+    """A send or receive of a simulated rank; ``finish`` is its virtual completion time."""
+
+    __slots__ = ("transport", "done", "error", "finish", "tag", "context", "group_ranks")
+
+    def test(self) -> bool:
+        """True once done; the rank's clock then moves to the completion time."""
+        if self.error is not None:
+            raise self.error
+        if self.done:
+            transport = self.transport
+            if self.finish > transport.clock:
+                transport.clock = self.finish
+            return True
+        return False
+
+    is_completed = test
+
+    def wait(self, timeout=None) -> bool:
+        if not self.test():
+            raise SimulationStallError(
+                f"simulated rank {self.transport.rank}: wait() on {self.describe()}, which is "
+                "not done. Simulated ranks cannot block: start collectives with async_op=True "
+                "and let minidist.distributed.simulate() drive them.")
+        return True
+
+    def _fail(self, error: BaseException) -> None:
+        self.error = error
+        self.done = True
+
+
+class SimSend(SimRequest):
+    __slots__ = ("dst",)
+
+    def __init__(self, transport, dst, tag, context, finish):
+        self.transport = transport
+        self.done = True  # eager: the network holds the copy, the buffer is free at once
+        self.error = None
+        self.finish = finish
+        self.dst = dst
+        self.tag = tag
+        self.context = context
+
+    def describe(self) -> str:
+        return f"send to {self.dst}, tag {self.tag}"
+
+
+class SimRecv(SimRequest):
+    __slots__ = ("src", "mode", "buffer", "ufunc", "label", "post", "source", "array",
+                 "arrival", "charged", "seq")
+
+    def __init__(self, transport, src, tag, context, mode, buffer, ufunc, label, post):
+        self.transport = transport
+        self.done = False
+        self.error = None
+        self.src = src
+        self.tag = tag
+        self.context = context
+        self.mode = mode
+        self.buffer = buffer
+        self.ufunc = ufunc
+        self.label = label
+        self.post = post
+        self.source = None
+        self.array = None
+        self.arrival = None  # set when a message is matched: its data is in place
+
+    @property
+    def source_rank(self):
+        ranks = getattr(self, "group_ranks", None)
+        if self.source is None or ranks is None:
+            return self.source
+        return ranks.index(self.source)
+
+    def fits(self, array: np.ndarray) -> bool:
+        if self.mode == _NEW:
+            return True
+        buffer = self.buffer
+        return buffer.dtype == array.dtype and buffer.shape == array.shape
+
+    def misfit_error(self, array: np.ndarray) -> MessageMismatchError:
+        verb = "recv_reduce" if self.mode == _REDUCE else "recv"
+        buffer = self.buffer
+        return MessageMismatchError(
+            f"rank {self.transport.rank}: {verb} (tag {self.tag}) got a {array.dtype} message "
+            f"of shape {array.shape}, but the buffer is {buffer.dtype} of shape "
+            f"{buffer.shape}. Allocate the buffer with the sender's shape and dtype, or use "
+            "recv_array().")
+
+    def take(self, array: np.ndarray, owned: bool) -> None:
+        """Put the message's data where the receive wants it."""
+        mode = self.mode
+        if mode == _INTO:
+            self.buffer[...] = array
+        elif mode == _REDUCE:
+            self.ufunc(self.buffer, array, out=self.buffer)
+        else:
+            self.array = array if owned else array.copy()
+
+    def describe(self) -> str:
+        source = "any rank" if self.src == ANY_SOURCE else f"rank {self.src}"
+        what = f" ({self.label})" if self.label else ""
+        return f"a message from {source}, tag {self.tag}{what}"
+
+
+class _Message:
+    """A message sent before its receive was posted (the network keeps a copy)."""
+
+    __slots__ = ("data", "tag", "context", "arrival", "charged", "seq")
+
+    def __init__(self, data, tag, context, arrival, charged, seq):
+        self.data = data
+        self.tag = tag
+        self.context = context
+        self.arrival = arrival
+        self.charged = charged
+        self.seq = seq
+
+
+class SimNetwork:
+    """The simulated machine: ``world_size`` ranks, their links, and the events.
+
+    ``alpha`` seconds per message, ``beta`` seconds per byte moved, ``gamma``
+    seconds per byte combined. ``byte_scale``: every message is charged as
+    ``nbytes * byte_scale`` bytes. ``record``: keep every message as a trace
+    event (``events``, tuples in :data:`minidist.trace.FIELDS` order, times
+    in virtual nanoseconds).
+    """
+
+    def __init__(self, world_size: int, alpha: float, beta: float, gamma: float = 0.0, *,
+                 byte_scale: float = 1.0, record: bool = False):
+        if world_size < 1:
+            raise ValueError(f"a simulated network needs at least one rank, got {world_size}")
+        for name, value in (("alpha", alpha), ("beta", beta), ("gamma", gamma),
+                            ("byte_scale", byte_scale)):
+            if not value >= 0:
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        self.world_size = world_size
+        self.alpha = float(alpha)
+        self.beta = float(beta)
+        self.gamma = float(gamma)
+        self.byte_scale = float(byte_scale)
+        self.events: list[tuple] | None = [] if record else None
+        self.messages = 0
+        self.bytes = 0.0
+        self.on_ready = None  # called with a rank whose receive just completed
+        self.transports = [SimTransport(self, rank) for rank in range(world_size)]
+
+    @property
+    def time(self) -> float:
+        """The latest clock of any rank: how long everything took, in seconds."""
+        return max(transport.clock for transport in self.transports)
+
+
+class SimTransport:
+    """One simulated rank's end of the :class:`SimNetwork` (what a ProcessGroup calls)."""
+
+    name = "sim"
+
+    def __init__(self, network: SimNetwork, rank: int):
+        self.network = network
+        self.rank = rank
+        self.world_size = network.world_size
+        self.clock = 0.0
+        self.out_free = 0.0
+        self.in_free = 0.0
+        self.strict_contexts: dict = {}
+        self.describe_context = lambda context: ""
+        self.tracing = network.events is not None
+        self.default_timeout = None
+        self.closed = False
+        self._unexpected: dict[int, deque] = {}  # source -> messages nobody asked for yet
+        self._posted: dict[int, deque] = {}  # source -> receives waiting for a message
+        self._untimed: deque = deque()  # receives in posting order, not yet given a time
+        self._send_seq: dict[int, int] = {}
+
+    def __repr__(self) -> str:
+        return f"SimTransport(rank={self.rank}, clock={self.clock:.9g} s)"
+
+    # ---------------------------------------------------------------- fast paths (none)
+
+    def send_small(self, array, dst, tag, context, label) -> bool:
+        return False  # every send must hand back a request that carries its finish time
+
+    def recv_small(self, buffer, src, tag, context, label, ufunc=None) -> bool:
+        return False
+
+    # ---------------------------------------------------------------- time
+
+    def charge_combine(self, nbytes: int) -> None:
+        """A local reduction of ``nbytes`` (real bytes) keeps this rank busy for
+        ``nbytes * byte_scale * gamma``."""
+        network = self.network
+        self.clock += nbytes * network.byte_scale * network.gamma
+
+    # ---------------------------------------------------------------- sending
+
+    def isend(self, array: np.ndarray, dst: int, tag: int, context: int = 0,
+              label: str = "") -> SimSend:
+        network = self.network
+        charged = array.nbytes * network.byte_scale
+        start = self.clock if self.clock > self.out_free else self.out_free
+        arrival = start + network.alpha + charged * network.beta
+        self.out_free = arrival
+        network.messages += 1
+        network.bytes += charged
+        seq = None
+        if network.events is not None:
+            seq = self._send_seq.get(dst, 0)
+            self._send_seq[dst] = seq + 1
+            network.events.append((self.rank, "send", dst, round(charged), tag, label,
+                                   round(start * 1e9), round(arrival * 1e9), seq,
+                                   context >> 32, context & 0xFFFFFFFF))
+        network.transports[dst]._arrive(self.rank, array, tag, context, arrival, charged, seq)
+        return SimSend(self, dst, tag, context, arrival)
+
+    def _arrive(self, source, array, tag, context, arrival, charged, seq) -> None:
+        """A message from ``source`` reaches this rank (in simulation order)."""
+        for key in (source, ANY_SOURCE):
+            posted = self._posted.get(key)
+            if not posted:
+                continue
+            for request in posted:
+                if (request.tag == tag or request.tag == ANY_TAG) and request.context == context:
+                    posted.remove(request)
+                    if not request.fits(array):
+                        request._fail(request.misfit_error(array))
+                        self._wake()
+                        break  # the message stays queued for another receive
+                    request.take(array, owned=False)
+                    self._matched(request, source, arrival, charged, seq, wake=True)
+                    return
+            else:
+                if key == source and context in self.strict_contexts:
+                    self._check_strict(posted, source, tag, context)
+        queue = self._unexpected.get(source)
+        if queue is None:
+            queue = self._unexpected[source] = deque()
+        queue.append(_Message(array.copy(), tag, context, arrival, charged, seq))
+
+    def _check_strict(self, posted, source, tag, context) -> None:
+        """A collective's message that no receive wants, while a receive from the
+        same rank in the same context waits for another tag: the two ranks are
+        in different collective calls (see transport/base.py)."""
+        for request in posted:
+            if request.context == context:
+                self._strict_mismatch(request, source, tag)
+                if request.done:
+                    posted.remove(request)
+                    self._wake()
+                return
+
+    def _strict_mismatch(self, request, source, tag) -> None:
+        why = self.strict_contexts[request.context](request.tag, tag, self.rank, source)
+        if why is not None:
+            request._fail(CollectiveMismatchError(f"rank {self.rank}: {why}"))
+
+    def _wake(self) -> None:
+        on_ready = self.network.on_ready
+        if on_ready is not None:
+            on_ready(self.rank)
+
+    # ---------------------------------------------------------------- receiving
+
+    def irecv(self, src: int, tag: int, context: int = 0, *, into: np.ndarray | None = None,
+              reduce_into: np.ndarray | None = None, ufunc=None, label: str = "") -> SimRecv:
+        if into is not None:
+            request = SimRecv(self, src, tag, context, _INTO, into, None, label, self.clock)
+        elif reduce_into is not None:
+            request = SimRecv(self, src, tag, context, _REDUCE, reduce_into, ufunc, label,
+                              self.clock)
+        else:
+            request = SimRecv(self, src, tag, context, _NEW, None, None, label, self.clock)
+        unexpected = self._unexpected
+        if unexpected and src != ANY_SOURCE:
+            queue = unexpected.get(src)
+            if queue:
+                message = queue[0]
+                data = message.data
+                if (message.tag == tag and message.context == context
+                        and (request.mode == _NEW or (request.buffer.shape == data.shape
+                                                      and request.buffer.dtype == data.dtype))):
+                    # The common case: the next message from src is the one wanted.
+                    queue.popleft()
+                    request.take(data, owned=True)
+                    self._untimed.append(request)
+                    self._matched(request, src, message.arrival, message.charged,
+                                  message.seq, wake=False)  # this rank is running
+                    return request
+        if unexpected and self._take_unexpected(request, src, tag, context):
+            return request
+        self._untimed.append(request)
+        queue = self._posted.get(src)
+        if queue is None:
+            queue = self._posted[src] = deque()
+        queue.append(request)
+        return request
+
+    def _take_unexpected(self, request, src, tag, context) -> bool:
+        """Match ``request`` with a message already here; True if it is settled
+        (matched, or failed because the message does not fit or is another
+        collective's)."""
+        unexpected = self._unexpected
+        sources = list(unexpected) if src == ANY_SOURCE else (src,)
+        strict = src != ANY_SOURCE and context in self.strict_contexts
+        for source in sources:
+            queue = unexpected.get(source)
+            if not queue:
+                continue
+            for message in queue:
+                if message.context != context:
+                    continue
+                if message.tag != tag and tag != ANY_TAG:
+                    if strict:
+                        # Only the first message of the context tells: a later
+                        # one may be another outstanding call's.
+                        strict = False
+                        self._strict_mismatch(request, source, message.tag)
+                        if request.done:
+                            return True
+                    continue
+                data = message.data
+                if not request.fits(data):
+                    request._fail(request.misfit_error(data))
+                    return True
+                queue.remove(message)
+                request.take(data, owned=True)
+                self._untimed.append(request)
+                self._matched(request, source, message.arrival, message.charged,
+                              message.seq, wake=False)
+                return True
+        return False
+
+    def _matched(self, request: SimRecv, source, arrival, charged, seq, wake: bool) -> None:
+        """Give times to the receives whose data is in, in the order they were
+        posted: the in port takes one message after another."""
+        request.source = source
+        request.arrival = arrival
+        request.charged = charged
+        request.seq = seq
+        untimed = self._untimed
+        if untimed[0] is not request:
+            return  # an earlier receive is still waiting for its message
+        network = self.network
+        alpha, beta, gamma, events = network.alpha, network.beta, network.gamma, network.events
+        in_free = self.in_free
+        while untimed:
+            request = untimed[0]
+            if request.done:  # failed
+                untimed.popleft()
+                continue
+            if request.arrival is None:
+                break
+            untimed.popleft()
+            charged = request.charged
+            ready = in_free + alpha + charged * beta
+            if request.arrival > ready:
+                ready = request.arrival
+            if request.mode == _REDUCE:
+                in_free = (ready if ready > request.post else request.post) + charged * gamma
+            else:
+                in_free = ready
+            request.finish = in_free
+            request.done = True
+            if events is not None:
+                context = request.context
+                events.append((self.rank, "recv", request.source, round(charged), request.tag,
+                               request.label, round(request.post * 1e9), round(in_free * 1e9),
+                               request.seq, context >> 32, context & 0xFFFFFFFF))
+        self.in_free = in_free
+        if wake:
+            on_ready = network.on_ready
+            if on_ready is not None:
+                on_ready(self.rank)
+
+    # ---------------------------------------------------------------- probing
+
+    def iprobe(self, src: int, tag: int, context: int = 0) -> MessageInfo | None:
+        sources = list(self._unexpected) if src == ANY_SOURCE else (src,)
+        for source in sources:
+            for message in self._unexpected.get(source, ()):
+                if (tag == ANY_TAG or message.tag == tag) and message.context == context:
+                    data = message.data
+                    return MessageInfo(source, message.tag, data.dtype, data.shape, data.nbytes)
+        return None
+
+    def probe(self, src: int, tag: int, context: int = 0, timeout=None) -> MessageInfo:
+        info = self.iprobe(src, tag, context)
+        if info is None:
+            raise SimulationStallError(
+                f"simulated rank {self.rank}: probe found no message from "
+                f"{'any rank' if src == ANY_SOURCE else f'rank {src}'}, and simulated ranks "
+                "cannot block; use iprobe() and yield.")
+        return info
+
+    # ---------------------------------------------------------------- waiting
+
+    def wait(self, request, timeout=None) -> None:
+        request.wait()
+
+    def wait_all(self, requests, timeout=None) -> None:
+        for request in requests:
+            request.wait()
+
+    def progress(self, drain: bool = False) -> bool:
+        return False  # everything moves inside the calls
+
+    def waiting_for(self) -> list[str]:
+        """What this rank's unfinished receives wait for (for deadlock reports)."""
+        return [request.describe() for request in self._untimed if not request.done]
+
+    def pending_sends(self) -> int:
+        return 0
+
+    def flush(self, timeout=None) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
