@@ -49,6 +49,11 @@ def _cmd_bench(args) -> int:
     args.bench_parser.print_help()
     return 0
 
+def _cmd_simulate(args) -> int:
+    from minidist.distributed.simulator import simulate_command
+
+    return simulate_command(args)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -101,6 +106,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_collectives_arguments(collectives)
     bench.set_defaults(handler=_cmd_bench, bench_parser=bench)
+
+    simulate = sub.add_parser(
+        "simulate",
+        help="time a collective on many simulated ranks (virtual alpha-beta clock)",
+        description="Run COLLECTIVE's algorithms on N ranks simulated in this process, with "
+                    "a clock that charges alpha + bytes/bandwidth per message, and compare "
+                    "the simulated time with the cost model's formula.",
+    )
+    simulate.add_argument("collective", help="all_reduce, broadcast, reduce, ...")
+    simulate.add_argument("--algorithm", default="all",
+                          help="one algorithm, or 'all' (default) to compare them")
+    simulate.add_argument("-n", "--nproc", type=int, required=True,
+                          help="number of simulated ranks")
+    simulate.add_argument("--size", default="100MB",
+                          help="bytes per rank's array, e.g. 4KB, 100MB, 1GiB (default 100MB)")
+    simulate.add_argument("--alpha", default="5us", help="latency per message (default 5us)")
+    simulate.add_argument("--bandwidth", default="10GB/s",
+                          help="bytes per second of a link (default 10GB/s)")
+    simulate.add_argument("--gamma-bandwidth", default="10GB/s",
+                          help="bytes per second a rank combines in a reduction (default 10GB/s)")
+    simulate.add_argument("--root", type=int, default=0, help="root rank of rooted collectives")
+    simulate.add_argument("--dtype", default="float32", help="element type (default float32)")
+    simulate.add_argument("--trace", default=None,
+                          help="write the simulated messages to this file (minidist trace)")
+    simulate.set_defaults(handler=_cmd_simulate)
 
     return parser
 

@@ -21,6 +21,8 @@ Where things are:
 * :mod:`.process_group`  ``ProcessGroup``: ranks, contexts, point-to-point calls
 * :mod:`.point_to_point` the module-level forms of those calls (``group=None`` is the world)
 * :mod:`.collectives`    broadcast, reduce, all_reduce, ...: every algorithm by name
+* :mod:`.simulator`      ``simulate``: a collective on many ranks in one process, on a
+  virtual clock (the "sim" transport), with a trace to draw
 * :mod:`.transport`      how bytes move (``pipe``, ``shm``) and the progress engine
 * :mod:`.control`        abort flag and per-rank status in shared memory
 * :mod:`.desync`         the report printed when a wait times out
@@ -81,6 +83,7 @@ from minidist.distributed.point_to_point import (
 )
 from minidist.distributed.process_group import ProcessGroup
 from minidist.distributed.reduce_op import ReduceOp
+from minidist.distributed.simulator import SimulationResult, simulate
 from minidist.distributed.transport.base import ANY_SOURCE, ANY_TAG, MessageInfo
 from minidist.distributed.transport.base import Request as Work
 from minidist.distributed.world import (
@@ -112,7 +115,7 @@ __all__ = [
     "get_world_size", "world_group", "init_process_group", "iprobe", "irecv", "irecv_array",
     "irecv_reduce", "is_initialized", "isend", "new_group", "print0", "probe",
     "progress0", "recv", "recv_array", "recv_object", "recv_reduce", "send", "send_object",
-    "wait_all",
+    "wait_all", "simulate", "SimulationResult",
 ]
 __all__ += ["gather", "scatter"]
 __all__ += ["all_gather", "all_gather_into_tensor", "all_to_all", "all_to_all_single",

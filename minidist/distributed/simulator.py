@@ -284,18 +284,8 @@ def _given_inputs(inputs, world_size: int) -> list[tuple]:
 
 def _run(network: SimNetwork, spec: CollectiveCall, arrays, root, algorithm, op,
          collective) -> None:
-    """Start the call on every rank, then move ranks on until all have finished."""
-    world_size = network.world_size
-    members = range(world_size)
-    ready = deque(members)
-    queued = bytearray(b"\x01") * world_size
-
-    def wake(rank: int) -> None:
-        if not queued[rank]:
-            queued[rank] = 1
-            ready.append(rank)
-
-    network.on_ready = wake
+    """Start the call on every rank, then move the ranks on until all have finished."""
+    members = range(network.world_size)
     works = []
     for rank in members:
         group = ProcessGroup(network.transports[rank], members, 0)
@@ -305,29 +295,55 @@ def _run(network: SimNetwork, spec: CollectiveCall, arrays, root, algorithm, op,
             raise
         except Exception as error:
             raise type(error)(f"simulated rank {rank}: {error}") from error
+    drive(network, works, f"{collective} ({algorithm})")
 
+
+def drive(network: SimNetwork, works, what: str = "the simulation") -> None:
+    """Move every rank's Work (``works[rank]``, started with ``async_op=True``
+    on a group of ``network``) on until all have finished.
+
+    A rank is tested when it may have something new to do: at the start, and
+    whenever one of its receives completes. Raises SimulationStallError,
+    naming who waits for what, when ranks are left that nothing will wake.
+    """
+    world_size = network.world_size
+    if len(works) != world_size:
+        raise ValueError(f"drive needs one Work per rank: {world_size} ranks, "
+                         f"{len(works)} works")
+    ready = deque(range(world_size))
+    queued = bytearray(b"\x01") * world_size
+
+    def wake(rank: int) -> None:
+        if not queued[rank]:
+            queued[rank] = 1
+            ready.append(rank)
+
+    network.on_ready = wake
     finished = bytearray(world_size)
     remaining = world_size
-    while ready:
-        rank = ready.popleft()
-        queued[rank] = 0
-        if finished[rank]:
-            continue
-        try:
-            complete = works[rank].test()
-        except DistributedError:
-            raise
-        except Exception as error:
-            raise SimulationError(f"simulated rank {rank} failed in {collective} "
-                                  f"({algorithm}): {type(error).__name__}: {error}") from error
-        if complete:
-            finished[rank] = 1
-            remaining -= 1
+    try:
+        while ready:
+            rank = ready.popleft()
+            queued[rank] = 0
+            if finished[rank]:
+                continue
+            try:
+                complete = works[rank].test()
+            except DistributedError:
+                raise
+            except Exception as error:
+                raise SimulationError(f"simulated rank {rank} failed in {what}: "
+                                      f"{type(error).__name__}: {error}") from error
+            if complete:
+                finished[rank] = 1
+                remaining -= 1
+    finally:
+        network.on_ready = None
     if remaining:
-        raise SimulationStallError(_stall_report(network, finished, collective, algorithm))
+        raise SimulationStallError(_stall_report(network, finished, what))
 
 
-def _stall_report(network, finished, collective, algorithm) -> str:
+def _stall_report(network, finished, what) -> str:
     stuck = [rank for rank in range(network.world_size) if not finished[rank]]
     lines = []
     for rank in stuck[:8]:
@@ -336,7 +352,7 @@ def _stall_report(network, finished, collective, algorithm) -> str:
                      + (f" (and {len(waits) - 1} more)" if len(waits) > 1 else ""))
     if len(stuck) > 8:
         lines.append(f"  ... and {len(stuck) - 8} more ranks")
-    return (f"{collective} ({algorithm}) cannot finish: {len(stuck)} of {network.world_size} "
+    return (f"{what} cannot finish: {len(stuck)} of {network.world_size} "
             "simulated ranks wait for messages that no rank will send (a deadlock: check "
             "that every receive has a matching send, posted in the same order on both "
             "sides).\n" + "\n".join(lines))
@@ -424,6 +440,7 @@ def simulate_command(args) -> int:
     table.add_column("bytes moved", justify="right")
     several = len(algorithms) > 1
     results = []
+    written = []
     for name in algorithms:
         result = simulate(collective, name, args.nproc, nbytes, alpha=params.alpha,
                           beta=params.beta, gamma=params.gamma, dtype=dtype, root=args.root,
@@ -431,9 +448,7 @@ def simulate_command(args) -> int:
         results.append(result)
         if args.trace:
             path = _trace_path(args.trace, name, several)
-            count = result.write_trace(path)
-            out.print(f"trace of {name}: {count} events in {path}", markup=False,
-                      highlight=False)
+            written.append(f"trace of {name}: {result.write_trace(path):,} events in {path}")
             result.events = None  # a 1,024-rank trace is large: keep one at a time
     fastest = min(result.time for result in results)
     for result in results:
@@ -442,4 +457,6 @@ def simulate_command(args) -> int:
                       "-" if result.predicted is None else _format_seconds(result.predicted),
                       f"{result.messages:,}", _format_bytes(result.bytes), style=style)
     out.print(table)
+    for line in written:
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
     return 0

@@ -5,6 +5,8 @@
 * :mod:`.pipe`    one OS pipe per pair of ranks: simplest, for reading first
 * :mod:`.shm`     rings of slots in shared memory, doorbells to sleep on: fast
 * :mod:`.doorbell` process-shared semaphores living in shared memory
+* :mod:`.sim`     many simulated ranks in one process, on a virtual clock
+  (driven by :func:`minidist.distributed.simulator.simulate`, not by launch)
 
 A transport is used in two halves. The parent creates its *resources* (pipes,
 a segment) before the workers start; each worker then *connects* to them and
@@ -30,6 +32,13 @@ __all__ = ["ANY_SOURCE", "ANY_TAG", "MessageInfo", "Request", "Transport", "TRAN
 
 
 def check_name(name: str) -> str:
+    if name == "sim":
+        raise ValueError(
+            "the 'sim' transport simulates ranks inside one process on a virtual clock; it "
+            "does not run a function on worker processes. Time a collective with "
+            "`minidist simulate all_reduce -n 1024 --size 100MB` or "
+            "minidist.distributed.simulate('all_reduce', 'ring', world_size=1024, "
+            "nbytes=100_000_000).")
     if name not in TRANSPORTS:
         raise ValueError(f"unknown transport {name!r}; choose one of {list(TRANSPORTS)}")
     return name
