@@ -125,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--bandwidth", default="10GB/s",
                           help="bytes per second of a link (default 10GB/s)")
     simulate.add_argument("--gamma-bandwidth", default="10GB/s",
-                          help="bytes per second a rank combines in a reduction (default 10GB/s)")
+                          help="bytes per second a rank combines in a reduction (default "
+                               "10GB/s; inf: combining is free)")
     simulate.add_argument("--root", type=int, default=0, help="root rank of rooted collectives")
     simulate.add_argument("--dtype", default="float32", help="element type (default float32)")
     simulate.add_argument("--trace", default=None,

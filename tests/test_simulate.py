@@ -304,7 +304,7 @@ def test_cli_prints_every_algorithm_with_its_prediction(capsys, wide):
         assert algorithm in out
     ring = costmodel.predict("all_reduce", "ring", 8, 100_000_000, costmodel.PARAMS["sim"])
     assert f"{ring * 1e3:.4g} ms" in out
-    assert "8 ranks" in out and "100 MB" in out
+    assert "8 simulated ranks, 100 MB each" in out
 
 
 def test_cli_one_algorithm_and_its_trace(capsys, wide, tmp_path):
@@ -317,6 +317,13 @@ def test_cli_one_algorithm_and_its_trace(capsys, wide, tmp_path):
     loaded = _trace.read_jsonl(path)
     assert loaded.header["algorithm"] == "ring" and loaded.header["gamma"] == pytest.approx(2e-10)
     assert len(loaded.events) == 2 * 480
+
+
+def test_cli_free_combining(capsys, wide):
+    assert main(["simulate", "reduce", "-n", "4", "--size", "1MB", "--algorithm", "linear",
+                 "--gamma-bandwidth", "inf", "--alpha", "0", "--bandwidth", "1GB/s"]) == 0
+    out = capsys.readouterr().out
+    assert "combining free" in out and "3 ms" in out  # 3 messages of 1 ms, no adding
 
 
 def test_cli_traces_of_several_algorithms_go_to_one_file_each(capsys, wide, tmp_path):

@@ -414,7 +414,8 @@ def simulate_command(args) -> int:
             raise ValueError(f"--size must not be negative, got {args.size!r}")
         alpha = costmodel.parse_time(args.alpha)
         bandwidth = costmodel.parse_bandwidth(args.bandwidth)
-        gamma_bandwidth = costmodel.parse_bandwidth(args.gamma_bandwidth)
+        gamma_bandwidth = (math.inf if str(args.gamma_bandwidth).strip().lower() == "inf"
+                           else costmodel.parse_bandwidth(args.gamma_bandwidth))
         for flag, value in (("--alpha", alpha), ("--bandwidth", bandwidth),
                             ("--gamma-bandwidth", gamma_bandwidth)):
             if not value >= 0 or (flag != "--alpha" and value == 0):
@@ -424,15 +425,18 @@ def simulate_command(args) -> int:
             raise ValueError(f"--root {args.root} is out of range for -n {args.nproc}")
     except (ValueError, TypeError) as error:
         Console(stderr=True).print(f"minidist simulate: error: {error}", style="bold red",
-                                   markup=False, highlight=False)
+                                   markup=False, highlight=False, soft_wrap=True)
         return 2
 
     params = costmodel.Params(alpha=alpha, beta=1.0 / bandwidth,
                               gamma=1.0 / gamma_bandwidth if math.isfinite(gamma_bandwidth)
                               else 0.0)
-    table = Table(title=f"{collective}, {args.nproc} ranks, {_format_bytes(nbytes)} "
-                        f"(alpha {_format_seconds(alpha)}, {_format_bytes(bandwidth)}/s, "
-                        f"combining {_format_bytes(gamma_bandwidth)}/s)")
+    out.print(f"{collective} on {args.nproc:,} simulated ranks, {_format_bytes(nbytes)} each; "
+              f"alpha {_format_seconds(alpha)}, links {_format_bytes(bandwidth)}/s, "
+              + (f"combining {_format_bytes(gamma_bandwidth)}/s"
+                 if math.isfinite(gamma_bandwidth) else "combining free"),
+              markup=False, highlight=False, soft_wrap=True)
+    table = Table()
     table.add_column("algorithm")
     table.add_column("simulated", justify="right")
     table.add_column("cost model", justify="right")
@@ -442,9 +446,10 @@ def simulate_command(args) -> int:
     results = []
     written = []
     for name in algorithms:
-        result = simulate(collective, name, args.nproc, nbytes, alpha=params.alpha,
-                          beta=params.beta, gamma=params.gamma, dtype=dtype, root=args.root,
-                          trace=bool(args.trace))
+        with out.status(f"simulating {collective} {name} on {args.nproc:,} ranks"):
+            result = simulate(collective, name, args.nproc, nbytes, alpha=params.alpha,
+                              beta=params.beta, gamma=params.gamma, dtype=dtype,
+                              root=args.root, trace=bool(args.trace))
         results.append(result)
         if args.trace:
             path = _trace_path(args.trace, name, several)

@@ -177,20 +177,6 @@ class SimRecv(SimRequest):
         return f"a message from {source}, tag {self.tag}{what}"
 
 
-class _Message:
-    """A message sent before its receive was posted (the network keeps a copy)."""
-
-    __slots__ = ("data", "tag", "context", "arrival", "charged", "seq")
-
-    def __init__(self, data, tag, context, arrival, charged, seq):
-        self.data = data
-        self.tag = tag
-        self.context = context
-        self.arrival = arrival
-        self.charged = charged
-        self.seq = seq
-
-
 class SimNetwork:
     """The simulated machine: ``world_size`` ranks, their links, and the events.
 
@@ -243,8 +229,10 @@ class SimTransport:
         self.tracing = network.events is not None
         self.default_timeout = None
         self.closed = False
-        self._unexpected: dict[int, deque] = {}  # source -> messages nobody asked for yet
-        self._posted: dict[int, deque] = {}  # source -> receives waiting for a message
+        # source -> messages nobody asked for yet: (copy of the data, tag, context,
+        # arrival time, bytes charged, sequence number)
+        self._unexpected: dict[int, deque] = {}
+        self._posted: dict[int, deque] = {}  # source -> receives waiting (never empty)
         self._untimed: deque = deque()  # receives in posting order, not yet given a time
         self._send_seq: dict[int, int] = {}
 
@@ -285,7 +273,14 @@ class SimTransport:
             network.events.append((self.rank, "send", dst, round(charged), tag, label,
                                    round(start * 1e9), round(arrival * 1e9), seq,
                                    context >> 32, context & 0xFFFFFFFF))
-        network.transports[dst]._arrive(self.rank, array, tag, context, arrival, charged, seq)
+        peer = network.transports[dst]
+        if peer._posted:
+            peer._arrive(self.rank, array, tag, context, arrival, charged, seq)
+        else:  # the common case in a run: the receiver has not got this far yet
+            queue = peer._unexpected.get(self.rank)
+            if queue is None:
+                queue = peer._unexpected[self.rank] = deque()
+            queue.append((array.copy(), tag, context, arrival, charged, seq))
         return SimSend(self, dst, tag, context, arrival)
 
     def _arrive(self, source, array, tag, context, arrival, charged, seq) -> None:
@@ -297,6 +292,8 @@ class SimTransport:
             for request in posted:
                 if (request.tag == tag or request.tag == ANY_TAG) and request.context == context:
                     posted.remove(request)
+                    if not posted:
+                        del self._posted[key]
                     if not request.fits(array):
                         request._fail(request.misfit_error(array))
                         self._wake()
@@ -310,7 +307,7 @@ class SimTransport:
         queue = self._unexpected.get(source)
         if queue is None:
             queue = self._unexpected[source] = deque()
-        queue.append(_Message(array.copy(), tag, context, arrival, charged, seq))
+        queue.append((array.copy(), tag, context, arrival, charged, seq))
 
     def _check_strict(self, posted, source, tag, context) -> None:
         """A collective's message that no receive wants, while a receive from the
@@ -321,6 +318,8 @@ class SimTransport:
                 self._strict_mismatch(request, source, tag)
                 if request.done:
                     posted.remove(request)
+                    if not posted:
+                        del self._posted[source]
                     self._wake()
                 return
 
@@ -349,17 +348,15 @@ class SimTransport:
         if unexpected and src != ANY_SOURCE:
             queue = unexpected.get(src)
             if queue:
-                message = queue[0]
-                data = message.data
-                if (message.tag == tag and message.context == context
+                data, message_tag, message_context, arrival, charged, seq = queue[0]
+                if (message_tag == tag and message_context == context
                         and (request.mode == _NEW or (request.buffer.shape == data.shape
                                                       and request.buffer.dtype == data.dtype))):
                     # The common case: the next message from src is the one wanted.
                     queue.popleft()
                     request.take(data, owned=True)
                     self._untimed.append(request)
-                    self._matched(request, src, message.arrival, message.charged,
-                                  message.seq, wake=False)  # this rank is running
+                    self._matched(request, src, arrival, charged, seq, wake=False)
                     return request
         if unexpected and self._take_unexpected(request, src, tag, context):
             return request
@@ -382,26 +379,25 @@ class SimTransport:
             if not queue:
                 continue
             for message in queue:
-                if message.context != context:
+                data, message_tag, message_context, arrival, charged, seq = message
+                if message_context != context:
                     continue
-                if message.tag != tag and tag != ANY_TAG:
+                if message_tag != tag and tag != ANY_TAG:
                     if strict:
                         # Only the first message of the context tells: a later
                         # one may be another outstanding call's.
                         strict = False
-                        self._strict_mismatch(request, source, message.tag)
+                        self._strict_mismatch(request, source, message_tag)
                         if request.done:
                             return True
                     continue
-                data = message.data
                 if not request.fits(data):
                     request._fail(request.misfit_error(data))
                     return True
                 queue.remove(message)
                 request.take(data, owned=True)
                 self._untimed.append(request)
-                self._matched(request, source, message.arrival, message.charged,
-                              message.seq, wake=False)
+                self._matched(request, source, arrival, charged, seq, wake=False)
                 return True
         return False
 
@@ -452,10 +448,9 @@ class SimTransport:
     def iprobe(self, src: int, tag: int, context: int = 0) -> MessageInfo | None:
         sources = list(self._unexpected) if src == ANY_SOURCE else (src,)
         for source in sources:
-            for message in self._unexpected.get(source, ()):
-                if (tag == ANY_TAG or message.tag == tag) and message.context == context:
-                    data = message.data
-                    return MessageInfo(source, message.tag, data.dtype, data.shape, data.nbytes)
+            for data, message_tag, message_context, *_ in self._unexpected.get(source, ()):
+                if (tag == ANY_TAG or message_tag == tag) and message_context == context:
+                    return MessageInfo(source, message_tag, data.dtype, data.shape, data.nbytes)
         return None
 
     def probe(self, src: int, tag: int, context: int = 0, timeout=None) -> MessageInfo:
