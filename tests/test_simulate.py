@@ -152,6 +152,9 @@ def test_plan_elements_keeps_small_arrays_whole_and_scales_big_ones():
     assert count * 4 * scale == pytest.approx(100_000_000)
     count, scale = plan_elements(1023, 100_000_000, 4)  # lcm(1023, 512) would not fit
     assert count == 1023 and count * 4 * 1023 <= MEMORY_BUDGET
+    assert plan_elements(3, 400, 4) == (100, 1.0)
+    count, scale = plan_elements(3, 400, 4, split=True)  # 100 elements: not 3 equal pieces
+    assert count % 3 == 0 and count * 4 * scale == pytest.approx(400)
 
 
 # --------------------------------------------------------------------------- messages and bytes

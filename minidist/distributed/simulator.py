@@ -75,11 +75,25 @@ class CollectiveCall:
     gathered array for gather-like collectives, which then pass count / n).
     ``start(group, arrays, root, algorithm, op)``: the call, with
     ``async_op=True``, returning its Work. ``rooted``: takes a root.
+    ``split``: the N-byte array is cut into n equal pieces, one per rank
+    (gather, scatter, all_gather, ...), so ``count`` is always a multiple of n.
+
+    For example, an all_gather whose public call is
+    ``all_gather_into_tensor(output, input, ...)``, each rank contributing
+    count / n elements::
+
+        CALLS["all_gather"] = CollectiveCall(
+            inputs=lambda rank, n, count, dtype: (sample_values(rank, count // n, dtype),
+                                                  np.empty(count, dtype)),
+            start=lambda group, arrays, root, algorithm, op: all_gather_into_tensor(
+                arrays[1], arrays[0], group=group, async_op=True, algorithm=algorithm),
+            split=True)
     """
 
     inputs: Callable
     start: Callable
     rooted: bool = False
+    split: bool = False
 
 
 def sample_values(rank: int, count: int, dtype) -> np.ndarray:
@@ -172,16 +186,19 @@ class SimulationResult:
 # --------------------------------------------------------------------------- sizing
 
 
-def plan_elements(world_size: int, nbytes: int, itemsize: int) -> tuple[int, float]:
+def plan_elements(world_size: int, nbytes: int, itemsize: int,
+                  split: bool = False) -> tuple[int, float]:
     """(elements per array, byte_scale) to simulate an ``nbytes`` array.
 
-    At its true size when that fits :data:`MEMORY_BUDGET` for all ranks;
-    otherwise lcm(n, p) elements (p: the largest power of two <= n), which
-    every chunking of the algorithms here (n chunks, p chunks, halves of
-    those) divides evenly, charged as ``nbytes`` bytes.
+    At its true size when that fits :data:`MEMORY_BUDGET` for all ranks (and,
+    with ``split``, divides into n equal pieces); otherwise lcm(n, p) elements
+    (p: the largest power of two <= n), which every chunking of the algorithms
+    here (n chunks, p chunks, halves of those) divides evenly, charged as
+    ``nbytes`` bytes.
     """
-    if nbytes % itemsize == 0 and nbytes * world_size <= MEMORY_BUDGET:
-        return nbytes // itemsize, 1.0
+    count, rest = divmod(nbytes, itemsize)
+    if rest == 0 and nbytes * world_size <= MEMORY_BUDGET and not (split and count % world_size):
+        return count, 1.0
     count = math.lcm(world_size, largest_power_of_two(world_size))
     if count * itemsize * world_size > MEMORY_BUDGET:
         count = world_size
@@ -241,7 +258,8 @@ def simulate(collective: str, algorithm: str = "auto", world_size: int = 8,
     else:
         if nbytes is None:
             raise ValueError("say how big the array is: nbytes=... (or pass inputs=)")
-        count, byte_scale = plan_elements(world_size, int(nbytes), np.dtype(dtype).itemsize)
+        count, byte_scale = plan_elements(world_size, int(nbytes), np.dtype(dtype).itemsize,
+                                          spec.split)
         arrays = [spec.inputs(rank, world_size, count, dtype) for rank in range(world_size)]
     if algorithm == "auto":
         algorithm = costmodel.best(collective, world_size, nbytes, params=params,
