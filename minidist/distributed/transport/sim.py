@@ -147,10 +147,11 @@ class SimRecv(SimRequest):
         return ranks.index(self.source)
 
     def fits(self, array: np.ndarray) -> bool:
-        if self.mode == _NEW:
-            return True
         buffer = self.buffer
-        return buffer.dtype == array.dtype and buffer.shape == array.shape
+        if buffer is None:
+            return True
+        dtype = buffer.dtype
+        return (dtype is array.dtype or dtype == array.dtype) and buffer.shape == array.shape
 
     def misfit_error(self, array: np.ndarray) -> MessageMismatchError:
         verb = "recv_reduce" if self.mode == _REDUCE else "recv"
@@ -201,8 +202,6 @@ class SimNetwork:
         self.gamma = float(gamma)
         self.byte_scale = float(byte_scale)
         self.events: list[tuple] | None = [] if record else None
-        self.messages = 0
-        self.bytes = 0.0
         self.on_ready = None  # called with a rank whose receive just completed
         self.transports = [SimTransport(self, rank) for rank in range(world_size)]
 
@@ -210,6 +209,15 @@ class SimNetwork:
     def time(self) -> float:
         """The latest clock of any rank: how long everything took, in seconds."""
         return max(transport.clock for transport in self.transports)
+
+    @property
+    def messages(self) -> int:
+        return sum(transport.sent for transport in self.transports)
+
+    @property
+    def bytes(self) -> float:
+        """Bytes charged for all messages (real bytes times byte_scale)."""
+        return sum(transport.sent_bytes for transport in self.transports)
 
 
 class SimTransport:
@@ -229,6 +237,12 @@ class SimTransport:
         self.tracing = network.events is not None
         self.default_timeout = None
         self.closed = False
+        # The network's constants, copied: every message reads them.
+        self.alpha, self.beta, self.gamma = network.alpha, network.beta, network.gamma
+        self.byte_scale = network.byte_scale
+        self.events = network.events
+        self.sent = 0
+        self.sent_bytes = 0.0
         # source -> messages nobody asked for yet: (copy of the data, tag, context,
         # arrival time, bytes charged, sequence number)
         self._unexpected: dict[int, deque] = {}
@@ -252,28 +266,26 @@ class SimTransport:
     def charge_combine(self, nbytes: int) -> None:
         """A local reduction of ``nbytes`` (real bytes) keeps this rank busy for
         ``nbytes * byte_scale * gamma``."""
-        network = self.network
-        self.clock += nbytes * network.byte_scale * network.gamma
+        self.clock += nbytes * self.byte_scale * self.gamma
 
     # ---------------------------------------------------------------- sending
 
     def isend(self, array: np.ndarray, dst: int, tag: int, context: int = 0,
               label: str = "") -> SimSend:
-        network = self.network
-        charged = array.nbytes * network.byte_scale
+        charged = array.nbytes * self.byte_scale
         start = self.clock if self.clock > self.out_free else self.out_free
-        arrival = start + network.alpha + charged * network.beta
+        arrival = start + self.alpha + charged * self.beta
         self.out_free = arrival
-        network.messages += 1
-        network.bytes += charged
+        self.sent += 1
+        self.sent_bytes += charged
         seq = None
-        if network.events is not None:
+        if self.events is not None:
             seq = self._send_seq.get(dst, 0)
             self._send_seq[dst] = seq + 1
-            network.events.append((self.rank, "send", dst, round(charged), tag, label,
-                                   round(start * 1e9), round(arrival * 1e9), seq,
-                                   context >> 32, context & 0xFFFFFFFF))
-        peer = network.transports[dst]
+            self.events.append((self.rank, "send", dst, round(charged), tag, label,
+                                round(start * 1e9), round(arrival * 1e9), seq,
+                                context >> 32, context & 0xFFFFFFFF))
+        peer = self.network.transports[dst]
         if peer._posted:
             peer._arrive(self.rank, array, tag, context, arrival, charged, seq)
         else:  # the common case in a run: the receiver has not got this far yet
@@ -337,28 +349,27 @@ class SimTransport:
 
     def irecv(self, src: int, tag: int, context: int = 0, *, into: np.ndarray | None = None,
               reduce_into: np.ndarray | None = None, ufunc=None, label: str = "") -> SimRecv:
-        if into is not None:
-            request = SimRecv(self, src, tag, context, _INTO, into, None, label, self.clock)
-        elif reduce_into is not None:
+        if reduce_into is not None:
             request = SimRecv(self, src, tag, context, _REDUCE, reduce_into, ufunc, label,
                               self.clock)
+        elif into is not None:
+            request = SimRecv(self, src, tag, context, _INTO, into, None, label, self.clock)
         else:
             request = SimRecv(self, src, tag, context, _NEW, None, None, label, self.clock)
-        unexpected = self._unexpected
-        if unexpected and src != ANY_SOURCE:
-            queue = unexpected.get(src)
-            if queue:
-                data, message_tag, message_context, arrival, charged, seq = queue[0]
-                if (message_tag == tag and message_context == context
-                        and (request.mode == _NEW or (request.buffer.shape == data.shape
-                                                      and request.buffer.dtype == data.dtype))):
-                    # The common case: the next message from src is the one wanted.
-                    queue.popleft()
-                    request.take(data, owned=True)
+        queue = self._unexpected.get(src)  # never for ANY_SOURCE: it is no sender
+        if queue:
+            data, message_tag, message_context, arrival, charged, seq = queue[0]
+            if message_tag == tag and message_context == context and request.fits(data):
+                # The common case: the next message from src is the one wanted.
+                queue.popleft()
+                request.take(data, owned=True)
+                if self._untimed:
                     self._untimed.append(request)
                     self._matched(request, src, arrival, charged, seq, wake=False)
-                    return request
-        if unexpected and self._take_unexpected(request, src, tag, context):
+                else:
+                    self._settle(request, src, arrival, charged, seq)
+                return request
+        if self._unexpected and self._take_unexpected(request, src, tag, context):
             return request
         self._untimed.append(request)
         queue = self._posted.get(src)
@@ -402,8 +413,10 @@ class SimTransport:
         return False
 
     def _matched(self, request: SimRecv, source, arrival, charged, seq, wake: bool) -> None:
-        """Give times to the receives whose data is in, in the order they were
-        posted: the in port takes one message after another."""
+        """The data of ``request`` is in; time it, and the receives posted after
+        it that were only waiting for their turn, in the order they were
+        posted: the in port takes one message after another. ``wake``: tell
+        the driver (the rank is not the one running)."""
         request.source = source
         request.arrival = arrival
         request.charged = charged
@@ -411,9 +424,6 @@ class SimTransport:
         untimed = self._untimed
         if untimed[0] is not request:
             return  # an earlier receive is still waiting for its message
-        network = self.network
-        alpha, beta, gamma, events = network.alpha, network.beta, network.gamma, network.events
-        in_free = self.in_free
         while untimed:
             request = untimed[0]
             if request.done:  # failed
@@ -422,26 +432,32 @@ class SimTransport:
             if request.arrival is None:
                 break
             untimed.popleft()
-            charged = request.charged
-            ready = in_free + alpha + charged * beta
-            if request.arrival > ready:
-                ready = request.arrival
-            if request.mode == _REDUCE:
-                in_free = (ready if ready > request.post else request.post) + charged * gamma
-            else:
-                in_free = ready
-            request.finish = in_free
-            request.done = True
-            if events is not None:
-                context = request.context
-                events.append((self.rank, "recv", request.source, round(charged), request.tag,
-                               request.label, round(request.post * 1e9), round(in_free * 1e9),
-                               request.seq, context >> 32, context & 0xFFFFFFFF))
-        self.in_free = in_free
+            self._settle(request, request.source, request.arrival, request.charged,
+                         request.seq)
         if wake:
-            on_ready = network.on_ready
+            on_ready = self.network.on_ready
             if on_ready is not None:
                 on_ready(self.rank)
+
+    def _settle(self, request: SimRecv, source, arrival, charged, seq) -> None:
+        """Complete a receive whose data is in and whose turn on the in port has come."""
+        ready = self.in_free + self.alpha + charged * self.beta
+        if arrival > ready:
+            ready = arrival
+        if request.mode == _REDUCE:
+            post = request.post
+            finish = (ready if ready > post else post) + charged * self.gamma
+        else:
+            finish = ready
+        self.in_free = finish
+        request.source = source
+        request.finish = finish
+        request.done = True
+        if self.events is not None:
+            context = request.context
+            self.events.append((self.rank, "recv", source, round(charged), request.tag,
+                                request.label, round(request.post * 1e9), round(finish * 1e9),
+                                seq, context >> 32, context & 0xFFFFFFFF))
 
     # ---------------------------------------------------------------- probing
 
