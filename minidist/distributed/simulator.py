@@ -208,7 +208,7 @@ def plan_elements(world_size: int, nbytes: int, itemsize: int,
 # --------------------------------------------------------------------------- the driver
 
 
-def _check(collective, algorithm, world_size, nbytes, root) -> str:
+def _check(collective, algorithm, world_size, nbytes, root) -> None:
     if collective not in ALGORITHMS or collective not in CALLS:
         known = sorted(name for name in ALGORITHMS if name in CALLS)
         raise ValueError(f"cannot simulate collective {collective!r}; choose one of {known}")
@@ -224,7 +224,6 @@ def _check(collective, algorithm, world_size, nbytes, root) -> str:
     if CALLS[collective].rooted and not 0 <= root < world_size:
         raise ValueError(f"root {root} is out of range: the simulated world has ranks "
                          f"0..{world_size - 1}")
-    return collective
 
 
 def simulate(collective: str, algorithm: str = "auto", world_size: int = 8,
