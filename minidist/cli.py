@@ -49,6 +49,7 @@ def _cmd_bench(args) -> int:
     args.bench_parser.print_help()
     return 0
 
+
 def _cmd_simulate(args) -> int:
     from minidist.distributed.simulator import simulate_command
 
@@ -114,13 +115,18 @@ def build_parser() -> argparse.ArgumentParser:
                     "a clock that charges alpha + bytes/bandwidth per message, and compare "
                     "the simulated time with the cost model's formula.",
     )
-    simulate.add_argument("collective", help="all_reduce, broadcast, reduce, ...")
+    simulate.add_argument("collective",
+                          help="broadcast, reduce, all_reduce, scatter, gather, all_gather, "
+                               "reduce_scatter, all_to_all or barrier")
     simulate.add_argument("--algorithm", default="all",
                           help="one algorithm, or 'all' (default) to compare them")
     simulate.add_argument("-n", "--nproc", type=int, required=True,
                           help="number of simulated ranks")
     simulate.add_argument("--size", default="100MB",
-                          help="bytes per rank's array, e.g. 4KB, 100MB, 1GiB (default 100MB)")
+                          help="N, e.g. 4KB, 100MB, 1GiB (default 100MB): each rank's array, "
+                               "or the whole gathered array for scatter, gather and "
+                               "all_gather, the input of reduce_scatter, what one rank sends "
+                               "in all_to_all")
     simulate.add_argument("--alpha", default="5us", help="latency per message (default 5us)")
     simulate.add_argument("--bandwidth", default="10GB/s",
                           help="bytes per second of a link (default 10GB/s)")

@@ -68,18 +68,47 @@ def test_simulated_time_is_the_closed_form(collective, algorithm, n):
                 (nbytes, params)
 
 
-@pytest.mark.parametrize("n", [2, 3, 5, 8, 16])
+#: Where the formula is not the single-port model's exact time (see the report):
+#: Rabenseifner's reduce formula is for root 0 (a root that is not folded in
+#: saves the hand-over), and the double binary tree's charges one alpha per
+#: step although a rank receives up to four messages in a step.
+APPROXIMATE = {("reduce", "rabenseifner"), ("all_reduce", "double_binary_tree")}
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 7, 8, 16])
 def test_every_modelled_algorithm_matches_the_cost_model(n):
     for collective in CALLS:
-        for algorithm in costmodel.FORMULAS.get(collective, {}):
+        for algorithm in ALGORITHMS[collective]:
             for nbytes in _sizes(n):
-                for root in {0, n - 1}:
+                for root in sorted({0, n - 1}) if CALLS[collective].rooted else [0]:
                     result = simulate(collective, algorithm, n, nbytes, root=root)
                     expected = costmodel.predict(collective, algorithm, n, nbytes,
                                                  costmodel.PARAMS["sim"])
                     assert result.predicted == pytest.approx(expected)
+                    if (collective, algorithm) in APPROXIMATE and (
+                            root != 0 or algorithm == "double_binary_tree"):
+                        continue
                     assert result.time == pytest.approx(expected, rel=1e-12), \
                         (collective, algorithm, nbytes, root)
+
+
+def test_the_approximate_formulas_are_close():
+    # Rabenseifner's reduce to root 0 is exact; the double binary tree within 2x.
+    for n in (3, 5, 8):
+        result = simulate("reduce", "rabenseifner", n, 100_000_000, root=0)
+        assert result.time == pytest.approx(result.predicted, rel=1e-12)
+        result = simulate("all_reduce", "double_binary_tree", n, 100_000_000)
+        assert 0.5 < result.time / result.predicted < 2
+
+
+def test_size_dependent_algorithms_are_cut_as_the_big_array_would_be():
+    # 100 MB: 64 chain segments and 763 chunks per tree half, not those of the small array
+    chain = simulate("broadcast", "chain", 4, 100_000_000, trace=True)
+    assert chain.messages == 3 * 64
+    tree = simulate("all_reduce", "double_binary_tree", 4, 100_000_000)
+    chunks = costmodel.double_binary_tree_chunks(100_000_000)
+    assert tree.messages == 4 * 3 * chunks
+    assert chain.byte_scale > 1 and tree.byte_scale > 1
 
 
 def test_uneven_chunks_cost_more_than_the_formula():
@@ -106,33 +135,87 @@ def test_a_world_of_one_takes_no_time():
 # --------------------------------------------------------------------------- data moves
 
 
-def _reference(collective, inputs, root, op):
-    stacked = np.stack(inputs)
+def _combine(arrays, op):
+    stacked = np.stack(arrays)
+    return stacked.max(axis=0) if op == "max" else stacked.sum(axis=0, dtype=stacked.dtype)
+
+
+def _check_result(collective, inputs, buffers, root, op):
+    """Compare what every rank holds after the call with NumPy."""
+    n = len(inputs)
+    if collective == "barrier":
+        return
+    firsts = [entry[0] for entry in inputs]
     if collective == "broadcast":
-        return [inputs[root]] * len(inputs)
-    combined = stacked.max(axis=0) if op == "max" else stacked.sum(axis=0, dtype=stacked.dtype)
-    if collective == "all_reduce":
-        return [combined] * len(inputs)
-    return [combined if rank == root else inputs[rank] for rank in range(len(inputs))]
+        expected = [firsts[root]] * n
+        got = buffers
+    elif collective == "all_reduce":
+        expected = [_combine(firsts, op)] * n
+        got = buffers
+    elif collective == "reduce":
+        expected = [_combine(firsts, op) if rank == root else firsts[rank] for rank in range(n)]
+        got = buffers
+    elif collective == "scatter":
+        expected = list(inputs[root][1])
+        got = [entry[0] for entry in buffers]
+    elif collective == "gather":
+        expected = firsts
+        got = buffers[root][1]
+    elif collective == "all_gather":
+        expected = [np.concatenate(firsts)] * n
+        got = [entry[1] for entry in buffers]
+    elif collective == "reduce_scatter":
+        expected = np.split(_combine(firsts, op), n)
+        got = [entry[1] for entry in buffers]
+    elif collective == "all_to_all":
+        expected = [np.concatenate([np.split(first, n)[rank] for first in firsts])
+                    for rank in range(n)]
+        got = [entry[1] for entry in buffers]
+    else:
+        raise AssertionError(f"no NumPy reference for {collective}: add one here")
+    assert len(got) == len(expected)
+    for rank, (have, want) in enumerate(zip(got, expected)):
+        assert have.dtype == want.dtype and np.array_equal(have, want), rank
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
 def test_results_equal_numpy_for_every_algorithm(n):
-    rng = np.random.default_rng(n)
-    for count in sorted({0, 1, max(n - 1, 1), n + 1, 33}):
-        for dtype in (np.float64, np.int32, np.uint8, np.complex64, np.bool_):
-            inputs = [rng.integers(0, 4, count).astype(dtype) for _ in range(n)]
-            op = "max" if dtype == np.bool_ else "sum"
-            for collective in CALLS:
+    for collective, spec in CALLS.items():
+        counts = {0, n, 3 * n} if spec.split else {0, 1, max(n - 1, 1), n + 1, 33}
+        for count in sorted(counts):
+            for dtype in (np.float64, np.int32, np.uint8, np.complex64, np.bool_):
+                op = "max" if dtype == np.bool_ else "sum"
+                itemsize = np.dtype(dtype).itemsize
                 for algorithm in ALGORITHMS[collective]:
-                    for root in ({0, n - 1} if CALLS[collective].rooted else {0}):
-                        result = simulate(collective, algorithm, n, root=root, op=op,
-                                          inputs=[array.copy() for array in inputs])
-                        expected = _reference(collective, inputs, root, op)
-                        for rank in range(n):
-                            assert result.buffers[rank].dtype == dtype
-                            assert np.array_equal(result.buffers[rank], expected[rank]), \
-                                (collective, algorithm, count, dtype, root, rank)
+                    for root in sorted({0, n - 1}) if spec.rooted else [0]:
+                        inputs = [spec.inputs(rank, n, count, dtype, root) for rank in range(n)]
+                        pristine = [tuple(None if item is None else
+                                          [a.copy() for a in item] if isinstance(item, list)
+                                          else item.copy() for item in entry)
+                                    for entry in inputs]
+                        result = simulate(collective, algorithm, n, count * itemsize,
+                                          root=root, op=op, inputs=inputs)
+                        assert result.byte_scale == 1.0
+                        try:
+                            _check_result(collective, pristine, result.buffers, root, op)
+                        except AssertionError as error:
+                            raise AssertionError(
+                                f"{collective} {algorithm} n={n} count={count} {dtype} "
+                                f"root={root}: rank {error}") from None
+
+
+def test_traffic_is_what_the_cost_model_says_the_code_sends():
+    for n in (2, 3, 5, 8):
+        for collective, spec in CALLS.items():
+            for count in ({n, 7 * n} if spec.split else {1, n - 1, 7 * n + 3}):
+                for algorithm in ALGORITHMS[collective]:
+                    traffic = costmodel.TRAFFIC[collective][algorithm]
+                    for root in sorted({0, n - 1}) if spec.rooted else [0]:
+                        result = simulate(collective, algorithm, n, count * 4, root=root)
+                        # TRAFFIC counts one rank's piece for scatter and gather
+                        counted = count // n if collective in ("scatter", "gather") else count
+                        assert (result.messages, result.bytes) == traffic(n, counted, 4, root), \
+                            (collective, algorithm, n, count, root)
 
 
 def test_scaled_arrays_still_compute_the_right_sum():
@@ -172,6 +255,10 @@ def test_message_counts_and_bytes_are_what_the_algorithm_sends(n):
         ("broadcast", "binomial"): (n - 1, (n - 1) * N),
         ("reduce", "linear"): (n - 1, (n - 1) * N),
         ("reduce", "binomial"): (n - 1, (n - 1) * N),
+        ("all_gather", "ring"): (n * (n - 1), (n - 1) * N),
+        ("reduce_scatter", "pairwise"): (n * (n - 1), (n - 1) * N),
+        ("all_to_all", "pairwise"): (n * (n - 1), (n - 1) * N),
+        ("barrier", "dissemination"): (n * log_n, 0),
     }
     if n == largest_power_of_two(n):
         expected[("all_reduce", "recursive_doubling")] = (n * log_n, n * log_n * N)
@@ -307,7 +394,7 @@ def test_cli_prints_every_algorithm_with_its_prediction(capsys, wide):
         assert algorithm in out
     ring = costmodel.predict("all_reduce", "ring", 8, 100_000_000, costmodel.PARAMS["sim"])
     assert f"{ring * 1e3:.4g} ms" in out
-    assert "8 simulated ranks, 100 MB each" in out
+    assert "8 simulated ranks, N = 100 MB" in out
 
 
 def test_cli_one_algorithm_and_its_trace(capsys, wide, tmp_path):
@@ -327,6 +414,15 @@ def test_cli_free_combining(capsys, wide):
                  "--gamma-bandwidth", "inf", "--alpha", "0", "--bandwidth", "1GB/s"]) == 0
     out = capsys.readouterr().out
     assert "combining free" in out and "3 ms" in out  # 3 messages of 1 ms, no adding
+
+
+def test_cli_every_collective(capsys, wide):
+    for collective in CALLS:
+        assert main(["simulate", collective, "-n", "6", "--size", "6KB"]) == 0
+        out = capsys.readouterr().out
+        for algorithm in ALGORITHMS[collective]:
+            assert algorithm in out
+    assert "N =" not in out  # the barrier moves no data
 
 
 def test_cli_traces_of_several_algorithms_go_to_one_file_each(capsys, wide, tmp_path):

@@ -30,8 +30,11 @@ every chunking of the algorithms divides), and the network charges each
 message ``byte_scale`` times its real size. Only arrays that fit in
 :data:`MEMORY_BUDGET` for all ranks together are simulated at their real size.
 
-Adding a collective: one entry in :data:`CALLS` saying which arrays a rank
-passes and how the public function is called.
+Every collective of :data:`~minidist.distributed.collectives.ALGORITHMS` has
+an entry in :data:`CALLS` saying which arrays a rank passes and how its
+public function is called; a new collective needs one there. An algorithm
+that cuts the array by its size in bytes (chain segments, pipeline chunks)
+asks ``comm.nbytes_of(buffer)`` and has an entry in :data:`GRAINS`.
 """
 
 from __future__ import annotations
@@ -47,7 +50,20 @@ import numpy as np
 
 from minidist import costmodel
 from minidist import trace as _trace
-from minidist.distributed.collectives import ALGORITHMS, all_reduce, broadcast, reduce
+from minidist.costmodel import double_binary_tree_chunks
+from minidist.distributed.collectives import (
+    ALGORITHMS,
+    all_gather_into_tensor,
+    all_reduce,
+    all_to_all_single,
+    barrier,
+    broadcast,
+    gather,
+    reduce,
+    reduce_scatter_tensor,
+    scatter,
+)
+from minidist.distributed.collectives.broadcast import chain_segments
 from minidist.distributed.collectives.chunks import largest_power_of_two
 from minidist.distributed.errors import DistributedError
 from minidist.distributed.process_group import ProcessGroup
@@ -69,31 +85,24 @@ class SimulationError(DistributedError):
 class CollectiveCall:
     """How the driver calls one public collective on a simulated rank.
 
-    ``inputs(rank, world_size, count, dtype)``: the arrays the rank passes,
-    where ``count`` is the element count of the N-byte array the cost model
-    means (each rank's array for broadcast / reduce / all_reduce; the whole
-    gathered array for gather-like collectives, which then pass count / n).
+    ``inputs(rank, world_size, count, dtype, root)``: the arrays the rank
+    passes (a tuple; lists and None where the call takes them), where
+    ``count`` is the element count of the N-byte array the cost model means.
     ``start(group, arrays, root, algorithm, op)``: the call, with
     ``async_op=True``, returning its Work. ``rooted``: takes a root.
-    ``split``: the N-byte array is cut into n equal pieces, one per rank
-    (gather, scatter, all_gather, ...), so ``count`` is always a multiple of n.
-
-    For example, an all_gather whose public call is
-    ``all_gather_into_tensor(output, input, ...)``, each rank contributing
-    count / n elements::
-
-        CALLS["all_gather"] = CollectiveCall(
-            inputs=lambda rank, n, count, dtype: (sample_values(rank, count // n, dtype),
-                                                  np.empty(count, dtype)),
-            start=lambda group, arrays, root, algorithm, op: all_gather_into_tensor(
-                arrays[1], arrays[0], group=group, async_op=True, algorithm=algorithm),
-            split=True)
+    ``split``: N is cut into n equal pieces, one per rank (scatter, gather,
+    all_gather, reduce_scatter, all_to_all), so ``count`` is a multiple of n.
+    ``piece_first``: the first array is one rank's piece of N (N = n times
+    its size), not the whole N; how N is read from given inputs.
+    ``sized``: the call moves data (a barrier does not).
     """
 
     inputs: Callable
     start: Callable
     rooted: bool = False
     split: bool = False
+    piece_first: bool = False
+    sized: bool = True
 
 
 def sample_values(rank: int, count: int, dtype) -> np.ndarray:
@@ -106,26 +115,72 @@ def sample_values(rank: int, count: int, dtype) -> np.ndarray:
     return values.astype(dtype)
 
 
-def _one_array(rank, world_size, count, dtype):
+def _one_array(rank, n, count, dtype, root):
     return (sample_values(rank, count, dtype),)
 
 
-def _start_broadcast(group, arrays, root, algorithm, op):
-    return broadcast(arrays[0], src=root, group=group, async_op=True, algorithm=algorithm)
-
-
-def _start_reduce(group, arrays, root, algorithm, op):
-    return reduce(arrays[0], dst=root, op=op, group=group, async_op=True, algorithm=algorithm)
-
-
-def _start_all_reduce(group, arrays, root, algorithm, op):
-    return all_reduce(arrays[0], op=op, group=group, async_op=True, algorithm=algorithm)
+def _whole_in_and_out(rank, n, count, dtype, root):
+    return sample_values(rank, count, dtype), np.zeros(count, dtype)
 
 
 CALLS: dict[str, CollectiveCall] = {
-    "broadcast": CollectiveCall(_one_array, _start_broadcast, rooted=True),
-    "reduce": CollectiveCall(_one_array, _start_reduce, rooted=True),
-    "all_reduce": CollectiveCall(_one_array, _start_all_reduce),
+    "broadcast": CollectiveCall(
+        _one_array, rooted=True,
+        start=lambda group, arrays, root, algorithm, op: broadcast(
+            arrays[0], src=root, group=group, async_op=True, algorithm=algorithm)),
+    "reduce": CollectiveCall(
+        _one_array, rooted=True,
+        start=lambda group, arrays, root, algorithm, op: reduce(
+            arrays[0], dst=root, op=op, group=group, async_op=True, algorithm=algorithm)),
+    "all_reduce": CollectiveCall(
+        _one_array,
+        start=lambda group, arrays, root, algorithm, op: all_reduce(
+            arrays[0], op=op, group=group, async_op=True, algorithm=algorithm)),
+    "scatter": CollectiveCall(
+        inputs=lambda rank, n, count, dtype, root: (
+            np.zeros(count // n, dtype),
+            [sample_values(peer, count // n, dtype) for peer in range(n)]
+            if rank == root else None),
+        start=lambda group, arrays, root, algorithm, op: scatter(
+            arrays[0], arrays[1], src=root, group=group, async_op=True, algorithm=algorithm),
+        rooted=True, split=True, piece_first=True),
+    "gather": CollectiveCall(
+        inputs=lambda rank, n, count, dtype, root: (
+            sample_values(rank, count // n, dtype),
+            [np.zeros(count // n, dtype) for _ in range(n)] if rank == root else None),
+        start=lambda group, arrays, root, algorithm, op: gather(
+            arrays[0], arrays[1], dst=root, group=group, async_op=True, algorithm=algorithm),
+        rooted=True, split=True, piece_first=True),
+    "all_gather": CollectiveCall(
+        inputs=lambda rank, n, count, dtype, root: (sample_values(rank, count // n, dtype),
+                                                    np.zeros(count, dtype)),
+        start=lambda group, arrays, root, algorithm, op: all_gather_into_tensor(
+            arrays[1], arrays[0], group=group, async_op=True, algorithm=algorithm),
+        split=True, piece_first=True),
+    "reduce_scatter": CollectiveCall(
+        inputs=lambda rank, n, count, dtype, root: (sample_values(rank, count, dtype),
+                                                    np.zeros(count // n, dtype)),
+        start=lambda group, arrays, root, algorithm, op: reduce_scatter_tensor(
+            arrays[1], arrays[0], op=op, group=group, async_op=True, algorithm=algorithm),
+        split=True),
+    "all_to_all": CollectiveCall(
+        _whole_in_and_out,
+        start=lambda group, arrays, root, algorithm, op: all_to_all_single(
+            arrays[1], arrays[0], group=group, async_op=True, algorithm=algorithm),
+        split=True),
+    "barrier": CollectiveCall(
+        inputs=lambda rank, n, count, dtype, root: (),
+        start=lambda group, arrays, root, algorithm, op: barrier(
+            group=group, async_op=True, algorithm=algorithm),
+        sized=False),
+}
+
+#: Algorithms that cut the array by its size in bytes (segments of a chain,
+#: chunks of a pipeline) rather than into n or p pieces: (n, N) -> the number
+#: of equal pieces, which the simulated element count must be a multiple of.
+GRAINS: dict[tuple[str, str], Callable] = {
+    ("broadcast", "chain"): lambda n, N: chain_segments(N),
+    ("all_reduce", "double_binary_tree"): lambda n, N: 2 * double_binary_tree_chunks(N),
 }
 
 
@@ -186,22 +241,27 @@ class SimulationResult:
 # --------------------------------------------------------------------------- sizing
 
 
-def plan_elements(world_size: int, nbytes: int, itemsize: int,
-                  split: bool = False) -> tuple[int, float]:
-    """(elements per array, byte_scale) to simulate an ``nbytes`` array.
+def plan_elements(world_size: int, nbytes: int, itemsize: int, split: bool = False,
+                  grain: int | None = None) -> tuple[int, float]:
+    """(elements of the N-byte array, byte_scale) to simulate it with.
 
     At its true size when that fits :data:`MEMORY_BUDGET` for all ranks (and,
-    with ``split``, divides into n equal pieces); otherwise lcm(n, p) elements
-    (p: the largest power of two <= n), which every chunking of the algorithms
-    here (n chunks, p chunks, halves of those) divides evenly, charged as
-    ``nbytes`` bytes.
+    with ``split``, divides into n equal pieces). Otherwise a multiple of
+    ``grain`` elements, charged as ``nbytes`` bytes: the number of equal
+    pieces the algorithm cuts the array into, so that it cuts the small array
+    in the same proportions as the big one. The default grain, lcm(n, p)
+    (p: the largest power of two <= n), serves every algorithm that cuts into
+    n or p pieces and halves of those. A grain too big for the budget falls
+    back to n elements: then the pieces are only nearly proportional.
     """
     count, rest = divmod(nbytes, itemsize)
     if rest == 0 and nbytes * world_size <= MEMORY_BUDGET and not (split and count % world_size):
         return count, 1.0
-    count = math.lcm(world_size, largest_power_of_two(world_size))
-    if count * itemsize * world_size > MEMORY_BUDGET:
-        count = world_size
+    if grain is None:
+        grain = math.lcm(world_size, largest_power_of_two(world_size))
+    elif split:
+        grain = math.lcm(grain, world_size)
+    count = grain if grain * itemsize * world_size <= MEMORY_BUDGET else world_size
     return count, nbytes / (count * itemsize)
 
 
@@ -249,20 +309,27 @@ def simulate(collective: str, algorithm: str = "auto", world_size: int = 8,
                               beta=defaults.beta if beta is None else float(beta),
                               gamma=defaults.gamma if gamma is None else float(gamma))
     spec = CALLS[collective]
+    if not spec.sized:
+        nbytes = 0
+    if algorithm == "auto":
+        if nbytes is None and inputs is not None:
+            nbytes = _size_of(spec, _given_inputs(inputs, world_size), world_size)
+        algorithm = costmodel.best(collective, world_size, nbytes or 0, params=params,
+                                   candidates=tuple(ALGORITHMS[collective]))
     if inputs is not None:
         arrays = _given_inputs(inputs, world_size)
-        real = arrays[0][0].nbytes
+        real = _size_of(spec, arrays, world_size)
         nbytes = real if nbytes is None else int(nbytes)
         byte_scale = nbytes / real if real else 1.0
     else:
         if nbytes is None:
             raise ValueError("say how big the array is: nbytes=... (or pass inputs=)")
-        count, byte_scale = plan_elements(world_size, int(nbytes), np.dtype(dtype).itemsize,
-                                          spec.split)
-        arrays = [spec.inputs(rank, world_size, count, dtype) for rank in range(world_size)]
-    if algorithm == "auto":
-        algorithm = costmodel.best(collective, world_size, nbytes, params=params,
-                                   candidates=tuple(ALGORITHMS[collective]))
+        grain = GRAINS.get((collective, algorithm))
+        count, byte_scale = plan_elements(
+            world_size, int(nbytes), np.dtype(dtype).itemsize, spec.split,
+            None if grain is None else grain(world_size, int(nbytes)))
+        arrays = [spec.inputs(rank, world_size, count, dtype, root)
+                  for rank in range(world_size)]
 
     network = SimNetwork(world_size, params.alpha, params.beta, params.gamma,
                          byte_scale=byte_scale, record=bool(trace))
@@ -289,14 +356,24 @@ def _given_inputs(inputs, world_size: int) -> list[tuple]:
     if len(inputs) != world_size:
         raise ValueError(f"inputs has {len(inputs)} entries but world_size is {world_size}: "
                          "give one array (or tuple of arrays) per simulated rank")
-    arrays = [tuple(entry) if isinstance(entry, (tuple, list)) else (entry,)
-              for entry in inputs]
+    arrays = [tuple(entry) if isinstance(entry, tuple) else (entry,) for entry in inputs]
     for rank, entry in enumerate(arrays):
-        for array in entry:
-            if not isinstance(array, np.ndarray):
-                raise TypeError(f"inputs[{rank}] must be NumPy arrays, got "
-                                f"{type(array).__name__}")
+        for item in entry:
+            if item is None or isinstance(item, np.ndarray):
+                continue
+            if isinstance(item, list) and all(isinstance(a, np.ndarray) for a in item):
+                continue
+            raise TypeError(f"inputs[{rank}] must hold NumPy arrays (or lists of them, or "
+                            f"None, as the collective takes them), got {type(item).__name__}")
     return arrays
+
+
+def _size_of(spec: CollectiveCall, arrays, world_size: int) -> int:
+    """N (the cost model's bytes) of given inputs."""
+    if not spec.sized or not arrays[0]:
+        return 0
+    first = arrays[0][0]
+    return first.nbytes * world_size if spec.piece_first else first.nbytes
 
 
 def _run(network: SimNetwork, spec: CollectiveCall, arrays, root, algorithm, op,
@@ -448,7 +525,8 @@ def simulate_command(args) -> int:
     params = costmodel.Params(alpha=alpha, beta=1.0 / bandwidth,
                               gamma=1.0 / gamma_bandwidth if math.isfinite(gamma_bandwidth)
                               else 0.0)
-    out.print(f"{collective} on {args.nproc:,} simulated ranks, {_format_bytes(nbytes)} each; "
+    size = f"N = {_format_bytes(nbytes)}; " if CALLS[collective].sized else ""
+    out.print(f"{collective} on {args.nproc:,} simulated ranks, {size}"
               f"alpha {_format_seconds(alpha)}, links {_format_bytes(bandwidth)}/s, "
               + (f"combining {_format_bytes(gamma_bandwidth)}/s"
                  if math.isfinite(gamma_bandwidth) else "combining free"),

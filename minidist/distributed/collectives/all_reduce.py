@@ -245,7 +245,7 @@ def double_binary_tree(comm, buffer):
     Any n works (the trees simply stop at the last rank).
     """
     n, rank = comm.size, comm.rank
-    count = double_binary_tree_chunks(buffer.nbytes)
+    count = double_binary_tree_chunks(comm.nbytes_of(buffer))
     plans = []
     for half, (parents, children) in zip(split(buffer, 2), double_binary_trees(n)):
         heights, depths = _heights_and_depths(parents, children)

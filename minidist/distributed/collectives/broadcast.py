@@ -119,7 +119,7 @@ def chain(comm, buffer, root):
     """
     n = comm.size
     virtual = (comm.rank - root) % n
-    segments = split(buffer, chain_segments(buffer.nbytes))
+    segments = split(buffer, chain_segments(comm.nbytes_of(buffer)))
     after, before = (comm.rank + 1) % n, (comm.rank - 1) % n
     if virtual == 0:
         # The root has every segment from the start: post all its sends; the

@@ -133,7 +133,7 @@ class Comm:
     """
 
     __slots__ = ("group", "rank", "size", "tag", "ufunc", "prefix", "tracing", "algorithm",
-                 "book", "_charge_combine")
+                 "book", "_charge_combine", "_byte_scale")
 
     def __init__(self, group, tag: int, ufunc, prefix: str, algorithm: str = "", book=None):
         self.group = group
@@ -148,8 +148,10 @@ class Comm:
         # The simulator records its own trace in this process; real transports
         # follow the process's recorder.
         self.tracing = _trace.enabled() or getattr(transport, "tracing", False)
-        # Only the simulator charges time for local work (its clock is virtual).
+        # Only the simulator charges time for local work (its clock is virtual),
+        # and only it runs on arrays that stand for bigger ones.
         self._charge_combine = getattr(transport, "charge_combine", None)
+        self._byte_scale = getattr(transport, "byte_scale", 1.0)
 
     def _label(self, label: str) -> str:
         return f"{self.prefix}: {label}" if self.tracing else self.prefix
@@ -165,6 +167,23 @@ class Comm:
     def irecv_reduce(self, array: np.ndarray, source: int, label: str = ""):
         """Start receiving and combining into ``array`` with the call's reduction."""
         return _Receive(self.group, array, source, self.tag, self._label(label), self.ufunc)
+
+    def nbytes_of(self, array: np.ndarray) -> int:
+        """The bytes ``array`` stands for: its size, except in the simulator,
+        which runs on small arrays standing for big ones. An algorithm whose
+        shape depends on the size (how many segments, how many chunks) asks
+        this, not ``array.nbytes``, so that it is simulated as it would run."""
+        if self._byte_scale == 1.0:
+            return array.nbytes
+        return round(array.nbytes * self._byte_scale)
+
+    def combine(self, array: np.ndarray, incoming: np.ndarray) -> None:
+        """``array = op(array, incoming)`` with the call's reduction, on this rank.
+        Use it (not the ufunc directly) for every local combine, so that the
+        simulator can charge its N gamma."""
+        self.ufunc(array, incoming, out=array)
+        if self._charge_combine is not None:
+            self._charge_combine(array.nbytes)
 
 
 class _Receive:
@@ -222,14 +241,6 @@ class _Receive:
         return self.done
 
     is_completed = test
-
-    def combine(self, array: np.ndarray, incoming: np.ndarray) -> None:
-        """``array = op(array, incoming)`` with the call's reduction, on this rank.
-        Use it (not the ufunc directly) for every local combine, so that the
-        simulator can charge its N gamma."""
-        self.ufunc(array, incoming, out=array)
-        if self._charge_combine is not None:
-            self._charge_combine(array.nbytes)
 
 
 # --------------------------------------------------------------------------- running

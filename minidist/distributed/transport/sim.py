@@ -15,15 +15,15 @@ The model (one port per direction per rank, full duplex; the cost model's):
   free, ``start = max(clock, out_free)``, and the message arrives
   ``alpha + m beta`` later; the send completes then, and the out port is busy
   until then (a rank's sends leave one after another);
-* a receive has the data when the message has arrived and the in port has
-  had ``alpha + m beta`` for it after its previous message:
-  ``ready = max(arrival, in_free + alpha + m beta)``. A rank takes its
-  messages in the order it posted the receives (the order MPI matches them),
-  so n - 1 messages to one root take (n - 1)(alpha + m beta) however early
-  they were sent;
+* the in port is busy ``alpha + m beta`` for each message it takes, ending
+  no earlier than the message's arrival: a message takes the earliest free
+  slot of the in port that ends at or after its arrival (messages that
+  arrived at different times do not disturb each other; n - 1 messages
+  that reach one root together take (n - 1)(alpha + m beta), one after
+  another). Slots are booked in the order the receives are matched;
 * a combining receive (``irecv_reduce``) then spends ``m gamma`` adding the
-  data, starting no earlier than the rank posted it; the in port is busy
-  until the sum is done, because the transport combines straight from its
+  data, starting no earlier than the rank posted it, and the in port is
+  busy meanwhile, because the transport combines straight from its
   buffers (so a reduce to one root costs (n - 1)(alpha + m beta + m gamma),
   as the formula says);
 * once a step's requests are done (``request.test()`` in the driver), the
@@ -54,6 +54,7 @@ raises; run collectives with ``async_op=True`` under
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 
 import numpy as np
@@ -120,8 +121,7 @@ class SimSend(SimRequest):
 
 
 class SimRecv(SimRequest):
-    __slots__ = ("src", "mode", "buffer", "ufunc", "label", "post", "source", "array",
-                 "arrival", "charged", "seq")
+    __slots__ = ("src", "mode", "buffer", "ufunc", "label", "post", "source", "array")
 
     def __init__(self, transport, src, tag, context, mode, buffer, ufunc, label, post):
         self.transport = transport
@@ -137,7 +137,6 @@ class SimRecv(SimRequest):
         self.post = post
         self.source = None
         self.array = None
-        self.arrival = None  # set when a message is matched: its data is in place
 
     @property
     def source_rank(self):
@@ -231,7 +230,9 @@ class SimTransport:
         self.world_size = network.world_size
         self.clock = 0.0
         self.out_free = 0.0
-        self.in_free = 0.0
+        # The in port's booked slots: sorted, disjoint [start, end) intervals.
+        self._busy_starts: list[float] = []
+        self._busy_ends: list[float] = []
         self.strict_contexts: dict = {}
         self.describe_context = lambda context: ""
         self.tracing = network.events is not None
@@ -247,7 +248,6 @@ class SimTransport:
         # arrival time, bytes charged, sequence number)
         self._unexpected: dict[int, deque] = {}
         self._posted: dict[int, deque] = {}  # source -> receives waiting (never empty)
-        self._untimed: deque = deque()  # receives in posting order, not yet given a time
         self._send_seq: dict[int, int] = {}
 
     def __repr__(self) -> str:
@@ -311,7 +311,8 @@ class SimTransport:
                         self._wake()
                         break  # the message stays queued for another receive
                     request.take(array, owned=False)
-                    self._matched(request, source, arrival, charged, seq, wake=True)
+                    self._settle(request, source, arrival, charged, seq)
+                    self._wake()  # the receiver is not the rank running now
                     return
             else:
                 if key == source and context in self.strict_contexts:
@@ -363,15 +364,10 @@ class SimTransport:
                 # The common case: the next message from src is the one wanted.
                 queue.popleft()
                 request.take(data, owned=True)
-                if self._untimed:
-                    self._untimed.append(request)
-                    self._matched(request, src, arrival, charged, seq, wake=False)
-                else:
-                    self._settle(request, src, arrival, charged, seq)
+                self._settle(request, src, arrival, charged, seq)
                 return request
         if self._unexpected and self._take_unexpected(request, src, tag, context):
             return request
-        self._untimed.append(request)
         queue = self._posted.get(src)
         if queue is None:
             queue = self._posted[src] = deque()
@@ -407,49 +403,22 @@ class SimTransport:
                     return True
                 queue.remove(message)
                 request.take(data, owned=True)
-                self._untimed.append(request)
-                self._matched(request, source, arrival, charged, seq, wake=False)
+                self._settle(request, source, arrival, charged, seq)
                 return True
         return False
 
-    def _matched(self, request: SimRecv, source, arrival, charged, seq, wake: bool) -> None:
-        """The data of ``request`` is in; time it, and the receives posted after
-        it that were only waiting for their turn, in the order they were
-        posted: the in port takes one message after another. ``wake``: tell
-        the driver (the rank is not the one running)."""
-        request.source = source
-        request.arrival = arrival
-        request.charged = charged
-        request.seq = seq
-        untimed = self._untimed
-        if untimed[0] is not request:
-            return  # an earlier receive is still waiting for its message
-        while untimed:
-            request = untimed[0]
-            if request.done:  # failed
-                untimed.popleft()
-                continue
-            if request.arrival is None:
-                break
-            untimed.popleft()
-            self._settle(request, request.source, request.arrival, request.charged,
-                         request.seq)
-        if wake:
-            on_ready = self.network.on_ready
-            if on_ready is not None:
-                on_ready(self.rank)
-
     def _settle(self, request: SimRecv, source, arrival, charged, seq) -> None:
-        """Complete a receive whose data is in and whose turn on the in port has come."""
-        ready = self.in_free + self.alpha + charged * self.beta
-        if arrival > ready:
-            ready = arrival
+        """Complete a receive whose data is in: book the in port for it (and for
+        the combine), and set its completion time."""
+        duration = self.alpha + charged * self.beta
+        ready = self._book(arrival - duration, duration) + duration if duration else arrival
         if request.mode == _REDUCE:
             post = request.post
-            finish = (ready if ready > post else post) + charged * self.gamma
+            combine = charged * self.gamma
+            begin = ready if ready > post else post
+            finish = (self._book(begin, combine) if combine else begin) + combine
         else:
             finish = ready
-        self.in_free = finish
         request.source = source
         request.finish = finish
         request.done = True
@@ -458,6 +427,36 @@ class SimTransport:
             self.events.append((self.rank, "recv", source, round(charged), request.tag,
                                 request.label, round(request.post * 1e9), round(finish * 1e9),
                                 seq, context >> 32, context & 0xFFFFFFFF))
+
+    def _book(self, earliest: float, duration: float) -> float:
+        """Book the in port for ``duration`` seconds in its first free slot that
+        starts at or after ``earliest``; returns the slot's start."""
+        starts, ends = self._busy_starts, self._busy_ends
+        if not ends or earliest >= ends[-1]:  # the usual case: after everything booked
+            if ends and earliest == ends[-1]:
+                ends[-1] = earliest + duration
+            else:
+                starts.append(earliest)
+                ends.append(earliest + duration)
+            return earliest
+        start = earliest
+        index = bisect_right(ends, start)
+        while index < len(starts) and starts[index] < start + duration:
+            start = ends[index]  # overlaps a booked slot: try right after it
+            index += 1
+        end = start + duration
+        if index and ends[index - 1] == start:  # touches the slot before: extend it
+            if index < len(starts) and starts[index] == end:
+                ends[index - 1] = ends[index]
+                del starts[index], ends[index]
+            else:
+                ends[index - 1] = end
+        elif index < len(starts) and starts[index] == end:
+            starts[index] = start
+        else:
+            starts.insert(index, start)
+            ends.insert(index, end)
+        return start
 
     # ---------------------------------------------------------------- probing
 
@@ -492,7 +491,7 @@ class SimTransport:
 
     def waiting_for(self) -> list[str]:
         """What this rank's unfinished receives wait for (for deadlock reports)."""
-        return [request.describe() for request in self._untimed if not request.done]
+        return [request.describe() for queue in self._posted.values() for request in queue]
 
     def pending_sends(self) -> int:
         return 0
