@@ -118,6 +118,20 @@ def test_uneven_chunks_cost_more_than_the_formula():
     assert result.time > result.predicted
 
 
+def test_the_in_port_takes_messages_one_at_a_time_but_fills_its_gaps():
+    def finishes(send_clocks):
+        network = SimNetwork(3, alpha=1.0, beta=0.0)
+        for sender, clock in zip((1, 2), send_clocks):
+            network.transports[sender].clock = clock
+            network.transports[sender].isend(np.zeros(1), 0, 0)
+        receiver = network.transports[0]
+        late_first = [receiver.irecv(2, 0, into=np.zeros(1)), receiver.irecv(1, 0, into=np.zeros(1))]
+        return [request.finish for request in late_first]
+
+    assert finishes((0.0, 5.0)) == [6.0, 1.0]  # apart in time: neither waits
+    assert finishes((0.0, 0.0)) == [1.0, 2.0]  # together: one after the other
+
+
 def test_every_rank_clock_and_the_latest_one():
     result = simulate("broadcast", "binomial", 8, 1 << 20)
     assert len(result.clocks) == 8
