@@ -192,12 +192,19 @@ def _check_result(collective, inputs, buffers, root, op):
         assert have.dtype == want.dtype and np.array_equal(have, want), rank
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
+MIB_FLOAT32 = (1 << 20) // 4
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8])
 def test_results_equal_numpy_for_every_algorithm(n):
     for collective, spec in CALLS.items():
         counts = {0, n, 3 * n} if spec.split else {0, 1, max(n - 1, 1), n + 1, 33}
-        for count in sorted(counts):
-            for dtype in (np.float64, np.int32, np.uint8, np.complex64, np.bool_):
+        for count in sorted(counts) + [MIB_FLOAT32 // n * n]:
+            dtypes = ((np.float16, np.float32, np.float64, np.int32, np.int64, np.uint8,
+                       np.complex64, np.bool_) if count < MIB_FLOAT32 // n * n
+                      else (np.float32,))  # 1 MiB: one dtype is enough to check the big case
+            for dtype in dtypes:
                 op = "max" if dtype == np.bool_ else "sum"
                 itemsize = np.dtype(dtype).itemsize
                 for algorithm in ALGORITHMS[collective]:
