@@ -147,11 +147,11 @@ class Comm:
         transport = group.transport
         # The simulator records its own trace in this process; real transports
         # follow the process's recorder.
-        self.tracing = _trace.enabled() or getattr(transport, "tracing", False)
+        self.tracing = transport.tracing or _trace.enabled()
         # Only the simulator charges time for local work (its clock is virtual),
         # and only it runs on arrays that stand for bigger ones.
-        self._charge_combine = getattr(transport, "charge_combine", None)
-        self._byte_scale = getattr(transport, "byte_scale", 1.0)
+        self._charge_combine = transport.charge_combine
+        self._byte_scale = transport.byte_scale
 
     def _label(self, label: str) -> str:
         return f"{self.prefix}: {label}" if self.tracing else self.prefix

@@ -344,6 +344,12 @@ class Transport(abc.ABC):
     """Base class: the progress engine over abstract per-pair channels."""
 
     name = "base"
+    # What the collectives ask every transport; only the simulator differs
+    # (it records its own trace, charges local combining on its virtual clock,
+    # and runs on small arrays that stand for bigger ones).
+    tracing = False
+    charge_combine = None
+    byte_scale = 1.0
 
     def __init__(self, rank: int, world_size: int, control: ctl.ControlBlock,
                  timeout: float | None = None, spin_ns: int = 0):
