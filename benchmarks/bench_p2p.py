@@ -83,6 +83,45 @@ def pingpong(sizes, repeats, quick):
     return best if rank == 0 else None
 
 
+def exchange(sizes, repeats, quick):
+    """Both ranks send n bytes to each other at once (the step of a ring or of
+    recursive doubling); rank 0 returns {size: best seconds per exchange}."""
+    rank = dist.get_rank()
+    peer = 1 - rank
+    best = {}
+    for size in sizes:
+        outgoing = np.ones(size, np.uint8)
+        incoming = np.zeros(size, np.uint8)
+        count = max(2, iterations(size, quick) // 2)
+        for repeat in range(repeats + 1):
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(count):
+                request = dist.irecv(incoming, peer)
+                dist.send(outgoing, peer)
+                request.wait()
+            elapsed = (time.perf_counter() - start) / count
+            if repeat:
+                best[size] = min(best.get(size, elapsed), elapsed)
+        del outgoing, incoming
+    return best if rank == 0 else None
+
+
+def measure_exchange(transport, sizes, repeats, quick):
+    return minidist.launch(exchange, world_size=2, transport=transport,
+                           args=(sizes, repeats, quick))[0]
+
+
+def fit_exchange_beta(points: dict, alpha: float) -> float:
+    """Seconds per byte of an exchange, t = alpha + n * exchange_beta, fitted
+    (alpha kept from the ping-pong) on the messages of 64 KiB and more, where
+    bytes, not latency, decide."""
+    sizes = np.array([size for size in sorted(points) if size >= 64 * KIB], dtype=float)
+    excess = np.array([points[int(size)] - alpha for size in sizes])
+    weights = 1.0 / np.array([points[int(size)] for size in sizes])
+    return float(max(np.sum(weights**2 * sizes * excess) / np.sum(weights**2 * sizes**2), 1e-15))
+
+
 def measure_transport(transport, sizes, repeats, quick, trace=None):
     return minidist.launch(pingpong, world_size=2, transport=transport,
                            args=(sizes, repeats, quick), trace=trace)[0]
@@ -247,9 +286,12 @@ def main(argv=None) -> int:
     print(f"machine: {info['cpu']}, {info['cores']} cores, Python {info['python']}, "
           f"NumPy {info['numpy']}")
     results = {}
+    exchanges = {}
     for transport in ("pipe", "shm"):
         print(f"measuring {transport} ...", flush=True)
         results[transport] = measure_transport(transport, sizes, repeats, args.quick)
+        exchanges[transport] = measure_exchange(
+            transport, [size for size in sizes if size >= 64 * KIB], repeats, args.quick)
     mpich_version = None
     if not args.no_mpi:
         print("measuring MPICH (mpi4py) ...", flush=True)
@@ -268,12 +310,22 @@ def main(argv=None) -> int:
 
     fits = {}
     print()
-    print(f"{'transport':>10} | {'alpha (us)':>10} | {'beta (ns/B)':>11} | {'1/beta (GB/s)':>13}")
+    print(f"{'transport':>10} | {'alpha (us)':>10} | {'beta (ns/B)':>11} | {'1/beta (GB/s)':>13}"
+          f" | {'exchange beta (ns/B)':>20} | {'x beta':>6}")
     for name in columns:
         alpha, beta = fit_alpha_beta(results[name])
         fits[name] = {"alpha_seconds": alpha, "beta_seconds_per_byte": beta,
                       "points": {str(size): seconds for size, seconds in results[name].items()}}
-        print(f"{name:>10} | {alpha * 1e6:>10.2f} | {beta * 1e9:>11.4f} | {1 / beta / 1e9:>13.2f}")
+        line = f"{name:>10} | {alpha * 1e6:>10.2f} | {beta * 1e9:>11.4f} | {1 / beta / 1e9:>13.2f}"
+        if exchanges.get(name):
+            exchange_beta = fit_exchange_beta(exchanges[name], alpha)
+            fits[name]["exchange_beta_seconds_per_byte"] = exchange_beta
+            fits[name]["exchange_points"] = {str(size): seconds
+                                             for size, seconds in exchanges[name].items()}
+            line += f" | {exchange_beta * 1e9:>20.4f} | {exchange_beta / beta:>6.2f}"
+        print(line)
+    print("(exchange beta: seconds per byte when both ranks send and receive at once, as in a "
+          "ring step; x beta: how much dearer than one way)")
 
     big = 64 * MIB
     print()
@@ -298,7 +350,8 @@ def main(argv=None) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     report = {
         "about": "one-way point-to-point time t(n) = alpha + n * beta between two ranks on "
-                 "one machine, from ping-pong; written by benchmarks/bench_p2p.py",
+                 "one machine, from ping-pong, and exchange_beta from both ranks sending at "
+                 "once; written by benchmarks/bench_p2p.py",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": info,
         "mpich_version": mpich_version,

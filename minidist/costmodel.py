@@ -19,10 +19,17 @@ all_gather, reduce_scatter (its input) and all_to_all (what one rank sends in
 total). p is the largest power of two not above n.
 
 The model assumes each rank can send one message and receive one message at
-a time (full duplex, one port), and that links do not slow each other down.
-On one machine all ranks share the memory bus, so the measured time of a
-bandwidth-bound collective is above the prediction once the copies of
-several ranks saturate it: the lesson measures by how much.
+a time, and that links do not slow each other down. Whether a rank can send
+and receive *at the same time* at full speed (full duplex) depends on what
+moves the bytes: a network card does, but on one machine the rank's own CPU
+copies every byte in and out of shared memory, so a step in which a rank
+sends m bytes and receives m bytes (an *exchange*: every step of the ring,
+recursive doubling, Bruck, pairwise...) costs about twice a one-way message.
+``Params.exchange_beta`` is that measured cost per byte of an exchange
+(``benchmarks/bench_p2p.py`` fits it, as it fits beta from a ping-pong);
+the formulas of exchange steps use :attr:`Params.xbeta`, which falls back to
+beta for a full-duplex link. With more ranks than cores, ranks also take
+turns on the CPU: no formula here models that.
 """
 
 from __future__ import annotations
@@ -41,6 +48,13 @@ class Params:
     alpha: float
     beta: float
     gamma: float = 0.0
+    #: seconds per byte when a rank sends and receives at once; None: as beta
+    exchange_beta: float | None = None
+
+    @property
+    def xbeta(self) -> float:
+        """Seconds per byte of an exchange step (beta on a full-duplex link)."""
+        return self.beta if self.exchange_beta is None else self.exchange_beta
 
     @property
     def bandwidth(self) -> float:
@@ -115,13 +129,13 @@ FORMULAS = {
         + (n - 1) * N * P.gamma,
         "reduce_broadcast": lambda n, N, P: 2 * _log2(n) * (P.alpha + N * P.beta)
         + _log2(n) * N * P.gamma,
-        "recursive_doubling": lambda n, N, P: math.log2(_p(n)) * (P.alpha + N * P.beta
+        "recursive_doubling": lambda n, N, P: math.log2(_p(n)) * (P.alpha + N * P.xbeta
                                                                    + N * P.gamma)
         + _fold(n, N, P),
         "rabenseifner": lambda n, N, P: 2 * math.log2(_p(n)) * P.alpha
-        + 2 * (_p(n) - 1) / _p(n) * N * P.beta + (_p(n) - 1) / _p(n) * N * P.gamma
+        + 2 * (_p(n) - 1) / _p(n) * N * P.xbeta + (_p(n) - 1) / _p(n) * N * P.gamma
         + _fold(n, N, P),
-        "ring": lambda n, N, P: 2 * (n - 1) * P.alpha + 2 * (n - 1) / n * N * P.beta
+        "ring": lambda n, N, P: 2 * (n - 1) * P.alpha + 2 * (n - 1) / n * N * P.xbeta
         + (n - 1) / n * N * P.gamma,
     },
 }
@@ -138,9 +152,9 @@ def _chain_segments(N: float) -> int:
 
 FORMULAS["broadcast"].update({
     "scatter_allgather": lambda n, N, P: _log2(n) * P.alpha + (n - 1) / n * N * P.beta
-    + (n - 1) * (P.alpha + N / n * P.beta),
+    + (n - 1) * (P.alpha + N / n * P.xbeta),
     "chain": lambda n, N, P: (n - 2 + _chain_segments(N))
-    * (P.alpha + N / _chain_segments(N) * P.beta),
+    * (P.alpha + N / _chain_segments(N) * P.xbeta),
 })
 # Root 0, which sits out of the fold (and is handed its chunk) whenever n != p.
 FORMULAS["reduce"]["rabenseifner"] = lambda n, N, P: (
@@ -281,23 +295,25 @@ def _folded(n: int, power_of_two: float, otherwise: float) -> float:
 
 FORMULAS.update({
     "all_gather": {
-        "ring": lambda n, N, P: (n - 1) * (P.alpha + N / n * P.beta),
+        "ring": lambda n, N, P: (n - 1) * (P.alpha + N / n * P.xbeta),
         "recursive_doubling": lambda n, N, P: _folded(
-            n, math.log2(n) * P.alpha + (n - 1) / n * N * P.beta,
-            (math.log2(_p(n)) + 2) * P.alpha + (_doubling_pieces(n) + 1 + n) * N / n * P.beta),
-        "bruck": lambda n, N, P: _log2(n) * P.alpha + (n - 1) / n * N * P.beta,
+            n, math.log2(n) * P.alpha + (n - 1) / n * N * P.xbeta,
+            (math.log2(_p(n)) + 2) * P.alpha + _doubling_pieces(n) * N / n * P.xbeta
+            + (1 + n) * N / n * P.beta),
+        "bruck": lambda n, N, P: _log2(n) * P.alpha + (n - 1) / n * N * P.xbeta,
     },
     "reduce_scatter": {
-        "ring": lambda n, N, P: (n - 1) * (P.alpha + N / n * (P.beta + P.gamma)),
+        "ring": lambda n, N, P: (n - 1) * (P.alpha + N / n * (P.xbeta + P.gamma)),
         "recursive_halving": lambda n, N, P: _folded(
-            n, math.log2(n) * P.alpha + (n - 1) / n * N * (P.beta + P.gamma),
+            n, math.log2(n) * P.alpha + (n - 1) / n * N * (P.xbeta + P.gamma),
             (math.log2(_p(n)) + 2) * P.alpha
-            + (_doubling_pieces(n) + n) * N / n * (P.beta + P.gamma) + N / n * P.beta),
-        "pairwise": lambda n, N, P: (n - 1) * (P.alpha + N / n * (P.beta + P.gamma)),
+            + _doubling_pieces(n) * N / n * (P.xbeta + P.gamma)
+            + n * N / n * (P.beta + P.gamma) + N / n * P.beta),
+        "pairwise": lambda n, N, P: (n - 1) * (P.alpha + N / n * (P.xbeta + P.gamma)),
     },
     "all_to_all": {
-        "pairwise": lambda n, N, P: (n - 1) * (P.alpha + N / n * P.beta),
-        "bruck": lambda n, N, P: _log2(n) * P.alpha + _bruck_pieces(n) * N / n * P.beta,
+        "pairwise": lambda n, N, P: (n - 1) * (P.alpha + N / n * P.xbeta),
+        "bruck": lambda n, N, P: _log2(n) * P.alpha + _bruck_pieces(n) * N / n * P.xbeta,
     },
 })
 

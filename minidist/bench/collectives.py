@@ -180,13 +180,14 @@ class Options:
 
 
 def params_from_p2p(path: str) -> dict:
-    """{transport: Params} with alpha and beta from a bench_p2p.py result file
-    (gamma from :data:`minidist.costmodel.PARAMS`)."""
+    """{transport: Params} with alpha, beta and the exchange beta from a
+    bench_p2p.py result file (gamma from :data:`minidist.costmodel.PARAMS`)."""
     with open(path) as file:
         fits = json.load(file)["fits"]
     return {transport: costmodel.Params(alpha=fit["alpha_seconds"],
                                         beta=fit["beta_seconds_per_byte"],
-                                        gamma=costmodel.params_for(transport).gamma)
+                                        gamma=costmodel.params_for(transport).gamma,
+                                        exchange_beta=fit.get("exchange_beta_seconds_per_byte"))
             for transport, fit in fits.items() if transport in costmodel.PARAMS}
 
 
@@ -337,7 +338,8 @@ def run(options: Options, console=None) -> dict:
                      "world_sizes": options.world_sizes, "transports": options.transports,
                      "timing": options.timing.as_dict(), "quick": options.quick},
         "oversubscribed_world_sizes": oversubscribed,
-        "params": {transport: {"alpha": p.alpha, "beta": p.beta, "gamma": p.gamma}
+        "params": {transport: {"alpha": p.alpha, "beta": p.beta, "gamma": p.gamma,
+                               "exchange_beta": p.exchange_beta}
                    for transport, p in params.items()},
         "notes": notes,
         "mpich": natives["mpich"],
@@ -434,8 +436,10 @@ def _describe_params(transport: str, params: dict) -> str:
     def rate(seconds_per_byte):
         return f"{1 / seconds_per_byte / 1e9:.1f} GB/s" if seconds_per_byte else "inf"
 
+    exchange = params.get("exchange_beta")
     return (f"{transport} alpha {params['alpha'] * 1e6:.2f} us, 1/beta {rate(params['beta'])}, "
-            f"1/gamma {rate(params['gamma'])}")
+            + (f"1/exchange beta {rate(exchange)}, " if exchange else "")
+            + f"1/gamma {rate(params['gamma'])}")
 
 
 def print_report(report: dict, console=None) -> None:

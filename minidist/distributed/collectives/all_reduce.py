@@ -36,6 +36,8 @@ power-of-two algorithm; at the end each odd rank hands the result back.
 
 from __future__ import annotations
 
+import numpy as np
+
 from minidist.costmodel import double_binary_tree_chunks
 from minidist.distributed.collectives import broadcast as _broadcast
 from minidist.distributed.collectives import call
@@ -77,14 +79,22 @@ def recursive_doubling(comm, buffer):
     # of small, latency-bound arrays, where every microsecond shows.)
     virtual = (yield from _fold_in(comm, buffer, p)) if n != p else comm.rank
     if virtual >= 0:
-        incoming = buffer.copy()  # the partner's partial result, before it is combined
+        incoming = None  # the partner's partial result, before it is combined
         mask = 1
         while mask < p:
             partner = _real_rank(virtual ^ mask, n - p)
             round_ = mask.bit_length() - 1
-            yield [comm.isend(buffer, partner, f"round {round_} to {partner}"),
-                   comm.irecv(incoming, partner, f"round {round_} from {partner}")]
-            comm.combine(buffer, incoming)
+            send = comm.isend(buffer, partner, f"round {round_} to {partner}")
+            if send.done:
+                # The transport already holds a copy of what we sent (a small
+                # message), so the partner's array can be combined straight
+                # into ours: no scratch array, and no pass over it afterwards.
+                yield [comm.irecv_reduce(buffer, partner, f"round {round_} from {partner}")]
+            else:
+                if incoming is None:
+                    incoming = np.empty_like(buffer)
+                yield [send, comm.irecv(incoming, partner, f"round {round_} from {partner}")]
+                comm.combine(buffer, incoming)
             mask <<= 1
     if n != p:
         yield from _fold_out(comm, buffer, p)
