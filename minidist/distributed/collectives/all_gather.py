@@ -54,6 +54,7 @@ def ring(comm, buffer):
     pieces = split(buffer, n)
     right, left = (rank + 1) % n, (rank - 1) % n
     for step in range(n - 1):
+        comm.at(step, "allgather")
         out, into = (rank - step) % n, (rank - step - 1) % n
         yield [comm.isend(pieces[out], right, f"step {step} piece {out}"),
                comm.irecv(pieces[into], left, f"step {step} piece {into}")]

@@ -41,11 +41,13 @@ def linear(comm, buffer, root, first_step=0):
 
 
 def binomial(comm, buffer, root, first_step=0):
-    """Binomial tree: in round k every rank that has the data sends it to the
-    rank 2^k further on, so the number of ranks holding it doubles each round.
+    """Binomial tree: in every round each rank that has the data sends it on,
+    so the number of ranks holding it doubles each round.
 
-    Receive from the parent (clear the lowest set bit of the virtual rank),
-    then send to the children v + 2^j, farthest subtree first. Any n works:
+    Round 0: the root sends to the rank 2^(L-1) away (L = ceil(log2 n)); round
+    k: every holder sends to the rank 2^(L-1-k) away. In code: receive from
+    the parent (clear the lowest set bit of the virtual rank), then send to
+    the children v + 2^j, farthest subtree first. Any n works:
     children past the end are skipped. Cost: ceil(log2 n) * (alpha + N beta).
     """
     n = comm.size
@@ -127,18 +129,25 @@ def chain(comm, buffer, root):
     virtual = (comm.rank - root) % n
     segments = split(buffer, chain_segments(comm.nbytes_of(buffer)))
     after, before = (comm.rank + 1) % n, (comm.rank - 1) % n
+    # Segment s leaves virtual rank v in step v + s (the pipeline's diagonal).
     if virtual == 0:
         # The root has every segment from the start: post all its sends; the
         # transport streams them in order.
-        yield [comm.isend(segment, after, f"segment {index} to {after}")
-               for index, segment in enumerate(segments)]
+        sends = []
+        for index, segment in enumerate(segments):
+            comm.at(index, "pipeline")
+            sends.append(comm.isend(segment, after, f"segment {index} to {after}"))
+        yield sends
         return
+    comm.at(virtual - 1, "pipeline")
     yield [comm.irecv(segments[0], before, f"segment 0 from {before}")]
     for index in range(len(segments)):
         step = []
         if virtual < n - 1:
+            comm.at(virtual + index, "pipeline")
             step.append(comm.isend(segments[index], after, f"segment {index} to {after}"))
         if index + 1 < len(segments):
+            comm.at(virtual + index, "pipeline")
             step.append(comm.irecv(segments[index + 1], before,
                                    f"segment {index + 1} from {before}"))
         if step:

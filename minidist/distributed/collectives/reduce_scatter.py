@@ -63,6 +63,7 @@ def ring(comm, pieces, output):
     chunks = split(pieces, n)
     right, left = (rank + 1) % n, (rank - 1) % n
     for step in range(n - 1):
+        comm.at(step, "reduce-scatter")
         out, into = (rank - step - 1) % n, (rank - step - 2) % n
         yield [comm.isend(chunks[out], right, f"step {step} piece {out}"),
                comm.irecv_reduce(chunks[into], left, f"step {step} piece {into}")]
