@@ -216,7 +216,8 @@ def _replay_call(header: dict, collective_events: list[dict],
     count, itemsize = int(info.get("count", 0)), int(info.get("itemsize", 1))
     root = info.get("root", -1)
     root = None if root is None or root < 0 else int(root)
-    steps = int(info.get("steps", 0))
+    # A rank idle at the end of the call has seen fewer steps: take the most.
+    steps = max(_label_info(event["label"]).get("steps", 0) for event in collective_events)
     rank_of = _group_ranks(collective_events, world)
 
     origin = min(event["start"] for event in collective_events)

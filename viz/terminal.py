@@ -11,8 +11,8 @@ Each frame shows
   algorithms, a tree for trees, a list otherwise), each rank's buffer drawn
   as its cells. A cell's character says how many ranks' data it holds
   ("3": a partial result of three ranks, "A": all of them, "·": nothing yet)
-  and its colour is the lowest of those ranks, so colour is never the only
-  signal and ``color=False`` loses nothing;
+  and its colour is the first of those ranks (:func:`first_rank`), so colour
+  is never the only signal and ``color=False`` loses nothing;
 * the step's messages as arrows with their byte counts ("0 -> 1  256 B
   combine"), the cost formula, and the time the cost model predicts for the
   whole call against the time measured up to the end of this step.
@@ -47,7 +47,7 @@ PALETTE = ("#006BA4", "#FF800E", "#ABABAB", "#595959", "#5F9ED1",
            "#C85200", "#898989", "#A2C8EC", "#FFBC79", "#CFCFCF")
 #: Colours on which black text is easier to read than white.
 _LIGHT = {"#ABABAB", "#A2C8EC", "#FFBC79", "#CFCFCF", "#FF800E", "#5F9ED1", "#898989"}
-COMPLETE_STYLE = "bold white on #3B3B3B"
+COMPLETE_STYLE = "bold black on white"
 KEYS_HELP = "n/space: next   b: back   g: start   G: end   q: quit"
 #: Messages listed under a frame; the rest are counted.
 MESSAGES_SHOWN = 12
@@ -76,8 +76,16 @@ def _cell_style(holding: frozenset, world_size: int, color: bool) -> str:
         return "dim"
     if len(holding) == world_size:
         return COMPLETE_STYLE
-    colour = rank_colour(min(holding))
+    colour = rank_colour(first_rank(holding, world_size))
     return f"{'black' if colour in _LIGHT else 'white'} on {colour}"
+
+
+def first_rank(holding: frozenset, world_size: int) -> int:
+    """The rank a cell's colour comes from: where its run of consecutive ranks
+    starts, counting round the ring ({6, 7, 0} -> 6). A ring's partial sum
+    thus keeps the colour of the rank it started from as it travels."""
+    starts = [rank for rank in holding if (rank - 1) % world_size not in holding]
+    return min(starts) if starts else min(holding)
 
 
 def buffer_text(replay: Replay, frame: Frame | None, rank: int, *, color: bool = True) -> Text:
@@ -172,7 +180,7 @@ def legend(replay: Replay, *, color: bool = True) -> Text:
     text.append("A", style=COMPLETE_STYLE if color else "")
     text.append(" all ranks")
     if color:
-        text.append("  colour: lowest rank ")
+        text.append("  colour: first rank ")
         for rank in range(min(replay.world_size, len(PALETTE))):
             text.append(str(rank), style=_cell_style(frozenset({rank}), replay.world_size + 1,
                                                      True))
