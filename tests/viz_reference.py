@@ -37,10 +37,14 @@ def ring_all_reduce_holdings(n: int, frame: int) -> list[list[frozenset]]:
 
 
 def binomial_broadcast_holders(n: int, root: int, round_: int) -> set[int]:
-    """The ranks holding the root's data after round ``round_``: in round k
-    every holder sends to the rank 2^k further on (virtual ranks relative to
-    the root), so the virtual ranks below 2^(k + 1) hold it."""
-    return {(virtual + root) % n for virtual in range(min(n, 2 ** (round_ + 1)))}
+    """The ranks holding the root's data after round ``round_`` of a binomial
+    broadcast that serves the farthest subtree first (as minidist's does):
+    with L = ceil(log2 n) rounds, in round k every holder v (virtual ranks,
+    relative to the root) sends to v + 2^(L - 1 - k), so after round k the
+    holders are the multiples of 2^(L - 1 - k)."""
+    rounds = (n - 1).bit_length()
+    stride = 2 ** (rounds - 1 - round_)
+    return {(virtual + root) % n for virtual in range(0, n, stride)}
 
 
 def recursive_doubling_holdings(n: int, round_: int) -> list[frozenset]:

@@ -20,8 +20,9 @@ phase, the element range of the call's buffer it reads (send) or writes
 
 Holdings: which ranks' data each part of each buffer already contains. Each
 rank's buffer is drawn as ``cells`` equal cells (cell i covers elements
-``chunk_bounds(count, cells)[i]`` up to ``[i + 1]``); with ``cells ==
-world_size`` a cell is exactly the chunk a ring or halving algorithm moves.
+``chunk_bounds(count, cells)[i]`` up to ``[i + 1]``), as many as make every
+message cover whole cells (:func:`cells_for`): n for the ring, p for
+Rabenseifner, so that a cell is exactly a chunk the algorithm moves.
 The frames are computed by applying the messages step by step, as the
 algorithm did:
 
@@ -120,7 +121,7 @@ class Replay:
     frames: tuple[Frame, ...]
     formula: str         # the algorithm's cost formula in words
     predicted_s: float | None  # the cost model's time for this call
-    measured_s: float    # the slowest rank's time in the call
+    measured_s: float    # first rank in to last rank out of the call
     summary: bool        # True above SUMMARY_ABOVE ranks: draw the summary view
     group: int = 0       # the process group's id
     transport: str = ""  # "shm", "pipe", "sim", ... from the trace header
@@ -220,9 +221,12 @@ def _replay_call(header: dict, collective_events: list[dict],
     steps = max(_label_info(event["label"]).get("steps", 0) for event in collective_events)
     rank_of = _group_ranks(collective_events, world)
 
+    # The call spans from the first rank entering it to the last one leaving:
+    # a rank that enters late makes the others wait, and that wait is part
+    # of what the call costs (the frames' times count from the same origin).
     origin = min(event["start"] for event in collective_events)
-    measured_ns = max(event["end"] - event["start"] for event in collective_events)
-    cells = min(world, MAX_CELLS)
+    measured_ns = max(event["end"] for event in collective_events) - origin
+    cells = cells_for(world, count, _range_ends(pairs))
     bounds = chunk_bounds(count, cells)
 
     by_step: dict[int, list[tuple[Message, tuple | None, tuple | None, str]]] = defaultdict(list)
@@ -259,6 +263,34 @@ def _replay_call(header: dict, collective_events: list[dict],
         measured_s=measured_ns / 1e9, summary=world > SUMMARY_ABOVE,
         group=int(info.get("group", collective_events[0].get("group", 0))),
         transport=str(header.get("transport", "")))
+
+
+def _range_ends(pairs) -> set[int]:
+    ends = set()
+    for send, recv in pairs:
+        for event in (send, recv):
+            if event is not None:
+                element_range = _label_info(event.get("label")).get("range")
+                if element_range:
+                    ends.update(element_range)
+    return ends
+
+
+def cells_for(world: int, count: int, range_ends: set[int]) -> int:
+    """How many equal cells to draw a buffer as: the first of n, p (the
+    largest power of two <= n), then their multiples, whose cell boundaries
+    include every end of every message's range, so that each message
+    covers whole cells (Rabenseifner on 5 ranks cuts the array in 4, the
+    ring in 5). None fits: n cells, and messages may cover parts of cells.
+    At most :data:`MAX_CELLS`."""
+    power = 1 << (world.bit_length() - 1)
+    candidates = [world, power] + sorted({base * factor for base in (world, power)
+                                          for factor in range(2, MAX_CELLS + 1)
+                                          if base * factor <= MAX_CELLS})
+    for cells in candidates:
+        if cells <= MAX_CELLS and range_ends <= set(chunk_bounds(count, cells)):
+            return cells
+    return min(world, MAX_CELLS)
 
 
 def _group_ranks(collective_events: list[dict], world: int):

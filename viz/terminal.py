@@ -159,11 +159,11 @@ def _costs(replay: Replay, frame: Frame, color: bool) -> Text:
     if replay.formula:
         text.append("cost  ", style="bold" if color else "")
         text.append(f"{replay.formula}\n")
-    predicted = (f"predicted {format_seconds(replay.predicted_s)} for the call · "
-                 if replay.predicted_s is not None else "")
     clock = " (simulated)" if replay.transport == "sim" else ""
-    text.append(f"time  {predicted}measured {format_seconds(frame.elapsed_ns / 1e9)} so far, "
-                f"{format_seconds(replay.measured_s)} in all{clock}")
+    text.append(f"time  measured {format_seconds(frame.elapsed_ns / 1e9)} so far of "
+                f"{format_seconds(replay.measured_s)}{clock}")
+    if replay.predicted_s is not None:
+        text.append(f" · predicted {format_seconds(replay.predicted_s)}")
     return text
 
 
