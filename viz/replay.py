@@ -126,14 +126,13 @@ class Replay:
     group: int = 0       # the process group's id
     transport: str = ""  # "shm", "pipe", "sim", ... from the trace header
 
+    #: Bytes of the call's buffer on one rank: count x itemsize, except for
+    #: the simulator, whose small array stands for the size its header names.
+    nbytes: int = 0
+
     @property
     def steps(self) -> int:
         return len(self.frames)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the call's buffer on one rank."""
-        return self.count * self.itemsize
 
 
 # --------------------------------------------------------------------------- reading
@@ -259,7 +258,9 @@ def _replay_call(header: dict, collective_events: list[dict],
         itemsize=itemsize, root=root, call=int(info["call"]), cells=cells,
         layout=layout_of(algorithm), initial=_as_holdings(start, world),
         frames=frames, formula=formula_of(collective, algorithm),
-        predicted_s=_predict(header, collective, algorithm, world, count * itemsize),
+        predicted_s=_predict(header, collective, algorithm, world,
+                             _modelled_bytes(header, collective, count * itemsize)),
+        nbytes=_modelled_bytes(header, collective, count * itemsize),
         measured_s=measured_ns / 1e9, summary=world > SUMMARY_ABOVE,
         group=int(info.get("group", collective_events[0].get("group", 0))),
         transport=str(header.get("transport", "")))
@@ -501,6 +502,15 @@ def _table_row(doc: str, algorithm: str) -> str:
     return ""
 
 
+def _modelled_bytes(header: dict, collective: str, nbytes: int) -> int:
+    """The simulator runs a small array standing for a big one: its header
+    names the size the run stands for."""
+    if header.get("transport") == "sim" and header.get("collective") == collective \
+            and header.get("nbytes") is not None:
+        return int(header["nbytes"])
+    return nbytes
+
+
 def _predict(header: dict, collective: str, algorithm: str, world: int,
              nbytes: int) -> float | None:
     """The cost model's time for the call, with the parameters the trace was
@@ -508,10 +518,6 @@ def _predict(header: dict, collective: str, algorithm: str, world: int,
     if all(key in header for key in ("alpha", "beta")):
         params = costmodel.Params(alpha=header["alpha"], beta=header["beta"],
                                   gamma=header.get("gamma", 0.0))
-        # The simulator runs a small array standing for a big one: its
-        # header names the size the run stands for.
-        if header.get("collective") == collective and header.get("nbytes") is not None:
-            nbytes = header["nbytes"]
     else:
         params = costmodel.PARAMS.get(header.get("transport") or "shm", costmodel.PARAMS["shm"])
     try:
