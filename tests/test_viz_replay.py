@@ -1,0 +1,247 @@
+"""The replay model against the algorithms' definitions.
+
+Three sources of traces: hand-made events (the label format alone), real
+runs on shared memory (one launch per world size running every case), and
+the simulator. Frame counts are checked against the algorithms' step counts
+and holdings against the reference computations of tests/viz_reference.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import minidist
+import minidist.distributed as dist
+from minidist.distributed import simulate
+from tests.viz_reference import (
+    binomial_broadcast_holders,
+    recursive_doubling_holdings,
+    ring_all_gather_holdings,
+    ring_all_reduce_holdings,
+    ring_all_reduce_events,
+)
+from viz.replay import Replay, layout_of, replay, replays
+
+WORLD_SIZES = (2, 3, 4, 5, 8)
+
+
+def _log2(n: int) -> int:
+    return (n - 1).bit_length()
+
+
+def _fold_steps(n: int) -> int:
+    return 0 if n & (n - 1) == 0 else 2
+
+
+def _as_lists(holdings):
+    return [list(row) for row in holdings]
+
+
+# --------------------------------------------------------------------------- hand-made events
+
+
+@pytest.mark.parametrize("n", range(2, 9))
+def test_hand_made_ring_matches_the_reference(n):
+    ring = replay(ring_all_reduce_events(n, 3 * n + 1))
+    assert (ring.collective, ring.algorithm, ring.world_size, ring.layout) == \
+        ("all_reduce", "ring", n, "ring")
+    assert len(ring.frames) == 2 * (n - 1)
+    assert _as_lists(ring.initial) == [[frozenset({r})] * n for r in range(n)]
+    for frame in ring.frames:
+        assert _as_lists(frame.holdings) == ring_all_reduce_holdings(n, frame.index)
+        assert frame.phase == ("reduce-scatter" if frame.index < n - 1 else "allgather")
+        assert len(frame.messages) == n
+        assert {(m.source, m.target) for m in frame.messages} == {(r, (r + 1) % n)
+                                                                  for r in range(n)}
+    assert ring.frames[-1].complete == 1.0
+
+
+def test_hand_made_message_fields():
+    ring = replay(ring_all_reduce_events(4, 8, itemsize=4, step_ns=1000))
+    first = ring.frames[0].messages[0]
+    assert (first.source, first.target, first.nbytes, first.op, first.cells) == \
+        (0, 1, 8, "combine", (0, 1))
+    assert first.text == "reduce-scatter step 0 chunk 0"
+    assert 0 <= first.start_ns < first.end_ns <= ring.frames[0].elapsed_ns
+    assert ring.frames[3].messages[0].op == "copy"
+    assert ring.measured_s == pytest.approx(6 * 1000e-9 + 3e-9)
+    assert ring.predicted_s > 0 and "alpha" in ring.formula and "gamma" in ring.formula
+
+
+def test_several_calls_in_one_trace_are_told_apart():
+    events = ring_all_reduce_events(3, 9, call=0) + [
+        dict(event, start=event["start"] + 10**6, end=event["end"] + 10**6)
+        for event in ring_all_reduce_events(3, 30, call=1)]
+    found = replays(events)
+    assert [(r.call, r.count, len(r.frames)) for r in found] == [(0, 9, 4), (1, 30, 4)]
+    assert replay(events, 1).count == 30
+
+
+def test_a_trace_without_collectives_says_so():
+    with pytest.raises(ValueError, match="no collective call"):
+        replay([])
+    with pytest.raises(IndexError, match="1 collective calls"):
+        replay(ring_all_reduce_events(2, 4), 3)
+
+
+def test_layouts():
+    assert layout_of("ring") == "ring"
+    assert layout_of("binomial") == layout_of("double_binary_tree") == "tree"
+    assert layout_of("recursive_doubling") == "row"
+
+
+# --------------------------------------------------------------------------- real runs
+
+
+def _every_case(count: int) -> int:
+    n = dist.get_world_size()
+    rank = dist.get_rank()
+    for algorithm in ("ring", "recursive_doubling", "rabenseifner"):
+        dist.all_reduce(np.arange(count, dtype=np.int64) + rank, algorithm=algorithm)
+    for root in (0, n - 1):
+        dist.broadcast(np.full(count, rank, np.int64), src=root, algorithm="binomial")
+    output = np.zeros(n * count, np.int64)
+    dist.all_gather_into_tensor(output, np.full(count, rank, np.int64), algorithm="ring")
+    dist.reduce_scatter_tensor(np.zeros(count, np.int64),
+                               np.arange(n * count, dtype=np.int64), algorithm="ring")
+    return rank
+
+
+@pytest.fixture(scope="module")
+def real_replays(tmp_path_factory) -> dict[int, list[Replay]]:
+    """Every case on every world size: one shm launch per world size."""
+    found = {}
+    for n in WORLD_SIZES:
+        path = tmp_path_factory.mktemp("traces") / f"cases{n}.jsonl"
+        assert minidist.launch(_every_case, world_size=n, transport="shm", args=(4 * n + 3,),
+                               trace=str(path), timeout=60) == list(range(n))
+        found[n] = replays(path)
+    return found
+
+
+def _case(found: list[Replay], collective: str, algorithm: str, root=None) -> Replay:
+    matching = [r for r in found if (r.collective, r.algorithm) == (collective, algorithm)
+                and (root is None or r.root == root)]
+    assert matching, f"no {collective} {algorithm} in the trace"
+    return matching[0]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_real_frame_counts_are_the_algorithms_steps(real_replays, n):
+    found = real_replays[n]
+    assert len(found) == 7
+    p = 1 << (n.bit_length() - 1)
+    expected = {
+        ("all_reduce", "ring"): 2 * (n - 1),
+        ("all_reduce", "recursive_doubling"): int(math.log2(p)) + _fold_steps(n),
+        ("all_reduce", "rabenseifner"): 2 * int(math.log2(p)) + _fold_steps(n),
+        ("broadcast", "binomial"): _log2(n),
+        ("all_gather", "ring"): n - 1,
+        ("reduce_scatter", "ring"): n - 1,
+    }
+    for (collective, algorithm), steps in expected.items():
+        assert len(_case(found, collective, algorithm).frames) == steps, (collective, algorithm)
+    for one in found:
+        assert one.world_size == n and one.transport == "shm"
+        assert one.measured_s > 0 and one.predicted_s and one.predicted_s > 0
+        assert one.formula
+        elapsed = [frame.elapsed_ns for frame in one.frames]
+        assert elapsed == sorted(elapsed)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_real_ring_all_reduce_holdings(real_replays, n):
+    ring = _case(real_replays[n], "all_reduce", "ring")
+    for frame in ring.frames:
+        assert _as_lists(frame.holdings) == ring_all_reduce_holdings(n, frame.index)
+        assert frame.phase == ("reduce-scatter" if frame.index < n - 1 else "allgather")
+        assert all(m.nbytes > 0 for m in frame.messages)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_real_every_all_reduce_ends_complete(real_replays, n):
+    everyone = frozenset(range(n))
+    for algorithm in ("ring", "recursive_doubling", "rabenseifner"):
+        last = _case(real_replays[n], "all_reduce", algorithm).frames[-1]
+        assert all(cell == everyone for row in last.holdings for cell in row), algorithm
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("n", (2, 4, 8))
+def test_real_recursive_doubling_holdings(real_replays, n):
+    doubling = _case(real_replays[n], "all_reduce", "recursive_doubling")
+    for frame in doubling.frames:
+        expected = recursive_doubling_holdings(n, frame.index)
+        assert _as_lists(frame.holdings) == [[expected[rank]] * n for rank in range(n)]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_real_binomial_broadcast_holdings(real_replays, n):
+    for root in (0, n - 1):
+        tree = _case(real_replays[n], "broadcast", "binomial", root)
+        assert tree.root == root and tree.layout == "tree"
+        for frame in tree.frames:
+            holders = {rank for rank in range(n)
+                       if all(cell == {root} for cell in frame.holdings[rank])}
+            empty = {rank for rank in range(n) if not any(frame.holdings[rank])}
+            assert holders == binomial_broadcast_holders(n, root, frame.index)
+            assert empty == set(range(n)) - holders
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_real_ring_all_gather_and_reduce_scatter(real_replays, n):
+    gather = _case(real_replays[n], "all_gather", "ring")
+    for frame in gather.frames:
+        assert _as_lists(frame.holdings) == ring_all_gather_holdings(n, frame.index)
+    scatter = _case(real_replays[n], "reduce_scatter", "ring")
+    # reduce_scatter's definition: rank r ends with piece r combined over every rank.
+    assert all(scatter.frames[-1].holdings[rank][rank] == frozenset(range(n))
+               for rank in range(n))
+
+
+# --------------------------------------------------------------------------- the simulator
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", range(2, 9))
+def test_simulated_ring_matches_the_reference(tmp_path, n):
+    path = tmp_path / "ring.jsonl"
+    result = simulate("all_reduce", "ring", n, 1 << 20, trace=path)
+    ring = replay(path)
+    assert len(ring.frames) == 2 * (n - 1)
+    for frame in ring.frames:
+        assert _as_lists(frame.holdings) == ring_all_reduce_holdings(n, frame.index)
+    assert ring.transport == "sim"
+    assert ring.measured_s == pytest.approx(result.time, abs=1e-9)  # whole virtual ns
+    assert ring.predicted_s == pytest.approx(result.predicted, rel=1e-9)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", (3, 6, 8))
+def test_simulated_binomial_broadcast(tmp_path, n):
+    path = tmp_path / "broadcast.jsonl"
+    simulate("broadcast", "binomial", n, 4096, root=1, trace=path)
+    tree = replay(path)
+    assert len(tree.frames) == _log2(n)
+    for frame in tree.frames:
+        holders = {rank for rank in range(n) if all(cell == {1} for cell in frame.holdings[rank])}
+        assert holders == binomial_broadcast_holders(n, 1, frame.index)
+
+
+@pytest.mark.timeout(120)
+def test_simulated_64_ranks_is_a_summary(tmp_path):
+    path = tmp_path / "ring64.jsonl"
+    simulate("all_reduce", "ring", 64, 1 << 20, trace=path)
+    big = replay(path)
+    assert big.summary and big.world_size == 64 and len(big.frames) == 126
+    assert [frame.complete for frame in big.frames] == sorted(frame.complete
+                                                             for frame in big.frames)
+    assert big.frames[-1].complete == 1.0
