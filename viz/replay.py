@@ -140,28 +140,11 @@ class Replay:
 
 def _label_info(label: str) -> dict:
     """The key=value pairs after " #" in a label (ints converted, ranges as tuples)."""
-    return _trace.label_info(label or "") if hasattr(_trace, "label_info") \
-        else _parse_label(label or "")
+    return _trace.label_info(label or "")
 
 
 def _label_text(label: str) -> str:
-    return _trace.label_text(label or "") if hasattr(_trace, "label_text") \
-        else (label or "").split(" #", 1)[0]
-
-
-def _parse_label(label: str) -> dict:
-    info = {}
-    for pair in label.split(" #", 1)[1].split() if " #" in label else ():
-        key, _, value = pair.partition("=")
-        if key == "range":
-            first, _, stop = value.partition(":")
-            info[key] = (int(first), int(stop))
-        else:
-            try:
-                info[key] = int(value)
-            except ValueError:
-                info[key] = value
-    return info
+    return _trace.label_text(label or "")
 
 
 def _load(trace) -> tuple[dict, list[dict]]:
