@@ -20,8 +20,8 @@ from tests.viz_reference import (
     binomial_broadcast_holders,
     recursive_doubling_holdings,
     ring_all_gather_holdings,
-    ring_all_reduce_holdings,
     ring_all_reduce_events,
+    ring_all_reduce_holdings,
 )
 from viz.replay import Replay, layout_of, replay, replays
 
