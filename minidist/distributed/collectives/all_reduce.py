@@ -36,8 +36,6 @@ power-of-two algorithm; at the end each odd rank hands the result back.
 
 from __future__ import annotations
 
-import numpy as np
-
 from minidist.costmodel import double_binary_tree_chunks
 from minidist.distributed.collectives import broadcast as _broadcast
 from minidist.distributed.collectives import call
@@ -94,7 +92,7 @@ def recursive_doubling(comm, buffer):
                 yield [comm.irecv_reduce(buffer, partner, f"round {round_} from {partner}")]
             else:
                 if incoming is None:
-                    incoming = np.empty_like(buffer)
+                    incoming = comm.scratch(buffer)
                 yield [send, comm.irecv(incoming, partner, f"round {round_} from {partner}",
                                         combined_into=buffer)]
                 comm.combine(buffer, incoming)

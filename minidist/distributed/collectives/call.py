@@ -164,6 +164,7 @@ def execute(comm: Comm, steps, async_op: bool, finish=None, timeout=_DEFAULT):
         run(steps, timeout, comm)
     finally:
         fingerprints.outstanding -= 1
+        comm.release()
     comm.record_call()
     if finish is not None:
         return finish()

@@ -96,12 +96,14 @@ def describe_fingerprint(tag: int, algorithms: dict) -> str:
 
 
 class _Fingerprints:
-    """The per-(group, context) bookkeeping the transport's mismatch check asks."""
+    """The per-(group, context) bookkeeping the transport's mismatch check asks
+    (and the group's spare scratch arrays, see :meth:`Comm.scratch`)."""
 
     def __init__(self, algorithms: dict):
         self.algorithms = algorithms
         self.seq = 0           # calls started on this group
         self.outstanding = 0   # calls started and not finished (several only with async_op)
+        self.spare: dict = {}  # (dtype, size) -> an array no call is using
 
     def explain(self, expected: int, got: int, me: int, peer: int) -> str | None:
         """Why rank ``me``, waiting for tag ``expected``, cannot take ``peer``'s
@@ -122,6 +124,10 @@ class _Fingerprints:
 
 # --------------------------------------------------------------------------- the comm
 
+#: At most this many bytes of scratch arrays are kept per group between calls.
+SPARE_BYTES = 256 << 20
+
+
 
 class Comm:
     """One rank's view of one collective call: its rank, the group size, and
@@ -138,7 +144,7 @@ class Comm:
 
     __slots__ = ("group", "rank", "size", "tag", "ufunc", "prefix", "tracing", "algorithm",
                  "book", "_charge_combine", "_byte_scale", "collective", "call", "step",
-                 "phase", "buffer", "root", "_start", "_steps_seen", "yields")
+                 "phase", "buffer", "root", "_start", "_steps_seen", "yields", "_taken")
 
     def __init__(self, group, tag: int, ufunc, prefix: str, algorithm: str = "", book=None,
                  *, collective: str = "", call: int = 0, buffer=None, root=None):
@@ -167,6 +173,7 @@ class Comm:
         self._start = _now_of(transport) if self.tracing else 0
         self._steps_seen = 0
         self.yields = 0  # steps this rank has finished (the drivers count them)
+        self._taken = None
 
     def at(self, step: int, phase: str) -> None:
         """Say which step of the algorithm the next messages belong to (the
@@ -216,6 +223,31 @@ class Comm:
         """Start receiving and combining into ``array`` with the call's reduction."""
         return _Receive(self.group, array, source, self.tag,
                         self._label(label, array, "combine"), self.ufunc)
+
+    def scratch(self, like: np.ndarray) -> np.ndarray:
+        """A flat array of ``like``'s dtype and size for this call alone.
+
+        Reused from the group's earlier calls: a fresh array of many
+        megabytes costs a page fault per 4 KiB the first time it is written
+        (a 64 MiB scratch copy took longer than the message it served)."""
+        key = (like.dtype, like.size)
+        array = self.book.spare.pop(key, None) if self.book is not None else None
+        if array is None:
+            array = np.empty(like.size, like.dtype)
+        if self._taken is None:
+            self._taken = []
+        self._taken.append(array)
+        return array
+
+    def release(self) -> None:
+        """Hand the call's scratch arrays back to the group (at the end of the call)."""
+        if self._taken and self.book is not None:
+            spare = self.book.spare
+            for array in self._taken:
+                spare[(array.dtype, array.size)] = array
+            while sum(array.nbytes for array in spare.values()) > SPARE_BYTES:
+                del spare[next(iter(spare))]  # the oldest first
+        self._taken = None
 
     def record_call(self) -> None:
         """Trace the whole call on this rank (a ``collective`` event)."""
@@ -374,6 +406,7 @@ class Work:
         if self._book is not None:
             self._book.outstanding -= 1
         if self._comm is not None:
+            self._comm.release()
             self._comm.record_call()
         if self._finish is not None:
             self.result = self._finish()

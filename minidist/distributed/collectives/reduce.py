@@ -21,8 +21,6 @@ others keep their input (the algorithms combine into a scratch copy there).
 
 from __future__ import annotations
 
-import numpy as np
-
 from minidist.distributed.collectives import call
 from minidist.distributed.collectives.chunks import chunk_bounds, largest_power_of_two
 from minidist.distributed.collectives.halving import (
@@ -152,14 +150,16 @@ def reduce(tensor, dst: int = 0, op=None, group=None, async_op: bool = False,
     op, ufunc, average = call.reduction(ReduceOp.SUM if op is None else op, array.dtype,
                                         "reduce", group._global_rank)
     is_root = group.rank == root
+    if group.size == 1:
+        return call.nothing_to_do(async_op)
+    comm = call.start("reduce", group, algorithm, nbytes=array.nbytes, op=op, ufunc=ufunc,
+                      dtype=array.dtype, count=array.size, root=root)
     if is_root:
         flat, copied = call.flat_view(array)
     else:
-        flat, copied = np.array(array, order="C").reshape(-1), False  # scratch: input kept
-    if group.size == 1:
-        return call.nothing_to_do(async_op)
-    comm = call.start("reduce", group, algorithm, nbytes=flat.nbytes, op=op, ufunc=ufunc,
-                      dtype=flat.dtype, count=flat.size, root=root, buffer=flat)
+        flat, copied = comm.scratch(array), False  # combined into: the input is kept
+        flat[:] = array.reshape(-1)
+    comm.buffer = flat
 
     def finish():
         if is_root:

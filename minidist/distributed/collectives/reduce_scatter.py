@@ -144,6 +144,11 @@ ALGORITHMS = call.register("reduce_scatter", {
     "pairwise": pairwise,
 })
 
+def _copy(target: np.ndarray, source: np.ndarray) -> np.ndarray:
+    target[:] = source.reshape(-1)
+    return target.reshape(source.shape)
+
+
 #: The algorithms that write into the pieces they are given.
 _COMBINE_IN_PLACE = ("ring", "recursive_halving")
 
@@ -168,7 +173,7 @@ def _scatter_reduce(group, pieces, pieces_are_scratch, output, op, async_op, alg
                       ufunc=ufunc, dtype=pieces.dtype, count=pieces.size)
     if not pieces_are_scratch and (comm.algorithm in _COMBINE_IN_PLACE
                                    or np.may_share_memory(pieces, flat)):
-        pieces = pieces.copy()  # the caller's input is left as it was
+        pieces = _copy(comm.scratch(pieces), pieces)  # the caller's input is left as it was
     comm.buffer = pieces
     return call.execute(comm, ALGORITHMS[comm.algorithm](comm, pieces, flat), async_op,
                         finish if (average or copied) else None)
