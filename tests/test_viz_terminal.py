@@ -1,0 +1,114 @@
+"""The Rich step-through, rendered to text (no terminal needed)."""
+
+from __future__ import annotations
+
+import pytest
+from rich.console import Console
+
+from tests.viz_reference import ring_all_reduce_events
+from viz.replay import replay
+from viz.terminal import cell_char, move, play, render_frame, step_through
+
+
+def _text(renderable, width: int = 80) -> str:
+    console = Console(record=True, width=width, color_system=None, file=_Discard())
+    console.print(renderable)
+    return console.export_text()
+
+
+class _Discard:
+    def write(self, text):
+        return len(text)
+
+    def flush(self):
+        pass
+
+
+@pytest.fixture(scope="module")
+def ring4():
+    return replay(ring_all_reduce_events(4, 256, itemsize=4))
+
+
+@pytest.fixture(scope="module")
+def ring8():
+    return replay(ring_all_reduce_events(8, 1024, itemsize=4))
+
+
+def test_header_phase_messages_and_formula(ring4):
+    text = _text(render_frame(ring4, 2))
+    assert "all_reduce · ring" in text
+    assert "step 3 of 6" in text
+    assert "reduce-scatter" in text
+    assert "0 -> 1" in text and "256 B" in text and "combine" in text
+    assert "2 (n - 1) alpha" in text
+    assert "predicted" in text and "measured" in text
+    allgather = _text(render_frame(ring4, 3))
+    assert "step 4 of 6 · allgather" in allgather and "copy" in allgather
+
+
+def test_cells_show_counts_and_all(ring4):
+    first = _text(render_frame(ring4, 0, color=False))
+    assert "r1│2111│" in first  # rank 1 combined rank 0's chunk 0
+    last = _text(render_frame(ring4, 5, color=False))
+    for rank in range(4):
+        assert f"r{rank}│AAAA│" in last
+    assert cell_char(frozenset(), 4) == "·"
+    assert cell_char(frozenset({1, 2}), 4) == "2"
+
+
+def test_eight_ranks_fit_in_80_columns(ring8):
+    for index in (0, 6, 13):
+        text = _text(render_frame(ring8, index, width=80))
+        assert max(len(line) for line in text.splitlines()) <= 80
+        # The ring is drawn (not the fallback list): four ranks on the top row.
+        assert any(line.count("│") == 8 for line in text.splitlines())
+
+
+def test_color_and_no_color_say_the_same(ring8):
+    plain = _text(render_frame(ring8, 4, color=False))
+    coloured = _text(render_frame(ring8, 4, color=True))
+    strip = [line for line in plain.splitlines() if not line.startswith("cells:")]
+    assert strip == [line for line in coloured.splitlines() if not line.startswith("cells:")]
+
+
+def test_64_ranks_render_the_summary_view():
+    big = replay(ring_all_reduce_events(64, 64 * 4, itemsize=4))
+    assert big.summary and len(big.frames) == 126
+    text = _text(render_frame(big, 70))
+    assert "summary view" in text and "step 71 of 126" in text
+    assert "complete" in text and "messages" in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert _text(render_frame(big, 125)).count("100%") >= 1
+
+
+def test_keys_move_next_back_start_end_quit(ring4):
+    console = Console(record=True, width=80, color_system=None, file=_Discard())
+    shown = step_through(ring4, console, keys=["n", " ", "b", "G", "n", "g", "x", "b", "q"])
+    assert shown == [0, 1, 2, 1, 5, 0]
+    assert "step 6 of 6" in console.export_text()
+
+
+def test_keys_end_when_they_run_out(ring4):
+    console = Console(record=True, width=80, color_system=None, file=_Discard())
+    assert step_through(ring4, console, keys=["n"]) == [0, 1]
+
+
+def test_move_rules():
+    assert move(0, "b", 6) == 0 and move(5, "n", 6) == 5
+    assert move(2, "\x1b[C", 6) == 3 and move(2, "\x1b[D", 6) == 1
+    assert move(3, "q", 6) is None and move(3, "?", 6) == 3
+
+
+def test_without_a_terminal_every_frame_is_printed(ring4):
+    console = Console(record=True, width=80, color_system=None, file=_Discard())
+    assert step_through(ring4, console) == list(range(6))
+    text = console.export_text()
+    assert all(f"step {k} of 6" in text for k in range(1, 7))
+
+
+def test_play_shows_every_frame_without_waiting(ring4):
+    console = Console(record=True, width=80, color_system=None, file=_Discard())
+    waits = []
+    play(ring4, console, speed=4, sleep=waits.append)
+    assert waits == [0.25] * 6
+    assert "step 6 of 6" in console.export_text()

@@ -1,0 +1,487 @@
+"""Replay a collective call from its trace: one frame per algorithm step.
+
+This is the model every picture of minidist is drawn from (the Rich
+step-through in :mod:`viz.terminal`, the matplotlib animation, the lesson's
+figures). It is pure Python and draws nothing::
+
+    from viz.replay import replay
+    ring = replay("ring.jsonl")          # the first collective call in the trace
+    len(ring.frames)                     # 2 (n - 1) for a ring all_reduce
+    ring.frames[0].messages[0]           # Message(source=0, target=1, nbytes=256, ...)
+    ring.frames[-1].holdings[3][0]       # frozenset({0, 1, 2, 3}): rank 3's cell 0 is done
+
+What the trace says (schema version 2, written by the collectives): every
+rank records one ``collective`` event per call, whose label carries the call's
+number, collective, algorithm, world size, element count, item size, root and
+number of steps; every message of the call carries the algorithm's step, its
+phase, the element range of the call's buffer it reads (send) or writes
+(recv), and whether the receiver copies or combines it. See
+:func:`minidist.trace.label_info`.
+
+Holdings: which ranks' data each part of each buffer already contains. Each
+rank's buffer is drawn as ``cells`` equal cells (cell i covers elements
+``chunk_bounds(count, cells)[i]`` up to ``[i + 1]``); with ``cells ==
+world_size`` a cell is exactly the chunk a ring or halving algorithm moves.
+The frames are computed by applying the messages step by step, as the
+algorithm did:
+
+* every message of a step carries what its sender held *before* the step
+  (all messages of one step are in flight together);
+* at the target, ``copy`` replaces the cells the message writes and
+  ``combine`` adds the incoming ranks to them (a partial sum grows);
+* a message covering only part of a cell counts for the whole cell, so a
+  cell is the union of what its pieces hold (with fewer cells than chunks the
+  picture runs slightly ahead of the truth, never behind it);
+* an empty message (an empty chunk, when the buffer has fewer elements than
+  the algorithm has chunks) changes nothing.
+
+Initial holdings: all_reduce, reduce and reduce_scatter start with rank r's
+whole buffer holding {r}; broadcast with the root's buffer holding {root}
+and the others nothing; all_gather with rank r's piece r holding {r}. Other
+collectives (gather, scatter, all_to_all, barrier) are replayed as messages
+only (``holdings`` is None).
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import re
+import sys
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+from minidist import costmodel
+from minidist import trace as _trace
+from minidist.distributed.collectives.chunks import chunk_bounds
+
+#: Above this many ranks the renderers draw the summary view.
+SUMMARY_ABOVE = 16
+#: The most cells a buffer is cut into (one per rank up to here).
+MAX_CELLS = 64
+#: Above this many ranks frames keep no per-cell holdings (only ``complete``):
+#: 1,024 ranks x 64 cells x 2,046 steps would not fit in memory.
+HOLDINGS_UP_TO = 64
+
+#: Initial holdings by collective; the others are replayed as messages only.
+_STARTS_WITH_OWN = ("all_reduce", "reduce", "reduce_scatter")
+
+#: Algorithms drawn as a ring of ranks (each rank talks to its neighbours);
+#: trees as a tree; everything else as a row.
+RING_ALGORITHMS = ("ring", "chain")
+TREE_ALGORITHMS = ("binomial", "tree", "double_binary_tree", "reduce_broadcast",
+                   "coordinator", "linear")
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message of a step, as both of its ends recorded it."""
+
+    source: int          # group rank that sent it
+    target: int          # group rank that received it
+    nbytes: int
+    text: str            # the algorithm's words: "reduce-scatter step 2 chunk 3"
+    op: str              # "copy" | "combine" | "" (unknown)
+    cells: tuple[int, int] | None  # [first, stop) cells written at the target
+    start_ns: int        # send start, relative to the call's start
+    end_ns: int          # recv end, relative to the call's start
+
+
+@dataclass(frozen=True)
+class Frame:
+    """The state after one algorithm step."""
+
+    index: int           # 0-based position in the replay
+    step: int            # the algorithm's step number
+    phase: str           # "reduce-scatter", "allgather", "broadcast", ... ("" if none)
+    holdings: tuple[tuple[frozenset, ...], ...] | None  # [rank][cell] -> ranks in it
+    messages: tuple[Message, ...]
+    elapsed_ns: int      # call start -> end of this step's last message (or earlier ones)
+    #: Fraction of all (rank, cell) pairs that already hold what they hold at
+    #: the end of the call (None without holdings); the summary view's progress.
+    complete: float | None = None
+    nbytes: int = 0      # bytes moved in this step
+
+
+@dataclass(frozen=True)
+class Replay:
+    """One collective call, ready to be drawn frame by frame."""
+
+    collective: str
+    algorithm: str
+    world_size: int
+    count: int           # elements of the call's buffer
+    itemsize: int
+    root: int | None
+    call: int
+    cells: int           # cells each buffer is drawn as
+    layout: str          # "ring" | "tree" | "row"
+    initial: tuple[tuple[frozenset, ...], ...] | None  # holdings before step 0
+    frames: tuple[Frame, ...]
+    formula: str         # the algorithm's cost formula in words
+    predicted_s: float | None  # the cost model's time for this call
+    measured_s: float    # the slowest rank's time in the call
+    summary: bool        # True above SUMMARY_ABOVE ranks: draw the summary view
+    group: int = 0       # the process group's id
+    transport: str = ""  # "shm", "pipe", "sim", ... from the trace header
+
+    @property
+    def steps(self) -> int:
+        return len(self.frames)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the call's buffer on one rank."""
+        return self.count * self.itemsize
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _label_info(label: str) -> dict:
+    """The key=value pairs after " #" in a label (ints converted, ranges as tuples)."""
+    return _trace.label_info(label or "") if hasattr(_trace, "label_info") \
+        else _parse_label(label or "")
+
+
+def _label_text(label: str) -> str:
+    return _trace.label_text(label or "") if hasattr(_trace, "label_text") \
+        else (label or "").split(" #", 1)[0]
+
+
+def _parse_label(label: str) -> dict:
+    info = {}
+    for pair in label.split(" #", 1)[1].split() if " #" in label else ():
+        key, _, value = pair.partition("=")
+        if key == "range":
+            first, _, stop = value.partition(":")
+            info[key] = (int(first), int(stop))
+        else:
+            try:
+                info[key] = int(value)
+            except ValueError:
+                info[key] = value
+    return info
+
+
+def _load(trace) -> tuple[dict, list[dict]]:
+    if isinstance(trace, (str, os.PathLike)):
+        trace = _trace.read_jsonl(trace)
+    if isinstance(trace, _trace.Trace):
+        return trace.header, trace.events
+    return {}, list(trace)
+
+
+def replays(trace) -> list[Replay]:
+    """Every collective call in ``trace`` (a :class:`minidist.trace.Trace`, a
+    path to a trace file, or a list of event dicts), in the order they started."""
+    header, events = _load(trace)
+    calls: dict[tuple[int, int], list[dict]] = defaultdict(list)
+    messages: dict[tuple[int, int], list[tuple[dict, dict | None]]] = defaultdict(list)
+    for event in events:
+        if event.get("kind") == "collective":
+            info = _label_info(event.get("label"))
+            if "call" in info:
+                calls[(info.get("group", event.get("group", 0)), info["call"])].append(event)
+    for send, recv in _trace.iter_messages(events):
+        info = _label_info(send.get("label"))
+        if "call" in info:
+            messages[(send.get("group", 0), info["call"])].append((send, recv))
+    ordered = sorted(calls, key=lambda key: min(event["start"] for event in calls[key]))
+    return [_replay_call(header, calls[key], messages.get(key, [])) for key in ordered]
+
+
+def replay(trace, index: int = 0) -> Replay:
+    """The ``index``-th collective call of ``trace`` (see :func:`replays`)."""
+    found = replays(trace)
+    if not found:
+        raise ValueError("this trace holds no collective call: record one with "
+                         "minidist.launch(..., trace=path) around a collective, or "
+                         "minidist.distributed.simulate(..., trace=path). (Traces written "
+                         "before schema version 2 carry no collective information.)")
+    if not -len(found) <= index < len(found):
+        raise IndexError(f"the trace holds {len(found)} collective calls (0..{len(found) - 1}); "
+                         f"there is no call {index}")
+    return found[index]
+
+
+# --------------------------------------------------------------------------- one call
+
+
+def _replay_call(header: dict, collective_events: list[dict],
+                 pairs: list[tuple[dict, dict | None]]) -> Replay:
+    info = _label_info(collective_events[0]["label"])
+    collective, algorithm = info["collective"], info["algorithm"]
+    world = int(info["world"])
+    count, itemsize = int(info.get("count", 0)), int(info.get("itemsize", 1))
+    root = info.get("root", -1)
+    root = None if root is None or root < 0 else int(root)
+    steps = int(info.get("steps", 0))
+    rank_of = _group_ranks(collective_events, world)
+
+    origin = min(event["start"] for event in collective_events)
+    measured_ns = max(event["end"] - event["start"] for event in collective_events)
+    cells = min(world, MAX_CELLS)
+    bounds = chunk_bounds(count, cells)
+
+    by_step: dict[int, list[tuple[Message, tuple | None, tuple | None, str]]] = defaultdict(list)
+    phase_votes: dict[int, Counter] = defaultdict(Counter)
+    for send, recv in pairs:
+        sent = _label_info(send.get("label"))
+        received = _label_info(recv.get("label")) if recv is not None else {}
+        step = int(sent.get("step", received.get("step", 0)))
+        steps = max(steps, step + 1)
+        # A message that is not a slice of the call's buffer (a scratch array)
+        # is taken to read and write the same range as its other end.
+        source_range = sent.get("range") or received.get("range")
+        target_range = received.get("range") or sent.get("range")
+        op = received.get("op") or sent.get("op") or ""
+        phase = sent.get("phase") or received.get("phase") or ""
+        if phase:
+            phase_votes[step][phase] += 1
+        end = recv["end"] if recv is not None else send["end"]
+        message = Message(
+            source=rank_of(send["rank"]), target=rank_of(send["peer"]),
+            nbytes=int(send.get("bytes") or 0), text=_message_text(send.get("label")),
+            op=op, cells=_cells_of(target_range, bounds) if target_range else None,
+            start_ns=send["start"] - origin, end_ns=end - origin)
+        by_step[step].append((message, source_range, target_range, op))
+
+    start = _initial(collective, world, count, root, bounds)
+    frames = _frames(steps, by_step, phase_votes, start, bounds, world)
+    return Replay(
+        collective=collective, algorithm=algorithm, world_size=world, count=count,
+        itemsize=itemsize, root=root, call=int(info["call"]), cells=cells,
+        layout=layout_of(algorithm), initial=_as_holdings(start, world),
+        frames=frames, formula=formula_of(collective, algorithm),
+        predicted_s=_predict(header, collective, algorithm, world, count * itemsize),
+        measured_s=measured_ns / 1e9, summary=world > SUMMARY_ABOVE,
+        group=int(info.get("group", collective_events[0].get("group", 0))),
+        transport=str(header.get("transport", "")))
+
+
+def _group_ranks(collective_events: list[dict], world: int):
+    """Map the trace's (global) ranks to group ranks.
+
+    The trace records global ranks; a group's ranks are its members in
+    increasing global order, and every member records the call's collective
+    event, so the sorted members are the group. In the world group (or if
+    some rank recorded nothing) the ranks are taken as they are.
+    """
+    members = sorted({event["rank"] for event in collective_events})
+    if len(members) != world or members == list(range(world)):
+        return lambda rank: rank
+    position = {rank: index for index, rank in enumerate(members)}
+    return lambda rank: position.get(rank, rank)
+
+
+def _message_text(label) -> str:
+    """The algorithm's own words: "reduce-scatter step 2 chunk 3"."""
+    text = _label_text(label)
+    return text.split(": ", 1)[1] if ": " in text else text
+
+
+def _cells_of(element_range: tuple[int, int], bounds: list[int]) -> tuple[int, int]:
+    """[first, stop) of the cells that elements [a, b) touch (an empty range:
+    the cell it sits in, so that an empty chunk still shows where it went)."""
+    first, stop = element_range
+    last_cell = len(bounds) - 2
+    low = min(max(bisect.bisect_right(bounds, first) - 1, 0), last_cell)
+    if stop <= first:
+        return low, low + 1
+    high = min(max(bisect.bisect_left(bounds, stop) - 1, low), last_cell)
+    return low, high + 1
+
+
+# --------------------------------------------------------------------------- holdings
+#
+# Internally a holding is a bit set (a Python int: bit r set = rank r's data
+# is in it): unions are one "|", and 64 ranks x 64 cells x 126 steps stay cheap.
+
+
+def _initial(collective: str, world: int, count: int, root, bounds) -> list[list[int]] | None:
+    cells = len(bounds) - 1
+    if collective in _STARTS_WITH_OWN:
+        return [[1 << rank] * cells for rank in range(world)]
+    if collective == "broadcast":
+        owner = root or 0
+        return [[(1 << owner) if rank == owner else 0] * cells for rank in range(world)]
+    if collective == "all_gather":
+        pieces = chunk_bounds(count, world)
+        start = [[0] * cells for _ in range(world)]
+        for rank in range(world):
+            first, stop = _cells_of((pieces[rank], pieces[rank + 1]), bounds)
+            for cell in range(first, stop):
+                start[rank][cell] |= 1 << rank
+        return start
+    return None
+
+
+def _payload(holding: list[int], source_range, target_range, bounds) -> dict[int, int]:
+    """What a message brings to each target cell: the sender's holdings of the
+    elements it reads that land in that cell."""
+    source_first = source_range[0]
+    target_first, target_stop = target_range
+    brought = {}
+    if target_stop <= target_first:
+        return brought  # an empty piece (fewer elements than chunks) carries no data
+    first_cell, stop_cell = _cells_of(target_range, bounds)
+    for cell in range(first_cell, stop_cell):
+        low = max(bounds[cell], target_first)
+        high = min(bounds[cell + 1], target_stop)
+        shifted = (low - target_first + source_first, high - target_first + source_first)
+        if high <= low:
+            shifted = (shifted[0], shifted[0])
+        sender_first, sender_stop = _cells_of(shifted, bounds)
+        bits = 0
+        for sender_cell in range(sender_first, sender_stop):
+            bits |= holding[sender_cell]
+        brought[cell] = bits
+    return brought
+
+
+def _apply(state: list[list[int]], entries, bounds) -> set[tuple[int, int]]:
+    """Apply one step's messages to ``state``; returns the (rank, cell) pairs written.
+
+    Every message of a step leaves with its sender's holdings from before the
+    step (they are all in flight at once), so all payloads are read first."""
+    updates = [(message.target, op, _payload(state[message.source], source_range,
+                                             target_range, bounds))
+               for message, source_range, target_range, op in entries
+               if source_range is not None]
+    written = set()
+    for target, op, brought in updates:
+        row = state[target]
+        for cell, bits in brought.items():
+            row[cell] = row[cell] | bits if op == "combine" else bits
+            written.add((target, cell))
+    return written
+
+
+def _frames(steps, by_step, phase_votes, start, bounds, world) -> tuple[Frame, ...]:
+    """Apply the messages step by step and keep what each step left."""
+    cells = len(bounds) - 1
+    ordered = [sorted(by_step.get(step, []), key=lambda entry: entry[0].end_ns)
+               for step in range(steps)]
+    final = None
+    if start is not None:
+        # A first pass finds where every cell ends, so that the second can
+        # count the cells already there ("complete") as it goes.
+        final = [list(row) for row in start]
+        for entries in ordered:
+            _apply(final, entries, bounds)
+    state = [list(row) for row in start] if start is not None else None
+    done = sum(state[rank][cell] == final[rank][cell]
+               for rank in range(world) for cell in range(cells)) if state else 0
+    keep_holdings = state is not None and world <= HOLDINGS_UP_TO
+    cache: dict[int, frozenset] = {}
+    rows = [tuple(_as_set(bits, cache) for bits in row) for row in state] if keep_holdings \
+        else None
+    frames = []
+    elapsed, phase = 0, ""
+    for step, entries in enumerate(ordered):
+        holdings = complete = None
+        if state is not None:
+            before = {(rank, cell): state[rank][cell] == final[rank][cell]
+                      for rank, cell in _targets(entries, bounds)}
+            written = _apply(state, entries, bounds)
+            for rank, cell in written:
+                done += (state[rank][cell] == final[rank][cell]) - before[(rank, cell)]
+            complete = done / (world * cells) if cells else 1.0
+            if keep_holdings:
+                # Rows no message wrote are shared with the previous frame.
+                for rank in {rank for rank, _ in written}:
+                    rows[rank] = tuple(_as_set(bits, cache) for bits in state[rank])
+                holdings = tuple(rows)
+        if entries:
+            elapsed = max(elapsed, max(entry[0].end_ns for entry in entries))
+        if phase_votes.get(step):
+            phase = phase_votes[step].most_common(1)[0][0]
+        messages = tuple(sorted((entry[0] for entry in entries),
+                                key=lambda message: (message.source, message.target)))
+        frames.append(Frame(index=step, step=step, phase=phase, holdings=holdings,
+                            messages=messages, elapsed_ns=elapsed, complete=complete,
+                            nbytes=sum(message.nbytes for message in messages)))
+    return tuple(frames)
+
+
+def _targets(entries, bounds) -> set[tuple[int, int]]:
+    """The (rank, cell) pairs a step's messages will write."""
+    targets = set()
+    for message, source_range, target_range, _ in entries:
+        if source_range is not None:
+            first, stop = _cells_of(target_range, bounds)
+            targets.update((message.target, cell) for cell in range(first, stop))
+    return targets
+
+
+def _as_set(bits: int, cache: dict) -> frozenset:
+    known = cache.get(bits)
+    if known is None:
+        known = cache[bits] = frozenset(rank for rank in range(bits.bit_length())
+                                        if bits >> rank & 1)
+    return known
+
+
+def _as_holdings(start, world):
+    if start is None or world > HOLDINGS_UP_TO:
+        return None
+    cache: dict[int, frozenset] = {}
+    return tuple(tuple(_as_set(bits, cache) for bits in cells) for cells in start)
+
+
+# --------------------------------------------------------------------------- words and costs
+
+
+def layout_of(algorithm: str) -> str:
+    """How the ranks are laid out: "ring", "tree" or "row"."""
+    if algorithm in RING_ALGORITHMS:
+        return "ring"
+    if algorithm in TREE_ALGORITHMS:
+        return "tree"
+    return "row"
+
+
+def formula_of(collective: str, algorithm: str) -> str:
+    """The algorithm's cost in alpha-beta-gamma words, from its docstring's
+    "Cost:" line (the module's cost table when that line is a paragraph)."""
+    from minidist.distributed.collectives.call import ALGORITHMS
+
+    function = ALGORITHMS.get(collective, {}).get(algorithm)
+    if function is None:
+        return ""
+    doc = function.__doc__ or ""
+    found = re.search(r"Cost:\s*(.*?)(?:\n\s*\n|$)", doc, re.S)
+    text = " ".join(found.group(1).split()).rstrip(".") if found else ""
+    if not text or len(text) > 80:
+        table = _table_row(sys.modules[function.__module__].__doc__ or "", algorithm)
+        text = table or text
+    return text
+
+
+def _table_row(doc: str, algorithm: str) -> str:
+    for line in doc.splitlines():
+        found = re.match(rf"\s*{re.escape(algorithm)}\s{{2,}}(\S.*)$", line)
+        if found:
+            # Drop the remark column ("(the root sends n - 1 times)").
+            return re.split(r"\s{2,}", found.group(1).strip())[0]
+    return ""
+
+
+def _predict(header: dict, collective: str, algorithm: str, world: int,
+             nbytes: int) -> float | None:
+    """The cost model's time for the call, with the parameters the trace was
+    made under: the simulator's alpha / beta / gamma, or the transport's fit."""
+    if all(key in header for key in ("alpha", "beta")):
+        params = costmodel.Params(alpha=header["alpha"], beta=header["beta"],
+                                  gamma=header.get("gamma", 0.0))
+        # The simulator runs a small array standing for a big one: its
+        # header names the size the run stands for.
+        if header.get("collective") == collective and header.get("nbytes") is not None:
+            nbytes = header["nbytes"]
+    else:
+        params = costmodel.PARAMS.get(header.get("transport") or "shm", costmodel.PARAMS["shm"])
+    try:
+        return costmodel.predict(collective, algorithm, world, nbytes, params)
+    except ValueError:
+        return None

@@ -1,0 +1,457 @@
+"""Step through a collective call in the terminal, one algorithm step at a time.
+
+    from viz.replay import replay
+    from viz.terminal import step_through
+    step_through(replay("ring.jsonl"))     # n / space: next, b: back, g / G: start / end, q: quit
+
+Each frame shows
+
+* a header: the collective, the algorithm, "step k of K" and the phase;
+* the ranks laid out as the algorithm sees them (a ring for ring
+  algorithms, a tree for trees, a list otherwise), each rank's buffer drawn
+  as its cells. A cell's character says how many ranks' data it holds
+  ("3": a partial result of three ranks, "A": all of them, "·": nothing yet)
+  and its colour is the lowest of those ranks, so colour is never the only
+  signal and ``color=False`` loses nothing;
+* the step's messages as arrows with their byte counts ("0 -> 1  256 B
+  combine"), the cost formula, and the time the cost model predicts for the
+  whole call against the time measured up to the end of this step.
+
+Above :data:`viz.replay.SUMMARY_ABOVE` ranks a frame is a summary instead:
+a table of the steps around the current one (messages, bytes, how much of
+every buffer already holds its final data).
+
+Rich only renders; the keys are read here, one at a time, from the terminal
+put in cbreak mode (:mod:`termios` / :mod:`tty`). Without a terminal every
+frame is printed, one after another.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import sys
+import time
+from collections.abc import Iterable, Iterator
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+from rich.tree import Tree
+
+from viz.replay import Frame, Replay
+
+#: matplotlib's "tableau-colorblind10": told apart with every common colour blindness.
+PALETTE = ("#006BA4", "#FF800E", "#ABABAB", "#595959", "#5F9ED1",
+           "#C85200", "#898989", "#A2C8EC", "#FFBC79", "#CFCFCF")
+#: Colours on which black text is easier to read than white.
+_LIGHT = {"#ABABAB", "#A2C8EC", "#FFBC79", "#CFCFCF", "#FF800E", "#5F9ED1", "#898989"}
+COMPLETE_STYLE = "bold white on #3B3B3B"
+KEYS_HELP = "n/space: next   b: back   g: start   G: end   q: quit"
+#: Messages listed under a frame; the rest are counted.
+MESSAGES_SHOWN = 12
+
+
+# --------------------------------------------------------------------------- one cell, one rank
+
+
+def cell_char(holding: frozenset, world_size: int) -> str:
+    """"·" nothing, "A" every rank, else how many ranks' data ("+" above 9)."""
+    if not holding:
+        return "·"
+    if len(holding) == world_size:
+        return "A"
+    return str(len(holding)) if len(holding) < 10 else "+"
+
+
+def rank_colour(rank: int) -> str:
+    return PALETTE[rank % len(PALETTE)]
+
+
+def _cell_style(holding: frozenset, world_size: int, color: bool) -> str:
+    if not color:
+        return ""
+    if not holding:
+        return "dim"
+    if len(holding) == world_size:
+        return COMPLETE_STYLE
+    colour = rank_colour(min(holding))
+    return f"{'black' if colour in _LIGHT else 'white'} on {colour}"
+
+
+def buffer_text(replay: Replay, frame: Frame | None, rank: int, *, color: bool = True) -> Text:
+    """Rank ``rank``'s buffer as its cells: "r3 │2A11│" (the cells of the
+    frame's holdings; of the initial holdings when ``frame`` is None)."""
+    text = Text(f"r{rank}", style="bold" if color else "")
+    holdings = frame.holdings if frame is not None else replay.initial
+    text.append("│")
+    if holdings is None:
+        text.append("?" * min(replay.cells, 8), style="dim" if color else "")
+    else:
+        for holding in holdings[rank]:
+            text.append(cell_char(holding, replay.world_size),
+                        style=_cell_style(holding, replay.world_size, color))
+    text.append("│")
+    return text
+
+
+# --------------------------------------------------------------------------- words
+
+
+def format_bytes(nbytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(nbytes) < 1024 or unit == "GiB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    return f"{nbytes:.1f} GiB"
+
+
+def format_seconds(seconds: float) -> str:
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} us"
+    if seconds < 1:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.2f} s"
+
+
+def _header(replay: Replay, frame: Frame, color: bool) -> Text:
+    text = Text()
+    text.append(f"{replay.collective} · {replay.algorithm}", style="bold" if color else "")
+    root = f" · root {replay.root}" if replay.root is not None else ""
+    text.append(f" · {replay.world_size} ranks · {format_bytes(replay.nbytes)}{root}\n")
+    text.append(f"step {frame.index + 1} of {len(replay.frames)}",
+                style="bold reverse" if color else "")
+    if frame.phase:
+        text.append(f" · {frame.phase}", style="bold" if color else "")
+    return text
+
+
+def _message_lines(replay: Replay, frame: Frame, color: bool) -> Text:
+    text = Text()
+    if not frame.messages:
+        text.append("(no messages in this step)", style="dim" if color else "")
+        return text
+    for message in frame.messages[:MESSAGES_SHOWN]:
+        text.append(f"{message.source:>3} -> {message.target:<3}",
+                    style=f"bold {rank_colour(message.source)}" if color else "")
+        text.append(f" {format_bytes(message.nbytes):>9}  {message.op or '':<7}  ")
+        text.append(message.text, style="dim" if color else "")
+        text.append("\n")
+    hidden = frame.messages[MESSAGES_SHOWN:]
+    if hidden:
+        text.append(f"... and {len(hidden)} more messages "
+                    f"({format_bytes(sum(message.nbytes for message in hidden))})\n")
+    text.rstrip()
+    return text
+
+
+def _costs(replay: Replay, frame: Frame, color: bool) -> Text:
+    text = Text()
+    if replay.formula:
+        text.append("cost  ", style="bold" if color else "")
+        text.append(f"{replay.formula}\n")
+    predicted = (f"predicted {format_seconds(replay.predicted_s)} for the call · "
+                 if replay.predicted_s is not None else "")
+    clock = " (simulated)" if replay.transport == "sim" else ""
+    text.append(f"time  {predicted}measured {format_seconds(frame.elapsed_ns / 1e9)} so far, "
+                f"{format_seconds(replay.measured_s)} in all{clock}")
+    return text
+
+
+def legend(replay: Replay, *, color: bool = True) -> Text:
+    """What the cell characters and colours mean."""
+    text = Text("cells: ")
+    if replay.initial is None:
+        text.append("not tracked for this collective (messages only)")
+        return text
+    text.append("·", style="dim" if color else "")
+    text.append(" nothing  ")
+    text.append("3", style=_cell_style(frozenset({0, 1, 2}), replay.world_size + 3, color))
+    text.append(" data of 3 ranks  ")
+    text.append("A", style=COMPLETE_STYLE if color else "")
+    text.append(" all ranks")
+    if color:
+        text.append("  colour: lowest rank ")
+        for rank in range(min(replay.world_size, len(PALETTE))):
+            text.append(str(rank), style=_cell_style(frozenset({rank}), replay.world_size + 1,
+                                                     True))
+    return text
+
+
+# --------------------------------------------------------------------------- layouts
+
+
+def _ring(replay: Replay, frame: Frame, color: bool, width: int) -> Group | None:
+    """The ranks round a ring: 0 -> 1 -> ... along the top, back along the
+    bottom. None when that is wider than ``width`` (then the list is drawn)."""
+    n = replay.world_size
+    top = list(range((n + 1) // 2))
+    bottom = list(range(n - 1, len(top) - 1, -1))
+    boxes = {rank: buffer_text(replay, frame, rank, color=color) for rank in range(n)}
+    box_width = max(len(box) for box in boxes.values())
+    if len(top) * (box_width + 4) + 2 > width:
+        return None
+    talking = {(message.source, message.target) for message in frame.messages}
+
+    def arrow(source: int, target: int, glyph: str) -> Text:
+        active = (source, target) in talking
+        style = (f"bold {rank_colour(source)}" if active else "dim") if color else ""
+        return Text(glyph if active else glyph.replace(">", "-").replace("<", "-"), style=style)
+
+    def row(ranks: list[int], glyph: str, forwards: bool) -> Text:
+        line = Text("  ")
+        for position, rank in enumerate(ranks):
+            line.append_text(boxes[rank].copy())
+            line.append(" " * (box_width - len(boxes[rank])))
+            if position + 1 < len(ranks):
+                following = ranks[position + 1]
+                line.append_text(arrow(rank, following, glyph) if forwards
+                                 else arrow(following, rank, glyph))
+        return line
+
+    top_line = row(top, " -> ", True)
+    bottom_line = row(bottom, " <- ", False)
+    if n % 2:
+        bottom_line = Text(" " * (box_width + 4)).append_text(bottom_line) if len(bottom) else \
+            bottom_line
+    # The two ends close the ring: down on the right, up on the left.
+    down = arrow(top[-1], bottom[0] if bottom else top[0], "v")
+    up = arrow(bottom[-1] if bottom else top[-1], top[0], "^")
+    right_edge = len(top_line) - box_width // 2 - 1
+    middle = Text("  ").append_text(
+        Text(" " * (box_width // 2 - 1))).append_text(up)
+    middle.append(" " * max(1, right_edge - len(middle)))
+    middle.append_text(down)
+    return Group(top_line, middle, bottom_line)
+
+
+def _tree_parents(replay: Replay) -> list[int]:
+    """The parent of every rank in the tree the algorithm works on (-1: root)."""
+    n = replay.world_size
+    root = replay.root or 0
+    if replay.algorithm in ("linear", "coordinator"):
+        return [-1 if rank == root else root for rank in range(n)]
+    if replay.algorithm == "double_binary_tree":
+        from minidist.distributed.collectives.all_reduce import double_binary_trees
+
+        return double_binary_trees(n)[0][0]
+    # Binomial: a virtual rank's parent clears its lowest set bit.
+    parents = []
+    for rank in range(n):
+        virtual = (rank - root) % n
+        parents.append(-1 if virtual == 0 else ((virtual & (virtual - 1)) + root) % n)
+    return parents
+
+
+def _tree(replay: Replay, frame: Frame, color: bool) -> Tree:
+    parents = _tree_parents(replay)
+    arrivals = {}
+    for message in frame.messages:
+        arrivals.setdefault(message.target, []).append(message)
+
+    def label(rank: int) -> Text:
+        text = buffer_text(replay, frame, rank, color=color)
+        for message in arrivals.get(rank, ()):
+            text.append(f"  <- {message.source} {format_bytes(message.nbytes)} {message.op}",
+                        style=f"bold {rank_colour(message.source)}" if color else "")
+        return text
+
+    roots = [rank for rank, parent in enumerate(parents) if parent < 0]
+    tree = Tree(label(roots[0]), guide_style="dim" if color else "")
+    nodes = {roots[0]: tree}
+    # Children in rank order under their parent, parents first.
+    pending = [rank for rank in range(replay.world_size) if parents[rank] >= 0]
+    while pending:
+        waiting = []
+        for rank in pending:
+            if parents[rank] in nodes:
+                nodes[rank] = nodes[parents[rank]].add(label(rank))
+            else:
+                waiting.append(rank)
+        if len(waiting) == len(pending):
+            break  # not a tree after all; the message list still says everything
+        pending = waiting
+    return tree
+
+
+def _row(replay: Replay, frame: Frame, color: bool) -> Text:
+    text = Text()
+    sends: dict[int, list] = {}
+    for message in frame.messages:
+        sends.setdefault(message.source, []).append(message)
+    for rank in range(replay.world_size):
+        text.append("  ")
+        text.append_text(buffer_text(replay, frame, rank, color=color))
+        outgoing = sends.get(rank, ())
+        if outgoing:
+            targets = ", ".join(str(message.target) for message in outgoing[:6])
+            more = "..." if len(outgoing) > 6 else ""
+            text.append(f"  -> {targets}{more}",
+                        style=f"bold {rank_colour(rank)}" if color else "")
+        text.append("\n")
+    text.rstrip()
+    return text
+
+
+# --------------------------------------------------------------------------- frames
+
+
+def _summary(replay: Replay, frame: Frame, color: bool, rows: int = 12) -> Table:
+    """The steps around ``frame`` as a table (big worlds)."""
+    table = Table(box=None, pad_edge=False, header_style="bold" if color else "")
+    for name, justify in (("step", "right"), ("phase", "left"), ("messages", "right"),
+                          ("bytes", "right"), ("complete", "left")):
+        table.add_column(name, justify=justify)
+    first = max(0, min(frame.index - rows // 2, len(replay.frames) - rows))
+    for shown in replay.frames[first:first + rows]:
+        if shown.complete is None:
+            progress = "-"
+        else:
+            filled = round(shown.complete * 20)
+            progress = f"{'#' * filled}{'.' * (20 - filled)} {shown.complete:4.0%}"
+        current = shown.index == frame.index
+        table.add_row(f"{'>' if current else ' '}{shown.index + 1}", shown.phase,
+                      str(len(shown.messages)), format_bytes(shown.nbytes), progress,
+                      style=("bold reverse" if current else "") if color else "")
+    return table
+
+
+def render_frame(replay: Replay, index: int, *, color: bool = True, width: int | None = None):
+    """Frame ``index`` of ``replay`` as a Rich renderable (print it with a
+    Console). ``width``: the columns it may use (default 80)."""
+    if not replay.frames:
+        return Text(f"{replay.collective} {replay.algorithm}: no steps (nothing was sent)")
+    if not 0 <= index < len(replay.frames):
+        raise IndexError(f"frame {index} out of range: the replay has frames "
+                         f"0..{len(replay.frames) - 1}")
+    width = width or 80
+    frame = replay.frames[index]
+    parts = [_header(replay, frame, color), Text()]
+    if replay.summary:
+        parts.append(Text(f"{replay.world_size} ranks: the summary view "
+                          f"(complete = cells that already hold their final data)"))
+        parts.append(_summary(replay, frame, color))
+    else:
+        drawn = None
+        if replay.layout == "ring":
+            drawn = _ring(replay, frame, color, width)
+        elif replay.layout == "tree" and replay.initial is not None:
+            drawn = _tree(replay, frame, color)
+        parts.append(drawn if drawn is not None else _row(replay, frame, color))
+        parts.append(Text())
+        parts.append(_message_lines(replay, frame, color))
+        parts.append(legend(replay, color=color))
+    parts.append(Text())
+    parts.append(_costs(replay, frame, color))
+    return Group(*parts)
+
+
+# --------------------------------------------------------------------------- keys
+
+
+_MOVES = {"n": "next", " ": "next", "\r": "next", "\n": "next", "l": "next", "j": "next",
+          "\x1b[C": "next", "\x1b[B": "next",
+          "b": "back", "p": "back", "h": "back", "k": "back", "\x7f": "back",
+          "\x1b[D": "back", "\x1b[A": "back",
+          "g": "start", "\x1b[H": "start", "G": "end", "\x1b[F": "end",
+          "q": "quit", "Q": "quit", "\x1b": "quit", "\x03": "quit", "\x04": "quit"}
+
+
+def move(index: int, key: str, frames: int) -> int | None:
+    """The frame after pressing ``key`` at ``index`` (None: quit; unknown keys stay)."""
+    action = _MOVES.get(key)
+    if action == "quit":
+        return None
+    if action == "next":
+        return min(index + 1, frames - 1)
+    if action == "back":
+        return max(index - 1, 0)
+    if action == "start":
+        return 0
+    if action == "end":
+        return frames - 1
+    return index
+
+
+def terminal_keys(stream=None) -> Iterator[str]:
+    """Single key presses from the terminal, without waiting for Enter.
+
+    The terminal is put in cbreak mode (keys arrive one by one, Ctrl-C still
+    works) and restored however the loop ends. An arrow key arrives as three
+    bytes (ESC [ C); the bytes that follow an ESC at once are read with it.
+    """
+    import termios
+    import tty
+
+    stream = stream or sys.stdin
+    descriptor = stream.fileno()
+    saved = termios.tcgetattr(descriptor)
+    try:
+        tty.setcbreak(descriptor)
+        while True:
+            key = os.read(descriptor, 1).decode(errors="replace")
+            if key == "\x1b" and select.select([descriptor], [], [], 0.05)[0]:
+                key += os.read(descriptor, 8).decode(errors="replace")
+            if not key:
+                return
+            yield key
+    finally:
+        termios.tcsetattr(descriptor, termios.TCSADRAIN, saved)
+
+
+def _interactive(console: Console) -> bool:
+    return console.is_terminal and sys.stdin.isatty()
+
+
+def step_through(replay: Replay, console: Console | None = None,
+                 keys: Iterable[str] | None = None, *, color: bool = True) -> list[int]:
+    """Show one frame at a time and move with the keys (see :data:`KEYS_HELP`).
+
+    ``keys``: the key presses to act on (tests pass a list); by default they
+    are read from the terminal. Without a terminal and without ``keys``,
+    every frame is printed in order. Returns the frame indices shown, in order.
+    """
+    console = console or Console()
+    width = min(console.width, 120)
+    if keys is None and not _interactive(console):
+        for index in range(len(replay.frames)):
+            console.print(render_frame(replay, index, color=color, width=width))
+            console.rule(style="dim" if color else "")
+        return list(range(len(replay.frames)))
+    shown = []
+    index = 0
+    presses = iter(terminal_keys() if keys is None else keys)
+    while replay.frames:
+        if keys is None:
+            console.clear()
+        console.print(render_frame(replay, index, color=color, width=width))
+        console.print(Text(KEYS_HELP, style="dim" if color else ""))
+        shown.append(index)
+        while True:
+            key = next(presses, "q")
+            following = move(index, key, len(replay.frames))
+            if following != index:
+                break
+        if following is None:
+            break
+        index = following
+    return shown
+
+
+def play(replay: Replay, console: Console | None = None, speed: float = 2.0, *,
+         color: bool = True, sleep=time.sleep) -> None:
+    """Show every frame in turn without input, ``speed`` frames a second,
+    redrawn in place (rich.live)."""
+    if speed <= 0:
+        raise ValueError(f"speed must be a positive number of frames per second, got {speed}")
+    console = console or Console()
+    width = min(console.width, 120)
+    if not replay.frames:
+        console.print(render_frame(replay, 0, color=color, width=width))
+        return
+    with Live(render_frame(replay, 0, color=color, width=width), console=console,
+              auto_refresh=False, transient=False) as live:
+        for index in range(len(replay.frames)):
+            live.update(render_frame(replay, index, color=color, width=width), refresh=True)
+            sleep(1.0 / speed)
