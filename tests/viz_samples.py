@@ -8,48 +8,7 @@ be checked against what the algorithm really does.
 
 from __future__ import annotations
 
-try:
-    from viz.replay import Frame, Message, Replay
-except ImportError:  # until the frame model lands: the spec's dataclasses
-    from dataclasses import dataclass
-
-    @dataclass(frozen=True)
-    class Message:
-        source: int
-        target: int
-        nbytes: int
-        text: str
-        op: str
-        cells: tuple | None
-        start_ns: int
-        end_ns: int
-
-    @dataclass(frozen=True)
-    class Frame:
-        index: int
-        step: int
-        phase: str
-        holdings: tuple | None
-        messages: tuple
-        elapsed_ns: int
-
-    @dataclass(frozen=True)
-    class Replay:
-        collective: str
-        algorithm: str
-        world_size: int
-        count: int
-        itemsize: int
-        root: int | None
-        call: int
-        cells: int
-        layout: str
-        initial: tuple | None
-        frames: tuple
-        formula: str
-        predicted_s: float | None
-        measured_s: float
-        summary: bool
+from viz.replay import Frame, Message, Replay
 
 
 def _frozen(holdings):

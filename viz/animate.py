@@ -471,8 +471,13 @@ class _Painter:
         self.completeness = None
         if final is not None and all(frame.holdings is not None for frame in replay.frames):
             self.completeness = [completeness(frame.holdings, final) for frame in replay.frames]
-        self.complete_fraction = (None if self.completeness is None else
-                                  [float(np.mean(grid == 1.0)) for grid in self.completeness])
+        if self.completeness is not None:
+            self.complete_fraction = [float(np.mean(grid == 1.0)) for grid in self.completeness]
+        elif all(getattr(frame, "complete", None) is not None for frame in replay.frames):
+            # Big worlds keep no per-cell holdings, only each step's share of complete cells.
+            self.complete_fraction = [frame.complete for frame in replay.frames]
+        else:
+            self.complete_fraction = None
 
     def _draw_summary(self, frame):
         replay, index = self.replay, frame.index
