@@ -18,6 +18,21 @@ An event is one interval on one rank::
 one rank to one peer, so the send ``(rank=a, peer=b, seq=s)`` and the recv
 ``(rank=b, peer=a, seq=s)`` are the two ends of the same message.
 
+What a collective adds (version 2). A collective's messages carry, after the
+readable text of their label, `` #`` and ``key=value`` pairs::
+
+    "all_reduce ring: reduce-scatter step 2 chunk 3 #call=3 step=2
+     phase=reduce-scatter range=256:512 op=combine"
+
+``call`` numbers the group's collective calls; ``step`` is the algorithm's
+step, numbered the same on every rank; ``range=a:b`` the elements of the
+call's buffer the message reads (send) or writes (recv), absent for a
+scratch array; ``op`` (recv) ``copy`` or ``combine``. Each rank also records
+one ``kind="collective"`` event spanning the call, whose label holds
+``collective``, ``algorithm``, ``world``, ``count``, ``itemsize``, ``root``
+(-1: none), ``group`` and ``steps``. :func:`label_info` reads the pairs back,
+:func:`label_text` the text. Version 1 traces (no pairs) still read.
+
 The clock. ``start`` and ``end`` are nanoseconds of ``CLOCK_MONOTONIC``
 (:func:`time.monotonic_ns` on Linux). That clock is one system-wide counter,
 so times taken in different processes on one machine are directly comparable
@@ -38,7 +53,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 SCHEMA = "minidist.trace"
-VERSION = 1
+VERSION = 2
 CLOCK = "CLOCK_MONOTONIC"
 
 #: The order of the fields of an event tuple as recorded in memory.
@@ -146,6 +161,53 @@ def region(label: str, kind: str = "compute"):
     if _recorder is None:
         return _NO_REGION
     return _Region(label, kind)
+
+
+# --------------------------------------------------------------------------- labels
+
+INFO_MARK = " #"
+
+
+def label_info(label: str) -> dict:
+    """The ``key=value`` pairs after `` #`` in a label, as a dict: whole numbers
+    as int, ``a:b`` ranges as ``(a, b)``, the rest as text; {} when there are none."""
+    at = label.rfind(INFO_MARK) if label else -1
+    if at < 0:
+        return {}
+    info = {}
+    for pair in label[at + len(INFO_MARK):].split():
+        key, _, value = pair.partition("=")
+        if ":" in value:
+            first, _, last = value.partition(":")
+            try:
+                info[key] = (int(first), int(last))
+                continue
+            except ValueError:
+                pass
+        try:
+            info[key] = int(value)
+        except ValueError:
+            info[key] = value
+    return info
+
+
+def label_text(label: str) -> str:
+    """The readable part of a label (without the ``key=value`` pairs)."""
+    at = label.rfind(INFO_MARK) if label else -1
+    return label if at < 0 else label[:at]
+
+
+def with_info(text: str, **pairs) -> str:
+    """``text`` followed by its ``key=value`` pairs (None values left out)."""
+    tail = " ".join(f"{key}={_format_value(value)}" for key, value in pairs.items()
+                    if value is not None)
+    return f"{text}{INFO_MARK} {tail}" if tail else text
+
+
+def _format_value(value) -> str:
+    if isinstance(value, tuple):
+        return f"{value[0]}:{value[1]}"
+    return str(value).replace(" ", "-")
 
 
 # --------------------------------------------------------------------------- files

@@ -308,7 +308,10 @@ def test_trace_pairs_every_send_with_its_receive(tmp_path):
     result = simulate("all_reduce", "ring", 4, 4_000_000, trace=path)
     loaded = _trace.read_jsonl(path)
     assert loaded.header["transport"] == "sim" and loaded.header["clock"] == "virtual"
-    assert loaded.header["events"] == len(loaded.events) == 2 * result.messages
+    calls = [event for event in loaded.events if event["kind"] == "collective"]
+    assert [event["rank"] for event in sorted(calls, key=lambda e: e["rank"])] == [0, 1, 2, 3]
+    assert all(_trace.label_info(event["label"])["steps"] == 6 for event in calls)
+    assert loaded.header["events"] == len(loaded.events) == 2 * result.messages + 4
     pairs = list(_trace.iter_messages(loaded.events))
     assert len(pairs) == result.messages
     for send, recv in pairs:
@@ -325,8 +328,8 @@ def test_trace_pairs_every_send_with_its_receive(tmp_path):
 def test_trace_true_keeps_events_without_writing():
     result = simulate("broadcast", "binomial", 5, 1000, trace=True)
     events = result.event_dicts()
-    assert len(events) == 2 * 4
-    assert {event["kind"] for event in events} == {"send", "recv"}
+    assert len(events) == 2 * 4 + 5  # each message's two ends, one collective event a rank
+    assert {event["kind"] for event in events} == {"send", "recv", "collective"}
     assert simulate("broadcast", "binomial", 5, 1000).events is None
 
 
@@ -427,7 +430,7 @@ def test_cli_one_algorithm_and_its_trace(capsys, wide, tmp_path):
     assert "480" in out  # 2 n (n - 1) messages
     loaded = _trace.read_jsonl(path)
     assert loaded.header["algorithm"] == "ring" and loaded.header["gamma"] == pytest.approx(2e-10)
-    assert len(loaded.events) == 2 * 480
+    assert len([e for e in loaded.events if e["kind"] != "collective"]) == 2 * 480
 
 
 def test_cli_free_combining(capsys, wide):

@@ -160,7 +160,7 @@ def _gather(group, result, contribution, async_op, algorithm, finish):
     if n == 1:
         return call.nothing_to_do(async_op, finish() if finish is not None else None)
     comm = call.start("all_gather", group, algorithm, nbytes=result.nbytes, dtype=result.dtype,
-                      count=result.size)
+                      count=result.size, buffer=result)
     return call.execute(comm, ALGORITHMS[comm.algorithm](comm, result), async_op, finish)
 
 

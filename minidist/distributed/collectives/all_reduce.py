@@ -56,7 +56,7 @@ def coordinator(comm, buffer):
     2 (n - 1) full arrays, so it is the bottleneck as n grows.
     Cost: 2 (n - 1) (alpha + N beta) + (n - 1) N gamma."""
     yield from _reduce.linear(comm, buffer, 0)
-    yield from _broadcast.linear(comm, buffer, 0)
+    yield from _broadcast.linear(comm, buffer, 0, first_step=1)
 
 
 def reduce_broadcast(comm, buffer):
@@ -64,7 +64,7 @@ def reduce_broadcast(comm, buffer):
     binomial-tree broadcast of the result.
     Cost: 2 ceil(log2 n) (alpha + N beta) + ceil(log2 n) N gamma."""
     yield from _reduce.binomial(comm, buffer, 0)
-    yield from _broadcast.binomial(comm, buffer, 0)
+    yield from _broadcast.binomial(comm, buffer, 0, first_step=max(comm.size - 1, 0).bit_length())
 
 
 def recursive_doubling(comm, buffer):
@@ -78,12 +78,14 @@ def recursive_doubling(comm, buffer):
     # (The fold is skipped outright for powers of two: this is the algorithm
     # of small, latency-bound arrays, where every microsecond shows.)
     virtual = (yield from _fold_in(comm, buffer, p)) if n != p else comm.rank
+    first = 0 if n == p else 1  # the fold takes a step
     if virtual >= 0:
         incoming = None  # the partner's partial result, before it is combined
         mask = 1
         while mask < p:
             partner = _real_rank(virtual ^ mask, n - p)
             round_ = mask.bit_length() - 1
+            comm.at(first + round_, "exchange")
             send = comm.isend(buffer, partner, f"round {round_} to {partner}")
             if send.done:
                 # The transport already holds a copy of what we sent (a small
@@ -93,11 +95,12 @@ def recursive_doubling(comm, buffer):
             else:
                 if incoming is None:
                     incoming = np.empty_like(buffer)
-                yield [send, comm.irecv(incoming, partner, f"round {round_} from {partner}")]
+                yield [send, comm.irecv(incoming, partner, f"round {round_} from {partner}",
+                                        combined_into=buffer)]
                 comm.combine(buffer, incoming)
             mask <<= 1
     if n != p:
-        yield from _fold_out(comm, buffer, p)
+        yield from _fold_out(comm, buffer, p, step=first + p.bit_length() - 1)
 
 
 def rabenseifner(comm, buffer):
@@ -116,8 +119,10 @@ def rabenseifner(comm, buffer):
     n = comm.size
     p = largest_power_of_two(n)
     virtual = yield from _fold_in(comm, buffer, p)
+    first = 0 if n == p else 1  # the fold takes a step
+    rounds = p.bit_length() - 1
     if virtual >= 0:
-        bounds = yield from reduce_scatter_by_halving(comm, buffer, virtual, p)
+        bounds = yield from reduce_scatter_by_halving(comm, buffer, virtual, p, first)
         low, high = virtual, virtual + 1  # the finished chunk this rank owns
         mask = 1
         while mask < p:  # recursive doubling: the allgather
@@ -125,13 +130,15 @@ def rabenseifner(comm, buffer):
             width = high - low
             other = (low - width, low) if virtual & mask else (high, high + width)
             label = f"allgather step {mask.bit_length() - 1}"
+            comm.at(first + rounds + mask.bit_length() - 1, "allgather")
             yield [comm.isend(buffer[bounds[low]:bounds[high]], partner,
                               f"{label} chunks {low}-{high - 1}"),
                    comm.irecv(buffer[bounds[other[0]]:bounds[other[1]]], partner,
                               f"{label} chunks {other[0]}-{other[1] - 1}")]
             low, high = min(low, other[0]), max(high, other[1])
             mask <<= 1
-    yield from _fold_out(comm, buffer, p)
+    if n != p:
+        yield from _fold_out(comm, buffer, p, step=first + 2 * rounds)
 
 
 def ring(comm, buffer):
@@ -156,10 +163,12 @@ def ring(comm, buffer):
     right, left = (rank + 1) % n, (rank - 1) % n
     for step in range(n - 1):
         out, into = (rank - step) % n, (rank - step - 1) % n
+        comm.at(step, "reduce-scatter")
         yield [comm.isend(chunks[out], right, f"reduce-scatter step {step} chunk {out}"),
                comm.irecv_reduce(chunks[into], left, f"reduce-scatter step {step} chunk {into}")]
     for step in range(n - 1):
         out, into = (rank + 1 - step) % n, (rank - step) % n
+        comm.at(n - 1 + step, "allgather")
         yield [comm.isend(chunks[out], right, f"allgather step {step} chunk {out}"),
                comm.irecv(chunks[into], left, f"allgather step {step} chunk {into}")]
 
@@ -266,6 +275,7 @@ def double_binary_tree(comm, buffer):
                       heights[parents.index(-1)]))
     steps = count + 2 * (n - 1).bit_length() - 1
     for step in range(steps):
+        comm.at(step, "pipeline")
         requests = []
         for tree, (chunks, parent, kids, heights, depth, top) in enumerate(plans):
             for kid in kids:
@@ -319,7 +329,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
     if group.size == 1:
         return call.nothing_to_do(async_op)
     comm = call.start("all_reduce", group, algorithm, nbytes=flat.nbytes, op=op, ufunc=ufunc,
-                      dtype=flat.dtype, count=flat.size)
+                      dtype=flat.dtype, count=flat.size, buffer=flat)
 
     def finish():
         if average:

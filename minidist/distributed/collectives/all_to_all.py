@@ -104,7 +104,7 @@ def _exchange(group, source, result, async_op, algorithm, finish):
         result[:] = source
         return call.nothing_to_do(async_op, finish() if finish is not None else None)
     comm = call.start("all_to_all", group, algorithm, nbytes=source.nbytes, dtype=source.dtype,
-                      count=source.size)
+                      count=source.size, buffer=source)
     return call.execute(comm, ALGORITHMS[comm.algorithm](comm, source, result), async_op, finish)
 
 

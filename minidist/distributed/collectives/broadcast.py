@@ -29,9 +29,10 @@ from minidist.distributed.collectives.chunks import chunk_bounds, split
 from minidist.distributed.collectives.scatter import binomial_scatter
 
 
-def linear(comm, buffer, root):
+def linear(comm, buffer, root, first_step=0):
     """The root sends the whole array to every other rank, one after another
     (its link carries n - 1 copies). Cost: (n - 1) * (alpha + N beta)."""
+    comm.at(first_step, "broadcast")
     if comm.rank == root:
         yield [comm.isend(buffer, peer, f"to {peer}")
                for peer in range(comm.size) if peer != root]
@@ -39,7 +40,7 @@ def linear(comm, buffer, root):
         yield [comm.irecv(buffer, root, f"from {root}")]
 
 
-def binomial(comm, buffer, root):
+def binomial(comm, buffer, root, first_step=0):
     """Binomial tree: in round k every rank that has the data sends it to the
     rank 2^k further on, so the number of ranks holding it doubles each round.
 
@@ -48,12 +49,15 @@ def binomial(comm, buffer, root):
     children past the end are skipped. Cost: ceil(log2 n) * (alpha + N beta).
     """
     n = comm.size
+    rounds = max(n - 1, 0).bit_length()
     virtual = (comm.rank - root) % n
     mask = 1
     while mask < n:
         if virtual & mask:
             parent = (virtual - mask + root) % n
-            yield [comm.irecv(buffer, parent, f"round {mask.bit_length() - 1} from {parent}")]
+            round_ = rounds - mask.bit_length()  # the farthest subtree is served first
+            comm.at(first_step + round_, "broadcast")
+            yield [comm.irecv(buffer, parent, f"round {round_} from {parent}")]
             break
         mask <<= 1
     mask >>= 1
@@ -61,7 +65,9 @@ def binomial(comm, buffer, root):
     while mask > 0:
         if virtual + mask < n:
             child = (virtual + mask + root) % n
-            sends.append(comm.isend(buffer, child, f"round {mask.bit_length() - 1} to {child}"))
+            round_ = rounds - mask.bit_length()
+            comm.at(first_step + round_, "broadcast")
+            sends.append(comm.isend(buffer, child, f"round {round_} to {child}"))
         mask >>= 1
     if sends:
         yield sends
@@ -161,7 +167,7 @@ def broadcast(tensor, src: int = 0, group=None, async_op: bool = False, algorith
     if group.size == 1:
         return call.nothing_to_do(async_op)
     comm = call.start("broadcast", group, algorithm, nbytes=flat.nbytes, dtype=flat.dtype,
-                      count=flat.size, root=root)
+                      count=flat.size, root=root, buffer=flat)
 
     def finish():
         if copied:

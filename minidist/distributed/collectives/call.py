@@ -128,8 +128,11 @@ def _book(group) -> tuple:
     return book
 
 
+_ROOTED = ("broadcast", "reduce", "gather", "scatter")
+
+
 def start(collective: str, group, algorithm: str, *, nbytes: int, op=None, ufunc=None,
-          dtype=None, count: int = 0, root: int = 0) -> Comm:
+          dtype=None, count: int = 0, root: int = 0, buffer=None) -> Comm:
     """A :class:`Comm` for one call: the algorithm chosen, the call tagged."""
     context_group, fingerprints = _book(group)
     key = (collective, algorithm, nbytes, group.size, op, dtype, count, root)
@@ -141,10 +144,12 @@ def start(collective: str, group, algorithm: str, *, nbytes: int, op=None, ufunc
         if len(_PLANS) < 4096:  # calls repeat the same few shapes; keep the cache bounded
             _PLANS[key] = plan
     name, base_tag, prefix = plan
-    tag = base_tag | (fingerprints.seq & 0xFF) << SEQ_SHIFT
+    call = fingerprints.seq
+    tag = base_tag | (call & 0xFF) << SEQ_SHIFT
     fingerprints.seq += 1
     fingerprints.outstanding += 1
-    return Comm(context_group, tag, ufunc, prefix, name, fingerprints)
+    return Comm(context_group, tag, ufunc, prefix, name, fingerprints, collective=collective,
+                call=call, buffer=buffer, root=root if collective in _ROOTED else None)
 
 
 _PLANS: dict = {}
@@ -154,11 +159,12 @@ def execute(comm: Comm, steps, async_op: bool, finish=None, timeout=_DEFAULT):
     """Run ``steps`` (the algorithm's generator) now, or hand back a Work."""
     fingerprints = comm.book
     if async_op:
-        return Work(steps, finish, fingerprints)
+        return Work(steps, finish, fingerprints, comm)
     try:
-        run(steps, timeout)
+        run(steps, timeout, comm)
     finally:
         fingerprints.outstanding -= 1
+    comm.record_call()
     if finish is not None:
         return finish()
     return None

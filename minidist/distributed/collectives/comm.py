@@ -130,12 +130,18 @@ class Comm:
     Ranks are group ranks. ``label`` says what the message is in the
     algorithm's words ("reduce-scatter step 2 chunk 3"); it goes into the
     trace (prefixed with the collective and algorithm) for the visualiser.
+    An algorithm also says where it is with :meth:`at` (its step, numbered
+    the same on every rank, and the phase); with tracing on, every message
+    then records its step, phase, the range of the call's buffer it reads or
+    writes, and whether it is combined (see :mod:`minidist.trace`).
     """
 
     __slots__ = ("group", "rank", "size", "tag", "ufunc", "prefix", "tracing", "algorithm",
-                 "book", "_charge_combine", "_byte_scale")
+                 "book", "_charge_combine", "_byte_scale", "collective", "call", "step",
+                 "phase", "buffer", "root", "_start", "_steps_seen", "yields")
 
-    def __init__(self, group, tag: int, ufunc, prefix: str, algorithm: str = "", book=None):
+    def __init__(self, group, tag: int, ufunc, prefix: str, algorithm: str = "", book=None,
+                 *, collective: str = "", call: int = 0, buffer=None, root=None):
         self.group = group
         self.algorithm = algorithm
         self.book = book
@@ -144,6 +150,12 @@ class Comm:
         self.tag = tag
         self.ufunc = ufunc
         self.prefix = prefix
+        self.collective = collective
+        self.call = call
+        self.buffer = buffer
+        self.root = root
+        self.step = None
+        self.phase = None
         transport = group.transport
         # The simulator records its own trace in this process; real transports
         # follow the process's recorder.
@@ -152,21 +164,78 @@ class Comm:
         # and only it runs on arrays that stand for bigger ones.
         self._charge_combine = transport.charge_combine
         self._byte_scale = transport.byte_scale
+        self._start = _now_of(transport) if self.tracing else 0
+        self._steps_seen = 0
+        self.yields = 0  # steps this rank has finished (the drivers count them)
 
-    def _label(self, label: str) -> str:
-        return f"{self.prefix}: {label}" if self.tracing else self.prefix
+    def at(self, step: int, phase: str) -> None:
+        """Say which step of the algorithm the next messages belong to (the
+        same numbering on every rank) and its phase ("reduce-scatter", ...).
+        Without it a message's step is the number of steps this rank has
+        finished, which is the same thing for algorithms in which every rank
+        takes part in every step (the ring, pairwise exchanges)."""
+        self.step = step
+        self.phase = phase
+
+    def _label(self, label: str, array=None, op=None) -> str:
+        if not self.tracing:
+            return self.prefix
+        step = self.yields if self.step is None else self.step
+        if step >= self._steps_seen:
+            self._steps_seen = step + 1
+        return _trace.with_info(f"{self.prefix}: {label}", call=self.call, step=step,
+                                phase=self.phase, range=self._range(array), op=op)
+
+    def _range(self, array):
+        """[first, last) elements of the call's buffer that ``array`` views, or None."""
+        buffer = self.buffer
+        if array is None or buffer is None or array.dtype != buffer.dtype or not buffer.size:
+            return None
+        offset = (array.__array_interface__["data"][0]
+                  - buffer.__array_interface__["data"][0])
+        first, rest = divmod(offset, buffer.itemsize)
+        if rest or first < 0 or first + array.size > buffer.size:
+            return None
+        return first, first + array.size
 
     def isend(self, array: np.ndarray, to: int, label: str = ""):
         """Start sending ``array`` to group rank ``to``; keep it unchanged until done."""
-        return self.group.isend(array, to, self.tag, label=self._label(label))
+        return self.group.isend(array, to, self.tag, label=self._label(label, array))
 
-    def irecv(self, array: np.ndarray, source: int, label: str = ""):
-        """Start receiving into ``array`` (same shape and dtype as the message)."""
-        return _Receive(self.group, array, source, self.tag, self._label(label), None)
+    def irecv(self, array: np.ndarray, source: int, label: str = "", *, combined_into=None):
+        """Start receiving into ``array`` (same shape and dtype as the message).
+        ``combined_into``: for the trace, the part of the call's buffer a scratch
+        ``array`` is combined into once it has arrived."""
+        if combined_into is not None:
+            text = self._label(label, combined_into, "combine")
+        else:
+            text = self._label(label, array, "copy")
+        return _Receive(self.group, array, source, self.tag, text, None)
 
     def irecv_reduce(self, array: np.ndarray, source: int, label: str = ""):
         """Start receiving and combining into ``array`` with the call's reduction."""
-        return _Receive(self.group, array, source, self.tag, self._label(label), self.ufunc)
+        return _Receive(self.group, array, source, self.tag,
+                        self._label(label, array, "combine"), self.ufunc)
+
+    def record_call(self) -> None:
+        """Trace the whole call on this rank (a ``collective`` event)."""
+        if not self.tracing:
+            return
+        buffer = self.buffer
+        label = _trace.with_info(
+            self.prefix, call=self.call, collective=self.collective, algorithm=self.algorithm,
+            world=self.size, count=0 if buffer is None else buffer.size,
+            itemsize=0 if buffer is None else buffer.itemsize,
+            root=-1 if self.root is None else self.root, steps=self._steps_seen,
+            group=self.group.group_id)
+        transport = self.group.transport
+        events = getattr(transport, "events", None)
+        if events is not None and hasattr(transport, "clock"):  # the simulator
+            events.append((self.rank, "collective", None, 0, None, label, self._start,
+                           _now_of(transport), None, self.group.group_id, 0))
+        else:
+            _trace.record("collective", self._start, _trace.now(), label=label,
+                          group=self.group.group_id)
 
     def nbytes_of(self, array: np.ndarray) -> int:
         """The bytes ``array`` stands for: its size, except in the simulator,
@@ -243,14 +312,22 @@ class _Receive:
     is_completed = test
 
 
+def _now_of(transport) -> int:
+    """Now, in the trace's nanoseconds: the simulator's virtual clock, or the real one."""
+    clock = getattr(transport, "clock", None)
+    return round(clock * 1e9) if clock is not None else _trace.now()
+
+
 # --------------------------------------------------------------------------- running
 
 
-def run(steps, timeout=_DEFAULT) -> None:
+def run(steps, timeout=_DEFAULT, comm=None) -> None:
     """Run an algorithm to the end, waiting for each step's requests (each wait
     at most ``timeout`` seconds: default the run's timeout, None no limit)."""
     for requests in steps:
         _wait_step(requests, timeout)
+        if comm is not None:
+            comm.yields += 1
 
 
 def _wait_step(requests, timeout) -> None:
@@ -283,7 +360,8 @@ class Work:
     them with communication.
     """
 
-    def __init__(self, steps, finish=None, book=None):
+    def __init__(self, steps, finish=None, book=None, comm=None):
+        self._comm = comm
         self._steps = steps
         self._finish = finish
         self._book = book
@@ -295,6 +373,8 @@ class Work:
         self._done = True
         if self._book is not None:
             self._book.outstanding -= 1
+        if self._comm is not None:
+            self._comm.record_call()
         if self._finish is not None:
             self.result = self._finish()
 
@@ -304,6 +384,8 @@ class Work:
             for request in self._requests:
                 if not request.test():
                     return False
+            if self._comm is not None and self._requests:
+                self._comm.yields += 1
             try:
                 self._requests = next(self._steps)
             except StopIteration:
@@ -316,6 +398,8 @@ class Work:
         """Block until the collective has finished; returns True (as torch does)."""
         while not self._done:
             _wait_step(self._requests, timeout)
+            if self._comm is not None and self._requests:
+                self._comm.yields += 1
             try:
                 self._requests = next(self._steps)
             except StopIteration:

@@ -20,6 +20,7 @@ def fold_in(comm, buffer, p):
     rank that sat out."""
     extra = comm.size - p
     rank = comm.rank
+    comm.at(0, "fold-in")
     if rank < 2 * extra:
         if rank % 2 == 0:
             yield [comm.isend(buffer, rank + 1, f"fold in to {rank + 1}")]
@@ -29,10 +30,12 @@ def fold_in(comm, buffer, p):
     return rank - extra
 
 
-def fold_out(comm, buffer, p):
-    """The mirror of :func:`fold_in`: odd ranks hand the result back."""
+def fold_out(comm, buffer, p, step=0):
+    """The mirror of :func:`fold_in`: odd ranks hand the result back (in
+    algorithm step ``step``)."""
     extra = comm.size - p
     rank = comm.rank
+    comm.at(step, "fold-out")
     if rank < 2 * extra:
         if rank % 2 == 0:
             yield [comm.irecv(buffer, rank + 1, f"fold out from {rank + 1}")]
@@ -50,7 +53,7 @@ def core_member(rank: int, extra: int) -> int:
     return rank // 2 if rank < 2 * extra else rank - extra
 
 
-def reduce_scatter_by_halving(comm, buffer, virtual, p):
+def reduce_scatter_by_halving(comm, buffer, virtual, p, first_step=0):
     """Recursive halving on the core: the array is cut into p chunks. In round
     k a member keeps half of the chunks it is responsible for, sends the other
     half to its partner (the member differing in bit log2(p) - 1 - k) and
@@ -71,7 +74,9 @@ def reduce_scatter_by_halving(comm, buffer, virtual, p):
             keep, give = (middle, high), (low, middle)
         else:
             keep, give = (low, middle), (middle, high)
-        label = f"reduce-scatter step {p.bit_length() - 1 - mask.bit_length()}"
+        step = p.bit_length() - 1 - mask.bit_length()
+        label = f"reduce-scatter step {step}"
+        comm.at(first_step + step, "reduce-scatter")
         yield [comm.isend(buffer[bounds[give[0]]:bounds[give[1]]], partner,
                           f"{label} chunks {give[0]}-{give[1] - 1}"),
                comm.irecv_reduce(buffer[bounds[keep[0]]:bounds[keep[1]]], partner,

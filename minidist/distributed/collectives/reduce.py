@@ -33,10 +33,11 @@ from minidist.distributed.collectives.halving import (
 )
 
 
-def linear(comm, buffer, root):
+def linear(comm, buffer, root, first_step=0):
     """Every rank sends its array to the root, which combines them one after
     another (the "coordinator" of the slides: its link and its adder do all the
     work). Cost: (n - 1) * (alpha + N beta + N gamma)."""
+    comm.at(first_step, "reduce")
     if comm.rank == root:
         for peer in range(comm.size):
             if peer != root:
@@ -45,7 +46,7 @@ def linear(comm, buffer, root):
         yield [comm.isend(buffer, root, f"to {root}")]
 
 
-def binomial(comm, buffer, root):
+def binomial(comm, buffer, root, first_step=0):
     """Binomial tree, the broadcast tree run backwards: in round k the ranks
     whose virtual rank has bit k set send their partial result to v - 2^k and
     drop out; the others combine what they receive. After ceil(log2 n) rounds
@@ -55,6 +56,7 @@ def binomial(comm, buffer, root):
     virtual = (comm.rank - root) % n
     mask = 1
     while mask < n:
+        comm.at(first_step + mask.bit_length() - 1, "reduce")
         if virtual & mask:
             parent = (virtual - mask + root) % n
             yield [comm.isend(buffer, parent, f"round {mask.bit_length() - 1} to {parent}")]
@@ -92,11 +94,14 @@ def rabenseifner(comm, buffer, root):
     virtual = yield from fold_in(comm, buffer, p)
     root_sat_out = root < 2 * extra and root % 2 == 0
     core_root = core_member(root, extra)
+    first = 0 if n == p else 1  # the fold takes a step
+    rounds = p.bit_length() - 1
     if virtual >= 0:
-        yield from reduce_scatter_by_halving(comm, buffer, virtual, p)
+        yield from reduce_scatter_by_halving(comm, buffer, virtual, p, first)
     bounds = chunk_bounds(buffer.size, p)
     if root_sat_out:
         stand_in = root + 1
+        comm.at(first + rounds, "to the root")
         if comm.rank == stand_in:
             yield [comm.isend(buffer[bounds[virtual]:bounds[virtual + 1]], root,
                               f"finished chunk {virtual} to the root {root}")]
@@ -111,10 +116,12 @@ def rabenseifner(comm, buffer, root):
     def partner_rank(member):
         return root if root_sat_out and member == core_root else real_rank(member, extra)
 
+    first += rounds + (1 if root_sat_out else 0)
     mask = 1
     while mask < p:
         partner = virtual ^ mask
         label = f"gather step {mask.bit_length() - 1}"
+        comm.at(first + mask.bit_length() - 1, "gather")
         if (virtual ^ core_root) & mask:
             first = virtual & ~(mask - 1)
             yield [comm.isend(buffer[bounds[first]:bounds[first + mask]], partner_rank(partner),
@@ -152,7 +159,7 @@ def reduce(tensor, dst: int = 0, op=None, group=None, async_op: bool = False,
     if group.size == 1:
         return call.nothing_to_do(async_op)
     comm = call.start("reduce", group, algorithm, nbytes=flat.nbytes, op=op, ufunc=ufunc,
-                      dtype=flat.dtype, count=flat.size, root=root)
+                      dtype=flat.dtype, count=flat.size, root=root, buffer=flat)
 
     def finish():
         if is_root:

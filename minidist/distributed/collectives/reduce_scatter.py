@@ -168,6 +168,7 @@ def _scatter_reduce(group, pieces, pieces_are_scratch, output, op, async_op, alg
     if not pieces_are_scratch and (comm.algorithm in _COMBINE_IN_PLACE
                                    or np.may_share_memory(pieces, flat)):
         pieces = pieces.copy()  # the caller's input is left as it was
+    comm.buffer = pieces
     return call.execute(comm, ALGORITHMS[comm.algorithm](comm, pieces, flat), async_op,
                         finish if (average or copied) else None)
 
