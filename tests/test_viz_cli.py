@@ -4,10 +4,10 @@ import re
 
 import pytest
 from PIL import Image
+from viz_reference import ring_all_reduce_events
 
 from minidist import trace
 from minidist.cli import main
-from viz_reference import ring_all_reduce_events
 
 
 @pytest.fixture

@@ -3,10 +3,10 @@
 import json
 
 from PIL import Image
+from viz_reference import ring_all_reduce_events
 
 from minidist import trace
 from viz import timeline
-from viz_reference import ring_all_reduce_events
 
 
 def events_with_compute(n=3):

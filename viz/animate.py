@@ -189,7 +189,7 @@ class _Geometry:
             # more easily than ragged ones.
             score = size * (1.0 + 0.05 * min(columns, 8))
             if self.cells % columns:
-                score *= 0.85
+                score *= 0.75
             if best is None or score > best[0]:
                 best = (score, size, columns, rows)
         _, self.size, self.columns, self.rows = best
@@ -261,8 +261,8 @@ def header_lines(replay, frame) -> list[str]:
         f"{replay.count} elements ({size}){root}",
         f"step {frame.index + 1} of {steps}: {frame.phase}",
         f"cost: {replay.formula}" if replay.formula else "cost: (no formula)",
-        f"time so far {format_seconds(frame.elapsed_ns / 1e9)} of "
-        f"{format_seconds(replay.measured_s)} measured · {predicted}",
+        f"so far {format_seconds(frame.elapsed_ns / 1e9)} since the first rank entered · "
+        f"slowest rank's call {format_seconds(replay.measured_s)} · {predicted}",
     ]
 
 
@@ -314,7 +314,8 @@ class _Painter:
     def _draw_time_bar(self, frame):
         replay = self.replay
         axis = self.figure.add_axes((0.06, 0.035, 0.56, 0.025))
-        total = max(replay.measured_s, replay.predicted_s or 0.0, 1e-12)
+        total = max(replay.measured_s, replay.predicted_s or 0.0,
+                    replay.frames[-1].elapsed_ns / 1e9, 1e-12)
         axis.barh([0], [frame.elapsed_ns / 1e9], color=PALETTE[0], height=1.0)
         axis.axvline(replay.measured_s, color=PALETTE[3], linewidth=2)
         if replay.predicted_s is not None:
@@ -322,7 +323,7 @@ class _Painter:
         axis.set_xlim(0, total * 1.02)
         axis.set_yticks([])
         axis.set_xticks([])
-        note = "bar: time so far · solid line: measured call"
+        note = "bar: time so far · solid line: slowest rank's call"
         if replay.predicted_s is not None:
             note += " · dashed: predicted"
         axis.set_title(note, fontsize=8, loc="left", pad=2)

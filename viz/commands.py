@@ -53,7 +53,8 @@ def _load_trace(path) -> _trace.Trace:
 
 
 def _pick(replays, call: int, path) -> object:
-    if not 0 <= call < len(replays):
+    """Call ``call`` of the trace, counted from 0 (negative: from the end)."""
+    if not -len(replays) <= call < len(replays):
         listing = "; ".join(f"{index}: {r.collective} {r.algorithm} ({r.world_size} ranks)"
                             for index, r in enumerate(replays))
         raise VizError(f"{path} has {len(replays)} collective calls, numbered 0 to "
@@ -63,7 +64,7 @@ def _pick(replays, call: int, path) -> object:
 
 def show(path, *, call: int = 0, play: bool = False, speed: float = 2.0, gif=None, html=None,
          timeline=None, chrome=None, color: bool = True, fps: float = 1.0,
-         console: Console | None = None) -> int:
+         console: Console | None = None, list_calls: bool = True) -> int:
     """Everything ``minidist viz`` does, on the trace at ``path``."""
     from viz.replay import replays as replays_of
 
@@ -91,8 +92,9 @@ def show(path, *, call: int = 0, play: bool = False, speed: float = 2.0, gif=Non
     if not wants_replay:
         return 0
     chosen = _pick(replays, call, path)
-    if len(replays) > 1:
-        console.print(f"{path}: {len(replays)} collective calls; showing call {call}: "
+    if len(replays) > 1 and list_calls:
+        console.print(f"{path}: {len(replays)} collective calls; showing call "
+                      f"{call % len(replays)}: "
                       f"{chosen.collective} {chosen.algorithm} (choose with --call K)")
     if gif or html:
         from viz import animate
@@ -147,16 +149,20 @@ def _demo_worker(collective: str, algorithm: str, count: int, root: int) -> None
     from minidist.distributed.simulator import CALLS
 
     spec = CALLS[collective]
-    arrays = spec.inputs(dist.get_rank(), dist.get_world_size(), count, np.int64, root)
-    spec.start(dist.world_group(), arrays, root, algorithm, dist.ReduceOp.SUM).wait()
+    # The first call warms up (the ranks start at different moments, the
+    # transport maps its buffers); the demo shows the second.
+    for _ in range(2):
+        arrays = spec.inputs(dist.get_rank(), dist.get_world_size(), count, np.int64, root)
+        spec.start(dist.world_group(), arrays, root, algorithm, dist.ReduceOp.SUM).wait()
 
 
 def record(collective: str, algorithm: str, world_size: int, path, *, simulate: bool = False,
            root: int = 0, timeout: float = 60.0) -> str:
     """Run one call of ``collective`` on ``world_size`` ranks and write its trace to ``path``.
 
-    Real processes on shared memory, or the simulator with ``simulate=True``;
-    each rank's array is a few int64 per rank (small numbers, exact sums).
+    Real processes on shared memory (two calls: a warm-up, then the one to
+    look at, the trace's last), or the simulator with ``simulate=True`` (one
+    call); each rank's array is a few int64 per rank (small numbers, exact sums).
     """
     if world_size < 1:
         raise VizError(f"-n must be at least 1, got {world_size}")
@@ -188,8 +194,8 @@ def demo(name: str, *, algorithm: str | None = None, world_size: int = 4,
         console.print(f"{collective} with the {algorithm} algorithm on {world_size} {where}; "
                       f"trace: {path if trace else 'a temporary file (--trace FILE keeps it)'}")
         record(collective, algorithm, world_size, path, simulate=simulate, root=root)
-        return show(path, play=play, speed=speed, gif=gif, html=html, timeline=timeline,
-                    color=color, console=console)
+        return show(path, call=-1, play=play, speed=speed, gif=gif, html=html,
+                    timeline=timeline, color=color, console=console, list_calls=False)
 
 
 def demo_command(args) -> int:
