@@ -27,12 +27,36 @@ def _cmd_train(args) -> int:
 
 
 def _cmd_demo(args) -> int:
-    # For now the main demo is a short training run on the bundled digits;
-    # later chapters turn it into a tour of the distributed demos.
+    if args.name is not None:
+        from viz.commands import demo_command
+
+        return demo_command(args)
+    # Without a name the main demo is a short training run on the bundled digits.
     from minidist.train import train_digits
 
     train_digits(model="mlp", epochs=args.epochs, batch_size=64, lr=0.1, seed=0, progress=True)
     return 0
+
+
+def _cmd_viz(args) -> int:
+    from viz.commands import viz_command
+
+    return viz_command(args)
+
+
+def _add_display_arguments(parser) -> None:
+    parser.add_argument("--play", action="store_true",
+                        help="play the frames without input instead of stepping with keys")
+    parser.add_argument("--speed", type=float, default=2.0,
+                        help="frames a second with --play (default 2)")
+    parser.add_argument("--gif", default=None, metavar="OUT.gif",
+                        help="write the animation as a GIF instead of the step-through")
+    parser.add_argument("--html", default=None, metavar="OUT.html",
+                        help="write a self-contained HTML player instead of the step-through")
+    parser.add_argument("--timeline", default=None, metavar="OUT.png",
+                        help="write the timeline of the whole trace (one row per rank)")
+    parser.add_argument("--no-color", action="store_true",
+                        help="no colours: every cell still shows its letter or number")
 
 
 def _cmd_run(args) -> int:
@@ -73,9 +97,43 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.set_defaults(handler=_cmd_train)
 
-    demo = sub.add_parser("demo", help="the main demo")
-    demo.add_argument("--epochs", type=int, default=20)
+    demo = sub.add_parser(
+        "demo",
+        help="the main demo, or a collective replayed step by step",
+        description="Without NAME: train a small network on the bundled digits. With NAME "
+                    "(a collective such as broadcast, all_reduce, ..., or ring-allreduce): run "
+                    "one call on N processes (shared memory, a small int64 array) or N "
+                    "simulated ranks, trace it, and step through what moved.",
+    )
+    demo.add_argument("name", nargs="?", default=None,
+                      help="ring-allreduce, or any collective: broadcast, reduce, all_reduce, "
+                           "scatter, gather, all_gather, reduce_scatter, all_to_all, barrier")
+    demo.add_argument("--epochs", type=int, default=20, help="training demo: epochs")
+    demo.add_argument("--algorithm", default=None, help="the collective's algorithm "
+                      "(default: ring where there is one, else binomial, ...)")
+    demo.add_argument("-n", "--nproc", type=int, default=4, help="ranks (default 4)")
+    demo.add_argument("--simulate", action="store_true",
+                      help="run on simulated ranks (any number) instead of processes")
+    demo.add_argument("--root", type=int, default=0, help="root of rooted collectives")
+    demo.add_argument("--trace", default=None, metavar="FILE",
+                      help="keep the trace in FILE (default: a temporary file)")
+    _add_display_arguments(demo)
     demo.set_defaults(handler=_cmd_demo)
+
+    viz = sub.add_parser(
+        "viz",
+        help="replay a trace's collective step by step, animate it, or draw its timeline",
+        description="Step through one collective call of TRACE in the terminal (n/space "
+                    "next, b back, g/G start/end, q quit), or write it as a GIF / HTML "
+                    "animation; draw the timeline of any trace; export it for Perfetto.",
+    )
+    viz.add_argument("trace", help="a trace file (JSON lines) written by minidist")
+    viz.add_argument("--call", type=int, default=0,
+                     help="which collective call of the trace, from 0 (default 0)")
+    viz.add_argument("--chrome", default=None, metavar="OUT.json",
+                     help="write the trace for chrome://tracing and ui.perfetto.dev")
+    _add_display_arguments(viz)
+    viz.set_defaults(handler=_cmd_viz)
 
     run = sub.add_parser(
         "run",

@@ -1,0 +1,585 @@
+"""A collective's replay as a matplotlib animation: one frame per algorithm step.
+
+Each frame shows what the terminal step-through shows (``viz/terminal.py``):
+
+* a header: collective, algorithm, step k of K, phase, the cost formula, and
+  the time so far (measured) next to the cost model's prediction;
+* the ranks laid out as the algorithm sees them (``replay.layout``: a ring, a
+  tree grown from the messages, or rows), each rank's buffer drawn as its
+  cells after the step, coloured by whose data each cell holds;
+* the step's messages as arrows from the sender to the cells they write, with
+  their byte counts; the cells written in this step are outlined;
+* a legend and the list of the step's messages.
+
+Colour is never the only signal: a cell holding one rank's data shows that
+rank's number, a partial reduction ``Σk`` (k ranks summed so far), a complete
+one ``A``, an empty one ``·``. The colours are matplotlib's
+tableau-colorblind10; a partial sum is the mix of its ranks' colours.
+
+Above 16 ranks (``replay.summary``) single cells are unreadable, so a frame
+is a summary instead: a heat map of how complete every rank's cells are,
+and per step the bytes moved, the messages, and the fraction of complete
+cells, the current step highlighted.
+
+Everything draws on a :class:`~matplotlib.figure.Figure` with an Agg canvas,
+so no display is needed and pyplot's global state is left alone::
+
+    from viz.animate import animate, save_gif, save_html
+    save_gif(replay, "ring.gif", fps=1)      # PillowWriter: no ffmpeg needed
+    save_html(replay, "ring.html")           # self-contained JavaScript player
+    animate(replay)                          # in a notebook: the player inline
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import deque
+
+import numpy as np
+from matplotlib import patches
+from matplotlib.animation import FuncAnimation, PillowWriter
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_rgb
+from matplotlib.figure import Figure
+
+#: matplotlib's tableau-colorblind10, the colour of rank r is PALETTE[r % 10].
+PALETTE = ("#006BA4", "#FF800E", "#ABABAB", "#595959", "#5F9ED1",
+           "#C85200", "#898989", "#A2C8EC", "#FFBC79", "#CFCFCF")
+COMPLETE = "#1B1B1B"
+EMPTY = "#FFFFFF"
+HIGHLIGHT = "#000000"
+SUMMARY_COLORMAP = "cividis"  # perceptually uniform and colour-blind safe
+
+FIGURE_SIZE = (11.0, 7.0)
+LARGE_FIGURE_SIZE = (14.0, 9.0)  # from 9 ranks on, so that 16 ranks' cells stay readable
+DPI = 80
+MESSAGES_LISTED = 10
+RING_STRETCH = 1.4
+REDUCING = ("all_reduce", "reduce", "reduce_scatter")
+
+
+# --------------------------------------------------------------------------- cells
+
+
+def cell_text(holders: frozenset, world_size: int) -> str:
+    """The letter or number a cell shows: who its data comes from."""
+    if not holders:
+        return "·"
+    if len(holders) == 1:
+        return str(next(iter(holders)))
+    if len(holders) == world_size:
+        return "A"
+    return f"Σ{len(holders)}"
+
+
+def cell_color(holders: frozenset, world_size: int):
+    """The fill of a cell: its rank's colour, the mix of several, dark when complete."""
+    if not holders:
+        return EMPTY
+    if len(holders) == 1:
+        return PALETTE[next(iter(holders)) % len(PALETTE)]
+    if len(holders) == world_size:
+        return COMPLETE
+    return tuple(np.mean([to_rgb(PALETTE[rank % len(PALETTE)]) for rank in holders], axis=0))
+
+
+def _text_color(fill) -> str:
+    red, green, blue = to_rgb(fill)
+    return "white" if 0.299 * red + 0.587 * green + 0.114 * blue < 0.5 else "black"
+
+
+# --------------------------------------------------------------------------- layouts
+
+
+def positions(replay) -> dict[int, tuple[float, float]]:
+    """Where each rank sits: on a circle (ring), in levels (tree), or in rows."""
+    n = replay.world_size
+    if replay.layout == "ring" and n > 1:
+        # Rank 0 on top, ranks clockwise: the direction the ring sends in. A
+        # big ring is stretched into an ellipse to use the figure's width.
+        stretch = RING_STRETCH if n > 8 else 1.0
+        return {rank: (stretch * math.sin(2 * math.pi * rank / n),
+                       math.cos(2 * math.pi * rank / n)) for rank in range(n)}
+    if replay.layout == "tree" and n > 1:
+        return _tree_positions(replay)
+    per_row = min(n, 8)
+    return {rank: (float(rank % per_row), -float(rank // per_row)) for rank in range(n)}
+
+
+def _tree_positions(replay) -> dict[int, tuple[float, float]]:
+    """Levels of the tree the messages draw, grown breadth first from the root.
+
+    The tree is read from the messages rather than assumed, so every tree
+    algorithm (binomial, binary, chain, ...) is drawn as it really ran: a
+    rank's parent is the first rank it exchanged a message with that is
+    already in the tree.
+    """
+    n = replay.world_size
+    root = replay.root if replay.root is not None and 0 <= replay.root < n else 0
+    neighbours: dict[int, list[int]] = {rank: [] for rank in range(n)}
+    for frame in replay.frames:
+        for message in frame.messages:
+            for a, b in ((message.source, message.target), (message.target, message.source)):
+                if b not in neighbours[a]:
+                    neighbours[a].append(b)
+    children: dict[int, list[int]] = {rank: [] for rank in range(n)}
+    depth = {root: 0}
+    queue = deque([root])
+    while queue:
+        rank = queue.popleft()
+        for peer in neighbours[rank]:
+            if peer not in depth:
+                depth[peer] = depth[rank] + 1
+                children[rank].append(peer)
+                queue.append(peer)
+    roots = [root] + [rank for rank in range(n) if rank not in depth]
+    for rank in roots[1:]:
+        depth[rank] = 0
+
+    x_of: dict[int, float] = {}
+    next_leaf = [0.0]
+
+    def place(rank):
+        # A leaf takes the next free column; a parent sits above its children.
+        if not children[rank]:
+            x_of[rank] = next_leaf[0]
+            next_leaf[0] += 1.0
+        else:
+            for child in children[rank]:
+                place(child)
+            x_of[rank] = float(np.mean([x_of[child] for child in children[rank]]))
+
+    for rank in roots:
+        place(rank)
+    return {rank: (x_of[rank], -1.3 * depth[rank]) for rank in range(n)}
+
+
+def tree_edges(replay) -> list[tuple[int, int]]:
+    """Every pair of ranks that exchanged a message (drawn faintly under a tree)."""
+    edges = []
+    for frame in replay.frames:
+        for message in frame.messages:
+            pair = tuple(sorted((message.source, message.target)))
+            if pair not in edges:
+                edges.append(pair)
+    return edges
+
+
+class _Geometry:
+    """Sizes in data units: the cell grid of one buffer, as large as the layout allows.
+
+    Two buffers may not overlap: for every pair of ranks either their
+    horizontal distance fits a grid's width or their vertical distance fits
+    its height plus the rank's name. The grid's shape (columns x rows) is the
+    one that gives the largest cells.
+    """
+
+    def __init__(self, replay, where):
+        self.cells = replay.cells if _has_holdings(replay) else 0
+        points = list(where.values())
+        pairs = [(abs(a[0] - b[0]), abs(a[1] - b[1]))
+                 for i, a in enumerate(points) for b in points[i + 1:]]
+        best = None
+        for columns in range(1, max(self.cells, 1) + 1):
+            rows = math.ceil(max(self.cells, 1) / columns)
+            size = min((max(dx / (columns + 0.5), dy / (rows + 1.6)) for dx, dy in pairs),
+                       default=0.3)
+            # Rows of cells read more easily than tall stacks, and full grids
+            # more easily than ragged ones.
+            score = size * (1.0 + 0.05 * min(columns, 8))
+            if self.cells % columns:
+                score *= 0.75
+            if best is None or score > best[0]:
+                best = (score, size, columns, rows)
+        _, self.size, self.columns, self.rows = best
+        self.width = self.columns * self.size
+        self.height = self.rows * self.size
+
+    def edge_towards(self, centre, point):
+        """Where the line from the grid's centre to ``point`` leaves the grid."""
+        x, y = centre
+        dx, dy = point[0] - x, point[1] - y
+        scale = min(self.width / 2 / abs(dx) if dx else math.inf,
+                    self.height / 2 / abs(dy) if dy else math.inf, 1.0)
+        return (x + dx * scale, y + dy * scale)
+
+    def cell_origin(self, centre, cell):
+        x, y = centre
+        row, column = divmod(cell, self.columns)
+        return (x - self.width / 2 + column * self.size,
+                y + self.height / 2 - (row + 1) * self.size)
+
+    def cells_centre(self, centre, cells):
+        first, stop = cells
+        stop = max(stop, first + 1)
+        origins = [self.cell_origin(centre, cell) for cell in range(first, min(stop, self.cells))]
+        if not origins:
+            return centre
+        xs, ys = zip(*origins)
+        return (float(np.mean(xs)) + self.size / 2, float(np.mean(ys)) + self.size / 2)
+
+
+def _uniform(messages) -> bool:
+    """Many messages all alike: one note says their size instead of a label on each."""
+    return len(messages) > 4 and len({(m.nbytes, m.op) for m in messages}) == 1
+
+
+def _has_holdings(replay) -> bool:
+    return any(frame.holdings is not None for frame in replay.frames)
+
+
+# --------------------------------------------------------------------------- text
+
+
+def format_seconds(seconds: float | None) -> str:
+    if seconds is None:
+        return "no formula"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} µs"
+    if seconds < 1:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.2f} s"
+
+
+def format_bytes(nbytes: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= size:
+            return f"{nbytes / size:.3g} {unit}"
+    return f"{int(nbytes)} B"
+
+
+def header_lines(replay, frame) -> list[str]:
+    """The header of a frame, the same words as the terminal view."""
+    size = format_bytes(replay.count * replay.itemsize)
+    root = "" if replay.root is None else f", root {replay.root}"
+    steps = len(replay.frames)
+    predicted = (f"cost model {format_seconds(replay.predicted_s)} for the whole call"
+                 if replay.predicted_s is not None else "no cost formula for this algorithm")
+    return [
+        f"{replay.collective} · {replay.algorithm} · {replay.world_size} ranks · "
+        f"{replay.count} elements ({size}){root}",
+        f"step {frame.index + 1} of {steps}: {frame.phase}",
+        f"cost: {replay.formula}" if replay.formula else "cost: (no formula)",
+        f"so far {format_seconds(frame.elapsed_ns / 1e9)} since the first rank entered · "
+        f"slowest rank's call {format_seconds(replay.measured_s)} · {predicted}",
+    ]
+
+
+def message_line(message) -> str:
+    op = f"  {message.op}" if message.op else ""
+    return f"{message.source} → {message.target}  {format_bytes(message.nbytes)}{op}"
+
+
+# --------------------------------------------------------------------------- drawing
+
+
+class _Painter:
+    """Draws any frame of one replay on one figure (the animation redraws per frame)."""
+
+    def __init__(self, replay, figure: Figure | None = None):
+        if not replay.frames:
+            raise ValueError(f"{replay.collective} {replay.algorithm} (call {replay.call}) "
+                             "has no steps to draw")
+        self.replay = replay
+        size = FIGURE_SIZE if replay.world_size <= 8 or replay.summary else LARGE_FIGURE_SIZE
+        self.figure = figure or Figure(figsize=size, dpi=DPI)
+        if not isinstance(self.figure.canvas, FigureCanvasAgg):
+            FigureCanvasAgg(self.figure)
+        self.summary = bool(replay.summary)
+        if self.summary:
+            self._prepare_summary()
+        else:
+            self.where = positions(replay)
+            self.geometry = _Geometry(replay, self.where)
+
+    # -- common parts
+
+    def draw(self, index: int):
+        self.figure.clear()
+        frame = self.replay.frames[index]
+        lines = header_lines(self.replay, frame)
+        self.figure.text(0.02, 0.975, lines[0], fontsize=13, weight="bold", va="top")
+        self.figure.text(0.02, 0.935, lines[1], fontsize=13, va="top", color=PALETTE[5])
+        self.figure.text(0.02, 0.898, lines[2], fontsize=10, va="top", family="monospace")
+        self.figure.text(0.02, 0.866, lines[3], fontsize=10, va="top")
+        self._draw_time_bar(frame)
+        if self.summary:
+            self._draw_summary(frame)
+        else:
+            self._draw_ranks(frame)
+            self._draw_side_panel(frame)
+        return []
+
+    def _draw_time_bar(self, frame):
+        replay = self.replay
+        axis = self.figure.add_axes((0.06, 0.035, 0.56, 0.025))
+        total = max(replay.measured_s, replay.predicted_s or 0.0,
+                    replay.frames[-1].elapsed_ns / 1e9, 1e-12)
+        axis.barh([0], [frame.elapsed_ns / 1e9], color=PALETTE[0], height=1.0)
+        axis.axvline(replay.measured_s, color=PALETTE[3], linewidth=2)
+        if replay.predicted_s is not None:
+            axis.axvline(replay.predicted_s, color=PALETTE[1], linewidth=2, linestyle="--")
+        axis.set_xlim(0, total * 1.02)
+        axis.set_yticks([])
+        axis.set_xticks([])
+        note = "bar: time so far · solid line: slowest rank's call"
+        if replay.predicted_s is not None:
+            note += " · dashed: predicted"
+        axis.set_title(note, fontsize=8, loc="left", pad=2)
+
+    # -- the ranks view
+
+    def _draw_ranks(self, frame):
+        replay, geometry, where = self.replay, self.geometry, self.where
+        axis = self.figure.add_axes((0.01, 0.09, 0.67, 0.75))
+        axis.set_axis_off()
+        axis.set_aspect("equal")
+        xs = [x for x, _ in where.values()]
+        ys = [y for _, y in where.values()]
+        # Room for the rank's name above a grid, and for arrows bulging out of a ring.
+        bulge = 0.2 if replay.layout == "ring" else 0.0
+        margin_x = geometry.width / 2 + geometry.size + bulge
+        margin_y = geometry.height / 2 + 2 * geometry.size + bulge
+        axis.set_xlim(min(xs) - margin_x, max(xs) + margin_x)
+        axis.set_ylim(min(ys) - margin_y, max(ys) + margin_y)
+        points_per_unit = self._points_per_unit(axis)
+        font = max(5.0, min(13.0, 0.45 * geometry.size * points_per_unit))
+
+        if replay.layout == "tree":
+            for a, b in tree_edges(replay):
+                axis.plot(*zip(where[a], where[b]), color="#DDDDDD", linewidth=1, zorder=0)
+        elif replay.layout == "ring" and replay.world_size > 2:
+            stretch = RING_STRETCH if replay.world_size > 8 else 1.0
+            axis.add_patch(patches.Ellipse((0, 0), 2.0 * stretch, 2.0, fill=False,
+                                           color="#E5E5E5", linewidth=1, zorder=0))
+
+        written = {}
+        for message in frame.messages:
+            if message.cells is not None:
+                written.setdefault(message.target, set()).update(
+                    range(message.cells[0], max(message.cells[1], message.cells[0] + 1)))
+
+        for rank, centre in where.items():
+            self._draw_buffer(axis, rank, centre, frame, written.get(rank, ()), font)
+
+        for message in frame.messages:
+            self._draw_message(axis, message, font, label=not _uniform(frame.messages))
+
+    def _points_per_unit(self, axis) -> float:
+        width, height = self.figure.get_size_inches()
+        box = axis.get_position()
+        x0, x1 = axis.get_xlim()
+        y0, y1 = axis.get_ylim()
+        return 72 * min(box.width * width / (x1 - x0), box.height * height / (y1 - y0))
+
+    def _draw_buffer(self, axis, rank, centre, frame, written, font):
+        geometry, n = self.geometry, self.replay.world_size
+        x, y = centre
+        axis.text(x, y + geometry.height / 2 + 0.25 * geometry.size, f"rank {rank}",
+                  ha="center", va="bottom", fontsize=font, weight="bold")
+        if frame.holdings is None:
+            axis.add_patch(patches.FancyBboxPatch(
+                (x - geometry.width / 2, y - geometry.height / 2), geometry.width,
+                geometry.height, boxstyle="round,pad=0.01", facecolor=PALETTE[rank % 10],
+                edgecolor="black", linewidth=1))
+            axis.text(x, y, str(rank), ha="center", va="center", fontsize=font,
+                      color=_text_color(PALETTE[rank % 10]))
+            return
+        for cell, holders in enumerate(frame.holdings[rank]):
+            fill = cell_color(holders, n)
+            origin = geometry.cell_origin(centre, cell)
+            outlined = cell in written
+            axis.add_patch(patches.Rectangle(
+                origin, geometry.size, geometry.size, facecolor=fill,
+                edgecolor=HIGHLIGHT if outlined else "#777777",
+                linewidth=2.4 if outlined else 0.6, zorder=2 if outlined else 1))
+            axis.text(origin[0] + geometry.size / 2, origin[1] + geometry.size / 2,
+                      cell_text(holders, n), ha="center", va="center",
+                      fontsize=font * (0.8 if len(holders) > 1 else 1.0),
+                      color=_text_color(fill), zorder=3)
+
+    def _draw_message(self, axis, message, font, label):
+        geometry = self.geometry
+        if message.cells is not None and geometry.cells:
+            end = geometry.cells_centre(self.where[message.target], message.cells)
+        else:
+            end = self.where[message.target]
+        start = geometry.edge_towards(self.where[message.source], end)
+        color = PALETTE[message.source % 10]
+        # Ring arrows bulge outwards, away from the other buffers.
+        bend = -0.3 if self.replay.layout == "ring" else 0.25
+        axis.add_patch(patches.FancyArrowPatch(
+            start, end, arrowstyle="-|>", mutation_scale=10 + font,
+            connectionstyle=f"arc3,rad={bend}", color=color, linewidth=2.2,
+            shrinkA=0, shrinkB=2, zorder=4, alpha=0.95))
+        if not label:
+            return
+        # The label sits on the arc: the midpoint of arc3's quadratic Bezier curve.
+        (x0, y0), (x1, y1) = start, end
+        control = ((x0 + x1) / 2 + bend * (y1 - y0), (y0 + y1) / 2 - bend * (x1 - x0))
+        middle = (0.25 * x0 + 0.5 * control[0] + 0.25 * x1,
+                  0.25 * y0 + 0.5 * control[1] + 0.25 * y1)
+        text = format_bytes(message.nbytes)
+        if message.op:
+            text += f" {message.op}"
+        axis.text(*middle, text, ha="center", va="center", fontsize=max(5.0, font * 0.75),
+                  zorder=5, bbox={"boxstyle": "round,pad=0.15", "facecolor": "white",
+                                  "edgecolor": color, "linewidth": 1})
+
+    def _draw_side_panel(self, frame):
+        replay = self.replay
+        axis = self.figure.add_axes((0.70, 0.09, 0.29, 0.74))
+        axis.set_axis_off()
+        handles = [patches.Patch(facecolor=PALETTE[rank % 10], edgecolor="#777777",
+                                 label=f"{rank}: rank {rank}'s data")
+                   for rank in range(min(replay.world_size, len(PALETTE)))]
+        if replay.world_size > len(PALETTE):
+            handles.append(patches.Patch(facecolor="white", edgecolor="white",
+                                         label="(colours repeat: read the number)"))
+        if frame.holdings is not None:
+            if replay.collective in REDUCING:
+                handles.append(patches.Patch(facecolor=cell_color(frozenset({0, 1}), 3),
+                                             edgecolor="#777777",
+                                             label="Σk: sum of k ranks' data so far"))
+                handles.append(patches.Patch(facecolor=COMPLETE, edgecolor="#777777",
+                                             label="A: all ranks (complete)"))
+            handles.append(patches.Patch(facecolor=EMPTY, edgecolor="#777777",
+                                         label="·: nothing yet"))
+            handles.append(patches.Patch(facecolor="white", edgecolor=HIGHLIGHT, linewidth=2.4,
+                                         label="outlined: written in this step"))
+        legend = axis.legend(handles=handles, loc="upper left", fontsize=9, frameon=False,
+                             title="cells", title_fontsize=10, alignment="left")
+        legend.get_title().set_weight("bold")
+        lines = [message_line(message) for message in frame.messages[:MESSAGES_LISTED]]
+        if len(frame.messages) > MESSAGES_LISTED:
+            lines.append(f"... and {len(frame.messages) - MESSAGES_LISTED} more")
+        title = f"messages of this step ({len(frame.messages)})"
+        if _uniform(frame.messages):
+            title += f"\nevery arrow: {message_line(frame.messages[0]).split('  ', 1)[1]}"
+        axis.text(0.0, 0.36, title, fontsize=10, weight="bold", va="top",
+                  transform=axis.transAxes)
+        axis.text(0.0, 0.27, "\n".join(lines) or "(none: this step is local work)",
+                  fontsize=9, va="top", family="monospace", transform=axis.transAxes)
+
+    # -- the summary view
+
+    def _prepare_summary(self):
+        replay = self.replay
+        self.step_bytes = [sum(m.nbytes for m in frame.messages) for frame in replay.frames]
+        self.step_messages = [len(frame.messages) for frame in replay.frames]
+        final = replay.frames[-1].holdings
+        self.completeness = None
+        if final is not None and all(frame.holdings is not None for frame in replay.frames):
+            self.completeness = [completeness(frame.holdings, final) for frame in replay.frames]
+        if self.completeness is not None:
+            self.complete_fraction = [float(np.mean(grid == 1.0)) for grid in self.completeness]
+        elif all(getattr(frame, "complete", None) is not None for frame in replay.frames):
+            # Big worlds keep no per-cell holdings, only each step's share of complete cells.
+            self.complete_fraction = [frame.complete for frame in replay.frames]
+        else:
+            self.complete_fraction = None
+
+    def _draw_summary(self, frame):
+        replay, index = self.replay, frame.index
+        steps = np.arange(1, len(replay.frames) + 1)
+        if self.completeness is not None:
+            heat = self.figure.add_axes((0.06, 0.17, 0.34, 0.6))
+            image = heat.imshow(self.completeness[index], aspect="auto", vmin=0, vmax=1,
+                                cmap=SUMMARY_COLORMAP, interpolation="nearest")
+            heat.set_xlabel(f"cell of the buffer ({replay.cells} cells)")
+            heat.set_ylabel("rank")
+            heat.set_title("how complete each cell is\n(share of its final contributors held)",
+                           fontsize=10)
+            colorbar = self.figure.colorbar(image, ax=heat, fraction=0.05, pad=0.02)
+            colorbar.set_label("0 = none yet, 1 = final")
+            left = 0.52
+        else:
+            left = 0.08
+        width = 0.94 - left
+        colors = [PALETTE[0] if step - 1 != index else PALETTE[1] for step in steps]
+
+        bytes_axis = self.figure.add_axes((left, 0.53, width, 0.25))
+        bytes_axis.bar(steps, self.step_bytes, color=colors)
+        bytes_axis.set_ylabel("bytes moved")
+        bytes_axis.set_title(f"per step (step {index + 1} highlighted, hatched)", fontsize=10)
+        bytes_axis.patches[index].set_hatch("//")
+        bytes_axis.axvline(index + 1, color=PALETTE[1], linewidth=2, linestyle="--")
+        bytes_axis.set_xticks([])
+        bytes_axis.grid(axis="y", alpha=0.3)
+
+        lower = self.figure.add_axes((left, 0.17, width, 0.3))
+        lower.plot(steps, self.step_messages, marker="o", color=PALETTE[0], label="messages")
+        lower.set_ylabel("messages")
+        lower.set_ylim(0, max(self.step_messages) * 1.15 + 1)
+        lower.set_xlabel("step")
+        lower.axvline(index + 1, color=PALETTE[1], linewidth=2, linestyle="--")
+        lower.grid(alpha=0.3)
+        if self.complete_fraction is not None:
+            fraction_axis = lower.twinx()
+            fraction_axis.plot(steps, self.complete_fraction, marker="s", color=PALETTE[5],
+                               linestyle=":", label="cells complete")
+            fraction_axis.set_ylim(-0.02, 1.02)
+            fraction_axis.set_ylabel("fraction of cells complete")
+            lower.legend(handles=lower.get_lines()[:1] + fraction_axis.get_lines(),
+                         loc="upper left", fontsize=8)
+        self.figure.text(0.64, 0.035, f"{replay.world_size} ranks: summary view "
+                         "(cells are readable up to 16 ranks)", fontsize=9)
+
+
+def completeness(holdings, final) -> np.ndarray:
+    """[rank, cell] -> the share of the cell's final contributors it holds (1 = done)."""
+    grid = np.ones((len(holdings), len(holdings[0]) if holdings else 0))
+    for rank, cells in enumerate(holdings):
+        for cell, holders in enumerate(cells):
+            wanted = final[rank][cell]
+            if wanted:
+                grid[rank, cell] = len(holders & wanted) / len(wanted)
+    return grid
+
+
+# --------------------------------------------------------------------------- public
+
+
+def draw_frame(replay, index: int = 0, figure: Figure | None = None) -> Figure:
+    """One frame as a static figure (frame ``index``, 0-based)."""
+    painter = _Painter(replay, figure)
+    if not 0 <= index < len(replay.frames):
+        raise IndexError(f"frame {index} does not exist: this replay has "
+                         f"{len(replay.frames)} frames (0 to {len(replay.frames) - 1})")
+    painter.draw(index)
+    return painter.figure
+
+
+def animate(replay, interval_ms: float = 1000.0) -> FuncAnimation:
+    """The whole replay as a FuncAnimation, one frame per step.
+
+    In a notebook the animation displays as a JavaScript player (it defines
+    ``_repr_html_`` through :meth:`~FuncAnimation.to_jshtml`).
+    """
+    painter = _Painter(replay)
+    animation = FuncAnimation(painter.figure, painter.draw, frames=len(replay.frames),
+                              interval=interval_ms, blit=False, repeat=True)
+    animation._repr_html_ = animation.to_jshtml
+    return animation
+
+
+def save_gif(replay, path, fps: float = 1.0, dpi: int = DPI) -> str:
+    """Write the animation as a GIF (Pillow, no ffmpeg); returns the path."""
+    animation = animate(replay, interval_ms=1000.0 / fps)
+    path = os.fspath(path)
+    animation.save(path, writer=PillowWriter(fps=fps), dpi=dpi)
+    return path
+
+
+def to_html(replay, fps: float = 1.0) -> str:
+    """The animation as a self-contained HTML player (frames embedded as PNG)."""
+    return animate(replay, interval_ms=1000.0 / fps).to_jshtml(fps=fps, default_mode="once")
+
+
+def save_html(replay, path, fps: float = 1.0) -> str:
+    """Write the HTML player to a file that opens in any browser; returns the path."""
+    path = os.fspath(path)
+    with open(path, "w", encoding="utf-8") as file:
+        file.write(to_html(replay, fps))
+    return path

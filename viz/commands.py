@@ -1,0 +1,209 @@
+"""What ``minidist viz`` and ``minidist demo COLLECTIVE`` do (the CLI parses, this runs).
+
+``minidist viz TRACE``: the step-through of one collective call of a trace in
+the terminal, or, with output options, its animation (GIF / HTML), the
+timeline of the whole trace (PNG) and the Chrome / Perfetto export.
+
+``minidist demo COLLECTIVE [--algorithm A] -n N``: run one call of the
+collective on N real processes (shared memory, a small int64 array), or on N
+simulated ranks with ``--simulate``, trace it, and show the replay.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+import numpy as np
+from rich.console import Console
+
+from minidist import trace as _trace
+
+#: Demo names that are not spelled like a collective.
+ALIASES = {
+    "ring-allreduce": ("all_reduce", "ring"),
+    "allreduce": ("all_reduce", None),
+    "allgather": ("all_gather", None),
+    "reducescatter": ("reduce_scatter", None),
+    "alltoall": ("all_to_all", None),
+}
+#: The algorithm a demo shows when none is named: the one each lesson draws first.
+DEFAULT_ALGORITHMS = {"all_reduce": "ring", "broadcast": "binomial", "reduce": "binomial",
+                      "all_gather": "ring", "reduce_scatter": "ring", "scatter": "binomial",
+                      "gather": "binomial", "all_to_all": "pairwise", "barrier": "dissemination"}
+ELEMENTS_PER_RANK = 4
+
+
+class VizError(Exception):
+    """A problem the user can fix (named file, call, collective or algorithm)."""
+
+
+# --------------------------------------------------------------------------- minidist viz
+
+
+def _load_trace(path) -> _trace.Trace:
+    if not os.path.exists(path):
+        raise VizError(f"no trace at {path}: record one with `minidist run --trace {path} ...`, "
+                       "`minidist simulate ... --trace` or minidist.launch(..., trace=path)")
+    try:
+        return _trace.read_jsonl(path)
+    except (ValueError, OSError) as error:
+        raise VizError(str(error)) from None
+
+
+def _pick(replays, call: int, path) -> object:
+    """Call ``call`` of the trace, counted from 0 (negative: from the end)."""
+    if not -len(replays) <= call < len(replays):
+        listing = "; ".join(f"{index}: {r.collective} {r.algorithm} ({r.world_size} ranks)"
+                            for index, r in enumerate(replays))
+        raise VizError(f"{path} has {len(replays)} collective calls, numbered 0 to "
+                       f"{len(replays) - 1}; --call {call} is not one of them. Calls: {listing}")
+    return replays[call]
+
+
+def show(path, *, call: int = 0, play: bool = False, speed: float = 2.0, gif=None, html=None,
+         timeline=None, chrome=None, color: bool = True, fps: float = 1.0,
+         console: Console | None = None, list_calls: bool = True) -> int:
+    """Everything ``minidist viz`` does, on the trace at ``path``."""
+    from viz.replay import replays as replays_of
+
+    console = console or Console(no_color=not color, highlight=False)
+    trace = _load_trace(path)
+    if chrome:
+        _trace.write_chrome(chrome, trace.events, trace.header)
+        console.print(f"Chrome / Perfetto trace written to {chrome} (open it in "
+                      "https://ui.perfetto.dev or chrome://tracing)")
+    replays = replays_of(trace)
+    wants_replay = bool(gif or html) or not (timeline or chrome)
+    if not replays and wants_replay:
+        fallback = timeline or f"{os.path.splitext(os.fspath(path))[0]}.timeline.png"
+        console.print(f"{path} has no collective calls to replay (its messages carry no "
+                      "collective labels, schema version 2), so here is its timeline instead: "
+                      f"{fallback}")
+        timeline = fallback
+        gif = html = None
+        wants_replay = False
+    if timeline:
+        from viz.timeline import save_timeline
+
+        save_timeline(trace, timeline)
+        console.print(f"timeline written to {timeline}")
+    if not wants_replay:
+        return 0
+    chosen = _pick(replays, call, path)
+    if len(replays) > 1 and list_calls:
+        console.print(f"{path}: {len(replays)} collective calls; showing call "
+                      f"{call % len(replays)}: "
+                      f"{chosen.collective} {chosen.algorithm} (choose with --call K)")
+    if gif or html:
+        from viz import animate
+
+        if gif:
+            animate.save_gif(chosen, gif, fps=fps)
+            console.print(f"animation written to {gif} ({len(chosen.frames)} frames)")
+        if html:
+            animate.save_html(chosen, html, fps=fps)
+            console.print(f"HTML player written to {html} ({len(chosen.frames)} frames)")
+        return 0
+    from viz import terminal
+
+    if play:
+        terminal.play(chosen, console, speed=speed, color=color)
+    else:
+        terminal.step_through(chosen, console, color=color)
+    return 0
+
+
+def viz_command(args) -> int:
+    try:
+        return show(args.trace, call=args.call, play=args.play, speed=args.speed, gif=args.gif,
+                    html=args.html, timeline=args.timeline, chrome=args.chrome,
+                    color=not args.no_color)
+    except VizError as error:
+        print(f"minidist viz: {error}", file=sys.stderr)
+        return 2
+
+
+# --------------------------------------------------------------------------- minidist demo
+
+
+def resolve(name: str, algorithm: str | None) -> tuple[str, str]:
+    """(collective, algorithm) for a demo name such as "ring-allreduce" or "broadcast"."""
+    from minidist.distributed import ALGORITHMS
+
+    collective, implied = ALIASES.get(name, (name.replace("-", "_"), None))
+    if collective not in ALGORITHMS:
+        raise VizError(f"no collective called {name!r}; choose one of "
+                       f"{', '.join(sorted(ALGORITHMS))} (or ring-allreduce)")
+    algorithm = algorithm or implied or DEFAULT_ALGORITHMS.get(collective) \
+        or next(iter(ALGORITHMS[collective]))
+    if algorithm not in ALGORITHMS[collective]:
+        raise VizError(f"{collective} has no algorithm {algorithm!r}; its algorithms are "
+                       f"{', '.join(ALGORITHMS[collective])}")
+    return collective, algorithm
+
+
+def _demo_worker(collective: str, algorithm: str, count: int, root: int) -> None:
+    import minidist.distributed as dist
+    from minidist.distributed.simulator import CALLS
+
+    spec = CALLS[collective]
+    # The first call warms up (the ranks start at different moments, the
+    # transport maps its buffers); the demo shows the second.
+    for _ in range(2):
+        arrays = spec.inputs(dist.get_rank(), dist.get_world_size(), count, np.int64, root)
+        spec.start(dist.world_group(), arrays, root, algorithm, dist.ReduceOp.SUM).wait()
+
+
+def record(collective: str, algorithm: str, world_size: int, path, *, simulate: bool = False,
+           root: int = 0, timeout: float = 60.0) -> str:
+    """Run one call of ``collective`` on ``world_size`` ranks and write its trace to ``path``.
+
+    Real processes on shared memory (two calls: a warm-up, then the one to
+    look at, the trace's last), or the simulator with ``simulate=True`` (one
+    call); each rank's array is a few int64 per rank (small numbers, exact sums).
+    """
+    if world_size < 1:
+        raise VizError(f"-n must be at least 1, got {world_size}")
+    count = ELEMENTS_PER_RANK * world_size
+    path = os.fspath(path)
+    if simulate:
+        from minidist.distributed import simulate as simulate_call
+
+        simulate_call(collective, algorithm, world_size=world_size, nbytes=count * 8,
+                      dtype=np.int64, root=root, trace=path)
+    else:
+        import minidist
+
+        minidist.launch(_demo_worker, world_size=world_size, transport="shm",
+                        args=(collective, algorithm, count, root), trace=path, timeout=timeout)
+    return path
+
+
+def demo(name: str, *, algorithm: str | None = None, world_size: int = 4,
+         simulate: bool = False, trace=None, gif=None, html=None, timeline=None,
+         play: bool = False, speed: float = 2.0, color: bool = True, root: int = 0,
+         console: Console | None = None) -> int:
+    """Everything ``minidist demo COLLECTIVE`` does."""
+    console = console or Console(no_color=not color, highlight=False)
+    collective, algorithm = resolve(name, algorithm)
+    where = "simulated ranks" if simulate else "processes (shared memory)"
+    with tempfile.TemporaryDirectory(prefix="minidist-demo-") as folder:
+        path = trace or os.path.join(folder, f"{collective}-{algorithm}.jsonl")
+        console.print(f"{collective} with the {algorithm} algorithm on {world_size} {where}; "
+                      f"trace: {path if trace else 'a temporary file (--trace FILE keeps it)'}")
+        record(collective, algorithm, world_size, path, simulate=simulate, root=root)
+        return show(path, call=-1, play=play, speed=speed, gif=gif, html=html,
+                    timeline=timeline, color=color, console=console, list_calls=False)
+
+
+def demo_command(args) -> int:
+    try:
+        return demo(args.name, algorithm=args.algorithm, world_size=args.nproc,
+                    simulate=args.simulate, trace=args.trace, gif=args.gif, html=args.html,
+                    timeline=args.timeline, play=args.play, speed=args.speed,
+                    color=not args.no_color, root=args.root)
+    except VizError as error:
+        print(f"minidist demo: {error}", file=sys.stderr)
+        return 2

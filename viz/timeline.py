@@ -1,0 +1,250 @@
+"""A timeline of any trace: one row per rank, what it did when, and its messages.
+
+Each rank's row has lanes, top to bottom:
+
+* ``calls``: collective calls and any other kind of span (``step``, ...),
+  labelled with their text where there is room;
+* ``compute``: regions marked with :func:`minidist.trace.region`;
+* ``send`` and ``recv``: the transport's messages (recv hatched);
+
+and, behind them, hatched grey where the rank was idle (inside its first and
+last event, covered by none of compute, send or recv). A line joins each
+send's start to its recv's end (:func:`minidist.trace.iter_messages`), so a
+message that waited shows as a long slanted line.
+
+Big traces stay readable and fast: above ``max_events`` boxes closer than
+one pixel are merged, above ``max_arrows`` only every k-th message is drawn,
+above ``max_ranks`` only the first ranks are shown; the figure says which
+of these it did. For an interactive view of every event, export the trace
+for Perfetto instead (``minidist viz TRACE --chrome out.json``)::
+
+    from viz.timeline import save_timeline
+    save_timeline("run.jsonl", "run.png")
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.collections import LineCollection
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from minidist import trace as _trace
+
+#: Lane of each kind inside a rank's row: (bottom, height) in row units.
+LANES = {"calls": (0.78, 0.17), "compute": (0.54, 0.2), "send": (0.29, 0.2),
+         "recv": (0.04, 0.2)}
+COLORS = {"calls": "#CFCFCF", "compute": "#006BA4", "send": "#FF800E", "recv": "#5F9ED1"}
+HATCHES = {"recv": "////", "calls": None, "compute": None, "send": None}
+IDLE_COLOR = "#F2F2F2"
+
+MAX_EVENTS = 20_000
+MAX_ARROWS = 2_000
+MAX_RANKS = 64
+HEADS_UP_TO = 200  # arrowheads cost a patch each: only on small traces
+PIXELS = 2_000     # boxes closer than 1/PIXELS of the time axis merge above MAX_EVENTS
+
+
+def _events_of(trace) -> tuple[dict, list[dict]]:
+    if isinstance(trace, (str, os.PathLike)):
+        trace = _trace.read_jsonl(trace)
+    if isinstance(trace, _trace.Trace):
+        return trace.header, list(trace.events)
+    return {}, list(trace)
+
+
+def _lane_of(kind: str) -> str:
+    return kind if kind in ("compute", "send", "recv") else "calls"
+
+
+def _label_text(label: str) -> str:
+    """The readable part of a label (schema 2 appends " #key=value ...")."""
+    return (label or "").split(" #", 1)[0]
+
+
+def _merge(intervals: list[tuple[int, int]], gap: float) -> list[tuple[int, int]]:
+    """Intervals sorted and joined where they overlap or lie within ``gap``."""
+    merged: list[list[int]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1] + gap:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(start, end) for start, end in merged]
+
+
+def idle_intervals(events: list[dict], gap: float = 0) -> list[tuple[int, int]]:
+    """The gaps inside one rank's span where it neither computed, sent nor received
+    (gaps not longer than ``gap`` ignored)."""
+    if not events:
+        return []
+    first = min(event["start"] for event in events)
+    last = max(event["end"] for event in events)
+    busy = _merge([(event["start"], event["end"]) for event in events
+                   if event["kind"] in ("compute", "send", "recv")], gap)
+    gaps, cursor = [], first
+    for start, end in busy:
+        if start > cursor:
+            gaps.append((cursor, start))
+        cursor = max(cursor, end)
+    if cursor < last:
+        gaps.append((cursor, last))
+    return gaps
+
+
+def _time_unit(span_ns: float) -> tuple[str, float]:
+    if span_ns < 2e3:
+        return "ns", 1.0
+    if span_ns < 2e6:
+        return "µs", 1e3
+    if span_ns < 2e9:
+        return "ms", 1e6
+    return "s", 1e9
+
+
+def draw_timeline(trace, figure: Figure | None = None, *, max_events: int = MAX_EVENTS,
+                  max_arrows: int = MAX_ARROWS, max_ranks: int = MAX_RANKS,
+                  title: str | None = None) -> Figure:
+    """Draw the timeline of ``trace`` (a path, a :class:`~minidist.trace.Trace` or
+    a list of events) on a new figure (or ``figure``), and return it."""
+    header, events = _events_of(trace)
+    ranks = sorted({event["rank"] for event in events})
+    notes = []
+    if len(ranks) > max_ranks:
+        notes.append(f"showing ranks {ranks[0]} to {ranks[max_ranks - 1]} of {len(ranks)}")
+        ranks = ranks[:max_ranks]
+    row_of = {rank: index for index, rank in enumerate(ranks)}
+
+    height = min(2.0 + 0.55 * max(len(ranks), 1), 30.0)
+    if figure is None:
+        figure = Figure(figsize=(13.0, height), dpi=100)
+    if not isinstance(figure.canvas, FigureCanvasAgg):
+        FigureCanvasAgg(figure)
+    axis = figure.add_axes((0.08, 0.9 / height + 0.04, 0.9, 1 - (1.6 / height) - 0.04))
+    if not events:
+        axis.text(0.5, 0.5, "this trace has no events", ha="center", va="center",
+                  transform=axis.transAxes)
+        axis.set_axis_off()
+        return figure
+
+    origin = min(event["start"] for event in events)
+    span = max(max(event["end"] for event in events) - origin, 1)
+    unit, scale = _time_unit(span)
+    shown = [event for event in events if event["rank"] in row_of]
+
+    by_rank_lane: dict[tuple[int, str], list[tuple[int, int]]] = defaultdict(list)
+    labelled: list[tuple[int, str, int, int, str]] = []
+    for event in shown:
+        lane = _lane_of(event["kind"])
+        start, end = event["start"] - origin, max(event["end"], event["start"]) - origin
+        by_rank_lane[event["rank"], lane].append((start, end))
+        text = _label_text(event.get("label", ""))
+        if lane in ("calls", "compute") and text:
+            labelled.append((event["rank"], lane, start, end, text))
+    many = len(shown) > max_events
+    if many:
+        gap = span / PIXELS
+        by_rank_lane = {key: _merge(value, gap) for key, value in by_rank_lane.items()}
+        notes.append(f"{len(shown):,} events: boxes closer than 1/{PIXELS} of the time axis "
+                     "merged")
+
+    by_rank: dict[int, list[dict]] = defaultdict(list)
+    for event in shown:
+        by_rank[event["rank"]].append(event)
+    for rank, rank_events in by_rank.items():
+        gaps = [((start - origin) / scale, (end - start) / scale)
+                for start, end in idle_intervals(rank_events, span / PIXELS if many else 0)]
+        # Hatching thousands of boxes takes minutes: only a few gaps get dots.
+        axis.broken_barh(gaps, (row_of[rank] + 0.02, 0.96), facecolor=IDLE_COLOR,
+                         edgecolor="#DDDDDD", hatch=".." if len(gaps) < 500 else None,
+                         linewidth=0, zorder=0)
+
+    for (rank, lane), intervals in by_rank_lane.items():
+        bottom, lane_height = LANES[lane]
+        boxes = [(start / scale, max(end - start, span / PIXELS / 4) / scale)
+                 for start, end in intervals]
+        axis.broken_barh(boxes, (row_of[rank] + 1 - bottom - lane_height, lane_height),
+                         facecolor=COLORS[lane], edgecolor="none",
+                         hatch=HATCHES[lane] if len(boxes) < 500 else None, zorder=2)
+
+    minimum_width = span * 0.05
+    texts = 0
+    for rank, lane, start, end, text in sorted(labelled, key=lambda item: item[2] - item[3]):
+        if end - start < minimum_width or texts >= 200:
+            continue
+        bottom, lane_height = LANES[lane]
+        axis.text((start + end) / 2 / scale, row_of[rank] + 1 - bottom - lane_height / 2, text,
+                  ha="center", va="center", fontsize=7, clip_on=True, zorder=4,
+                  color="white" if lane == "compute" else "black")
+        texts += 1
+
+    messages = [(send, recv) for send, recv in _trace.iter_messages(shown)
+                if recv is not None and recv["rank"] in row_of]
+    every = max(1, -(-len(messages) // max_arrows))
+    if every > 1:
+        notes.append(f"{len(messages):,} messages: every {every}th drawn")
+    drawn = messages[::every]
+    segments = []
+    for send, recv in drawn:
+        send_bottom, send_height = LANES["send"]
+        recv_bottom, recv_height = LANES["recv"]
+        segments.append((((send["start"] - origin) / scale,
+                          row_of[send["rank"]] + 1 - send_bottom - send_height / 2),
+                         ((recv["end"] - origin) / scale,
+                          row_of[recv["rank"]] + 1 - recv_bottom - recv_height / 2)))
+    if len(drawn) <= HEADS_UP_TO:
+        for start, end in segments:
+            axis.annotate("", xy=end, xytext=start, zorder=3,
+                          arrowprops={"arrowstyle": "-|>", "color": "#333333", "lw": 0.8,
+                                      "shrinkA": 0, "shrinkB": 0, "alpha": 0.7})
+    else:
+        axis.add_collection(LineCollection(segments, colors="#333333", linewidths=0.5,
+                                           alpha=0.35, zorder=3))
+
+    axis.set_xlim(0, span / scale * 1.01)
+    axis.set_ylim(len(ranks), 0)
+    axis.set_yticks([row + 0.5 for row in range(len(ranks))])
+    axis.set_yticklabels([f"rank {rank}" for rank in ranks],
+                         fontsize=9 if len(ranks) <= 32 else 6)
+    axis.set_xlabel(f"time ({unit}) since the first event")
+    axis.grid(axis="x", alpha=0.3)
+    for row in range(1, len(ranks)):
+        axis.axhline(row, color="#BBBBBB", linewidth=0.6)
+
+    handles = [Patch(facecolor=COLORS[lane], hatch=HATCHES[lane], label=name)
+               for lane, name in (("calls", "collective call / other span"),
+                                  ("compute", "compute"), ("send", "send"),
+                                  ("recv", "recv (hatched)"))]
+    handles.append(Patch(facecolor=IDLE_COLOR, hatch="..", edgecolor="#BBBBBB", label="idle"))
+    handles.append(Patch(facecolor="white", edgecolor="#333333",
+                         label="line: send start → recv end"))
+    axis.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=6,
+                fontsize=8, frameon=False)
+    transport = header.get("transport")
+    heading = title or (f"timeline: {len(ranks)} ranks, {len(shown):,} events, "
+                        f"{len(messages):,} messages" + (f" ({transport})" if transport else ""))
+    figure.text(0.08, 1 - 0.25 / height, heading, fontsize=11, weight="bold", va="top")
+    if notes:
+        figure.text(0.98, 1 - 0.25 / height, "; ".join(notes), fontsize=8, va="top",
+                    ha="right", color="#C85200")
+    return figure
+
+
+def save_timeline(trace, path, dpi: int = 100, **options) -> str:
+    """Draw the timeline of ``trace`` and write it as a PNG; returns the path."""
+    path = os.fspath(path)
+    figure = draw_timeline(trace, **options)
+    figure.savefig(path, dpi=dpi)
+    return path
+
+
+def message_count(trace) -> int:
+    """Messages the timeline joins (sends with a recorded recv)."""
+    _, events = _events_of(trace)
+    return sum(1 for _, recv in _trace.iter_messages(events) if recv is not None)
+
+
+__all__ = ["draw_timeline", "save_timeline", "idle_intervals", "message_count"]
