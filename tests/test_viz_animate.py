@@ -58,7 +58,7 @@ def test_header_says_step_phase_and_times():
     assert lines[0].startswith("all_reduce · ring · 4 ranks")
     assert lines[1] == "step 4 of 6: allgather"
     assert "alpha" in lines[2]
-    assert "so far 4.0 µs" in lines[3] and "call 6.0 µs" in lines[3] and "cost model" in lines[3]
+    assert "measured 4.0 µs so far of 6.0 µs" in lines[3] and "cost model" in lines[3]
 
 
 def test_every_cell_shows_a_letter_or_number():

@@ -261,8 +261,8 @@ def header_lines(replay, frame) -> list[str]:
         f"{replay.count} elements ({size}){root}",
         f"step {frame.index + 1} of {steps}: {frame.phase}",
         f"cost: {replay.formula}" if replay.formula else "cost: (no formula)",
-        f"so far {format_seconds(frame.elapsed_ns / 1e9)} since the first rank entered · "
-        f"slowest rank's call {format_seconds(replay.measured_s)} · {predicted}",
+        f"measured {format_seconds(frame.elapsed_ns / 1e9)} so far of "
+        f"{format_seconds(replay.measured_s)} (from the last rank's entry) · {predicted}",
     ]
 
 
