@@ -63,11 +63,13 @@ REDUCING = ("all_reduce", "reduce", "reduce_scatter")
 
 
 def cell_text(holders: frozenset, world_size: int) -> str:
-    """The letter or number a cell shows: who its data comes from."""
+    """The text a cell shows: "r2" rank 2's own data, "Σ3" a partial result of
+    three ranks, "A" all of them, "·" nothing yet. (The terminal, with one
+    character a cell, shows how many ranks: 1, 3, A.)"""
     if not holders:
         return "·"
     if len(holders) == 1:
-        return str(next(iter(holders)))
+        return f"r{next(iter(holders))}"
     if len(holders) == world_size:
         return "A"
     return f"Σ{len(holders)}"
@@ -432,7 +434,7 @@ class _Painter:
         axis = self.figure.add_axes((0.70, 0.09, 0.29, 0.74))
         axis.set_axis_off()
         handles = [patches.Patch(facecolor=PALETTE[rank % 10], edgecolor="#777777",
-                                 label=f"{rank}: rank {rank}'s data")
+                                 label=f"r{rank}: rank {rank}'s data")
                    for rank in range(min(replay.world_size, len(PALETTE)))]
         if replay.world_size > len(PALETTE):
             handles.append(patches.Patch(facecolor="white", edgecolor="white",
