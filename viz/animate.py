@@ -264,7 +264,7 @@ def header_lines(replay, frame) -> list[str]:
         f"step {frame.index + 1} of {steps}: {frame.phase}",
         f"cost: {replay.formula}" if replay.formula else "cost: (no formula)",
         f"measured {format_seconds(frame.elapsed_ns / 1e9)} so far of "
-        f"{format_seconds(replay.measured_s)} (from the last rank's entry) · {predicted}",
+        f"{format_seconds(replay.measured_s)} (from the first rank's entry) · {predicted}",
     ]
 
 
