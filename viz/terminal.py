@@ -174,11 +174,11 @@ def legend(replay: Replay, *, color: bool = True) -> Text:
         text.append("not tracked for this collective (messages only)")
         return text
     text.append("·", style="dim" if color else "")
-    text.append(" nothing  ")
+    text.append(" none  ")
     text.append("3", style=_cell_style(frozenset({0, 1, 2}), replay.world_size + 3, color))
-    text.append(" data of 3 ranks  ")
+    text.append(" = 3 ranks' data  ")
     text.append("A", style=COMPLETE_STYLE if color else "")
-    text.append(" all ranks")
+    text.append(" = all")
     if color:
         text.append("  colour: first rank ")
         for rank in range(min(replay.world_size, len(PALETTE))):
