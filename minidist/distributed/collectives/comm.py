@@ -417,12 +417,7 @@ class Work:
             for request in self._requests:
                 if not request.test():
                     return False
-            if self._comm is not None and self._requests:
-                self._comm.yields += 1
-            try:
-                self._requests = next(self._steps)
-            except StopIteration:
-                self._complete()
+            self._next_step()
         return True
 
     is_completed = test
@@ -431,13 +426,17 @@ class Work:
         """Block until the collective has finished; returns True (as torch does)."""
         while not self._done:
             _wait_step(self._requests, timeout)
-            if self._comm is not None and self._requests:
-                self._comm.yields += 1
-            try:
-                self._requests = next(self._steps)
-            except StopIteration:
-                self._complete()
+            self._next_step()
         return True
+
+    def _next_step(self) -> None:
+        """The current step's requests are done: run the algorithm to its next one."""
+        if self._comm is not None and self._requests:
+            self._comm.yields += 1
+        try:
+            self._requests = next(self._steps)
+        except StopIteration:
+            self._complete()
 
 
 class _Done(Work):
