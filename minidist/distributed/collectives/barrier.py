@@ -49,14 +49,25 @@ def tree(comm):
     past the end are smaller or missing. Cost: 2 ceil(log2 n) alpha."""
     n, rank = comm.size, comm.rank
     children = trees.children(rank, n)
+    last = max(n - 1, 0).bit_length() - 1
     if children:
-        yield [comm.irecv(_empty(), child, f"entered: from {child}") for child in children]
+        receives = []
+        for child in children:
+            comm.at(trees.round_of(child), "entered")  # leaves report first
+            receives.append(comm.irecv(_empty(), child, f"entered: from {child}"))
+        yield receives
     if rank:
         parent = trees.parent(rank)
+        comm.at(trees.round_of(rank), "entered")
         yield [comm.isend(_empty(), parent, f"entered: to {parent}")]
+        comm.at(last + 1 + last - trees.round_of(rank), "go")
         yield [comm.irecv(_empty(), parent, f"go: from {parent}")]
     if children:
-        yield [comm.isend(_empty(), child, f"go: to {child}") for child in children]
+        sends = []
+        for child in children:
+            comm.at(last + 1 + last - trees.round_of(child), "go")  # the largest subtree first
+            sends.append(comm.isend(_empty(), child, f"go: to {child}"))
+        yield sends
 
 
 ALGORITHMS = call.register("barrier", {

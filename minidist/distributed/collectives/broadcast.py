@@ -92,7 +92,9 @@ def scatter_allgather(comm, buffer, root):
     yield from binomial_scatter(comm, buffer, bounds, root, 0)
     virtual = (comm.rank - root) % n
     right, left = (comm.rank + 1) % n, (comm.rank - 1) % n
+    rounds = max(n - 1, 0).bit_length()
     for step in range(n - 1):
+        comm.at(rounds + step, "allgather")
         out, into = (virtual - step) % n, (virtual - step - 1) % n
         yield [comm.isend(buffer[bounds[out]:bounds[out + 1]], right,
                           f"allgather step {step} chunk {out}"),

@@ -56,6 +56,7 @@ def binomial_gather(comm, held, bounds, root, origin):
     receives = []
     for child in reversed(trees.children(virtual, n)):
         source = trees.real_rank(child, root, n)
+        comm.at(trees.round_of(child), "gather")  # leaves first, the largest subtree last
         receives.append(comm.irecv(pieces_of(child), source,
                                    f"round {trees.round_of(child)} from {source}, "
                                    f"{trees.subtree_size(child, n)} pieces"))
@@ -63,6 +64,7 @@ def binomial_gather(comm, held, bounds, root, origin):
         yield receives
     if virtual:
         target = trees.real_rank(trees.parent(virtual), root, n)
+        comm.at(trees.round_of(virtual), "gather")
         yield [comm.isend(pieces_of(virtual), target,
                           f"round {trees.round_of(virtual)} to {target}")]
 

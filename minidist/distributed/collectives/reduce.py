@@ -92,14 +92,14 @@ def rabenseifner(comm, buffer, root):
     virtual = yield from fold_in(comm, buffer, p)
     root_sat_out = root < 2 * extra and root % 2 == 0
     core_root = core_member(root, extra)
-    first = 0 if n == p else 1  # the fold takes a step
+    step = 0 if n == p else 1  # the fold takes a step
     rounds = p.bit_length() - 1
     if virtual >= 0:
-        yield from reduce_scatter_by_halving(comm, buffer, virtual, p, first)
+        yield from reduce_scatter_by_halving(comm, buffer, virtual, p, step)
     bounds = chunk_bounds(buffer.size, p)
     if root_sat_out:
         stand_in = root + 1
-        comm.at(first + rounds, "to the root")
+        comm.at(step + rounds, "to the root")
         if comm.rank == stand_in:
             yield [comm.isend(buffer[bounds[virtual]:bounds[virtual + 1]], root,
                               f"finished chunk {virtual} to the root {root}")]
@@ -114,12 +114,12 @@ def rabenseifner(comm, buffer, root):
     def partner_rank(member):
         return root if root_sat_out and member == core_root else real_rank(member, extra)
 
-    first += rounds + (1 if root_sat_out else 0)
+    step += rounds + (1 if root_sat_out else 0)
     mask = 1
     while mask < p:
         partner = virtual ^ mask
         label = f"gather step {mask.bit_length() - 1}"
-        comm.at(first + mask.bit_length() - 1, "gather")
+        comm.at(step + mask.bit_length() - 1, "gather")
         if (virtual ^ core_root) & mask:
             first = virtual & ~(mask - 1)
             yield [comm.isend(buffer[bounds[first]:bounds[first + mask]], partner_rank(partner),

@@ -41,7 +41,7 @@ def linear(comm, pieces, output, root):
         yield [comm.irecv(output, root, f"from {root}")]
 
 
-def binomial_scatter(comm, held, bounds, root, origin):
+def binomial_scatter(comm, held, bounds, root, origin, first_step=0):
     """Scatter ranges of pieces down the binomial tree (also the first half of
     broadcast's scatter_allgather).
 
@@ -54,17 +54,20 @@ def binomial_scatter(comm, held, bounds, root, origin):
     n = comm.size
     virtual = (comm.rank - root) % n
     base = bounds[origin]
+    last = max(n - 1, 0).bit_length() - 1  # the largest subtree is served in step 0
 
     def pieces_of(first):
         return held[bounds[first] - base:bounds[first + trees.subtree_size(first, n)] - base]
 
     if virtual:
         source = trees.real_rank(trees.parent(virtual), root, n)
+        comm.at(first_step + last - trees.round_of(virtual), "scatter")
         yield [comm.irecv(pieces_of(virtual), source,
                           f"round {trees.round_of(virtual)} from {source}")]
     sends = []
     for child in trees.children(virtual, n):
         target = trees.real_rank(child, root, n)
+        comm.at(first_step + last - trees.round_of(child), "scatter")
         sends.append(comm.isend(pieces_of(child), target,
                                 f"round {trees.round_of(child)} to {target}, "
                                 f"{trees.subtree_size(child, n)} pieces"))
