@@ -38,7 +38,7 @@
 # 2. list the algorithms, count their messages, and compare with the formula;
 # 3. time the all_reduce algorithms against the cost model's prediction;
 # 4. simulate up to 1,024 ranks: the ring's time stays flat as the world
-#    grows, reduce + broadcast's grows with log N.
+#    grows, reduce + broadcast's grows with log n.
 
 # %%
 import numpy as np

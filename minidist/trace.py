@@ -257,25 +257,47 @@ def write_jsonl(path, events: Iterable[dict], header: dict | None = None) -> int
 
 
 def read_jsonl(path) -> Trace:
-    """Read a trace written by :func:`write_jsonl`."""
+    """Read a trace written by :func:`write_jsonl`. A file that is not one
+    raises ValueError saying which line is wrong and why."""
     with open(path, encoding="utf-8") as file:
         lines = iter(file)
         try:
             header = json.loads(next(lines))
         except StopIteration:
             raise ValueError(f"{path} is empty: not a minidist trace") from None
-        if header.get("schema") != SCHEMA:
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path} is not a minidist trace: its first line is not JSON "
+                             f"({error.msg})") from None
+        if not isinstance(header, dict) or header.get("schema") != SCHEMA:
+            schema = header.get("schema") if isinstance(header, dict) else None
             raise ValueError(
                 f"{path} does not start with a minidist trace header "
-                f"(schema {header.get('schema')!r}, expected {SCHEMA!r})"
+                f"(schema {schema!r}, expected {SCHEMA!r})"
             )
-        if header.get("version", 0) > VERSION:
+        version = header.get("version", 0)
+        if not isinstance(version, int):
+            raise ValueError(f"{path}: the header's version is {version!r}, not a number")
+        if version > VERSION:
             raise ValueError(
-                f"{path} is trace version {header['version']}; this minidist reads "
+                f"{path} is trace version {version}; this minidist reads "
                 f"up to version {VERSION}. Update minidist to read it."
             )
-        events = [json.loads(line) for line in lines if line.strip()]
+        events = []
+        for number, line in enumerate(lines, start=2):
+            if not line.strip():
+                continue
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}, line {number}: not JSON ({error.msg})") from None
+            if not isinstance(event, dict) or not _REQUIRED.issubset(event):
+                raise ValueError(f"{path}, line {number}: not a trace event (an event is an "
+                                 f"object with at least {sorted(_REQUIRED)})")
+            events.append(event)
     return Trace(header, events)
+
+
+_REQUIRED = frozenset(("rank", "kind", "start", "end"))
 
 
 # --------------------------------------------------------------------------- Chrome / Perfetto

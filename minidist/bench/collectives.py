@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -194,6 +196,18 @@ def params_from_p2p(path: str) -> dict:
 def options_from_args(args) -> Options:
     """Options from the parsed ``add_collectives_arguments`` flags."""
     timing = QUICK if args.quick else FULL
+    if args.iterations is not None and args.iterations < 1:
+        raise ValueError(f"--iterations must be 1 or more, got {args.iterations}")
+    if args.warmup is not None and args.warmup < 0:
+        raise ValueError(f"--warmup must be 0 or more, got {args.warmup}")
+    if args.json:
+        folder = os.path.dirname(os.path.abspath(args.json))
+        if not os.path.isdir(folder):
+            raise ValueError(f"--json {args.json}: the folder {folder} does not exist "
+                             "(checked now, rather than after minutes of measuring)")
+    if args.params and not os.path.isfile(args.params):
+        raise ValueError(f"--params {args.params}: no such file; write one with "
+                         "`python benchmarks/bench_p2p.py`")
     if args.iterations is not None or args.warmup is not None:
         timing = Timing(**{**timing.as_dict(), "iterations": args.iterations,
                            "warmup": args.warmup})
@@ -523,8 +537,8 @@ def run_from_args(args, console=None) -> int:
     try:
         options = options_from_args(args)
         report = run(options, console)
-    except ValueError as error:
-        console.print(f"[red]error:[/] {error}")
+    except (ValueError, OSError) as error:
+        print(f"minidist bench collectives: error: {error}", file=sys.stderr)
         return 2
     print_report(report, console)
     console.print(f"measured in {report['seconds_total']:.0f} s")

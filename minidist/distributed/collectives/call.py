@@ -135,7 +135,9 @@ def start(collective: str, group, algorithm: str, *, nbytes: int, op=None, ufunc
           dtype=None, count: int = 0, root: int = 0, buffer=None) -> Comm:
     """A :class:`Comm` for one call: the algorithm chosen, the call tagged."""
     context_group, fingerprints = _book(group)
-    key = (collective, algorithm, nbytes, group.size, op, dtype, count, root)
+    # The transport is part of the key: "auto" chooses with its alpha and beta.
+    key = (collective, algorithm, nbytes, group.size, op, dtype, count, root,
+           getattr(group.transport, "name", None))
     plan = _PLANS.get(key)
     if plan is None:
         name, index = choose(collective, algorithm, group, nbytes)

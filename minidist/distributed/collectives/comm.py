@@ -399,6 +399,7 @@ class Work:
         self._book = book
         self._requests = ()
         self._done = False
+        self._error = None
         self.result = None
 
     def _complete(self) -> None:
@@ -413,21 +414,44 @@ class Work:
 
     def test(self) -> bool:
         """Advance without blocking; True once the collective has finished."""
-        while not self._done:
-            for request in self._requests:
-                if not request.test():
-                    return False
-            self._next_step()
+        if self._error is not None:
+            raise self._error
+        try:
+            while not self._done:
+                for request in self._requests:
+                    if not request.test():
+                        return False
+                self._next_step()
+        except BaseException as error:
+            self._abandon(error)
+            raise
         return True
 
     is_completed = test
 
     def wait(self, timeout=_DEFAULT) -> bool:
         """Block until the collective has finished; returns True (as torch does)."""
-        while not self._done:
-            _wait_step(self._requests, timeout)
-            self._next_step()
+        if self._error is not None:
+            raise self._error
+        try:
+            while not self._done:
+                _wait_step(self._requests, timeout)
+                self._next_step()
+        except BaseException as error:
+            self._abandon(error)
+            raise
         return True
+
+    def _abandon(self, error: BaseException) -> None:
+        """A step failed: this call will never finish (later test() and wait()
+        raise the same error), so stop counting it as outstanding (the
+        mismatch check relies on that count) and give its scratch back."""
+        if self._error is None:
+            self._error = error
+            if self._book is not None:
+                self._book.outstanding -= 1
+            if self._comm is not None:
+                self._comm.release()
 
     def _next_step(self) -> None:
         """The current step's requests are done: run the algorithm to its next one."""
