@@ -515,8 +515,15 @@ def simulate_command(args) -> int:
             if not value >= 0 or (flag != "--alpha" and value == 0):
                 raise ValueError(f"{flag} must be positive, got {value:g}")
         dtype = np.dtype(args.dtype)
+        if dtype.hasobject or dtype.fields is not None or dtype.kind not in "biufc":
+            raise ValueError(f"--dtype {args.dtype!r}: choose a numeric dtype such as "
+                             "float32, float64, int32 or int64")
         if CALLS[collective].rooted and not 0 <= args.root < args.nproc:
             raise ValueError(f"--root {args.root} is out of range for -n {args.nproc}")
+        if args.trace:
+            folder = os.path.dirname(os.path.abspath(args.trace))
+            if not os.path.isdir(folder):
+                raise ValueError(f"--trace {args.trace}: the folder {folder} does not exist")
     except (ValueError, TypeError) as error:
         Console(stderr=True).print(f"minidist simulate: error: {error}", style="bold red",
                                    markup=False, highlight=False, soft_wrap=True)
