@@ -1,5 +1,6 @@
 """``minidist viz`` and ``minidist demo COLLECTIVE``, called through minidist.cli.main."""
 
+import json
 import re
 
 import pytest
@@ -73,8 +74,8 @@ def test_demo_ring_allreduce_on_four_processes(tmp_path, capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "all_reduce with the ring algorithm on 4 processes" in out
     assert kept.exists()
-    if "no collective calls" not in out:  # traces with collective labels (schema 2)
-        assert "step 6 of 6" in out
+    assert "no collective calls" not in out
+    assert "step 6 of 6" in out
 
 
 @pytest.mark.timeout(120)
@@ -83,6 +84,119 @@ def test_demo_simulated_broadcast_writes_a_gif(tmp_path, capsys):
     assert main(["demo", "broadcast", "--algorithm", "binomial", "-n", "8", "--simulate",
                  "--gif", str(gif), "--trace", str(tmp_path / "b.jsonl")]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    if "no collective calls" not in out:
-        with Image.open(gif) as image:
-            assert image.n_frames == 3
+    assert "no collective calls" not in out
+    with Image.open(gif) as image:
+        assert image.n_frames == 3
+
+
+def _one_line_error(capsys, command: str) -> str:
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert err.startswith(f"minidist {command}: ") and "\n" not in err, err
+    assert "Traceback" not in captured.err
+    return err
+
+
+@pytest.mark.parametrize("n", ["1", "0", "-2"])
+@pytest.mark.parametrize("simulate", [["--simulate"], []])
+def test_demo_rejects_fewer_than_two_ranks_up_front(n, simulate, capsys):
+    assert main(["demo", "all_reduce", "-n", n, *simulate]) == 2
+    assert "at least 2 ranks" in _one_line_error(capsys, "demo")
+
+
+def test_demo_prints_nothing_before_rejecting_one_rank(capsys):
+    assert main(["demo", "all_reduce", "-n", "1", "--simulate"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "nobody to send to" in captured.err
+
+
+@pytest.mark.parametrize("simulate", [["--simulate"], []])
+@pytest.mark.parametrize("root", ["9", "3", "-1"])
+def test_demo_rejects_a_root_outside_the_world(root, simulate, capsys):
+    assert main(["demo", "broadcast", "--root", root, "-n", "3", *simulate]) == 2
+    assert f"--root {root} is not a rank of the 3-rank world" in _one_line_error(capsys, "demo")
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("option, name", [("--chrome", "c.json"), ("--html", "a.html"),
+                                          ("--timeline", "t.png"), ("--gif", "a.gif")])
+def test_viz_rejects_outputs_in_missing_folders(ring_trace, tmp_path, option, name, capsys):
+    target = tmp_path / "missing" / name
+    assert main(["viz", str(ring_trace), option, str(target)]) == 2
+    assert "does not exist" in _one_line_error(capsys, "viz")
+    assert not target.parent.exists()
+
+
+@pytest.mark.parametrize("option, name", [("--chrome", "c.jsonl"), ("--html", "a.gif"),
+                                          ("--timeline", "t.gif"), ("--gif", "a.png")])
+def test_viz_rejects_outputs_with_the_wrong_extension(ring_trace, tmp_path, option, name,
+                                                      capsys):
+    assert main(["viz", str(ring_trace), option, str(tmp_path / name),
+                 "--chrome" if option != "--chrome" else "--html",
+                 str(tmp_path / ("c.json" if option != "--chrome" else "a.html"))]) == 2
+    assert "must end in" in _one_line_error(capsys, "viz")
+    assert list(tmp_path.iterdir()) == [ring_trace]  # checked before any work
+
+
+@pytest.mark.parametrize("option, name", [("--trace", "t.jsonl"), ("--gif", "a.gif"),
+                                          ("--html", "a.html"), ("--timeline", "t.png")])
+def test_demo_rejects_outputs_in_missing_folders(tmp_path, option, name, capsys):
+    assert main(["demo", "all_reduce", "-n", "2", "--simulate",
+                 option, str(tmp_path / "missing" / name)]) == 2
+    assert "does not exist" in _one_line_error(capsys, "demo")
+    assert capsys.readouterr().out == ""
+
+
+def test_demo_rejects_a_trace_that_is_not_jsonl(tmp_path, capsys):
+    assert main(["demo", "all_reduce", "-n", "2", "--simulate",
+                 "--trace", str(tmp_path / "t.json")]) == 2
+    assert "must end in .jsonl" in _one_line_error(capsys, "demo")
+
+
+def test_viz_reports_a_failed_write_in_one_line(ring_trace, tmp_path, monkeypatch, capsys):
+    def refuse(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(trace, "write_chrome", refuse)
+    target = tmp_path / "c.json"
+    assert main(["viz", str(ring_trace), "--chrome", str(target)]) == 2
+    assert f"cannot write {target}: Permission denied" in _one_line_error(capsys, "viz")
+
+
+@pytest.mark.parametrize("speed", ["0", "-1", "-0.5"])
+def test_viz_rejects_a_speed_that_is_not_positive(ring_trace, speed, capsys):
+    assert main(["viz", str(ring_trace), "--play", "--speed", speed]) == 2
+    assert "--speed" in _one_line_error(capsys, "viz")
+
+
+def test_demo_rejects_a_speed_that_is_not_positive(capsys):
+    assert main(["demo", "all_reduce", "-n", "2", "--simulate", "--play", "--speed", "0"]) == 2
+    assert "--speed 0" in _one_line_error(capsys, "demo")
+
+
+def _header_line() -> str:
+    return json.dumps(trace.make_header(2))
+
+
+@pytest.mark.parametrize("content", [
+    "[1,2]\n",
+    "{{not json at all\n",
+    "\x00\x01garbage\n",
+    "42\n",
+    "",
+    '{"schema": "something.else"}\n',
+    "HEADER\n5\n",
+    "HEADER\n[1, 2]\n",
+    'HEADER\n{"rank": 0}\n',
+    "HEADER\n{{broken\n",
+], ids=["list", "garbage", "binary", "number", "empty", "other-schema", "int-event",
+        "list-event", "event-without-keys", "broken-event"])
+def test_viz_of_a_file_that_is_not_a_trace(tmp_path, content, capsys):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content.replace("HEADER", _header_line()))
+    assert main(["viz", str(path)]) == 2
+    assert f"{path} is not a minidist trace: " in _one_line_error(capsys, "viz")
+    assert main(["viz", str(path), "--chrome", str(tmp_path / "c.json")]) == 2
+    _one_line_error(capsys, "viz")
+    assert not (tmp_path / "c.json").exists()

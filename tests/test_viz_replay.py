@@ -245,3 +245,18 @@ def test_simulated_64_ranks_is_a_summary(tmp_path):
     assert [frame.complete for frame in big.frames] == sorted(frame.complete
                                                              for frame in big.frames)
     assert big.frames[-1].complete == 1.0
+
+
+def test_cells_without_elements_hold_nothing_and_count_as_complete(tmp_path):
+    # 1 element on 3 ranks: cells 1 and 2 are empty; no message writes them,
+    # so they must hold nothing from the start, not rank r's data forever.
+    path = tmp_path / "tiny.jsonl"
+    simulate("all_reduce", "ring", world_size=3, nbytes=8, dtype=np.int64, trace=path)
+    ring = replay(path)
+    assert (ring.count, ring.cells) == (1, 3)
+    everyone = frozenset(range(3))
+    for rank in range(3):
+        assert ring.initial[rank] == (frozenset({rank}), frozenset(), frozenset())
+        assert ring.frames[-1].holdings[rank] == (everyone, frozenset(), frozenset())
+    assert ring.frames[-1].complete == 1.0
+    assert ring.frames[0].complete == pytest.approx(2 / 3)  # the 6 empty cells are done

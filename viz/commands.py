@@ -11,6 +11,9 @@ simulated ranks with ``--simulate``, trace it, and show the replay.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import math
 import os
 import sys
 import tempfile
@@ -42,14 +45,84 @@ class VizError(Exception):
 # --------------------------------------------------------------------------- minidist viz
 
 
+#: The errors minidist.trace.read_jsonl raises on a file that is not a trace.
+_NOT_A_TRACE = (ValueError, TypeError, KeyError, AttributeError, json.JSONDecodeError)
+#: What every event needs for the replay, the timeline and the Chrome export.
+_EVENT_KEYS = (("rank", int), ("kind", str), ("start", (int, float)), ("end", (int, float)))
+
+
+def _not_a_trace(path, detail: str) -> VizError:
+    detail = str(detail)
+    prefix = os.fspath(path)
+    if detail.startswith(prefix):  # read_jsonl's messages start with the path
+        detail = detail[len(prefix):].lstrip(" :")
+    detail = detail.removesuffix(": not a minidist trace")
+    return VizError(f"{path} is not a minidist trace: {detail}")
+
+
 def _load_trace(path) -> _trace.Trace:
     if not os.path.exists(path):
         raise VizError(f"no trace at {path}: record one with `minidist run --trace {path} ...`, "
                        "`minidist simulate ... --trace` or minidist.launch(..., trace=path)")
     try:
-        return _trace.read_jsonl(path)
-    except (ValueError, OSError) as error:
-        raise VizError(str(error)) from None
+        trace = _trace.read_jsonl(path)
+    except OSError as error:
+        raise VizError(f"cannot read {path}: {error.strerror or error}") from None
+    except _NOT_A_TRACE as error:
+        if "this minidist reads" in str(error):  # a newer trace: update minidist
+            raise VizError(str(error)) from None
+        raise _not_a_trace(path, f"{type(error).__name__}: {error}"
+                           if isinstance(error, (KeyError, AttributeError, TypeError))
+                           else error) from None
+    if not isinstance(trace.header, dict):
+        raise _not_a_trace(path, "its first line is not a JSON object")
+    for number, event in enumerate(trace.events, start=2):
+        if not isinstance(event, dict):
+            raise _not_a_trace(path, f"event {number - 1} is {type(event).__name__}, "
+                                     "not a JSON object")
+        for key, kind in _EVENT_KEYS:
+            if not isinstance(event.get(key), kind) or isinstance(event.get(key), bool):
+                raise _not_a_trace(path, f"event {number - 1} has no valid {key!r} "
+                                         f"({event.get(key)!r})")
+    return trace
+
+
+#: The extensions each output option accepts.
+EXTENSIONS = {"--gif": (".gif",), "--html": (".html", ".htm"), "--timeline": (".png",),
+              "--chrome": (".json",), "--trace": (".jsonl",)}
+
+
+def _check_output(option: str, path) -> None:
+    """Fail before any work if ``path`` cannot be what ``option`` writes."""
+    if path is None:
+        return
+    path = os.fspath(path)
+    wanted = EXTENSIONS[option]
+    if not path.lower().endswith(wanted):
+        raise VizError(f"{option} {path}: the file name must end in {' or '.join(wanted)}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise VizError(f"{option} {path}: the folder {folder} does not exist")
+    if os.path.isdir(path):
+        raise VizError(f"{option} {path}: that is a folder, not a file")
+
+
+def _check_arguments(*, speed: float, **outputs) -> None:
+    """Everything about the display and output options that can be wrong up front."""
+    if not (math.isfinite(speed) and speed > 0):
+        raise VizError(f"--speed {speed:g}: it is frames a second, so it must be above 0")
+    for name, path in outputs.items():
+        _check_output(f"--{name}", path)
+
+
+@contextlib.contextmanager
+def _writing(path):
+    """Turn an OSError while writing ``path`` into a one-line VizError."""
+    try:
+        yield
+    except OSError as error:
+        raise VizError(f"cannot write {error.filename or path}: "
+                       f"{error.strerror or error}") from None
 
 
 def _pick(replays, call: int, path) -> object:
@@ -68,10 +141,12 @@ def show(path, *, call: int = 0, play: bool = False, speed: float = 2.0, gif=Non
     """Everything ``minidist viz`` does, on the trace at ``path``."""
     from viz.replay import replays as replays_of
 
+    _check_arguments(speed=speed, gif=gif, html=html, timeline=timeline, chrome=chrome)
     console = console or Console(no_color=not color, highlight=False)
     trace = _load_trace(path)
     if chrome:
-        _trace.write_chrome(chrome, trace.events, trace.header)
+        with _writing(chrome):
+            _trace.write_chrome(chrome, trace.events, trace.header)
         console.print(f"Chrome / Perfetto trace written to {chrome} (open it in "
                       "https://ui.perfetto.dev or chrome://tracing)")
     replays = replays_of(trace)
@@ -87,7 +162,8 @@ def show(path, *, call: int = 0, play: bool = False, speed: float = 2.0, gif=Non
     if timeline:
         from viz.timeline import save_timeline
 
-        save_timeline(trace, timeline)
+        with _writing(timeline):
+            save_timeline(trace, timeline)
         console.print(f"timeline written to {timeline}")
     if not wants_replay:
         return 0
@@ -100,10 +176,12 @@ def show(path, *, call: int = 0, play: bool = False, speed: float = 2.0, gif=Non
         from viz import animate
 
         if gif:
-            animate.save_gif(chosen, gif, fps=fps)
+            with _writing(gif):
+                animate.save_gif(chosen, gif, fps=fps)
             console.print(f"animation written to {gif} ({len(chosen.frames)} frames)")
         if html:
-            animate.save_html(chosen, html, fps=fps)
+            with _writing(html):
+                animate.save_html(chosen, html, fps=fps)
             console.print(f"HTML player written to {html} ({len(chosen.frames)} frames)")
         return 0
     from viz import terminal
@@ -156,6 +234,19 @@ def _demo_worker(collective: str, algorithm: str, count: int, root: int) -> None
         spec.start(dist.world_group(), arrays, root, algorithm, dist.ReduceOp.SUM).wait()
 
 
+def _check_world(collective: str, world_size: int, root: int) -> None:
+    """A demo needs two ranks at least, and a root that is one of them."""
+    from minidist.distributed.simulator import CALLS
+
+    if world_size < 2:
+        raise VizError(f"-n {world_size}: a collective needs at least 2 ranks to show anything "
+                       "(on one rank there is nobody to send to, so nothing moves); "
+                       "try -n 4")
+    if collective in CALLS and CALLS[collective].rooted and not 0 <= root < world_size:
+        raise VizError(f"--root {root} is not a rank of the {world_size}-rank world "
+                       f"(ranks 0 to {world_size - 1})")
+
+
 def record(collective: str, algorithm: str, world_size: int, path, *, simulate: bool = False,
            root: int = 0, timeout: float = 60.0) -> str:
     """Run one call of ``collective`` on ``world_size`` ranks and write its trace to ``path``.
@@ -164,20 +255,22 @@ def record(collective: str, algorithm: str, world_size: int, path, *, simulate: 
     look at, the trace's last), or the simulator with ``simulate=True`` (one
     call); each rank's array is a few int64 per rank (small numbers, exact sums).
     """
-    if world_size < 1:
-        raise VizError(f"-n must be at least 1, got {world_size}")
+    _check_world(collective, world_size, root)
     count = ELEMENTS_PER_RANK * world_size
     path = os.fspath(path)
     if simulate:
         from minidist.distributed import simulate as simulate_call
 
-        simulate_call(collective, algorithm, world_size=world_size, nbytes=count * 8,
-                      dtype=np.int64, root=root, trace=path)
+        with _writing(path):
+            simulate_call(collective, algorithm, world_size=world_size, nbytes=count * 8,
+                          dtype=np.int64, root=root, trace=path)
     else:
         import minidist
 
-        minidist.launch(_demo_worker, world_size=world_size, transport="shm",
-                        args=(collective, algorithm, count, root), trace=path, timeout=timeout)
+        with _writing(path):
+            minidist.launch(_demo_worker, world_size=world_size, transport="shm",
+                            args=(collective, algorithm, count, root), trace=path,
+                            timeout=timeout)
     return path
 
 
@@ -188,6 +281,8 @@ def demo(name: str, *, algorithm: str | None = None, world_size: int = 4,
     """Everything ``minidist demo COLLECTIVE`` does."""
     console = console or Console(no_color=not color, highlight=False)
     collective, algorithm = resolve(name, algorithm)
+    _check_world(collective, world_size, root)
+    _check_arguments(speed=speed, trace=trace, gif=gif, html=html, timeline=timeline)
     where = "simulated ranks" if simulate else "processes (shared memory)"
     with tempfile.TemporaryDirectory(prefix="minidist-demo-") as folder:
         path = trace or os.path.join(folder, f"{collective}-{algorithm}.jsonl")

@@ -40,7 +40,9 @@ Initial holdings: all_reduce, reduce and reduce_scatter start with rank r's
 whole buffer holding {r}; broadcast with the root's buffer holding {root}
 and the others nothing; all_gather with rank r's piece r holding {r}. Other
 collectives (gather, scatter, all_to_all, barrier) are replayed as messages
-only (``holdings`` is None).
+only (``holdings`` is None). A cell with no elements (fewer elements than
+cells) holds nothing throughout (``frozenset()``), which is also its final
+state, so it counts as complete.
 """
 
 from __future__ import annotations
@@ -320,6 +322,19 @@ def _cells_of(element_range: tuple[int, int], bounds: list[int]) -> tuple[int, i
 
 
 def _initial(collective: str, world: int, count: int, root, bounds) -> list[list[int]] | None:
+    """Holdings before step 0. A cell with no elements (fewer elements than
+    cells) holds nothing, from the start to the end: no message writes it."""
+    start = _initial_holdings(collective, world, count, root, bounds)
+    if start is not None:
+        for cell in range(len(bounds) - 1):
+            if bounds[cell + 1] <= bounds[cell]:
+                for row in start:
+                    row[cell] = 0
+    return start
+
+
+def _initial_holdings(collective: str, world: int, count: int, root,
+                      bounds) -> list[list[int]] | None:
     cells = len(bounds) - 1
     if collective in _STARTS_WITH_OWN:
         return [[1 << rank] * cells for rank in range(world)]
