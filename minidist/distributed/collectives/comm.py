@@ -170,7 +170,7 @@ class Comm:
         # and only it runs on arrays that stand for bigger ones.
         self._charge_combine = transport.charge_combine
         self._byte_scale = transport.byte_scale
-        self._start = _now_of(transport) if self.tracing else 0
+        self._start = transport.now_ns() if self.tracing else 0
         self._steps_seen = 0
         self.yields = 0  # steps this rank has finished (the drivers count them)
         self._taken = None
@@ -261,13 +261,8 @@ class Comm:
             root=-1 if self.root is None else self.root, steps=self._steps_seen,
             group=self.group.group_id)
         transport = self.group.transport
-        events = getattr(transport, "events", None)
-        if events is not None and hasattr(transport, "clock"):  # the simulator
-            events.append((self.rank, "collective", None, 0, None, label, self._start,
-                           _now_of(transport), None, self.group.group_id, 0))
-        else:
-            _trace.record("collective", self._start, _trace.now(), label=label,
-                          group=self.group.group_id)
+        transport.record_event("collective", self._start, transport.now_ns(), label=label,
+                               group=self.group.group_id)
 
     def nbytes_of(self, array: np.ndarray) -> int:
         """The bytes ``array`` stands for: its size, except in the simulator,
@@ -342,12 +337,6 @@ class _Receive:
         return self.done
 
     is_completed = test
-
-
-def _now_of(transport) -> int:
-    """Now, in the trace's nanoseconds: the simulator's virtual clock, or the real one."""
-    clock = getattr(transport, "clock", None)
-    return round(clock * 1e9) if clock is not None else _trace.now()
 
 
 # --------------------------------------------------------------------------- running

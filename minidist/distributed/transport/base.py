@@ -351,6 +351,16 @@ class Transport(abc.ABC):
     charge_combine = None
     byte_scale = 1.0
 
+    @staticmethod
+    def now_ns() -> int:
+        """Now, on the trace's clock (the simulator's is virtual)."""
+        return _now()
+
+    def record_event(self, kind: str, start: int, end: int, *, label: str = "",
+                     group: int = 0) -> None:
+        """Add an event of this rank to the trace (nothing when tracing is off)."""
+        _trace.record(kind, start, end, label=label, group=group)
+
     def __init__(self, rank: int, world_size: int, control: ctl.ControlBlock,
                  timeout: float | None = None, spin_ns: int = 0):
         self.rank = rank

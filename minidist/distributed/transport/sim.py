@@ -263,6 +263,17 @@ class SimTransport:
 
     # ---------------------------------------------------------------- time
 
+    def now_ns(self) -> int:
+        """Now, on the trace's clock: this rank's virtual clock, in nanoseconds."""
+        return round(self.clock * 1e9)
+
+    def record_event(self, kind: str, start: int, end: int, *, label: str = "",
+                     group: int = 0) -> None:
+        """Add an event of this rank to the simulated trace (when recording)."""
+        if self.events is not None:
+            self.events.append((self.rank, kind, None, 0, None, label, start, end, None,
+                                group, 0))
+
     def charge_combine(self, nbytes: int) -> None:
         """A local reduction of ``nbytes`` (real bytes) keeps this rank busy for
         ``nbytes * byte_scale * gamma``."""
