@@ -31,10 +31,49 @@ def _cmd_demo(args) -> int:
         from viz.commands import demo_command
 
         return demo_command(args)
-    # Without a name the main demo is a short training run on the bundled digits.
-    from minidist.train import train_digits
+    return _tour(args)
 
+
+def _tour(args) -> int:
+    """The main demo (``make demo``): a short tour of what minidist does.
+
+    1. train a small network on the bundled digits (one process);
+    2. four real processes add up their arrays with a ring all_reduce, replayed
+       step by step from its trace;
+    3. the same algorithms on a simulated cluster of 256 ranks, against the
+       cost model.
+    """
+    from rich.console import Console
+    from rich.rule import Rule
+    from rich.table import Table
+
+    from minidist.distributed import simulate
+    from minidist.train import train_digits
+    from viz.commands import demo as replay_demo
+
+    console = Console(highlight=False)
+    console.print(Rule("1. training on the bundled handwritten digits (one process)"))
     train_digits(model="mlp", epochs=args.epochs, batch_size=64, lr=0.1, seed=0, progress=True)
+
+    console.print(Rule("2. a ring all_reduce on 4 processes, replayed from its trace"))
+    console.print("Each rank starts with its own array; after 2(n-1) steps every rank holds "
+                  "the sum. A cell shows how many ranks' data it holds (A: all).")
+    replay_demo("ring-allreduce", world_size=4, play=True, speed=3.0, console=console)
+    console.print()
+
+    console.print(Rule("3. the same algorithms on 256 simulated ranks"))
+    table = Table(title="all_reduce of 100 MB: 5 us latency, 10 GB/s links")
+    for column in ("algorithm", "simulated", "cost model", "messages"):
+        table.add_column(column, justify="left" if column == "algorithm" else "right")
+    for algorithm in ("ring", "rabenseifner", "reduce_broadcast", "recursive_doubling"):
+        result = simulate("all_reduce", algorithm, world_size=256, nbytes=100_000_000)
+        table.add_row(algorithm, f"{result.time * 1e3:.1f} ms",
+                      f"{result.predicted * 1e3:.1f} ms", f"{result.messages:,}")
+    console.print(table)
+    console.print("Next: `minidist demo ring-allreduce -n 4` to step through it yourself, "
+                  "`minidist demo --help` for every collective and algorithm, "
+                  "`minidist simulate all_reduce -n 1024 --size 100MB`, and the lessons in "
+                  "lessons/ (python lessons/01_autograd_and_training.py).")
     return 0
 
 
