@@ -149,7 +149,6 @@ def start(collective: str, group, algorithm: str, *, nbytes: int, op=None, ufunc
     call = fingerprints.seq
     tag = base_tag | (call & 0xFF) << SEQ_SHIFT
     fingerprints.seq += 1
-    fingerprints.outstanding += 1
     return Comm(context_group, tag, ufunc, prefix, name, fingerprints, collective=collective,
                 call=call, buffer=buffer, root=root if collective in _ROOTED else None)
 
@@ -165,7 +164,6 @@ def execute(comm: Comm, steps, async_op: bool, finish=None, timeout=_DEFAULT):
     try:
         run(steps, timeout, comm)
     finally:
-        fingerprints.outstanding -= 1
         comm.release()
     comm.record_call()
     if finish is not None:

@@ -25,10 +25,12 @@ Tags: the collective's fingerprint. All collectives of a group share one
 message context, and every message of one call carries the same tag, built
 from what the call is: which collective, which algorithm, the reduction,
 the dtype, a hash of the element count and root, and the call's number in
-the group. Two ranks that disagree about any of these exchange messages with
-different tags, which the transport notices at once
-(:class:`~minidist.distributed.errors.CollectiveMismatchError` naming both
-calls) instead of both waiting until a timeout. Within one call, messages
+the group. Two ranks whose calls of the same number disagree about any of
+these exchange messages with different tags, which the transport notices at
+once (:class:`~minidist.distributed.errors.CollectiveMismatchError` naming
+both calls) instead of both waiting until a timeout. (Ranks that made
+different *numbers* of calls are left to the timeout's desync report: with
+``async_op`` a peer may rightly send for a later call first.) Within one call, messages
 between two ranks are told apart by their order, which every algorithm keeps
 the same on both sides.
 """
@@ -102,21 +104,22 @@ class _Fingerprints:
     def __init__(self, algorithms: dict):
         self.algorithms = algorithms
         self.seq = 0           # calls started on this group
-        self.outstanding = 0   # calls started and not finished (several only with async_op)
         self.spare: dict = {}  # (dtype, size) -> an array no call is using
 
     def explain(self, expected: int, got: int, me: int, peer: int) -> str | None:
         """Why rank ``me``, waiting for tag ``expected``, cannot take ``peer``'s
-        message tagged ``got``; None when that message is legitimately early."""
-        same_call = (expected >> SEQ_SHIFT) == (got >> SEQ_SHIFT)
-        if not same_call and self.outstanding > 1:
-            return None  # a message of another of this rank's unfinished calls
+        message tagged ``got``; None when that message may be legitimately early.
+
+        Only a message of the *same* call number is certainly wrong. One of
+        another call may come from a peer that runs several calls at once
+        (``async_op``) and sent for a later one first; ranks that really made
+        different numbers of calls are caught by the timeout's desync report."""
+        if (expected >> SEQ_SHIFT) != (got >> SEQ_SHIFT):
+            return None
         mine = describe_fingerprint(expected, self.algorithms)
         theirs = describe_fingerprint(got, self.algorithms)
         if mine == theirs:
-            theirs = ("the same collective with a different element count or root" if same_call
-                      else "a call with another number: the ranks have made different numbers "
-                      "of collective calls so far")
+            theirs = "the same collective with a different element count or root"
         return (f"collective mismatch: rank {me} is in {mine}, but rank {peer} sent it a "
                 f"message of {theirs}. Every rank of a group must make the same collective "
                 "calls, in the same order, with the same count, dtype, root, op and algorithm.")
@@ -393,8 +396,6 @@ class Work:
 
     def _complete(self) -> None:
         self._done = True
-        if self._book is not None:
-            self._book.outstanding -= 1
         if self._comm is not None:
             self._comm.release()
             self._comm.record_call()
@@ -433,12 +434,9 @@ class Work:
 
     def _abandon(self, error: BaseException) -> None:
         """A step failed: this call will never finish (later test() and wait()
-        raise the same error), so stop counting it as outstanding (the
-        mismatch check relies on that count) and give its scratch back."""
+        raise the same error); give its scratch arrays back."""
         if self._error is None:
             self._error = error
-            if self._book is not None:
-                self._book.outstanding -= 1
             if self._comm is not None:
                 self._comm.release()
 
