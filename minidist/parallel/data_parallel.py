@@ -364,10 +364,10 @@ class DistributedDataParallel(nn.Module):
         """Move the running all-reduce on as far as it goes without waiting; when
         it is done, start the next queued one.
 
-        One all-reduce at a time: a rank that already runs its next call could
-        send a peer still inside the previous one a message of a call that
-        peer has not started, which the collectives' mismatch check refuses.
-        Finished calls in order keep every rank's messages in call order."""
+        One all-reduce at a time, in bucket order (as NCCL runs them, one
+        after another on one stream): each already keeps every link busy, and
+        one at a time keeps the trace readable. Nothing runs in the
+        background, so this is called whenever backward hands over a gradient."""
         while True:
             if self._in_flight is not None:
                 if not self._in_flight.test():
