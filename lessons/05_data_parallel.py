@@ -1,0 +1,496 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lesson 5: data parallel training, with a coordinator and with all_reduce
+#
+# Data parallelism is the simplest way to train on several workers: every
+# worker holds a full copy of the model, each one computes gradients on its
+# own slice ("shard") of the batch, and the workers then agree on one
+# gradient before they update. If they agree on the *average* gradient, the
+# update is exactly the one a single process would make on the whole batch,
+# so the copies never drift apart.
+#
+# This chapter:
+#
+# 1. does one step by hand: shard gradients, `all_reduce` with AVG, compare
+#    with the full-batch gradient;
+# 2. trains on the bundled digits with 2 workers, first through a
+#    coordinator, then with all_reduce (`DistributedDataParallel`), and
+#    checks the weights against single-process training;
+# 3. counts, from a trace, the bytes the coordinator receives against the
+#    bytes one ring rank sends, for 2 and 4 workers;
+# 4. draws the timeline of a DDP step to see communication start while
+#    backward is still running (overlap);
+# 5. makes one worker slower and measures how every synchronous step waits
+#    for it (stragglers).
+#
+# The library code is `minidist/parallel/data_parallel.py`; its docstrings
+# say the same things in more detail.
+
+# %%
+import time
+
+import numpy as np
+
+import minidist
+import minidist.distributed as dist
+from minidist import Tensor, nn, optim, trace
+from minidist.data import DistributedSampler, load_digits
+from minidist.lesson import output_dir, quick, use_headless_matplotlib
+from minidist.parallel.data_parallel import (
+    CoordinatorDataParallel,
+    DistributedDataParallel,
+    broadcast_module,
+)
+from minidist.tensor import no_grad
+
+use_headless_matplotlib()
+import matplotlib.pyplot as plt  # noqa: E402
+
+from viz.timeline import save_timeline  # noqa: E402
+
+QUICK = quick()
+OUT = output_dir()
+
+x_train, y_train, x_test, y_test = load_digits()
+print(f"digits: {len(x_train)} training images, {len(x_test)} test images, 64 pixels each")
+
+
+def make_model(seed=0, hidden=32):
+    """A small multilayer perceptron for the 8x8 digits."""
+    nn.init.manual_seed(seed)
+    return nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+
+
+def flat_weights(model):
+    return np.concatenate([p.data.reshape(-1) for p in model.parameters()])
+
+
+# %% [markdown]
+# ## 1. One step by hand
+#
+# Take a batch of 64 images. The single-process gradient is the gradient of
+# the mean loss over all 64. With 2 workers, worker r takes images
+# 32 r .. 32 r + 31 and computes the gradient of the mean loss over its 32.
+# The mean over 64 is the average of the two means over 32 (the shards have
+# the same size), and the gradient of an average is the average of the
+# gradients. So one `all_reduce(grad, op=AVG)` per parameter gives every
+# worker the full-batch gradient.
+#
+# `broadcast_module` first copies rank 0's weights to every rank: each
+# worker builds its model with a different seed here, on purpose, and
+# without the broadcast they would not be training the same model.
+
+# %%
+BATCH = 64
+
+
+def one_step_by_hand():
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = make_model(seed=rank)          # different on every rank...
+    broadcast_module(model, src=0)         # ...until rank 0's weights are copied
+    shard = BATCH // world
+    xs = x_train[rank * shard:(rank + 1) * shard]
+    ys = y_train[rank * shard:(rank + 1) * shard]
+    nn.CrossEntropyLoss()(model(Tensor(xs)), ys).backward()
+    for param in model.parameters():
+        dist.all_reduce(param.grad, op=dist.ReduceOp.AVG)
+    return [param.grad.copy() for param in model.parameters()]
+
+
+averaged = minidist.launch(one_step_by_hand, world_size=2, transport="shm")
+
+reference = make_model(seed=0)
+nn.CrossEntropyLoss()(reference(Tensor(x_train[:BATCH])), y_train[:BATCH]).backward()
+difference = max(np.abs(g - p.grad).max() for g, p in zip(averaged[0], reference.parameters()))
+same_on_ranks = all(np.array_equal(a, b) for a, b in zip(averaged[0], averaged[1]))
+print(f"largest difference from the full-batch gradient: {difference:.2e} (float32 rounding)")
+print("both ranks hold identical bits:", same_on_ranks)
+
+# %% [markdown]
+# The difference is rounding only: the sum is taken in another order. (With
+# shards of *different* sizes a plain average is wrong: the smaller shard
+# would weigh too much. The library weights each rank by its number of
+# examples; see the docstring of `data_parallel.py`.)
+#
+# ## 2. Training on the digits with 2 workers
+#
+# Each worker reads its part of every epoch through a `DistributedSampler`:
+# all ranks shuffle with the same seed and epoch, so they agree on one order
+# without talking, and rank r keeps every second index starting at r. Each
+# step, rank r takes the next 32 of its indices; the global batch is 64.
+#
+# Two flavours of the same training:
+#
+# * **coordinator** (`CoordinatorDataParallel`): every worker sends its
+#   gradient to rank 0, rank 0 averages and runs the optimizer, then sends
+#   the new weights back to everyone;
+# * **all_reduce** (`DistributedDataParallel`, "DDP"): every rank
+#   all-reduces the gradients and runs the same optimizer step itself.
+#
+# In the DDP loop nothing calls all_reduce explicitly: the wrapper hooks
+# into backward and does it there (section 4 shows when).
+
+# %%
+WORLD = 2
+PER_RANK = 32
+EPOCHS = 2 if QUICK else 10
+LR = 0.1
+
+
+def shard_batches(rank, world, epoch):
+    """This rank's batches of one epoch, from the DistributedSampler."""
+    sampler = DistributedSampler(len(x_train), num_replicas=world, rank=rank, shuffle=True,
+                                 seed=0)
+    sampler.set_epoch(epoch)
+    order = sampler.indices()
+    return [order[i:i + PER_RANK] for i in range(0, len(order), PER_RANK)]
+
+
+def accuracy(model):
+    with no_grad():
+        predicted = model(Tensor(x_test)).data.argmax(axis=1)
+    return float((predicted == y_test).mean())
+
+
+def train(flavour):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = make_model(seed=rank)          # both wrappers broadcast rank 0's weights
+    loss_fn = nn.CrossEntropyLoss()
+    if flavour == "coordinator":
+        optimizer = optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+        wrapper = CoordinatorDataParallel(model, optimizer)
+        forward = model
+    else:
+        wrapper = DistributedDataParallel(model, algorithm="ring")
+        optimizer = optim.SGD(wrapper.parameters(), lr=LR, momentum=0.9)
+        forward = wrapper
+    start = time.perf_counter()
+    for epoch in range(EPOCHS):
+        for indices in shard_batches(rank, world, epoch):
+            optimizer.zero_grad(set_to_none=False)
+            loss_fn(forward(Tensor(x_train[indices])), y_train[indices]).backward()
+            if flavour == "coordinator":
+                wrapper.step(batch_size=len(indices))
+            else:
+                optimizer.step()
+    seconds = time.perf_counter() - start
+    return flat_weights(model), accuracy(model), seconds
+
+
+def train_single_process():
+    """The reference: one process, one step on each global batch (both shards together)."""
+    model = make_model(seed=0)
+    optimizer = optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    for epoch in range(EPOCHS):
+        shards = [shard_batches(rank, WORLD, epoch) for rank in range(WORLD)]
+        for step in zip(*shards):
+            indices = np.concatenate(step)
+            optimizer.zero_grad()
+            loss_fn(model(Tensor(x_train[indices])), y_train[indices]).backward()
+            optimizer.step()
+    return flat_weights(model), accuracy(model)
+
+
+single_weights, single_accuracy = train_single_process()
+print(f"single process, {EPOCHS} epochs: test accuracy {single_accuracy:.3f}")
+for flavour in ("coordinator", "ddp"):
+    results = minidist.launch(train, world_size=WORLD, transport="shm", args=(flavour,))
+    weights, acc, seconds = results[0]
+    identical = all(np.array_equal(weights, r[0]) for r in results)
+    gap = np.abs(weights - single_weights).max()
+    print(f"{flavour:>11}: rank 0 test accuracy {acc:.3f}, {seconds:.2f} s; "
+          f"ranks identical: {identical}; max |w - w_single| = {gap:.1e}")
+
+# %% [markdown]
+# Both flavours reach the single-process accuracy, and their weights match
+# the single-process weights up to float32 rounding at the end of
+# training, and the two ranks hold bit-identical weights. That is the whole promise of synchronous data parallelism: the
+# same training, the work split. (Rounding differences can grow slowly over
+# many steps; they are differences in the last bits, not in what is learnt.)
+#
+# On this machine the parallel runs are not faster: the model is tiny, a
+# step takes well under a millisecond of arithmetic, and 2 workers plus
+# their messages share 2 cores. Data parallelism pays when the compute per
+# step is large compared with the time to move the gradients.
+#
+# ## 3. Who sends how much?
+#
+# With M the size of the model's gradient in bytes and n workers, per step:
+#
+# * the coordinator **receives** a gradient from each of the n - 1 others,
+#   (n - 1) M, and sends the weights back, (n - 1) M more. Its link carries
+#   n - 1 times what any worker's does, so it is the bottleneck as n grows;
+# * with the ring all_reduce, **every** rank sends 2 (n - 1) / n M: under
+#   2 M whatever n is, and no rank is special.
+#
+# We count it in a trace: every message of every rank is written down, and
+# `trace.label_info` tells which collective call a message belongs to.
+
+# %%
+TRACE_STEPS = 3
+
+
+def traffic_model():
+    nn.init.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                         nn.Linear(64, 10))
+
+
+def train_traced(flavour):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = traffic_model()
+    loss_fn = nn.CrossEntropyLoss()
+    if flavour == "coordinator":
+        optimizer = optim.SGD(model.parameters(), lr=LR)
+        wrapper = CoordinatorDataParallel(model, optimizer)
+    else:
+        wrapper = DistributedDataParallel(model, bucket_mb=0.01, algorithm="ring")
+        optimizer = optim.SGD(wrapper.parameters(), lr=LR)
+    for step in range(TRACE_STEPS):
+        start = (step * world + rank) * 16
+        xs, ys = x_train[start:start + 16], y_train[start:start + 16]
+        optimizer.zero_grad(set_to_none=False)
+        if flavour == "coordinator":
+            loss_fn(model(Tensor(xs)), ys).backward()
+            wrapper.step(batch_size=len(xs))
+        else:
+            loss_fn(wrapper(Tensor(xs)), ys).backward()
+            optimizer.step()
+
+
+def collective_bytes(events, rank, kind, collective=""):
+    """Bytes of one rank's messages of kind "send" or "recv" that belong to a
+    collective call (whose label starts with ``collective``, if given)."""
+    return sum(e["bytes"] for e in events
+               if e["rank"] == rank and e["kind"] == kind
+               and trace.label_info(e["label"]).get("call") is not None
+               and e["label"].startswith(collective))
+
+
+M = sum(p.data.nbytes for p in traffic_model().parameters())
+print(f"model: {M} bytes of float32 parameters (M)")
+traffic = {}
+for n in (2, 4):
+    path = OUT / f"coordinator{n}.trace.jsonl"
+    minidist.launch(train_traced, world_size=n, transport="shm", args=("coordinator",),
+                    trace=str(path))
+    events = trace.read_jsonl(path).events
+    coordinator_in = collective_bytes(events, 0, "recv") / TRACE_STEPS
+    path = OUT / f"ddp{n}.trace.jsonl"
+    minidist.launch(train_traced, world_size=n, transport="shm", args=("ddp",),
+                    trace=str(path))
+    events = trace.read_jsonl(path).events
+    ring_out = max(collective_bytes(events, r, "send", "all_reduce") for r in range(n)) / TRACE_STEPS
+    traffic[n] = (coordinator_in, ring_out)
+    print(f"n={n}: coordinator receives {coordinator_in:9,.0f} B/step, (n-1)M = {(n - 1) * M:9,}; "
+          f"one ring rank sends {ring_out:9,.0f} B/step, 2(n-1)/n M = {2 * (n - 1) / n * M:9,.0f}")
+
+# %% [markdown]
+# The measured numbers sit a few bytes above the formulas: each worker also
+# sends its number of examples with its gradient (the coordinator's
+# weighted average needs it), and DDP all-reduces one 8-byte example count
+# per step. Going from 2 to 4 workers, the coordinator's load triples while
+# the ring's grows by half, toward its ceiling of 2 M. The picture extends
+# the formulas to more workers than this machine can run.
+
+# %%
+ns = np.arange(2, 33)
+figure, axis = plt.subplots(figsize=(7, 4))
+axis.plot(ns, (ns - 1) * M / 1e3, label="coordinator receives, (n-1) M")
+axis.plot(ns, 2 * (ns - 1) / ns * M / 1e3, label="one ring rank sends, 2(n-1)/n M")
+for n, (coordinator_in, ring_out) in traffic.items():
+    axis.plot([n], [coordinator_in / 1e3], "o", color="C0")
+    axis.plot([n], [ring_out / 1e3], "s", color="C1")
+axis.set_xlabel("workers n")
+axis.set_ylabel("kB per step")
+axis.set_title("bytes per step on the busiest link (dots: measured from the trace)")
+axis.grid(alpha=0.3)
+axis.legend()
+figure.tight_layout()
+figure.savefig(OUT / "dp_traffic.png", dpi=100)
+print("saved", OUT / "dp_traffic.png")
+
+# %% [markdown]
+# ## 4. Overlap: all_reduce while backward still runs
+#
+# Backward produces gradients from the last layer to the first. DDP packs
+# them into *buckets* (here tiny ones, 0.01 MB, so that this small model has
+# several) and starts a bucket's all_reduce as soon as the bucket is full,
+# without waiting for the rest of backward. We wrap backward in
+# `trace.region("backward")` and look at the timeline of one step.
+
+# %%
+def train_for_timeline(overlap):
+    rank = dist.get_rank()
+    nn.init.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                          nn.Linear(256, 10))
+    # Backward reaches the first layer last: mark the moment its gradients are
+    # ready (hooked before DDP's own hooks, so the mark comes before DDP reacts).
+    for parameter in model[0].parameters():
+        parameter.register_post_accumulate_grad_hook(
+            lambda tensor: trace.record("mark", trace.now(), trace.now(),
+                                        label="last gradient ready"))
+    ddp = DistributedDataParallel(model, bucket_mb=0.1, overlap=overlap, algorithm="ring")
+    optimizer = optim.SGD(ddp.parameters(), lr=LR)
+    loss_fn = nn.CrossEntropyLoss()
+    for step in range(3):
+        xs = x_train[(2 * step + rank) * 64:(2 * step + rank + 1) * 64]
+        ys = y_train[(2 * step + rank) * 64:(2 * step + rank + 1) * 64]
+        with trace.region(f"step {step}", kind="step"):
+            optimizer.zero_grad(set_to_none=False)
+            with trace.region("forward"):
+                loss = loss_fn(ddp(Tensor(xs)), ys)
+            with trace.region("backward"):
+                loss.backward()
+            with trace.region("update"):
+                optimizer.step()
+    return len(ddp.buckets)
+
+
+def last_step(events):
+    """The events of the last traced step (the first ones include the start-up broadcast)."""
+    begin = min(e["start"] for e in events if e["kind"] == "step" and e["label"] == "step 2")
+    return [e for e in events if e["start"] >= begin]
+
+
+def where_all_reduce_starts(events, rank=0):
+    """Times (us) from the start of backward to the first all_reduce and to the
+    moment the last gradient (the first layer's) was ready, on one rank."""
+    backward = next(e for e in events if e["rank"] == rank and e["label"] == "backward")
+    first_call = min(e["start"] for e in events if e["rank"] == rank
+                     and e["kind"] == "collective"
+                     and trace.label_info(e["label"]).get("collective") == "all_reduce")
+    last_gradient = max(e["start"] for e in events if e["rank"] == rank and e["kind"] == "mark")
+    return (first_call - backward["start"]) / 1e3, (last_gradient - backward["start"]) / 1e3
+
+
+for overlap in (True, False):
+    path = OUT / f"ddp_overlap_{overlap}.trace.jsonl"
+    buckets = minidist.launch(train_for_timeline, world_size=2, transport="shm",
+                              args=(overlap,), trace=str(path))[0]
+    events = last_step(trace.read_jsonl(path).events)
+    first_call, last_gradient = where_all_reduce_starts(events)
+    print(f"overlap={overlap!s:>5} ({buckets} buckets), rank 0, from the start of backward: "
+          f"first all_reduce at {first_call:6.0f} us, last gradient ready at "
+          f"{last_gradient:6.0f} us -> all_reduce starts "
+          f"{'before' if first_call < last_gradient else 'after'} backward has finished")
+    picture = save_timeline(events, OUT / f"ddp_timeline_overlap_{overlap}.png",
+                            title=f"one DDP step, 2 ranks, overlap={overlap}")
+    print("saved", picture)
+
+# %% [markdown]
+# With `overlap=True` the first all_reduce (the 8-byte example count, which
+# the picture labels recursive_doubling, then the
+# last layer's bucket) starts while backward is still computing the
+# earlier layers; with `overlap=False` every all_reduce waits until the
+# last gradient, the first layer's, is ready. (In both cases the
+# all_reduces run inside `loss.backward()`: DDP finishes them from its
+# hook on the last gradient, so that `.grad` is ready when backward
+# returns. That is why the "backward" box in the picture also covers the
+# communication; the marks tell the gradient computation apart.)
+#
+# Open `ddp_timeline_overlap_True.png` and `ddp_timeline_overlap_False.png`
+# in the output folder: one row per rank, with the calls (all_reduce),
+# the compute regions, and the messages sent and received.
+#
+# What 2 cores cannot show: a speed-up from overlap. Here nothing runs in
+# the background. The all_reduce only moves forward when backward hands
+# over the next gradient (`Work.test()`), and the copying is done by the
+# same CPU core that computes. On a GPU cluster the network card and a
+# separate stream move the data while the GPU computes, and overlap hides
+# most of the communication time. What the trace shows is the *order* of
+# events, which is the part that does not depend on the hardware.
+
+# %% [markdown]
+# ## 5. Stragglers: everyone waits for the slowest
+#
+# A synchronous step cannot finish before every worker has sent its
+# gradient. If one worker is k times slower (a busier machine, a slower
+# card, a bigger shard), every worker's step takes as long as that one's.
+#
+# To show it without needing k times more cores, we pretend the compute of
+# a step takes 20 ms (`time.sleep`) and make rank 1 sleep k times longer.
+# Sleeping uses no CPU, so 2 cores are enough for this experiment.
+
+# %%
+COMPUTE = 0.02
+STRAGGLER_STEPS = 4 if QUICK else 10
+
+
+def straggler_run(k):
+    rank = dist.get_rank()
+    model = make_model(seed=0)
+    ddp = DistributedDataParallel(model)
+    optimizer = optim.SGD(ddp.parameters(), lr=LR)
+    loss_fn = nn.CrossEntropyLoss()
+    steps, computes = [], []
+    for step in range(STRAGGLER_STEPS):
+        begin = time.perf_counter()
+        xs = x_train[(2 * step + rank) * 32:(2 * step + rank + 1) * 32]
+        ys = y_train[(2 * step + rank) * 32:(2 * step + rank + 1) * 32]
+        optimizer.zero_grad(set_to_none=False)
+        time.sleep(COMPUTE * (k if rank == 1 else 1))   # the "compute"
+        computes.append(time.perf_counter() - begin)
+        loss_fn(ddp(Tensor(xs)), ys).backward()          # all_reduce happens in here
+        optimizer.step()
+        steps.append(time.perf_counter() - begin)
+    return float(np.median(computes)), float(np.median(steps))
+
+
+slowdowns = [1, 2, 4]
+straggler = {}
+for k in slowdowns:
+    straggler[k] = minidist.launch(straggler_run, world_size=2, transport="shm", args=(k,))
+    (c0, s0), (c1, s1) = straggler[k]
+    print(f"rank 1 {k}x slower: rank 0 computes {c0 * 1e3:5.1f} ms, step {s0 * 1e3:5.1f} ms | "
+          f"rank 1 computes {c1 * 1e3:5.1f} ms, step {s1 * 1e3:5.1f} ms")
+
+figure, axis = plt.subplots(figsize=(7, 4))
+width = 0.35
+positions = np.arange(len(slowdowns))
+for rank in range(2):
+    axis.bar(positions + (rank - 0.5) * width, [straggler[k][rank][1] * 1e3 for k in slowdowns],
+             width, label=f"rank {rank}: step", color=f"C{rank}")
+    axis.bar(positions + (rank - 0.5) * width, [straggler[k][rank][0] * 1e3 for k in slowdowns],
+             width, color="none", edgecolor="black", hatch="//",
+             label="own compute" if rank == 0 else None)
+axis.set_xticks(positions)
+axis.set_xticklabels([f"rank 1 {k}x slower" for k in slowdowns])
+axis.set_ylabel("median step time (ms)")
+axis.set_title("a synchronous step lasts as long as the slowest worker")
+axis.legend()
+figure.tight_layout()
+figure.savefig(OUT / "stragglers.png", dpi=100)
+print("saved", OUT / "stragglers.png")
+
+# %% [markdown]
+# Rank 0's own compute stays at 20 ms, yet its step grows to k x 20 ms: it
+# spends the difference waiting inside the all_reduce for rank 1's
+# gradient. With n workers, each step costs the *maximum* of n compute
+# times, so the more workers, the more likely one of them is slow at any
+# moment. The same holds for the coordinator: it cannot average before the
+# last gradient arrives.
+#
+# Remedies, in short: give slower workers smaller shards (the library
+# weights by example count, so uneven shards stay exact); drop or replace
+# chronically slow machines; or give up strict synchronisation
+# (asynchronous or bounded-staleness updates, at the cost of training on
+# slightly old weights).
+#
+# Try: change `WORLD` to 4 in section 2 (the processes will take turns on
+# 2 cores, so expect it to be slower, but the weights still match), or pass
+# `overlap=False` to `DistributedDataParallel` in section 2 and check that
+# the weights do not change.
