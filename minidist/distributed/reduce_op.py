@@ -43,6 +43,18 @@ _UFUNCS = {
 }
 
 
+def parse(op):
+    """``op`` with a name ("sum", "MAX", ...) turned into its :class:`ReduceOp`;
+    ReduceOps and ufuncs are returned as they are."""
+    if isinstance(op, str):
+        try:
+            return ReduceOp[op.upper()]
+        except KeyError:
+            raise ValueError(f"unknown reduction {op!r}; choose one of "
+                             f"{[o.name for o in ReduceOp]}") from None
+    return op
+
+
 def ufunc_of(op) -> np.ufunc:
     """The binary NumPy ufunc that combines two arrays for ``op``.
 
@@ -54,12 +66,7 @@ def ufunc_of(op) -> np.ufunc:
             raise ValueError(f"a reduction needs a binary ufunc (2 inputs, 1 output); {op.__name__} "
                              f"takes {op.nin} and gives {op.nout}")
         return op
-    if isinstance(op, str):
-        try:
-            op = ReduceOp[op.upper()]
-        except KeyError:
-            raise ValueError(f"unknown reduction {op!r}; choose one of "
-                             f"{[o.name for o in ReduceOp]}") from None
+    op = parse(op)
     if op is ReduceOp.AVG:
         raise ValueError(
             "ReduceOp.AVG is a SUM followed by a division by the group size, not an "

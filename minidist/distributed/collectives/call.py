@@ -23,6 +23,7 @@ from minidist.distributed.collectives.comm import (
 )
 from minidist.distributed.process_group import _as_array
 from minidist.distributed.reduce_op import ReduceOp, ufunc_of
+from minidist.distributed.reduce_op import parse as parse_op
 from minidist.distributed.transport.base import _DEFAULT
 from minidist.distributed.world import group_or_world
 
@@ -76,12 +77,10 @@ def reduction(op, dtype: np.dtype, collective: str, rank: int):
 
 
 def _check_reduction(op, dtype: np.dtype, collective: str, rank: int):
-    if isinstance(op, str):
-        try:
-            op = ReduceOp[op.upper()]
-        except KeyError:
-            raise ValueError(f"rank {rank}: unknown reduction {op!r} for {collective}; choose "
-                             f"one of {[o.name for o in ReduceOp]}") from None
+    try:
+        op = parse_op(op)
+    except ValueError as error:
+        raise ValueError(f"rank {rank}: {collective}: {error}") from None
     if op is ReduceOp.AVG:
         if dtype.kind not in "fc":
             raise TypeError(f"rank {rank}: {collective} with ReduceOp.AVG needs a floating "
