@@ -26,7 +26,16 @@ def _cmd_train(args) -> int:
     return 0
 
 
+# Demos of a parallel strategy: NAME -> the module (in viz/, which may run
+# minidist and draw what ran) whose ``main(args) -> int`` trains and shows it.
+STRATEGY_DEMOS: dict[str, str] = {}
+
+
 def _cmd_demo(args) -> int:
+    if args.name in STRATEGY_DEMOS:
+        import importlib
+
+        return importlib.import_module(STRATEGY_DEMOS[args.name]).main(args)
     if args.name is not None:
         from viz.commands import demo_command
 
@@ -156,6 +165,18 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--root", type=int, default=0, help="root of rooted collectives")
     demo.add_argument("--trace", default=None, metavar="FILE",
                       help="keep the trace in FILE (default: a temporary file)")
+    strategy = demo.add_argument_group("strategy demos (data-parallel, parameter-server, pipeline)")
+    strategy.add_argument("--servers", type=int, default=1,
+                          help="parameter-server: server ranks (the rest are workers)")
+    strategy.add_argument("--mode", default="bsp",
+                          help="parameter-server: consistency (bsp, async, ssp, drop, ...)")
+    strategy.add_argument("--tau", type=int, default=2,
+                          help="parameter-server: staleness bound of ssp")
+    strategy.add_argument("--schedule", default="1f1b",
+                          help="pipeline: gpipe, 1f1b or interleaved")
+    strategy.add_argument("--stages", type=int, default=4, help="pipeline: stages")
+    strategy.add_argument("--microbatches", type=int, default=8,
+                          help="pipeline: micro-batches per batch")
     _add_display_arguments(demo)
     demo.set_defaults(handler=_cmd_demo)
 
