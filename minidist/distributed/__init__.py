@@ -89,6 +89,7 @@ from minidist.distributed.transport.base import Request as Work
 from minidist.distributed.world import (
     DEFAULT_TIMEOUT,
     destroy_process_group,
+    failed_ranks,
     get_global_rank,
     get_group_rank,
     get_rank,
@@ -117,6 +118,6 @@ __all__ = [
     "progress0", "recv", "recv_array", "recv_object", "recv_reduce", "send", "send_object",
     "wait_all", "simulate", "SimulationResult",
 ]
-__all__ += ["gather", "scatter"]
+__all__ += ["gather", "scatter", "failed_ranks"]
 __all__ += ["all_gather", "all_gather_into_tensor", "all_to_all", "all_to_all_single",
             "reduce_scatter", "reduce_scatter_tensor"]

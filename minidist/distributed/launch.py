@@ -82,7 +82,7 @@ def _timeout_seconds(timeout):
 
 
 def launch(fn, world_size: int = 2, transport: str = "shm", args=(), kwargs=None, *,
-           trace=None, timeout=_DEFAULT, log_level="INFO") -> list:
+           trace=None, timeout=_DEFAULT, log_level="INFO", tolerate_failures=False) -> list:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` worker processes; return the
     list of their return values, by rank.
 
@@ -97,6 +97,15 @@ def launch(fn, world_size: int = 2, transport: str = "shm", args=(), kwargs=None
     If any worker raises or dies, all others are stopped within a few seconds
     and :class:`~minidist.distributed.errors.WorkerError` is raised here,
     naming the rank and carrying its traceback.
+
+    ``tolerate_failures`` (True for every rank, or a collection of ranks) is
+    for fault-tolerant strategies: a tolerated rank that raises or dies does
+    not stop the run. A warning names it; the others go on, and any call of
+    theirs that waits on it ends with
+    :class:`~minidist.distributed.errors.PeerGoneError`, which the strategy
+    catches to fail over (``dist.failed_ranks()`` lists who is gone). Its
+    entry in the returned list is the :class:`WorkerError` describing its
+    failure instead of a result.
     """
     if not callable(fn):
         raise TypeError(f"launch needs a function to run, got {type(fn).__name__}")
@@ -109,6 +118,7 @@ def launch(fn, world_size: int = 2, transport: str = "shm", args=(), kwargs=None
     if not hasattr(os, "fork"):
         raise OSError("minidist.launch needs fork (Linux or another POSIX system)")
     kwargs = dict(kwargs or {})
+    tolerated = _tolerated_ranks(tolerate_failures, world_size)
     context = multiprocessing.get_context("fork")
     options = {"timeout": _timeout_seconds(timeout), "trace": trace is not None,
                "log_level": log_level, "parent_pid": os.getpid()}
@@ -133,10 +143,11 @@ def launch(fn, world_size: int = 2, transport: str = "shm", args=(), kwargs=None
                 pipes[rank].writer.close()
                 workers.append(ForkedWorker(rank, process, pipes[rank].reader))
             resources.release_worker_ends()
-            supervisor = Supervisor(workers, control, resources.wake_all)
+            supervisor = Supervisor(workers, control, resources.wake_all, tolerated=tolerated)
             results = supervisor.run()
             supervisor.reap()
-        return [results[rank] for rank in range(world_size)]
+        return [results[rank] if rank in results else supervisor.tolerated_error(rank)
+                for rank in range(world_size)]
     finally:
         try:
             if supervisor is None and workers:
@@ -149,6 +160,23 @@ def launch(fn, world_size: int = 2, transport: str = "shm", args=(), kwargs=None
                                    _trace.make_header(world_size, transport=transport))
         finally:
             _release(resources, control)
+
+
+def _tolerated_ranks(tolerate_failures, world_size: int) -> frozenset:
+    if tolerate_failures is True:
+        return frozenset(range(world_size))
+    if tolerate_failures is False or tolerate_failures is None:
+        return frozenset()
+    try:
+        ranks = frozenset(int(rank) for rank in tolerate_failures)
+    except (TypeError, ValueError):
+        raise TypeError("tolerate_failures must be True, False or a collection of ranks, got "
+                        f"{tolerate_failures!r}") from None
+    outside = sorted(rank for rank in ranks if not 0 <= rank < world_size)
+    if outside:
+        raise ValueError(f"tolerate_failures names ranks {outside} outside the world "
+                         f"0..{world_size - 1}")
+    return ranks
 
 
 def _release(resources, control) -> None:

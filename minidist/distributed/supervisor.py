@@ -24,6 +24,7 @@ segments.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import signal
@@ -32,6 +33,8 @@ from multiprocessing.connection import wait
 
 from minidist.distributed import control as ctl
 from minidist.distributed.errors import WorkerError
+
+logger = logging.getLogger("minidist")
 
 GRACE_SECONDS = 1.0
 TERM_SECONDS = 1.0
@@ -131,11 +134,15 @@ class ProgramWorker:
 class Supervisor:
     """Watches ``workers`` until all succeed, or stops them all and raises WorkerError."""
 
-    def __init__(self, workers, control: ctl.ControlBlock, wake_all, error_dir=None):
+    def __init__(self, workers, control: ctl.ControlBlock, wake_all, error_dir=None,
+                 tolerated=frozenset()):
         self.workers = workers
         self.control = control
         self.wake_all = wake_all
         self.error_dir = error_dir
+        # Ranks whose failure does not stop the run (fault-tolerant strategies):
+        # their failure is recorded as their result and the others go on.
+        self.tolerated = frozenset(tolerated)
         self.results = {}
         self.failures = {}  # rank -> dict(kind, type, message, traceback, exitcode, order)
         self.events = []
@@ -175,6 +182,16 @@ class Supervisor:
         details.setdefault("exitcode", None)
         self.failures[rank] = dict(kind=kind, order=self._order, **details)
         self.control.set_state(rank, ctl.FAILED)
+        if rank in self.tolerated and not self.stopped:
+            # Ranks blocked on the failed one must look again now: their
+            # wait ends with PeerGoneError, which a fault-tolerant strategy handles.
+            self.wake_all()
+            logger.warning("rank %d %s; the run goes on without it (its failure is tolerated)",
+                           rank, self._summary(rank).split("\n")[0])
+
+    def _fatal(self) -> bool:
+        """True when a failure must stop the run (one of a rank not tolerated)."""
+        return any(rank not in self.tolerated for rank in self.failures)
 
     def _exited(self, worker) -> None:
         """The process is gone: read its message, or record how it died."""
@@ -243,9 +260,9 @@ class Supervisor:
         """Block until every worker succeeded (returns {rank: result}) or stop
         all and raise :class:`WorkerError` for the failure that caused it."""
         try:
-            while self._pending() and not self.failures:
+            while self._pending() and not self._fatal():
                 self._wait_round(0.25)
-            if self.failures:
+            if self._fatal():
                 settle = time.monotonic() + SETTLE_SECONDS
                 while self._pending() and time.monotonic() < settle:
                     self._wait_round(max(settle - time.monotonic(), 0.001))
@@ -275,7 +292,8 @@ class Supervisor:
         if self.stopped:
             return
         self.stopped = True
-        culprit = min(self.failures, key=self._cause_key) if self.failures else ctl.NO_CULPRIT
+        culprit = (min(self._fatal_failures(), key=self._cause_key) if self.failures
+                   else ctl.NO_CULPRIT)
         self.control.abort(culprit)
         self.wake_all()
         deadline = time.monotonic() + GRACE_SECONDS
@@ -297,6 +315,10 @@ class Supervisor:
 
     # ---------------------------------------------------------------- the error
 
+    def _fatal_failures(self):
+        fatal = [rank for rank in self.failures if rank not in self.tolerated]
+        return fatal or list(self.failures)
+
     def _cause_key(self, rank):
         failure = self.failures[rank]
         return (_PRIORITY.get(failure["kind"], 0), failure["order"])
@@ -313,8 +335,17 @@ class Supervisor:
             return "stopped waiting when the run was aborted (AbortedError)"
         return f"failed with {failure['type_name']}: {failure['message']}"
 
+    def tolerated_error(self, rank) -> WorkerError:
+        """What a tolerated rank's failure was, as the error it would have raised."""
+        failure = self.failures[rank]
+        return WorkerError(rank, failure["kind"], f"rank {rank} {self._summary(rank)}",
+                           remote_type=failure.get("type_name", ""),
+                           remote_message=failure.get("message", ""),
+                           remote_traceback=failure.get("traceback", "") or "",
+                           exitcode=failure.get("exitcode"))
+
     def error(self) -> WorkerError:
-        cause = min(self.failures, key=self._cause_key)
+        cause = min(self._fatal_failures(), key=self._cause_key)
         failure = self.failures[cause]
         others = []
         for rank in sorted(self.failures):

@@ -257,6 +257,15 @@ def get_world_size(group: ProcessGroup | None = None) -> int:
     return group_or_world(group).size
 
 
+def failed_ranks() -> frozenset:
+    """World ranks that have failed (raised or died) so far. Only a run started
+    with ``launch(..., tolerate_failures=...)`` goes on after a failure, so
+    this is how a fault-tolerant strategy learns who is gone without waiting."""
+    world = current()
+    return frozenset(rank for rank in range(world.world_size)
+                     if world.control.state_of(rank) == ctl.FAILED)
+
+
 def new_group(ranks=None, timeout=None, backend=None) -> ProcessGroup:
     """A group of the given global ranks (sorted, as in torch); all ranks must call
     it, in the same order. Members' group ranks follow the sorted order."""

@@ -1,0 +1,115 @@
+"""launch(..., tolerate_failures=...): the runtime under fault-tolerant strategies.
+
+A tolerated rank that dies (SIGKILL, the way a machine vanishes) or raises does
+not stop the run: the others see PeerGoneError when they wait on it, learn who
+is gone from ``dist.failed_ranks()``, and finish; the dead rank's slot in the
+result list is the WorkerError that says what happened to it. A rank that is not
+tolerated still stops everything, as in tests/test_failures.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import minidist
+import minidist.distributed as dist
+from minidist.distributed.errors import WorkerError
+from tests.test_failures import no_leaked_segments  # noqa: F401  (autouse fixture)
+
+TRANSPORTS = ["shm", "pipe"]
+
+
+def _survivors_go_on(how):
+    """Rank 2 sends one array to rank 0, then dies (how = "kill" or "raise").
+    Rank 0 gets the array, then waits for a second one that never comes; rank 1
+    keeps talking to rank 0 before and after."""
+    rank = dist.get_rank()
+    if rank == 2:
+        dist.send(np.arange(4.0), dst=0)
+        if how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError("server 2 crashed on purpose")
+    if rank == 1:
+        for value in range(3):
+            dist.send(np.full(2, float(value)), dst=0)
+        reply = np.zeros(2)
+        dist.recv(reply, src=0)
+        return reply.tolist()
+    first = np.zeros(4)
+    dist.recv(first, src=2)
+    try:
+        dist.recv(np.zeros(4), src=2)
+        lost = "no error"
+    except dist.PeerGoneError as error:
+        lost = str(error)
+    got = []
+    for _ in range(3):
+        buffer = np.zeros(2)
+        dist.recv(buffer, src=1)
+        got.append(buffer[0])
+    dist.send(np.array([7.0, 7.0]), dst=1)
+    return first.tolist(), lost, got, sorted(dist.failed_ranks())
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("how", ["kill", "raise"])
+def test_a_tolerated_rank_fails_and_the_others_finish(transport, how, caplog):
+    with caplog.at_level(logging.WARNING, logger="minidist"):
+        results = minidist.launch(_survivors_go_on, world_size=3, transport=transport,
+                                  args=(how,), tolerate_failures=[2], timeout=20)
+    first, lost, got, failed = results[0]
+    assert first == [0.0, 1.0, 2.0, 3.0]
+    assert "rank 2" in lost and "cannot complete" in lost
+    assert got == [0.0, 1.0, 2.0]
+    assert failed == [2]
+    assert results[1] == [7.0, 7.0]
+    error = results[2]
+    assert isinstance(error, WorkerError) and error.rank == 2
+    if how == "kill":
+        assert "SIGKILL" in str(error)
+    else:
+        assert error.remote_type == "RuntimeError" and "on purpose" in error.remote_message
+    assert any("rank 2" in record.getMessage() and "goes on without it" in record.getMessage()
+               for record in caplog.records)
+
+
+def _untolerated_rank_raises():
+    if dist.get_rank() == 1:
+        raise ValueError("rank 1 is not allowed to fail")
+    dist.recv(np.zeros(1), src=1)
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_that_is_not_tolerated_still_stops_the_run():
+    started = time.monotonic()
+    with pytest.raises(WorkerError) as caught:
+        minidist.launch(_untolerated_rank_raises, world_size=3, transport="shm",
+                        tolerate_failures=[2], timeout=30)
+    assert caught.value.rank == 1 and "not allowed to fail" in str(caught.value)
+    assert time.monotonic() - started < 20  # stopped by the failure, not by the timeout
+
+
+def _everyone_fine():
+    return dist.get_rank(), sorted(dist.failed_ranks())
+
+
+@pytest.mark.timeout(60)
+def test_tolerate_failures_changes_nothing_when_nothing_fails():
+    assert minidist.launch(_everyone_fine, world_size=2, tolerate_failures=True) == [
+        (0, []), (1, [])]
+
+
+@pytest.mark.parametrize("bad, kind, words", [
+    ([0, 5], ValueError, "outside the world"),
+    ("rank two", TypeError, "collection of ranks"),
+])
+def test_bad_tolerate_failures_is_refused(bad, kind, words):
+    with pytest.raises(kind, match=words):
+        minidist.launch(_everyone_fine, world_size=2, tolerate_failures=bad)
