@@ -247,6 +247,7 @@ def _asynchronous_program():
     out["linear regression"] = train_linear_regression(
         300, servers=2, mode="async", lr=0.05, n_samples=200, n_features=5, noise=0.01,
         batch_size=10, seed=1)
+    out["no steps"] = _regression_run(two_servers_three_workers, 2, mode="bsp", steps=0)
     out["errors"] = {}
     _errors(out["errors"])
     out["rank"] = rank
@@ -397,6 +398,14 @@ def test_every_message_is_labelled(asynchronous):
     assert len(replies) == 2 * 2 * pulls_made   # two servers, a header and the weights
 
 
+@pytest.mark.timeout(300)
+def test_no_steps_returns_the_initial_weights_everywhere(asynchronous):
+    results, _ = asynchronous
+    for rank_results in results:
+        assert np.array_equal(rank_results["no steps"].weights, np.linspace(-1, 1, FEATURES + 1))
+    assert results[0]["no steps"].version == 0 and not results[0]["no steps"].pushes
+
+
 def test_layout_and_key_ranges():
     layout = Layout.for_world(7, 2)
     assert (layout.servers, layout.workers) == (2, 5)
@@ -406,3 +415,14 @@ def test_layout_and_key_ranges():
     assert shard_ranges(3, 3) == [(0, 1), (1, 2), (2, 3)]
     with pytest.raises(ValueError, match="no worker"):
         Layout.for_world(2, 2)
+
+
+def _wrong_gradient_shape():
+    ps = ParameterServer(np.zeros(4), servers=1, lr=0.1)
+    return ps.run(2, lambda weights, worker, step: (np.zeros(3), 1))
+
+
+@pytest.mark.timeout(60)
+def test_a_gradient_of_the_wrong_shape_names_the_worker():
+    with pytest.raises(minidist.distributed.WorkerError, match=r"rank 1 \(worker 0\).*flat"):
+        minidist.launch(_wrong_gradient_shape, world_size=2, transport="shm", timeout=30)

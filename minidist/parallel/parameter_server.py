@@ -608,8 +608,8 @@ class ParameterServer:
                              f"{weights.shape}")
         examples = _check_whole("the number of examples gradient_fn returned", returned[1], 0,
                                 rank)
-        return gradient.astype(weights.dtype, copy=False), examples, \
-            returned[2] if len(returned) == 3 else None
+        loss = returned[2] if len(returned) == 3 else None
+        return gradient.astype(weights.dtype, copy=False), examples, loss
 
     def _request(self, worker: int, request: Request, gradient, versions) -> None:
         """Send one request to every server: the header, then this server's
