@@ -392,9 +392,9 @@ def test_every_message_is_labelled(asynchronous):
     replies = [e for e in events if e["kind"] == "recv" and e["rank"] == 4
                and trace.label_info(e["label"]).get("kind") == "pull"]
     pulls_made = sum(value.pulls for value in results[4].values() if hasattr(value, "pulls"))
-    servers_of = {"async 1": 1, "async 1 sharded": 2, "round robin": 1, "warm-up": 1,
-                  "fetch and push": 1}
-    assert set(servers_of).isdisjoint(results[4])
+    # Rank 4 takes part only in the runs with two servers.
+    assert {"async 1", "async 1 sharded", "round robin", "warm-up",
+            "fetch and push"}.isdisjoint(results[4])
     assert len(replies) == 2 * 2 * pulls_made   # two servers, a header and the weights
 
 
