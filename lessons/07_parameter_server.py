@@ -1,0 +1,505 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lesson 7: the parameter server
+#
+# Lesson 5's coordinator did two jobs: it collected the gradients and it held
+# the weights. A **parameter server** (PS) makes that second job a role of
+# its own. The course's slide, on linear regression:
+#
+# 1. every worker reads its own part of the data and computes a gradient g;
+# 2. it **pushes** g to the parameter server;
+# 3. the server updates its weights w from the pushes it receives;
+# 4. the worker **pulls** the updated w and goes on.
+#
+# Two promises come with the picture: the server can be *several* machines,
+# each owning a slice of the parameters (sharding), and the server can relax
+# *consistency*, letting workers go on without waiting for each other
+# (lesson 8). This chapter stays synchronous (BSP, "bulk synchronous
+# parallel"):
+#
+# 1. the course's example, linear regression with known true weights, and
+#    the push/pull picture drawn from a real trace;
+# 2. BSP is exactly full-batch SGD, checked to the last bits;
+# 3. sharding: who owns which keys, and what each server receives;
+# 4. the server's bandwidth bottleneck: bytes at the server against bytes
+#    of one rank of a ring all_reduce, measured and against the formulas;
+# 5. the MLP on the digits through a sharded PS;
+# 6. how long BSP workers sit idle, read from the trace.
+#
+# The library code is `minidist/parallel/parameter_server.py`; its
+# docstring says the same things in more detail.
+
+# %%
+import time
+
+import numpy as np
+
+import minidist
+import minidist.distributed as dist
+from minidist import Tensor, nn, trace
+from minidist.data import load_digits, make_linear_regression
+from minidist.lesson import output_dir, quick, use_headless_matplotlib
+from minidist.parallel.parameter_server import (
+    digits_accuracy,
+    digits_mlp,
+    flat_parameters,
+    linear_regression_gradient,
+    load_flat_parameters,
+    shard_ranges,
+    split_rows,
+    train_linear_regression,
+    train_mlp_on_digits,
+)
+
+use_headless_matplotlib()
+import matplotlib.pyplot as plt  # noqa: E402
+
+QUICK = quick()
+OUT = output_dir()
+
+
+def info(event):
+    return trace.label_info(event["label"])
+
+
+def paired_messages(events):
+    """(send, recv) pairs: the send (rank=a, peer=b, seq=s) and the recv
+    (rank=b, peer=a, seq=s) are the two ends of one message."""
+    receives = {(e["rank"], e["peer"], e["seq"]): e for e in events if e["kind"] == "recv"}
+    return [(e, receives[(e["peer"], e["rank"], e["seq"])]) for e in events
+            if e["kind"] == "send" and (e["peer"], e["rank"], e["seq"]) in receives]
+
+
+# %% [markdown]
+# ## 1. The course's example: linear regression
+#
+# `make_linear_regression` draws `x`, true weights `w*` and a true bias
+# `b*`, and sets `y = x w* + b* + noise`. Three workers each hold a third of
+# the 200 rows; one server holds `w` (8 weights and the bias), starting from
+# zeros. Every step, each worker computes the gradient of the mean squared
+# error on its rows and pushes it; the server averages the three pushes and
+# takes one SGD step; the workers pull the new weights.
+#
+# `train_linear_regression` is that program. It runs on every rank of the
+# launch: rank 0 becomes the server, ranks 1..3 the workers.
+
+# %%
+LINEAR_STEPS = 60
+x_all, y_all, true_weights, true_bias = make_linear_regression(200, 8, 0.1, 0, np.float64)
+path = OUT / "ps_linear.trace.jsonl"
+results = minidist.launch(train_linear_regression, world_size=4, args=(LINEAR_STEPS,),
+                          kwargs=dict(servers=1, mode="bsp", lr=0.1), trace=str(path))
+learnt = results[0].weights
+print("true weights and bias:", np.round(np.append(true_weights, true_bias), 3))
+print("learnt by the PS     :", np.round(learnt, 3))
+print(f"largest difference: {np.abs(learnt - np.append(true_weights, true_bias)).max():.3f} "
+      f"(noise 0.1 on 200 rows; the exact least-squares answer is as close as it gets)")
+
+# %% [markdown]
+# The weights come back to within the noise. Now the picture: every message
+# of the run is in the trace, labelled `kind=push` (worker to server, the
+# gradient), or `kind=pull` (the request and the server's answer with the
+# weights). We draw steps 1 and 2 (step 0 is mixed up with the processes
+# starting): time goes right, one row per rank, an arrow per message, boxes
+# for the workers' gradient computations and the server's update.
+
+# %%
+def draw_push_pull(events, steps, file, title):
+    """Rows: ranks (server on top); arrows: messages; boxes: compute regions.
+    Shows the BSP steps ``steps`` (a range), from the end of the update before them."""
+    updates = {info(e)["step"]: e for e in events
+               if e["kind"] == "compute" and info(e).get("kind") == "update"}
+    t0 = updates[steps[0] - 1]["end"] if steps[0] > 0 else min(e["start"] for e in events)
+    last = updates[steps[-1]]["end"]
+    ms = lambda ns: (ns - t0) / 1e6  # noqa: E731
+    inside = lambda e: e["start"] >= t0 and e["end"] <= last  # noqa: E731
+    ranks = sorted({e["rank"] for e in events})
+    figure, axis = plt.subplots(figsize=(10, 3.6))
+    colours = {"push": "C3", "pull": "C0"}
+    for send, recv in paired_messages(events):
+        what = info(send).get("kind")
+        if what not in colours or send["start"] < t0 or send["start"] > last:
+            continue
+        header = send["bytes"] <= 40   # a request, or a reply's version number
+        axis.annotate("", xy=(ms(recv["end"]), recv["rank"]),
+                      xytext=(ms(send["start"]), send["rank"]),
+                      arrowprops=dict(arrowstyle="->", color=colours[what],
+                                      lw=0.6 if header else 1.6, alpha=0.5 if header else 1))
+    for e in events:
+        if e["kind"] == "compute" and inside(e):
+            kind = "update" if info(e).get("kind") == "update" else "gradient"
+            axis.barh(e["rank"], ms(e["end"]) - ms(e["start"]), left=ms(e["start"]),
+                      height=0.3, color="C2" if kind == "gradient" else "C1")
+    axis.set_yticks(ranks)
+    axis.set_yticklabels(["server" if r == 0 else f"worker {r - 1}" for r in ranks])
+    axis.invert_yaxis()
+    axis.set_xlim(0, ms(last) * 1.05)
+    axis.set_xlabel(f"ms since the end of step {steps[0] - 1}'s update")
+    handles = [plt.Line2D([], [], color="C3", lw=1.6, label="2. push (gradient)"),
+               plt.Line2D([], [], color="C0", lw=1.6, label="4. pull (weights)"),
+               plt.Rectangle((0, 0), 1, 1, color="C2", label="1. gradient"),
+               plt.Rectangle((0, 0), 1, 1, color="C1", label="3. update")]
+    axis.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4)
+    axis.set_title(title)
+    figure.tight_layout()
+    figure.savefig(file, dpi=100)
+    plt.close(figure)
+    return file
+
+
+events = trace.read_jsonl(path).events
+print("saved", draw_push_pull(events, range(1, 3), OUT / "ps_push_pull.png",
+                              "BSP steps 1 and 2 of linear regression, from the trace"))
+
+# %% [markdown]
+# In `ps_push_pull.png` the four steps of the slide follow each other: each
+# worker computes (green), pushes (red arrows into the server's row); the
+# server's update (orange) starts only after the *last* push of the step has
+# arrived; then the server answers the waiting pulls (blue). Thin arrows are
+# the small headers (a request says which step it pushes and which it wants
+# to pull; a reply carries the version of the weights). A worker's push and
+# its request for the next weights travel together, so after pushing it
+# just waits for the blue arrow.
+#
+# ## 2. BSP is full-batch SGD
+#
+# The server averages the pushes weighted by each worker's number of
+# examples. The average of the gradients of the mean loss over each worker's
+# rows, weighted so, is the gradient of the mean loss over all rows. So BSP
+# with W workers takes exactly the steps of one process doing gradient
+# descent on the whole data set. We check it, with 3 workers and with the
+# weights split over 1 and over 2 servers (200 rows over 3 workers: shards
+# of 67, 67 and 66, uneven on purpose).
+
+# %%
+def full_batch_gradient_descent(steps, lr):
+    weights = np.zeros(9)
+    for _ in range(steps):
+        gradient, _, _ = linear_regression_gradient(weights, x_all, y_all)
+        weights -= lr * gradient
+    return weights
+
+
+single = full_batch_gradient_descent(LINEAR_STEPS, 0.1)
+by_servers = {}
+for servers in (1, 2):
+    results = minidist.launch(train_linear_regression, world_size=3 + servers,
+                              args=(LINEAR_STEPS,), kwargs=dict(servers=servers, lr=0.1))
+    by_servers[servers] = results[0].weights
+    print(f"{servers} server(s), 3 workers: max |w_PS - w_single| = "
+          f"{np.abs(by_servers[servers] - single).max():.1e}")
+print("1 server and 2 servers give identical bits:", np.array_equal(by_servers[1], by_servers[2]))
+
+# %% [markdown]
+# The difference to the single process is rounding only (the sum over rows
+# is taken in another order), and sharding changes nothing at all: each
+# server runs the same arithmetic on its own keys.
+#
+# ## 3. Sharding: key ranges
+#
+# The parameters are one flat vector of P numbers. With S servers, server s
+# owns one contiguous key range: `shard_ranges(P, S)`, as even as possible.
+# A worker pushes each server only its slice of the gradient, and pulls
+# each slice from its owner. For the digits' MLP (64 -> 32 -> 10), the
+# ranges cut straight through the layers: a server does not care what its
+# keys mean.
+
+# %%
+mlp = digits_mlp()
+P = flat_parameters(mlp).size
+layer_bounds = np.cumsum([0] + [p.data.size for p in mlp.parameters()])
+names = ["layer 1 weights", "layer 1 bias", "layer 2 weights", "layer 2 bias"]
+print(f"MLP: P = {P} parameters, layers at keys "
+      + ", ".join(f"{name} {a}:{b}" for name, a, b in zip(names, layer_bounds[:-1],
+                                                          layer_bounds[1:])))
+for servers in (1, 2, 3):
+    print(f"S = {servers}: " + ", ".join(f"server {s} keys {a}:{b} ({b - a})"
+                                         for s, (a, b) in enumerate(shard_ranges(P, servers))))
+
+# %% [markdown]
+# ## 4. The server's bandwidth bottleneck
+#
+# Per step, with P the parameters' bytes and W workers:
+#
+# * a single server **receives** a gradient from every worker, W P, and
+#   **sends** the weights to every worker, W P more; each worker sends P and
+#   receives P. The server's link carries W times what a worker's does;
+# * with S servers, each one carries W P / S (each way);
+# * in a ring all_reduce of the same gradient among the W workers, with no
+#   server at all, every rank sends 2 (W - 1) / W P and receives as much:
+#   under 2 P whatever W is.
+#
+# We measure it: the same MLP, the same batches, the same number of steps,
+# trained by a PS (1 server with W = 2, 3, 4 workers; 2 servers with
+# W = 3) and by W ranks that all-reduce their gradient (ring) and each take
+# the step themselves. From each trace we count the bytes the busiest rank
+# receives and sends during training, and divide by the steps and by the
+# time training took.
+
+# %%
+x_train, y_train, x_test, y_test = load_digits()
+TRAFFIC_STEPS = 6 if QUICK else 30
+BATCH = 32
+
+
+def batch_of(rows, step):
+    """The worker's next BATCH rows of its part, cycling (as train_mlp_on_digits)."""
+    mine = np.arange(rows.start, rows.stop)
+    return mine[np.arange(step * BATCH, (step + 1) * BATCH) % len(mine)]
+
+
+def ring_training(steps, lr=0.1):
+    """Data parallel without a server: all_reduce(AVG) the flat gradient (ring)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = digits_mlp()
+    weights = flat_parameters(model)
+    rows = split_rows(len(y_train), world)[rank]
+    for step in range(steps):
+        batch = batch_of(rows, step)
+        load_flat_parameters(model, weights)
+        model.zero_grad()
+        nn.functional.cross_entropy(model(Tensor(x_train[batch])), y_train[batch]).backward()
+        gradient = np.concatenate([p.grad.reshape(-1) for p in model.parameters()])
+        dist.all_reduce(gradient, op=dist.ReduceOp.AVG, algorithm="ring")
+        weights -= lr * gradient
+    return weights
+
+
+def training_traffic(events, rank, during, steady):
+    """Bytes rank ``rank`` received and sent during training (messages whose
+    label passes ``during``), and its bytes per second from ``steady`` on
+    (after the first step, which also waits for the processes to start)."""
+    mine = [e for e in events if e["rank"] == rank and e["kind"] in ("send", "recv")
+            and during(e)]
+    received = sum(e["bytes"] for e in mine if e["kind"] == "recv")
+    sent = sum(e["bytes"] for e in mine if e["kind"] == "send")
+    later = [e for e in mine if e["start"] >= steady]
+    seconds = (max(e["end"] for e in later) - min(e["start"] for e in later)) / 1e9
+    return received, sent, sum(e["bytes"] for e in later) / seconds
+
+
+def not_final_broadcast(e):
+    return info(e).get("call") is None       # the PS ends by broadcasting the weights
+
+
+def part_of_all_reduce(e):
+    return e["label"].startswith("all_reduce")
+
+
+def end_of_first_update(events, rank=0):
+    return min(e["end"] for e in events if e["rank"] == rank and e["kind"] == "compute"
+               and info(e).get("kind") == "update")
+
+
+def end_of_first_all_reduce(events, rank):
+    return min(e["end"] for e in events if e["rank"] == rank and e["kind"] == "collective")
+
+
+P_BYTES = P * 4   # float32
+print(f"P = {P} float32 parameters = {P_BYTES} bytes; {TRAFFIC_STEPS} steps, batches of {BATCH}")
+traffic = []
+for workers, servers in ((2, 1), (3, 1), (4, 1), (3, 2)):
+    path = OUT / f"ps_traffic_{workers}w_{servers}s.trace.jsonl"
+    minidist.launch(train_mlp_on_digits, world_size=workers + servers, args=(TRAFFIC_STEPS,),
+                    kwargs=dict(servers=servers), trace=str(path))
+    events = trace.read_jsonl(path).events
+    received, sent, rate = training_traffic(events, 0, not_final_broadcast,
+                                            end_of_first_update(events))
+    traffic.append(("PS server", workers, servers, received, sent, rate,
+                    workers * P_BYTES / servers))
+for workers in (2, 3, 4):
+    path = OUT / f"ring_traffic_{workers}.trace.jsonl"
+    minidist.launch(ring_training, world_size=workers, args=(TRAFFIC_STEPS,), trace=str(path))
+    events = trace.read_jsonl(path).events
+    busiest = max((training_traffic(events, r, part_of_all_reduce,
+                                    end_of_first_all_reduce(events, r))
+                   for r in range(workers)),
+                  key=lambda t: t[0] + t[1])
+    traffic.append(("ring rank", workers, 0, *busiest, 2 * (workers - 1) / workers * P_BYTES))
+
+print(f"{'':>10} {'W':>2} {'S':>2} | {'recv B/step':>11} {'sent B/step':>11} {'formula':>9} "
+      f"| {'MB/s after step 0':>17}")
+for who, workers, servers, received, sent, rate, formula in traffic:
+    print(f"{who:>10} {workers:>2} {servers or '-':>2} | {received / TRAFFIC_STEPS:11,.0f} "
+          f"{sent / TRAFFIC_STEPS:11,.0f} {formula:9,.0f} | {rate / 1e6:17.2f}")
+
+# %% [markdown]
+# Per step the counts sit on the formulas: W P into one server (plus a
+# 40-byte request header per push), W P / S into each of S servers, and
+# 2 (W - 1) / W P per ring rank. (The servers' *sent* column is a little
+# higher than their received one because every worker pulls once more, the
+# initial weights, than it pushes.) Going from 2 to 4 workers, the single
+# server's load doubles, the ring's grows from P toward its ceiling of 2 P.
+#
+# The megabytes per second are what *this* machine managed, measured after
+# the first step. They grow with W at the server and not at a ring rank:
+# the server has W times a worker's bytes to move in a step that is not
+# much longer (the printout below gives the ratio). On 2 shared cores that
+# rate is set by Python and process switching, not by a link. On a real
+# cluster every link has about the same bandwidth B, so a step cannot be
+# faster than the busiest link's bytes / B. The picture extends the
+# formulas to more workers, with the measured points in their place, and at
+# B = 10 GB/s and the measured points in their place.
+
+# %%
+server4 = next(rate for who, w, s, _, _, rate, _ in traffic if who == "PS server" and w == 4)
+ring4 = next(rate for who, w, s, _, _, rate, _ in traffic if who == "ring rank" and w == 4)
+print(f"W = 4: the server moved {server4 / ring4:.1f} times the bytes per second of a ring rank")
+ws = np.arange(2, 65)
+link = 10e9
+figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+axes[0].plot(ws, ws * P_BYTES / 1e3, label="one server: W P")
+axes[0].plot(ws, ws * P_BYTES / 2 / 1e3, label="each of 2 servers: W P / 2")
+axes[0].plot(ws, 2 * (ws - 1) / ws * P_BYTES / 1e3, label="one ring rank: 2 (W-1)/W P")
+for who, workers, servers, received, sent, rate, formula in traffic:
+    marker, colour = ("o", "C0") if servers == 1 else ("D", "C1") if servers else ("s", "C2")
+    axes[0].plot([workers], [received / TRAFFIC_STEPS / 1e3], marker, color=colour)
+axes[0].set_xscale("log")
+axes[0].set_yscale("log")
+axes[0].set_xlabel("workers W")
+axes[0].set_ylabel("kB received per step")
+axes[0].set_title("bytes per step at the busiest rank\n(points: measured from the traces)")
+axes[0].legend(fontsize=8)
+axes[1].plot(ws, ws * P_BYTES / link * 1e6, label="one server")
+axes[1].plot(ws, ws * P_BYTES / 2 / link * 1e6, label="2 servers")
+axes[1].plot(ws, 2 * (ws - 1) / ws * P_BYTES / link * 1e6, label="ring")
+axes[1].set_xlabel("workers W")
+axes[1].set_ylabel("us per step, receive side")
+axes[1].set_title("the least time a step's traffic takes\non 10 GB/s links")
+axes[1].legend(fontsize=8)
+for axis in axes:
+    axis.grid(alpha=0.3, which="both")
+figure.tight_layout()
+figure.savefig(OUT / "ps_bandwidth.png", dpi=100)
+plt.close(figure)
+print("saved", OUT / "ps_bandwidth.png")
+
+# %% [markdown]
+# This is the second reason the course gives for sharding ("the PS may be
+# many machines"), after memory: with S = W servers, each of them receives
+# P per step, like a worker. It is also why data-parallel training on GPUs
+# moved from parameter servers to all_reduce: no rank is special, and the
+# load per rank does not grow with W.
+#
+# ## 5. The MLP on the digits
+#
+# `train_mlp_on_digits` trains the MLP by PS: worker k holds the k-th part
+# of the training images and uses its next 32 of them each step. With
+# 3 workers a BSP step uses 96 images. Here with 2 servers, and momentum
+# 0.9 (each server keeps the momentum of its own keys).
+
+# %%
+MLP_STEPS = 60 if QUICK else 300
+begin = time.perf_counter()
+results = minidist.launch(train_mlp_on_digits, world_size=5, args=(MLP_STEPS,),
+                          kwargs=dict(servers=2, mode="bsp", lr=0.1, momentum=0.9))
+seconds = time.perf_counter() - begin
+print(f"BSP, 2 servers, 3 workers, {MLP_STEPS} steps ({seconds:.1f} s with start-up): "
+      f"test accuracy {digits_accuracy(results[0].weights):.3f}")
+print("server key ranges:", [r.key_range for r in results[:2]],
+      "versions:", [r.version for r in results[:2]])
+
+losses = np.array([[loss for _, _, loss in r.losses] for r in results[2:]])
+figure, axis = plt.subplots(figsize=(7, 3.5))
+for k, row in enumerate(losses):
+    axis.plot(row, lw=0.8, alpha=0.6, label=f"worker {k}: loss on its batch")
+axis.plot(losses.mean(axis=0), color="black", label="mean of the three")
+axis.set_xlabel("step")
+axis.set_ylabel("cross-entropy")
+axis.set_title("MLP on the digits, BSP parameter server (2 servers, 3 workers)")
+axis.legend(fontsize=8)
+axis.grid(alpha=0.3)
+figure.tight_layout()
+figure.savefig(OUT / "ps_mlp_loss.png", dpi=100)
+plt.close(figure)
+print("saved", OUT / "ps_mlp_loss.png")
+
+# %% [markdown]
+# Each server ends at version `MLP_STEPS`: one update per step. The workers'
+# losses are those of their own batch on the weights they pulled, so they
+# are noisy; their mean falls as in lesson 5's data-parallel training.
+#
+# ## 6. Idle BSP workers
+#
+# In BSP a worker's pull for step t + 1 is answered only once the server
+# has every push of step t. The wait shows up in the trace as a long `recv`
+# of the pull reply. We compare, for every worker, the time spent in its
+# gradient computations with the time spent waiting for pulls, first as is,
+# then with worker 2 made a straggler (`straggler=(2, 0.02)`: it sleeps
+# 20 ms before each gradient, as if its machine were slower).
+
+# %%
+IDLE_STEPS = 10 if QUICK else 40
+
+
+def worker_time_split(events, rank):
+    """Seconds in gradient regions and in pull receives on one worker rank,
+    and the worker's whole span, from its first gradient on (the first pull
+    also waits for the processes to start)."""
+    begin = min(e["start"] for e in events if e["rank"] == rank and e["kind"] == "compute")
+    mine = [e for e in events if e["rank"] == rank and e["start"] >= begin
+            and info(e).get("call") is None]
+    computing = sum(e["end"] - e["start"] for e in mine
+                    if e["kind"] == "compute" and e["label"].startswith("gradient"))
+    waiting = sum(e["end"] - e["start"] for e in mine
+                  if e["kind"] == "recv" and info(e).get("kind") == "pull")
+    span = max(e["end"] for e in mine) - begin
+    return computing / 1e9, waiting / 1e9, span / 1e9
+
+
+idle = {}
+for name, straggler in (("no straggler", None), ("worker 2 sleeps 20 ms", (2, 0.02))):
+    path = OUT / f"ps_idle_{'none' if straggler is None else 'straggler'}.trace.jsonl"
+    minidist.launch(train_mlp_on_digits, world_size=4, args=(IDLE_STEPS,),
+                    kwargs=dict(servers=1, straggler=straggler), trace=str(path))
+    events = trace.read_jsonl(path).events
+    idle[name] = [worker_time_split(events, rank) for rank in (1, 2, 3)]
+    for worker, (computing, waiting, span) in enumerate(idle[name]):
+        print(f"{name:>22}, worker {worker}: computing {computing * 1e3:6.1f} ms, waiting for "
+              f"pulls {waiting * 1e3:6.1f} ms of {span * 1e3:6.1f} ms "
+              f"({waiting / span:4.0%} idle)")
+
+figure, axes = plt.subplots(1, 2, figsize=(10, 3.5), sharey=False)
+for axis, (name, split) in zip(axes, idle.items()):
+    workers = np.arange(len(split))
+    axis.bar(workers, [c * 1e3 for c, _, _ in split], label="gradient", color="C2")
+    axis.bar(workers, [w * 1e3 for _, w, _ in split], bottom=[c * 1e3 for c, _, _ in split],
+             label="waiting for the pull", color="C7")
+    axis.set_xticks(workers)
+    axis.set_xticklabels([f"worker {k}" for k in workers])
+    axis.set_ylabel("ms")
+    axis.set_title(f"BSP, {IDLE_STEPS} steps: {name}")
+    axis.legend(fontsize=8)
+figure.tight_layout()
+figure.savefig(OUT / "ps_idle.png", dpi=100)
+plt.close(figure)
+print("saved", OUT / "ps_idle.png")
+
+# %% [markdown]
+# Without a straggler the workers already wait for most of each step: a
+# gradient of this small model takes well under a millisecond, while the
+# messages of a step and the switching between 4 processes on 2 cores
+# (shared with anything else the machine runs) take several. With the
+# straggler, the two fast workers wait almost the whole run: every step
+# lasts as long as worker 2's 20 ms, exactly as in lesson 5's stragglers.
+# (The straggler's sleep counts as its "gradient" time, which is why its
+# own bar is mostly green.)
+#
+# That waiting is what the asynchronous modes give up: lesson 8 lets the
+# fast workers go on, and measures what it costs in staleness.
+#
+# Try: in section 4, add `(4, 1)` with `mode="async"` and check that the
+# bytes per step do not change (asynchrony saves waiting, not bytes); in
+# section 6, try `servers=2`: the idle time stays, since it comes from the
+# barrier and not from the server's load.
