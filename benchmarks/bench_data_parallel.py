@@ -82,7 +82,7 @@ def timed_windows(step, barrier, warmup: int, windows: int, steps: int) -> list[
     for index in range(warmup):
         step(index)
     times = []
-    for window in range(windows):
+    for _ in range(windows):
         barrier()
         start = time.perf_counter()
         for index in range(steps):
