@@ -287,12 +287,21 @@ def test_checkpoint_outside_a_launch(tmp_path):
     x, y = load_digits()[:2]
     nn.CrossEntropyLoss()(model(Tensor(x[:16])), y[:16]).backward()
     optimizer.step()
-    save_checkpoint(tmp_path / "one.npz", model, optimizer, epoch=4)
+    scheduler = optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    scheduler.step()
+    save_checkpoint(tmp_path / "one.npz", model, optimizer, epoch=4,
+                    scheduler=scheduler.state_dict())
     other = _model(seed=1)
     other_optimizer = optim.SGD(other.parameters(), lr=0.5, momentum=0.1)
-    assert load_checkpoint(tmp_path / "one.npz", other, other_optimizer) == {"epoch": 4}
+    other_scheduler = optim.lr_scheduler.StepLR(other_optimizer, step_size=1, gamma=0.5)
+    extra = load_checkpoint(tmp_path / "one.npz", other, other_optimizer)
+    assert extra["epoch"] == 4
+    other_scheduler.load_state_dict(extra["scheduler"])
+    scheduler.step()
+    other_scheduler.step()
+    assert other_scheduler.get_last_lr() == scheduler.get_last_lr() == [0.025]
     np.testing.assert_array_equal(_flat(other), _flat(model))
-    assert other_optimizer.param_groups[0]["lr"] == 0.1
+    assert other_optimizer.param_groups[0]["momentum"] == 0.9
     for index, state in optimizer.state.items():
         np.testing.assert_array_equal(other_optimizer.state[index]["momentum_buffer"],
                                       state["momentum_buffer"])

@@ -98,7 +98,11 @@ def save_checkpoint(path, model, optimizer=None, group=None, **extra) -> None:
     """Write ``model``'s state (a DDP wrapper is saved as the model it wraps),
     ``optimizer``'s state and ``extra`` (e.g. ``epoch=3, step=1200``) to the
     ``.npz`` file ``path``. Call it on every rank: rank 0 writes, the others
-    wait until the file is complete. Outside a launch it just writes."""
+    wait until the file is complete. Outside a launch it just writes.
+
+    An extra is a NumPy array or a JSON value (numbers, text, lists, dicts),
+    so a learning-rate scheduler's ``state_dict()`` fits:
+    ``save_checkpoint(path, ddp, optimizer, epoch=e, scheduler=scheduler.state_dict())``."""
     rank, world_size = _rank_and_size(group)
     path = os.fspath(path)
     status = np.array([_OK], np.int64)
