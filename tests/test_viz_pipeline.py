@@ -15,10 +15,15 @@ from rich.console import Console
 
 from minidist import trace
 from minidist.cli import main
-from viz.pipeline_chart import (FIGURE_MARGINS, draw_schedule_comparison, expected_bubble, pipeline_chart,
-                                render_pipeline_frame, save_pipeline_gantt,
-                                step_through_pipeline)
-
+from viz.pipeline_chart import (
+    FIGURE_MARGINS,
+    draw_schedule_comparison,
+    expected_bubble,
+    pipeline_chart,
+    render_pipeline_frame,
+    save_pipeline_gantt,
+    step_through_pipeline,
+)
 
 # --------------------------------------------------------------------------- making events
 
@@ -341,3 +346,12 @@ def test_viz_of_a_pipeline_header_without_pipeline_events_says_so(tmp_path, caps
     trace.write_jsonl(path, [], trace.make_header(2, schedule="gpipe", stages=2))
     assert main(["viz", str(path)]) == 2
     assert "no pipeline compute regions" in capsys.readouterr().err
+
+
+def test_viz_play_and_chrome_of_a_pipeline_trace(pipeline_trace, tmp_path, capsys):
+    assert main(["viz", str(pipeline_trace), "--play", "--speed", "1000", "--no-color"]) == 0
+    assert "slot 13 of 13" in capsys.readouterr().out
+    chrome = tmp_path / "pipeline.json"
+    assert main(["viz", str(pipeline_trace), "--chrome", str(chrome)]) == 0
+    out = capsys.readouterr().out
+    assert chrome.stat().st_size > 0 and "slot 1 of" not in out

@@ -59,8 +59,14 @@ from rich.console import Console, Group
 from rich.text import Text
 
 from minidist import trace as _trace
-from viz.terminal import (_LIGHT, PALETTE, format_bytes, format_seconds, play_frames,
-                          step_through_frames)
+from viz.terminal import (
+    _LIGHT,
+    PALETTE,
+    format_bytes,
+    format_seconds,
+    play_frames,
+    step_through_frames,
+)
 
 #: The kinds of box that count as work in the bubble.
 WORK = ("F", "B", "R")
@@ -478,11 +484,11 @@ def _legend(chart: PipelineChart, color: bool) -> Text:
     text.append("." * width, style="dim" if color else "")
     text.append(" idle  ")
     text.append("-" * width)
-    text.append(" still running  number: micro-batch")
-    if chart.virtual_stages > 1:
-        text.append("  a, b, ...: model chunk 0, 1, ... of the rank")
+    text.append(" still running  F3: micro-batch 3")
     if color:
-        text.append("  colour: micro-batch")
+        text.append(" (and its colour)")
+    if chart.virtual_stages > 1:
+        text.append("  F3a, F3b: model chunk 0, 1 of the rank")
     return text
 
 
@@ -497,7 +503,8 @@ def render_pipeline_frame(chart: PipelineChart, index: int, *, color: bool = Tru
     column = chart.columns[index]
     bold = "bold" if color else ""
     header = Text()
-    header.append(f"pipeline · {describe(chart)}", style=bold)
+    named = "" if chart.schedule == UNNAMED else "pipeline · "
+    header.append(f"{named}{describe(chart)}", style=bold)
     if chart.batches > 1:
         header.append(f" · batch {chart.batch + 1} of {chart.batches}")
     header.append("\n")
@@ -518,7 +525,7 @@ def render_pipeline_frame(chart: PipelineChart, index: int, *, color: bool = Tru
     lines = Text()
     for row_index, row in enumerate(chart.rows):
         line = Text(f"{row.label:<{label_width}} ", style=bold)
-        line.append("…" if first else "│")
+        line.append("… " if first else "│")
         boxes = {box.slot: box for box in row.boxes}
         running = {slot: box for box in row.boxes
                    for slot in range(box.slot + 1, box.last_slot + 1)}
@@ -537,9 +544,9 @@ def render_pipeline_frame(chart: PipelineChart, index: int, *, color: bool = Tru
         footer.append(f"\n  ({chart.expected.note})", style="dim" if color else "")
     peaks = [row for row in chart.rows if row.peak_live_microbatches is not None]
     if peaks:
-        footer.append("\npeak live activations: " + ", ".join(
-            f"{row.label} {row.peak_live_microbatches} mb ({format_bytes(row.peak_activation_bytes)})"
-            for row in peaks))
+        footer.append("\npeak live activations (micro-batches): " + ", ".join(
+            f"{row.label}: {row.peak_live_microbatches} "
+            f"({format_bytes(row.peak_activation_bytes)})" for row in peaks))
     return Group(header, Text(), lines, Text(), _legend(chart, color), footer)
 
 
