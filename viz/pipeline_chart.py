@@ -9,8 +9,9 @@ real run and the simulator's planned schedule are drawn by the same code::
 
     from viz.pipeline_chart import pipeline_chart, save_pipeline_gantt
     chart = pipeline_chart("run.jsonl")       # or a list of simulated events
-    chart.bubble, chart.expected.text         # 0.2727..., "(p-1)/(m+p-1) = 3/11 = 0.273"
-    chart.row_text(0)                         # "F0 F1 F2 .. .. B2 B1 B0 st"
+    chart.bubble, chart.expected.text         # GPipe, p=2, m=2, equal costs:
+                                              # 0.333..., "(p-1)/(m+p-1) = 1/3 = 0.333"
+    chart.row_text(0), chart.row_text(1)      # "F0 F1 .. .. B1 B0", ".. F0 F1 B1 B0 .."
     save_pipeline_gantt("run.jsonl", "run.png")
 
 What it reads (the format agreed with minidist/parallel/pipeline.py): compute
