@@ -361,7 +361,10 @@ def simulate_schedule(schedule: Schedule, forward_time: float = 1.0, backward_ti
     Every action takes a fixed time: a forward ``forward_time``, a backward
     ``backward_time`` (preceded by a recomputation "R" of ``forward_time``
     when ``recompute``), a message ``transfer_time`` from its send to its
-    arrival, the optimizer step ``optimizer_time``. Costs are in units of
+    arrival, the optimizer step ``optimizer_time``. ``forward_time`` and
+    ``backward_time`` may also be functions ``(stage, microbatch) -> cost``,
+    for unbalanced stages or to replay durations measured in a real run
+    (stage: the global virtual stage). Costs are in units of
     :data:`UNIT_NS` nanoseconds (a millisecond), rounded to whole ns. A rank
     runs its actions in order; a send never waits (it starts the transfer and
     the rank goes on), a receive waits until its message has arrived. So a
@@ -379,13 +382,22 @@ def simulate_schedule(schedule: Schedule, forward_time: float = 1.0, backward_ti
     rank can go on, and ValueError when the schedule itself is wrong (a
     backward before its forward, a message sent twice, a send nobody receives).
     """
-    for name, value in (("forward_time", forward_time), ("backward_time", backward_time),
-                        ("transfer_time", transfer_time), ("optimizer_time", optimizer_time)):
+    def to_ticks(name, value):
         if not value >= 0:
             raise ValueError(f"simulate_schedule: {name} must be >= 0, got {value!r}")
-    ticks = {name: int(round(value * UNIT_NS)) for name, value in
-             (("F", forward_time), ("B", backward_time), ("T", transfer_time),
-              ("step", optimizer_time))}
+        return int(round(value * UNIT_NS))
+
+    def cost(name, value):
+        """Ticks of a compute action: a fixed cost, or one per (stage, micro-batch)."""
+        if callable(value):
+            return lambda stage, microbatch: to_ticks(name, value(stage, microbatch))
+        fixed = to_ticks(name, value)
+        return lambda stage, microbatch: fixed
+
+    forward_ticks = cost("forward_time", forward_time)
+    backward_ticks = cost("backward_time", backward_time)
+    ticks = {"T": to_ticks("transfer_time", transfer_time),
+             "step": to_ticks("optimizer_time", optimizer_time)}
     ranks, total_stages = schedule.stages, schedule.total_stages
     where = [0] * ranks
     clock = [0] * ranks
@@ -466,7 +478,7 @@ def simulate_schedule(schedule: Schedule, forward_time: float = 1.0, backward_ti
                         fail(rank, index, action, "runs before the forward of chunk "
                                                   f"{chunk - 1} on this rank")
                     fail(rank, index, action, "runs before its activation was received")
-            compute(rank, "F", action, ticks["F"])
+            compute(rank, "F", action, forward_ticks(stage, mb))
             forwarded[rank].add((mb, chunk))
             if ranks == 1 and stage < total_stages - 1:
                 inputs[rank].add(("act", mb, chunk + 1))
@@ -479,8 +491,8 @@ def simulate_schedule(schedule: Schedule, forward_time: float = 1.0, backward_ti
                 fail(rank, index, action, "runs before its gradient was received" if ranks > 1
                      else f"runs before the backward of chunk {chunk + 1} on this rank")
             if recompute:
-                compute(rank, "R", action, ticks["F"])
-            compute(rank, "B", action, ticks["B"])
+                compute(rank, "R", action, forward_ticks(stage, mb))
+            compute(rank, "B", action, backward_ticks(stage, mb))
             forwarded[rank].discard((mb, chunk))
             inputs[rank].add(("done", mb, chunk))
             if ranks == 1 and stage > 0:
