@@ -347,11 +347,11 @@ class _Batch:
         if pipe.is_first:
             if x is None:
                 raise ValueError(f"rank {rank} holds the first stage: pass the inputs x")
-            self.inputs = split_microbatches(x, pipe.microbatches)
+            self.inputs = self._split(x)
         if pipe.is_last:
             if y is None:
                 raise ValueError(f"rank {rank} holds the last stage: pass the targets y")
-            self.targets = split_microbatches(y, pipe.microbatches)
+            self.targets = self._split(y)
             self.batch_size = sum(len(t) for t in self.targets)
         self.held: dict[tuple[int, int], _Held] = {}
         self.inbox: dict[tuple[str, int, int], np.ndarray] = {}
@@ -363,6 +363,12 @@ class _Batch:
         if optimizer is not None:
             optimizer.zero_grad()
         self.ledger()
+
+    def _split(self, batch) -> list[np.ndarray]:
+        try:
+            return split_microbatches(batch, self.pipe.microbatches)
+        except ValueError as error:
+            raise ValueError(f"rank {self.pipe.global_rank}: {error}") from None
 
     # ------------------------------------------------------------------ bookkeeping
 
