@@ -27,7 +27,6 @@ import numpy as np
 import pytest
 
 import minidist
-import minidist.distributed as dist
 from minidist import Tensor, nn, optim, trace
 from minidist.parallel.pipeline import (
     Pipeline,
@@ -287,9 +286,10 @@ def test_measured_bubble_is_at_least_what_its_own_durations_allow(runs):
                 durations[(info["pipeline"], info["stage"], info["mb"])] = \
                     (event["end"] - event["start"]) / UNIT_NS
         real = bubble_fraction(events, case["stages"])
-        replay = simulate_schedule(schedule,
-                                   lambda stage, mb: durations[("F", stage, mb)],
-                                   lambda stage, mb: durations[("B", stage, mb)])
+        replay = simulate_schedule(
+            schedule,
+            lambda stage, mb, durations=durations: durations[("F", stage, mb)],
+            lambda stage, mb, durations=durations: durations[("B", stage, mb)])
         earliest = bubble_fraction(replay, case["stages"])
         assert 0 < real < 1, case
         assert earliest <= real + 1e-6, (case, earliest, real)

@@ -8,9 +8,8 @@ from the first forward/backward region's start to the last one's end,
 
 from __future__ import annotations
 
-import pytest
-
 import numpy as np
+import pytest
 
 from minidist import nn, trace
 from minidist.parallel.pipeline import (

@@ -140,17 +140,25 @@ class _RankBuilder:
     them, so that every schedule function only decides the order of forwards
     and backwards."""
 
-    def __init__(self, rank: int, ranks: int, virtual_stages: int):
+    def __init__(self, rank: int, ranks: int, virtual_stages: int,
+                 microbatches: int | None = None):
         self.rank = rank
         self.ranks = ranks
         self.last_stage = ranks * virtual_stages - 1
+        # Micro-batches from here on are padding (interleaved rounds): left out.
+        self.microbatches = microbatches
         self.actions: list[Action] = []
+
+    def _exists(self, microbatch: int) -> bool:
+        return self.microbatches is None or microbatch < self.microbatches
 
     def _messages_cross_ranks(self) -> bool:
         # With one rank every neighbouring chunk lives here: handed over in memory.
         return self.ranks > 1
 
     def forward(self, microbatch: int, chunk: int, phase: str) -> None:
+        if not self._exists(microbatch):
+            return
         stage = chunk * self.ranks + self.rank
         previous, following = (self.rank - 1) % self.ranks, (self.rank + 1) % self.ranks
         if stage > 0 and self._messages_cross_ranks():
@@ -160,6 +168,8 @@ class _RankBuilder:
             self.actions.append(Action(SEND_ACTIVATION, microbatch, chunk, phase, following))
 
     def backward(self, microbatch: int, chunk: int, phase: str) -> None:
+        if not self._exists(microbatch):
+            return
         stage = chunk * self.ranks + self.rank
         previous, following = (self.rank - 1) % self.ranks, (self.rank + 1) % self.ranks
         if stage < self.last_stage and self._messages_cross_ranks():
@@ -265,24 +275,15 @@ def interleaved_one_f_one_b(stages: int, microbatches: int, virtual_stages: int)
     total = len(forwards)
     actions = []
     for rank in range(stages):
-        builder = _RankBuilder(rank, stages, virtual_stages)
-
-        def forward(microbatch, chunk, phase):
-            if microbatch < microbatches:
-                builder.forward(microbatch, chunk, phase)
-
-        def backward(microbatch, chunk, phase):
-            if microbatch < microbatches:
-                builder.backward(microbatch, chunk, phase)
-
+        builder = _RankBuilder(rank, stages, virtual_stages, microbatches)
         warmup = min(total, (virtual_stages - 1) * stages + 2 * (stages - rank - 1))
         for microbatch, chunk in forwards[:warmup]:
-            forward(microbatch, chunk, "warmup")
+            builder.forward(microbatch, chunk, "warmup")
         for index in range(total - warmup):
-            forward(*forwards[warmup + index], "steady")
-            backward(*backwards[index], "steady")
+            builder.forward(*forwards[warmup + index], "steady")
+            builder.backward(*backwards[index], "steady")
         for microbatch, chunk in backwards[total - warmup:]:
-            backward(microbatch, chunk, "cooldown")
+            builder.backward(microbatch, chunk, "cooldown")
         actions.append(builder.step())
     return Schedule("interleaved_1f1b", stages, microbatches, virtual_stages, actions)
 
