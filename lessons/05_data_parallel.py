@@ -52,6 +52,7 @@ from minidist.parallel.data_parallel import (
     DistributedDataParallel,
     broadcast_module,
 )
+from minidist.parallel.straggler import Straggler
 from minidist.tensor import no_grad
 
 use_headless_matplotlib()
@@ -421,9 +422,17 @@ for overlap in (True, False):
 # gradient. If one worker is k times slower (a busier machine, a slower
 # card, a bigger shard), every worker's step takes as long as that one's.
 #
-# To show it without needing k times more cores, we pretend the compute of
-# a step takes 20 ms (`time.sleep`) and make rank 1 sleep k times longer.
-# Sleeping uses no CPU, so 2 cores are enough for this experiment.
+# To show it without needing k times more cores, the library's `Straggler`
+# (`minidist/parallel/straggler.py`) times a rank's compute and, on the
+# ranks it is told are slow, sleeps k - 1 times as long again: the compute
+# region of a k times slower rank lasts k times as long. Sleeping uses no
+# CPU, so 2 cores are enough for this experiment. To make the compute long
+# enough to measure, we pretend a step's compute takes 20 ms (`time.sleep`)
+# on top of the real forward pass.
+#
+# DDP all-reduces inside `loss.backward()`, so the straggler wraps what
+# comes before it, the forward pass: rank 1's gradients then leave late, and
+# rank 0 waits for them in the all_reduce.
 
 # %%
 COMPUTE = 0.02
@@ -436,16 +445,20 @@ def straggler_run(k):
     ddp = DistributedDataParallel(model)
     optimizer = optim.SGD(ddp.parameters(), lr=LR)
     loss_fn = nn.CrossEntropyLoss()
+    straggler = Straggler({1: k})                  # rank 1 is k times slower
     steps, computes = [], []
     for step in range(STRAGGLER_STEPS):
         begin = time.perf_counter()
         xs = x_train[(2 * step + rank) * 32:(2 * step + rank + 1) * 32]
         ys = y_train[(2 * step + rank) * 32:(2 * step + rank + 1) * 32]
-        optimizer.zero_grad(set_to_none=False)
-        time.sleep(COMPUTE * (k if rank == 1 else 1))   # the "compute"
-        computes.append(time.perf_counter() - begin)
-        loss_fn(ddp(Tensor(xs)), ys).backward()          # all_reduce happens in here
-        optimizer.step()
+        with trace.region(f"step {step}", kind="step"):
+            optimizer.zero_grad(set_to_none=False)
+            with straggler.compute("forward"):
+                time.sleep(COMPUTE)                # the pretend compute, the same everywhere
+                loss = loss_fn(ddp(Tensor(xs)), ys)
+            computes.append(time.perf_counter() - begin)
+            loss.backward()                        # all_reduce happens in here
+            optimizer.step()
         steps.append(time.perf_counter() - begin)
     return float(np.median(computes)), float(np.median(steps))
 
@@ -453,7 +466,9 @@ def straggler_run(k):
 slowdowns = [1, 2, 4]
 straggler = {}
 for k in slowdowns:
-    straggler[k] = minidist.launch(straggler_run, world_size=2, transport="shm", args=(k,))
+    path = OUT / f"straggler{k}.trace.jsonl"
+    straggler[k] = minidist.launch(straggler_run, world_size=2, transport="shm", args=(k,),
+                                   trace=str(path))
     (c0, s0), (c1, s1) = straggler[k]
     print(f"rank 1 {k}x slower: rank 0 computes {c0 * 1e3:5.1f} ms, step {s0 * 1e3:5.1f} ms | "
           f"rank 1 computes {c1 * 1e3:5.1f} ms, step {s1 * 1e3:5.1f} ms")
@@ -479,7 +494,23 @@ print("saved", OUT / "stragglers.png")
 # %% [markdown]
 # Rank 0's own compute stays at 20 ms, yet its step grows to k x 20 ms: it
 # spends the difference waiting inside the all_reduce for rank 1's
-# gradient. With n workers, each step costs the *maximum* of n compute
+# gradient. The timeline of the 4x run shows where: on rank 1, the
+# compute region "forward" is followed by "straggler wait", three times as
+# long; on rank 0, the all_reduce call stretches over the same time, idle.
+
+# %%
+events = trace.read_jsonl(OUT / "straggler4.trace.jsonl").events
+last = min(e["start"] for e in events if e["label"] == f"step {STRAGGLER_STEPS - 1}")
+picture = save_timeline([e for e in events if e["start"] >= last],
+                        OUT / "straggler_timeline.png",
+                        title="one DDP step, rank 1 four times slower")
+print("saved", picture)
+waits = [e for e in events if trace.label_text(e["label"]) == "straggler wait"]
+print(f"'straggler wait' regions: rank(s) {sorted({e['rank'] for e in waits})}, "
+      f"factor {trace.label_info(waits[0]['label'])['factor']}")
+
+# %% [markdown]
+# With n workers, each step costs the *maximum* of n compute
 # times, so the more workers, the more likely one of them is slow at any
 # moment. The same holds for the coordinator: it cannot average before the
 # last gradient arrives.

@@ -2,7 +2,11 @@
 
 ``minidist viz TRACE``: the step-through of one collective call of a trace in
 the terminal, or, with output options, its animation (GIF / HTML), the
-timeline of the whole trace (PNG) and the Chrome / Perfetto export.
+timeline of the whole trace (PNG) and the Chrome / Perfetto export. A
+pipeline run (its header names a ``schedule``) is drawn as its Gantt chart
+instead: ``--timeline`` writes the PNG, no option steps through its time
+slots (:mod:`viz.pipeline_chart`); ``--gif`` / ``--html`` still animate its
+collective calls, if it has any (pipeline x data parallel).
 
 ``minidist demo COLLECTIVE [--algorithm A] -n N``: run one call of the
 collective on N real processes (shared memory, a small int64 array), or on N
@@ -139,6 +143,7 @@ def show(path, *, call: int = 0, play: bool = False, speed: float = 2.0, gif=Non
          timeline=None, chrome=None, color: bool = True, fps: float = 1.0,
          console: Console | None = None, list_calls: bool = True) -> int:
     """Everything ``minidist viz`` does, on the trace at ``path``."""
+    from viz.pipeline_chart import is_pipeline_trace
     from viz.replay import replays as replays_of
 
     _check_arguments(speed=speed, gif=gif, html=html, timeline=timeline, chrome=chrome)
@@ -149,6 +154,9 @@ def show(path, *, call: int = 0, play: bool = False, speed: float = 2.0, gif=Non
             _trace.write_chrome(chrome, trace.events, trace.header)
         console.print(f"Chrome / Perfetto trace written to {chrome} (open it in "
                       "https://ui.perfetto.dev or chrome://tracing)")
+    if is_pipeline_trace(trace.header) and not (gif or html):
+        return _show_pipeline(trace, path, play=play, speed=speed, timeline=timeline,
+                              chrome=chrome, color=color, console=console)
     replays = replays_of(trace)
     wants_replay = bool(gif or html) or not (timeline or chrome)
     if not replays and wants_replay:
@@ -190,6 +198,31 @@ def show(path, *, call: int = 0, play: bool = False, speed: float = 2.0, gif=Non
         terminal.play(chosen, console, speed=speed, color=color)
     else:
         terminal.step_through(chosen, console, color=color)
+    return 0
+
+
+def _show_pipeline(trace, path, *, play: bool, speed: float, timeline, chrome, color: bool,
+                   console: Console) -> int:
+    """A pipeline run (its header names a schedule): the Gantt chart with
+    --timeline, else (without --chrome) the step-through, one time slot a frame."""
+    from viz import pipeline_chart
+
+    try:
+        chart = pipeline_chart.pipeline_chart(trace)
+    except (ValueError, IndexError) as error:
+        raise VizError(f"{path}: its header says it is a pipeline run "
+                       f"(schedule={trace.header.get('schedule')}), but {error}") from None
+    if timeline:
+        with _writing(timeline):
+            pipeline_chart.save_pipeline_gantt(chart, timeline)
+        console.print(f"pipeline Gantt chart written to {timeline} "
+                      f"({pipeline_chart.bubble_text(chart)})")
+    if timeline or chrome:
+        return 0
+    if play:
+        pipeline_chart.play_pipeline(chart, console, speed=speed, color=color)
+    else:
+        pipeline_chart.step_through_pipeline(chart, console, color=color)
     return 0
 
 

@@ -422,23 +422,36 @@ def step_through(replay: Replay, console: Console | None = None,
     """
     console = console or Console()
     width = min(console.width, 120)
+    return step_through_frames(
+        lambda index: render_frame(replay, index, color=color, width=width),
+        len(replay.frames), console, keys, color=color)
+
+
+def step_through_frames(render, frames: int, console: Console | None = None,
+                        keys: Iterable[str] | None = None, *, color: bool = True) -> list[int]:
+    """The step-through of any sequence of ``frames`` frames: ``render(index)``
+    gives frame ``index`` as a Rich renderable (the collective replay above and
+    the pipeline chart of :mod:`viz.pipeline_chart` both use it). Keys, the
+    printing without a terminal and the result are those of :func:`step_through`.
+    """
+    console = console or Console()
     if keys is None and not _interactive(console):
-        for index in range(len(replay.frames)):
-            console.print(render_frame(replay, index, color=color, width=width))
+        for index in range(frames):
+            console.print(render(index))
             console.rule(style="dim" if color else "")
-        return list(range(len(replay.frames)))
+        return list(range(frames))
     shown = []
     index = 0
     presses = iter(terminal_keys() if keys is None else keys)
-    while replay.frames:
+    while frames:
         if keys is None:
             console.clear()
-        console.print(render_frame(replay, index, color=color, width=width))
+        console.print(render(index))
         console.print(Text(KEYS_HELP, style="dim" if color else ""))
         shown.append(index)
         while True:
             key = next(presses, "q")
-            following = move(index, key, len(replay.frames))
+            following = move(index, key, frames)
             if following != index:
                 break
         if following is None:
@@ -451,15 +464,23 @@ def play(replay: Replay, console: Console | None = None, speed: float = 2.0, *,
          color: bool = True, sleep=time.sleep) -> None:
     """Show every frame in turn without input, ``speed`` frames a second,
     redrawn in place (rich.live)."""
+    console = console or Console()
+    width = min(console.width, 120)
+    play_frames(lambda index: render_frame(replay, index, color=color, width=width),
+                len(replay.frames), console, speed, sleep=sleep)
+
+
+def play_frames(render, frames: int, console: Console | None = None, speed: float = 2.0, *,
+                sleep=time.sleep) -> None:
+    """:func:`play` for any sequence of frames (``render(index)`` as in
+    :func:`step_through_frames`); with no frames, ``render(0)`` is printed once."""
     if speed <= 0:
         raise ValueError(f"speed must be a positive number of frames per second, got {speed}")
     console = console or Console()
-    width = min(console.width, 120)
-    if not replay.frames:
-        console.print(render_frame(replay, 0, color=color, width=width))
+    if not frames:
+        console.print(render(0))
         return
-    with Live(render_frame(replay, 0, color=color, width=width), console=console,
-              auto_refresh=False, transient=False) as live:
-        for index in range(len(replay.frames)):
-            live.update(render_frame(replay, index, color=color, width=width), refresh=True)
+    with Live(render(0), console=console, auto_refresh=False, transient=False) as live:
+        for index in range(frames):
+            live.update(render(index), refresh=True)
             sleep(1.0 / speed)

@@ -28,7 +28,12 @@ The three ways to treat ``n`` not divisible by ``num_replicas``:
   step counts.
 
 Call ``set_epoch(epoch)`` at the start of every epoch, on every rank, as with
-torch; without it the order repeats each epoch.
+torch. The pitfall: without it the sampler stays at epoch 0, so every epoch
+reads the *same* order and each rank sees the same samples in the same
+batches every time, which is training without reshuffling (and it fails
+silently: nothing errs, the loss just falls more slowly). With the same
+``seed``, a run is reproducible epoch by epoch; resuming from a checkpoint
+at epoch e, call ``set_epoch(e)`` to read the order the run would have read.
 """
 
 from __future__ import annotations

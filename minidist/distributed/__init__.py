@@ -30,6 +30,7 @@ Where things are:
 * :mod:`.console`        logs from every rank in the parent; ``print0``, ``progress0``
 * :mod:`.blas_threads`   one BLAS thread pool per worker that fits the cores
 * :mod:`.shared_segment` named shared memory that never outlives its run
+* :mod:`.shared_array`   ``shared_array(name)``: arrays every rank maps, declared at launch
 
 For the layers above: a collective is written with the point-to-point calls of
 ``group.with_context("its name")``, so its messages live in a tag space of
@@ -83,6 +84,7 @@ from minidist.distributed.point_to_point import (
 )
 from minidist.distributed.process_group import ProcessGroup
 from minidist.distributed.reduce_op import ReduceOp
+from minidist.distributed.shared_array import shared_array
 from minidist.distributed.simulator import SimulationResult, simulate
 from minidist.distributed.transport.base import ANY_SOURCE, ANY_TAG, MessageInfo
 from minidist.distributed.transport.base import Request as Work
@@ -118,6 +120,6 @@ __all__ = [
     "progress0", "recv", "recv_array", "recv_object", "recv_reduce", "send", "send_object",
     "wait_all", "simulate", "SimulationResult",
 ]
-__all__ += ["gather", "scatter", "failed_ranks"]
+__all__ += ["gather", "scatter", "failed_ranks", "shared_array"]
 __all__ += ["all_gather", "all_gather_into_tensor", "all_to_all", "all_to_all_single",
             "reduce_scatter", "reduce_scatter_tensor"]

@@ -35,6 +35,7 @@ import threading
 from minidist import trace as _trace
 from minidist.distributed import console, world
 from minidist.distributed.control import ControlBlock
+from minidist.distributed.shared_array import SharedArrays
 from minidist.distributed.supervisor import ForkedWorker, ProgramWorker, Supervisor
 from minidist.distributed.transport import check_name, create_resources
 from minidist.distributed.worker import worker_main
@@ -82,7 +83,8 @@ def _timeout_seconds(timeout):
 
 
 def launch(fn, world_size: int = 2, transport: str = "shm", args=(), kwargs=None, *,
-           trace=None, timeout=_DEFAULT, log_level="INFO", tolerate_failures=False) -> list:
+           trace=None, timeout=_DEFAULT, log_level="INFO", shared_arrays=None,
+           tolerate_failures=False) -> list:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` worker processes; return the
     list of their return values, by rank.
 
@@ -92,7 +94,10 @@ def launch(fn, world_size: int = 2, transport: str = "shm", args=(), kwargs=None
     (and marked region) of every rank is written there as JSON lines, also when
     the run fails. ``timeout`` (seconds, default 120, None for no limit) bounds
     how long any single blocking call may wait; past it the call fails with a
-    report of what every rank was doing.
+    report of what every rank was doing. ``shared_arrays`` (a dict of name ->
+    initial NumPy array) declares arrays every rank maps at once, read with
+    ``dist.shared_array(name)`` (see :mod:`.shared_array`); they are released
+    when the run ends, however it ends.
 
     If any worker raises or dies, all others are stopped within a few seconds
     and :class:`~minidist.distributed.errors.WorkerError` is raised here,
@@ -122,7 +127,13 @@ def launch(fn, world_size: int = 2, transport: str = "shm", args=(), kwargs=None
     context = multiprocessing.get_context("fork")
     options = {"timeout": _timeout_seconds(timeout), "trace": trace is not None,
                "log_level": log_level, "parent_pid": os.getpid()}
-    control = ControlBlock.create(world_size)
+    arrays = SharedArrays.create(shared_arrays)
+    try:
+        control = ControlBlock.create(world_size)
+    except BaseException:
+        arrays.release()
+        raise
+    options["shared_arrays"] = arrays
     resources = None
     supervisor = None
     workers = []
@@ -159,7 +170,7 @@ def launch(fn, world_size: int = 2, transport: str = "shm", args=(), kwargs=None
                 _trace.write_jsonl(trace, supervisor.events,
                                    _trace.make_header(world_size, transport=transport))
         finally:
-            _release(resources, control)
+            _release(resources, control, arrays)
 
 
 def _tolerated_ranks(tolerate_failures, world_size: int) -> frozenset:
@@ -179,7 +190,7 @@ def _tolerated_ranks(tolerate_failures, world_size: int) -> frozenset:
     return ranks
 
 
-def _release(resources, control) -> None:
+def _release(resources, control, arrays=None) -> None:
     """Unlink and unmap everything the run created, whatever else fails. (Names
     go first: a segment that still has a name is always mapped by its run.)"""
     try:
@@ -187,8 +198,12 @@ def _release(resources, control) -> None:
             resources.unlink()
             resources.close()
     finally:
-        control.unlink()
-        control.close()
+        try:
+            control.unlink()
+            control.close()
+        finally:
+            if arrays is not None:
+                arrays.release()
 
 
 # --------------------------------------------------------------------------- minidist run

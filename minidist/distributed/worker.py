@@ -35,7 +35,9 @@ def worker_main(rank, world_size, fn, args, kwargs, resources, control, result_p
     if options["trace"]:
         _trace.start_recording(rank)
     try:
-        world.start_worker(rank, world_size, resources, control, options["timeout"], "launch")
+        current = world.start_worker(rank, world_size, resources, control, options["timeout"],
+                                     "launch")
+        current.shared_arrays = options["shared_arrays"].views()
         result = fn(*args, **kwargs)
         world.finish_worker()
         outcome = ("ok", rank, result, _trace.stop_recording())

@@ -51,6 +51,7 @@ class World:
         self.groups_created = 0
         self.failed = False
         self.trace_dir = None
+        self.shared_arrays = {}  # name -> array over shared memory (see shared_array.py)
 
 
 _world: World | None = None

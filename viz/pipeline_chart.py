@@ -1,0 +1,765 @@
+"""A pipeline run as a Gantt chart: one row per stage, one box per forward,
+backward, recompute and optimizer step, the idle time (the bubble) between.
+
+The same model draws three pictures: the PNG (:func:`save_pipeline_gantt`),
+the step-through in the terminal, one time slot per frame
+(:func:`step_through_pipeline`), and GPipe vs 1F1B vs interleaved side by
+side (:func:`draw_schedule_comparison`). It reads trace events only, so a
+real run and the simulator's planned schedule are drawn by the same code::
+
+    from viz.pipeline_chart import pipeline_chart, save_pipeline_gantt
+    chart = pipeline_chart("run.jsonl")       # or a list of simulated events
+    chart.bubble, chart.expected.text         # GPipe, p=2, m=2, equal costs:
+                                              # 0.333..., "(p-1)/(m+p-1) = 1/3 = 0.333"
+    chart.row_text(0), chart.row_text(1)      # "F0 F1 .. .. B1 B0", ".. F0 F1 B1 B0 .."
+    save_pipeline_gantt("run.jsonl", "run.png")
+
+What it reads (the format agreed with minidist/parallel/pipeline.py): compute
+events whose label carries ``pipeline=F|B|R|step``, ``mb``, ``chunk``,
+``stage`` (the global virtual stage) and ``phase``; ``memory`` events with
+``activations`` and ``live_microbatches``; the header's ``schedule``,
+``stages``, ``microbatches`` and ``virtual_stages`` (read from the events
+when there is no header).
+
+Batches. A trace of a training run holds many batches; a rank's batch ends
+with its optimizer step. The chart shows one batch (the last by default: the
+first one also pays the processes' start-up).
+
+The bubble, measured: over the batch's makespan (first F/B/R start to last
+F/B/R end, all ranks), ``1 - busy / (ranks x makespan)`` where busy sums the
+F/B/R regions; the optimizer step is drawn but counted as neither.
+
+The bubble, expected, with equal stage costs and no transfer time: GPipe and
+1F1B idle ``(p-1)/(m+p-1)`` of the makespan (each stage waits p-1 slots to
+start and p-1 to finish, in m+p-1 slots of forward and of backward). The
+interleaved schedule with v model chunks per rank cuts the bubble to
+``(1/v) (p-1)/m`` *of the ideal time* m(t_f+t_b) (Narayanan et al. 2021,
+"Efficient Large-Scale Language Model Training on GPU Clusters", sec. 2.2.2,
+which assumes m is a multiple of p); as a share of the makespan, the
+quantity measured here, that is ``(p-1)/(v m + p-1)``. Both are shown.
+
+Time slots (the terminal's columns and ``x="slot"``). Walking the boxes in
+the order they started, a box joins the current column when its row has no
+box there yet and no box has ended since the column started; otherwise it
+opens the next column. (A stage starts work when some work it waits for
+ends, so an end is what begins a new slot.) With equal costs a column is one
+unit of time; with real clocks, starts a few microseconds apart that no end
+separates share a column. A box still running when a later column starts
+shows there as ``--``; ``..`` is idle.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+from fractions import Fraction
+
+from rich.console import Console, Group
+from rich.text import Text
+
+from minidist import trace as _trace
+from viz.terminal import (
+    _LIGHT,
+    PALETTE,
+    format_bytes,
+    format_seconds,
+    play_frames,
+    step_through_frames,
+)
+
+#: The kinds of box that count as work in the bubble.
+WORK = ("F", "B", "R")
+KINDS = WORK + ("step",)
+STEP_TEXT = "st"
+IDLE_COLOR = "#F2F2F2"
+#: The schedule's name when neither the header nor the caller gives one.
+UNNAMED = "pipeline"
+#: Inches of a Gantt figure above and below its rows (title, axis, legend).
+FIGURE_MARGINS = 1.8
+#: Hatch and edge of each kind in the PNG, so that no box is told apart by colour only.
+HATCHES = {"F": None, "B": "///", "R": "xxx", "step": ".."}
+EDGE_STYLES = {"F": "solid", "B": "solid", "R": "dashed", "step": "dotted"}
+KIND_NAMES = {"F": "forward", "B": "backward", "R": "recompute", "step": "optimizer step"}
+
+
+@dataclass(frozen=True)
+class Box:
+    """One region of a stage's work in the chart's batch."""
+
+    rank: int
+    kind: str                # "F" | "B" | "R" | "step"
+    microbatch: int | None   # None for the optimizer step
+    chunk: int               # model chunk on this rank (interleaved), else 0
+    stage: int | None        # global virtual stage (chunk x ranks + rank when interleaved)
+    phase: str               # "warmup" | "steady" | "cooldown" | "step" | ""
+    start: int               # since the batch's first F/B/R start (trace time units)
+    end: int
+    slot: int                # the column it starts in
+    last_slot: int           # the last column it is still running in
+    chunk_mark: str = ""     # "a", "b", ... for interleaved chunks, "" otherwise
+
+    @property
+    def text(self) -> str:
+        """"F3", "B3", "R3" ("F3b": chunk 1 when interleaved) or "st"."""
+        if self.kind == "step":
+            return STEP_TEXT
+        return f"{self.kind}{self.microbatch}{self.chunk_mark}"
+
+    @property
+    def duration(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Row:
+    """One stage (one rank) of the pipeline."""
+
+    rank: int
+    stage: int               # position in the pipeline, 0 .. p-1
+    label: str               # "stage 2" ("rank 5 · stage 1" when ranks and stages differ)
+    boxes: tuple[Box, ...]   # in the order they started
+    idle: tuple[tuple[int, int], ...]  # gaps in [0, makespan] with no F/B/R running
+    busy: int                # time spent in F/B/R
+    #: Peak over the batch of the memory ledger (None: the trace has no ledger).
+    peak_live_microbatches: int | None = None
+    peak_activation_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class BubbleFormula:
+    """The bubble the theory expects for a schedule's p, m and v."""
+
+    formula: str             # "(p-1)/(m+p-1)"
+    fraction: Fraction       # its value, as a share of the makespan
+    text: str                # "(p-1)/(m+p-1) = 3/11 = 0.273"
+    note: str = ""           # where it comes from and what it assumes
+
+    @property
+    def value(self) -> float:
+        return float(self.fraction)
+
+
+@dataclass(frozen=True)
+class Column:
+    """One time slot: the boxes that started in it."""
+
+    index: int
+    start: int               # when its first box started (trace time units)
+    started: tuple[Box, ...]
+
+
+@dataclass(frozen=True)
+class PipelineChart:
+    """One batch of a pipeline run, ready to draw."""
+
+    schedule: str
+    stages: int              # p
+    microbatches: int        # m
+    virtual_stages: int      # v (1 unless interleaved)
+    rows: tuple[Row, ...]
+    columns: tuple[Column, ...]
+    #: [row][column] -> a box's text, "--" (still running) or ".." (idle), all one width.
+    grid: tuple[tuple[str, ...], ...]
+    makespan: int            # first F/B/R start to last F/B/R end
+    end: int                 # the batch's last event (an optimizer step may end after makespan)
+    idle: int                # sum of every row's idle time
+    expected: BubbleFormula
+    batch: int               # which batch of the trace, from 0
+    batches: int
+    simulated: bool          # times are the simulator's virtual clock
+
+    @property
+    def capacity(self) -> int:
+        """ranks x makespan: the time the stages had."""
+        return len(self.rows) * self.makespan
+
+    @property
+    def bubble(self) -> float:
+        """The measured bubble: idle / (ranks x makespan)."""
+        return self.idle / self.capacity if self.capacity else 0.0
+
+    @property
+    def slots(self) -> int:
+        return len(self.columns)
+
+    def row_text(self, row: int, upto: int | None = None) -> str:
+        """Row ``row``'s cells of columns 0 .. ``upto`` (all by default), space separated."""
+        cells = self.grid[row]
+        return " ".join(cells if upto is None else cells[:upto + 1])
+
+    def time_text(self, value: int) -> str:
+        return str(value) if self.simulated else format_seconds(value / 1e9)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _load(trace) -> tuple[dict, list[dict]]:
+    if isinstance(trace, (str, os.PathLike)):
+        trace = _trace.read_jsonl(trace)
+    if isinstance(trace, _trace.Trace):
+        return dict(trace.header), list(trace.events)
+    if isinstance(trace, tuple) and len(trace) == 2 and isinstance(trace[0], dict):
+        return dict(trace[0]), list(trace[1])
+    return {}, list(trace)
+
+
+def is_pipeline_trace(header: dict) -> bool:
+    """True when a trace header says it records a pipeline run (it names a schedule)."""
+    return isinstance(header, dict) and "schedule" in header
+
+
+def _raw_boxes(events: list[dict]) -> dict[int, list[dict]]:
+    """Each rank's pipeline compute regions, in the order they started."""
+    by_rank: dict[int, list[dict]] = defaultdict(list)
+    for event in events:
+        if event.get("kind") != "compute":
+            continue
+        info = _trace.label_info(event.get("label") or "")
+        kind = info.get("pipeline")
+        if kind not in KINDS:
+            continue
+        microbatch = info.get("mb")
+        if kind != "step" and not isinstance(microbatch, int):
+            raise ValueError(f"rank {event['rank']}: the {kind} region {event.get('label')!r} "
+                             "carries no micro-batch (mb=K): label pipeline regions with "
+                             "trace.with_info(text, pipeline=..., mb=K, ...)")
+        stage = info.get("stage")
+        by_rank[event["rank"]].append({
+            "rank": event["rank"], "kind": kind,
+            "microbatch": microbatch if kind != "step" else None,
+            "chunk": int(info.get("chunk", 0) or 0),
+            "stage": stage if isinstance(stage, int) else None,
+            "phase": str(info.get("phase", "step" if kind == "step" else "")),
+            "start": int(event["start"]), "end": int(max(event["end"], event["start"]))})
+    for boxes in by_rank.values():
+        boxes.sort(key=lambda box: (box["start"], box["end"]))
+    return by_rank
+
+
+def _split_batches(boxes: list[dict]) -> list[list[dict]]:
+    """A rank's boxes cut after each optimizer step."""
+    batches: list[list[dict]] = [[]]
+    for box in boxes:
+        batches[-1].append(box)
+        if box["kind"] == "step":
+            batches.append([])
+    if not batches[-1] and len(batches) > 1:
+        batches.pop()
+    return batches
+
+
+def _merge(intervals):
+    merged: list[list[int]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return merged
+
+
+def _gaps(busy, first: int, last: int) -> tuple[tuple[int, int], ...]:
+    gaps, cursor = [], first
+    for start, end in _merge(busy):
+        if start > cursor:
+            gaps.append((cursor, min(start, last)))
+        cursor = max(cursor, end)
+    if cursor < last:
+        gaps.append((cursor, last))
+    return tuple(gap for gap in gaps if gap[1] > gap[0])
+
+
+def _columns(boxes: list[dict]) -> list[dict]:
+    """Group the boxes into time slots (see the module's docstring) and set
+    each box's ``slot`` and ``last_slot``; returns the columns as {start, rows, boxes}."""
+    ends = sorted(box["end"] for box in boxes if box["end"] > box["start"])
+    columns: list[dict] = []
+    for box in sorted(boxes, key=lambda box: (box["start"], box["row"], box["end"])):
+        current = columns[-1] if columns else None
+        # A slot ends when some box ends: what starts after that waited for it.
+        after = bisect.bisect_right(ends, current["start"]) if current else 0
+        ended_since = current is not None and after < len(ends) and ends[after] <= box["start"]
+        if current is not None and box["row"] not in current["rows"] and not ended_since:
+            current["rows"].add(box["row"])
+            current["boxes"].append(box)
+        else:
+            columns.append({"start": box["start"], "rows": {box["row"]}, "boxes": [box]})
+        box["slot"] = len(columns) - 1
+    starts = [column["start"] for column in columns]
+    next_slot: dict[int, int] = {}
+    for box in sorted(boxes, key=lambda box: -box["slot"]):
+        last = box["slot"]
+        stop = next_slot.get(box["row"], len(starts))
+        while last + 1 < stop and starts[last + 1] < box["end"]:
+            last += 1
+        box["last_slot"] = last
+        next_slot[box["row"]] = box["slot"]
+    return columns
+
+
+def _memory_peaks(events: list[dict], window: tuple[int, int]) -> dict[int, tuple[int, int]]:
+    """Per rank, the peak (live micro-batches, activation bytes) inside ``window``.
+
+    The ledger may hold one line per rank or one per model chunk (stage=S):
+    a rank's total is the sum of the latest value of each of its stages."""
+    latest: dict[int, dict] = defaultdict(dict)
+    peaks: dict[int, list[int]] = {}
+    for event in sorted((event for event in events if event.get("kind") == "memory"),
+                        key=lambda event: event["start"]):
+        info = _trace.label_info(event.get("label") or "")
+        rank = event["rank"]
+        latest[rank][info.get("stage")] = (int(info.get("live_microbatches", 0) or 0),
+                                           int(info.get("activations", 0) or 0))
+        if window[0] <= event["start"] <= window[1]:
+            live = sum(value[0] for value in latest[rank].values())
+            activations = sum(value[1] for value in latest[rank].values())
+            peak = peaks.setdefault(rank, [0, 0])
+            peak[0], peak[1] = max(peak[0], live), max(peak[1], activations)
+    return {rank: (peak[0], peak[1]) for rank, peak in peaks.items()}
+
+
+def expected_bubble(stages: int, microbatches: int, virtual_stages: int = 1) -> BubbleFormula:
+    """The bubble the theory gives with equal stage costs and free transfers,
+    as a share of the makespan (the measured definition); see the module's docstring."""
+    p, m, v = stages, microbatches, virtual_stages
+    if p < 1 or m < 1 or v < 1:
+        raise ValueError(f"stages, micro-batches and virtual stages must be at least 1, "
+                         f"got p={p}, m={m}, v={v}")
+    if v == 1:
+        fraction = Fraction(p - 1, m + p - 1)
+        return BubbleFormula("(p-1)/(m+p-1)", fraction,
+                             f"(p-1)/(m+p-1) = {p - 1}/{m + p - 1} = {float(fraction):.3f}",
+                             "GPipe and 1F1B, equal stage costs, no transfer time")
+    fraction = Fraction(p - 1, v * m + p - 1)
+    of_ideal = Fraction(p - 1, v * m)
+    return BubbleFormula(
+        "(p-1)/(v·m+p-1)", fraction,
+        f"(p-1)/(v·m+p-1) = {p - 1}/{v * m + p - 1} = {float(fraction):.3f}",
+        f"interleaved: Megatron-LM's (1/v)(p-1)/m = {float(of_ideal):.3f} of the ideal time, "
+        f"as a share of the makespan; assumes m a multiple of p, equal costs")
+
+
+def pipeline_chart(trace, *, batch: int = -1, schedule: str | None = None,
+                   stages: int | None = None, microbatches: int | None = None,
+                   virtual_stages: int | None = None,
+                   simulated: bool | None = None) -> PipelineChart:
+    """The chart of one batch of a pipeline run.
+
+    ``trace``: a path, a :class:`minidist.trace.Trace`, a (header, events)
+    pair or a list of events (the simulator's). ``batch``: which batch, from
+    0 (negative: from the end). The keyword arguments override the header
+    (or, without one, what the events say). ``simulated``: show times as the
+    virtual clock's plain numbers; by default when the header's transport is
+    "sim" or there is no header (a list of simulated events).
+    """
+    header, events = _load(trace)
+    by_rank = _raw_boxes(events)
+    if not by_rank:
+        raise ValueError("this trace holds no pipeline compute regions (compute events "
+                         "labelled with pipeline=F|B|R|step): record a pipeline run with "
+                         "trace=PATH, or simulate its schedule")
+    per_rank_batches = {rank: _split_batches(boxes) for rank, boxes in by_rank.items()}
+    batches = max(len(split) for split in per_rank_batches.values())
+    if not -batches <= batch < batches:
+        raise IndexError(f"the trace holds {batches} batches (0..{batches - 1}); "
+                         f"there is no batch {batch}")
+    batch %= batches
+    chosen = {rank: split[batch] for rank, split in per_rank_batches.items()
+              if batch < len(split) and split[batch]}
+    work = [box for boxes in chosen.values() for box in boxes if box["kind"] in WORK]
+    if not work:
+        raise ValueError(f"batch {batch} of the trace has no forward or backward region")
+
+    schedule = schedule or str(header.get("schedule", UNNAMED))
+    virtual_stages = int(virtual_stages or header.get("virtual_stages")
+                         or 1 + max(box["chunk"] for box in work))
+    known_stages = [box["stage"] for box in work if box["stage"] is not None]
+    stages = int(stages or header.get("stages")
+                 or ((1 + max(known_stages)) // virtual_stages if known_stages else len(chosen)))
+    microbatches = int(microbatches or header.get("microbatches")
+                       or len({box["microbatch"] for box in work if box["kind"] == "F"}))
+    if simulated is None:
+        simulated = not header or header.get("transport") == "sim"
+
+    origin = min(box["start"] for box in work)
+    finish = max(box["end"] for box in work)
+    makespan = finish - origin
+    ranks = sorted(chosen)
+    position = {}
+    for rank in ranks:
+        stages_seen = [box["stage"] for box in chosen[rank] if box["stage"] is not None]
+        position[rank] = min(stages_seen) % stages if stages_seen else rank
+    duplicated = len(set(position.values())) < len(ranks) or \
+        any(position[rank] != rank for rank in ranks)
+
+    all_boxes = []
+    for row, rank in enumerate(ranks):
+        for box in chosen[rank]:
+            box = dict(box, row=row, start=box["start"] - origin, end=box["end"] - origin)
+            all_boxes.append(box)
+    columns = _columns(all_boxes)
+    marks = "abcdefghijklmnopqrstuvwxyz"
+    frozen = {id(box): Box(rank=box["rank"], kind=box["kind"], microbatch=box["microbatch"],
+                           chunk=box["chunk"], stage=box["stage"], phase=box["phase"],
+                           start=box["start"], end=box["end"], slot=box["slot"],
+                           last_slot=box["last_slot"],
+                           chunk_mark=marks[box["chunk"] % 26] if virtual_stages > 1 else "")
+              for box in all_boxes}
+
+    end = max(box["end"] for box in all_boxes)
+    peaks = _memory_peaks(events, (origin, origin + end))
+    width = max([2] + [len(box.text) for box in frozen.values()])
+    rows, grid, idle_total = [], [], 0
+    for row, rank in enumerate(ranks):
+        boxes = tuple(sorted((frozen[id(box)] for box in all_boxes if box["row"] == row),
+                             key=lambda box: (box.start, box.end)))
+        busy_intervals = [(box.start, box.end) for box in boxes if box.kind in WORK]
+        idle = _gaps(busy_intervals, 0, makespan)
+        idle_total += sum(end_ - start for start, end_ in idle)
+        peak = peaks.get(rank)
+        label = (f"rank {rank} · stage {position[rank]}" if duplicated
+                 else f"stage {position[rank]}")
+        rows.append(Row(rank=rank, stage=position[rank], label=label, boxes=boxes, idle=idle,
+                        busy=sum(box.duration for box in boxes if box.kind in WORK),
+                        peak_live_microbatches=peak[0] if peak else None,
+                        peak_activation_bytes=peak[1] if peak else None))
+        cells = ["." * width] * len(columns)
+        for box in boxes:
+            for slot in range(box.slot + 1, box.last_slot + 1):
+                cells[slot] = "-" * width
+        for box in boxes:
+            cells[box.slot] = box.text.ljust(width)
+        grid.append(tuple(cells))
+
+    return PipelineChart(
+        schedule=schedule, stages=stages, microbatches=microbatches,
+        virtual_stages=virtual_stages, rows=tuple(rows),
+        columns=tuple(Column(index=index, start=column["start"],
+                             started=tuple(frozen[id(box)] for box in column["boxes"]))
+                      for index, column in enumerate(columns)),
+        grid=tuple(grid), makespan=makespan, end=end, idle=idle_total,
+        expected=expected_bubble(stages, microbatches, virtual_stages), batch=batch,
+        batches=batches, simulated=bool(simulated))
+
+
+# --------------------------------------------------------------------------- words
+
+
+def describe(chart: PipelineChart) -> str:
+    """"1f1b · 4 stages · 8 micro-batches" (and "· v=2" when interleaved)."""
+    words = f"{chart.schedule} · {chart.stages} stages · {chart.microbatches} micro-batches"
+    if chart.virtual_stages > 1:
+        words += f" · v={chart.virtual_stages} chunks per rank"
+    return words
+
+
+def bubble_text(chart: PipelineChart) -> str:
+    """"bubble: measured 0.273, expected (p-1)/(m+p-1) = 3/11 = 0.273"."""
+    return (f"bubble: measured {chart.bubble:.3f} (idle / (ranks × makespan)), expected "
+            f"{chart.expected.text}")
+
+
+# --------------------------------------------------------------------------- the terminal
+
+
+def _cell_style(box: Box | None, color: bool) -> str:
+    if not color:
+        return ""
+    if box is None:
+        return "dim"
+    if box.kind == "step":
+        return "bold"
+    colour = PALETTE[box.microbatch % len(PALETTE)]
+    weight = "bold " if box.kind == "F" else "italic "
+    return f"{weight}{'black' if colour in _LIGHT else 'white'} on {colour}"
+
+
+def _legend(chart: PipelineChart, color: bool) -> Text:
+    width = len(chart.grid[0][0]) if chart.grid and chart.grid[0] else 2
+    text = Text("F forward  B backward  R recompute  ")
+    text.append(STEP_TEXT, style="bold" if color else "")
+    text.append(" optimizer step  ")
+    text.append("." * width, style="dim" if color else "")
+    text.append(" idle  ")
+    text.append("-" * width)
+    text.append(" still running  F3: micro-batch 3")
+    if color:
+        text.append(" (and its colour)")
+    if chart.virtual_stages > 1:
+        text.append("  F3a, F3b: model chunk 0, 1 of the rank")
+    return text
+
+
+def render_pipeline_frame(chart: PipelineChart, index: int, *, color: bool = True,
+                          width: int | None = None):
+    """Frame ``index``: the grid of time slots 0 .. ``index``, as a Rich renderable.
+    ``width``: the columns it may use (default 80); older slots scroll off the left."""
+    if not 0 <= index < chart.slots:
+        raise IndexError(f"frame {index} out of range: the chart has time slots "
+                         f"0..{chart.slots - 1}")
+    width = width or 80
+    column = chart.columns[index]
+    bold = "bold" if color else ""
+    header = Text()
+    named = "" if chart.schedule == UNNAMED else "pipeline · "
+    header.append(f"{named}{describe(chart)}", style=bold)
+    if chart.batches > 1:
+        header.append(f" · batch {chart.batch + 1} of {chart.batches}")
+    header.append("\n")
+    header.append(f"slot {index + 1} of {chart.slots}", style="bold reverse" if color else "")
+    clock = " (simulated)" if chart.simulated else ""
+    header.append(f" · time {chart.time_text(column.start)} of "
+                  f"{chart.time_text(chart.makespan)}{clock}\n")
+    header.append("started: ")
+    header.append(" · ".join(
+        f"{chart.rows[_row_of(chart, box.rank)].label} {box.text}"
+        + (f" ({box.phase})" if box.phase and box.kind != "step" else "")
+        for box in column.started))
+
+    label_width = max(len(row.label) for row in chart.rows)
+    cell_width = len(chart.grid[0][0]) + 1
+    fits = max(1, (width - label_width - 3) // cell_width)
+    first = max(0, index + 1 - fits)
+    lines = Text()
+    for row_index, row in enumerate(chart.rows):
+        line = Text(f"{row.label:<{label_width}} ", style=bold)
+        line.append("… " if first else "│")
+        boxes = {box.slot: box for box in row.boxes}
+        running = {slot: box for box in row.boxes
+                   for slot in range(box.slot + 1, box.last_slot + 1)}
+        for slot in range(first, index + 1):
+            box = boxes.get(slot) or running.get(slot)
+            line.append(chart.grid[row_index][slot], style=_cell_style(box, color))
+            if slot < index:
+                line.append(" ")
+        lines.append_text(line)
+        if row_index + 1 < len(chart.rows):
+            lines.append("\n")
+
+    footer = Text()
+    footer.append(bubble_text(chart))
+    if chart.expected.note:
+        footer.append(f"\n  ({chart.expected.note})", style="dim" if color else "")
+    peaks = [row for row in chart.rows if row.peak_live_microbatches is not None]
+    if peaks:
+        footer.append("\npeak live activations (micro-batches): " + ", ".join(
+            f"{row.label}: {row.peak_live_microbatches} "
+            f"({format_bytes(row.peak_activation_bytes)})" for row in peaks))
+    return Group(header, Text(), lines, Text(), _legend(chart, color), footer)
+
+
+def _row_of(chart: PipelineChart, rank: int) -> int:
+    return next(index for index, row in enumerate(chart.rows) if row.rank == rank)
+
+
+def step_through_pipeline(chart: PipelineChart, console: Console | None = None,
+                          keys=None, *, color: bool = True) -> list[int]:
+    """Step through the chart one time slot at a time (the keys of
+    :func:`viz.terminal.step_through`; every frame printed without a terminal)."""
+    console = console or Console()
+    width = min(console.width, 120)
+    return step_through_frames(
+        lambda index: render_pipeline_frame(chart, index, color=color, width=width),
+        chart.slots, console, keys, color=color)
+
+
+def play_pipeline(chart: PipelineChart, console: Console | None = None, speed: float = 2.0,
+                  *, color: bool = True, **options) -> None:
+    """Show every time slot in turn, ``speed`` frames a second (rich.live)."""
+    console = console or Console()
+    width = min(console.width, 120)
+    play_frames(lambda index: render_pipeline_frame(chart, index, color=color, width=width),
+                chart.slots, console, speed, **options)
+
+
+# --------------------------------------------------------------------------- the PNG
+
+
+def _figure(width: float, height: float):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def _time_unit(span: float, simulated: bool) -> tuple[str, float]:
+    if simulated:
+        return "simulated time units", 1.0
+    for unit, scale, below in (("ns", 1.0, 2e3), ("µs", 1e3, 2e6), ("ms", 1e6, 2e9)):
+        if span < below:
+            return unit, scale
+    return "s", 1e9
+
+
+def _extent(chart: PipelineChart, box: Box, x: str, scale: float) -> tuple[float, float]:
+    if x == "slot":
+        return box.slot, box.last_slot + 1 - box.slot
+    return box.start / scale, box.duration / scale
+
+
+def _draw_chart(axis, chart: PipelineChart, *, x: str = "time", xmax: float | None = None,
+                title: str | None = None, legend: bool = True, peaks: bool = True,
+                xlabel: bool = True) -> None:
+    """Draw ``chart`` on a matplotlib axis (rows top to bottom)."""
+    from matplotlib.patches import Patch, Rectangle
+
+    if x not in ("time", "slot"):
+        raise ValueError(f"x={x!r}: draw against 'time' (the clock) or 'slot' (time slots)")
+    unit, scale = _time_unit(max(chart.end, 1), chart.simulated)
+    span = chart.slots if x == "slot" else max(chart.end, 1) / scale
+    limit = xmax if xmax is not None else span
+    for row_index, row in enumerate(chart.rows):
+        if x == "slot":
+            gaps = [(slot, 1) for slot, cell in enumerate(chart.grid[row_index])
+                    if cell.startswith(".")]
+        else:
+            gaps = [(start / scale, (end - start) / scale) for start, end in row.idle]
+        axis.broken_barh(gaps, (row_index + 0.06, 0.88), facecolor=IDLE_COLOR,
+                         edgecolor="#BBBBBB", hatch="..", linewidth=0, zorder=0)
+        for box in row.boxes:
+            left, width = _extent(chart, box, x, scale)
+            if box.kind == "step":
+                face = "#FFFFFF"
+            else:
+                face = PALETTE[box.microbatch % len(PALETTE)]
+            # Interleaved chunks after the first are drawn a little narrower.
+            inset = 0.1 + 0.08 * min(box.chunk, 3)
+            axis.add_patch(Rectangle((left, row_index + inset), max(width, span / 2000),
+                                     1 - 2 * inset, facecolor=face, edgecolor="#222222",
+                                     linewidth=0.9, linestyle=EDGE_STYLES[box.kind],
+                                     hatch=HATCHES[box.kind], zorder=2))
+            if width >= span / 60:
+                axis.text(left + width / 2, row_index + 0.5, box.text, ha="center",
+                          va="center", fontsize=8 if width >= span / 30 else 6, zorder=3,
+                          color="black" if face in _LIGHT or face == "#FFFFFF" else "white",
+                          bbox={"boxstyle": "round,pad=0.12", "facecolor": face,
+                                "edgecolor": "none"}, clip_on=True)
+    axis.set_xlim(0, limit * 1.01)
+    axis.set_ylim(len(chart.rows), 0)
+    axis.set_yticks([row + 0.5 for row in range(len(chart.rows))])
+    labels = []
+    for row in chart.rows:
+        peak = (f"\npeak {row.peak_live_microbatches} live mb"
+                if peaks and row.peak_live_microbatches is not None else "")
+        labels.append(row.label + peak)
+    axis.set_yticklabels(labels, fontsize=8)
+    if xlabel:
+        axis.set_xlabel("time slot" if x == "slot" else f"time ({unit}) since the batch's "
+                        "first compute")
+    axis.grid(axis="x", alpha=0.3)
+    axis.set_title(title if title is not None else
+                   f"{describe(chart)}\n{bubble_text(chart)}", fontsize=9, loc="left")
+    if legend:
+        handles = [Patch(facecolor="#BBBBBB", edgecolor="#222222", hatch=HATCHES[kind],
+                         linestyle=EDGE_STYLES[kind], label=f"{kind} {KIND_NAMES[kind]}")
+                   for kind in WORK]
+        handles.append(Patch(facecolor="#FFFFFF", edgecolor="#222222", hatch=HATCHES["step"],
+                             linestyle="dotted", label=f"{STEP_TEXT} optimizer step"))
+        handles.append(Patch(facecolor=IDLE_COLOR, edgecolor="#BBBBBB", hatch="..",
+                             label="idle (bubble)"))
+        axis.legend(handles=handles, loc="upper center", ncol=5, fontsize=7, frameon=False,
+                    bbox_to_anchor=(0.5, -0.55 / (0.55 * len(chart.rows))))
+
+
+def draw_pipeline_gantt(trace, figure=None, *, x: str = "time", **options):
+    """The Gantt chart of a pipeline run (a :class:`PipelineChart` or anything
+    :func:`pipeline_chart` reads, with its keyword ``options``), on a new
+    figure (or ``figure``); returns the figure. ``x``: "time" (the clock) or
+    "slot" (the time slots of the step-through)."""
+    chart = trace if isinstance(trace, PipelineChart) else pipeline_chart(trace, **options)
+    if figure is None:
+        figure = _figure(12.0, FIGURE_MARGINS + 0.55 * len(chart.rows))
+    height = figure.get_figheight()
+    axis = figure.add_axes((0.12, 0.85 / height, 0.85, 1 - 1.65 / height))
+    _draw_chart(axis, chart, x=x, title="")
+    simulated = " (simulated)" if chart.simulated else ""
+    batch = f" · batch {chart.batch + 1} of {chart.batches}" if chart.batches > 1 else ""
+    named = "" if chart.schedule == UNNAMED else "pipeline: "
+    figure.text(0.01, 1 - 0.1 / height,
+                f"{named}{describe(chart)}{batch}{simulated}\n{bubble_text(chart)}"
+                + (f"\n({chart.expected.note})" if chart.expected.note else ""),
+                fontsize=9, va="top")
+    return figure
+
+
+def save_pipeline_gantt(trace, path, dpi: int = 100, **options) -> str:
+    """Draw :func:`draw_pipeline_gantt` and write it as a PNG; returns the path."""
+    path = os.fspath(path)
+    draw_pipeline_gantt(trace, **options).savefig(path, dpi=dpi)
+    return path
+
+
+def draw_schedule_comparison(events_by_schedule: dict, path, *, x: str = "time",
+                             dpi: int = 100) -> str:
+    """Schedules side by side with one time axis: a Gantt panel each (e.g.
+    {"gpipe": ..., "1f1b": ..., "interleaved": ...}, each value anything
+    :func:`pipeline_chart` reads, simulated events included) and, where the
+    events carry the memory ledger, each stage's peak live activations
+    (micro-batches). They must share p and m. Writes a PNG; returns the path."""
+    from matplotlib.ticker import MaxNLocator
+
+    if not events_by_schedule:
+        raise ValueError("no schedules to compare: pass {name: events, ...}")
+    charts = []
+    for name, trace in events_by_schedule.items():
+        if isinstance(trace, PipelineChart):
+            charts.append(trace)
+            continue
+        header, events = _load(trace)
+        charts.append(pipeline_chart((header, events),
+                                     schedule=None if header.get("schedule") else name))
+    shapes = {(chart.stages, chart.microbatches) for chart in charts}
+    if len(shapes) > 1:
+        listing = ", ".join(f"{chart.schedule}: p={chart.stages} m={chart.microbatches}"
+                            for chart in charts)
+        raise ValueError(f"compare schedules with the same stages and micro-batches; "
+                         f"got {listing}")
+    memory = any(row.peak_live_microbatches is not None for chart in charts
+                 for row in chart.rows)
+    rows = max(len(chart.rows) for chart in charts)
+    height = 1.2 + len(charts) * (0.75 + 0.45 * rows)
+    figure = _figure(13.0, height)
+    grid = figure.add_gridspec(len(charts), 2 if memory else 1,
+                               width_ratios=(5, 1) if memory else None,
+                               hspace=0.75 / (0.45 * rows), wspace=0.08, left=0.09,
+                               right=0.98, top=1 - 0.7 / height, bottom=0.55 / height)
+    if x == "slot":
+        xmax = max(chart.slots for chart in charts)
+    else:
+        xmax = max(chart.end / _time_unit(max(chart.end, 1), chart.simulated)[1]
+                   for chart in charts)
+    for index, chart in enumerate(charts):
+        axis = figure.add_subplot(grid[index, 0])
+        _draw_chart(axis, chart, x=x, xmax=xmax, legend=False, peaks=not memory,
+                    xlabel=index + 1 == len(charts),
+                    title=f"{chart.schedule}: bubble measured {chart.bubble:.3f}, expected "
+                          f"{chart.expected.text}")
+        if memory:
+            bars = figure.add_subplot(grid[index, 1], sharey=axis)
+            peaks = [row.peak_live_microbatches or 0 for row in chart.rows]
+            bars.barh([row + 0.5 for row in range(len(chart.rows))], peaks, height=0.6,
+                      color="#595959")
+            for row, peak in enumerate(peaks):
+                bars.text(peak, row + 0.5, f" {peak}", va="center", fontsize=8)
+            bars.set_xlim(0, max(chart.microbatches, max(peaks, default=0)) * 1.25)
+            bars.tick_params(labelleft=False)
+            bars.xaxis.set_major_locator(MaxNLocator(integer=True))
+            bars.set_title("peak live activations\n(micro-batches)", fontsize=8)
+    p, m = next(iter(shapes))
+    figure.suptitle(f"{' vs '.join(chart.schedule for chart in charts)}: {p} stages, "
+                    f"{m} micro-batches (idle hatched grey; B hatched ///, R xxx)",
+                    fontsize=10, x=0.01, ha="left")
+    path = os.fspath(path)
+    figure.savefig(path, dpi=dpi)
+    return path
+
+
+__all__ = ["Box", "Row", "Column", "BubbleFormula", "PipelineChart", "pipeline_chart",
+           "expected_bubble", "is_pipeline_trace", "describe", "bubble_text",
+           "render_pipeline_frame", "step_through_pipeline", "play_pipeline",
+           "draw_pipeline_gantt", "save_pipeline_gantt", "draw_schedule_comparison"]
