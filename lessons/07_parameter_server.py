@@ -362,7 +362,7 @@ figure, axes = plt.subplots(1, 2, figsize=(11, 4))
 axes[0].plot(ws, ws * P_BYTES / 1e3, label="one server: W P")
 axes[0].plot(ws, ws * P_BYTES / 2 / 1e3, label="each of 2 servers: W P / 2")
 axes[0].plot(ws, 2 * (ws - 1) / ws * P_BYTES / 1e3, label="one ring rank: 2 (W-1)/W P")
-for who, workers, servers, received, sent, rate, formula in traffic:
+for _, workers, servers, received, *_ in traffic:
     marker, colour = ("o", "C0") if servers == 1 else ("D", "C1") if servers else ("s", "C2")
     axes[0].plot([workers], [received / TRAFFIC_STEPS / 1e3], marker, color=colour)
 axes[0].set_xscale("log")
