@@ -240,7 +240,8 @@ print("saved", OUT / "async_large_lr.png")
 
 # %% [markdown]
 # With the larger step BSP still converges (it is full-batch SGD on a
-# batch of 128), SSP follows a little behind, and async and drop stall
+# batch of 128), SSP(1) follows closely, SSP(4) falls behind (in the
+# longer full form of this lesson it stalls too), and async and drop stall
 # around the starting loss with large spikes: a gradient 3 versions old is
 # now 3 large steps old. Dropping pushes staler than 3 does not rescue it,
 # since most asynchronous pushes are about W - 1 = 3 versions stale anyway.
@@ -399,9 +400,10 @@ print("saved", OUT / "hogwild_loss.png")
 
 # %% [markdown]
 # Per update, Hogwild's points fall on serial SGD's curve and its final
-# loss is within a fraction of a percent of the library's serial
-# reference: the races cost almost nothing, because each one loses a single
-# term of a long sum. (Each snapshot is read without a lock too, so a point
+# loss is close to the library's serial reference (within a few percent in
+# our runs; the slow rank's share of the examples comes in last, which
+# moves the end a little): the races cost almost nothing, because each one
+# loses a single term of a long sum. (Each snapshot is read without a lock too, so a point
 # may mix two writes; the curve is still smooth.) The counter says how
 # often a race struck: the percentage printed above, a couple of percent of
 # the writes on this machine; with denser data or fewer features more
