@@ -289,8 +289,7 @@ class ServerShard:
         self.clock[push.worker] = push.step
         if self.synchronous(push.step):
             self.pending.setdefault(push.step, {})[push.worker] = push
-            while len(self.pending.get(self.completed_steps, ())) == self.workers:
-                self._apply_synchronous_step(self.pending.pop(self.completed_steps))
+            self.apply_complete_steps()
             return
         staleness = self.version - push.base_version
         if self.mode == "drop" and staleness > self.tau:
@@ -300,6 +299,14 @@ class ServerShard:
                 push.worker, push.step, self.version, staleness, accepted=False))
             return
         self.apply_update(push.gradient, [push])
+
+    def apply_complete_steps(self) -> None:
+        """Apply the synchronous steps whose pushes are all in, in step order."""
+        while self.step_is_complete(self.completed_steps):
+            self._apply_synchronous_step(self.pending.pop(self.completed_steps))
+
+    def step_is_complete(self, step: int) -> bool:
+        return len(self.pending.get(step, ())) == self.workers
 
     def _apply_synchronous_step(self, pushes: dict[int, Push]) -> None:
         """Average the step's gradients weighted by examples: the gradient of
