@@ -26,7 +26,6 @@ import numpy as np
 import pytest
 
 import minidist
-import minidist.distributed as dist
 from minidist import trace
 from minidist.data import make_linear_regression
 from minidist.distributed.errors import WorkerError
@@ -121,6 +120,12 @@ def _bad_input_errors():
             messages[name] = "no error"
         except ValueError as error:
             messages[name] = str(error)
+    try:
+        FaultTolerantParameterServer(_initial(), servers=SERVERS, lr=LR,
+                                     crash_server_at=(0, 5)).run(3)
+        messages["crash past the end"] = "no error"
+    except ValueError as error:
+        messages["crash past the end"] = str(error)
     return messages
 
 
@@ -214,6 +219,7 @@ def test_bad_input_is_refused_with_a_reason(clean):
     assert "(server, step)" in messages["crash shape"]
     assert "only workers 0..2" in messages["push_twice worker"]
     assert "(worker, step)" in messages["push_twice shape"]
+    assert "past the run's last step, 2" in messages["crash past the end"]
     assert all(message.startswith("rank 0") for message in messages.values())
 
 

@@ -72,7 +72,7 @@ the weights of its last pull, each server the ranges it holds, and
 :func:`final_weights` puts the primaries' ranges together.
 
 Testing failures. ``crash_server_at=(server, step[, moment])`` makes that
-server SIGKILL itself (a machine vanishing) at the update of ``step`` of its
+server SIGKILL itself (a machine vanishing; its own trace dies with it) at the update of ``step`` of its
 own range: ``moment="before_forward"`` (the update is on the dying server
 only) or ``"after_one_reply"`` (the backup has acknowledged it and one worker
 has pulled it; the others' requests come again and are duplicates). Launch
@@ -173,6 +173,12 @@ def _range_tag(tag: int, index: int) -> int:
 
 def _die_now() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _say(events: list[str], text: str) -> None:
+    """Log a fault where the run's user sees it, and keep it for the result."""
+    logger.warning(text)
+    events.append(text)
 
 
 def _fault_event(text: str, **info) -> None:
@@ -366,18 +372,15 @@ class FaultTolerantParameterServer(ParameterServer):
         """The server holding the second copy of key range ``index``."""
         return (index + 1) % self.layout.servers
 
-    def _world_rank(self, group_rank: int) -> int:
-        return self.group.global_rank(group_rank)
-
-    def _say(self, events: list[str], text: str) -> None:
-        logger.warning(text)
-        events.append(text)
-
     def run(self, steps: int, gradient_fn=None):
         """Serve (server ranks) or train for ``steps`` steps (worker ranks).
         Returns this rank's :class:`FaultTolerantServerResult` or
         :class:`FaultTolerantWorkerResult`."""
         steps = _check_whole("steps", steps, 0, dist.get_rank())
+        if self.crash is not None and self.crash.step >= steps:
+            raise ValueError(f"rank {dist.get_rank()}: crash_server_at step {self.crash.step} "
+                             f"is past the run's last step, {steps - 1}; the server would never "
+                             "crash")
         if self.layout.is_server(self.rank):
             return _Server(self, self.rank).serve()
         if not callable(gradient_fn):
@@ -480,11 +483,13 @@ class FaultTolerantParameterServer(ParameterServer):
         result.failovers.append(Failover(step, index, gone, backup))
         _fault_event("failover", kind="failover", worker=worker, step=step, range=index,
                      server=backup, gone=gone)
-        self._say(result.events,
-                  f"worker {worker} (rank {dist.get_rank()}): server {gone} (rank "
-                  f"{self._world_rank(self.layout.server_rank(gone))}) is gone; key range "
-                  f"{index} fails over to server {backup} (rank "
-                  f"{self._world_rank(self.layout.server_rank(backup))}) in step {step}")
+        _say(result.events,
+             f"worker {worker} (rank {dist.get_rank()}): server {gone} (rank "
+             f"{self._server_world_rank(gone)}) is gone; key range {index} fails over to "
+             f"server {backup} (rank {self._server_world_rank(backup)}) in step {step}")
+
+    def _server_world_rank(self, server: int) -> int:
+        return self.group.global_rank(self.layout.server_rank(server))
 
     def _say_goodbye(self, worker: int, primaries) -> None:
         """Tell every server this worker needs nothing more (so it may end).
@@ -493,7 +498,7 @@ class FaultTolerantParameterServer(ParameterServer):
         label = trace.with_info("goodbye", kind="goodbye", worker=worker)
         for server in range(self.layout.servers):
             rank = self.layout.server_rank(server)
-            if self._world_rank(rank) in failed:
+            if self.group.global_rank(rank) in failed:
                 continue
             try:
                 self.messages.send(np.zeros(1, np.int64), rank, tag=GOODBYE_TAG, label=label)
@@ -716,10 +721,10 @@ class _Server:
         self.taken_over.append(copy.index)
         _fault_event("take over", kind="failover", range=copy.index, server=self.server,
                      gone=gone, version=copy.shard.version)
-        self.ps._say(self.events,
-                     f"server {self.server} (rank {dist.get_rank()}): server {gone} (rank "
-                     f"{self.ps._world_rank(gone_rank)}) is gone; this server takes over key "
-                     f"range {copy.index} at version {copy.shard.version}")
+        _say(self.events,
+             f"server {self.server} (rank {dist.get_rank()}): server {gone} (rank "
+             f"{self.ps._server_world_rank(gone)}) is gone; this server takes over key range "
+             f"{copy.index} at version {copy.shard.version}")
         held, copy.deferred = copy.deferred, []
         for worker, header, gradient in held:
             self._serve_request(copy, worker, header, gradient)
@@ -730,9 +735,10 @@ class _Server:
         gone = copy.backup
         copy.backup = None
         _fault_event("backup lost", kind="backup_lost", range=copy.index, server=gone)
-        self.ps._say(self.events,
-                     f"server {self.server} (rank {dist.get_rank()}): backup server {gone} is "
-                     f"gone; key range {copy.index} goes on with one copy")
+        _say(self.events,
+             f"server {self.server} (rank {dist.get_rank()}): backup server {gone} (rank "
+             f"{self.ps._server_world_rank(gone)}) is gone; key range {copy.index} goes on "
+             "with one copy")
 
     def _worker_gone(self, worker: int) -> None:
         primaries = [copy for copy in self.copies.values() if copy.primary == self.server]
@@ -746,10 +752,10 @@ class _Server:
         remaining = self.layout.workers - len(self.gone_workers)
         _fault_event("worker gone", kind="worker_gone", worker=worker, step=step,
                      workers=remaining)
-        self.ps._say(self.events,
-                     f"server {self.server}: worker {worker} (rank "
-                     f"{self.ps._world_rank(self.layout.worker_rank(worker))}) is gone; step "
-                     f"{step} goes on with {remaining} workers")
+        world_rank = self.ps.group.global_rank(self.layout.worker_rank(worker))
+        _say(self.events,
+             f"server {self.server}: worker {worker} (rank {world_rank}) is gone; step {step} "
+             f"goes on with {remaining} workers")
 
     # -- the end ------------------------------------------------------------
 

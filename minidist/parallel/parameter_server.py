@@ -74,9 +74,11 @@ times a worker's: the bottleneck as W grows, which sharding divides by S.
 An all-reduce (ring) moves about 2P per rank whatever W is, and no rank is
 special. Alpha terms: 2S to 4S messages per worker per step.
 
-What a fault-tolerance layer hooks into: :meth:`ServerShard.apply_update` is
-the one place weights change; every push has the identity ``(worker, step)``
-and :attr:`ServerShard.clock` holds, per worker, the last step pushed.
+What a fault-tolerance layer hooks into (:mod:`.fault_tolerant_server` does):
+:meth:`ServerShard.apply_update` is the one place weights change; every push
+has the identity ``(worker, step)`` and :attr:`ServerShard.clock` holds, per
+worker, the last step pushed; :meth:`ServerShard.step_is_complete` says when a
+synchronous step has all the pushes it waits for.
 """
 
 from __future__ import annotations
