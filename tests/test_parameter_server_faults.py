@@ -13,7 +13,8 @@ rank, which it tolerates:
 * ``worker_dies`` (pipe): worker 2 dies in step 5 (BSP);
 * ``async_server_dies`` (shm): async, server 1 dies, and a duplicate push.
 
-The parent compares with single-process references and with each other.
+The parent compares with single-process references and with each other. The
+last tests drive a ReplicatedShard and final_weights in this process.
 """
 
 from __future__ import annotations
@@ -348,3 +349,18 @@ def test_a_dropped_worker_no_longer_holds_the_step_back():
     assert shard.version == 1 and np.allclose(shard.weights, -(1.0 + 12.0) / 4)
     assert [(update[1][0].worker, update[1][1].worker) for update in shard.unforwarded] == [
         (0, 2)]
+
+
+def test_final_weights_says_which_range_was_lost():
+    from minidist.parallel.fault_tolerant_server import RangeReport
+
+    def server(index, key_range, role):
+        report = RangeReport(index, key_range, role, np.full(key_range[1] - key_range[0],
+                                                             float(index)), 1, [], [], [])
+        return FaultTolerantServerResult("server", index, {index: report}, [], [], [])
+
+    whole = [server(0, (0, 2), "primary"), server(1, (2, 3), "primary"),
+             server(2, (3, 5), "primary")]
+    assert final_weights(whole).tolist() == [0, 0, 1, 2, 2]
+    with pytest.raises(ValueError, match=r"key range\(s\) \[1\]"):
+        final_weights([whole[0], server(1, (2, 3), "backup"), whole[2]])

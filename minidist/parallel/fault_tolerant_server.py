@@ -192,7 +192,11 @@ def _fault_event(text: str, **info) -> None:
 class ReplicatedShard(ServerShard):
     """A :class:`ServerShard` that ignores duplicate pushes, leaves gone
     workers out of the barrier, and keeps each update it applies until the
-    server has forwarded it to the backup."""
+    server has forwarded it to the backup.
+
+    On a primary the clock moves as pushes arrive; on a backup it moves with
+    the updates forwarded to it, so it holds, per worker, the last step
+    applied: what a push sent again after a takeover is compared with."""
 
     def __init__(self, *args, index: int, **kwargs):
         super().__init__(*args, **kwargs)
@@ -310,11 +314,13 @@ def final_weights(results) -> np.ndarray:
                     pieces[report.index] = report
     if not pieces:
         raise ValueError("no server result among these results; pass the list launch returned")
-    size = max(report.key_range[1] for report in pieces.values())
-    weights = np.empty(size, next(iter(pieces.values())).weights.dtype)
-    for report in pieces.values():
-        weights[report.key_range[0]:report.key_range[1]] = report.weights
-    return weights
+    ordered = [pieces[index] for index in sorted(pieces)]
+    stops = [0] + [report.key_range[1] for report in ordered[:-1]]
+    if [report.key_range[0] for report in ordered] != stops:
+        missing = sorted(set(range(max(pieces) + 1)) - set(pieces))
+        raise ValueError(f"no surviving server holds key range(s) {missing}: both of their "
+                         "copies were lost")
+    return np.concatenate([report.weights for report in ordered])
 
 
 # --------------------------------------------------------------------------- the strategy
@@ -429,7 +435,7 @@ class FaultTolerantParameterServer(ParameterServer):
             if push:
                 result.pushes += 1
                 summed, examples, base_versions = None, 0, None
-        self._say_goodbye(worker, primaries)
+        self._say_goodbye(worker)
         return result
 
     def _send_request(self, worker, index, request, primaries, step, result) -> None:
@@ -491,7 +497,7 @@ class FaultTolerantParameterServer(ParameterServer):
     def _server_world_rank(self, server: int) -> int:
         return self.group.global_rank(self.layout.server_rank(server))
 
-    def _say_goodbye(self, worker: int, primaries) -> None:
+    def _say_goodbye(self, worker: int) -> None:
         """Tell every server this worker needs nothing more (so it may end).
         A server already gone may take the message or refuse it: either way."""
         failed = dist.failed_ranks()
