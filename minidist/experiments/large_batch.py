@@ -15,9 +15,11 @@ bigger steps, each split over workers) and what it risks. The rule that
 picks the learning rate at batch ``B``, given one that works at ``B0``:
 
 * ``constant``: keep the base rate (change nothing);
-* ``linear``: the linear scaling rule ``lr = base_lr * B / B0`` reached by
-  a linear warm-up from ``base_lr`` over the first epochs (Goyal et al.,
-  2017, "Accurate, Large Minibatch SGD");
+* ``linear``: the linear scaling rule ``lr = base_lr * B / B0`` from the
+  first update;
+* ``linear_warmup``: the same rate reached by a linear warm-up from
+  ``base_lr`` over the first 2 epochs (Goyal et al., 2017, "Accurate, Large
+  Minibatch SGD", who warm up over 5 of 90 epochs);
 * ``lars``: LARS (You, Gitman & Ginsburg, 2017): each layer's step is a
   fixed fraction of its weights' norm, whatever its gradient's scale; the
   global rate grows as ``sqrt(B / B0)``, with the same warm-up. (You et al.
