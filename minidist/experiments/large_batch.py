@@ -433,40 +433,51 @@ def plot_sweep(records: Sequence[dict], path, title: str | None = None) -> Path:
 
 
 def plot_batch_growth(results: dict[str, list[list[dict]]], path) -> Path:
-    """Three panels: the schedules (batch size and rate per epoch), test
-    accuracy against epochs, and test accuracy against updates."""
+    """Four panels: batch size and learning rate per epoch (the schedules),
+    test accuracy against epochs and against parameter updates (means over
+    seeds); saved to ``path``."""
     import matplotlib.pyplot as plt
 
-    figure, (schedule_axis, epoch_axis, update_axis) = plt.subplots(1, 3, figsize=(13, 4))
-    rate_axis = schedule_axis.twinx()
+    figure, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    (batch_axis, rate_axis), (epoch_axis, update_axis) = axes
+    # Schedules that coincide (decay_lr and no_decay share a batch) stay
+    # visible: wide solid lines under narrow dashed ones.
+    styles = [dict(linewidth=4, alpha=0.5), dict(linewidth=3, alpha=0.7),
+              dict(linewidth=2, linestyle="--"), dict(linewidth=1.5, linestyle=":")]
     for index, (name, runs) in enumerate(results.items()):
-        color = f"C{index}"
+        style = dict(color=f"C{index}", **styles[index % len(styles)])
         epochs = [entry["epoch"] for entry in runs[0]]
-        accuracy = 100 * mean_curve(runs)
         updates = mean_curve(runs, "updates")
-        schedule_axis.step(epochs, [entry["batch_size"] for entry in runs[0]], where="mid",
-                           color=color, label=f"{name}: batch")
-        rate_axis.step(epochs, [entry["lr"] for entry in runs[0]], where="mid", color=color,
-                       linestyle=":")
-        epoch_axis.plot(epochs, accuracy, color=color, label=name)
-        update_axis.plot(updates, accuracy, color=color,
-                         label=f"{name}: {int(updates[-1])} updates")
-    schedule_axis.set_yscale("log")
-    rate_axis.set_yscale("log")
-    schedule_axis.set_xlabel("epoch")
-    schedule_axis.set_ylabel("batch size (solid)")
-    rate_axis.set_ylabel("learning rate (dotted)")
-    schedule_axis.set_title("the schedules")
-    schedule_axis.legend(loc="upper left", fontsize="small")
+        accuracy = 100 * mean_curve(runs)
+        batch_axis.step(epochs, [entry["batch_size"] for entry in runs[0]], where="mid",
+                        label=name, **style)
+        rate_axis.step(epochs, [entry["lr"] for entry in runs[0]], where="mid", label=name,
+                       **style)
+        epoch_axis.plot(epochs, accuracy, label=name, **style)
+        update_axis.plot(updates, accuracy, label=f"{name}: {int(updates[-1])} updates", **style)
+    for axis, label, title in ((batch_axis, "batch size", "batch size per epoch"),
+                               (rate_axis, "learning rate", "learning rate per epoch")):
+        axis.set_yscale("log")
+        axis.set_xlabel("epoch")
+        axis.set_ylabel(label)
+        axis.set_title(title)
+    sizes = sorted({entry["batch_size"] for runs in results.values() for entry in runs[0]})
+    batch_axis.set_yticks(sizes)
+    batch_axis.set_yticklabels([str(size) for size in sizes])
+    batch_axis.minorticks_off()
     low = min(100 * mean_curve(runs).min() for runs in results.values())
     for axis, label in ((epoch_axis, "epoch"), (update_axis, "parameter updates")):
         axis.set_xlabel(label)
         axis.set_ylabel("test accuracy (%)")
         axis.set_ylim(max(0, low - 2), 100)
+    epoch_axis.set_title("test accuracy: same epochs...")
+    update_axis.set_title("...and fewer updates")
+    seeds = len(next(iter(results.values())))
+    figure.suptitle(f"decay the rate or grow the batch (digits MLP, mean of {seeds} "
+                    f"seed{'s' if seeds > 1 else ''})")
+    for axis in axes.flat:
         axis.grid(alpha=0.3)
         axis.legend(fontsize="small")
-    epoch_axis.set_title("same epochs...")
-    update_axis.set_title("...fewer updates")
     figure.tight_layout()
     path = Path(path)
     figure.savefig(path, dpi=100)
