@@ -59,11 +59,10 @@ use_headless_matplotlib()
 
 QUICK = quick()
 OUT = output_dir()
-CONFIG = lb.configuration(full=not QUICK, dataset_size=1442)
-
 data = lb.digits_data()
 x_train, y_train, x_test, y_test = data
 N = len(x_train)
+CONFIG = lb.configuration(full=not QUICK, dataset_size=N)
 print(f"digits: {N} training images, {len(x_test)} test images; "
       f"{'reduced' if QUICK else 'full'} form of the experiment")
 
