@@ -74,9 +74,11 @@ times a worker's: the bottleneck as W grows, which sharding divides by S.
 An all-reduce (ring) moves about 2P per rank whatever W is, and no rank is
 special. Alpha terms: 2S to 4S messages per worker per step.
 
-What a fault-tolerance layer hooks into: :meth:`ServerShard.apply_update` is
-the one place weights change; every push has the identity ``(worker, step)``
-and :attr:`ServerShard.clock` holds, per worker, the last step pushed.
+What a fault-tolerance layer hooks into (:mod:`.fault_tolerant_server` does):
+:meth:`ServerShard.apply_update` is the one place weights change; every push
+has the identity ``(worker, step)`` and :attr:`ServerShard.clock` holds, per
+worker, the last step pushed; :meth:`ServerShard.step_is_complete` says when a
+synchronous step has all the pushes it waits for.
 """
 
 from __future__ import annotations
@@ -289,8 +291,7 @@ class ServerShard:
         self.clock[push.worker] = push.step
         if self.synchronous(push.step):
             self.pending.setdefault(push.step, {})[push.worker] = push
-            while len(self.pending.get(self.completed_steps, ())) == self.workers:
-                self._apply_synchronous_step(self.pending.pop(self.completed_steps))
+            self.apply_complete_steps()
             return
         staleness = self.version - push.base_version
         if self.mode == "drop" and staleness > self.tau:
@@ -300,6 +301,14 @@ class ServerShard:
                 push.worker, push.step, self.version, staleness, accepted=False))
             return
         self.apply_update(push.gradient, [push])
+
+    def apply_complete_steps(self) -> None:
+        """Apply the synchronous steps whose pushes are all in, in step order."""
+        while self.step_is_complete(self.completed_steps):
+            self._apply_synchronous_step(self.pending.pop(self.completed_steps))
+
+    def step_is_complete(self, step: int) -> bool:
+        return len(self.pending.get(step, ())) == self.workers
 
     def _apply_synchronous_step(self, pushes: dict[int, Push]) -> None:
         """Average the step's gradients weighted by examples: the gradient of

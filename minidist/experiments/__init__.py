@@ -1,0 +1,8 @@
+"""Experiments the lessons run, kept here so they can also run on their own
+(``python -m minidist.experiments.NAME``) in a reduced form in seconds or
+a full form with ``--full``.
+
+* :mod:`minidist.experiments.large_batch`: test accuracy against the global
+  batch size with a constant rate, the linear scaling rule plus warm-up, and
+  LARS; and "increase the batch size instead of decaying the rate".
+"""
