@@ -2,12 +2,10 @@
 
 Launches (each runs all its cases inside the workers; the parent compares):
 
-* ``synchronous`` (7 ranks, shm): every (servers S, workers W) with S in
-  {1, 2, 4}, W in {1, 2, 3, 5} and S + W <= 7 runs in a subgroup of the first
-  S + W ranks (one after the other; the other ranks wait in the next one).
-  That is all twelve pairs but (4, 5), which would need 9 processes on a
-  two-core machine: S = 4 is covered with W = 1, 2, 3 and W = 5 with S = 1, 2.
-  Each runs BSP on linear regression with uneven worker shards, with and
+* ``synchronous`` (9 ranks, shm): every (servers S, workers W) with S in
+  {1, 2, 4} and W in {1, 2, 3, 5}, all twelve pairs, runs in a subgroup of the
+  first S + W ranks (one after the other; the other ranks wait in the next
+  one). Each runs BSP on linear regression with uneven worker shards, with and
   without momentum, and SSP with tau = 0; (2, 3) also trains the digits MLP.
 * ``asynchronous`` (5 ranks, pipe, traced): async with one worker, async,
   SSP and drop with three workers in round-robin and arrival order, n_fetch /
@@ -38,7 +36,7 @@ from minidist.parallel.parameter_server import (
 STEPS = 12
 LR = 0.05
 SAMPLES, FEATURES = 61, 6
-PAIRS = [(s, w) for s in (1, 2, 4) for w in (1, 2, 3, 5) if s + w <= 7]
+PAIRS = [(s, w) for s in (1, 2, 4) for w in (1, 2, 3, 5)]
 UNEVEN = [7, 1, 3, 20, 5]        # worker k's share of the rows, in proportion
 MLP_PAIR, MLP_STEPS, MLP_BATCH = (2, 3), 6, 5
 
@@ -121,7 +119,7 @@ def _synchronous_program():
 
 @pytest.fixture(scope="module")
 def synchronous():
-    return minidist.launch(_synchronous_program, world_size=7, transport="shm", timeout=120)
+    return minidist.launch(_synchronous_program, world_size=9, transport="shm", timeout=120)
 
 
 def _runs(results, key):
