@@ -548,8 +548,9 @@ def render_pipeline_frame(chart: PipelineChart, index: int, *, color: bool = Tru
     peaks = [row for row in chart.rows if row.peak_live_microbatches is not None]
     if peaks:
         footer.append("\npeak live activations (micro-batches): " + ", ".join(
-            f"{row.label}: {row.peak_live_microbatches} "
-            f"({format_bytes(row.peak_activation_bytes)})" for row in peaks))
+            f"{row.label}: {row.peak_live_microbatches}"
+            + (f" ({format_bytes(row.peak_activation_bytes)})" if row.peak_activation_bytes
+               else "") for row in peaks))
     return Group(header, Text(), lines, Text(), _legend(chart, color), footer)
 
 
