@@ -760,7 +760,37 @@ def draw_schedule_comparison(events_by_schedule: dict, path, *, x: str = "time",
     return path
 
 
+def draw_planned_comparison(path, stages: int = 4, microbatches: int = 8,
+                            virtual_stages: int = 2, *, forward_time: float = 1.0,
+                            backward_time: float = 2.0, dpi: int = 80,
+                            colors: int | None = 64) -> str:
+    """GPipe vs 1F1B vs interleaved 1F1B as planned: each schedule of
+    ``stages`` ranks and ``microbatches`` micro-batches run by the simulator
+    (:func:`minidist.parallel.pipeline.simulate_schedule`; a stage's forward
+    ``forward_time``, backward ``backward_time``, an interleaved chunk 1/v of
+    that, messages free), drawn by :func:`draw_schedule_comparison` on one time
+    axis with each stage's peak live activations. ``colors``: write the PNG
+    with a palette of that many colours (a third of the bytes, the same
+    picture: it has few colours), None for full colour. Returns the PNG's path."""
+    from minidist.parallel.pipeline_schedules import make_schedule, simulate_schedule
+
+    planned = {}
+    for name, chunks in (("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", virtual_stages)):
+        schedule = make_schedule(name, stages, microbatches, chunks)
+        planned[name] = simulate_schedule(schedule, forward_time / chunks,
+                                          backward_time / chunks)
+    path = draw_schedule_comparison(planned, path, dpi=dpi)
+    if colors:
+        from PIL import Image  # matplotlib's own dependency
+
+        with Image.open(path) as image:
+            reduced = image.convert("RGB").quantize(colors=colors)
+        reduced.save(path, optimize=True)
+    return path
+
+
 __all__ = ["Box", "Row", "Column", "BubbleFormula", "PipelineChart", "pipeline_chart",
            "expected_bubble", "is_pipeline_trace", "describe", "bubble_text",
            "render_pipeline_frame", "step_through_pipeline", "play_pipeline",
-           "draw_pipeline_gantt", "save_pipeline_gantt", "draw_schedule_comparison"]
+           "draw_pipeline_gantt", "save_pipeline_gantt", "draw_schedule_comparison",
+           "draw_planned_comparison"]
