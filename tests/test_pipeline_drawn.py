@@ -205,3 +205,16 @@ def test_minidist_viz_timeline_of_a_real_pipeline_trace(real_run, tmp_path, caps
     stepped = capsys.readouterr().out
     assert f"slot {chart.slots} of {chart.slots}" in stepped
     assert f"batch {len(REAL) * STEPS} of {len(REAL) * STEPS}" in stepped
+
+
+def test_the_planned_comparison_is_the_readme_picture(tmp_path):
+    from pathlib import Path
+
+    from viz.pipeline_chart import draw_planned_comparison
+
+    path = draw_planned_comparison(tmp_path / "schedules.png")
+    committed = Path(__file__).resolve().parent.parent / "docs" / "pipeline_schedules.png"
+    with Image.open(path) as drawn, Image.open(committed) as readme:
+        assert drawn.mode == "P" and drawn.size == readme.size
+    assert (tmp_path / "schedules.png").stat().st_size < 150_000
+    assert committed.stat().st_size < 150_000
