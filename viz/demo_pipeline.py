@@ -165,7 +165,8 @@ def main(args) -> int:
     console.print(f"[bold]minidist demo pipeline[/bold]: {schedule.name} on {stages} processes, "
                   f"an MLP of {stages * v} Linear layers ({v} per process) on the 8x8 digits, "
                   f"batches of {BATCH} in {microbatches} micro-batches, SGD lr {LR} momentum "
-                  f"0.9, {epochs} epoch{'s' if epochs > 1 else ''}")
+                  f"0.9, {epochs} epoch{'s' if epochs > 1 else ''}"
+                  + (f" (at most {MAX_EPOCHS} in this demo)" if args.epochs > MAX_EPOCHS else ""))
     results = minidist.launch(_train, world_size=stages, transport="shm",
                               args=(schedule.name, v, microbatches, epochs), trace=trace_path)
     annotate_trace(trace_path, results[0]["header"])
