@@ -29,7 +29,8 @@ def _cmd_train(args) -> int:
 # Demos of a parallel strategy: NAME -> the module (in viz/, which may run
 # minidist and draw what ran) whose ``main(args) -> int`` trains and shows it.
 STRATEGY_DEMOS: dict[str, str] = {"data-parallel": "viz.demo_data_parallel",
-                                  "parameter-server": "viz.demo_parameter_server"}
+                                  "parameter-server": "viz.demo_parameter_server",
+                                  "pipeline": "viz.demo_pipeline"}
 
 
 def _cmd_demo(args) -> int:

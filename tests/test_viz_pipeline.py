@@ -223,7 +223,7 @@ def test_batches_are_cut_at_the_optimizer_step():
         pipeline_chart(first + second, batch=2)
 
 
-def test_interleaved_formula_and_chunk_marks():
+def test_interleaved_formula_and_chunk_names():
     formula = expected_bubble(4, 8, 2)
     assert formula.fraction == Fraction(3, 19)
     assert formula.formula == "(p-1)/(v·m+p-1)"
@@ -233,7 +233,7 @@ def test_interleaved_formula_and_chunk_marks():
                                                                  stage=3)]
     chart = pipeline_chart(events)
     assert chart.virtual_stages == 2 and chart.stages == 2
-    assert chart.row_text(0) == "F0a ... F0b ..."
+    assert chart.row_text(0) == "F0   .... F0c1 ...."
     assert [row.stage for row in chart.rows] == [0, 1]
 
 

@@ -27,7 +27,9 @@ first one also pays the processes' start-up).
 
 The bubble, measured: over the batch's makespan (first F/B/R start to last
 F/B/R end, all ranks), ``1 - busy / (ranks x makespan)`` where busy sums the
-F/B/R regions; the optimizer step is drawn but counted as neither.
+F/B/R regions; the optimizer step is drawn but counted as neither. One
+definition: the chart calls the runtime's
+:func:`minidist.parallel.pipeline.bubble_fraction` on the batch's events.
 
 The bubble, expected, with equal stage costs and no transfer time: GPipe and
 1F1B idle ``(p-1)/(m+p-1)`` of the makespan (each stage waits p-1 slots to
@@ -60,6 +62,7 @@ from rich.console import Console, Group
 from rich.text import Text
 
 from minidist import trace as _trace
+from minidist.parallel.pipeline_schedules import bubble_fraction, compute_text
 from viz.terminal import (
     _LIGHT,
     PALETTE,
@@ -98,14 +101,14 @@ class Box:
     end: int
     slot: int                # the column it starts in
     last_slot: int           # the last column it is still running in
-    chunk_mark: str = ""     # "a", "b", ... for interleaved chunks, "" otherwise
 
     @property
     def text(self) -> str:
-        """"F3", "B3", "R3" ("F3b": chunk 1 when interleaved) or "st"."""
+        """"F3", "B3", "R3" ("F3c1": the rank's model chunk 1, interleaved) or
+        "st": the schedule's own words (:func:`compute_text`)."""
         if self.kind == "step":
             return STEP_TEXT
-        return f"{self.kind}{self.microbatch}{self.chunk_mark}"
+        return compute_text(self.kind, self.microbatch, self.chunk)
 
     @property
     def duration(self) -> int:
@@ -168,17 +171,15 @@ class PipelineChart:
     expected: BubbleFormula
     batch: int               # which batch of the trace, from 0
     batches: int
-    simulated: bool          # times are the simulator's virtual clock
+    simulated: bool          # the simulator's virtual clock (ns too: 1 ms per unit of cost)
+    #: The measured bubble, 1 - busy / (ranks x makespan): the runtime's own
+    #: :func:`minidist.parallel.pipeline.bubble_fraction` of the batch's events.
+    bubble: float
 
     @property
     def capacity(self) -> int:
         """ranks x makespan: the time the stages had."""
         return len(self.rows) * self.makespan
-
-    @property
-    def bubble(self) -> float:
-        """The measured bubble: idle / (ranks x makespan)."""
-        return self.idle / self.capacity if self.capacity else 0.0
 
     @property
     def slots(self) -> int:
@@ -190,7 +191,8 @@ class PipelineChart:
         return " ".join(cells if upto is None else cells[:upto + 1])
 
     def time_text(self, value: int) -> str:
-        return str(value) if self.simulated else format_seconds(value / 1e9)
+        """Trace times are nanoseconds, the simulator's virtual ones too."""
+        return format_seconds(value / 1e9)
 
 
 # --------------------------------------------------------------------------- reading
@@ -233,7 +235,8 @@ def _raw_boxes(events: list[dict]) -> dict[int, list[dict]]:
             "chunk": int(info.get("chunk", 0) or 0),
             "stage": stage if isinstance(stage, int) else None,
             "phase": str(info.get("phase", "step" if kind == "step" else "")),
-            "start": int(event["start"]), "end": int(max(event["end"], event["start"]))})
+            "start": int(event["start"]), "end": int(max(event["end"], event["start"])),
+            "event": event})
     for boxes in by_rank.values():
         boxes.sort(key=lambda box: (box["start"], box["end"]))
     return by_rank
@@ -351,8 +354,8 @@ def pipeline_chart(trace, *, batch: int = -1, schedule: str | None = None,
     ``trace``: a path, a :class:`minidist.trace.Trace`, a (header, events)
     pair or a list of events (the simulator's). ``batch``: which batch, from
     0 (negative: from the end). The keyword arguments override the header
-    (or, without one, what the events say). ``simulated``: show times as the
-    virtual clock's plain numbers; by default when the header's transport is
+    (or, without one, what the events say). ``simulated``: say the times are
+    the simulator's virtual clock; by default when the header's transport is
     "sim" or there is no header (a list of simulated events).
     """
     header, events = _load(trace)
@@ -401,12 +404,10 @@ def pipeline_chart(trace, *, batch: int = -1, schedule: str | None = None,
             box = dict(box, row=row, start=box["start"] - origin, end=box["end"] - origin)
             all_boxes.append(box)
     columns = _columns(all_boxes)
-    marks = "abcdefghijklmnopqrstuvwxyz"
     frozen = {id(box): Box(rank=box["rank"], kind=box["kind"], microbatch=box["microbatch"],
                            chunk=box["chunk"], stage=box["stage"], phase=box["phase"],
                            start=box["start"], end=box["end"], slot=box["slot"],
-                           last_slot=box["last_slot"],
-                           chunk_mark=marks[box["chunk"] % 26] if virtual_stages > 1 else "")
+                           last_slot=box["last_slot"])
               for box in all_boxes}
 
     end = max(box["end"] for box in all_boxes)
@@ -442,7 +443,8 @@ def pipeline_chart(trace, *, batch: int = -1, schedule: str | None = None,
                       for index, column in enumerate(columns)),
         grid=tuple(grid), makespan=makespan, end=end, idle=idle_total,
         expected=expected_bubble(stages, microbatches, virtual_stages), batch=batch,
-        batches=batches, simulated=bool(simulated))
+        batches=batches, simulated=bool(simulated),
+        bubble=bubble_fraction([box["event"] for box in work], len(ranks)))
 
 
 # --------------------------------------------------------------------------- words
@@ -489,7 +491,7 @@ def _legend(chart: PipelineChart, color: bool) -> Text:
     if color:
         text.append(" (and its colour)")
     if chart.virtual_stages > 1:
-        text.append("  F3a, F3b: model chunk 0, 1 of the rank")
+        text.append("  F3, F3c1: model chunk 0, 1 of the rank")
     return text
 
 
@@ -546,8 +548,9 @@ def render_pipeline_frame(chart: PipelineChart, index: int, *, color: bool = Tru
     peaks = [row for row in chart.rows if row.peak_live_microbatches is not None]
     if peaks:
         footer.append("\npeak live activations (micro-batches): " + ", ".join(
-            f"{row.label}: {row.peak_live_microbatches} "
-            f"({format_bytes(row.peak_activation_bytes)})" for row in peaks))
+            f"{row.label}: {row.peak_live_microbatches}"
+            + (f" ({format_bytes(row.peak_activation_bytes)})" if row.peak_activation_bytes
+               else "") for row in peaks))
     return Group(header, Text(), lines, Text(), _legend(chart, color), footer)
 
 
@@ -587,9 +590,7 @@ def _figure(width: float, height: float):
     return figure
 
 
-def _time_unit(span: float, simulated: bool) -> tuple[str, float]:
-    if simulated:
-        return "simulated time units", 1.0
+def _time_unit(span: float) -> tuple[str, float]:
     for unit, scale, below in (("ns", 1.0, 2e3), ("µs", 1e3, 2e6), ("ms", 1e6, 2e9)):
         if span < below:
             return unit, scale
@@ -610,7 +611,7 @@ def _draw_chart(axis, chart: PipelineChart, *, x: str = "time", xmax: float | No
 
     if x not in ("time", "slot"):
         raise ValueError(f"x={x!r}: draw against 'time' (the clock) or 'slot' (time slots)")
-    unit, scale = _time_unit(max(chart.end, 1), chart.simulated)
+    unit, scale = _time_unit(max(chart.end, 1))
     span = chart.slots if x == "slot" else max(chart.end, 1) / scale
     limit = xmax if xmax is not None else span
     for row_index, row in enumerate(chart.rows):
@@ -731,7 +732,7 @@ def draw_schedule_comparison(events_by_schedule: dict, path, *, x: str = "time",
     if x == "slot":
         xmax = max(chart.slots for chart in charts)
     else:
-        xmax = max(chart.end / _time_unit(max(chart.end, 1), chart.simulated)[1]
+        xmax = max(chart.end / _time_unit(max(chart.end, 1))[1]
                    for chart in charts)
     for index, chart in enumerate(charts):
         axis = figure.add_subplot(grid[index, 0])
@@ -759,7 +760,37 @@ def draw_schedule_comparison(events_by_schedule: dict, path, *, x: str = "time",
     return path
 
 
+def draw_planned_comparison(path, stages: int = 4, microbatches: int = 8,
+                            virtual_stages: int = 2, *, forward_time: float = 1.0,
+                            backward_time: float = 2.0, dpi: int = 80,
+                            colors: int | None = 64) -> str:
+    """GPipe vs 1F1B vs interleaved 1F1B as planned: each schedule of
+    ``stages`` ranks and ``microbatches`` micro-batches run by the simulator
+    (:func:`minidist.parallel.pipeline.simulate_schedule`; a stage's forward
+    ``forward_time``, backward ``backward_time``, an interleaved chunk 1/v of
+    that, messages free), drawn by :func:`draw_schedule_comparison` on one time
+    axis with each stage's peak live activations. ``colors``: write the PNG
+    with a palette of that many colours (a third of the bytes, the same
+    picture: it has few colours), None for full colour. Returns the PNG's path."""
+    from minidist.parallel.pipeline_schedules import make_schedule, simulate_schedule
+
+    planned = {}
+    for name, chunks in (("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", virtual_stages)):
+        schedule = make_schedule(name, stages, microbatches, chunks)
+        planned[name] = simulate_schedule(schedule, forward_time / chunks,
+                                          backward_time / chunks)
+    path = draw_schedule_comparison(planned, path, dpi=dpi)
+    if colors:
+        from PIL import Image  # matplotlib's own dependency
+
+        with Image.open(path) as image:
+            reduced = image.convert("RGB").quantize(colors=colors)
+        reduced.save(path, optimize=True)
+    return path
+
+
 __all__ = ["Box", "Row", "Column", "BubbleFormula", "PipelineChart", "pipeline_chart",
            "expected_bubble", "is_pipeline_trace", "describe", "bubble_text",
            "render_pipeline_frame", "step_through_pipeline", "play_pipeline",
-           "draw_pipeline_gantt", "save_pipeline_gantt", "draw_schedule_comparison"]
+           "draw_pipeline_gantt", "save_pipeline_gantt", "draw_schedule_comparison",
+           "draw_planned_comparison"]

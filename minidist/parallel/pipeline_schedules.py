@@ -77,11 +77,9 @@ class Action:
     def __str__(self) -> str:
         if self.kind == OPTIMIZER_STEP:
             return "step"
+        if self.kind in (FORWARD, BACKWARD):
+            return compute_text("F" if self.kind == FORWARD else "B", self.microbatch, self.chunk)
         what = f"{self.microbatch}" + (f"c{self.chunk}" if self.chunk else "")
-        if self.kind == FORWARD:
-            return f"F{what}"
-        if self.kind == BACKWARD:
-            return f"B{what}"
         name = {SEND_ACTIVATION: "send_act", RECV_ACTIVATION: "recv_act",
                 SEND_GRAD: "send_grad", RECV_GRAD: "recv_grad"}[self.kind]
         arrow = "->" if self.kind.startswith("send") else "<-"
@@ -319,8 +317,16 @@ def message_tag(kind: str, microbatch: int, receiving_stage: int, total_stages: 
     return 2 * (microbatch * total_stages + receiving_stage) + (kind == "grad")
 
 
+def compute_text(letter: str, microbatch: int, chunk: int = 0) -> str:
+    """How a forward, backward or recomputation is written everywhere (the
+    schedule's printout, the trace, the drawings): ``F3``, ``B3``, ``R3``;
+    ``F3c1`` on the rank's model chunk 1 (interleaved)."""
+    return f"{letter}{microbatch}" + (f"c{chunk}" if chunk else "")
+
+
 def compute_label(letter: str, microbatch: int, chunk: int, stage: int, phase: str) -> str:
-    """A compute region's label: ``F3`` / ``B3`` / ``R3`` with its pairs."""
+    """A compute region's label: ``F3`` / ``B3`` / ``R3`` with its pairs
+    (the chunk is among the pairs, not in the text: the agreed format)."""
     return _trace.with_info(f"{letter}{microbatch}", pipeline=letter, mb=microbatch,
                             chunk=chunk, stage=stage, phase=phase)
 

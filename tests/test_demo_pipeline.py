@@ -1,0 +1,67 @@
+"""`minidist demo pipeline`: trains on real processes and draws the trace;
+`--simulate` draws the planned schedule. Standard output is not a terminal
+here, so the step-through prints every frame."""
+
+from __future__ import annotations
+
+import pytest
+from PIL import Image
+
+from minidist import trace
+from minidist.cli import STRATEGY_DEMOS, main
+from viz.pipeline_chart import pipeline_chart
+
+
+def _printed(capsys) -> str:
+    return " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.timeout(120)
+def test_demo_pipeline_trains_writes_the_trace_and_draws_it(tmp_path, capsys):
+    assert STRATEGY_DEMOS["pipeline"] == "viz.demo_pipeline"
+    path, png = tmp_path / "pipeline.jsonl", tmp_path / "gantt.png"
+    assert main(["demo", "pipeline", "--schedule", "1f1b", "--stages", "2",
+                 "--microbatches", "2", "--epochs", "1", "--trace", str(path),
+                 "--timeline", str(png), "--no-color"]) == 0
+    out = _printed(capsys)
+    assert "1f1b on 2 processes" in out and "epoch 1: mean loss" in out
+    assert "test accuracy" in out and f"trace written to {path}" in out
+    written = trace.read_jsonl(path)
+    assert written.header["schedule"] == "1f1b" and written.header["stages"] == 2
+    assert written.header["microbatches"] == 2
+    chart = pipeline_chart(written)
+    # one epoch over the digits: every batch of the run is in the trace
+    assert chart.batches > 10 and f"batch {chart.batches} of {chart.batches}" in out
+    assert f"slot {chart.slots} of {chart.slots}" in out  # every frame printed
+    assert f"bubble: measured {chart.bubble:.3f}" in out
+    assert "expected (p-1)/(m+p-1) = 1/3 = 0.333" in out
+    assert 0 < chart.bubble < 1
+    assert f"Gantt chart written to {png}" in out
+    with Image.open(png) as image:
+        assert image.size[0] == 1200
+
+
+def test_demo_pipeline_simulate_draws_the_planned_schedule(tmp_path, capsys):
+    png, path = tmp_path / "planned.png", tmp_path / "planned.jsonl"
+    assert main(["demo", "pipeline", "--simulate", "--schedule", "gpipe", "--stages", "2",
+                 "--microbatches", "2", "--timeline", str(png), "--trace", str(path),
+                 "--no-color"]) == 0
+    out = _printed(capsys)
+    assert "no processes" in out and "(simulated)" in out
+    assert "slot 1 of" in out and "measured 0.333" in out and "1/3 = 0.333" in out
+    assert pipeline_chart(path).row_text(0).startswith("F0 F1")
+    with Image.open(png) as image:
+        assert image.size[0] == 1200
+    assert main(["demo", "pipeline", "--simulate", "--schedule", "interleaved", "--stages",
+                 "2", "--microbatches", "4", "--no-color"]) == 0
+    # two chunks per rank, each half a stage's cost: (p-1)/(v m+p-1) = 1/9
+    assert "measured 0.111" in _printed(capsys)
+
+
+def test_demo_pipeline_bad_input(capsys):
+    assert main(["demo", "pipeline", "--stages", "0"]) == 2
+    assert "--stages and --microbatches must be at least 1, got 0" in _printed(capsys)
+    assert main(["demo", "pipeline", "--schedule", "zigzag", "--simulate"]) == 2
+    assert "unknown pipeline schedule 'zigzag'" in _printed(capsys)
+    assert main(["demo", "pipeline", "--microbatches", "65", "--simulate"]) == 2
+    assert "use --microbatches <= 64" in _printed(capsys)
