@@ -8,7 +8,10 @@ For n = 1, 2 and 4 workers, each limited to one BLAS thread:
   efficiency   samples/s at n / (n * samples/s at 1), the flavour's own n = 1
   DDP / torch  minidist DDP's step time over PyTorch DDP's (gloo), same n
 
-Flavours: minidist ``DistributedDataParallel`` (ring all_reduce, overlapped
+Flavours: ``independent`` (each worker runs the same single-process step
+and never communicates: the ceiling any data-parallel flavour can reach on
+this machine, since n processes share its caches and memory bandwidth),
+minidist ``DistributedDataParallel`` (ring all_reduce, overlapped
 25 MB buckets), minidist ``CoordinatorDataParallel`` (gather to rank 0,
 update there, broadcast the weights), and ``torch.nn.parallel.
 DistributedDataParallel`` on gloo (spawned processes, ``torch.set_num_threads(1)``,
@@ -116,7 +119,15 @@ def minidist_worker(model_name: str, flavour: str, warmup: int, windows: int, st
     model = minidist_model(model_name)
     loss_fn = nn.CrossEntropyLoss()
     batches = rank_batches(model_name, dist.get_rank(), dist.get_world_size())
-    if flavour == "ddp":
+    if flavour == "independent":
+        optimizer = optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+
+        def step(index):
+            x, y = batches[index % DISTINCT_BATCHES]
+            optimizer.zero_grad(set_to_none=False)
+            loss_fn(model(Tensor(x)), y).backward()
+            optimizer.step()
+    elif flavour == "ddp":
         ddp = DistributedDataParallel(model, algorithm="ring")
         optimizer = optim.SGD(ddp.parameters(), lr=LR, momentum=MOMENTUM)
 
@@ -238,7 +249,7 @@ def main(argv=None) -> int:
 
     from minidist.bench.common import machine
 
-    console = Console(highlight=False)
+    console = Console(highlight=False, width=max(Console().width, 130))
     have_torch = not args.no_torch and importlib.util.find_spec("torch") is not None
     torch_version = None
     if have_torch:
@@ -247,7 +258,9 @@ def main(argv=None) -> int:
         console.print("PyTorch is not installed: its column is left out "
                       "(pip install torch to get it)")
 
-    runners = {"ddp": lambda m, n: run_minidist(m, "ddp", n, warmup, windows, steps),
+    runners = {"independent": lambda m, n: run_minidist(m, "independent", n, warmup, windows,
+                                                        steps),
+               "ddp": lambda m, n: run_minidist(m, "ddp", n, warmup, windows, steps),
                "coordinator": lambda m, n: run_minidist(m, "coordinator", n, warmup, windows,
                                                         steps)}
     if have_torch:
@@ -275,14 +288,15 @@ def main(argv=None) -> int:
 
     table = Table(title=f"weak scaling, 1 BLAS thread per worker, median of {windows} windows "
                         f"of {steps} steps" + (f", PyTorch {torch_version}" if have_torch else ""))
-    columns = ["model", "n", "DDP\nsamples/s", "DDP\neff.", "coordinator\nsamples/s",
+    columns = ["model", "n", "independent\neff.", "DDP\nsamples/s", "DDP\neff.", "coordinator\nsamples/s",
                "coordinator\neff."]
     if have_torch:
         columns += ["PyTorch\nsamples/s", "PyTorch\neff.", "DDP /\nPyTorch"]
     for column in columns:
         table.add_column(column, justify="left" if column == "model" else "right")
     for row in results:
-        cells = [f"{row['model']} b={row['batch_per_worker']}", str(row["workers"])]
+        cells = [f"{row['model']} b={row['batch_per_worker']}", str(row["workers"]),
+                 f"{row['independent_efficiency'] * 100:.0f} %"]
         for flavour in ("ddp", "coordinator") + (("torch",) if have_torch else ()):
             cells += [f"{row[f'{flavour}_samples_per_s']:,.0f}",
                       f"{row[f'{flavour}_efficiency'] * 100:.0f} %"]
