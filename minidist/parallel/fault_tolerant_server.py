@@ -106,6 +106,7 @@ from minidist import trace
 from minidist.parallel.parameter_server import (
     NO_STEP,
     ParameterServer,
+    PendingPush,
     Push,
     PushRecord,
     ServerShard,
@@ -401,26 +402,16 @@ class FaultTolerantParameterServer(ParameterServer):
         result = FaultTolerantWorkerResult("worker", worker, weights, steps, 0, 0)
         primaries = list(range(self.layout.servers))
         versions = [0] * self.layout.servers
-        summed, examples, base_versions = None, 0, None
+        pending = PendingPush()
         for step in range(steps):
-            with trace.region(trace.with_info("gradient", worker=worker, step=step,
-                                              version=min(versions))):
-                gradient, step_examples, loss = self._call_gradient_fn(
-                    gradient_fn, weights, worker, step)
-            if loss is not None:
-                result.losses.append((step, trace.now(), float(loss)))
-            if summed is None:
-                summed, base_versions = np.array(gradient, copy=True), list(versions)
-            else:
-                summed += gradient
-            examples += step_examples
+            self._compute_gradient(gradient_fn, weights, worker, step, versions, result, pending)
             push = self._pushes_after(step, steps)
             requests = []
             for index, (start, stop) in enumerate(self.key_ranges):
                 header = np.array([index, step if push else NO_STEP,
-                                   base_versions[index] if push else versions[index],
-                                   examples if push else 0, step + 1], np.int64)
-                requests.append((header, summed[start:stop] if push else None))
+                                   pending.base_versions[index] if push else versions[index],
+                                   pending.examples if push else 0, step + 1], np.int64)
+                requests.append((header, pending.summed[start:stop] if push else None))
             for index, request in enumerate(requests):
                 self._send_request(worker, index, request, primaries, step, result)
             if push and self.push_twice_at == (worker, step):
@@ -434,7 +425,7 @@ class FaultTolerantParameterServer(ParameterServer):
             result.pulls += 1
             if push:
                 result.pushes += 1
-                summed, examples, base_versions = None, 0, None
+                pending.clear()
         self._say_goodbye(worker)
         return result
 

@@ -245,6 +245,24 @@ class WorkerResult:
 # --------------------------------------------------------------------------- the server's shard
 
 
+class PendingPush:
+    """The gradients a worker has summed since its last push (``n_push`` steps
+    of them in async), their examples, and the versions the first was computed on."""
+
+    def __init__(self):
+        self.clear()
+
+    def clear(self) -> None:
+        self.summed, self.examples, self.base_versions = None, 0, None
+
+    def add(self, gradient: np.ndarray, examples: int, versions) -> None:
+        if self.summed is None:
+            self.summed, self.base_versions = np.array(gradient, copy=True), list(versions)
+        else:
+            self.summed += gradient
+        self.examples += examples
+
+
 class ServerShard:
     """One server's key range: its weights, optimizer, version and log.
 
@@ -575,34 +593,36 @@ class ParameterServer:
         self._request(worker, Request(pull_step=0), None, versions)
         self._receive_weights(worker, 0, weights, versions)
         result.pulls += 1
-        summed, examples, base_versions = None, 0, None
+        pending = PendingPush()
         for step in range(steps):
-            with trace.region(trace.with_info("gradient", worker=worker, step=step,
-                                              version=min(versions))):
-                gradient, step_examples, loss = self._call_gradient_fn(
-                    gradient_fn, weights, worker, step)
-            if loss is not None:
-                result.losses.append((step, trace.now(), float(loss)))
-            if summed is None:
-                summed, base_versions = np.array(gradient, copy=True), list(versions)
-            else:
-                summed += gradient
-            examples += step_examples
+            self._compute_gradient(gradient_fn, weights, worker, step, versions, result, pending)
             push = self._pushes_after(step, steps)
             pull = step + 1 < steps and self._pulls_before(step + 1)
             if not (push or pull):
                 continue
-            request = Request(push_step=step if push else NO_STEP, examples=examples if push else 0,
+            request = Request(push_step=step if push else NO_STEP,
+                              examples=pending.examples if push else 0,
                               pull_step=step + 1 if pull else NO_STEP, done=step == steps - 1)
-            self._request(worker, request, summed if push else None,
-                          base_versions if push else versions)
+            self._request(worker, request, pending.summed if push else None,
+                          pending.base_versions if push else versions)
             if push:
                 result.pushes += 1
-                summed, examples, base_versions = None, 0, None
+                pending.clear()
             if pull:
                 self._receive_weights(worker, step + 1, weights, versions)
                 result.pulls += 1
         return result
+
+    def _compute_gradient(self, gradient_fn, weights, worker: int, step: int, versions,
+                          result: WorkerResult, pending: PendingPush) -> None:
+        """One step of a worker's own work: its gradient on the weights it holds,
+        traced, its loss logged, added to the push it is gathering."""
+        with trace.region(trace.with_info("gradient", worker=worker, step=step,
+                                          version=min(versions))):
+            gradient, examples, loss = self._call_gradient_fn(gradient_fn, weights, worker, step)
+        if loss is not None:
+            result.losses.append((step, trace.now(), float(loss)))
+        pending.add(gradient, examples, versions)
 
     def _call_gradient_fn(self, gradient_fn, weights, worker: int, step: int):
         returned = gradient_fn(weights, worker, step)
