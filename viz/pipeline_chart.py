@@ -64,7 +64,7 @@ from rich.text import Text
 from minidist import trace as _trace
 from minidist.parallel.pipeline_schedules import bubble_fraction, compute_text
 from viz.terminal import (
-    _LIGHT,
+    LIGHT_COLOURS,
     PALETTE,
     format_bytes,
     format_seconds,
@@ -476,7 +476,7 @@ def _cell_style(box: Box | None, color: bool) -> str:
         return "bold"
     colour = PALETTE[box.microbatch % len(PALETTE)]
     weight = "bold " if box.kind == "F" else "italic "
-    return f"{weight}{'black' if colour in _LIGHT else 'white'} on {colour}"
+    return f"{weight}{'black' if colour in LIGHT_COLOURS else 'white'} on {colour}"
 
 
 def _legend(chart: PipelineChart, color: bool) -> Text:
@@ -637,7 +637,7 @@ def _draw_chart(axis, chart: PipelineChart, *, x: str = "time", xmax: float | No
             if width >= span / 60:
                 axis.text(left + width / 2, row_index + 0.5, box.text, ha="center",
                           va="center", fontsize=8 if width >= span / 30 else 6, zorder=3,
-                          color="black" if face in _LIGHT or face == "#FFFFFF" else "white",
+                          color="black" if face in LIGHT_COLOURS or face == "#FFFFFF" else "white",
                           bbox={"boxstyle": "round,pad=0.12", "facecolor": face,
                                 "edgecolor": "none"}, clip_on=True)
     axis.set_xlim(0, limit * 1.01)

@@ -46,7 +46,8 @@ from viz.replay import Frame, Replay
 PALETTE = ("#006BA4", "#FF800E", "#ABABAB", "#595959", "#5F9ED1",
            "#C85200", "#898989", "#A2C8EC", "#FFBC79", "#CFCFCF")
 #: Colours on which black text is easier to read than white.
-_LIGHT = {"#ABABAB", "#A2C8EC", "#FFBC79", "#CFCFCF", "#FF800E", "#5F9ED1", "#898989"}
+# The palette colours dark text reads best on (shared by every terminal renderer).
+LIGHT_COLOURS = {"#ABABAB", "#A2C8EC", "#FFBC79", "#CFCFCF", "#FF800E", "#5F9ED1", "#898989"}
 COMPLETE_STYLE = "bold black on white"
 KEYS_HELP = "n/space: next   b: back   g: start   G: end   q: quit"
 #: Messages listed under a frame; the rest are counted.
@@ -77,7 +78,7 @@ def _cell_style(holding: frozenset, world_size: int, color: bool) -> str:
     if len(holding) == world_size:
         return COMPLETE_STYLE
     colour = rank_colour(first_rank(holding, world_size))
-    return f"{'black' if colour in _LIGHT else 'white'} on {colour}"
+    return f"{'black' if colour in LIGHT_COLOURS else 'white'} on {colour}"
 
 
 def first_rank(holding: frozenset, world_size: int) -> int:
