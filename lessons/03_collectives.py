@@ -248,6 +248,16 @@ print("(microseconds; 'auto' would pick:",
 # Small arrays: the algorithms with the fewest steps win (each step costs at
 # least $\alpha$, plus Python's own overhead per message here). Large arrays:
 # the ones that send the fewest bytes per rank win: ring and Rabenseifner.
+#
+# Two algorithms are made for ranks that share one machine. **one_shot**:
+# everyone hands its whole array to everyone and each rank adds all n up, in
+# rank order (one step; on the shm transport no messages at all, only a
+# shared slot per rank, see `transport/shared_slots.py`). **two_shot**: the
+# ring's reduce-scatter and allgather, but each done in one step with every
+# rank talking to every other. And on shm, any message bigger than the ring
+# is not copied through it: the receiver reads it straight out of the
+# sender's memory (`transport/cma.py`), one copy instead of two. That is why
+# the ring of 64 MiB costs less here than two copies of every byte would.
 
 # %% [markdown]
 # ## 4. A thousand ranks, simulated

@@ -11,7 +11,7 @@ measurements, and predicts::
     from minidist import costmodel
     costmodel.predict("all_reduce", "ring", world_size=8, nbytes=64 << 20,
                       params=costmodel.PARAMS["shm"])
-    costmodel.best("all_reduce", 8, 4096)          # -> "recursive_doubling"
+    costmodel.best("all_reduce", 8, 4096, transport="pipe")  # -> "recursive_doubling"
 
 N is the size of each rank's array for broadcast, reduce and all_reduce; of
 the whole (gathered / scattered / exchanged) array for gather, scatter,
@@ -50,6 +50,9 @@ class Params:
     gamma: float = 0.0
     #: seconds per byte when a rank sends and receives at once; None: as beta
     exchange_beta: float | None = None
+    #: latency of the shared slots (the one-shot all_reduce of small arrays
+    #: without messages, shm only; see transport/shared_slots.py); None: none
+    slots_alpha: float | None = None
 
     @property
     def xbeta(self) -> float:
@@ -71,7 +74,9 @@ class Params:
 #: ``np.add(a, b, out=a)`` on 64 MiB float32 arrays (about 1.5e-10 s/B).
 #: Refit on your machine with :func:`fit` (lesson 2 shows how).
 PARAMS = {
-    "shm": Params(alpha=4.9e-6, beta=1.21e-10, gamma=1.5e-10),
+    # slots_alpha: the one-shot all_reduce through shared slots took about half
+    # of recursive doubling's time at 4 KiB on 2 ranks (2026-11-23, EPYC).
+    "shm": Params(alpha=4.9e-6, beta=1.21e-10, gamma=1.5e-10, slots_alpha=2.5e-6),
     "pipe": Params(alpha=3.1e-5, beta=3.83e-10, gamma=1.5e-10),
     "mpi": Params(alpha=2.1e-6, beta=7.5e-11, gamma=1.5e-10),
     # A cluster-like default for the simulator: 5 us latency, 10 GB/s links,
@@ -137,8 +142,20 @@ FORMULAS = {
         + _fold(n, N, P),
         "ring": lambda n, N, P: 2 * (n - 1) * P.alpha + 2 * (n - 1) / n * N * P.xbeta
         + (n - 1) / n * N * P.gamma,
+        "two_shot": lambda n, N, P: 2 * (n - 1) * P.alpha + 2 * (n - 1) / n * N * P.xbeta
+        + (n - 1) / n * N * P.gamma,
+        "one_shot": lambda n, N, P: _one_shot(n, N, P),
     },
 }
+
+
+def _one_shot(n: int, N: float, P: Params) -> float:
+    from minidist.distributed.transport import shared_slots
+
+    if P.slots_alpha is not None and N <= shared_slots.SLOT_BYTES \
+            and n <= shared_slots.MAX_WORLD:
+        return P.slots_alpha + N * P.beta + (n - 1) * N * P.gamma
+    return (n - 1) * (P.alpha + N * P.xbeta) + (n - 1) * N * P.gamma
 
 
 # --------------------------------------------------------------------------- rooted, barrier
@@ -256,6 +273,10 @@ TRAFFIC = {
         "rabenseifner": _all_reduce_rabenseifner_traffic,
         "ring": lambda n, count, itemsize, root=0: (2 * n * (n - 1),
                                                     2 * (n - 1) * count * itemsize),
+        "two_shot": lambda n, count, itemsize, root=0: (2 * n * (n - 1),
+                                                        2 * (n - 1) * count * itemsize),
+        "one_shot": lambda n, count, itemsize, root=0: (n * (n - 1),
+                                                        n * (n - 1) * count * itemsize),
     },
     "scatter": {
         "linear": _whole_arrays(lambda n: n - 1),

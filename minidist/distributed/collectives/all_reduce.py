@@ -13,6 +13,8 @@ reduce_broadcast        2 ceil(log2 n) (alpha + N beta) + ceil(log2 n) N gamma
 recursive_doubling      log2 p (alpha + N beta + N gamma)         (+2 steps if n != p)
 rabenseifner            2 log2 p alpha + 2 (p-1)/p N beta + (p-1)/p N gamma  (+2 steps if n != p)
 ring                    2 (n - 1) alpha + 2 (n-1)/n N beta + (n-1)/n N gamma
+two_shot                2 (n - 1) alpha + 2 (n-1)/n N beta + (n-1)/n N gamma  (2 steps)
+one_shot                (n - 1) (alpha + N beta) + (n - 1) N gamma             (1 step)
 double_binary_tree      (k + 2 ceil(log2 n) - 1) (alpha + 2 N/k beta + N/k gamma)
 ======================  ========================================================
 
@@ -36,11 +38,15 @@ power-of-two algorithm; at the end each odd rank hands the result back.
 
 from __future__ import annotations
 
+import numpy as np
+
+from minidist import trace as _trace
 from minidist.costmodel import double_binary_tree_chunks
 from minidist.distributed.collectives import broadcast as _broadcast
 from minidist.distributed.collectives import call
 from minidist.distributed.collectives import reduce as _reduce
 from minidist.distributed.collectives.chunks import largest_power_of_two, split
+from minidist.distributed.collectives.comm import SEQ_SHIFT
 from minidist.distributed.collectives.halving import fold_in as _fold_in
 from minidist.distributed.collectives.halving import fold_out as _fold_out
 from minidist.distributed.collectives.halving import real_rank as _real_rank
@@ -169,6 +175,92 @@ def ring(comm, buffer):
         comm.at(n - 1 + step, "allgather")
         yield [comm.isend(chunks[out], right, f"allgather step {step} chunk {out}"),
                comm.irecv(chunks[into], left, f"allgather step {step} chunk {into}")]
+
+
+def two_shot(comm, buffer):
+    """Two-shot: a reduce-scatter and an allgather in which every rank talks to
+    every other rank directly, in one step each.
+
+    The array is cut into n chunks and rank r owns chunk r. Shot one: every
+    rank sends chunk j to rank j, for all j at once, and combines the n - 1
+    pieces of its own chunk as they arrive. Shot two: every rank sends its
+    finished chunk to everyone and receives theirs. The bytes are the ring's,
+    but there are 2 steps instead of 2 (n - 1), and no rank waits for a
+    neighbour that is itself waiting for its neighbour: what NVLink and
+    shared-memory libraries use inside one machine, where every pair of
+    ranks is connected (NCCL and TensorRT-LLM call it two-shot). On a
+    network it would push n - 1 messages through one link at once.
+
+    On minidist's shm transport the big pieces go by rendezvous (see
+    :mod:`minidist.distributed.transport.cma`): the owner reads each piece
+    straight out of the peer's array and combines it block by block, so each
+    byte is copied once, not twice.
+
+    Identical bits: only the owner combines a chunk, then everyone copies it.
+    The owner combines its pieces in the order they arrive, so float sums may
+    differ in the last bit from one run to the next (never between ranks).
+
+    Cost: 2 (n - 1) alpha + 2 (n-1)/n N beta + (n-1)/n N gamma, the sends of a
+    step sharing the rank's link.
+    """
+    n, rank = comm.size, comm.rank
+    chunks = split(buffer, n)
+    # Send to rank + 1, + 2, ... and receive from rank - 1, - 2, ...: the
+    # order in which the others send to us, so nobody's first message waits.
+    to = [(rank + step) % n for step in range(1, n)]
+    since = [(rank - step) % n for step in range(1, n)]
+    comm.at(0, "reduce-scatter")
+    yield ([comm.isend(chunks[peer], peer, f"reduce-scatter chunk {peer} to {peer}")
+            for peer in to]
+           + [comm.irecv_reduce(chunks[rank], peer, f"reduce-scatter chunk {rank} from {peer}")
+              for peer in since])
+    comm.at(1, "allgather")
+    yield ([comm.isend(chunks[rank], peer, f"allgather chunk {rank} to {peer}")
+            for peer in to]
+           + [comm.irecv(chunks[peer], peer, f"allgather chunk {peer} from {peer}")
+              for peer in since])
+
+
+def one_shot(comm, buffer):
+    """One-shot: every rank sends its whole array to every other rank, and every
+    rank combines all n arrays itself, in rank order.
+
+    One step, so one latency, and no rank waits on a chain of others: the
+    algorithm of small arrays inside one machine (NCCL and TensorRT-LLM's
+    one-shot). Every rank combining the same n arrays in the same order
+    (((x0 + x1) + x2) + ...) computes the same bits. It moves (n - 1) N
+    bytes per rank instead of the ring's 2 (n-1)/n N, so it loses as soon as
+    the array is big.
+
+    On the shm transport (tracing off) there are no messages at all: each
+    rank writes its array once into its slot of shared memory and every rank
+    reads all the slots (:mod:`minidist.distributed.transport.shared_slots`),
+    which saves most of a message's Python cost.
+
+    Cost: (n - 1) (alpha + N beta) + (n - 1) N gamma; through shared slots
+    alpha + N beta + (n - 1) N gamma with a small alpha.
+    """
+    shared = comm.shared_all_reduce(buffer)
+    if shared is not None:
+        yield from shared
+        return
+    n, rank = comm.size, comm.rank
+    to = [(rank + step) % n for step in range(1, n)]
+    since = [(rank - step) % n for step in range(1, n)]  # the order the others send to us
+    arrays = [None] * n
+    arrays[rank] = buffer
+    for peer in since:
+        arrays[peer] = comm.scratch(buffer)
+    comm.at(0, "exchange")
+    yield ([comm.isend(buffer, peer, f"whole array to {peer}") for peer in to]
+           + [comm.irecv(arrays[peer], peer, f"whole array from {peer}", combined_into=buffer)
+              for peer in since])
+    # The sum in rank order, into rank 0's array (ours, or the copy we received).
+    total = arrays[0]
+    for index in range(1, n):
+        comm.combine(total, arrays[index])
+    if total is not buffer:
+        buffer[...] = total
 
 
 # --------------------------------------------------------------------------- double binary tree
@@ -307,6 +399,8 @@ ALGORITHMS = call.register("all_reduce", {
     "rabenseifner": rabenseifner,
     "ring": ring,
     "double_binary_tree": double_binary_tree,
+    "two_shot": two_shot,
+    "one_shot": one_shot,
 })
 
 
@@ -321,13 +415,22 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
     on its ``test()`` and finishes on ``wait()``.
     """
     group = call.group_of(group)
+    if not async_op and type(tensor) is np.ndarray:
+        lane = _LANES.get((group, tensor.dtype, tensor.shape, op, algorithm))
+        if lane is not None and tensor.flags.c_contiguous and tensor.flags.writeable \
+                and not _trace.enabled():
+            return lane(tensor)
     array = call.buffer_of(tensor, "all_reduce", group._global_rank)
+    op_in = op
     op, ufunc, average = call.reduction(op, array.dtype, "all_reduce", group._global_rank)
     flat, copied = call.flat_view(array)
     if group.size == 1:
         return call.nothing_to_do(async_op)
     comm = call.start("all_reduce", group, algorithm, nbytes=flat.nbytes, op=op, ufunc=ufunc,
                       dtype=flat.dtype, count=flat.size, buffer=flat)
+    if comm.algorithm == "one_shot" and not async_op and not copied \
+            and type(tensor) is np.ndarray and comm.shared_all_reduce(flat) is not None:
+        _open_lane(group, tensor, op_in, algorithm, comm, ufunc, average)
 
     def finish():
         if average:
@@ -337,3 +440,35 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
 
     return call.execute(comm, ALGORITHMS[comm.algorithm](comm, flat), async_op,
                         finish if (average or copied) else None)
+
+
+# The fast lane. A small blocking all_reduce through the shared slots is a few
+# microseconds of work, and the general call (checks, the plan, a Comm, the
+# generator's driver) costs as much again. Once a call of one shape has gone
+# the general way, later calls of the same group, dtype, shape, op and
+# algorithm jump straight to the slots: same algorithm, same call numbering
+# and fingerprint, same bits. Traced runs and async calls always take the
+# general way.
+_LANES: dict = {}
+
+
+def _open_lane(group, tensor, op, algorithm, comm, ufunc, average) -> None:
+    if len(_LANES) > 256:
+        _LANES.clear()
+    book, size = comm.book, group.size
+    slots = comm.group.transport.shared_slots
+    ranks, channel = comm.group.ranks, comm.group.group_id
+    base = comm.tag & ~(0xFF << SEQ_SHIFT)
+
+    def lane(array):
+        flat = array.reshape(-1)
+        number = book.seq
+        book.seq = number + 1
+        for requests in slots.all_reduce(flat, ufunc, ranks, channel, number,
+                                         base | (number & 0xFF) << SEQ_SHIFT):
+            for request in requests:
+                request.wait()
+        if average:
+            call.finish_average(flat, size)
+
+    _LANES[(group, tensor.dtype, tensor.shape, op, algorithm)] = lane

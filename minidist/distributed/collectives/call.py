@@ -159,6 +159,7 @@ def execute(comm: Comm, steps, async_op: bool, finish=None, timeout=_DEFAULT):
     """Run ``steps`` (the algorithm's generator) now, or hand back a Work."""
     fingerprints = comm.book
     if async_op:
+        comm.blocking = False  # read by the algorithm when it first runs
         return Work(steps, finish, fingerprints, comm)
     try:
         run(steps, timeout, comm)

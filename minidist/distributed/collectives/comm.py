@@ -147,7 +147,8 @@ class Comm:
 
     __slots__ = ("group", "rank", "size", "tag", "ufunc", "prefix", "tracing", "algorithm",
                  "book", "_charge_combine", "_byte_scale", "collective", "call", "step",
-                 "phase", "buffer", "root", "_start", "_steps_seen", "yields", "_taken")
+                 "phase", "buffer", "root", "_start", "_steps_seen", "yields", "_taken",
+                 "blocking")
 
     def __init__(self, group, tag: int, ufunc, prefix: str, algorithm: str = "", book=None,
                  *, collective: str = "", call: int = 0, buffer=None, root=None):
@@ -177,6 +178,7 @@ class Comm:
         self._steps_seen = 0
         self.yields = 0  # steps this rank has finished (the drivers count them)
         self._taken = None
+        self.blocking = True  # False for async_op (set by call.execute)
 
     def at(self, step: int, phase: str) -> None:
         """Say which step of the algorithm the next messages belong to (the
@@ -226,6 +228,22 @@ class Comm:
         """Start receiving and combining into ``array`` with the call's reduction."""
         return _Receive(self.group, array, source, self.tag,
                         self._label(label, array, "combine"), self.ufunc)
+
+    def shared_all_reduce(self, buffer: np.ndarray):
+        """The one-shot all_reduce through the transport's shared slots (a
+        generator of waits), or None where there are none: another transport,
+        an array too big for a slot, a group without a channel, tracing on (a
+        traced run sends the messages, so the trace shows them), or an async
+        call (several unfinished calls would compete for the two slots; as in
+        MPI, a blocking and a non-blocking call must not be matched with each
+        other). The sum, taken in the same rank order, has the same bits
+        either way."""
+        slots = getattr(self.group.transport, "shared_slots", None)
+        if slots is None or self.tracing or not self.blocking \
+                or not slots.usable(self.group.group_id, buffer.nbytes):
+            return None
+        return slots.all_reduce(buffer, self.ufunc, self.group.ranks, self.group.group_id,
+                                self.call, self.tag)
 
     def scratch(self, like: np.ndarray) -> np.ndarray:
         """A flat array of ``like``'s dtype and size for this call alone.

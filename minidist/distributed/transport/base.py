@@ -154,7 +154,8 @@ COMPLETED = CompletedRequest()
 
 
 class SendRequest(Request):
-    __slots__ = ("dst", "header", "payload", "nbytes", "seq", "written", "itemsize", "keepalive")
+    __slots__ = ("dst", "header", "payload", "nbytes", "seq", "written", "itemsize", "keepalive",
+                 "mark")
 
     def __init__(self, transport, dst, tag, context, header, payload, itemsize, seq, label,
                  keepalive):
@@ -171,6 +172,7 @@ class SendRequest(Request):
         self.seq = seq
         self.label = label
         self.written = 0
+        self.mark = 0  # transport-specific (shm: the slot count that means "read")
         self.keepalive = keepalive
         self.group_ranks = None
         self.start_ns = _now() if transport._recorder is not None else 0
@@ -350,6 +352,8 @@ class Transport(abc.ABC):
     tracing = False
     charge_combine = None
     byte_scale = 1.0
+    #: The one-shot all_reduce's shared slots, on transports that have them (shm).
+    shared_slots = None
 
     @staticmethod
     def now_ns() -> int:
