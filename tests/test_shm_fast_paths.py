@@ -75,8 +75,8 @@ def _rendezvous_cases():
         time.sleep(0.2)
         got = current().group.recv_array(0)
         assert np.array_equal(got, np.arange(count, dtype=np.float32))
-    # all_reduce whose chunks are rendezvous messages, every algorithm
-    count = (3 * BIG) // 4 * n // n
+    # all_reduce whose chunks (count / n float64 each, about 10 MB) are rendezvous messages
+    count = 3 * BIG // 4
     for algorithm in ("ring", "two_shot", "rabenseifner", "recursive_doubling"):
         x = _data(rank, count, np.float64, salt=3)
         expected = sum(_data(r, count, np.float64, salt=3) for r in range(n))
