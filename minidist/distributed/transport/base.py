@@ -53,7 +53,7 @@ from minidist.distributed.errors import (
     MessageMismatchError,
     PeerGoneError,
 )
-from minidist.distributed.transport import message
+from minidist.distributed.transport import memcopy, message
 
 ANY_SOURCE = -1
 ANY_TAG = -1
@@ -68,18 +68,34 @@ _now = _trace.now
 
 class CopySink:
     """Payload bytes go straight into ``target`` (a flat uint8 array, written
-    through a memoryview: the cheapest copy Python has)."""
+    through a memoryview: the cheapest copy Python has). A transport that
+    knows where a chunk lies in memory passes its address, so that a copy at
+    a slow page distance can take the fast road (see :mod:`.memcopy`)."""
 
-    __slots__ = ("target",)
+    __slots__ = ("target", "array", "_address")
 
     def __init__(self, target: np.ndarray):
+        self.array = target
         self.target = memoryview(target)
+        self._address = None
 
     def direct(self, offset: int, length: int) -> memoryview:
         return self.target[offset:offset + length]
 
-    def consume(self, offset: int, chunk) -> None:
-        self.target[offset:offset + len(chunk)] = chunk
+    @property
+    def address(self) -> int:
+        """The address of the target's first byte."""
+        if self._address is None:
+            self._address = memcopy.address_of(self.array)
+        return self._address
+
+    def consume(self, offset: int, chunk, address: int = 0) -> None:
+        length = len(chunk)
+        if address and length >= memcopy.MIN_BYTES:
+            memcopy.copy(self.array[offset:offset + length], chunk, self.address + offset,
+                         address)
+        else:
+            self.target[offset:offset + length] = chunk
 
 
 class ReduceSink:
@@ -97,7 +113,7 @@ class ReduceSink:
     def direct(self, offset: int, length: int):
         return None
 
-    def consume(self, offset: int, chunk) -> None:
+    def consume(self, offset: int, chunk, address: int = 0) -> None:
         incoming = np.frombuffer(chunk, self.dtype)  # a view: no copy of the chunk
         start = offset // self.itemsize
         part = self.target[start:start + len(incoming)]

@@ -55,7 +55,7 @@ import numpy as np
 
 from minidist.distributed.errors import PeerGoneError
 from minidist.distributed.shared_segment import Segment
-from minidist.distributed.transport import cma, message, shared_slots
+from minidist.distributed.transport import cma, memcopy, message, shared_slots
 from minidist.distributed.transport.base import Inbound, SendRequest, Transport
 from minidist.distributed.transport.doorbell import SEM_BYTES, Doorbells
 
@@ -241,6 +241,7 @@ class ShmTransport(Transport):
         world, slots, slot_bytes = layout.world_size, layout.slots, layout.slot_bytes
         buf = resources.segment.buf
         self._buf = buf
+        self._address = memcopy.address_of(np.frombuffer(buf, np.uint8))  # see _push, _pull
         self._counters = buf[layout.counters:layout.data].cast("Q")
         self._flags = buf[layout.flags:layout.flags + world * _LINE].cast("Q")
         self._doorbells = resources.doorbells
@@ -270,8 +271,7 @@ class ShmTransport(Transport):
             cma.allow_peers()
             self._cma = cma.Reader()
             self._pid = os.getpid()
-            self._block = np.empty(REDUCE_BLOCK_BYTES, np.uint8)
-            self._block_address = self._block.ctypes.data
+            self._block = np.empty(REDUCE_BLOCK_BYTES + memcopy.PAGE, np.uint8)
 
     # ---------------------------------------------------------------- geometry
 
@@ -347,6 +347,8 @@ class ShmTransport(Transport):
         piece = request.written
         payload, buf, base0 = request.payload, self._buf, self._out_base[dst]
         head_index = self._out_head[dst]
+        # A piece copied to a slot at a slow page distance goes by memcopy.copy.
+        source = memcopy.address_of(payload) if nbytes >= memcopy.MIN_BYTES else 0
         while piece < total:
             if head >= limit:
                 limit = counters[tail_index] + slots
@@ -359,7 +361,10 @@ class ShmTransport(Transport):
             else:
                 start = first + (piece - 1) * later
                 length, at = min(later, nbytes - start), base
-            if length:
+            if length >= memcopy.MIN_BYTES and memcopy.slow(self._address + at, source + start):
+                memcopy.copy(np.frombuffer(buf, np.uint8, length, at),
+                             payload[start:start + length], self._address + at, source + start)
+            elif length:
                 buf[at:at + length] = payload[start:start + length]
             head += 1
             piece += 1
@@ -392,6 +397,7 @@ class ShmTransport(Transport):
             return self._pull_rendezvous(src, inbound, offset, total)
         piece = inbound.chunks
         buf, base0, sink = self._buf, self._in_base[src], inbound.sink
+        address = self._address
         while piece < total:
             if tail >= head:
                 head = counters[head_index]
@@ -404,7 +410,7 @@ class ShmTransport(Transport):
                 start = first + (piece - 1) * later
                 length, at = min(later, nbytes - start), base
             if length:
-                sink.consume(start, buf[at:at + length])
+                sink.consume(start, buf[at:at + length], address + at)
             inbound.received = start + length
             piece += 1
             tail += 1
@@ -453,18 +459,25 @@ class ShmTransport(Transport):
         sink, reader = inbound.sink, self._cma
         target = sink.direct(0, nbytes)
         try:
-            if target is not None:  # a copy: straight into the destination
-                reader.read(pid, address, ctypes.addressof(ctypes.c_char.from_buffer(target)),
-                            nbytes)
-            else:  # a combine: block by block through a buffer that stays in cache
+            target_address = (ctypes.addressof(ctypes.c_char.from_buffer(target))
+                              if target is not None else 0)
+            if target is not None and not memcopy.slow(target_address, address):
+                # A copy: straight into the destination.
+                reader.read(pid, address, target_address, nbytes)
+            else:
+                # A combine, or a copy at a slow page distance for the kernel's
+                # copy (see memcopy): block by block through a buffer that
+                # stays in cache, placed at distance 0 from the source.
                 itemsize = inbound.header.dtype.itemsize
                 step = max(REDUCE_BLOCK_BYTES // itemsize, 1) * itemsize
-                block = self._block if step <= len(self._block) else np.empty(step, np.uint8)
-                block_address = block.ctypes.data
+                raw = (self._block if step + memcopy.PAGE <= len(self._block)
+                       else np.empty(step + memcopy.PAGE, np.uint8))
                 for start in range(0, nbytes, step):
                     length = min(step, nbytes - start)
+                    block = memcopy.aligned_block(raw, address + start, length)
+                    block_address = memcopy.address_of(block)
                     reader.read(pid, address + start, block_address, length)
-                    sink.consume(start, block[:length])
+                    sink.consume(start, block, block_address)
         except cma.ReadError as error:
             if error.gone:
                 raise PeerGoneError(f"rank {self.rank}: rank {src} exited while rank "
