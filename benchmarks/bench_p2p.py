@@ -39,87 +39,28 @@ import timeit
 import numpy as np
 
 import minidist
-import minidist.distributed as dist
 from minidist.bench.common import KIB, MIB, find_mpiexec, machine
 from minidist.bench.common import human_size as human
+from minidist.bench.p2p import (
+    BYTES_PER_REPEAT,
+    exchange,
+    fit_alpha_beta,
+    fit_exchange_beta,
+    iterations,
+    pingpong,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FULL_SIZES = [8] + [KIB * 4**k for k in range(10)]  # 8 B, 1 KiB ... 256 MiB
 QUICK_SIZES = [8, KIB, 16 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB]
-BYTES_PER_REPEAT = 256 * MIB
-
-
-def iterations(size: int, quick: bool) -> int:
-    count = min(20000, max(3, BYTES_PER_REPEAT // max(size, 1)))
-    return max(3, count // 4) if quick else count
 
 
 # --------------------------------------------------------------------------- minidist
 
 
-def pingpong(sizes, repeats, quick):
-    """Runs on both ranks; rank 0 returns {size: best one-way seconds}."""
-    rank = dist.get_rank()
-    peer = 1 - rank
-    best = {}
-    for size in sizes:
-        outgoing = np.ones(size, np.uint8)
-        incoming = np.zeros(size, np.uint8)
-        count = iterations(size, quick)
-        for repeat in range(repeats + 1):  # the first round warms up (page faults, caches)
-            dist.barrier()
-            start = time.perf_counter()
-            for _ in range(count):
-                if rank == 0:
-                    dist.send(outgoing, peer)
-                    dist.recv(incoming, peer)
-                else:
-                    dist.recv(incoming, peer)
-                    dist.send(outgoing, peer)
-            elapsed = (time.perf_counter() - start) / count / 2
-            if repeat:
-                best[size] = min(best.get(size, elapsed), elapsed)
-        del outgoing, incoming
-    return best if rank == 0 else None
-
-
-def exchange(sizes, repeats, quick):
-    """Both ranks send n bytes to each other at once (the step of a ring or of
-    recursive doubling); rank 0 returns {size: best seconds per exchange}."""
-    rank = dist.get_rank()
-    peer = 1 - rank
-    best = {}
-    for size in sizes:
-        outgoing = np.ones(size, np.uint8)
-        incoming = np.zeros(size, np.uint8)
-        count = max(2, iterations(size, quick) // 2)
-        for repeat in range(repeats + 1):
-            dist.barrier()
-            start = time.perf_counter()
-            for _ in range(count):
-                request = dist.irecv(incoming, peer)
-                dist.send(outgoing, peer)
-                request.wait()
-            elapsed = (time.perf_counter() - start) / count
-            if repeat:
-                best[size] = min(best.get(size, elapsed), elapsed)
-        del outgoing, incoming
-    return best if rank == 0 else None
-
-
 def measure_exchange(transport, sizes, repeats, quick):
     return minidist.launch(exchange, world_size=2, transport=transport,
                            args=(sizes, repeats, quick))[0]
-
-
-def fit_exchange_beta(points: dict, alpha: float) -> float:
-    """Seconds per byte of an exchange, t = alpha + n * exchange_beta, fitted
-    (alpha kept from the ping-pong) on the messages of 64 KiB and more, where
-    bytes, not latency, decide."""
-    sizes = np.array([size for size in sorted(points) if size >= 64 * KIB], dtype=float)
-    excess = np.array([points[int(size)] - alpha for size in sizes])
-    weights = 1.0 / np.array([points[int(size)] for size in sizes])
-    return float(max(np.sum(weights**2 * sizes * excess) / np.sum(weights**2 * sizes**2), 1e-15))
 
 
 def measure_transport(transport, sizes, repeats, quick, trace=None):
@@ -225,17 +166,6 @@ def tracing_cost(repeats):
 
 
 # --------------------------------------------------------------------------- fit and report
-
-
-def fit_alpha_beta(points: dict) -> tuple[float, float]:
-    """Least squares of t = alpha + beta * n, each point weighted by 1 / t
-    (relative error), so latency and bandwidth ends both count."""
-    sizes = np.array(sorted(points), dtype=float)
-    times = np.array([points[int(size)] for size in sizes])
-    weights = 1.0 / times
-    design = np.stack([np.ones_like(sizes), sizes], axis=1) * weights[:, None]
-    (alpha, beta), *_ = np.linalg.lstsq(design, times * weights, rcond=None)
-    return float(max(alpha, 0.0)), float(max(beta, 1e-15))
 
 
 def print_table(sizes, results, memcpy, columns):

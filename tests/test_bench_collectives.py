@@ -63,7 +63,8 @@ def test_command_prints_a_table_per_collective_and_writes_every_row(tmp_path, ca
     output = tmp_path / "collectives.json"
     code = cli.main(["bench", "collectives", "--collectives", ",".join(MEASURED),
                      "--sizes", "4KiB,16KiB", "--world-sizes", "2", "--iterations", "1",
-                     "--warmup", "1", "--no-mpich", "--no-gloo", "--json", str(output)])
+                     "--warmup", "1", "--no-mpich", "--no-gloo", "--no-fit", "--json",
+                     str(output)])
     printed = capsys.readouterr().out
     assert code == 0, printed
     report = json.loads(output.read_text())
@@ -99,7 +100,7 @@ def test_a_missing_reference_library_is_a_note_not_a_failure(monkeypatch):
     monkeypatch.setattr(native_side, "missing", lambda kind: f"{kind} is not installed here")
     console = Console(record=True, width=200, color_system=None)
     options = Options(collectives=["all_reduce"], algorithms=["ring"], sizes=[4096],
-                      world_sizes=[2], timing=Timing(iterations=1, warmup=1))
+                      world_sizes=[2], timing=Timing(iterations=1, warmup=1), fit=False)
     report = run(options, console)
     print_report(report, console)
     text = console.export_text()
@@ -130,6 +131,34 @@ def test_goals_read_the_rows():
     assert third["met"] is False  # n=4 ring is 1.5 x its prediction
     assert third["values"]["all_reduce shm n=4"]["worst"] == pytest.approx(1.5)
 
+    # More ranks than cores: shown, but the model (a core per rank) is not judged on it.
+    squeezed = row("ring", 8, 64 * mib, 9e-3, 10e-3, 3e-3)
+    squeezed["oversubscribed"] = True
+    report["rows"] = [report["rows"][0], squeezed]
+    third = goals(report)[2]
+    assert third["met"] is True
+    assert "n=8: worst 3.00 (oversubscribed: shown, not judged)" in third["measured"]
+
+
+@pytest.mark.timeout(120)
+def test_predictions_use_alpha_beta_gamma_fitted_in_the_same_run():
+    report = run(Options(collectives=["all_reduce"], algorithms=["ring"], sizes=[1 << 20],
+                         world_sizes=[2], timing=Timing(iterations=1, warmup=1), mpich=False,
+                         gloo=False, quick=True),
+                 Console(record=True, width=200, color_system=None))
+    fitted = report["params"]["shm n=2"]
+    assert fitted["fitted_in_this_run"]
+    assert all(fitted[name] > 0 for name in ("alpha", "beta", "gamma", "exchange_beta"))
+    points = report["fit_points"]["shm n=2"]
+    assert set(points) == {"pingpong", "exchange", "combine"}
+    assert "8" in points["pingpong"] and str(1 << 20) in points["exchange"]
+    params = costmodel.Params(alpha=fitted["alpha"], beta=fitted["beta"],
+                              gamma=fitted["gamma"], exchange_beta=fitted["exchange_beta"],
+                              slots_alpha=fitted["slots_alpha"])
+    (row,) = report["rows"]
+    assert row["predicted_seconds"] == pytest.approx(
+        costmodel.predict("all_reduce", "ring", 2, 1 << 20, params=params))
+
 
 def test_the_script_is_a_thin_door_to_the_same_engine():
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_collectives.py"),
@@ -148,7 +177,8 @@ def test_collective_order_covers_the_fingerprint_list():
 def test_every_registered_collective_and_algorithm_is_measured():
     collectives = [name for name in ORDER if name in ALGORITHMS]
     report = run(Options(collectives=collectives, sizes=[4096], world_sizes=[2, 3],
-                         timing=Timing(iterations=1, warmup=1), mpich=False, gloo=False),
+                         timing=Timing(iterations=1, warmup=1), mpich=False, gloo=False,
+                         fit=False),
                  Console(record=True, width=200, color_system=None))
     measured = {(row["collective"], row["algorithm"], row["world_size"])
                 for row in report["rows"]}
@@ -160,3 +190,15 @@ def test_every_registered_collective_and_algorithm_is_measured():
         else:
             factor = bus_factor(row["collective"], row["world_size"])
             assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * factor)
+
+
+def test_timing_reports_the_fastest_block_of_the_slowest_rank():
+    from minidist.bench.timing import Timing, fastest_block, time_collective
+
+    calls = []
+    means, per_block = time_collective(lambda: calls.append(1), 1024,
+                                       Timing(iterations=4, warmup=2, blocks=3),
+                                       barrier=lambda: None, agree=lambda count: count)
+    assert per_block == 4 and len(means) == 3 and len(calls) == 2 + 3 * 4
+    # blocks (rows: ranks): each block is as slow as its slowest rank -> 3, 4, 2
+    assert fastest_block([[3.0, 1.0, 2.0], [1.0, 4.0, 1.0]]) == 2.0

@@ -82,6 +82,11 @@ def add_collectives_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-gloo", action="store_true", help="skip the torch gloo column")
     parser.add_argument("--params", default=None, metavar="P2P_JSON",
                         help="take alpha and beta for the cost model from this "
-                             "benchmarks/bench_p2p.py result (default: costmodel.PARAMS)")
+                             "benchmarks/bench_p2p.py result instead of fitting them in "
+                             "this run")
+    parser.add_argument("--no-fit", action="store_true",
+                        help="predict with costmodel.PARAMS instead of alpha, beta, gamma "
+                             "fitted in this run (the default: a shared machine's speed "
+                             "drifts, so a fit from another hour mispredicts)")
     parser.add_argument("--json", default=None, metavar="FILE",
                         help="write everything measured, with machine info, to FILE")

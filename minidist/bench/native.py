@@ -23,7 +23,7 @@ import tempfile
 
 from minidist.bench.cases import GLOO_NAMES, MPICH_NAMES, layout
 from minidist.bench.common import child_env, find_mpiexec
-from minidist.bench.timing import Timing, time_collective
+from minidist.bench.timing import Timing, fastest_block, time_collective
 
 RESULT_MARK = "minidist-bench-result "
 
@@ -82,9 +82,9 @@ def _mpich_main(spec: dict) -> None:
     for collective in spec["collectives"]:
         for nbytes in _sizes_of(collective, spec["sizes"]):
             call = _mpich_call(comm, MPI, collective, rank, n, nbytes)
-            mean, _ = time_collective(call, nbytes, timing, comm.Barrier,
-                                      lambda count: comm.bcast(count, root=0))
-            seconds.setdefault(collective, {})[str(nbytes)] = comm.allreduce(mean, op=MPI.MAX)
+            means, _ = time_collective(call, nbytes, timing, comm.Barrier,
+                                       lambda count: comm.bcast(count, root=0))
+            seconds.setdefault(collective, {})[str(nbytes)] = fastest_block(comm.allgather(means))
             del call
     if rank == 0:
         version = MPI.Get_library_version().strip().splitlines()[0]
@@ -137,7 +137,6 @@ def _gloo_main(spec: dict) -> None:
     dist.init_process_group("gloo", init_method=os.environ["MINIDIST_BENCH_INIT"], rank=rank,
                             world_size=n)
     count = torch.zeros(1, dtype=torch.int64)
-    worst = torch.zeros(1, dtype=torch.float64)
 
     def agree(calls: int) -> int:
         count[0] = calls
@@ -154,10 +153,11 @@ def _gloo_main(spec: dict) -> None:
             except (RuntimeError, NotImplementedError, ValueError) as error:
                 unsupported[collective] = str(error).strip().splitlines()[0][:200]
                 break
-            mean, _ = time_collective(call, nbytes, Timing(**spec["timing"]), dist.barrier, agree)
-            worst[0] = mean
-            dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-            seconds.setdefault(collective, {})[str(nbytes)] = float(worst[0])
+            means, _ = time_collective(call, nbytes, Timing(**spec["timing"]), dist.barrier,
+                                       agree)
+            worst = torch.tensor(means, dtype=torch.float64)
+            dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # each block: its slowest rank
+            seconds.setdefault(collective, {})[str(nbytes)] = float(worst.min())
             del call
     if rank == 0:
         print(RESULT_MARK + json.dumps({"seconds": seconds, "version": torch.__version__,
