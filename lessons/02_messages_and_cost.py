@@ -183,6 +183,20 @@ for transport in ("shm", "pipe"):
 # %% [markdown]
 # On a log-log plot the model is a flat line (latency) that bends into a line
 # of slope one (bandwidth) around $n_{1/2}$. The dots are the measurements.
+#
+# Real dots wander off the line, and for reasons worth knowing. Messages that
+# fit in a core's cache move faster than ones that spill to memory. Messages
+# bigger than the shared-memory ring change protocol (*rendezvous*: the
+# receiver reads straight out of the sender's memory, one copy instead of
+# two), as MPI libraries switch from *eager* to rendezvous. And the CPU itself
+# has moods: on AMD Zen processors the copy instruction glibc uses runs ten
+# times slower when the destination starts a few bytes after the source,
+# modulo 4 KiB. A NumPy array starts 16 bytes into a page, so minidist's
+# receives hit that case on every piece until
+# `minidist/distributed/transport/memcopy.py` stepped around it (a 1 MiB
+# ping-pong went from 440-690 us to 137-172 us on the course's machine). Two
+# numbers describe a transport well, never perfectly. Fit them on the machine
+# as it is today, because a shared machine's speed drifts from hour to hour.
 
 # %%
 fig, ax = plt.subplots(figsize=(7, 4.5))
