@@ -5,8 +5,9 @@ assignment call) moves blocks from about 2 KiB to about half a MiB with the
 ``rep movsb`` instruction, and Linux copies between processes
 (``process_vm_readv``, pipes) with it too. On AMD Zen processors that
 instruction runs about ten times slower when the destination starts a few
-bytes *after* the source, counted modulo the 4 KiB page (glibc bug 30994;
-newer glibc avoids ``rep movsb`` on these processors, the kernel does not).
+bytes *after* the source, counted modulo the 4 KiB page (reported as glibc
+bug 30994; whether a given glibc still uses ``rep movsb`` here depends on its
+version and tunables, and the kernel's copy has no such choice).
 Measured on the 2-core EPYC development machine, copying 256 KiB::
 
     (dst - src) mod 4096:   0      8..24    32..56   64 and more
