@@ -113,3 +113,38 @@ def test_tolerate_failures_changes_nothing_when_nothing_fails():
 def test_bad_tolerate_failures_is_refused(bad, kind, words):
     with pytest.raises(kind, match=words):
         minidist.launch(_everyone_fine, world_size=2, tolerate_failures=bad)
+
+
+class _LateVerdict:
+    """A control block whose launcher records rank 2's death only after a
+    few looks, the way a pipe's end of file can beat the launcher's wake-up."""
+
+    def __init__(self, looks_before_verdict):
+        self.looks = 0
+        self.looks_before_verdict = looks_before_verdict
+
+    def state_of(self, rank):
+        self.looks += 1
+        from minidist.distributed import control as ctl
+        if self.looks_before_verdict is None or self.looks <= self.looks_before_verdict:
+            return ctl.RUNNING
+        return ctl.FAILED
+
+
+def test_a_closed_pipe_waits_briefly_for_the_launchers_verdict():
+    """The race behind an old flake of the kill-pipe case above: the survivor
+    saw the pipe close, raised "has exited", and failed_ranks() was still
+    empty. It now waits for the verdict, and the wait is bounded."""
+    from types import SimpleNamespace
+
+    from minidist.distributed import control as ctl
+    from minidist.distributed.transport.base import Transport
+
+    late = SimpleNamespace(_control=_LateVerdict(looks_before_verdict=5))
+    Transport._await_verdict(late, 2, grace=5.0)
+    assert late._control.state_of(2) == ctl.FAILED and late._control.looks >= 6
+
+    never = SimpleNamespace(_control=_LateVerdict(looks_before_verdict=None))
+    start = time.perf_counter()
+    Transport._await_verdict(never, 2, grace=0.05)
+    assert 0.05 <= time.perf_counter() - start < 1.0

@@ -40,6 +40,7 @@ whether the peer is still there, and its timeout.
 from __future__ import annotations
 
 import abc
+import time
 from collections import deque
 
 import numpy as np
@@ -57,6 +58,9 @@ from minidist.distributed.transport import memcopy, message
 
 ANY_SOURCE = -1
 ANY_TAG = -1
+#: How long a rank that saw a peer's pipe close waits for the launcher to say
+#: whether the peer failed (see Transport._await_verdict).
+VERDICT_GRACE = 2.0
 
 _NEW, _INTO, _REDUCE = range(3)
 _DEFAULT = object()
@@ -786,6 +790,8 @@ class Transport(abc.ABC):
             return
         if op == ctl.OP_PROBE and self.iprobe(peer, tag, context) is not None:
             return
+        if peer != ANY_SOURCE:
+            self._await_verdict(peer)
         what = self._describe(op, peer, tag, context)
         if peer != ANY_SOURCE and control.state_of(peer) == ctl.FAILED:
             raise PeerGoneError(f"rank {self.rank}: {what} cannot complete: rank {peer} failed.")
@@ -800,6 +806,22 @@ class Transport(abc.ABC):
             f"rank {self.rank}: {what} will never complete: {who} finished without sending "
             "a matching message. Check that both sides agree on the source, tag and group "
             "of every message.")
+
+    def _await_verdict(self, peer: int, grace: float = VERDICT_GRACE) -> None:
+        """Give the supervisor a moment to record why ``peer`` is gone.
+
+        A pipe reports a dead peer (end of file, a broken pipe) the instant the
+        kernel closes its ends, which can be before the launcher, woken by the
+        same death, has marked the rank FAILED. Raising at once would tell the
+        user "has exited" where the truth is "failed", and a fault-tolerant
+        strategy that then asks ``failed_ranks()`` would not find the rank
+        there. The launcher marks a death within milliseconds; the wait is
+        bounded, so a verdict that never comes costs ``grace`` seconds, not a
+        hang."""
+        control = self._control
+        limit = _now() + int(grace * 1e9)
+        while control.state_of(peer) not in (ctl.FINISHED, ctl.FAILED) and _now() < limit:
+            time.sleep(0.001)
 
     def _describe(self, op, peer, tag, context) -> str:
         from minidist.distributed.desync import describe_wait

@@ -21,6 +21,7 @@ import select
 
 import numpy as np
 
+from minidist.distributed import control as ctl
 from minidist.distributed.errors import PeerGoneError
 from minidist.distributed.transport import message
 from minidist.distributed.transport.base import Inbound, SendRequest, Transport
@@ -265,6 +266,10 @@ class PipeTransport(Transport):
             except BlockingIOError:
                 break
             except BrokenPipeError:
+                self._await_verdict(dst)
+                if self._control.state_of(dst) == ctl.FAILED:
+                    raise PeerGoneError(
+                        f"rank {self.rank}: send to {dst} failed: rank {dst} failed.") from None
                 raise PeerGoneError(
                     f"rank {self.rank}: send to {dst} failed: rank {dst} has exited (its end "
                     "of the pipe is closed). Every send needs a matching recv on the other "
