@@ -32,8 +32,8 @@ def intended_writes(world_size: int, updates: int) -> int:
     nonzeros = np.count_nonzero(FEATURES, axis=1)
     total = 0
     for rank in range(world_size):
-        shard = np.arange(rank, len(LABELS), world_size)
-        order = hogwild.example_order(shard, hogwild.updates_of_rank(updates, rank, world_size),
+        order = hogwild.example_order(len(LABELS), hogwild.updates_of_rank(updates, rank, world_size),
+                                      hogwild.pass_length_of_rank(len(LABELS), rank, world_size),
                                       np.random.default_rng([SEED, rank]))
         total += int(nonzeros[order].sum())
     return total
