@@ -790,8 +790,8 @@ class Transport(abc.ABC):
             return
         if op == ctl.OP_PROBE and self.iprobe(peer, tag, context) is not None:
             return
-        if peer != ANY_SOURCE:
-            self._await_verdict(peer)
+        for gone_peer in (self._closed_sources if peer == ANY_SOURCE else (peer,)):
+            self._await_verdict(gone_peer)
         what = self._describe(op, peer, tag, context)
         if peer != ANY_SOURCE and control.state_of(peer) == ctl.FAILED:
             raise PeerGoneError(f"rank {self.rank}: {what} cannot complete: rank {peer} failed.")
