@@ -37,8 +37,9 @@ weights towards it. On the test problem (tests/test_hogwild.py), in three
 sets of 20 runs with 4 workers, the loss ended 0.08-1.34 % above serial
 SGD's, and 1 to 3 runs of each 20 were past 1 %. Sampled from all the data,
 a worker running alone still takes unbiased steps: 0.32-0.56 % in every
-run of three sets (with 2 workers 0.13-0.29 %, against -0.01-0.95 % with
-shards). The spread, not the mean, is what changed.
+run of three sets, one of them with another core kept busy (with 2 workers
+0.13-0.29 %, against -0.01-0.95 % with shards). The spread, not the mean,
+is what changed.
 
 Lost updates, measured. ``w[j] -= step`` is a read, a subtraction and a
 write; if two workers both read ``w[j]`` before either writes, one step is
