@@ -106,3 +106,22 @@ def test_weights_of_the_wrong_size_are_a_clear_error():
 
     with pytest.raises(dist.WorkerError, match="has shape .3,. but the data has 100 features"):
         minidist.launch(worker, world_size=1, shared_arrays=hogwild.shared_arrays(3))
+
+
+def test_every_worker_samples_from_all_the_data_distinct_within_a_pass():
+    """No shards (see hogwild's docstring for what they cost): each worker's
+    examples come from the whole set, a pass is its share of an epoch, and
+    an example appears at most once per pass."""
+    n_examples, world_size = 1000, 4
+    for rank in range(world_size):
+        per_pass = hogwild.pass_length_of_rank(n_examples, rank, world_size)
+        assert per_pass == 250
+        order = hogwild.example_order(n_examples, 5 * per_pass + 7, per_pass,
+                                      np.random.default_rng([SEED, rank]))
+        assert len(order) == 5 * per_pass + 7
+        for start in range(0, len(order), per_pass):
+            one_pass = order[start:start + per_pass]
+            assert len(set(one_pass.tolist())) == len(one_pass)
+        residues = set((order % world_size).tolist())  # a shard would be one residue
+        assert residues == set(range(world_size))
+    assert hogwild.example_order(n_examples, 0, 250, np.random.default_rng(0)).size == 0

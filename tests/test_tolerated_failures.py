@@ -148,3 +148,32 @@ def test_a_closed_pipe_waits_briefly_for_the_launchers_verdict():
     start = time.perf_counter()
     Transport._await_verdict(never, 2, grace=0.05)
     assert 0.05 <= time.perf_counter() - start < 1.0
+
+
+def _pipe_closes_before_the_failure():
+    """Rank 2 closes its pipe to rank 0 (what its death does first), then
+    fails 0.3 s later; rank 0 is waiting for a message from it."""
+    rank = dist.get_rank()
+    if rank == 2:
+        from minidist.distributed import world
+        os.close(world.current().transport._write_fd[0])
+        time.sleep(0.3)
+        raise RuntimeError("rank 2 fails after its pipe closed")
+    if rank == 0:
+        try:
+            dist.recv(np.zeros(1), src=2)
+        except dist.PeerGoneError as error:
+            return str(error), sorted(dist.failed_ranks())
+    return None
+
+
+@pytest.mark.timeout(60)
+def test_a_receiver_reports_the_failure_not_just_the_closed_pipe():
+    """The same race as above, made certain: the pipe closes 0.3 s before the
+    launcher can know the rank failed. The receiver waits for the verdict, so
+    its error says "failed" and failed_ranks() already lists the rank."""
+    results = minidist.launch(_pipe_closes_before_the_failure, world_size=3, transport="pipe",
+                              tolerate_failures=[2], timeout=20)
+    message, failed = results[0]
+    assert "rank 2 failed" in message, message
+    assert failed == [2]
