@@ -52,6 +52,8 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from minidist.atomic_file import atomic_write
+
 SCHEMA = "minidist.trace"
 VERSION = 2
 CLOCK = "CLOCK_MONOTONIC"
@@ -247,12 +249,10 @@ def write_jsonl(path, events: Iterable[dict], header: dict | None = None) -> int
     header.setdefault("version", VERSION)
     header["events"] = len(ordered)
     path = os.fspath(path)
-    temporary = f"{path}.{os.getpid()}.tmp"
-    with open(temporary, "w", encoding="utf-8") as file:
+    with atomic_write(path) as file:
         file.write(json.dumps(header) + "\n")
         for event in ordered:
             file.write(json.dumps(event, separators=(",", ":")) + "\n")
-    os.replace(temporary, path)
     return len(ordered)
 
 

@@ -50,6 +50,7 @@ import numpy as np
 
 from minidist import costmodel
 from minidist import trace as _trace
+from minidist.atomic_file import atomic_write
 from minidist.costmodel import double_binary_tree_chunks
 from minidist.distributed.collectives import (
     ALGORITHMS,
@@ -228,13 +229,11 @@ class SimulationResult:
         header = self.trace_header()
         header["events"] = len(ordered)
         path = os.fspath(path)
-        temporary = f"{path}.{os.getpid()}.tmp"
         fields = _trace.FIELDS
-        with open(temporary, "w", encoding="utf-8") as file:
+        with atomic_write(path) as file:
             file.write(json.dumps(header) + "\n")
             for event in ordered:
                 file.write(json.dumps(dict(zip(fields, event)), separators=(",", ":")) + "\n")
-        os.replace(temporary, path)
         return len(ordered)
 
 

@@ -38,6 +38,7 @@ import numpy as np
 
 import minidist.distributed as dist
 from minidist import backend
+from minidist.atomic_file import atomic_write
 from minidist.parallel.data_parallel import DistributedDataParallel
 
 FORMAT = "minidist.checkpoint"
@@ -110,10 +111,8 @@ def save_checkpoint(path, model, optimizer=None, group=None, **extra) -> None:
     if rank == 0:
         try:
             arrays = _archive(model, optimizer, extra)
-            temporary = f"{path}.{os.getpid()}.tmp"
-            with open(temporary, "wb") as file:
+            with atomic_write(path, "wb") as file:
                 np.savez(file, **arrays)
-            os.replace(temporary, path)
         except (OSError, TypeError) as error:
             status[0] = _FAILED
             failure = error
