@@ -15,9 +15,13 @@ exists in a child). Fork is POSIX-only; this runtime targets Linux.
 
 Every exit path ends in the same ``finally``: abort flag raised, workers
 stopped (SIGTERM, then SIGKILL), pipes closed, segments unlinked. The parent
-turns SIGTERM into an exception while a run is in progress so that this
-cleanup also runs when the run is killed politely; Ctrl-C arrives as
-KeyboardInterrupt and is handled the same way.
+turns SIGTERM and Ctrl-C into exceptions while a run is in progress so that
+this cleanup also runs when the run is killed politely; the steps a signal
+must not cut in two (making a segment, forking, the cleanup itself) hold the
+signal back until they are done (see :mod:`.signals`).
+
+More ranks than cores work, slowly: ranks take turns on the cores, and
+``launch`` says so once per program (:class:`OversubscriptionWarning`).
 """
 
 from __future__ import annotations
@@ -26,15 +30,15 @@ import contextlib
 import multiprocessing
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
+import warnings
 
 from minidist import trace as _trace
-from minidist.distributed import console, world
+from minidist.distributed import console, signals, world
 from minidist.distributed.control import ControlBlock
+from minidist.distributed.errors import OversubscriptionWarning
 from minidist.distributed.shared_array import SharedArrays
 from minidist.distributed.supervisor import ForkedWorker, ProgramWorker, Supervisor
 from minidist.distributed.transport import check_name, create_resources
@@ -52,22 +56,32 @@ class _ResultPipe:
         self.writer.close()
 
 
-@contextlib.contextmanager
-def _terminate_as_exception():
-    """While a run is in progress, SIGTERM raises SystemExit(143) in the parent so
-    that the cleanup in ``finally`` blocks runs (only possible in the main thread)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def on_sigterm(signum, frame):
-        raise SystemExit(128 + signal.SIGTERM)
-
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
+def cores() -> int:
+    """The cores this process may run on."""
     try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+_warned_oversubscribed = False
+
+
+def warn_if_oversubscribed(world_size: int, stacklevel: int = 3) -> None:
+    """Once per program: more ranks than cores, and what that does to timings."""
+    global _warned_oversubscribed
+    available = cores()
+    if world_size <= available or _warned_oversubscribed:
+        return
+    _warned_oversubscribed = True
+    warnings.warn(OversubscriptionWarning(
+        f"{world_size} ranks on {available} cores: the ranks take turns on the cores, so a "
+        "message often waits for its receiver to be scheduled. Results are right, but "
+        "timings measure the operating system's scheduler as much as the algorithm (they "
+        "grow faster with the number of ranks than the cost formulas say), and waits get "
+        "longer: pass a larger timeout= if calls time out. Simulate big worlds instead "
+        "(minidist.distributed.simulate). This is said once per program."),
+        stacklevel=stacklevel)
 
 
 def _check_world_size(world_size) -> int:
@@ -124,23 +138,24 @@ def launch(fn, world_size: int = 2, transport: str = "shm", args=(), kwargs=None
         raise OSError("minidist.launch needs fork (Linux or another POSIX system)")
     kwargs = dict(kwargs or {})
     tolerated = _tolerated_ranks(tolerate_failures, world_size)
+    warn_if_oversubscribed(world_size)
     context = multiprocessing.get_context("fork")
     options = {"timeout": _timeout_seconds(timeout), "trace": trace is not None,
                "log_level": log_level, "parent_pid": os.getpid()}
-    arrays = SharedArrays.create(shared_arrays)
-    try:
-        control = ControlBlock.create(world_size)
-    except BaseException:
-        arrays.release()
-        raise
-    options["shared_arrays"] = arrays
-    resources = None
-    supervisor = None
+    arrays = control = resources = supervisor = None
     workers = []
-    try:
-        resources = create_resources(transport, world_size)
-        pipes = [_ResultPipe(context) for _ in range(world_size)]
-        with _terminate_as_exception(), console.route_worker_logs():
+    logs = contextlib.ExitStack()
+    with signals.as_exceptions() as guard:
+        try:
+            # Each resource is in a variable the cleanup sees before a signal
+            # can interrupt: a segment made but not yet remembered would leak.
+            with guard.deferred():
+                arrays = SharedArrays.create(shared_arrays)
+                options["shared_arrays"] = arrays
+                control = ControlBlock.create(world_size)
+                resources = create_resources(transport, world_size)
+                pipes = [_ResultPipe(context) for _ in range(world_size)]
+                logs.enter_context(console.route_worker_logs())
             sys.stdout.flush()
             sys.stderr.flush()
             for rank in range(world_size):
@@ -150,27 +165,46 @@ def launch(fn, world_size: int = 2, transport: str = "shm", args=(), kwargs=None
                     target=worker_main, name=f"minidist-rank-{rank}", daemon=False,
                     args=(rank, world_size, fn, args, kwargs, resources, control, pipes[rank],
                           options_for_rank))
-                process.start()
-                pipes[rank].writer.close()
-                workers.append(ForkedWorker(rank, process, pipes[rank].reader))
+                with guard.deferred():  # not inside fork's at-fork hooks (logging's locks)
+                    process.start()
+                    workers.append(ForkedWorker(rank, process, pipes[rank].reader))
+                    pipes[rank].writer.close()
             resources.release_worker_ends()
             supervisor = Supervisor(workers, control, resources.wake_all, tolerated=tolerated)
             results = supervisor.run()
             supervisor.reap()
-        return [results[rank] if rank in results else supervisor.tolerated_error(rank)
-                for rank in range(world_size)]
-    finally:
-        try:
-            if supervisor is None and workers:
-                wake = resources.wake_all if resources is not None else (lambda: None)
-                Supervisor(workers, control, wake).stop()
-            for worker in workers:
-                worker.close()
-            if trace is not None and supervisor is not None:
-                _trace.write_jsonl(trace, supervisor.events,
-                                   _trace.make_header(world_size, transport=transport))
+            return [results[rank] if rank in results else supervisor.tolerated_error(rank)
+                    for rank in range(world_size)]
         finally:
-            _release(resources, control, arrays)
+            with guard.deferred():
+                _clean_up(workers, supervisor, control, resources, arrays, logs,
+                          trace, world_size, transport)
+
+
+def _clean_up(workers, supervisor, control, resources, arrays, logs, trace, world_size,
+              transport) -> None:
+    """Whatever happened: no worker left running, every segment unlinked, the
+    trace written (also of a failed run)."""
+    try:
+        if workers and control is not None:
+            if supervisor is None:
+                wake = resources.wake_all if resources is not None else (lambda: None)
+                supervisor_ = Supervisor(workers, control, wake)
+            else:
+                supervisor_ = supervisor
+            supervisor_.stop()
+        for worker in workers:  # a stop cut short by an exception leaves some
+            if worker.exitcode() is None:
+                worker.kill()
+                worker.join(1.0)
+        for worker in workers:
+            worker.close()
+        logs.close()
+        if trace is not None and supervisor is not None:
+            _trace.write_jsonl(trace, supervisor.events,
+                               _trace.make_header(world_size, transport=transport))
+    finally:
+        _release(resources, control, arrays)
 
 
 def _tolerated_ranks(tolerate_failures, world_size: int) -> frozenset:
@@ -199,8 +233,9 @@ def _release(resources, control, arrays=None) -> None:
             resources.close()
     finally:
         try:
-            control.unlink()
-            control.close()
+            if control is not None:
+                control.unlink()
+                control.close()
         finally:
             if arrays is not None:
                 arrays.release()
@@ -233,40 +268,42 @@ def run_command(args) -> int:
         script_args = script_args[1:]
     from minidist.distributed.blas_threads import environment_for
 
-    control = ControlBlock.create(world_size)
-    resources = None
-    run_dir = tempfile.mkdtemp(prefix="minidist-run-")
-    error_dir = os.path.join(run_dir, "errors")
-    trace_dir = os.path.join(run_dir, "trace") if args.trace else None
-    os.makedirs(error_dir)
-    if trace_dir:
-        os.makedirs(trace_dir)
+    warn_if_oversubscribed(world_size)
+    control = resources = listener = supervisor = run_dir = None
     workers = []
-    listener = None
-    supervisor = None
     stderr = Console(stderr=True)
-    try:
-        resources = create_resources(transport, world_size)
-        blas_env = environment_for(world_size)
-        log_pipes = []
-        with _terminate_as_exception():
+    with signals.as_exceptions() as guard:
+        try:
+            with guard.deferred():
+                control = ControlBlock.create(world_size)
+                resources = create_resources(transport, world_size)
+                run_dir = tempfile.mkdtemp(prefix="minidist-run-")
+            error_dir = os.path.join(run_dir, "errors")
+            trace_dir = os.path.join(run_dir, "trace") if args.trace else None
+            os.makedirs(error_dir)
+            if trace_dir:
+                os.makedirs(trace_dir)
+            blas_env = environment_for(world_size)
+            log_pipes = []
             for rank in range(world_size):
-                log_read, log_write = os.pipe()
-                log_pipes.append(log_read)
-                spec = {"control": control.name, "transport": resources.spec_for(rank),
-                        "timeout": timeout, "parent_pid": os.getpid(), "log_fd": log_write,
-                        "trace_dir": trace_dir, "error_dir": error_dir}
-                env = dict(os.environ, **blas_env, MINIDIST_RANK=str(rank),
-                           MINIDIST_WORLD_SIZE=str(world_size), MINIDIST_TRANSPORT=transport,
-                           MINIDIST_RUN=json.dumps(spec))
-                try:
-                    popen = subprocess.Popen(
-                        [sys.executable, script, *script_args], env=env,
-                        pass_fds=[log_write, *resources.fds_for(rank)],
-                        start_new_session=True, preexec_fn=_die_with_parent)
-                finally:
-                    os.close(log_write)
-                workers.append(ProgramWorker(rank, popen))
+                with guard.deferred():  # a started program is always in `workers`
+                    log_read, log_write = os.pipe()
+                    log_pipes.append(log_read)
+                    spec = {"control": control.name, "transport": resources.spec_for(rank),
+                            "timeout": timeout, "parent_pid": os.getpid(),
+                            "log_fd": log_write, "trace_dir": trace_dir,
+                            "error_dir": error_dir}
+                    env = dict(os.environ, **blas_env, MINIDIST_RANK=str(rank),
+                               MINIDIST_WORLD_SIZE=str(world_size),
+                               MINIDIST_TRANSPORT=transport, MINIDIST_RUN=json.dumps(spec))
+                    try:
+                        popen = subprocess.Popen(
+                            [sys.executable, script, *script_args], env=env,
+                            pass_fds=[log_write, *resources.fds_for(rank)],
+                            start_new_session=True, preexec_fn=_die_with_parent)
+                    finally:
+                        os.close(log_write)
+                    workers.append(ProgramWorker(rank, popen))
             resources.release_worker_ends()
             listener = console.PipeLogListener(log_pipes)
             listener.start()
@@ -280,20 +317,23 @@ def run_command(args) -> int:
                 stderr.print("minidist run:", style="bold red", end=" ")
                 stderr.print(str(error), markup=False, highlight=False, soft_wrap=True)
                 return 1
-        return 0
-    finally:
-        if supervisor is None and workers:
-            Supervisor(workers, control, lambda: None).stop()
-        if listener is not None:
-            listener.stop()
-        for worker in workers:
-            worker.close()
-        try:
-            if trace_dir:
-                _merge_traces(trace_dir, args.trace, world_size, transport, stderr)
+            return 0
         finally:
-            _release(resources, control)
-            shutil.rmtree(run_dir, ignore_errors=True)
+            with guard.deferred():
+                try:
+                    if workers:
+                        (supervisor or Supervisor(workers, control, lambda: None)).stop()
+                    if listener is not None:
+                        listener.stop()
+                    for worker in workers:
+                        worker.close()
+                    if run_dir and args.trace and os.path.isdir(os.path.join(run_dir, "trace")):
+                        _merge_traces(os.path.join(run_dir, "trace"), args.trace, world_size,
+                                      transport, stderr)
+                finally:
+                    _release(resources, control)
+                    if run_dir:
+                        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _die_with_parent() -> None:

@@ -3,12 +3,8 @@
 * ``PR_SET_PDEATHSIG``: the kernel sends the worker SIGKILL the moment the
   process that started it dies, however it dies (even by SIGKILL, when no
   cleanup code can run). No orphaned workers, ever.
-* Ctrl-C goes to the parent alone: a terminal sends SIGINT to the whole
-  foreground process group, and N workers each printing a KeyboardInterrupt
-  traceback would bury the one message that matters. The parent stops the
-  workers itself.
-* SIGTERM keeps its default action (terminate at once), which is how the
-  parent stops a worker that does not notice the abort flag in time.
+* Ctrl-C goes to the parent alone, and SIGTERM keeps its default action
+  (see :func:`minidist.distributed.signals.reset_in_worker`).
 """
 
 from __future__ import annotations
@@ -17,6 +13,8 @@ import ctypes
 import os
 import signal
 import sys
+
+from minidist.distributed.signals import reset_in_worker
 
 _PR_SET_PDEATHSIG = 1
 
@@ -37,5 +35,4 @@ def prepare_worker_process(parent_pid: int) -> None:
     if os.getppid() != parent_pid:
         # The parent died before the death signal was armed.
         os._exit(1)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    reset_in_worker()

@@ -1,8 +1,10 @@
 """Named shared-memory segments that never outlive their run.
 
-Every segment minidist creates is called ``minidist_<24 random hex digits>_<what>``:
-unguessable (another user cannot open or pre-create it), yet easy to count in
-``/dev/shm`` when checking for leaks. The process that starts a run creates
+Every segment minidist creates is called
+``minidist_<creator's pid>_<24 random hex digits>_<what>``: unguessable
+(another user cannot open or pre-create it), yet easy to count in
+``/dev/shm`` when checking for leaks, all of them or one run's
+(:func:`count_segments` with ``pid``). The process that starts a run creates
 the segments and is the only one that unlinks them, on every exit path; it
 also registers them with multiprocessing's resource tracker, which unlinks them
 if that process itself is killed with SIGKILL.
@@ -25,7 +27,7 @@ PREFIX = "minidist_"
 
 
 def new_name(what: str) -> str:
-    return f"{PREFIX}{secrets.token_hex(12)}_{what}"
+    return f"{PREFIX}{os.getpid()}_{secrets.token_hex(12)}_{what}"
 
 
 class Segment:
@@ -108,9 +110,11 @@ class LocalSegment:
         """Nothing is named."""
 
 
-def count_segments(directory: str = "/dev/shm") -> int:
-    """How many minidist segments exist on this machine (for leak checks)."""
+def count_segments(directory: str = "/dev/shm", pid: int | None = None) -> int:
+    """How many minidist segments exist on this machine, or were made by
+    process ``pid`` (for leak checks)."""
+    prefix = PREFIX if pid is None else f"{PREFIX}{pid}_"
     try:
-        return sum(1 for entry in os.listdir(directory) if entry.startswith(PREFIX))
+        return sum(1 for entry in os.listdir(directory) if entry.startswith(prefix))
     except FileNotFoundError:
         return 0

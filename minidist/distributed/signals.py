@@ -1,0 +1,117 @@
+"""Ctrl-C and SIGTERM in the launching process: clean exits, never half-done steps.
+
+While a run is in progress the launcher turns SIGTERM into ``SystemExit(143)``
+and Ctrl-C (SIGINT) into ``KeyboardInterrupt``, so that its ``finally`` blocks
+stop the workers and unlink the shared memory. But an exception raised by a
+signal handler lands wherever the main thread happens to be, and some places
+must not be cut in two:
+
+* between creating a shared-memory segment and remembering it for cleanup
+  (the segment would outlive the run: a leak until reboot);
+* inside ``fork``: Python runs logging's and multiprocessing's at-fork hooks
+  there; a ``SystemExit`` raised in logging's lock release leaves the lock
+  held, and the next log call hangs the launcher for ever;
+* inside the cleanup itself (a second Ctrl-C while workers are being stopped).
+
+So those steps run inside :meth:`SignalGuard.deferred`: a signal that arrives
+there is remembered, and raised as its exception the moment the step is over,
+where every resource is already in the cleanup's hands.
+
+Why not block the signals with ``pthread_sigmask``? A mask holds for one
+thread only; the kernel then hands a process-directed signal to another
+thread (the log-forwarding thread during a run), whose C-level handler
+schedules the Python handler on the main thread anyway, in the middle of
+the step. Deferring in the Python handler works whichever thread the kernel
+chose.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+
+_EXIT_CODE_OF_SIGTERM = 128 + signal.SIGTERM
+
+
+def _raise_for(signum: int) -> None:
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise SystemExit(_EXIT_CODE_OF_SIGTERM)
+
+
+class SignalGuard:
+    """Signal handlers that raise, except inside :meth:`deferred` sections."""
+
+    def __init__(self):
+        self.depth = 0
+        self.pending: int | None = None
+
+    def handle(self, signum, frame) -> None:
+        if self.depth:
+            if self.pending is None:
+                self.pending = signum  # raised when the section ends
+            return
+        _raise_for(signum)
+
+    @contextlib.contextmanager
+    def deferred(self):
+        """A step that a signal must not cut in two."""
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if not self.depth and self.pending is not None:
+                signum, self.pending = self.pending, None
+                _raise_for(signum)
+
+
+class _Unguarded(SignalGuard):
+    """Off the main thread no handler can be installed: nothing is deferred."""
+
+    @contextlib.contextmanager
+    def deferred(self):
+        yield
+
+
+#: The guard of the launch in progress in this process (inherited by forked workers).
+_active: SignalGuard | None = None
+
+
+@contextlib.contextmanager
+def as_exceptions():
+    """For the length of a run: SIGTERM raises SystemExit(143), and SIGINT raises
+    KeyboardInterrupt (if the program left Ctrl-C to Python's default), each
+    held back inside the guard's deferred sections. Previous handlers come back
+    at the end."""
+    global _active
+    if threading.current_thread() is not threading.main_thread():
+        yield _Unguarded()
+        return
+    guard = SignalGuard()
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, guard.handle)}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, guard.handle)
+    outer, _active = _active, guard
+    try:
+        yield guard
+    finally:
+        _active = outer
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def reset_in_worker() -> None:
+    """In a worker just forked by the launcher: Ctrl-C is the parent's alone
+    (a terminal sends it to the whole process group, and N tracebacks would
+    bury the one that matters); SIGTERM gets its default action back, which is
+    how the parent stops a worker that does not notice the abort flag. A
+    SIGTERM the parent sent while this process was still inside the fork was
+    only remembered by the inherited guard: deliver it now."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    guard = _active
+    if guard is not None and guard.pending == signal.SIGTERM:
+        os.kill(os.getpid(), signal.SIGTERM)
