@@ -211,8 +211,10 @@ def one_rank_skips_the_barrier():
 def test_mismatched_calls_end_at_once_when_the_peer_finished(transport):
     error, elapsed = launch_expecting_failure(one_rank_skips_the_barrier, world_size=2,
                                               transport=transport, timeout=30)
-    assert error.rank == 0 and error.remote_type == "PeerGoneError"
-    assert "rank 1 has finished without sending" in str(error) or "rank 1 has exited" in str(error)
+    # The cause is the rank that skipped the barrier and returned, not the one left waiting.
+    assert error.rank == 1 and error.kind == "returned" and error.noticed_by == 0
+    assert error.remote_type == "PeerGoneError"
+    assert str(error).startswith("rank 1 returned from its function while rank 0 still waited")
     assert elapsed < 5.0  # long before the 30 s timeout
 
 

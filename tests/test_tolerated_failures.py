@@ -177,3 +177,40 @@ def test_a_receiver_reports_the_failure_not_just_the_closed_pipe():
     message, failed = results[0]
     assert "rank 2 failed" in message, message
     assert failed == [2]
+
+
+def _a_send_to_the_dead_and_a_receive_from_the_living():
+    """Rank 2 fails. Rank 0 starts a send to it, then receives from live rank 1,
+    then waits on the send."""
+    rank = dist.get_rank()
+    if rank == 2:
+        raise RuntimeError("rank 2 fails on purpose")
+    if rank == 1:
+        dist.send(np.ones(3), dst=0)
+        return None
+    while 2 not in dist.failed_ranks():
+        time.sleep(0.01)
+    request = dist.isend(np.ones(3), dst=2)  # never raises here: the request fails
+    buffer = np.zeros(3)
+    dist.recv(buffer, src=1)  # the dead rank's error must not surface here
+    try:
+        request.wait()
+    except dist.PeerGoneError as error:
+        return buffer.tolist(), error.peer
+    return buffer.tolist(), "the send to a dead rank succeeded"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_dead_peers_error_surfaces_only_on_a_call_to_that_peer(transport):
+    """Issue 16, case 5: over pipes the broken pipe to a dead rank was raised
+    from whatever wait moved the send, here the receive from live rank 1, and
+    then again from every later wait."""
+    results = minidist.launch(_a_send_to_the_dead_and_a_receive_from_the_living, world_size=3,
+                              transport=transport, tolerate_failures=[2], timeout=20)
+    received, sent = results[0]
+    assert received == [1.0, 1.0, 1.0]
+    if transport == "pipe":  # a write into a dead rank's pipe always fails
+        assert sent == 2
+    else:  # a small message is copied into the ring at once (eager), as MPI may do
+        assert sent in (2, "the send to a dead rank succeeded")

@@ -10,7 +10,14 @@ It holds two things:
   send to 3 with tag 7 since t, running its own code, finished...). A rank
   writes its record only when it starts or stops *waiting*, so a message that
   completes without waiting costs nothing here. When a wait times out, the
-  records of all ranks become the desync report (see :mod:`.desync`).
+  records of all ranks become the desync report (see :mod:`.desync`); while a
+  rank waits in a collective, its peers' records tell it at once when they
+  are in a different collective call (see ``_Fingerprints.check_group``).
+* one **call count table per rank**, written once, when the rank returns
+  from its function: how many collective calls it made in each of its
+  groups. A rank still waiting in call c of a group whose member finished
+  after fewer than c + 1 calls knows that member will never join, and says
+  so instead of waiting out its timeout.
 
 Records are read without locking: a report may catch a record half-updated,
 which for a diagnostic is an acceptable price for never slowing the fast path.
@@ -40,10 +47,16 @@ STARTING, RUNNING, WAITING, FINISHED, FAILED = range(5)
 STATE_NAMES = {STARTING: "starting", RUNNING: "running", WAITING: "waiting",
                FINISHED: "finished", FAILED: "failed"}
 
-# operations a rank can be waiting in
-OP_NONE, OP_SEND, OP_RECV, OP_PROBE, OP_WAIT_MANY = range(5)
+# operations a rank can be waiting in (OP_COLLECTIVE: for the whole group at
+# once, in shared memory, as the one-shot all_reduce's shared slots do)
+OP_NONE, OP_SEND, OP_RECV, OP_PROBE, OP_WAIT_MANY, OP_COLLECTIVE = range(6)
 OP_NAMES = {OP_NONE: "", OP_SEND: "send", OP_RECV: "recv", OP_PROBE: "probe",
-            OP_WAIT_MANY: "wait"}
+            OP_WAIT_MANY: "wait", OP_COLLECTIVE: "collective"}
+
+# The call count table: per rank a count of entries, an overflow flag, then
+# CALL_ENTRIES (context, calls) pairs.
+CALL_ENTRIES = 8
+_CALLS_BYTES = 16 + 16 * CALL_ENTRIES
 
 ANY = -1  # peer or tag wildcard as stored in a record
 NO_CULPRIT = -1
@@ -82,7 +95,7 @@ class ControlBlock:
 
     @classmethod
     def create(cls, world_size: int, shared: bool = True) -> ControlBlock:
-        size = _HEADER_BYTES + _RECORD_BYTES * world_size
+        size = _HEADER_BYTES + (_RECORD_BYTES + _CALLS_BYTES) * world_size
         segment = Segment.create(size, "control") if shared else LocalSegment(size)
         block = cls(segment, world_size, owner=True)
         block._words[_W_MAGIC] = _MAGIC
@@ -160,6 +173,31 @@ class ControlBlock:
 
     def statuses(self) -> list[RankStatus]:
         return [self.status(rank) for rank in range(self.world_size)]
+
+    # ------------------------------------------------------------------ call counts
+
+    def _calls_offset(self, rank: int) -> int:
+        return _HEADER_BYTES + _RECORD_BYTES * self.world_size + _CALLS_BYTES * rank
+
+    def record_calls(self, rank: int, calls: dict) -> None:
+        """Write how many collective calls ``rank`` made per context (once, as it
+        finishes, before its state says FINISHED)."""
+        offset = self._calls_offset(rank)
+        entries = list(calls.items())[:CALL_ENTRIES]
+        for index, (context, count) in enumerate(entries):
+            struct.pack_into("<QQ", self._buf, offset + 16 + 16 * index, context, count)
+        struct.pack_into("<QQ", self._buf, offset, len(entries), len(calls) > CALL_ENTRIES)
+
+    def calls_of(self, rank: int, context: int) -> int | None:
+        """How many collective calls finished ``rank`` made in ``context`` (0 if
+        it never used it), or None if its table overflowed without this context."""
+        offset = self._calls_offset(rank)
+        count, overflow = struct.unpack_from("<QQ", self._buf, offset)
+        for index in range(min(count, CALL_ENTRIES)):
+            entry_context, calls = struct.unpack_from("<QQ", self._buf, offset + 16 + 16 * index)
+            if entry_context == context:
+                return calls
+        return None if overflow else 0
 
     # ------------------------------------------------------------------ lifetime
 

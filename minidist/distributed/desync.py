@@ -33,6 +33,8 @@ def describe_wait(op: int, peer: int, tag: int, context_name: str, nbytes: int =
         text = f"{name} from {_peer_text(peer)}, tag {_tag_text(tag)}"
     elif op == ctl.OP_WAIT_MANY:
         text = "wait on several requests"
+    elif op == ctl.OP_COLLECTIVE:
+        text = f"a collective, for every rank of its group (shared slots), tag {_tag_text(tag)}"
     else:
         return "nothing"
     if nbytes and op == ctl.OP_SEND:
@@ -42,27 +44,63 @@ def describe_wait(op: int, peer: int, tag: int, context_name: str, nbytes: int =
     return text
 
 
+#: Worlds up to this size get a line per rank in the report; bigger ones get
+#: the lines that matter (this rank, its peer, the first few) and counts.
+LIST_ALL = 16
+FIRST_RANKS = 6
+
+
+def _rank_text(status, now_ns: int, context_name) -> str:
+    wait = describe_wait(status.op, status.peer, status.tag, context_name(status.context),
+                         status.nbytes)
+    if status.state == ctl.WAITING:
+        return f"waiting in {wait} for {_seconds(now_ns - status.since_ns)}"
+    if status.state == ctl.RUNNING:
+        text = "running its own code (not in a minidist call)"
+        if status.op != ctl.OP_NONE:
+            text += f"; last waited in {wait}, {_seconds(now_ns - status.since_ns)} ago"
+        return text
+    if status.state == ctl.FINISHED:
+        return "finished (returned from its function)"
+    if status.state == ctl.FAILED:
+        return "failed"
+    return "not started yet"
+
+
+def _state_text(status) -> str:
+    """The kind of line a rank would get, without its peer, tag or times."""
+    if status.state == ctl.WAITING:
+        return f"waiting in a {ctl.OP_NAMES.get(status.op, 'call')}"
+    return {ctl.RUNNING: "running their own code", ctl.FINISHED: "finished",
+            ctl.FAILED: "failed"}.get(status.state, "not started yet")
+
+
 def format_report(statuses, me: int, now_ns: int, context_name=lambda context: "") -> str:
     """One line per rank, then hints. ``context_name`` maps a record's context
-    number to a readable name ("world", "group 2 / barrier", ...)."""
+    number to a readable name ("world", "group 2 / barrier", ...). Past
+    :data:`LIST_ALL` ranks, only this rank, the one it waits for and the
+    first few get a line; the rest are counted by what they are doing."""
+    statuses = list(statuses)
+    shown = statuses
+    if len(statuses) > LIST_ALL:
+        by_rank = {status.rank: status for status in statuses}
+        keep = {status.rank for status in statuses[:FIRST_RANKS]} | {me}
+        mine = by_rank.get(me)
+        if mine is not None and mine.peer in by_rank:
+            keep.add(mine.peer)
+        shown = [status for status in statuses if status.rank in keep]
     lines = []
-    for status in statuses:
+    for status in shown:
         marker = "   <- timed out here" if status.rank == me else ""
-        wait = describe_wait(status.op, status.peer, status.tag, context_name(status.context),
-                             status.nbytes)
-        if status.state == ctl.WAITING:
-            text = f"waiting in {wait} for {_seconds(now_ns - status.since_ns)}"
-        elif status.state == ctl.RUNNING:
-            text = "running its own code (not in a minidist call)"
-            if status.op != ctl.OP_NONE:
-                text += f"; last waited in {wait}, {_seconds(now_ns - status.since_ns)} ago"
-        elif status.state == ctl.FINISHED:
-            text = "finished (returned from its function)"
-        elif status.state == ctl.FAILED:
-            text = "failed"
-        else:
-            text = "not started yet"
-        lines.append(f"  rank {status.rank}: {text}{marker}")
+        lines.append(f"  rank {status.rank}: {_rank_text(status, now_ns, context_name)}{marker}")
+    if len(shown) < len(statuses):
+        counts: dict[str, int] = {}
+        for status in statuses:
+            if status not in shown:
+                counts[_state_text(status)] = counts.get(_state_text(status), 0) + 1
+        rest = ", ".join(f"{count} {what}" for what, count in
+                         sorted(counts.items(), key=lambda item: -item[1]))
+        lines.append(f"  ... and {len(statuses) - len(shown)} more ranks: {rest}")
     hints = _hints(statuses, me)
     if hints:
         lines.append("")

@@ -32,7 +32,7 @@ import time
 from multiprocessing.connection import wait
 
 from minidist.distributed import control as ctl
-from minidist.distributed.errors import WorkerError
+from minidist.distributed.errors import WorkerError, name_ranks
 
 logger = logging.getLogger("minidist")
 
@@ -168,10 +168,11 @@ class Supervisor:
             self.results[rank] = value
             self.events.extend(events)
         else:
-            _, rank, kind, type_name, text, tb, events = message
+            _, rank, kind, type_name, text, tb, events, blamed = message
             if type_name == "PeerGoneError":
                 kind = "peer_gone"
-            self._fail(rank, kind, type_name=type_name, message=text, traceback=tb)
+            self._fail(rank, kind, type_name=type_name, message=text, traceback=tb,
+                       peer=blamed)
             self.events.extend(events)
         return True
 
@@ -210,7 +211,8 @@ class Supervisor:
             kind = {"AbortedError": "aborted", "CommTimeoutError": "timeout",
                     "PeerGoneError": "peer_gone"}.get(details["type"], "exception")
             self._fail(rank, kind, type_name=details["type"], message=details["message"],
-                       traceback=details["traceback"], exitcode=code)
+                       traceback=details["traceback"], exitcode=code,
+                       peer=details.get("peer"))
         elif self.stopped:
             self._fail(rank, "stopped", exitcode=code)
         else:
@@ -344,14 +346,50 @@ class Supervisor:
                            remote_traceback=failure.get("traceback", "") or "",
                            exitcode=failure.get("exitcode"))
 
+    def root_cause(self) -> tuple[int, int | None]:
+        """(the rank that explains the failure, the rank whose error revealed
+        it or None).
+
+        Start from the first failure of the highest priority (a rank that
+        raised or died before one whose peer vanished). A PeerGoneError names
+        the rank it waited for; follow those names: through ranks that
+        themselves only saw a peer vanish, to a rank that raised or died (the
+        cause), or to one that *returned* while others still needed it (the
+        cause too: it left a collective or exchange the others were in)."""
+        rank = min(self._fatal_failures(), key=self._cause_key)
+        noticed_by = None
+        seen = {rank}
+        while True:
+            failure = self.failures[rank]
+            blamed = failure.get("peer")
+            if failure["kind"] != "peer_gone" or blamed is None or blamed in seen:
+                return rank, noticed_by
+            seen.add(blamed)
+            if blamed in self.results:
+                return blamed, rank  # it returned; rank was waiting for it
+            if blamed not in self.failures or \
+                    _PRIORITY.get(self.failures[blamed]["kind"], 0) > _PRIORITY["peer_gone"]:
+                return rank, noticed_by  # stopped by the abort: a consequence, not a cause
+            rank, noticed_by = blamed, None
+
     def error(self) -> WorkerError:
-        cause = min(self._fatal_failures(), key=self._cause_key)
+        cause, noticed_by = self.root_cause()
+        others = [(rank, self._summary(rank).split("\n")[0])
+                  for rank in sorted(self.failures) if rank != cause]
+        if noticed_by is not None:
+            # The cause returned normally: the error is the one of the rank that noticed.
+            noticer = self.failures[noticed_by]
+            waiting = sorted(rank for rank, failure in self.failures.items()
+                             if failure.get("peer") == cause)
+            summary = (f"rank {cause} returned from its function while "
+                       f"{name_ranks(waiting)} still waited for it. "
+                       f"{noticer.get('message', '').splitlines()[0]}")
+            return WorkerError(cause, "returned", summary,
+                               remote_type=noticer.get("type_name", ""),
+                               remote_message=noticer.get("message", ""),
+                               remote_traceback=noticer.get("traceback", "") or "",
+                               other_failures=others, noticed_by=noticed_by)
         failure = self.failures[cause]
-        others = []
-        for rank in sorted(self.failures):
-            if rank != cause:
-                summary = self._summary(rank)
-                others.append((rank, summary.split("\n")[0]))
         return WorkerError(cause, failure["kind"], f"rank {cause} {self._summary(cause)}",
                            remote_type=failure.get("type_name", ""),
                            remote_message=failure.get("message", ""),

@@ -5,7 +5,7 @@ tracing, transport), run the user's function, then report exactly one message
 to the parent over a private pipe::
 
     ("ok", rank, return value, trace events)
-    ("error", rank, kind, exception type, message, traceback text, trace events)
+    ("error", rank, kind, exception type, message, traceback text, trace events, blamed rank)
 
 ``kind`` is "exception", "timeout" or "aborted" (stopped because another rank
 failed: the parent does not report those as the cause).
@@ -62,8 +62,10 @@ def worker_main(rank, world_size, fn, args, kwargs, resources, control, result_p
             kind = "timeout"
         else:
             kind = "exception"
+        # A PeerGoneError names the rank it waited for: the launcher follows
+        # these back to the rank that really caused the failure.
         outcome = ("error", rank, kind, type(error).__name__, str(error), traceback.format_exc(),
-                   _trace.stop_recording())
+                   _trace.stop_recording(), getattr(error, "peer", None))
         payload = pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
     console.flush_worker_logs()
     try:

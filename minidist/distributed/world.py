@@ -96,7 +96,13 @@ def finish_worker() -> None:
         return
     try:
         if not world.failed:
-            world.transport.flush()
+            transport = world.transport
+            transport.flush()
+            # How many collective calls this rank made in each group, written
+            # before FINISHED: a peer still waiting in a later call reads it and
+            # knows at once that this rank will never join (check_group).
+            world.control.record_calls(world.rank, {
+                context: book.seq for context, book in transport.collective_groups.items()})
             world.control.set_state(world.rank, ctl.FINISHED, _trace.now())
     finally:
         world.transport.close()
@@ -201,8 +207,8 @@ def _init_from_environment(transport, world_size, rank, timeout, log_level) -> N
         if error_dir:
             try:
                 with open(os.path.join(error_dir, f"rank{env_rank}.txt"), "w") as file:
-                    json.dump({"type": kind.__name__, "message": str(value), "traceback": text},
-                              file)
+                    json.dump({"type": kind.__name__, "message": str(value), "traceback": text,
+                               "peer": getattr(value, "peer", None)}, file)
                 return  # the parent prints it, once, with the others' states
             except OSError:
                 pass

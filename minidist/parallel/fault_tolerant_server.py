@@ -69,7 +69,9 @@ acknowledges the last push), then it says goodbye to every server; a server
 ends when every worker has said goodbye or is gone. There is no final
 broadcast (a collective cannot run with a member dead): each worker returns
 the weights of its last pull, each server the ranges it holds, and
-:func:`final_weights` puts the primaries' ranges together.
+:func:`final_weights` puts the primaries' ranges together (a backup's copy
+standing in for a primary that died after its last reply, when no server
+had a reason to take over).
 
 Testing failures. ``crash_server_at=(server, step[, moment])`` makes that
 server SIGKILL itself (a machine vanishing; its own trace dies with it) at the update of ``step`` of its
@@ -281,6 +283,7 @@ class FaultTolerantServerResult:
     taken_over: list[int]          # ranges this server became primary of
     gone_workers: list[int]
     events: list[str]              # what this server logged
+    servers: int = 0               # how many servers (= key ranges) the run had; 0: unknown
 
     @property
     def duplicates(self) -> int:
@@ -306,22 +309,31 @@ class FaultTolerantWorkerResult(WorkerResult):
 
 def final_weights(results) -> np.ndarray:
     """The whole weight vector from a launch's results: each range from the
-    server that was its primary at the end (failed ranks' slots skipped)."""
-    pieces = {}
+    server that was its primary at the end (failed ranks' slots skipped).
+
+    A primary killed after its last reply leaves its range with no primary
+    at the end: no worker asked again, so its backup never took over. The
+    backup's copy stands in, and is the same: a pull is answered only once
+    the backup has acknowledged its version, so the backup holds every
+    version a worker saw."""
+    primaries, backups, ranges = {}, {}, 0
     for result in results:
         if isinstance(result, FaultTolerantServerResult):
+            ranges = max(ranges, result.servers)
             for report in result.ranges.values():
-                if report.role == "primary":
-                    pieces[report.index] = report
+                held = primaries if report.role == "primary" else backups
+                held[report.index] = report
+    pieces = {**backups, **primaries}
     if not pieces:
         raise ValueError("no server result among these results; pass the list launch returned")
-    ordered = [pieces[index] for index in sorted(pieces)]
-    stops = [0] + [report.key_range[1] for report in ordered[:-1]]
-    if [report.key_range[0] for report in ordered] != stops:
-        missing = sorted(set(range(max(pieces) + 1)) - set(pieces))
+    # Counted from the results, not from the ranges found: a lost last range
+    # would otherwise go unnoticed and the weights come back short.
+    ranges = max(ranges, max(pieces) + 1)
+    missing = sorted(set(range(ranges)) - set(pieces))
+    if missing:
         raise ValueError(f"no surviving server holds key range(s) {missing}: both of their "
                          "copies were lost")
-    return np.concatenate([report.weights for report in ordered])
+    return np.concatenate([pieces[index].weights for index in range(ranges)])
 
 
 # --------------------------------------------------------------------------- the strategy
@@ -661,8 +673,11 @@ class _Server:
     # -- replication, the backup's side -----------------------------------
 
     def _on_replicate(self, source: int) -> None:
-        meta = self.messages.recv_array(src=source, tag=REPLICATE_TAG,
-                                        label=trace.with_info("replicate", kind="replicate"))
+        try:
+            meta = self.messages.recv_array(src=source, tag=REPLICATE_TAG,
+                                            label=trace.with_info("replicate", kind="replicate"))
+        except dist.PeerGoneError:
+            return   # the primary died mid-forward: nobody has seen this update
         index, version = int(meta[0]), int(meta[1])
         copy = self.copies[index]
         shard = copy.shard
@@ -765,4 +780,5 @@ class _Server:
                 np.array(shard.weights, copy=True), shard.version, shard.pushes,
                 shard.duplicates, shard.applied_gradients)
         return FaultTolerantServerResult("server", self.server, reports, self.taken_over,
-                                         sorted(self.gone_workers), self.events)
+                                         sorted(self.gone_workers), self.events,
+                                         self.layout.servers)

@@ -457,7 +457,7 @@ def _open_lane(group, tensor, op, algorithm, comm, ufunc, average) -> None:
         _LANES.clear()
     book, size = comm.book, group.size
     slots = comm.group.transport.shared_slots
-    ranks, channel = comm.group.ranks, comm.group.group_id
+    ranks, channel, context = comm.group.ranks, comm.group.group_id, comm.group.context
     base = comm.tag & ~(0xFF << SEQ_SHIFT)
 
     def lane(array):
@@ -465,7 +465,7 @@ def _open_lane(group, tensor, op, algorithm, comm, ufunc, average) -> None:
         number = book.seq
         book.seq = number + 1
         for requests in slots.all_reduce(flat, ufunc, ranks, channel, number,
-                                         base | (number & 0xFF) << SEQ_SHIFT):
+                                         base | (number & 0xFF) << SEQ_SHIFT, context):
             for request in requests:
                 request.wait()
         if average:

@@ -117,12 +117,19 @@ def _auto(collective: str, size: int, nbytes: int, transport, candidates) -> str
 
 
 def _book(group) -> tuple:
-    """The collectives' context of ``group`` (made once per group object)."""
+    """The collectives' context of ``group`` and its book (made once per group
+    object). Group objects that share the collective context (``group`` and
+    ``group.with_context("x")`` have the same members) share one book, so
+    that calls are numbered once per context, as the messages are matched."""
     book = getattr(group, "_collectives", None)
     if book is None:
         context_group = group.with_context("collective")
-        fingerprints = _Fingerprints(ALGORITHMS)
-        group.transport.strict_contexts[context_group.context] = fingerprints.explain
+        transport = group.transport
+        fingerprints = transport.collective_groups.get(context_group.context)
+        if fingerprints is None:
+            fingerprints = _Fingerprints(ALGORITHMS, group.ranks, context_group.context)
+            transport.strict_contexts[context_group.context] = fingerprints.explain
+            transport.collective_groups[context_group.context] = fingerprints
         book = group._collectives = (context_group, fingerprints)
     return book
 

@@ -33,6 +33,14 @@ different *numbers* of calls are left to the timeout's desync report: with
 ``async_op`` a peer may rightly send for a later call first.) Within one call, messages
 between two ranks are told apart by their order, which every algorithm keeps
 the same on both sides.
+
+Messages are not the only witness. Ranks in different collectives may never
+exchange one (an all_reduce through shared slots sends none; a rank that
+returned early sends nothing at all), so a rank that sleeps in a collective
+also reads its peers' status records in the control block
+(:meth:`_Fingerprints.check_group`): a peer asleep in the same call number
+with another fingerprint, or a peer that finished without making this call,
+ends the wait at once with an error that names both.
 """
 
 from __future__ import annotations
@@ -42,6 +50,8 @@ import zlib
 import numpy as np
 
 from minidist import trace as _trace
+from minidist.distributed import control as ctl
+from minidist.distributed.errors import CollectiveMismatchError, PeerGoneError, name_ranks
 from minidist.distributed.reduce_op import ReduceOp
 from minidist.distributed.transport.base import _DEFAULT
 
@@ -98,13 +108,24 @@ def describe_fingerprint(tag: int, algorithms: dict) -> str:
 
 
 class _Fingerprints:
-    """The per-(group, context) bookkeeping the transport's mismatch check asks
+    """The per-(group, context) bookkeeping the transport's mismatch checks ask
     (and the group's spare scratch arrays, see :meth:`Comm.scratch`)."""
 
-    def __init__(self, algorithms: dict):
+    #: A rank sleeping in a call reads its peers' records every CHECK_SECONDS
+    #: times (group size / CHECK_RANKS), so that a thousand sleeping ranks do
+    #: not spend the cores reading each other's records.
+    CHECK_SECONDS = 0.05
+    CHECK_RANKS = 16
+
+    def __init__(self, algorithms: dict, ranks=(), context: int = 0):
         self.algorithms = algorithms
+        self.ranks = tuple(ranks)  # global ranks, in group order
+        self.context = context
         self.seq = 0           # calls started on this group
         self.spare: dict = {}  # (dtype, size) -> an array no call is using
+        self._suspects = None  # the mismatched records seen by the last check
+        self.check_interval_ns = int(self.CHECK_SECONDS * 1e9
+                                     * max(1.0, len(self.ranks) / self.CHECK_RANKS))
 
     def explain(self, expected: int, got: int, me: int, peer: int) -> str | None:
         """Why rank ``me``, waiting for tag ``expected``, cannot take ``peer``'s
@@ -123,6 +144,77 @@ class _Fingerprints:
         return (f"collective mismatch: rank {me} is in {mine}, but rank {peer} sent it a "
                 f"message of {theirs}. Every rank of a group must make the same collective "
                 "calls, in the same order, with the same count, dtype, root, op and algorithm.")
+
+    # ---------------------------------------------------------------- the peers' records
+
+    def _call_number(self, tag: int) -> int:
+        """The full number of this rank's call whose tag carries ``tag``'s 8 bits."""
+        last = self.seq - 1
+        return last - ((last - (tag >> SEQ_SHIFT)) & 0xFF)
+
+    def _where(self) -> str:
+        group_id = self.context >> 32
+        return "the world" if group_id == 0 else f"group {group_id}"
+
+    def _what(self, tag: int) -> str:
+        return describe_fingerprint(tag, self.algorithms).rsplit(", call ", 1)[0]
+
+    def check_group(self, control, me: int, tag: int) -> None:
+        """Raise if the call tagged ``tag`` that rank ``me`` sleeps in can never
+        complete, judging by the other members' status records:
+
+        * a member that finished (returned from its function) after fewer
+          calls in this group than this one's number: :class:`PeerGoneError`
+          naming it (it never joins);
+        * members asleep in the same call number with another fingerprint:
+          :class:`CollectiveMismatchError` naming the collective each rank is
+          in. Records are read without a lock, so a mismatch is believed only
+          when two checks in a row see the very same records.
+
+        Cost: one read of 64 bytes per member; the transport calls this only
+        while the rank sleeps, every :attr:`check_interval_ns`."""
+        seq, number = (tag >> SEQ_SHIFT) & 0xFF, self._call_number(tag)
+        in_call = {tag: [me]}
+        suspects = []
+        finished = []
+        for rank in self.ranks:
+            if rank == me:
+                continue
+            status = control.status(rank)
+            if status.state == ctl.WAITING:
+                if status.context == self.context and status.tag >= 0 \
+                        and (status.tag >> SEQ_SHIFT) & 0xFF == seq:
+                    in_call.setdefault(status.tag, []).append(rank)
+                    if status.tag != tag:
+                        suspects.append((rank, status.tag, status.since_ns))
+            elif status.state == ctl.FINISHED:
+                made = control.calls_of(rank, self.context)
+                if made is not None and made <= number:
+                    finished.append((rank, made))
+        if finished:
+            rank, made = finished[0]
+            who = "rank " + ", ".join(str(rank) for rank, _ in finished)
+            raise PeerGoneError(
+                f"rank {me}: {self._what(tag)}, call {number} of {self._where()}, cannot "
+                f"complete: {who} returned from its function after {made} collective "
+                f"call{'s' if made != 1 else ''} in {self._where()}, without entering this "
+                "one. Every rank of a group must make the same collective calls, in the "
+                "same order.", peer=rank)
+        suspects = frozenset(suspects)
+        confirmed = bool(suspects) and suspects == self._suspects
+        self._suspects = suspects or None
+        if not confirmed:
+            return
+        parts = []
+        for each, ranks in sorted(in_call.items(), key=lambda item: min(item[1])):
+            what = self._what(each)
+            if each != tag and what == self._what(tag):
+                what += " with a different element count or root"
+            parts.append(f"{what} on {name_ranks(sorted(ranks), most=8)}")
+        raise CollectiveMismatchError(
+            f"rank {me}: collective mismatch in call {number} of {self._where()}: "
+            + "; ".join(parts) + ". Every rank of a group must make the same collective calls, "
+            "in the same order, with the same count, dtype, root, op and algorithm.")
 
 
 # --------------------------------------------------------------------------- the comm
@@ -243,7 +335,7 @@ class Comm:
                 or not slots.usable(self.group.group_id, buffer.nbytes):
             return None
         return slots.all_reduce(buffer, self.ufunc, self.group.ranks, self.group.group_id,
-                                self.call, self.tag)
+                                self.call, self.tag, self.group.context)
 
     def scratch(self, like: np.ndarray) -> np.ndarray:
         """A flat array of ``like``'s dtype and size for this call alone.

@@ -40,6 +40,7 @@ whether the peer is still there, and its timeout.
 from __future__ import annotations
 
 import abc
+import copy
 import time
 from collections import deque
 
@@ -407,6 +408,9 @@ class Transport(abc.ABC):
         # received (the collectives'): context -> explain(expected_tag, got_tag),
         # which returns why a message with another tag is a mismatch, or None.
         self.strict_contexts: dict = {}
+        # Collective contexts -> their book (see collectives.comm._Fingerprints):
+        # while a rank sleeps in a collective, check_group reads its peers' records.
+        self.collective_groups: dict = {}
         self.closed = False
 
     # ---------------------------------------------------------------- subclass hooks
@@ -414,7 +418,9 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def _push(self, dst: int, request: SendRequest) -> bool:
         """Move as much of ``request`` into the channel as fits now; True when all of it is in.
-        Must advance ``request.written`` when it moves anything."""
+        Must advance ``request.written`` when it moves anything. May raise
+        PeerGoneError when ``dst`` can never read it (its pipe is broken): the
+        engine then fails this send and the ones queued behind it."""
 
     @abc.abstractmethod
     def _peek(self, src: int):
@@ -456,7 +462,9 @@ class Transport(abc.ABC):
 
     def isend(self, array: np.ndarray, dst: int, tag: int, context: int = 0,
               label: str = "") -> SendRequest:
-        """Start sending a C-contiguous array (the caller keeps it unchanged until done)."""
+        """Start sending a C-contiguous array (the caller keeps it unchanged until done).
+        Never raises for a destination that is gone: the request fails, and
+        its wait() raises the PeerGoneError (see _fail_sends)."""
         seq = self._send_seq[dst]
         self._send_seq[dst] = seq + 1
         header = message.encode(tag, context, seq, array.dtype, array.shape)
@@ -475,7 +483,11 @@ class Transport(abc.ABC):
         while queue:
             request = queue[0]
             before = request.written
-            complete = self._push(dst, request)
+            try:
+                complete = self._push(dst, request)
+            except PeerGoneError as error:
+                self._fail_sends(dst, error)
+                return True
             if request.written != before:
                 moved = True
             if not complete:
@@ -486,6 +498,26 @@ class Transport(abc.ABC):
         if not queue:
             self._active_sends.discard(dst)
         return moved
+
+    def _fail_sends(self, dst: int, error: PeerGoneError) -> None:
+        """``dst`` is gone: fail every send queued to it, each raising ``error``
+        from its own wait().
+
+        Not raised from here: this runs inside progress(), that is inside
+        every wait of this rank, whatever it waits for. Raised, the error
+        would surface in a wait on another peer (a receive from a live
+        server), and a caller that fails over on PeerGoneError would blame
+        that peer; and the send, left at the head of its queue, would raise
+        again in every later wait."""
+
+        queue = self._pending_sends[dst]
+        first = True
+        while queue:
+            # Each request its own copy: one exception raised from several
+            # waits would pile up their tracebacks.
+            queue.popleft()._fail(error if first else copy.copy(error))
+            first = False
+        self._active_sends.discard(dst)
 
     # ---------------------------------------------------------------- receiving
 
@@ -747,6 +779,8 @@ class Transport(abc.ABC):
         start = _now()
         deadline = None if timeout is None else start + int(timeout * 1e9)
         control.set_waiting(self.rank, op, peer, tag, context, nbytes, start)
+        group = self.collective_groups.get(context)
+        next_group_check = start + group.check_interval_ns if group is not None else 0
         try:
             while True:
                 if control.aborted:
@@ -762,6 +796,10 @@ class Transport(abc.ABC):
                     continue
                 self._check_peer(op, peer, tag, context, request)
                 current = _now()
+                if group is not None and current >= next_group_check:
+                    # Asleep in a collective: are the others in the same call?
+                    group.check_group(control, self.rank, tag)
+                    next_group_check = current + group.check_interval_ns
                 if deadline is not None and current >= deadline:
                     raise self._timeout_error(op, peer, tag, context, timeout, current)
                 remaining = ctl.WAIT_SLICE if deadline is None else (deadline - current) / 1e9
@@ -793,19 +831,21 @@ class Transport(abc.ABC):
         for gone_peer in (self._closed_sources if peer == ANY_SOURCE else (peer,)):
             self._await_verdict(gone_peer)
         what = self._describe(op, peer, tag, context)
+        blamed = None if peer == ANY_SOURCE else peer
         if peer != ANY_SOURCE and control.state_of(peer) == ctl.FAILED:
-            raise PeerGoneError(f"rank {self.rank}: {what} cannot complete: rank {peer} failed.")
+            raise PeerGoneError(f"rank {self.rank}: {what} cannot complete: rank {peer} failed.",
+                                peer=blamed)
         if peer != ANY_SOURCE and control.state_of(peer) != ctl.FINISHED:
             raise PeerGoneError(f"rank {self.rank}: {what} cannot complete: rank {peer} has "
-                                "exited (its end of the pipe is closed).")
+                                "exited (its end of the pipe is closed).", peer=blamed)
         if op == ctl.OP_SEND:
             raise PeerGoneError(
                 f"rank {self.rank}: {what} cannot complete: {who} finished without receiving "
-                "it. Every send needs a matching recv on the other side.")
+                "it. Every send needs a matching recv on the other side.", peer=blamed)
         raise PeerGoneError(
             f"rank {self.rank}: {what} will never complete: {who} finished without sending "
             "a matching message. Check that both sides agree on the source, tag and group "
-            "of every message.")
+            "of every message.", peer=blamed)
 
     def _await_verdict(self, peer: int, grace: float = VERDICT_GRACE) -> None:
         """Give the supervisor a moment to record why ``peer`` is gone.

@@ -10,7 +10,10 @@ the benchmark puts next to the shared-memory transport.
 All pipe ends are non-blocking so that a rank blocked writing a large message
 to a busy peer can still read what others send it (the progress engine
 interleaves both). A peer that exits closes its ends: reads then see end of
-file and writes fail, which turns a would-be hang into a clear error.
+file and writes fail, which turns a would-be hang into a clear error. A
+write fails whenever the engine moves that send, which may be inside a wait
+for something else, so the error goes to the send (raised by its own
+wait()), never out of the wait that happened to notice it.
 """
 
 from __future__ import annotations
@@ -266,14 +269,17 @@ class PipeTransport(Transport):
             except BlockingIOError:
                 break
             except BrokenPipeError:
+                # Raised for the engine, which fails this send with it (and
+                # the sends queued behind it): it surfaces from their wait().
                 self._await_verdict(dst)
                 if self._control.state_of(dst) == ctl.FAILED:
                     raise PeerGoneError(
-                        f"rank {self.rank}: send to {dst} failed: rank {dst} failed.") from None
+                        f"rank {self.rank}: send to {dst} failed: rank {dst} failed.",
+                        peer=dst) from None
                 raise PeerGoneError(
                     f"rank {self.rank}: send to {dst} failed: rank {dst} has exited (its end "
                     "of the pipe is closed). Every send needs a matching recv on the other "
-                    "side.") from None
+                    "side.", peer=dst) from None
             written += count
         request.written = written
         return written == total

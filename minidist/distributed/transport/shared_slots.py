@@ -37,7 +37,7 @@ import numpy as np
 
 from minidist.distributed import control as ctl
 from minidist.distributed.errors import CollectiveMismatchError
-from minidist.distributed.transport.base import _DEFAULT
+from minidist.distributed.transport.base import _DEFAULT, ANY_SOURCE
 
 #: Channels per rank: the world and the first CHANNELS - 1 subgroups.
 CHANNELS = 4
@@ -63,12 +63,12 @@ def stride() -> int:
 class _Wait:
     """A request that is done when ``ready()`` says so (see comm's drivers)."""
 
-    __slots__ = ("slots", "ready", "peer", "nbytes", "done", "error", "tag")
+    __slots__ = ("slots", "ready", "context", "nbytes", "done", "error", "tag")
 
-    def __init__(self, slots, ready, peer, nbytes, tag):
+    def __init__(self, slots, ready, context, nbytes, tag):
         self.slots = slots
         self.ready = ready
-        self.peer = peer
+        self.context = context
         self.nbytes = nbytes
         self.tag = tag
         self.done = False
@@ -83,7 +83,7 @@ class _Wait:
 
     def wait(self, timeout=_DEFAULT):
         if not self.done:
-            self.slots.wait(self.ready, self.peer, self.nbytes, self.tag, timeout)
+            self.slots.wait(self.ready, self.context, self.nbytes, self.tag, timeout)
             self.done = True
         return True
 
@@ -127,9 +127,13 @@ class SharedSlots:
 
     # ---------------------------------------------------------------- waiting
 
-    def wait(self, ready, peer: int, nbytes: int, tag: int, timeout) -> None:
+    def wait(self, ready, context: int, nbytes: int, tag: int, timeout) -> None:
         """Spin a little (when each rank has a core), then let the transport's
-        waiting loop sleep, watch for aborts and dead peers, and time out."""
+        waiting loop sleep, watch for aborts, time out, and read the group's
+        status records (a rank that finished without joining this call, or
+        one in another collective, ends the wait: see ``check_group``). The
+        wait is recorded as one for the whole group, not for a message from
+        one peer, so that a timeout's report tells it as it is."""
         transport = self.transport
         spin = transport._spin_ns
         if spin:
@@ -141,7 +145,8 @@ class SharedSlots:
                     break
             else:
                 return
-        transport._wait_until(ready, timeout, ctl.OP_RECV, peer, tag, 0, nbytes)
+        transport._wait_until(ready, timeout, ctl.OP_COLLECTIVE, ANY_SOURCE, tag, context,
+                              nbytes)
 
     # ---------------------------------------------------------------- the algorithm
 
@@ -171,9 +176,11 @@ class SharedSlots:
             )
         return plan
 
-    def all_reduce(self, flat: np.ndarray, ufunc, ranks, channel: int, call: int, tag: int):
+    def all_reduce(self, flat: np.ndarray, ufunc, ranks, channel: int, call: int, tag: int,
+                   context: int = 0):
         """The one-shot all_reduce of ``flat`` among global ``ranks`` (in group
-        order), as a generator of waits (run blocking, or as an async Work)."""
+        order), as a generator of waits (run blocking, or as an async Work).
+        ``context`` is the group's collective context (for the status record)."""
         words, parity, count = self.words, call & 1, flat.size
         peers, published, done_at, head, done_me, slots, mine = self._plan(
             ranks, channel, flat.dtype, count)
@@ -183,7 +190,7 @@ class SharedSlots:
             for index in done_at:
                 if words[index] <= last:
                     yield [_Wait(self, lambda: all(words[i] > last for i in done_at),
-                                 peers[0], flat.nbytes, tag)]
+                                 context, flat.nbytes, tag)]
                     break
         # 2. Write, then publish (the store of the counter comes after the data's).
         np.copyto(mine[parity], flat)
@@ -197,7 +204,7 @@ class SharedSlots:
         for index in published:
             if words[index] <= call:
                 yield [_Wait(self, lambda: all(words[i] > call for i in published),
-                             peers[0], flat.nbytes, tag)]
+                             context, flat.nbytes, tag)]
                 break
         for peer, index in zip(peers, published):
             if words[index + 1 + 2 * parity] != tag or words[index + 2 + 2 * parity] != count:

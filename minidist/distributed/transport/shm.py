@@ -482,7 +482,7 @@ class ShmTransport(Transport):
             if error.gone:
                 raise PeerGoneError(f"rank {self.rank}: rank {src} exited while rank "
                                     f"{self.rank} was reading its {nbytes}-byte message "
-                                    "from it.") from None
+                                    "from it.", peer=src) from None
             raise cma.ReadError(error.errno, f"rank {self.rank}: {error.strerror}") from None
         inbound.received = nbytes
         inbound.chunks = total

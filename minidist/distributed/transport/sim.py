@@ -234,6 +234,7 @@ class SimTransport:
         self._busy_starts: list[float] = []
         self._busy_ends: list[float] = []
         self.strict_contexts: dict = {}
+        self.collective_groups: dict = {}
         self.describe_context = lambda context: ""
         self.tracing = network.events is not None
         self.default_timeout = None
