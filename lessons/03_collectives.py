@@ -310,3 +310,36 @@ print("saved", OUT / "all_reduce_scaling.png")
 # Try: `minidist simulate all_reduce -n 1024 --size 100MB --alpha 5us
 # --bandwidth 10GB/s` prints every algorithm's simulated and predicted time;
 # add `--trace ring.jsonl` to keep the messages for the visualiser.
+
+# %% [markdown]
+# ## When the ranks disagree
+#
+# A collective needs every rank of its group, in the same call. Two classic
+# bugs break that: a rank that skips a call (an `if rank == ...` around it,
+# or a `return` too early) and ranks that call different collectives. Neither
+# is left to hang until the timeout: a rank asleep in a collective reads its
+# peers' status records in the run's control block, and a peer that finished
+# without this call, or that sleeps in the same call number of another
+# collective, ends the run at once. The error's first line names the rank
+# that caused it and the call each rank was in.
+
+# %%
+def rank_3_returns_early():
+    if dist.get_rank() == 3:
+        return "done already"
+    dist.all_reduce(np.ones(1000, np.float32))
+
+
+def ranks_disagree():
+    values = np.ones(1000, np.float32)
+    if dist.get_rank() == 0:
+        dist.all_reduce(values)
+    else:
+        dist.broadcast(values, src=0)
+
+
+for bug in (rank_3_returns_early, ranks_disagree):
+    try:
+        minidist.launch(bug, world_size=4)
+    except dist.WorkerError as error:
+        print(f"{bug.__name__}:\n  {str(error).splitlines()[0]}\n")
