@@ -19,7 +19,7 @@ import pytest
 
 import minidist
 import minidist.distributed as dist
-from minidist.distributed.shared_segment import PREFIX
+from minidist.runtime.segments import PREFIX
 
 TRANSPORTS = ["shm", "pipe"]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

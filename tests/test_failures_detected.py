@@ -26,10 +26,11 @@ import pytest
 
 import minidist
 import minidist.distributed as dist
-from minidist.distributed import control as ctl
-from minidist.distributed import desync, launch
-from minidist.distributed.errors import OversubscriptionWarning, WorkerError
-from minidist.distributed.shared_segment import PREFIX
+from minidist.distributed import launch
+from minidist.runtime import control as ctl
+from minidist.runtime import desync
+from minidist.runtime.errors import OversubscriptionWarning, WorkerError
+from minidist.runtime.segments import PREFIX
 
 TRANSPORTS = ["shm", "pipe"]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -332,7 +333,7 @@ def test_a_failed_write_leaves_neither_file_nor_temporary(tmp_path):
 
 
 def test_segment_names_carry_the_creators_pid():
-    from minidist.distributed.shared_segment import Segment, count_segments
+    from minidist.runtime.segments import Segment, count_segments
 
     segment = Segment.create(64, "probe")
     try:

@@ -11,8 +11,8 @@ import pytest
 import minidist
 import minidist.distributed as dist
 from minidist.data.synthetic import make_sparse_logistic
-from minidist.distributed.shared_segment import PREFIX
 from minidist.parallel import hogwild
+from minidist.runtime.segments import PREFIX
 
 # 4000 examples, 100 features, 5 nonzeros each: two updates share a feature with
 # probability about 5 * 5 / 100, and each shard has 10+ examples per feature, so

@@ -10,7 +10,7 @@ import pytest
 
 import minidist
 import minidist.distributed as dist
-from minidist.distributed import blas_threads
+from minidist.runtime import blas_threads
 
 
 def rank_and_size(offset=0, scale=1):

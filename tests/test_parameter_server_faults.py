@@ -35,7 +35,6 @@ import minidist
 import minidist.distributed as dist
 from minidist import trace
 from minidist.data import make_linear_regression
-from minidist.distributed.errors import WorkerError
 from minidist.parallel.fault_tolerant_server import (
     FaultTolerantParameterServer,
     FaultTolerantServerResult,
@@ -44,6 +43,7 @@ from minidist.parallel.fault_tolerant_server import (
     final_weights,
 )
 from minidist.parallel.parameter_server import Push, linear_regression_gradient
+from minidist.runtime.errors import WorkerError
 from tests.test_failures import no_leaked_segments  # noqa: F401  (autouse fixture)
 
 SERVERS, WORKERS = 2, 3

@@ -9,7 +9,7 @@ import pytest
 
 import minidist
 import minidist.distributed as dist
-from minidist.distributed.shared_segment import PREFIX
+from minidist.runtime.segments import PREFIX
 
 
 def array_segments(*names) -> set[str]:

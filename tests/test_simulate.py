@@ -17,7 +17,6 @@ from minidist.cli import main
 from minidist.distributed import ProcessGroup
 from minidist.distributed.collectives import ALGORITHMS, all_reduce
 from minidist.distributed.collectives.chunks import largest_power_of_two
-from minidist.distributed.errors import CollectiveMismatchError
 from minidist.distributed.simulator import (
     CALLS,
     MEMORY_BUDGET,
@@ -27,6 +26,7 @@ from minidist.distributed.simulator import (
     simulate,
 )
 from minidist.distributed.transport.sim import SimNetwork, SimulationStallError
+from minidist.runtime.errors import CollectiveMismatchError
 
 PARAMS = [costmodel.Params(alpha=5e-6, beta=1e-10, gamma=1e-10),
           costmodel.Params(alpha=2e-6, beta=4e-10, gamma=0.0),

@@ -19,7 +19,7 @@ import pytest
 
 import minidist
 import minidist.distributed as dist
-from minidist.distributed.errors import WorkerError
+from minidist.runtime.errors import WorkerError
 from tests.test_failures import no_leaked_segments  # noqa: F401  (autouse fixture)
 
 TRANSPORTS = ["shm", "pipe"]
@@ -125,7 +125,7 @@ class _LateVerdict:
 
     def state_of(self, rank):
         self.looks += 1
-        from minidist.distributed import control as ctl
+        from minidist.runtime import control as ctl
         if self.looks_before_verdict is None or self.looks <= self.looks_before_verdict:
             return ctl.RUNNING
         return ctl.FAILED
@@ -137,8 +137,8 @@ def test_a_closed_pipe_waits_briefly_for_the_launchers_verdict():
     empty. It now waits for the verdict, and the wait is bounded."""
     from types import SimpleNamespace
 
-    from minidist.distributed import control as ctl
     from minidist.distributed.transport.base import Transport
+    from minidist.runtime import control as ctl
 
     late = SimpleNamespace(_control=_LateVerdict(looks_before_verdict=5))
     Transport._await_verdict(late, 2, grace=5.0)

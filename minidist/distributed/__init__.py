@@ -56,17 +56,6 @@ from minidist.distributed.collectives import (
     reduce_scatter_tensor,
     scatter,
 )
-from minidist.distributed.console import print0, progress0
-from minidist.distributed.errors import (
-    AbortedError,
-    CollectiveMismatchError,
-    CommTimeoutError,
-    DistributedError,
-    MessageMismatchError,
-    NotInitializedError,
-    PeerGoneError,
-    WorkerError,
-)
 from minidist.distributed.point_to_point import (
     iprobe,
     irecv,
@@ -99,6 +88,17 @@ from minidist.distributed.world import (
     init_process_group,
     is_initialized,
     new_group,
+)
+from minidist.runtime.console import print0, progress0
+from minidist.runtime.errors import (
+    AbortedError,
+    CollectiveMismatchError,
+    CommTimeoutError,
+    DistributedError,
+    MessageMismatchError,
+    NotInitializedError,
+    PeerGoneError,
+    WorkerError,
 )
 
 

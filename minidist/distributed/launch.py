@@ -36,13 +36,14 @@ import tempfile
 import warnings
 
 from minidist import trace as _trace
-from minidist.distributed import console, signals, world
-from minidist.distributed.control import ControlBlock
-from minidist.distributed.errors import OversubscriptionWarning
+from minidist.distributed import world
 from minidist.distributed.shared_array import SharedArrays
-from minidist.distributed.supervisor import ForkedWorker, ProgramWorker, Supervisor
 from minidist.distributed.transport import check_name, create_resources
 from minidist.distributed.worker import worker_main
+from minidist.runtime import console, signals
+from minidist.runtime.control import ControlBlock
+from minidist.runtime.errors import OversubscriptionWarning
+from minidist.runtime.supervisor import ForkedWorker, ProgramWorker, Supervisor
 
 _DEFAULT = object()
 
@@ -114,14 +115,14 @@ def launch(fn, world_size: int = 2, transport: str = "shm", args=(), kwargs=None
     when the run ends, however it ends.
 
     If any worker raises or dies, all others are stopped within a few seconds
-    and :class:`~minidist.distributed.errors.WorkerError` is raised here,
+    and :class:`~minidist.runtime.errors.WorkerError` is raised here,
     naming the rank and carrying its traceback.
 
     ``tolerate_failures`` (True for every rank, or a collection of ranks) is
     for fault-tolerant strategies: a tolerated rank that raises or dies does
     not stop the run. A warning names it; the others go on, and any call of
     theirs that waits on it ends with
-    :class:`~minidist.distributed.errors.PeerGoneError`, which the strategy
+    :class:`~minidist.runtime.errors.PeerGoneError`, which the strategy
     catches to fail over (``dist.failed_ranks()`` lists who is gone). Its
     entry in the returned list is the :class:`WorkerError` describing its
     failure instead of a result.
@@ -266,7 +267,7 @@ def run_command(args) -> int:
     script_args = list(args.script_args or [])
     if script_args[:1] == ["--"]:
         script_args = script_args[1:]
-    from minidist.distributed.blas_threads import environment_for
+    from minidist.runtime.blas_threads import environment_for
 
     warn_if_oversubscribed(world_size)
     control = resources = listener = supervisor = run_dir = None
@@ -337,7 +338,7 @@ def run_command(args) -> int:
 
 
 def _die_with_parent() -> None:
-    from minidist.distributed.process_setup import die_with_parent
+    from minidist.runtime.process_setup import die_with_parent
 
     die_with_parent()
 

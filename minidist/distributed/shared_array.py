@@ -32,7 +32,7 @@ import re
 import numpy as np
 
 from minidist.distributed import world
-from minidist.distributed.shared_segment import Segment
+from minidist.runtime.segments import Segment
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 

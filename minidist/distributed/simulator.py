@@ -66,10 +66,10 @@ from minidist.distributed.collectives import (
 )
 from minidist.distributed.collectives.broadcast import chain_segments
 from minidist.distributed.collectives.chunks import largest_power_of_two
-from minidist.distributed.errors import DistributedError
 from minidist.distributed.process_group import ProcessGroup
 from minidist.distributed.reduce_op import ReduceOp
 from minidist.distributed.transport.sim import SimNetwork, SimulationStallError
+from minidist.runtime.errors import DistributedError
 
 MEMORY_BUDGET = 16 << 20
 """Real bytes (all ranks together) up to which arrays are simulated at their true size."""

@@ -17,10 +17,11 @@ import pickle
 import traceback
 
 from minidist import trace as _trace
-from minidist.distributed import blas_threads, console, world
-from minidist.distributed import control as ctl
-from minidist.distributed.errors import AbortedError, CommTimeoutError
-from minidist.distributed.process_setup import prepare_worker_process
+from minidist.distributed import world
+from minidist.runtime import blas_threads, console
+from minidist.runtime import control as ctl
+from minidist.runtime.errors import AbortedError, CommTimeoutError
+from minidist.runtime.process_setup import prepare_worker_process
 
 
 def worker_main(rank, world_size, fn, args, kwargs, resources, control, result_pipe, options):

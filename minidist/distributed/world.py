@@ -27,9 +27,9 @@ import sys
 import traceback
 
 from minidist import trace as _trace
-from minidist.distributed import control as ctl
-from minidist.distributed.errors import NotInitializedError
 from minidist.distributed.process_group import ProcessGroup, describe_context
+from minidist.runtime import control as ctl
+from minidist.runtime.errors import NotInitializedError
 
 DEFAULT_TIMEOUT = 120.0
 """Seconds a blocking call may wait before it fails with a desync report."""
@@ -172,9 +172,9 @@ def _init_single(timeout) -> None:
 
 
 def _init_from_environment(transport, world_size, rank, timeout, log_level) -> None:
-    from minidist.distributed import console
-    from minidist.distributed.process_setup import prepare_worker_process
     from minidist.distributed.transport import resources_from_spec
+    from minidist.runtime import console
+    from minidist.runtime.process_setup import prepare_worker_process
 
     env_rank = int(os.environ["MINIDIST_RANK"])
     env_world = int(os.environ["MINIDIST_WORLD_SIZE"])

@@ -27,7 +27,7 @@ from what the call is: which collective, which algorithm, the reduction,
 the dtype, a hash of the element count and root, and the call's number in
 the group. Two ranks whose calls of the same number disagree about any of
 these exchange messages with different tags, which the transport notices at
-once (:class:`~minidist.distributed.errors.CollectiveMismatchError` naming
+once (:class:`~minidist.runtime.errors.CollectiveMismatchError` naming
 both calls) instead of both waiting until a timeout. (Ranks that made
 different *numbers* of calls are left to the timeout's desync report: with
 ``async_op`` a peer may rightly send for a later call first.) Within one call, messages
@@ -50,10 +50,10 @@ import zlib
 import numpy as np
 
 from minidist import trace as _trace
-from minidist.distributed import control as ctl
-from minidist.distributed.errors import CollectiveMismatchError, PeerGoneError, name_ranks
 from minidist.distributed.reduce_op import ReduceOp
 from minidist.distributed.transport.base import _DEFAULT
+from minidist.runtime import control as ctl
+from minidist.runtime.errors import CollectiveMismatchError, PeerGoneError, name_ranks
 
 # --------------------------------------------------------------------------- fingerprints
 

@@ -47,15 +47,15 @@ from collections import deque
 import numpy as np
 
 from minidist import trace as _trace
-from minidist.distributed import control as ctl
-from minidist.distributed.errors import (
+from minidist.distributed.transport import memcopy, message
+from minidist.runtime import control as ctl
+from minidist.runtime.errors import (
     AbortedError,
     CollectiveMismatchError,
     CommTimeoutError,
     MessageMismatchError,
     PeerGoneError,
 )
-from minidist.distributed.transport import memcopy, message
 
 ANY_SOURCE = -1
 ANY_TAG = -1
@@ -864,7 +864,7 @@ class Transport(abc.ABC):
             time.sleep(0.001)
 
     def _describe(self, op, peer, tag, context) -> str:
-        from minidist.distributed.desync import describe_wait
+        from minidist.runtime.desync import describe_wait
 
         return describe_wait(op, ctl.ANY if peer == ANY_SOURCE else peer,
                              ctl.ANY if tag == ANY_TAG else tag, self.describe_context(context))
@@ -904,7 +904,7 @@ class Transport(abc.ABC):
                             "being shut down.")
 
     def _timeout_error(self, op, peer, tag, context, timeout, current) -> CommTimeoutError:
-        from minidist.distributed.desync import format_report
+        from minidist.runtime.desync import format_report
 
         report = format_report(self._control.statuses(), self.rank, current,
                                self.describe_context)

@@ -24,10 +24,10 @@ import select
 
 import numpy as np
 
-from minidist.distributed import control as ctl
-from minidist.distributed.errors import PeerGoneError
 from minidist.distributed.transport import message
 from minidist.distributed.transport.base import Inbound, SendRequest, Transport
+from minidist.runtime import control as ctl
+from minidist.runtime.errors import PeerGoneError
 
 PIPE_BYTES = 1 << 20
 STAGING_BYTES = 1 << 16

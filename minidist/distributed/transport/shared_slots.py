@@ -35,9 +35,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from minidist.distributed import control as ctl
-from minidist.distributed.errors import CollectiveMismatchError
 from minidist.distributed.transport.base import _DEFAULT, ANY_SOURCE
+from minidist.runtime import control as ctl
+from minidist.runtime.errors import CollectiveMismatchError
 
 #: Channels per rank: the world and the first CHANNELS - 1 subgroups.
 CHANNELS = 4

@@ -53,11 +53,11 @@ import time
 
 import numpy as np
 
-from minidist.distributed.errors import PeerGoneError
-from minidist.distributed.shared_segment import Segment
 from minidist.distributed.transport import cma, memcopy, message, shared_slots
 from minidist.distributed.transport.base import Inbound, SendRequest, Transport
 from minidist.distributed.transport.doorbell import SEM_BYTES, Doorbells
+from minidist.runtime.errors import PeerGoneError
+from minidist.runtime.segments import Segment
 
 _MAGIC = 0x6D64736D72696E67  # "mdsmring"
 _HEADER_WORDS = 8

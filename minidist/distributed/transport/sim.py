@@ -59,12 +59,12 @@ from collections import deque
 
 import numpy as np
 
-from minidist.distributed.errors import (
+from minidist.distributed.transport.base import ANY_SOURCE, ANY_TAG, MessageInfo
+from minidist.runtime.errors import (
     CollectiveMismatchError,
     DistributedError,
     MessageMismatchError,
 )
-from minidist.distributed.transport.base import ANY_SOURCE, ANY_TAG, MessageInfo
 
 _INTO, _REDUCE, _NEW = range(3)
 

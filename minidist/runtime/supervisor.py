@@ -31,8 +31,8 @@ import signal
 import time
 from multiprocessing.connection import wait
 
-from minidist.distributed import control as ctl
-from minidist.distributed.errors import WorkerError, name_ranks
+from minidist.runtime import control as ctl
+from minidist.runtime.errors import WorkerError, name_ranks
 
 logger = logging.getLogger("minidist")
 

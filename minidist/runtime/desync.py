@@ -9,7 +9,7 @@ side makes the disagreement visible, and a few rules name the usual culprits.
 
 from __future__ import annotations
 
-from minidist.distributed import control as ctl
+from minidist.runtime import control as ctl
 
 
 def _peer_text(peer: int) -> str:

@@ -128,6 +128,8 @@ def flush_worker_logs() -> None:
 
 def configure_worker_logging(rank: int, level) -> None:
     """Worker side (fork): tag this rank's records; let INFO through by default."""
+    global _this_rank
+    _this_rank = rank
     root = logging.getLogger()
     prefix = RankPrefix(rank)
     for handler in root.handlers:
@@ -199,6 +201,8 @@ class PipeLogListener:
 
 
 def configure_script_logging(fd: int, rank: int, level) -> None:
+    global _this_rank
+    _this_rank = rank
     root = logging.getLogger()
     root.addHandler(PipeLogHandler(fd, rank))
     if level is not None:
@@ -208,11 +212,13 @@ def configure_script_logging(fd: int, rank: int, level) -> None:
 # ----------------------------------------------------------------- rank 0 helpers
 
 
-def _rank() -> int:
-    from minidist.distributed import world
+#: This process's rank, once it is a worker (set when its logging is set up).
+_this_rank: int | None = None
 
-    if world.is_initialized():
-        return world.get_rank()
+
+def _rank() -> int:
+    if _this_rank is not None:
+        return _this_rank
     return int(os.environ.get("MINIDIST_RANK", 0))
 
 

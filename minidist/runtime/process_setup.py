@@ -4,7 +4,7 @@
   process that started it dies, however it dies (even by SIGKILL, when no
   cleanup code can run). No orphaned workers, ever.
 * Ctrl-C goes to the parent alone, and SIGTERM keeps its default action
-  (see :func:`minidist.distributed.signals.reset_in_worker`).
+  (see :func:`minidist.runtime.signals.reset_in_worker`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 
-from minidist.distributed.signals import reset_in_worker
+from minidist.runtime.signals import reset_in_worker
 
 _PR_SET_PDEATHSIG = 1
 

@@ -29,7 +29,7 @@ import os
 import struct
 from dataclasses import dataclass
 
-from minidist.distributed.shared_segment import LocalSegment, Segment
+from minidist.runtime.segments import LocalSegment, Segment
 
 #: Longest a blocking wait sleeps before it looks at the abort flag again.
 WAIT_SLICE = 0.05
