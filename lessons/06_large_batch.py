@@ -103,7 +103,7 @@ for batch_size in (1, 16, 128, 1024):
 #
 # ## 2. One process stands in for many workers
 #
-# `tests/test_data_parallel.py` proves, for SGD with momentum and Adam and 1
+# `tests/parallel/test_data_parallel.py` proves, for SGD with momentum and Adam and 1
 # to 4 workers with uneven last shards, that data parallel training ends with
 # the weights of one process training on the global batch. So the rest of
 # this chapter trains in one process, which is faster here. Once more, for

@@ -119,7 +119,7 @@ print(f"bubble: {bubble_fraction(naive_events, 4):.3f}, (p-1)/p = {3 / 4:.3f}")
 #
 # The gradients of the micro-batches add up (each micro-batch's loss is
 # scaled by its share of the batch), so one optimizer step per batch gives
-# exactly the update of one process on the whole batch; `tests/test_pipeline.py`
+# exactly the update of one process on the whole batch; `tests/parallel/test_pipeline.py`
 # checks that to 1e-10 for every schedule.
 #
 # The simulator against the formula, as exact fractions of nanoseconds:

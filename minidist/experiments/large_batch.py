@@ -3,7 +3,7 @@ rules that try to keep it.
 
 Why a single process answers a data-parallel question: n workers with b
 examples each, averaging their gradients, make exactly the update that one
-process makes on a batch of n * b (``tests/test_data_parallel.py`` checks it
+process makes on a batch of n * b (``tests/parallel/test_data_parallel.py`` checks it
 to float rounding). So "how many workers can I use?" is "how large a global
 batch can training take?".
 

@@ -33,7 +33,7 @@ Why every worker samples from all the data. An earlier version gave each
 worker a shard (examples ``rank::world_size``). Workers do not run in
 lockstep (four workers on two cores take turns), and whichever finished
 last made the final updates on its quarter of the data alone, pulling the
-weights towards it. On the test problem (tests/test_hogwild.py), in three
+weights towards it. On the test problem (tests/parallel/test_hogwild.py), in three
 sets of 20 runs with 4 workers, the loss ended 0.08-1.34 % above serial
 SGD's, and 1 to 3 runs of each 20 were past 1 %. Sampled from all the data,
 a worker running alone still takes unbiased steps: 0.32-0.56 % in every

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from tests.viz_reference import ring_all_reduce_events
+from tests.viz.viz_reference import ring_all_reduce_events
 from viz.replay import replay
 from viz.terminal import cell_char, move, play, render_frame, step_through
 

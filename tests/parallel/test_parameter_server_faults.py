@@ -44,7 +44,7 @@ from minidist.parallel.fault_tolerant_server import (
 )
 from minidist.parallel.parameter_server import Push, linear_regression_gradient
 from minidist.runtime.errors import WorkerError
-from tests.test_failures import no_leaked_segments  # noqa: F401  (autouse fixture)
+from tests.runtime.test_failures import no_leaked_segments  # noqa: F401  (autouse fixture)
 
 SERVERS, WORKERS = 2, 3
 STEPS, CRASH_STEP, WORKER_DEATH_STEP = 10, 4, 5

@@ -22,7 +22,7 @@ import minidist.distributed as dist
 from minidist.runtime.segments import PREFIX
 
 TRANSPORTS = ["shm", "pipe"]
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def segments() -> set[str]:

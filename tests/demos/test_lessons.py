@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-LESSONS = sorted((Path(__file__).resolve().parent.parent / "lessons").glob("[0-9][0-9]_*.py"))
+LESSONS = sorted((Path(__file__).resolve().parents[2] / "lessons").glob("[0-9][0-9]_*.py"))
 
 
 def lesson_env(tmp_path):

@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-BENCH = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "bench_data_parallel.py"
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_data_parallel.py"
 
 
 @pytest.mark.timeout(120)

@@ -4,7 +4,7 @@ A tolerated rank that dies (SIGKILL, the way a machine vanishes) or raises does
 not stop the run: the others see PeerGoneError when they wait on it, learn who
 is gone from ``dist.failed_ranks()``, and finish; the dead rank's slot in the
 result list is the WorkerError that says what happened to it. A rank that is not
-tolerated still stops everything, as in tests/test_failures.py.
+tolerated still stops everything, as in tests/runtime/test_failures.py.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 import minidist
 import minidist.distributed as dist
 from minidist.runtime.errors import WorkerError
-from tests.test_failures import no_leaked_segments  # noqa: F401  (autouse fixture)
+from tests.runtime.test_failures import no_leaked_segments  # noqa: F401  (autouse fixture)
 
 TRANSPORTS = ["shm", "pipe"]
 

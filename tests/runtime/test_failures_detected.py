@@ -33,7 +33,7 @@ from minidist.runtime.errors import OversubscriptionWarning, WorkerError
 from minidist.runtime.segments import PREFIX
 
 TRANSPORTS = ["shm", "pipe"]
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAST = 30.0  # seconds: far under the 120 s default timeout, far over a healthy run
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from minidist import trace
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HELLO = os.path.join(ROOT, "examples", "hello.py")
 
 

@@ -25,7 +25,7 @@ from minidist.bench.collectives import (
 from minidist.bench.timing import Timing
 from minidist.distributed.collectives.call import ALGORITHMS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MEASURED = ("broadcast", "reduce", "all_reduce")
 SIZES = (4096, 16384)
 

@@ -213,7 +213,7 @@ def test_the_planned_comparison_is_the_readme_picture(tmp_path):
     from viz.pipeline_chart import draw_planned_comparison
 
     path = draw_planned_comparison(tmp_path / "schedules.png")
-    committed = Path(__file__).resolve().parent.parent / "docs" / "pipeline_schedules.png"
+    committed = Path(__file__).resolve().parents[2] / "docs" / "pipeline_schedules.png"
     with Image.open(path) as drawn, Image.open(committed) as readme:
         assert drawn.mode == "P" and drawn.size == readme.size
     assert (tmp_path / "schedules.png").stat().st_size < 150_000

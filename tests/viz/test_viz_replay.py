@@ -3,7 +3,7 @@
 Three sources of traces: hand-made events (the label format alone), real
 runs on shared memory (one launch per world size running every case), and
 the simulator. Frame counts are checked against the algorithms' step counts
-and holdings against the reference computations of tests/viz_reference.py.
+and holdings against the reference computations of tests/viz/viz_reference.py.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 import minidist
 import minidist.distributed as dist
 from minidist.distributed import simulate
-from tests.viz_reference import (
+from tests.viz.viz_reference import (
     binomial_broadcast_holders,
     recursive_doubling_holdings,
     ring_all_gather_holdings,
