@@ -80,15 +80,15 @@ def _run_split(kind, flags, bias):
                 shard=(layer.shard.start, layer.shard.stop))
 
 
-def _run_mlp():
+def _run_mlp(group=None, name="mlp"):
     first, second = _linear(IN, HIDDEN, seed=2), _linear(HIDDEN, IN, seed=3)
-    block = nn.Sequential(ColumnParallelLinear.from_linear(first), nn.ReLU(),
-                          RowParallelLinear.from_linear(second))
+    block = nn.Sequential(ColumnParallelLinear.from_linear(first, group=group), nn.ReLU(),
+                          RowParallelLinear.from_linear(second, group=group))
     x, upstream = _data(BATCH, IN, IN, seed=4)
     xt = Tensor(x, requires_grad=True)
-    with trace.region("mlp forward"):
+    with trace.region(f"{name} forward"):
         y = block(xt)
-    with trace.region("mlp backward"):
+    with trace.region(f"{name} backward"):
         (y * Tensor(upstream)).sum().backward()
     return dict(y=y.data, x_grad=xt.grad,
                 grads=[p.grad for p in block.parameters()])
@@ -151,7 +151,12 @@ def _worker():
     mlp = _run_mlp()
     _run_bytes()
     errors = _errors() if dist.get_world_size() > 1 else []
-    return dict(splits=splits, mlp=mlp, errors=errors)
+    grouped = None
+    if dist.get_world_size() == 4:
+        # Two tensor-parallel pairs side by side, as in a hybrid layout.
+        pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        grouped = _run_mlp(pairs[dist.get_rank() // 2], "grouped mlp")
+    return dict(splits=splits, mlp=mlp, errors=errors, grouped=grouped)
 
 
 @pytest.fixture(scope="module")
@@ -228,36 +233,61 @@ def _sent_in(events, rank, region):
                and start <= e["start"] and e["end"] <= end)
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("world, transport", LAUNCHES)
-def test_mlp_block_equals_the_unsplit_mlp_with_one_all_reduce_per_pass(runs, world, transport):
-    results, events = runs[world, transport]
+def _unsplit_mlp():
     first, second = (_linear(IN, HIDDEN, seed=2).to(np.float64),
                      _linear(HIDDEN, IN, seed=3).to(np.float64))
     x, upstream = _data(BATCH, IN, IN, seed=4)
     xt = Tensor(x.astype(np.float64), requires_grad=True)
     y = second(first(xt).relu())
     (y * Tensor(upstream.astype(np.float64))).sum().backward()
+    return y.data, xt.grad, first, second
+
+
+def _check_mlp(results, world):
+    """The ranks' results (one tensor-parallel group, in rank order) against the unsplit MLP."""
+    y, x_grad, first, second = _unsplit_mlp()
     width = HIDDEN // world
     for result in results:
-        _close(result["mlp"]["y"], y.data)
-        _close(result["mlp"]["x_grad"], xt.grad)
-    grads = [r["mlp"]["grads"] for r in results]  # column weight, bias; row weight, bias
+        _close(result["y"], y)
+        _close(result["x_grad"], x_grad)
+    grads = [r["grads"] for r in results]  # column weight, bias; row weight, bias
     _close(np.concatenate([g[0] for g in grads], axis=0), first.weight.grad)
     _close(np.concatenate([g[1] for g in grads]), first.bias.grad)
     _close(np.concatenate([g[2] for g in grads], axis=1), second.weight.grad)
     for g in grads:
         _close(g[3], second.bias.grad)
         assert g[0].shape == (width, IN) and g[2].shape == (IN, width)
+
+
+def _collectives_in(events, rank, region):
+    start, end = region
+    calls = [trace.label_info(e["label"]) for e in events
+             if e["rank"] == rank and e["kind"] == "collective"
+             and start <= e["start"] and e["end"] <= end]
+    return [(c["collective"], c["algorithm"], c["world"]) for c in calls]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world, transport", LAUNCHES)
+def test_mlp_block_equals_the_unsplit_mlp_with_one_all_reduce_per_pass(runs, world, transport):
+    results, events = runs[world, transport]
+    _check_mlp([r["mlp"] for r in results], world)
     for rank in range(world):
         regions = _regions(events, rank)
         for name in ("mlp forward", "mlp backward"):
-            start, end = regions[name]
-            calls = [trace.label_info(e["label"]) for e in events
-                     if e["rank"] == rank and e["kind"] == "collective"
-                     and start <= e["start"] and e["end"] <= end]
-            expected = [] if world == 1 else [("all_reduce", "ring")]
-            assert [(c["collective"], c["algorithm"]) for c in calls] == expected, (rank, name)
+            expected = [] if world == 1 else [("all_reduce", "ring", world)]
+            assert _collectives_in(events, rank, regions[name]) == expected, (rank, name)
+
+
+@pytest.mark.timeout(120)
+def test_mlp_block_in_two_groups_of_two(runs):
+    results, events = runs[4, "shm"]
+    _check_mlp([r["grouped"] for r in results[:2]], 2)
+    _check_mlp([r["grouped"] for r in results[2:]], 2)
+    for rank in range(4):
+        regions = _regions(events, rank)
+        for name in ("grouped mlp forward", "grouped mlp backward"):
+            assert _collectives_in(events, rank, regions[name]) == [("all_reduce", "ring", 2)]
 
 
 @pytest.mark.timeout(120)
