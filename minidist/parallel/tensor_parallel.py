@@ -179,7 +179,9 @@ class ColumnParallelLinear(Module):
 
     Messages (n ranks, batch B, float itemsize s), per pass:
     forward nothing, or with ``gather_output`` an all_gather of the B x out/n
-    pieces; backward one all_reduce of the B x in partial input gradients.
+    pieces; backward one all_reduce of the B x in partial input gradients
+    (only when the input needs a gradient: not for a first layer fed with
+    data, whose backward sends nothing).
 
     Initialisation: the whole (out, in) weight is drawn as ``nn.Linear``
     draws it and this rank keeps its rows; pass the same ``rng`` seed on

@@ -24,6 +24,10 @@ and compares with single-process training from the same seed.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -399,3 +403,20 @@ def test_digits_mlp_on_two_ranks_trains_like_one_process():
         # float32 sums in another order may flip at most one borderline example.
         assert abs(split_accuracy - accuracy) <= 1.5 / 355
         assert split_loss == pytest.approx(loss, rel=1e-3)
+
+
+@pytest.mark.timeout(120)
+def test_the_example_script_runs_and_its_trace_matches_the_formula():
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=root)
+    done = subprocess.run([sys.executable, os.path.join(root, "examples", "tensor_parallel_mlp.py")],
+                          capture_output=True, text=True, env=env, timeout=100)
+    assert done.returncode == 0, done.stderr
+    accuracy_line, *table = done.stdout.strip().splitlines()
+    assert "in one process" in accuracy_line
+    alone, split = accuracy_line.split("accuracy ")[1].split(" in one process, ")
+    assert alone == split.split()[0]
+    rows = [line.split() for line in table if line.startswith(("data parallel", "column", "row"))]
+    assert len(rows) == 5
+    for row in rows:  # "bytes sent" (formula) and "bytes in trace" are the last two columns
+        assert row[-1] == row[-2]
