@@ -53,9 +53,10 @@ The counted bytes are the ``bytes`` of the rank's ``send`` events in the
 trace (the transport's messages of the collectives; receives are the mirror
 image), per rank: the tests run each split with tracing on and compare
 exactly. Not counted: the bias (data parallel's bias gradient, out values,
-is left out as in the seed; a split's bias needs no message), and the
-backward collective of dX runs only when the layer's input needs a gradient
-(a layer below it), as the seed assumes.
+is left out as in the seed; a split's bias needs no message). Assumed, as in
+the seed: the layer's input needs a gradient (there is a layer below it);
+for a first layer fed with data the backward collective of dX does not run
+and its backward sends nothing.
 """
 
 from __future__ import annotations
