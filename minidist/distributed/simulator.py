@@ -51,7 +51,6 @@ import numpy as np
 from minidist import costmodel
 from minidist import trace as _trace
 from minidist.atomic_file import atomic_write
-from minidist.costmodel import double_binary_tree_chunks
 from minidist.distributed.collectives import (
     ALGORITHMS,
     all_gather_into_tensor,
@@ -64,6 +63,7 @@ from minidist.distributed.collectives import (
     reduce_scatter_tensor,
     scatter,
 )
+from minidist.distributed.collectives.all_reduce import double_binary_tree_chunks
 from minidist.distributed.collectives.broadcast import chain_segments
 from minidist.distributed.collectives.chunks import largest_power_of_two
 from minidist.distributed.process_group import ProcessGroup

@@ -2,13 +2,15 @@
 
 One file per collective, each holding its public call (torch.distributed's
 name and in-place semantics) and its algorithms, every algorithm a generator
-on :class:`~.comm.Comm`'s ``isend`` / ``irecv`` / ``irecv_reduce`` with its
-alpha-beta-gamma cost in its docstring (and in :mod:`minidist.costmodel`):
+on :class:`~.comm.Comm`'s ``isend`` / ``irecv`` / ``irecv_reduce``, registered
+with its alpha-beta-gamma cost (shown in its docstring, computed by
+:mod:`minidist.costmodel`):
 
 * :mod:`.broadcast`, :mod:`.reduce`, :mod:`.all_reduce`
 * :mod:`.scatter`, :mod:`.gather`, :mod:`.barrier`
 * :mod:`.all_gather`, :mod:`.reduce_scatter`, :mod:`.all_to_all`
 * :mod:`.comm`  what an algorithm sees; message fingerprints; the Work handle
+* :mod:`.registry` every algorithm with its cost formula and traffic; "auto"'s choice
 * :mod:`.call`  what every call shares: checks, algorithm choice, running
 * :mod:`.chunks` cutting a buffer into pieces
 * :mod:`.trees` binomial trees for any n; :mod:`.halving` recursive halving and the

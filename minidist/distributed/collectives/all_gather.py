@@ -7,14 +7,15 @@
 Internally the result is one contiguous buffer of n equal pieces, piece i
 being rank i's input; every algorithm fills the pieces it is missing. Costs
 for n ranks and an N-byte *result* (so each rank contributes N/n bytes;
-alpha: latency of a message, beta: seconds per byte; p: the largest power of
-two <= n; B(n) defined at :func:`recursive_doubling`):
+alpha: latency of a message, beta: seconds per byte, xbeta: per byte of a
+step that sends and receives at once; p: the largest power of two <= n;
+B(n) defined at :func:`recursive_doubling`):
 
 ===================  ============================================================
-ring                 (n - 1) (alpha + N/n beta)
-recursive_doubling   log2 p alpha + (n-1)/n N beta                  (n a power of two)
-                     (log2 p + 2) alpha + (B(n) + 1 + n) N/n beta   (otherwise)
-bruck                ceil(log2 n) alpha + (n-1)/n N beta            (any n)
+ring                 (n - 1) (alpha + N/n xbeta)
+recursive_doubling   log2 p alpha + (n-1)/n N xbeta if n == p
+                     else (log2 p + 2) alpha + B(n) N/n xbeta + (1 + n) N/n beta
+bruck                ceil(log2 n) alpha + (n-1)/n N xbeta            (any n)
 ===================  ============================================================
 
 Every rank receives the n - 1 pieces it lacks, so (n-1)/n N beta is the
@@ -36,11 +37,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from minidist.alpha_beta import ceil_log2
 from minidist.distributed.collectives import call
 from minidist.distributed.collectives.all_reduce import _real_rank
 from minidist.distributed.collectives.chunks import largest_power_of_two, split
+from minidist.distributed.collectives.registry import cost, register
 
 
+@cost("(n - 1) (alpha + N/n xbeta)",
+      traffic=lambda n, count, itemsize, root=0: (n * (n - 1), (n - 1) * count * itemsize))
 def ring(comm, buffer):
     """Ring allgather: for n - 1 steps, pass on around the ring the piece that
     arrived in the step before.
@@ -48,7 +53,7 @@ def ring(comm, buffer):
     In step s rank r sends piece (r - s) mod n (its own at step 0) to its
     right neighbour and receives piece (r - s - 1) mod n from its left one.
     Every link carries one piece per step and no rank is in charge.
-    Cost: (n - 1) (alpha + N/n beta).
+    Cost: (n - 1) (alpha + N/n xbeta).
     """
     n, rank = comm.size, comm.rank
     pieces = split(buffer, n)
@@ -69,21 +74,32 @@ def core_piece_offsets(n: int, p: int, piece: int) -> list[int]:
     return [(v + min(v, extra)) * piece for v in range(p + 1)]
 
 
+def _recursive_doubling_traffic(n, count, itemsize, root=0):
+    p = largest_power_of_two(n)
+    # fold in (a piece each), hand back (the whole result each); the core swaps
+    # (p - 1) pieces per member, the pair members' pieces counted twice
+    return (p * ceil_log2(p) + 2 * (n - p),
+            (n - p + n * (p - 1) + (n - p) * n) * count // n * itemsize)
+
+
+@cost("log2 p alpha + (n-1)/n N xbeta if n == p"
+      " else (log2 p + 2) alpha + B(n) N/n xbeta + (1 + n) N/n beta",
+      traffic=_recursive_doubling_traffic)
 def recursive_doubling(comm, buffer):
     """Recursive doubling: in round k each rank swaps everything it has with the
     rank whose number differs in bit k, so what each holds doubles every round.
 
     Before round k a rank holds the 2^k pieces of its aligned block of ranks;
     its partner holds the neighbouring block; after the swap both hold the
-    block of 2^(k+1). Cost when n is a power of two:
-    log2 n alpha + (n-1)/n N beta.
+    block of 2^(k+1).
 
     Other n (folded, see the module docstring): the fold in costs
     alpha + N/n beta, the hand-back alpha + N beta, and in round k the
     largest block swapped holds 2^k + min(2^k, n - p) pieces (the members
     that stand for two ranks are at the front). Summed over the rounds that is
     B(n) = sum_k (2^k + min(2^k, n - p)) pieces, which is n - 1 when n = p.
-    Cost: (log2 p + 2) alpha + (B(n) + 1 + n) N/n beta.
+    Cost: log2 p alpha + (n-1)/n N xbeta if n == p
+    else (log2 p + 2) alpha + B(n) N/n xbeta + (1 + n) N/n beta.
     """
     n, rank = comm.size, comm.rank
     p = largest_power_of_two(n)
@@ -117,6 +133,8 @@ def recursive_doubling(comm, buffer):
         yield [comm.isend(buffer, rank - 1, f"fold out to {rank - 1}")]
 
 
+@cost("ceil(log2 n) alpha + (n-1)/n N xbeta",
+      traffic=lambda n, count, itemsize, root=0: (n * ceil_log2(n), (n - 1) * count * itemsize))
 def bruck(comm, buffer):
     """Bruck's allgather, for any n in ceil(log2 n) rounds.
 
@@ -127,7 +145,7 @@ def bruck(comm, buffer):
     first slots are exactly the pieces r's next slots need. The slots filled
     double each round, the last round sending only what is still missing.
     Finally rotate the slots back into rank order (a local copy).
-    Cost: ceil(log2 n) alpha + (n-1)/n N beta.
+    Cost: ceil(log2 n) alpha + (n-1)/n N xbeta.
     """
     n, rank = comm.size, comm.rank
     piece = buffer.size // n
@@ -145,7 +163,7 @@ def bruck(comm, buffer):
     buffer[:] = np.roll(slots, rank * piece)
 
 
-ALGORITHMS = call.register("all_gather", {
+ALGORITHMS = register("all_gather", {
     "ring": ring,
     "recursive_doubling": recursive_doubling,
     "bruck": bruck,

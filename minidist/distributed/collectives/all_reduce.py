@@ -5,20 +5,28 @@
 
 The algorithms of the course, cheapest in latency first. For n ranks and an
 N-byte array (alpha: latency of a message, beta: seconds per byte moved,
-gamma: seconds per byte combined; p: the largest power of two <= n):
+xbeta: per byte of a step that sends and receives at once, beta on a
+full-duplex link; gamma: seconds per byte combined; p: the largest power of
+two <= n):
 
 ======================  ========================================================
 coordinator             2 (n - 1) (alpha + N beta) + (n - 1) N gamma
 reduce_broadcast        2 ceil(log2 n) (alpha + N beta) + ceil(log2 n) N gamma
-recursive_doubling      log2 p (alpha + N beta + N gamma)         (+2 steps if n != p)
-rabenseifner            2 log2 p alpha + 2 (p-1)/p N beta + (p-1)/p N gamma  (+2 steps if n != p)
-ring                    2 (n - 1) alpha + 2 (n-1)/n N beta + (n-1)/n N gamma
-two_shot                2 (n - 1) alpha + 2 (n-1)/n N beta + (n-1)/n N gamma  (2 steps)
-one_shot                (n - 1) (alpha + N beta) + (n - 1) N gamma             (1 step)
+recursive_doubling      log2 p (alpha + N xbeta + N gamma)
+                        + (2 (alpha + N beta) + N gamma if n != p else 0)
+rabenseifner            2 log2 p alpha + 2 (p-1)/p N xbeta + (p-1)/p N gamma
+                        + (2 (alpha + N beta) + N gamma if n != p else 0)
+ring                    2 (n - 1) alpha + 2 (n-1)/n N xbeta + (n-1)/n N gamma
+two_shot                2 (n - 1) alpha + 2 (n-1)/n N xbeta + (n-1)/n N gamma  (2 steps)
+one_shot                slots_alpha + N beta + (n - 1) N gamma if shared
+                        else (n - 1) (alpha + N xbeta) + (n - 1) N gamma      (1 step)
 double_binary_tree      (k + 2 ceil(log2 n) - 1) (alpha + 2 N/k beta + N/k gamma)
 ======================  ========================================================
 
-(k: the chunks each half is pipelined in, see :func:`double_binary_tree`.)
+(The last term of recursive doubling and Rabenseifner: the fold of a world
+that is not a power of two. shared: the array fits the shared slots, see
+:func:`one_shot`. k: the chunks each half is pipelined in, see
+:func:`double_binary_tree`.)
 
 Latency-bound small arrays want few steps (recursive doubling); large arrays
 want few bytes per rank (ring, Rabenseifner: each rank sends about 2N bytes
@@ -38,10 +46,11 @@ power-of-two algorithm; at the end each odd rank hands the result back.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from minidist import trace as _trace
-from minidist.costmodel import double_binary_tree_chunks
 from minidist.distributed.collectives import broadcast as _broadcast
 from minidist.distributed.collectives import call
 from minidist.distributed.collectives import reduce as _reduce
@@ -51,9 +60,13 @@ from minidist.distributed.collectives.halving import fold_in as _fold_in
 from minidist.distributed.collectives.halving import fold_out as _fold_out
 from minidist.distributed.collectives.halving import real_rank as _real_rank
 from minidist.distributed.collectives.halving import reduce_scatter_by_halving
+from minidist.distributed.collectives.registry import cost, register, whole_arrays
 from minidist.distributed.reduce_op import ReduceOp
+from minidist.distributed.transport import shared_slots
 
 
+@cost("2 (n - 1) (alpha + N beta) + (n - 1) N gamma",
+      traffic=whole_arrays(lambda n: 2 * (n - 1)))
 def coordinator(comm, buffer):
     """The slides' "coordinator": everyone sends to rank 0, rank 0 adds them up
     one by one and sends the sum back to everyone. Rank 0's link carries
@@ -63,6 +76,8 @@ def coordinator(comm, buffer):
     yield from _broadcast.linear(comm, buffer, 0, first_step=1)
 
 
+@cost("2 ceil(log2 n) (alpha + N beta) + ceil(log2 n) N gamma",
+      traffic=whole_arrays(lambda n: 2 * (n - 1)))
 def reduce_broadcast(comm, buffer):
     """all_reduce = reduce + broadcast: a binomial-tree reduce to rank 0, then a
     binomial-tree broadcast of the result.
@@ -71,12 +86,20 @@ def reduce_broadcast(comm, buffer):
     yield from _broadcast.binomial(comm, buffer, 0, first_step=max(comm.size - 1, 0).bit_length())
 
 
+def _folded_rounds(n: int) -> int:
+    """Messages of a folded recursive doubling: fold in and out, log2 p rounds of p."""
+    p = largest_power_of_two(n)
+    return 2 * (n - p) + p * (p.bit_length() - 1)
+
+
+@cost("log2 p (alpha + N xbeta + N gamma) + (2 (alpha + N beta) + N gamma if n != p else 0)",
+      traffic=whole_arrays(_folded_rounds))
 def recursive_doubling(comm, buffer):
     """Recursive doubling: in round k each rank swaps its whole partial result
     with the rank whose number differs in bit k, and combines. After log2 p
     rounds every rank has combined everything, with no rank in charge.
-    Cost: log2 p (alpha + N beta + N gamma), plus 2 (alpha + N beta) + N gamma
-    when n is not a power of two."""
+    Cost: log2 p (alpha + N xbeta + N gamma)
+    + (2 (alpha + N beta) + N gamma if n != p else 0), the last term the fold."""
     n = comm.size
     p = largest_power_of_two(n)
     # (The fold is skipped outright for powers of two: this is the algorithm
@@ -107,6 +130,16 @@ def recursive_doubling(comm, buffer):
         yield from _fold_out(comm, buffer, p, step=first + p.bit_length() - 1)
 
 
+def _rabenseifner_traffic(n, count, itemsize, root=0):
+    p = largest_power_of_two(n)
+    extra, rounds = n - p, p.bit_length() - 1
+    # the fold in and out: whole arrays; halving and doubling: (p - 1) N each
+    return 2 * extra + 2 * p * rounds, (2 * extra + 2 * (p - 1)) * count * itemsize
+
+
+@cost("2 log2 p alpha + 2 (p-1)/p N xbeta + (p-1)/p N gamma"
+      " + (2 (alpha + N beta) + N gamma if n != p else 0)",
+      traffic=_rabenseifner_traffic)
 def rabenseifner(comm, buffer):
     """Rabenseifner: a reduce-scatter by recursive halving, then an allgather by
     recursive doubling.
@@ -117,8 +150,9 @@ def rabenseifner(comm, buffer):
     with the partner's. After log2 p rounds rank v owns the finished chunk v.
     Doubling: the same partners in reverse order swap their finished parts,
     doubling what each holds until everyone has the whole array.
-    Cost: 2 log2 p alpha + 2 (p-1)/p N beta + (p-1)/p N gamma
-    (plus the fold in and out when n is not a power of two).
+    Cost: 2 log2 p alpha + 2 (p-1)/p N xbeta + (p-1)/p N gamma
+    + (2 (alpha + N beta) + N gamma if n != p else 0), the last term the fold
+    in and out.
     """
     n = comm.size
     p = largest_power_of_two(n)
@@ -145,6 +179,12 @@ def rabenseifner(comm, buffer):
         yield from _fold_out(comm, buffer, p, step=first + 2 * rounds)
 
 
+def _two_passes(n, count, itemsize, root=0):
+    """Traffic of a reduce-scatter and an allgather: n (n - 1) pieces each."""
+    return 2 * n * (n - 1), 2 * (n - 1) * count * itemsize
+
+
+@cost("2 (n - 1) alpha + 2 (n-1)/n N xbeta + (n-1)/n N gamma", traffic=_two_passes)
 def ring(comm, buffer):
     """Ring allreduce: scatter-reduce for n - 1 steps, then allgather for n - 1 steps.
 
@@ -160,7 +200,7 @@ def ring(comm, buffer):
     receiver combines each slot as it lands while the next one is in flight,
     so the copy and the add of one step overlap.
 
-    Cost: 2 (n - 1) alpha + 2 (n-1)/n N beta + (n-1)/n N gamma.
+    Cost: 2 (n - 1) alpha + 2 (n-1)/n N xbeta + (n-1)/n N gamma.
     """
     n, rank = comm.size, comm.rank
     chunks = split(buffer, n)
@@ -177,6 +217,7 @@ def ring(comm, buffer):
                comm.irecv(chunks[into], left, f"allgather step {step} chunk {into}")]
 
 
+@cost("2 (n - 1) alpha + 2 (n-1)/n N xbeta + (n-1)/n N gamma", traffic=_two_passes)
 def two_shot(comm, buffer):
     """Two-shot: a reduce-scatter and an allgather in which every rank talks to
     every other rank directly, in one step each.
@@ -200,7 +241,7 @@ def two_shot(comm, buffer):
     The owner combines its pieces in the order they arrive, so float sums may
     differ in the last bit from one run to the next (never between ranks).
 
-    Cost: 2 (n - 1) alpha + 2 (n-1)/n N beta + (n-1)/n N gamma, the sends of a
+    Cost: 2 (n - 1) alpha + 2 (n-1)/n N xbeta + (n-1)/n N gamma, the sends of a
     step sharing the rank's link.
     """
     n, rank = comm.size, comm.rank
@@ -221,6 +262,16 @@ def two_shot(comm, buffer):
               for peer in since])
 
 
+def _fits_the_slots(n, N, P) -> bool:
+    """shared: one_shot goes through the shared slots (shm only: slots_alpha set)."""
+    return P.slots_alpha is not None and N <= shared_slots.SLOT_BYTES \
+        and n <= shared_slots.MAX_WORLD
+
+
+@cost("slots_alpha + N beta + (n - 1) N gamma if shared"
+      " else (n - 1) (alpha + N xbeta) + (n - 1) N gamma",
+      where={"shared": _fits_the_slots},
+      traffic=lambda n, count, itemsize, root=0: (n * (n - 1), n * (n - 1) * count * itemsize))
 def one_shot(comm, buffer):
     """One-shot: every rank sends its whole array to every other rank, and every
     rank combines all n arrays itself, in rank order.
@@ -237,8 +288,9 @@ def one_shot(comm, buffer):
     reads all the slots (:mod:`minidist.distributed.transport.shared_slots`),
     which saves most of a message's Python cost.
 
-    Cost: (n - 1) (alpha + N beta) + (n - 1) N gamma; through shared slots
-    alpha + N beta + (n - 1) N gamma with a small alpha.
+    Cost: slots_alpha + N beta + (n - 1) N gamma if shared
+    else (n - 1) (alpha + N xbeta) + (n - 1) N gamma; shared: the array fits
+    the slots, slots_alpha: their small latency.
     """
     shared = comm.shared_all_reduce(buffer)
     if shared is not None:
@@ -331,6 +383,22 @@ def _heights_and_depths(parents, children):
     return heights, depths
 
 
+#: The double binary tree all_reduce pipelines each half of the array in
+#: chunks of about this many bytes.
+DOUBLE_BINARY_TREE_CHUNK_BYTES = 1 << 16
+
+
+def double_binary_tree_chunks(nbytes: float) -> int:
+    """k: the chunks each half of an ``nbytes`` array is pipelined in."""
+    return max(1, math.ceil(nbytes / 2 / DOUBLE_BINARY_TREE_CHUNK_BYTES))
+
+
+@cost("(k + 2 ceil(log2 n) - 1) (alpha + 2 N/k beta + N/k gamma)",
+      where={"k": lambda n, N, P: double_binary_tree_chunks(N)},
+      # each non-root rank of each tree sends k chunks up and receives k down
+      traffic=lambda n, count, itemsize, root=0: (
+          4 * (n - 1) * double_binary_tree_chunks(count * itemsize),
+          2 * (n - 1) * count * itemsize))
 def double_binary_tree(comm, buffer):
     """NCCL's double binary tree: each half of the array is reduced up one of two
     binary trees and broadcast back down it, both pipelined in k chunks.
@@ -347,12 +415,12 @@ def double_binary_tree(comm, buffer):
     step j + H - 1, sends it down at step j + H, and a rank at depth d
     receives it at step j + H + d - 1 and passes it on at step j + H + d.
     So the reduce of later chunks overlaps the broadcast of earlier ones, in
-    k + 2H - 1 steps in all; k = :func:`~minidist.costmodel.double_binary_tree_chunks`.
+    k + 2H - 1 steps in all; k = :func:`double_binary_tree_chunks`.
 
     Cost: in a step a rank receives at most four chunks of N/(2k) (two from
     its children and one from its parent in the tree where it is interior,
-    one from its parent in the other) and combines two:
-    (k + 2 ceil(log2 n) - 1) (alpha + 2 N/k beta + N/k gamma), which tends to
+    one from its parent in the other) and combines two.
+    Cost: (k + 2 ceil(log2 n) - 1) (alpha + 2 N/k beta + N/k gamma), which tends to
     the ring's 2 N beta + N gamma with log n rather than n latency.
     Any n works (the trees simply stop at the last rank).
     """
@@ -392,7 +460,7 @@ def double_binary_tree(comm, buffer):
             yield requests
 
 
-ALGORITHMS = call.register("all_reduce", {
+ALGORITHMS = register("all_reduce", {
     "coordinator": coordinator,
     "reduce_broadcast": reduce_broadcast,
     "recursive_doubling": recursive_doubling,

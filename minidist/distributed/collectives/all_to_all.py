@@ -8,15 +8,16 @@ What expert parallelism (routing tokens to the rank of their expert) and
 sequence/head-parallel attention (Ulysses) are built on. Rank r's input is
 cut into n equal pieces, piece j going to rank j; its output's piece i comes
 from rank i. Costs for n ranks, each sending N bytes in all (N/n per
-destination, its own piece included):
+destination, its own piece included; xbeta: seconds per byte of a step that
+sends and receives at once):
 
 ===================  ============================================================
-pairwise             (n - 1) (alpha + N/n beta)
-bruck                ceil(log2 n) alpha + sum_k c_k N/n beta ~ ceil(log2 n) (alpha + N/2 beta)
+pairwise             (n - 1) (alpha + N/n xbeta)
+bruck                ceil(log2 n) alpha + C(n) N/n xbeta   (~ ceil(log2 n) (alpha + N/2 xbeta))
 ===================  ============================================================
 
-(c_k: how many of the indices 0 .. n-1 have bit k set; n/2 when n is a
-power of two.) Unlike all_gather, every piece has its own destination, so
+(C(n) = sum_k c_k, c_k: how many of the indices 0 .. n-1 have bit k set;
+n/2 when n is a power of two.) Unlike all_gather, every piece has its own destination, so
 the n - 1 pieces must each cross a link at least once: (n-1)/n N beta is
 the least, which the pairwise exchange achieves in n - 1 messages. Bruck's
 algorithm trades bandwidth for latency: log2 n messages, but each piece is
@@ -34,17 +35,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from minidist.alpha_beta import bruck_pieces, ceil_log2
 from minidist.distributed.collectives import call
 from minidist.distributed.collectives.all_gather import check_per_rank_list
 from minidist.distributed.collectives.chunks import split
+from minidist.distributed.collectives.registry import cost, register
 
 
+@cost("(n - 1) (alpha + N/n xbeta)",
+      traffic=lambda n, count, itemsize, root=0: (n * (n - 1), (n - 1) * count * itemsize))
 def pairwise(comm, source, result):
     """Pairwise exchange: keep your own piece; then in step s (1 .. n - 1) send
     piece (r + s) mod n to rank (r + s) mod n and receive piece (r - s) mod n
     from rank (r - s) mod n. Each step pairs every rank with a different
     partner, so every link is busy and nobody waits on a slow rank twice.
-    Cost: (n - 1) (alpha + N/n beta).
+    Cost: (n - 1) (alpha + N/n xbeta).
     """
     n, rank = comm.size, comm.rank
     outgoing, incoming = split(source, n), split(result, n)
@@ -56,6 +61,9 @@ def pairwise(comm, source, result):
                           f"{source_rank}")]
 
 
+@cost("ceil(log2 n) alpha + C(n) N/n xbeta",
+      traffic=lambda n, count, itemsize, root=0: (n * ceil_log2(n),
+                                                  bruck_pieces(n) * count * itemsize))
 def bruck(comm, source, result):
     """Bruck's all-to-all in ceil(log2 n) rounds, for any n.
 
@@ -69,8 +77,9 @@ def bruck(comm, source, result):
        into rank order.
 
     The slots of a round are packed into one message (a local copy each way).
-    Cost: ceil(log2 n) alpha + sum_k c_k N/n beta, about
-    ceil(log2 n) (alpha + N/2 beta); c_k counts the indices with bit k set.
+    Cost: ceil(log2 n) alpha + C(n) N/n xbeta, about
+    ceil(log2 n) (alpha + N/2 xbeta); C(n) = sum_k c_k, c_k counting the
+    indices with bit k set.
     """
     n, rank = comm.size, comm.rank
     piece = source.size // n
@@ -90,7 +99,7 @@ def bruck(comm, source, result):
     result.reshape(n, piece)[(rank - np.arange(n)) % n] = slots
 
 
-ALGORITHMS = call.register("all_to_all", {
+ALGORITHMS = register("all_to_all", {
     "pairwise": pairwise,
     "bruck": bruck,
 })

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from minidist.alpha_beta import ceil_log2
 from minidist.distributed.collectives import call, trees
+from minidist.distributed.collectives.registry import cost, register
 from minidist.distributed.transport.base import _DEFAULT
 
 
@@ -26,6 +28,8 @@ def _empty() -> np.ndarray:
     return np.empty(0, np.uint8)
 
 
+@cost("ceil(log2 n) alpha",
+      traffic=lambda n, count=0, itemsize=0, root=0: (n * ceil_log2(n), 0))
 def dissemination(comm):
     """Dissemination barrier: in round k each rank sends an empty message to
     rank + 2^k and receives one from rank - 2^k (mod n). After round k a rank
@@ -42,6 +46,7 @@ def dissemination(comm):
         distance <<= 1
 
 
+@cost("2 ceil(log2 n) alpha", traffic=lambda n, count=0, itemsize=0, root=0: (2 * (n - 1), 0))
 def tree(comm):
     """Tree barrier: a binomial gather of empty messages to rank 0 (each rank
     reports once its whole subtree has), then a binomial broadcast of empty
@@ -70,7 +75,7 @@ def tree(comm):
         yield sends
 
 
-ALGORITHMS = call.register("barrier", {
+ALGORITHMS = register("barrier", {
     "dissemination": dissemination,
     "tree": tree,
 })

@@ -4,13 +4,14 @@
     dist.broadcast(x, src=0, algorithm="binomial")
 
 Costs for n ranks and an N-byte array (alpha: latency per message, beta:
-seconds per byte on a link); see :mod:`minidist.costmodel`:
+seconds per byte on a link, xbeta: per byte of a step that sends and
+receives at once; see :mod:`.registry`):
 
 =====================  ==================================================================
-linear                 (n - 1) * (alpha + N beta)   (the root sends n - 1 times)
-binomial               ceil(log2 n) * (alpha + N beta)
-scatter_allgather      ceil(log2 n) alpha + (n-1)/n N beta + (n - 1) (alpha + N/n beta)
-chain                  (n - 2 + S) (alpha + N/S beta)   (S segments, see chain_segments)
+linear                 (n - 1) (alpha + N beta)   (the root sends n - 1 times)
+binomial               ceil(log2 n) (alpha + N beta)
+scatter_allgather      ceil(log2 n) alpha + (n-1)/n N beta + (n - 1) (alpha + N/n xbeta)
+chain                  (n - 2 + S) (alpha + N/S xbeta)   (S segments, see chain_segments)
 =====================  ==================================================================
 
 Small arrays want few messages (binomial); large ones want every link busy
@@ -24,14 +25,16 @@ as if the root were rank 0.
 
 from __future__ import annotations
 
-from minidist.distributed.collectives import call
+from minidist.distributed.collectives import call, trees
 from minidist.distributed.collectives.chunks import chunk_bounds, split
+from minidist.distributed.collectives.registry import cost, register, whole_arrays
 from minidist.distributed.collectives.scatter import binomial_scatter
 
 
+@cost("(n - 1) (alpha + N beta)", traffic=whole_arrays(lambda n: n - 1))
 def linear(comm, buffer, root, first_step=0):
     """The root sends the whole array to every other rank, one after another
-    (its link carries n - 1 copies). Cost: (n - 1) * (alpha + N beta)."""
+    (its link carries n - 1 copies). Cost: (n - 1) (alpha + N beta)."""
     comm.at(first_step, "broadcast")
     if comm.rank == root:
         yield [comm.isend(buffer, peer, f"to {peer}")
@@ -40,6 +43,7 @@ def linear(comm, buffer, root, first_step=0):
         yield [comm.irecv(buffer, root, f"from {root}")]
 
 
+@cost("ceil(log2 n) (alpha + N beta)", traffic=whole_arrays(lambda n: n - 1))
 def binomial(comm, buffer, root, first_step=0):
     """Binomial tree: in every round each rank that has the data sends it on,
     so the number of ranks holding it doubles each round.
@@ -48,7 +52,7 @@ def binomial(comm, buffer, root, first_step=0):
     k: every holder sends to the rank 2^(L-1-k) away. In code: receive from
     the parent (clear the lowest set bit of the virtual rank), then send to
     the children v + 2^j, farthest subtree first. Any n works:
-    children past the end are skipped. Cost: ceil(log2 n) * (alpha + N beta).
+    children past the end are skipped. Cost: ceil(log2 n) (alpha + N beta).
     """
     n = comm.size
     rounds = max(n - 1, 0).bit_length()
@@ -75,6 +79,15 @@ def binomial(comm, buffer, root, first_step=0):
         yield sends
 
 
+def _scatter_allgather_traffic(n, count, itemsize, root=0):
+    # The scatter sends each rank its subtree's chunks, the allgather n - 1 chunks per rank.
+    bounds = chunk_bounds(count, n)
+    scatter = sum(bounds[v + trees.subtree_size(v, n)] - bounds[v] for v in range(1, n))
+    return (n - 1) + n * (n - 1), (scatter + (n - 1) * count) * itemsize
+
+
+@cost("ceil(log2 n) alpha + (n-1)/n N beta + (n - 1) (alpha + N/n xbeta)",
+      traffic=_scatter_allgather_traffic)
 def scatter_allgather(comm, buffer, root):
     """Van de Geijn: a binomial scatter, then a ring allgather.
 
@@ -85,7 +98,7 @@ def scatter_allgather(comm, buffer, root):
     the chunk it got last to its right neighbour and receives one from its
     left, until everyone holds every chunk. Chunks may be empty (fewer
     elements than ranks); they are still sent.
-    Cost: ceil(log2 n) alpha + (n-1)/n N beta + (n - 1) (alpha + N/n beta).
+    Cost: ceil(log2 n) alpha + (n-1)/n N beta + (n - 1) (alpha + N/n xbeta).
     """
     n = comm.size
     bounds = chunk_bounds(buffer.size, n)
@@ -118,6 +131,10 @@ def chain_segments(nbytes: int) -> int:
     return max(1, min(MAX_SEGMENTS, -(-nbytes // SEGMENT_BYTES)))
 
 
+@cost("(n - 2 + S) (alpha + N/S xbeta)",
+      where={"S": lambda n, N, P: chain_segments(int(N))},
+      traffic=lambda n, count, itemsize, root=0: ((n - 1) * chain_segments(count * itemsize),
+                                                  (n - 1) * count * itemsize))
 def chain(comm, buffer, root):
     """Pipelined chain: the array is cut into S segments that flow down the chain
     of virtual ranks 0 -> 1 -> ... -> n-1. The root sends the segments one after
@@ -125,7 +142,7 @@ def chain(comm, buffer, root):
     it receives segment s + 1. Once the pipeline is full every link carries a
     segment at the same time, so the time approaches N beta for large arrays,
     whatever n is. S from :func:`chain_segments` (segments of ~256 KiB, at most
-    64). Cost: (n - 2 + S) (alpha + N/S beta).
+    64). Cost: (n - 2 + S) (alpha + N/S xbeta).
     """
     n = comm.size
     virtual = (comm.rank - root) % n
@@ -156,7 +173,7 @@ def chain(comm, buffer, root):
             yield step
 
 
-ALGORITHMS = call.register("broadcast", {
+ALGORITHMS = register("broadcast", {
     "linear": linear,
     "binomial": binomial,
     "scatter_allgather": scatter_allgather,

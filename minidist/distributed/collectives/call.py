@@ -12,6 +12,7 @@ import functools
 
 import numpy as np
 
+from minidist.distributed.collectives import registry
 from minidist.distributed.collectives.comm import (
     SEQ_SHIFT,
     Comm,
@@ -27,14 +28,8 @@ from minidist.distributed.reduce_op import parse as parse_op
 from minidist.distributed.transport.base import _DEFAULT
 from minidist.distributed.world import group_or_world
 
-#: Every collective's algorithms by name, filled in by the collective modules
-#: (the order is part of the message fingerprint: append, never reorder).
-ALGORITHMS: dict[str, dict] = {}
-
-
-def register(collective: str, algorithms: dict) -> dict:
-    ALGORITHMS[collective] = algorithms
-    return algorithms
+#: Every collective's algorithms by name (see :mod:`.registry`).
+ALGORITHMS = registry.ALGORITHMS
 
 
 def group_of(group):
@@ -98,7 +93,7 @@ def _check_reduction(op, dtype: np.dtype, collective: str, rank: int):
 
 
 def choose(collective: str, algorithm: str, group, nbytes: int) -> tuple[str, int]:
-    """The algorithm's name and index; "auto" asks the cost model."""
+    """The algorithm's name and index; "auto": the one whose registered cost is least."""
     algorithms = ALGORITHMS[collective]
     if algorithm == "auto":
         algorithm = _auto(collective, group.size, nbytes,
@@ -111,9 +106,7 @@ def choose(collective: str, algorithm: str, group, nbytes: int) -> tuple[str, in
 
 @functools.lru_cache(maxsize=1024)
 def _auto(collective: str, size: int, nbytes: int, transport, candidates) -> str:
-    from minidist import costmodel
-
-    return costmodel.best(collective, size, nbytes, transport=transport, candidates=candidates)
+    return registry.best(collective, size, nbytes, transport=transport, candidates=candidates)
 
 
 def _book(group) -> tuple:

@@ -21,8 +21,10 @@ from __future__ import annotations
 import numpy as np
 
 from minidist.distributed.collectives import call, trees
+from minidist.distributed.collectives.registry import cost, register, whole_arrays
 
 
+@cost("(n - 1) (alpha + N/n beta)", traffic=whole_arrays(lambda n: n - 1))
 def linear(comm, pieces, piece, root):
     """Every rank sends its piece straight to the root, which receives the
     n - 1 pieces into their places (all posted at once; its link takes them one
@@ -69,6 +71,12 @@ def binomial_gather(comm, held, bounds, root, origin):
                           f"round {trees.round_of(virtual)} to {target}")]
 
 
+def _binomial_traffic(n, count, itemsize, root=0):
+    # Each piece travels once for every level it descends: rank v receives its subtree's.
+    return n - 1, sum(trees.subtree_size(v, n) for v in range(1, n)) * count * itemsize
+
+
+@cost("ceil(log2 n) alpha + (n-1)/n N beta", traffic=_binomial_traffic)
 def binomial(comm, pieces, piece, root):
     """Binomial tree: in round k every rank whose virtual rank has bit k set
     (and no lower one) sends everything it has gathered so far to the rank 2^k
@@ -92,7 +100,7 @@ def binomial(comm, pieces, piece, root):
     yield from binomial_gather(comm, held, bounds, root, virtual)
 
 
-ALGORITHMS = call.register("gather", {
+ALGORITHMS = register("gather", {
     "linear": linear,
     "binomial": binomial,
 })

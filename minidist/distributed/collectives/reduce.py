@@ -5,12 +5,14 @@
 Costs for n ranks and an N-byte array (gamma: seconds per byte combined):
 
 =====================  ======================================================================
-linear                 (n - 1) * (alpha + N beta + N gamma)  (the root receives n - 1 times)
-binomial               ceil(log2 n) * (alpha + N beta + N gamma)
-rabenseifner           2 log2 p alpha + 2 (p-1)/p N beta + (p-1)/p N gamma  (+ fold if n != p)
+linear                 (n - 1) (alpha + N beta + N gamma)  (the root receives n - 1 times)
+binomial               ceil(log2 n) (alpha + N beta + N gamma)
+rabenseifner           2 log2 p alpha + 2 (p-1)/p N beta + (p-1)/p N gamma
+                       + (alpha + N beta + N gamma + alpha + N/p beta if n != p else 0)
 =====================  ======================================================================
 
-(p: the largest power of two <= n.) The trees combine whole arrays at every
+(p: the largest power of two <= n; the last term: the fold of a world that
+is not a power of two, and the root's chunk.) The trees combine whole arrays at every
 step; Rabenseifner's reduce-scatter + gather has each rank combine and send
 only parts, so large arrays cost about 2 N beta + N gamma whatever n is.
 
@@ -29,12 +31,14 @@ from minidist.distributed.collectives.halving import (
     real_rank,
     reduce_scatter_by_halving,
 )
+from minidist.distributed.collectives.registry import cost, register, whole_arrays
 
 
+@cost("(n - 1) (alpha + N beta + N gamma)", traffic=whole_arrays(lambda n: n - 1))
 def linear(comm, buffer, root, first_step=0):
     """Every rank sends its array to the root, which combines them one after
     another (the "coordinator" of the slides: its link and its adder do all the
-    work). Cost: (n - 1) * (alpha + N beta + N gamma)."""
+    work). Cost: (n - 1) (alpha + N beta + N gamma)."""
     comm.at(first_step, "reduce")
     if comm.rank == root:
         for peer in range(comm.size):
@@ -44,11 +48,12 @@ def linear(comm, buffer, root, first_step=0):
         yield [comm.isend(buffer, root, f"to {root}")]
 
 
+@cost("ceil(log2 n) (alpha + N beta + N gamma)", traffic=whole_arrays(lambda n: n - 1))
 def binomial(comm, buffer, root, first_step=0):
     """Binomial tree, the broadcast tree run backwards: in round k the ranks
     whose virtual rank has bit k set send their partial result to v - 2^k and
     drop out; the others combine what they receive. After ceil(log2 n) rounds
-    the root holds everything. Cost: ceil(log2 n) * (alpha + N beta + N gamma).
+    the root holds everything. Cost: ceil(log2 n) (alpha + N beta + N gamma).
     """
     n = comm.size
     virtual = (comm.rank - root) % n
@@ -66,6 +71,25 @@ def binomial(comm, buffer, root, first_step=0):
         mask <<= 1
 
 
+def _rabenseifner_traffic(n, count, itemsize, root=0):
+    p = largest_power_of_two(n)
+    extra, rounds = n - p, p.bit_length() - 1
+    root_sat_out = root < 2 * extra and root % 2 == 0
+    core_root = core_member(root, extra)
+    bounds = chunk_bounds(count, p)
+    chunks = [bounds[index + 1] - bounds[index] for index in range(p)]
+    # In the gather, chunk c travels once for every bit in which c and the
+    # root's chunk differ (each level's sender passes on all it has gathered).
+    gathered = sum(bin(chunk ^ core_root).count("1") * size for chunk, size in enumerate(chunks))
+    # fold in; halving ((p-1) N in all); the root's chunk if it sat out; gather
+    messages = extra + p * rounds + root_sat_out + (p - 1)
+    elements = extra * count + (p - 1) * count + root_sat_out * chunks[core_root] + gathered
+    return messages, elements * itemsize
+
+
+@cost("2 log2 p alpha + 2 (p-1)/p N beta + (p-1)/p N gamma"
+      " + (alpha + N beta + N gamma + alpha + N/p beta if n != p else 0)",
+      traffic=_rabenseifner_traffic)
 def rabenseifner(comm, buffer, root):
     """Rabenseifner's reduce: a reduce-scatter by recursive halving, then a
     binomial gather of the finished chunks to the root.
@@ -82,9 +106,10 @@ def rabenseifner(comm, buffer, root):
     hand their array to their odd neighbour and sit out). If the root is one of
     the ranks that sat out, its neighbour hands it the finished chunk of their
     pair and the root takes the neighbour's place in the gather (as MPICH does).
-    Cost: 2 log2 p alpha + 2 (p-1)/p N beta + (p-1)/p N gamma, plus
-    alpha + N beta + N gamma for the fold and alpha + N/p beta for the root's
-    chunk when n != p and the root sat out (always so for root 0).
+    The fold costs alpha + N beta + N gamma and the root's chunk, when the
+    root sat out (always so for root 0), alpha + N/p beta.
+    Cost: 2 log2 p alpha + 2 (p-1)/p N beta + (p-1)/p N gamma
+    + (alpha + N beta + N gamma + alpha + N/p beta if n != p else 0).
     """
     n = comm.size
     p = largest_power_of_two(n)
@@ -131,7 +156,7 @@ def rabenseifner(comm, buffer, root):
         mask <<= 1
 
 
-ALGORITHMS = call.register("reduce", {
+ALGORITHMS = register("reduce", {
     "linear": linear,
     "binomial": binomial,
     "rabenseifner": rabenseifner,

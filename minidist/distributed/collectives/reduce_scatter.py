@@ -9,18 +9,20 @@ It is the first half of the ring and Rabenseifner all_reduce on its own
 leave each rank only the gradients of the parameters it owns. The input is
 cut into n equal pieces; rank r ends with the combination of everyone's
 piece r. Costs for n ranks and an N-byte *input* (each rank ends with N/n
-bytes; gamma: seconds per byte combined; p: the largest power of two <= n;
-B(n) defined at :func:`recursive_halving`):
+bytes; gamma: seconds per byte combined; xbeta: seconds per byte of a step
+that sends and receives at once; p: the largest power of two <= n; B(n)
+defined at :func:`recursive_halving`):
 
 ===================  ==============================================================
-ring                 (n - 1) (alpha + N/n (beta + gamma))
-recursive_halving    log2 p alpha + (p-1)/p N (beta + gamma)          (n a power of two)
-                     (log2 p + 2) alpha + (B(n) + n) N/n (beta + gamma) + N/n beta  (otherwise)
-pairwise             (n - 1) (alpha + N/n (beta + gamma))
+ring                 (n - 1) (alpha + N/n (xbeta + gamma))
+recursive_halving    log2 p alpha + (n-1)/n N (xbeta + gamma) if n == p
+                     else (log2 p + 2) alpha + B(n) N/n (xbeta + gamma)
+                     + N (beta + gamma) + N/n beta
+pairwise             (n - 1) (alpha + N/n (xbeta + gamma))
 ===================  ==============================================================
 
 Each rank must receive the n - 1 other contributions to its piece, so
-(n-1)/n N (beta + gamma) is the least; recursive halving gets there in
+(n-1)/n N (xbeta + gamma) is the least; recursive halving gets there in
 log2 p messages, the ring and the pairwise exchange in n - 1. The ring
 talks only to neighbours; the pairwise exchange talks to everyone (good on
 a full-bisection network, and every contribution is combined exactly once
@@ -41,13 +43,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from minidist.alpha_beta import ceil_log2
 from minidist.distributed.collectives import call
 from minidist.distributed.collectives.all_gather import check_per_rank_list, core_piece_offsets
 from minidist.distributed.collectives.all_reduce import _real_rank
 from minidist.distributed.collectives.chunks import largest_power_of_two, split
+from minidist.distributed.collectives.registry import cost, register
 from minidist.distributed.reduce_op import ReduceOp
 
 
+def _exchanges(n, count, itemsize, root=0):
+    """Traffic of n - 1 steps in which every rank sends one piece."""
+    return n * (n - 1), (n - 1) * count * itemsize
+
+
+@cost("(n - 1) (alpha + N/n (xbeta + gamma))", traffic=_exchanges)
 def ring(comm, pieces, output):
     """Ring reduce-scatter: for n - 1 steps, pass a partial sum to the right and
     add your own contribution to the one arriving from the left.
@@ -57,7 +67,7 @@ def ring(comm, pieces, output):
     neighbour and combines piece (r - s - 2) mod n arriving from its left.
     Each piece travels n - 1 hops, picking up one contribution per hop, and
     ends finished on its owner: after the last step rank r holds piece r.
-    Cost: (n - 1) (alpha + N/n (beta + gamma)).
+    Cost: (n - 1) (alpha + N/n (xbeta + gamma)).
     """
     n, rank = comm.size, comm.rank
     chunks = split(pieces, n)
@@ -70,6 +80,17 @@ def ring(comm, pieces, output):
     output[:] = chunks[rank]
 
 
+def _recursive_halving_traffic(n, count, itemsize, root=0):
+    p = largest_power_of_two(n)
+    # fold in (the whole input each), the halving ((p - 1) pieces per member,
+    # the pairs' pieces counted twice), hand back (a piece each)
+    return (p * ceil_log2(p) + 2 * (n - p),
+            ((n - p) * n + n * (p - 1) + n - p) * count // n * itemsize)
+
+
+@cost("log2 p alpha + (n-1)/n N (xbeta + gamma) if n == p"
+      " else (log2 p + 2) alpha + B(n) N/n (xbeta + gamma) + N (beta + gamma) + N/n beta",
+      traffic=_recursive_halving_traffic)
 def recursive_halving(comm, pieces, output):
     """Recursive halving: in round k each rank sends the half of its pieces its
     partner keeps, and combines the half it keeps with the partner's.
@@ -78,14 +99,14 @@ def recursive_halving(comm, pieces, output):
     rank is responsible for halve every round (those of the ranks on its side
     of the bit), so after log2 p rounds rank r holds only its own piece,
     combined over all ranks. Bytes sent per rank: N/2 + N/4 + ... + N/p.
-    Cost when n is a power of two: log2 n alpha + (n-1)/n N (beta + gamma).
 
     Other n (folded, see the module docstring): the fold in costs
     alpha + N (beta + gamma) and the hand-back alpha + N/n beta. The core
     members that stand for two ranks own two pieces, so the halves are not
     equal: round k (counting up, mask 2^k) sends at most 2^k + min(2^k, n - p)
     pieces, in all B(n) = sum_k (2^k + min(2^k, n - p)) pieces (n - 1 when
-    n = p). Cost: (log2 p + 2) alpha + (B(n) + n) N/n (beta + gamma) + N/n beta.
+    n = p). Cost: log2 p alpha + (n-1)/n N (xbeta + gamma) if n == p
+    else (log2 p + 2) alpha + B(n) N/n (xbeta + gamma) + N (beta + gamma) + N/n beta.
     """
     n, rank = comm.size, comm.rank
     p = largest_power_of_two(n)
@@ -123,11 +144,12 @@ def recursive_halving(comm, pieces, output):
                           f"fold out piece {rank - 1} to {rank - 1}")]
 
 
+@cost("(n - 1) (alpha + N/n (xbeta + gamma))", traffic=_exchanges)
 def pairwise(comm, pieces, output):
     """Pairwise exchange: in step s (1 .. n - 1) rank r sends piece (r + s) mod n
     to its owner, rank (r + s) mod n, and combines into its own piece the
     contribution of rank (r - s) mod n. Every pair of ranks meets once.
-    Only reads ``pieces``. Cost: (n - 1) (alpha + N/n (beta + gamma)).
+    Only reads ``pieces``. Cost: (n - 1) (alpha + N/n (xbeta + gamma)).
     """
     n, rank = comm.size, comm.rank
     chunks = split(pieces, n)
@@ -138,7 +160,7 @@ def pairwise(comm, pieces, output):
                comm.irecv_reduce(output, source, f"step {step} piece {rank} from {source}")]
 
 
-ALGORITHMS = call.register("reduce_scatter", {
+ALGORITHMS = register("reduce_scatter", {
     "ring": ring,
     "recursive_halving": recursive_halving,
     "pairwise": pairwise,

@@ -24,8 +24,10 @@ from __future__ import annotations
 import numpy as np
 
 from minidist.distributed.collectives import call, trees
+from minidist.distributed.collectives.registry import cost, register, whole_arrays
 
 
+@cost("(n - 1) (alpha + N/n beta)", traffic=whole_arrays(lambda n: n - 1))
 def linear(comm, pieces, output, root):
     """The root sends each other rank its piece, one message per rank (all
     posted at once; its link carries them one after another).
@@ -75,6 +77,12 @@ def binomial_scatter(comm, held, bounds, root, origin, first_step=0):
         yield sends
 
 
+def _binomial_traffic(n, count, itemsize, root=0):
+    # Each piece travels once for every level it descends: rank v receives its subtree's.
+    return n - 1, sum(trees.subtree_size(v, n) for v in range(1, n)) * count * itemsize
+
+
+@cost("ceil(log2 n) alpha + (n-1)/n N beta", traffic=_binomial_traffic)
 def binomial(comm, pieces, output, root):
     """Binomial tree: the root sends the pieces of the ranks n/2 away and
     beyond to the rank n/2 away, the pieces of the next quarter to the rank n/4
@@ -99,7 +107,7 @@ def binomial(comm, pieces, output, root):
         np.copyto(output, held[:count])
 
 
-ALGORITHMS = call.register("scatter", {
+ALGORITHMS = register("scatter", {
     "linear": linear,
     "binomial": binomial,
 })
