@@ -15,8 +15,9 @@
 
 Where things are:
 
-* :mod:`.launch`         ``minidist.launch`` and ``minidist run``; :mod:`.supervisor` the
-  watchdog; :mod:`.worker` a forked worker's life; :mod:`.process_setup` dying with the parent
+* :mod:`.launch`         ``minidist.launch`` and ``minidist run``: joins the transports,
+  the world and the process runtime below (:mod:`minidist.runtime`: the supervisor,
+  the control block, errors, signals, console); :mod:`.worker` a forked worker's life
 * :mod:`.world`          init / destroy, rank, world size, ``new_group``
 * :mod:`.process_group`  ``ProcessGroup``: ranks, contexts, point-to-point calls
 * :mod:`.point_to_point` the module-level forms of those calls (``group=None`` is the world)
@@ -24,12 +25,6 @@ Where things are:
 * :mod:`.simulator`      ``simulate``: a collective on many ranks in one process, on a
   virtual clock (the "sim" transport), with a trace to draw
 * :mod:`.transport`      how bytes move (``pipe``, ``shm``) and the progress engine
-* :mod:`.control`        abort flag and per-rank status in shared memory
-* :mod:`.desync`         the report printed when a wait times out
-* :mod:`.errors`         what can go wrong, and what each error says
-* :mod:`.console`        logs from every rank in the parent; ``print0``, ``progress0``
-* :mod:`.blas_threads`   one BLAS thread pool per worker that fits the cores
-* :mod:`.shared_segment` named shared memory that never outlives its run
 * :mod:`.shared_array`   ``shared_array(name)``: arrays every rank maps, declared at launch
 
 For the layers above: a collective is written with the point-to-point calls of

@@ -21,7 +21,7 @@ from minidist import costmodel
 from minidist.distributed.collectives import registry
 from minidist.distributed.collectives.call import ALGORITHMS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COLLECTIVES = ROOT / "minidist" / "distributed" / "collectives"
 
 
