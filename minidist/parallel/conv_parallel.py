@@ -281,7 +281,7 @@ class SpatialParallelConv2d(Module):
     the weight gradient, against 1 / P of the convolution's work.
 
     Every message of the exchange carries a label for the trace,
-    ``"halo rows a:b to rank d #halo=forward rows=a:b layer=..."``
+    ``"halo rows a:b to rank d #halo=forward rows=a:b height=H layer=..."``
     (``halo=backward`` for the gradients), so a picture can show which rows
     moved.
 
@@ -388,9 +388,11 @@ def halo_context(group=None):
     return (group if group is not None else dist.world_group()).with_context(HALO_CONTEXT)
 
 
-def _halo_label(direction: str, start: int, stop: int, text: str, what: str) -> str:
-    """A halo message's trace label: readable text, then the rows it carries."""
-    return trace.with_info(text, halo=direction, rows=(start, stop), layer=what)
+def _halo_label(direction: str, start: int, stop: int, text: str, what: str,
+                height: int) -> str:
+    """A halo message's trace label: readable text, then the rows it carries
+    and the image's height (so a picture can lay out every rank's band)."""
+    return trace.with_info(text, halo=direction, rows=(start, stop), height=height, layer=what)
 
 
 def _halo_exchange(x: Tensor, plan: HaloPlan, group, what: str) -> Tensor:
@@ -414,12 +416,12 @@ def _halo_exchange(x: Tensor, plan: HaloPlan, group, what: str) -> Tensor:
         inbox = [np.empty((n, c, high - low, width), data.dtype) for _, _, low, high in receives]
         requests = [dist.irecv(box, src=source, group=messages, tag=HALO_TAG,
                                label=_halo_label("forward", low, high,
-                                                 f"halo rows {low}:{high} from rank {source}", what))
+                                                 f"halo rows {low}:{high} from rank {source}", what, plan.height))
                     for box, (source, _, low, high) in zip(inbox, receives)]
         requests += [dist.isend(np.ascontiguousarray(data[:, :, low - start:high - start]),
                                 dst=destination, group=messages, tag=HALO_TAG,
                                 label=_halo_label("forward", low, high,
-                                                  f"halo rows {low}:{high} to rank {destination}", what))
+                                                  f"halo rows {low}:{high} to rank {destination}", what, plan.height))
                      for _, destination, low, high in sends]
         if own_low < own_high:
             window[:, :, own_low - top:own_high - top] = data[:, :, own_low - start:own_high - start]
@@ -434,12 +436,12 @@ def _halo_exchange(x: Tensor, plan: HaloPlan, group, what: str) -> Tensor:
             inbox = [np.empty((n, c, high - low, width), data.dtype) for _, _, low, high in sends]
             requests = [dist.irecv(box, src=destination, group=messages, tag=HALO_GRAD_TAG,
                                    label=_halo_label("backward", low, high,
-                                                     f"halo gradient rows {low}:{high} from rank {destination}", what))
+                                                     f"halo gradient rows {low}:{high} from rank {destination}", what, plan.height))
                         for box, (_, destination, low, high) in zip(inbox, sends)]
             requests += [dist.isend(np.ascontiguousarray(g[:, :, low - top:high - top]),
                                     dst=source, group=messages, tag=HALO_GRAD_TAG,
                                     label=_halo_label("backward", low, high,
-                                                      f"halo gradient rows {low}:{high} back to rank {source}", what))
+                                                      f"halo gradient rows {low}:{high} back to rank {source}", what, plan.height))
                          for source, _, low, high in receives]
             if own_low < own_high:
                 grad[:, :, own_low - start:own_high - start] = g[:, :, own_low - top:own_high - top]
