@@ -156,7 +156,8 @@ for world in (2,) if QUICK else (2, 4):
 # is as much as the activations themselves. On the shared-memory transport
 # of one machine those bytes are cheap, and the split still rarely beats
 # one process: the half-size conv saves less than the gather and the
-# all_reduce cost (and two processes on two cores also share the machine).
+# all_reduce cost (and the processes share the machine's cores: 4 ranks
+# on 2 cores take turns, which the full run's P = 4 figure includes).
 # Seed 002 measured the same thing on GPUs, where the compute is fast and
 # the messages cross PCIe or a network: channel-wise model parallelism on 4
 # GPUs ran about **2x slower (DCGAN) and 3x slower (VGG-16)** than one GPU,
@@ -464,12 +465,14 @@ print(f"median step: local BN {step['local BN'] * 1e3:.2f} ms, SyncBN {step['Syn
       f" -> SyncBN {overhead:+.0%} (seed 002: about +10 %)")
 
 # %% [markdown]
-# Seed 002 measured about **10 %** more time for DCGAN, whose steps are long
-# GPU computations. Here one step of the tiny CNN takes well under a
-# millisecond, so two extra messages between processes are a large share of
-# it; the same two messages next to a step of a real network are a few per
-# cent. The cost is per BN layer and per step, whatever the batch: it
-# shrinks, in share, as the compute per step grows.
+# Seed 002 measured about **10 %** more time for DCGAN. Here one step of the
+# tiny CNN takes well under a millisecond, so two extra messages between
+# processes are a visible share of it, and on a machine shared with other
+# work the figure moves from run to run (runs of this lesson printed from
+# +10 % to about +100 %: a step this short is at the mercy of the
+# scheduler). The cost is per BN layer and per step, whatever the batch:
+# next to the long steps of a real network the same two small messages are a
+# few per cent.
 #
 # ## What to remember
 #
