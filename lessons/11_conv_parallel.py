@@ -213,7 +213,10 @@ draw_halo(path, OUT / "halo_exchange.png")
 print("saved", OUT / "halo_exchange.png")
 
 # %% [markdown]
-# ![the halo exchange of the run above](lesson_output/halo_exchange.png)
+# ![the halo exchange of the run above](../docs/halo_exchange.png)
+#
+# (`docs/halo_exchange.png`, drawn by `viz.halo.draw_halo` from this run's
+# trace; the lesson writes it again to its output folder.)
 #
 # Each column is a rank's band of rows (its own rows solid, the halo rows
 # it receives hatched, in the owner's colour). Forward, each rank sends its
@@ -292,7 +295,7 @@ figure.savefig(OUT / "halo_share.png", dpi=90)
 plt.show() if "inline" in plt.get_backend() else plt.close(figure)
 
 # %% [markdown]
-# ![halo share](lesson_output/halo_share.png)
+# (The figure above is also saved as `halo_share.png` in the output folder.)
 #
 # The halo is a fixed number of rows (2 (P - 1) in all for a 3x3 kernel), so
 # its share of the image falls as 1/H: from a few per cent of a 32x32 image
@@ -410,7 +413,7 @@ figure.savefig(OUT / "sync_batchnorm.png", dpi=90)
 plt.show() if "inline" in plt.get_backend() else plt.close(figure)
 
 # %% [markdown]
-# ![local BN vs SyncBN](lesson_output/sync_batchnorm.png)
+# (Saved as `sync_batchnorm.png` in the output folder.)
 #
 # With SyncBatchNorm the two workers follow the single process step for
 # step: the distance stays at float32 round-off (the sums are taken in
