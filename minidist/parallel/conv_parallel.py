@@ -48,11 +48,15 @@ from minidist.nn.module import Module
 from minidist.nn.parameter import Parameter
 from minidist.tensor import Tensor, _shape_str
 
-__all__ = ["ChannelParallelConv2d", "SpatialParallelConv2d", "band", "halo_plan", "HaloPlan"]
+__all__ = ["ChannelParallelConv2d", "SpatialParallelConv2d", "band", "halo_plan", "HaloPlan",
+           "halo_context"]
 
-#: Tags of the halo messages (forward rows, backward gradients of those rows).
+#: Tags of the halo messages (forward rows, backward gradients of those rows),
+#: sent in the group's own "halo" message context (:func:`halo_context`), so
+#: they never match a point-to-point message of the user's with the same tag.
 HALO_TAG = 18_001
 HALO_GRAD_TAG = 18_002
+HALO_CONTEXT = "halo"
 
 
 def band(total: int, parts: int, index: int) -> tuple[int, int]:
@@ -277,7 +281,7 @@ class SpatialParallelConv2d(Module):
     the weight gradient, against 1 / P of the convolution's work.
 
     Every message of the exchange carries a label for the trace,
-    ``"halo rows a:b to rank d #halo=forward rows=a:b layer=..."``
+    ``"halo rows a:b to rank d #halo=forward rows=a:b height=H layer=..."``
     (``halo=backward`` for the gradients), so a picture can show which rows
     moved.
 
@@ -377,15 +381,26 @@ class SpatialParallelConv2d(Module):
                 f"stride={self.stride}, padding={self.padding}")
 
 
-def _halo_label(direction: str, start: int, stop: int, text: str, what: str) -> str:
-    """A halo message's trace label: readable text, then the rows it carries."""
-    return trace.with_info(text, halo=direction, rows=(start, stop), layer=what)
+def halo_context(group=None):
+    """The group (the world when None) in the message context of the halo
+    exchange: the same members, a separate message space, as the parameter
+    server does with its messages."""
+    return (group if group is not None else dist.world_group()).with_context(HALO_CONTEXT)
+
+
+def _halo_label(direction: str, start: int, stop: int, text: str, what: str,
+                height: int) -> str:
+    """A halo message's trace label: readable text, then the rows it carries
+    and the image's height (so a picture can lay out every rank's band)."""
+    return trace.with_info(text, halo=direction, rows=(start, stop), height=height, layer=what)
 
 
 def _halo_exchange(x: Tensor, plan: HaloPlan, group, what: str) -> Tensor:
     """This rank's window of input rows (its band plus the halo, zero rows for
     padding), as an autograd node: forward receives the halo rows, backward
-    returns their gradients to the ranks that own them."""
+    returns their gradients to the ranks that own them. The messages go in
+    the group's "halo" context (none are sent on one rank, or with a 1x1
+    kernel: the plan has no transfers)."""
     rank = dist.get_rank(group)
     data = x.data
     n, c, _, width = data.shape
@@ -393,23 +408,24 @@ def _halo_exchange(x: Tensor, plan: HaloPlan, group, what: str) -> Tensor:
     top, rows = plan.windows[rank]
     sends = [t for t in plan.transfers if t[0] == rank]
     receives = [t for t in plan.transfers if t[1] == rank]
+    messages = halo_context(group) if plan.transfers else group
 
     window = np.zeros((n, c, rows, width), data.dtype)
     own_low, own_high = max(start, top), min(stop, top + rows)
     with trace.region(f"{what}: halo exchange"):
         inbox = [np.empty((n, c, high - low, width), data.dtype) for _, _, low, high in receives]
-        requests = [dist.irecv(box, src=source, group=group, tag=HALO_TAG,
+        requests = [dist.irecv(box, src=source, group=messages, tag=HALO_TAG,
                                label=_halo_label("forward", low, high,
-                                                 f"halo rows {low}:{high} from rank {source}", what))
+                                                 f"halo rows {low}:{high} from rank {source}", what, plan.height))
                     for box, (source, _, low, high) in zip(inbox, receives)]
         requests += [dist.isend(np.ascontiguousarray(data[:, :, low - start:high - start]),
-                                dst=destination, group=group, tag=HALO_TAG,
+                                dst=destination, group=messages, tag=HALO_TAG,
                                 label=_halo_label("forward", low, high,
-                                                  f"halo rows {low}:{high} to rank {destination}", what))
+                                                  f"halo rows {low}:{high} to rank {destination}", what, plan.height))
                      for _, destination, low, high in sends]
         if own_low < own_high:
             window[:, :, own_low - top:own_high - top] = data[:, :, own_low - start:own_high - start]
-        dist.wait_all(requests, group=group)
+        dist.wait_all(requests, group=messages)
         for box, (_, _, low, high) in zip(inbox, receives):
             window[:, :, low - top:high - top] = box
 
@@ -418,18 +434,18 @@ def _halo_exchange(x: Tensor, plan: HaloPlan, group, what: str) -> Tensor:
         with trace.region(f"{what}: halo gradients back"):
             # Gradients of my rows that my neighbours read come back to me.
             inbox = [np.empty((n, c, high - low, width), data.dtype) for _, _, low, high in sends]
-            requests = [dist.irecv(box, src=destination, group=group, tag=HALO_GRAD_TAG,
+            requests = [dist.irecv(box, src=destination, group=messages, tag=HALO_GRAD_TAG,
                                    label=_halo_label("backward", low, high,
-                                                     f"halo gradient rows {low}:{high} from rank {destination}", what))
+                                                     f"halo gradient rows {low}:{high} from rank {destination}", what, plan.height))
                         for box, (_, destination, low, high) in zip(inbox, sends)]
             requests += [dist.isend(np.ascontiguousarray(g[:, :, low - top:high - top]),
-                                    dst=source, group=group, tag=HALO_GRAD_TAG,
+                                    dst=source, group=messages, tag=HALO_GRAD_TAG,
                                     label=_halo_label("backward", low, high,
-                                                      f"halo gradient rows {low}:{high} back to rank {source}", what))
+                                                      f"halo gradient rows {low}:{high} back to rank {source}", what, plan.height))
                          for source, _, low, high in receives]
             if own_low < own_high:
                 grad[:, :, own_low - start:own_high - start] = g[:, :, own_low - top:own_high - top]
-            dist.wait_all(requests, group=group)
+            dist.wait_all(requests, group=messages)
             for box, (_, _, low, high) in zip(inbox, sends):
                 grad[:, :, low - start:high - start] += box
         return (grad,)

@@ -251,3 +251,57 @@ def test_band_rule_and_halo_plan_without_processes():
     # Bands thinner than the halo read from two ranks away.
     thin = halo_plan(6, 5, 1, 2, 4)
     assert (1, 3, 3, 4) in thin.transfers
+
+
+def _user_message_with_the_halo_tag_in_flight():
+    """Each rank sends its neighbours a message of its own with the halo's
+    tag before a spatial conv and receives it after: the halo runs in its own
+    context, so neither side takes the other's message."""
+    from minidist.distributed.process_group import channel_id
+    from minidist.parallel.conv_parallel import HALO_CONTEXT, HALO_GRAD_TAG, HALO_TAG
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    recorder = trace.current()
+    conv = nn.Conv2d(C_IN, 4, 3, padding=1, rng=7)
+    x = np.random.default_rng(3).standard_normal((N, C_IN, 8, 5)).astype(np.float32)
+    start, stop = band(8, world, rank)
+    neighbours = [peer for peer in (rank - 1, rank + 1) if 0 <= peer < world]
+    mine = {tag: np.full(3, 100 * rank + tag % 10, np.float64) for tag in (HALO_TAG, HALO_GRAD_TAG)}
+    sends = [dist.isend(mine[tag], dst=peer, tag=tag) for peer in neighbours for tag in mine]
+    first = len(recorder.events)
+    x_band = Tensor(x[:, :, start:stop].copy(), requires_grad=True)
+    layer = SpatialParallelConv2d.from_conv(conv)
+    y = layer(x_band)
+    y.sum().backward()
+    halo_channels = {dict(zip(trace.FIELDS, e))["channel"] for e in recorder.events[first:]
+                     if "halo" in trace.label_info(dict(zip(trace.FIELDS, e))["label"])}
+    got = {}
+    for peer in neighbours:
+        for tag in mine:
+            box = np.empty(3, np.float64)
+            dist.recv(box, src=peer, tag=tag)
+            got[(peer, tag)] = box.tolist()
+    dist.wait_all(sends)
+    return y.data, x_band.grad, got, halo_channels, channel_id(HALO_CONTEXT)
+
+
+def test_halo_messages_do_not_mix_with_user_messages_of_the_same_tag(tmp_path):
+    from minidist.parallel.conv_parallel import HALO_GRAD_TAG, HALO_TAG
+
+    world = 3
+    results = minidist.launch(_user_message_with_the_halo_tag_in_flight, world_size=world,
+                              transport="shm", trace=str(tmp_path / "mixed.jsonl"))
+    conv = nn.Conv2d(C_IN, 4, 3, padding=1, rng=7)
+    x = Tensor(np.random.default_rng(3).standard_normal((N, C_IN, 8, 5)).astype(np.float32),
+               requires_grad=True)
+    y = conv(x)
+    y.sum().backward()
+    _close("output", np.concatenate([r[0] for r in results], axis=2), y.data)
+    _close("input gradient", np.concatenate([r[1] for r in results], axis=2), x.grad)
+    for rank, (_, _, got, channels, halo_channel) in enumerate(results):
+        for (peer, tag), values in got.items():
+            assert values == [100 * peer + tag % 10] * 3, (rank, peer, tag)
+        assert {(peer, tag) for peer, tag in got} == {
+            (peer, tag) for peer in (rank - 1, rank + 1) if 0 <= peer < world
+            for tag in (HALO_TAG, HALO_GRAD_TAG)}
+        assert channels == {halo_channel}, channels
