@@ -144,31 +144,27 @@ def exchange_with_all(comm, buffer):
 
 
 def _through_slots(comm, slots, buffer):
-    group = comm.group
+    group, call, tag = comm.group, comm.call, comm.tag
     plan = slots.plan(group.ranks, group.group_id, buffer.dtype, buffer.size)
-    arrays = _publish_and_collect(slots, plan, buffer, comm.call, comm.tag, group.context,
-                                  comm.book)
-    comm.when_released(lambda: slots.done_reading(plan, comm.call))
+    slots.publish(plan, buffer, call, tag, group.context)
+    arrays, odd = slots.collect(plan, call, tag, buffer.size, group.context, buffer.nbytes)
+    if odd is not None:
+        raise _mismatch(slots.rank, call, tag, buffer, odd, comm.book)
+    comm.when_released(lambda: slots.done_reading(plan, call))
     return arrays
     yield  # a generator that never yields: it waits in place (blocking calls only)
 
 
-def _publish_and_collect(slots, plan, flat, call, tag, context, book):
-    """Publish ``flat`` for call ``call`` and return every member's array (read
-    only, in group order), after checking that each carries the same tag and
-    count as this rank's."""
-    slots.publish(plan, flat, call, tag, context)
-    arrays, odd = slots.collect(plan, call, tag, flat.size, context, flat.nbytes)
-    if odd is not None:
-        peer, their_tag, their_count = odd
-        raise CollectiveMismatchError(
-            f"rank {slots.rank}: collective mismatch in call {call} of this group: rank "
-            f"{slots.rank} is in {book._what(tag)} with {flat.size} {flat.dtype} elements "
-            f"(the one-shot all_reduce's exchange through shared slots), but rank {peer} "
-            f"published {their_count} elements for {book._what(their_tag)}. Every rank of a "
-            "group must make the same collective calls, in the same order, with the same "
-            "count, dtype, op and algorithm.")
-    return arrays
+def _mismatch(me, call, tag, flat, odd, book) -> CollectiveMismatchError:
+    """A peer's slot holds another call's array (its tag or count differs)."""
+    peer, their_tag, their_count = odd
+    return CollectiveMismatchError(
+        f"rank {me}: collective mismatch in call {call} of this group: rank {me} is in "
+        f"{book._what(tag)} with {flat.size} {flat.dtype} elements (the one-shot "
+        f"all_reduce's exchange through shared slots), but rank {peer} published "
+        f"{their_count} elements for {book._what(their_tag)}. Every rank of a group must "
+        "make the same collective calls, in the same order, with the same count, dtype, op "
+        "and algorithm.")
 
 
 # --------------------------------------------------------------------------- 3. the lane
@@ -198,8 +194,11 @@ def open_lane(group, tensor, op, algorithm, comm, ufunc, average, finish_average
         flat = array.reshape(-1)
         number = book.seq
         book.seq = number + 1
-        arrays = _publish_and_collect(slots, plan, flat, number,
-                                      base | (number & 0xFF) << SEQ_SHIFT, context, book)
+        tag = base | (number & 0xFF) << SEQ_SHIFT
+        slots.publish(plan, flat, number, tag, context)
+        arrays, odd = slots.collect(plan, number, tag, flat.size, context, flat.nbytes)
+        if odd is not None:
+            raise _mismatch(slots.rank, number, tag, flat, odd, book)
         # one_shot's combine: all n arrays in rank order, the same bits on every rank.
         ufunc(arrays[0], arrays[1], out=flat)
         for other in arrays[2:]:
