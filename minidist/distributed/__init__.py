@@ -24,6 +24,8 @@ Where things are:
 * :mod:`.simulator`      ``simulate``: a collective on many ranks in one process, on a
   virtual clock (the "sim" transport), with a trace to draw
 * :mod:`.transport`      how bytes move (``pipe``, ``shm``) and the progress engine
+* :mod:`.fast_paths`     every shortcut taken for speed (small messages, shared slots,
+  the one-shot lane), and ``MINIDIST_FAST_PATHS=0`` to turn them off
 * :mod:`.control`        abort flag and per-rank status in shared memory
 * :mod:`.desync`         the report printed when a wait times out
 * :mod:`.errors`         what can go wrong, and what each error says

@@ -9,6 +9,9 @@ non-blocking point-to-point calls of a :class:`Comm`::
             yield [comm.isend(chunk_out, right, "step 0"),
                    comm.irecv_reduce(chunk_in, left, "step 0")]
 
+(plus one step made of them, :meth:`Comm.exchange_with_all`: every rank
+hands its array to every other, ``arrays = yield from
+comm.exchange_with_all(buffer)``, which the one-shot all_reduce is written on).
 Each ``yield`` hands back the requests that must finish before the
 algorithm may go on: one *step* of the algorithm. Who waits for them is up to
 the driver, which is what lets the same code run
