@@ -252,7 +252,8 @@ print("(microseconds; 'auto' would pick:",
 # Two algorithms are made for ranks that share one machine. **one_shot**:
 # everyone hands its whole array to everyone and each rank adds all n up, in
 # rank order (one step; on the shm transport no messages at all, only a
-# shared slot per rank, see `transport/shared_slots.py`). **two_shot**: the
+# shared slot per rank: one of the shortcuts gathered, with their switch
+# `MINIDIST_FAST_PATHS=0`, in `distributed/fast_paths.py`). **two_shot**: the
 # ring's reduce-scatter and allgather, but each done in one step with every
 # rank talking to every other. And on shm, any message bigger than the ring
 # is not copied through it: the receiver reads it straight out of the

@@ -25,6 +25,8 @@ Where things are:
 * :mod:`.simulator`      ``simulate``: a collective on many ranks in one process, on a
   virtual clock (the "sim" transport), with a trace to draw
 * :mod:`.transport`      how bytes move (``pipe``, ``shm``) and the progress engine
+* :mod:`.fast_paths`     every shortcut taken for speed (small messages, shared slots,
+  the one-shot lane), and ``MINIDIST_FAST_PATHS=0`` to turn them off
 * :mod:`.shared_array`   ``shared_array(name)``: arrays every rank maps, declared at launch
 
 For the layers above: a collective is written with the point-to-point calls of

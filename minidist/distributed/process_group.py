@@ -17,6 +17,11 @@ Point-to-point calls follow torch.distributed: ``send(tensor, dst, tag)``,
 returning a request with ``wait()``; plus ``recv_array`` (a new array),
 ``recv_reduce`` (combine into a buffer) and ``probe``. Arrays are NumPy arrays,
 or anything with a ``.data`` NumPy array (a minidist Tensor).
+
+The blocking calls first offer the message to
+:func:`minidist.distributed.fast_paths.send` / ``recv`` (small messages
+between idle ranks skip the progress engine); everything below is the plain
+road, which they take whenever that declines.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import zlib
 
 import numpy as np
 
+from minidist.distributed import fast_paths
 from minidist.distributed.reduce_op import ReduceOp, ufunc_of
 from minidist.distributed.transport.base import (
     _DEFAULT,
@@ -191,10 +197,7 @@ class ProcessGroup:
     def isend(self, tensor, dst: int, tag: int = 0, *, label: str = ""):
         """Start sending; returns a request. Do not modify ``tensor`` until it completes.
         (A small message often completes at once: it is copied to the transport.)"""
-        if (type(tensor) is np.ndarray and type(dst) is int and type(tag) is int
-                and 0 <= dst < self.size and dst != self.rank >= 0 and 0 <= tag <= MAX_TAG
-                and self._transport.send_small(tensor, self.ranks[dst], tag, self.context,
-                                               label or self.purpose)):
+        if fast_paths.send(self, tensor, dst, tag, label):
             return COMPLETED
         self._require_member("send")
         dst = self._peer(dst, "destination", allow_any=False)
@@ -205,11 +208,7 @@ class ProcessGroup:
     def send(self, tensor, dst: int, tag: int = 0, *, label: str = "", timeout=_DEFAULT) -> None:
         """Send and return once the message is handed to the transport (the
         buffer may be reused at once). Cost: alpha + nbytes * beta."""
-        # The common case, checked cheaply, may take the transport's fast path.
-        if (type(tensor) is np.ndarray and type(dst) is int and type(tag) is int
-                and 0 <= dst < self.size and dst != self.rank >= 0 and 0 <= tag <= MAX_TAG
-                and self._transport.send_small(tensor, self.ranks[dst], tag, self.context,
-                                               label or self.purpose)):
+        if fast_paths.send(self, tensor, dst, tag, label):
             return
         self.isend(tensor, dst, tag, label=label).wait(timeout)
 
@@ -227,10 +226,7 @@ class ProcessGroup:
              timeout=_DEFAULT) -> int:
         """Receive into ``tensor`` in place (torch style); returns the sender's rank.
         ``src=None`` takes any sender, ``tag=None`` any tag."""
-        if (type(tensor) is np.ndarray and type(src) is int and type(tag) is int
-                and 0 <= src < self.size and src != self.rank >= 0 and 0 <= tag <= MAX_TAG
-                and self._transport.recv_small(tensor, self.ranks[src], tag, self.context,
-                                               label or self.purpose)):
+        if fast_paths.recv(self, tensor, src, tag, label):
             return src
         request = self.irecv(tensor, src, tag, label=label)
         request.wait(timeout)
@@ -268,10 +264,7 @@ class ProcessGroup:
         (``np.add(tensor, incoming, out=tensor)`` for SUM), reading the incoming
         bytes where the transport holds them: no temporary of the message's size.
         Cost: alpha + nbytes * (beta + gamma). Returns the sender's rank."""
-        if (type(tensor) is np.ndarray and type(src) is int and type(tag) is int
-                and 0 <= src < self.size and src != self.rank >= 0 and 0 <= tag <= MAX_TAG
-                and self._transport.recv_small(tensor, self.ranks[src], tag, self.context,
-                                               label or self.purpose, ufunc_of(op))):
+        if fast_paths.recv(self, tensor, src, tag, label, op):
             return src
         request = self.irecv_reduce(tensor, src, op, tag, label=label)
         request.wait(timeout)

@@ -2,8 +2,9 @@
 
 * Rendezvous (transport/cma.py): a message bigger than the ring is read
   straight out of the sender's memory, copied or combined block by block.
-* Shared slots (transport/shared_slots.py): the one-shot all_reduce of small
-  arrays without messages, and the fast lane that reaches it.
+* Shared slots (transport/shared_slots.py, used by distributed/fast_paths.py):
+  the one-shot all_reduce of small arrays without messages, and the fast
+  lane that reaches it.
 
 Each world size runs all its cases in one launch; each test also checks that
 the shortcut really ran (so it cannot pass by taking the ordinary road).
@@ -11,18 +12,14 @@ the shortcut really ran (so it cannot pass by taking the ordinary road).
 
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 import pytest
 
 import minidist
 import minidist.distributed as dist
+from minidist.distributed import fast_paths
 from minidist.distributed.transport import cma, memcopy, shared_slots
 from minidist.distributed.world import current
-
-# (the package exports the function all_reduce under the module's name)
-all_reduce_module = importlib.import_module("minidist.distributed.collectives.all_reduce")
 
 BIG = 5 << 20  # bytes: more than the 4 MiB ring of a small world
 
@@ -193,7 +190,7 @@ def _slot_cases():
     x = np.full(10, rank + 1.0)
     dist.all_reduce(x, algorithm="one_shot", async_op=True).wait()
     assert np.all(x == n * (n + 1) / 2)
-    return len(slots._last), len(all_reduce_module._LANES)
+    return len(slots._last), len(fast_paths.LANES)
 
 
 def test_one_shot_through_shared_slots_matches_rank_order_sums():

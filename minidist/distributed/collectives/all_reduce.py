@@ -51,11 +51,11 @@ import math
 import numpy as np
 
 from minidist import trace as _trace
+from minidist.distributed import fast_paths
 from minidist.distributed.collectives import broadcast as _broadcast
 from minidist.distributed.collectives import call
 from minidist.distributed.collectives import reduce as _reduce
 from minidist.distributed.collectives.chunks import largest_power_of_two, split
-from minidist.distributed.collectives.comm import SEQ_SHIFT
 from minidist.distributed.collectives.halving import fold_in as _fold_in
 from minidist.distributed.collectives.halving import fold_out as _fold_out
 from minidist.distributed.collectives.halving import real_rank as _real_rank
@@ -283,36 +283,20 @@ def one_shot(comm, buffer):
     bytes per rank instead of the ring's 2 (n-1)/n N, so it loses as soon as
     the array is big.
 
-    On the shm transport (tracing off) there are no messages at all: each
-    rank writes its array once into its slot of shared memory and every rank
-    reads all the slots (:mod:`minidist.distributed.transport.shared_slots`),
-    which saves most of a message's Python cost.
+    The exchange is one point-to-point step, :meth:`~.comm.Comm.exchange_with_all`
+    (n - 1 isends and irecvs; on one machine the fast paths serve it through
+    shared memory, see :mod:`minidist.distributed.fast_paths`).
 
     Cost: slots_alpha + N beta + (n - 1) N gamma if shared
     else (n - 1) (alpha + N xbeta) + (n - 1) N gamma; shared: the array fits
     the slots, slots_alpha: their small latency.
     """
-    shared = comm.shared_all_reduce(buffer)
-    if shared is not None:
-        yield from shared
-        return
-    n, rank = comm.size, comm.rank
-    to = [(rank + step) % n for step in range(1, n)]
-    since = [(rank - step) % n for step in range(1, n)]  # the order the others send to us
-    arrays = [None] * n
-    arrays[rank] = buffer
-    for peer in since:
-        arrays[peer] = comm.scratch(buffer)
     comm.at(0, "exchange")
-    yield ([comm.isend(buffer, peer, f"whole array to {peer}") for peer in to]
-           + [comm.irecv(arrays[peer], peer, f"whole array from {peer}", combined_into=buffer)
-              for peer in since])
-    # The sum in rank order, into rank 0's array (ours, or the copy we received).
-    total = arrays[0]
-    for index in range(1, n):
-        comm.combine(total, arrays[index])
-    if total is not buffer:
-        buffer[...] = total
+    arrays = yield from comm.exchange_with_all(buffer, "whole array")
+    # ((x0 + x1) + x2) + ...: the same n arrays in the same order on every rank.
+    comm.combine(arrays[0], arrays[1], out=buffer)
+    for array in arrays[2:]:
+        comm.combine(buffer, array)
 
 
 # --------------------------------------------------------------------------- double binary tree
@@ -483,8 +467,8 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
     on its ``test()`` and finishes on ``wait()``.
     """
     group = call.group_of(group)
-    if not async_op and type(tensor) is np.ndarray:
-        lane = _LANES.get((group, tensor.dtype, tensor.shape, op, algorithm))
+    if not async_op and type(tensor) is np.ndarray:  # a repeat of a one-shot call: see fast_paths
+        lane = fast_paths.LANES.get((group, tensor.dtype, tensor.shape, op, algorithm))
         if lane is not None and tensor.flags.c_contiguous and tensor.flags.writeable \
                 and not _trace.enabled():
             return lane(tensor)
@@ -497,8 +481,9 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
     comm = call.start("all_reduce", group, algorithm, nbytes=flat.nbytes, op=op, ufunc=ufunc,
                       dtype=flat.dtype, count=flat.size, buffer=flat)
     if comm.algorithm == "one_shot" and not async_op and not copied \
-            and type(tensor) is np.ndarray and comm.shared_all_reduce(flat) is not None:
-        _open_lane(group, tensor, op_in, algorithm, comm, ufunc, average)
+            and type(tensor) is np.ndarray:
+        fast_paths.open_lane(group, tensor, op_in, algorithm, comm, ufunc, average,
+                             call.finish_average)
 
     def finish():
         if average:
@@ -508,35 +493,3 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
 
     return call.execute(comm, ALGORITHMS[comm.algorithm](comm, flat), async_op,
                         finish if (average or copied) else None)
-
-
-# The fast lane. A small blocking all_reduce through the shared slots is a few
-# microseconds of work, and the general call (checks, the plan, a Comm, the
-# generator's driver) costs as much again. Once a call of one shape has gone
-# the general way, later calls of the same group, dtype, shape, op and
-# algorithm jump straight to the slots: same algorithm, same call numbering
-# and fingerprint, same bits. Traced runs and async calls always take the
-# general way.
-_LANES: dict = {}
-
-
-def _open_lane(group, tensor, op, algorithm, comm, ufunc, average) -> None:
-    if len(_LANES) > 256:
-        _LANES.clear()
-    book, size = comm.book, group.size
-    slots = comm.group.transport.shared_slots
-    ranks, channel, context = comm.group.ranks, comm.group.group_id, comm.group.context
-    base = comm.tag & ~(0xFF << SEQ_SHIFT)
-
-    def lane(array):
-        flat = array.reshape(-1)
-        number = book.seq
-        book.seq = number + 1
-        for requests in slots.all_reduce(flat, ufunc, ranks, channel, number,
-                                         base | (number & 0xFF) << SEQ_SHIFT, context):
-            for request in requests:
-                request.wait()
-        if average:
-            call.finish_average(flat, size)
-
-    _LANES[(group, tensor.dtype, tensor.shape, op, algorithm)] = lane

@@ -9,6 +9,9 @@ non-blocking point-to-point calls of a :class:`Comm`::
             yield [comm.isend(chunk_out, right, "step 0"),
                    comm.irecv_reduce(chunk_in, left, "step 0")]
 
+(plus one step made of them, :meth:`Comm.exchange_with_all`: every rank
+hands its array to every other, ``arrays = yield from
+comm.exchange_with_all(buffer)``, which the one-shot all_reduce is written on).
 Each ``yield`` hands back the requests that must finish before the
 algorithm may go on: one *step* of the algorithm. Who waits for them is up to
 the driver, which is what lets the same code run
@@ -35,7 +38,8 @@ between two ranks are told apart by their order, which every algorithm keeps
 the same on both sides.
 
 Messages are not the only witness. Ranks in different collectives may never
-exchange one (an all_reduce through shared slots sends none; a rank that
+exchange one (an all_reduce through shared slots, see
+:mod:`minidist.distributed.fast_paths`, sends none; a rank that
 returned early sends nothing at all), so a rank that sleeps in a collective
 also reads its peers' status records in the control block
 (:meth:`_Fingerprints.check_group`): a peer asleep in the same call number
@@ -50,6 +54,7 @@ import zlib
 import numpy as np
 
 from minidist import trace as _trace
+from minidist.distributed import fast_paths
 from minidist.distributed.reduce_op import ReduceOp
 from minidist.distributed.transport.base import _DEFAULT
 from minidist.runtime import control as ctl
@@ -240,7 +245,7 @@ class Comm:
     __slots__ = ("group", "rank", "size", "tag", "ufunc", "prefix", "tracing", "algorithm",
                  "book", "_charge_combine", "_byte_scale", "collective", "call", "step",
                  "phase", "buffer", "root", "_start", "_steps_seen", "yields", "_taken",
-                 "blocking")
+                 "blocking", "_after")
 
     def __init__(self, group, tag: int, ufunc, prefix: str, algorithm: str = "", book=None,
                  *, collective: str = "", call: int = 0, buffer=None, root=None):
@@ -270,6 +275,7 @@ class Comm:
         self._steps_seen = 0
         self.yields = 0  # steps this rank has finished (the drivers count them)
         self._taken = None
+        self._after = None  # see when_released
         self.blocking = True  # False for async_op (set by call.execute)
 
     def at(self, step: int, phase: str) -> None:
@@ -321,21 +327,45 @@ class Comm:
         return _Receive(self.group, array, source, self.tag,
                         self._label(label, array, "combine"), self.ufunc)
 
-    def shared_all_reduce(self, buffer: np.ndarray):
-        """The one-shot all_reduce through the transport's shared slots (a
-        generator of waits), or None where there are none: another transport,
-        an array too big for a slot, a group without a channel, tracing on (a
-        traced run sends the messages, so the trace shows them), or an async
-        call (several unfinished calls would compete for the two slots; as in
-        MPI, a blocking and a non-blocking call must not be matched with each
-        other). The sum, taken in the same rank order, has the same bits
-        either way."""
-        slots = getattr(self.group.transport, "shared_slots", None)
-        if slots is None or self.tracing or not self.blocking \
-                or not slots.usable(self.group.group_id, buffer.nbytes):
-            return None
-        return slots.all_reduce(buffer, self.ufunc, self.group.ranks, self.group.group_id,
-                                self.call, self.tag, self.group.context)
+    def exchange_with_all(self, buffer: np.ndarray, label: str = "whole array"):
+        """Hand ``buffer`` to every other rank and get every other rank's, in one
+        step. Use it as ``arrays = yield from comm.exchange_with_all(buffer)``:
+        ``arrays[r]`` is rank r's array, for every rank of the group (this
+        one's included, as a copy wherever combining into ``buffer`` could
+        overwrite it before it is read), so ``buffer`` is free to take a result.
+        Read the arrays, never write them; they are valid until the call ends.
+
+        Plainly n - 1 isends and n - 1 irecvs; on one machine the fast paths
+        may serve it through shared memory instead
+        (:func:`minidist.distributed.fast_paths.exchange_with_all`), with the
+        same arrays."""
+        shortcut = fast_paths.exchange_with_all(self, buffer)
+        if shortcut is not None:
+            return shortcut
+        return self._exchange_by_messages(buffer, label)
+
+    def _exchange_by_messages(self, buffer, label):
+        n, rank = self.size, self.rank
+        to = [(rank + step) % n for step in range(1, n)]
+        since = [(rank - step) % n for step in range(1, n)]  # the order the others send to us
+        arrays = [None] * n
+        for peer in since:
+            arrays[peer] = self.scratch(buffer)
+        if rank < 2:
+            arrays[rank] = buffer  # read by the first combine, before anything is written
+        else:
+            arrays[rank] = self.scratch(buffer)
+            np.copyto(arrays[rank], buffer)
+        yield ([self.isend(buffer, peer, f"{label} to {peer}") for peer in to]
+               + [self.irecv(arrays[peer], peer, f"{label} from {peer}", combined_into=buffer)
+                  for peer in since])
+        return arrays
+
+    def when_released(self, action) -> None:
+        """Run ``action()`` when the call ends (see :meth:`release`)."""
+        if self._after is None:
+            self._after = []
+        self._after.append(action)
 
     def scratch(self, like: np.ndarray) -> np.ndarray:
         """A flat array of ``like``'s dtype and size for this call alone.
@@ -353,7 +383,12 @@ class Comm:
         return array
 
     def release(self) -> None:
-        """Hand the call's scratch arrays back to the group (at the end of the call)."""
+        """Hand the call's scratch arrays back to the group (at the end of the
+        call), and run what :meth:`when_released` asked for."""
+        if self._after is not None:
+            after, self._after = self._after, None
+            for action in after:
+                action()
         if self._taken and self.book is not None:
             spare = self.book.spare
             for array in self._taken:
@@ -386,11 +421,12 @@ class Comm:
             return array.nbytes
         return round(array.nbytes * self._byte_scale)
 
-    def combine(self, array: np.ndarray, incoming: np.ndarray) -> None:
-        """``array = op(array, incoming)`` with the call's reduction, on this rank.
+    def combine(self, array: np.ndarray, incoming: np.ndarray, out=None) -> None:
+        """``array = op(array, incoming)`` with the call's reduction, on this rank
+        (into ``out`` instead of ``array`` if given).
         Use it (not the ufunc directly) for every local combine, so that the
         simulator can charge its N gamma."""
-        self.ufunc(array, incoming, out=array)
+        self.ufunc(array, incoming, out=array if out is None else out)
         if self._charge_combine is not None:
             self._charge_combine(array.nbytes)
 

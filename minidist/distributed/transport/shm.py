@@ -20,7 +20,9 @@ Two shortcuts. A message bigger than the whole ring goes by *rendezvous*:
 only its header and the sender's address travel through a slot, and the
 receiver copies the bytes straight out of the sender's memory (one copy, see
 :mod:`.cma`). And the one-shot all_reduce of small arrays uses a slots area
-of its own, with no messages at all (:mod:`.shared_slots`).
+of its own, with no messages at all (:mod:`.shared_slots`). When each is
+used, and the switch that turns them off, is in
+:mod:`minidist.distributed.fast_paths`.
 
 Waiting. A rank that must wait first spins for up to 200 microseconds
 (only when there are at least as many cores as ranks; with 8 ranks on 2 cores
@@ -499,6 +501,7 @@ class ShmTransport(Transport):
     # microseconds of Python per message. These two paths do the same work in
     # a few memoryview operations, and step aside (return False) whenever
     # anything is queued that the engine must order them with.
+    # Called only through minidist.distributed.fast_paths (send, recv).
 
     def send_small(self, array, dst, tag, context, label) -> bool:
         nbytes = array.nbytes

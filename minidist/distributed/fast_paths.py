@@ -1,0 +1,210 @@
+"""The fast paths: every shortcut minidist takes for speed, in one place, and one switch.
+
+None of them changes a result: each does the very same arithmetic, in the
+same order, as the plain road it stands in for, so the bits are identical
+with the fast paths on or off (``tests/test_fast_paths.py`` checks it). They
+exist because in Python the fixed cost of a call, not the bytes, is what a
+small message or a small all_reduce spends its time on. Read the algorithms
+in :mod:`~minidist.distributed.collectives` and the engine in
+:mod:`~minidist.distributed.transport.base` as if this module did not exist;
+then read this module to see where the microseconds went.
+
+The switch. ``MINIDIST_FAST_PATHS=0`` in the environment (read at import,
+so set it before starting a run: the workers inherit it) turns all three
+off; so does :func:`enabled` ``(False)``, or ``with fast_paths.disabled():``
+for a stretch of code. Switch on every rank at the same point of the program
+(between collectives): two ranks must agree on how one all_reduce exchanges
+its arrays. Compare, on 2 ranks and shm (``benchmarks/bench_revisions.py``
+times the same three things)::
+
+    MINIDIST_FAST_PATHS=0 minidist run -n 2 my_script.py
+
+**1. Small messages** (:func:`send`, :func:`recv`; the mechanism is
+:meth:`~minidist.distributed.transport.shm.ShmTransport.send_small` and
+``recv_small``). A blocking send or receive of a small array between two
+ranks with nothing else queued skips the progress engine (request objects,
+matching lists, sinks): it writes or reads the message in its ring slot
+straight away, in the same format, so the other side may take either road.
+The argument checks of :class:`~minidist.distributed.process_group.ProcessGroup`
+are also skipped when the arguments are plainly right (the guard below).
+Measured: a 4 KiB ping-pong on shm, about 3.2 us one way (benchmarks/README.md,
+"Before and after a change"), against tens of microseconds of Python per
+message through the engine.
+
+**2. Shared slots for the one-shot exchange** (:func:`exchange_with_all`;
+the mechanism is :mod:`~minidist.distributed.transport.shared_slots`). The
+one-shot all_reduce is written on one point-to-point step,
+``comm.exchange_with_all(buffer)``: hand my whole array to every other rank,
+get every other rank's. Plainly that is n - 1 isends and n - 1 irecvs. When
+the ranks share memory (shm, a world of at most 16, a group among the first
+few, an array of at most 32 KiB, a blocking call, tracing off) each rank
+instead writes its array once into its own shared slot and reads the
+others' slots where they lie: no messages at all. The algorithm then
+combines the same n arrays in the same rank order either way. Each
+publication carries the call's fingerprint (its tag) and element count; a
+peer whose slot carries another is a :class:`CollectiveMismatchError` here,
+as a message with another tag is in the engine. While it waits, the rank's
+status record says "in a collective" with the call's tag, so the group's
+failure checks (``_Fingerprints.check_group``) see it as they see a rank
+waiting for messages. Measured: 4 KiB all_reduce on 2 ranks, one_shot
+through shared slots 13-16 us against MPICH's 9 us, by the general call
+(benchmarks/README.md, "all_reduce after rendezvous and shared slots").
+
+**3. The one-shot lane** (:func:`open_lane`, :data:`LANES`). Even through
+the slots, the general call (argument checks, the plan, a Comm, the
+generator's driver) costs as much again as the exchange. Once a blocking
+call of one shape has gone the general way through the slots, later calls
+of the same group, dtype, shape, op and algorithm jump straight from
+``all_reduce()`` to the slots and the combine: same call numbering and
+fingerprint, same rank order, same bits. Measured: the 4 KiB all_reduce on 2
+ranks, about 4.9 us (benchmarks/README.md, "Before and after a change").
+Traced runs, async calls and strided or read-only arrays never take it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import numpy as np
+
+from minidist.distributed.reduce_op import ufunc_of
+from minidist.runtime.errors import CollectiveMismatchError
+
+_MAX_TAG = 2**31 - 1  # process_group.MAX_TAG
+
+_on = os.environ.get("MINIDIST_FAST_PATHS", "1").strip().lower() not in ("0", "off", "false",
+                                                                         "no")
+
+
+def enabled(on: bool | None = None) -> bool:
+    """Whether the fast paths are on; ``enabled(False)`` turns them all off,
+    ``enabled(True)`` back on (in this process; call it on every rank at the
+    same point). Returns the setting in force before the call."""
+    global _on
+    before = _on
+    if on is not None:
+        _on = bool(on)
+        if not _on:
+            LANES.clear()
+    return before
+
+
+@contextlib.contextmanager
+def disabled():
+    """``with fast_paths.disabled():`` runs its body the plain way."""
+    before = enabled(False)
+    try:
+        yield
+    finally:
+        enabled(before)
+
+
+# --------------------------------------------------------------------------- 1. small messages
+
+
+def send(group, tensor, dst, tag, label) -> bool:
+    """Send ``tensor`` to group rank ``dst`` at once if the arguments are
+    plainly right and the transport has a fast path for it; False: take the
+    plain road (checks, then ``isend``)."""
+    return (_on and type(tensor) is np.ndarray and type(dst) is int and type(tag) is int
+            and 0 <= dst < group.size and dst != group.rank >= 0 and 0 <= tag <= _MAX_TAG
+            and group._transport.send_small(tensor, group.ranks[dst], tag, group.context,
+                                            label or group.purpose))
+
+
+def recv(group, tensor, src, tag, label, op=None) -> bool:
+    """Receive into ``tensor`` (or combine into it with ``op``) from group
+    rank ``src`` at once, or after a short spin, if the arguments are plainly
+    right and the transport has a fast path; False: take the plain road."""
+    return (_on and type(tensor) is np.ndarray and type(src) is int and type(tag) is int
+            and 0 <= src < group.size and src != group.rank >= 0 and 0 <= tag <= _MAX_TAG
+            and group._transport.recv_small(tensor, group.ranks[src], tag, group.context,
+                                            label or group.purpose,
+                                            None if op is None else ufunc_of(op)))
+
+
+# --------------------------------------------------------------------------- 2. shared slots
+
+
+def exchange_with_all(comm, buffer):
+    """``comm.exchange_with_all(buffer)`` through the transport's shared slots
+    (a generator, as the plain one), or None where they do not apply: another
+    transport, an array too big for a slot, a group without a channel, tracing
+    on (a traced run sends the messages, so the trace shows them), or an async
+    call (several unfinished calls would compete for the two slots; as in MPI,
+    a blocking and a non-blocking call must not be matched with each other)."""
+    if not _on:
+        return None
+    slots = getattr(comm.group.transport, "shared_slots", None)  # (the simulator has none)
+    if slots is None or comm.tracing or not comm.blocking \
+            or not slots.usable(comm.group.group_id, buffer.nbytes):
+        return None
+    return _through_slots(comm, slots, buffer)
+
+
+def _through_slots(comm, slots, buffer):
+    group, call, tag = comm.group, comm.call, comm.tag
+    plan = slots.plan(group.ranks, group.group_id, buffer.dtype, buffer.size)
+    slots.publish(plan, buffer, call, tag, group.context)
+    arrays, odd = slots.collect(plan, call, tag, buffer.size, group.context, buffer.nbytes)
+    if odd is not None:
+        raise _mismatch(slots.rank, call, tag, buffer, odd, comm.book)
+    comm.when_released(lambda: slots.done_reading(plan, call))
+    return arrays
+    yield  # a generator that never yields: it waits in place (blocking calls only)
+
+
+def _mismatch(me, call, tag, flat, odd, book) -> CollectiveMismatchError:
+    """A peer's slot holds another call's array (its tag or count differs)."""
+    peer, their_tag, their_count = odd
+    return CollectiveMismatchError(
+        f"rank {me}: collective mismatch in call {call} of this group: rank {me} is in "
+        f"{book._what(tag)} with {flat.size} {flat.dtype} elements (the one-shot "
+        f"all_reduce's exchange through shared slots), but rank {peer} published "
+        f"{their_count} elements for {book._what(their_tag)}. Every rank of a group must "
+        "make the same collective calls, in the same order, with the same count, dtype, op "
+        "and algorithm.")
+
+
+# --------------------------------------------------------------------------- 3. the lane
+
+#: (group, dtype, shape, op, algorithm) -> the lane of blocking all_reduces of that shape.
+LANES: dict = {}
+
+
+def open_lane(group, tensor, op, algorithm, comm, ufunc, average, finish_average) -> None:
+    """After a blocking one_shot all_reduce of ``tensor``'s shape went the
+    general way (``comm`` its call), let the next ones of the same shape jump
+    to the slots. Does nothing where the slots do not apply."""
+    slots = getattr(group.transport, "shared_slots", None)
+    if not _on or slots is None or comm.tracing \
+            or not slots.usable(comm.group.group_id, tensor.nbytes):
+        return
+    from minidist.distributed.collectives.comm import SEQ_SHIFT
+
+    if len(LANES) > 256:
+        LANES.clear()
+    book, size = comm.book, group.size
+    context = comm.group.context
+    plan = slots.plan(comm.group.ranks, comm.group.group_id, tensor.dtype, tensor.size)
+    base = comm.tag & ~(0xFF << SEQ_SHIFT)
+
+    def lane(array):
+        flat = array.reshape(-1)
+        number = book.seq
+        book.seq = number + 1
+        tag = base | (number & 0xFF) << SEQ_SHIFT
+        slots.publish(plan, flat, number, tag, context)
+        arrays, odd = slots.collect(plan, number, tag, flat.size, context, flat.nbytes)
+        if odd is not None:
+            raise _mismatch(slots.rank, number, tag, flat, odd, book)
+        # one_shot's combine: all n arrays in rank order, the same bits on every rank.
+        ufunc(arrays[0], arrays[1], out=flat)
+        for other in arrays[2:]:
+            ufunc(flat, other, out=flat)
+        slots.done_reading(plan, number)
+        if average:
+            finish_average(flat, size)
+
+    LANES[(group, tensor.dtype, tensor.shape, op, algorithm)] = lane

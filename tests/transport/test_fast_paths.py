@@ -1,0 +1,137 @@
+"""The fast paths (minidist/distributed/fast_paths.py) change speed, never bits.
+
+Each transport runs the same all_reduces, sends and receives twice in one
+launch, with the fast paths on and then switched off inside the workers,
+and compares the bytes; counters on the transport's shortcuts show that
+"on" took them (on shm) and "off" took none.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import minidist
+import minidist.distributed as dist
+from minidist.distributed import fast_paths
+from minidist.distributed.world import current
+
+pytestmark = pytest.mark.timeout(180)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _data(rank: int, count: int, dtype, salt: int) -> np.ndarray:
+    rng = np.random.default_rng(1000 * rank + salt)
+    if np.dtype(dtype).kind == "f":
+        return rng.standard_normal(count).astype(dtype)
+    return rng.integers(-1000, 1000, count).astype(dtype)
+
+
+def _cases() -> list[bytes]:
+    """Every result this rank gets, as bytes, in a fixed order."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    out = []
+    for dtype in (np.float32, np.float64, np.int32):
+        for count in (1, 7, 1000, 5000, 20000):  # the last is too big for a slot
+            for algorithm in ("one_shot", "ring", "recursive_doubling", "auto"):
+                for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX):
+                    for _ in range(3):  # the first one-shot call opens the lane
+                        x = _data(rank, count, dtype, count)
+                        dist.all_reduce(x, op=op, algorithm=algorithm)
+                        out.append(x.tobytes())
+    x = _data(rank, 100, np.float64, 1)
+    dist.all_reduce(x, op=dist.ReduceOp.AVG, algorithm="one_shot")
+    out.append(x.tobytes())
+    group = dist.new_group([0, 1])
+    if rank in group.ranks:
+        x = _data(rank, 64, np.float32, 2)
+        dist.all_reduce(x, group=group, algorithm="one_shot")
+        out.append(x.tobytes())
+    # point to point around the ring: send, isend, recv, recv_reduce
+    right, left = (rank + 1) % n, (rank - 1) % n
+    for count in (0, 3, 1024, 100_000):
+        mine = _data(rank, count, np.float32, 3)
+        got = np.empty(count, np.float32)
+        if rank % 2 == 0:
+            dist.send(mine, right)
+            dist.recv(got, left)
+        else:
+            dist.recv(got, left)
+            dist.send(mine, right)
+        out.append(got.tobytes())
+        total = _data(rank, count, np.float32, 4)
+        request = dist.isend(mine, right)
+        current().group.recv_reduce(total, left)
+        request.wait()
+        out.append(total.tobytes())
+    return out
+
+
+def _on_and_off():
+    transport = current().transport
+    taken = {"send_small": 0, "recv_small": 0, "publish": 0}
+
+    def counting(name, function):
+        def wrapper(*args, **kwargs):
+            result = function(*args, **kwargs)
+            if result is not False:
+                taken[name] += 1
+            return result
+        return wrapper
+
+    transport.send_small = counting("send_small", transport.send_small)
+    transport.recv_small = counting("recv_small", transport.recv_small)
+    if transport.shared_slots is not None:
+        slots = transport.shared_slots
+        slots.publish = counting("publish", slots.publish)
+    assert fast_paths.enabled()
+    on = _cases()
+    taken_on = dict(taken)
+    taken.update(dict.fromkeys(taken, 0))
+    dist.barrier()
+    with fast_paths.disabled():
+        assert not fast_paths.LANES
+        off = _cases()
+        lanes_off = len(fast_paths.LANES)
+    assert fast_paths.enabled()
+    return on == off, len(on), taken_on, dict(taken), lanes_off
+
+
+@pytest.mark.parametrize("transport", ["shm", "pipe"])
+def test_fast_paths_on_and_off_give_the_same_bits(transport):
+    results = minidist.launch(_on_and_off, world_size=3, transport=transport)
+    for rank, (same, cases, taken_on, taken_off, lanes_off) in enumerate(results):
+        assert same, rank
+        assert cases > 300
+        assert taken_off == {"send_small": 0, "recv_small": 0, "publish": 0}, rank
+        assert lanes_off == 0
+        if transport == "shm":  # the shortcuts ran when on
+            assert taken_on["send_small"] > 0 and taken_on["recv_small"] > 0, taken_on
+            assert taken_on["publish"] > 0, taken_on
+
+
+def test_the_environment_switch_is_read_at_import():
+    code = "from minidist.distributed import fast_paths; print(fast_paths.enabled())"
+    for value, expected in (("0", "False"), ("1", "True"), (None, "True")):
+        env = dict(os.environ, PYTHONPATH=ROOT)
+        env.pop("MINIDIST_FAST_PATHS", None)
+        if value is not None:
+            env["MINIDIST_FAST_PATHS"] = value
+        result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                                text=True, timeout=60, check=True)
+        assert result.stdout.strip() == expected, value
+
+
+def test_enabled_says_the_setting_before_and_disabled_restores_it():
+    assert fast_paths.enabled()
+    with fast_paths.disabled():
+        assert not fast_paths.enabled()
+        assert fast_paths.enabled(True) is False
+        assert fast_paths.enabled()
+        fast_paths.enabled(False)
+    assert fast_paths.enabled()
