@@ -22,7 +22,7 @@ from minidist.distributed.world import current
 
 pytestmark = pytest.mark.timeout(180)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _data(rank: int, count: int, dtype, salt: int) -> np.ndarray:

@@ -367,6 +367,11 @@ class Comm:
             self._after = []
         self._after.append(action)
 
+    def tag_of_call(self, number: int) -> int:
+        """The tag call ``number`` of this group would carry with this call's
+        fingerprint (the fast paths' lane numbers its calls itself)."""
+        return (self.tag & ~(0xFF << SEQ_SHIFT)) | (number & 0xFF) << SEQ_SHIFT
+
     def scratch(self, like: np.ndarray) -> np.ndarray:
         """A flat array of ``like``'s dtype and size for this call alone.
 
