@@ -1,0 +1,27 @@
+"""The simulator, the sim transport and the pipeline planner give, bit for
+bit, the times and schedules frozen before their clocks were merged into one
+(tests/virtual_clock_frozen.json; see tests/virtual_clock_grid.py)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests import virtual_clock_grid
+
+FROZEN = json.loads((Path(__file__).parent / "virtual_clock_frozen.json").read_text())
+
+
+def _differences(now: dict, frozen: dict) -> list[str]:
+    missing = sorted(set(frozen) ^ set(now))
+    changed = sorted(key for key in set(frozen) & set(now) if now[key] != frozen[key])
+    return ([f"{key}: only in one of the grids" for key in missing]
+            + [f"{key}: {now[key]} != frozen {frozen[key]}" for key in changed])
+
+
+@pytest.mark.parametrize("grid", ["simulate", "schedules"])
+def test_results_are_the_frozen_ones(grid):
+    now = json.loads(json.dumps(getattr(virtual_clock_grid, f"{grid}_grid")()))
+    differences = _differences(now, FROZEN[grid])
+    assert not differences, f"{len(differences)} of {len(FROZEN[grid])} changed:\n" + \
+        "\n".join(differences[:20])
