@@ -19,9 +19,10 @@ def _differences(now: dict, frozen: dict) -> list[str]:
             + [f"{key}: {now[key]} != frozen {frozen[key]}" for key in changed])
 
 
-@pytest.mark.parametrize("grid", ["simulate", "schedules"])
-def test_results_are_the_frozen_ones(grid):
-    now = json.loads(json.dumps(getattr(virtual_clock_grid, f"{grid}_grid")()))
+@pytest.mark.parametrize("grid, compute", [("simulate", virtual_clock_grid.simulate_grid),
+                                           ("schedules", virtual_clock_grid.schedule_grid)])
+def test_results_are_the_frozen_ones(grid, compute):
+    now = json.loads(json.dumps(compute()))
     differences = _differences(now, FROZEN[grid])
     assert not differences, f"{len(differences)} of {len(FROZEN[grid])} changed:\n" + \
         "\n".join(differences[:20])
