@@ -26,3 +26,21 @@ def test_results_are_the_frozen_ones(grid, compute):
     differences = _differences(now, FROZEN[grid])
     assert not differences, f"{len(differences)} of {len(FROZEN[grid])} changed:\n" + \
         "\n".join(differences[:20])
+
+
+def test_the_clock_pieces():
+    from minidist.virtual_clock import BusyPort, RankClock, ReadyQueue, SerialPort, latest
+
+    clock = RankClock()
+    assert clock.advance(3) == (0, 3) and clock.wait_until(2) == (3, 3)
+    assert clock.wait_until(5) == (3, 5) and latest([clock, RankClock(7)]) == 7
+    port = SerialPort()
+    assert port.take(1.0, 2.0) == (1.0, 3.0) and port.take(0.0, 1.0, 0.5) == (3.0, 4.5)
+    busy = BusyPort()
+    assert [busy.book(t, 1.0) for t in (5.0, 0.0, 6.0, 0.5)] == [5.0, 0.0, 6.0, 1.0]
+    assert (busy.starts, busy.ends) == ([0.0, 5.0], [2.0, 7.0])  # touching slots merge
+    ready = ReadyQueue(3)
+    assert [ready.pop(), ready.pop()] == [0, 1]
+    ready.wake(0)
+    ready.wake(2)  # already queued: once only
+    assert [ready.pop(), ready.pop()] == [2, 0] and not ready

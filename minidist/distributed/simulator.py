@@ -18,7 +18,8 @@ ranks that have something new (a receive completed). When the queue is
 empty and some rank has not finished, that rank waits for a message nobody
 will send: the error names who waits for what.
 
-The virtual clock (see :mod:`~minidist.distributed.transport.sim`) follows
+The virtual clock (see :mod:`~minidist.virtual_clock` and
+:mod:`~minidist.distributed.transport.sim`) follows
 the cost model's single-port alpha-beta-gamma model, so on arrays that
 divide evenly the simulated time equals the formula of
 :mod:`minidist.costmodel`; where they differ, the simulation shows what the
@@ -42,7 +43,6 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -70,6 +70,7 @@ from minidist.distributed.process_group import ProcessGroup
 from minidist.distributed.reduce_op import ReduceOp
 from minidist.distributed.transport.sim import SimNetwork, SimulationStallError
 from minidist.runtime.errors import DistributedError
+from minidist.virtual_clock import ReadyQueue
 
 MEMORY_BUDGET = 16 << 20
 """Real bytes (all ranks together) up to which arrays are simulated at their true size."""
@@ -403,21 +404,13 @@ def drive(network: SimNetwork, works, what: str = "the simulation") -> None:
     if len(works) != world_size:
         raise ValueError(f"drive needs one Work per rank: {world_size} ranks, "
                          f"{len(works)} works")
-    ready = deque(range(world_size))
-    queued = bytearray(b"\x01") * world_size
-
-    def wake(rank: int) -> None:
-        if not queued[rank]:
-            queued[rank] = 1
-            ready.append(rank)
-
-    network.on_ready = wake
+    ready = ReadyQueue(world_size)
+    network.on_ready = ready.wake
     finished = bytearray(world_size)
     remaining = world_size
     try:
         while ready:
-            rank = ready.popleft()
-            queued[rank] = 0
+            rank = ready.pop()
             if finished[rank]:
                 continue
             try:

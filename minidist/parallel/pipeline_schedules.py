@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from minidist import trace as _trace
+from minidist.virtual_clock import RankClock
 
 FORWARD = "forward"
 BACKWARD = "backward"
@@ -363,7 +364,8 @@ def simulate_schedule(schedule: Schedule, forward_time: float = 1.0, backward_ti
                       transfer_time: float = 0.0, *, recompute: bool = False,
                       optimizer_time: float = 0.0, message_bytes: int = 0,
                       activation_bytes: int = 0) -> list[dict]:
-    """Run ``schedule`` on a virtual clock and return its trace events.
+    """Run ``schedule`` on a virtual clock (:mod:`minidist.virtual_clock`'s,
+    one per rank, in ticks) and return its trace events.
 
     Every action takes a fixed time: a forward ``forward_time``, a backward
     ``backward_time`` (preceded by a recomputation "R" of ``forward_time``
@@ -407,7 +409,7 @@ def simulate_schedule(schedule: Schedule, forward_time: float = 1.0, backward_ti
              "step": to_ticks("optimizer_time", optimizer_time)}
     ranks, total_stages = schedule.stages, schedule.total_stages
     where = [0] * ranks
-    clock = [0] * ranks
+    clocks = [RankClock(0) for _ in range(ranks)]   # in ticks of UNIT_NS ns
     live = [0] * ranks
     forwarded = [set() for _ in range(ranks)]        # (mb, chunk) with activations held
     inputs = [set() for _ in range(ranks)]           # ("act"|"grad", mb, chunk) at hand
@@ -426,9 +428,8 @@ def simulate_schedule(schedule: Schedule, forward_time: float = 1.0, backward_ti
             stage, 0, 0, 0, live[rank] * activation_bytes, live[rank])))
 
     def compute(rank, letter, action, ticks_):
-        start = clock[rank]
-        clock[rank] += ticks_
-        events.append(_event(rank, "compute", start, clock[rank], compute_label(
+        start, end = clocks[rank].advance(ticks_)
+        events.append(_event(rank, "compute", start, end, compute_label(
             letter, action.microbatch, action.chunk,
             schedule.stage_of(rank, action.chunk), action.phase)))
 
@@ -447,9 +448,8 @@ def simulate_schedule(schedule: Schedule, forward_time: float = 1.0, backward_ti
             if source != rank and action.peer != source:
                 fail(rank, index, action, f"the message comes from rank {source}, "
                                           f"not {action.peer}")
-            start = clock[rank]
-            clock[rank] = max(start, arrival)
-            events.append(_event(rank, "recv", start, clock[rank], message_label(kind, mb),
+            start, end = clocks[rank].wait_until(arrival)
+            events.append(_event(rank, "recv", start, end, message_label(kind, mb),
                                  peer=source, nbytes=message_bytes, seq=seq,
                                  tag=message_tag(kind, mb, stage, total_stages)))
             inputs[rank].add((kind, mb, chunk))
@@ -470,7 +470,7 @@ def simulate_schedule(schedule: Schedule, forward_time: float = 1.0, backward_ti
             sent_keys.add(key)
             seq = seq_counter.get((rank, target_rank), 0)
             seq_counter[(rank, target_rank)] = seq + 1
-            start = clock[rank]
+            start = clocks[rank].clock  # a send never waits: the rank goes on at once
             events.append(_event(rank, "send", start, start + ticks["T"],
                                  message_label(kind, mb), peer=target_rank,
                                  nbytes=message_bytes, seq=seq,
@@ -490,7 +490,7 @@ def simulate_schedule(schedule: Schedule, forward_time: float = 1.0, backward_ti
             if ranks == 1 and stage < total_stages - 1:
                 inputs[rank].add(("act", mb, chunk + 1))
             live[rank] += 1
-            memory(rank, clock[rank])
+            memory(rank, clocks[rank].clock)
         elif action.kind == BACKWARD:
             if (mb, chunk) not in forwarded[rank]:
                 fail(rank, index, action, "runs before its forward")
@@ -505,15 +505,13 @@ def simulate_schedule(schedule: Schedule, forward_time: float = 1.0, backward_ti
             if ranks == 1 and stage > 0:
                 inputs[rank].add(("grad", mb, chunk - 1))
             live[rank] -= 1
-            memory(rank, clock[rank])
+            memory(rank, clocks[rank].clock)
         elif action.kind == OPTIMIZER_STEP:
             if forwarded[rank]:
                 fail(rank, index, action, "steps with micro-batches still waiting for their "
                                           "backward")
-            start = clock[rank]
-            clock[rank] += ticks["step"]
-            events.append(_event(rank, "compute", start, clock[rank],
-                                 step_label(schedule.stage_of(rank))))
+            start, end = clocks[rank].advance(ticks["step"])
+            events.append(_event(rank, "compute", start, end, step_label(schedule.stage_of(rank))))
         else:
             fail(rank, index, action, f"unknown kind {action.kind!r}; kinds are {KINDS}")
         where[rank] += 1
