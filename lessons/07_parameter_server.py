@@ -37,7 +37,8 @@
 # 5. the MLP on the digits through a sharded PS;
 # 6. how long BSP workers sit idle, read from the trace.
 #
-# The library code is `minidist/parallel/parameter_server.py`; its
+# The library code is `minidist/parallel/parameter_server.py` (the examples
+# below: `minidist/examples/parameter_server.py`); its
 # docstring says the same things in more detail.
 
 # %%
@@ -49,18 +50,16 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, trace
 from minidist.data import load_digits, make_linear_regression
-from minidist.lesson import output_dir, quick, use_headless_matplotlib
-from minidist.parallel.parameter_server import (
+from minidist.examples.parameter_server import (
     digits_accuracy,
     digits_mlp,
-    flat_parameters,
     linear_regression_gradient,
-    load_flat_parameters,
-    shard_ranges,
     split_rows,
     train_linear_regression,
     train_mlp_on_digits,
 )
+from minidist.lesson import output_dir, quick, use_headless_matplotlib
+from minidist.parallel.parameter_server import flat_parameters, load_flat_parameters, shard_ranges
 
 use_headless_matplotlib()
 import matplotlib.pyplot as plt  # noqa: E402

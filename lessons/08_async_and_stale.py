@@ -41,16 +41,14 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, trace
 from minidist.data import load_digits, make_sparse_logistic
+from minidist.examples.parameter_server import digits_accuracy, digits_mlp, split_rows
 from minidist.lesson import output_dir, quick, use_headless_matplotlib
 from minidist.parallel import delayed_proximal as d2p
 from minidist.parallel import hogwild
 from minidist.parallel.parameter_server import (
     ParameterServer,
-    digits_accuracy,
-    digits_mlp,
     flat_parameters,
     load_flat_parameters,
-    split_rows,
 )
 from minidist.tensor import no_grad
 

@@ -110,7 +110,7 @@ def _add_display_arguments(parser) -> None:
 
 
 def _cmd_run(args) -> int:
-    from minidist.distributed.launch import run_command
+    from minidist.commands import run_command
 
     return run_command(args)
 
@@ -125,7 +125,7 @@ def _cmd_bench(args) -> int:
 
 
 def _cmd_simulate(args) -> int:
-    from minidist.distributed.simulator import simulate_command
+    from minidist.commands import simulate_command
 
     return simulate_command(args)
 

@@ -2,7 +2,7 @@
 
 N processes: S servers, each owning one key range of the digits' MLP
 (64-32-10), and N - S workers training it by push and pull
-(:func:`~minidist.parallel.parameter_server.train_mlp_on_digits`), with the
+(:func:`~minidist.examples.parameter_server.train_mlp_on_digits`), with the
 consistency ``--mode`` (bsp, ssp, async, drop; ``--tau`` for ssp and drop).
 The last worker is a straggler: it sleeps a few milliseconds before every
 gradient, so that the modes differ visibly (in ssp the others run up to tau
@@ -37,16 +37,13 @@ from rich.table import Table
 import minidist
 from minidist import trace
 from minidist.data import load_digits
-from minidist.parallel.parameter_server import (
-    MODES,
-    Layout,
+from minidist.examples.parameter_server import (
     digits_accuracy,
     digits_mlp,
-    flat_parameters,
-    shard_ranges,
     split_rows,
     train_mlp_on_digits,
 )
+from minidist.parallel.parameter_server import MODES, Layout, flat_parameters, shard_ranges
 
 #: At most this many epochs (the demo parser's default, 20, is the tour's).
 MAX_EPOCHS = 10

@@ -117,13 +117,8 @@ def draw_timeline(trace, figure: Figure | None = None, *, max_events: int = MAX_
         notes.append(f"showing ranks {ranks[0]} to {ranks[max_ranks - 1]} of {len(ranks)}")
         ranks = ranks[:max_ranks]
     row_of = {rank: index for index, rank in enumerate(ranks)}
-
     height = min(2.0 + 0.55 * max(len(ranks), 1), 30.0)
-    if figure is None:
-        figure = Figure(figsize=(13.0, height), dpi=100)
-    if not isinstance(figure.canvas, FigureCanvasAgg):
-        FigureCanvasAgg(figure)
-    axis = figure.add_axes((0.08, 0.9 / height + 0.04, 0.9, 1 - (1.6 / height) - 0.04))
+    figure, axis = _figure_and_axis(figure, height)
     if not events:
         axis.text(0.5, 0.5, "this trace has no events", ha="center", va="center",
                   transform=axis.transAxes)
@@ -134,7 +129,37 @@ def draw_timeline(trace, figure: Figure | None = None, *, max_events: int = MAX_
     span = max(max(event["end"] for event in events) - origin, 1)
     unit, scale = _time_unit(span)
     shown = [event for event in events if event["rank"] in row_of]
+    many = len(shown) > max_events
+    by_rank_lane, labelled = _lanes(shown, origin, span, many, notes)
+    _draw_idle(axis, shown, row_of, origin, span, scale, many)
+    _draw_boxes(axis, by_rank_lane, row_of, span, scale)
+    _draw_labels(axis, labelled, row_of, span, scale)
+    messages = _draw_messages(axis, shown, row_of, origin, scale, max_arrows, notes)
+    _draw_axes(axis, ranks, span, scale, unit)
+    _draw_legend(axis)
+    transport = header.get("transport")
+    heading = title or (f"timeline: {len(ranks)} ranks, {len(shown):,} events, "
+                        f"{len(messages):,} messages" + (f" ({transport})" if transport else ""))
+    figure.text(0.08, 1 - 0.25 / height, heading, fontsize=11, weight="bold", va="top")
+    if notes:
+        figure.text(0.98, 1 - 0.25 / height, "; ".join(notes), fontsize=8, va="top",
+                    ha="right", color="#C85200")
+    return figure
 
+
+def _figure_and_axis(figure: Figure | None, height: float):
+    """A figure ``height`` inches tall (or the one given) and the timeline's axis on it."""
+    if figure is None:
+        figure = Figure(figsize=(13.0, height), dpi=100)
+    if not isinstance(figure.canvas, FigureCanvasAgg):
+        FigureCanvasAgg(figure)
+    axis = figure.add_axes((0.08, 0.9 / height + 0.04, 0.9, 1 - (1.6 / height) - 0.04))
+    return figure, axis
+
+
+def _lanes(shown, origin, span, many: bool, notes: list):
+    """The boxes of each (rank, lane), merged when there are ``many``, and the
+    labelled call and compute boxes: (rank, lane, start, end, text)."""
     by_rank_lane: dict[tuple[int, str], list[tuple[int, int]]] = defaultdict(list)
     labelled: list[tuple[int, str, int, int, str]] = []
     for event in shown:
@@ -144,13 +169,16 @@ def draw_timeline(trace, figure: Figure | None = None, *, max_events: int = MAX_
         text = _label_text(event.get("label", ""))
         if lane in ("calls", "compute") and text:
             labelled.append((event["rank"], lane, start, end, text))
-    many = len(shown) > max_events
     if many:
         gap = span / PIXELS
         by_rank_lane = {key: _merge(value, gap) for key, value in by_rank_lane.items()}
         notes.append(f"{len(shown):,} events: boxes closer than 1/{PIXELS} of the time axis "
                      "merged")
+    return by_rank_lane, labelled
 
+
+def _draw_idle(axis, shown, row_of, origin, span, scale, many: bool) -> None:
+    """Each rank's idle time, dotted, behind everything."""
     by_rank: dict[int, list[dict]] = defaultdict(list)
     for event in shown:
         by_rank[event["rank"]].append(event)
@@ -162,6 +190,8 @@ def draw_timeline(trace, figure: Figure | None = None, *, max_events: int = MAX_
                          edgecolor="#DDDDDD", hatch=".." if len(gaps) < 500 else None,
                          linewidth=0, zorder=0)
 
+
+def _draw_boxes(axis, by_rank_lane, row_of, span, scale) -> None:
     for (rank, lane), intervals in by_rank_lane.items():
         bottom, lane_height = LANES[lane]
         boxes = [(start / scale, max(end - start, span / PIXELS / 4) / scale)
@@ -170,6 +200,10 @@ def draw_timeline(trace, figure: Figure | None = None, *, max_events: int = MAX_
                          facecolor=COLORS[lane], edgecolor="none",
                          hatch=HATCHES[lane] if len(boxes) < 500 else None, zorder=2)
 
+
+def _draw_labels(axis, labelled, row_of, span, scale) -> None:
+    """The labels of the widest boxes (at most 200, none on a box narrower
+    than 5 % of the axis)."""
     minimum_width = span * 0.05
     texts = 0
     for rank, lane, start, end, text in sorted(labelled, key=lambda item: item[2] - item[3]):
@@ -181,6 +215,10 @@ def draw_timeline(trace, figure: Figure | None = None, *, max_events: int = MAX_
                   color="white" if lane == "compute" else "black")
         texts += 1
 
+
+def _draw_messages(axis, shown, row_of, origin, scale, max_arrows: int, notes: list) -> list:
+    """A line from each send's start to its receive's end (at most ``max_arrows``,
+    with heads when few); returns the messages between the shown ranks."""
     messages = [(send, recv) for send, recv in _trace.iter_messages(shown)
                 if recv is not None and recv["rank"] in row_of]
     every = max(1, -(-len(messages) // max_arrows))
@@ -203,7 +241,10 @@ def draw_timeline(trace, figure: Figure | None = None, *, max_events: int = MAX_
     else:
         axis.add_collection(LineCollection(segments, colors="#333333", linewidths=0.5,
                                            alpha=0.35, zorder=3))
+    return messages
 
+
+def _draw_axes(axis, ranks, span, scale, unit) -> None:
     axis.set_xlim(0, span / scale * 1.01)
     axis.set_ylim(len(ranks), 0)
     axis.set_yticks([row + 0.5 for row in range(len(ranks))])
@@ -214,6 +255,8 @@ def draw_timeline(trace, figure: Figure | None = None, *, max_events: int = MAX_
     for row in range(1, len(ranks)):
         axis.axhline(row, color="#BBBBBB", linewidth=0.6)
 
+
+def _draw_legend(axis) -> None:
     handles = [Patch(facecolor=COLORS[lane], hatch=HATCHES[lane], label=name)
                for lane, name in (("calls", "collective call / other span"),
                                   ("compute", "compute"), ("send", "send"),
@@ -223,14 +266,6 @@ def draw_timeline(trace, figure: Figure | None = None, *, max_events: int = MAX_
                          label="line: send start → recv end"))
     axis.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=6,
                 fontsize=8, frameon=False)
-    transport = header.get("transport")
-    heading = title or (f"timeline: {len(ranks)} ranks, {len(shown):,} events, "
-                        f"{len(messages):,} messages" + (f" ({transport})" if transport else ""))
-    figure.text(0.08, 1 - 0.25 / height, heading, fontsize=11, weight="bold", va="top")
-    if notes:
-        figure.text(0.98, 1 - 0.25 / height, "; ".join(notes), fontsize=8, va="top",
-                    ha="right", color="#C85200")
-    return figure
 
 
 def save_timeline(trace, path, dpi: int = 100, **options) -> str:

@@ -18,7 +18,8 @@ ranks that have something new (a receive completed). When the queue is
 empty and some rank has not finished, that rank waits for a message nobody
 will send: the error names who waits for what.
 
-The virtual clock (see :mod:`~minidist.distributed.transport.sim`) follows
+The virtual clock (see :mod:`~minidist.virtual_clock` and
+:mod:`~minidist.distributed.transport.sim`) follows
 the cost model's single-port alpha-beta-gamma model, so on arrays that
 divide evenly the simulated time equals the formula of
 :mod:`minidist.costmodel`; where they differ, the simulation shows what the
@@ -42,7 +43,6 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -70,6 +70,7 @@ from minidist.distributed.process_group import ProcessGroup
 from minidist.distributed.reduce_op import ReduceOp
 from minidist.distributed.transport.sim import SimNetwork, SimulationStallError
 from minidist.runtime.errors import DistributedError
+from minidist.virtual_clock import ReadyQueue
 
 MEMORY_BUDGET = 16 << 20
 """Real bytes (all ranks together) up to which arrays are simulated at their true size."""
@@ -403,21 +404,13 @@ def drive(network: SimNetwork, works, what: str = "the simulation") -> None:
     if len(works) != world_size:
         raise ValueError(f"drive needs one Work per rank: {world_size} ranks, "
                          f"{len(works)} works")
-    ready = deque(range(world_size))
-    queued = bytearray(b"\x01") * world_size
-
-    def wake(rank: int) -> None:
-        if not queued[rank]:
-            queued[rank] = 1
-            ready.append(rank)
-
-    network.on_ready = wake
+    ready = ReadyQueue(world_size)
+    network.on_ready = ready.wake
     finished = bytearray(world_size)
     remaining = world_size
     try:
         while ready:
-            rank = ready.popleft()
-            queued[rank] = 0
+            rank = ready.pop()
             if finished[rank]:
                 continue
             try:
@@ -449,120 +442,3 @@ def _stall_report(network, finished, what) -> str:
             "simulated ranks wait for messages that no rank will send (a deadlock: check "
             "that every receive has a matching send, posted in the same order on both "
             "sides).\n" + "\n".join(lines))
-
-
-# --------------------------------------------------------------------------- minidist simulate
-
-
-def _format_seconds(seconds: float) -> str:
-    if seconds == 0:
-        return "0 s"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9)):
-        if seconds >= scale or unit == "ns":
-            return f"{seconds / scale:.4g} {unit}"
-    return f"{seconds:g} s"
-
-
-def _format_bytes(nbytes: float) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.4g} {unit}"
-    return f"{nbytes:.4g} B"
-
-
-def _trace_path(path: str, algorithm: str, several: bool) -> str:
-    if not several:
-        return path
-    stem, suffix = os.path.splitext(path)
-    return f"{stem}.{algorithm}{suffix or '.jsonl'}"
-
-
-def simulate_command(args) -> int:
-    """``minidist simulate COLLECTIVE [--algorithm NAME|all] -n N --size 100MB
-    --alpha 5us --bandwidth 10GB/s [--gamma-bandwidth 10GB/s] [--trace FILE]``.
-
-    Simulates each chosen algorithm, prints a table of simulated time against
-    the cost model's prediction, and writes the traces if asked (one file per
-    algorithm when there are several: FILE with the algorithm's name inserted).
-    """
-    from rich.console import Console
-    from rich.table import Table
-
-    out = Console()
-    try:
-        collective = args.collective
-        if collective not in CALLS or collective not in ALGORITHMS:
-            known = sorted(name for name in ALGORITHMS if name in CALLS)
-            raise ValueError(f"cannot simulate {collective!r}; choose one of {known}")
-        names = list(ALGORITHMS[collective])
-        algorithms = names if args.algorithm in (None, "all") else [args.algorithm]
-        for name in algorithms:
-            if name not in names:
-                raise ValueError(f"{collective} has no algorithm {name!r}; choose one of "
-                                 f"{names} or 'all'")
-        if args.nproc < 1:
-            raise ValueError(f"-n must be at least 1, got {args.nproc}")
-        nbytes = costmodel.parse_size(args.size)
-        if nbytes < 0:
-            raise ValueError(f"--size must not be negative, got {args.size!r}")
-        alpha = costmodel.parse_time(args.alpha)
-        bandwidth = costmodel.parse_bandwidth(args.bandwidth)
-        gamma_bandwidth = (math.inf if str(args.gamma_bandwidth).strip().lower() == "inf"
-                           else costmodel.parse_bandwidth(args.gamma_bandwidth))
-        for flag, value in (("--alpha", alpha), ("--bandwidth", bandwidth),
-                            ("--gamma-bandwidth", gamma_bandwidth)):
-            if not value >= 0 or (flag != "--alpha" and value == 0):
-                raise ValueError(f"{flag} must be positive, got {value:g}")
-        dtype = np.dtype(args.dtype)
-        if dtype.hasobject or dtype.fields is not None or dtype.kind not in "biufc":
-            raise ValueError(f"--dtype {args.dtype!r}: choose a numeric dtype such as "
-                             "float32, float64, int32 or int64")
-        if CALLS[collective].rooted and not 0 <= args.root < args.nproc:
-            raise ValueError(f"--root {args.root} is out of range for -n {args.nproc}")
-        if args.trace:
-            folder = os.path.dirname(os.path.abspath(args.trace))
-            if not os.path.isdir(folder):
-                raise ValueError(f"--trace {args.trace}: the folder {folder} does not exist")
-    except (ValueError, TypeError) as error:
-        Console(stderr=True).print(f"minidist simulate: error: {error}", style="bold red",
-                                   markup=False, highlight=False, soft_wrap=True)
-        return 2
-
-    params = costmodel.Params(alpha=alpha, beta=1.0 / bandwidth,
-                              gamma=1.0 / gamma_bandwidth if math.isfinite(gamma_bandwidth)
-                              else 0.0)
-    size = f"N = {_format_bytes(nbytes)}; " if CALLS[collective].sized else ""
-    out.print(f"{collective} on {args.nproc:,} simulated ranks, {size}"
-              f"alpha {_format_seconds(alpha)}, links {_format_bytes(bandwidth)}/s, "
-              + (f"combining {_format_bytes(gamma_bandwidth)}/s"
-                 if math.isfinite(gamma_bandwidth) else "combining free"),
-              markup=False, highlight=False, soft_wrap=True)
-    table = Table()
-    table.add_column("algorithm")
-    table.add_column("simulated", justify="right")
-    table.add_column("cost model", justify="right")
-    table.add_column("messages", justify="right")
-    table.add_column("bytes moved", justify="right")
-    several = len(algorithms) > 1
-    results = []
-    written = []
-    for name in algorithms:
-        with out.status(f"simulating {collective} {name} on {args.nproc:,} ranks"):
-            result = simulate(collective, name, args.nproc, nbytes, alpha=params.alpha,
-                              beta=params.beta, gamma=params.gamma, dtype=dtype,
-                              root=args.root, trace=bool(args.trace))
-        results.append(result)
-        if args.trace:
-            path = _trace_path(args.trace, name, several)
-            written.append(f"trace of {name}: {result.write_trace(path):,} events in {path}")
-            result.events = None  # a 1,024-rank trace is large: keep one at a time
-    fastest = min(result.time for result in results)
-    for result in results:
-        style = "bold green" if several and result.time == fastest else None
-        table.add_row(result.algorithm, _format_seconds(result.time),
-                      "-" if result.predicted is None else _format_seconds(result.predicted),
-                      f"{result.messages:,}", _format_bytes(result.bytes), style=style)
-    out.print(table)
-    for line in written:
-        out.print(line, markup=False, highlight=False, soft_wrap=True)
-    return 0

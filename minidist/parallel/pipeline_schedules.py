@@ -44,10 +44,12 @@ Conventions of the data (shared with the drawings in ``viz/``):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
 from minidist import trace as _trace
+from minidist.virtual_clock import RankClock
 
 FORWARD = "forward"
 BACKWARD = "backward"
@@ -363,7 +365,8 @@ def simulate_schedule(schedule: Schedule, forward_time: float = 1.0, backward_ti
                       transfer_time: float = 0.0, *, recompute: bool = False,
                       optimizer_time: float = 0.0, message_bytes: int = 0,
                       activation_bytes: int = 0) -> list[dict]:
-    """Run ``schedule`` on a virtual clock and return its trace events.
+    """Run ``schedule`` on a virtual clock (:mod:`minidist.virtual_clock`'s,
+    one per rank, in ticks) and return its trace events.
 
     Every action takes a fixed time: a forward ``forward_time``, a backward
     ``backward_time`` (preceded by a recomputation "R" of ``forward_time``
@@ -389,154 +392,201 @@ def simulate_schedule(schedule: Schedule, forward_time: float = 1.0, backward_ti
     rank can go on, and ValueError when the schedule itself is wrong (a
     backward before its forward, a message sent twice, a send nobody receives).
     """
-    def to_ticks(name, value):
-        if not value >= 0:
-            raise ValueError(f"simulate_schedule: {name} must be >= 0, got {value!r}")
-        return int(round(value * UNIT_NS))
+    costs = _Costs(_cost("forward_time", forward_time), _cost("backward_time", backward_time),
+                   _ticks("transfer_time", transfer_time),
+                   _ticks("optimizer_time", optimizer_time))
+    run = _ScheduleRun(schedule, costs, recompute, message_bytes, activation_bytes)
+    run.run()
+    return run.events
 
-    def cost(name, value):
-        """Ticks of a compute action: a fixed cost, or one per (stage, micro-batch)."""
-        if callable(value):
-            return lambda stage, microbatch: to_ticks(name, value(stage, microbatch))
-        fixed = to_ticks(name, value)
-        return lambda stage, microbatch: fixed
 
-    forward_ticks = cost("forward_time", forward_time)
-    backward_ticks = cost("backward_time", backward_time)
-    ticks = {"T": to_ticks("transfer_time", transfer_time),
-             "step": to_ticks("optimizer_time", optimizer_time)}
-    ranks, total_stages = schedule.stages, schedule.total_stages
-    where = [0] * ranks
-    clock = [0] * ranks
-    live = [0] * ranks
-    forwarded = [set() for _ in range(ranks)]        # (mb, chunk) with activations held
-    inputs = [set() for _ in range(ranks)]           # ("act"|"grad", mb, chunk) at hand
-    in_flight: dict[tuple, tuple[int, int, int]] = {}  # (kind, mb, stage) -> (arrival, seq, src)
-    sent_keys = set()
-    seq_counter: dict[tuple[int, int], int] = {}
-    events: list[dict] = []
+def _ticks(name: str, value) -> int:
+    """A cost in whole ticks (ns)."""
+    if not value >= 0:
+        raise ValueError(f"simulate_schedule: {name} must be >= 0, got {value!r}")
+    return int(round(value * UNIT_NS))
 
-    def fail(rank, index, action, why):
-        raise ValueError(f"schedule {schedule.name!r}: rank {rank}, action {index} "
-                         f"({action}): {why}")
 
-    def memory(rank, time):
-        stage = schedule.stage_of(rank)
-        events.append(_event(rank, "memory", time, time, memory_label(
-            stage, 0, 0, 0, live[rank] * activation_bytes, live[rank])))
+def _cost(name: str, value):
+    """Ticks of a compute action: a fixed cost, or one per (stage, micro-batch)."""
+    if callable(value):
+        return lambda stage, microbatch: _ticks(name, value(stage, microbatch))
+    fixed = _ticks(name, value)
+    return lambda stage, microbatch: fixed
 
-    def compute(rank, letter, action, ticks_):
-        start = clock[rank]
-        clock[rank] += ticks_
-        events.append(_event(rank, "compute", start, clock[rank], compute_label(
-            letter, action.microbatch, action.chunk,
-            schedule.stage_of(rank, action.chunk), action.phase)))
 
-    def advance(rank) -> bool:
+@dataclass(frozen=True)
+class _Costs:
+    forward: Callable   # (stage, microbatch) -> ticks
+    backward: Callable  # (stage, microbatch) -> ticks
+    transfer: int
+    step: int
+
+
+class _ScheduleRun:
+    """One run of a schedule on the virtual clock: every rank's state, the
+    messages in flight, and the events so far (see :func:`simulate_schedule`)."""
+
+    def __init__(self, schedule: Schedule, costs: _Costs, recompute: bool,
+                 message_bytes: int, activation_bytes: int):
+        self.schedule, self.costs, self.recompute = schedule, costs, recompute
+        self.message_bytes, self.activation_bytes = message_bytes, activation_bytes
+        ranks = schedule.stages
+        self.ranks, self.total_stages = ranks, schedule.total_stages
+        self.where = [0] * ranks                                # next action of each rank
+        self.clocks = [RankClock(0) for _ in range(ranks)]      # in ticks of UNIT_NS ns
+        self.live = [0] * ranks
+        self.forwarded = [set() for _ in range(ranks)]   # (mb, chunk) with activations held
+        self.inputs = [set() for _ in range(ranks)]      # ("act"|"grad", mb, chunk) at hand
+        self.in_flight: dict[tuple, tuple[int, int, int]] = {}  # (kind, mb, stage) ->
+        self.sent_keys = set()                                  # (arrival, seq, src)
+        self.seq_counter: dict[tuple[int, int], int] = {}
+        self.events: list[dict] = []
+
+    def run(self) -> None:
+        """Move every rank on, in rank order, until none can; then check the end."""
+        actions, where = self.schedule.actions, self.where
+        progress = True
+        while progress:
+            progress = False
+            for rank in range(self.ranks):
+                while where[rank] < len(actions[rank]) and self.advance(rank):
+                    progress = True
+        self.check_finished()
+
+    def check_finished(self) -> None:
+        schedule, where = self.schedule, self.where
+        stuck = [rank for rank in range(self.ranks) if where[rank] < len(schedule.actions[rank])]
+        if stuck:
+            waits = "; ".join(f"rank {rank} waits at action {where[rank]} "
+                              f"({schedule.actions[rank][where[rank]]})" for rank in stuck)
+            raise DeadlockError(f"schedule {schedule.name!r} ({schedule.stages} stages, "
+                                f"{schedule.microbatches} micro-batches) deadlocks: {waits}, "
+                                "and no message they wait for will ever be sent")
+        if self.in_flight:
+            lost = ", ".join(f"{kind} of micro-batch {mb} to stage {stage}"
+                             for kind, mb, stage in sorted(self.in_flight))
+            raise ValueError(f"schedule {schedule.name!r}: sent but never received: {lost}")
+
+    def advance(self, rank) -> bool:
         """Run the rank's next action if it can; False when it must wait."""
-        index = where[rank]
-        action = schedule.actions[rank][index]
-        mb, chunk = action.microbatch, action.chunk
-        stage = schedule.stage_of(rank, chunk)
+        index = self.where[rank]
+        action = self.schedule.actions[rank][index]
+        stage = self.schedule.stage_of(rank, action.chunk)
         if action.kind in (RECV_ACTIVATION, RECV_GRAD):
-            kind = "act" if action.kind == RECV_ACTIVATION else "grad"
-            message = in_flight.pop((kind, mb, stage), None)
-            if message is None:
+            if not self.receive(rank, index, action, stage):
                 return False
-            arrival, seq, source = message
-            if source != rank and action.peer != source:
-                fail(rank, index, action, f"the message comes from rank {source}, "
-                                          f"not {action.peer}")
-            start = clock[rank]
-            clock[rank] = max(start, arrival)
-            events.append(_event(rank, "recv", start, clock[rank], message_label(kind, mb),
-                                 peer=source, nbytes=message_bytes, seq=seq,
-                                 tag=message_tag(kind, mb, stage, total_stages)))
-            inputs[rank].add((kind, mb, chunk))
         elif action.kind in (SEND_ACTIVATION, SEND_GRAD):
-            kind = "act" if action.kind == SEND_ACTIVATION else "grad"
-            if kind == "act" and (mb, chunk) not in forwarded[rank]:
-                fail(rank, index, action, "sends an activation it has not computed")
-            if kind == "grad" and ("done", mb, chunk) not in inputs[rank]:
-                fail(rank, index, action, "sends a gradient before its backward")
-            target_stage = stage + (1 if kind == "act" else -1)
-            target_rank = target_stage % ranks
-            if not 0 <= target_stage < total_stages or action.peer != target_rank:
-                fail(rank, index, action, f"stage {target_stage} is not on rank "
-                                          f"{action.peer}")
-            key = (kind, mb, target_stage)
-            if key in sent_keys:
-                fail(rank, index, action, "sends the same message twice")
-            sent_keys.add(key)
-            seq = seq_counter.get((rank, target_rank), 0)
-            seq_counter[(rank, target_rank)] = seq + 1
-            start = clock[rank]
-            events.append(_event(rank, "send", start, start + ticks["T"],
-                                 message_label(kind, mb), peer=target_rank,
-                                 nbytes=message_bytes, seq=seq,
-                                 tag=message_tag(kind, mb, target_stage, total_stages)))
-            in_flight[key] = (start + ticks["T"], seq, rank)
+            self.send(rank, index, action, stage)
         elif action.kind == FORWARD:
-            if (mb, chunk) in forwarded[rank]:
-                fail(rank, index, action, "forwards the same micro-batch twice")
-            if stage > 0:
-                if ("act", mb, chunk) not in inputs[rank]:
-                    if ranks == 1:
-                        fail(rank, index, action, "runs before the forward of chunk "
-                                                  f"{chunk - 1} on this rank")
-                    fail(rank, index, action, "runs before its activation was received")
-            compute(rank, "F", action, forward_ticks(stage, mb))
-            forwarded[rank].add((mb, chunk))
-            if ranks == 1 and stage < total_stages - 1:
-                inputs[rank].add(("act", mb, chunk + 1))
-            live[rank] += 1
-            memory(rank, clock[rank])
+            self.forward(rank, index, action, stage)
         elif action.kind == BACKWARD:
-            if (mb, chunk) not in forwarded[rank]:
-                fail(rank, index, action, "runs before its forward")
-            if stage < total_stages - 1 and ("grad", mb, chunk) not in inputs[rank]:
-                fail(rank, index, action, "runs before its gradient was received" if ranks > 1
-                     else f"runs before the backward of chunk {chunk + 1} on this rank")
-            if recompute:
-                compute(rank, "R", action, forward_ticks(stage, mb))
-            compute(rank, "B", action, backward_ticks(stage, mb))
-            forwarded[rank].discard((mb, chunk))
-            inputs[rank].add(("done", mb, chunk))
-            if ranks == 1 and stage > 0:
-                inputs[rank].add(("grad", mb, chunk - 1))
-            live[rank] -= 1
-            memory(rank, clock[rank])
+            self.backward(rank, index, action, stage)
         elif action.kind == OPTIMIZER_STEP:
-            if forwarded[rank]:
-                fail(rank, index, action, "steps with micro-batches still waiting for their "
-                                          "backward")
-            start = clock[rank]
-            clock[rank] += ticks["step"]
-            events.append(_event(rank, "compute", start, clock[rank],
-                                 step_label(schedule.stage_of(rank))))
+            self.step(rank, index, action)
         else:
-            fail(rank, index, action, f"unknown kind {action.kind!r}; kinds are {KINDS}")
-        where[rank] += 1
+            self.fail(rank, index, action, f"unknown kind {action.kind!r}; kinds are {KINDS}")
+        self.where[rank] += 1
         return True
 
-    progress = True
-    while progress:
-        progress = False
-        for rank in range(ranks):
-            while where[rank] < len(schedule.actions[rank]) and advance(rank):
-                progress = True
-    stuck = [rank for rank in range(ranks) if where[rank] < len(schedule.actions[rank])]
-    if stuck:
-        waits = "; ".join(f"rank {rank} waits at action {where[rank]} "
-                          f"({schedule.actions[rank][where[rank]]})" for rank in stuck)
-        raise DeadlockError(f"schedule {schedule.name!r} ({schedule.stages} stages, "
-                            f"{schedule.microbatches} micro-batches) deadlocks: {waits}, and "
-                            "no message they wait for will ever be sent")
-    if in_flight:
-        lost = ", ".join(f"{kind} of micro-batch {mb} to stage {stage}"
-                         for kind, mb, stage in sorted(in_flight))
-        raise ValueError(f"schedule {schedule.name!r}: sent but never received: {lost}")
-    return events
+    def fail(self, rank, index, action, why):
+        raise ValueError(f"schedule {self.schedule.name!r}: rank {rank}, action {index} "
+                         f"({action}): {why}")
+
+    def memory(self, rank, time) -> None:
+        live = self.live[rank]
+        self.events.append(_event(rank, "memory", time, time, memory_label(
+            self.schedule.stage_of(rank), 0, 0, 0, live * self.activation_bytes, live)))
+
+    def compute(self, rank, letter, action, ticks) -> None:
+        start, end = self.clocks[rank].advance(ticks)
+        self.events.append(_event(rank, "compute", start, end, compute_label(
+            letter, action.microbatch, action.chunk,
+            self.schedule.stage_of(rank, action.chunk), action.phase)))
+
+    def receive(self, rank, index, action, stage) -> bool:
+        """Take the message the receive wants; False while it has not been sent."""
+        kind, mb = ("act" if action.kind == RECV_ACTIVATION else "grad"), action.microbatch
+        message = self.in_flight.pop((kind, mb, stage), None)
+        if message is None:
+            return False
+        arrival, seq, source = message
+        if source != rank and action.peer != source:
+            self.fail(rank, index, action, f"the message comes from rank {source}, "
+                                           f"not {action.peer}")
+        start, end = self.clocks[rank].wait_until(arrival)
+        self.events.append(_event(rank, "recv", start, end, message_label(kind, mb),
+                                  peer=source, nbytes=self.message_bytes, seq=seq,
+                                  tag=message_tag(kind, mb, stage, self.total_stages)))
+        self.inputs[rank].add((kind, mb, action.chunk))
+        return True
+
+    def send(self, rank, index, action, stage) -> None:
+        kind, mb, chunk = ("act" if action.kind == SEND_ACTIVATION else "grad",
+                           action.microbatch, action.chunk)
+        if kind == "act" and (mb, chunk) not in self.forwarded[rank]:
+            self.fail(rank, index, action, "sends an activation it has not computed")
+        if kind == "grad" and ("done", mb, chunk) not in self.inputs[rank]:
+            self.fail(rank, index, action, "sends a gradient before its backward")
+        target_stage = stage + (1 if kind == "act" else -1)
+        target_rank = target_stage % self.ranks
+        if not 0 <= target_stage < self.total_stages or action.peer != target_rank:
+            self.fail(rank, index, action, f"stage {target_stage} is not on rank "
+                                           f"{action.peer}")
+        key = (kind, mb, target_stage)
+        if key in self.sent_keys:
+            self.fail(rank, index, action, "sends the same message twice")
+        self.sent_keys.add(key)
+        seq = self.seq_counter.get((rank, target_rank), 0)
+        self.seq_counter[(rank, target_rank)] = seq + 1
+        start = self.clocks[rank].clock  # a send never waits: the rank goes on at once
+        arrival = start + self.costs.transfer
+        self.events.append(_event(rank, "send", start, arrival, message_label(kind, mb),
+                                  peer=target_rank, nbytes=self.message_bytes, seq=seq,
+                                  tag=message_tag(kind, mb, target_stage, self.total_stages)))
+        self.in_flight[key] = (arrival, seq, rank)
+
+    def forward(self, rank, index, action, stage) -> None:
+        mb, chunk = action.microbatch, action.chunk
+        if (mb, chunk) in self.forwarded[rank]:
+            self.fail(rank, index, action, "forwards the same micro-batch twice")
+        if stage > 0 and ("act", mb, chunk) not in self.inputs[rank]:
+            if self.ranks == 1:
+                self.fail(rank, index, action, "runs before the forward of chunk "
+                                               f"{chunk - 1} on this rank")
+            self.fail(rank, index, action, "runs before its activation was received")
+        self.compute(rank, "F", action, self.costs.forward(stage, mb))
+        self.forwarded[rank].add((mb, chunk))
+        if self.ranks == 1 and stage < self.total_stages - 1:
+            self.inputs[rank].add(("act", mb, chunk + 1))
+        self.live[rank] += 1
+        self.memory(rank, self.clocks[rank].clock)
+
+    def backward(self, rank, index, action, stage) -> None:
+        mb, chunk = action.microbatch, action.chunk
+        if (mb, chunk) not in self.forwarded[rank]:
+            self.fail(rank, index, action, "runs before its forward")
+        if stage < self.total_stages - 1 and ("grad", mb, chunk) not in self.inputs[rank]:
+            self.fail(rank, index, action, "runs before its gradient was received"
+                      if self.ranks > 1
+                      else f"runs before the backward of chunk {chunk + 1} on this rank")
+        if self.recompute:
+            self.compute(rank, "R", action, self.costs.forward(stage, mb))
+        self.compute(rank, "B", action, self.costs.backward(stage, mb))
+        self.forwarded[rank].discard((mb, chunk))
+        self.inputs[rank].add(("done", mb, chunk))
+        if self.ranks == 1 and stage > 0:
+            self.inputs[rank].add(("grad", mb, chunk - 1))
+        self.live[rank] -= 1
+        self.memory(rank, self.clocks[rank].clock)
+
+    def step(self, rank, index, action) -> None:
+        if self.forwarded[rank]:
+            self.fail(rank, index, action, "steps with micro-batches still waiting for their "
+                                           "backward")
+        start, end = self.clocks[rank].advance(self.costs.step)
+        self.events.append(_event(rank, "compute", start, end,
+                                  step_label(self.schedule.stage_of(rank))))
 
 
 # --------------------------------------------------------------------------- bubble

@@ -21,16 +21,18 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, trace
 from minidist.data import load_digits, make_linear_regression
-from minidist.parallel.parameter_server import (
-    Layout,
-    ParameterServer,
+from minidist.examples.parameter_server import (
     digits_mlp,
-    flat_parameters,
     linear_regression_gradient,
-    shard_ranges,
     split_rows,
     train_linear_regression,
     train_mlp_on_digits,
+)
+from minidist.parallel.parameter_server import (
+    Layout,
+    ParameterServer,
+    flat_parameters,
+    shard_ranges,
 )
 
 STEPS = 12

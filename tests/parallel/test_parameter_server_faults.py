@@ -35,6 +35,7 @@ import minidist
 import minidist.distributed as dist
 from minidist import trace
 from minidist.data import make_linear_regression
+from minidist.examples.parameter_server import linear_regression_gradient
 from minidist.parallel.fault_tolerant_server import (
     FaultTolerantParameterServer,
     FaultTolerantServerResult,
@@ -42,7 +43,7 @@ from minidist.parallel.fault_tolerant_server import (
     ReplicatedShard,
     final_weights,
 )
-from minidist.parallel.parameter_server import Push, linear_regression_gradient
+from minidist.parallel.parameter_server import Push
 from minidist.runtime.errors import WorkerError
 from tests.runtime.test_failures import no_leaked_segments  # noqa: F401  (autouse fixture)
 

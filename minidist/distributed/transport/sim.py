@@ -12,7 +12,7 @@ The model (one port per direction per rank, full duplex; the cost model's):
 * every rank has a **clock**, and two ports: **out** (sending) and **in**
   (receiving), each busy until some time;
 * ``isend`` of m bytes starts when the rank gets there and its out port is
-  free, ``start = max(clock, out_free)``, and the message arrives
+  free, ``start = max(clock, out port free)``, and the message arrives
   ``alpha + m beta`` later; the send completes then, and the out port is busy
   until then (a rank's sends leave one after another);
 * the in port is busy ``alpha + m beta`` for each message it takes, ending
@@ -31,7 +31,10 @@ The model (one port per direction per rank, full duplex; the cost model's):
   combine (:meth:`~minidist.distributed.collectives.comm.Comm.combine`)
   adds ``m gamma`` to it.
 
-With this, every formula of :mod:`minidist.costmodel` comes out exactly when
+The clocks and the ports are :mod:`minidist.virtual_clock`'s
+(a :class:`SimTransport` is its rank's ``RankClock``; the out port a
+``SerialPort``, the in port a ``BusyPort``): the same clock as the pipeline
+planner's. With this, every formula of :mod:`minidist.costmodel` comes out exactly when
 the array divides evenly: a ring step costs ``alpha + (N/n) beta``, a binomial
 broadcast ``ceil(log2 n)(alpha + N beta)``.
 
@@ -54,7 +57,6 @@ raises; run collectives with ``async_op=True`` under
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections import deque
 
 import numpy as np
@@ -64,6 +66,13 @@ from minidist.runtime.errors import (
     CollectiveMismatchError,
     DistributedError,
     MessageMismatchError,
+)
+from minidist.virtual_clock import (
+    BusyPort,
+    RankClock,
+    SerialPort,
+    latest,
+    to_ns,
 )
 
 _INTO, _REDUCE, _NEW = range(3)
@@ -83,9 +92,7 @@ class SimRequest:
         if self.error is not None:
             raise self.error
         if self.done:
-            transport = self.transport
-            if self.finish > transport.clock:
-                transport.clock = self.finish
+            self.transport.wait_until(self.finish)
             return True
         return False
 
@@ -207,7 +214,7 @@ class SimNetwork:
     @property
     def time(self) -> float:
         """The latest clock of any rank: how long everything took, in seconds."""
-        return max(transport.clock for transport in self.transports)
+        return latest(self.transports)
 
     @property
     def messages(self) -> int:
@@ -219,20 +226,20 @@ class SimNetwork:
         return sum(transport.sent_bytes for transport in self.transports)
 
 
-class SimTransport:
-    """One simulated rank's end of the :class:`SimNetwork` (what a ProcessGroup calls)."""
+class SimTransport(RankClock):
+    """One simulated rank's end of the :class:`SimNetwork` (what a ProcessGroup
+    calls), and that rank's clock (``clock``, seconds; see
+    :mod:`~minidist.virtual_clock`)."""
 
     name = "sim"
 
     def __init__(self, network: SimNetwork, rank: int):
+        super().__init__(0.0)
         self.network = network
         self.rank = rank
         self.world_size = network.world_size
-        self.clock = 0.0
-        self.out_free = 0.0
-        # The in port's booked slots: sorted, disjoint [start, end) intervals.
-        self._busy_starts: list[float] = []
-        self._busy_ends: list[float] = []
+        self.out_port = SerialPort()  # sends leave one after another
+        self.in_port = BusyPort()  # each message in the first free slot after its arrival
         self.strict_contexts: dict = {}
         self.collective_groups: dict = {}
         self.describe_context = lambda context: ""
@@ -266,7 +273,7 @@ class SimTransport:
 
     def now_ns(self) -> int:
         """Now, on the trace's clock: this rank's virtual clock, in nanoseconds."""
-        return round(self.clock * 1e9)
+        return to_ns(self.clock)
 
     def record_event(self, kind: str, start: int, end: int, *, label: str = "",
                      group: int = 0) -> None:
@@ -278,16 +285,14 @@ class SimTransport:
     def charge_combine(self, nbytes: int) -> None:
         """A local reduction of ``nbytes`` (real bytes) keeps this rank busy for
         ``nbytes * byte_scale * gamma``."""
-        self.clock += nbytes * self.byte_scale * self.gamma
+        self.advance(nbytes * self.byte_scale * self.gamma)
 
     # ---------------------------------------------------------------- sending
 
     def isend(self, array: np.ndarray, dst: int, tag: int, context: int = 0,
               label: str = "") -> SimSend:
         charged = array.nbytes * self.byte_scale
-        start = self.clock if self.clock > self.out_free else self.out_free
-        arrival = start + self.alpha + charged * self.beta
-        self.out_free = arrival
+        start, arrival = self.out_port.take(self.clock, self.alpha, charged * self.beta)
         self.sent += 1
         self.sent_bytes += charged
         seq = None
@@ -295,7 +300,7 @@ class SimTransport:
             seq = self._send_seq.get(dst, 0)
             self._send_seq[dst] = seq + 1
             self.events.append((self.rank, "send", dst, round(charged), tag, label,
-                                round(start * 1e9), round(arrival * 1e9), seq,
+                                to_ns(start), to_ns(arrival), seq,
                                 context >> 32, context & 0xFFFFFFFF))
         peer = self.network.transports[dst]
         if peer._posted:
@@ -423,12 +428,13 @@ class SimTransport:
         """Complete a receive whose data is in: book the in port for it (and for
         the combine), and set its completion time."""
         duration = self.alpha + charged * self.beta
-        ready = self._book(arrival - duration, duration) + duration if duration else arrival
+        book = self.in_port.book
+        ready = book(arrival - duration, duration) + duration if duration else arrival
         if request.mode == _REDUCE:
             post = request.post
             combine = charged * self.gamma
             begin = ready if ready > post else post
-            finish = (self._book(begin, combine) if combine else begin) + combine
+            finish = (book(begin, combine) if combine else begin) + combine
         else:
             finish = ready
         request.source = source
@@ -437,38 +443,8 @@ class SimTransport:
         if self.events is not None:
             context = request.context
             self.events.append((self.rank, "recv", source, round(charged), request.tag,
-                                request.label, round(request.post * 1e9), round(finish * 1e9),
+                                request.label, to_ns(request.post), to_ns(finish),
                                 seq, context >> 32, context & 0xFFFFFFFF))
-
-    def _book(self, earliest: float, duration: float) -> float:
-        """Book the in port for ``duration`` seconds in its first free slot that
-        starts at or after ``earliest``; returns the slot's start."""
-        starts, ends = self._busy_starts, self._busy_ends
-        if not ends or earliest >= ends[-1]:  # the usual case: after everything booked
-            if ends and earliest == ends[-1]:
-                ends[-1] = earliest + duration
-            else:
-                starts.append(earliest)
-                ends.append(earliest + duration)
-            return earliest
-        start = earliest
-        index = bisect_right(ends, start)
-        while index < len(starts) and starts[index] < start + duration:
-            start = ends[index]  # overlaps a booked slot: try right after it
-            index += 1
-        end = start + duration
-        if index and ends[index - 1] == start:  # touches the slot before: extend it
-            if index < len(starts) and starts[index] == end:
-                ends[index - 1] = ends[index]
-                del starts[index], ends[index]
-            else:
-                ends[index - 1] = end
-        elif index < len(starts) and starts[index] == end:
-            starts[index] = start
-        else:
-            starts.insert(index, start)
-            ends.insert(index, end)
-        return start
 
     # ---------------------------------------------------------------- probing
 

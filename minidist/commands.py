@@ -1,0 +1,257 @@
+"""What ``minidist simulate`` and ``minidist run`` do, once :mod:`minidist.cli`
+has parsed their arguments.
+
+The library (:mod:`minidist.distributed.simulator`,
+:mod:`minidist.distributed.launch`) knows nothing of argparse or of printing
+tables: these functions read the parsed ``args``, check them, call the
+library, and turn what it returns into lines on the terminal and an exit
+status. :mod:`minidist.cli` imports this module only when one of these
+subcommands runs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+from minidist import costmodel
+from minidist import trace as _trace
+from minidist.distributed import world
+from minidist.distributed.collectives import ALGORITHMS
+from minidist.distributed.launch import _check_world_size, _release, warn_if_oversubscribed
+from minidist.distributed.simulator import CALLS, simulate
+from minidist.distributed.transport import check_name, create_resources
+from minidist.runtime import console, signals
+from minidist.runtime.control import ControlBlock
+from minidist.runtime.supervisor import ProgramWorker, Supervisor
+
+# --------------------------------------------------------------------------- minidist simulate
+
+
+def _format_seconds(seconds: float) -> str:
+    if seconds == 0:
+        return "0 s"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9)):
+        if seconds >= scale or unit == "ns":
+            return f"{seconds / scale:.4g} {unit}"
+    return f"{seconds:g} s"
+
+
+def _format_bytes(nbytes: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.4g} {unit}"
+    return f"{nbytes:.4g} B"
+
+
+def _trace_path(path: str, algorithm: str, several: bool) -> str:
+    if not several:
+        return path
+    stem, suffix = os.path.splitext(path)
+    return f"{stem}.{algorithm}{suffix or '.jsonl'}"
+
+
+def simulate_command(args) -> int:
+    """``minidist simulate COLLECTIVE [--algorithm NAME|all] -n N --size 100MB
+    --alpha 5us --bandwidth 10GB/s [--gamma-bandwidth 10GB/s] [--trace FILE]``.
+
+    Simulates each chosen algorithm, prints a table of simulated time against
+    the cost model's prediction, and writes the traces if asked (one file per
+    algorithm when there are several: FILE with the algorithm's name inserted).
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    out = Console()
+    try:
+        collective = args.collective
+        if collective not in CALLS or collective not in ALGORITHMS:
+            known = sorted(name for name in ALGORITHMS if name in CALLS)
+            raise ValueError(f"cannot simulate {collective!r}; choose one of {known}")
+        names = list(ALGORITHMS[collective])
+        algorithms = names if args.algorithm in (None, "all") else [args.algorithm]
+        for name in algorithms:
+            if name not in names:
+                raise ValueError(f"{collective} has no algorithm {name!r}; choose one of "
+                                 f"{names} or 'all'")
+        if args.nproc < 1:
+            raise ValueError(f"-n must be at least 1, got {args.nproc}")
+        nbytes = costmodel.parse_size(args.size)
+        if nbytes < 0:
+            raise ValueError(f"--size must not be negative, got {args.size!r}")
+        alpha = costmodel.parse_time(args.alpha)
+        bandwidth = costmodel.parse_bandwidth(args.bandwidth)
+        gamma_bandwidth = (math.inf if str(args.gamma_bandwidth).strip().lower() == "inf"
+                           else costmodel.parse_bandwidth(args.gamma_bandwidth))
+        for flag, value in (("--alpha", alpha), ("--bandwidth", bandwidth),
+                            ("--gamma-bandwidth", gamma_bandwidth)):
+            if not value >= 0 or (flag != "--alpha" and value == 0):
+                raise ValueError(f"{flag} must be positive, got {value:g}")
+        dtype = np.dtype(args.dtype)
+        if dtype.hasobject or dtype.fields is not None or dtype.kind not in "biufc":
+            raise ValueError(f"--dtype {args.dtype!r}: choose a numeric dtype such as "
+                             "float32, float64, int32 or int64")
+        if CALLS[collective].rooted and not 0 <= args.root < args.nproc:
+            raise ValueError(f"--root {args.root} is out of range for -n {args.nproc}")
+        if args.trace:
+            folder = os.path.dirname(os.path.abspath(args.trace))
+            if not os.path.isdir(folder):
+                raise ValueError(f"--trace {args.trace}: the folder {folder} does not exist")
+    except (ValueError, TypeError) as error:
+        Console(stderr=True).print(f"minidist simulate: error: {error}", style="bold red",
+                                   markup=False, highlight=False, soft_wrap=True)
+        return 2
+
+    params = costmodel.Params(alpha=alpha, beta=1.0 / bandwidth,
+                              gamma=1.0 / gamma_bandwidth if math.isfinite(gamma_bandwidth)
+                              else 0.0)
+    size = f"N = {_format_bytes(nbytes)}; " if CALLS[collective].sized else ""
+    out.print(f"{collective} on {args.nproc:,} simulated ranks, {size}"
+              f"alpha {_format_seconds(alpha)}, links {_format_bytes(bandwidth)}/s, "
+              + (f"combining {_format_bytes(gamma_bandwidth)}/s"
+                 if math.isfinite(gamma_bandwidth) else "combining free"),
+              markup=False, highlight=False, soft_wrap=True)
+    table = Table()
+    table.add_column("algorithm")
+    table.add_column("simulated", justify="right")
+    table.add_column("cost model", justify="right")
+    table.add_column("messages", justify="right")
+    table.add_column("bytes moved", justify="right")
+    several = len(algorithms) > 1
+    results = []
+    written = []
+    for name in algorithms:
+        with out.status(f"simulating {collective} {name} on {args.nproc:,} ranks"):
+            result = simulate(collective, name, args.nproc, nbytes, alpha=params.alpha,
+                              beta=params.beta, gamma=params.gamma, dtype=dtype,
+                              root=args.root, trace=bool(args.trace))
+        results.append(result)
+        if args.trace:
+            path = _trace_path(args.trace, name, several)
+            written.append(f"trace of {name}: {result.write_trace(path):,} events in {path}")
+            result.events = None  # a 1,024-rank trace is large: keep one at a time
+    fastest = min(result.time for result in results)
+    for result in results:
+        style = "bold green" if several and result.time == fastest else None
+        table.add_row(result.algorithm, _format_seconds(result.time),
+                      "-" if result.predicted is None else _format_seconds(result.predicted),
+                      f"{result.messages:,}", _format_bytes(result.bytes), style=style)
+    out.print(table)
+    for line in written:
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
+    return 0
+
+
+# --------------------------------------------------------------------------- minidist run
+
+
+def run_command(args) -> int:
+    """``minidist run -n N [--transport T] [--trace FILE] [--timeout S] script.py [args]``.
+
+    Starts N copies of ``python script.py args`` with MINIDIST_RANK,
+    MINIDIST_WORLD_SIZE, MINIDIST_TRANSPORT and MINIDIST_RUN in their
+    environment; each calls ``dist.init_process_group()``. Returns the exit
+    status: 0 when every rank exits 0; otherwise the first failure is printed
+    (rank, traceback) and the status is 1.
+    """
+    import json
+
+    from rich.console import Console
+
+    world_size = _check_world_size(args.nproc)
+    transport = check_name(args.transport)
+    script = args.script
+    if not os.path.isfile(script):
+        raise SystemExit(f"minidist run: no such script: {script}")
+    timeout = world.DEFAULT_TIMEOUT if args.timeout is None else args.timeout
+    script_args = list(args.script_args or [])
+    if script_args[:1] == ["--"]:
+        script_args = script_args[1:]
+    from minidist.runtime.blas_threads import environment_for
+
+    warn_if_oversubscribed(world_size)
+    control = resources = listener = supervisor = run_dir = None
+    workers = []
+    stderr = Console(stderr=True)
+    with signals.as_exceptions() as guard:
+        try:
+            with guard.deferred():
+                control = ControlBlock.create(world_size)
+                resources = create_resources(transport, world_size)
+                run_dir = tempfile.mkdtemp(prefix="minidist-run-")
+            error_dir = os.path.join(run_dir, "errors")
+            trace_dir = os.path.join(run_dir, "trace") if args.trace else None
+            os.makedirs(error_dir)
+            if trace_dir:
+                os.makedirs(trace_dir)
+            blas_env = environment_for(world_size)
+            log_pipes = []
+            for rank in range(world_size):
+                with guard.deferred():  # a started program is always in `workers`
+                    log_read, log_write = os.pipe()
+                    log_pipes.append(log_read)
+                    spec = {"control": control.name, "transport": resources.spec_for(rank),
+                            "timeout": timeout, "parent_pid": os.getpid(),
+                            "log_fd": log_write, "trace_dir": trace_dir,
+                            "error_dir": error_dir}
+                    env = dict(os.environ, **blas_env, MINIDIST_RANK=str(rank),
+                               MINIDIST_WORLD_SIZE=str(world_size),
+                               MINIDIST_TRANSPORT=transport, MINIDIST_RUN=json.dumps(spec))
+                    try:
+                        popen = subprocess.Popen(
+                            [sys.executable, script, *script_args], env=env,
+                            pass_fds=[log_write, *resources.fds_for(rank)],
+                            start_new_session=True, preexec_fn=_die_with_parent)
+                    finally:
+                        os.close(log_write)
+                    workers.append(ProgramWorker(rank, popen))
+            resources.release_worker_ends()
+            listener = console.PipeLogListener(log_pipes)
+            listener.start()
+            supervisor = Supervisor(workers, control, resources.wake_all, error_dir=error_dir)
+            try:
+                supervisor.run()
+                supervisor.reap()
+            except Exception as error:
+                if not hasattr(error, "rank"):
+                    raise
+                stderr.print("minidist run:", style="bold red", end=" ")
+                stderr.print(str(error), markup=False, highlight=False, soft_wrap=True)
+                return 1
+            return 0
+        finally:
+            with guard.deferred():
+                try:
+                    if workers:
+                        (supervisor or Supervisor(workers, control, lambda: None)).stop()
+                    if listener is not None:
+                        listener.stop()
+                    for worker in workers:
+                        worker.close()
+                    if run_dir and args.trace and os.path.isdir(os.path.join(run_dir, "trace")):
+                        _merge_traces(os.path.join(run_dir, "trace"), args.trace, world_size,
+                                      transport, stderr)
+                finally:
+                    _release(resources, control)
+                    if run_dir:
+                        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _die_with_parent() -> None:
+    from minidist.runtime.process_setup import die_with_parent
+
+    die_with_parent()
+
+
+def _merge_traces(trace_dir, path, world_size, transport, console_) -> None:
+    events = []
+    for name in sorted(os.listdir(trace_dir)):
+        events.extend(_trace.read_jsonl(os.path.join(trace_dir, name)).events)
+    count = _trace.write_jsonl(path, events, _trace.make_header(world_size, transport=transport))
+    console_.print(f"trace: {count} events written to {path}", highlight=False)
