@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from minidist import costmodel
+from minidist import alpha_beta
 from minidist import trace as _trace
 from minidist.atomic_file import atomic_write
 from minidist.distributed.collectives import (
@@ -61,6 +61,7 @@ from minidist.distributed.collectives import (
     gather,
     reduce,
     reduce_scatter_tensor,
+    registry,
     scatter,
 )
 from minidist.distributed.collectives.all_reduce import double_binary_tree_chunks
@@ -197,7 +198,7 @@ class SimulationResult:
     algorithm: str
     world_size: int
     nbytes: int
-    params: costmodel.Params
+    params: alpha_beta.Params
     time: float
     clocks: list[float]
     messages: int
@@ -296,7 +297,7 @@ def simulate(collective: str, algorithm: str = "auto", world_size: int = 8,
     all_reduce); simulated on a small array scaled up (see
     :func:`plan_elements`). ``alpha`` (seconds per message), ``beta`` (seconds
     per byte), ``gamma`` (seconds per byte combined) default to
-    ``costmodel.PARAMS["sim"]``. ``inputs``: each rank's arrays (a list of one
+    ``alpha_beta.PARAMS["sim"]``. ``inputs``: each rank's arrays (a list of one
     array per rank, or of tuples for collectives taking several), simulated
     at their true size; ``result.buffers`` holds them after the call.
     ``trace``: True to keep the events in ``result.events``, or a path to also
@@ -304,8 +305,8 @@ def simulate(collective: str, algorithm: str = "auto", world_size: int = 8,
     """
     _check(collective, algorithm, world_size, nbytes, root)
     world_size = int(world_size)
-    defaults = costmodel.PARAMS["sim"]
-    params = costmodel.Params(alpha=defaults.alpha if alpha is None else float(alpha),
+    defaults = alpha_beta.PARAMS["sim"]
+    params = alpha_beta.Params(alpha=defaults.alpha if alpha is None else float(alpha),
                               beta=defaults.beta if beta is None else float(beta),
                               gamma=defaults.gamma if gamma is None else float(gamma))
     spec = CALLS[collective]
@@ -314,7 +315,7 @@ def simulate(collective: str, algorithm: str = "auto", world_size: int = 8,
     if algorithm == "auto":
         if nbytes is None and inputs is not None:
             nbytes = _size_of(spec, _given_inputs(inputs, world_size), world_size)
-        algorithm = costmodel.best(collective, world_size, nbytes or 0, params=params,
+        algorithm = registry.best(collective, world_size, nbytes or 0, params=params,
                                    candidates=tuple(ALGORITHMS[collective]))
     if inputs is not None:
         arrays = _given_inputs(inputs, world_size)
@@ -336,7 +337,7 @@ def simulate(collective: str, algorithm: str = "auto", world_size: int = 8,
     _run(network, spec, arrays, root, algorithm, op, collective)
 
     try:
-        predicted = costmodel.predict(collective, algorithm, world_size, nbytes, params)
+        predicted = registry.predict(collective, algorithm, world_size, nbytes, params)
     except ValueError:
         predicted = None  # no formula for this algorithm
     result = SimulationResult(

@@ -668,17 +668,3 @@ class ParameterServer:
 
 def _push_label(worker: int, step: int, version: int) -> str:
     return trace.with_info("push", kind="push", worker=worker, step=step, version=version)
-
-
-# The course's worked examples (linear regression, the MLP on the digits) live
-# in minidist/examples/parameter_server.py; their old names still work here.
-_EXAMPLES = ("split_rows", "linear_regression_gradient", "train_linear_regression",
-             "digits_mlp", "digits_accuracy", "train_mlp_on_digits")
-
-
-def __getattr__(name: str):
-    if name in _EXAMPLES:
-        from minidist.examples import parameter_server as examples
-
-        return getattr(examples, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

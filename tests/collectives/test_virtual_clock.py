@@ -1,13 +1,13 @@
 """The simulator, the sim transport and the pipeline planner give, bit for
 bit, the times and schedules frozen before their clocks were merged into one
-(tests/virtual_clock_frozen.json; see tests/virtual_clock_grid.py)."""
+(tests/collectives/virtual_clock_frozen.json; see tests/collectives/virtual_clock_grid.py)."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from tests import virtual_clock_grid
+from tests.collectives import virtual_clock_grid
 
 FROZEN = json.loads((Path(__file__).parent / "virtual_clock_frozen.json").read_text())
 

@@ -4,7 +4,7 @@ clocks were merged into :mod:`minidist.distributed.virtual_clock`):
 ``test_virtual_clock.py`` checks that they do not change by one bit.
 
 Regenerate (only on purpose, when a timing model changes):
-``python -m tests.virtual_clock_grid > tests/virtual_clock_frozen.json``.
+``python -m tests.collectives.virtual_clock_grid > tests/collectives/virtual_clock_frozen.json``.
 """
 
 from __future__ import annotations
