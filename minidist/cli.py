@@ -30,10 +30,15 @@ def _cmd_train(args) -> int:
 # minidist and draw what ran) whose ``main(args) -> int`` trains and shows it.
 STRATEGY_DEMOS: dict[str, str] = {"data-parallel": "viz.demo_data_parallel",
                                   "parameter-server": "viz.demo_parameter_server",
-                                  "pipeline": "viz.demo_pipeline"}
+                                  "pipeline": "viz.demo_pipeline",
+                                  "model-parallel": "viz.demo_model_parallel"}
+#: -n when none is given: 4, except for these demos.
+DEMO_NPROC: dict[str, int] = {"model-parallel": 2}
 
 
 def _cmd_demo(args) -> int:
+    if args.nproc is None:
+        args.nproc = DEMO_NPROC.get(args.name, 4)
     if args.name in STRATEGY_DEMOS:
         import importlib
 
@@ -161,13 +166,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--epochs", type=int, default=20, help="training demo: epochs")
     demo.add_argument("--algorithm", default=None, help="the collective's algorithm "
                       "(default: ring where there is one, else binomial, ...)")
-    demo.add_argument("-n", "--nproc", type=int, default=4, help="ranks (default 4)")
+    demo.add_argument("-n", "--nproc", type=int, default=None,
+                      help="ranks (default 4; model-parallel: 2)")
     demo.add_argument("--simulate", action="store_true",
                       help="run on simulated ranks (any number) instead of processes")
     demo.add_argument("--root", type=int, default=0, help="root of rooted collectives")
     demo.add_argument("--trace", default=None, metavar="FILE",
                       help="keep the trace in FILE (default: a temporary file)")
-    strategy = demo.add_argument_group("strategy demos (data-parallel, parameter-server, pipeline)")
+    strategy = demo.add_argument_group("strategy demos (data-parallel, parameter-server, "
+                                       "pipeline, model-parallel)")
     strategy.add_argument("--servers", type=int, default=1,
                           help="parameter-server: server ranks (the rest are workers)")
     strategy.add_argument("--mode", default="bsp",
