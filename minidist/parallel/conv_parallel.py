@@ -46,10 +46,17 @@ from minidist.nn.conv import Conv2d
 from minidist.nn.im2col import output_size
 from minidist.nn.module import Module
 from minidist.nn.parameter import Parameter
+from minidist.parallel.model_parallel_bytes import ring_all_gather_sent, ring_all_reduce_sent
 from minidist.tensor import Tensor, _shape_str
 
 __all__ = ["ChannelParallelConv2d", "SpatialParallelConv2d", "band", "halo_plan", "HaloPlan",
-           "halo_context"]
+           "halo_context", "channel_parallel_bytes"]
+
+#: The algorithm of the channel split's collectives (the all_gather of the
+#: output, the all_reduce of the input gradient) unless the layer is given
+#: another: fixed, not "auto", so the bytes each rank sends are
+#: deterministic and :func:`channel_parallel_bytes` gives them.
+DEFAULT_ALGORITHM = "ring"
 
 #: Tags of the halo messages (forward rows, backward gradients of those rows),
 #: sent in the group's own "halo" message context (:func:`halo_context`), so
@@ -69,15 +76,15 @@ def band(total: int, parts: int, index: int) -> tuple[int, int]:
     return start, start + size + (1 if index < extra else 0)
 
 
-def _gradient_summed_across(tensor: Tensor, group, what: str) -> Tensor:
+def _gradient_summed_across(tensor: Tensor, group, what: str, algorithm: str = "auto") -> Tensor:
     """The identity forward; backward all-reduces (sums) the gradient over
-    ``group``. Put in front of something every rank holds whole (the input of
-    the channel split, the weight of the spatial split) whose gradient each
-    rank knows only a part of."""
+    ``group`` with ``algorithm``. Put in front of something every rank holds
+    whole (the input of the channel split, the weight of the spatial split)
+    whose gradient each rank knows only a part of."""
     def backward(g):
         total = np.array(g, copy=True, order="C")
         with trace.region(f"{what}: all_reduce of the gradient"):
-            dist.all_reduce(total, group=group)
+            dist.all_reduce(total, group=group, algorithm=algorithm)
         return (total,)
 
     return Tensor._make(tensor.data, (tensor,), backward, "sum_gradient_across_ranks")
@@ -122,16 +129,22 @@ class ChannelParallelConv2d(Module):
     When out_channels does not divide by P the slices differ by one channel;
     the all_gather needs equal pieces, so each rank pads its slice to the
     largest and the padding is dropped after the gather.
+
+    Both collectives run with ``algorithm`` (``"ring"`` by default, see
+    :data:`DEFAULT_ALGORITHM`); :func:`channel_parallel_bytes` gives the exact
+    bytes each rank sends with the ring, padding and uneven chunks included.
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
-                 bias: bool = True, group=None, dtype=np.float32):
+                 bias: bool = True, group=None, dtype=np.float32,
+                 algorithm: str = DEFAULT_ALGORITHM):
         super().__init__()
         self.in_channels, self.out_channels = int(in_channels), int(out_channels)
         self.kernel_size = F._pair(kernel_size, "kernel_size")
         self.stride = F._pair(stride, "stride")
         self.padding = F._pair(padding, "padding", minimum=0)
         object.__setattr__(self, "group", group)
+        self.algorithm = algorithm
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         if self.out_channels < world:
             raise ValueError(
@@ -149,13 +162,14 @@ class ChannelParallelConv2d(Module):
             self.register_parameter("bias", None)
 
     @classmethod
-    def from_conv(cls, conv: Conv2d, group=None) -> ChannelParallelConv2d:
+    def from_conv(cls, conv: Conv2d, group=None,
+                  algorithm: str = DEFAULT_ALGORITHM) -> ChannelParallelConv2d:
         """This rank's share of ``conv``: its slice of the weight and bias
         (copies), same kernel, stride and padding. Every rank calls it with
         the same ``conv``."""
         layer = cls(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,
                     conv.padding, bias=conv.bias is not None, group=group,
-                    dtype=conv.weight.data.dtype)
+                    dtype=conv.weight.data.dtype, algorithm=algorithm)
         rows = slice(layer.channel_start, layer.channel_stop)
         layer.weight.data[...] = conv.weight.data[rows]
         if conv.bias is not None:
@@ -165,10 +179,10 @@ class ChannelParallelConv2d(Module):
     def forward(self, x):
         x = F._tensor(x)
         what = f"channel-parallel conv, channels {self.channel_start}:{self.channel_stop}"
-        x_in = _gradient_summed_across(x, self.group, what)
+        x_in = _gradient_summed_across(x, self.group, what, self.algorithm)
         with trace.region(f"{what}: local conv"):
             local = F.conv2d(x_in, self.weight, self.bias, self.stride, self.padding)
-        return _gather_channels(local, self.channel_bands, self.group, what)
+        return _gather_channels(local, self.channel_bands, self.group, what, self.algorithm)
 
     def extra_repr(self) -> str:
         return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
@@ -176,7 +190,7 @@ class ChannelParallelConv2d(Module):
                 f"channels={self.channel_start}:{self.channel_stop}")
 
 
-def _gather_channels(local: Tensor, bands, group, what: str) -> Tensor:
+def _gather_channels(local: Tensor, bands, group, what: str, algorithm: str) -> Tensor:
     """All-gather the (N, C_r, OH, OW) slices into (N, C_out, OH, OW); backward
     hands this rank the gradient of its own channels."""
     y = local.data
@@ -185,7 +199,7 @@ def _gather_channels(local: Tensor, bands, group, what: str) -> Tensor:
     piece[:, :y.shape[1]] = y
     pieces = [np.empty_like(piece) for _ in bands]
     with trace.region(f"{what}: all_gather of the output"):
-        dist.all_gather(pieces, piece, group=group)
+        dist.all_gather(pieces, piece, group=group, algorithm=algorithm)
     out = np.concatenate([p[:, :stop - start] for p, (start, stop) in zip(pieces, bands)], axis=1)
     start, stop = bands[dist.get_rank(group)]
 
@@ -193,6 +207,42 @@ def _gather_channels(local: Tensor, bands, group, what: str) -> Tensor:
         return (np.ascontiguousarray(g[:, start:stop]),)
 
     return Tensor._make(out, (local,), backward, "all_gather_channels")
+
+
+def channel_parallel_bytes(batch: int, in_channels: int, out_channels: int, height_in: int,
+                           width_in: int, height_out: int, width_out: int, world_size: int,
+                           itemsize: int = 4) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The bytes each rank sends in one forward and one backward pass of a
+    :class:`ChannelParallelConv2d` with ring collectives (its default):
+    ``(forward, backward)``, each a tuple with one entry per rank, in rank
+    order (what the rank's ``send`` events in the trace add up to).
+
+    N = batch, C = in_channels, n = world_size, OH x OW the output's and
+    H x W the input's height and width, ``itemsize`` bytes a value
+    (4 for float32), AG(P) = :func:`~minidist.parallel.model_parallel_bytes.ring_all_gather_sent`
+    ((n - 1) P values), AR(V) = :func:`~minidist.parallel.model_parallel_bytes.ring_all_reduce_sent`
+    (2 V - c[(r+1) mod n] - c[(r+2) mod n] values on rank r, c the n
+    ``numpy.array_split`` chunk sizes of V; 2 (n-1)/n V when n divides V)::
+
+        widest   = ceil(out_channels / n)        (the slices, padded to the widest)
+        forward  = itemsize * AG(N * widest * OH * OW)     all_gather of the output
+        backward = itemsize * AR(N * C * H * W)            all_reduce of the input gradient
+
+    The backward all_reduce runs only when the input needs a gradient (a
+    layer below it, or an input with ``requires_grad``); the weight and bias
+    gradients need no message. On one rank both are 0.
+    """
+    for name, value in (("batch", batch), ("in_channels", in_channels),
+                        ("out_channels", out_channels), ("height_in", height_in),
+                        ("width_in", width_in), ("height_out", height_out),
+                        ("width_out", width_out), ("world_size", world_size),
+                        ("itemsize", itemsize)):
+        if int(value) < 1:
+            raise ValueError(f"channel_parallel_bytes needs {name} >= 1, got {value}")
+    widest = -(-out_channels // world_size)
+    forward = ring_all_gather_sent(batch * widest * height_out * width_out, world_size)
+    backward = ring_all_reduce_sent(batch * in_channels * height_in * width_in, world_size)
+    return (tuple(itemsize * v for v in forward), tuple(itemsize * v for v in backward))
 
 
 # =========================================================================== by space

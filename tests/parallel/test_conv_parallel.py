@@ -8,7 +8,9 @@ its shards (output, input gradient, weight and bias gradients) and the halo
 messages its trace recorded; the parent assembles the shards and compares
 them with the unsplit Conv2d to float32 round-off, and checks that the halo
 exchange moved exactly the rows :func:`halo_plan` says, with the bytes that
-makes. The same launches check the errors for shapes that cannot be split.
+makes, and that the channel split's all_gather and all_reduce sent, rank by
+rank, exactly the bytes :func:`channel_parallel_bytes` says. The same
+launches check the errors for shapes that cannot be split.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from minidist.parallel.conv_parallel import (
     ChannelParallelConv2d,
     SpatialParallelConv2d,
     band,
+    channel_parallel_bytes,
     halo_plan,
 )
 
@@ -75,6 +78,12 @@ def _halo_sends(events):
     return sends
 
 
+def _sent_bytes(events):
+    """Bytes of the send events among ``events`` (this rank's trace)."""
+    return sum(event["bytes"] for event in (dict(zip(trace.FIELDS, e)) for e in events)
+               if event["kind"] == "send")
+
+
 def _grads(layer):
     return (layer.weight.grad.copy(),
             None if layer.bias is None else layer.bias.grad.copy())
@@ -120,9 +129,14 @@ def _worker():
         conv, x, loss_weights = _case_data(index, case)
         channel = ChannelParallelConv2d.from_conv(conv)
         x_whole = Tensor(x, requires_grad=True)
+        first = len(recorder.events)
         y = channel(x_whole)
+        middle = len(recorder.events)
         (y * Tensor(loss_weights)).sum().backward()
-        results[("channel", index)] = (y.data.copy(), x_whole.grad.copy()) + _grads(channel)
+        sent = (_sent_bytes(recorder.events[first:middle]),
+                _sent_bytes(recorder.events[middle:]))
+        results[("channel", index)] = ((y.data.copy(), x_whole.grad.copy()) + _grads(channel)
+                                       + (sent,))
         if not _spatial_fits(case, world):
             continue
         spatial = SpatialParallelConv2d.from_conv(conv)
@@ -173,6 +187,48 @@ def test_channel_parallel_equals_unsplit_conv(run):
         _close(f"{name}: weight gradient", np.concatenate([s[2] for s in shards]), want[2])
         if want[3] is not None:
             _close(f"{name}: bias gradient", np.concatenate([s[3] for s in shards]), want[3])
+
+
+def test_channel_parallel_bytes_in_the_trace_equal_the_formula(run):
+    """Per rank, the bytes of the send events in forward (the all_gather of
+    the output, padded to the widest slice) and in backward (the all_reduce
+    of the input gradient) equal :func:`channel_parallel_bytes`, exactly:
+    the cases include channels that do not divide (padding) and input
+    gradients whose ring chunks are uneven, so a formula off by one chunk or
+    one padded channel on any rank fails."""
+    world, results = run
+    uneven_chunks = padded = 0
+    for index, case in enumerate(CASES):
+        _, out_channels, height, width, _, _, _, _ = case
+        y, x_grad = results[0][0][("channel", index)][:2]
+        forward, backward = channel_parallel_bytes(
+            N, C_IN, out_channels, height, width, y.shape[2], y.shape[3], world)
+        sent = [results[rank][0][("channel", index)][4] for rank in range(world)]
+        assert [s[0] for s in sent] == list(forward), (case[0], world, "forward")
+        assert [s[1] for s in sent] == list(backward), (case[0], world, "backward")
+        assert x_grad.size == N * C_IN * height * width
+        uneven_chunks += x_grad.size % world != 0
+        padded += out_channels % world != 0
+        if world == 1:
+            assert forward == backward == (0,)
+    if world > 1:
+        # The uneven cases are there: channels that do not divide on every
+        # world size; input gradients (N * 3 * H * W values) whose ring chunks
+        # differ on 4 ranks (on 2 and 3 they always divide).
+        assert padded > 0
+        assert uneven_chunks > 0 or world in (2, 3)
+
+
+def test_channel_parallel_bytes_formula_by_hand():
+    # 5 channels on 2 ranks: slices 3 and 2, padded to 3; N=2, OH=OW=2:
+    # piece 2*3*2*2 = 24 values, (n - 1) * 24 forward. Input 2*3*3*3 = 54
+    # values on 2 ranks: the ring all_reduce sends 54 (n = 2: N values).
+    assert channel_parallel_bytes(2, 3, 5, 3, 3, 2, 2, 2) == ((96, 96), (216, 216))
+    # 10 input values on 4 ranks: chunks 3, 3, 2, 2 -> 15, 16, 15, 14 values.
+    assert channel_parallel_bytes(1, 1, 4, 2, 5, 1, 1, 4, itemsize=1) == (
+        (3, 3, 3, 3), (15, 16, 15, 14))
+    with pytest.raises(ValueError, match="world_size >= 1"):
+        channel_parallel_bytes(1, 1, 4, 2, 5, 1, 1, 0)
 
 
 def test_spatial_parallel_equals_unsplit_conv(run):

@@ -8,9 +8,11 @@ are small and uneven, one rank holding no samples at all. Two training steps,
 then one evaluation step. Each rank returns its shard of the outputs and
 input gradients, its local parameter gradients (their sum over ranks is the
 global gradient), its running statistics, and how many messages it sent or
-received while evaluating. The parent compares with a single-process
-BatchNorm on the concatenated batch, and shows that plain BatchNorm on the
-same shards is far off.
+received while evaluating, and the bytes its trace's send events carry in
+each step's forward and backward. The parent compares with a single-process
+BatchNorm on the concatenated batch, shows that plain BatchNorm on the
+same shards is far off, and checks the bytes against
+:func:`sync_batchnorm_bytes`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import pytest
 import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, trace
-from minidist.parallel.sync_batchnorm import SyncBatchNorm
+from minidist.parallel.sync_batchnorm import SyncBatchNorm, sync_batchnorm_bytes
 
 WORLD_SIZES = (2, 3, 4)
 STEPS = 2
@@ -75,11 +77,15 @@ def _run(model, batches, shard):
     recorder = trace.current()  # None in the parent's reference run
     events = recorder.events if recorder is not None else []
     start = len(events)
+    sent = []
     for x, r in batches[:STEPS]:
         model.zero_grad()
         x = Tensor(shard(x), requires_grad=True)
+        first = len(events)
         y = model(x)
+        middle = len(events)
         (y * Tensor(shard(r))).sum().backward()
+        sent.append((_sent_bytes(events[first:middle]), _sent_bytes(events[middle:])))
         grads = {name: p.grad.copy() for name, p in model.named_parameters()}
         steps.append((y.data.copy(), x.grad.copy(), grads))
     norm = _norm(model)
@@ -92,7 +98,13 @@ def _run(model, batches, shard):
     messages = sum(1 for event in events[first:]
                    if dict(zip(trace.FIELDS, event))["kind"] in ("send", "recv", "collective"))
     return dict(steps=steps, stats=stats, eval=evaluated, eval_messages=messages,
-                train_collectives=collectives)
+                train_collectives=collectives, sent=sent)
+
+
+def _sent_bytes(events):
+    """Bytes of the send events among ``events`` (this rank's trace)."""
+    return sum(event["bytes"] for event in (dict(zip(trace.FIELDS, e)) for e in events)
+               if event["kind"] == "send")
 
 
 def _worker():
@@ -168,6 +180,32 @@ def test_local_batchnorm_on_the_same_shards_is_far_off(run, case):
             want = _shard(reference["steps"][0][0], sizes, rank)
             difference = max(difference, float(np.abs(local - want).max()))
     assert difference > 0.1, f"{case}: local BatchNorm differs by only {difference:.3g}"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bytes_in_the_trace_equal_the_formula(run, case):
+    """Per rank and per step, the bytes of the send events in forward (the
+    all_reduce of [sum x | sum x^2 | count], 2C + 1 float64) and in backward
+    ([sum g | sum g x_hat], 2C float64) equal :func:`sync_batchnorm_bytes`
+    exactly. With C = 3 the 7 and 6 values split into uneven ring chunks on
+    2, 3 and 4 ranks (forward on every world size), so ranks send different
+    amounts and a formula off by one chunk fails."""
+    world, results = run
+    forward, backward = sync_batchnorm_bytes(CHANNELS, world)
+    for rank in range(world):
+        assert results[rank][case]["sent"] == [(forward[rank], backward[rank])] * STEPS, rank
+    assert (2 * CHANNELS + 1) % world != 0
+    if world > 2:
+        assert len(set(forward)) > 1  # the ranks' shares differ: uneven chunks
+
+
+def test_sync_batchnorm_bytes_formula_by_hand():
+    # 7 values on 4 ranks: chunks 2, 2, 2, 1; rank r sends 14 - c[r+1] - c[r+2].
+    # 6 values: chunks 2, 2, 1, 1, rank r sends 12 - c[r+1] - c[r+2].
+    assert sync_batchnorm_bytes(3, 4, itemsize=1) == ((10, 11, 11, 10), (9, 10, 9, 8))
+    # On 2 ranks the ring sends the whole array once: 8 bytes a value.
+    assert sync_batchnorm_bytes(3, 2) == ((56, 56), (48, 48))
+    assert sync_batchnorm_bytes(3, 1) == ((0,), (0,))
 
 
 def test_convert_sync_batchnorm_replaces_and_keeps_state():
