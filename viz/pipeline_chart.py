@@ -345,6 +345,116 @@ def expected_bubble(stages: int, microbatches: int, virtual_stages: int = 1) -> 
         f"as a share of the makespan; assumes m a multiple of p, equal costs")
 
 
+def _stage_boxes(events: list[dict]) -> dict[int, list[dict]]:
+    """Each rank's pipeline regions (:func:`_raw_boxes`); an error when there are none,
+    since a trace without them cannot be drawn as a pipeline."""
+    by_rank = _raw_boxes(events)
+    if not by_rank:
+        raise ValueError("this trace holds no pipeline compute regions (compute events "
+                         "labelled with pipeline=F|B|R|step): record a pipeline run with "
+                         "trace=PATH, or simulate its schedule")
+    return by_rank
+
+
+def _choose_batch(by_rank: dict[int, list[dict]], batch: int):
+    """The chart's one batch: ``batch`` (negative: from the end) of each rank's boxes cut
+    at its optimizer steps. Returns (batch from 0, batches, {rank: boxes}, F/B/R boxes)."""
+    per_rank_batches = {rank: _split_batches(boxes) for rank, boxes in by_rank.items()}
+    batches = max(len(split) for split in per_rank_batches.values())
+    if not -batches <= batch < batches:
+        raise IndexError(f"the trace holds {batches} batches (0..{batches - 1}); "
+                         f"there is no batch {batch}")
+    batch %= batches
+    chosen = {rank: split[batch] for rank, split in per_rank_batches.items()
+              if batch < len(split) and split[batch]}
+    work = [box for boxes in chosen.values() for box in boxes if box["kind"] in WORK]
+    if not work:
+        raise ValueError(f"batch {batch} of the trace has no forward or backward region")
+    return batch, batches, chosen, work
+
+
+def _chart_shape(header: dict, chosen: dict[int, list[dict]], work: list[dict], schedule,
+                 stages, microbatches, virtual_stages, simulated):
+    """The schedule's name, p, m, v and whether the clock is simulated: the caller's
+    options first, then the trace's header, then what the batch's boxes show."""
+    schedule = schedule or str(header.get("schedule", UNNAMED))
+    virtual_stages = int(virtual_stages or header.get("virtual_stages")
+                         or 1 + max(box["chunk"] for box in work))
+    known_stages = [box["stage"] for box in work if box["stage"] is not None]
+    stages = int(stages or header.get("stages")
+                 or ((1 + max(known_stages)) // virtual_stages if known_stages else len(chosen)))
+    microbatches = int(microbatches or header.get("microbatches")
+                       or len({box["microbatch"] for box in work if box["kind"] == "F"}))
+    if simulated is None:
+        simulated = not header or header.get("transport") == "sim"
+    return schedule, stages, microbatches, virtual_stages, simulated
+
+
+def _row_places(chosen: dict[int, list[dict]], stages: int) -> dict[int, tuple[int, str]]:
+    """Each rank's (stage, row label): its lowest stage mod p (its rank when the boxes name
+    none); the label names the rank too when ranks and stages differ, so no row is ambiguous."""
+    ranks = sorted(chosen)
+    position = {}
+    for rank in ranks:
+        stages_seen = [box["stage"] for box in chosen[rank] if box["stage"] is not None]
+        position[rank] = min(stages_seen) % stages if stages_seen else rank
+    duplicated = len(set(position.values())) < len(ranks) or \
+        any(position[rank] != rank for rank in ranks)
+    return {rank: (position[rank], f"rank {rank} · stage {position[rank]}" if duplicated
+                   else f"stage {position[rank]}") for rank in ranks}
+
+
+def _place_boxes(chosen: dict[int, list[dict]], origin: int) -> list[dict]:
+    """Every rank's boxes with their row (ranks in order) and times since ``origin``,
+    the batch's first F/B/R start, so that every chart's time axis starts at 0."""
+    placed = []
+    for row, rank in enumerate(sorted(chosen)):
+        for box in chosen[rank]:
+            placed.append(dict(box, row=row, start=box["start"] - origin,
+                               end=box["end"] - origin))
+    return placed
+
+
+def _freeze_boxes(placed: list[dict]) -> dict[int, Box]:
+    """The placed boxes (slots set by :func:`_columns`) as :class:`Box` es, by the id of
+    their dict, so that rows and columns share the same Box."""
+    return {id(box): Box(rank=box["rank"], kind=box["kind"], microbatch=box["microbatch"],
+                         chunk=box["chunk"], stage=box["stage"], phase=box["phase"],
+                         start=box["start"], end=box["end"], slot=box["slot"],
+                         last_slot=box["last_slot"])
+            for box in placed}
+
+
+def _row_boxes(placed: list[dict], frozen: dict[int, Box], row: int) -> tuple[Box, ...]:
+    """Row ``row``'s boxes in the order they started (ties: the one ending first), the
+    order the chart draws and steps through them."""
+    return tuple(sorted((frozen[id(box)] for box in placed if box["row"] == row),
+                        key=lambda box: (box.start, box.end)))
+
+
+def _row(rank: int, place: tuple[int, str], boxes: tuple[Box, ...], makespan: int,
+         peak: tuple[int, int] | None) -> Row:
+    """One stage's row: its boxes, its idle gaps over [0, makespan] (its share of the
+    bubble), its busy time and its memory peak (None without a ledger)."""
+    idle = _gaps([(box.start, box.end) for box in boxes if box.kind in WORK], 0, makespan)
+    return Row(rank=rank, stage=place[0], label=place[1], boxes=boxes, idle=idle,
+               busy=sum(box.duration for box in boxes if box.kind in WORK),
+               peak_live_microbatches=peak[0] if peak else None,
+               peak_activation_bytes=peak[1] if peak else None)
+
+
+def _grid_cells(boxes: tuple[Box, ...], slots: int, width: int) -> tuple[str, ...]:
+    """A row's cells, one per time slot, all ``width`` wide: a box's text in the slot it
+    starts in, "--" while it still runs, ".." idle (what the terminal prints)."""
+    cells = ["." * width] * slots
+    for box in boxes:
+        for slot in range(box.slot + 1, box.last_slot + 1):
+            cells[slot] = "-" * width
+    for box in boxes:
+        cells[box.slot] = box.text.ljust(width)
+    return tuple(cells)
+
+
 def pipeline_chart(trace, *, batch: int = -1, schedule: str | None = None,
                    stages: int | None = None, microbatches: int | None = None,
                    virtual_stages: int | None = None,
@@ -359,92 +469,35 @@ def pipeline_chart(trace, *, batch: int = -1, schedule: str | None = None,
     "sim" or there is no header (a list of simulated events).
     """
     header, events = _load(trace)
-    by_rank = _raw_boxes(events)
-    if not by_rank:
-        raise ValueError("this trace holds no pipeline compute regions (compute events "
-                         "labelled with pipeline=F|B|R|step): record a pipeline run with "
-                         "trace=PATH, or simulate its schedule")
-    per_rank_batches = {rank: _split_batches(boxes) for rank, boxes in by_rank.items()}
-    batches = max(len(split) for split in per_rank_batches.values())
-    if not -batches <= batch < batches:
-        raise IndexError(f"the trace holds {batches} batches (0..{batches - 1}); "
-                         f"there is no batch {batch}")
-    batch %= batches
-    chosen = {rank: split[batch] for rank, split in per_rank_batches.items()
-              if batch < len(split) and split[batch]}
-    work = [box for boxes in chosen.values() for box in boxes if box["kind"] in WORK]
-    if not work:
-        raise ValueError(f"batch {batch} of the trace has no forward or backward region")
-
-    schedule = schedule or str(header.get("schedule", UNNAMED))
-    virtual_stages = int(virtual_stages or header.get("virtual_stages")
-                         or 1 + max(box["chunk"] for box in work))
-    known_stages = [box["stage"] for box in work if box["stage"] is not None]
-    stages = int(stages or header.get("stages")
-                 or ((1 + max(known_stages)) // virtual_stages if known_stages else len(chosen)))
-    microbatches = int(microbatches or header.get("microbatches")
-                       or len({box["microbatch"] for box in work if box["kind"] == "F"}))
-    if simulated is None:
-        simulated = not header or header.get("transport") == "sim"
-
+    batch, batches, chosen, work = _choose_batch(_stage_boxes(events), batch)
+    schedule, stages, microbatches, virtual_stages, simulated = _chart_shape(
+        header, chosen, work, schedule, stages, microbatches, virtual_stages, simulated)
     origin = min(box["start"] for box in work)
-    finish = max(box["end"] for box in work)
-    makespan = finish - origin
-    ranks = sorted(chosen)
-    position = {}
-    for rank in ranks:
-        stages_seen = [box["stage"] for box in chosen[rank] if box["stage"] is not None]
-        position[rank] = min(stages_seen) % stages if stages_seen else rank
-    duplicated = len(set(position.values())) < len(ranks) or \
-        any(position[rank] != rank for rank in ranks)
+    makespan = max(box["end"] for box in work) - origin
+    places = _row_places(chosen, stages)
 
-    all_boxes = []
-    for row, rank in enumerate(ranks):
-        for box in chosen[rank]:
-            box = dict(box, row=row, start=box["start"] - origin, end=box["end"] - origin)
-            all_boxes.append(box)
-    columns = _columns(all_boxes)
-    frozen = {id(box): Box(rank=box["rank"], kind=box["kind"], microbatch=box["microbatch"],
-                           chunk=box["chunk"], stage=box["stage"], phase=box["phase"],
-                           start=box["start"], end=box["end"], slot=box["slot"],
-                           last_slot=box["last_slot"])
-              for box in all_boxes}
-
-    end = max(box["end"] for box in all_boxes)
+    placed = _place_boxes(chosen, origin)
+    columns = _columns(placed)
+    frozen = _freeze_boxes(placed)
+    end = max(box["end"] for box in placed)
     peaks = _memory_peaks(events, (origin, origin + end))
+    rows = tuple(_row(rank, places[rank], _row_boxes(placed, frozen, row), makespan,
+                      peaks.get(rank))
+                 for row, rank in enumerate(sorted(chosen)))
     width = max([2] + [len(box.text) for box in frozen.values()])
-    rows, grid, idle_total = [], [], 0
-    for row, rank in enumerate(ranks):
-        boxes = tuple(sorted((frozen[id(box)] for box in all_boxes if box["row"] == row),
-                             key=lambda box: (box.start, box.end)))
-        busy_intervals = [(box.start, box.end) for box in boxes if box.kind in WORK]
-        idle = _gaps(busy_intervals, 0, makespan)
-        idle_total += sum(end_ - start for start, end_ in idle)
-        peak = peaks.get(rank)
-        label = (f"rank {rank} · stage {position[rank]}" if duplicated
-                 else f"stage {position[rank]}")
-        rows.append(Row(rank=rank, stage=position[rank], label=label, boxes=boxes, idle=idle,
-                        busy=sum(box.duration for box in boxes if box.kind in WORK),
-                        peak_live_microbatches=peak[0] if peak else None,
-                        peak_activation_bytes=peak[1] if peak else None))
-        cells = ["." * width] * len(columns)
-        for box in boxes:
-            for slot in range(box.slot + 1, box.last_slot + 1):
-                cells[slot] = "-" * width
-        for box in boxes:
-            cells[box.slot] = box.text.ljust(width)
-        grid.append(tuple(cells))
 
     return PipelineChart(
         schedule=schedule, stages=stages, microbatches=microbatches,
-        virtual_stages=virtual_stages, rows=tuple(rows),
+        virtual_stages=virtual_stages, rows=rows,
         columns=tuple(Column(index=index, start=column["start"],
                              started=tuple(frozen[id(box)] for box in column["boxes"]))
                       for index, column in enumerate(columns)),
-        grid=tuple(grid), makespan=makespan, end=end, idle=idle_total,
+        grid=tuple(_grid_cells(row.boxes, len(columns), width) for row in rows),
+        makespan=makespan, end=end,
+        idle=sum(gap_end - gap_start for row in rows for gap_start, gap_end in row.idle),
         expected=expected_bubble(stages, microbatches, virtual_stages), batch=batch,
         batches=batches, simulated=bool(simulated),
-        bubble=bubble_fraction([box["event"] for box in work], len(ranks)))
+        bubble=bubble_fraction([box["event"] for box in work], len(chosen)))
 
 
 # --------------------------------------------------------------------------- words
