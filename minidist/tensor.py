@@ -275,6 +275,16 @@ class Tensor:
 
         return _Handle()
 
+    def saved_arrays(self) -> list:
+        """The arrays this node keeps alive for its backward: what its local
+        backward captured (arrays, tensors' data, nested functions' captures).
+        Empty for a leaf and for a node freed by backward. The autograd never
+        calls it; a memory ledger does, to measure activations without each op
+        having to declare what it saves."""
+        found, seen = [], set()
+        _closure_arrays(self._backward, found, seen)
+        return found
+
     # -- backward -------------------------------------------------------
     def _accumulate(self, grad):
         if self.grad is None:
@@ -645,6 +655,52 @@ class Tensor:
             return (g - xp.exp(out) * g.sum(axis=axis, keepdims=True),)
 
         return Tensor._make(out, (self,), backward, "log_softmax")
+
+
+def _is_backend_array(value) -> bool:
+    return isinstance(value, numpy.ndarray) or type(value).__module__.startswith("cupy")
+
+
+def _closure_arrays(value, found: list, seen: set) -> None:
+    """Collect the arrays reachable from a backward closure's captured
+    variables: arrays, tensors (their data), tuples and lists of them, and the
+    captures of nested functions. Nothing else is followed (a captured module
+    or process group holds no activation)."""
+    if value is None or id(value) in seen:
+        return
+    seen.add(id(value))
+    if _is_backend_array(value):
+        found.append(value)
+    elif isinstance(value, Tensor):
+        found.append(value.data)
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            _closure_arrays(item, found, seen)
+    elif isinstance(value, functools.partial):
+        _closure_arrays(value.func, found, seen)
+        _closure_arrays(value.args, found, seen)
+    elif callable(value) and getattr(value, "__closure__", None):
+        for cell in value.__closure__:
+            try:
+                contents = cell.cell_contents
+            except ValueError:  # a variable not yet bound
+                continue
+            _closure_arrays(contents, found, seen)
+
+
+def graph_nodes(*roots):
+    """Every tensor of the autograd graphs that end in ``roots`` (the roots
+    included, each tensor once): the nodes and the leaves they were made
+    from. A graph freed by backward ends at its root."""
+    seen = set()
+    stack = [root for root in roots if isinstance(root, Tensor)]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        yield node
+        stack.extend(node._parents)
 
 
 def _data(value):

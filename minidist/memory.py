@@ -1,0 +1,321 @@
+"""The memory ledger: the bytes one rank holds, by what they are for.
+
+Training memory falls into five categories, and every strategy that fights
+the memory wall (ZeRO, activation checkpointing, pipelining) moves bytes out
+of one of them:
+
+* ``parameters``      the weights (``param.data``);
+* ``gradients``       their ``.grad`` arrays;
+* ``optimizer_state`` momentum buffers, Adam's moments (``optimizer.state``);
+* ``buffers``         communication buffers a strategy registers with
+                      :meth:`Ledger.track` (a DDP bucket, a ZeRO shard);
+* ``activations``     what the autograd graph keeps alive for backward: the
+                      output of every node, the arrays its local backward
+                      captured (:meth:`Tensor.saved_arrays`), and the inputs.
+
+Measured, not computed from a formula: a sample walks the arrays that exist
+at that moment and adds up their bytes. An array is counted by the memory it
+keeps alive (a view keeps its whole base), and each byte once: when two
+arrays share memory (a view and its base, a ``.grad`` that is a view into a
+bucket, the same weight in two layers) it counts once, in the first category
+of the order above that holds it.
+
+Usage::
+
+    ledger = memory.Ledger(model, optimizer, limit_bytes=64 << 20)
+    loss = loss_fn(model(x), y)
+    ledger.sample("forward", graph=loss)     # activations held by loss's graph
+    loss.backward()
+    ledger.sample("backward")
+    optimizer.step()
+    ledger.sample("step")
+    ledger.report().peak_total              # the largest total of any sample
+
+With tracing on, every sample is also a ``memory`` event in the trace (the
+same keys as the pipeline's ledger: ``params grads optimizer activations``,
+plus ``buffers``, ``total`` and ``peak``), so the visualiser can draw memory
+over time per rank; :func:`memory_timeline` reads them back.
+
+The cap. ``limit_bytes`` makes the ledger a per-rank memory limit: a sample
+over it raises :class:`MemoryLimitError`, and :meth:`Ledger.check` refuses an
+allocation before it is made, so a lesson can show a model that does not fit
+under data parallelism but fits under ZeRO stage 3 without exhausting the
+machine. This module knows nothing of processes: the rank comes from the
+trace recorder when one is on, or from ``rank=``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+import numpy
+
+from minidist import trace as _trace
+from minidist.tensor import Tensor, graph_nodes
+
+#: The categories, in the order that claims shared memory.
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "buffers", "activations")
+
+#: The keys of a ``memory`` trace event (shared with the pipeline's ledger).
+TRACE_KEYS = {"parameters": "params", "gradients": "grads", "optimizer_state": "optimizer",
+              "buffers": "buffers", "activations": "activations"}
+
+
+class MemoryLimitError(MemoryError):
+    """A rank's ledger went, or would go, over its per-rank memory limit."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The bytes held at one moment, by category."""
+
+    label: str
+    time: int                      # trace.now() nanoseconds
+    bytes: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.bytes.values())
+
+
+@dataclass
+class Report:
+    """What the ledger saw: the latest sample, the peak of each category over
+    all samples, the largest total and the sample that reached it."""
+
+    current: dict[str, int]
+    peak: dict[str, int]
+    peak_total: int
+    peak_label: str | None
+    samples: list[Sample] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(self.current.values())
+
+
+def _root(array):
+    """The array that owns the memory ``array`` looks at (a view keeps its
+    whole base alive)."""
+    while getattr(array, "base", None) is not None and type(array.base) is type(array):
+        array = array.base
+    return array
+
+
+def _extent(array):
+    """(address space, first byte, one past the last byte) of the memory
+    ``array`` keeps alive, or None for an empty array."""
+    if isinstance(array, numpy.generic):  # a NumPy scalar (a full reduction's result)
+        return ("scalar", id(array), id(array) + array.nbytes) if array.nbytes else None
+    root = _root(array)
+    if root.nbytes == 0:
+        return None
+    if isinstance(root, numpy.ndarray):
+        low, high = numpy.lib.array_utils.byte_bounds(root)
+        return ("host", low, high)
+    pointer = root.data.ptr  # CuPy: device memory
+    return (f"device{root.device.id}", pointer, pointer + root.nbytes)
+
+
+def _merge(extents):
+    merged = []
+    for space, low, high in sorted(extents):
+        if merged and merged[-1][0] == space and low <= merged[-1][2]:
+            if high > merged[-1][2]:
+                merged[-1] = (space, merged[-1][1], high)
+        else:
+            merged.append((space, low, high))
+    return merged
+
+
+def _size(merged) -> int:
+    return sum(high - low for _, low, high in merged)
+
+
+def count_bytes(by_category: dict[str, list]) -> dict[str, int]:
+    """The bytes of each category's arrays, each byte counted once, in the
+    first category of :data:`CATEGORIES` that holds it."""
+    claimed: list = []
+    result = {}
+    for category in CATEGORIES:
+        extents = [extent for array in by_category.get(category, ())
+                   if (extent := _extent(array)) is not None]
+        together = _merge(claimed + extents)
+        result[category] = _size(together) - _size(claimed)
+        claimed = together
+    return result
+
+
+def _as_array(value):
+    return value.data if isinstance(value, Tensor) else value
+
+
+def _is_array(value) -> bool:
+    return isinstance(value, (numpy.ndarray, numpy.generic)) or type(value).__module__.startswith("cupy")
+
+
+class Ledger:
+    """Measures the bytes one rank holds, keeps every sample and the peak.
+
+    ``model`` is a Module (its parameters are read at each sample, so a
+    strategy that swaps them is followed) or a list of parameters;
+    ``optimizer`` any minidist optimizer (its ``state`` is walked).
+    ``limit_bytes`` caps the total (see :meth:`check`).
+    """
+
+    def __init__(self, model=None, optimizer=None, *, limit_bytes: int | None = None,
+                 rank: int | None = None):
+        if limit_bytes is not None and limit_bytes < 0:
+            raise ValueError(f"limit_bytes must be at least 0, got {limit_bytes}")
+        if model is not None and not hasattr(model, "parameters"):
+            model = list(model)
+        self.model = model
+        self.optimizer = optimizer
+        self.limit_bytes = limit_bytes
+        self._rank = rank
+        self.samples: list[Sample] = []
+        self._tracked: dict[str, list] = {category: [] for category in CATEGORIES}
+
+    # ------------------------------------------------------------------ what is held
+
+    @property
+    def rank(self):
+        if self._rank is not None:
+            return self._rank
+        recorder = _trace.current()
+        return recorder.rank if recorder is not None else None
+
+    def parameters(self) -> list[Tensor]:
+        if self.model is None:
+            return []
+        return list(self.model.parameters()) if hasattr(self.model, "parameters") else self.model
+
+    def track(self, category: str, array):
+        """Count ``array`` (or a Tensor's data) in ``category`` for as long as
+        it exists: the ledger holds it weakly, so a freed buffer drops out on
+        its own. Returns ``array``. Strategies register their communication
+        buffers here (``ledger.track("buffers", bucket)``)."""
+        if category not in CATEGORIES:
+            raise ValueError(f"unknown memory category {category!r}; "
+                             f"choose one of {', '.join(CATEGORIES)}")
+        target = _as_array(array)
+        if not _is_array(target):
+            raise TypeError(f"track() takes an array or a Tensor, got {type(array).__name__}")
+        try:
+            reference = weakref.ref(target)
+        except TypeError:  # an array type without weak references: held strongly
+            reference = (lambda kept=target: kept)
+        self._tracked[category].append(reference)
+        return array
+
+    def untrack(self, array) -> None:
+        """Stop counting ``array`` (wherever it was tracked)."""
+        target = _as_array(array)
+        for category, references in self._tracked.items():
+            self._tracked[category] = [ref for ref in references if ref() is not target]
+
+    def arrays(self, graph=None) -> dict[str, list]:
+        """The arrays of each category that exist now. ``graph``: a Tensor
+        (or several) whose autograd graph's arrays count as activations."""
+        found: dict[str, list] = {category: [] for category in CATEGORIES}
+        parameters = self.parameters()
+        found["parameters"] = [param.data for param in parameters]
+        found["gradients"] = [param.grad for param in parameters if param.grad is not None]
+        if self.optimizer is not None:
+            for per_parameter in self.optimizer.state.values():
+                found["optimizer_state"].extend(
+                    _as_array(value) for value in per_parameter.values()
+                    if _is_array(_as_array(value)))
+        if graph is not None:
+            roots = (graph,) if isinstance(graph, Tensor) else tuple(graph)
+            for node in graph_nodes(*roots):
+                found["activations"].append(node.data)
+                found["activations"].extend(node.saved_arrays())
+        for category, references in self._tracked.items():
+            alive = [(reference, reference()) for reference in references]
+            self._tracked[category] = [reference for reference, array in alive
+                                       if array is not None]
+            found[category].extend(array for _, array in alive if array is not None)
+        return found
+
+    def measure(self, graph=None) -> dict[str, int]:
+        """The bytes of each category now (nothing recorded)."""
+        return count_bytes(self.arrays(graph))
+
+    # ------------------------------------------------------------------ samples
+
+    def sample(self, label: str = "", graph=None) -> Sample:
+        """Measure, keep the sample (and so the peak), write a ``memory``
+        event when tracing is on, and raise :class:`MemoryLimitError` if the
+        total is over ``limit_bytes`` (after recording, so the trace shows it)."""
+        measured = Sample(label, _trace.now(), self.measure(graph))
+        self.samples.append(measured)
+        if _trace.enabled():
+            peak = max(sample.total for sample in self.samples)
+            _trace.record("memory", measured.time, measured.time, nbytes=measured.total,
+                          label=memory_label(label, measured.bytes, peak))
+        if self.limit_bytes is not None and measured.total > self.limit_bytes:
+            raise MemoryLimitError(self._over_limit(f"at {label!r}" if label else "",
+                                                    measured.bytes, 0))
+        return measured
+
+    def check(self, nbytes: int, what: str = "an allocation") -> None:
+        """Refuse, before it is made, an allocation of ``nbytes`` that would
+        take this rank over ``limit_bytes``: call it before allocating a big
+        array, so a model that does not fit fails clearly instead of
+        exhausting the machine."""
+        if self.limit_bytes is None:
+            return
+        held = self.measure()
+        if sum(held.values()) + nbytes > self.limit_bytes:
+            raise MemoryLimitError(self._over_limit(f"allocating {what} ({nbytes:,} bytes)",
+                                                    held, nbytes))
+
+    def _over_limit(self, where: str, held: dict[str, int], extra: int) -> str:
+        total = sum(held.values()) + extra
+        rank = self.rank
+        who = f"rank {rank}" if rank is not None else "this process"
+        largest = max(held, key=held.get)
+        parts = ", ".join(f"{category} {held[category]:,}" for category in CATEGORIES)
+        return (f"{who}: {where + ': ' if where else ''}{total:,} bytes would be held, over "
+                f"the per-rank memory limit of {self.limit_bytes:,} bytes ({parts}). The "
+                f"largest is {largest}: shard it across ranks (ZeRO shards optimizer state, "
+                f"gradients and parameters), keep fewer activations (a smaller batch, "
+                f"checkpointing), or raise limit_bytes.")
+
+    def report(self) -> Report:
+        """The latest sample, each category's peak and the largest total."""
+        if not self.samples:
+            zeros = dict.fromkeys(CATEGORIES, 0)
+            return Report(dict(zeros), dict(zeros), 0, None, [])
+        peak = {category: max(sample.bytes[category] for sample in self.samples)
+                for category in CATEGORIES}
+        top = max(self.samples, key=lambda sample: sample.total)
+        return Report(dict(self.samples[-1].bytes), peak, top.total, top.label,
+                      list(self.samples))
+
+
+# ---------------------------------------------------------------------- the trace
+
+
+def memory_label(label: str, held: dict[str, int], peak: int | None = None) -> str:
+    """The label of a ``memory`` event: ``memory <label> #params=... grads=...``."""
+    text = f"memory {label}".strip().replace(" #", " ")
+    pairs = {TRACE_KEYS[category]: held.get(category, 0) for category in CATEGORIES}
+    pairs["total"] = sum(held.values())
+    pairs["peak"] = peak
+    return _trace.with_info(text, **pairs)
+
+
+def memory_timeline(events) -> dict[int, list[tuple[int, dict[str, int]]]]:
+    """Per rank, the ``memory`` events in time order as (time, bytes by
+    category): what a memory-over-time chart draws. Reads the pipeline's
+    ledger events too (their missing categories read as 0)."""
+    timeline: dict[int, list] = {}
+    for event in sorted((event for event in events if event.get("kind") == "memory"),
+                        key=lambda event: (event["rank"], event["start"])):
+        info = _trace.label_info(event.get("label") or "")
+        held = {category: int(info.get(key, 0) or 0) for category, key in TRACE_KEYS.items()}
+        timeline.setdefault(event["rank"], []).append((event["start"], held))
+    return timeline
