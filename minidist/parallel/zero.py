@@ -151,6 +151,16 @@ class _FlatShard:
         out[self.numel:] = 0
         return out
 
+    def pack_slice(self, arrays, out: np.ndarray) -> np.ndarray:
+        """Copy only this rank's slice ``[lo, hi)`` of the packed ``arrays`` into
+        ``out`` (zeros where the slice covers padding): no full-size scratch."""
+        out[...] = 0
+        for array, offset in zip(arrays, self.offsets):
+            start, end = max(offset, self.lo), min(offset + array.size, self.hi)
+            if start < end:
+                out[start - self.lo:end - self.lo] = array.reshape(-1)[start - offset:end - offset]
+        return out
+
     def views(self, flat: np.ndarray):
         """One view of ``flat`` per parameter, in its shape: the padding is in none."""
         return [flat[offset:offset + int(np.prod(shape))].reshape(shape)
@@ -200,7 +210,6 @@ class ZeroRedundancyOptimizer:
             param.data = view
         self.shard = Tensor(self.flat[self.layout.lo:self.layout.hi], requires_grad=True)
         self.shard.grad = np.zeros_like(self.shard.data)
-        self._gradient = np.zeros(self.layout.padded, self.layout.dtype)
         self.optimizer = optimizer_class([self.shard], **defaults)
 
     @property
@@ -223,9 +232,7 @@ class ZeroRedundancyOptimizer:
             if param.grad is None:
                 raise RuntimeError(f"rank {self.rank}: ZeroRedundancyOptimizer.step(): a "
                                    f"parameter of shape {param.data.shape} has no gradient")
-        # Only this rank's slice of the gradient is needed: pack it all (cheap, clear).
-        self.layout.pack([p.grad for p in self.layout.parameters], self._gradient)
-        self.shard.grad[...] = self._gradient[self.layout.lo:self.layout.hi]
+        self.layout.pack_slice([p.grad for p in self.layout.parameters], self.shard.grad)
         with no_grad():
             self.optimizer.step()
         dist.all_gather_into_tensor(self.flat, self.shard.data.copy(), group=self.group,
@@ -238,15 +245,17 @@ class ZeroRedundancyOptimizer:
 class _Unit:
     """One layer's (a module owning parameters) flat buffer and shard."""
 
-    def __init__(self, module, parameters, rank, world_size):
+    def __init__(self, module, parameters, rank, world_size, keep_full: bool):
         self.module = module
         self.layout = _FlatShard(parameters, rank, world_size)
         full = self.layout.pack([p.data for p in parameters],
                                 np.empty(self.layout.padded, self.layout.dtype))
-        self.shard = Tensor(full[self.layout.lo:self.layout.hi].copy(), requires_grad=True)
-        self.full = None            # the gathered weights, while they exist
+        mine = full[self.layout.lo:self.layout.hi]
+        # SHARD_GRAD_OP keeps the full weights: the shard is a view into them
+        # (gathered in place). FULL_SHARD keeps the shard alone.
+        self.shard = Tensor(mine if keep_full else mine.copy(), requires_grad=True)
+        self.full = full if keep_full else None     # the gathered weights, while they exist
         self.pending = len(parameters)
-        self.gradient = np.zeros(self.layout.padded, self.layout.dtype)
 
 
 class FullyShardedDataParallel(nn.Module):
@@ -297,7 +306,8 @@ class FullyShardedDataParallel(nn.Module):
         for layer in module.modules():
             own = [p for p in layer.parameters(recurse=False) if p.requires_grad]
             if own:
-                units.append(_Unit(layer, own, self._rank, self._world_size))
+                units.append(_Unit(layer, own, self._rank, self._world_size,
+                                   keep_full=not self.reshard_after_forward))
         object.__setattr__(self, "_units", units)
         object.__setattr__(self, "_total", None)
         for unit in units:
@@ -344,8 +354,11 @@ class FullyShardedDataParallel(nn.Module):
 
     # -- gathering and freeing -------------------------------------------
     def _gather(self, unit, into=None) -> None:
+        if into is None:
+            into = unit.full
         full = np.empty(unit.layout.padded, unit.layout.dtype) if into is None else into
-        dist.all_gather_into_tensor(full, unit.shard.data, group=self._group,
+        # The shard may be a view into ``full``: send a copy of it.
+        dist.all_gather_into_tensor(full, unit.shard.data.copy(), group=self._group,
                                     algorithm=self._algorithm)
         unit.full = full
         for param, view in zip(unit.layout.parameters, unit.layout.views(full)):
@@ -406,15 +419,18 @@ class FullyShardedDataParallel(nn.Module):
             return
         unit.pending = len(unit.layout.parameters)
         layout = unit.layout
-        layout.pack([p.grad for p in layout.parameters], unit.gradient)
+        # The layer's full gradient lives only from here to the reduce_scatter.
+        gradient = layout.pack([p.grad for p in layout.parameters],
+                               np.empty(layout.padded, layout.dtype))
         mine = np.empty(layout.shard, layout.dtype)
         if self._world_size == 1:       # as DDP: nothing to average, no rounding added
-            mine[...] = unit.gradient
+            mine[...] = gradient
         else:
-            unit.gradient *= layout.dtype.type(self._count)
-            dist.reduce_scatter_tensor(mine, unit.gradient, group=self._group,
+            gradient *= layout.dtype.type(self._count)
+            dist.reduce_scatter_tensor(mine, gradient, group=self._group,
                                        algorithm=self._algorithm)
             mine /= layout.dtype.type(self._total)
+        del gradient
         if unit.shard.grad is None:
             unit.shard.grad = mine
         else:

@@ -114,7 +114,30 @@ def _train(method, opt_name, uneven):
         shard_elements, padding_zero, inner = sum(NUMELS), True, optimizer
     assert [w.shape for w in weights] == shapes
     flat = np.concatenate([w.reshape(-1) for w in weights])
-    return flat, _state_elements(inner), shard_elements, padding_zero
+    return flat, _state_elements(inner), shard_elements, padding_zero, \
+        _resident_bytes(method, model, wrapped, optimizer)
+
+
+def _resident_bytes(method, model, wrapped, optimizer) -> int:
+    """The measure: bytes of weights, gradients and optimizer state this rank
+    holds between steps (after optimizer.step())."""
+    if method == "zero1":
+        weights = optimizer.flat.nbytes         # the parameters are views into it
+        state = optimizer.optimizer
+    elif method == "fsdp2":
+        weights = sum(u.full.nbytes for u in wrapped._units)     # the shards are views
+        state = optimizer
+    elif method == "fsdp3":
+        weights = sum(p.data.nbytes for p in model.parameters())  # 0: freed
+        weights += sum(s.data.nbytes for s in wrapped.shards)
+        state = optimizer
+    else:
+        weights = sum(p.data.nbytes for p in model.parameters())
+        state = optimizer
+    gradients = sum(p.grad.nbytes for p in model.parameters() if p.grad is not None)
+    if method.startswith("fsdp"):
+        gradients += sum(s.grad.nbytes for s in wrapped.shards if s.grad is not None)
+    return weights + gradients + 4 * _state_elements(state)
 
 
 CASES = [(method, opt_name, uneven) for opt_name in ("sgd", "adam") for uneven in (False, True)
@@ -134,7 +157,7 @@ def test_zero_stages_match_ddp(world_size):
     for (method, opt_name, uneven), per_rank in by_case.items():
         label = (method, opt_name, uneven, world_size)
         reference = by_case[("ddp", opt_name, uneven)][0][0]
-        for flat, state, shard, padding_zero in per_rank:
+        for flat, state, shard, padding_zero, resident in per_rank:
             # Every rank ends with the same weights.
             assert flat.tobytes() == per_rank[0][0].tobytes(), label
             assert padding_zero, label
@@ -153,6 +176,13 @@ def test_zero_stages_match_ddp(world_size):
                 expected_shard = sum(NUMELS)
             assert shard == expected_shard, label
             assert state == states_per_element[opt_name] * expected_shard, label
+            if opt_name == "adam":
+                # The measure next to the formula: equal but for the padding (at
+                # most N - 1 elements of 16 bytes per flat buffer).
+                stage = METHODS.index(method)
+                formula = zero_model_state_bytes(sum(NUMELS), world_size, stage)
+                assert formula <= resident <= formula + 16 * len(numels) * (world_size - 1), \
+                    (label, resident, formula)
         shard_total = sum(r[2] for r in per_rank)
         if method != "ddp":
             assert shard_total == sum(-(-n // world_size) * world_size for n in numels), label
