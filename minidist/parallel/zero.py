@@ -1,0 +1,441 @@
+"""ZeRO: shard the model states over the data-parallel ranks (course topic 20).
+
+Plain data parallelism keeps on every rank a full copy of everything the
+optimizer touches. For fp32 training with Adam, per parameter:
+
+    weights 4 bytes + gradient 4 bytes + Adam's m and v 8 bytes = 16 bytes
+
+on *every* one of the N ranks: adding ranks adds compute, never memory (the
+memory wall). ZeRO (Rajbhandari et al., 2020) notices that each rank only
+needs the full copy for a moment, and gives each rank one N-th to own:
+
+====================  ==========================  ===========================
+stage                 bytes per parameter, rank   bytes each rank sends/step
+====================  ==========================  ===========================
+DDP                   4 + 4 + 8 = 16              all_reduce 2 (N-1)/N P
+1 optimizer state     4 + 4 + 8/N                 all_reduce + all_gather 3 (N-1)/N P
+2 + gradients         4 + (4 + 8)/N               reduce_scatter + all_gather 2 (N-1)/N P
+3 + parameters        16/N                        2 all_gathers + reduce_scatter 3 (N-1)/N P
+====================  ==========================  ===========================
+
+(P: the model's bytes, padded up to a multiple of N; "sends" counts the ring
+algorithms. Stage 1 here sits beside :class:`DistributedDataParallel`, whose
+full all_reduce it keeps, as torch's ``ZeroRedundancyOptimizer`` does, so it
+adds an all_gather of the weights; stage 3 gathers every layer's weights twice,
+for forward and again for backward: 1.5 times DDP's volume.)
+:func:`zero_model_state_bytes` and :func:`zero_bytes_per_step` are these
+formulas; the tests compare the second with the trace.
+
+Three classes, public collectives only:
+
+* :class:`ZeroRedundancyOptimizer` (stage 1): wraps an optimizer class. The
+  parameters become views into one flat buffer, padded to a multiple of N;
+  rank r builds the inner optimizer on its slice only (so its state, e.g.
+  Adam's moments, covers one N-th), updates that slice after DDP's all_reduce,
+  and all_gathers the buffer so every replica holds the new weights.
+* :class:`FullyShardedDataParallel` ``("SHARD_GRAD_OP")`` (stage 2): as
+  torch's FSDP, ``fsdp.parameters()`` are the *shards* (one flat slice per
+  layer), the optimizer is built on them. In backward, as soon as a layer's
+  gradients are complete, they are packed and reduce_scattered: each rank
+  receives the summed gradient of its slice only, and the full gradients are
+  dropped. Before each layer's forward its weights are all_gathered from the
+  shards the optimizer updated.
+* ``FullyShardedDataParallel(..., "FULL_SHARD")`` (stage 3): the layers' full
+  weights exist only around their use: all_gathered before the layer's
+  forward, freed after it, all_gathered again just before the layer's
+  backward (a node the forward inserts at the layer's output runs the
+  gather), freed after its gradients were reduce_scattered.
+
+The padding is zeros with zero gradient: SGD's and Adam's updates leave it
+zero, and unpacking copies only the real elements into the model.
+
+A NumPy detail: minidist's layers keep the arrays their backward needs in
+the autograd closure (``Linear`` keeps ``W``), so "freeing" a layer's full
+weights drops the module's reference and overwrites the values with NaN; the
+backward gather refills that same array. Forgetting the gather shows up as NaN
+gradients, not as a silent use of stale weights.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import minidist.distributed as dist
+from minidist import nn
+from minidist.parallel.data_parallel import _check_model, _local_count, broadcast_module
+from minidist.tensor import Tensor, no_grad
+
+STRATEGIES = ("SHARD_GRAD_OP", "FULL_SHARD")
+
+# --------------------------------------------------------------------------- formulas
+
+
+def _padded(numel: int, world_size: int) -> int:
+    return -(-numel // world_size) * world_size
+
+
+def zero_model_state_bytes(num_parameters: int, world_size: int, stage: int,
+                           buffers: int = 0) -> float:
+    """Bytes of model states per rank for fp32 training with Adam (4-byte
+    weights, 4-byte gradients, two 4-byte moments), ``buffers`` bytes added::
+
+        stage 0 (DDP):  16 psi
+        stage 1:        (4 + 4 + 8 / N) psi         optimizer state sharded
+        stage 2:        (4 + (4 + 8) / N) psi       + gradients sharded
+        stage 3:        16 / N psi                  + parameters sharded
+
+    (``psi`` parameters, N ranks; the padding to a multiple of N left out.)
+    """
+    psi, n = num_parameters, world_size
+    if stage not in (0, 1, 2, 3) or n < 1:
+        raise ValueError(f"zero_model_state_bytes: stage in 0..3 and world_size >= 1, "
+                         f"got stage={stage!r}, world_size={world_size!r}")
+    per_parameter = {0: 16, 1: 4 + 4 + 8 / n, 2: 4 + 12 / n, 3: 16 / n}[stage]
+    return per_parameter * psi + buffers
+
+
+def zero_bytes_per_step(numels, world_size: int, stage: int, itemsize: int = 4) -> dict:
+    """Bytes one rank sends per training step, by collective, with the ring
+    algorithms: ``{"all_reduce": ..., "reduce_scatter": ..., "all_gather": ...}``.
+
+    ``numels``: the element count of each flat buffer (an int for one: stage 1's
+    buffer; a list for FSDP's one buffer per layer), each padded up to a multiple
+    of N: ``P = itemsize * sum(padded)``. A ring reduce_scatter or all_gather
+    sends ``(N - 1) / N P``, a ring all_reduce (the two in a row) ``2 (N - 1) / N P``::
+
+        stage 0 (DDP):  all_reduce 2 (N-1)/N P
+        stage 1:        all_reduce 2 (N-1)/N P (DDP's) + all_gather (N-1)/N P
+        stage 2:        reduce_scatter (N-1)/N P + all_gather (N-1)/N P
+        stage 3:        reduce_scatter (N-1)/N P + all_gather 2 (N-1)/N P
+
+    Stage 3 moves 1.5 times what DDP does; stages 1 and 2 the same (stage 1 as
+    here, beside a full all_reduce: 1.5 times). The example count every step
+    all-reduces (8 bytes) is left out.
+    """
+    if isinstance(numels, (int, np.integer)):
+        numels = [numels]
+    n = world_size
+    one = sum(_padded(int(m), n) for m in numels) * itemsize * (n - 1) // n
+    table = {0: (2, 0, 0), 1: (2, 0, 1), 2: (0, 1, 1), 3: (0, 1, 2)}
+    if stage not in table:
+        raise ValueError(f"zero_bytes_per_step: stage in 0..3, got {stage!r}")
+    all_reduce, reduce_scatter, all_gather = table[stage]
+    return {"all_reduce": all_reduce * one, "reduce_scatter": reduce_scatter * one,
+            "all_gather": all_gather * one}
+
+
+# --------------------------------------------------------------------------- flat buffers
+
+
+class _FlatShard:
+    """Parameters laid out one after the other in a flat buffer padded to a
+    multiple of N; rank r owns elements ``[r * shard, (r + 1) * shard)``."""
+
+    def __init__(self, parameters, rank: int, world_size: int):
+        self.parameters = list(parameters)
+        self.dtype = self.parameters[0].data.dtype
+        self.numel = sum(p.data.size for p in self.parameters)
+        self.padded = _padded(self.numel, world_size)
+        self.shard = self.padded // world_size
+        self.lo, self.hi = rank * self.shard, (rank + 1) * self.shard
+        self.shapes = [p.data.shape for p in self.parameters]   # kept: stage 3 frees .data
+        self.offsets = []
+        offset = 0
+        for param in self.parameters:
+            self.offsets.append(offset)
+            offset += param.data.size
+
+    def pack(self, arrays, out: np.ndarray) -> np.ndarray:
+        for array, offset in zip(arrays, self.offsets):
+            out[offset:offset + array.size] = array.reshape(-1)
+        out[self.numel:] = 0
+        return out
+
+    def pack_slice(self, arrays, out: np.ndarray) -> np.ndarray:
+        """Copy only this rank's slice ``[lo, hi)`` of the packed ``arrays`` into
+        ``out`` (zeros where the slice covers padding): no full-size scratch."""
+        out[...] = 0
+        for array, offset in zip(arrays, self.offsets):
+            start, end = max(offset, self.lo), min(offset + array.size, self.hi)
+            if start < end:
+                out[start - self.lo:end - self.lo] = array.reshape(-1)[start - offset:end - offset]
+        return out
+
+    def views(self, flat: np.ndarray):
+        """One view of ``flat`` per parameter, in its shape: the padding is in none."""
+        return [flat[offset:offset + int(np.prod(shape))].reshape(shape)
+                for shape, offset in zip(self.shapes, self.offsets)]
+
+
+# --------------------------------------------------------------------------- stage 1
+
+
+class ZeroRedundancyOptimizer:
+    """``ZeroRedundancyOptimizer(params, optimizer_class, group=None, **defaults)``:
+    ZeRO stage 1, used beside :class:`DistributedDataParallel`::
+
+        ddp = DistributedDataParallel(model)
+        optimizer = ZeroRedundancyOptimizer(ddp.parameters(), optim.Adam, lr=0.01)
+        for x, y in batches:
+            optimizer.zero_grad(set_to_none=False)
+            loss_fn(ddp(Tensor(x)), y).backward()     # DDP all_reduces the gradients
+            optimizer.step()                          # my slice, then all_gather
+
+    The parameters are rebound to views into one flat buffer (padded with
+    zeros to a multiple of N); ``self.optimizer``, an ``optimizer_class``, is
+    built on one Tensor that is a view of this rank's slice of it. ``step()``
+    copies the (all-reduced) gradients of the slice into that Tensor's
+    ``.grad``, lets the inner optimizer update the slice in place, and
+    all_gathers the buffer: every rank ends with the same weights, and each
+    holds the optimizer state of its slice alone. Every parameter must have a
+    gradient at ``step()``.
+    """
+
+    def __init__(self, params, optimizer_class, group=None, algorithm: str = "auto",
+                 **defaults):
+        params = [p for p in params if p.requires_grad]
+        if not params:
+            raise ValueError("ZeroRedundancyOptimizer: no parameter that requires a gradient")
+        if len({p.data.dtype for p in params}) > 1:
+            raise TypeError("ZeroRedundancyOptimizer: the parameters have several dtypes; "
+                            "convert the model to one first")
+        self.group = group
+        self.algorithm = algorithm
+        self.rank = dist.get_rank() if group is None else group.rank
+        self.world_size = dist.get_world_size() if group is None else group.size
+        self.layout = _FlatShard(params, self.rank, self.world_size)
+        self.flat = self.layout.pack([p.data for p in params],
+                                     np.empty(self.layout.padded, self.layout.dtype))
+        for param, view in zip(params, self.layout.views(self.flat)):
+            param.data = view
+        self.shard = Tensor(self.flat[self.layout.lo:self.layout.hi], requires_grad=True)
+        self.shard.grad = np.zeros_like(self.shard.data)
+        self.optimizer = optimizer_class([self.shard], **defaults)
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for param in self.layout.parameters:
+            if set_to_none:
+                param.grad = None
+            elif param.grad is not None:
+                param.grad[...] = 0
+
+    def step(self) -> None:
+        for param in self.layout.parameters:
+            if param.grad is None:
+                raise RuntimeError(f"rank {self.rank}: ZeroRedundancyOptimizer.step(): a "
+                                   f"parameter of shape {param.data.shape} has no gradient")
+        self.layout.pack_slice([p.grad for p in self.layout.parameters], self.shard.grad)
+        with no_grad():
+            self.optimizer.step()
+        dist.all_gather_into_tensor(self.flat, self.shard.data.copy(), group=self.group,
+                                    algorithm=self.algorithm)
+
+
+# --------------------------------------------------------------------------- stages 2 and 3
+
+
+class _Unit:
+    """One layer's (a module owning parameters) flat buffer and shard."""
+
+    def __init__(self, module, parameters, rank, world_size, keep_full: bool):
+        self.module = module
+        self.layout = _FlatShard(parameters, rank, world_size)
+        full = self.layout.pack([p.data for p in parameters],
+                                np.empty(self.layout.padded, self.layout.dtype))
+        mine = full[self.layout.lo:self.layout.hi]
+        # SHARD_GRAD_OP keeps the full weights: the shard is a view into them
+        # (gathered in place). FULL_SHARD keeps the shard alone.
+        self.shard = Tensor(mine if keep_full else mine.copy(), requires_grad=True)
+        self.full = full if keep_full else None     # the gathered weights, while they exist
+        self.pending = len(parameters)
+
+
+class FullyShardedDataParallel(nn.Module):
+    """``FullyShardedDataParallel(module, sharding_strategy="FULL_SHARD", group=None)``:
+    ZeRO stage 2 (``"SHARD_GRAD_OP"``) or 3 (``"FULL_SHARD"``), torch FSDP style::
+
+        fsdp = FullyShardedDataParallel(model, "SHARD_GRAD_OP")
+        optimizer = optim.Adam(fsdp.parameters(), lr=0.01)     # the shards
+        for x, y in batches:
+            optimizer.zero_grad()
+            loss_fn(fsdp(Tensor(x)), y).backward()
+            optimizer.step()
+
+    Every module that owns parameters (a layer) is one unit with its own flat
+    buffer, padded to a multiple of N; ``parameters()`` gives one shard per
+    unit, this rank's slice, and the optimizer's state covers the shards only.
+    Rank 0's weights are broadcast at construction, then sharded.
+
+    * forward of a unit: all_gather its weights from the shards (so the
+      optimizer's updates arrive), point the layer's parameters at them, run
+      it; FULL_SHARD frees them after, and adds a node at the layer's output
+      whose backward all_gathers them again first;
+    * backward: once the unit's gradients are complete they are packed,
+      scaled by this rank's example count and reduce_scattered into the
+      shard's ``.grad`` (added to it, so gradients accumulate as usual); the
+      full gradients are dropped. The summed example count (all-reduced in
+      forward) divides, exactly as :class:`DistributedDataParallel` averages.
+
+    Every parameter must receive a gradient in every backward.
+    """
+
+    def __init__(self, module: nn.Module, sharding_strategy: str = "FULL_SHARD", group=None,
+                 algorithm: str = "auto"):
+        super().__init__()
+        _check_model(module, "FullyShardedDataParallel")
+        if sharding_strategy not in STRATEGIES:
+            raise ValueError(f"FullyShardedDataParallel: sharding_strategy must be one of "
+                             f"{STRATEGIES}, got {sharding_strategy!r}")
+        self.module = module
+        object.__setattr__(self, "_strategy", sharding_strategy)
+        object.__setattr__(self, "_group", group)
+        object.__setattr__(self, "_algorithm", algorithm)
+        object.__setattr__(self, "_rank", dist.get_rank() if group is None else group.rank)
+        object.__setattr__(self, "_world_size",
+                           dist.get_world_size() if group is None else group.size)
+        broadcast_module(module, src=0, group=group)
+        units = []
+        for layer in module.modules():
+            own = [p for p in layer.parameters(recurse=False) if p.requires_grad]
+            if own:
+                units.append(_Unit(layer, own, self._rank, self._world_size,
+                                   keep_full=not self.reshard_after_forward))
+        object.__setattr__(self, "_units", units)
+        object.__setattr__(self, "_total", None)
+        for unit in units:
+            object.__setattr__(unit.module, "forward", self._wrap_forward(unit))
+            for param in unit.layout.parameters:
+                param.register_post_accumulate_grad_hook(
+                    lambda tensor, unit=unit: self._gradient_ready(unit))
+            if self.reshard_after_forward:
+                self._free(unit)
+
+    @property
+    def sharding_strategy(self) -> str:
+        return self._strategy
+
+    @property
+    def reshard_after_forward(self) -> bool:
+        return self._strategy == "FULL_SHARD"
+
+    @property
+    def shards(self) -> list:
+        return [unit.shard for unit in self._units]
+
+    @property
+    def units(self) -> list:
+        """The modules whose parameters are gathered and sharded together."""
+        return [unit.module for unit in self._units]
+
+    def parameters(self, recurse: bool = True):
+        return iter(self.shards)
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True):
+        for index, shard in enumerate(self.shards):
+            yield f"{prefix}{'.' if prefix else ''}shard{index}", shard
+
+    def full_weights(self) -> list:
+        """Every parameter of the module, gathered (a collective: all ranks call it)."""
+        out = []
+        for unit in self._units:
+            full = np.empty(unit.layout.padded, unit.layout.dtype)
+            dist.all_gather_into_tensor(full, unit.shard.data, group=self._group,
+                                        algorithm=self._algorithm)
+            out.extend(view.copy() for view in unit.layout.views(full))
+        return out
+
+    # -- gathering and freeing -------------------------------------------
+    def _gather(self, unit, into=None) -> None:
+        if into is None:
+            into = unit.full
+        full = np.empty(unit.layout.padded, unit.layout.dtype) if into is None else into
+        # The shard may be a view into ``full``: send a copy of it.
+        dist.all_gather_into_tensor(full, unit.shard.data.copy(), group=self._group,
+                                    algorithm=self._algorithm)
+        unit.full = full
+        for param, view in zip(unit.layout.parameters, unit.layout.views(full)):
+            param.data = view
+
+    def _free(self, unit) -> None:
+        if unit.full is not None:
+            unit.full[...] = np.nan          # the autograd closure may still hold it
+        unit.full = None
+        for param in unit.layout.parameters:
+            param.data = np.empty((0,) * len(param.data.shape), unit.layout.dtype)
+
+    def _wrap_forward(self, unit):
+        original = unit.module.forward
+        fsdp = self
+
+        def forward(*args, **kwargs):
+            fsdp._gather(unit)
+            out = original(*args, **kwargs)
+            if not fsdp.reshard_after_forward or not isinstance(out, Tensor) \
+                    or not out.requires_grad:
+                if fsdp.reshard_after_forward:
+                    fsdp._free(unit)
+                return out
+            buffer = unit.full
+            fsdp._free(unit)
+
+            def backward(grad):
+                fsdp._gather(unit, into=buffer)    # refill what forward freed
+                return (grad,)
+
+            return Tensor._make(out.data, (out,), backward, "fsdp_gather_for_backward")
+
+        return forward
+
+    # -- forward ----------------------------------------------------------
+    def forward(self, *args, batch_size: int | None = None, **kwargs):
+        if batch_size is None:
+            if not args or not hasattr(args[0], "shape") or len(args[0].shape) == 0:
+                raise ValueError(f"rank {self._rank}: FullyShardedDataParallel could not read "
+                                 "the batch size from the first argument; pass batch_size=")
+            batch_size = args[0].shape[0]
+        count = _local_count(batch_size, self._rank, "FullyShardedDataParallel")
+        total = np.array([count], np.int64)
+        dist.all_reduce(total, group=self._group)
+        if int(total[0]) == 0:
+            raise ValueError("FullyShardedDataParallel: no rank had any example in this step")
+        object.__setattr__(self, "_count", count)
+        object.__setattr__(self, "_total", int(total[0]))
+        for unit in self._units:
+            unit.pending = len(unit.layout.parameters)
+        return self.module(*args, **kwargs)
+
+    # -- backward ---------------------------------------------------------
+    def _gradient_ready(self, unit) -> None:
+        unit.pending -= 1
+        if unit.pending:
+            return
+        unit.pending = len(unit.layout.parameters)
+        layout = unit.layout
+        # The layer's full gradient lives only from here to the reduce_scatter.
+        gradient = layout.pack([p.grad for p in layout.parameters],
+                               np.empty(layout.padded, layout.dtype))
+        mine = np.empty(layout.shard, layout.dtype)
+        if self._world_size == 1:       # as DDP: nothing to average, no rounding added
+            mine[...] = gradient
+        else:
+            gradient *= layout.dtype.type(self._count)
+            dist.reduce_scatter_tensor(mine, gradient, group=self._group,
+                                       algorithm=self._algorithm)
+            mine /= layout.dtype.type(self._total)
+        del gradient
+        if unit.shard.grad is None:
+            unit.shard.grad = mine
+        else:
+            unit.shard.grad += mine
+        for param in layout.parameters:
+            param.grad = None
+        if self.reshard_after_forward:
+            self._free(unit)
