@@ -13,6 +13,7 @@ from minidist.tensor import (
     Tensor,
     cat,
     concatenate,
+    enable_grad,
     is_grad_enabled,
     matmul,
     maximum,
@@ -28,7 +29,7 @@ from minidist.tensor import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "Tensor", "no_grad", "is_grad_enabled", "matmul", "concatenate", "cat", "stack", "split",
+    "Tensor", "no_grad", "enable_grad", "is_grad_enabled", "matmul", "concatenate", "cat", "stack", "split",
     "where", "maximum", "minimum", "zeros", "ones", "launch", "__version__",
 ]
 

@@ -65,6 +65,26 @@ class no_grad:
         return wrapper
 
 
+class enable_grad(no_grad):
+    """Context manager (and decorator) that records the graph again, even
+    inside ``no_grad()``: activation recomputation rebuilds a segment's graph
+    during a backward that may run with recording off."""
+
+    def __enter__(self):
+        global _grad_enabled
+        self._previous = _grad_enabled
+        _grad_enabled = True
+        return self
+
+    def __call__(self, function):
+        @functools.wraps(function)
+        def wrapper(*args, **kwargs):
+            with enable_grad():
+                return function(*args, **kwargs)
+
+        return wrapper
+
+
 # --------------------------------------------------------------------------
 # Helpers
 

@@ -18,6 +18,8 @@ Files, one idea each:
   ``dropout.py``, ``flatten.py``, ``activation.py``: the layers
 * ``container.py``: Sequential, ModuleList; ``loss.py``: the losses
 * ``init.py``: initialisers and the seeding convention
+* ``recompute.py``: activation recomputation (checkpoint, checkpoint_sequential,
+  CheckpointedSequential): keep segment inputs only, rerun in backward
 """
 
 from minidist.nn import functional, init
@@ -32,10 +34,12 @@ from minidist.nn.loss import CrossEntropyLoss, MSELoss, NLLLoss
 from minidist.nn.module import IncompatibleKeys, Module
 from minidist.nn.parameter import Parameter
 from minidist.nn.pooling import AvgPool2d, MaxPool2d
+from minidist.nn.recompute import CheckpointedSequential, checkpoint, checkpoint_sequential
 
 __all__ = [
     "Module", "Parameter", "IncompatibleKeys", "Sequential", "ModuleList",
     "Linear", "Conv2d", "MaxPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d",
     "Dropout", "Flatten", "ReLU", "Tanh", "Sigmoid", "GELU", "Softmax", "LogSoftmax",
-    "Identity", "CrossEntropyLoss", "NLLLoss", "MSELoss", "functional", "init",
+    "Identity", "CheckpointedSequential", "checkpoint", "checkpoint_sequential",
+    "CrossEntropyLoss", "NLLLoss", "MSELoss", "functional", "init",
 ]

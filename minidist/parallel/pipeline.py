@@ -28,7 +28,8 @@ interleaving), each of one micro-batch's activation size.
 
 **Activation recomputation** (GPipe's re-materialisation, ``recompute=True``):
 a forward keeps only its stage's input; the backward first runs the forward
-again (an "R" region in the trace) and then the backward. Memory per held
+again (an "R" region in the trace; replayed by ``nn.recompute.ForwardState``,
+the same Dropout masks, BatchNorm statistics updated once) and then the backward. Memory per held
 micro-batch drops from all the stage's layer outputs to its input, for one
 more forward per micro-batch (about f more per micro-batch and stage).
 
@@ -58,6 +59,7 @@ import numpy as np
 import minidist.distributed as dist
 from minidist import nn
 from minidist import trace as _trace
+from minidist.nn.recompute import ForwardState
 from minidist.parallel.data_parallel import broadcast_module
 from minidist.parallel.pipeline_schedules import (
     BACKWARD,
@@ -200,10 +202,11 @@ def _run_layers(module, inputs: Tensor) -> tuple[Tensor, int]:
 class _Held:
     """What a forward leaves for its backward."""
 
-    __slots__ = ("inputs", "outputs", "loss", "nbytes")
+    __slots__ = ("inputs", "outputs", "loss", "nbytes", "replay")
 
-    def __init__(self, inputs, outputs, loss, nbytes):
+    def __init__(self, inputs, outputs, loss, nbytes, replay=None):
         self.inputs, self.outputs, self.loss, self.nbytes = inputs, outputs, loss, nbytes
+        self.replay = replay  # a ForwardState when recomputing
 
 
 class Pipeline:
@@ -426,7 +429,9 @@ class _Batch:
         if chunk == 0:
             self.examples += len(inputs.data)
         with _trace.region(compute_label("F", mb, chunk, stage, action.phase)):
+            replay = None
             if self.pipe.recompute:
+                replay = ForwardState(self.pipe.chunks[chunk])
                 with no_grad():
                     outputs, _ = _run_layers(self.pipe.chunks[chunk], inputs)
                     loss = self._loss(outputs, mb) if last else None
@@ -440,7 +445,7 @@ class _Batch:
         else:
             self._hand_over("act", mb, chunk, outputs.data, chunk + 1)
         self.held[(mb, chunk)] = _Held(inputs, None if self.pipe.recompute else outputs,
-                                       loss, kept)
+                                       loss, kept, replay)
         self.ledger()
 
     def _loss(self, outputs, microbatch):
@@ -465,7 +470,9 @@ class _Batch:
         if self.pipe.recompute:
             with _trace.region(compute_label("R", mb, chunk, stage, action.phase)):
                 inputs = Tensor(held.inputs.data, requires_grad=stage > 0)
-                outputs, kept = _run_layers(self.pipe.chunks[chunk], inputs)
+                # The same Dropout masks, BatchNorm statistics updated once.
+                with held.replay.replay():
+                    outputs, kept = _run_layers(self.pipe.chunks[chunk], inputs)
                 held.inputs, held.outputs = inputs, outputs
                 held.loss = self._loss(outputs, mb) if last else None
                 held.nbytes += kept
