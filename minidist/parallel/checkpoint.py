@@ -16,6 +16,19 @@ optimizer, so all ranks end bit-identical, and a file that only rank 0 can
 see (a local disk) is enough. Cost: one broadcast of the file, about the
 model's size (SGD with momentum: 2x, Adam: 3x).
 
+**Sharded models** (ZeRO, :mod:`minidist.parallel.zero`): a
+:class:`ZeroRedundancyOptimizer`'s state and a :class:`FullyShardedDataParallel`
+model's weights and optimizer state are spread over the ranks. Saving gathers
+them (all_gather, every rank calls it) into exactly the file an unsharded model
+writes: the module's names, one optimizer state entry per parameter in the
+shape of the parameter, the optimizer saved as its own class (``Adam``, not the
+wrapper). So one file loads into a plain model, into DDP, or into a sharded
+model on *any* world size; loading takes each rank's slice from the full
+arrays. Chosen over per-rank shard files with a manifest because those tie a
+checkpoint to the world size and the padding it was written with, and a plain
+model could not read them; the cost is one full copy on each rank while
+saving, the model's states gathered once (at this course's sizes, small).
+
 Resuming is exact: train k steps, save, train k more gives the same bits as
 a fresh run that loads the checkpoint and trains the same k steps (provided
 the data order is resumed too, e.g. ``sampler.set_epoch(extra["epoch"])``).
@@ -40,6 +53,7 @@ import minidist.distributed as dist
 from minidist import backend
 from minidist.atomic_file import atomic_write
 from minidist.parallel.data_parallel import DistributedDataParallel
+from minidist.parallel.zero import FullyShardedDataParallel, ZeroRedundancyOptimizer
 
 FORMAT = "minidist.checkpoint"
 VERSION = 1
@@ -47,9 +61,139 @@ _OK, _FAILED, _MISSING = 0, 1, -1
 
 
 def _unwrap(model):
-    # A DDP wrapper's names all start with "module."; saving the wrapped model
-    # makes one checkpoint load with or without DDP.
-    return model.module if isinstance(model, DistributedDataParallel) else model
+    # A DDP (or FSDP) wrapper's names all start with "module."; saving the wrapped
+    # model makes one checkpoint load with or without the wrapper.
+    if isinstance(model, (DistributedDataParallel, FullyShardedDataParallel)):
+        return model.module
+    return model
+
+
+def _one_group(snapshot, who):
+    if len(snapshot["param_groups"]) != 1:
+        raise ValueError(f"save_checkpoint: {who} with {len(snapshot['param_groups'])} param "
+                         "groups; a sharded optimizer is saved with one")
+    return snapshot["param_groups"][0]
+
+
+def _gather_flat(shard_array, layout, group):
+    full = np.empty(layout.padded, layout.dtype)
+    dist.all_gather_into_tensor(full, np.ascontiguousarray(shard_array), group=group)
+    return layout.views(full)
+
+
+def _gather_state(shard_state, layout, index_of, group) -> dict:
+    """One sharded optimizer state entry (a flat slice's ``{name: value}``) as
+    the unsharded optimizer's entries, ``{parameter index: {name: value}}``."""
+    state = {}
+    for name in sorted(shard_state):
+        value = shard_state[name]
+        if hasattr(value, "shape") and getattr(value, "ndim", 0) == 1 \
+                and value.shape[0] == layout.shard:
+            for param, view in zip(layout.parameters, _gather_flat(value, layout, group)):
+                state.setdefault(index_of[id(param)], {})[name] = view.copy()
+        else:
+            for param in layout.parameters:
+                state.setdefault(index_of[id(param)], {})[name] = value
+    return state
+
+
+def _full_state(model, optimizer, group):
+    """The model's state dict and the optimizer's snapshot (and class name) as
+    an unsharded model's; sharded ones are gathered (a collective)."""
+    module = _unwrap(model)
+    parameters = list(module.parameters())
+    index_of = {id(param): index for index, param in enumerate(parameters)}
+    model_state = module.state_dict()
+    if isinstance(model, FullyShardedDataParallel):
+        gathered = dict(zip((id(p) for unit in model._units for p in unit.layout.parameters),
+                            model.full_weights()))
+        for name, param in module.named_parameters():
+            model_state[name] = gathered[id(param)]
+    if optimizer is None:
+        return model_state, None, None
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        inner = optimizer.optimizer.state_dict()
+        saved_group = dict(_one_group(inner, "a ZeroRedundancyOptimizer"),
+                           params=list(range(len(parameters))))
+        state = _gather_state(inner["state"].get(0, {}), optimizer.layout, index_of, group)
+        return model_state, {"state": state, "param_groups": [saved_group]}, \
+            type(optimizer.optimizer).__name__
+    snapshot = optimizer.state_dict()
+    if isinstance(model, FullyShardedDataParallel):
+        saved_group = dict(_one_group(snapshot, "an FSDP model's optimizer"),
+                           params=list(range(len(parameters))))
+        state = {}
+        for index, unit in enumerate(model._units):
+            state.update(_gather_state(snapshot["state"].get(index, {}), unit.layout,
+                                       index_of, group))
+        snapshot = {"state": state, "param_groups": [saved_group]}
+    return model_state, snapshot, type(optimizer).__name__
+
+
+def _slice_state(entries_per_param, layout) -> dict:
+    """The unsharded entries of a flat buffer's parameters, as this rank's
+    slice's entry (arrays packed and sliced; other values from the first)."""
+    if not all(entries_per_param):
+        return {}
+    out = {}
+    for name, value in entries_per_param[0].items():
+        if hasattr(value, "shape") and hasattr(value, "dtype"):
+            out[name] = layout.pack_slice([np.asarray(e[name]) for e in entries_per_param],
+                                          np.empty(layout.shard, layout.dtype))
+        else:
+            out[name] = value
+    return out
+
+
+def _load_sharded(model, optimizer, model_state, optimizer_state) -> bool:
+    """Load into a sharded model or optimizer; False when neither is sharded."""
+    zero = isinstance(optimizer, ZeroRedundancyOptimizer)
+    fsdp = isinstance(model, FullyShardedDataParallel)
+    if not (zero or fsdp):
+        return False
+    module = _unwrap(model)
+    parameters = list(module.parameters())
+    index_of = {id(param): index for index, param in enumerate(parameters)}
+    if fsdp:
+        names = {id(param): name for name, param in module.named_parameters()}
+        for unit in model._units:
+            arrays = []
+            for param, shape in zip(unit.layout.parameters, unit.layout.shapes):
+                value = model_state.get(names[id(param)])
+                if value is None or tuple(value.shape) != tuple(shape):
+                    found = None if value is None else tuple(value.shape)
+                    raise ValueError(f"parameter {names[id(param)]!r} of shape {shape} is "
+                                     f"{'missing' if value is None else f'of shape {found}'}")
+                arrays.append(np.asarray(value))
+            full = unit.layout.pack(arrays, np.empty(unit.layout.padded, unit.layout.dtype))
+            unit.shard.data[...] = full[unit.layout.lo:unit.layout.hi]
+            if unit.full is not None:
+                unit.full[...] = full
+        rest = {name: value for name, value in model_state.items()
+                if name not in set(names.values())}
+        if rest:
+            module.load_state_dict(rest, strict=False)
+    else:
+        module.load_state_dict(model_state)     # in place: the flat buffer's views stay
+    if optimizer_state is None:
+        return True
+    state, saved_group = optimizer_state["state"], optimizer_state["param_groups"]
+    if len(saved_group) != 1:
+        raise ValueError(f"{len(saved_group)} param groups; a sharded optimizer takes one")
+    if zero:
+        layouts, target = [optimizer.layout], optimizer.optimizer
+    else:
+        layouts, target = [unit.layout for unit in model._units], optimizer
+    shard_state = {}
+    for index, layout in enumerate(layouts):
+        entries = _slice_state([state.get(index_of[id(p)], {}) for p in layout.parameters],
+                               layout)
+        if entries:
+            shard_state[index] = entries
+    target.load_state_dict({"state": shard_state,
+                            "param_groups": [dict(saved_group[0],
+                                                  params=list(range(len(layouts))))]})
+    return True
 
 
 def _rank_and_size(group):
@@ -66,12 +210,10 @@ def _json_value(value):
     raise TypeError(f"{type(value).__name__} cannot be stored in a checkpoint's JSON")
 
 
-def _archive(model, optimizer, extra) -> dict[str, np.ndarray]:
-    arrays = {f"model/{name}": backend.to_numpy(value)
-              for name, value in _unwrap(model).state_dict().items()}
+def _archive(model_state, snapshot, class_name, extra) -> dict[str, np.ndarray]:
+    arrays = {f"model/{name}": backend.to_numpy(value) for name, value in model_state.items()}
     meta = {"format": FORMAT, "version": VERSION, "optimizer": None, "extra": {}}
-    if optimizer is not None:
-        snapshot = optimizer.state_dict()
+    if snapshot is not None:
         scalars = {}
         for index, entries in snapshot["state"].items():
             for name, value in entries.items():
@@ -79,7 +221,7 @@ def _archive(model, optimizer, extra) -> dict[str, np.ndarray]:
                     arrays[f"optimizer/state/{index}/{name}"] = backend.to_numpy(value)
                 else:
                     scalars.setdefault(str(index), {})[name] = value
-        meta["optimizer"] = {"class": type(optimizer).__name__,
+        meta["optimizer"] = {"class": class_name,
                              "param_groups": snapshot["param_groups"], "scalars": scalars}
     for key, value in extra.items():
         if isinstance(value, np.ndarray):
@@ -108,9 +250,10 @@ def save_checkpoint(path, model, optimizer=None, group=None, **extra) -> None:
     path = os.fspath(path)
     status = np.array([_OK], np.int64)
     failure = None
+    model_state, snapshot, class_name = _full_state(model, optimizer, group)  # every rank
     if rank == 0:
         try:
-            arrays = _archive(model, optimizer, extra)
+            arrays = _archive(model_state, snapshot, class_name, extra)
             with atomic_write(path, "wb") as file:
                 np.savez(file, **arrays)
         except (OSError, TypeError) as error:
@@ -183,10 +326,11 @@ def load_checkpoint(path, model, optimizer=None, group=None) -> dict:
         if saved is None:
             raise ValueError(f"rank {rank}: {path} holds no optimizer state (it was saved "
                              "without optimizer=); load it without optimizer=, or save one")
-        if saved["class"] != type(optimizer).__name__:
+        mine = type(optimizer.optimizer if isinstance(optimizer, ZeroRedundancyOptimizer)
+                    else optimizer).__name__
+        if saved["class"] != mine:
             raise ValueError(f"rank {rank}: {path} holds the state of a {saved['class']}, "
-                             f"not of this {type(optimizer).__name__}; build the optimizer "
-                             "that was saved")
+                             f"not of this {mine}; build the optimizer that was saved")
         state = {int(index): dict(entries) for index, entries in saved["scalars"].items()}
         for name in names:
             if name.startswith("optimizer/state/"):
@@ -194,9 +338,10 @@ def load_checkpoint(path, model, optimizer=None, group=None) -> dict:
                 state.setdefault(int(index), {})[entry] = archive[name]
         optimizer_state = {"state": state, "param_groups": saved["param_groups"]}
     try:
-        _unwrap(model).load_state_dict(model_state)
-        if optimizer_state is not None:
-            optimizer.load_state_dict(optimizer_state)
+        if not _load_sharded(model, optimizer, model_state, optimizer_state):
+            _unwrap(model).load_state_dict(model_state)
+            if optimizer_state is not None:
+                optimizer.load_state_dict(optimizer_state)
     except (ValueError, KeyError, RuntimeError) as error:
         raise ValueError(f"rank {rank}: the checkpoint {path} does not fit this model or "
                          f"optimizer: {error}") from None

@@ -269,6 +269,15 @@ class DistributedDataParallel(nn.Module):
             for param in parameters:
                 dist.broadcast(param.data, src=0, group=group)
 
+    def track_memory(self, ledger):
+        """Register the buckets with a :class:`minidist.memory.Ledger` as
+        ``buffers``. The gradients are views into them, so they are already
+        counted as ``gradients`` and add no byte (each byte counts once):
+        DDP's buckets *are* its full gradients, nothing beside them."""
+        for bucket in self._buckets:
+            ledger.track("buffers", bucket.flat)
+        return ledger
+
     @property
     def buckets(self) -> list[list]:
         """The parameters of every bucket, in the order they are all-reduced."""

@@ -212,6 +212,17 @@ class ZeroRedundancyOptimizer:
         self.shard.grad = np.zeros_like(self.shard.data)
         self.optimizer = optimizer_class([self.shard], **defaults)
 
+    def track_memory(self, ledger):
+        """Register this optimizer's buffers with a :class:`minidist.memory.Ledger`
+        as ``buffers``: the flat weights (the parameters are views into it, so
+        it adds only the padding, already counted with the parameters) and the
+        slice's gradient, ``shard.grad``, which the formula does not count:
+        the all-reduced gradient of my slice is copied there for the inner
+        optimizer, 4 / N bytes per parameter beside DDP's full buckets."""
+        ledger.track("buffers", self.flat)
+        ledger.track("buffers", self.shard.grad)
+        return ledger
+
     @property
     def param_groups(self):
         return self.optimizer.param_groups
@@ -310,6 +321,7 @@ class FullyShardedDataParallel(nn.Module):
                                    keep_full=not self.reshard_after_forward))
         object.__setattr__(self, "_units", units)
         object.__setattr__(self, "_total", None)
+        object.__setattr__(self, "_ledgers", [])
         for unit in units:
             object.__setattr__(unit.module, "forward", self._wrap_forward(unit))
             for param in unit.layout.parameters:
@@ -317,6 +329,25 @@ class FullyShardedDataParallel(nn.Module):
                     lambda tensor, unit=unit: self._gradient_ready(unit))
             if self.reshard_after_forward:
                 self._free(unit)
+
+    def track_memory(self, ledger):
+        """Register this wrapper's buffers with a :class:`minidist.memory.Ledger`
+        as ``buffers`` from now on: each unit's gathered full weights (SHARD_GRAD_OP
+        keeps them, and the shards are views into them, so they are already
+        ``parameters``; FULL_SHARD gathers them per layer, and they stay alive,
+        NaN-filled, in the autograd graph from a layer's forward to its backward,
+        as the module docstring says: a full-size copy per layer the formula does
+        not count) and the full gradient of a layer from its pack to its
+        reduce_scatter."""
+        self._ledgers.append(ledger)
+        for unit in self._units:
+            if unit.full is not None:
+                ledger.track("buffers", unit.full)
+        return ledger
+
+    def _track(self, array) -> None:
+        for ledger in self._ledgers:
+            ledger.track("buffers", array)
 
     @property
     def sharding_strategy(self) -> str:
@@ -360,6 +391,8 @@ class FullyShardedDataParallel(nn.Module):
         # The shard may be a view into ``full``: send a copy of it.
         dist.all_gather_into_tensor(full, unit.shard.data.copy(), group=self._group,
                                     algorithm=self._algorithm)
+        if full is not into:
+            self._track(full)
         unit.full = full
         for param, view in zip(unit.layout.parameters, unit.layout.views(full)):
             param.data = view
@@ -422,6 +455,7 @@ class FullyShardedDataParallel(nn.Module):
         # The layer's full gradient lives only from here to the reduce_scatter.
         gradient = layout.pack([p.grad for p in layout.parameters],
                                np.empty(layout.padded, layout.dtype))
+        self._track(gradient)
         mine = np.empty(layout.shard, layout.dtype)
         if self._world_size == 1:       # as DDP: nothing to average, no rounding added
             mine[...] = gradient
