@@ -31,9 +31,10 @@ def _cmd_train(args) -> int:
 STRATEGY_DEMOS: dict[str, str] = {"data-parallel": "viz.demo_data_parallel",
                                   "parameter-server": "viz.demo_parameter_server",
                                   "pipeline": "viz.demo_pipeline",
-                                  "model-parallel": "viz.demo_model_parallel"}
+                                  "model-parallel": "viz.demo_model_parallel",
+                                  "memory": "viz.demo_memory"}
 #: -n when none is given: 4, except for these demos.
-DEMO_NPROC: dict[str, int] = {"model-parallel": 2}
+DEMO_NPROC: dict[str, int] = {"model-parallel": 2, "memory": 2}
 
 
 def _cmd_demo(args) -> int:
@@ -167,14 +168,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--algorithm", default=None, help="the collective's algorithm "
                       "(default: ring where there is one, else binomial, ...)")
     demo.add_argument("-n", "--nproc", type=int, default=None,
-                      help="ranks (default 4; model-parallel: 2)")
+                      help="ranks (default 4; model-parallel, memory: 2)")
     demo.add_argument("--simulate", action="store_true",
                       help="run on simulated ranks (any number) instead of processes")
     demo.add_argument("--root", type=int, default=0, help="root of rooted collectives")
     demo.add_argument("--trace", default=None, metavar="FILE",
                       help="keep the trace in FILE (default: a temporary file)")
     strategy = demo.add_argument_group("strategy demos (data-parallel, parameter-server, "
-                                       "pipeline, model-parallel)")
+                                       "pipeline, model-parallel, memory)")
     strategy.add_argument("--servers", type=int, default=1,
                           help="parameter-server: server ranks (the rest are workers)")
     strategy.add_argument("--mode", default="bsp",
@@ -186,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     strategy.add_argument("--stages", type=int, default=4, help="pipeline: stages")
     strategy.add_argument("--microbatches", type=int, default=8,
                           help="pipeline: micro-batches per batch")
+    strategy.add_argument("--plot", default=None, metavar="OUT.png",
+                          help="memory: draw memory per rank over one step, DDP and each "
+                               "ZeRO stage side by side")
     _add_display_arguments(demo)
     demo.set_defaults(handler=_cmd_demo)
 

@@ -1,0 +1,205 @@
+"""``minidist demo memory -n N``: the memory ledger of DDP and ZeRO stages 1-3, live.
+
+N worker processes (default 2) train the course's MLP (64-128-10) on the
+bundled digits with Adam, a few steps under each strategy in turn:
+
+  DDP      DistributedDataParallel: every rank the whole model, gradients,
+           Adam's two moments
+  ZeRO-1   DDP + ZeroRedundancyOptimizer: Adam's moments of one N-th
+  ZeRO-2   FullyShardedDataParallel("SHARD_GRAD_OP"): + gradients of one N-th
+  ZeRO-3   FullyShardedDataParallel("FULL_SHARD"): + weights of one N-th
+           between their uses
+
+Each rank measures what it holds with a :class:`minidist.memory.Ledger`
+(after zero_grad, forward, backward and the optimizer step) and puts the
+latest sample on a queue; the parent shows one row per rank and strategy
+(bytes per category, the total and the peak) with Rich, or prints a plain
+line per rank and strategy when standard output is not a terminal. The last
+step of each strategy runs in a trace region ``memory step NAME``; the
+ledger's samples are ``memory`` events of the trace, and ``--plot OUT.png``
+draws them (:func:`viz.memory_chart.save_memory`): memory per rank over one
+step, the strategies side by side. At the end, each rank's model-state bytes
+(weights + gradients + optimizer state) next to ``zero_model_state_bytes``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+import minidist
+import minidist.distributed as dist
+from minidist import Tensor, memory, nn, optim, trace
+from minidist.data import load_digits
+from minidist.parallel.data_parallel import DistributedDataParallel
+from minidist.parallel.zero import (
+    FullyShardedDataParallel,
+    ZeroRedundancyOptimizer,
+    zero_model_state_bytes,
+)
+from minidist.train import build_model
+from viz.memory_chart import REGION_PREFIX
+
+#: (name, ZeRO stage) in the order they run.
+STRATEGIES = (("DDP", 0), ("ZeRO-1", 1), ("ZeRO-2", 2), ("ZeRO-3", 3))
+STEPS = 3
+PER_RANK_BATCH = 32
+LR = 0.01
+DEFAULT_TRACE = "memory.trace.jsonl"
+SHORT = {"parameters": "params", "gradients": "grads", "optimizer_state": "optimizer",
+         "buffers": "buffers", "activations": "activations"}
+
+
+def build(stage: int, model):
+    """(the wrapped model, its optimizer, a Ledger of this rank) for a ZeRO
+    ``stage`` (0: DDP), Adam, ring collectives."""
+    if stage in (0, 1):
+        wrapped = DistributedDataParallel(model, algorithm="ring")
+        if stage == 0:
+            optimizer = optim.Adam(wrapped.parameters(), lr=LR)
+        else:
+            optimizer = ZeroRedundancyOptimizer(wrapped.parameters(), optim.Adam, lr=LR,
+                                                algorithm="ring")
+        ledger = memory.Ledger(wrapped, optimizer)
+        if stage == 1:   # the slice's gradient the inner Adam reads: scratch, not model state
+            ledger.track("buffers", optimizer.shard.grad)
+        return wrapped, optimizer, ledger
+    strategy = "SHARD_GRAD_OP" if stage == 2 else "FULL_SHARD"
+    wrapped = FullyShardedDataParallel(model, sharding_strategy=strategy, algorithm="ring")
+    optimizer = optim.Adam(wrapped.parameters(), lr=LR)
+    # The shards and the layers' own parameters (views into the gathered
+    # weights while they exist): each byte counts once.
+    ledger = memory.Ledger(list(wrapped.shards) + list(model.parameters()), optimizer)
+    return wrapped, optimizer, ledger
+
+
+def model_state(held: dict) -> int:
+    return held["parameters"] + held["gradients"] + held["optimizer_state"]
+
+
+def _train(status, steps):
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    x, y = load_digits()[:2]
+    loss_fn = nn.CrossEntropyLoss()
+    results = {}
+    for name, stage in STRATEGIES:
+        model = build_model("mlp", seed=0)
+        wrapped, optimizer, ledger = build(stage, model)
+        for step in range(steps):
+            lo = (step * world_size + rank) * PER_RANK_BATCH
+            # copies: a view of the data set would keep all of it alive (and counted)
+            xb, yb = x[lo:lo + PER_RANK_BATCH].copy(), y[lo:lo + PER_RANK_BATCH].copy()
+            with trace.region(REGION_PREFIX + name) if step == steps - 1 else _nothing():
+                optimizer.zero_grad(set_to_none=False)
+                ledger.sample(f"{name} zero_grad")
+                loss = loss_fn(wrapped(Tensor(xb)), yb)
+                ledger.sample(f"{name} forward", graph=loss)
+                loss.backward()
+                ledger.sample(f"{name} backward")
+                optimizer.step()
+                last = ledger.sample(f"{name} step")
+            report = ledger.report()
+            status.put({"rank": rank, "strategy": name, "step": step + 1, "steps": steps,
+                        "bytes": report.current, "peak": report.peak_total,
+                        "loss": float(loss.item())})
+        results[name] = {"model_state": model_state(last.bytes), "bytes": last.bytes,
+                         "peak": ledger.report().peak_total}
+    status.close()
+    status.join_thread()
+    return results
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _kb(nbytes: int) -> str:
+    return f"{nbytes / 1e3:,.1f} KB"
+
+
+def _table(latest: dict, nproc: int) -> Table:
+    table = Table(title=f"memory ledger per rank, {nproc} processes (MLP 64-128-10, Adam)",
+                  title_justify="left")
+    for column in ("rank", "strategy", "step", *SHORT.values(), "total", "peak"):
+        table.add_column(column, justify="right")
+    for name, _ in STRATEGIES:
+        for rank in range(nproc):
+            row = latest.get((rank, name))
+            if row is None:
+                table.add_row(str(rank), name, "-", *["-"] * (len(SHORT) + 2))
+                continue
+            held = row["bytes"]
+            table.add_row(str(rank), name, f"{row['step']}/{row['steps']}",
+                          *(_kb(held[c]) for c in memory.CATEGORIES),
+                          _kb(sum(held.values())), _kb(row["peak"]))
+    return table
+
+
+def _plain_line(row: dict) -> str:
+    held = row["bytes"]
+    parts = "  ".join(f"{SHORT[c]} {_kb(held[c])}" for c in memory.CATEGORIES)
+    return (f"rank {row['rank']}  {row['strategy']}  step {row['step']}/{row['steps']}  "
+            f"{parts}  total {_kb(sum(held.values()))}  peak {_kb(row['peak'])}")
+
+
+def _show(status, console: Console, nproc: int) -> None:
+    latest: dict = {}
+    if console.is_terminal:
+        with Live(_table(latest, nproc), console=console, refresh_per_second=10) as live:
+            while (row := status.get()) is not None:
+                latest[(row["rank"], row["strategy"])] = row
+                live.update(_table(latest, nproc))
+        return
+    while (row := status.get()) is not None:
+        if row["step"] == row["steps"]:
+            console.print(_plain_line(row))
+
+
+def main(args) -> int:
+    nproc = args.nproc
+    console = Console(no_color=args.no_color, highlight=False, soft_wrap=True)
+    if nproc < 1:
+        console.print(f"minidist demo memory: -n must be at least 1, got {nproc}")
+        return 2
+    steps = STEPS
+    trace_path = args.trace or DEFAULT_TRACE
+    console.print(f"[bold]minidist demo memory[/bold]: MLP 64-128-10 on the 8x8 digits, "
+                  f"{nproc} processes x {PER_RANK_BATCH} examples per step, Adam lr {LR}, "
+                  f"{steps} steps under each of DDP, ZeRO stage 1, 2 and 3")
+    status = multiprocessing.get_context("fork").Queue()
+    viewer = threading.Thread(target=_show, args=(status, console, nproc), daemon=True,
+                              name="memory-view")
+    viewer.start()
+    try:
+        results = minidist.launch(_train, world_size=nproc, transport="shm",
+                                  args=(status, steps), trace=trace_path)
+    finally:
+        status.put(None)
+        viewer.join(10.0)
+
+    psi = build_model("mlp").num_parameters()
+    console.print(f"model-state bytes per rank after the step (weights + gradients + Adam's "
+                  f"moments; {psi:,} parameters), measured next to zero_model_state_bytes:")
+    for name, stage in STRATEGIES:
+        formula = zero_model_state_bytes(psi, nproc, stage)
+        measured = ", ".join(f"rank {rank} {result[name]['model_state']:,}"
+                             for rank, result in enumerate(results))
+        peaks = ", ".join(f"{result[name]['peak']:,}" for result in results)
+        console.print(f"  {name:7s} measured {measured}  formula {formula:,.0f}  "
+                      f"(peak per rank {peaks})")
+    console.print(f"trace written to {trace_path}; its memory events per rank: "
+                  f"minidist.memory.memory_timeline(trace.read_jsonl({trace_path!r}).events)")
+    plot = getattr(args, "plot", None)
+    if plot:
+        from viz.memory_chart import save_memory
+
+        console.print(f"memory plot saved to {save_memory(trace_path, plot)}")
+    return 0
