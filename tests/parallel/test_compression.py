@@ -13,7 +13,7 @@ import pytest
 
 import minidist
 import minidist.distributed as dist
-from minidist import Tensor, nn, optim
+from minidist import Tensor, nn, optim, trace
 from minidist.data import load_digits
 from minidist.parallel import compression as C
 from minidist.parallel.data_parallel import DistributedDataParallel
@@ -211,3 +211,60 @@ def test_hooks_in_ddp(world_size):
         for rank_result in results[1:]:
             np.testing.assert_array_equal(rank_result[1][name][0], results[0][1][name][0],
                                           err_msg=name)
+
+
+# --------------------------------------------------------------------------- bytes on the wire
+
+
+def _traced_worker():
+    sizes = None
+    for name in C.HOOKS:
+        ddp = DistributedDataParallel(_model(0), bucket_mb=0.002, algorithm="ring")
+        ddp.register_comm_hook(_state(name), C.HOOKS[name])
+        sizes = [sum(p.data.size for p in bucket) for bucket in ddp.buckets]
+        x, y = load_digits()[:2]
+        start = dist.get_rank() * BATCH
+        with trace.region(f"hook {name}"):
+            for _ in range(STEPS):
+                nn.CrossEntropyLoss()(ddp(Tensor(x[start:start + BATCH])),
+                                      y[start:start + BATCH]).backward()
+    return sizes
+
+
+def _formula(name, sizes, world_size, s=4):
+    """Bytes one rank sends per step, from each hook's docstring (plus the
+    8-byte example count DDP all-reduces once a step)."""
+    others = world_size - 1
+    count = 2 * others / world_size * 8
+    per_bucket = {
+        "allreduce": lambda n: 2 * others / world_size * n * s,
+        "fp16": lambda n: 2 * others / world_size * n * 2,
+        "int8": lambda n: others * (n + 8),
+        "sign": lambda n: others * (-(-n // 8) + 8),
+        "topk": lambda n: others * (8 + C.TopKState(0.1).k(n) * (4 + s)),
+        "randomk": lambda n: others * (8 + C.TopKState(0.1).k(n) * (4 + s)),
+    }[name]
+    return count + sum(per_bucket(n) for n in sizes)
+
+
+@pytest.mark.timeout(120)
+def test_bytes_per_step_from_the_trace_match_the_formulas(tmp_path):
+    path = tmp_path / "hooks.jsonl"
+    world_size = 2
+    sizes = minidist.launch(_traced_worker, world_size=world_size, transport="shm",
+                            trace=str(path), timeout=60)[0]
+    events = trace.read_jsonl(path).events
+    dense = _formula("allreduce", sizes, world_size)
+    for rank in range(world_size):
+        regions = {e["label"].split()[1]: (e["start"], e["end"]) for e in events
+                   if e["rank"] == rank and e["kind"] == "compute"
+                   and e["label"].startswith("hook ")}
+        for name, (begin, end) in regions.items():
+            sent = sum(e["bytes"] for e in events if e["rank"] == rank and e["kind"] == "send"
+                       and begin <= e["start"] <= end
+                       and trace.label_info(e["label"]).get("call") is not None) / STEPS
+            if name == "threshold":   # data-dependent: m entries over tau
+                assert 0 < sent < dense, (name, sent, dense)
+            else:
+                assert sent == pytest.approx(_formula(name, sizes, world_size)), (name, rank)
+        assert len(regions) == len(C.HOOKS)
