@@ -204,6 +204,51 @@ class _Bucket:
             offset += size
         self.pending = len(parameters)
         self.queued = False
+        self.hooked = False     # a comm hook wrote the averaged gradient this step
+
+
+class GradBucket:
+    """What a communication hook receives: one bucket of DDP, as in
+    ``torch.distributed.GradBucket``.
+
+    * ``buffer()``: the flat gradient of the bucket, this rank's gradient
+      multiplied by its number of examples (b_r g_r), the array an all-reduce
+      would sum. The hook may change it in place.
+    * ``divisor()``: the examples of all ranks (sum of b_r); the average is
+      ``sum_r buffer_r / divisor()``, the whole batch's mean gradient (with
+      equal shards, ``divisor() == world_size * b``).
+    * ``index()``, ``is_last()``, ``parameters()``, ``group``,
+      ``world_size``, ``rank``, ``algorithm`` (DDP's all-reduce algorithm).
+    """
+
+    def __init__(self, bucket: _Bucket, index: int, count: int, ddp):
+        self._bucket = bucket
+        self._index = index
+        self._count = count
+        self._last = index == len(ddp._buckets) - 1
+        self.group = ddp._group
+        self.world_size = ddp._world_size
+        self.rank = ddp._rank
+        self.algorithm = ddp._algorithm
+
+    def buffer(self) -> np.ndarray:
+        return self._bucket.flat
+
+    def divisor(self) -> int:
+        return self._count
+
+    def index(self) -> int:
+        return self._index
+
+    def is_last(self) -> bool:
+        return self._last
+
+    def parameters(self) -> list:
+        return list(self._bucket.parameters)
+
+    def __repr__(self):
+        return (f"GradBucket(index={self._index}, size={self._bucket.flat.size}, "
+                f"dtype={self._bucket.flat.dtype})")
 
 
 class DistributedDataParallel(nn.Module):
@@ -259,8 +304,9 @@ class DistributedDataParallel(nn.Module):
         self._examples = 0          # this rank's examples since the last synchronization
         self._arrived = 0           # buckets complete in the running backward
         self._count = None          # [sum of the ranks' examples], once queued
-        self._queue = collections.deque()  # (array, algorithm) of all-reduces not yet started
+        self._queue = collections.deque()  # (array, algorithm, bucket) not yet started
         self._in_flight = None      # the Work of the all-reduce now running
+        self._comm_hook = None      # (state, hook) from register_comm_hook
         self._hook_handles = [p.register_post_accumulate_grad_hook(self._gradient_ready)
                               for p in parameters]
         if broadcast_buffers:
@@ -277,6 +323,52 @@ class DistributedDataParallel(nn.Module):
         for bucket in self._buckets:
             ledger.track("buffers", bucket.flat)
         return ledger
+
+    def register_comm_hook(self, state, hook) -> None:
+        """Replace each bucket's all-reduce with ``hook(state, bucket)``, as
+        ``torch``'s ``DistributedDataParallel.register_comm_hook``.
+
+        ``bucket`` is a :class:`GradBucket`; the hook communicates (any
+        collectives of ``bucket.group``, the same sequence on every rank) and
+        returns the averaged gradient, ``sum_r buffer_r / bucket.divisor()``
+        or an approximation of it (compression), a NumPy array of the
+        buffer's shape and dtype that DDP writes back into the gradients.
+        The hooks of :mod:`minidist.parallel.compression` are examples.
+
+        It runs where the bucket's all-reduce would start: with
+        ``overlap=True`` as soon as the bucket is full, during backward (the
+        hook itself blocks until its collectives are done); with
+        ``overlap=False`` after backward. Register once, before the first
+        backward; without a hook DDP's path is unchanged.
+        """
+        if self._comm_hook is not None:
+            raise RuntimeError("register_comm_hook: a communication hook is already registered "
+                               "on this DistributedDataParallel (register it once)")
+        if not callable(hook):
+            raise TypeError(f"register_comm_hook needs a callable hook(state, bucket), "
+                            f"got {type(hook).__name__}")
+        self._comm_hook = (state, hook)
+
+    def _run_hook(self, bucket: _Bucket) -> None:
+        state, hook = self._comm_hook
+        index = self._buckets.index(bucket)
+        if int(self._count[0]) == 0:
+            raise ValueError("DistributedDataParallel: no rank had any example in this step; "
+                             "at least one rank needs examples to average over")
+        grad_bucket = GradBucket(bucket, index, int(self._count[0]), self)
+        name = getattr(hook, "__qualname__", None) or type(hook).__name__
+        out = hook(state, grad_bucket)
+        if not isinstance(out, np.ndarray) or out.shape != bucket.flat.shape \
+                or out.dtype != bucket.flat.dtype:
+            got = (f"shape {out.shape}, dtype {out.dtype}" if isinstance(out, np.ndarray)
+                   else type(out).__name__)
+            raise ValueError(
+                f"rank {self._rank}: communication hook {name} returned {got} for bucket "
+                f"{index}; it must return a NumPy array of the bucket's shape "
+                f"{bucket.flat.shape} and dtype {bucket.flat.dtype} (the averaged gradient)")
+        if out is not bucket.flat:
+            bucket.flat[...] = out
+        bucket.hooked = True
 
     @property
     def buckets(self) -> list[list]:
@@ -363,10 +455,10 @@ class DistributedDataParallel(nn.Module):
         bucket of a step) and start what the queue allows."""
         if self._count is None:
             self._count = np.array([self._examples], dtype=np.int64)
-            self._queue.append((self._count, "auto"))
+            self._queue.append((self._count, "auto", None))
         bucket.flat *= self._dtype.type(self._examples)
         bucket.queued = True
-        self._queue.append((bucket.flat, self._algorithm))
+        self._queue.append((bucket.flat, self._algorithm, bucket))
         self._advance()
 
     def _advance(self) -> None:
@@ -384,7 +476,12 @@ class DistributedDataParallel(nn.Module):
                 self._in_flight = None
             if not self._queue:
                 return
-            array, algorithm = self._queue.popleft()
+            array, algorithm, bucket = self._queue.popleft()
+            if bucket is not None and self._comm_hook is not None:
+                # The example count's all-reduce, queued first, is done: the hook
+                # runs (and communicates) now, where the all-reduce would start.
+                self._run_hook(bucket)
+                continue
             self._in_flight = dist.all_reduce(array, group=self._group, async_op=True,
                                               algorithm=algorithm)
 
@@ -405,8 +502,10 @@ class DistributedDataParallel(nn.Module):
                 raise ValueError("DistributedDataParallel: no rank had any example in this step; "
                                  "at least one rank needs examples to average over")
             for bucket in self._buckets:
-                bucket.flat /= self._dtype.type(total)
+                if not bucket.hooked:
+                    bucket.flat /= self._dtype.type(total)
                 bucket.queued = False
+                bucket.hooked = False
         for bucket in self._buckets:
             bucket.pending = len(bucket.parameters)
         self._arrived = 0

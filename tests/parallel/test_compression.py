@@ -1,0 +1,270 @@
+"""Gradient compression hooks (minidist.parallel.compression).
+
+Unit tests of the compressors without processes, then one launch per world
+size: the identity hook equals plain DDP bit for bit, every hook trains the
+digits MLP without error, all ranks end with identical weights, a hook with
+the wrong output is named, and the fp16 hook stays within its error bound.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import minidist
+import minidist.distributed as dist
+from minidist import Tensor, nn, optim, trace
+from minidist.data import load_digits
+from minidist.parallel import compression as C
+from minidist.parallel.data_parallel import DistributedDataParallel
+
+# --------------------------------------------------------------------------- units
+
+
+def test_int8_is_unbiased_and_in_range():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(50).astype(np.float64)
+    draws = 4000
+    mean = np.zeros_like(x)
+    for _ in range(draws):
+        q, scale = C.quantize_int8(x, rng)
+        assert q.dtype == np.int8 and np.abs(q.astype(int)).max() <= 127
+        mean += q * scale
+    mean /= draws
+    step = np.abs(x).max() / 127
+    # each draw is off by less than one step: the mean of 4000 by ~ step / sqrt(4000)
+    assert np.abs(mean - x).max() < 5 * step / np.sqrt(draws)
+    q, scale = C.quantize_int8(np.zeros(5), rng)
+    assert scale == 0.0 and not q.any()
+
+
+def test_fp16_round_trip_error_bound():
+    x = np.random.default_rng(1).standard_normal(1000).astype(np.float32)
+    back = x.astype(np.float16).astype(np.float32)
+    assert np.all(np.abs(back - x) <= np.abs(x) * 2.0**-11 + 2.0**-24)
+
+
+def test_topk_keeps_exactly_k_largest():
+    p = np.random.default_rng(2).standard_normal(100)
+    indices, values = C.compress_topk(p, 7)
+    assert indices.size == 7 and len(set(indices)) == 7
+    assert set(indices) == set(np.argsort(-np.abs(p))[:7])
+    np.testing.assert_array_equal(values, p[indices])
+    assert C.TopKState(0.05).k(100) == 5 and C.TopKState(0.001).k(100) == 1
+
+
+def test_randomk_keeps_exactly_k_distinct():
+    p = np.random.default_rng(3).standard_normal(100)
+    indices, values = C.compress_randomk(p, 9, np.random.default_rng(0))
+    assert indices.size == 9 and len(set(indices)) == 9
+    np.testing.assert_array_equal(values, p[indices])
+
+
+@pytest.mark.parametrize("quantize", [True, False])
+def test_threshold_keeps_exactly_entries_above_tau(quantize):
+    p = np.array([0.5, -0.05, 0.2, -0.3, 0.1, 0.0, -0.1])
+    indices, values = C.compress_threshold(p, 0.1, quantize)
+    assert list(indices) == [0, 2, 3]
+    expected = [0.1, 0.1, -0.1] if quantize else [0.5, 0.2, -0.3]
+    np.testing.assert_array_equal(values, expected)
+
+
+def test_sign_packs_one_bit_per_value():
+    p = np.array([0.5, -1.5, 0.0, 2.0, -1.0, 1.0, 3.0, -4.0, 0.5])
+    bits, scale, sent = C.compress_sign(p)
+    assert bits.dtype == np.uint8 and bits.size == 2
+    assert scale == pytest.approx(np.abs(p).mean())
+    np.testing.assert_array_equal(np.unpackbits(bits, count=p.size).astype(bool), p >= 0)
+    np.testing.assert_array_equal(sent, np.where(p >= 0, scale, -scale))
+
+
+@pytest.mark.parametrize("compressor", ["sign", "threshold", "topk", "randomk"])
+def test_error_feedback_loses_nothing(compressor):
+    """sent + residual, summed over the steps, equals the summed gradients."""
+    rng = np.random.default_rng(4)
+    state = {"sign": C.ErrorFeedbackState(), "threshold": C.ThresholdState(0.5),
+             "topk": C.TopKState(0.1), "randomk": C.RandomKState(0.1)}[compressor]
+    total_sent, total_grad = np.zeros(40), np.zeros(40)
+    for _ in range(25):
+        g = rng.standard_normal(40)
+        total_grad += g
+        p = state.compensate(0, g)
+        if compressor == "sign":
+            sent = C.compress_sign(p)[2]
+        else:
+            if compressor == "threshold":
+                indices, values = C.compress_threshold(p, state.tau)
+            elif compressor == "topk":
+                indices, values = C.compress_topk(p, state.k(p.size))
+            else:
+                indices, values = C.compress_randomk(p, state.k(p.size), state.rng(0))
+            sent = C._scatter(indices, values, p.size, p.dtype)
+            assert np.count_nonzero(sent) == indices.size
+        state.update(0, p, sent)
+        total_sent += sent
+    np.testing.assert_allclose(total_sent + state.residuals[0], total_grad, atol=1e-12)
+
+
+# --------------------------------------------------------------------------- with processes
+
+STEPS = 4
+BATCH = 8
+
+
+def _model(seed):
+    nn.init.manual_seed(seed)
+    return nn.Sequential(nn.Linear(64, 24), nn.ReLU(), nn.Linear(24, 16), nn.ReLU(),
+                         nn.Linear(16, 10))
+
+
+def _state(name):
+    return {"allreduce": None, "fp16": None, "int8": C.Int8State(seed=1),
+            "sign": C.ErrorFeedbackState(), "threshold": C.ThresholdState(1e-3),
+            "topk": C.TopKState(0.1), "randomk": C.RandomKState(0.1, seed=1)}[name]
+
+
+def _train(hook_name, overlap=True):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = _model(seed=rank)
+    ddp = DistributedDataParallel(model, bucket_mb=0.002, overlap=overlap)
+    if hook_name is not None:
+        ddp.register_comm_hook(_state(hook_name), C.HOOKS[hook_name])
+    optimizer = optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    x, y = load_digits()[:2]
+    losses = []
+    for step in range(STEPS):
+        start = (step * world + rank) * BATCH
+        size = BATCH - 3 if rank == world - 1 else BATCH   # uneven shards
+        optimizer.zero_grad(set_to_none=False)
+        loss = loss_fn(ddp(Tensor(x[start:start + size])), y[start:start + size])
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.data))
+    weights = np.concatenate([p.data.reshape(-1) for p in model.parameters()])
+    return weights, losses
+
+
+def _bad_hook(state, bucket):
+    return bucket.buffer()[:-1]
+
+
+def _wrong_output_message():
+    ddp = DistributedDataParallel(_model(0), bucket_mb=0.002)
+    ddp.register_comm_hook(None, _bad_hook)
+    x, y = load_digits()[:2]
+    try:
+        nn.CrossEntropyLoss()(ddp(Tensor(x[:4])), y[:4]).backward()
+    except ValueError as error:
+        return str(error)
+    return ""
+
+
+class _FakeBucket:
+    def __init__(self, array, divisor):
+        self._array, self._divisor = array, divisor
+        self.group, self.world_size, self.rank = None, dist.get_world_size(), dist.get_rank()
+        self.algorithm = "auto"
+
+    def buffer(self):
+        return self._array
+
+    def divisor(self):
+        return self._divisor
+
+    def index(self):
+        return 0
+
+
+def _fp16_error():
+    world = dist.get_world_size()
+    x = np.random.default_rng(dist.get_rank()).standard_normal(500).astype(np.float32)
+    exact = x.copy()
+    dist.all_reduce(exact)
+    exact /= np.float32(world)
+    got = C.fp16_compress_hook(None, _FakeBucket(x.copy(), world))
+    return float(np.max(np.abs(got - exact)) / np.max(np.abs(exact)))
+
+
+def _worker():
+    plain = [_train(None, overlap) for overlap in (True, False)]
+    hooked = {name: _train(name) for name in C.HOOKS}
+    identity_no_overlap = _train("allreduce", overlap=False)
+    return plain, hooked, identity_no_overlap, _wrong_output_message(), _fp16_error()
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_hooks_in_ddp(world_size):
+    results = minidist.launch(_worker, world_size=world_size, transport="shm", timeout=120)
+    for plain, hooked, identity_no_overlap, message, fp16_error in results:
+        # the identity hook is DDP's path, bit for bit, overlapped or not
+        np.testing.assert_array_equal(hooked["allreduce"][0], plain[0][0])
+        np.testing.assert_array_equal(identity_no_overlap[0], plain[1][0])
+        for name, (weights, losses) in hooked.items():
+            assert np.all(np.isfinite(weights)) and np.all(np.isfinite(losses)), name
+            if name not in ("allreduce", "fp16"):   # lossy: the hook really ran
+                assert not np.array_equal(weights, plain[0][0]), name
+        assert "_bad_hook" in message and "bucket 0" in message
+        assert fp16_error < world_size * 2.0**-10
+    for name in C.HOOKS:   # every rank ends with identical weights
+        for rank_result in results[1:]:
+            np.testing.assert_array_equal(rank_result[1][name][0], results[0][1][name][0],
+                                          err_msg=name)
+
+
+# --------------------------------------------------------------------------- bytes on the wire
+
+
+def _traced_worker():
+    sizes = None
+    for name in C.HOOKS:
+        ddp = DistributedDataParallel(_model(0), bucket_mb=0.002, algorithm="ring")
+        ddp.register_comm_hook(_state(name), C.HOOKS[name])
+        sizes = [sum(p.data.size for p in bucket) for bucket in ddp.buckets]
+        x, y = load_digits()[:2]
+        start = dist.get_rank() * BATCH
+        with trace.region(f"hook {name}"):
+            for _ in range(STEPS):
+                nn.CrossEntropyLoss()(ddp(Tensor(x[start:start + BATCH])),
+                                      y[start:start + BATCH]).backward()
+    return sizes
+
+
+def _formula(name, sizes, world_size, s=4):
+    """Bytes one rank sends per step, from each hook's docstring (plus the
+    8-byte example count DDP all-reduces once a step)."""
+    others = world_size - 1
+    count = 2 * others / world_size * 8
+    per_bucket = {
+        "allreduce": lambda n: 2 * others / world_size * n * s,
+        "fp16": lambda n: 2 * others / world_size * n * 2,
+        "int8": lambda n: others * (n + 8),
+        "sign": lambda n: others * (-(-n // 8) + 8),
+        "topk": lambda n: others * (8 + C.TopKState(0.1).k(n) * (4 + s)),
+        "randomk": lambda n: others * (8 + C.TopKState(0.1).k(n) * (4 + s)),
+    }[name]
+    return count + sum(per_bucket(n) for n in sizes)
+
+
+@pytest.mark.timeout(120)
+def test_bytes_per_step_from_the_trace_match_the_formulas(tmp_path):
+    path = tmp_path / "hooks.jsonl"
+    world_size = 2
+    sizes = minidist.launch(_traced_worker, world_size=world_size, transport="shm",
+                            trace=str(path), timeout=60)[0]
+    events = trace.read_jsonl(path).events
+    dense = _formula("allreduce", sizes, world_size)
+    for rank in range(world_size):
+        regions = {e["label"].split()[1]: (e["start"], e["end"]) for e in events
+                   if e["rank"] == rank and e["kind"] == "compute"
+                   and e["label"].startswith("hook ")}
+        for name, (begin, end) in regions.items():
+            sent = sum(e["bytes"] for e in events if e["rank"] == rank and e["kind"] == "send"
+                       and begin <= e["start"] <= end
+                       and trace.label_info(e["label"]).get("call") is not None) / STEPS
+            if name == "threshold":   # data-dependent: m entries over tau
+                assert 0 < sent < dense, (name, sent, dense)
+            else:
+                assert sent == pytest.approx(_formula(name, sizes, world_size)), (name, rank)
+        assert len(regions) == len(C.HOOKS)
