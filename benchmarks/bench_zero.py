@@ -46,20 +46,11 @@ GOAL = 1.2
 
 def _build(stage, model):
     from minidist import memory, optim
-    from minidist.parallel.data_parallel import DistributedDataParallel
-    from minidist.parallel.zero import FullyShardedDataParallel, ZeroRedundancyOptimizer
+    from minidist.parallel import zero
 
+    wrapped, optimizer = zero.wrap(model, stage, optim.Adam, algorithm="ring", lr=LR)
     if stage in (0, 1):
-        wrapped = DistributedDataParallel(model, algorithm="ring")
-        if stage == 0:
-            optimizer = optim.Adam(wrapped.parameters(), lr=LR)
-        else:
-            optimizer = ZeroRedundancyOptimizer(wrapped.parameters(), optim.Adam, lr=LR,
-                                                algorithm="ring")
         return wrapped, optimizer, memory.Ledger(wrapped, optimizer)
-    strategy = "SHARD_GRAD_OP" if stage == 2 else "FULL_SHARD"
-    wrapped = FullyShardedDataParallel(model, sharding_strategy=strategy, algorithm="ring")
-    optimizer = optim.Adam(wrapped.parameters(), lr=LR)
     return wrapped, optimizer, memory.Ledger(list(wrapped.shards) + list(model.parameters()),
                                              optimizer)
 

@@ -44,10 +44,8 @@ from minidist import Tensor, memory, nn, optim, trace
 from minidist.data import load_digits
 from minidist.lesson import output_dir, quick, use_headless_matplotlib
 from minidist.nn.recompute import CheckpointedSequential, kept_for_backward
-from minidist.parallel.data_parallel import DistributedDataParallel
+from minidist.parallel import zero
 from minidist.parallel.zero import (
-    FullyShardedDataParallel,
-    ZeroRedundancyOptimizer,
     zero_bytes_per_step,
     zero_model_state_bytes,
 )
@@ -94,18 +92,16 @@ def digits_mlp(hidden=HIDDEN, seed=0):
                          nn.ReLU(), nn.Linear(hidden, 10))
 
 
+STAGE_OF = {"DDP": 0, "stage 1": 1, "stage 2": 2, "stage 3": 3}
+
+
 def wrap(method, model):
     """(the module to call, the optimizer, extra buffers to track) for a method."""
-    if method in ("DDP", "stage 1"):
-        wrapped = DistributedDataParallel(model, algorithm="ring")
-        if method == "DDP":
-            return wrapped, optim.Adam(wrapped.parameters(), lr=1e-3), []
-        optimizer = ZeroRedundancyOptimizer(wrapped.parameters(), optim.Adam, lr=1e-3,
-                                            algorithm="ring")
+    wrapped, optimizer = zero.wrap(model, STAGE_OF[method], optim.Adam, algorithm="ring",
+                                   lr=1e-3)
+    if method == "stage 1":
         return wrapped, optimizer, [optimizer.shard.grad]   # its slice's gradient scratch
-    strategy = "SHARD_GRAD_OP" if method == "stage 2" else "FULL_SHARD"
-    wrapped = FullyShardedDataParallel(model, sharding_strategy=strategy, algorithm="ring")
-    return wrapped, optim.Adam(wrapped.parameters(), lr=1e-3), []
+    return wrapped, optimizer, []
 
 
 def train_one(method, x, y, steps, limit_bytes=None, hidden=HIDDEN):

@@ -35,10 +35,8 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, memory, nn, optim, trace
 from minidist.data import load_digits
-from minidist.parallel.data_parallel import DistributedDataParallel
+from minidist.parallel import zero
 from minidist.parallel.zero import (
-    FullyShardedDataParallel,
-    ZeroRedundancyOptimizer,
     zero_model_state_bytes,
 )
 from minidist.train import build_model
@@ -57,20 +55,12 @@ SHORT = {"parameters": "params", "gradients": "grads", "optimizer_state": "optim
 def build(stage: int, model):
     """(the wrapped model, its optimizer, a Ledger of this rank) for a ZeRO
     ``stage`` (0: DDP), Adam, ring collectives."""
+    wrapped, optimizer = zero.wrap(model, stage, optim.Adam, algorithm="ring", lr=LR)
     if stage in (0, 1):
-        wrapped = DistributedDataParallel(model, algorithm="ring")
-        if stage == 0:
-            optimizer = optim.Adam(wrapped.parameters(), lr=LR)
-        else:
-            optimizer = ZeroRedundancyOptimizer(wrapped.parameters(), optim.Adam, lr=LR,
-                                                algorithm="ring")
         ledger = memory.Ledger(wrapped, optimizer)
         if stage == 1:   # the slice's gradient the inner Adam reads: scratch, not model state
             ledger.track("buffers", optimizer.shard.grad)
         return wrapped, optimizer, ledger
-    strategy = "SHARD_GRAD_OP" if stage == 2 else "FULL_SHARD"
-    wrapped = FullyShardedDataParallel(model, sharding_strategy=strategy, algorithm="ring")
-    optimizer = optim.Adam(wrapped.parameters(), lr=LR)
     # The shards and the layers' own parameters (views into the gathered
     # weights while they exist): each byte counts once.
     ledger = memory.Ledger(list(wrapped.shards) + list(model.parameters()), optimizer)

@@ -68,7 +68,8 @@ class _BatchNorm(Module):
             self.running_var.data[...] = 1
             self.num_batches_tracked.data[...] = 0
 
-    def forward(self, x):
+    def _check_input(self, x) -> None:
+        """The input's shape fits this layer (also used by SyncBatchNorm)."""
         shape = x.shape
         if len(shape) not in self._expected_ndim or shape[1] != self.num_features:
             raise ValueError(
@@ -76,6 +77,9 @@ class _BatchNorm(Module):
                 f"{self._shape_text} with C={self.num_features}, got {_shape_str(shape)}; "
                 "check num_features against the previous layer's output channels"
             )
+
+    def forward(self, x):
+        self._check_input(x)
         momentum = self.momentum
         if self.training and self.track_running_stats:
             self.num_batches_tracked.data += 1

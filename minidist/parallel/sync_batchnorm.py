@@ -90,13 +90,7 @@ class SyncBatchNorm(_BatchNorm):
         self.algorithm = algorithm
 
     def forward(self, x):
-        shape = x.shape
-        if len(shape) not in self._expected_ndim or shape[1] != self.num_features:
-            raise ValueError(
-                f"{type(self).__name__}({self.num_features}) expects input of shape "
-                f"{self._shape_text} with C={self.num_features}, got {_shape_str(shape)}; "
-                "check num_features against the previous layer's output channels"
-            )
+        self._check_input(x)
         # PyTorch's rule: synchronise only when training in a distributed run;
         # evaluation (running statistics, or local batch statistics when none
         # are tracked) is purely local.

@@ -62,7 +62,12 @@ import numpy as np
 
 import minidist.distributed as dist
 from minidist import nn
-from minidist.parallel.data_parallel import _check_model, _local_count, broadcast_module
+from minidist.parallel.data_parallel import (
+    DistributedDataParallel,
+    _check_model,
+    _local_count,
+    broadcast_module,
+)
 from minidist.tensor import Tensor, no_grad
 
 STRATEGIES = ("SHARD_GRAD_OP", "FULL_SHARD")
@@ -473,3 +478,33 @@ class FullyShardedDataParallel(nn.Module):
             param.grad = None
         if self.reshard_after_forward:
             self._free(unit)
+
+
+# --------------------------------------------------------------------------- one call per stage
+
+STAGES = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
+
+
+def wrap(model, stage: int, optimizer_class, *, group=None, algorithm: str = "auto",
+         **defaults):
+    """``(the module to call, its optimizer)`` for ZeRO ``stage`` (0: plain
+    DDP), the way the lesson, the demo and the benchmark compare them:
+
+    * 0: ``DistributedDataParallel`` + ``optimizer_class`` on every parameter;
+    * 1: ``DistributedDataParallel`` + ``ZeroRedundancyOptimizer``;
+    * 2, 3: ``FullyShardedDataParallel`` (``SHARD_GRAD_OP``, ``FULL_SHARD``)
+      + ``optimizer_class`` on its shards.
+
+    ``defaults`` go to the optimizer (``lr=...``)."""
+    if stage not in STAGES:
+        raise ValueError(f"ZeRO stage must be 0 (plain DDP), 1, 2 or 3, got {stage!r}")
+    if stage in (0, 1):
+        wrapped = DistributedDataParallel(model, group=group, algorithm=algorithm)
+        if stage == 0:
+            return wrapped, optimizer_class(wrapped.parameters(), **defaults)
+        return wrapped, ZeroRedundancyOptimizer(wrapped.parameters(), optimizer_class,
+                                                group=group, algorithm=algorithm, **defaults)
+    strategy = "SHARD_GRAD_OP" if stage == 2 else "FULL_SHARD"
+    wrapped = FullyShardedDataParallel(model, sharding_strategy=strategy, group=group,
+                                       algorithm=algorithm)
+    return wrapped, optimizer_class(wrapped.parameters(), **defaults)

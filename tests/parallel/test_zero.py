@@ -286,3 +286,11 @@ def test_model_state_formulas_by_hand():
                                              "all_gather": 0}
     assert zero_bytes_per_step([10, 3], 4, 3) == {"all_reduce": 0, "reduce_scatter": 48,
                                                   "all_gather": 96}
+
+
+def test_wrap_refuses_an_unknown_stage():
+    from minidist import nn, optim
+    from minidist.parallel import zero
+
+    with pytest.raises(ValueError, match="ZeRO stage must be 0 .plain DDP., 1, 2 or 3, got 4"):
+        zero.wrap(nn.Linear(2, 2), 4, optim.Adam)
