@@ -36,9 +36,13 @@ import minidist.distributed as dist
 
 class ErrorFeedbackState:
     """The residual of every bucket (by bucket index): what a lossy
-    compressor has not sent yet, added to the next step's contribution."""
+    compressor has not sent yet, added to the next step's contribution.
 
-    def __init__(self):
+    ``use_error_feedback=False`` (torch's name) keeps nothing: what a
+    compressor drops is lost, which is what the lesson measures against."""
+
+    def __init__(self, use_error_feedback: bool = True):
+        self.use_error_feedback = bool(use_error_feedback)
         self.residuals: dict[int, np.ndarray] = {}
 
     def compensate(self, index: int, contribution: np.ndarray) -> np.ndarray:
@@ -49,8 +53,9 @@ class ErrorFeedbackState:
         return contribution + residual
 
     def update(self, index: int, compensated: np.ndarray, sent: np.ndarray) -> None:
-        """Keep what was not sent: ``compensated - sent``."""
-        self.residuals[index] = compensated - sent
+        """Keep what was not sent: ``compensated - sent`` (nothing without error feedback)."""
+        if self.use_error_feedback:
+            self.residuals[index] = compensated - sent
 
 
 class _Random:
@@ -78,8 +83,8 @@ class ThresholdState(ErrorFeedbackState):
     With ``quantize=True`` (Strom's) an entry sent is ``+tau`` or ``-tau``
     and the rest of it stays in the residual; with ``False`` its whole value."""
 
-    def __init__(self, tau: float, quantize: bool = True):
-        super().__init__()
+    def __init__(self, tau: float, quantize: bool = True, use_error_feedback: bool = True):
+        super().__init__(use_error_feedback)
         if not tau > 0:
             raise ValueError(f"ThresholdState: tau must be positive, got {tau!r}")
         self.tau = float(tau)
@@ -89,8 +94,8 @@ class ThresholdState(ErrorFeedbackState):
 class TopKState(ErrorFeedbackState):
     """Send the ``k = ceil(ratio n)`` entries of largest magnitude of each bucket."""
 
-    def __init__(self, ratio: float = 0.01):
-        super().__init__()
+    def __init__(self, ratio: float = 0.01, use_error_feedback: bool = True):
+        super().__init__(use_error_feedback)
         if not 0 < ratio <= 1:
             raise ValueError(f"TopKState: ratio must be in (0, 1], got {ratio!r}")
         self.ratio = float(ratio)
@@ -103,9 +108,71 @@ class RandomKState(TopKState, _Random):
     """Send ``k = ceil(ratio n)`` entries of each bucket drawn at random
     (each rank its own draw, from seed + rank)."""
 
-    def __init__(self, ratio: float = 0.01, seed: int = 0):
-        TopKState.__init__(self, ratio)
+    def __init__(self, ratio: float = 0.01, seed: int = 0, use_error_feedback: bool = True):
+        TopKState.__init__(self, ratio, use_error_feedback)
         _Random.__init__(self, seed)
+
+
+class PowerSGDState(ErrorFeedbackState):
+    """PowerSGD (Vogels, Karimireddy and Jaggi, 2019), torch's names.
+
+    * ``matrix_approximation_rank``: r, the rank of each gradient matrix's
+      approximation ``P Q^T`` (a parameter of shape (n, ...) is an n x m
+      matrix, m the product of the other sizes);
+    * ``warm_start``: start each step's power iteration from the last
+      step's Q (one iteration a step then tracks the top-r subspace over
+      time); without it Q is drawn afresh every step;
+    * ``use_error_feedback``: keep ``M_r - P Q^T / N`` (what the
+      approximation missed of this rank's share) for the next step;
+    * ``min_compression_rate``: compress a matrix only when its n m values
+      are at least this many times the (n + m) r of P and Q; the others
+      (biases, small layers) are all-reduced whole;
+    * ``start_powerSGD_iter``: plain all-reduce for this many steps first
+      (the paper's warm-up; 0 compresses from the first step);
+    * ``random_seed``: the seed of Q's draws, the same on every rank (P and
+      Q must be the same matrices everywhere).
+
+    The residuals and the Qs are kept per bucket, by bucket index.
+    """
+
+    def __init__(self, matrix_approximation_rank: int = 1, warm_start: bool = True,
+                 use_error_feedback: bool = True, min_compression_rate: float = 2.0,
+                 start_powerSGD_iter: int = 0, random_seed: int = 0):
+        super().__init__(use_error_feedback)
+        if int(matrix_approximation_rank) != matrix_approximation_rank \
+                or matrix_approximation_rank < 1:
+            raise ValueError(f"PowerSGDState: matrix_approximation_rank must be a positive "
+                             f"integer, got {matrix_approximation_rank!r}")
+        if start_powerSGD_iter < 0:
+            raise ValueError(f"PowerSGDState: start_powerSGD_iter must be >= 0, "
+                             f"got {start_powerSGD_iter!r}")
+        self.matrix_approximation_rank = int(matrix_approximation_rank)
+        self.warm_start = bool(warm_start)
+        self.min_compression_rate = float(min_compression_rate)
+        self.start_powerSGD_iter = int(start_powerSGD_iter)
+        self.random_seed = int(random_seed)
+        self.iter = 0                       # steps seen (counted on the last bucket)
+        self.qs: dict[int, list[np.ndarray]] = {}
+        self._rng = np.random.default_rng(self.random_seed)   # shared: no rank in the seed
+
+    def layout(self, shapes) -> list[tuple[int, int, int, int, int]]:
+        """For the parameters' shapes, in bucket order: (offset, size, n, m,
+        r) with r = 0 for a tensor sent whole."""
+        out, offset = [], 0
+        for shape in shapes:
+            size = int(np.prod(shape))
+            n = int(shape[0]) if len(shape) >= 2 else size
+            m = size // n if len(shape) >= 2 else 1
+            r = min(n, m, self.matrix_approximation_rank) if len(shape) >= 2 else 0
+            if r and n * m < self.min_compression_rate * (n + m) * r:
+                r = 0
+            out.append((offset, size, n, m, r))
+            offset += size
+        return out
+
+    def fresh_q(self, m: int, r: int, dtype) -> np.ndarray:
+        """A new m x r starting matrix, standard normal, from the shared generator."""
+        return self._rng.standard_normal((m, r)).astype(dtype)
 
 
 # --------------------------------------------------------------------------- compressors
@@ -121,6 +188,24 @@ def quantize_int8(x: np.ndarray, rng: np.random.Generator):
     scale = peak / 127.0
     q = np.floor(x / scale + rng.random(x.shape))
     return np.clip(q, -127, 127).astype(np.int8), scale
+
+
+def truncate_bf16(x: np.ndarray) -> np.ndarray:
+    """bfloat16 by truncation: the top 16 bits of each float32 (sign, the 8
+    exponent bits, 7 mantissa bits), as uint16. Same range as float32, a
+    relative error under 2^-7, always towards zero."""
+    return (np.ascontiguousarray(x, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def expand_bf16(bits: np.ndarray) -> np.ndarray:
+    """The float32 values of :func:`truncate_bf16`'s bits (low 16 bits zero)."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def orthogonalize(p: np.ndarray) -> np.ndarray:
+    """An orthonormal basis of P's columns (reduced QR). Every rank holds the
+    same all-reduced P, so every rank computes the same bits."""
+    return np.linalg.qr(p)[0]
 
 
 def compress_sign(p: np.ndarray):
@@ -223,6 +308,21 @@ def fp16_compress_hook(state, bucket) -> np.ndarray:
     return half.astype(bucket.buffer().dtype)
 
 
+def bf16_compress_hook(state, bucket) -> np.ndarray:
+    """Fewer bits: bfloat16 by truncation (:func:`truncate_bf16`), float32's
+    range with 8 bits of precision. NumPy has no bfloat16 arithmetic, so the
+    ranks cannot add while they pass the ring: all-gather the 16-bit
+    payloads and add them as float32, in rank order.
+
+    bytes: (N - 1) n 2 (at N = 2 half of float32's ring, as fp16)."""
+    contribution = _contribution(bucket)
+    all_bits = _gather(truncate_bf16(contribution), bucket)
+    total = np.zeros(contribution.size, np.float32)
+    for rank_bits in all_bits:
+        total += expand_bf16(rank_bits)
+    return total.astype(contribution.dtype)
+
+
 def int8_hook(state: Int8State, bucket) -> np.ndarray:
     """Fewer bits: int8 with one scale per bucket and rank, stochastic
     rounding (:func:`quantize_int8`, unbiased); all-gather the int8 payloads
@@ -296,12 +396,85 @@ def randomk_hook(state: RandomKState, bucket) -> np.ndarray:
     return _sparse_sum(indices, values, bucket)
 
 
+def powersgd_hook(state: PowerSGDState, bucket) -> np.ndarray:
+    """Low rank: PowerSGD (Vogels et al. 2019). Each parameter's gradient,
+    seen as an n x m matrix M (this rank's share plus its residual), is
+    approximated by P Q^T of rank r with one step of power iteration:
+
+    1. ``P_r = M_r Q`` on every rank, all-reduce the Ps (their sum is M Q,
+       M the sum of the ranks' shares); the tensors too small to compress
+       ride in the same all-reduce, whole;
+    2. orthogonalize each P (the same bits on every rank);
+    3. ``Q_r = M_r^T P``, all-reduce the Qs (``M^T P``);
+    4. the averaged gradient is ``P Q^T``; the residual keeps ``M_r - P Q^T
+       / N``; with ``warm_start`` the next step starts from this Q.
+
+    Two all-reduces per bucket, of small matrices.
+
+    bytes: 2 (N - 1) / N s (sum of r (n + m) over the compressed matrices +
+    the values of the others) (ring)."""
+    index = bucket.index()
+    warming_up = state.iter < state.start_powerSGD_iter
+    if bucket.is_last():
+        state.iter += 1
+    if warming_up:
+        return allreduce_hook(None, bucket)
+    p = state.compensate(index, _contribution(bucket))
+    dtype = p.dtype
+    layout = state.layout([param.data.shape for param in bucket.parameters()])
+    if index not in state.qs or not state.warm_start:
+        state.qs[index] = [state.fresh_q(m, r, dtype) if r else None
+                           for (_, _, n, m, r) in layout]
+    qs = state.qs[index]
+    matrices = [p[o:o + size].reshape(n, m) for (o, size, n, m, r) in layout]
+
+    # 1. P = M Q, summed over the ranks (with the uncompressed tensors).
+    first = np.concatenate([(mat @ q).reshape(-1) if r else mat.reshape(-1)
+                            for mat, q, (_, _, _, _, r) in zip(matrices, qs, layout)])
+    dist.all_reduce(first, group=bucket.group, algorithm=bucket.algorithm)
+    out = np.empty_like(p)
+    ps, offset = [], 0
+    for (o, size, n, m, r) in layout:
+        width = n * r if r else size
+        piece = first[offset:offset + width]
+        offset += width
+        if r:
+            ps.append(orthogonalize(piece.reshape(n, r)))        # 2.
+        else:
+            ps.append(None)
+            out[o:o + size] = piece
+
+    # 3. Q = M^T P, summed over the ranks.
+    compressed = [i for i, (*_, r) in enumerate(layout) if r]
+    if compressed:
+        second = np.concatenate([(matrices[i].T @ ps[i]).reshape(-1) for i in compressed])
+        dist.all_reduce(second, group=bucket.group, algorithm=bucket.algorithm)
+        offset = 0
+        for i in compressed:
+            o, size, n, m, r = layout[i]
+            q = second[offset:offset + m * r].reshape(m, r)
+            offset += m * r
+            out[o:o + size] = (ps[i] @ q.T).reshape(-1)        # 4.
+            qs[i] = q.copy()
+
+    # The residual: this rank's share of what P Q^T missed (nothing on the
+    # tensors sent whole, they arrived exactly).
+    sent = np.array(p)
+    for i in compressed:
+        o, size = layout[i][:2]
+        sent[o:o + size] = out[o:o + size] / dtype.type(bucket.world_size)
+    state.update(index, p, sent)
+    return out
+
+
 HOOKS = {
     "allreduce": allreduce_hook,
     "fp16": fp16_compress_hook,
+    "bf16": bf16_compress_hook,
     "int8": int8_hook,
     "sign": sign_hook,
     "threshold": threshold_hook,
     "topk": topk_hook,
     "randomk": randomk_hook,
+    "powersgd": powersgd_hook,
 }

@@ -217,7 +217,7 @@ class GradBucket:
     * ``divisor()``: the examples of all ranks (sum of b_r); the average is
       ``sum_r buffer_r / divisor()``, the whole batch's mean gradient (with
       equal shards, ``divisor() == world_size * b``).
-    * ``index()``, ``is_last()``, ``parameters()``, ``group``,
+    * ``index()``, ``is_last()``, ``parameters()``, ``gradients()``, ``group``,
       ``world_size``, ``rank``, ``algorithm`` (DDP's all-reduce algorithm).
     """
 
@@ -244,7 +244,12 @@ class GradBucket:
         return self._last
 
     def parameters(self) -> list:
+        """The bucket's parameters, in the order their gradients sit in ``buffer()``."""
         return list(self._bucket.parameters)
+
+    def gradients(self) -> list[np.ndarray]:
+        """Each parameter's gradient: views into ``buffer()``, shaped as the parameter."""
+        return [self._bucket.views[id(p)] for p in self._bucket.parameters]
 
     def __repr__(self):
         return (f"GradBucket(index={self._index}, size={self._bucket.flat.size}, "

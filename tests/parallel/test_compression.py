@@ -78,6 +78,42 @@ def test_sign_packs_one_bit_per_value():
     np.testing.assert_array_equal(sent, np.where(p >= 0, scale, -scale))
 
 
+def test_bf16_truncation_error_bound():
+    x = np.random.default_rng(5).standard_normal(1000).astype(np.float32) * 1e3
+    bits = C.truncate_bf16(x)
+    assert bits.dtype == np.uint16 and bits.nbytes == x.nbytes // 2
+    back = C.expand_bf16(bits)
+    # truncation keeps 7 mantissa bits: off by less than 2^-7 of the value, towards zero
+    assert np.all(np.abs(back - x) < np.abs(x) * 2.0**-7)
+    assert np.all(np.abs(back) <= np.abs(x)) and np.all(np.sign(back) == np.sign(x))
+    big = np.array([3e38, -1e-30], np.float32)     # float32's range, which float16 lacks
+    np.testing.assert_allclose(C.expand_bf16(C.truncate_bf16(big)), big, rtol=2.0**-7)
+
+
+def test_powersgd_layout_compresses_only_what_pays():
+    state = C.PowerSGDState(matrix_approximation_rank=2)
+    layout = state.layout([(64, 128), (128,), (16, 1, 3, 3), (3, 2)])
+    assert layout[0] == (0, 8192, 64, 128, 2)          # 8192 >= 2 * (64 + 128) * 2
+    assert layout[1] == (8192, 128, 128, 1, 0)          # a vector goes whole
+    assert layout[2] == (8320, 144, 16, 9, 2)           # conv: out x (in kh kw)
+    assert layout[3][-1] == 0                           # 6 < 2 * (3 + 2) * 2: whole
+    assert C.PowerSGDState(5).layout([(3, 4)])[0][-1] == 0
+    q = C.orthogonalize(np.random.default_rng(0).standard_normal((10, 3)))
+    np.testing.assert_allclose(q.T @ q, np.eye(3), atol=1e-12)
+    with pytest.raises(ValueError, match="matrix_approximation_rank"):
+        C.PowerSGDState(0)
+    with pytest.raises(ValueError, match="start_powerSGD_iter"):
+        C.PowerSGDState(1, start_powerSGD_iter=-1)
+
+
+def test_without_error_feedback_nothing_is_kept():
+    state = C.TopKState(0.1, use_error_feedback=False)
+    p = state.compensate(0, np.arange(10.0))
+    state.update(0, p, np.zeros(10))
+    assert state.residuals == {}
+    np.testing.assert_array_equal(state.compensate(0, np.ones(10)), np.ones(10))
+
+
 @pytest.mark.parametrize("compressor", ["sign", "threshold", "topk", "randomk"])
 def test_error_feedback_loses_nothing(compressor):
     """sent + residual, summed over the steps, equals the summed gradients."""
@@ -118,9 +154,10 @@ def _model(seed):
 
 
 def _state(name):
-    return {"allreduce": None, "fp16": None, "int8": C.Int8State(seed=1),
+    return {"allreduce": None, "fp16": None, "bf16": None, "int8": C.Int8State(seed=1),
             "sign": C.ErrorFeedbackState(), "threshold": C.ThresholdState(1e-3),
-            "topk": C.TopKState(0.1), "randomk": C.RandomKState(0.1, seed=1)}[name]
+            "topk": C.TopKState(0.1), "randomk": C.RandomKState(0.1, seed=1),
+            "powersgd": C.PowerSGDState(matrix_approximation_rank=2, random_seed=1)}[name]
 
 
 def _train(hook_name, overlap=True):
@@ -161,10 +198,17 @@ def _wrong_output_message():
 
 
 class _FakeBucket:
-    def __init__(self, array, divisor):
+    def __init__(self, array, divisor, shapes=None):
         self._array, self._divisor = array, divisor
+        self._shapes = shapes or [array.shape]
         self.group, self.world_size, self.rank = None, dist.get_world_size(), dist.get_rank()
         self.algorithm = "auto"
+
+    def parameters(self):
+        return [Tensor(np.zeros(shape)) for shape in self._shapes]
+
+    def is_last(self):
+        return True
 
     def buffer(self):
         return self._array
@@ -186,18 +230,48 @@ def _fp16_error():
     return float(np.max(np.abs(got - exact)) / np.max(np.abs(exact)))
 
 
+def _powersgd_checks():
+    """(1) a sum of ranks' gradients of rank <= r comes back exactly; (2)
+    with error feedback, the outputs summed over steps plus the ranks'
+    residuals equal the summed contributions (nothing lost, only delayed)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rng = np.random.default_rng(10 + rank)
+    shapes = [(12, 10), (10,)]
+    # (1) each rank a rank-1 matrix: their sum has rank <= world <= r = 4
+    low = np.concatenate([np.outer(rng.standard_normal(12), rng.standard_normal(10)).ravel(),
+                          rng.standard_normal(10)])
+    exact = low.copy()
+    dist.all_reduce(exact)
+    state = C.PowerSGDState(matrix_approximation_rank=4, random_seed=3)
+    got = C.powersgd_hook(state, _FakeBucket(low.copy(), 1, shapes))
+    exact_error = float(np.max(np.abs(got - exact)))
+    # (2) rank 2 of random gradients, 6 steps
+    state = C.PowerSGDState(matrix_approximation_rank=2, random_seed=3)
+    sent, given = np.zeros(130), np.zeros(130)
+    for _ in range(6):
+        c = rng.standard_normal(130)
+        given += c
+        sent += C.powersgd_hook(state, _FakeBucket(c.copy(), 1, shapes))
+    dist.all_reduce(given)
+    residuals = state.residuals[0].copy()
+    dist.all_reduce(residuals)
+    feedback_error = float(np.max(np.abs(sent + residuals - given)))
+    return exact_error, feedback_error
+
+
 def _worker():
     plain = [_train(None, overlap) for overlap in (True, False)]
     hooked = {name: _train(name) for name in C.HOOKS}
     identity_no_overlap = _train("allreduce", overlap=False)
-    return plain, hooked, identity_no_overlap, _wrong_output_message(), _fp16_error()
+    return (plain, hooked, identity_no_overlap, _wrong_output_message(), _fp16_error(),
+            _powersgd_checks())
 
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_hooks_in_ddp(world_size):
     results = minidist.launch(_worker, world_size=world_size, transport="shm", timeout=120)
-    for plain, hooked, identity_no_overlap, message, fp16_error in results:
+    for plain, hooked, identity_no_overlap, message, fp16_error, powersgd in results:
         # the identity hook is DDP's path, bit for bit, overlapped or not
         np.testing.assert_array_equal(hooked["allreduce"][0], plain[0][0])
         np.testing.assert_array_equal(identity_no_overlap[0], plain[1][0])
@@ -207,6 +281,8 @@ def test_hooks_in_ddp(world_size):
                 assert not np.array_equal(weights, plain[0][0]), name
         assert "_bad_hook" in message and "bucket 0" in message
         assert fp16_error < world_size * 2.0**-10
+        exact_error, feedback_error = powersgd
+        assert exact_error < 1e-10 and feedback_error < 1e-10, powersgd
     for name in C.HOOKS:   # every rank ends with identical weights
         for rank_result in results[1:]:
             np.testing.assert_array_equal(rank_result[1][name][0], results[0][1][name][0],
@@ -221,7 +297,7 @@ def _traced_worker():
     for name in C.HOOKS:
         ddp = DistributedDataParallel(_model(0), bucket_mb=0.002, algorithm="ring")
         ddp.register_comm_hook(_state(name), C.HOOKS[name])
-        sizes = [sum(p.data.size for p in bucket) for bucket in ddp.buckets]
+        sizes = [[p.data.shape for p in bucket] for bucket in ddp.buckets]
         x, y = load_digits()[:2]
         start = dist.get_rank() * BATCH
         with trace.region(f"hook {name}"):
@@ -231,7 +307,12 @@ def _traced_worker():
     return sizes
 
 
-def _formula(name, sizes, world_size, s=4):
+def _powersgd_values(shapes):
+    layout = C.PowerSGDState(matrix_approximation_rank=2).layout(shapes)
+    return sum(r * (n + m) if r else size for (_, size, n, m, r) in layout)
+
+
+def _formula(name, buckets, world_size, s=4):
     """Bytes one rank sends per step, from each hook's docstring (plus the
     8-byte example count DDP all-reduces once a step)."""
     others = world_size - 1
@@ -239,12 +320,17 @@ def _formula(name, sizes, world_size, s=4):
     per_bucket = {
         "allreduce": lambda n: 2 * others / world_size * n * s,
         "fp16": lambda n: 2 * others / world_size * n * 2,
+        "bf16": lambda n: others * n * 2,
         "int8": lambda n: others * (n + 8),
         "sign": lambda n: others * (-(-n // 8) + 8),
         "topk": lambda n: others * (8 + C.TopKState(0.1).k(n) * (4 + s)),
         "randomk": lambda n: others * (8 + C.TopKState(0.1).k(n) * (4 + s)),
-    }[name]
-    return count + sum(per_bucket(n) for n in sizes)
+    }
+    if name == "powersgd":   # two all-reduces: P (with the vectors) and Q
+        return count + sum(2 * others / world_size * _powersgd_values(shapes) * s
+                           for shapes in buckets)
+    return count + sum(per_bucket[name](sum(int(np.prod(x)) for x in shapes))
+                       for shapes in buckets)
 
 
 @pytest.mark.timeout(120)
