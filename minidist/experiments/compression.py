@@ -207,12 +207,12 @@ def dense_bytes(n: int, world_size: int, s: int = 4) -> float:
 def formula_bytes(name: str, parameter_shapes, world_size: int) -> float | None:
     """Bytes one rank sends per step for a one-bucket model of these
     parameter shapes, from the hooks' docstrings, plus the 8-byte example
-    count DDP all-reduces each step. None where the bytes depend on the data
+    count DDP all-reduces each step (one_shot, what "auto" picks for it). None where the bytes depend on the data
     (threshold). Algorithms as DDP's "auto" picks them are assumed to be the
     ring's bandwidth (the lesson's models fit in one bucket)."""
     n = sum(int(np.prod(s)) for s in parameter_shapes)
     others = world_size - 1
-    count = dense_bytes(1, world_size, 8)
+    count = others * 8      # the example count: 8 bytes to every other rank ("auto": one_shot)
     base = name.split(",")[0]
     if base in ("none",):
         body = dense_bytes(n, world_size)
