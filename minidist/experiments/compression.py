@@ -259,30 +259,56 @@ def format_table(results, model: str, world_size: int) -> str:
 
 def plot(results, path, title: str | None = None):
     """Bytes per step (log scale) against test accuracy, one point per
-    compressor, filled with error feedback, hollow without."""
+    compressor, filled with error feedback, hollow without: all runs on the
+    left, the top of the accuracy range enlarged on the right."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     colors = {"none": "black", "bits": "#006BA4", "values": "#FF800E", "low rank": "#2CA02C"}
-    figure = Figure(figsize=(8, 5))
+    figure = Figure(figsize=(13, 5.5))
     FigureCanvasAgg(figure)
-    axis = figure.add_subplot()
-    for r in results:
-        hollow = r.error_feedback is False
-        axis.scatter(r.bytes_per_step, 100 * r.test_accuracy, s=60,
-                     facecolors="none" if hollow else colors[r.family],
-                     edgecolors=colors[r.family], linewidths=1.5, zorder=3)
-        axis.annotate(r.name, (r.bytes_per_step, 100 * r.test_accuracy),
-                      textcoords="offset points", xytext=(6, 4), fontsize=8)
-    axis.set_xscale("log")
-    axis.set_xlabel("bytes sent per rank per step (from the trace, log scale)")
-    axis.set_ylabel("test accuracy (%)")
-    axis.grid(True, which="both", alpha=0.3)
-    for family, color in colors.items():
-        axis.scatter([], [], color=color, label=family)
-    axis.scatter([], [], facecolors="none", edgecolors="grey", label="no error feedback")
-    axis.legend(loc="lower right", fontsize=8)
-    axis.set_title(title or "the communication wall: bytes against accuracy")
+    best = max(r.test_accuracy for r in results)
+    top = [r for r in results if r.test_accuracy >= best - 0.06]
+    for position, (shown, zoom) in enumerate(((results, False), (top, True))):
+        axis = figure.add_subplot(1, 2, position + 1)
+        # Runs at the same point share one label; labels of runs with the same
+        # bytes are stacked downwards so that they do not overlap.
+        points: dict[tuple, list] = {}
+        for r in shown:
+            points.setdefault((r.bytes_per_step, round(100 * r.test_accuracy, 2)), []).append(r)
+        # Neighbours along the bytes axis alternate above and below; on the
+        # left, only the runs the right panel does not show are labelled.
+        xs = sorted({sent for sent, _ in points})
+        columns: dict[float, int] = {}
+        for (sent, accuracy), runs in sorted(points.items(), key=lambda kv: -kv[0][1]):
+            for r in runs:
+                hollow = r.error_feedback is False
+                axis.scatter(sent, accuracy, s=60, zorder=3, linewidths=1.5,
+                             facecolors="none" if hollow else colors[r.family],
+                             edgecolors=colors[r.family])
+            if not zoom and all(r in top for r in runs):
+                continue
+            row = columns.get(sent, 0)
+            columns[sent] = row + 1
+            below = xs.index(sent) % 2 == 1
+            axis.annotate(", ".join(r.name for r in runs), (sent, accuracy),
+                          textcoords="offset points", fontsize=8,
+                          xytext=(6, (-12 if below else 4) - 11 * row))
+        axis.set_xscale("log")
+        axis.set_xlabel("bytes sent per rank per step (from the trace, log scale)")
+        axis.set_ylabel("test accuracy (%)")
+        axis.grid(True, which="both", alpha=0.3)
+        axis.set_xlim(min(r.bytes_per_step for r in results) / 1.5,
+                      max(r.bytes_per_step for r in results) * 4)
+        if zoom:
+            axis.set_title("enlarged: the runs within 6 points of the best", fontsize=10)
+        else:
+            for family, color in colors.items():
+                axis.scatter([], [], color=color, label=family)
+            axis.scatter([], [], facecolors="none", edgecolors="grey", label="no error feedback")
+            axis.legend(loc="lower right", fontsize=8)
+            axis.set_title("every run (the ones on the right labelled there)", fontsize=10)
+    figure.suptitle(title or "the communication wall: bytes against accuracy")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     return path

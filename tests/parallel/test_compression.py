@@ -263,15 +263,18 @@ def _worker():
     plain = [_train(None, overlap) for overlap in (True, False)]
     hooked = {name: _train(name) for name in C.HOOKS}
     identity_no_overlap = _train("allreduce", overlap=False)
+    again = {name: _train(name) for name in ("int8", "randomk", "powersgd")}
     return (plain, hooked, identity_no_overlap, _wrong_output_message(), _fp16_error(),
-            _powersgd_checks())
+            _powersgd_checks(), again)
 
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_hooks_in_ddp(world_size):
     results = minidist.launch(_worker, world_size=world_size, transport="shm", timeout=120)
-    for plain, hooked, identity_no_overlap, message, fp16_error, powersgd in results:
+    for plain, hooked, identity_no_overlap, message, fp16_error, powersgd, again in results:
+        for name, (weights, _) in again.items():   # seeded draws: the same run twice
+            np.testing.assert_array_equal(weights, hooked[name][0], err_msg=name)
         # the identity hook is DDP's path, bit for bit, overlapped or not
         np.testing.assert_array_equal(hooked["allreduce"][0], plain[0][0])
         np.testing.assert_array_equal(identity_no_overlap[0], plain[1][0])

@@ -60,3 +60,10 @@ def test_cnn_two_ranks():
 @pytest.mark.timeout(300)
 def test_mlp_four_ranks():
     check(E.run(NAMES, "mlp", world_size=4, full=True), "mlp", 4)
+
+
+def test_unknown_names_are_refused():
+    with pytest.raises(ValueError, match="unknown compressor"):
+        E.run(["gzip"])
+    with pytest.raises(ValueError, match="unknown model"):
+        E.run(["none"], model="resnet")

@@ -1,0 +1,532 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lesson 13: the communication wall
+#
+# Seed 001 names the wall: training is split across nodes, but it is still
+# one task, so the pieces must be aggregated, and *iterative training
+# updates so often that the network cannot keep up with the accelerators*.
+# Can we just buy more bandwidth? The seed says no: the protocol stack eats
+# part of it. Seed 003 gives the two remedies, both about the *messages*:
+#
+# * **quantisation**: fewer bits for each value (less storage per
+#   parameter, less precision);
+# * **sparsification**: fewer values, "some parameters are not exchanged
+#   when their change is not significant (does not exceed a threshold)";
+#
+# and seed 001 adds a third lever, **overlapping communication with
+# computation**. This chapter builds each compressor as a DDP
+# *communication hook* (torch's `register_comm_hook`), trains the digits with
+# every one of them, and measures what they buy (bytes, from the trace) and
+# what they cost (test accuracy, compute):
+#
+# 1. the wall in numbers: what DDP sends per step;
+# 2. a communication hook, and the identity hook that changes nothing;
+# 3. fewer bits: fp16, bfloat16, int8, one bit;
+# 4. fewer values: threshold, top-k, random-k, and why a sparse all-reduce
+#    cannot use the ring as it is;
+# 5. low rank: PowerSGD;
+# 6. every compressor trained: bytes against accuracy on one plot;
+# 7. error feedback on and off;
+# 8. overlap: the timeline of a step with and without a compressor;
+# 9. when compression pays: the crossover bandwidth.
+#
+# Library code: `minidist/parallel/compression.py` (the hooks, in this
+# order), `minidist/parallel/data_parallel.py` (`register_comm_hook`,
+# `GradBucket`), `minidist/experiments/compression.py` (the runs of part 6).
+
+# %%
+import time
+
+import numpy as np
+
+import minidist
+import minidist.distributed as dist
+from minidist import Tensor, nn, optim, trace
+from minidist.data import load_digits
+from minidist.experiments import compression as experiment
+from minidist.lesson import output_dir, quick, use_headless_matplotlib
+from minidist.parallel import compression as C
+from minidist.parallel.data_parallel import DistributedDataParallel
+from minidist.train import build_model
+
+use_headless_matplotlib()
+import matplotlib.pyplot as plt  # noqa: E402
+
+from viz.timeline import save_timeline  # noqa: E402
+
+QUICK = quick()
+OUT = output_dir()
+
+# %% [markdown]
+# ## 1. The wall in numbers
+#
+# A data-parallel step all-reduces the whole gradient. With the ring, each
+# rank sends `2 (N - 1) / N * P` bytes for a model of P bytes: about 2P,
+# whatever N is. Seed 004's dense layer (1000 inputs, 500 outputs) has
+# 500,500 parameters, 2 MB in float32; the digits MLP 9,610 (38 KB).
+# Time on a link of bandwidth B is `bytes / B`, next to the compute time of
+# one step, measured here:
+
+# %%
+def dense_step_seconds(layer_in, layer_out, batch, repeats=5):
+    """Forward + backward + SGD of one Linear(in, out) + ReLU + Linear(out, 10) step."""
+    nn.init.manual_seed(0)
+    model = nn.Sequential(nn.Linear(layer_in, layer_out), nn.ReLU(), nn.Linear(layer_out, 10))
+    optimizer = optim.SGD(model.parameters(), lr=0.01)
+    x = np.random.default_rng(0).standard_normal((batch, layer_in)).astype(np.float32)
+    y = np.arange(batch) % 10
+    times = []
+    for _ in range(repeats):
+        begin = time.perf_counter()
+        optimizer.zero_grad()
+        nn.CrossEntropyLoss()(model(Tensor(x)), y).backward()
+        optimizer.step()
+        times.append(time.perf_counter() - begin)
+    return float(np.median(times)), model.num_parameters()
+
+
+print(f"{'model':<28} {'params':>9} {'compute/step':>13} {'ring bytes (N=8)':>17} "
+      f"{'1 Gbit/s':>9} {'10 Gbit/s':>10}")
+for label, (d_in, d_out, batch) in {"digits MLP 64-128-10, b=32": (64, 128, 32),
+                                    "seed 004: 1000x500, b=128": (1000, 500, 128)}.items():
+    seconds, params = dense_step_seconds(d_in, d_out, batch)
+    ring = experiment.dense_bytes(params, 8)
+    print(f"{label:<28} {params:>9,} {1e3 * seconds:>10.2f} ms {ring:>17,.0f} "
+          f"{1e3 * ring * 8 / 1e9:>6.2f} ms {1e3 * ring * 8 / 1e10:>7.2f} ms")
+
+# %% [markdown]
+# On this machine one step of seed 004's layer computes in a few
+# milliseconds; sending its gradient over a 1 Gbit/s link takes longer than
+# that. Faster accelerators shrink the compute column, not the bytes: that
+# is the wall. (On one machine, ranks talk through shared memory at
+# gigabytes per second, so the runs below cannot *feel* the wall; they
+# measure the bytes exactly, and part 9 turns bytes into time for slower
+# links.)
+#
+# ## 2. A communication hook
+#
+# `DistributedDataParallel` packs gradients into buckets and all-reduces
+# each. `ddp.register_comm_hook(state, hook)` replaces that all-reduce:
+# DDP calls `hook(state, bucket)` where the all-reduce would start and
+# writes what it returns back into the gradients. The bucket
+# (`GradBucket`) gives `buffer()` (this rank's flat gradient, times its
+# number of examples), `divisor()` (the examples of all ranks: the average
+# is `sum over ranks of buffer / divisor`), `parameters()`, `index()`.
+# The simplest hook all-reduces and divides, DDP's own path:
+#
+# ```python
+# def allreduce_hook(state, bucket):
+#     buffer = bucket.buffer()
+#     dist.all_reduce(buffer, group=bucket.group, algorithm=bucket.algorithm)
+#     buffer /= bucket.divisor()
+#     return buffer
+# ```
+#
+# Every compressor below has this shape: compress, communicate with the
+# public collectives, decompress, return the averaged gradient. State
+# objects (`TopKState`, `PowerSGDState`, ...) keep what must survive
+# between steps. First, the identity hook gives DDP's weights bit for bit:
+
+# %%
+x_train, y_train, x_test, y_test = load_digits()
+
+
+def few_steps(hook_name, steps=5):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ddp = DistributedDataParallel(build_model("mlp", seed=0), algorithm="ring")
+    if hook_name is not None:
+        ddp.register_comm_hook(None, C.HOOKS[hook_name])
+    optimizer = optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+    for step in range(steps):
+        mine = slice((step * world + rank) * 32, (step * world + rank + 1) * 32)
+        optimizer.zero_grad(set_to_none=False)
+        nn.CrossEntropyLoss()(ddp(Tensor(x_train[mine])), y_train[mine]).backward()
+        optimizer.step()
+    return np.concatenate([p.data.ravel() for p in ddp.parameters()])
+
+
+def identity_check():
+    return few_steps(None), few_steps("allreduce"), few_steps("fp16")
+
+
+plain, identity, half = minidist.launch(identity_check, world_size=2)[0]
+print("identity hook == plain DDP, bit for bit:", np.array_equal(plain, identity))
+print(f"fp16 hook after 5 steps: largest weight difference {np.abs(half - plain).max():.2e}")
+
+# %% [markdown]
+# ## 3. Fewer bits
+#
+# | hook | what travels | bytes per rank (n values, N ranks) |
+# |---|---|---|
+# | `allreduce_hook` | float32, ring all-reduce | 2 (N-1)/N * 4n |
+# | `fp16_compress_hook` | float16, ring all-reduce | 2 (N-1)/N * 2n |
+# | `bf16_compress_hook` | bfloat16 (float32's top 16 bits), all-gather | (N-1) * 2n |
+# | `int8_hook` | int8 + one scale, all-gather | (N-1) * (n + 8) |
+# | `sign_hook` | 1 bit + one scale, all-gather | (N-1) * (n/8 + 8) |
+#
+# fp16 keeps 11 bits of precision and a small range (it overflows above
+# 65,504, so the hook divides before it casts); bfloat16 keeps float32's
+# range and 8 bits. NumPy has no bfloat16 arithmetic, and int8 cannot hold a
+# sum, so those hooks all-gather the payloads and add in float32. int8 uses
+# QSGD's *stochastic rounding*: round up with probability equal to the
+# fraction, so the expected value is exact (unbiased). One bit keeps only
+# the sign and one scale per bucket (Seide et al., 2014): biased, so it needs
+# error feedback (part 7). The round trip on a real gradient of the digits
+# MLP:
+
+# %%
+def a_real_gradient():
+    model = build_model("mlp", seed=0)
+    nn.CrossEntropyLoss()(model(Tensor(x_train[:64])), y_train[:64]).backward()
+    return np.concatenate([p.grad.ravel() for p in model.parameters()]).astype(np.float32)
+
+
+g = a_real_gradient()
+rng = np.random.default_rng(0)
+q, scale = C.quantize_int8(g, rng)
+round_trips = {
+    "fp16": g.astype(np.float16).astype(np.float32),
+    "bf16 (truncated)": C.expand_bf16(C.truncate_bf16(g)),
+    "int8 (stochastic)": q.astype(np.float32) * np.float32(scale),
+    "sign (1 bit)": C.compress_sign(g)[2],
+}
+print(f"gradient: {g.size:,} values, |g| max {np.abs(g).max():.3g}")
+print(f"{'compressor':<20} {'bits/value':>10} {'relative error (L2)':>20}")
+for (name, back), bits in zip(round_trips.items(), (16, 16, 8, 1)):
+    print(f"{name:<20} {bits:>10} {np.linalg.norm(back - g) / np.linalg.norm(g):>20.2e}")
+def int8_round_trip(values):
+    q, scale = C.quantize_int8(values, rng)
+    return q.astype(np.float64) * scale
+
+
+draws = np.mean([int8_round_trip(g) for _ in range(200)], axis=0)
+print(f"int8, mean of 200 draws: relative error {np.linalg.norm(draws - g) / np.linalg.norm(g):.2e}"
+      " (unbiased: the mean converges to g)")
+
+# %% [markdown]
+# ## 4. Fewer values
+#
+# The seed's own remedy: skip the parameters whose change is not
+# significant. Three ways to choose what to send:
+#
+# * **threshold** (Strom, 2015): the entries whose *accumulated* change
+#   exceeds tau (the rest keeps accumulating); the count varies per step
+#   and per rank;
+# * **top-k**: the k entries of largest magnitude (here k = 1 % of n);
+# * **random-k**: k entries at random.
+#
+# Each rank sends (index, value) pairs: 4 + 4 bytes per kept value. Why not
+# a ring all-reduce of the sparse vectors? The ring adds chunks as they pass:
+# rank A's 1 % and rank B's 1 % rarely share indices, so the sum has up to
+# 2 %, then 3 %, ... the message *grows* at every hop and its size is
+# unknown in advance (a reduce-scatter over chunks of indices only works if
+# the non-zeros are spread evenly). The sparse hooks therefore all-gather:
+# first the counts (they differ between ranks), then the pairs, padded to
+# the largest count; every rank adds them up in rank order, so every rank
+# holds identical bits. That costs (N - 1) * k * 8 bytes: it grows with N,
+# while the ring's 2 (N-1)/N * 4n does not. Sparse wins while k is a small
+# fraction of n / N.
+
+# %%
+p = g.astype(np.float64)
+k = C.TopKState(0.01).k(p.size)
+for name, (indices, values) in {
+    "threshold tau=1e-2": C.compress_threshold(p, 1e-2, quantize=False),
+    "top-k 1%": C.compress_topk(p, k),
+    "random-k 1%": C.compress_randomk(p, k, np.random.default_rng(0)),
+}.items():
+    kept = C._scatter(indices, values, p.size, p.dtype)
+    print(f"{name:<20} keeps {indices.size:>5} of {p.size:,} values, "
+          f"{100 * np.linalg.norm(kept) ** 2 / np.linalg.norm(p) ** 2:5.1f} % of the squared norm")
+
+# %% [markdown]
+# Top-k keeps far more of the gradient than random-k for the same k: a few
+# weights carry most of it. Random-k keeps about 1 % of the norm, so
+# without a memory of what it dropped it trains 100 times slower.
+#
+# ## 5. Low rank: PowerSGD
+#
+# A layer's gradient is a matrix (here 64 x 128 for the first layer's
+# weights). PowerSGD (Vogels, Karimireddy and Jaggi, 2019) sends a rank-r
+# approximation P Q^T, found by one step of power iteration started from
+# last step's Q (*warm start*):
+#
+# 1. every rank computes `P = M Q` and the ranks all-reduce the Ps;
+# 2. orthogonalise P (same bits on every rank);
+# 3. `Q = M^T P`, all-reduced;
+# 4. the averaged gradient is `P Q^T`.
+#
+# Two all-reduces of small matrices: r (n + m) values instead of n m. Linear
+# algebra, not thresholds, decides what to keep; and since P and Q are sums,
+# the ring works as usual. With r = 2 the first layer sends 2 * (64 + 128)
+# = 384 values instead of 8,192.
+
+# %%
+state = C.PowerSGDState(matrix_approximation_rank=2)
+shapes = experiment.parameter_shapes("mlp")
+for (offset, size, n_rows, n_cols, r), shape in zip(state.layout(shapes), shapes):
+    sent = r * (n_rows + n_cols) if r else size
+    print(f"parameter {str(shape):<10} {size:>6} values -> sends {sent:>5} "
+          f"({'rank ' + str(r) if r else 'whole: too small to pay'})")
+
+# %% [markdown]
+# ## 6. Every compressor, trained: bytes against accuracy
+#
+# The experiment (`minidist/experiments/compression.py`): the digits MLP,
+# 2 ranks, global batch 64, SGD with momentum and a cosine schedule, the
+# same weights, data order and seeds for every compressor; only the hook
+# differs. All runs happen in one launch, each in a traced region; the
+# bytes per step are *read from the trace* (the 8-byte example count DDP
+# all-reduces each step included) and set next to the formula.
+
+# %%
+SEEDS = (0,) if QUICK else (0, 1, 2)
+results = experiment.run(world_size=2, model="mlp", full=not QUICK, seeds=SEEDS,
+                         trace_path=OUT / "compression_mlp.trace.jsonl")
+print(f"MLP, 2 ranks, {results[0].steps} steps, mean over seeds {list(SEEDS)}:")
+print(experiment.format_table(results, "mlp", 2))
+picture = experiment.plot(results, OUT / "compression_bytes_vs_accuracy.png",
+                          title="digits MLP, 2 ranks: bytes per step against test accuracy")
+print("saved", picture)
+
+# %% [markdown]
+# Open `compression_bytes_vs_accuracy.png`. What the runs show on this
+# model (the table above is this run's; the notes were written from a full
+# run with 3 seeds):
+#
+# * fp16, bfloat16 and int8 halve or quarter the bytes and lose nothing
+#   measurable: gradient noise from the batch is far larger than rounding
+#   at 8 to 16 bits.
+# * top-k at 1 % sends about 45x fewer bytes and, with error feedback,
+#   matches the uncompressed run; PowerSGD rank 2 sends about 12x fewer.
+# * one bit costs a couple of points here; random-k at 1 % fails: it keeps
+#   1 % of the gradient's norm per step.
+# * threshold's bytes depend on the data (the count over tau per step).
+#
+# The measured bytes equal the formulas (the "formula" column), so they fall
+# by the factor each formula states: fp16 2x; int8 4x at 2 ranks but 2x at 4
+# (it all-gathers, (N - 1) n bytes against the ring's 2 (N - 1)/N 4n);
+# sparse and one-bit payloads also grow with N for the same reason.
+
+# %% [markdown]
+# ## 7. Error feedback on and off
+#
+# A biased compressor drops part of every step's gradient. *Error
+# feedback* keeps what was not sent in a residual and adds it to the next
+# step's gradient: nothing is lost, only delayed (the sum of what was sent
+# plus the residual equals the sum of the gradients; the tests check it).
+# Each lossy state takes `use_error_feedback=` (torch's name). Accuracy
+# per epoch, with and without:
+
+# %%
+by_name = {r.name: r for r in results}
+pairs = [("top-k 1%", "top-k 1%, no EF"), ("PowerSGD r2", "PowerSGD r2, no EF"),
+         ("sign", "sign, no EF"), ("random-k 1%", "random-k 1%, no EF")]
+figure, axes = plt.subplots(1, len(pairs), figsize=(14, 3.5), sharey=True)
+for axis, (with_ef, without) in zip(axes, pairs):
+    for name, style in ((with_ef, "-"), (without, "--")):
+        curve = 100 * np.mean(by_name[name].history, axis=0)
+        axis.plot(np.arange(1, len(curve) + 1), curve, style,
+                  label=f"{'with' if style == '-' else 'without'} EF: "
+                        f"{100 * by_name[name].test_accuracy:.1f} %")
+    curve = 100 * np.mean(by_name["none"].history, axis=0)
+    axis.plot(np.arange(1, len(curve) + 1), curve, ":", color="grey", label="no compression")
+    axis.set_title(with_ef)
+    axis.set_xlabel("epoch")
+    axis.legend(fontsize=8, loc="lower right")
+axes[0].set_ylabel("test accuracy (%)")
+axes[0].set_ylim(0, 100)
+figure.tight_layout()
+figure.savefig(OUT / "compression_error_feedback.png", dpi=100)
+print("saved", OUT / "compression_error_feedback.png")
+for with_ef, without in pairs:
+    a, b = by_name[with_ef], by_name[without]
+    print(f"{with_ef:<14} with EF {100 * a.test_accuracy:6.2f} %   without {100 * b.test_accuracy:6.2f} %"
+          f"   ({100 * (a.test_accuracy - b.test_accuracy):+.2f} points)")
+
+# %% [markdown]
+# Top-k without error feedback throws away 99 % of the coordinates every
+# step, and the small ones are never sent: training still works (the large
+# ones matter most) but ends lower, on every seed and model of the tests
+# (1.5 to 4 points). With feedback, a small coordinate waits until it has
+# accumulated enough to be among the top k. PowerSGD's gap is small on the
+# MLP and large on the CNN (about 7 points in our runs).
+#
+# Feedback is not a cure for everything. Random-k at 1 % stays far behind
+# with or without it: what it sends is about 1 % of the gradient's norm, and
+# with feedback each coordinate waits about 1/ratio = 100 steps, so what
+# arrives is a hundred steps stale, and momentum amplifies the stale kick
+# (which of the two is worse changes from seed to seed). One bit moves by a
+# point or two either way between runs; Karimireddy et al. (2019) prove
+# EF-signSGD converges for plain SGD, not with momentum on top. Measure
+# before you believe.
+
+# %% [markdown]
+# ## 8. Overlap, with and without a compressor
+#
+# DDP starts a bucket's communication as soon as the bucket is full, while
+# backward still computes the earlier layers (lesson 5, part 4). A hook runs
+# at the same moment; what changes is what the communication lane holds.
+# One step of the digits CNN on 2 ranks with small buckets (several per
+# step), with no hook and with PowerSGD; the compute lane shows forward,
+# backward and the update, the send/recv lanes the messages.
+
+# %%
+def one_traced_step(hook_name, overlap):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x, y = load_digits(flatten=False)[:2]
+    ddp = DistributedDataParallel(build_model("cnn", seed=0), bucket_mb=0.02,
+                                  algorithm="ring", overlap=overlap)
+    if hook_name is not None:
+        config = experiment.COMPRESSORS[hook_name]
+        ddp.register_comm_hook(config.state(0), config.hook)
+    optimizer = optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    for step in range(3):
+        mine = slice((step * world + rank) * 32, (step * world + rank + 1) * 32)
+        with trace.region(f"step {step}", kind="step"):
+            optimizer.zero_grad(set_to_none=False)
+            with trace.region("forward"):
+                loss = nn.CrossEntropyLoss()(ddp(Tensor(x[mine])), y[mine])
+            with trace.region("backward"):
+                loss.backward()
+            with trace.region("update"):
+                optimizer.step()
+    return len(ddp.buckets)
+
+
+def last_step(events):
+    begin = min(e["start"] for e in events if e["kind"] == "step" and e["label"] == "step 2")
+    return [e for e in events if e["start"] >= begin]
+
+
+for hook_name in (None, "PowerSGD r2"):
+    for overlap in (True, False):
+        path = OUT / f"overlap_{hook_name}_{overlap}.trace.jsonl"
+        buckets = minidist.launch(one_traced_step, world_size=2, args=(hook_name, overlap),
+                                  trace=str(path))[0]
+        events = last_step(trace.read_jsonl(path).events)
+        sent = sum(e["bytes"] for e in events if e["kind"] == "send" and e["rank"] == 0)
+        backward = next(e for e in events if e["rank"] == 0 and e["label"] == "backward")
+        first_send = min(e["start"] for e in events if e["rank"] == 0 and e["kind"] == "send")
+        where = "inside" if first_send < backward["end"] else "after"
+        name = hook_name or "no hook"
+        print(f"{name:<12} overlap={overlap!s:<5} {buckets} buckets: rank 0 sent {sent:>7,} bytes, "
+              f"first message {(first_send - backward['start']) / 1e3:6.0f} us after backward "
+              f"began (backward lasted {(backward['end'] - backward['start']) / 1e3:.0f} us)")
+        safe = name.replace(" ", "_")
+        save_timeline(events, OUT / f"compression_timeline_{safe}_overlap_{overlap}.png",
+                      title=f"one DDP step of the digits CNN, 2 ranks, {name}, overlap={overlap}")
+
+# %% [markdown]
+# Open `compression_timeline_no_hook_overlap_True.png` and
+# `compression_timeline_PowerSGD_r2_overlap_True.png`: the same step, the
+# messages start inside backward in both; PowerSGD's are fewer bytes but
+# more messages (two all-reduces per bucket) and its compute (the matrix
+# products and the orthogonalisation) sits between them. With
+# `overlap=False` every message waits for the end of backward.
+#
+# What 2 cores cannot show is a speed-up: nothing in minidist communicates
+# in the background, messages move only when backward hands DDP a gradient,
+# and shared memory is so fast that there is little to hide. On a network,
+# each bucket's transfer runs while the next layers compute, and
+# compression shortens exactly the part overlap cannot hide.
+#
+# ## 9. When compression pays
+#
+# Compression trades bytes for compute. On a link of bandwidth B a step of
+# the uncompressed run costs about `compute + bytes / B`; a compressor adds
+# its own compute (cast, sort, QR: its *codec*) and removes bytes. It wins
+# when the link is slower than `B* = bytes saved / codec time`. The codec
+# time is measured on one process (world size 1: the hook runs, its
+# collectives have nobody to talk to), the median of many calls on a bucket
+# of the model's shapes; the bytes saved are the formulas' at N = 2 (which
+# part 6 measured equal to the trace). For the digits MLP and for seed 004's
+# layer:
+
+# %%
+class TimingBucket:
+    """The part of GradBucket a hook uses, for one process."""
+
+    def __init__(self, shapes, rng):
+        self.shapes = shapes
+        self.values = rng.standard_normal(sum(int(np.prod(s)) for s in shapes)).astype(np.float32)
+        self.group, self.world_size, self.rank, self.algorithm = None, 1, 0, "ring"
+
+    def buffer(self):
+        return self.values.copy()
+
+    def divisor(self):
+        return 1
+
+    def index(self):
+        return 0
+
+    def is_last(self):
+        return True
+
+    def parameters(self):
+        return [Tensor(np.zeros(shape, np.float32)) for shape in self.shapes]
+
+
+def codec_seconds(shapes, names, repeats):
+    """Median seconds of each hook on one rank, minus the plain all-reduce hook's."""
+    bucket = TimingBucket(shapes, np.random.default_rng(0))
+    out = {}
+    for name in ["none"] + names:
+        config = experiment.COMPRESSORS[name]
+        state = config.state(0)
+        times = []
+        for _ in range(repeats):
+            begin = time.perf_counter()
+            config.hook(state, bucket)
+            times.append(time.perf_counter() - begin)
+        out[name] = float(np.median(times))
+    return {name: out[name] - out["none"] for name in names}
+
+
+SEED_004 = [(10,), (10, 500), (500,), (500, 1000)]      # 1000 -> 500 -> 10, bucket order
+MODELS = {"digits MLP": experiment.parameter_shapes("mlp"), "seed 004 1000x500": SEED_004}
+CODECS = ["fp16", "bf16", "int8", "sign", "top-k 1%", "random-k 1%", "PowerSGD r2"]
+codecs = minidist.launch(lambda: {m: codec_seconds(s, CODECS, 20 if QUICK else 100)
+                                  for m, s in MODELS.items()}, world_size=1)[0]
+print(f"{'model':<18} {'compressor':<12} {'codec ms':>9} {'bytes saved':>12} {'wins below':>14}")
+for model_name, shapes in MODELS.items():
+    dense = experiment.formula_bytes("none", shapes, 2)
+    for name in CODECS:
+        extra = codecs[model_name][name]
+        saved = dense - experiment.formula_bytes(name, shapes, 2)
+        verdict = "always" if extra <= 0 else f"{8 * saved / extra / 1e6:,.0f} Mbit/s"
+        print(f"{model_name:<18} {name:<12} {1e3 * extra:9.3f} {saved:12,.0f} {verdict:>14}")
+
+# %% [markdown]
+# Read the last column as: on a link slower than this, the compressor's
+# step is faster than the uncompressed one (with the compute of a step
+# unchanged and the communication not hidden by overlap). The casts and
+# top-k cost a fraction of a millisecond and save most of the bytes, so
+# their crossover lies in the gigabits per second on this CPU: a 1 Gbit/s
+# Ethernet link is slower, a 100 Gbit/s InfiniBand link is faster.
+# On the small model one bit and PowerSGD (a QR and four matrix products)
+# cost the most per byte saved. The larger
+# layer saves 50 times more bytes for roughly 50 times more codec work, so
+# its crossover stays in the same range: compression is a question of the
+# link's speed against the processor's, not of the model's size. The
+# benchmark (`benchmarks/bench_compression.py`) measures whole steps with
+# each compressor next to PyTorch's own hooks on gloo, and the crossover with
+# the cost model. (A GPU runs the codec far faster than these 2 CPU cores,
+# which moves every crossover up.)
+#
+# What you can try: change the ratio of top-k (`TopKState(0.001)`), the rank
+# of PowerSGD, or tau; run `python -m minidist.experiments.compression
+# --model cnn --world-size 4 --full` to see how the bytes of the all-gather
+# compressors grow with N.
