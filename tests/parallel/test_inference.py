@@ -61,3 +61,23 @@ def test_bad_arguments_are_named():
         predict(model, x, output="probabilities")
     with pytest.raises(TypeError, match="needs a minidist.nn.Module"):
         predict(lambda x: x, x)
+
+
+def test_predict_command_reports_the_same_predictions_and_one_line_errors():
+    import subprocess
+    import sys
+
+    def run_cli(*args):
+        return subprocess.run([sys.executable, "-m", "minidist.cli", "predict", *args],
+                              capture_output=True, text=True, timeout=120)
+
+    ran = run_cli("--model", "mlp", "-n", "2", "--epochs", "2", "--copies", "1", "--int8",
+                  "--no-progress")
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.count("predictions equal the single-process ones bit for bit") == 2
+    assert "int8: the 2-process" in ran.stdout
+    for args, message in ((("-n", "0"), "-n must be at least 1, got 0"),
+                          (("--batch-size", "-3"), "--batch-size must be at least 1, got -3")):
+        wrong = run_cli(*args)
+        assert wrong.returncode == 2
+        assert wrong.stderr.strip() == f"minidist predict: error: {message}"
