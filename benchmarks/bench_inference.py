@@ -93,9 +93,10 @@ def products(console, rounds: int, quick: bool):
         a = rng.integers(-127, 128, (m, k)).astype(np.int8)
         b = rng.integers(-127, 128, (k, n)).astype(np.int8)
         a32, b32 = a.astype(np.float32), b.astype(np.float32)
-        times = interleaved({"float32": lambda: a32 @ b32,
-                             "int32": lambda: int8_matmul(a, b, "int32"),
-                             "int8 in float32": lambda: int8_matmul(a, b, "float32")}, rounds)
+        times = interleaved({"float32": lambda a32=a32, b32=b32: a32 @ b32,
+                             "int32": lambda a=a, b=b: int8_matmul(a, b, "int32"),
+                             "int8 in float32": lambda a=a, b=b: int8_matmul(a, b, "float32")},
+                            rounds)
         assert (int8_matmul(a, b, "float32") == int8_matmul(a, b, "int32")).all()
         table.add_row(f"{m}, {k}, {n}", *(f"{times[key] * 1e3:.3f} ms" for key in times),
                       f"{times['int32'] / times['float32']:.1f}x")
@@ -112,7 +113,7 @@ def per_batch(console, models, rounds: int):
         variants = {"float32": model.eval(), "int32": quantize(model, calibration),
                     "float32 acc": quantize(model, calibration, accumulate="float32")}
 
-        def forward(network):
+        def forward(network, batch=batch):
             def run():
                 with no_grad():
                     network(batch)
@@ -167,8 +168,7 @@ def main(argv=None) -> int:
     set_blas_threads(1)
     products(console, rounds, args.quick)
     per_batch(console, models, rounds)
-    for library, count in default_threads.items():
-        set_blas_threads(count)
+    set_blas_threads(max(default_threads.values(), default=1))
     throughput(console, models, rounds, copies, [1, 2, 4], args.batch_size)
     return 0
 

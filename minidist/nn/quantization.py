@@ -430,7 +430,7 @@ def quantize(model: Module, calibration_data, keep_float: bool = False, accumula
     if "" in replaced:  # the model is itself one Linear or Conv2d
         return replaced[""]
     for parent_name, parent in list(copied.named_modules()):
-        for child_name, child in list(parent.named_children()):
+        for child_name, _ in list(parent.named_children()):
             full = f"{parent_name}.{child_name}" if parent_name else child_name
             if full in replaced:
                 setattr(parent, child_name, replaced[full])

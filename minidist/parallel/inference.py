@@ -18,7 +18,7 @@ algorithm, in :func:`parallel_predict`:
    travel through the result pipe each worker already has. Why no shared
    input array: ``launch`` forks, so every worker already sees the parent's
    model and data through copy-on-write pages, without a copy or a pickle
-   (an ``launch(shared_arrays=...)`` segment would cost one extra copy of the
+   (a ``launch(shared_arrays=...)`` segment would cost one extra copy of the
    input for nothing here; it is for arrays ranks *write*).
 
 Cost: one fork per rank (milliseconds each, the model and data are not
@@ -179,7 +179,13 @@ def parallel_predict(model: nn.Module, x, world_size: int = 2, batch_size: int =
 
 def _start_progress(counters, total: int, world_size: int, stop: threading.Event, console):
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
     columns = (
         TextColumn(f"predict on {world_size} rank{'s' if world_size > 1 else ''}"),
