@@ -136,6 +136,12 @@ def _cmd_simulate(args) -> int:
     return simulate_command(args)
 
 
+def _cmd_predict(args) -> int:
+    from minidist.commands import predict_command
+
+    return predict_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="minidist",
@@ -269,6 +275,26 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--trace", default=None,
                           help="write the simulated messages to this file (minidist trace)")
     simulate.set_defaults(handler=_cmd_simulate)
+
+    predict = sub.add_parser(
+        "predict",
+        help="batch inference on N processes (and int8), checked against one process",
+        description="Train the digits model, predict the test digits on 1 and on N processes, "
+                    "and report throughput and whether the predictions are the same bit for bit.",
+    )
+    predict.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    predict.add_argument("-n", "--nproc", type=int, default=2, help="worker processes (default 2)")
+    predict.add_argument("--batch-size", type=int, default=256, help="examples per batch (default 256)")
+    predict.add_argument("--copies", type=int, default=10,
+                         help="predict the test digits this many times over (default 10)")
+    predict.add_argument("--epochs", type=int, default=None,
+                         help="training epochs (default: 30 mlp, 15 cnn)")
+    predict.add_argument("--seed", type=int, default=0)
+    predict.add_argument("--int8", action="store_true",
+                         help="also quantise the model to int8 and predict with it")
+    predict.add_argument("--transport", default="shm", choices=["shm", "pipe"])
+    predict.add_argument("--no-progress", action="store_true", help="no progress bar")
+    predict.set_defaults(handler=_cmd_predict)
 
     return parser
 

@@ -255,3 +255,86 @@ def _merge_traces(trace_dir, path, world_size, transport, console_) -> None:
         events.extend(_trace.read_jsonl(os.path.join(trace_dir, name)).events)
     count = _trace.write_jsonl(path, events, _trace.make_header(world_size, transport=transport))
     console_.print(f"trace: {count} events written to {path}", highlight=False)
+
+
+# --------------------------------------------------------------------------- minidist predict
+
+
+def predict_command(args) -> int:
+    """``minidist predict --model mlp|cnn -n N [--batch-size B] [--copies K]
+    [--epochs E] [--int8] [--transport T] [--no-progress]``.
+
+    Trains the digits model (one process, a few seconds), then predicts the
+    test digits (repeated ``--copies`` times for a bigger input) in one
+    process and on N processes (:func:`minidist.parallel.inference.parallel_predict`),
+    and prints each one's throughput and whether the N-process predictions
+    equal the single-process ones bit for bit. ``--int8`` does the same for
+    the model quantised by :func:`minidist.nn.quantization.quantize`, with
+    its size and accuracy. Exit status 1 if any predictions differ.
+    """
+    import time
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from minidist.data import load_digits
+    from minidist.nn.quantization import model_size_bytes, quantize
+    from minidist.parallel.inference import parallel_predict, predict
+    from minidist.train import train_digits
+
+    try:
+        for flag, value in (("-n", args.nproc), ("--batch-size", args.batch_size),
+                            ("--copies", args.copies)):
+            if value < 1:
+                raise ValueError(f"{flag} must be at least 1, got {value}")
+        if args.epochs is not None and args.epochs < 1:
+            raise ValueError(f"--epochs must be at least 1, got {args.epochs}")
+        check_name(args.transport)
+    except ValueError as error:
+        Console(stderr=True).print(f"minidist predict: error: {error}", style="bold red",
+                                   markup=False, highlight=False, soft_wrap=True)
+        return 2
+
+    out = Console(highlight=False)
+    trained = train_digits(model=args.model, epochs=args.epochs, seed=args.seed, progress=False,
+                           console=out)
+    x_train, _, x_test, y_test = load_digits(flatten=(args.model == "mlp"))
+    x = np.concatenate([x_test] * args.copies)
+    y = np.concatenate([y_test] * args.copies)
+    models = [("float32", trained["model"])]
+    if args.int8:
+        models.append(("int8", quantize(trained["model"], x_train[:512])))
+    out.print(f"predicting {len(x):,} digits ({args.copies} x the {len(x_test)} test digits), "
+              f"batch {args.batch_size}, on 1 and {args.nproc} processes "
+              f"({os.cpu_count()} cores, transport {args.transport})")
+    table = Table()
+    for column in ("model", "bytes", "accuracy", "1 process", f"{args.nproc} processes",
+                   "speed-up", "same bits"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    all_equal = True
+    verdicts = []
+    for name, model in models:
+        start = time.perf_counter()
+        single = predict(model, x, batch_size=args.batch_size)
+        single_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        parallel = parallel_predict(model, x, world_size=args.nproc, batch_size=args.batch_size,
+                                    transport=args.transport, progress=not args.no_progress,
+                                    console=out)
+        parallel_seconds = time.perf_counter() - start
+        equal = parallel.shape == single.shape and bool((parallel == single).all())
+        all_equal &= equal
+        accuracy = float((single.argmax(axis=1) == y).mean())
+        table.add_row(name, f"{model_size_bytes(model):,}", f"{100 * accuracy:.2f} %",
+                      f"{len(x) / single_seconds:,.0f} ex/s", f"{len(x) / parallel_seconds:,.0f} ex/s",
+                      f"{single_seconds / parallel_seconds:.3g}x",
+                      "yes" if equal else "NO", style=None if equal else "bold red")
+        verdicts.append(f"{name}: the {args.nproc}-process predictions "
+                        + ("equal the single-process ones bit for bit" if equal else
+                           "DIFFER from the single-process ones"))
+    out.print(table)
+    for line in verdicts:
+        out.print(line, soft_wrap=True)
+    out.print(f"The {args.nproc}-process time includes starting the processes; a bigger input "
+              "(--copies) shows the compute's speed-up, bounded by the cores.")
+    return 0 if all_equal else 1

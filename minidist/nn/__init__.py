@@ -20,6 +20,8 @@ Files, one idea each:
 * ``init.py``: initialisers and the seeding convention
 * ``recompute.py``: activation recomputation (checkpoint, checkpoint_sequential,
   CheckpointedSequential): keep segment inputs only, rerun in backward
+* ``quantization.py``: INT8 post-training quantisation for inference
+  (``from minidist.nn.quantization import quantize, model_size_bytes``)
 """
 
 from minidist.nn import functional, init
