@@ -81,7 +81,10 @@ SMALL_BUCKET_MB = 0.01
 TORCH_HOOKS = ("none", "fp16", "PowerSGD r2")
 LR, MOMENTUM = 0.01, 0.9
 TRACED_STEPS = 3
-DISTINCT_BATCHES = 4
+#: distinct batches per rank, cycled. Enough that the models do not memorize
+#: them within a run: a memorized batch has tiny gradients, and NumPy's
+#: float16 arithmetic gets several times slower on subnormal values
+DISTINCT_BATCHES = {"mlp": 16, "cnn": 16, "mlp1000": 64}
 BANDWIDTHS = (10e9, 1e9, 100e6, 10e6, 1e6)   # bit/s, the sweep
 
 
@@ -112,17 +115,17 @@ def torch_model(model_name: str):
 
 
 def rank_batches(model_name: str, rank: int, world: int):
-    """DISTINCT_BATCHES (x float32, y int64) batches of this rank, cycled."""
-    batch = PER_RANK_BATCH[model_name]
+    """This rank's DISTINCT_BATCHES[model_name] (x float32, y int64) batches, cycled."""
+    batch, count = PER_RANK_BATCH[model_name], DISTINCT_BATCHES[model_name]
     if model_name == "mlp1000":
         rng = np.random.default_rng([1000, rank])
         return [(rng.standard_normal((batch, 1000)).astype(np.float32),
-                 rng.integers(0, 10, batch).astype(np.int64)) for _ in range(DISTINCT_BATCHES)]
+                 rng.integers(0, 10, batch).astype(np.int64)) for _ in range(count)]
     from minidist.data import load_digits
 
     x, y = load_digits(flatten=model_name == "mlp")[:2]
     out = []
-    for i in range(DISTINCT_BATCHES):
+    for i in range(count):
         lo = (i * world + rank) * batch
         out.append((np.ascontiguousarray(x[lo:lo + batch], np.float32).copy(),
                     y[lo:lo + batch].astype(np.int64).copy()))
