@@ -18,11 +18,13 @@ Files, one idea each:
   ``dropout.py``, ``flatten.py``, ``activation.py``: the layers
 * ``container.py``: Sequential, ModuleList; ``loss.py``: the losses
 * ``init.py``: initialisers and the seeding convention
+* ``mobile.py``: MobileNet's depthwise separable block and its cost counts
+* ``distillation.py``: knowledge distillation (Hinton) and FitNets hints
 * ``recompute.py``: activation recomputation (checkpoint, checkpoint_sequential,
   CheckpointedSequential): keep segment inputs only, rerun in backward
 """
 
-from minidist.nn import functional, init
+from minidist.nn import functional, init, mobile
 from minidist.nn.activation import GELU, Identity, LogSoftmax, ReLU, Sigmoid, Softmax, Tanh
 from minidist.nn.batchnorm import BatchNorm1d, BatchNorm2d
 from minidist.nn.container import ModuleList, Sequential
@@ -31,6 +33,7 @@ from minidist.nn.dropout import Dropout
 from minidist.nn.flatten import Flatten
 from minidist.nn.linear import Linear
 from minidist.nn.loss import CrossEntropyLoss, MSELoss, NLLLoss
+from minidist.nn.mobile import DepthwiseSeparableConv2d
 from minidist.nn.module import IncompatibleKeys, Module
 from minidist.nn.parameter import Parameter
 from minidist.nn.pooling import AvgPool2d, MaxPool2d
@@ -40,6 +43,6 @@ __all__ = [
     "Module", "Parameter", "IncompatibleKeys", "Sequential", "ModuleList",
     "Linear", "Conv2d", "MaxPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d",
     "Dropout", "Flatten", "ReLU", "Tanh", "Sigmoid", "GELU", "Softmax", "LogSoftmax",
-    "Identity", "CheckpointedSequential", "checkpoint", "checkpoint_sequential",
+    "Identity", "DepthwiseSeparableConv2d", "CheckpointedSequential", "checkpoint", "checkpoint_sequential",
     "CrossEntropyLoss", "NLLLoss", "MSELoss", "functional", "init",
 ]
