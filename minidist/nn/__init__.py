@@ -24,11 +24,12 @@ Files, one idea each:
   CheckpointedSequential): keep segment inputs only, rerun in backward
 """
 
-from minidist.nn import functional, init, mobile
+from minidist.nn import distillation, functional, init, mobile
 from minidist.nn.activation import GELU, Identity, LogSoftmax, ReLU, Sigmoid, Softmax, Tanh
 from minidist.nn.batchnorm import BatchNorm1d, BatchNorm2d
 from minidist.nn.container import ModuleList, Sequential
 from minidist.nn.conv import Conv2d
+from minidist.nn.distillation import DistillationLoss, HintRegressor
 from minidist.nn.dropout import Dropout
 from minidist.nn.flatten import Flatten
 from minidist.nn.linear import Linear
@@ -44,5 +45,6 @@ __all__ = [
     "Linear", "Conv2d", "MaxPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d",
     "Dropout", "Flatten", "ReLU", "Tanh", "Sigmoid", "GELU", "Softmax", "LogSoftmax",
     "Identity", "DepthwiseSeparableConv2d", "CheckpointedSequential", "checkpoint", "checkpoint_sequential",
-    "CrossEntropyLoss", "NLLLoss", "MSELoss", "functional", "init",
+    "CrossEntropyLoss", "NLLLoss", "MSELoss", "DistillationLoss", "HintRegressor",
+    "functional", "init", "mobile", "distillation",
 ]
