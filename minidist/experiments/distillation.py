@@ -45,8 +45,25 @@ The teacher is trained once per run (its own seed); each student seed
 fixes the student's initial weights and its batch order, identical for the
 three methods. Accuracies are reported per seed and as the mean.
 
+**Measured** (``--full``, 10 seeds, mean test accuracy %, teacher 97.5 %):
+
+    budget   hard  hinton  fitnets_hard  deep_hinton  fitnets
+       100   89.7    92.4          75.3         75.3     73.1
+       200   93.5    95.4          88.0         91.4     90.4
+       400   95.6    96.3          92.6         95.2     94.6
+      1442   96.7    96.9          96.9         96.9     97.0
+
+Hinton's distillation beats hard labels at every budget, most where data
+is scarce (+2.7 points at 100 examples, +0.2 on the whole set). The thin,
+deep student gains from distillation from 200 examples on (+2.4 to +3.4),
+but the hint stage adds nothing over plain distillation here (fitnets is
+within a point of deep_hinton, below it at 100-400): on 8x8 digits a
+3-hidden-layer, 16-wide MLP is not deep enough to need FitNets' help to
+train, and at 100 examples the hints (fitted on the same 100 inputs) hurt.
+
 ``python -m minidist.experiments.distillation [--full] [--output DIR]``
-prints the table and writes one plot; the quick form takes seconds.
+prints the table and writes one plot; the quick form (3 seeds, budget 200)
+takes about 2 s, the full one about 35 s.
 """
 
 from __future__ import annotations
@@ -88,12 +105,16 @@ def balanced_subset(labels: np.ndarray, budget: int, seed: int = 0) -> np.ndarra
     if budget < len(classes) or budget > len(labels):
         raise ValueError(f"budget must be between {len(classes)} and {len(labels)}, got {budget}")
     generator = np.random.default_rng(seed)
-    per_class = [generator.permutation(np.flatnonzero(labels == c)) for c in classes]
-    chosen = []
-    for rank in range(budget):
-        pool = per_class[rank % len(classes)]
-        chosen.append(pool[rank // len(classes)])
-    return np.sort(np.asarray(chosen))
+    # Deal the classes round-robin: every class's first example, then every
+    # class's second, ...; a class that runs out is skipped.
+    ranks, indices = [], []
+    for c in classes:
+        members = generator.permutation(np.flatnonzero(labels == c))
+        indices.append(members)
+        ranks.append(np.arange(len(members)))
+    indices, ranks = np.concatenate(indices), np.concatenate(ranks)
+    order = np.argsort(ranks, kind="stable")[:budget]
+    return np.sort(indices[order])
 
 
 def _batches(size: int, batch_size: int, seed: int, epoch: int):

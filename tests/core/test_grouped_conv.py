@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 from nn_reference import check_grad, conv2d_naive
 
-from minidist import Tensor
-from minidist import nn
+from minidist import Tensor, nn
 from minidist.nn import functional as F
 
 rng = np.random.default_rng(2021)

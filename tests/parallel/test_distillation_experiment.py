@@ -37,6 +37,9 @@ def test_balanced_subset_and_bad_arguments():
     subset = distillation.balanced_subset(labels, 50, seed=3)
     assert len(set(subset.tolist())) == 50
     assert np.bincount(labels[subset], minlength=10).tolist() == [5] * 10
+    uneven = np.concatenate([np.zeros(3, int), np.ones(10, int)])
+    assert sorted(distillation.balanced_subset(uneven, 13).tolist()) == list(range(13))
+    assert np.bincount(uneven[distillation.balanced_subset(uneven, 8)]).tolist() == [3, 5]
     with pytest.raises(ValueError, match="budget must be between 10 and 200"):
         distillation.balanced_subset(labels, 5)
     with pytest.raises(ValueError, match="unknown methods"):
