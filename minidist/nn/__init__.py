@@ -18,21 +18,25 @@ Files, one idea each:
   ``dropout.py``, ``flatten.py``, ``activation.py``: the layers
 * ``container.py``: Sequential, ModuleList; ``loss.py``: the losses
 * ``init.py``: initialisers and the seeding convention
+* ``mobile.py``: MobileNet's depthwise separable block and its cost counts
+* ``distillation.py``: knowledge distillation (Hinton) and FitNets hints
 * ``recompute.py``: activation recomputation (checkpoint, checkpoint_sequential,
   CheckpointedSequential): keep segment inputs only, rerun in backward
 * ``quantization.py``: INT8 post-training quantisation for inference
   (``from minidist.nn.quantization import quantize, model_size_bytes``)
 """
 
-from minidist.nn import functional, init
+from minidist.nn import distillation, functional, init, mobile
 from minidist.nn.activation import GELU, Identity, LogSoftmax, ReLU, Sigmoid, Softmax, Tanh
 from minidist.nn.batchnorm import BatchNorm1d, BatchNorm2d
 from minidist.nn.container import ModuleList, Sequential
 from minidist.nn.conv import Conv2d
+from minidist.nn.distillation import DistillationLoss, HintRegressor
 from minidist.nn.dropout import Dropout
 from minidist.nn.flatten import Flatten
 from minidist.nn.linear import Linear
 from minidist.nn.loss import CrossEntropyLoss, MSELoss, NLLLoss
+from minidist.nn.mobile import DepthwiseSeparableConv2d
 from minidist.nn.module import IncompatibleKeys, Module
 from minidist.nn.parameter import Parameter
 from minidist.nn.pooling import AvgPool2d, MaxPool2d
@@ -42,6 +46,7 @@ __all__ = [
     "Module", "Parameter", "IncompatibleKeys", "Sequential", "ModuleList",
     "Linear", "Conv2d", "MaxPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d",
     "Dropout", "Flatten", "ReLU", "Tanh", "Sigmoid", "GELU", "Softmax", "LogSoftmax",
-    "Identity", "CheckpointedSequential", "checkpoint", "checkpoint_sequential",
-    "CrossEntropyLoss", "NLLLoss", "MSELoss", "functional", "init",
+    "Identity", "DepthwiseSeparableConv2d", "CheckpointedSequential", "checkpoint", "checkpoint_sequential",
+    "CrossEntropyLoss", "NLLLoss", "MSELoss", "DistillationLoss", "HintRegressor",
+    "functional", "init", "mobile", "distillation",
 ]

@@ -15,12 +15,18 @@ from minidist.nn.parameter import Parameter
 
 class Conv2d(Module):
     """``Conv2d(in_channels, out_channels, kernel_size, stride=1, padding=0,
-    bias=True, rng=None, dtype=float32)``.
+    bias=True, rng=None, dtype=float32, groups=1)``.
 
     Shapes: input (N, C_in, H, W) -> output (N, C_out, OH, OW) with
     OH = floor((H + 2 * padding - kernel) / stride) + 1 (same for OW).
-    ``weight`` is (C_out, C_in, KH, KW), ``bias`` (C_out,).
+    ``weight`` is (C_out, C_in / groups, KH, KW), ``bias`` (C_out,).
     ``kernel_size``, ``stride`` and ``padding`` are ints or (h, w) pairs.
+
+    ``groups`` splits the channels into independent blocks: output channels
+    [g C_out/G, (g+1) C_out/G) see only input channels [g C_in/G, (g+1) C_in/G).
+    ``groups=in_channels`` is a depthwise convolution (one KHxKW filter per
+    channel, or ``out_channels / in_channels`` of them); both channel counts
+    must be divisible by ``groups``. Parameters and multiply-adds fall G-fold.
 
     Algorithm: im2col, then (C_out, C_in*KH*KW) @ (C_in*KH*KW, N*OH*OW), see
     :mod:`minidist.nn.im2col`. Cost: 2 * C_out * C_in*KH*KW * N*OH*OW flops
@@ -28,7 +34,7 @@ class Conv2d(Module):
     input needs no gradient, as for the first layer).
 
     Initialisation, as PyTorch: weight and bias from U(-1/sqrt(fan_in),
-    1/sqrt(fan_in)), fan_in = C_in*KH*KW, drawn from ``rng`` or the default
+    1/sqrt(fan_in)), fan_in = C_in/groups*KH*KW, drawn from ``rng`` or the default
     generator of :mod:`minidist.nn.init`.
     """
 
@@ -42,19 +48,21 @@ class Conv2d(Module):
         bias: bool = True,
         rng=None,
         dtype=numpy.float32,
+        groups: int = 1,
     ):
         super().__init__()
         if in_channels < 1 or out_channels < 1:
             raise ValueError(
                 f"Conv2d needs positive channel counts, got in_channels={in_channels}, out_channels={out_channels}"
             )
+        self.groups = F._check_groups(groups, in_channels, out_channels, "Conv2d")
         self.in_channels = int(in_channels)
         self.out_channels = int(out_channels)
         self.kernel_size = F._pair(kernel_size, "kernel_size")
         self.stride = F._pair(stride, "stride")
         self.padding = F._pair(padding, "padding", minimum=0)
         xp = backend.get()
-        self.weight = Parameter(xp.empty((out_channels, in_channels) + self.kernel_size, dtype=dtype))
+        self.weight = Parameter(xp.empty((out_channels, in_channels // self.groups) + self.kernel_size, dtype=dtype))
         if bias:
             self.bias = Parameter(xp.empty((out_channels,), dtype=dtype))
         else:
@@ -71,7 +79,7 @@ class Conv2d(Module):
             init.uniform_(self.bias, -bound, bound, rng=rng)
 
     def forward(self, x):
-        return F.conv2d(x, self.weight, self.bias, self.stride, self.padding)
+        return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.groups)
 
     def extra_repr(self) -> str:
         text = (
@@ -79,6 +87,8 @@ class Conv2d(Module):
         )
         if self.padding != (0, 0):
             text += f", padding={self.padding}"
+        if self.groups != 1:
+            text += f", groups={self.groups}"
         if self.bias is None:
             text += ", bias=False"
         return text

@@ -73,6 +73,20 @@ def _check_images(x, function: str):
         )
 
 
+def _check_groups(groups, in_channels: int, out_channels: int, function: str) -> int:
+    if not isinstance(groups, (int, numpy.integer)) or isinstance(groups, bool) or groups < 1:
+        raise ValueError(f"{function}: groups must be a positive int, got {groups!r}")
+    groups = int(groups)
+    if in_channels % groups or out_channels % groups:
+        raise ValueError(
+            f"{function}: groups={groups} must divide both in_channels={in_channels} and "
+            f"out_channels={out_channels} (each group convolves in_channels // groups inputs into "
+            f"out_channels // groups outputs); for a depthwise convolution use groups=in_channels "
+            f"and out_channels a multiple of it"
+        )
+    return groups
+
+
 def _check_reduction(reduction: str, function: str):
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"{function}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
@@ -225,11 +239,11 @@ def linear(input, weight, bias=None) -> Tensor:
 # Convolution
 
 
-def conv2d(input, weight, bias=None, stride=1, padding=0) -> Tensor:
+def conv2d(input, weight, bias=None, stride=1, padding=0, groups: int = 1) -> Tensor:
     """2-D cross-correlation (what deep learning calls convolution).
 
-    ``input`` (N, C, H, W), ``weight`` (OC, C, KH, KW), ``bias`` (OC,) or None;
-    output (N, OC, OH, OW) with OH = floor((H + 2 ph - KH) / sh) + 1.
+    ``input`` (N, C, H, W), ``weight`` (OC, C/groups, KH, KW), ``bias`` (OC,)
+    or None; output (N, OC, OH, OW) with OH = floor((H + 2 ph - KH) / sh) + 1.
 
     Algorithm (see :mod:`minidist.nn.im2col`): build the columns
     (C*KH*KW, N*OH*OW) with KH*KW strided copies, then multiply
@@ -241,6 +255,17 @@ def conv2d(input, weight, bias=None, stride=1, padding=0) -> Tensor:
     Backward: grad_W = g (OC, N*OH*OW) @ columns^T, grad_b = sum of g,
     and, only if the input needs it, col2im(W^T @ g): per kernel offset one
     GEMM and one strided add (:func:`minidist.nn.im2col.col2im_product`).
+
+    Groups (``groups`` = G, as in PyTorch and AlexNet's two-GPU split): the
+    channels are cut into G blocks and output block g is the convolution of
+    input block g alone, with weights (OC/G, C/G, KH, KW). The columns are
+    the same im2col; their rows are ordered (c, i, j), so group g's rows are
+    the contiguous slab [g C/G KH KW, (g+1) C/G KH KW). Every GEMM above
+    becomes G independent ones, done as one batched matmul over a group
+    axis: (G, OC/G, C/G*KH*KW) @ (G, C/G*KH*KW, N*OH*OW). Cost falls G-fold,
+    to 2 * OC * C/G*KH*KW * N*OH*OW flops. Depthwise convolution is
+    ``groups=C`` (one filter per channel, MobileNet's first half); a 1x1
+    convolution with ``groups=1`` is its pointwise second half.
     """
     input = _tensor(input)
     x, w = input.data, weight.data
@@ -249,7 +274,14 @@ def conv2d(input, weight, bias=None, stride=1, padding=0) -> Tensor:
         raise ValueError(f"conv2d: weight must be (out_channels, in_channels, kh, kw), got {_shape_str(w.shape)}")
     n, c, h, width = x.shape
     oc, wc, kh, kw = w.shape
-    if c != wc:
+    groups = _check_groups(groups, c, oc, "conv2d")
+    if groups > 1 and c != wc * groups:
+        raise ValueError(
+            f"conv2d: the input has {c} channels (shape {_shape_str(x.shape)}) but the weight "
+            f"{_shape_str(w.shape)} with groups={groups} expects in_channels = {wc} * {groups} = "
+            f"{wc * groups}; a grouped weight is (out_channels, in_channels // groups, kh, kw)"
+        )
+    if groups == 1 and c != wc:
         raise ValueError(
             f"conv2d: the input has {c} channels (shape {_shape_str(x.shape)}) but the weight "
             f"{_shape_str(w.shape)} expects in_channels={wc}; build the layer as Conv2d({c}, {oc}, ...) "
@@ -265,24 +297,39 @@ def conv2d(input, weight, bias=None, stride=1, padding=0) -> Tensor:
         )
     x = _in_dtype(x, w.dtype)
     columns = im2col(x, kh, kw, sh, sw, ph, pw)
-    w2 = w.reshape(oc, c * kh * kw)
-    # One GEMM per image, each reading its (C*KH*KW, OH*OW) block of the
-    # columns in place (BLAS takes the row stride), so the result lands in
-    # (N, OC, OH*OW) order without a transposing copy.
-    out = w2 @ columns.reshape(c * kh * kw, n, out_h * out_w).transpose(1, 0, 2)
+    rows = wc * kh * kw  # rows of the columns one group reads
+    pixels = out_h * out_w
+    if groups == 1:
+        w2 = w.reshape(oc, rows)
+        # One GEMM per image, each reading its (C*KH*KW, OH*OW) block of the
+        # columns in place (BLAS takes the row stride), so the result lands in
+        # (N, OC, OH*OW) order without a transposing copy.
+        out = w2 @ columns.reshape(rows, n, pixels).transpose(1, 0, 2)
+    else:
+        w2 = w.reshape(groups, oc // groups, rows)
+        # (N, G, C/G*KH*KW, OH*OW) views of the columns, one GEMM per (image,
+        # group) in a single batched matmul: the result is (N, G, OC/G, OH*OW),
+        # which is already (N, OC, OH, OW) order.
+        out = w2 @ columns.reshape(groups, rows, n, pixels).transpose(2, 0, 1, 3)
+        # NumPy may hand back a strided result when OC/G is 1 (depthwise).
+        out = backend.of(out).ascontiguousarray(out).reshape(n, oc, pixels)
     if bias is not None:
         out += bias.data[:, None]
     out = out.reshape(n, oc, out_h, out_w)
 
     def backward(g):
-        g2 = g.transpose(1, 0, 2, 3).reshape(oc, n * out_h * out_w)
+        g2 = g.transpose(1, 0, 2, 3).reshape(oc, n * pixels)
         grad_x = grad_w = grad_b = None
         if weight.requires_grad:
-            grad_w = (g2 @ columns.T).reshape(w.shape)
+            if groups == 1:
+                grad_w = (g2 @ columns.T).reshape(w.shape)
+            else:
+                grouped_columns = columns.reshape(groups, rows, n * pixels)
+                grad_w = (g2.reshape(groups, oc // groups, n * pixels) @ grouped_columns.transpose(0, 2, 1)).reshape(w.shape)
         if bias is not None and bias.requires_grad:
             grad_b = g2.sum(axis=1)
         if input.requires_grad:
-            grad_x = col2im_product(w, g2, x.shape, kh, kw, sh, sw, ph, pw)
+            grad_x = col2im_product(w, g2, x.shape, kh, kw, sh, sw, ph, pw, groups)
         return (grad_x, grad_w) if bias is None else (grad_x, grad_w, grad_b)
 
     parents = (input, weight) if bias is None else (input, weight, bias)

@@ -111,7 +111,7 @@ def col2im(columns, x_shape, kernel_h: int, kernel_w: int, stride_h: int, stride
     return xp.ascontiguousarray(inner.transpose(1, 0, 2, 3))
 
 
-def col2im_product(weight, grad_out, x_shape, kernel_h: int, kernel_w: int, stride_h: int, stride_w: int, padding_h: int, padding_w: int):
+def col2im_product(weight, grad_out, x_shape, kernel_h: int, kernel_w: int, stride_h: int, stride_w: int, padding_h: int, padding_w: int, groups: int = 1):
     """``col2im(weight.reshape(OC, -1).T @ grad_out, ...)``, the input
     gradient of a convolution, computed one kernel offset at a time.
 
@@ -125,19 +125,36 @@ def col2im_product(weight, grad_out, x_shape, kernel_h: int, kernel_w: int, stri
 
     ``weight`` (OC, C, KH, KW), ``grad_out`` (OC, N*OH*OW); returns the
     gradient of the (N, C, H, W) input.
+
+    Grouped convolution (``groups`` = G > 1, ``weight`` (OC, C/G, KH, KW)):
+    output channel block g sees only input channel block g, so per offset
+    the product is G independent ones, (G, C/G, OC/G) @ (G, OC/G, N*OH*OW),
+    one batched matmul into the same (C, N*OH*OW) buffer.
     """
     n, c, h, w = x_shape
     out_h = output_size(h, kernel_h, stride_h, padding_h)
     out_w = output_size(w, kernel_w, stride_w, padding_w)
     xp = backend.of(grad_out)
     dtype = xp.result_type(weight.dtype, grad_out.dtype)
-    per_offset = xp.ascontiguousarray(weight.transpose(2, 3, 1, 0), dtype=dtype)  # (KH, KW, C, OC)
-    block = xp.empty((c, n * out_h * out_w), dtype=dtype)
+    out_channels, group_channels = weight.shape[0], weight.shape[1]
+    if groups == 1:
+        per_offset = xp.ascontiguousarray(weight.transpose(2, 3, 1, 0), dtype=dtype)  # (KH, KW, C, OC)
+        grad_blocks = grad_out
+        block = xp.empty((c, n * out_h * out_w), dtype=dtype)
+    else:
+        group_out = out_channels // groups
+        # (KH, KW, G, C/G, OC/G): the transposed weights of each group, per offset.
+        per_offset = xp.ascontiguousarray(
+            weight.reshape(groups, group_out, group_channels, kernel_h, kernel_w).transpose(3, 4, 0, 2, 1),
+            dtype=dtype,
+        )
+        grad_blocks = grad_out.reshape(groups, group_out, n * out_h * out_w)
+        block = xp.empty((groups, group_channels, n * out_h * out_w), dtype=dtype)
     shaped_block = block.reshape(c, n, out_h, out_w)
     padded = xp.zeros((c, n, h + 2 * padding_h, w + 2 * padding_w), dtype=dtype)
     for i in range(kernel_h):
         for j in range(kernel_w):
-            xp.matmul(per_offset[i, j], grad_out, out=block)
+            xp.matmul(per_offset[i, j], grad_blocks, out=block)
             target = window(padded, i, j, out_h, out_w, stride_h, stride_w)
             target += shaped_block
     inner = padded[:, :, padding_h : padding_h + h, padding_w : padding_w + w]
