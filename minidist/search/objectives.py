@@ -48,10 +48,12 @@ def digits_mlp(hidden: int, seed: int) -> nn.Module:
     return nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, 10))
 
 
-def train_digits_trial(trial, epochs: int = 10, batch_size: int = 8, data=None) -> float:
+def train_digits_trial(trial, epochs: int = 10, batch_size: int = 8, data=None,
+                       return_model: bool = False):
     """Train with ``trial.params`` (lr, momentum, hidden, weight_decay), report
-    the validation accuracy after every epoch, return the last one.
-    Missing parameters take the defaults of ``minidist train``."""
+    the validation accuracy after every epoch, return the last one (and the
+    trained model, with ``return_model=True``). Missing parameters take the
+    defaults of ``minidist train``."""
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ValueError(f"epochs must be a positive int, got {epochs!r}")
     params = trial.params
@@ -74,7 +76,7 @@ def train_digits_trial(trial, epochs: int = 10, batch_size: int = 8, data=None) 
         trial.report(accuracy, epoch)
         if trial.should_prune():
             raise TrialPruned(f"pruned after epoch {epoch} at accuracy {accuracy:.3f}")
-    return accuracy
+    return (accuracy, model) if return_model else accuracy
 
 
 __all__ = ["DIGITS_SPACE", "digits_split", "digits_mlp", "train_digits_trial"]

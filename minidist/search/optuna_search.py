@@ -55,6 +55,7 @@ from pathlib import Path
 
 import numpy as np
 
+from minidist.runtime.blas_threads import set_blas_threads
 from minidist.search.journal import Journal
 from minidist.search.random_search import (
     SearchResult,
@@ -178,6 +179,7 @@ def _run_study(objective, space, n_trials, seed, storage, study_name, sampler, p
     optuna = import_optuna()
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # the errors are in the results
     worker = dist.get_rank()
+    set_blas_threads(1)  # as in the random search: N workers, N cores
     study = optuna.load_study(
         study_name=study_name, storage=open_storage(storage),
         sampler=make_sampler(sampler, _worker_seed(seed, worker, trials_before), n_workers > 1),

@@ -43,8 +43,8 @@ def plot_trials_over_time(result, ax=None, title: str | None = None):
                           f"{result.n_workers} workers, {result.wall_time:.1f} s")
     states = [state for state in STYLE if any(t.state == state for t in result.trials)]
     ax.legend(handles=[Patch(facecolor=STYLE[s][0], hatch=STYLE[s][1], label=s, edgecolor="white")
-                       for s in states], loc="upper center", bbox_to_anchor=(0.5, -0.28),
-              ncol=len(states) or 1, frameon=False, fontsize=8)
+                       for s in states], loc="center left", bbox_to_anchor=(1.0, 0.5),
+              frameon=False, fontsize=8)
     return ax
 
 

@@ -20,6 +20,11 @@ and so does ``trial.seed`` for the objective's own randomness: the same seed
 gives the same trials with the same values, with 1 worker or 8, in whatever
 order they finish. Only the record of *who* ran *when* changes.
 
+**One BLAS thread per worker.** N workers already use N cores; threads
+inside a trial would fight them for the same cores. It also keeps the
+arithmetic of a trial the same whatever the number of workers (``launch``
+would give one worker of a 2-core machine two threads, two workers one each).
+
 **Failures.** An objective that raises marks its trial ``failed`` (with the
 error) and the worker takes the next number. A worker *process* that dies in
 the middle of a trial (os._exit, SIGKILL, a segfault in a library) is let go
@@ -39,6 +44,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
+from minidist.runtime.blas_threads import set_blas_threads
 from minidist.search.journal import Journal
 from minidist.search.space import check_space, sample_params, trial_seed
 
@@ -206,6 +212,7 @@ def _run_trials(objective, space, n_trials, seed, folder):
     import minidist.distributed as dist
 
     worker = dist.get_rank()
+    set_blas_threads(1)
     journal = Journal(folder)
     ran = 0
     while True:
