@@ -27,6 +27,7 @@ DATA = digits_split()
 
 
 def digits_objective(trial):
+    time.sleep(0.04)  # long enough that a late-starting second worker still gets trials
     return train_digits_trial(trial, epochs=2, batch_size=32, data=DATA)
 
 
