@@ -47,6 +47,7 @@
 import os
 import time
 import warnings
+from collections import Counter
 
 from minidist.distributed.launch import cores
 from minidist.lesson import output_dir, quick, use_headless_matplotlib
@@ -250,14 +251,23 @@ if HAVE_OPTUNA:
           f"{sum(t.duration for t in many.trials) / len(many.trials):.3f} s for the random "
           "search's full trials")
     if pruned:
-        stopped_at = sorted(len(t.intermediate) for t in pruned)
-        print(f"the pruned trials stopped after {stopped_at} epochs, at a mean accuracy of "
-              f"{sum(t.value for t in pruned) / len(pruned):.3f}")
+        stopped_at = Counter(len(t.intermediate) for t in pruned)
+        print("pruned trials by the epochs they ran: "
+              + ", ".join(f"{n} epochs: {stopped_at[n]}" for n in sorted(stopped_at))
+              + f"; their mean accuracy when stopped {sum(t.value for t in pruned) / len(pruned):.3f}")
     random_best, tuned_best = many.best, tuned.best
     print(f"best validation accuracy: random {random_best.value:.4f}, "
           f"Optuna {tuned_best.value:.4f}")
 
 # %% [markdown]
+# Most pruned trials stop after two epochs: the pruner judges from the
+# second report on (`MedianPruner(n_startup_trials=4, n_warmup_steps=1)`),
+# once four trials have finished. The median rule is blunt: once warm, any
+# trial below the median curve so far is stopped, so about half the trials
+# are, and a late bloomer (slow start, good finish) can be among them. The
+# saving is in worker time per trial; the search, with the same number of
+# trials, finishes sooner, or, in the same time, tries more.
+#
 # The same two pictures for Optuna's search (the hatched bars are pruned
 # trials, short), and the best accuracy found against time for both
 # searches:

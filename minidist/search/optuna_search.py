@@ -42,7 +42,10 @@ tolerate_failures=True)``), each trial carries its worker and run in its
 user attributes, and after the launch every trial of this run still
 RUNNING, whose process is gone, is set to FAIL with the worker's error. The
 study stays loadable, and calling :func:`optuna_search` again on the same
-storage resumes it (``n_trials`` more trials).
+storage resumes it (``n_trials`` more trials). (A worker that dies *while
+writing* to the journal, not while training, leaves Optuna's lock file
+behind; Optuna's ``JournalFileSymlinkLock`` breaks it after a grace period
+of 30 s, so the others wait, then go on.)
 """
 
 from __future__ import annotations
