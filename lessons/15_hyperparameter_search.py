@@ -1,0 +1,389 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lesson 15: parallel hyper-parameter search
+#
+# Seed 002 ends its tour of distributed training (ChainerMN's data and model
+# parallelism, from the 2019 Tokyo Tech distributed deep learning hackathon)
+# with Optuna: the search for a learning rate, a width, a weight decay, run
+# on many GPUs at once. Its author did not get it running in time and left
+# the links. This chapter runs it.
+#
+# There are two ways to spend N workers on a search. The seed's Optuna
+# example makes each *trial* data-parallel (the workers train one model
+# together and aggregate its loss), which needs every collective of the
+# earlier chapters. The other way needs none: run N *trials* at once, one per
+# worker. Trial 7 (train with lr 0.03 and 64 hidden units) needs nothing
+# from trial 8: the search is **embarrassingly parallel**. The workers share
+# only two things: which trials are still to run, and what came out.
+#
+# 1. the objective: one trial trains the digits MLP and returns its
+#    validation accuracy;
+# 2. plain random search on N worker processes (no dependency): the results
+#    table, and the trials over time per worker; the same seed gives the same
+#    trials whatever the number of workers;
+# 3. a trial that raises and a worker that dies in the middle of a trial;
+# 4. the same objective with Optuna: one study in a journal file shared by
+#    the workers, TPE learning from every worker's trials, the median pruner
+#    stopping hopeless trials early, and what that saved;
+# 5. a crash under Optuna: the trial marked FAIL, the study resumed;
+# 6. the one number the test set is for.
+#
+# Library code: `minidist/search/` (`random_search.py`, `optuna_search.py`,
+# `space.py`, `journal.py`, `objectives.py`, `plots.py`);
+# `benchmarks/bench_search.py` measures the scaling.
+
+# %%
+import os
+import time
+import warnings
+from collections import Counter
+
+from minidist.distributed.launch import cores
+from minidist.lesson import output_dir, quick, use_headless_matplotlib
+from minidist.runtime.errors import OversubscriptionWarning
+from minidist.search import (
+    Trial,
+    optuna_available,
+    optuna_search,
+    random_search,
+)
+from minidist.search.objectives import DIGITS_SPACE, digits_split, train_digits_trial
+from minidist.search.plots import plot_best_so_far, plot_trials_over_time
+from minidist.search.space import sample_params, trial_seed
+
+use_headless_matplotlib()
+
+import matplotlib.pyplot as plt  # noqa: E402
+
+QUICK = quick()
+OUT = output_dir()
+WORKERS = min(cores(), 4)
+N_RANDOM = 12 if QUICK else 48
+N_OPTUNA = 24 if QUICK else 80
+warnings.simplefilter("ignore", OversubscriptionWarning)
+print(f"{WORKERS} workers on {os.cpu_count()} cores; {N_RANDOM} random trials, "
+      f"{N_OPTUNA} Optuna trials{' (quick form)' if QUICK else ''}")
+
+# %% [markdown]
+# ## 1. One trial
+#
+# The search space is a dict of distributions, one per hyper-parameter. A
+# learning rate is drawn *log-uniformly*: as likely between 0.001 and 0.01
+# as between 0.1 and 1, because what matters is its order of magnitude.
+# (The space also reaches 1e-4, too slow for ten epochs: a deliberately bad
+# region, food for the pruner later.)
+
+# %%
+for name, distribution in DIGITS_SPACE.items():
+    print(f"{name:>13}: {distribution}")
+
+# %% [markdown]
+# A trial trains `64 -> hidden -> 10` with momentum SGD on 80 % of the
+# training digits for 10 epochs (batches of 8) and returns its accuracy on
+# the other 20 %, the **validation** split. After each epoch it reports the
+# accuracy so far (`trial.report(accuracy, epoch)`), which a pruner can read.
+# The test set stays untouched until the very end: choosing the best of many
+# trials by their test accuracy would make that number an optimistic guess.
+#
+# Trial k's parameters are drawn from a generator seeded with
+# `(seed, k)`, and so is `trial.seed` (the weights, the data order). One
+# trial on its own:
+
+# %%
+DATA = digits_split()
+
+
+def objective(trial):
+    return train_digits_trial(trial, epochs=10, batch_size=8, data=DATA)
+
+
+params = sample_params(DIGITS_SPACE, seed=0, number=3)
+started = time.perf_counter()
+accuracy = objective(Trial(3, params, seed=3, worker=0))
+one_trial = time.perf_counter() - started
+print({k: round(v, 5) if isinstance(v, float) else v for k, v in params.items()})
+print(f"validation accuracy {accuracy:.3f} in {one_trial:.2f} s")
+
+# %% [markdown]
+# ## 2. Random search on N worker processes
+#
+# `random_search(objective, space, n_trials, n_workers, seed)` starts the
+# workers with `minidist.launch`. Which worker runs which trial? A **shared
+# counter** in the search's folder: a worker that is free locks it, takes the
+# next number and runs that trial (dynamic assignment). Nobody waits while
+# trials are left, however different their costs, and a dead worker's
+# trials are simply taken by the others. Each worker appends a line to a
+# journal (`trials.jsonl`) when a trial starts and when it ends: the
+# search's whole state is in that file, not in any process.
+#
+# The same search with one worker, then with N:
+
+# %%
+searches = {}
+for count in sorted({1, WORKERS}):
+    searches[count] = random_search(objective, DIGITS_SPACE, N_RANDOM, n_workers=count, seed=0)
+    print(searches[count].summary())
+
+one, many = searches[1], searches[WORKERS]
+same = ([(t.params, t.value) for t in one.trials] == [(t.params, t.value) for t in many.trials])
+print(f"\nsame parameters and values with 1 and {WORKERS} workers: {same}")
+assert same
+print(f"trials per worker: {many.trials_per_worker()}")
+print(f"speed-up: {one.wall_time / many.wall_time:.2f}x with {WORKERS} workers "
+      f"(the workers' start included)")
+
+# %% [markdown]
+# The results, best first:
+
+# %%
+print(many.table(limit=None if not QUICK else 12))
+
+# %% [markdown]
+# Every trial over time, one row per worker (the number on each bar is the
+# trial's): the workers are busy from start to end, each taking the next
+# trial as soon as it is free.
+
+# %%
+figure, axes = plt.subplots(2, 1, figsize=(9, 4.6), sharex=True)
+plot_trials_over_time(one, ax=axes[0], title=f"1 worker: {one.wall_time:.1f} s")
+plot_trials_over_time(many, ax=axes[1],
+                      title=f"{WORKERS} workers: {many.wall_time:.1f} s, the same trials")
+figure.tight_layout()
+figure.savefig(OUT / "search_random_gantt.png", dpi=90)
+plt.show()
+
+# %% [markdown]
+# With as many workers as cores the same trials take about 1/N of the time.
+# The benchmark (`benchmarks/bench_search.py`, 2 cores) measures it with
+# trials of equal cost: 2 workers run 1.9 times the trials per second of
+# one; 4 workers on 2 cores take turns and run no more than 2 do.
+#
+# ## 3. When a trial fails, and when a worker dies
+#
+# Two different accidents. An objective that **raises** (a NaN loss, a
+# configuration that does not fit) is caught in the worker: its trial is
+# `failed` with the error, and the worker takes the next number. A worker
+# **process that dies** in the middle of a trial (killed, out of memory, a
+# crash in a library) cannot report anything. The runtime lets it go
+# (`minidist.launch(..., tolerate_failures=True)`) and the search reads the
+# journal: a trial with a start line and no end line is the one its worker
+# died in.
+
+# %%
+def fragile(trial):
+    if trial.number == 2:
+        raise FloatingPointError("the loss went to NaN")
+    if trial.number == 5:
+        os._exit(1)  # the process vanishes mid-trial, as if killed
+    return objective(trial)
+
+
+crashed = random_search(fragile, DIGITS_SPACE, 8, n_workers=WORKERS, seed=0)
+print(crashed.summary())
+print(crashed.table())
+assert {t.number for t in crashed.by_state("failed")} == {2, 5}
+
+# %% [markdown]
+# The survivors ran every other trial; with one worker the search would stop
+# at the crash (nobody is left to take the next number), with its journal
+# intact.
+#
+# ## 4. The same objective with Optuna
+#
+# Random search ignores what it has learned. Optuna's TPE sampler proposes
+# the next trial from the finished ones (it models where good results lie),
+# and its **median pruner** stops a trial whose accuracy so far is below
+# the median of the other trials' at the same epoch. Both need every
+# worker's results, so the workers share one *study* through a storage all
+# of them open: here Optuna's journal file (`JournalFileStorage`: an
+# append-only log of operations, locked for each write; a database URL like
+# `sqlite:///search.db` works too). The parent creates the study; each
+# worker runs `optuna.load_study(...)` and `study.optimize(...)`, one trial
+# per ticket of the shared counter, with its own seed (the same seed in
+# every worker would make them propose the same trials).
+#
+# Optuna is an optional extra of minidist. Without it this part is skipped:
+
+# %%
+HAVE_OPTUNA = optuna_available()
+if not HAVE_OPTUNA:
+    print("Optuna is not installed, so sections 4 and 5 are skipped. To run them:\n"
+          "    pip install -e '.[search]'      (or: pip install 'optuna>=4')")
+else:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    print(f"Optuna {optuna.__version__}")
+
+# %%
+if HAVE_OPTUNA:
+    journal = OUT / "digits_search.journal"
+    journal.unlink(missing_ok=True)
+    tuned = optuna_search(objective, DIGITS_SPACE, N_OPTUNA, n_workers=WORKERS, seed=0,
+                          storage=str(journal), sampler="tpe", pruner="median")
+    print(tuned.summary())
+    print(tuned.table(limit=12))
+
+# %% [markdown]
+# What pruning saved: a complete trial trains 10 epochs; a pruned one stops
+# at the epoch the pruner judged it hopeless.
+
+# %%
+if HAVE_OPTUNA:
+    epochs_run = sum(len(t.intermediate) for t in tuned.trials)
+    epochs_full = 10 * len(tuned.trials)
+    busy = sum(t.duration for t in tuned.trials)
+    pruned = tuned.by_state("pruned")
+    print(f"{len(pruned)} of {len(tuned.trials)} trials pruned; epochs trained "
+          f"{epochs_run} of {epochs_full} ({100 * (1 - epochs_run / epochs_full):.0f} % saved)")
+    print(f"worker time per trial: {busy / len(tuned.trials):.3f} s, against "
+          f"{sum(t.duration for t in many.trials) / len(many.trials):.3f} s for the random "
+          "search's full trials")
+    if pruned:
+        stopped_at = Counter(len(t.intermediate) for t in pruned)
+        print("pruned trials by the epochs they ran: "
+              + ", ".join(f"{n} epochs: {stopped_at[n]}" for n in sorted(stopped_at))
+              + f"; their mean accuracy when stopped {sum(t.value for t in pruned) / len(pruned):.3f}")
+    random_best, tuned_best = many.best, tuned.best
+    print(f"best validation accuracy: random {random_best.value:.4f}, "
+          f"Optuna {tuned_best.value:.4f}")
+
+# %% [markdown]
+# Most pruned trials stop after two epochs: the pruner judges from the
+# second report on (`MedianPruner(n_startup_trials=4, n_warmup_steps=1)`),
+# once four trials have finished. The median rule is blunt: once warm, any
+# trial below the median curve so far is stopped, so about half the trials
+# are, and a late bloomer (slow start, good finish) can be among them. The
+# saving is in worker time per trial; the search, with the same number of
+# trials, finishes sooner, or, in the same time, tries more.
+#
+# The same two pictures for Optuna's search (the hatched bars are pruned
+# trials, short), and the best accuracy found against time for both
+# searches:
+
+# %%
+if HAVE_OPTUNA:
+    figure, axes = plt.subplots(1, 2, figsize=(12, 3.4), gridspec_kw={"width_ratios": [2, 1]})
+    plot_trials_over_time(tuned, ax=axes[0])
+    plot_best_so_far([many, tuned], ax=axes[1],
+                     labels=[f"random, {WORKERS} workers", "Optuna TPE + median pruner"])
+    axes[1].set_ylim(0.8, 1.0)
+    figure.tight_layout()
+    figure.savefig(OUT / "search_optuna_gantt.png", dpi=90)
+    plt.show()
+
+# %% [markdown]
+# Optuna draws its own pictures from the study (`optuna.visualization.matplotlib`):
+# each trial's learning curve, the pruned ones cut short, and the
+# accuracy of every trial in order with the best so far.
+
+# %%
+if HAVE_OPTUNA:
+    from optuna.visualization import matplotlib as optuna_plots
+
+    # Optuna's functions make a figure each and switch to the ggplot style:
+    # the context puts matplotlib's style back afterwards.
+    with warnings.catch_warnings(), plt.style.context("default"):
+        warnings.simplefilter("ignore")  # they are marked "experimental"
+        curves = optuna_plots.plot_intermediate_values(tuned.study)
+        curves.get_legend().remove()  # one entry per trial: too many to read
+        curves.set_title("each trial's validation accuracy per epoch (cut short: pruned)")
+        curves.figure.set_size_inches(7, 3.6)
+        curves.figure.tight_layout()
+        curves.figure.savefig(OUT / "search_optuna_curves.png", dpi=90)
+        history = optuna_plots.plot_optimization_history(tuned.study)
+        history.figure.set_size_inches(7, 3.6)
+        history.figure.tight_layout()
+        history.figure.savefig(OUT / "search_optuna_history.png", dpi=90)
+    plt.show()
+
+# %% [markdown]
+# ## 5. A crash under Optuna, and resuming the study
+#
+# With a database, Optuna notices dead workers by their *heartbeat* (each
+# running trial writes a timestamp; a stale one is failed). The journal file
+# has no heartbeat, so the search does it itself: each trial carries its
+# worker in its user attributes, and once the launch is over every trial of
+# a dead worker still RUNNING is set to FAIL with the worker's error. The
+# study in the file stays usable: load it, and run more trials in it.
+
+# %%
+if HAVE_OPTUNA:
+    first = N_OPTUNA  # the number of the first trial of this new run
+
+
+    def fragile_under_optuna(trial):
+        if trial.number == first + 1:
+            os._exit(1)
+        return objective(trial)
+
+    resumed = optuna_search(fragile_under_optuna, DIGITS_SPACE, 6, n_workers=WORKERS, seed=0,
+                            storage=str(journal), sampler="tpe", pruner="median")
+    print(resumed.summary())
+    died = [t for t in resumed.trials if t.number == first + 1][0]
+    print(f"trial {died.number}: {died.state} ({died.error})")
+    study = optuna.load_study(study_name="minidist-search",
+                              storage=optuna.storages.JournalStorage(
+                                  optuna.storages.journal.JournalFileBackend(str(journal))))
+    counts = {}
+    for trial in study.trials:
+        counts[trial.state.name] = counts.get(trial.state.name, 0) + 1
+    print(f"the study in {journal.name}, loaded again: {len(study.trials)} trials {counts}")
+    assert "RUNNING" not in counts and died.state == "failed"
+
+# %% [markdown]
+# ## 6. The test set, once
+#
+# The search chose on the validation split. The chosen trial is trained
+# again (its parameters and its seed: the same model), and the test set,
+# never looked at so far, says how good it is.
+
+# %%
+from minidist.data import load_digits  # noqa: E402
+from minidist.train import evaluate  # noqa: E402
+
+chosen = (tuned if HAVE_OPTUNA else many).best
+print(f"chosen: trial {chosen.number} of the {'Optuna' if HAVE_OPTUNA else 'random'} search, "
+      f"validation {chosen.value:.4f}, params "
+      f"{ {k: round(v, 5) if isinstance(v, float) else v for k, v in chosen.params.items()} }")
+
+
+again, final_model = train_digits_trial(
+    Trial(chosen.number, chosen.params, seed=trial_seed(0, chosen.number), worker=0),
+    data=DATA, return_model=True)
+print(f"trained again from the trial's seed: validation {again:.4f}")
+x_test, y_test = load_digits()[2:]
+print(f"test accuracy {evaluate(final_model, x_test, y_test):.4f} on {len(x_test)} digits "
+      f"never used to choose")
+
+# %% [markdown]
+# ## What to take away
+#
+# * Independent trials need no communication: N workers run N trials at
+#   once, and the search scales with the cores until they run out.
+# * A shared counter hands out trials one at a time, so workers stay busy
+#   when trials cost different amounts (pruning makes them very different)
+#   and a dead worker's share is not lost.
+# * Reproducibility comes from drawing trial k's parameters from (seed, k),
+#   not from a generator per worker. Optuna with one worker and a seeded
+#   sampler is reproducible; with several it is not: what TPE has seen and
+#   which curves the pruner compares with depend on the order trials
+#   finish. That is the price of a sampler that learns from the others.
+# * The state of a search belongs in storage every worker can reach (a
+#   journal file, a database), never in a process: then a crash costs one
+#   trial, and the study can be loaded and resumed.
+#
+# Try: `N_OPTUNA = 200` with `sampler="random"` against `"tpe"`; a wider
+# `hidden` range (`Int(16, 512, log=True)`); the journal on a shared file
+# system, with workers started on several machines.
