@@ -275,7 +275,7 @@ for name, (indices, values) in {
 # %%
 state = C.PowerSGDState(matrix_approximation_rank=2)
 shapes = experiment.parameter_shapes("mlp")
-for (offset, size, n_rows, n_cols, r), shape in zip(state.layout(shapes), shapes):
+for (_offset, size, n_rows, n_cols, r), shape in zip(state.layout(shapes), shapes):
     sent = r * (n_rows + n_cols) if r else size
     print(f"parameter {str(shape):<10} {size:>6} values -> sends {sent:>5} "
           f"({'rank ' + str(r) if r else 'whole: too small to pay'})")

@@ -434,7 +434,7 @@ def powersgd_hook(state: PowerSGDState, bucket) -> np.ndarray:
     dist.all_reduce(first, group=bucket.group, algorithm=bucket.algorithm)
     out = np.empty_like(p)
     ps, offset = [], 0
-    for (o, size, n, m, r) in layout:
+    for (o, size, n, _, r) in layout:
         width = n * r if r else size
         piece = first[offset:offset + width]
         offset += width

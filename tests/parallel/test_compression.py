@@ -234,7 +234,7 @@ def _powersgd_checks():
     """(1) a sum of ranks' gradients of rank <= r comes back exactly; (2)
     with error feedback, the outputs summed over steps plus the ranks'
     residuals equal the summed contributions (nothing lost, only delayed)."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     rng = np.random.default_rng(10 + rank)
     shapes = [(12, 10), (10,)]
     # (1) each rank a rank-1 matrix: their sum has rank <= world <= r = 4

@@ -1,0 +1,213 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lesson 14: faster inference
+#
+# Seed 000 opens with the question every trained network meets: how to make
+# its predictions fast. Four answers, each run and measured here:
+#
+# 1. **batch prediction is embarrassingly parallel**: split the examples
+#    across worker processes, predict, gather in order;
+# 2. **INT8**: store the weights (and compute) in 8-bit integers;
+# 3. **teacher-student compression**: train a small student to imitate a
+#    big teacher (Hinton et al. 2015; FitNets, Romero et al. 2014);
+# 4. **mobile architectures**: MobileNet's depthwise-separable convolution
+#    does a fraction of a standard convolution's multiply-adds.
+#
+# Library code: `minidist/parallel/inference.py` (`parallel_predict`),
+# `minidist/nn/quantization.py` (`quantize`), `minidist/nn/distillation.py`
+# (`DistillationLoss`, `HintRegressor`) with the experiment in
+# `minidist/experiments/distillation.py`, `minidist/nn/mobile.py`
+# (`DepthwiseSeparableConv2d`, the multiply-add counts).
+
+# %%
+import os
+import time
+
+import numpy as np
+
+from minidist import Tensor, nn, no_grad
+from minidist.data import load_digits
+from minidist.experiments import distillation
+from minidist.lesson import output_dir, quick, use_headless_matplotlib
+from minidist.nn import mobile
+from minidist.nn.quantization import model_size_bytes, quantize
+from minidist.parallel.inference import parallel_predict, predict
+from minidist.train import evaluate, train_digits
+
+use_headless_matplotlib()
+import matplotlib.pyplot as plt  # noqa: E402
+
+QUICK = quick()
+OUT = output_dir()
+
+# %% [markdown]
+# ## 1. Batch prediction on N processes
+#
+# Prediction needs no communication between examples: each worker takes a
+# contiguous shard (sizes differ by at most one), predicts it in batches,
+# and the parent puts the shards back in order. The only costs are starting
+# the processes and moving the results. First a model worth predicting with:
+# the digits CNN.
+
+# %%
+trained = train_digits("cnn", epochs=4 if QUICK else 15, progress=False)
+cnn = trained["model"]
+x_train, y_train, x_test, y_test = load_digits(flatten=False)
+copies = 10 if QUICK else 40
+x_many = np.concatenate([x_test] * copies)      # a bigger set: the test digits, repeated
+print(f"{len(x_many):,} images to predict, {os.cpu_count()} cores on this machine")
+
+reference = predict(cnn, x_many, output="labels")
+rows = []
+for workers in (1, 2, 4):
+    begin = time.perf_counter()
+    labels = parallel_predict(cnn, x_many, world_size=workers, output="labels", progress=False)
+    seconds = time.perf_counter() - begin
+    rows.append((workers, seconds, np.array_equal(labels, reference)))
+base = rows[0][1]
+print(f"{'workers':>7} {'seconds':>8} {'images/s':>9} {'speed-up':>9}  same as one process")
+for workers, seconds, same in rows:
+    print(f"{workers:>7} {seconds:8.3f} {len(x_many) / seconds:9,.0f} {base / seconds:8.2f}x  {same}")
+
+figure, axis = plt.subplots(figsize=(5, 3.2))
+axis.bar([str(w) for w, _, _ in rows], [len(x_many) / s for _, s, _ in rows], color="#006BA4")
+axis.set_xlabel("worker processes")
+axis.set_ylabel("images per second")
+axis.set_title(f"parallel prediction of the digits CNN ({os.cpu_count()} cores)")
+figure.tight_layout()
+figure.savefig(OUT / "inference_throughput.png", dpi=100)
+print("saved", OUT / "inference_throughput.png")
+
+# %% [markdown]
+# The predictions are the same bits as one process's, in order, for any
+# number of workers (the tests check N = 1..4 and sizes that N does not
+# divide). The speed-up stops at the number of cores: 4 workers on 2 cores
+# take turns. Each run includes starting the processes, so small data sets
+# gain less; `benchmarks/bench_inference.py` measures throughput with
+# interleaved repeats.
+#
+# ## 2. INT8
+#
+# Post-training quantisation: each output channel's weights get one scale
+# (`max |w_c| / 127`) and become int8; each layer's input gets a scale from
+# a few *calibration* batches run through the float model. A layer then
+# multiplies int8 by int8, adds in int32, and rescales by `s_x * s_w`.
+# `quantize(model, calibration_data)` returns a quantised copy:
+
+# %%
+calibration = x_train[:256]
+quantized = quantize(cnn, calibration)
+float_bytes, int8_bytes = model_size_bytes(cnn), model_size_bytes(quantized)
+float_weights = model_size_bytes(cnn, weights_only=True)
+int8_weights = model_size_bytes(quantized, weights_only=True)
+accuracy_float, accuracy_int8 = evaluate(cnn, x_test, y_test), evaluate(quantized, x_test, y_test)
+
+
+def forward_seconds(model, x, repeats=5):
+    times = []
+    with no_grad():
+        for _ in range(repeats):
+            begin = time.perf_counter()
+            model(Tensor(x))
+            times.append(time.perf_counter() - begin)
+    return float(np.median(times))
+
+
+batch = x_test[:256]
+print(f"{'':<8} {'test acc':>9} {'weights':>9} {'model':>9} {'forward of 256':>15}")
+print(f"{'float32':<8} {100 * accuracy_float:8.2f}% {float_weights:9,} {float_bytes:9,} "
+      f"{1e3 * forward_seconds(cnn, batch):12.2f} ms")
+print(f"{'int8':<8} {100 * accuracy_int8:8.2f}% {int8_weights:9,} {int8_bytes:9,} "
+      f"{1e3 * forward_seconds(quantized, batch):12.2f} ms")
+print(f"weights {float_weights / int8_weights:.1f}x smaller, whole model "
+      f"{float_bytes / int8_bytes:.1f}x (biases and scales stay float32)")
+
+# %% [markdown]
+# Four times smaller weights, the same accuracy to within a point. But
+# *slower* here: NumPy has no integer matrix product in BLAS, so an int32
+# matmul is a plain loop without cache blocking, tens of times slower than
+# float32 BLAS. On hardware with int8 instructions (VNNI, tensor cores) the
+# product is 2-4x faster than float32; in NumPy int8 buys memory, not speed
+# (the benchmark shows that the same integer product done in float32 BLAS,
+# exact up to K = 1040 terms, runs as fast as float32).
+#
+# ## 3. Teacher and student
+#
+# A big teacher (64-256-256-10, 85,002 parameters, trained on all the
+# training digits) and a student 70 times smaller (64-16-10). The student
+# sees only a limited budget of labelled examples, where soft targets
+# matter most. Trained three ways with the same seeds: on the hard labels;
+# with Hinton's `DistillationLoss` (the teacher's outputs softened by a
+# temperature T, weight alpha, times T^2 so their gradient keeps its size as
+# T changes); and FitNets: a thinner, deeper student whose middle layer is
+# first trained, through a `HintRegressor`, to predict the teacher's hidden
+# layer (the hint), then distilled.
+
+# %%
+budgets = (200,) if QUICK else (100, 200, 400)
+seeds = (0, 1, 2) if QUICK else tuple(range(5))
+teacher = distillation.train_teacher(load_digits(flatten=True), seed=0)
+all_results = [distillation.run(seeds=seeds, budget=b, teacher=teacher) for b in budgets]
+for results in all_results:
+    print(distillation.format_table(results))
+    print()
+picture = distillation.plot(all_results, OUT / "distillation.png")
+print("saved", picture)
+last = all_results[0]
+print(f"budget {last['budget']}: Hinton beats hard labels on the mean of {len(seeds)} seeds: "
+      f"{100 * last['mean']['hinton']:.2f} % against {100 * last['mean']['hard']:.2f} %")
+
+# %% [markdown]
+# The soft targets carry what the teacher learned about which digits look
+# alike (a 7 that is a little like a 1), which hard labels cannot say: the
+# distilled student beats the same student on hard labels on the mean of
+# the seeds. FitNets' hints did not add anything over plain distillation of
+# the same thin, deep student on these 8x8 digits: a 3-hidden-layer MLP is
+# not deep enough to need them (Romero et al. used 11- to 19-layer
+# convolutional students).
+#
+# ## 4. Mobile convolutions
+#
+# A standard k x k convolution from C_in to C_out channels does k^2 C_in
+# C_out multiply-adds per output pixel. MobileNet (Howard et al. 2017)
+# splits it into a *depthwise* k x k convolution (one filter per channel,
+# `groups=C_in`: k^2 C_in) and a *pointwise* 1 x 1 one (C_in C_out): the
+# ratio is 1 / C_out + 1 / k^2, about 8-9 times fewer at k = 3.
+
+# %%
+def timed(module, x, repeats=5):
+    return forward_seconds(module, x, repeats)
+
+
+shapes = [(32, 64, 28), (64, 128, 14), (128, 128, 14)]
+print("batch of 8 images; multiply-adds per image, time per batch")
+print(f"{'C_in->C_out, HxW':<18} {'MAdds std':>11} {'MAdds sep':>11} {'ratio':>6} "
+      f"{'ms std':>7} {'ms sep':>7} {'ratio':>6}")
+for c_in, c_out, size in shapes:
+    costs = mobile.compare_costs(c_in, c_out, 3, size, size)
+    x = np.random.default_rng(0).standard_normal((8, c_in, size, size)).astype(np.float32)
+    standard = nn.Conv2d(c_in, c_out, 3, padding=1, bias=False)
+    separable = mobile.DepthwiseSeparableConv2d(c_in, c_out, batch_norm=False).eval()
+    t_standard, t_separable = timed(standard, x), timed(separable, x)
+    print(f"{f'{c_in}->{c_out}, {size}x{size}':<18} {costs['standard_multiply_adds']:11,} "
+          f"{costs['separable_multiply_adds']:11,} {costs['multiply_add_ratio']:6.3f} "
+          f"{1e3 * t_standard:7.2f} {1e3 * t_separable:7.2f} {t_separable / t_standard:6.2f}")
+
+# %% [markdown]
+# The multiply-adds fall 8-9x; the time falls far less (above; 2-3x with
+# one BLAS thread in `benchmarks/bench_mobile.py`). The depthwise half does a few percent of
+# the arithmetic but takes most of the time: 9 multiply-adds per value it
+# reads (memory bound), and products too small for BLAS to be efficient.
+# Counting operations predicts speed only where the arithmetic is the
+# bottleneck.
