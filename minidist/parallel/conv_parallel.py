@@ -99,6 +99,15 @@ def _describe(conv) -> str:
 # =========================================================================== by channel
 
 
+
+def _refuse_grouped(conv, name: str) -> None:
+    """The splits here assume a dense convolution (every output channel
+    reads every input channel); a grouped one would need its own split."""
+    if getattr(conv, "groups", 1) != 1:
+        raise ValueError(f"{name}.from_conv: conv has groups={conv.groups}; only dense "
+                         "convolutions (groups=1) can be split here. Keep a grouped or "
+                         "depthwise convolution whole on every rank.")
+
 class ChannelParallelConv2d(Module):
     """A Conv2d whose output channels are split across the ranks of ``group``.
 
@@ -167,6 +176,7 @@ class ChannelParallelConv2d(Module):
         """This rank's share of ``conv``: its slice of the weight and bias
         (copies), same kernel, stride and padding. Every rank calls it with
         the same ``conv``."""
+        _refuse_grouped(conv, cls.__name__)
         layer = cls(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,
                     conv.padding, bias=conv.bias is not None, group=group,
                     dtype=conv.weight.data.dtype, algorithm=algorithm)
@@ -359,6 +369,7 @@ class SpatialParallelConv2d(Module):
     @classmethod
     def from_conv(cls, conv: Conv2d, group=None) -> SpatialParallelConv2d:
         """A copy of ``conv`` (weights included) that takes a band of rows."""
+        _refuse_grouped(conv, cls.__name__)
         layer = cls(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,
                     conv.padding, bias=conv.bias is not None, group=group,
                     dtype=conv.weight.data.dtype)

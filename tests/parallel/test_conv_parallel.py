@@ -361,3 +361,12 @@ def test_halo_messages_do_not_mix_with_user_messages_of_the_same_tag(tmp_path):
             (peer, tag) for peer in (rank - 1, rank + 1) if 0 <= peer < world
             for tag in (HALO_TAG, HALO_GRAD_TAG)}
         assert channels == {halo_channel}, channels
+
+
+def test_grouped_convolutions_are_refused_by_name():
+    from minidist.parallel.conv_parallel import ChannelParallelConv2d, SpatialParallelConv2d
+
+    depthwise = nn.Conv2d(4, 4, 3, padding=1, groups=4)
+    for cls in (ChannelParallelConv2d, SpatialParallelConv2d):
+        with pytest.raises(ValueError, match=f"{cls.__name__}.from_conv: conv has groups=4"):
+            cls.from_conv(depthwise)
