@@ -349,6 +349,12 @@ def _expected_input(name: str, layer: Module) -> str:
             f"expects (batch, {layer.in_features})")
 
 
+def _quantizable(module) -> bool:
+    """A Linear, or a dense Conv2d (a grouped or depthwise one is left to
+    ``keep_float``: QuantizedConv2d multiplies every input channel)."""
+    return type(module) in QUANTIZABLE and getattr(module, "groups", 1) == 1
+
+
 def quantize(model: Module, calibration_data, keep_float: bool = False, accumulate: str = "int32") -> Module:
     """A quantised copy of ``model``: every Linear and Conv2d replaced by a
     :class:`QuantizedLinear` / :class:`QuantizedConv2d`, in eval mode.
@@ -373,13 +379,14 @@ def quantize(model: Module, calibration_data, keep_float: bool = False, accumula
         raise TypeError(f"quantize needs a minidist.nn.Module, got {type(model).__name__}")
     if accumulate not in ACCUMULATORS:
         raise ValueError(f"accumulate must be one of {ACCUMULATORS}, got {accumulate!r}")
-    layers = [(name, module) for name, module in model.named_modules() if type(module) in QUANTIZABLE]
+    layers = [(name, module) for name, module in model.named_modules() if _quantizable(module)]
     unknown = [(name, module) for name, module in model.named_modules()
-               if type(module) not in QUANTIZABLE and not isinstance(module, _QuantizedLayer)
+               if not _quantizable(module) and not isinstance(module, _QuantizedLayer)
                and any(p is not None for p in module._parameters.values())]
     if unknown and not keep_float:
         listed = ", ".join(f"{name or '(the model)'!r} ({type(module).__name__})" for name, module in unknown)
-        raise TypeError(f"cannot quantise {listed}: quantize knows Linear and Conv2d only, and "
+        raise TypeError(f"cannot quantise {listed}: quantize knows Linear and Conv2d (groups=1) "
+                        "only, and "
                         "this layer holds parameters. Pass keep_float=True to leave such layers "
                         "in float32, or fold it into the layer before it (a BatchNorm into the "
                         "preceding Conv2d/Linear)")
@@ -388,7 +395,7 @@ def quantize(model: Module, calibration_data, keep_float: bool = False, accumula
     batches = _batches(calibration_data)
 
     copied = copy.deepcopy(model)
-    targets = [(name, module) for name, module in copied.named_modules() if type(module) in QUANTIZABLE]
+    targets = [(name, module) for name, module in copied.named_modules() if _quantizable(module)]
     max_abs = {name: None for name, _ in targets}
 
     def observe(name, layer):

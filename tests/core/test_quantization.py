@@ -158,9 +158,18 @@ def test_bad_input_is_named():
 
     with_norm = nn.Sequential(nn.Linear(64, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 10))
     with pytest.raises(TypeError, match=r"cannot quantise '1' \(BatchNorm1d\): quantize knows Linear and "
-                                        r"Conv2d only.*keep_float=True"):
+                                        r"Conv2d \(groups=1\) only.*keep_float=True"):
         quantize(with_norm, x)
     kept = quantize(with_norm, x, keep_float=True)
     assert [type(m).__name__ for m in kept.children()] == ["QuantizedLinear", "BatchNorm1d", "ReLU", "QuantizedLinear"]
     with no_grad():
         assert kept(Tensor(x)).data.shape == (32, 10)
+
+
+def test_a_depthwise_conv_is_named_and_can_stay_float():
+    model = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1, groups=4), nn.ReLU(), nn.Conv2d(4, 2, 1))
+    x = np.random.default_rng(0).standard_normal((8, 4, 6, 6)).astype(np.float32)
+    with pytest.raises(TypeError, match=r"'0' \(Conv2d\).*groups=1"):
+        quantize(model, x)
+    mixed = quantize(model, x, keep_float=True)
+    assert type(mixed[0]) is nn.Conv2d and type(mixed[2]).__name__ == "QuantizedConv2d"
