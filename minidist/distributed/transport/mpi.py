@@ -13,23 +13,27 @@ one, and the engine in :mod:`.base` keeps the unexpected messages itself). So
 this file uses MPI as nothing more than one *channel* per ordered pair of
 ranks, exactly as pipe.py uses a pipe:
 
-* a message is two MPI messages on a private duplicate of
-  ``MPI.COMM_WORLD``: its header (the bytes of :mod:`.message`, MPI tag
-  ``HEADER_TAG``), then, unless it is empty, its payload (the array's own
-  bytes, MPI tag ``PAYLOAD_TAG``; a NumPy buffer, never pickled);
+* a message is MPI messages on a private duplicate of ``MPI.COMM_WORLD``:
+  its header (the bytes of :mod:`.message`, MPI tag ``HEADER_TAG``), then
+  its payload in pieces of at most :data:`CHUNK` bytes, whole elements (the
+  array's own bytes, MPI tag ``PAYLOAD_TAG``; NumPy buffers, never pickled;
+  an empty array has no piece). Both sides cut the same pieces from the
+  byte count and the itemsize, so they need not tell each other;
 * MPI does not overtake messages between one pair with the same tag and
   communicator, so headers arrive in the order they were sent, and so do
-  payloads; the receiver posts each payload's ``Irecv`` right after taking
-  its header, one message per source at a time, so the k-th payload always
-  lands with the k-th header. That per-source FIFO is the channel the engine
-  expects, and the engine does the rest (tags, contexts, ANY_SOURCE, probes,
-  the order of receives): every collective runs on it unchanged;
+  pieces; the receiver posts the receives of a payload right after taking
+  its header, one message per source at a time, so the pieces of the k-th
+  payload always land with the k-th header. That per-source FIFO is the
+  channel the engine expects, and the engine does the rest (tags,
+  contexts, ANY_SOURCE, probes, the order of receives): every collective
+  runs on it unchanged;
 * ``_peek`` is an ``Iprobe`` for a header (received at once: it is small);
-  ``_begin`` posts the payload's ``Irecv`` straight into the receive buffer
-  (a reduce receives into a scratch array, then combines it in one ufunc
-  call); ``_pull`` tests it;
-* ``_push`` posts the two ``Isend`` and reports the send done only when MPI
-  says both completed, so the caller's array is never changed under MPI;
+  ``_begin`` posts the pieces' ``Irecv`` straight into the receive buffer,
+  or, for a reduce, two at a time into two scratch pieces, each combined
+  into the buffer as it completes (so no temporary of the whole message);
+  ``_pull`` tests them;
+* ``_push`` posts all the ``Isend`` and reports the send done only when MPI
+  says all completed, so the caller's array is never changed under MPI;
 * progress: MPI moves bytes only inside MPI calls here (no progress thread),
   which the engine makes all the time while it waits; between them a waiting
   rank naps :data:`NAP` seconds, which leaves the core to the others when
@@ -48,6 +52,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections import deque
 
 import numpy as np
 
@@ -56,6 +61,8 @@ from minidist.distributed.transport.base import Inbound, SendRequest, Transport
 
 HEADER_TAG = 1
 PAYLOAD_TAG = 2
+#: Largest payload piece (bytes): what a reduce holds in scratch, twice.
+CHUNK = 1 << 18
 #: Longest nap of a waiting rank between two looks at MPI (seconds).
 NAP = 1e-4
 
@@ -97,6 +104,24 @@ def load_mpi():
     except ImportError as error:  # mpi4py without a loadable MPI library
         raise ImportError(f"{INSTALL_HINT} ({error})") from error
     return MPI
+
+
+def pieces(nbytes: int, itemsize: int) -> list[tuple[int, int]]:
+    """(offset, length) of each MPI message of a payload: whole elements, at
+    most CHUNK bytes (or one element, if bigger)."""
+    step = max(CHUNK - CHUNK % max(itemsize, 1), itemsize, 1)
+    return [(offset, min(step, nbytes - offset)) for offset in range(0, nbytes, step)]
+
+
+class _Receiving:
+    """A payload arriving from one source: its pieces' Irecvs in flight."""
+
+    __slots__ = ("pieces", "posted", "flight")
+
+    def __init__(self, pieces):
+        self.pieces = pieces
+        self.posted = 0  # pieces whose Irecv is posted
+        self.flight = deque()  # (MPI request, offset, length, scratch or None)
 
 
 class MpiResources:
@@ -150,8 +175,9 @@ class MpiTransport(Transport):
         self._byte = MPI.BYTE
         # Per destination: (the send at the head of its queue, its MPI requests).
         self._sending: list = [None] * world_size
-        # Per source: (the payload's MPI request, scratch array or None).
+        # Per source: the payload arriving (_Receiving), and two scratch pieces for reduces.
         self._receiving: list = [None] * world_size
+        self._scratch: list = [None] * world_size
 
     # ---------------------------------------------------------------- reading
 
@@ -166,27 +192,44 @@ class MpiTransport(Transport):
         return message.decode(data)
 
     def _begin(self, src: int, inbound: Inbound) -> None:
-        nbytes = inbound.header.nbytes
-        if nbytes == 0:
+        header = inbound.header
+        if header.nbytes == 0:
             return
-        target = inbound.sink.direct(0, nbytes)
-        scratch = None
-        if target is None:  # a reduce: receive whole, combine once
-            scratch = target = np.empty(nbytes, np.uint8)
+        receiving = self._receiving[src] = _Receiving(pieces(header.nbytes,
+                                                             header.dtype.itemsize))
+        if inbound.sink.direct(0, header.nbytes) is not None:
+            # A copy: every piece straight into its place in the buffer.
+            while receiving.posted < len(receiving.pieces):
+                self._post_piece(src, inbound, receiving, None)
+            return
+        scratch = self._scratch[src]
+        if scratch is None:
+            scratch = self._scratch[src] = (np.empty(CHUNK, np.uint8), np.empty(CHUNK, np.uint8))
+        for buffer in scratch:
+            if receiving.posted < len(receiving.pieces):
+                self._post_piece(src, inbound, receiving, buffer)
+
+    def _post_piece(self, src, inbound, receiving, scratch) -> None:
+        offset, length = receiving.pieces[receiving.posted]
+        receiving.posted += 1
+        target = inbound.sink.direct(offset, length) if scratch is None else scratch[:length]
         request = self._comm.Irecv([target, self._byte], src, PAYLOAD_TAG)
-        self._receiving[src] = (request, scratch)
+        receiving.flight.append((request, offset, length, scratch))
 
     def _pull(self, src: int, inbound: Inbound) -> bool:
         nbytes = inbound.header.nbytes
-        if inbound.received == nbytes:
-            return True
-        request, scratch = self._receiving[src]
-        if not request.Test():
-            return False
+        receiving = self._receiving[src]
+        while inbound.received < nbytes:
+            request, offset, length, scratch = receiving.flight[0]
+            if not request.Test():
+                return False
+            receiving.flight.popleft()
+            if scratch is not None:
+                inbound.sink.consume(offset, scratch[:length])
+                if receiving.posted < len(receiving.pieces):
+                    self._post_piece(src, inbound, receiving, scratch)
+            inbound.received += length
         self._receiving[src] = None
-        if scratch is not None:
-            inbound.sink.consume(0, scratch)
-        inbound.received = nbytes
         return True
 
     # ---------------------------------------------------------------- writing
@@ -196,8 +239,10 @@ class MpiTransport(Transport):
         if sending is None or sending[0] is not request:
             comm, byte = self._comm, self._byte
             requests = [comm.Isend([request.header, byte], dst, HEADER_TAG)]
-            if request.nbytes:
-                requests.append(comm.Isend([request.payload, byte], dst, PAYLOAD_TAG))
+            payload = request.payload
+            for offset, length in pieces(request.nbytes, request.itemsize):
+                requests.append(comm.Isend([payload[offset:offset + length], byte], dst,
+                                           PAYLOAD_TAG))
             sending = self._sending[dst] = (request, requests)
             request.written = len(request.header)  # handed to MPI: progress
         if not self._MPI.Request.Testall(sending[1]):
@@ -232,9 +277,9 @@ class MpiTransport(Transport):
         if self.closed:
             return
         super().close()
-        for entry in self._receiving:
-            if entry is not None:
+        for receiving in self._receiving:
+            for request, *_ in receiving.flight if receiving is not None else ():
                 try:
-                    entry[0].Cancel()
+                    request.Cancel()
                 except Exception:  # noqa: BLE001 - best effort at shutdown
                     pass
