@@ -52,7 +52,8 @@ def _skip_reason() -> str | None:
 needs_mpi = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
 
 
-def _run(script: Path, ranks: int, timeout: float) -> tuple[subprocess.CompletedProcess, float]:
+def _run(script: Path, ranks: int, timeout: float,
+         extra_env=None) -> tuple[subprocess.CompletedProcess, float]:
     mpiexec = _mpiexec()
     command = [mpiexec, "-n", str(ranks)]
     version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True).stdout
@@ -61,6 +62,7 @@ def _run(script: Path, ranks: int, timeout: float) -> tuple[subprocess.Completed
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("MINIDIST_", "PMI_", "OMPI_", "PMIX_"))}
     env["OPENBLAS_NUM_THREADS"] = "1"
+    env.update(extra_env or {})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     start = time.perf_counter()
     result = subprocess.run(command + [sys.executable, str(script)], capture_output=True,
@@ -100,6 +102,30 @@ def test_a_raising_rank_ends_the_job_naming_itself(tmp_path):
     assert "rank 1 of 3 failed with ValueError: deliberate failure on rank one" in output, output
     assert "MPI_Abort" in output, output
     assert seconds < 30, f"the job took {seconds:.1f} s to end:\n{output}"
+
+
+@needs_mpi
+@pytest.mark.timeout(120)
+def test_traced_like_the_other_transports(tmp_path):
+    import json
+
+    script = tmp_path / "traced.py"
+    script.write_text(textwrap.dedent("""
+        import numpy as np
+        import minidist.distributed as dist
+
+        dist.init_process_group()
+        dist.all_reduce(np.ones(1000), algorithm="ring")
+    """))
+    result, _ = _run(script, 2, timeout=90, extra_env={"MINIDIST_TRACE_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    for rank in (0, 1):
+        lines = (tmp_path / f"rank{rank}.jsonl").read_text().splitlines()
+        events = [json.loads(line) for line in lines[1:]]
+        kinds = sorted(event["kind"] for event in events)
+        assert kinds == ["collective", "recv", "recv", "send", "send"], kinds
+        assert {event["peer"] for event in events if event["kind"] != "collective"} == {1 - rank}
+        assert sum(event["bytes"] for event in events if event["kind"] == "send") == 8000
 
 
 # --------------------------------------------------------------------------- no mpiexec needed
