@@ -129,7 +129,8 @@ def init_process_group(backend: str | None = None, init_method=None, timeout=Non
 
     Under ``minidist run`` everything comes from the environment; under
     :func:`minidist.launch` the process is already initialized and this
-    returns at once. ``backend`` may be a minidist transport ("shm", "pipe") or
+    returns at once; under ``mpiexec`` (MPICH or Open MPI) it joins the MPI
+    job over the "mpi" transport (needs ``pip install -e '.[mpi]'``). ``backend`` may be a minidist transport ("shm", "pipe") or
     a torch backend name ("gloo", ...), which means "whatever the launcher chose".
     """
     transport = transport or (backend if backend not in _TORCH_BACKENDS else None)
