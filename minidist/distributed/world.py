@@ -1,6 +1,6 @@
 """This process's place in the run: its rank, the world group, its transport.
 
-Three ways a process becomes a rank:
+Four ways a process becomes a rank:
 
 * :func:`minidist.launch` forks workers and initializes each one before
   calling the user's function (``init_process_group()`` inside it is then a
@@ -9,6 +9,10 @@ Three ways a process becomes a rank:
   ``MINIDIST_WORLD_SIZE``, ``MINIDIST_TRANSPORT`` and ``MINIDIST_RUN`` (where to
   find the shared resources) in their environment; the script calls
   :func:`init_process_group`, which reads them;
+* ``mpiexec -n N python script.py`` (MPICH or Open MPI): the script calls
+  :func:`init_process_group`, which sees mpiexec's variables (``PMI_RANK``,
+  ``OMPI_COMM_WORLD_RANK``, ...) and joins over the mpi transport; a rank
+  that raises names itself and its error, then ends the job (MPI_Abort);
 * ``init_process_group(world_size=1)`` with no launcher: a world of one, so a
   script can also run alone.
 
@@ -46,7 +50,7 @@ class World:
         self.transport = transport
         self.control = control
         self.resources = resources
-        self.mode = mode  # "launch", "run" or "single"
+        self.mode = mode  # "launch", "run", "mpi" or "single"
         self.group = ProcessGroup(transport, range(world_size), 0)
         self.groups_created = 0
         self.failed = False
@@ -125,7 +129,8 @@ def init_process_group(backend: str | None = None, init_method=None, timeout=Non
 
     Under ``minidist run`` everything comes from the environment; under
     :func:`minidist.launch` the process is already initialized and this
-    returns at once. ``backend`` may be a minidist transport ("shm", "pipe") or
+    returns at once; under ``mpiexec`` (MPICH or Open MPI) it joins the MPI
+    job over the "mpi" transport (needs ``pip install -e '.[mpi]'``). ``backend`` may be a minidist transport ("shm", "pipe") or
     a torch backend name ("gloo", ...), which means "whatever the launcher chose".
     """
     transport = transport or (backend if backend not in _TORCH_BACKENDS else None)
@@ -135,8 +140,17 @@ def init_process_group(backend: str | None = None, init_method=None, timeout=Non
     if init_method not in (None, "env://"):
         raise ValueError(f"init_method {init_method!r} is not supported; minidist's launchers "
                          "pass everything through the environment (env://)")
+    from minidist.distributed.transport.mpi import launched_by_mpi
+
     if "MINIDIST_RANK" in os.environ:
         _init_from_environment(transport, world_size, rank, timeout, log_level)
+    elif launched_by_mpi():
+        _init_from_mpi(transport, world_size, rank, timeout)
+    elif transport == "mpi":
+        raise RuntimeError(
+            "init_process_group(transport='mpi'): this process was not started by mpiexec "
+            "(no PMI_RANK or OMPI_COMM_WORLD_RANK in its environment). Start the script "
+            "with `mpiexec -n 4 python script.py`.")
     elif world_size in (-1, 1, None) and rank in (-1, 0, None):
         if world_size in (-1, None):
             raise RuntimeError(
@@ -218,9 +232,56 @@ def _init_from_environment(transport, world_size, rank, timeout, log_level) -> N
     atexit.register(_finish_script)
 
 
+def _init_from_mpi(transport, world_size, rank, timeout) -> None:
+    """Join the run mpiexec started, over the mpi transport. No minidist parent
+    watches these ranks: the control block is this process's own, and a rank
+    that raises reports itself and ends the job with MPI_Abort (no hang).
+    ``MINIDIST_TRACE_DIR`` set: each rank writes ``rank<r>.jsonl`` there at exit."""
+    from minidist.distributed.transport.mpi import MpiResources, mpi_environment
+
+    env_rank, env_world = mpi_environment()
+    if transport not in (None, "mpi"):
+        raise ValueError(f"init_process_group asks for transport {transport!r}, but this "
+                         "process was started by mpiexec: only 'mpi' can connect it")
+    if world_size not in (-1, None) and world_size != env_world:
+        raise ValueError(f"init_process_group(world_size={world_size}), but mpiexec "
+                         f"started {env_world} ranks")
+    if rank not in (-1, None) and rank != env_rank:
+        raise ValueError(f"init_process_group(rank={rank}), but mpiexec made this process "
+                         f"rank {env_rank}")
+    resources = MpiResources.from_environment()
+    trace_dir = os.environ.get("MINIDIST_TRACE_DIR")
+    if trace_dir:
+        _trace.start_recording(resources.rank)
+    control = ctl.ControlBlock.local(resources.world_size)
+    for other in range(resources.world_size):
+        control.set_state(other, ctl.RUNNING, _trace.now())
+    op_timeout = _seconds(timeout) if timeout is not None else DEFAULT_TIMEOUT
+    world = start_worker(resources.rank, resources.world_size, resources, control, op_timeout,
+                         "mpi")
+    world.trace_dir = trace_dir
+    previous_hook = sys.excepthook
+
+    def abort_job(kind, value, tb):
+        if _world is None:
+            previous_hook(kind, value, tb)
+            return
+        mark_failed()
+        text = "".join(traceback.format_exception(kind, value, tb))
+        sys.stderr.write(f"minidist: rank {world.rank} of {world.world_size} failed with "
+                         f"{kind.__name__}: {value}\n{text}"
+                         "minidist: ending the job (MPI_Abort)\n")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        resources.abort(1)
+
+    sys.excepthook = abort_job
+    atexit.register(_finish_script)
+
+
 def _finish_script() -> None:
     world = _world
-    if world is None or world.mode != "run":
+    if world is None or world.mode not in ("run", "mpi"):
         return
     trace_dir = world.trace_dir
     try:

@@ -5,6 +5,8 @@
 * :mod:`.pipe`    one OS pipe per pair of ranks: simplest, for reading first
 * :mod:`.shm`     rings of slots in shared memory, doorbells to sleep on: fast
 * :mod:`.doorbell` process-shared semaphores living in shared memory
+* :mod:`.mpi`     MPI point-to-point (mpi4py), for scripts started by ``mpiexec``
+  (joined by ``init_process_group()``, not started by launch)
 * :mod:`.sim`     many simulated ranks in one process, on a virtual clock
   (driven by :func:`minidist.distributed.simulator.simulate`, not by launch)
 
@@ -25,10 +27,13 @@ from minidist.distributed.transport.base import (
     Transport,
 )
 
+#: What minidist.launch and `minidist run` can start workers on.
 TRANSPORTS = ("shm", "pipe")
+#: Transports that exist but that those launchers cannot start (see check_name).
+OTHER_TRANSPORTS = ("mpi", "sim")
 
 __all__ = ["ANY_SOURCE", "ANY_TAG", "MessageInfo", "Request", "Transport", "TRANSPORTS",
-           "create_resources", "resources_from_spec", "check_name", "default_spin_ns"]
+           "OTHER_TRANSPORTS", "create_resources", "resources_from_spec", "check_name", "default_spin_ns"]
 
 
 def check_name(name: str) -> str:
@@ -39,6 +44,12 @@ def check_name(name: str) -> str:
             "`minidist simulate all_reduce -n 1024 --size 100MB` or "
             "minidist.distributed.simulate('all_reduce', 'ring', world_size=1024, "
             "nbytes=100_000_000).")
+    if name == "mpi":
+        raise ValueError(
+            "the 'mpi' transport joins processes that mpiexec started; minidist.launch and "
+            "`minidist run` start their own. Run the script as `mpiexec -n 4 python "
+            "script.py`, with dist.init_process_group() in it: under mpiexec it picks the "
+            "mpi transport by itself (needs `pip install -e '.[mpi]'`).")
     if name not in TRANSPORTS:
         raise ValueError(f"unknown transport {name!r}; choose one of {list(TRANSPORTS)}")
     return name

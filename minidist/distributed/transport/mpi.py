@@ -1,0 +1,285 @@
+"""The mpi transport: minidist's messages over MPI point-to-point.
+
+For a script started by ``mpiexec -n 4 python script.py`` (MPICH or Open MPI):
+``dist.init_process_group()`` sees the launcher's environment (``PMI_RANK`` /
+``PMI_SIZE``, ``OMPI_COMM_WORLD_RANK`` / ``_SIZE``) and connects this
+transport. The only file of minidist that imports mpi4py, and only when an
+MPI run is actually joined (``pip install -e '.[mpi]'`` installs it).
+
+How a minidist message travels. MPI already is a reliable, ordered, tagged
+message layer, but its matching is not minidist's (a minidist tag is 64 bits
+and comes with a context, receives may go into a buffer or be reduced into
+one, and the engine in :mod:`.base` keeps the unexpected messages itself). So
+this file uses MPI as nothing more than one *channel* per ordered pair of
+ranks, exactly as pipe.py uses a pipe:
+
+* a message is MPI messages on a private duplicate of ``MPI.COMM_WORLD``:
+  its header (the bytes of :mod:`.message`, MPI tag ``HEADER_TAG``), then
+  its payload in pieces of at most :data:`CHUNK` bytes, whole elements (the
+  array's own bytes, MPI tag ``PAYLOAD_TAG``; NumPy buffers, never pickled;
+  an empty array has no piece). Both sides cut the same pieces from the
+  byte count and the itemsize, so they need not tell each other;
+* MPI does not overtake messages between one pair with the same tag and
+  communicator, so headers arrive in the order they were sent, and so do
+  pieces; the receiver posts the receives of a payload right after taking
+  its header, one message per source at a time, so the pieces of the k-th
+  payload always land with the k-th header. That per-source FIFO is the
+  channel the engine expects, and the engine does the rest (tags,
+  contexts, ANY_SOURCE, probes, the order of receives): every collective
+  runs on it unchanged;
+* ``_peek`` is an ``Iprobe`` for a header (received at once: it is small);
+  ``_begin`` posts the pieces' ``Irecv`` straight into the receive buffer,
+  or, for a reduce, two at a time into two scratch pieces, each combined
+  into the buffer as it completes (so no temporary of the whole message);
+  ``_pull`` tests them;
+* ``_push`` posts all the ``Isend`` and reports the send done only when MPI
+  says all completed, so the caller's array is never changed under MPI;
+* progress: MPI moves bytes only inside MPI calls here (no progress thread),
+  which the engine makes all the time while it waits; between them a waiting
+  rank naps :data:`NAP` seconds, which leaves the core to the others when
+  ranks outnumber cores.
+
+Failures. Under ``mpiexec`` there is no minidist parent watching the ranks,
+so the control block is a private one (abort flag never raised by anyone,
+peers' status records unknown): a rank that raises reports its rank and
+error on stderr, then calls ``MPI_Abort``, which ends every rank of the job
+(see :func:`minidist.distributed.world.init_process_group`). A dead peer is
+MPI's business: it ends the job too.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections import deque
+
+import numpy as np
+
+from minidist.distributed.transport import message
+from minidist.distributed.transport.base import Inbound, SendRequest, Transport
+
+HEADER_TAG = 1
+PAYLOAD_TAG = 2
+#: Largest payload piece (bytes): what a reduce holds in scratch, twice.
+CHUNK = 1 << 18
+#: Longest nap of a waiting rank between two looks at MPI (seconds).
+NAP = 1e-4
+
+INSTALL_HINT = ("the 'mpi' transport needs mpi4py and an MPI library: pip install -e '.[mpi]' "
+                "(mpi4py and the `mpich` wheel, which also provides mpiexec), or "
+                "`pip install mpi4py` over a system MPICH / Open MPI")
+
+_RANK_VARIABLES = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
+                   ("PMIX_RANK", "OMPI_COMM_WORLD_SIZE"))
+
+
+def mpi_environment(environ=None) -> tuple[int, int] | None:
+    """(rank, world size) as mpiexec set them, or None. Reads the environment
+    only: nothing is imported."""
+    environ = os.environ if environ is None else environ
+    for rank, size in _RANK_VARIABLES:
+        if rank in environ and size in environ:
+            return int(environ[rank]), int(environ[size])
+    return None
+
+
+def launched_by_mpi(environ=None) -> bool:
+    """Was this process started by mpiexec (MPICH's hydra or Open MPI)?"""
+    return mpi_environment(environ) is not None
+
+
+def load_mpi():
+    """mpi4py's MPI module (initializing MPI), or an ImportError that says how to install it."""
+    try:
+        import mpi4py
+    except ImportError as error:
+        raise ImportError(INSTALL_HINT) from error
+    if "mpi4py.MPI" not in sys.modules:
+        # One thread per process talks to minidist (see minidist.distributed):
+        # ask for no more than that, which spares MPICH its locks.
+        mpi4py.rc.thread_level = "funneled"
+    try:
+        from mpi4py import MPI
+    except ImportError as error:  # mpi4py without a loadable MPI library
+        raise ImportError(f"{INSTALL_HINT} ({error})") from error
+    return MPI
+
+
+def pieces(nbytes: int, itemsize: int) -> list[tuple[int, int]]:
+    """(offset, length) of each MPI message of a payload: whole elements, at
+    most CHUNK bytes (or one element, if bigger)."""
+    step = max(CHUNK - CHUNK % max(itemsize, 1), itemsize, 1)
+    return [(offset, min(step, nbytes - offset)) for offset in range(0, nbytes, step)]
+
+
+class _Receiving:
+    """A payload arriving from one source: its pieces' Irecvs in flight."""
+
+    __slots__ = ("pieces", "posted", "flight")
+
+    def __init__(self, pieces):
+        self.pieces = pieces
+        self.posted = 0  # pieces whose Irecv is posted
+        self.flight = deque()  # (MPI request, offset, length, scratch or None)
+
+
+class MpiResources:
+    """The MPI side of a run: a private duplicate of COMM_WORLD."""
+
+    name = "mpi"
+
+    def __init__(self, MPI, comm):
+        self.MPI = MPI
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.world_size = comm.Get_size()
+
+    @classmethod
+    def from_environment(cls) -> MpiResources:
+        MPI = load_mpi()
+        # A duplicate, so that minidist's two tags cannot meet a message the
+        # script itself sends over COMM_WORLD with mpi4py.
+        return cls(MPI, MPI.COMM_WORLD.Dup())
+
+    def connect(self, rank: int, control, timeout, spin_ns: int) -> MpiTransport:
+        if rank != self.rank:
+            raise ValueError(f"connect({rank}) on MPI rank {self.rank}")
+        return MpiTransport(rank, self.world_size, self.MPI, self.comm, control, timeout,
+                            spin_ns)
+
+    def abort(self, code: int = 1) -> None:
+        """End every rank of the job (MPI_Abort on COMM_WORLD)."""
+        self.MPI.COMM_WORLD.Abort(code)
+
+    def wake_all(self) -> None:
+        """Nobody sleeps inside MPI: waiting ranks nap and look again."""
+
+    def close(self) -> None:
+        """The duplicate lives until MPI_Finalize (mpi4py calls it at exit)."""
+
+    def unlink(self) -> None:
+        """Nothing has a name."""
+
+
+class MpiTransport(Transport):
+    """Point-to-point messages over MPI Isend / Irecv on NumPy buffers."""
+
+    name = "mpi"
+
+    def __init__(self, rank, world_size, MPI, comm, control, timeout=None, spin_ns=0):
+        super().__init__(rank, world_size, control, timeout, spin_ns)
+        self._MPI = MPI
+        self._comm = comm
+        self._status = MPI.Status()
+        self._byte = MPI.BYTE
+        # Per destination: (the send at the head of its queue, its MPI requests).
+        self._sending: list = [None] * world_size
+        # Per source: the payload arriving (_Receiving), and two scratch pieces for reduces.
+        self._receiving: list = [None] * world_size
+        self._scratch: list = [None] * world_size
+
+    # ---------------------------------------------------------------- reading
+
+    def _peek(self, src: int):
+        comm, status = self._comm, self._status
+        if not comm.Iprobe(src, HEADER_TAG, status):
+            return None
+        data = bytearray(status.Get_count(self._byte))
+        # Taken out of MPI at once (it is small): the engine keeps the
+        # decoded header until it begins the message.
+        comm.Recv([data, self._byte], src, HEADER_TAG)
+        return message.decode(data)
+
+    def _begin(self, src: int, inbound: Inbound) -> None:
+        header = inbound.header
+        if header.nbytes == 0:
+            return
+        receiving = self._receiving[src] = _Receiving(pieces(header.nbytes,
+                                                             header.dtype.itemsize))
+        if inbound.sink.direct(0, header.nbytes) is not None:
+            # A copy: every piece straight into its place in the buffer.
+            while receiving.posted < len(receiving.pieces):
+                self._post_piece(src, inbound, receiving, None)
+            return
+        scratch = self._scratch[src]
+        if scratch is None:
+            scratch = self._scratch[src] = (np.empty(CHUNK, np.uint8), np.empty(CHUNK, np.uint8))
+        for buffer in scratch:
+            if receiving.posted < len(receiving.pieces):
+                self._post_piece(src, inbound, receiving, buffer)
+
+    def _post_piece(self, src, inbound, receiving, scratch) -> None:
+        offset, length = receiving.pieces[receiving.posted]
+        receiving.posted += 1
+        target = inbound.sink.direct(offset, length) if scratch is None else scratch[:length]
+        request = self._comm.Irecv([target, self._byte], src, PAYLOAD_TAG)
+        receiving.flight.append((request, offset, length, scratch))
+
+    def _pull(self, src: int, inbound: Inbound) -> bool:
+        nbytes = inbound.header.nbytes
+        receiving = self._receiving[src]
+        while inbound.received < nbytes:
+            request, offset, length, scratch = receiving.flight[0]
+            if not request.Test():
+                return False
+            receiving.flight.popleft()
+            if scratch is not None:
+                inbound.sink.consume(offset, scratch[:length])
+                if receiving.posted < len(receiving.pieces):
+                    self._post_piece(src, inbound, receiving, scratch)
+            inbound.received += length
+        self._receiving[src] = None
+        return True
+
+    # ---------------------------------------------------------------- writing
+
+    def _push(self, dst: int, request: SendRequest) -> bool:
+        sending = self._sending[dst]
+        if sending is None or sending[0] is not request:
+            comm, byte = self._comm, self._byte
+            requests = [comm.Isend([request.header, byte], dst, HEADER_TAG)]
+            payload = request.payload
+            for offset, length in pieces(request.nbytes, request.itemsize):
+                requests.append(comm.Isend([payload[offset:offset + length], byte], dst,
+                                           PAYLOAD_TAG))
+            sending = self._sending[dst] = (request, requests)
+            request.written = len(request.header)  # handed to MPI: progress
+        if not self._MPI.Request.Testall(sending[1]):
+            return False
+        self._sending[dst] = None
+        request.written = len(request.header) + request.nbytes
+        return True
+
+    # ---------------------------------------------------------------- waiting
+
+    def _sleep(self, seconds: float) -> None:
+        time.sleep(max(min(seconds, NAP), 0.0))
+
+    def _timeout_error(self, op, peer, tag, context, timeout, current):
+        # The control block is private under MPI: the other ranks' records
+        # say nothing, so the report shows this rank's and what reached it.
+        from minidist.runtime.desync import format_report
+        from minidist.runtime.errors import CommTimeoutError
+
+        report = format_report([self._control.status(self.rank)], self.rank, current,
+                               self.describe_context)
+        report += self._unmatched_report(peer, tag, context)
+        what = self._describe(op, peer, tag, context)
+        return CommTimeoutError(
+            f"rank {self.rank} timed out after {timeout:g} s waiting in {what}.\n"
+            "What this rank was doing (under mpiexec the other ranks' states are not "
+            f"shared):\n{report}\nIf the other side is only slow, pass a longer timeout "
+            "(init_process_group(timeout=...) or timeout= on the call).",
+            operation=what, peer=peer, tag=tag, report=report)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        super().close()
+        for receiving in self._receiving:
+            for request, *_ in receiving.flight if receiving is not None else ():
+                try:
+                    request.Cancel()
+                except Exception:  # noqa: BLE001 - best effort at shutdown
+                    pass
