@@ -28,6 +28,7 @@ import datetime
 import json
 import os
 import sys
+import time
 import traceback
 
 from minidist import trace as _trace
@@ -273,6 +274,11 @@ def _init_from_mpi(transport, world_size, rank, timeout) -> None:
                          "minidist: ending the job (MPI_Abort)\n")
         sys.stderr.flush()
         sys.stdout.flush()
+        # mpiexec forwards each rank's output through its process manager,
+        # and MPI_Abort tears that down at once: on a loaded machine the lines
+        # just written were lost (CI saw an empty output). Give the forwarder
+        # a moment before the abort.
+        time.sleep(0.5)
         resources.abort(1)
 
     sys.excepthook = abort_job

@@ -99,7 +99,8 @@ def test_a_raising_rank_ends_the_job_naming_itself(tmp_path):
     result, seconds = _run(script, 3, timeout=90)
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
-    assert "rank 1 of 3 failed with ValueError: deliberate failure on rank one" in output, output
+    assert "rank 1 of 3 failed with ValueError: deliberate failure on rank one" in output, \
+        f"mpiexec returned {result.returncode} with output: {output!r}"
     assert "MPI_Abort" in output, output
     assert seconds < 30, f"the job took {seconds:.1f} s to end:\n{output}"
 
