@@ -220,7 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start N workers running SCRIPT; each calls dist.init_process_group().",
     )
     run.add_argument("-n", "--nproc", type=int, required=True, help="number of worker processes")
-    run.add_argument("--transport", default="shm", choices=["shm", "pipe"])
+    run.add_argument("--transport", default="shm", choices=["shm", "pipe", "mpi"],
+                     help="shm, pipe, or mpi (starts the ranks with mpiexec)")
     run.add_argument("--trace", default=None, help="write the trace (JSON lines) to this file")
     run.add_argument("--timeout", type=float, default=None, help="seconds before a hung run is stopped")
     run.add_argument("script")

@@ -184,3 +184,33 @@ def test_only_the_mpi_transport_imports_mpi4py():
                  if any(line.lstrip().startswith(("import mpi4py", "from mpi4py"))
                         for line in path.read_text().splitlines())]
     assert importers == ["minidist/distributed/transport/mpi.py"]
+
+
+@needs_mpi
+@pytest.mark.timeout(120)
+def test_minidist_run_starts_the_script_with_mpiexec_and_cleans_up(tmp_path):
+    """``minidist run --transport mpi`` runs the same script under mpiexec; a
+    rank that raises is named, the status is non-zero, and the segment MPICH
+    leaves on MPI_Abort is removed."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("MINIDIST_", "PMI_", "OMPI_", "PMIX_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    cli = [sys.executable, "-m", "minidist.cli", "run", "--transport", "mpi"]
+    ok = subprocess.run(cli + ["-n", "2", str(ROOT / "examples" / "hello.py")], env=env,
+                        capture_output=True, text=True, timeout=100, cwd=ROOT)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.stdout.count("the ring of 2 ranks added up to 1 (expected 1)") == 2, ok.stdout
+    script = tmp_path / "raises.py"
+    script.write_text("import numpy as np\nimport minidist.distributed as dist\n"
+                      "dist.init_process_group()\ndist.all_reduce(np.ones(4))\n"
+                      "if dist.get_rank() == 1:\n    raise ValueError('boom on one')\n"
+                      "dist.recv(np.empty(4), src=1)\n")
+    before = _mpich_segments()
+    failed = subprocess.run(cli + ["-n", "3", str(script)], env=env, capture_output=True,
+                            text=True, timeout=100, cwd=ROOT)
+    assert failed.returncode != 0
+    assert "rank 1 of 3 failed with ValueError: boom on one" in failed.stderr, failed.stderr
+    assert _mpich_segments() <= before
+    wrong = subprocess.run(cli + ["-n", "2", "--trace", "t.jsonl", str(script)], env=env,
+                           capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert wrong.returncode != 0 and "MINIDIST_TRACE_DIR" in wrong.stderr
