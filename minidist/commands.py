@@ -151,11 +151,22 @@ def simulate_command(args) -> int:
 # --------------------------------------------------------------------------- minidist run
 
 
-def _mpich_segments() -> set[str]:
+def mpich_segments() -> set[str]:
+    """The names of MPICH's shared-memory segments in /dev/shm now."""
     try:
         return {name for name in os.listdir("/dev/shm") if name.startswith("mpich_shm_")}
     except OSError:
         return set()
+
+
+def remove_mpich_segments_since(before: set[str]) -> None:
+    """Remove the segments MPICH created since ``before`` (it leaves them
+    behind when a job ends by MPI_Abort; a normal exit removes its own)."""
+    for name in mpich_segments() - before:
+        try:
+            os.unlink(os.path.join("/dev/shm", name))
+        except OSError:
+            pass
 
 
 def _run_under_mpiexec(args, world_size: int) -> int:
@@ -190,16 +201,12 @@ def _run_under_mpiexec(args, world_size: int) -> int:
            if not key.startswith(("MINIDIST_RANK", "MINIDIST_WORLD_SIZE", "MINIDIST_RUN",
                                   "MINIDIST_TRANSPORT"))}
     warn_if_oversubscribed(world_size)
-    before = _mpich_segments()
+    before = mpich_segments()
     try:
         return subprocess.run(command + [sys.executable, args.script, *script_args],
                               env=env).returncode
     finally:
-        for name in _mpich_segments() - before:
-            try:
-                os.unlink(os.path.join("/dev/shm", name))
-            except OSError:
-                pass
+        remove_mpich_segments_since(before)
 
 
 def run_command(args) -> int:

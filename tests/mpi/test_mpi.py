@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from minidist.commands import mpich_segments, remove_mpich_segments_since
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 SUITE = HERE / "collectives_under_mpi.py"
@@ -64,7 +66,7 @@ def _run(script: Path, ranks: int, timeout: float,
     env["OPENBLAS_NUM_THREADS"] = "1"
     env.update(extra_env or {})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    before = _mpich_segments()
+    before = mpich_segments()
     start = time.perf_counter()
     try:
         result = subprocess.run(command + [sys.executable, str(script)], capture_output=True,
@@ -72,19 +74,8 @@ def _run(script: Path, ranks: int, timeout: float,
     finally:
         # MPICH leaves its shared-memory segment behind when a job ends by
         # MPI_Abort (3 MB per aborted 3-rank job): remove what this run left.
-        for name in _mpich_segments() - before:
-            try:
-                os.unlink(os.path.join("/dev/shm", name))
-            except OSError:
-                pass
+        remove_mpich_segments_since(before)
     return result, time.perf_counter() - start
-
-
-def _mpich_segments() -> set[str]:
-    try:
-        return {name for name in os.listdir("/dev/shm") if name.startswith("mpich_shm_")}
-    except OSError:
-        return set()
 
 
 @needs_mpi
@@ -205,12 +196,12 @@ def test_minidist_run_starts_the_script_with_mpiexec_and_cleans_up(tmp_path):
                       "dist.init_process_group()\ndist.all_reduce(np.ones(4))\n"
                       "if dist.get_rank() == 1:\n    raise ValueError('boom on one')\n"
                       "dist.recv(np.empty(4), src=1)\n")
-    before = _mpich_segments()
+    before = mpich_segments()
     failed = subprocess.run(cli + ["-n", "3", str(script)], env=env, capture_output=True,
                             text=True, timeout=100, cwd=ROOT)
     assert failed.returncode != 0
     assert "rank 1 of 3 failed with ValueError: boom on one" in failed.stderr, failed.stderr
-    assert _mpich_segments() <= before
+    assert mpich_segments() <= before
     wrong = subprocess.run(cli + ["-n", "2", "--trace", "t.jsonl", str(script)], env=env,
                            capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert wrong.returncode != 0 and "MINIDIST_TRACE_DIR" in wrong.stderr
