@@ -30,6 +30,11 @@ OPS = ("sum", "max")
 LARGE = (1 << 17) + 5
 
 
+def names(collective: str) -> list[str]:
+    """The course's algorithms of ``collective``, then MPI's own ("native")."""
+    return list(ALGORITHMS[collective]) + ["native"]
+
+
 def sizes(n: int) -> list[int]:
     return sorted({0, 1, max(n - 1, 1), 7 * n + 3, LARGE})
 
@@ -128,28 +133,28 @@ def collectives(c: Checker) -> None:
         for dtype in DTYPES:
             for root in sorted({0, n - 1}):
                 salt = 1
-                for algorithm in ALGORITHMS["broadcast"]:
+                for algorithm in names("broadcast"):
                     array = make(rank, count, dtype, salt) if rank == root else \
                         np.zeros(count, dtype)
                     dist.broadcast(array, src=root, algorithm=algorithm)
                     c.check(f"broadcast/{algorithm} {count} {dtype} root {root}", array,
                             make(root, count, dtype, salt), dtype)
                 for op in OPS:
-                    for algorithm in ALGORITHMS["reduce"]:
+                    for algorithm in names("reduce"):
                         array = make(rank, count, dtype, 2).copy()
                         dist.reduce(array, dst=root, op=op, algorithm=algorithm)
                         if rank == root:
                             c.check(f"reduce/{algorithm} {op} {count} {dtype} root {root}",
                                     array, combine([make(r, count, dtype, 2) for r in everyone],
                                                    op, dtype), dtype)
-                for algorithm in ALGORITHMS["scatter"]:
+                for algorithm in names("scatter"):
                     pieces = [make(r, count, dtype, 3) for r in everyone] if rank == root \
                         else None
                     out = np.zeros(count, dtype)
                     dist.scatter(out, pieces, src=root, algorithm=algorithm)
                     c.check(f"scatter/{algorithm} {count} {dtype} root {root}", out,
                             make(rank, count, dtype, 3), dtype)
-                for algorithm in ALGORITHMS["gather"]:
+                for algorithm in names("gather"):
                     pieces = [np.zeros(count, dtype) for _ in everyone] if rank == root \
                         else None
                     dist.gather(make(rank, count, dtype, 4), pieces, dst=root,
@@ -160,26 +165,26 @@ def collectives(c: Checker) -> None:
                                 np.concatenate([make(r, count, dtype, 4) for r in everyone]),
                                 dtype)
             for op in OPS + (("avg",) if dtype.startswith("float") else ()):
-                for algorithm in ALGORITHMS["all_reduce"]:
+                for algorithm in names("all_reduce"):
                     array = make(rank, count, dtype, 5).copy()
                     dist.all_reduce(array, op=op, algorithm=algorithm)
                     c.check(f"all_reduce/{algorithm} {op} {count} {dtype}", array,
                             combine([make(r, count, dtype, 5) for r in everyone], op, dtype),
                             dtype)
             for op in OPS:
-                for algorithm in ALGORITHMS["reduce_scatter"]:
+                for algorithm in names("reduce_scatter"):
                     out = np.zeros(count, dtype)
                     dist.reduce_scatter_tensor(out, make(rank, n * count, dtype, 6), op=op,
                                                algorithm=algorithm)
                     full = combine([make(r, n * count, dtype, 6) for r in everyone], op, dtype)
                     c.check(f"reduce_scatter/{algorithm} {op} {count} {dtype}", out,
                             full[rank * count:(rank + 1) * count], dtype)
-            for algorithm in ALGORITHMS["all_gather"]:
+            for algorithm in names("all_gather"):
                 parts = [np.zeros(count, dtype) for _ in everyone]
                 dist.all_gather(parts, make(rank, count, dtype, 7), algorithm=algorithm)
                 c.check(f"all_gather/{algorithm} {count} {dtype}", np.concatenate(parts),
                         np.concatenate([make(r, count, dtype, 7) for r in everyone]), dtype)
-            for algorithm in ALGORITHMS["all_to_all"]:
+            for algorithm in names("all_to_all"):
                 source = make(rank, n * count, dtype, 8)
                 out = np.zeros(n * count, dtype)
                 dist.all_to_all_single(out, source, algorithm=algorithm)
@@ -187,10 +192,31 @@ def collectives(c: Checker) -> None:
                         np.concatenate([make(r, n * count, dtype, 8)[rank * count:
                                                                      (rank + 1) * count]
                                         for r in everyone]), dtype)
-    for algorithm in ALGORITHMS["barrier"]:
+    for algorithm in names("barrier"):
         for _ in range(3):
             dist.barrier(algorithm=algorithm)
         c.cases += 1
+
+
+def native_extras(c: Checker) -> None:
+    """algorithm="native" on a subgroup, with async_op, and beside a ring."""
+    rank, n = c.rank, c.n
+    members = list(range(1, n)) if n > 2 else [0, 1]
+    group = dist.new_group(members)
+    if rank in members:
+        array = np.full(5, float(rank))
+        dist.all_reduce(array, group=group, algorithm="native")
+        c.check("native all_reduce on a subgroup", array, [float(sum(members))] * 5,
+                "float64")
+        last = np.array([rank], np.int32) if rank == members[-1] else np.zeros(1, np.int32)
+        dist.broadcast(last, src=len(members) - 1, group=group, algorithm="native")
+        c.check("native broadcast on a subgroup", last, [members[-1]], "int32")
+    work = dist.all_reduce(np.ones(3), algorithm="native", async_op=True)
+    work.wait()
+    ring, mpis = make(rank, 1000, "float64", 11), make(rank, 1000, "float64", 11)
+    dist.all_reduce(ring, algorithm="ring")
+    dist.all_reduce(mpis, algorithm="native")
+    c.check("ring and native agree", ring, mpis, "float64")
 
 
 def main() -> int:
@@ -204,13 +230,14 @@ def main() -> int:
     checker = Checker(rank, n)
     point_to_point(checker)
     collectives(checker)
+    native_extras(checker)
     algorithms = sum(len(names) for names in ALGORITHMS.values())
     for failure in checker.failures[:20]:
         print(f"rank {rank}: FAIL {failure}", flush=True)
     flag = np.array([len(checker.failures)], np.int64)
     dist.all_reduce(flag)
     if rank == 0:
-        print(f"mpi transport, {n} ranks: {algorithms} algorithms, {checker.cases} checks on "
+        print(f"mpi transport, {n} ranks: {algorithms} algorithms and MPI's own, {checker.cases} checks on "
               f"rank 0, {int(flag[0])} failures over all ranks, "
               f"{time.perf_counter() - start:.1f} s", flush=True)
     return 1 if flag[0] else 0

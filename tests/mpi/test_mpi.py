@@ -150,6 +150,31 @@ def test_launchers_refuse_mpi_and_say_to_use_mpiexec():
         minidist.launch(lambda: None, world_size=2, transport="mpi")
 
 
+def _native_all_reduce():
+    import numpy as np
+
+    import minidist.distributed as dist
+
+    dist.all_reduce(np.ones(4), algorithm="native")
+
+
+def test_native_algorithm_elsewhere_says_it_needs_mpiexec():
+    import minidist
+
+    with pytest.raises(Exception, match=r"only the 'mpi' transport has; this run uses the "
+                                        r"'pipe' transport.*mpiexec"):
+        minidist.launch(_native_all_reduce, world_size=2, transport="pipe")
+    # The simulator has no MPI library either.
+    from minidist.distributed.collectives.native import check_available
+
+    class Group:
+        _global_rank = 0
+        transport = type("T", (), {"name": "sim"})()
+
+    with pytest.raises(ValueError, match="'sim' transport"):
+        check_available(Group(), "broadcast")
+
+
 def test_without_mpi4py_the_error_says_how_to_install(monkeypatch):
     from minidist.distributed.transport import mpi
 

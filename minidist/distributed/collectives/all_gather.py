@@ -180,7 +180,7 @@ def _gather(group, result, contribution, async_op, algorithm, finish):
         return call.nothing_to_do(async_op, finish() if finish is not None else None)
     comm = call.start("all_gather", group, algorithm, nbytes=result.nbytes, dtype=result.dtype,
                       count=result.size, buffer=result)
-    return call.execute(comm, ALGORITHMS[comm.algorithm](comm, result), async_op, finish)
+    return call.execute(comm, call.steps_of(comm)(comm, result), async_op, finish)
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bool = False,

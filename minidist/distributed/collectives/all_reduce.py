@@ -491,5 +491,5 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
         if copied:
             array[...] = flat.reshape(array.shape)
 
-    return call.execute(comm, ALGORITHMS[comm.algorithm](comm, flat), async_op,
+    return call.execute(comm, call.steps_of(comm)(comm, flat), async_op,
                         finish if (average or copied) else None)

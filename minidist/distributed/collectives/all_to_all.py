@@ -114,7 +114,7 @@ def _exchange(group, source, result, async_op, algorithm, finish):
         return call.nothing_to_do(async_op, finish() if finish is not None else None)
     comm = call.start("all_to_all", group, algorithm, nbytes=source.nbytes, dtype=source.dtype,
                       count=source.size, buffer=source)
-    return call.execute(comm, ALGORITHMS[comm.algorithm](comm, source, result), async_op, finish)
+    return call.execute(comm, call.steps_of(comm)(comm, source, result), async_op, finish)
 
 
 def _check_splits(splits, total: int, n: int, name: str, rank: int) -> None:

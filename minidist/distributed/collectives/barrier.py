@@ -94,4 +94,4 @@ def barrier(group=None, async_op: bool = False, algorithm: str = "auto", *, time
     if group.size == 1:
         return call.nothing_to_do(async_op)
     comm = call.start("barrier", group, algorithm, nbytes=0, dtype=np.uint8)
-    return call.execute(comm, ALGORITHMS[comm.algorithm](comm), async_op, timeout=timeout)
+    return call.execute(comm, call.steps_of(comm)(comm), async_op, timeout=timeout)

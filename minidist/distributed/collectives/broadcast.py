@@ -201,5 +201,5 @@ def broadcast(tensor, src: int = 0, group=None, async_op: bool = False, algorith
         if copied:
             array[...] = flat.reshape(array.shape)
 
-    return call.execute(comm, ALGORITHMS[comm.algorithm](comm, flat, root), async_op,
+    return call.execute(comm, call.steps_of(comm)(comm, flat, root), async_op,
                         finish if copied else None)

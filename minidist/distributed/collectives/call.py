@@ -12,7 +12,7 @@ import functools
 
 import numpy as np
 
-from minidist.distributed.collectives import registry
+from minidist.distributed.collectives import native, registry
 from minidist.distributed.collectives.comm import (
     SEQ_SHIFT,
     Comm,
@@ -93,14 +93,19 @@ def _check_reduction(op, dtype: np.dtype, collective: str, rank: int):
 
 
 def choose(collective: str, algorithm: str, group, nbytes: int) -> tuple[str, int]:
-    """The algorithm's name and index; "auto": the one whose registered cost is least."""
+    """The algorithm's name and index; "auto": the one whose registered cost is
+    least; "native": the MPI library's own (see :mod:`.native`)."""
     algorithms = ALGORITHMS[collective]
+    if algorithm == native.NAME:
+        native.check_available(group, collective)
+        return native.NAME, native.INDEX
     if algorithm == "auto":
         algorithm = _auto(collective, group.size, nbytes,
                           getattr(group.transport, "name", None), tuple(algorithms))
     elif algorithm not in algorithms:
         raise ValueError(f"rank {group._global_rank}: {collective} has no algorithm "
-                         f"{algorithm!r}; choose one of {list(algorithms)} or 'auto'.")
+                         f"{algorithm!r}; choose one of {list(algorithms)}, 'auto', or "
+                         "'native' (MPI's own, under mpiexec).")
     return algorithm, list(algorithms).index(algorithm)
 
 
@@ -153,6 +158,13 @@ def start(collective: str, group, algorithm: str, *, nbytes: int, op=None, ufunc
 
 
 _PLANS: dict = {}
+
+
+def steps_of(comm: Comm):
+    """The generator function of the algorithm ``comm`` runs."""
+    if comm.algorithm == native.NAME:
+        return native.ALGORITHMS[comm.collective]
+    return ALGORITHMS[comm.collective][comm.algorithm]
 
 
 def execute(comm: Comm, steps, async_op: bool, finish=None, timeout=_DEFAULT):

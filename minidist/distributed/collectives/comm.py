@@ -104,7 +104,8 @@ def describe_fingerprint(tag: int, algorithms: dict) -> str:
     collective = COLLECTIVES[tag & 0xF] if (tag & 0xF) < len(COLLECTIVES) else "?"
     names = list(algorithms.get(collective, {}))
     index = (tag >> _ALGORITHM_SHIFT) & 0xF
-    algorithm = names[index] if index < len(names) else f"algorithm {index}"
+    algorithm = names[index] if index < len(names) else \
+        "native" if index == 15 else f"algorithm {index}"  # 15: collectives/native.py
     op = _OPS[(tag >> _OP_SHIFT) & 0x7]
     dtype_code = (tag >> _DTYPE_SHIFT) & 0xF
     dtype = _DTYPES[dtype_code].name if dtype_code < len(_DTYPES) else "other dtype"

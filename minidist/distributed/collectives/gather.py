@@ -166,5 +166,5 @@ def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = 
         return call.nothing_to_do(async_op)
     comm = call.start("gather", group, algorithm, nbytes=piece.nbytes * group.size,
                       dtype=piece.dtype, count=piece.size, root=root)
-    return call.execute(comm, ALGORITHMS[comm.algorithm](comm, pieces, piece, root), async_op,
+    return call.execute(comm, call.steps_of(comm)(comm, pieces, piece, root), async_op,
                         finish)

@@ -193,4 +193,4 @@ def reduce(tensor, dst: int = 0, op=None, group=None, async_op: bool = False,
             if copied:
                 array[...] = flat.reshape(array.shape)
 
-    return call.execute(comm, ALGORITHMS[comm.algorithm](comm, flat, root), async_op, finish)
+    return call.execute(comm, call.steps_of(comm)(comm, flat, root), async_op, finish)

@@ -197,7 +197,7 @@ def _scatter_reduce(group, pieces, pieces_are_scratch, output, op, async_op, alg
                                    or np.may_share_memory(pieces, flat)):
         pieces = _copy(comm.scratch(pieces), pieces)  # the caller's input is left as it was
     comm.buffer = pieces
-    return call.execute(comm, ALGORITHMS[comm.algorithm](comm, pieces, flat), async_op,
+    return call.execute(comm, call.steps_of(comm)(comm, pieces, flat), async_op,
                         finish if (average or copied) else None)
 
 

@@ -172,5 +172,5 @@ def scatter(tensor, scatter_list=None, src: int = 0, group=None, async_op: bool 
         if copied:
             array[...] = flat.reshape(array.shape)
 
-    return call.execute(comm, ALGORITHMS[comm.algorithm](comm, pieces, flat, root), async_op,
+    return call.execute(comm, call.steps_of(comm)(comm, pieces, flat, root), async_op,
                         finish if copied else None)

@@ -63,6 +63,9 @@ HEADER_TAG = 1
 PAYLOAD_TAG = 2
 #: Largest payload piece (bytes): what a reduce holds in scratch, twice.
 CHUNK = 1 << 18
+#: minidist's reductions by name, and MPI's (for algorithm="native").
+_MPI_OPS = {"sum": "SUM", "product": "PROD", "min": "MIN", "max": "MAX", "band": "BAND",
+            "bor": "BOR", "bxor": "BXOR"}
 #: Longest nap of a waiting rank between two looks at MPI (seconds).
 NAP = 1e-4
 
@@ -178,6 +181,8 @@ class MpiTransport(Transport):
         # Per source: the payload arriving (_Receiving), and two scratch pieces for reduces.
         self._receiving: list = [None] * world_size
         self._scratch: list = [None] * world_size
+        # Sub-communicators of groups, for the library's own collectives.
+        self._communicators: dict = {}
 
     # ---------------------------------------------------------------- reading
 
@@ -250,6 +255,48 @@ class MpiTransport(Transport):
         self._sending[dst] = None
         request.written = len(request.header) + request.nbytes
         return True
+
+    # ---------------------------------------------------------------- the library's own
+
+    def library_collective(self, function: str, ranks: tuple, *buffers, op=None,
+                           root=None) -> None:
+        """Call MPI's own ``function`` ("Allreduce", "Bcast", ...: mpi4py's
+        buffer-based methods) on the communicator of ``ranks``, blocking.
+
+        For ``algorithm="native"`` (minidist.distributed.collectives.native),
+        which says what to pass: NumPy arrays (MPI reads their dtype),
+        ``"in_place"`` for MPI_IN_PLACE, None for an unused buffer, ``op`` a
+        reduction's name ("sum", "max", ...), ``root`` a rank of ``ranks``.
+        """
+        MPI = self._MPI
+        comm = self._communicator(tuple(ranks))
+        arguments = [MPI.IN_PLACE if isinstance(b, str) and b == "in_place" else b
+                     for b in buffers]
+        keywords = {}
+        if op is not None:
+            keywords["op"] = getattr(MPI, _MPI_OPS[op])
+        if root is not None:
+            keywords["root"] = root
+        try:
+            getattr(comm, function)(*arguments, **keywords)
+        except (KeyError, ValueError, TypeError, NotImplementedError) as error:
+            dtypes = sorted({str(b.dtype) for b in buffers if isinstance(b, np.ndarray)})
+            raise TypeError(f"rank {self.rank}: MPI's {function} refused "
+                            f"{'/'.join(dtypes) or 'these'} arrays"
+                            f"{' with ' + op.upper() if op else ''} ({error}); use one of the "
+                            "course's algorithms for them.") from error
+
+    def _communicator(self, ranks: tuple):
+        """The MPI communicator of ``ranks`` (in that order), made on first use:
+        MPI_Comm_create_group is collective over those ranks only, which all
+        make their first native call on the group together."""
+        if ranks == tuple(range(self.world_size)):
+            return self._comm
+        comm = self._communicators.get(ranks)
+        if comm is None:
+            comm = self._communicators[ranks] = self._comm.Create_group(
+                self._comm.Get_group().Incl(list(ranks)))
+        return comm
 
     # ---------------------------------------------------------------- waiting
 
