@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 
 import numpy as np
 
@@ -202,11 +203,97 @@ def _run_under_mpiexec(args, world_size: int) -> int:
                                   "MINIDIST_TRANSPORT"))}
     warn_if_oversubscribed(world_size)
     before = mpich_segments()
-    try:
-        return subprocess.run(command + [sys.executable, args.script, *script_args],
-                              env=env).returncode
-    finally:
-        remove_mpich_segments_since(before)
+    with tempfile.TemporaryDirectory(prefix="minidist-mpi-") as folder:
+        watcher = _FirstToEnd(os.path.join(folder, "ranks"))
+        env["MINIDIST_MPI_WATCH"] = watcher.path
+        process = None
+        try:
+            process = subprocess.Popen(command + [sys.executable, args.script, *script_args],
+                                       env=env, stdout=subprocess.PIPE, text=True, bufsize=1)
+            ending = ""
+            for line in process.stdout:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+                if "EXIT STRING:" in line:  # MPICH's words for how the job ended
+                    ending = line.split("EXIT STRING:", 1)[1].strip()
+            status = process.wait()
+        finally:
+            watcher.close()
+            if process is None or process.poll() != 0:
+                # Only after a job that ended badly: a clean MPICH exit removes
+                # its own, and another job's segments made meanwhile must stay.
+                remove_mpich_segments_since(before)
+        if status != 0 and watcher.first:
+            named = ", ".join(f"rank {rank} (pid {pid})" for rank, pid in watcher.first)
+            print(f"minidist: {named} ended first, while the other ranks still ran; mpiexec "
+                  f"then ended the job (status {status}{': ' + ending if ending else ''}).",
+                  file=sys.stderr)
+    return status
+
+
+class _FirstToEnd(threading.Thread):
+    """Which rank's process ended first, for a job that ends badly.
+
+    MPICH reports a dead process by a PID that is not always the one that
+    died (seen: rank 0's, when rank 1 was SIGKILLed) and never by rank, and
+    kills the others within milliseconds. Each rank connects to this Unix
+    socket when it loads MPI and says its rank (see transport/mpi.py); the
+    kernel closes a dead process's end at once, so the first connection to
+    reach end-of-file names the rank that ended first. On a busy machine this
+    thread may wake only after several have ended: epoll (Linux's selector)
+    lists ready connections in the order they became ready, so the first
+    end-of-file in the list is still the first rank to end."""
+
+    def __init__(self, path: str):
+        super().__init__(daemon=True)
+        import selectors
+        import socket
+
+        self.path = path
+        self.first: list[tuple[int, int]] = []
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(path)
+        self._server.listen(256)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._server, selectors.EVENT_READ)
+        self._stop_read, self._stop_write = os.pipe()
+        self._selector.register(self._stop_read, selectors.EVENT_READ)
+        self.start()
+
+    def run(self) -> None:
+        import selectors
+
+        said: dict = {}  # connection -> b"rank pid"
+        while not self.first:
+            ended = []
+            for key, _ in self._selector.select():
+                if key.fileobj == self._stop_read:
+                    return
+                if key.fileobj is self._server:
+                    connection, _ = self._server.accept()
+                    said[connection] = b""
+                    self._selector.register(connection, selectors.EVENT_READ)
+                    continue
+                data = key.fileobj.recv(64)
+                if data:
+                    said[key.fileobj] += data
+                else:
+                    ended.append(key.fileobj)
+            for connection in ended:
+                self._selector.unregister(connection)
+                words = said.pop(connection).split()
+                if len(words) == 2 and not self.first:
+                    self.first.append((int(words[0]), int(words[1])))
+
+    def close(self) -> None:
+        os.write(self._stop_write, b"x")
+        self.join(2.0)
+        for key in list(self._selector.get_map().values()):
+            if key.fileobj not in (self._stop_read,):
+                key.fileobj.close()
+        os.close(self._stop_read)
+        os.close(self._stop_write)
+        self._selector.close()
 
 
 def run_command(args) -> int:

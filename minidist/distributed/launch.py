@@ -37,6 +37,7 @@ from minidist import trace as _trace
 from minidist.distributed import world
 from minidist.distributed.shared_array import SharedArrays
 from minidist.distributed.transport import check_name, create_resources
+from minidist.distributed.transport.mpi import launched_by_mpi
 from minidist.distributed.worker import worker_main
 from minidist.runtime import console, signals
 from minidist.runtime.control import ControlBlock
@@ -128,7 +129,30 @@ def launch(fn, world_size: int = 2, transport: str = "shm", args=(), kwargs=None
     if not callable(fn):
         raise TypeError(f"launch needs a function to run, got {type(fn).__name__}")
     world_size = _check_world_size(world_size)
+    if launched_by_mpi() and not world.is_initialized():
+        # mpiexec started this script: the ranks exist already (see mpi_launch.py).
+        from minidist.distributed.mpi_launch import launch_under_mpi
+
+        if tolerate_failures:
+            raise ValueError("launch(tolerate_failures=...) needs the forked workers' "
+                             "supervisor; under mpiexec a failing rank ends the job.")
+        local = "shm" if transport == "mpi" else transport
+        if transport != "mpi":
+            check_name(transport)
+        return launch_under_mpi(
+            fn, world_size, local, args, dict(kwargs or {}), trace=trace,
+            timeout=_timeout_seconds(timeout), shared_arrays=shared_arrays,
+            launch_locally=lambda: _launch_forked(fn, world_size, local, args, kwargs,
+                                                  trace, timeout, log_level, shared_arrays,
+                                                  tolerate_failures))
     check_name(transport)
+    return _launch_forked(fn, world_size, transport, args, kwargs, trace, timeout, log_level,
+                          shared_arrays, tolerate_failures)
+
+
+def _launch_forked(fn, world_size, transport, args, kwargs, trace, timeout, log_level,
+                   shared_arrays, tolerate_failures) -> list:
+    """The launch of this machine: fork ``world_size`` workers and watch them."""
     if world.is_initialized():
         raise RuntimeError(
             f"minidist.launch was called inside rank {world.get_rank()} of a running launch; "
@@ -137,7 +161,7 @@ def launch(fn, world_size: int = 2, transport: str = "shm", args=(), kwargs=None
         raise OSError("minidist.launch needs fork (Linux or another POSIX system)")
     kwargs = dict(kwargs or {})
     tolerated = _tolerated_ranks(tolerate_failures, world_size)
-    warn_if_oversubscribed(world_size)
+    warn_if_oversubscribed(world_size, stacklevel=4)  # launch -> _launch_forked -> here
     context = multiprocessing.get_context("fork")
     options = {"timeout": _timeout_seconds(timeout), "trace": trace is not None,
                "log_level": log_level, "parent_pid": os.getpid()}

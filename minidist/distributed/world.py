@@ -268,21 +268,26 @@ def _init_from_mpi(transport, world_size, rank, timeout) -> None:
             previous_hook(kind, value, tb)
             return
         mark_failed()
-        text = "".join(traceback.format_exception(kind, value, tb))
-        sys.stderr.write(f"minidist: rank {world.rank} of {world.world_size} failed with "
-                         f"{kind.__name__}: {value}\n{text}"
-                         "minidist: ending the job (MPI_Abort)\n")
-        sys.stderr.flush()
-        sys.stdout.flush()
-        # mpiexec forwards each rank's output through its process manager,
-        # and MPI_Abort tears that down at once: on a loaded machine the lines
-        # just written were lost (CI saw an empty output). Give the forwarder
-        # a moment before the abort.
-        time.sleep(0.5)
-        resources.abort(1)
+        report_failure_and_abort(resources.abort, world.rank, world.world_size, value)
 
     sys.excepthook = abort_job
     atexit.register(_finish_script)
+
+
+def report_failure_and_abort(abort, rank: int, size: int, error: BaseException) -> None:
+    """Under mpiexec: say which rank failed and why, then end every rank of the
+    job with ``abort`` (MPI_Abort). No minidist parent watches MPI ranks, so
+    this line is the report."""
+    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    sys.stderr.write(f"minidist: rank {rank} of {size} failed with {type(error).__name__}: "
+                     f"{error}\n{text}minidist: ending the job (MPI_Abort)\n")
+    sys.stderr.flush()
+    sys.stdout.flush()
+    # mpiexec forwards each rank's output through its process manager, and
+    # MPI_Abort tears that down at once: on a loaded machine the lines just
+    # written were lost (CI saw an empty output). Give the forwarder a moment.
+    time.sleep(0.5)
+    abort(1)
 
 
 def _finish_script() -> None:

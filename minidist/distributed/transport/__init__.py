@@ -49,7 +49,9 @@ def check_name(name: str) -> str:
             "the 'mpi' transport joins processes that mpiexec started; minidist.launch and "
             "`minidist run` start their own. Run the script as `mpiexec -n 4 python "
             "script.py`, with dist.init_process_group() in it: under mpiexec it picks the "
-            "mpi transport by itself (needs `pip install -e '.[mpi]'`).")
+            "mpi transport by itself (needs `pip install -e '.[mpi]'`); under mpiexec, "
+            "minidist.launch(fn, world_size=N) also runs fn over MPI, on the job's first N "
+            "ranks.")
     if name not in TRANSPORTS:
         raise ValueError(f"unknown transport {name!r}; choose one of {list(TRANSPORTS)}")
     return name

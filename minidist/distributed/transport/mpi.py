@@ -106,7 +106,33 @@ def load_mpi():
         from mpi4py import MPI
     except ImportError as error:  # mpi4py without a loadable MPI library
         raise ImportError(f"{INSTALL_HINT} ({error})") from error
+    _note_pid(MPI.COMM_WORLD.Get_rank())
     return MPI
+
+
+#: Under ``minidist run --transport mpi``: this rank's line to the launcher.
+_LAUNCHER_LINE = None
+
+
+def _note_pid(rank: int) -> None:
+    """Under ``minidist run --transport mpi``: open a Unix socket to the
+    launcher (the path it names) and say this rank's number, then keep it open
+    until the process ends. The kernel closes it when the process dies, however
+    it dies (SIGKILL included), so the launcher learns which rank ended first:
+    mpiexec itself reports a dead process only by a PID, not always its own."""
+    global _LAUNCHER_LINE
+    path = os.environ.get("MINIDIST_MPI_WATCH")
+    if not path or _LAUNCHER_LINE is not None:
+        return
+    import socket
+
+    try:
+        line = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        line.connect(path)
+        line.sendall(f"{rank} {os.getpid()}\n".encode())
+        _LAUNCHER_LINE = line
+    except OSError:
+        pass  # only a nicer message is lost
 
 
 def pieces(nbytes: int, itemsize: int) -> list[tuple[int, int]]:
@@ -132,9 +158,10 @@ class MpiResources:
 
     name = "mpi"
 
-    def __init__(self, MPI, comm):
+    def __init__(self, MPI, comm, owned: bool = False):
         self.MPI = MPI
         self.comm = comm
+        self._owned = owned  # made for one launch: freed when it ends
         self.rank = comm.Get_rank()
         self.world_size = comm.Get_size()
 
@@ -159,10 +186,47 @@ class MpiResources:
         """Nobody sleeps inside MPI: waiting ranks nap and look again."""
 
     def close(self) -> None:
-        """The duplicate lives until MPI_Finalize (mpi4py calls it at exit)."""
+        """A launch's communicator is freed; the script's duplicate of
+        COMM_WORLD lives until MPI_Finalize (mpi4py calls it at exit)."""
+        if self._owned and self.comm != self.MPI.COMM_NULL:
+            self.comm.Free()
 
     def unlink(self) -> None:
         """Nothing has a name."""
+
+
+class MpiJob:
+    """The whole mpiexec job (MPI_COMM_WORLD), as :func:`minidist.launch` sees
+    it under mpiexec (see minidist/distributed/mpi_launch.py): split it for a
+    launch, share the ranks' results, end it."""
+
+    def __init__(self, MPI):
+        self.MPI = MPI
+        self.comm = MPI.COMM_WORLD
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+
+    @classmethod
+    def from_environment(cls) -> MpiJob:
+        return cls(load_mpi())
+
+    def split(self, world_size: int) -> MpiResources | None:
+        """A fresh communicator of ranks 0 .. world_size - 1 (None on the others).
+        Every rank of the job must call it (MPI_Comm_split is collective)."""
+        color = 0 if self.rank < world_size else self.MPI.UNDEFINED
+        comm = self.comm.Split(color, self.rank)
+        return None if comm == self.MPI.COMM_NULL else MpiResources(self.MPI, comm, owned=True)
+
+    def share(self, value) -> list:
+        """Every rank's ``value`` (pickled), by rank, on every rank."""
+        return self.comm.allgather(value)
+
+    def broadcast_from_zero(self, value):
+        """Rank 0's ``value`` (pickled) on every rank."""
+        return self.comm.bcast(value, root=0)
+
+    def abort(self, code: int = 1) -> None:
+        self.comm.Abort(code)
 
 
 class MpiTransport(Transport):
