@@ -1,0 +1,147 @@
+"""Collectives of Python objects: torch.distributed's ``*_object`` calls.
+
+    objects = [None] * dist.get_world_size()
+    dist.all_gather_object(objects, {"rank": rank, "loss": loss})   # fills the list
+    config = [cfg if rank == 0 else None]
+    dist.broadcast_object_list(config, src=0)                       # config[0] everywhere
+    everyone = [None] * n if rank == 0 else None
+    dist.gather_object(metrics, everyone, dst=0)                     # only on dst
+
+An object travels as its pickle: the bytes in a NumPy uint8 array, moved by
+the array collectives of this package (so "auto" picks their algorithms and
+the trace shows them). Pickles differ in length from rank to rank, and an
+array collective needs one length, so each call is two collectives, as in
+torch: first the lengths (one int64 per object), then the bytes, padded to the
+longest. Cost: that of the array collective on n int64, then on n times the
+longest pickle; plus pickling and unpickling every object.
+
+Unpickling runs code: use these only between ranks you trust (your own job).
+``src`` and ``dst`` are group ranks, like every collective of minidist.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+
+from minidist.distributed.collectives import call
+from minidist.distributed.collectives.all_gather import all_gather
+from minidist.distributed.collectives.broadcast import broadcast
+from minidist.distributed.collectives.gather import gather
+
+
+def _pickled(obj, rank: int, collective: str) -> np.ndarray:
+    try:
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as error:  # pickle raises several kinds (PicklingError, TypeError, ...)
+        raise TypeError(f"rank {rank}: {collective} cannot pickle {type(obj).__name__}: "
+                        f"{error}. Send plain data (numbers, strings, lists, dicts, arrays) "
+                        "or a class defined at a module's top level.") from None
+    return np.frombuffer(data, np.uint8)
+
+
+def _unpickled(data: np.ndarray):
+    return pickle.loads(memoryview(data))
+
+
+def _check_list(objects, length: int, rank: int, collective: str, name: str) -> None:
+    if not isinstance(objects, list):
+        raise TypeError(f"rank {rank}: {collective} fills {name} in place, so it must be a "
+                        f"list, got {type(objects).__name__}; pass e.g. [None] * {length}.")
+    if len(objects) != length:
+        raise ValueError(f"rank {rank}: {collective}: {name} has {len(objects)} entries, but "
+                         f"the group has {length} ranks; pass [None] * {length}.")
+
+
+def _lengths_everywhere(group, payload: np.ndarray) -> np.ndarray:
+    """Every rank's pickle length, on every rank (an all_gather of one int64 each)."""
+    lengths = [np.empty(1, np.int64) for _ in range(group.size)]
+    all_gather(lengths, np.array([payload.size], np.int64), group=group)
+    return np.concatenate(lengths)
+
+
+def _padded(payload: np.ndarray, length: int) -> np.ndarray:
+    padded = np.zeros(length, np.uint8)
+    padded[:payload.size] = payload
+    return padded
+
+
+def all_gather_object(object_list: list, obj, group=None) -> None:
+    """Gather every rank's ``obj`` into ``object_list`` on every rank, in place:
+    ``object_list[i]`` becomes (an unpickled copy of) group rank i's ``obj``.
+
+    ``object_list`` is a list with one entry per rank of the group (its
+    contents are replaced). Cost: an all_gather of n int64 (the lengths),
+    then an all_gather of n x the longest pickle.
+    """
+    group = call.group_of(group)
+    rank = group._global_rank
+    _check_list(object_list, group.size, rank, "all_gather_object", "object_list")
+    payload = _pickled(obj, rank, "all_gather_object")
+    lengths = _lengths_everywhere(group, payload)
+    longest = int(lengths.max())
+    pieces = [np.empty(longest, np.uint8) for _ in range(group.size)]
+    all_gather(pieces, _padded(payload, longest), group=group)
+    for index, (piece, length) in enumerate(zip(pieces, lengths)):
+        object_list[index] = _unpickled(piece[:length])
+
+
+def gather_object(obj, object_gather_list: list | None = None, dst: int = 0,
+                  group=None) -> None:
+    """Every rank's ``obj`` lands in ``object_gather_list`` on group rank ``dst``.
+
+    On ``dst``, ``object_gather_list`` is a list with one entry per rank
+    (filled in place); on the other ranks it must be None, as in
+    torch.distributed. Cost: an all_gather of n int64 (every rank must know
+    the longest pickle to pad to it), then a gather of n x the longest pickle.
+    """
+    group = call.group_of(group)
+    rank = group._global_rank
+    root = call.check_root(dst, group, "gather_object", "dst")
+    if group.rank == root:
+        _check_list(object_gather_list, group.size, rank, "gather_object",
+                    "object_gather_list")
+    elif object_gather_list is not None:
+        raise ValueError(f"rank {rank}: gather_object writes object_gather_list only on the "
+                         f"destination rank (dst={root}); pass None on the other ranks.")
+    payload = _pickled(obj, rank, "gather_object")
+    lengths = _lengths_everywhere(group, payload)
+    longest = int(lengths.max())
+    pieces = [np.empty(longest, np.uint8) for _ in range(group.size)] \
+        if group.rank == root else None
+    gather(_padded(payload, longest), pieces, dst=root, group=group)
+    if group.rank == root:
+        for index, (piece, length) in enumerate(zip(pieces, lengths)):
+            object_gather_list[index] = _unpickled(piece[:length])
+
+
+def broadcast_object_list(object_list: list, src: int = 0, group=None) -> None:
+    """Copy group rank ``src``'s ``object_list`` into ``object_list`` on every
+    rank, in place, entry by entry.
+
+    Every rank passes a list of the same length (the others' entries are
+    replaced; pass e.g. ``[None] * k``). Cost: a broadcast of k int64 (each
+    pickle's length), then a broadcast of all k pickles end to end. Lists of
+    different lengths show up as a mismatched collective call.
+    """
+    group = call.group_of(group)
+    rank = group._global_rank
+    root = call.check_root(src, group, "broadcast_object_list", "src")
+    if not isinstance(object_list, list):
+        raise TypeError(f"rank {rank}: broadcast_object_list fills object_list in place, so "
+                        f"it must be a list, got {type(object_list).__name__}; on the ranks "
+                        "that receive, pass [None] * (the sender's length).")
+    if group.rank == root:
+        payloads = [_pickled(obj, rank, "broadcast_object_list") for obj in object_list]
+        lengths = np.array([payload.size for payload in payloads], np.int64)
+    else:
+        lengths = np.empty(len(object_list), np.int64)
+    broadcast(lengths, src=root, group=group)
+    data = np.concatenate(payloads) if group.rank == root and payloads else \
+        np.empty(int(lengths.sum()), np.uint8)
+    broadcast(data, src=root, group=group)
+    if group.rank != root:
+        ends = np.cumsum(lengths)
+        for index, (end, length) in enumerate(zip(ends, lengths)):
+            object_list[index] = _unpickled(data[end - length:end])
