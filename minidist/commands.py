@@ -214,7 +214,8 @@ def run_command(args) -> int:
 
     Starts N copies of ``python script.py args`` with MINIDIST_RANK,
     MINIDIST_WORLD_SIZE, MINIDIST_TRANSPORT and MINIDIST_RUN in their
-    environment; each calls ``dist.init_process_group()``. Returns the exit
+    environment (and torchrun's RANK, WORLD_SIZE, LOCAL_RANK,
+    LOCAL_WORLD_SIZE); each calls ``dist.init_process_group()``. Returns the exit
     status: 0 when every rank exits 0; otherwise the first failure is printed
     (rank, traceback) and the status is 1.
     """
@@ -260,9 +261,13 @@ def run_command(args) -> int:
                             "timeout": timeout, "parent_pid": os.getpid(),
                             "log_fd": log_write, "trace_dir": trace_dir,
                             "error_dir": error_dir}
+                    # torchrun's names too, for scripts that read them (one machine:
+                    # the local rank is the rank).
                     env = dict(os.environ, **blas_env, MINIDIST_RANK=str(rank),
                                MINIDIST_WORLD_SIZE=str(world_size),
-                               MINIDIST_TRANSPORT=transport, MINIDIST_RUN=json.dumps(spec))
+                               MINIDIST_TRANSPORT=transport, MINIDIST_RUN=json.dumps(spec),
+                               RANK=str(rank), WORLD_SIZE=str(world_size),
+                               LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
                     try:
                         popen = subprocess.Popen(
                             [sys.executable, script, *script_args], env=env,
