@@ -150,17 +150,32 @@ def _assert_same(got, expected):
         assert got == expected
 
 
+def _lists_of_different_lengths():
+    objects = [1, 2, 3] if dist.get_rank() == 0 else [None] * 2
+    dist.broadcast_object_list(objects, src=0)
+
+
+def test_broadcast_object_list_of_another_length_is_named():
+    with pytest.raises(dist.WorkerError) as caught:
+        minidist.launch(_lists_of_different_lengths, world_size=2, transport="shm", timeout=60)
+    first = str(caught.value).splitlines()[0]
+    assert "rank 1 failed with CollectiveMismatchError" in first
+    assert "broadcast_object_list: object_list has 2 entries here" in first
+    assert "as long as the sender's" in first
+
+
 def _late_ranks():
     """Two failing monitored barriers (one late rank; two late ranks with
     wait_all_ranks), then one that passes: what each rank was told."""
     rank = dist.get_rank()
     told = []
+    dist.barrier()  # start together: only the sleepers are late
     for late, wait_all in (({2}, False), ({1, 2}, True)):
         if rank in late:
-            time.sleep(1.2)
+            time.sleep(1.5)
         started = time.monotonic()
         try:
-            dist.monitored_barrier(timeout=0.3, wait_all_ranks=wait_all)
+            dist.monitored_barrier(timeout=0.5, wait_all_ranks=wait_all)
             told.append(("passed", 0.0))
         except dist.CommTimeoutError as error:
             told.append((str(error), time.monotonic() - started))
@@ -173,12 +188,12 @@ def test_monitored_barrier_names_the_ranks_that_did_not_arrive():
     results = minidist.launch(_late_ranks, world_size=3, transport="shm", timeout=60)
     for rank, told in enumerate(results):
         (first, first_wait), (second, second_wait), last = told
-        assert "monitored_barrier: rank 2 did not arrive within 0.3 s" in first, first
-        assert "ranks 1, 2 did not arrive within 0.3 s" in second, second
+        assert "monitored_barrier: rank 2 did not arrive within 0.5 s" in first, first
+        assert "ranks 1, 2 did not arrive within 0.5 s" in second, second
         assert first.startswith(f"rank {rank}: ") and second.startswith(f"rank {rank}: ")
         assert last == ("passed", 0.0)
-    # The late rank hears the verdict waiting for it: it does not wait again.
-    assert results[2][0][1] < 0.3
+    # The late rank finds the verdict waiting: it does not wait its own 2 x 0.5 s.
+    assert results[2][0][1] < 0.5
 
 
 def _python(code: str, **env) -> subprocess.CompletedProcess:

@@ -29,6 +29,7 @@ from minidist.distributed.collectives import call
 from minidist.distributed.collectives.all_gather import all_gather
 from minidist.distributed.collectives.broadcast import broadcast
 from minidist.distributed.collectives.gather import gather
+from minidist.runtime.errors import CollectiveMismatchError
 
 
 def _pickled(obj, rank: int, collective: str) -> np.ndarray:
@@ -122,8 +123,8 @@ def broadcast_object_list(object_list: list, src: int = 0, group=None) -> None:
 
     Every rank passes a list of the same length (the others' entries are
     replaced; pass e.g. ``[None] * k``). Cost: a broadcast of k int64 (each
-    pickle's length), then a broadcast of all k pickles end to end. Lists of
-    different lengths show up as a mismatched collective call.
+    pickle's length), then a broadcast of all k pickles end to end. A list
+    of another length than the sender's raises CollectiveMismatchError.
     """
     group = call.group_of(group)
     rank = group._global_rank
@@ -137,7 +138,14 @@ def broadcast_object_list(object_list: list, src: int = 0, group=None) -> None:
         lengths = np.array([payload.size for payload in payloads], np.int64)
     else:
         lengths = np.empty(len(object_list), np.int64)
-    broadcast(lengths, src=root, group=group)
+    try:
+        broadcast(lengths, src=root, group=group)
+    except CollectiveMismatchError as error:
+        raise CollectiveMismatchError(
+            f"rank {rank}: broadcast_object_list: object_list has {len(object_list)} entries "
+            f"here, and rank {root}'s (the sender's) has another length; every rank must pass "
+            f"a list as long as the sender's. (The broadcast of the lengths said: {error})"
+        ) from None
     data = np.concatenate(payloads) if group.rank == root and payloads else \
         np.empty(int(lengths.sum()), np.uint8)
     broadcast(data, src=root, group=group)
