@@ -16,6 +16,8 @@ rank: then every rank has entered.
 
 from __future__ import annotations
 
+import datetime
+import pickle
 import time
 
 import numpy as np
@@ -24,6 +26,7 @@ from minidist.alpha_beta import ceil_log2
 from minidist.distributed.collectives import call, trees
 from minidist.distributed.collectives.registry import cost, register
 from minidist.distributed.transport.base import _DEFAULT
+from minidist.runtime.errors import CommTimeoutError, PeerGoneError
 
 
 def _empty() -> np.ndarray:
@@ -119,16 +122,16 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) ->
     A debugging tool, not a fast barrier: rank 0 hears from each rank in
     turn. Cost: 2 (n - 1) messages through rank 0, (n - 1) alpha on its side.
     """
-    import datetime
-
-    from minidist.runtime.errors import CommTimeoutError, PeerGoneError
-
     group = call.group_of(group)
     if isinstance(timeout, datetime.timedelta):
         timeout = timeout.total_seconds()
     if timeout is None:
         timeout = group.transport.default_timeout
-    if timeout is None or not timeout >= 0:
+    if timeout is None:
+        raise ValueError(f"rank {group._global_rank}: monitored_barrier: this run has no "
+                         "timeout, and a barrier that watches the clock needs one; pass "
+                         "timeout= (seconds).")
+    if not timeout >= 0:
         raise ValueError(f"rank {group._global_rank}: monitored_barrier needs a timeout of "
                          f"0 seconds or more, got {timeout!r}")
     channel = group.with_context("monitored_barrier")
@@ -170,6 +173,4 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) ->
 
 
 def _object(value) -> np.ndarray:
-    import pickle
-
     return np.frombuffer(pickle.dumps(value), np.uint8)
