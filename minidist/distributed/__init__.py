@@ -57,6 +57,7 @@ from minidist.distributed.collectives import (
     reduce_scatter,
     reduce_scatter_tensor,
     scatter,
+    scatter_object_list,
 )
 from minidist.distributed.point_to_point import (
     P2POp,
@@ -130,4 +131,5 @@ __all__ += ["gather", "scatter", "failed_ranks", "shared_array"]
 __all__ += ["all_gather", "all_gather_into_tensor", "all_to_all", "all_to_all_single",
             "reduce_scatter", "reduce_scatter_tensor"]
 __all__ += ["all_gather_object", "broadcast_object_list", "gather_object", "monitored_barrier",
-            "P2POp", "batch_isend_irecv", "get_backend", "get_node_local_rank"]
+            "P2POp", "batch_isend_irecv", "get_backend", "get_node_local_rank",
+            "scatter_object_list"]

@@ -1,5 +1,5 @@
 """The torch.distributed names users reach for next: the ``*_object``
-collectives, ``P2POp`` + ``batch_isend_irecv``, ``monitored_barrier``,
+collectives (all_gather, broadcast, gather, scatter), ``P2POp`` + ``batch_isend_irecv``, ``monitored_barrier``,
 ``get_backend``, ``get_node_local_rank``; torchrun's environment.
 
 One launch per world size runs every case inside the workers (objects of
@@ -61,6 +61,12 @@ def _all_cases():
         dist.gather_object({"from": rank, "big": "y" * (1000 * rank)}, into, dst=dst)
         out[f"gather_object dst={dst}"] = into
 
+    for src in sorted({0, n - 1}):
+        mine = ["garbage"]
+        dist.scatter_object_list(mine, [_object_of(r) for r in range(n)] if rank == src
+                                 else None, src=src)
+        out[f"scatter_object_list src={src}"] = mine
+
     # A ring in one batch: everyone sends right and receives left, no ordering.
     right, left = (rank + 1) % n, (rank - 1) % n
     outgoing = np.full(5, rank, np.int64)
@@ -86,13 +92,18 @@ def _all_cases():
         "not a P2POp": _error(lambda: dist.batch_isend_irecv([(dist.isend, outgoing, 1)])),
         "unpicklable": _error(lambda: dist.all_gather_object([None] * n, lambda: 1)),
         "bad dst": _error(lambda: dist.gather_object(1, None, dst=n)),
+        "no output slot": _error(lambda: dist.scatter_object_list([], None, src=0)),
     }
     if rank != 0:
         out["errors"]["list on a non-dst rank"] = _error(
             lambda: dist.gather_object(1, [None] * n, dst=0))
+        out["errors"]["input on a non-src rank"] = _error(
+            lambda: dist.scatter_object_list([None], [1] * n, src=0))
     else:
         out["errors"]["short list on dst"] = _error(
             lambda: dist.gather_object(1, [None] * (n - 1), dst=0))
+        out["errors"]["short input on src"] = _error(
+            lambda: dist.scatter_object_list([None], [1] * (n + 1), src=0))
 
     dist.monitored_barrier(timeout=30)  # everyone comes: no error
     out["after"] = "passed"
@@ -114,6 +125,8 @@ def test_object_collectives_batch_and_names_on_real_processes(world_size):
             expected = [{"from": r, "big": "y" * (1000 * r)} for r in range(n)] \
                 if rank == dst else None
             assert out[f"gather_object dst={dst}"] == expected
+        for src in sorted({0, n - 1}):
+            _assert_same(out[f"scatter_object_list src={src}"], [_object_of(rank)])
         assert out["batch ring"] == ((rank - 1) % n, (rank - 1) % n, (rank - 1) % n, 4)
         errors = out["errors"]
         assert errors["short list"].startswith("ValueError") and f"has {n + 1} entries" in \
@@ -125,11 +138,16 @@ def test_object_collectives_batch_and_names_on_real_processes(world_size):
         assert errors["unpicklable"].startswith("TypeError") and "cannot pickle" in \
             errors["unpicklable"]
         assert f"dst={n} is out of range" in errors["bad dst"]
+        assert "at least one entry; pass [None]" in errors["no output slot"]
         if rank:
             assert "only on the destination rank (dst=0); pass None" in \
                 errors["list on a non-dst rank"]
+            assert "only on the source rank (src=0); pass None" in \
+                errors["input on a non-src rank"]
         else:
             assert f"has {n - 1} entries" in errors["short list on dst"]
+            assert f"one object per rank ({n}), got {n + 1} entries" in \
+                errors["short input on src"]
         for message in errors.values():
             assert f"rank {rank}" in message or "P2POp" in message or "batch" in message
             assert "\n" not in message

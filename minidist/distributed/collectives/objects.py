@@ -6,6 +6,8 @@
     dist.broadcast_object_list(config, src=0)                       # config[0] everywhere
     everyone = [None] * n if rank == 0 else None
     dist.gather_object(metrics, everyone, dst=0)                     # only on dst
+    mine = [None]
+    dist.scatter_object_list(mine, [task_of(r) for r in range(n)] if rank == 0 else None)
 
 An object travels as its pickle: the bytes in a NumPy uint8 array, moved by
 the array collectives of this package (so "auto" picks their algorithms and
@@ -29,6 +31,7 @@ from minidist.distributed.collectives import call
 from minidist.distributed.collectives.all_gather import all_gather
 from minidist.distributed.collectives.broadcast import broadcast
 from minidist.distributed.collectives.gather import gather
+from minidist.distributed.collectives.scatter import scatter
 from minidist.runtime.errors import CollectiveMismatchError
 
 
@@ -153,3 +156,46 @@ def broadcast_object_list(object_list: list, src: int = 0, group=None) -> None:
         ends = np.cumsum(lengths)
         for index, (end, length) in enumerate(zip(ends, lengths)):
             object_list[index] = _unpickled(data[end - length:end])
+
+
+def scatter_object_list(scatter_object_output_list: list, scatter_object_input_list=None,
+                        src: int = 0, group=None) -> None:
+    """Group rank ``src`` hands ``scatter_object_input_list[r]`` to group rank r,
+    which finds it in ``scatter_object_output_list[0]``.
+
+    On ``src`` the input list has one object per rank; on the others it must
+    be None. The output list must have at least one entry (its first is
+    replaced). Cost: a broadcast of n int64 (every pickle's length: all must
+    know the longest to pad to it), then a scatter of n x the longest pickle.
+    """
+    group = call.group_of(group)
+    rank = group._global_rank
+    root = call.check_root(src, group, "scatter_object_list", "src")
+    if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
+        raise ValueError(f"rank {rank}: scatter_object_list puts this rank's object in "
+                         "scatter_object_output_list[0], so it must be a list with at least "
+                         "one entry; pass [None].")
+    if group.rank == root:
+        if not isinstance(scatter_object_input_list, (list, tuple)) or \
+                len(scatter_object_input_list) != group.size:
+            got = (f"{len(scatter_object_input_list)} entries"
+                   if isinstance(scatter_object_input_list, (list, tuple))
+                   else type(scatter_object_input_list).__name__)
+            raise ValueError(f"rank {rank}: scatter_object_list: scatter_object_input_list on "
+                             f"the source rank must be a list of one object per rank "
+                             f"({group.size}), got {got}.")
+        payloads = [_pickled(obj, rank, "scatter_object_list")
+                    for obj in scatter_object_input_list]
+        lengths = np.array([payload.size for payload in payloads], np.int64)
+    elif scatter_object_input_list is not None:
+        raise ValueError(f"rank {rank}: scatter_object_list reads scatter_object_input_list "
+                         f"only on the source rank (src={root}); pass None on the other ranks.")
+    else:
+        lengths = np.empty(group.size, np.int64)
+    broadcast(lengths, src=root, group=group)
+    longest = int(lengths.max())
+    pieces = [_padded(payload, longest) for payload in payloads] if group.rank == root \
+        else None
+    mine = np.empty(longest, np.uint8)
+    scatter(mine, pieces, src=root, group=group)
+    scatter_object_output_list[0] = _unpickled(mine[:lengths[group.rank]])
