@@ -1,11 +1,12 @@
-"""Hello from every rank: pass a message around a ring.
+"""Hello from every rank: add up the ranks by passing a running total around a ring.
 
     minidist run -n 4 examples/hello.py
     minidist run -n 4 --transport pipe --trace hello.trace.jsonl examples/hello.py
 
-Each rank adds its number to a running total and passes it to the next rank;
-rank 0 starts the ring and receives the total back, which must be
-0 + 1 + ... + (n - 1).
+Rank 0 starts the ring with a total of 0 and sends it to rank 1; every other
+rank receives the total from its left neighbour, adds its own rank and sends
+it on to its right; rank 0 gets the total back from the last rank, which must
+be 0 + 1 + ... + (n - 1).
 """
 
 import logging
@@ -24,15 +25,18 @@ def main() -> None:
     right, left = (rank + 1) % size, (rank - 1) % size
     total = np.zeros(1, np.int64)
     if size == 1:
-        total[0] = rank
+        log.info("alone: the total is my rank, %d", rank)
     elif rank == 0:
-        dist.send(total + rank, right)  # start the ring
-        dist.recv(total, left)  # ... and get the sum back
+        dist.send(total, right)
+        log.info("started the ring: sent a total of 0 to rank %d", right)
+        dist.recv(total, left)
+        log.info("got the total %d back from rank %d", total[0], left)
     else:
         dist.recv(total, left)
         total += rank
         dist.send(total, right)
-    log.info("passed the running total %d on to rank %d", total[0], right)
+        log.info("received %d from rank %d, added my rank, sent %d on to rank %d",
+                 total[0] - rank, left, total[0], right)
 
     dist.barrier()
     expected = size * (size - 1) // 2

@@ -12,6 +12,34 @@ import argparse
 import sys
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a mistake on the command line is one line (what was
+    wrong, and where to read more) and exit status 2, never a usage block."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number above 0, got {text}")
+    return value
+
+
 def _cmd_train(args) -> int:
     from minidist.train import train_digits
 
@@ -68,6 +96,10 @@ def _tour(args) -> int:
     from minidist.train import train_digits
     from viz.commands import demo as replay_demo
 
+    if args.epochs < 1:
+        print(f"minidist demo: error: --epochs must be at least 1, got {args.epochs}",
+              file=sys.stderr)
+        return 2
     console = Console(highlight=False)
     console.print(Rule("1. training on the bundled handwritten digits (one process)"))
     train_digits(model="mlp", epochs=args.epochs, batch_size=64, lr=0.1, seed=0, progress=True)
@@ -142,8 +174,14 @@ def _cmd_predict(args) -> int:
     return predict_command(args)
 
 
+def _cmd_lesson(args) -> int:
+    from minidist.lesson import lesson_command
+
+    return lesson_command(args.number, quick=args.quick)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="minidist",
         description="Learn parallel and distributed training by running it.",
     )
@@ -152,9 +190,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", help="train a model on the bundled 8x8 digits")
     train.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
-    train.add_argument("--epochs", type=int, default=None, help="default: 30 (mlp), 15 (cnn)")
-    train.add_argument("--batch-size", type=int, default=64)
-    train.add_argument("--lr", type=float, default=None, help="default: 0.1 (mlp), 0.05 (cnn)")
+    train.add_argument("--epochs", type=_positive_int, default=None,
+                       help="default: 30 (mlp), 15 (cnn)")
+    train.add_argument("--batch-size", type=_positive_int, default=64)
+    train.add_argument("--lr", type=_positive_float, default=None,
+                       help="default: 0.1 (mlp), 0.05 (cnn)")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.set_defaults(handler=_cmd_train)
@@ -219,11 +259,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a script on N worker processes (like torchrun)",
         description="Start N workers running SCRIPT; each calls dist.init_process_group().",
     )
-    run.add_argument("-n", "--nproc", type=int, required=True, help="number of worker processes")
+    run.add_argument("-n", "--nproc", type=_positive_int, required=True,
+                     help="number of worker processes")
     run.add_argument("--transport", default="shm", choices=["shm", "pipe", "mpi"],
                      help="shm, pipe, or mpi (starts the ranks with mpiexec)")
     run.add_argument("--trace", default=None, help="write the trace (JSON lines) to this file")
-    run.add_argument("--timeout", type=float, default=None, help="seconds before a hung run is stopped")
+    run.add_argument("--timeout", type=_positive_float, default=None,
+                     help="seconds before a hung run is stopped")
     run.add_argument("script")
     run.add_argument("script_args", nargs=argparse.REMAINDER)
     run.set_defaults(handler=_cmd_run)
@@ -297,12 +339,27 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--no-progress", action="store_true", help="no progress bar")
     predict.set_defaults(handler=_cmd_predict)
 
+    lesson = sub.add_parser(
+        "lesson",
+        help="list the lessons, or run lesson N",
+        description="Without N: list the course's lessons (lessons/NN_topic.py). With N: run "
+                    "lesson N as a script.",
+    )
+    lesson.add_argument("number", nargs="?", type=int, default=None, metavar="N",
+                        help="the lesson's number")
+    lesson.add_argument("--quick", action="store_true",
+                        help="the reduced form of long experiments (as CI runs them)")
+    lesson.set_defaults(handler=_cmd_lesson)
+
     return parser
 
 
 def main(argv=None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as done:  # --help, --version, or a mistake already told in one line
+        return done.code if isinstance(done.code, int) else 2
     if getattr(args, "handler", None) is None:
         parser.print_help()
         return 0
@@ -311,6 +368,13 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except SystemExit as stop:
+        if not isinstance(stop.code, str):
+            raise
+        # A command found a mistake in what it was given (a missing file, a
+        # missing tool): one line, as argparse's own, and no traceback.
+        print(stop.code, file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -179,17 +179,17 @@ def _run_under_mpiexec(args, world_size: int) -> int:
     import importlib.util
 
     if not os.path.isfile(args.script):
-        raise SystemExit(f"minidist run: no such script: {args.script}")
+        raise SystemExit(f"minidist run: error: no such script: {args.script}")
     if args.trace is not None:
-        raise SystemExit("minidist run --transport mpi: --trace is not supported under mpiexec; "
+        raise SystemExit("minidist run: error: --transport mpi: --trace is not supported under mpiexec; "
                          "set MINIDIST_TRACE_DIR=DIR to write one trace per rank (DIR/rank<r>.jsonl)")
     if importlib.util.find_spec("mpi4py") is None:
-        raise SystemExit("minidist run --transport mpi: mpi4py is not installed; "
+        raise SystemExit("minidist run: error: --transport mpi: mpi4py is not installed; "
                          "pip install -e '.[mpi]' (mpi4py and the MPICH wheel)")
     here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     mpiexec = here if os.path.exists(here) else shutil.which("mpiexec")
     if mpiexec is None:
-        raise SystemExit("minidist run --transport mpi: mpiexec not found; pip install -e "
+        raise SystemExit("minidist run: error: --transport mpi: mpiexec not found; pip install -e "
                          "'.[mpi]' brings MPICH's, or put your cluster's MPI on the PATH")
     command = [mpiexec, "-n", str(world_size)]
     version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True).stdout
@@ -301,7 +301,8 @@ def run_command(args) -> int:
 
     Starts N copies of ``python script.py args`` with MINIDIST_RANK,
     MINIDIST_WORLD_SIZE, MINIDIST_TRANSPORT and MINIDIST_RUN in their
-    environment; each calls ``dist.init_process_group()``. Returns the exit
+    environment (and torchrun's RANK, WORLD_SIZE, LOCAL_RANK,
+    LOCAL_WORLD_SIZE); each calls ``dist.init_process_group()``. Returns the exit
     status: 0 when every rank exits 0; otherwise the first failure is printed
     (rank, traceback) and the status is 1.
     """
@@ -315,7 +316,11 @@ def run_command(args) -> int:
     transport = check_name(args.transport)
     script = args.script
     if not os.path.isfile(script):
-        raise SystemExit(f"minidist run: no such script: {script}")
+        raise SystemExit(f"minidist run: error: no such script: {script} (give the path of a "
+                         "Python file, e.g. examples/hello.py)")
+    if args.trace is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.trace))):
+        raise SystemExit(f"minidist run: error: --trace {args.trace}: the folder "
+                         f"{os.path.dirname(os.path.abspath(args.trace))} does not exist")
     timeout = world.DEFAULT_TIMEOUT if args.timeout is None else args.timeout
     script_args = list(args.script_args or [])
     if script_args[:1] == ["--"]:
@@ -347,9 +352,13 @@ def run_command(args) -> int:
                             "timeout": timeout, "parent_pid": os.getpid(),
                             "log_fd": log_write, "trace_dir": trace_dir,
                             "error_dir": error_dir}
+                    # torchrun's names too, for scripts that read them (one machine:
+                    # the local rank is the rank).
                     env = dict(os.environ, **blas_env, MINIDIST_RANK=str(rank),
                                MINIDIST_WORLD_SIZE=str(world_size),
-                               MINIDIST_TRANSPORT=transport, MINIDIST_RUN=json.dumps(spec))
+                               MINIDIST_TRANSPORT=transport, MINIDIST_RUN=json.dumps(spec),
+                               RANK=str(rank), WORLD_SIZE=str(world_size),
+                               LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
                     try:
                         popen = subprocess.Popen(
                             [sys.executable, script, *script_args], env=env,

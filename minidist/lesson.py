@@ -5,12 +5,18 @@ variables let the test-suite run every lesson end to end in CI:
 
 * ``MINIDIST_LESSON_QUICK=1`` selects the reduced form of long experiments;
 * ``MINIDIST_LESSON_OUTPUT`` is where pictures are written (default:
-  ``lessons/output`` next to the lessons, or the current directory).
+  ``lesson_output`` in the current directory).
+
+``minidist lesson`` lists the lessons and ``minidist lesson N`` runs one
+(:func:`find_lessons`, :func:`lesson_command`).
 """
 
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 
@@ -46,3 +52,67 @@ def use_headless_matplotlib():
 
     if "inline" not in matplotlib.get_backend().lower():
         matplotlib.use("Agg")
+
+
+# ----------------------------------------------------------------- minidist lesson
+
+_FILE = re.compile(r"^(\d\d)_\w+\.py$")
+_HEADING = re.compile(r"^# #\s+(?:Lesson\s+\d+\s*:\s*)?(.+?)\s*$")
+
+
+def lessons_folder() -> Path | None:
+    """``lessons/`` of the source checkout minidist runs from (next to the
+    package), else ``./lessons``; None when there is neither."""
+    for folder in (Path(__file__).resolve().parents[1] / "lessons", Path.cwd() / "lessons"):
+        if folder.is_dir():
+            return folder
+    return None
+
+
+def find_lessons(folder: Path) -> list[tuple[int, str, Path]]:
+    """(number, title, path) of every ``NN_topic.py`` in ``folder``, in order;
+    the title is the file's first Markdown heading, without "Lesson N:"."""
+    found = []
+    for path in sorted(folder.iterdir()):
+        match = _FILE.match(path.name)
+        if not match:
+            continue
+        title = path.stem[3:].replace("_", " ")
+        with open(path, encoding="utf-8") as file:
+            for line in file:
+                heading = _HEADING.match(line)
+                if heading:
+                    title = heading.group(1)
+                    break
+        found.append((int(match.group(1)), title, path))
+    return found
+
+
+def lesson_command(number: int | None, quick: bool = False, folder: Path | None = None) -> int:
+    """``minidist lesson``: list the lessons; ``minidist lesson N [--quick]``:
+    run lesson N as a script, in a new process with this Python (``--quick``
+    sets MINIDIST_LESSON_QUICK=1: the reduced form of long experiments).
+    Returns the exit status; a mistake is one line on stderr and status 2."""
+    folder = folder or lessons_folder()
+    if folder is None:
+        print("minidist lesson: error: no lessons/ folder here or next to the minidist package; "
+              "the lessons come with the source checkout (git clone, then pip install -e .)",
+              file=sys.stderr)
+        return 2
+    lessons = find_lessons(folder)
+    if number is None:
+        for index, title, path in lessons:
+            print(f"{index:3d}  {title}  ({path.name})")
+        print("Run one with `minidist lesson N` (--quick: the short form); open one as a "
+              "notebook in JupyterLab (pip install -e '.[notebook]', see the README).")
+        return 0
+    chosen = [path for index, _, path in lessons if index == number]
+    if not chosen:
+        known = ", ".join(str(index) for index, _, _ in lessons)
+        print(f"minidist lesson: error: there is no lesson {number}; the lessons are {known} "
+              "(`minidist lesson` lists them)", file=sys.stderr)
+        return 2
+    env = dict(os.environ)
+    if quick:
+        env["MINIDIST_LESSON_QUICK"] = "1"
+    return subprocess.run([sys.executable, str(chosen[0])], env=env).returncode

@@ -21,7 +21,8 @@ Where things are:
 * :mod:`.world`          init / destroy, rank, world size, ``new_group``
 * :mod:`.process_group`  ``ProcessGroup``: ranks, contexts, point-to-point calls
 * :mod:`.point_to_point` the module-level forms of those calls (``group=None`` is the world)
-* :mod:`.collectives`    broadcast, reduce, all_reduce, ...: every algorithm by name
+* :mod:`.collectives`    broadcast, reduce, all_reduce, ...: every algorithm by name; the
+  ``*_object`` forms for Python objects; ``monitored_barrier``
 * :mod:`.simulator`      ``simulate``: a collective on many ranks in one process, on a
   virtual clock (the "sim" transport), with a trace to draw
 * :mod:`.transport`      how bytes move (``pipe``, ``shm``) and the progress engine
@@ -42,18 +43,25 @@ from minidist.distributed.collectives import (
     ALGORITHMS,
     all_gather,
     all_gather_into_tensor,
+    all_gather_object,
     all_reduce,
     all_to_all,
     all_to_all_single,
     barrier,
     broadcast,
+    broadcast_object_list,
     gather,
+    gather_object,
+    monitored_barrier,
     reduce,
     reduce_scatter,
     reduce_scatter_tensor,
     scatter,
+    scatter_object_list,
 )
 from minidist.distributed.point_to_point import (
+    P2POp,
+    batch_isend_irecv,
     iprobe,
     irecv,
     irecv_array,
@@ -78,8 +86,10 @@ from minidist.distributed.world import (
     DEFAULT_TIMEOUT,
     destroy_process_group,
     failed_ranks,
+    get_backend,
     get_global_rank,
     get_group_rank,
+    get_node_local_rank,
     get_rank,
     get_world_size,
     init_process_group,
@@ -120,3 +130,6 @@ __all__ = [
 __all__ += ["gather", "scatter", "failed_ranks", "shared_array"]
 __all__ += ["all_gather", "all_gather_into_tensor", "all_to_all", "all_to_all_single",
             "reduce_scatter", "reduce_scatter_tensor"]
+__all__ += ["all_gather_object", "broadcast_object_list", "gather_object", "monitored_barrier",
+            "P2POp", "batch_isend_irecv", "get_backend", "get_node_local_rank",
+            "scatter_object_list"]

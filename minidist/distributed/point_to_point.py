@@ -88,3 +88,44 @@ def wait_all(requests, group: ProcessGroup | None = None, timeout=_DEFAULT) -> N
 def barrier(group: ProcessGroup | None = None, *, timeout=_DEFAULT) -> None:
     """Wait until every rank of the group has entered (dissemination barrier)."""
     group_or_world(group).barrier(timeout=timeout)
+
+
+class P2POp:
+    """One point-to-point operation for :func:`batch_isend_irecv` (torch's P2POp).
+
+    ``op`` is :func:`isend` or :func:`irecv` (``dist.isend`` / ``dist.irecv``);
+    ``peer`` is the rank to send to or receive from, a rank of ``group``
+    (None: the world), as in every call of this module.
+    """
+
+    __slots__ = ("op", "tensor", "peer", "group", "tag")
+
+    def __init__(self, op, tensor, peer: int, group: ProcessGroup | None = None, tag: int = 0):
+        if op not in (isend, irecv):
+            name = getattr(op, "__name__", type(op).__name__)
+            raise ValueError(f"P2POp: op must be dist.isend or dist.irecv, got {name}; "
+                             "a batch is made of sends and receives only.")
+        self.op, self.tensor, self.peer, self.group, self.tag = op, tensor, peer, group, tag
+
+    def __repr__(self) -> str:
+        return f"P2POp({self.op.__name__}, peer={self.peer}, tag={self.tag})"
+
+
+def batch_isend_irecv(p2p_op_list) -> list:
+    """Start every operation of ``p2p_op_list`` and return their requests (in
+    the list's order), each with ``wait()``: torch's way to post a ring
+    exchange (send right, receive left) without choosing who goes first.
+
+    Every send and receive is posted before any is waited on, so no order of
+    the list can deadlock. Cost: that of the operations; nothing is merged.
+    """
+    operations = list(p2p_op_list)
+    if not operations:
+        raise ValueError("batch_isend_irecv needs a non-empty list of dist.P2POp")
+    for operation in operations:
+        if not isinstance(operation, P2POp):
+            raise TypeError(f"batch_isend_irecv takes a list of dist.P2POp, got a "
+                            f"{type(operation).__name__}; write "
+                            "dist.P2POp(dist.isend, tensor, peer).")
+    return [operation.op(operation.tensor, operation.peer, operation.group, operation.tag)
+            for operation in operations]

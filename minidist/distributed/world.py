@@ -16,6 +16,15 @@ Four ways a process becomes a rank:
 * ``init_process_group(world_size=1)`` with no launcher: a world of one, so a
   script can also run alone.
 
+torchrun's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``MASTER_ADDR``, ``MASTER_PORT``) is read where minidist can honour it:
+``minidist run`` sets ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` for scripts
+written for torchrun, and a torchrun world of one runs alone. A torchrun world
+of several cannot join: minidist's ranks meet through memory and pipes their
+launcher creates, not through a TCP rendezvous at MASTER_ADDR, so
+:func:`init_process_group` says to start the script with ``minidist run`` or
+``mpiexec`` instead.
+
 Groups. :func:`new_group` must be called by every rank, in the same order,
 with the same ranks (as in torch.distributed): each call numbers the group,
 and that number, identical everywhere, keeps its messages apart.
@@ -147,6 +156,8 @@ def init_process_group(backend: str | None = None, init_method=None, timeout=Non
         _init_from_environment(transport, world_size, rank, timeout, log_level)
     elif launched_by_mpi():
         _init_from_mpi(transport, world_size, rank, timeout)
+    elif _torchrun_world() is not None:
+        _init_from_torchrun(world_size, rank, timeout)
     elif transport == "mpi":
         raise RuntimeError(
             "init_process_group(transport='mpi'): this process was not started by mpiexec "
@@ -184,6 +195,42 @@ def _init_single(timeout) -> None:
 
     control = ctl.ControlBlock.local(1)
     start_worker(0, 1, PipeResources(1, {}), control, _seconds(timeout), "single")
+
+
+def _torchrun_world() -> tuple[int, int] | None:
+    """(RANK, WORLD_SIZE) as torchrun sets them, or None when they are not both set."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    try:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except ValueError:
+        raise ValueError(f"init_process_group(): RANK={os.environ['RANK']!r} and WORLD_SIZE="
+                         f"{os.environ['WORLD_SIZE']!r} in the environment must be integers "
+                         "(as torchrun sets them); unset them or fix them.") from None
+
+
+def _init_from_torchrun(world_size, rank, timeout) -> None:
+    """torchrun's RANK and WORLD_SIZE: a world of one runs alone; several cannot
+    meet, since minidist has no TCP rendezvous (MASTER_ADDR / MASTER_PORT)."""
+    env_rank, env_world = _torchrun_world()
+    if world_size not in (-1, None) and world_size != env_world:
+        raise ValueError(f"init_process_group(world_size={world_size}), but WORLD_SIZE is "
+                         f"{env_world} in the environment")
+    if rank not in (-1, None) and rank != env_rank:
+        raise ValueError(f"init_process_group(rank={rank}), but RANK is {env_rank} in the "
+                         "environment")
+    if env_world == 1 and env_rank == 0:
+        _init_single(timeout)
+        return
+    where = ""
+    if "MASTER_ADDR" in os.environ:
+        where = f" at {os.environ['MASTER_ADDR']}:{os.environ.get('MASTER_PORT', '?')}"
+    raise RuntimeError(
+        f"init_process_group() found torchrun's RANK={env_rank} and WORLD_SIZE={env_world}, "
+        f"but minidist cannot rendezvous over TCP{where}: its ranks meet through shared "
+        f"memory and pipes their launcher creates. Start the script with `minidist run "
+        f"-n {env_world} script.py` (one machine) or `mpiexec -n {env_world} python "
+        f"script.py` (MPI), not torchrun.")
 
 
 def _init_from_environment(transport, world_size, rank, timeout, log_level) -> None:
@@ -334,6 +381,32 @@ def get_rank(group: ProcessGroup | None = None) -> int:
 
 def get_world_size(group: ProcessGroup | None = None) -> int:
     return group_or_world(group).size
+
+
+def get_backend(group: ProcessGroup | None = None) -> str:
+    """The name of the transport ``group``'s messages travel on ("shm", "pipe",
+    "mpi"): torch's backend ("gloo", "nccl") is minidist's transport."""
+    return group_or_world(group).transport.name
+
+
+def get_node_local_rank(fallback_rank: int | None = None) -> int:
+    """This process's rank among the ranks on its machine (torch 2.x's name).
+
+    ``LOCAL_RANK`` when a launcher set it (``minidist run`` does, as torchrun
+    does), else what mpiexec says (Open MPI's ``OMPI_COMM_WORLD_LOCAL_RANK``,
+    MPICH's ``MPI_LOCALRANKID``), else the rank under :func:`minidist.launch`
+    (every rank is on this machine), else ``fallback_rank``.
+    """
+    for name in ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"):
+        if name in os.environ:
+            return int(os.environ[name])
+    if _world is not None and _world.mode in ("launch", "run", "single"):
+        return _world.rank
+    if fallback_rank is not None:
+        return int(fallback_rank)
+    raise RuntimeError("get_node_local_rank(): no LOCAL_RANK in the environment and no "
+                       "minidist run started here; call init_process_group() first, start "
+                       "the script with `minidist run`, or pass fallback_rank=.")
 
 
 def failed_ranks() -> frozenset:

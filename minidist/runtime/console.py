@@ -10,7 +10,12 @@ output of several processes can.
   the parent's root handlers are wrapped for the duration of the run in
   handlers that workers feed through a multiprocessing queue.
 * Workers started by ``minidist run`` (separate programs) send their records
-  over a pipe the parent reads with a listener thread.
+  over a pipe the parent reads with a listener thread. Each pipe is in order,
+  but the pipes are read as they become ready, so the listener merges them by
+  the time each record was made (``record.created``, stamped in the worker):
+  a record is printed once every other rank has sent a later one, or after
+  :data:`HOLD_SECONDS` at most. Log lines thus appear in the order the ranks
+  logged them, as long as a record reaches the parent within that time.
 
 Printing. :func:`print0` prints on rank 0 only; :func:`progress0` shows a Rich
 progress bar on rank 0 and just iterates elsewhere.
@@ -19,11 +24,13 @@ progress bar on rank 0 and just iterates elsewhere.
 from __future__ import annotations
 
 import contextlib
+import heapq
 import logging
 import os
 import queue
 import sys
 import threading
+import time
 from multiprocessing.connection import Connection, wait
 
 from multiprocessing_logging import MultiProcessingHandler
@@ -164,8 +171,14 @@ class PipeLogHandler(logging.Handler):
             self.handleError(record)
 
 
+#: How long the listener holds a record back for an earlier one from another
+#: rank still in its pipe: the price of the time order, in delay of a line.
+HOLD_SECONDS = 0.05
+
+
 class PipeLogListener:
-    """Parent side (``minidist run``): a thread that emits the workers' records."""
+    """Parent side (``minidist run``): a thread that emits the workers' records,
+    merged by the time they were made (see the module's docstring)."""
 
     def __init__(self, read_fds: list[int]):
         self._connections = [Connection(fd, writable=False) for fd in read_fds]
@@ -181,14 +194,29 @@ class PipeLogListener:
 
     def _run(self) -> None:
         open_connections = list(self._connections)
-        while open_connections:
-            for connection in wait(open_connections):
+        latest = {connection: 0.0 for connection in open_connections}  # last record's time
+        held = []  # (created, arrival number, fields): a heap, earliest first
+        arrivals = 0
+        while open_connections or held:
+            timeout = None if not held else max(0.0, held[0][0] + HOLD_SECONDS - time.time())
+            for connection in wait(open_connections, timeout):
                 try:
                     fields = connection.recv()
                 except (EOFError, OSError):
                     open_connections.remove(connection)
                     continue
-                record = logging.makeLogRecord(fields)
+                latest[connection] = fields.get("created", 0.0)
+                heapq.heappush(held, (latest[connection], arrivals, fields))
+                arrivals += 1
+            now = time.time()
+            while held:
+                created = held[0][0]
+                # Each pipe is in time order: once every open one has sent
+                # something later, nothing earlier can still come.
+                if now - created < HOLD_SECONDS and \
+                        any(latest[connection] < created for connection in open_connections):
+                    break
+                record = logging.makeLogRecord(heapq.heappop(held)[2])
                 logging.getLogger(record.name).handle(record)
 
     def stop(self, timeout: float = 2.0) -> None:

@@ -61,6 +61,7 @@ def test_hello_runs_on_four_ranks(transport, tmp_path):
     logs = done.stdout + done.stderr
     for rank in range(4):
         assert f"[rank {rank}] hello from rank {rank} of 4" in logs
+    assert "[rank 0] got the total 6 back from rank 3" in logs  # what rank 0 did, in its words
     recorded = trace.read_jsonl(path)
     assert recorded.header["world_size"] == 4
     pairs = list(trace.iter_messages(recorded.events))

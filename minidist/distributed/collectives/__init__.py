@@ -9,6 +9,8 @@ with its alpha-beta-gamma cost (shown in its docstring, computed by
 * :mod:`.broadcast`, :mod:`.reduce`, :mod:`.all_reduce`
 * :mod:`.scatter`, :mod:`.gather`, :mod:`.barrier`
 * :mod:`.all_gather`, :mod:`.reduce_scatter`, :mod:`.all_to_all`
+* :mod:`.objects` Python objects (``all_gather_object``, ``broadcast_object_list``,
+  ``gather_object``, ``scatter_object_list``): pickles moved by the array collectives above
 * :mod:`.comm`  what an algorithm sees; message fingerprints; the Work handle
 * :mod:`.registry` every algorithm with its cost formula and traffic; "auto"'s choice
 * :mod:`.call`  what every call shares: checks, algorithm choice, running
@@ -23,11 +25,17 @@ with its alpha-beta-gamma cost (shown in its docstring, computed by
 from minidist.distributed.collectives.all_gather import all_gather, all_gather_into_tensor
 from minidist.distributed.collectives.all_reduce import all_reduce
 from minidist.distributed.collectives.all_to_all import all_to_all, all_to_all_single
-from minidist.distributed.collectives.barrier import barrier
+from minidist.distributed.collectives.barrier import barrier, monitored_barrier
 from minidist.distributed.collectives.broadcast import broadcast
 from minidist.distributed.collectives.call import ALGORITHMS
 from minidist.distributed.collectives.comm import Work
 from minidist.distributed.collectives.gather import gather
+from minidist.distributed.collectives.objects import (
+    all_gather_object,
+    broadcast_object_list,
+    gather_object,
+    scatter_object_list,
+)
 from minidist.distributed.collectives.reduce import reduce
 from minidist.distributed.collectives.reduce_scatter import reduce_scatter, reduce_scatter_tensor
 from minidist.distributed.collectives.scatter import scatter
@@ -35,3 +43,5 @@ from minidist.distributed.collectives.scatter import scatter
 __all__ = ["ALGORITHMS", "Work", "all_gather", "all_gather_into_tensor", "all_reduce",
            "all_to_all", "all_to_all_single", "barrier", "broadcast", "gather", "reduce",
            "reduce_scatter", "reduce_scatter_tensor", "scatter"]
+__all__ += ["all_gather_object", "broadcast_object_list", "gather_object", "monitored_barrier",
+            "scatter_object_list"]
