@@ -247,7 +247,10 @@ _this_rank: int | None = None
 def _rank() -> int:
     if _this_rank is not None:
         return _this_rank
-    return int(os.environ.get("MINIDIST_RANK", 0))
+    for name in ("MINIDIST_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):  # minidist, mpiexec
+        if name in os.environ:
+            return int(os.environ[name])
+    return 0
 
 
 def print0(*args, sep: str = " ", end: str = "\n", file=None) -> None:
