@@ -297,6 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--no-progress", action="store_true", help="no progress bar")
     predict.set_defaults(handler=_cmd_predict)
 
+    from minidist.exercise_command import add_parser as add_exercise_parser
+
+    add_exercise_parser(sub)
     return parser
 
 
