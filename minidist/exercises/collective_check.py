@@ -245,29 +245,31 @@ def _root_error(error: BaseException) -> BaseException:
     return error
 
 
-def wait_for_chain(comms: list[RecordingComm]) -> str:
-    """'rank 0 waits for rank 1 (recv "x"), rank 1 waits for rank 0 (recv "y")'."""
+def wait_for_chain(comms: list[RecordingComm]) -> tuple[str, bool]:
+    """('rank 0 waits for rank 1 (recv "x"), rank 1 waits for rank 0 (recv "y"),
+    back to rank 0: a cycle', True), or the chain ending at a rank that has
+    finished without sending (False: a missing send, not a cycle)."""
     waits = {c.rank: c.waits() for c in comms if not c.finished}
     if not waits:
-        return "no rank is waiting"
-    start = min(rank for rank, found in waits.items() if found) if any(waits.values()) \
-        else min(waits)
-    links, seen, rank = [], [], start
-    while rank in waits and rank not in seen:
+        return "no rank is waiting", False
+    start = min((rank for rank, found in waits.items() if found), default=min(waits))
+    links, seen, rank, cycle = [], [], start, False
+    while True:
+        if rank in seen:
+            links.append(f"back to rank {rank}: a cycle, so none of them can go on")
+            cycle = True
+            break
         seen.append(rank)
         if not waits[rank]:
             links.append(f"rank {rank} is stuck without a pending receive")
             break
         source, label = waits[rank][0]
-        links.append(f"rank {rank} waits for rank {source} (recv {label!r})"
-                     if label else f"rank {rank} waits for rank {source} (recv)")
+        links.append(f"rank {rank} waits for rank {source} (recv {label!r})")
         if source not in waits:
-            links.append(f"rank {source} has finished without sending it")
+            links.append(f"but rank {source} has finished without sending it")
             break
         rank = source
-    if rank in seen:
-        links.append(f"back to rank {rank}: a cycle, so none of them can go on")
-    return ", ".join(links)
+    return ", ".join(links), cycle
 
 
 def _describe_send(send) -> str:
@@ -323,11 +325,21 @@ def judge_call(spec: CollectiveSpec, function, n: int, count: int, root: int):
         if isinstance(error, ExerciseTimeout):
             raise error
         if isinstance(error, SimulationStallError):
-            return Failure("deadlock",
-                           f"deadlock on {case} (simulated): {wait_for_chain(result.comms)}. "
-                           "Post each step's sends and receives together, "
-                           "yield [comm.isend(...), comm.irecv(...)], and check that every "
-                           "receive has a matching send in the same step.")
+            chain, cycle = wait_for_chain(result.comms)
+            if cycle:
+                return Failure("deadlock",
+                               f"deadlock on {case} (simulated): {chain}. Post each step's "
+                               "sends and receives together, yield [comm.isend(...), "
+                               "comm.irecv(...)], and check that every receive has a "
+                               "matching send in the same step.", case=(n, count, root))
+            reference = simulate_call(spec, spec.reference, n, count, root)
+            difference = first_difference(result.comms, reference.comms)
+            where = (f" First difference from the reference's messages: {difference[2]}."
+                     if difference else "")
+            return Failure("never sent",
+                           f"a receive nobody sends, on {case} (simulated): {chain}: a "
+                           f"missing send, or a receive too many.{where}",
+                           step=difference[1] if difference else None, case=(n, count, root))
         if isinstance(error, MessageMismatchError):
             reference = simulate_call(spec, spec.reference, n, count, root)
             difference = first_difference(result.comms, reference.comms)
