@@ -231,7 +231,7 @@ def save_side_by_side_html(model: SideBySide, path, fps: float = 1.0, dpi: int =
     start = model.marked or 0
     page = f"""<!doctype html><meta charset="utf-8">
 <title>{html.escape(model.student.collective)}: your algorithm and the reference</title>
-<p>{html.escape(model.difference)}</p>
+<p>{"" if model.marked is None else f"<b>FIRST DIFFERENCE at step {model.marked + 1}</b>: "}{html.escape(model.difference)}</p>
 <button onclick="go(-1)">&larr; back</button> <button onclick="go(1)">next &rarr;</button>
 <input id="slider" type="range" min="0" max="{model.frames - 1}" value="{start}"
  oninput="show(+this.value)"> <span id="where"></span>

@@ -532,7 +532,8 @@ def _check_processes(spec, function, report) -> Failure | None:
         except ExerciseTimeout as error:
             return Failure("hang", f"{error} (real processes): an endless loop?")
         except WorkerError as error:
-            kind = "hang" if error.kind == "timeout" else "raised"
+            # "returned": a rank left while another waited for it (an unmatched call)
+            kind = {"timeout": "hang", "returned": "unmatched"}.get(error.kind, "raised")
             first = str(error).strip().splitlines()
             return Failure(kind, f"on {n} processes: " + "\n".join(first[:12]), rank=error.rank)
         except DistributedError as error:

@@ -104,7 +104,8 @@ def check(function, **options) -> CheckResult:
                 report.failure = Failure("not written", "parallel_linear is not written yet: "
                                          f"{error.remote_message}")
             else:
-                kind = "hang" if error.kind == "timeout" else "raised"
+                # "returned": a rank left while another waited for it (an unmatched call)
+                kind = {"timeout": "hang", "returned": "unmatched"}.get(error.kind, "raised")
                 lines = str(error).strip().splitlines()
                 report.failure = Failure(kind, f"on {n} processes: " + "\n".join(lines[:12]),
                                          rank=error.rank)
