@@ -33,7 +33,6 @@ launches, a few seconds on a laptop.
 from __future__ import annotations
 
 import types
-import warnings
 import zlib
 from dataclasses import dataclass
 
@@ -54,14 +53,12 @@ from minidist.exercises.exercise import (
     deadline,
     describe_error,
 )
-from minidist.runtime.errors import DistributedError, MessageMismatchError
+from minidist.exercises.process_check import PROCESS_TIMEOUT, launch_checked
+from minidist.runtime.errors import MessageMismatchError
 from minidist.trace import FIELDS as _FIELDS
 
 WORLD_SIZES = tuple(range(1, 9))
 BIG_WORLD = 40  # not a power of two: the folds of recursive doubling run too
-#: Seconds a blocking call may wait on real processes before the run is
-#: declared hung (the simulator has found deadlocks long before).
-PROCESS_TIMEOUT = 3.0
 
 
 class NotAGenerator(TypeError):
@@ -515,27 +512,12 @@ def _worker(spec, function, all_cases):
 
 
 def _check_processes(spec, function, report) -> Failure | None:
-    from minidist.distributed.launch import launch
-    from minidist.runtime.errors import OversubscriptionWarning, WorkerError
-
     for n in WORLD_SIZES:
         all_cases = cases(n, spec.rooted)
-        try:
-            with deadline(CHECK_DEADLINE, f"{spec.exercise} on {n} processes"), \
-                    warnings.catch_warnings():
-                # more ranks than cores is expected here, and timings are not checked
-                warnings.simplefilter("ignore", OversubscriptionWarning)
-                results = launch(_worker, world_size=n, transport="pipe",
-                                 args=(spec, function, all_cases), timeout=PROCESS_TIMEOUT)
-        except ExerciseTimeout as error:
-            return Failure("hang", f"{error} (real processes): an endless loop?")
-        except WorkerError as error:
-            # "returned": a rank left while another waited for it (an unmatched call)
-            kind = {"timeout": "hang", "returned": "unmatched"}.get(error.kind, "raised")
-            first = str(error).strip().splitlines()
-            return Failure(kind, f"on {n} processes: " + "\n".join(first[:12]), rank=error.rank)
-        except DistributedError as error:
-            return Failure("raised", f"on {n} processes: {error}")
+        results, failure = launch_checked(_worker, n, (spec, function, all_cases),
+                                          spec.exercise)
+        if failure is not None:
+            return failure
         for rank, buffers in enumerate(results):
             for (count, root), got in zip(all_cases, buffers):
                 want = expected(spec, n, count, root)

@@ -19,21 +19,11 @@ multiples of n, as in :mod:`minidist.parallel.tensor_parallel`.
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 
 import minidist.distributed as dist
-from minidist.exercises.exercise import (
-    CHECK_DEADLINE,
-    CheckResult,
-    Exercise,
-    ExerciseTimeout,
-    Failure,
-    NotWrittenYet,
-    deadline,
-    describe_error,
-)
+from minidist.exercises.exercise import CheckResult, Exercise, Failure
+from minidist.exercises.process_check import launch_checked
 
 WORLD_SIZES = (1, 2, 3, 4)
 
@@ -83,34 +73,12 @@ def _worker(function, all_cases):
 
 
 def check(function, **options) -> CheckResult:
-    from minidist.distributed.launch import launch
-    from minidist.runtime.errors import OversubscriptionWarning, WorkerError
-
     report = CheckResult("tensor_parallel_linear")
     for n in WORLD_SIZES:
         all_cases = cases(n)
-        try:
-            with deadline(CHECK_DEADLINE, f"parallel_linear on {n} processes"), \
-                    warnings.catch_warnings():
-                warnings.simplefilter("ignore", OversubscriptionWarning)
-                results = launch(_worker, world_size=n, transport="pipe",
-                                 args=(function, all_cases), timeout=3.0)
-        except ExerciseTimeout as error:
-            report.failure = Failure("hang", f"{error}: an endless loop, or a collective "
-                                     "only some ranks call?")
-            return report
-        except WorkerError as error:
-            if error.remote_type == "NotWrittenYet":
-                report.failure = Failure("not written", "parallel_linear is not written yet: "
-                                         f"{error.remote_message}")
-            else:
-                # "returned": a rank left while another waited for it (an unmatched call)
-                kind = {"timeout": "hang", "returned": "unmatched"}.get(error.kind, "raised")
-                lines = str(error).strip().splitlines()
-                report.failure = Failure(kind, f"on {n} processes: " + "\n".join(lines[:12]),
-                                         rank=error.rank)
-            return report
-        failure = _compare(n, all_cases, results)
+        results, failure = launch_checked(_worker, n, (function, all_cases), "parallel_linear")
+        if failure is None:
+            failure = _compare(n, all_cases, results)
         if failure is not None:
             report.failure = failure
             return report
@@ -151,5 +119,3 @@ EXERCISE = Exercise(
     name="tensor_parallel_linear", function="parallel_linear",
     summary="a dense layer split by columns (all_gather) and by rows (all_reduce)",
     lesson="lessons/10_model_parallel.py", reference=parallel_linear, check=check)
-
-__all__ = ["EXERCISE", "NotWrittenYet", "describe_error", "parallel_linear"]
