@@ -210,3 +210,89 @@ def test_a_wrong_schedule_comes_with_both_gantt_charts():
     result = get("one_f_one_b").check(_gpipe)
     assert set(result.schedules) == {"yours", "1F1B (reference)"}
     assert all(events for events in result.schedules.values())
+
+
+# --------------------------------------------------------------------------- strategies
+
+
+def _plain_average(weights, gradient, batch_size, lr):
+    get("coordinator_data_parallel").reference(weights, gradient, 1, lr)
+
+
+def _no_broadcast(weights, gradient, batch_size, lr):
+    message = np.append(gradient * batch_size, batch_size)
+    received = ([np.empty_like(message) for _ in range(dist.get_world_size())]
+                if dist.get_rank() == 0 else None)
+    dist.gather(message, received, dst=0)
+    if dist.get_rank() == 0:
+        weights -= lr * sum(m[:-1] for m in received) / sum(m[-1] for m in received)
+
+
+def _one_call_per_gradient(gradients, bucket_bytes):
+    for gradient in gradients:
+        dist.all_reduce(gradient)
+        gradient /= dist.get_world_size()
+
+
+def _one_bucket(gradients, bucket_bytes):
+    get("ddp_bucketing").reference(gradients, 1 << 30)
+
+
+def _sum_not_average(gradients, bucket_bytes):
+    reference = get("ddp_bucketing").reference
+    reference(gradients, bucket_bytes)
+    for gradient in gradients:
+        gradient *= dist.get_world_size()
+
+
+def _server_counts_itself(weights, gradient, lr):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        total, incoming = gradient.copy(), np.empty_like(weights)
+        for worker in range(1, n):
+            dist.recv(incoming, src=worker, tag=1)
+            total += incoming
+        weights -= lr * total / n
+        for worker in range(1, n):
+            dist.send(weights, dst=worker, tag=2)
+    else:
+        dist.send(gradient, dst=0, tag=1)
+        dist.recv(weights, src=0, tag=2)
+
+
+def _workers_pull_first(weights, gradient, lr):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        incoming = np.empty_like(weights)
+        for worker in range(1, n):
+            dist.recv(incoming, src=worker, tag=1)
+        for worker in range(1, n):
+            dist.send(weights, dst=worker, tag=2)
+    else:
+        dist.recv(weights, src=0, tag=2)  # waits for a pull the server sends after the push
+        dist.send(gradient, dst=0, tag=1)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name,function,kind,words", [
+    ("coordinator_data_parallel", _plain_average, "wrong result",
+     ["plain average over ranks", "weight rank r's gradient by its batch_size"]),
+    ("coordinator_data_parallel", _no_broadcast, "wrong result",
+     ["rank 1", "only the coordinator updated? broadcast"]),
+    ("ddp_bucketing", _one_call_per_gradient, "wasteful",
+     ["5 all_reduce calls", "1.7 x the 3 of bucketing"]),
+    ("ddp_bucketing", _one_bucket, "bucket too big", ["an all_reduce of 144 bytes"]),
+    ("ddp_bucketing", _sum_not_average, "wrong result", ["that is the sum"]),
+    ("parameter_server_round", _server_counts_itself, "wrong result",
+     ["the server's own gradient was averaged in"]),
+    ("parameter_server_round", _workers_pull_first, "hang", ["on 2 processes"]),
+])
+def test_strategy_mistakes_on_real_processes(name, function, kind, words):
+    before = _segments()
+    started = time.monotonic()
+    result = get(name).check(function)
+    assert time.monotonic() - started < 10
+    assert result.failure is not None and result.failure.kind == kind, result.failure
+    for word in words:
+        assert word in result.failure.message, result.failure.message
+    assert not _children() and _segments() == before
