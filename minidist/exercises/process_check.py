@@ -37,8 +37,13 @@ def launch_checked(worker, n: int, args, what: str):
                                  f"{error.remote_message}")
         # "returned": a rank left while another waited for it (an unmatched call)
         kind = {"timeout": "hang", "returned": "unmatched"}.get(error.kind, "raised")
-        lines = str(error).strip().splitlines()
-        return None, Failure(kind, f"on {n} processes: " + "\n".join(lines[:12]),
+        text = str(error).strip()
+        if kind == "hang" and "a deadlock" in text:
+            kind = "deadlock"  # the runtime's report names who waits for whom
+        if kind != "raised":  # the report says it all; the traceback only where it waited
+            text = text.split("\nTraceback from")[0]
+        lines = text.splitlines()
+        return None, Failure(kind, f"on {n} processes: " + "\n".join(lines[:16]),
                              rank=error.rank)
     except DistributedError as error:
         return None, Failure("raised", f"on {n} processes: {error}")

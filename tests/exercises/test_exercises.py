@@ -285,7 +285,8 @@ def _workers_pull_first(weights, gradient, lr):
     ("ddp_bucketing", _sum_not_average, "wrong result", ["that is the sum"]),
     ("parameter_server_round", _server_counts_itself, "wrong result",
      ["the server's own gradient was averaged in"]),
-    ("parameter_server_round", _workers_pull_first, "hang", ["on 2 processes"]),
+    ("parameter_server_round", _workers_pull_first, "deadlock",
+     ["on 2 processes", "rank 0: waiting in recv from 1", "rank 1: waiting in recv from 0"]),
 ])
 def test_strategy_mistakes_on_real_processes(name, function, kind, words):
     before = _segments()
@@ -295,4 +296,23 @@ def test_strategy_mistakes_on_real_processes(name, function, kind, words):
     assert result.failure is not None and result.failure.kind == kind, result.failure
     for word in words:
         assert word in result.failure.message, result.failure.message
+    assert not _children() and _segments() == before
+
+
+@pytest.mark.timeout(60)
+def test_a_deadlocked_collective_on_real_processes_names_the_wait_for_chain():
+    # The simulator catches it first (in milliseconds); this is the real-process
+    # leg on its own: the runtime's report, within seconds, nothing left behind.
+    from minidist.exercises import collective_check, ring_allreduce
+    from minidist.exercises.exercise import CheckResult
+
+    deadlocked = load_function(WRONG / "ring_deadlock.py", "ring_allreduce", "ring_allreduce")
+    before = _segments()
+    started = time.monotonic()
+    failure = collective_check._check_processes(ring_allreduce.SPEC, deadlocked,
+                                                CheckResult("ring_allreduce"))
+    assert time.monotonic() - started < 10
+    assert failure.kind == "deadlock", failure
+    assert "rank 0: waiting in recv from 1" in failure.message
+    assert "rank 1: waiting in recv from 0" in failure.message
     assert not _children() and _segments() == before
