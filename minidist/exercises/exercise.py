@@ -122,16 +122,24 @@ def load_function(path, name: str, exercise: str):
 def deadline(seconds: float, what: str):
     """Stop the code inside after ``seconds`` of wall time with
     :class:`ExerciseTimeout` (SIGALRM; main thread only, else no limit).
-    An endless loop in pure Python is interrupted between two bytecodes."""
+    An endless loop in pure Python is interrupted between two bytecodes.
+    An alarm already set outside (pytest-timeout's, say) is put back with
+    the time it has left, or left alone if it rings sooner than ours."""
     import threading
+    import time
 
     if threading.current_thread() is not threading.main_thread():
         yield
+        return
+    outer_delay, outer_interval = signal.getitimer(signal.ITIMER_REAL)
+    if 0 < outer_delay <= seconds:
+        yield  # the outer alarm rings first: it is the limit
         return
 
     def ring(signum, frame):
         raise ExerciseTimeout(f"{what} did not finish in {seconds:g} s")
 
+    started = time.monotonic()
     previous = signal.signal(signal.SIGALRM, ring)
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
@@ -139,6 +147,9 @@ def deadline(seconds: float, what: str):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if outer_delay > 0:
+            left = max(outer_delay - (time.monotonic() - started), 1e-3)
+            signal.setitimer(signal.ITIMER_REAL, left, outer_interval)
 
 
 def describe_error(error: BaseException) -> str:

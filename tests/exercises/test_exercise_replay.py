@@ -91,3 +91,29 @@ def test_unknown_names_and_files_get_one_line_errors(tmp_path, capsys):
     (tmp_path / "empty.py").write_text("x = 1\n")
     assert main(["exercise", "check", "ring_allreduce", str(tmp_path / "empty.py")]) == 2
     assert "defines no function ring_allreduce()" in capsys.readouterr().err
+
+
+def test_the_step_through_moves_over_the_pairs():
+    _, model = _model("ring_missing_step")
+    console = Console(record=True, width=160, color_system=None)
+    from viz.exercise_replay import step_through_side_by_side
+
+    shown = step_through_side_by_side(model, console, keys=["n", "n", "b", "G", "q"],
+                                      color=False)
+    assert shown == [0, 1, 2, 1, model.frames - 1]
+    assert "FIRST DIFFERENCE" in console.export_text()  # the last pair is the marked one
+
+
+def test_the_deadline_puts_an_outer_alarm_back():
+    import signal
+
+    from minidist.exercises.exercise import deadline
+
+    signal.setitimer(signal.ITIMER_REAL, 100.0)
+    try:
+        with deadline(1.0, "nothing"):
+            pass
+        left, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 90 < left <= 100
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
