@@ -63,17 +63,39 @@ def _worker(function):
 
 def check(function, **options) -> CheckResult:
     report = CheckResult("coordinator_data_parallel")
+    wasteful = None
     for n in WORLD_SIZES:
-        results, failure = launch_checked(_worker, n, (function,), "coordinator_step")
+        run, failure = launch_checked(_worker, n, (function,), "coordinator_step",
+                                      traffic=True)
         if failure is None:
+            results, (_, nbytes) = run
             failure = _compare(n, results)
+            # told on the biggest world, where the waste shows most
+            wasteful = _traffic(n, nbytes) or wasteful
         if failure is not None:
             report.failure = failure
             return report
+    if wasteful is not None:
+        report.failure = wasteful
+        return report
     report.passed.append(f"real processes, world sizes 1-{WORLD_SIZES[-1]}, uneven shards "
                          "(one rank without examples): every rank holds w - lr * the "
                          "example-weighted average gradient")
+    report.passed.append("bytes within the coordinator's: (n - 1) (P + 1) values in, "
+                         "(n - 1) P out, from the trace")
     return report
+
+
+def _traffic(n, nbytes):
+    """The bytes against gather + broadcast: (n - 1) (P + 1) values in (the
+    gradient and the example count) and (n - 1) P out, 8 bytes each."""
+    want = sum(8 * (n - 1) * (2 * size + 1) for size in CASES)
+    if nbytes > want:
+        return Failure("wasteful", (
+            f"correct, but on {n} ranks the steps sent {nbytes:,} bytes, "
+            f"{nbytes / want:.1f} x the coordinator's {want:,}: (n - 1) (P + 1) values in "
+            "(each gradient with its count) and (n - 1) P out (the new weights)"))
+    return None
 
 
 def _compare(n, results):

@@ -61,16 +61,39 @@ def _worker(function):
 
 def check(function, **options) -> CheckResult:
     report = CheckResult("parameter_server_round")
+    wasteful = None
     for n in WORLD_SIZES:
-        results, failure = launch_checked(_worker, n, (function,), "parameter_server_round")
+        run, failure = launch_checked(_worker, n, (function,), "parameter_server_round",
+                                      traffic=True)
         if failure is None:
+            results, (messages, nbytes) = run
             failure = _compare(n, results)
+            # told on the biggest world, where the waste shows most
+            wasteful = _traffic(n, messages, nbytes) or wasteful
         if failure is not None:
             report.failure = failure
             return report
+    if wasteful is not None:
+        report.failure = wasteful
+        return report
     report.passed.append(f"real processes, world sizes {WORLD_SIZES[0]}-{WORLD_SIZES[-1]}: "
                          "every rank holds w - lr * the workers' average gradient")
+    report.passed.append("2 (n - 1) messages of P values per round, from the trace")
     return report
+
+
+def _traffic(n, messages, nbytes):
+    """The round's messages against push + pull: 2 (n - 1) of P values each."""
+    want_messages = len(SIZES) * 2 * (n - 1)
+    want_bytes = sum(2 * (n - 1) * 8 * size for size in SIZES)
+    if nbytes > want_bytes or messages > want_messages:
+        return Failure("wasteful", (
+            f"correct, but on {n} ranks the rounds sent {messages} messages and {nbytes:,} "
+            f"bytes, {nbytes / want_bytes:.1f} x the bytes and "
+            f"{messages / want_messages:.1f} x the messages of push + pull "
+            f"({want_messages} messages of P values, {want_bytes:,} bytes): each worker "
+            "pushes its gradient once and pulls the weights once"))
+    return None
 
 
 def _compare(n, results):

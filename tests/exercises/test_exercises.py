@@ -316,3 +316,42 @@ def test_a_deadlocked_collective_on_real_processes_names_the_wait_for_chain():
     assert "rank 0: waiting in recv from 1" in failure.message
     assert "rank 1: waiting in recv from 0" in failure.message
     assert not _children() and _segments() == before
+
+
+def _pushes_twice(weights, gradient, lr):
+    # Right, but every worker pushes its gradient twice and the server reads both.
+    rank, n = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        total, incoming = np.zeros_like(weights), np.empty_like(weights)
+        for worker in range(1, n):
+            for _ in range(2):
+                dist.recv(incoming, src=worker, tag=1)
+            total += incoming
+        weights -= lr * total / (n - 1)
+        for worker in range(1, n):
+            dist.send(weights, dst=worker, tag=2)
+    else:
+        dist.send(gradient, dst=0, tag=1)
+        dist.send(gradient, dst=0, tag=1)
+        dist.recv(weights, src=0, tag=2)
+
+
+def _coordinator_by_all_gather(weights, gradient, batch_size, lr):
+    # Right, but every rank gathers every gradient (no coordinator at all).
+    n = dist.get_world_size()
+    message = np.append(gradient * batch_size, batch_size)
+    everyone = np.empty((n,) + message.shape)
+    dist.all_gather_into_tensor(everyone, message)
+    weights -= lr * everyone[:, :-1].sum(axis=0) / everyone[:, -1].sum()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name,function,words", [
+    ("parameter_server_round", _pushes_twice, ["on 5 ranks", "1.5 x the bytes", "push + pull"]),
+    ("coordinator_data_parallel", _coordinator_by_all_gather, ["on 4 ranks", "2.2 x the coordinator"]),
+])
+def test_wasteful_strategies_are_told_from_the_trace(name, function, words):
+    result = get(name).check(function)
+    assert result.failure is not None and result.failure.kind == "wasteful", result.failure
+    for word in words:
+        assert word in result.failure.message, result.failure.message
