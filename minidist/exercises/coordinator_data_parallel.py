@@ -10,7 +10,8 @@ model as one flat array).
 
 Checked on real processes, world sizes 1..4, with uneven shards (one rank
 with no examples at all): every rank's weights against NumPy's
-``w - lr * sum_r b_r g_r / sum_r b_r``.
+``w - lr * sum_r b_r g_r / sum_r b_r``, and the bytes of the run (from its
+trace) against gather + broadcast's (n - 1) (2 P + 1) values.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ worker receives the new weights. Written with point-to-point messages
 is.
 
 Checked on real processes, world sizes 2..5: every rank's weights against
-NumPy's ``w - lr * mean of the workers' gradients``; a worker that waits
+NumPy's ``w - lr * mean of the workers' gradients``; the messages and bytes
+of the run (from its trace) against push + pull; a worker that waits
 for a pull the server never sends is reported by the runtime, naming it.
 """
 
