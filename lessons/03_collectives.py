@@ -344,3 +344,16 @@ for bug in (rank_3_returns_early, ranks_disagree):
         minidist.launch(bug, world_size=4)
     except dist.WorkerError as error:
         print(f"{bug.__name__}:\n  {str(error).splitlines()[0]}\n")
+
+# %% [markdown]
+# ## Your turn
+#
+# Write two of this chapter's algorithms yourself and have them checked on
+# real processes and the simulator, against the reference:
+#
+#     minidist exercise start tree_broadcast
+#     minidist exercise check tree_broadcast
+#
+# and the same for `recursive_doubling_allreduce`. A wrong answer names the
+# first wrong rank and element and the step where your messages first differ
+# from the reference's; a deadlock names who waits for whom.

@@ -204,3 +204,13 @@ print("saved", OUT / "ring_flat.png")
 # Try: `minidist demo ring-allreduce -n 4` steps through a fresh run in the
 # terminal; `minidist demo all_reduce --algorithm ring -n 64 --simulate`
 # shows the summary view of a bigger ring.
+
+# %% [markdown]
+# ## Your turn
+#
+# Write the ring yourself: `minidist exercise start ring_allreduce`, fill
+# in the two loops, then `minidist exercise check ring_allreduce`. When it
+# is wrong, the check writes `ring_allreduce.replay.gif` (and `.html`): your
+# run beside the reference's, step by step, with the first step where your
+# messages differ marked. When it is right but wasteful, it says how many
+# times the ring's bytes you send.

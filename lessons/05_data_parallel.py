@@ -525,3 +525,12 @@ print(f"'straggler wait' regions: rank(s) {sorted({e['rank'] for e in waits})}, 
 # 2 cores, so expect it to be slower, but the weights still match), or pass
 # `overlap=False` to `DistributedDataParallel` in section 2 and check that
 # the weights do not change.
+
+# %% [markdown]
+# ## Your turn
+#
+# Two exercises on this chapter, checked on real processes:
+# `minidist exercise start coordinator_data_parallel` (one coordinator step
+# with uneven shards) and `minidist exercise start ddp_bucketing` (one
+# all_reduce per bucket; the checker counts your calls). Check each with
+# `minidist exercise check NAME`.

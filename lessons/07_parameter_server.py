@@ -502,3 +502,10 @@ print("saved", OUT / "ps_idle.png")
 # bytes per step do not change (asynchrony saves waiting, not bytes); in
 # section 6, try `servers=2`: the idle time stays, since it comes from the
 # barrier and not from the server's load.
+
+# %% [markdown]
+# ## Your turn
+#
+# Write one push/pull round with send and recv:
+# `minidist exercise start parameter_server_round`, then
+# `minidist exercise check parameter_server_round`.

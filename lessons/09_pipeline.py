@@ -485,3 +485,12 @@ print(f"2 stages x 2 replicas vs one process: largest weight difference {differe
 #
 # Try `minidist demo pipeline --schedule 1f1b --stages 4 --microbatches 8`
 # (and `--simulate`, `--timeline gantt.png`) to step through a run yourself.
+
+# %% [markdown]
+# ## Your turn
+#
+# Write 1F1B as data, each stage's order of forwards and backwards:
+# `minidist exercise start one_f_one_b`, then `minidist exercise check
+# one_f_one_b`. The checker runs it on the pipeline simulator, tells a
+# deadlock or a schedule that holds more activations than 1F1B, and draws
+# your Gantt chart above the reference's (`one_f_one_b.gantt.png`).

@@ -824,3 +824,11 @@ print("saved", OUT / "model_parallel_hybrid.png")
 # Try `minidist demo model-parallel -n 2` (and `--timeline step.png`) to
 # train the split MLP and step through the messages of its last step, or
 # change `CNN_BATCHES` above and watch the bytes cross.
+
+# %% [markdown]
+# ## Your turn
+#
+# Split a dense layer by columns and by rows yourself:
+# `minidist exercise start tensor_parallel_linear`, then
+# `minidist exercise check tensor_parallel_linear` (1 to 4 real processes,
+# each given only its shard).

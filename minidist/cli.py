@@ -351,6 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the reduced form of long experiments (as CI runs them)")
     lesson.set_defaults(handler=_cmd_lesson)
 
+    from minidist.exercise_command import add_parser as add_exercise_parser
+
+    add_exercise_parser(sub)
     return parser
 
 

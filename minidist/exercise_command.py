@@ -1,0 +1,164 @@
+"""``minidist exercise``: list the exercises, start one, check a solution.
+
+    minidist exercise list
+    minidist exercise start ring_allreduce            # writes ./ring_allreduce.py
+    minidist exercise check ring_allreduce            # checks ./ring_allreduce.py
+    minidist exercise check ring_allreduce my.py --step   # step through the replay
+
+A failing collective writes the side-by-side replay (the student's run
+beside the reference's, the first differing step marked) as
+``NAME.replay.gif`` and ``NAME.replay.html`` next to the solution and
+prints the marked step; a pipeline schedule writes the two Gantt charts,
+``NAME.gantt.png``. Sits on top of :mod:`minidist.exercises` (the checkers)
+and :mod:`viz` (the drawings), like the rest of the command line.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    """The ``exercise`` verb and its three subcommands, on ``sub``."""
+    exercise = sub.add_parser(
+        "exercise", help="write a collective or a schedule yourself and have it checked",
+        description="Exercises: fill in a function, then check it against the reference on "
+                    "real processes and the simulator.")
+    verbs = exercise.add_subparsers(dest="verb", metavar="VERB")
+    listing = verbs.add_parser("list", help="the exercises and the lesson of each")
+    listing.set_defaults(handler=list_command)
+    start = verbs.add_parser("start", help="copy an exercise's skeleton into a folder")
+    start.add_argument("name")
+    start.add_argument("--dir", default=".", help="where to write NAME.py (default: here)")
+    start.add_argument("--force", action="store_true", help="overwrite an existing file")
+    start.set_defaults(handler=start_command)
+    check = verbs.add_parser("check", help="check your solution against the reference")
+    check.add_argument("name")
+    check.add_argument("file", nargs="?", help="your solution (default: ./NAME.py)")
+    check.add_argument("--out", default=None,
+                       help="folder for the replay / Gantt files (default: next to FILE)")
+    check.add_argument("--no-processes", action="store_true",
+                       help="the simulator only: skip the real processes")
+    check.add_argument("--step", action="store_true",
+                       help="step through the side-by-side replay with the keys")
+    check.add_argument("--no-files", action="store_true", help="write no GIF/HTML/PNG")
+    check.set_defaults(handler=check_command)
+    exercise.set_defaults(handler=lambda args: (exercise.print_help(), 0)[1])
+
+
+def _console():
+    from rich.console import Console
+
+    return Console()
+
+
+def list_command(args) -> int:
+    from rich.table import Table
+
+    from minidist.exercises import all_exercises
+
+    table = Table(title="minidist exercises")
+    table.add_column("name")
+    table.add_column("write")
+    table.add_column("taught in")
+    for exercise in all_exercises():
+        table.add_row(exercise.name, exercise.summary, exercise.lesson)
+    console = _console()
+    console.print(table)
+    console.print("start one: minidist exercise start NAME; check it: "
+                  "minidist exercise check NAME")
+    return 0
+
+
+def _exercise(name):
+    from minidist.exercises import get
+
+    try:
+        return get(name)
+    except KeyError as error:
+        print(f"minidist exercise: {error.args[0]}", file=sys.stderr)
+        return None
+
+
+def start_command(args) -> int:
+    exercise = _exercise(args.name)
+    if exercise is None:
+        return 2
+    target = Path(args.dir) / f"{exercise.name}.py"
+    if target.exists() and not args.force:
+        print(f"minidist exercise: {target} already exists; check it with `minidist exercise "
+              f"check {exercise.name} {target}`, or pass --force to start over",
+              file=sys.stderr)
+        return 2
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(exercise.skeleton, target)
+    print(f"wrote {target}: fill in {exercise.function}(), then run "
+          f"`minidist exercise check {exercise.name}"
+          + (f" {target}`" if Path(args.dir) != Path(".") else "`"))
+    return 0
+
+
+def check_command(args) -> int:
+    from minidist.exercises.exercise import ExerciseTimeout, load_function
+
+    exercise = _exercise(args.name)
+    if exercise is None:
+        return 2
+    path = Path(args.file or f"{exercise.name}.py")
+    try:
+        function = load_function(path, exercise.function, exercise.name)
+    except (OSError, ImportError, AttributeError, SyntaxError, ExerciseTimeout) as error:
+        print(f"minidist exercise: {error}", file=sys.stderr)
+        return 2
+    options = {"processes": False} if args.no_processes else {}
+    result = exercise.check(function, **options)
+    console = _console()
+    from rich.markup import escape
+
+    for line in result.passed:
+        console.print(f"[green]ok[/green]   {escape(line)}", highlight=False)
+    if result.ok:
+        console.print(f"[bold green]{exercise.name}: passed[/bold green]")
+        return 0
+    console.print(f"[bold red]FAIL[/bold red] ({result.failure.kind}) "
+                  f"{escape(result.failure.message)}", highlight=False)
+    out = Path(args.out) if args.out else path.resolve().parent
+    if result.replay is not None:
+        _show_replay(result, exercise.name, out, args, console)
+    if result.schedules is not None and not args.no_files:
+        from viz.pipeline_chart import draw_schedule_comparison
+
+        out.mkdir(parents=True, exist_ok=True)
+        written = draw_schedule_comparison(result.schedules, out / f"{exercise.name}.gantt.png")
+        console.print(f"your schedule's Gantt chart above the reference's: {written}")
+    return 1
+
+
+def _show_replay(result, name, out, args, console) -> None:
+    from viz.exercise_replay import (
+        render_pair,
+        save_side_by_side_gif,
+        save_side_by_side_html,
+        side_by_side,
+        step_through_side_by_side,
+    )
+
+    data = result.replay
+    model = side_by_side(data["student"], data["reference"], data["first_difference"],
+                         data["difference"] or "")
+    console.print(f"replay of {data['world_size']} ranks, {data['count']} elements: your run "
+                  "(left) beside the reference (right)")
+    if not args.no_files:
+        out.mkdir(parents=True, exist_ok=True)
+        gif = save_side_by_side_gif(model, out / f"{name}.replay.gif")
+        page = save_side_by_side_html(model, out / f"{name}.replay.html")
+        console.print(f"wrote {gif} and {page}")
+    if args.step:
+        step_through_side_by_side(model, console)
+    elif model.marked is not None:
+        console.print(render_pair(model, model.marked, width=min(console.width, 200)))
+
+
+__all__ = ["add_parser", "check_command", "list_command", "start_command"]

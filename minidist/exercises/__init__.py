@@ -1,0 +1,40 @@
+"""Exercises: fill in a function, check it on real processes and the simulator.
+
+    minidist exercise list
+    minidist exercise start ring_allreduce        # copies the skeleton here
+    minidist exercise check ring_allreduce        # checks ./ring_allreduce.py
+
+Each exercise is one module here holding its reference solution and how to
+check a student's version (:class:`~.exercise.Exercise`); its skeleton is
+``skeletons/NAME.py``. The checkers: :mod:`.collective_check` for the
+collectives (simulator, real processes, traffic against the cost formula,
+deadlocks as a wait-for chain), :mod:`.schedule_check` for pipeline
+schedules, and the exercise modules themselves for the rest.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from minidist.exercises.exercise import CheckResult, Exercise, Failure, NotWrittenYet
+
+#: name -> module holding ``EXERCISE``, in the order of the course
+NAMES = ("tree_broadcast", "ring_allreduce", "recursive_doubling_allreduce",
+         "coordinator_data_parallel", "ddp_bucketing", "parameter_server_round",
+         "one_f_one_b", "tensor_parallel_linear")
+
+
+def get(name: str) -> Exercise:
+    """The exercise called ``name``; a one-line error listing the known ones."""
+    if name not in NAMES:
+        raise KeyError(f"no exercise {name!r}; the exercises are: {', '.join(NAMES)} "
+                       "(minidist exercise list)")
+    return importlib.import_module(f"minidist.exercises.{name}").EXERCISE
+
+
+def all_exercises() -> list[Exercise]:
+    return [get(name) for name in NAMES]
+
+
+__all__ = ["CheckResult", "Exercise", "Failure", "NotWrittenYet", "NAMES", "get",
+           "all_exercises"]

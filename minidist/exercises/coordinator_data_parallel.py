@@ -1,0 +1,134 @@
+"""Exercise: one step of data parallelism through a coordinator (lesson 5).
+
+Every rank has computed the gradient of its own shard of the batch (a mean
+over its ``batch_size`` examples). One step: rank 0, the coordinator,
+gathers every rank's gradient and example count, averages the gradients
+weighted by the counts (what one process would compute on the whole batch),
+takes an SGD step, and sends the new weights back to everyone
+(:class:`minidist.parallel.data_parallel.CoordinatorDataParallel`, with the
+model as one flat array).
+
+Checked on real processes, world sizes 1..4, with uneven shards (one rank
+with no examples at all): every rank's weights against NumPy's
+``w - lr * sum_r b_r g_r / sum_r b_r``, and the bytes of the run (from its
+trace) against gather + broadcast's (n - 1) (2 P + 1) values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import minidist.distributed as dist
+from minidist.exercises.exercise import CheckResult, Exercise, Failure
+from minidist.exercises.process_check import launch_checked
+
+WORLD_SIZES = (1, 2, 3, 4)
+LR = 0.5
+
+
+def coordinator_step(weights, gradient, batch_size, lr):
+    """One coordinator step, weights updated in place on every rank. Per step the
+    coordinator receives (n - 1) (P + 1) values and sends (n - 1) P: its link
+    carries n times what a worker's does (linear gather and broadcast)."""
+    message = np.append(gradient * batch_size, batch_size).astype(weights.dtype)
+    received = [np.empty_like(message) for _ in range(dist.get_world_size())] \
+        if dist.get_rank() == 0 else None
+    dist.gather(message, received, dst=0, algorithm="linear")
+    if dist.get_rank() == 0:
+        total = sum(m[-1] for m in received)
+        weights -= lr * sum(m[:-1] for m in received) / total
+    dist.broadcast(weights, src=0, algorithm="linear")
+
+
+def _shard_sizes(n):
+    return [(3, 1, 0, 2)[rank % 4] if n > 1 else 4 for rank in range(n)]
+
+
+def _data(n, size, case):
+    generator = np.random.default_rng(100 * n + case)
+    return generator.standard_normal(size), generator.standard_normal((n, size))
+
+
+CASES = (1, 5, 12)  # parameters
+
+
+def _worker(function):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    results = []
+    for case, size in enumerate(CASES):
+        weights, gradients = _data(n, size, case)
+        function(weights, gradients[rank].copy(), _shard_sizes(n)[rank], LR)
+        results.append(weights)
+    return results
+
+
+def check(function, **options) -> CheckResult:
+    report = CheckResult("coordinator_data_parallel")
+    wasteful = None
+    for n in WORLD_SIZES:
+        run, failure = launch_checked(_worker, n, (function,), "coordinator_step",
+                                      traffic=True)
+        if failure is None:
+            results, (_, nbytes) = run
+            failure = _compare(n, results)
+            # told on the biggest world, where the waste shows most
+            wasteful = _traffic(n, nbytes) or wasteful
+        if failure is not None:
+            report.failure = failure
+            return report
+    if wasteful is not None:
+        report.failure = wasteful
+        return report
+    report.passed.append(f"real processes, world sizes 1-{WORLD_SIZES[-1]}, uneven shards "
+                         "(one rank without examples): every rank holds w - lr * the "
+                         "example-weighted average gradient")
+    report.passed.append("bytes within the coordinator's: (n - 1) (P + 1) values in, "
+                         "(n - 1) P out, from the trace")
+    return report
+
+
+def _traffic(n, nbytes):
+    """The bytes against gather + broadcast: (n - 1) (P + 1) values in (the
+    gradient and the example count) and (n - 1) P out, 8 bytes each."""
+    want = sum(8 * (n - 1) * (2 * size + 1) for size in CASES)
+    if nbytes > want:
+        return Failure("wasteful", (
+            f"correct, but on {n} ranks the steps sent {nbytes:,} bytes, "
+            f"{nbytes / want:.1f} x the coordinator's {want:,}: (n - 1) (P + 1) values in "
+            "(each gradient with its count) and (n - 1) P out (the new weights)"))
+    return None
+
+
+def _compare(n, results):
+    counts = np.array(_shard_sizes(n), float)
+    for case, size in enumerate(CASES):
+        weights, gradients = _data(n, size, case)
+        want = weights - LR * (counts @ gradients) / counts.sum()
+        plain = weights - LR * gradients.mean(axis=0)
+        for rank, answers in enumerate(results):
+            got = answers[case]
+            if not isinstance(got, np.ndarray) or got.shape != want.shape:
+                return Failure("wrong shape", f"{n} ranks: rank {rank}'s weights became "
+                               f"{getattr(got, 'shape', type(got).__name__)}, expected "
+                               f"{want.shape}: update the weights in place", rank=rank)
+            wrong = np.flatnonzero(~np.isclose(got, want, rtol=1e-9, atol=1e-12))
+            if wrong.size:
+                element = int(wrong[0])
+                hint = ""
+                if np.allclose(got, weights):
+                    hint = (": unchanged; only the coordinator updated? broadcast the new "
+                            "weights" if rank else ": unchanged")
+                elif n > 1 and np.allclose(got, plain):
+                    hint = (": that is the plain average over ranks; weight rank r's "
+                            "gradient by its batch_size b_r (sum b_r g_r / sum b_r)")
+                return Failure("wrong result", (
+                    f"{n} ranks, {size} parameters, shards of {_shard_sizes(n)} examples: "
+                    f"rank {rank}, element {element} is {got[element]:.6g}, expected "
+                    f"{want[element]:.6g}{hint}"), rank=rank, element=element)
+    return None
+
+
+EXERCISE = Exercise(
+    name="coordinator_data_parallel", function="coordinator_step",
+    summary="a data-parallel step through one coordinator: gather, average, broadcast",
+    lesson="lessons/05_data_parallel.py", reference=coordinator_step, check=check)

@@ -1,0 +1,61 @@
+"""Running a student's function on real processes, for the exercises that are
+not collectives (a strategy's step, a tensor-parallel layer): one launch per
+world size with every case inside it, a short timeout, and the runtime's
+verdict (a rank that raised, hung, or left while another waited for it)
+turned into a :class:`~.exercise.Failure`; on request, the messages and
+bytes the run sent, from its trace (the transports record every message). No process or segment outlives a
+launch (:func:`minidist.launch` cleans up however it ends).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+
+from minidist.exercises.exercise import CHECK_DEADLINE, ExerciseTimeout, Failure, deadline
+from minidist.trace import read_jsonl
+
+#: Seconds a blocking call may wait before the run is declared hung.
+PROCESS_TIMEOUT = 3.0
+
+
+def launch_checked(worker, n: int, args, what: str, traffic: bool = False):
+    """``launch(worker, n, args)`` on the pipe transport; (results, None) or
+    (None, Failure). With ``traffic``, results is (results, (messages, bytes)):
+    every message of the run, summed over ranks, read from its trace."""
+    from minidist.distributed.launch import launch
+    from minidist.runtime.errors import DistributedError, OversubscriptionWarning, WorkerError
+
+    try:
+        with deadline(CHECK_DEADLINE, f"{what} on {n} processes"), warnings.catch_warnings(), \
+                tempfile.TemporaryDirectory() as folder:
+            # more ranks than cores is expected here, and no timing is checked
+            warnings.simplefilter("ignore", OversubscriptionWarning)
+            path = os.path.join(folder, "run.trace.jsonl") if traffic else None
+            results = launch(worker, world_size=n, transport="pipe", args=args,
+                             timeout=PROCESS_TIMEOUT, trace=path)
+            if traffic:
+                sends = [event for event in read_jsonl(path).events
+                         if event["kind"] == "send"]
+                results = results, (len(sends), sum(event["bytes"] for event in sends))
+            return results, None
+    except ExerciseTimeout as error:
+        return None, Failure("hang", f"{error}: an endless loop, or a call only some ranks "
+                             "make?")
+    except WorkerError as error:
+        if error.remote_type == "NotWrittenYet":
+            return None, Failure("not written", f"{what} is not written yet: "
+                                 f"{error.remote_message}")
+        # "returned": a rank left while another waited for it (an unmatched call)
+        kind = {"timeout": "hang", "returned": "unmatched"}.get(error.kind, "raised")
+        text = str(error).strip()
+        if kind == "hang" and "a deadlock" in text:
+            kind = "deadlock"  # the runtime's report names who waits for whom
+        if kind != "raised":  # the report says it all; the traceback only where it waited
+            text = text.split("\nTraceback from")[0]
+        lines = text.splitlines()
+        return None, Failure(kind, f"on {n} processes: " + "\n".join(lines[:16]),
+                             rank=error.rank)
+    except DistributedError as error:
+        return None, Failure("raised", f"on {n} processes: {error}")

@@ -1,0 +1,357 @@
+"""The exercises: every reference passes its own checker, and every
+known-wrong solution (tests/exercises/wrong/) is caught with the message a
+student should read; hangs and errors are told within seconds and leave no
+process or shared-memory segment behind; a failing ring writes a replay
+whose first differing step is marked (checked on the frame model)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import minidist.distributed as dist
+from minidist.exercises import NAMES, get
+from minidist.exercises.exercise import load_function
+
+WRONG = Path(__file__).resolve().parent / "wrong"
+
+#: exercise -> (file, the failure kind expected, words the message must hold)
+KNOWN_WRONG = {
+    "ring_allreduce": [
+        ("ring_off_by_one", "wrong result", ["rank 0, element 0", "step 0"]),
+        ("ring_wrong_peer", "wrong message", ["does not fit", "First difference"]),
+        ("ring_missing_step", "wrong result", ["step 1: you send nothing"]),
+        ("ring_deadlock", "deadlock", ["rank 0 waits for rank 1 (recv 'step 0')",
+                                       "rank 1 waits for rank 0", "a cycle"]),
+        ("ring_wasteful", "wasteful", ["correct, but it sends 4.0 x the bytes of the ring"]),
+        ("ring_raises", "raised", ["IndexError", "ring_raises.py:7"]),
+        ("ring_not_generator", "not a generator", ["not a generator"]),
+    ],
+    "tree_broadcast": [
+        ("tree_off_by_one", "never sent", ["rank 1 waits for rank 0",
+                                           "finished without sending it"]),
+        ("tree_wrong_peer", "raised", ["cannot receive from itself"]),
+        ("tree_missing_step", "never sent", ["step 0: you send nothing"]),
+        ("tree_deadlock", "deadlock", ["rank 1 waits for rank 2 (recv 'from my child?')",
+                                       "a cycle"]),
+        ("tree_wasteful", "wasteful", ["4.0 x the bytes of the binomial tree"]),
+    ],
+    "recursive_doubling_allreduce": [
+        ("doubling_off_by_one", "wrong result", ["step 0: you send nothing"]),
+        ("doubling_wrong_peer", "raised", ["cannot send to itself"]),
+        ("doubling_missing_step", "wrong result", ["on 3 ranks", "you send nothing"]),
+        ("doubling_deadlock", "deadlock", ["recv 'round 0'", "a cycle"]),
+        ("doubling_wasteful", "wasteful", ["x the bytes of recursive doubling"]),
+    ],
+}
+
+
+def _children() -> list[int]:
+    """Processes whose parent is this one (the checker's workers, if left),
+    but for multiprocessing's resource tracker."""
+    me, found = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as file:
+                    fields = file.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == me and fields[0] != "Z":
+                with open(f"/proc/{entry}/cmdline", "rb") as file:
+                    # multiprocessing's resource tracker lives as long as this interpreter
+                    if b"resource_tracker" not in file.read():
+                        found.append(int(entry))
+    return found
+
+
+def _segments() -> set[str]:
+    return {name for name in os.listdir("/dev/shm") if name.startswith(f"minidist_{os.getpid()}_")}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", NAMES)
+def test_every_reference_passes_its_own_checker(name):
+    exercise = get(name)
+    result = exercise.check(exercise.reference)
+    assert result.ok, result.failure
+    assert result.passed
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", NAMES)
+def test_the_skeleton_says_it_is_not_written(name):
+    exercise = get(name)
+    result = exercise.check(load_function(exercise.skeleton, exercise.function, name))
+    assert result.failure.kind == "not written", result.failure
+    assert "not written yet" in result.failure.message
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name,file,kind,words",
+                         [(name, *case) for name, cases in KNOWN_WRONG.items() for case in cases],
+                         ids=lambda value: value if isinstance(value, str) else "")
+def test_known_wrong_collectives_are_caught(name, file, kind, words):
+    exercise = get(name)
+    result = exercise.check(load_function(WRONG / f"{file}.py", exercise.function, name),
+                            processes=False)
+    assert result.failure is not None, f"{file} passed the checker"
+    assert result.failure.kind == kind, result.failure
+    for word in words:
+        assert word in result.failure.message, result.failure.message
+
+
+@pytest.mark.timeout(60)
+def test_a_hang_is_told_in_seconds_and_leaves_nothing_behind():
+    exercise = get("ring_allreduce")
+    before = _segments()
+    started = time.monotonic()
+    result = exercise.check(load_function(WRONG / "ring_endless.py", exercise.function,
+                                          exercise.name))
+    assert time.monotonic() - started < 10
+    assert result.failure.kind == "hang"
+    assert "did not finish in" in result.failure.message
+    assert not _children() and _segments() == before
+
+
+def _only_rank_0_reduces(x, weight_shard, bias_shard, split):
+    partial = np.ascontiguousarray(x @ weight_shard.T)
+    if dist.get_world_size() > 1 and dist.get_rank() == 0:
+        dist.all_reduce(partial)  # the others never join: rank 0 waits
+    return partial + bias_shard
+
+
+def _bias_every_rank(x, weight_shard, bias_shard, split):
+    if split == "column":
+        return get("tensor_parallel_linear").reference(x, weight_shard, bias_shard, split)
+    partial = np.ascontiguousarray(x @ weight_shard.T) + bias_shard
+    dist.all_reduce(partial)
+    return partial
+
+
+def _own_slice_only(x, weight_shard, bias_shard, split):
+    return x @ weight_shard.T + bias_shard
+
+
+def _raises(x, weight_shard, bias_shard, split):
+    raise ValueError("my shapes are wrong")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("function,kind,words", [
+    (_only_rank_0_reduces, "unmatched", ["on 2 processes",
+                                          "returned from its function while rank 0"]),
+    (_bias_every_rank, "wrong result", ["the bias is added n times"]),
+    (_own_slice_only, "wrong shape", ["returned shape (1, 1), expected shape (1, 2)",
+                                      "gather the slices"]),
+    (_raises, "raised", ["my shapes are wrong"]),
+])
+def test_tensor_parallel_mistakes_on_real_processes(function, kind, words):
+    before = _segments()
+    started = time.monotonic()
+    result = get("tensor_parallel_linear").check(function)
+    assert time.monotonic() - started < 10
+    assert result.failure.kind == kind, result.failure
+    for word in words:
+        assert word in result.failure.message, result.failure.message
+    assert not _children() and _segments() == before
+
+
+def _gpipe(stages, microbatches):
+    return [[f"F{k}" for k in range(microbatches)] + [f"B{k}" for k in range(microbatches)]
+            for _ in range(stages)]
+
+
+def _backward_first_on_stage_0(stages, microbatches):
+    # Stage 0 waits for B0's gradient before forwarding micro-batch 1, while
+    # stage 1 forwards everything before any backward: nobody can go on.
+    if stages == 1:
+        return get("one_f_one_b").reference(stages, microbatches)
+    orders = _gpipe(stages, microbatches)
+    if stages > 1 and microbatches > 1:
+        orders[0] = ["F0", "B0"] + [item for item in orders[0] if item not in ("F0", "B0")]
+    return orders
+
+
+def _forgets_a_backward(stages, microbatches):
+    reference = get("one_f_one_b").reference(stages, microbatches)
+    return [order[:-1] for order in reference]
+
+
+def _backward_before_forward(stages, microbatches):
+    return [[f"B{k}" for k in range(microbatches)] + [f"F{k}" for k in range(microbatches)]
+            for _ in range(stages)]
+
+
+def _one_list(stages, microbatches):
+    return [f"F{k}" for k in range(microbatches)]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("function,kind,words", [
+    (_gpipe, "memory", ["holds the activations of 2 micro-batches", "min(p - s, m) = 1"]),
+    (_backward_first_on_stage_0, "deadlock", ["deadlocks on the pipeline simulator"]),
+    (_forgets_a_backward, "invalid schedule", ["never does the backward of micro-batch 0"]),
+    (_backward_before_forward, "invalid schedule", ["runs B0 before F0"]),
+    (_one_list, "wrong shape", ["stage 0's order is a str", "expected a list like"]),
+])
+def test_schedule_mistakes_are_caught(function, kind, words):
+    result = get("one_f_one_b").check(function)
+    assert result.failure.kind == kind, result.failure
+    for word in words:
+        assert word in result.failure.message, result.failure.message
+
+
+def test_a_wrong_schedule_comes_with_both_gantt_charts():
+    result = get("one_f_one_b").check(_gpipe)
+    assert set(result.schedules) == {"yours", "1F1B (reference)"}
+    assert all(events for events in result.schedules.values())
+
+
+# --------------------------------------------------------------------------- strategies
+
+
+def _plain_average(weights, gradient, batch_size, lr):
+    get("coordinator_data_parallel").reference(weights, gradient, 1, lr)
+
+
+def _no_broadcast(weights, gradient, batch_size, lr):
+    message = np.append(gradient * batch_size, batch_size)
+    received = ([np.empty_like(message) for _ in range(dist.get_world_size())]
+                if dist.get_rank() == 0 else None)
+    dist.gather(message, received, dst=0)
+    if dist.get_rank() == 0:
+        weights -= lr * sum(m[:-1] for m in received) / sum(m[-1] for m in received)
+
+
+def _one_call_per_gradient(gradients, bucket_bytes):
+    for gradient in gradients:
+        dist.all_reduce(gradient)
+        gradient /= dist.get_world_size()
+
+
+def _one_bucket(gradients, bucket_bytes):
+    get("ddp_bucketing").reference(gradients, 1 << 30)
+
+
+def _sum_not_average(gradients, bucket_bytes):
+    reference = get("ddp_bucketing").reference
+    reference(gradients, bucket_bytes)
+    for gradient in gradients:
+        gradient *= dist.get_world_size()
+
+
+def _server_counts_itself(weights, gradient, lr):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        total, incoming = gradient.copy(), np.empty_like(weights)
+        for worker in range(1, n):
+            dist.recv(incoming, src=worker, tag=1)
+            total += incoming
+        weights -= lr * total / n
+        for worker in range(1, n):
+            dist.send(weights, dst=worker, tag=2)
+    else:
+        dist.send(gradient, dst=0, tag=1)
+        dist.recv(weights, src=0, tag=2)
+
+
+def _workers_pull_first(weights, gradient, lr):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        incoming = np.empty_like(weights)
+        for worker in range(1, n):
+            dist.recv(incoming, src=worker, tag=1)
+        for worker in range(1, n):
+            dist.send(weights, dst=worker, tag=2)
+    else:
+        dist.recv(weights, src=0, tag=2)  # waits for a pull the server sends after the push
+        dist.send(gradient, dst=0, tag=1)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name,function,kind,words", [
+    ("coordinator_data_parallel", _plain_average, "wrong result",
+     ["plain average over ranks", "weight rank r's gradient by its batch_size"]),
+    ("coordinator_data_parallel", _no_broadcast, "wrong result",
+     ["rank 1", "only the coordinator updated? broadcast"]),
+    ("ddp_bucketing", _one_call_per_gradient, "wasteful",
+     ["5 all_reduce calls", "1.7 x the 3 of bucketing"]),
+    ("ddp_bucketing", _one_bucket, "bucket too big", ["an all_reduce of 144 bytes"]),
+    ("ddp_bucketing", _sum_not_average, "wrong result", ["that is the sum"]),
+    ("parameter_server_round", _server_counts_itself, "wrong result",
+     ["the server's own gradient was averaged in"]),
+    ("parameter_server_round", _workers_pull_first, "deadlock",
+     ["on 2 processes", "rank 0: waiting in recv from 1", "rank 1: waiting in recv from 0"]),
+])
+def test_strategy_mistakes_on_real_processes(name, function, kind, words):
+    before = _segments()
+    started = time.monotonic()
+    result = get(name).check(function)
+    assert time.monotonic() - started < 10
+    assert result.failure is not None and result.failure.kind == kind, result.failure
+    for word in words:
+        assert word in result.failure.message, result.failure.message
+    assert not _children() and _segments() == before
+
+
+@pytest.mark.timeout(60)
+def test_a_deadlocked_collective_on_real_processes_names_the_wait_for_chain():
+    # The simulator catches it first (in milliseconds); this is the real-process
+    # leg on its own: the runtime's report, within seconds, nothing left behind.
+    from minidist.exercises import collective_check, ring_allreduce
+    from minidist.exercises.exercise import CheckResult
+
+    deadlocked = load_function(WRONG / "ring_deadlock.py", "ring_allreduce", "ring_allreduce")
+    before = _segments()
+    started = time.monotonic()
+    failure = collective_check._check_processes(ring_allreduce.SPEC, deadlocked,
+                                                CheckResult("ring_allreduce"))
+    assert time.monotonic() - started < 10
+    assert failure.kind == "deadlock", failure
+    assert "rank 0: waiting in recv from 1" in failure.message
+    assert "rank 1: waiting in recv from 0" in failure.message
+    assert not _children() and _segments() == before
+
+
+def _pushes_twice(weights, gradient, lr):
+    # Right, but every worker pushes its gradient twice and the server reads both.
+    rank, n = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        total, incoming = np.zeros_like(weights), np.empty_like(weights)
+        for worker in range(1, n):
+            for _ in range(2):
+                dist.recv(incoming, src=worker, tag=1)
+            total += incoming
+        weights -= lr * total / (n - 1)
+        for worker in range(1, n):
+            dist.send(weights, dst=worker, tag=2)
+    else:
+        dist.send(gradient, dst=0, tag=1)
+        dist.send(gradient, dst=0, tag=1)
+        dist.recv(weights, src=0, tag=2)
+
+
+def _coordinator_by_all_gather(weights, gradient, batch_size, lr):
+    # Right, but every rank gathers every gradient (no coordinator at all).
+    n = dist.get_world_size()
+    message = np.append(gradient * batch_size, batch_size)
+    everyone = np.empty((n,) + message.shape)
+    dist.all_gather_into_tensor(everyone, message)
+    weights -= lr * everyone[:, :-1].sum(axis=0) / everyone[:, -1].sum()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name,function,words", [
+    ("parameter_server_round", _pushes_twice, ["on 5 ranks", "1.5 x the bytes", "push + pull"]),
+    ("coordinator_data_parallel", _coordinator_by_all_gather, ["on 4 ranks", "2.2 x the coordinator"]),
+])
+def test_wasteful_strategies_are_told_from_the_trace(name, function, words):
+    result = get(name).check(function)
+    assert result.failure is not None and result.failure.kind == "wasteful", result.failure
+    for word in words:
+        assert word in result.failure.message, result.failure.message
