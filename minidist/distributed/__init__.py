@@ -39,6 +39,7 @@ One thread per process talks to minidist.distributed (as with MPI's
 THREAD_FUNNELED): the progress engine has no locks.
 """
 
+from minidist.distributed import device_arrays as _device_arrays
 from minidist.distributed.collectives import (
     ALGORITHMS,
     all_gather,
@@ -133,3 +134,8 @@ __all__ += ["all_gather", "all_gather_into_tensor", "all_to_all", "all_to_all_si
 __all__ += ["all_gather_object", "broadcast_object_list", "gather_object", "monitored_barrier",
             "P2POp", "batch_isend_irecv", "get_backend", "get_node_local_rank",
             "scatter_object_list"]
+
+# GPU (CuPy) arrays are staged through host memory by these calls (see device_arrays.py).
+for _name in _device_arrays.WRITES:
+    globals()[_name] = _device_arrays.staged(globals()[_name], _name)
+del _name

@@ -45,7 +45,7 @@ import collections
 import numpy as np
 
 import minidist.distributed as dist
-from minidist import nn
+from minidist import backend, nn
 from minidist.tensor import no_grad
 
 # --------------------------------------------------------------------------- helpers
@@ -195,7 +195,10 @@ class _Bucket:
 
     def __init__(self, parameters, dtype):
         self.parameters = parameters
-        self.flat = np.zeros(sum(p.data.size for p in parameters), dtype)
+        # On the parameters' device (NumPy, or CuPy on a GPU: the all-reduce
+        # stages it through host memory, see distributed/device_arrays.py).
+        xp = backend.of(parameters[0].data)
+        self.flat = xp.zeros(sum(p.data.size for p in parameters), dtype)
         self.views = {}
         offset = 0
         for param in parameters:

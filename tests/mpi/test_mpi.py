@@ -61,8 +61,10 @@ def _run(script: Path, ranks: int, timeout: float,
     version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True).stdout
     if "Open MPI" in version or "OpenRTE" in version:
         command.append("--oversubscribe")
+    # Not the rank identity of an enclosing MPI job; Open MPI's settings
+    # (OMPI_MCA_*, OMPI_ALLOW_RUN_AS_ROOT*) are kept.
     env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("MINIDIST_", "PMI_", "OMPI_", "PMIX_"))}
+           if not key.startswith(("MINIDIST_", "PMI_", "OMPI_COMM_WORLD_", "PMIX_"))}
     env["OPENBLAS_NUM_THREADS"] = "1"
     env.update(extra_env or {})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -295,7 +297,9 @@ def test_minidist_launch_under_mpiexec_runs_on_the_jobs_ranks(tmp_path):
             return dist.get_rank(), dist.get_world_size(), world.current().transport.name, \\
                 a.tolist()
 
-        me = int(__import__("os").environ["PMI_RANK"])
+        me = dist.get_rank() if dist.is_initialized() else int(
+            __import__("os").environ.get("PMI_RANK") or
+            __import__("os").environ["OMPI_COMM_WORLD_RANK"])
         two = minidist.launch(step, world_size=2, args=(1,), trace={str(trace)!r})
         assert two == [(0, 2, "mpi", [3.0] * 3), (1, 2, "mpi", [3.0] * 3)], two
         one = minidist.launch(step, world_size=1, args=(5,))

@@ -135,6 +135,45 @@ def _note_pid(rank: int) -> None:
         pass  # only a nicer message is lost
 
 
+def cuda_aware(MPI=None) -> bool | None:
+    """Does this MPI library move GPU memory itself ("CUDA-aware")? Asked of
+    the library, never assumed: mpi4py's Query_cuda_support where it has one,
+    else Open MPI's MPIX_Query_cuda_support or MPICH's MPIX_GPU_query_support
+    found in the loaded library. None: the library has no way to say."""
+    import ctypes
+
+    MPI = MPI or load_mpi()
+    query = getattr(MPI, "Query_cuda_support", None)
+    if query is not None:
+        return bool(query())
+    try:
+        library = ctypes.CDLL(_loaded_libmpi() or None)
+    except OSError:
+        return None
+    if hasattr(library, "MPIX_Query_cuda_support"):  # Open MPI
+        library.MPIX_Query_cuda_support.restype = ctypes.c_int
+        return bool(library.MPIX_Query_cuda_support())
+    if hasattr(library, "MPIX_GPU_query_support"):  # MPICH: (MPIX_GPU_SUPPORT_CUDA = 0, &flag)
+        flag = ctypes.c_int(0)
+        library.MPIX_GPU_query_support(ctypes.c_int(0), ctypes.byref(flag))
+        return bool(flag.value)
+    return None
+
+
+def _loaded_libmpi() -> str | None:
+    """The path of the MPI library this process loaded (mpi4py may load it
+    privately, out of reach of a plain symbol look-up)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split()[-1]
+                if "/libmpi." in path or "/libmpi_" in path or path.endswith("/libmpi.so"):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
 def pieces(nbytes: int, itemsize: int) -> list[tuple[int, int]]:
     """(offset, length) of each MPI message of a payload: whole elements, at
     most CHUNK bytes (or one element, if bigger)."""
