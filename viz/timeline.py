@@ -95,6 +95,13 @@ def idle_intervals(events: list[dict], gap: float = 0) -> list[tuple[int, int]]:
     return gaps
 
 
+def ordinal(number: int) -> str:
+    """1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, ..., 21st, 22nd, 101st, 111th."""
+    if number % 100 in (11, 12, 13):
+        return f"{number}th"
+    return f"{number}{ {1: 'st', 2: 'nd', 3: 'rd'}.get(number % 10, 'th')}"
+
+
 def _time_unit(span_ns: float) -> tuple[str, float]:
     if span_ns < 2e3:
         return "ns", 1.0
@@ -223,7 +230,7 @@ def _draw_messages(axis, shown, row_of, origin, scale, max_arrows: int, notes: l
                 if recv is not None and recv["rank"] in row_of]
     every = max(1, -(-len(messages) // max_arrows))
     if every > 1:
-        notes.append(f"{len(messages):,} messages: every {every}th drawn")
+        notes.append(f"{len(messages):,} messages: every {ordinal(every)} drawn")
     drawn = messages[::every]
     segments = []
     for send, recv in drawn:
@@ -282,4 +289,4 @@ def message_count(trace) -> int:
     return sum(1 for _, recv in _trace.iter_messages(events) if recv is not None)
 
 
-__all__ = ["draw_timeline", "save_timeline", "idle_intervals", "message_count"]
+__all__ = ["draw_timeline", "save_timeline", "idle_intervals", "message_count", "ordinal"]

@@ -32,10 +32,11 @@ def test_idle_gaps_are_where_a_rank_does_nothing():
     assert timeline.idle_intervals(events) == [(10, 30), (40, 60)]
 
 
-def test_big_trace_is_merged_and_sampled_and_says_so(tmp_path):
+def ring_messages(ranks=4, per_rank=3000):
+    """``per_rank`` sends from each rank to the next, each with its recv."""
     events = []
-    for rank in range(4):
-        for seq in range(3000):
+    for rank in range(ranks):
+        for seq in range(per_rank):
             start = seq * 1000
             events.append({"rank": rank, "kind": "send", "peer": (rank + 1) % 4, "bytes": 8,
                            "tag": 1, "label": "", "start": start, "end": start + 300,
@@ -43,10 +44,28 @@ def test_big_trace_is_merged_and_sampled_and_says_so(tmp_path):
             events.append({"rank": (rank + 1) % 4, "kind": "recv", "peer": rank, "bytes": 8,
                            "tag": 1, "label": "", "start": start + 400, "end": start + 700,
                            "seq": seq, "group": 0, "channel": 0})
+    return events
+
+
+def test_big_trace_is_merged_and_sampled_and_says_so(tmp_path):
+    events = ring_messages()
     figure = timeline.draw_timeline(events)
     notes = " ".join(text.get_text() for text in figure.texts)
     assert "merged" in notes and "every 6th drawn" in notes
     figure.savefig(tmp_path / "big.png")
+
+
+def test_ordinals():
+    expected = {1: "1st", 2: "2nd", 3: "3rd", 4: "4th", 10: "10th", 11: "11th", 12: "12th",
+                13: "13th", 21: "21st", 22: "22nd", 23: "23rd", 101: "101st", 111: "111th",
+                112: "112th", 113: "113th", 1002: "1002nd"}
+    assert {number: timeline.ordinal(number) for number in expected} == expected
+
+
+def test_the_sampling_note_says_every_3rd():
+    figure = timeline.draw_timeline(ring_messages(), max_arrows=4000, max_events=10**6)
+    notes = " ".join(text.get_text() for text in figure.texts)
+    assert "every 3rd drawn" in notes and "3th" not in notes
 
 
 def test_chrome_export_has_one_flow_arrow_per_message(tmp_path):
