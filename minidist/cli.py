@@ -207,8 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "animation; draw the timeline of any trace; export it for Perfetto.",
     )
     viz.add_argument("trace", help="a trace file (JSON lines) written by minidist")
-    viz.add_argument("--call", type=int, default=0,
-                     help="which collective call of the trace, from 0 (default 0)")
+    viz.add_argument("--call", type=int, default=None,
+                     help="which collective call of the trace, from 0 (default: the first "
+                          "all_reduce, else 0)")
     viz.add_argument("--chrome", default=None, metavar="OUT.json",
                      help="write the trace for chrome://tracing and ui.perfetto.dev")
     _add_display_arguments(viz)
