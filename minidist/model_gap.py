@@ -64,6 +64,10 @@ class RunFacts:
     first_call: bool = False
     #: Seconds of the measurement spent before every rank had entered (skew).
     skew_s: float | None = None
+    #: The machine's load average while the run ran (other programs count).
+    load: float | None = None
+    #: The longest a message took once both its ends were there (seconds).
+    slowest_message_s: float | None = None
     #: Bytes the call moves per rank (None: not a message size).
     nbytes: int | None = None
     #: Reasons only the caller can compute (short phrases).
@@ -98,20 +102,26 @@ def reasons(measured: float, model: float, facts: RunFacts) -> list[str]:
             found.append("the simulator plays every message on the model's clock; the "
                          "formula only approximates this algorithm's critical path")
         return found + list(facts.notes)
-    if facts.cores is not None and facts.ranks > facts.cores:
-        found.append(f"{facts.ranks} ranks on {facts.cores} "
-                     f"core{'s' if facts.cores != 1 else ''}: ranks take turns")
-    if facts.first_call:
-        found.append("includes the first call's setup")
-    if facts.skew_s and measured > 0 and facts.skew_s >= 0.1 * measured:
+    cores = facts.cores
+    plural = "s" if cores != 1 else ""
+    if cores is not None and facts.ranks > cores:
+        found.append(f"{facts.ranks} ranks on {cores} core{plural}: ranks take turns")
+    if cores is not None and facts.load is not None and facts.load > cores:
+        found.append(f"machine busy (load {facts.load:.1f} on {cores} core{plural})")
+    share = 0.1 * measured
+    if facts.slowest_message_s and measured > 0 and facts.slowest_message_s >= share:
+        found.append(f"a message waited {_seconds(facts.slowest_message_s)} for its receiver "
+                     "to run")
+    if facts.skew_s and measured > 0 and facts.skew_s >= share:
         found.append(f"ranks entered {_seconds(facts.skew_s)} apart")
+    if facts.first_call:
+        found.append("first call includes setup")
     found.extend(facts.notes)
     if facts.nbytes is not None and model < SMALL_CALL_S and measured > model:
-        found.append(f"at {_bytes(facts.nbytes)} fixed per-call work the model's alpha "
-                     "leaves out dominates")
+        found.append(f"{_bytes(facts.nbytes)}: per-call overhead (not in alpha) dominates")
     if facts.params == "default" and not is_close(measured, model):
         where = f"{facts.transport} " if facts.transport else ""
-        found.append(f"default {where}parameters (fit them here: {FIT_COMMAND})")
+        found.append(f"default {where}alpha/beta (fit here: {FIT_COMMAND})")
     return found
 
 
@@ -119,7 +129,7 @@ def ways_to_hold(facts: RunFacts) -> list[str]:
     """Where to see the model hold: the caller's, then fewer ranks if oversubscribed."""
     ways = list(facts.hold)
     if not facts.simulated and facts.cores is not None and facts.ranks > facts.cores:
-        ways.append(f"with -n {facts.cores} (no more ranks than cores)" if facts.cores >= 2
+        ways.append(f"with -n {facts.cores}" if facts.cores >= 2
                     else "on a machine with a core per rank")
     return ways
 

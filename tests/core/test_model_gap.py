@@ -16,8 +16,8 @@ def test_more_ranks_than_cores_first_call_and_default_parameters():
     line = compare(13.4e-3, 29.4e-6, facts)
     assert line.startswith("measured 13.40 ms vs model 29.4 us (456x: ")
     assert "4 ranks on 2 cores: ranks take turns" in line
-    assert "includes the first call's setup" in line
-    assert f"default shm parameters (fit them here: {FIT_COMMAND})" in line
+    assert "first call includes setup" in line
+    assert f"default shm alpha/beta (fit here: {FIT_COMMAND})" in line
     assert "the model holds on `minidist simulate all_reduce -n 4 --size 128B` or with -n 2" \
         in line
 
@@ -49,9 +49,17 @@ def test_skew_counts_only_when_it_is_a_real_share():
     assert not any("apart" in word for word in small)
 
 
+def test_a_busy_machine_and_a_sleeping_receiver():
+    words = reasons(10e-3, 10e-6, RunFacts(ranks=2, cores=2, load=6.25, slowest_message_s=9e-3))
+    assert words[:2] == ["machine busy (load 6.2 on 2 cores)",
+                         "a message waited 9.00 ms for its receiver to run"]
+    quiet = reasons(10e-3, 10e-6, RunFacts(ranks=2, cores=2, load=0.5, slowest_message_s=1e-5))
+    assert not any("busy" in word or "waited" in word for word in quiet)
+
+
 def test_tiny_calls_name_their_size():
     words = reasons(1e-3, 30e-6, RunFacts(ranks=2, cores=2, nbytes=128))
-    assert "at 128 B fixed per-call work the model's alpha leaves out dominates" in words
+    assert "128 B: per-call overhead (not in alpha) dominates" in words
     big = reasons(1e-1, 30e-3, RunFacts(ranks=2, cores=2, nbytes=100_000_000))
     assert not any("per-call" in word for word in big)
 
