@@ -74,6 +74,9 @@ class RunFacts:
     notes: tuple[str, ...] = ()
     #: Where the model holds: commands or changes (short phrases).
     hold: tuple[str, ...] = ()
+    #: The command-line option that sets the number of ranks ("--stages" for
+    #: a pipeline), for the advice to run fewer.
+    ranks_option: str = "-n"
 
 
 def ratio_text(measured: float, model: float) -> str:
@@ -99,8 +102,8 @@ def reasons(measured: float, model: float, facts: RunFacts) -> list[str]:
     found = []
     if facts.simulated:
         if not is_close(measured, model, SIMULATED_CLOSE):
-            found.append("the simulator plays every message on the model's clock; the "
-                         "formula only approximates this algorithm's critical path")
+            found.append("the simulator's clock is the model's: the closed-form formula "
+                         "is what approximates here")
         return found + list(facts.notes)
     cores = facts.cores
     plural = "s" if cores != 1 else ""
@@ -129,7 +132,7 @@ def ways_to_hold(facts: RunFacts) -> list[str]:
     """Where to see the model hold: the caller's, then fewer ranks if oversubscribed."""
     ways = list(facts.hold)
     if not facts.simulated and facts.cores is not None and facts.ranks > facts.cores:
-        ways.append(f"with -n {facts.cores}" if facts.cores >= 2
+        ways.append(f"with {facts.ranks_option} {facts.cores}" if facts.cores >= 2
                     else "on a machine with a core per rank")
     return ways
 
@@ -139,8 +142,7 @@ def explain(measured: float, model: float, facts: RunFacts) -> str:
     (or "1.1x: the model holds here")."""
     ratio = ratio_text(measured, model)
     # The simulator's clock is the model's own: only an exact match holds.
-    if is_close(measured, model, SIMULATED_CLOSE if facts.simulated else CLOSE) \
-            and not facts.notes:
+    if is_close(measured, model, SIMULATED_CLOSE if facts.simulated else CLOSE):
         return f"{ratio}: the model holds here"
     words = reasons(measured, model, facts)
     if not words:

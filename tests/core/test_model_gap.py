@@ -73,7 +73,17 @@ def test_simulator_agrees_or_names_the_formula():
     facts = RunFacts(ranks=256, simulated=True)
     assert explain(0.0324, 0.0324, facts) == "1x: the model holds here"
     line = explain(321.7e-6, 300e-6, RunFacts(ranks=6, simulated=True, params="given"))
-    assert "formula only approximates" in line and "cores" not in line
+    assert "the closed-form formula is what approximates" in line and "cores" not in line
+
+
+def test_close_values_hold_whatever_the_notes():
+    facts = RunFacts(ranks=4, simulated=True, notes=("stage 3 works 2.5x stage 0's time",))
+    assert explain(0.273, 0.273, facts) == "1x: the model holds here"
+
+
+def test_the_option_for_fewer_ranks_is_the_callers():
+    facts = RunFacts(ranks=4, cores=2, ranks_option="--stages")
+    assert explain(0.9, 0.27, facts).endswith("the model holds with --stages 2")
 
 
 def test_caller_notes_come_with_the_facts():
