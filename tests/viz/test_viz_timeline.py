@@ -79,3 +79,49 @@ def test_chrome_export_has_one_flow_arrow_per_message(tmp_path):
     messages = timeline.message_count(events)
     assert messages == 2 * (3 - 1) * 3
     assert sorted(outs) == sorted(ins) == list(range(1, messages + 1))
+
+
+def training_run(steps: int, ranks: int = 2) -> list[dict]:
+    """``steps`` steps of forward, backward and a message to the next rank."""
+    events = []
+    for step in range(steps):
+        base = step * 10_000
+        for rank in range(ranks):
+            for label, start, end in (("forward", 0, 3000), ("backward", 3000, 7000)):
+                events.append({"rank": rank, "kind": "compute", "peer": None, "bytes": 0,
+                               "tag": None, "label": label, "start": base + start,
+                               "end": base + end, "seq": None, "group": 0, "channel": 0})
+            peer = (rank + 1) % ranks
+            events.append({"rank": rank, "kind": "send", "peer": peer, "bytes": 8, "tag": 1,
+                           "label": "", "start": base + 7000, "end": base + 7500, "seq": step,
+                           "group": 0, "channel": 0})
+            events.append({"rank": peer, "kind": "recv", "peer": rank, "bytes": 8, "tag": 1,
+                           "label": "", "start": base + 7000, "end": base + 8000, "seq": step,
+                           "group": 0, "channel": 0})
+    return events
+
+
+def drawn_boxes(figure) -> int:
+    return sum(len(collection.get_paths()) for axis in figure.axes
+               for collection in axis.collections)
+
+
+def test_a_run_of_many_steps_is_windowed_to_its_first_steps():
+    counts = {}
+    for steps in (9, 100, 1000):
+        figure = timeline.draw_timeline(training_run(steps))
+        notes = " ".join(text.get_text() for text in figure.texts)
+        assert f"steps 1-{timeline.MAX_STEPS} of {steps} shown" in notes
+        assert "'forward' of rank 0" in notes
+        counts[steps] = drawn_boxes(figure)
+    # As many boxes for a thousand steps as for nine: the window, not the run.
+    assert counts[9] == counts[100] == counts[1000] > 0
+    everything = drawn_boxes(timeline.draw_timeline(training_run(100), max_steps=None))
+    assert everything > 5 * counts[100]
+
+
+def test_a_short_run_is_drawn_whole():
+    figure = timeline.draw_timeline(training_run(timeline.MAX_STEPS))
+    assert "shown" not in " ".join(text.get_text() for text in figure.texts)
+    assert timeline.step_starts(training_run(3)) == ("forward", [0, 10_000, 20_000])
+    assert timeline.window_steps(ring_messages(2, 5))[1] == ""  # no compute: no steps
