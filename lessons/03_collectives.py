@@ -48,8 +48,8 @@ import numpy as np
 import minidist
 import minidist.distributed as dist
 from minidist import costmodel
-from minidist.model_gap import RunFacts, compare
 from minidist.lesson import output_dir, quick, use_headless_matplotlib
+from minidist.model_gap import RunFacts, compare
 
 use_headless_matplotlib()
 import matplotlib.pyplot as plt  # noqa: E402

@@ -47,8 +47,8 @@ from rich.console import Console
 import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, optim, trace
-from minidist.model_gap import RunFacts, compare
 from minidist.lesson import output_dir, quick, use_headless_matplotlib
+from minidist.model_gap import RunFacts, compare
 from minidist.parallel.pipeline import (
     Pipeline,
     bubble_fraction,
