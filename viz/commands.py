@@ -131,11 +131,14 @@ def _writing(path):
 
 def default_call(replays) -> int:
     """The call ``minidist viz`` shows when none is named: the first all_reduce
-    if the trace has one (a DDP run starts with the broadcast of rank 0's
-    weights, but its gradients' all_reduce is what it repeats every step),
-    else the first call."""
-    return next((index for index, found in enumerate(replays)
-                 if found.collective == "all_reduce"), 0)
+    of more than one element if the trace has one, else its first all_reduce,
+    else its first call. A DDP run starts with the broadcast of rank 0's
+    weights, and each step with the all_reduce of one number (the examples
+    counted); the gradients' all_reduce is what it is about."""
+    all_reduces = [index for index, found in enumerate(replays)
+                   if found.collective == "all_reduce"]
+    return next((index for index in all_reduces if replays[index].count > 1),
+                all_reduces[0] if all_reduces else 0)
 
 
 def _pick(replays, call: int, path) -> object:
@@ -188,7 +191,9 @@ def show(path, *, call: int | None = None, play: bool = False, speed: float = 2.
     if call is None:
         call = default_call(replays)
         if call:
-            why = f", the first all_reduce (calls 0 to {call - 1} come before it)"
+            why = (f", the first all_reduce of more than one element (calls 0 to {call - 1} "
+                   "come before it)" if replays[call].count > 1
+                   else f", the first all_reduce (calls 0 to {call - 1} come before it)")
     chosen = _pick(replays, call, path)
     if len(replays) > 1 and list_calls:
         console.print(f"{path}: {len(replays)} collective calls; showing call "

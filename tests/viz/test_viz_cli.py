@@ -202,13 +202,19 @@ def test_viz_of_a_file_that_is_not_a_trace(tmp_path, content, capsys):
     assert not (tmp_path / "c.json").exists()
 
 
+def _linear():
+    from minidist import nn
+
+    return nn.Linear(4, 2)
+
+
 def _ddp_two_steps():
     import numpy as np
 
-    from minidist import Tensor, nn, optim
+    from minidist import Tensor, optim
     from minidist.parallel.data_parallel import DistributedDataParallel
 
-    ddp = DistributedDataParallel(nn.Linear(4, 2), algorithm="ring")
+    ddp = DistributedDataParallel(_linear(), algorithm="ring")
     optimizer = optim.SGD(ddp.parameters(), lr=0.1)
     x = np.ones((3, 4), np.float32)
     for _ in range(2):
@@ -226,15 +232,19 @@ def test_viz_of_a_ddp_trace_animates_the_first_gradient_all_reduce(tmp_path, cap
     path = tmp_path / "ddp.jsonl"
     minidist.launch(_ddp_two_steps, world_size=2, trace=str(path))
     calls = replays(trace.read_jsonl(path))
-    # The run starts with the weights' broadcast: the call viz must skip.
+    # The run starts with the weights' broadcast, and each step with the
+    # all_reduce of the example count (one element): calls viz must skip.
     assert calls[0].collective == "broadcast"
+    assert any(call.collective == "all_reduce" and call.count == 1 for call in calls)
     first = default_call(calls)
-    assert first > 0 and calls[first].collective == "all_reduce"
-    assert all(call.collective != "all_reduce" for call in calls[:first])
+    gradients = sum(parameter.data.size for parameter in _linear().parameters())
+    assert calls[first].collective == "all_reduce" and calls[first].count == gradients
+    assert all(call.collective != "all_reduce" or call.count == 1 for call in calls[:first])
     gif = tmp_path / "ddp.gif"
     assert main(["viz", str(path), "--gif", str(gif)]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert f"showing call {first}: all_reduce" in out and "the first all_reduce" in out
+    assert f"showing call {first}: all_reduce ring, the first all_reduce of more than one " \
+        "element" in out
     with Image.open(gif) as image:
         assert image.n_frames == len(calls[first].frames)
     assert main(["viz", str(path), "--call", "0", "--gif", str(gif)]) == 0
