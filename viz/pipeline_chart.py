@@ -772,24 +772,39 @@ def _draw_chart(axis, chart: PipelineChart, *, x: str = "time", xmax: float | No
                     bbox_to_anchor=(0.5, -0.55 / (0.55 * len(chart.rows))))
 
 
+def _gantt_heading(chart: PipelineChart) -> str:
+    simulated = " (simulated)" if chart.simulated else ""
+    batch = f" · batch {chart.batch + 1} of {chart.batches}" if chart.batches > 1 else ""
+    named = "" if chart.schedule == UNNAMED else "pipeline: "
+    return (f"{named}{describe(chart)}{batch}{simulated}\n{_wrapped(bubble_text(chart))}"
+            + (f"\n({chart.expected.note})" if chart.expected.note else ""))
+
+
+def _heading_extra(heading: str) -> float:
+    """Inches for the heading's lines past the three FIGURE_MARGINS leaves room for."""
+    return 0.16 * max(0, heading.count("\n") + 1 - 3)
+
+
+def gantt_height(chart: PipelineChart) -> float:
+    """The Gantt PNG's height in inches: the margins, the heading's extra lines
+    (the bubble's why may take two or three), 0.55 a stage."""
+    return FIGURE_MARGINS + _heading_extra(_gantt_heading(chart)) + 0.55 * len(chart.rows)
+
+
 def draw_pipeline_gantt(trace, figure=None, *, x: str = "time", **options):
     """The Gantt chart of a pipeline run (a :class:`PipelineChart` or anything
     :func:`pipeline_chart` reads, with its keyword ``options``), on a new
     figure (or ``figure``); returns the figure. ``x``: "time" (the clock) or
     "slot" (the time slots of the step-through)."""
     chart = trace if isinstance(trace, PipelineChart) else pipeline_chart(trace, **options)
+    heading = _gantt_heading(chart)
+    extra = _heading_extra(heading)
     if figure is None:
-        figure = _figure(12.0, FIGURE_MARGINS + 0.55 * len(chart.rows))
+        figure = _figure(12.0, gantt_height(chart))
     height = figure.get_figheight()
-    axis = figure.add_axes((0.12, 0.85 / height, 0.85, 1 - 1.65 / height))
+    axis = figure.add_axes((0.12, 0.85 / height, 0.85, 1 - (1.65 + extra) / height))
     _draw_chart(axis, chart, x=x, title="")
-    simulated = " (simulated)" if chart.simulated else ""
-    batch = f" · batch {chart.batch + 1} of {chart.batches}" if chart.batches > 1 else ""
-    named = "" if chart.schedule == UNNAMED else "pipeline: "
-    figure.text(0.01, 1 - 0.1 / height,
-                f"{named}{describe(chart)}{batch}{simulated}\n{_wrapped(bubble_text(chart))}"
-                + (f"\n({chart.expected.note})" if chart.expected.note else ""),
-                fontsize=9, va="top")
+    figure.text(0.01, 1 - 0.1 / height, heading, fontsize=9, va="top")
     return figure
 
 
@@ -895,7 +910,8 @@ def draw_planned_comparison(path, stages: int = 4, microbatches: int = 8,
 
 
 __all__ = ["Box", "Row", "Column", "BubbleFormula", "PipelineChart", "pipeline_chart",
-           "expected_bubble", "is_pipeline_trace", "describe", "bubble_text",
+           "expected_bubble", "is_pipeline_trace", "describe", "bubble_text", "bubble_gap",
+           "gantt_height",
            "render_pipeline_frame", "step_through_pipeline", "play_pipeline",
            "draw_pipeline_gantt", "save_pipeline_gantt", "draw_schedule_comparison",
            "draw_planned_comparison"]
