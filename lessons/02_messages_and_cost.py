@@ -49,6 +49,7 @@ import minidist
 import minidist.distributed as dist
 from minidist import costmodel
 from minidist.lesson import output_dir, quick, use_headless_matplotlib
+from minidist.model_gap import RunFacts, explain
 
 use_headless_matplotlib()
 import matplotlib.pyplot as plt  # noqa: E402
@@ -272,7 +273,8 @@ def time_ring(sizes, calls):
     return means
 
 
-print(f"{'ranks':>5} {'size':>9} | {'predicted':>10} | {'measured':>10} | measured / predicted")
+print(f"{'ranks':>5} {'size':>9} | {'predicted':>10} | {'measured':>10} | measured / predicted: "
+      "why, on this run")
 comparison = []
 for world_size in RING_WORLDS:
     per_rank = minidist.launch(time_ring, world_size=world_size, transport="shm",
@@ -281,9 +283,12 @@ for world_size in RING_WORLDS:
         measured_seconds = max(rank_means[size] for rank_means in per_rank)
         predicted = costmodel.predict("all_reduce", "ring", world_size, size, params=shm)
         comparison.append((world_size, size, predicted, measured_seconds))
-        note = "  (more ranks than cores)" if world_size > CORES else ""
+        # Why the two differ, from this run's facts (the fit above is this machine's).
+        why = explain(measured_seconds, predicted,
+                      RunFacts(ranks=world_size, cores=CORES, transport="shm", params="fitted",
+                               nbytes=size, load=os.getloadavg()[0]))
         print(f"{world_size:>5} {size // KIB:>5} KiB | {predicted * 1e3:>7.2f} ms | "
-              f"{measured_seconds * 1e3:>7.2f} ms | {measured_seconds / predicted:5.2f}{note}")
+              f"{measured_seconds * 1e3:>7.2f} ms | {why}")
 
 # %% [markdown]
 # How close is it? The model assumes that every link works at full speed at

@@ -41,12 +41,15 @@
 #    grows, reduce + broadcast's grows with log n.
 
 # %%
+import os
+
 import numpy as np
 
 import minidist
 import minidist.distributed as dist
 from minidist import costmodel
 from minidist.lesson import output_dir, quick, use_headless_matplotlib
+from minidist.model_gap import RunFacts, compare
 
 use_headless_matplotlib()
 import matplotlib.pyplot as plt  # noqa: E402
@@ -233,16 +236,24 @@ measured = minidist.launch(time_all_reduce, world_size=world, transport="shm",
                            args=(sizes, 8 if QUICK else 64))
 print(f"all_reduce on {world} ranks (shm): measured / predicted")
 print(f"{'algorithm':>20} " + " ".join(f"{s // 1024:>9} KiB" for s in sizes))
+gaps = []
 for algorithm in dist.ALGORITHMS["all_reduce"]:
     cells = []
     for size in sizes:
         seconds = max(timings[algorithm, size] for timings in measured)  # the slowest rank
         predicted = costmodel.predict("all_reduce", algorithm, world, size, params)
         cells.append(f"{seconds * 1e6:6.0f}/{predicted * 1e6:<6.0f}")
+        gaps.append((seconds / predicted, seconds, predicted, algorithm, size))
     print(f"{algorithm:>20} " + " ".join(f"{c:>13}" for c in cells))
 print("(microseconds; 'auto' would pick:",
       ", ".join(f"{s // 1024} KiB -> {costmodel.best('all_reduce', world, s, params=params)}"
                 for s in sizes) + ")")
+# The largest gap, and why this run gives it (computed from the run's facts).
+_, seconds, predicted, algorithm, size = max(gaps)
+print(f"largest gap, {algorithm} at {size // 1024} KiB: " + compare(
+    seconds, predicted, RunFacts(ranks=world, cores=len(os.sched_getaffinity(0)),
+                                 transport="shm", params="fitted", nbytes=size,
+                                 load=os.getloadavg()[0])))
 
 # %% [markdown]
 # Small arrays: the algorithms with the fewest steps win (each step costs at

@@ -38,6 +38,7 @@
 # (the runtime); the drawings are `viz/pipeline_chart.py`.
 
 # %%
+import os
 from fractions import Fraction
 
 import numpy as np
@@ -47,6 +48,7 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, optim, trace
 from minidist.lesson import output_dir, quick, use_headless_matplotlib
+from minidist.model_gap import RunFacts, compare
 from minidist.parallel.pipeline import (
     Pipeline,
     bubble_fraction,
@@ -337,8 +339,11 @@ assert all(ledger["gpipe"][0][s] == MEMORY_M and ledger["1f1b"][0][s] == 4 - s
            for s in range(4))
 
 p4_bubble = bubble_fraction(step_events(results_p4, ("1f1b", MEMORY_M, False), 1), 4)
-print(f"\n1f1b on 4 processes and 2 cores: measured bubble {p4_bubble:.3f}, "
-      f"formula {float(formula(4, MEMORY_M)):.3f}")
+cores = len(os.sched_getaffinity(0))
+print(f"\n1f1b on 4 processes and {cores} cores: bubble " + compare(
+    p4_bubble, float(formula(4, MEMORY_M)),
+    RunFacts(ranks=4, cores=cores, load=os.getloadavg()[0], ranks_option="p ="),
+    formatter=lambda value: f"{value:.3f}", model_word="formula"))
 
 # %% [markdown]
 # The ledger says what the schedules promise: m = 8 micro-batches' worth of

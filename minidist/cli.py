@@ -93,6 +93,7 @@ def _tour(args) -> int:
     from rich.table import Table
 
     from minidist.distributed import simulate
+    from minidist.model_gap import RunFacts, explain
     from minidist.train import train_digits
     from viz.commands import demo as replay_demo
 
@@ -112,13 +113,20 @@ def _tour(args) -> int:
 
     console.print(Rule("3. the same algorithms on 256 simulated ranks"))
     table = Table(title="all_reduce of 100 MB: 5 us latency, 10 GB/s links")
-    for column in ("algorithm", "simulated", "cost model", "messages"):
+    for column in ("algorithm", "simulated", "cost model", "messages", "sim / model"):
         table.add_column(column, justify="left" if column == "algorithm" else "right")
+    gaps = []
     for algorithm in ("ring", "rabenseifner", "reduce_broadcast", "recursive_doubling"):
         result = simulate("all_reduce", algorithm, world_size=256, nbytes=100_000_000)
+        why = explain(result.time, result.predicted, RunFacts(256, simulated=True))
         table.add_row(algorithm, f"{result.time * 1e3:.1f} ms",
-                      f"{result.predicted * 1e3:.1f} ms", f"{result.messages:,}")
+                      f"{result.predicted * 1e3:.1f} ms", f"{result.messages:,}",
+                      why.split(":")[0])
+        if not why.endswith("the model holds here"):
+            gaps.append(f"{algorithm}: {why}")
     console.print(table)
+    for line in gaps:
+        console.print(line)
     console.print("Next: `minidist demo ring-allreduce -n 4` to step through it yourself, "
                   "`minidist demo --help` for every collective and algorithm, "
                   "`minidist simulate all_reduce -n 1024 --size 100MB`, and the lessons in "
@@ -247,8 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "animation; draw the timeline of any trace; export it for Perfetto.",
     )
     viz.add_argument("trace", help="a trace file (JSON lines) written by minidist")
-    viz.add_argument("--call", type=int, default=0,
-                     help="which collective call of the trace, from 0 (default 0)")
+    viz.add_argument("--call", type=int, default=None,
+                     help="which collective call of the trace, from 0 (default: the first "
+                          "all_reduce, else 0)")
     viz.add_argument("--chrome", default=None, metavar="OUT.json",
                      help="write the trace for chrome://tracing and ui.perfetto.dev")
     _add_display_arguments(viz)

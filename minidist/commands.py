@@ -28,6 +28,7 @@ from minidist.distributed.collectives import ALGORITHMS
 from minidist.distributed.launch import _check_world_size, _release, warn_if_oversubscribed
 from minidist.distributed.simulator import CALLS, simulate
 from minidist.distributed.transport import check_name, create_resources
+from minidist.model_gap import RunFacts, explain, ratio_text
 from minidist.runtime import console, signals
 from minidist.runtime.control import ControlBlock
 from minidist.runtime.supervisor import ProgramWorker, Supervisor
@@ -124,6 +125,7 @@ def simulate_command(args) -> int:
     table.add_column("cost model", justify="right")
     table.add_column("messages", justify="right")
     table.add_column("bytes moved", justify="right")
+    table.add_column("sim / model", justify="right")
     several = len(algorithms) > 1
     results = []
     written = []
@@ -138,12 +140,22 @@ def simulate_command(args) -> int:
             written.append(f"trace of {name}: {result.write_trace(path):,} events in {path}")
             result.events = None  # a 1,024-rank trace is large: keep one at a time
     fastest = min(result.time for result in results)
+    gaps = []  # the rows where the formula and the simulation differ, and why
     for result in results:
         style = "bold green" if several and result.time == fastest else None
+        ratio = "-"
+        if result.predicted is not None:
+            ratio = ratio_text(result.time, result.predicted)
+            why = explain(result.time, result.predicted,
+                          RunFacts(args.nproc, simulated=True, params="given"))
+            if not why.endswith("the model holds here"):
+                gaps.append(f"{result.algorithm}: {why}")
         table.add_row(result.algorithm, _format_seconds(result.time),
                       "-" if result.predicted is None else _format_seconds(result.predicted),
-                      f"{result.messages:,}", _format_bytes(result.bytes), style=style)
+                      f"{result.messages:,}", _format_bytes(result.bytes), ratio, style=style)
     out.print(table)
+    for line in gaps:
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
     for line in written:
         out.print(line, markup=False, highlight=False, soft_wrap=True)
     return 0

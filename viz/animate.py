@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from collections import deque
 
 import numpy as np
@@ -42,6 +43,10 @@ from matplotlib.animation import FuncAnimation, PillowWriter
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
+from matplotlib.textpath import TextPath
+
+from viz.replay import model_gap
 
 #: matplotlib's tableau-colorblind10, the colour of rank r is PALETTE[r % 10].
 PALETTE = ("#006BA4", "#FF800E", "#ABABAB", "#595959", "#5F9ED1",
@@ -55,6 +60,10 @@ FIGURE_SIZE = (11.0, 7.0)
 LARGE_FIGURE_SIZE = (14.0, 9.0)  # from 9 ranks on, so that 16 ranks' cells stay readable
 DPI = 80
 MESSAGES_LISTED = 10
+#: Characters per line of the measured-vs-model explanation (8 pt on 11 in).
+WHY_WIDTH = 165
+#: The ranks' and the side panel's height (figure fraction), under the header.
+RANKS_HEIGHT = 0.69
 RING_STRETCH = 1.4
 REDUCING = ("all_reduce", "reduce", "reduce_scatter")
 
@@ -222,6 +231,62 @@ class _Geometry:
         return (float(np.mean(xs)) + self.size / 2, float(np.mean(ys)) + self.size / 2)
 
 
+def _bezier_points(start, control, end, points: int = 48) -> np.ndarray:
+    """Points along the quadratic Bezier curve arc3 draws (the arrow's path)."""
+    t = np.linspace(0.0, 1.0, points)[:, None]
+    return ((1 - t) ** 2 * np.asarray(start) + 2 * (1 - t) * t * np.asarray(control)
+            + t ** 2 * np.asarray(end))
+
+
+def _segments_hit_box(segments: np.ndarray, box) -> int:
+    """How many of ``segments`` (rows x0, y0, x1, y1) cross the rectangle
+    (left, bottom, right, top): each clipped against it (Liang-Barsky), all at once."""
+    if not len(segments):
+        return 0
+    left, bottom, right, top = box
+    ax, ay, bx, by = segments.T
+    dx, dy = bx - ax, by - ay
+    low, high = np.zeros(len(segments)), np.ones(len(segments))
+    inside = np.ones(len(segments), bool)
+    for p, q in ((-dx, ax - left), (dx, right - ax), (-dy, ay - bottom), (dy, top - ay)):
+        parallel = p == 0
+        inside &= ~(parallel & (q < 0))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = np.where(parallel, 0.0, q / np.where(parallel, 1.0, p))
+        low = np.where(~parallel & (p < 0), np.maximum(low, r), low)
+        high = np.where(~parallel & (p > 0), np.minimum(high, r), high)
+    return int(np.count_nonzero(inside & (low <= high)))
+
+
+def _title_candidates(x, y, geometry, width, height) -> list:
+    """Places for a ``width`` x ``height`` title next to the grid centred at
+    (x, y), in the order preferred: (x, y, ha, va, (left, bottom, right, top))."""
+    gap = 0.25 * geometry.size
+    top, bottom = y + geometry.height / 2 + gap, y - geometry.height / 2 - gap
+    left, right = x - geometry.width / 2 - gap, x + geometry.width / 2 + gap
+    candidates = [
+        (x, top, "center", "bottom", (x - width / 2, top, x + width / 2, top + height)),
+        (x, bottom, "center", "top", (x - width / 2, bottom - height, x + width / 2, bottom)),
+        (right, y, "left", "center", (right, y - height / 2, right + width, y + height / 2)),
+        (left, y, "right", "center", (left - width, y - height / 2, left, y + height / 2)),
+        (left + gap, top, "left", "bottom", (left + gap, top, left + gap + width, top + height)),
+        (right - gap, top, "right", "bottom", (right - gap - width, top, right - gap, top + height)),
+        (left + gap, bottom, "left", "top", (left + gap, bottom - height, left + gap + width, bottom)),
+        (right - gap, bottom, "right", "top",
+         (right - gap - width, bottom - height, right - gap, bottom)),
+    ]
+    # Then those above and below once more, a title's height further out.
+    for x_at, y_at, ha, va, (x0, y0, x1, y1) in list(candidates):
+        if va in ("bottom", "top"):
+            lift = 1.2 * height * (1 if va == "bottom" else -1)
+            candidates.append((x_at, y_at + lift, ha, va, (x0, y0 + lift, x1, y1 + lift)))
+    return candidates
+
+
+def _boxes_overlap(a, b) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
 def _uniform(messages) -> bool:
     """Many messages all alike: one note says their size instead of a label on each."""
     return len(messages) > 4 and len({(m.nbytes, m.op) for m in messages}) == 1
@@ -258,6 +323,7 @@ def header_lines(replay, frame) -> list[str]:
     steps = len(replay.frames)
     predicted = (f"cost model {format_seconds(replay.predicted_s)} for the whole call"
                  if replay.predicted_s is not None else "no cost formula for this algorithm")
+    gap = model_gap(replay)
     return [
         f"{replay.collective} · {replay.algorithm} · {replay.world_size} ranks · "
         f"{replay.count} elements ({size}){root}",
@@ -265,6 +331,7 @@ def header_lines(replay, frame) -> list[str]:
         f"cost: {replay.formula}" if replay.formula else "cost: (no formula)",
         f"measured {format_seconds(frame.elapsed_ns / 1e9)} so far of "
         f"{format_seconds(replay.measured_s)} (from the first rank's entry) · {predicted}",
+        f"measured / model = {gap}" if gap else "",
     ]
 
 
@@ -305,6 +372,9 @@ class _Painter:
         self.figure.text(0.02, 0.935, lines[1], fontsize=13, va="top", color=PALETTE[5])
         self.figure.text(0.02, 0.898, lines[2], fontsize=10, va="top", family="monospace")
         self.figure.text(0.02, 0.866, lines[3], fontsize=10, va="top")
+        # The why of the gap: up to three lines under the times, above the ranks.
+        self.figure.text(0.02, 0.838, "\n".join(textwrap.wrap(lines[4], WHY_WIDTH)[:3]),
+                         fontsize=8, va="top", color=PALETTE[3])
         self._draw_time_bar(frame)
         if self.summary:
             self._draw_summary(frame)
@@ -334,19 +404,23 @@ class _Painter:
 
     def _draw_ranks(self, frame):
         replay, geometry, where = self.replay, self.geometry, self.where
-        axis = self.figure.add_axes((0.01, 0.09, 0.67, 0.75))
+        axis = self.figure.add_axes((0.01, 0.09, 0.67, RANKS_HEIGHT))
         axis.set_axis_off()
         axis.set_aspect("equal")
         xs = [x for x, _ in where.values()]
         ys = [y for _, y in where.values()]
-        # Room for the rank's name above a grid, and for arrows bulging out of a ring.
+        # Room for arrows bulging out of a ring, and for a rank's title on any
+        # side of its grid (it goes where no arrow or label is: _title_places).
         bulge = 0.2 if replay.layout == "ring" else 0.0
-        margin_x = geometry.width / 2 + geometry.size + bulge
-        margin_y = geometry.height / 2 + 2 * geometry.size + bulge
+        title_width = 0.62 * 0.45 * geometry.size * len(f"rank {replay.world_size - 1}")
+        margin_x = geometry.width / 2 + 0.3 * geometry.size + max(title_width, geometry.size) \
+            + bulge
+        margin_y = geometry.height / 2 + 1.2 * geometry.size + bulge
         axis.set_xlim(min(xs) - margin_x, max(xs) + margin_x)
         axis.set_ylim(min(ys) - margin_y, max(ys) + margin_y)
         points_per_unit = self._points_per_unit(axis)
         font = max(5.0, min(13.0, 0.45 * geometry.size * points_per_unit))
+        self._places = self._title_places(font, points_per_unit, frame.index)
 
         if replay.layout == "tree":
             for a, b in tree_edges(replay):
@@ -378,8 +452,9 @@ class _Painter:
     def _draw_buffer(self, axis, rank, centre, frame, written, font):
         geometry, n = self.geometry, self.replay.world_size
         x, y = centre
-        axis.text(x, y + geometry.height / 2 + 0.25 * geometry.size, f"rank {rank}",
-                  ha="center", va="bottom", fontsize=font, weight="bold")
+        title_x, title_y, ha, va, _ = self._places[rank]
+        axis.text(title_x, title_y, f"rank {rank}", ha=ha, va=va, fontsize=font,
+                  weight="bold")
         if frame.holdings is None:
             axis.add_patch(patches.FancyBboxPatch(
                 (x - geometry.width / 2, y - geometry.height / 2), geometry.width,
@@ -401,27 +476,111 @@ class _Painter:
                       fontsize=font * (0.8 if len(holders) > 1 else 1.0),
                       color=_text_color(fill), zorder=3)
 
-    def _draw_message(self, axis, message, font, label):
+    def _arrow(self, message):
+        """(start, end, bend, middle) of a message's arrow, in data units: from the
+        sender's grid edge to the cells it writes, an arc3 curve; ``middle`` is
+        where its label sits."""
         geometry = self.geometry
         if message.cells is not None and geometry.cells:
             end = geometry.cells_centre(self.where[message.target], message.cells)
         else:
             end = self.where[message.target]
         start = geometry.edge_towards(self.where[message.source], end)
-        color = PALETTE[message.source % 10]
         # Ring arrows bulge outwards, away from the other buffers.
         bend = -0.3 if self.replay.layout == "ring" else 0.25
+        # The midpoint of arc3's quadratic Bezier curve.
+        (x0, y0), (x1, y1) = start, end
+        control = ((x0 + x1) / 2 + bend * (y1 - y0), (y0 + y1) / 2 - bend * (x1 - x0))
+        middle = (0.25 * x0 + 0.5 * control[0] + 0.25 * x1,
+                  0.25 * y0 + 0.5 * control[1] + 0.25 * y1)
+        return start, end, bend, control, middle
+
+    def _title_places(self, font: float, points_per_unit: float, index: int) -> dict:
+        """rank -> (x, y, ha, va, box) of its title in frame ``index``: a place
+        next to its grid (above, below, right, left, the corners, then the
+        same further out) whose box no arrow of the frame crosses and that
+        covers no message label, other grid or other title. Among those, the
+        one clear in the most frames, so that a title moves only in a frame
+        where its usual place is taken; none clear: the fewest hits.
+
+        Texts are measured with matplotlib's own glyph extents (TextPath) at
+        the fonts drawn, in data units. Cost: once per replay, ranks x 14
+        places x (every frame's arrow segments, vectorised), then per frame
+        ranks x 14 look-ups.
+        """
+        if getattr(self, "_candidates", None) is None:
+            self._prepare_title_places(font, points_per_unit)
+        places, taken = {}, []
+        for rank, candidates in self._candidates.items():
+            in_frame = self._hits[rank][:, index]
+            overlaps = np.array([sum(_boxes_overlap(box, other) for other in taken)
+                                 for *_, box in candidates])
+            order = np.lexsort((np.arange(len(candidates)), self._hits[rank].sum(axis=1),
+                                in_frame + overlaps))
+            places[rank] = candidates[order[0]]
+            taken.append(places[rank][4])
+        return places
+
+    def _prepare_title_places(self, font: float, points_per_unit: float) -> None:
+        """Every rank's candidate places and, per frame, how many obstacles each hits."""
+        geometry, where = self.geometry, self.where
+        label_font = max(5.0, font * 0.75)
+        # A few points of clearance: the arrows' width, the glyphs' descent.
+        clear = 4.0 / points_per_unit
+
+        def extent(text, fontsize, weight="normal"):
+            box = TextPath((0, 0), text, size=fontsize,
+                           prop=FontProperties(weight=weight)).get_extents()
+            return box.width / points_per_unit, 1.2 * fontsize / points_per_unit
+
+        frames = len(self.replay.frames)
+        segments, labels = [], []   # per frame: arrow segments (k, 4), label boxes
+        for frame in self.replay.frames:
+            uniform = _uniform(frame.messages)
+            pieces, boxes = [np.empty((0, 4))], []
+            for message in frame.messages:
+                start, end, _, control, middle = self._arrow(message)
+                curve = _bezier_points(start, control, end)
+                pieces.append(np.hstack([curve[:-1], curve[1:]]))
+                if not uniform:
+                    text = format_bytes(message.nbytes) + (f" {message.op}" if message.op
+                                                           else "")
+                    width, height = extent(text, label_font)
+                    # The label's round box: pad 0.15 of the font on each side.
+                    half_w = width / 2 + 0.25 * label_font / points_per_unit
+                    half_h = height / 2 + 0.25 * label_font / points_per_unit
+                    boxes.append((middle[0] - half_w, middle[1] - half_h,
+                                  middle[0] + half_w, middle[1] + half_h))
+            segments.append(np.vstack(pieces))
+            labels.append(boxes)
+        grids = {rank: (x - geometry.width / 2, y - geometry.height / 2,
+                        x + geometry.width / 2, y + geometry.height / 2)
+                 for rank, (x, y) in where.items()}
+        self._candidates, self._hits = {}, {}
+        for rank, (x, y) in where.items():
+            width, height = extent(f"rank {rank}", font, "bold")
+            candidates = _title_candidates(x, y, geometry, width, height)
+            hits = np.zeros((len(candidates), frames), np.int64)
+            for row, (*_, box) in enumerate(candidates):
+                box = (box[0] - clear, box[1] - clear, box[2] + clear, box[3] + clear)
+                fixed = sum(_boxes_overlap(box, grid) for other, grid in grids.items()
+                            if other != rank)
+                for column in range(frames):
+                    hits[row, column] = (fixed + _segments_hit_box(segments[column], box)
+                                         + sum(_boxes_overlap(box, label)
+                                               for label in labels[column]))
+            self._candidates[rank], self._hits[rank] = candidates, hits
+
+    def _draw_message(self, axis, message, font, label):
+        start, end, bend, _, middle = self._arrow(message)
+        color = PALETTE[message.source % 10]
         axis.add_patch(patches.FancyArrowPatch(
             start, end, arrowstyle="-|>", mutation_scale=10 + font,
             connectionstyle=f"arc3,rad={bend}", color=color, linewidth=2.2,
             shrinkA=0, shrinkB=2, zorder=4, alpha=0.95))
         if not label:
             return
-        # The label sits on the arc: the midpoint of arc3's quadratic Bezier curve.
-        (x0, y0), (x1, y1) = start, end
-        control = ((x0 + x1) / 2 + bend * (y1 - y0), (y0 + y1) / 2 - bend * (x1 - x0))
-        middle = (0.25 * x0 + 0.5 * control[0] + 0.25 * x1,
-                  0.25 * y0 + 0.5 * control[1] + 0.25 * y1)
+        # The label sits on the arc, at its midpoint.
         text = format_bytes(message.nbytes)
         if message.op:
             text += f" {message.op}"
@@ -431,7 +590,7 @@ class _Painter:
 
     def _draw_side_panel(self, frame):
         replay = self.replay
-        axis = self.figure.add_axes((0.70, 0.09, 0.29, 0.74))
+        axis = self.figure.add_axes((0.70, 0.09, 0.29, RANKS_HEIGHT))
         axis.set_axis_off()
         handles = [patches.Patch(facecolor=PALETTE[rank % 10], edgecolor="#777777",
                                  label=f"r{rank}: rank {rank}'s data")

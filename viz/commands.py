@@ -129,6 +129,18 @@ def _writing(path):
                        f"{error.strerror or error}") from None
 
 
+def default_call(replays) -> int:
+    """The call ``minidist viz`` shows when none is named: the first all_reduce
+    of more than one element if the trace has one, else its first all_reduce,
+    else its first call. A DDP run starts with the broadcast of rank 0's
+    weights, and each step with the all_reduce of one number (the examples
+    counted); the gradients' all_reduce is what it is about."""
+    all_reduces = [index for index, found in enumerate(replays)
+                   if found.collective == "all_reduce"]
+    return next((index for index in all_reduces if replays[index].count > 1),
+                all_reduces[0] if all_reduces else 0)
+
+
 def _pick(replays, call: int, path) -> object:
     """Call ``call`` of the trace, counted from 0 (negative: from the end)."""
     if not -len(replays) <= call < len(replays):
@@ -139,7 +151,7 @@ def _pick(replays, call: int, path) -> object:
     return replays[call]
 
 
-def show(path, *, call: int = 0, play: bool = False, speed: float = 2.0, gif=None, html=None,
+def show(path, *, call: int | None = None, play: bool = False, speed: float = 2.0, gif=None, html=None,
          timeline=None, chrome=None, color: bool = True, fps: float = 1.0,
          console: Console | None = None, list_calls: bool = True) -> int:
     """Everything ``minidist viz`` does, on the trace at ``path``."""
@@ -175,11 +187,18 @@ def show(path, *, call: int = 0, play: bool = False, speed: float = 2.0, gif=Non
         console.print(f"timeline written to {timeline}")
     if not wants_replay:
         return 0
+    why = ""
+    if call is None:
+        call = default_call(replays)
+        if call:
+            why = (f", the first all_reduce of more than one element (calls 0 to {call - 1} "
+                   "come before it)" if replays[call].count > 1
+                   else f", the first all_reduce (calls 0 to {call - 1} come before it)")
     chosen = _pick(replays, call, path)
     if len(replays) > 1 and list_calls:
         console.print(f"{path}: {len(replays)} collective calls; showing call "
                       f"{call % len(replays)}: "
-                      f"{chosen.collective} {chosen.algorithm} (choose with --call K)")
+                      f"{chosen.collective} {chosen.algorithm}{why} (choose with --call K)")
     if gif or html:
         from viz import animate
 

@@ -95,6 +95,36 @@ def _train(status, epochs):
             "seconds": time.perf_counter() - start, "loss": float(loss.item())}
 
 
+def bytes_per_step_by_call(events: list[dict], rank: int, steps: int) -> dict[str, float]:
+    """The bytes ``rank`` sent per training step, by the call that sent them
+    ("all_reduce ring" for the gradients, "all_reduce one_shot" for DDP's
+    count of examples, ...), from the trace: sends from its first "forward"
+    on (the weights' broadcast before it is start-up), largest first."""
+    mine = [event for event in events if event["rank"] == rank]
+    starts = [event["start"] for event in mine
+              if event["kind"] == "compute" and trace.label_text(event.get("label") or "") == "forward"]
+    if not starts or steps < 1:
+        return {}
+    sent: dict[str, int] = {}
+    for event in mine:
+        if event["kind"] == "send" and event["start"] >= starts[0]:
+            name = trace.label_text(event.get("label") or "").split(":")[0] or "other"
+            sent[name] = sent.get(name, 0) + int(event.get("bytes") or 0)
+    return {name: total / steps for name, total in sorted(sent.items(), key=lambda item: -item[1])}
+
+
+def ring_gap(measured: float, formula: float, nproc: int, elements: int) -> str:
+    """Why one rank's ring bytes and 2(n-1)/n M differ: the formula is the
+    mean over ranks, and with M's elements not a multiple of n the ring's n
+    chunks differ by an element."""
+    if round(measured) == round(formula):
+        return "equal"
+    if elements % nproc:
+        return (f"{measured - formula:+,.0f} B: {elements:,} elements in {nproc} chunks are "
+                "unequal, and the formula is the ranks' mean")
+    return f"{measured - formula:+,.0f} B: no known cause (chunks are equal)"
+
+
 def _megabytes(nbytes: int) -> str:
     return f"{nbytes / 1e6:.2f} MB"
 
@@ -171,9 +201,17 @@ def main(args) -> int:
     console.print(f"test accuracy {first['accuracy']:.3f} after {first['steps']} steps "
                   f"({first['seconds']:.2f} s on rank 0), last loss {first['loss']:.4f}")
     per_step = [result["sent_in_steps"] / result["steps"] for result in results]
+    formula = 2 * (nproc - 1) / nproc * model_bytes
     console.print(f"bytes sent per step: {', '.join(f'rank {r} {b:,.0f}' for r, b in enumerate(per_step))}; "
-                  f"ring all_reduce 2(n-1)/n M = {2 * (nproc - 1) / nproc * model_bytes:,.0f} "
+                  f"ring all_reduce 2(n-1)/n M = {formula:,.0f} "
                   f"(M = {model_bytes:,} bytes of float32 gradients)")
+    if nproc > 1:
+        calls = bytes_per_step_by_call(trace.read_jsonl(trace_path).events, 0, first["steps"])
+        console.print("  rank 0's, by call: " + " + ".join(
+            f"{name} {nbytes:,.0f}" for name, nbytes in calls.items())
+            + (f"; the ring's {calls.get('all_reduce ring', 0):,.0f} vs the formula's "
+               f"{formula:,.0f}: "
+               f"{ring_gap(calls.get('all_reduce ring', 0), formula, nproc, model_bytes // 4)}"))
     console.print(f"trace written to {trace_path}; draw it with "
                   f"`minidist viz {trace_path} --timeline data_parallel.png`, or export it "
                   f"for Perfetto with `minidist viz {trace_path} --chrome data_parallel.json`")

@@ -153,6 +153,19 @@ def _show(status, console: Console, nproc: int) -> None:
             console.print(_plain_line(row))
 
 
+def shard_gap(measured: int, formula: float, sizes: list[int], nproc: int) -> str:
+    """Why the largest rank's bytes and the formula differ ("" when they do not):
+    the formula counts psi / N per rank, but each tensor is cut into N shards of
+    whole elements, rounded up (the last one padded) where N does not divide its size."""
+    if round(measured) == round(formula):
+        return ""
+    uneven = [size for size in sizes if size % nproc]
+    if uneven:
+        return (f"{measured - formula:+,.0f} B: {len(uneven)} of {len(sizes)} tensors do not "
+                f"split evenly in {nproc}: shards rounded up, the formula is psi / N")
+    return f"{measured - formula:+,.0f} B: no known cause (every tensor splits evenly)"
+
+
 def main(args) -> int:
     nproc = args.nproc
     console = Console(no_color=args.no_color, highlight=False, soft_wrap=True)
@@ -175,7 +188,9 @@ def main(args) -> int:
         status.put(None)
         viewer.join(10.0)
 
-    psi = build_model("mlp").num_parameters()
+    model = build_model("mlp")
+    psi = model.num_parameters()
+    sizes = [parameter.data.size for parameter in model.parameters()]
     console.print(f"model-state bytes per rank after the step (weights + gradients + Adam's "
                   f"moments; {psi:,} parameters), measured next to zero_model_state_bytes:")
     for name, stage in STRATEGIES:
@@ -183,8 +198,10 @@ def main(args) -> int:
         measured = ", ".join(f"rank {rank} {result[name]['model_state']:,}"
                              for rank, result in enumerate(results))
         peaks = ", ".join(f"{result[name]['peak']:,}" for result in results)
-        console.print(f"  {name:7s} measured {measured}  formula {formula:,.0f}  "
-                      f"(peak per rank {peaks})")
+        gap = shard_gap(max(result[name]["model_state"] for result in results), formula,
+                        sizes, nproc)
+        console.print(f"  {name:7s} measured {measured}  formula {formula:,.0f}"
+                      f"{f' ({gap})' if gap else ''}  (peak per rank {peaks})")
     console.print(f"trace written to {trace_path}; its memory events per rank: "
                   f"minidist.memory.memory_timeline(trace.read_jsonl({trace_path!r}).events)")
     plot = getattr(args, "plot", None)

@@ -184,10 +184,8 @@ def main(args) -> int:
 
     chart = pipeline_chart(trace_path)
     cores = os.cpu_count() or 1
+    # Why the bubble differs from the formula is said beside it (bubble_text).
     console.print(f"the last batch of {chart.batches}, as it ran on {stages} processes and "
-                  f"{cores} core{'s' if cores > 1 else ''}"
-                  + (": more processes than cores, so waiting stages share the cores with "
-                     "working ones and idle more than the formula says" if stages > cores
-                     else ""))
+                  f"{cores} core{'s' if cores > 1 else ''}")
     _show(chart, console, args)
     return 0

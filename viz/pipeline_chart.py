@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import textwrap
 from collections import defaultdict
 from dataclasses import dataclass
 from fractions import Fraction
@@ -62,6 +63,7 @@ from rich.console import Console, Group
 from rich.text import Text
 
 from minidist import trace as _trace
+from minidist.model_gap import RunFacts, explain
 from minidist.parallel.pipeline_schedules import bubble_fraction, compute_text
 from viz.terminal import (
     LIGHT_COLOURS,
@@ -175,6 +177,9 @@ class PipelineChart:
     #: The measured bubble, 1 - busy / (ranks x makespan): the runtime's own
     #: :func:`minidist.parallel.pipeline.bubble_fraction` of the batch's events.
     bubble: float
+    #: Cores and load average of the machine it ran on (trace header; None: not recorded).
+    cores: int | None = None
+    load: float | None = None
 
     @property
     def capacity(self) -> int:
@@ -497,7 +502,9 @@ def pipeline_chart(trace, *, batch: int = -1, schedule: str | None = None,
         idle=sum(gap_end - gap_start for row in rows for gap_start, gap_end in row.idle),
         expected=expected_bubble(stages, microbatches, virtual_stages), batch=batch,
         batches=batches, simulated=bool(simulated),
-        bubble=bubble_fraction([box["event"] for box in work], len(chosen)))
+        bubble=bubble_fraction([box["event"] for box in work], len(chosen)),
+        cores=header.get("cores") if isinstance(header.get("cores"), int) else None,
+        load=header.get("load") if isinstance(header.get("load"), (int, float)) else None)
 
 
 # --------------------------------------------------------------------------- words
@@ -511,10 +518,55 @@ def describe(chart: PipelineChart) -> str:
     return words
 
 
-def bubble_text(chart: PipelineChart) -> str:
-    """"bubble: measured 0.273, expected (p-1)/(m+p-1) = 3/11 = 0.273"."""
-    return (f"bubble: measured {chart.bubble:.3f} (idle / (ranks × makespan)), expected "
+def bubble_text(chart: PipelineChart, why: bool = True) -> str:
+    """"bubble: measured 0.273, expected (p-1)/(m+p-1) = 3/11 = 0.273 (1x: the model
+    holds here)": with ``why``, the reasons of this run for any gap (:func:`bubble_gap`)."""
+    text = (f"bubble: measured {chart.bubble:.3f} (idle / (ranks × makespan)), expected "
             f"{chart.expected.text}")
+    return f"{text} ({bubble_gap(chart)})" if why else text
+
+
+def _wrapped(text: str, width: int = 160) -> str:
+    """A long line of a figure's text cut into lines (9 pt on a 12-13 in figure)."""
+    return "\n".join(textwrap.wrap(text, width)) or text
+
+
+#: Stages whose busy times differ by more than this factor are "unequal".
+UNEQUAL_STAGES = 1.5
+
+
+def bubble_facts(chart: PipelineChart) -> RunFacts:
+    """What the chart says about its run, for :mod:`minidist.model_gap`: the
+    machine (cores, load), and two things the formula assumes away, measured
+    on the batch: equal stages (busiest against idlest stage) and free
+    hand-offs (a stage's mean wait between two pieces of work against the
+    mean piece of work)."""
+    notes = []
+    busy = [row.busy for row in chart.rows]
+    if len(busy) > 1 and min(busy) > 0 and max(busy) > UNEQUAL_STAGES * min(busy):
+        most, least = busy.index(max(busy)), busy.index(min(busy))
+        notes.append(f"unequal stages ({chart.rows[most].label} busy "
+                     f"{max(busy) / min(busy):.1f}x {chart.rows[least].label})")
+    work = [box.duration for row in chart.rows for box in row.boxes if box.kind in WORK]
+    waits = [end - start for row in chart.rows for start, end in row.idle
+             if 0 < start and end < chart.makespan]  # between work, not the ramp's
+    if work and waits and sum(waits) / len(waits) > sum(work) / len(work):
+        notes.append(f"a micro-batch's work ({chart.time_text(sum(work) // len(work))}) is "
+                     f"shorter than the waits between ({chart.time_text(sum(waits) // len(waits))})")
+    if chart.batch == 0 and chart.batches > 1:
+        notes.append("first batch includes setup")
+    hold = () if chart.simulated else (
+        f"on `minidist demo pipeline --simulate --schedule {chart.schedule} --stages "
+        f"{chart.stages} --microbatches {chart.microbatches}`",)
+    return RunFacts(ranks=len(chart.rows), cores=chart.cores, load=chart.load,
+                    simulated=chart.simulated, notes=tuple(notes), hold=hold,
+                    ranks_option="--stages")
+
+
+def bubble_gap(chart: PipelineChart) -> str:
+    """"3.6x: 4 ranks on 2 cores: ranks take turns; ...; the model holds on ...":
+    why the measured bubble and the formula's differ in this run."""
+    return explain(chart.bubble, chart.expected.value, bubble_facts(chart))
 
 
 # --------------------------------------------------------------------------- the terminal
@@ -707,7 +759,7 @@ def _draw_chart(axis, chart: PipelineChart, *, x: str = "time", xmax: float | No
                         "first compute")
     axis.grid(axis="x", alpha=0.3)
     axis.set_title(title if title is not None else
-                   f"{describe(chart)}\n{bubble_text(chart)}", fontsize=9, loc="left")
+                   f"{describe(chart)}\n{_wrapped(bubble_text(chart))}", fontsize=9, loc="left")
     if legend:
         handles = [Patch(facecolor="#BBBBBB", edgecolor="#222222", hatch=HATCHES[kind],
                          linestyle=EDGE_STYLES[kind], label=f"{kind} {KIND_NAMES[kind]}")
@@ -720,24 +772,39 @@ def _draw_chart(axis, chart: PipelineChart, *, x: str = "time", xmax: float | No
                     bbox_to_anchor=(0.5, -0.55 / (0.55 * len(chart.rows))))
 
 
+def _gantt_heading(chart: PipelineChart) -> str:
+    simulated = " (simulated)" if chart.simulated else ""
+    batch = f" · batch {chart.batch + 1} of {chart.batches}" if chart.batches > 1 else ""
+    named = "" if chart.schedule == UNNAMED else "pipeline: "
+    return (f"{named}{describe(chart)}{batch}{simulated}\n{_wrapped(bubble_text(chart))}"
+            + (f"\n({chart.expected.note})" if chart.expected.note else ""))
+
+
+def _heading_extra(heading: str) -> float:
+    """Inches for the heading's lines past the three FIGURE_MARGINS leaves room for."""
+    return 0.16 * max(0, heading.count("\n") + 1 - 3)
+
+
+def gantt_height(chart: PipelineChart) -> float:
+    """The Gantt PNG's height in inches: the margins, the heading's extra lines
+    (the bubble's why may take two or three), 0.55 a stage."""
+    return FIGURE_MARGINS + _heading_extra(_gantt_heading(chart)) + 0.55 * len(chart.rows)
+
+
 def draw_pipeline_gantt(trace, figure=None, *, x: str = "time", **options):
     """The Gantt chart of a pipeline run (a :class:`PipelineChart` or anything
     :func:`pipeline_chart` reads, with its keyword ``options``), on a new
     figure (or ``figure``); returns the figure. ``x``: "time" (the clock) or
     "slot" (the time slots of the step-through)."""
     chart = trace if isinstance(trace, PipelineChart) else pipeline_chart(trace, **options)
+    heading = _gantt_heading(chart)
+    extra = _heading_extra(heading)
     if figure is None:
-        figure = _figure(12.0, FIGURE_MARGINS + 0.55 * len(chart.rows))
+        figure = _figure(12.0, gantt_height(chart))
     height = figure.get_figheight()
-    axis = figure.add_axes((0.12, 0.85 / height, 0.85, 1 - 1.65 / height))
+    axis = figure.add_axes((0.12, 0.85 / height, 0.85, 1 - (1.65 + extra) / height))
     _draw_chart(axis, chart, x=x, title="")
-    simulated = " (simulated)" if chart.simulated else ""
-    batch = f" · batch {chart.batch + 1} of {chart.batches}" if chart.batches > 1 else ""
-    named = "" if chart.schedule == UNNAMED else "pipeline: "
-    figure.text(0.01, 1 - 0.1 / height,
-                f"{named}{describe(chart)}{batch}{simulated}\n{bubble_text(chart)}"
-                + (f"\n({chart.expected.note})" if chart.expected.note else ""),
-                fontsize=9, va="top")
+    figure.text(0.01, 1 - 0.1 / height, heading, fontsize=9, va="top")
     return figure
 
 
@@ -780,7 +847,7 @@ def draw_schedule_comparison(events_by_schedule: dict, path, *, x: str = "time",
     figure = _figure(13.0, height)
     grid = figure.add_gridspec(len(charts), 2 if memory else 1,
                                width_ratios=(5, 1) if memory else None,
-                               hspace=0.75 / (0.45 * rows), wspace=0.08, left=0.09,
+                               hspace=0.95 / (0.45 * rows), wspace=0.08, left=0.09,
                                right=0.98, top=1 - 0.7 / height, bottom=0.55 / height)
     if x == "slot":
         xmax = max(chart.slots for chart in charts)
@@ -791,8 +858,8 @@ def draw_schedule_comparison(events_by_schedule: dict, path, *, x: str = "time",
         axis = figure.add_subplot(grid[index, 0])
         _draw_chart(axis, chart, x=x, xmax=xmax, legend=False, peaks=not memory,
                     xlabel=index + 1 == len(charts),
-                    title=f"{chart.schedule}: bubble measured {chart.bubble:.3f}, expected "
-                          f"{chart.expected.text}")
+                    title=_wrapped(f"{chart.schedule}: bubble measured {chart.bubble:.3f}, "
+                                   f"expected {chart.expected.text} ({bubble_gap(chart)})"))
         if memory:
             bars = figure.add_subplot(grid[index, 1], sharey=axis)
             peaks = [row.peak_live_microbatches or 0 for row in chart.rows]
@@ -843,7 +910,8 @@ def draw_planned_comparison(path, stages: int = 4, microbatches: int = 8,
 
 
 __all__ = ["Box", "Row", "Column", "BubbleFormula", "PipelineChart", "pipeline_chart",
-           "expected_bubble", "is_pipeline_trace", "describe", "bubble_text",
+           "expected_bubble", "is_pipeline_trace", "describe", "bubble_text", "bubble_gap",
+           "gantt_height",
            "render_pipeline_frame", "step_through_pipeline", "play_pipeline",
            "draw_pipeline_gantt", "save_pipeline_gantt", "draw_schedule_comparison",
            "draw_planned_comparison"]

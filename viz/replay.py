@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from minidist import costmodel
 from minidist import trace as _trace
 from minidist.distributed.collectives.chunks import chunk_bounds
+from minidist.model_gap import RunFacts, explain
 
 #: Above this many ranks the renderers draw the summary view.
 SUMMARY_ABOVE = 16
@@ -131,6 +132,19 @@ class Replay:
     #: Bytes of the call's buffer on one rank: count x itemsize, except for
     #: the simulator, whose small array stands for the size its header names.
     nbytes: int = 0
+    #: Seconds between the first and the last rank entering the call (part
+    #: of measured_s: the early ranks wait for the late one).
+    skew_s: float = 0.0
+    #: Cores the run had, from the trace header (None: not recorded).
+    cores: int | None = None
+    #: Where predicted_s's alpha / beta come from: "given" (the header's, the
+    #: simulator's) or "default" (the transport's defaults in the cost model).
+    params: str = "default"
+    #: The longest a message took once both its ends were in the call
+    #: (recv end - the later of send start and recv start), seconds.
+    slowest_message_s: float = 0.0
+    #: The machine's load average at the end of the run (header; None: not recorded).
+    load: float | None = None
 
     @property
     def steps(self) -> int:
@@ -251,7 +265,13 @@ def _replay_call(header: dict, collective_events: list[dict],
         nbytes=_modelled_bytes(header, collective, count * itemsize),
         measured_s=measured_ns / 1e9, summary=world > SUMMARY_ABOVE,
         group=int(info.get("group", collective_events[0].get("group", 0))),
-        transport=str(header.get("transport", "")))
+        transport=str(header.get("transport", "")),
+        skew_s=(max(event["start"] for event in collective_events) - origin) / 1e9,
+        cores=header.get("cores") if isinstance(header.get("cores"), int) else None,
+        params="given" if all(key in header for key in ("alpha", "beta")) else "default",
+        slowest_message_s=max((recv["end"] - max(send["start"], recv["start"])
+                               for send, recv in pairs if recv is not None), default=0) / 1e9,
+        load=header.get("load") if isinstance(header.get("load"), (int, float)) else None)
 
 
 def _range_ends(pairs) -> set[int]:
@@ -501,6 +521,27 @@ def _table_row(doc: str, algorithm: str) -> str:
             # Drop the remark column ("(the root sends n - 1 times)").
             return re.split(r"\s{2,}", found.group(1).strip())[0]
     return ""
+
+
+def gap_facts(replay: Replay) -> RunFacts:
+    """What the trace says about the run, for :mod:`minidist.model_gap`."""
+    size = f"{replay.nbytes}B"
+    return RunFacts(
+        ranks=replay.world_size, cores=replay.cores, simulated=replay.transport == "sim",
+        transport=replay.transport, params=replay.params,
+        # Call 0 of a group is its first: it maps buffers and waits for late starters.
+        first_call=replay.call == 0, skew_s=replay.skew_s, nbytes=replay.nbytes,
+        load=replay.load, slowest_message_s=replay.slowest_message_s,
+        hold=() if replay.transport == "sim" else (f"on `minidist simulate {replay.collective} --algorithm {replay.algorithm} "
+              f"-n {replay.world_size} --size {size}`",))
+
+
+def model_gap(replay: Replay) -> str | None:
+    """Why the call's measured time and the cost model's differ in this run,
+    and where the model holds (None: no formula for this algorithm)."""
+    if replay.predicted_s is None:
+        return None
+    return explain(replay.measured_s, replay.predicted_s, gap_facts(replay))
 
 
 def _modelled_bytes(header: dict, collective: str, nbytes: int) -> int:

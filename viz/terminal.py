@@ -40,7 +40,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from viz.replay import Frame, Replay
+from viz.replay import Frame, Replay, model_gap
 
 #: matplotlib's "tableau-colorblind10": told apart with every common colour blindness.
 PALETTE = ("#006BA4", "#FF800E", "#ABABAB", "#595959", "#5F9ED1",
@@ -164,7 +164,8 @@ def _costs(replay: Replay, frame: Frame, color: bool) -> Text:
     text.append(f"time  measured {format_seconds(frame.elapsed_ns / 1e9)} so far of "
                 f"{format_seconds(replay.measured_s)}{clock}")
     if replay.predicted_s is not None:
-        text.append(f" · predicted {format_seconds(replay.predicted_s)}")
+        text.append(f"\n      whole call measured {format_seconds(replay.measured_s)} vs model "
+                    f"{format_seconds(replay.predicted_s)} ({model_gap(replay)})")
     return text
 
 

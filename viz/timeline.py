@@ -12,6 +12,9 @@ last event, covered by none of compute, send or recv). A line joins each
 send's start to its recv's end (:func:`minidist.trace.iter_messages`), so a
 message that waited shows as a long slanted line.
 
+A training run of many steps is drawn as its first ``max_steps`` steps (a
+step: from one occurrence of the lowest rank's first compute region, such as
+"forward", to the next), with a note "steps 1-8 of 230 shown".
 Big traces stay readable and fast: above ``max_events`` boxes closer than
 one pixel are merged, above ``max_arrows`` only every k-th message is drawn,
 above ``max_ranks`` only the first ranks are shown; the figure says which
@@ -44,6 +47,9 @@ IDLE_COLOR = "#F2F2F2"
 MAX_EVENTS = 20_000
 MAX_ARROWS = 2_000
 MAX_RANKS = 64
+#: A run of more steps than this is drawn as its first MAX_STEPS steps: the
+#: steps repeat, and a thousand of them side by side are a grey smear.
+MAX_STEPS = 8
 HEADS_UP_TO = 200  # arrowheads cost a patch each: only on small traces
 PIXELS = 2_000     # boxes closer than 1/PIXELS of the time axis merge above MAX_EVENTS
 
@@ -95,6 +101,13 @@ def idle_intervals(events: list[dict], gap: float = 0) -> list[tuple[int, int]]:
     return gaps
 
 
+def ordinal(number: int) -> str:
+    """1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, ..., 21st, 22nd, 101st, 111th."""
+    if number % 100 in (11, 12, 13):
+        return f"{number}th"
+    return f"{number}{ {1: 'st', 2: 'nd', 3: 'rd'}.get(number % 10, 'th')}"
+
+
 def _time_unit(span_ns: float) -> tuple[str, float]:
     if span_ns < 2e3:
         return "ns", 1.0
@@ -105,14 +118,49 @@ def _time_unit(span_ns: float) -> tuple[str, float]:
     return "s", 1e9
 
 
+def step_starts(events: list[dict]) -> tuple[str, list[int]]:
+    """(label, start times) of the steps of a training run: the first compute
+    region of the lowest rank ("forward") begins a step each time it recurs.
+    No compute regions: ("", [])."""
+    compute = [event for event in events if event["kind"] == "compute"]
+    if not compute:
+        return "", []
+    lowest = min(event["rank"] for event in compute)
+    mine = sorted((event for event in compute if event["rank"] == lowest),
+                  key=lambda event: event["start"])
+    label = _label_text(mine[0].get("label", ""))
+    return label, [event["start"] for event in mine if _label_text(event.get("label", "")) == label]
+
+
+def window_steps(events: list[dict], max_steps: int = MAX_STEPS) -> tuple[list[dict], str]:
+    """The events of the run's first ``max_steps`` steps (and what came before
+    the first: start-up, the weights' broadcast), and a note saying so; all
+    events and "" when the run has no more steps than that. An event belongs
+    to the window when it starts before step ``max_steps + 1`` does."""
+    label, starts = step_starts(events)
+    if len(starts) <= max_steps:
+        return events, ""
+    cut = starts[max_steps]
+    kept = [event for event in events if event["start"] < cut]
+    return kept, (f"steps 1-{max_steps} of {len(starts)} shown (a step: from one "
+                  f"'{label}' of rank {min(e['rank'] for e in events if e['kind'] == 'compute')}"
+                  " to the next; all of them: --chrome, for Perfetto)")
+
+
 def draw_timeline(trace, figure: Figure | None = None, *, max_events: int = MAX_EVENTS,
                   max_arrows: int = MAX_ARROWS, max_ranks: int = MAX_RANKS,
-                  title: str | None = None) -> Figure:
+                  max_steps: int | None = MAX_STEPS, title: str | None = None) -> Figure:
     """Draw the timeline of ``trace`` (a path, a :class:`~minidist.trace.Trace` or
-    a list of events) on a new figure (or ``figure``), and return it."""
+    a list of events) on a new figure (or ``figure``), and return it. A run of
+    more than ``max_steps`` training steps is drawn as its first ``max_steps``
+    (None: all of them)."""
     header, events = _events_of(trace)
     ranks = sorted({event["rank"] for event in events})
     notes = []
+    if max_steps is not None:
+        events, windowed = window_steps(events, max_steps)
+        if windowed:
+            notes.append(windowed)
     if len(ranks) > max_ranks:
         notes.append(f"showing ranks {ranks[0]} to {ranks[max_ranks - 1]} of {len(ranks)}")
         ranks = ranks[:max_ranks]
@@ -223,7 +271,7 @@ def _draw_messages(axis, shown, row_of, origin, scale, max_arrows: int, notes: l
                 if recv is not None and recv["rank"] in row_of]
     every = max(1, -(-len(messages) // max_arrows))
     if every > 1:
-        notes.append(f"{len(messages):,} messages: every {every}th drawn")
+        notes.append(f"{len(messages):,} messages: every {ordinal(every)} drawn")
     drawn = messages[::every]
     segments = []
     for send, recv in drawn:
@@ -282,4 +330,5 @@ def message_count(trace) -> int:
     return sum(1 for _, recv in _trace.iter_messages(events) if recv is not None)
 
 
-__all__ = ["draw_timeline", "save_timeline", "idle_intervals", "message_count"]
+__all__ = ["draw_timeline", "save_timeline", "idle_intervals", "message_count", "ordinal",
+           "step_starts", "window_steps"]

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
 import sys
 import time
@@ -49,6 +50,7 @@ from minidist.bench import DEFAULT_SIZES, DEFAULT_WORLD_SIZES, parse_list, parse
 from minidist.bench.cases import ORDER, bus_factor, case_bytes, layout
 from minidist.bench.common import KIB, MIB, cores, human_size, machine
 from minidist.bench.timing import FULL, QUICK, Timing, fastest_block, time_collective
+from minidist.model_gap import RunFacts, compare
 
 QUICK_SIZES = [4 * KIB, 64 * KIB, MIB, 16 * MIB, 64 * MIB]
 
@@ -537,6 +539,16 @@ def print_report(report: dict, console=None) -> None:
                               _number(row[f"over_{kind}"])]
             table.add_row(*cells)
         console.print(table)
+        worst = max((row for row in rows if row["measured_over_predicted"]),
+                    key=lambda row: abs(math.log(row["measured_over_predicted"])), default=None)
+        if worst is not None:
+            fitted = any(p.get("fitted_in_this_run") for p in report["params"].values())
+            console.print(f"  largest gap, {worst['algorithm']} at {human_size(worst['bytes'])}: "
+                          + compare(worst["seconds"], worst["predicted_seconds"], RunFacts(
+                              ranks=world_size, cores=available_cores, transport=transport,
+                              params="fitted" if fitted else "default", nbytes=worst["bytes"],
+                              load=report["machine"].get("load"))),
+                          markup=False, highlight=False)
     blocks = report["settings"]["timing"].get("blocks", 1)
     console.print("time: the slowest rank's mean per call"
                   + (f", fastest of {blocks} timed blocks" if blocks > 1 else "")

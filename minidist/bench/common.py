@@ -32,7 +32,11 @@ def machine() -> dict:
                     break
     except OSError:
         pass
-    return {"cpu": model, "cores": cores(), "machine": platform.machine(),
+    try:
+        load = round(os.getloadavg()[0], 2)  # other programs' share of the cores
+    except (AttributeError, OSError):
+        load = None
+    return {"cpu": model, "cores": cores(), "load": load, "machine": platform.machine(),
             "python": platform.python_version(), "numpy": np.__version__,
             "system": platform.platform()}
 

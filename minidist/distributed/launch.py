@@ -64,6 +64,15 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
+def _load_average() -> float | None:
+    """The machine's 1-minute load average (other programs count): with the
+    cores, it says whether the ranks had the machine to themselves."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
 _warned_oversubscribed = False
 
 
@@ -225,7 +234,8 @@ def _clean_up(workers, supervisor, control, resources, arrays, logs, trace, worl
         logs.close()
         if trace is not None and supervisor is not None:
             _trace.write_jsonl(trace, supervisor.events,
-                               _trace.make_header(world_size, transport=transport))
+                               _trace.make_header(world_size, transport=transport,
+                                                  cores=cores(), load=_load_average()))
     finally:
         _release(resources, control, arrays)
 

@@ -93,6 +93,10 @@ def test_command_prints_a_table_per_collective_and_writes_every_row(tmp_path, ca
         assert algorithm in printed
     assert "MPICH: skipped (--no-mpich)" in printed
     assert "goals" in printed
+    # Under each table, its largest measured / model gap and this run's why.
+    flat = " ".join(printed.split())
+    assert flat.count("largest gap, ") == len(MEASURED)
+    assert "default shm alpha/beta" in flat or "the model holds here" in flat
 
 
 @pytest.mark.timeout(120)

@@ -486,3 +486,16 @@ def test_cli_bad_arguments_give_clear_errors(capsys, wide, argv, message):
     assert "minidist simulate: error:" in captured.err
     assert message in captured.err
     assert captured.out == ""
+
+
+def test_cli_says_where_simulation_and_formula_part(capsys, wide):
+    assert main(["simulate", "all_reduce", "-n", "6", "--size", "1MB"]) == 0
+    out = capsys.readouterr().out
+    assert "sim / model" in out
+    parted = [line for line in out.splitlines() if "closed-form formula" in line]
+    for algorithm in ALGORITHMS["all_reduce"]:
+        result = simulate("all_reduce", algorithm, 6, 1_000_000)
+        ratio = result.time / result.predicted
+        named = [line for line in parted if line.startswith(f"{algorithm}: ")]
+        # A line below the table exactly for the rows that differ by more than 1 %.
+        assert len(named) == (not 0.99 <= ratio <= 1.01), (algorithm, ratio, parted)

@@ -33,6 +33,29 @@ def test_demo_trains_traces_and_reports(tmp_path, capsys):
     assert all_reduce_ranks == {0, 1}
     assert {e["label"] for e in events if e["kind"] == "compute"} >= {"forward", "backward",
                                                                         "update"}
+    # The bytes per step against the ring's formula, split by the call that sent them.
+    flat = " ".join(out.split())
+    assert re.search(r"rank 0's, by call: all_reduce ring [\d,]+ \+ all_reduce one_shot 8;", flat)
+    assert "vs the formula's 38,440: equal" in flat
+
+
+def test_ring_bytes_against_the_formula():
+    from viz.demo_data_parallel import bytes_per_step_by_call, ring_gap
+
+    assert ring_gap(38_440, 38_440.0, 2, 9_610) == "equal"
+    assert ring_gap(51_256, 51_253.3, 3, 9_610) == (
+        "+3 B: 9,610 elements in 3 chunks are unequal, and the formula is the ranks' mean")
+    events = [{"rank": 0, "kind": "send", "label": "broadcast linear: to 1", "bytes": 64,
+               "start": 0},
+              {"rank": 0, "kind": "compute", "label": "forward", "bytes": 0, "start": 10},
+              {"rank": 0, "kind": "send", "label": "all_reduce ring: step 0", "bytes": 100,
+               "start": 20},
+              {"rank": 0, "kind": "send", "label": "all_reduce one_shot: to 1", "bytes": 8,
+               "start": 21},
+              {"rank": 1, "kind": "send", "label": "all_reduce ring: step 0", "bytes": 7,
+               "start": 22}]
+    assert bytes_per_step_by_call(events, 0, 2) == {"all_reduce ring": 50.0,
+                                                    "all_reduce one_shot": 4.0}
 
 
 def test_demo_rejects_a_bad_process_count(capsys):

@@ -38,3 +38,14 @@ def test_demo_measures_each_stage_and_plots(tmp_path, capsys):
 def test_demo_rejects_a_bad_process_count(capsys):
     assert main(["demo", "memory", "-n", "0"]) == 2
     assert "-n must be at least 1" in capsys.readouterr().out
+
+
+def test_the_formula_gap_names_the_uneven_shards():
+    from viz.demo_memory import shard_gap
+
+    assert shard_gap(153_760, 153_760.0, [8192, 128, 1280, 10], 2) == ""
+    assert shard_gap(102_520, 102_506.7, [8192, 128, 1280, 10], 3) == (
+        "+13 B: 4 of 4 tensors do not split evenly in 3: shards rounded up, the formula is "
+        "psi / N")
+    assert shard_gap(1_010, 1_000.0, [8, 4], 2).endswith("no known cause (every tensor "
+                                                         "splits evenly)")

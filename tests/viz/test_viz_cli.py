@@ -200,3 +200,52 @@ def test_viz_of_a_file_that_is_not_a_trace(tmp_path, content, capsys):
     assert main(["viz", str(path), "--chrome", str(tmp_path / "c.json")]) == 2
     _one_line_error(capsys, "viz")
     assert not (tmp_path / "c.json").exists()
+
+
+def _linear():
+    from minidist import nn
+
+    return nn.Linear(4, 2)
+
+
+def _ddp_two_steps():
+    import numpy as np
+
+    from minidist import Tensor, optim
+    from minidist.parallel.data_parallel import DistributedDataParallel
+
+    ddp = DistributedDataParallel(_linear(), algorithm="ring")
+    optimizer = optim.SGD(ddp.parameters(), lr=0.1)
+    x = np.ones((3, 4), np.float32)
+    for _ in range(2):
+        optimizer.zero_grad()
+        ddp(Tensor(x)).sum().backward()
+        optimizer.step()
+
+
+@pytest.mark.timeout(120)
+def test_viz_of_a_ddp_trace_animates_the_first_gradient_all_reduce(tmp_path, capsys):
+    import minidist
+    from viz.commands import default_call
+    from viz.replay import replays
+
+    path = tmp_path / "ddp.jsonl"
+    minidist.launch(_ddp_two_steps, world_size=2, trace=str(path))
+    calls = replays(trace.read_jsonl(path))
+    # The run starts with the weights' broadcast, and each step with the
+    # all_reduce of the example count (one element): calls viz must skip.
+    assert calls[0].collective == "broadcast"
+    assert any(call.collective == "all_reduce" and call.count == 1 for call in calls)
+    first = default_call(calls)
+    gradients = sum(parameter.data.size for parameter in _linear().parameters())
+    assert calls[first].collective == "all_reduce" and calls[first].count == gradients
+    assert all(call.collective != "all_reduce" or call.count == 1 for call in calls[:first])
+    gif = tmp_path / "ddp.gif"
+    assert main(["viz", str(path), "--gif", str(gif)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"showing call {first}: all_reduce ring, the first all_reduce of more than one " \
+        "element" in out
+    with Image.open(gif) as image:
+        assert image.n_frames == len(calls[first].frames)
+    assert main(["viz", str(path), "--call", "0", "--gif", str(gif)]) == 0
+    assert "showing call 0: broadcast" in " ".join(capsys.readouterr().out.split())

@@ -19,6 +19,7 @@ from viz.pipeline_chart import (
     FIGURE_MARGINS,
     draw_schedule_comparison,
     expected_bubble,
+    gantt_height,
     pipeline_chart,
     render_pipeline_frame,
     save_pipeline_gantt,
@@ -293,8 +294,10 @@ def test_step_through_prints_every_frame_without_a_terminal():
 @pytest.mark.parametrize("x", ["time", "slot"])
 def test_gantt_png_is_written(tmp_path, x):
     path = save_pipeline_gantt(one_f_one_b(3, 4), tmp_path / "gantt.png", x=x)
+    height = gantt_height(pipeline_chart(one_f_one_b(3, 4)))
+    assert height >= FIGURE_MARGINS + 0.55 * 3
     with Image.open(path) as image:
-        assert image.size == (1200, round(100 * (FIGURE_MARGINS + 0.55 * 3)))
+        assert image.size == (1200, round(100 * height))
     with pytest.raises(ValueError, match="'time'.*'slot'"):
         save_pipeline_gantt(one_f_one_b(3, 4), tmp_path / "bad.png", x="steps")
 
@@ -331,7 +334,7 @@ def test_viz_timeline_of_a_pipeline_trace_draws_the_gantt(pipeline_trace, tmp_pa
     printed = " ".join(capsys.readouterr().out.split())
     assert "pipeline Gantt chart written to" in printed and "bubble" in printed
     with Image.open(out) as image:
-        assert image.size == (1200, round(100 * (FIGURE_MARGINS + 0.55 * 3)))
+        assert image.size == (1200, round(100 * gantt_height(pipeline_chart(pipeline_trace))))
 
 
 def test_viz_of_a_pipeline_trace_steps_through_its_slots(pipeline_trace, capsys):
@@ -355,3 +358,32 @@ def test_viz_play_and_chrome_of_a_pipeline_trace(pipeline_trace, tmp_path, capsy
     assert main(["viz", str(pipeline_trace), "--chrome", str(chrome)]) == 0
     out = capsys.readouterr().out
     assert chrome.stat().st_size > 0 and "slot 1 of" not in out
+
+
+# --------------------------------------------------------------------------- measured vs formula
+
+
+def test_the_bubble_says_why_it_differs_from_the_formula():
+    from minidist.parallel.pipeline_schedules import one_f_one_b, simulate_schedule
+    from viz.pipeline_chart import bubble_gap, bubble_text
+
+    schedule = one_f_one_b(4, 8)
+    ideal = pipeline_chart((trace.make_header(4, transport="sim", **schedule.header()),
+                            simulate_schedule(schedule)))
+    assert bubble_gap(ideal) == "1x: the model holds here"
+    assert bubble_text(ideal).endswith("= 0.273 (1x: the model holds here)")
+
+    # The last stage three times slower, messages slow, on a crowded machine.
+    events = simulate_schedule(schedule, lambda stage, mb: 3.0 if stage == 3 else 1.0,
+                               lambda stage, mb: 6.0 if stage == 3 else 2.0, 4.0)
+    header = trace.make_header(4, transport="shm", cores=2, load=5.0, **schedule.header())
+    slow = pipeline_chart((header, events), simulated=False)
+    gap = bubble_gap(slow)
+    assert slow.bubble > 1.5 * slow.expected.value
+    assert gap.startswith(f"{slow.bubble / slow.expected.value:.2g}x: ")
+    assert "4 ranks on 2 cores: ranks take turns" in gap
+    assert "machine busy (load 5.0 on 2 cores)" in gap
+    assert "unequal stages (stage 3 busy 3.0x stage 0)" in gap
+    assert "is shorter than the waits between" in gap
+    assert gap.endswith("the model holds on `minidist demo pipeline --simulate --schedule 1f1b "
+                        "--stages 4 --microbatches 8` or with --stages 2")

@@ -260,3 +260,52 @@ def test_cells_without_elements_hold_nothing_and_count_as_complete(tmp_path):
         assert ring.frames[-1].holdings[rank] == (everyone, frozenset(), frozenset())
     assert ring.frames[-1].complete == 1.0
     assert ring.frames[0].complete == pytest.approx(2 / 3)  # the 6 empty cells are done
+
+
+# --------------------------------------------------------------------------- measured vs model
+
+
+def _stretched_ring(n: int, header: dict, call: int = 1) -> Replay:
+    """A ring all_reduce whose steps take 1 ms each (far above the model's
+    microseconds), under ``header``."""
+    from minidist import trace as _trace
+
+    events = ring_all_reduce_events(n, count=16, call=call, step_ns=1_000_000)
+    return replay(_trace.Trace(header, events))
+
+
+def test_the_gap_names_the_run_facts_of_the_header():
+    from minidist import trace as _trace
+    from viz.replay import model_gap
+
+    crowded = _stretched_ring(4, _trace.make_header(4, transport="shm", cores=2, load=5.0))
+    assert (crowded.cores, crowded.load, crowded.params) == (2, 5.0, "default")
+    words = model_gap(crowded)
+    assert "4 ranks on 2 cores: ranks take turns" in words
+    assert "machine busy (load 5.0 on 2 cores)" in words
+    assert "default shm alpha/beta" in words
+    assert "`minidist simulate all_reduce --algorithm ring -n 4 --size 128B` or with -n 2" \
+        in words
+    assert "first call" not in words  # call 1: warmed up
+
+    roomy = _stretched_ring(4, _trace.make_header(4, transport="shm", cores=8, load=0.5),
+                            call=0)
+    words = model_gap(roomy)
+    assert "take turns" not in words and "busy" not in words and "with -n" not in words
+    assert "first call includes setup" in words
+
+    old = _stretched_ring(4, _trace.make_header(4, transport="shm"))
+    assert old.cores is None and "cores" not in model_gap(old)
+
+
+def test_a_launch_records_its_cores_and_load(tmp_path):
+    from minidist import trace as _trace
+    from minidist.distributed.launch import cores
+
+    path = tmp_path / "one.jsonl"
+    minidist.launch(_every_case, world_size=2, args=(3,), trace=str(path), timeout=60)
+    header = _trace.read_jsonl(path).header
+    assert header["cores"] == cores()
+    assert isinstance(header["load"], float) and header["load"] >= 0
+    found = replays(path)[0]
+    assert found.cores == cores() and found.slowest_message_s > 0

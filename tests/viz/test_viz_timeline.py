@@ -32,10 +32,11 @@ def test_idle_gaps_are_where_a_rank_does_nothing():
     assert timeline.idle_intervals(events) == [(10, 30), (40, 60)]
 
 
-def test_big_trace_is_merged_and_sampled_and_says_so(tmp_path):
+def ring_messages(ranks=4, per_rank=3000):
+    """``per_rank`` sends from each rank to the next, each with its recv."""
     events = []
-    for rank in range(4):
-        for seq in range(3000):
+    for rank in range(ranks):
+        for seq in range(per_rank):
             start = seq * 1000
             events.append({"rank": rank, "kind": "send", "peer": (rank + 1) % 4, "bytes": 8,
                            "tag": 1, "label": "", "start": start, "end": start + 300,
@@ -43,10 +44,28 @@ def test_big_trace_is_merged_and_sampled_and_says_so(tmp_path):
             events.append({"rank": (rank + 1) % 4, "kind": "recv", "peer": rank, "bytes": 8,
                            "tag": 1, "label": "", "start": start + 400, "end": start + 700,
                            "seq": seq, "group": 0, "channel": 0})
+    return events
+
+
+def test_big_trace_is_merged_and_sampled_and_says_so(tmp_path):
+    events = ring_messages()
     figure = timeline.draw_timeline(events)
     notes = " ".join(text.get_text() for text in figure.texts)
     assert "merged" in notes and "every 6th drawn" in notes
     figure.savefig(tmp_path / "big.png")
+
+
+def test_ordinals():
+    expected = {1: "1st", 2: "2nd", 3: "3rd", 4: "4th", 10: "10th", 11: "11th", 12: "12th",
+                13: "13th", 21: "21st", 22: "22nd", 23: "23rd", 101: "101st", 111: "111th",
+                112: "112th", 113: "113th", 1002: "1002nd"}
+    assert {number: timeline.ordinal(number) for number in expected} == expected
+
+
+def test_the_sampling_note_says_every_3rd():
+    figure = timeline.draw_timeline(ring_messages(), max_arrows=4000, max_events=10**6)
+    notes = " ".join(text.get_text() for text in figure.texts)
+    assert "every 3rd drawn" in notes and "3th" not in notes
 
 
 def test_chrome_export_has_one_flow_arrow_per_message(tmp_path):
@@ -60,3 +79,49 @@ def test_chrome_export_has_one_flow_arrow_per_message(tmp_path):
     messages = timeline.message_count(events)
     assert messages == 2 * (3 - 1) * 3
     assert sorted(outs) == sorted(ins) == list(range(1, messages + 1))
+
+
+def training_run(steps: int, ranks: int = 2) -> list[dict]:
+    """``steps`` steps of forward, backward and a message to the next rank."""
+    events = []
+    for step in range(steps):
+        base = step * 10_000
+        for rank in range(ranks):
+            for label, start, end in (("forward", 0, 3000), ("backward", 3000, 7000)):
+                events.append({"rank": rank, "kind": "compute", "peer": None, "bytes": 0,
+                               "tag": None, "label": label, "start": base + start,
+                               "end": base + end, "seq": None, "group": 0, "channel": 0})
+            peer = (rank + 1) % ranks
+            events.append({"rank": rank, "kind": "send", "peer": peer, "bytes": 8, "tag": 1,
+                           "label": "", "start": base + 7000, "end": base + 7500, "seq": step,
+                           "group": 0, "channel": 0})
+            events.append({"rank": peer, "kind": "recv", "peer": rank, "bytes": 8, "tag": 1,
+                           "label": "", "start": base + 7000, "end": base + 8000, "seq": step,
+                           "group": 0, "channel": 0})
+    return events
+
+
+def drawn_boxes(figure) -> int:
+    return sum(len(collection.get_paths()) for axis in figure.axes
+               for collection in axis.collections)
+
+
+def test_a_run_of_many_steps_is_windowed_to_its_first_steps():
+    counts = {}
+    for steps in (9, 100, 1000):
+        figure = timeline.draw_timeline(training_run(steps))
+        notes = " ".join(text.get_text() for text in figure.texts)
+        assert f"steps 1-{timeline.MAX_STEPS} of {steps} shown" in notes
+        assert "'forward' of rank 0" in notes
+        counts[steps] = drawn_boxes(figure)
+    # As many boxes for a thousand steps as for nine: the window, not the run.
+    assert counts[9] == counts[100] == counts[1000] > 0
+    everything = drawn_boxes(timeline.draw_timeline(training_run(100), max_steps=None))
+    assert everything > 5 * counts[100]
+
+
+def test_a_short_run_is_drawn_whole():
+    figure = timeline.draw_timeline(training_run(timeline.MAX_STEPS))
+    assert "shown" not in " ".join(text.get_text() for text in figure.texts)
+    assert timeline.step_starts(training_run(3)) == ("forward", [0, 10_000, 20_000])
+    assert timeline.window_steps(ring_messages(2, 5))[1] == ""  # no compute: no steps
