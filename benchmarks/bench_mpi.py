@@ -75,7 +75,8 @@ def job(args) -> None:
     dist.init_process_group()
     rank, n = dist.get_rank(), dist.get_world_size()
     comm = MPI.COMM_WORLD
-    out = {"world_size": n, "all_reduce": {}, "p2p": {}}
+    out = {"world_size": n, "all_reduce": {}, "p2p": {},
+           "library": MPI.Get_library_version().split(",")[0].strip()}
     sizes = [4 * KIB, (4 if args.quick else 64) * MIB]
     algorithms = ["ring", "auto", "native"]
     for nbytes in sizes:
@@ -130,6 +131,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds")
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--output", default=os.path.join(HERE, "results", "mpi.json"))
+    parser.add_argument("--mpiexec", default=None, help="which mpiexec (default: the venv's, "
+                        "else the PATH's)")
     args = parser.parse_args()
     args.rounds = args.rounds or (3 if args.quick else 7)
     if _under_mpi():
@@ -142,7 +145,7 @@ def main() -> int:
         return 2
     from minidist.bench.common import find_mpiexec, machine
 
-    mpiexec = find_mpiexec()
+    mpiexec = args.mpiexec or find_mpiexec()
     if mpiexec is None:
         print("bench_mpi: no mpiexec: pip install -e '.[mpi]'", file=sys.stderr)
         return 2
@@ -161,13 +164,14 @@ def main() -> int:
         results["jobs"].append(json.loads(lines[0][7:]))
     print(f"all_reduce of float32 on the mpi transport, slowest rank, median of {args.rounds} "
           "interleaved rounds")
-    print(f"{'n':>2} {'size':>7} {'ring':>10} {'auto':>10} {'MPICH':>10} {'ring/MPICH':>11} "
-          f"{'auto/MPICH':>11}")
+    print(f"library: {results['jobs'][0]['library']}; 'native' = its own MPI_Allreduce")
+    print(f"{'n':>2} {'size':>7} {'ring':>10} {'auto':>10} {'native':>10} {'ring/nat':>9} "
+          f"{'auto/nat':>9}")
     for job_result in results["jobs"]:
         for size, t in job_result["all_reduce"].items():
             print(f"{job_result['world_size']:>2} {_human(int(size)):>7} {_seconds(t['ring']):>10} "
                   f"{_seconds(t['auto']):>10} {_seconds(t['native']):>10} "
-                  f"{t['ring'] / t['native']:>10.2f}x {t['auto'] / t['native']:>10.2f}x")
+                  f"{t['ring'] / t['native']:>8.2f}x {t['auto'] / t['native']:>8.2f}x")
     for job_result in results["jobs"]:
         if job_result["p2p"]:
             print("\npoint-to-point ping-pong, 2 ranks, one-way time (median)")

@@ -212,7 +212,7 @@ def test_minidist_run_starts_the_script_with_mpiexec_and_cleans_up(tmp_path):
     leaves on MPI_Abort is removed."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("MINIDIST_", "PMI_", "OMPI_", "PMIX_"))}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     cli = [sys.executable, "-m", "minidist.cli", "run", "--transport", "mpi"]
     ok = subprocess.run(cli + ["-n", "2", str(ROOT / "examples" / "hello.py")], env=env,
                         capture_output=True, text=True, timeout=100, cwd=ROOT)
@@ -258,7 +258,7 @@ def test_a_sigkilled_rank_ends_the_job_and_minidist_run_names_it(tmp_path):
     """))
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("MINIDIST_", "PMI_", "OMPI_", "PMIX_"))}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     before = mpich_segments()
     start = time.perf_counter()
     result = subprocess.run([sys.executable, "-m", "minidist.cli", "run", "--transport", "mpi",
