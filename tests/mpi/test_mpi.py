@@ -211,7 +211,7 @@ def test_minidist_run_starts_the_script_with_mpiexec_and_cleans_up(tmp_path):
     rank that raises is named, the status is non-zero, and the segment MPICH
     leaves on MPI_Abort is removed."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("MINIDIST_", "PMI_", "OMPI_", "PMIX_"))}
+           if not k.startswith(("MINIDIST_", "PMI_", "OMPI_COMM_WORLD_", "PMIX_"))}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     cli = [sys.executable, "-m", "minidist.cli", "run", "--transport", "mpi"]
     ok = subprocess.run(cli + ["-n", "2", str(ROOT / "examples" / "hello.py")], env=env,
@@ -257,7 +257,7 @@ def test_a_sigkilled_rank_ends_the_job_and_minidist_run_names_it(tmp_path):
         dist.recv(np.empty(4), src=1)  # the others wait for rank 1 for good
     """))
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("MINIDIST_", "PMI_", "OMPI_", "PMIX_"))}
+           if not k.startswith(("MINIDIST_", "PMI_", "OMPI_COMM_WORLD_", "PMIX_"))}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     before = mpich_segments()
     start = time.perf_counter()
