@@ -527,6 +527,36 @@ print(f"'straggler wait' regions: rank(s) {sorted({e['rank'] for e in waits})}, 
 # the weights do not change.
 
 # %% [markdown]
+# ## The same script on a cluster
+#
+# Everything above ran on this machine: `minidist.launch` forked the
+# workers and they talked through shared memory. A cluster is machines
+# with private memories joined by a network, and the engine clusters use
+# to start programs and move their messages is MPI. This lesson runs there
+# unchanged:
+#
+# ```bash
+# pip install -e '.[mpi]'                        # mpi4py and MPICH (or your cluster's MPI)
+# mpiexec -n 2 python lessons/05_data_parallel.py
+# mpiexec -f hosts -n 8 python lessons/05_data_parallel.py    # MPICH, 8 ranks on the hosts' cores
+# ```
+#
+# with `hosts` listing one machine per line (`node1:4`, `node2:4`: a host
+# and how many ranks it takes; Open MPI spells it `--hostfile hosts` with
+# `node1 slots=4`). Under mpiexec every process runs the whole script, as
+# every MPI program does; each `minidist.launch(fn, world_size=k)` then runs
+# `fn` on the job's first k ranks over the **mpi transport** (point-to-point
+# MPI messages: the ring, the trees and DDP's buckets are the same code), and
+# hands every rank the list of results, so the plotting after it works
+# everywhere. A launch that asks for more ranks than mpiexec started runs on
+# rank 0's machine, and says so. A script that calls
+# `dist.init_process_group()` itself (examples/hello.py) joins the job the
+# same way, and `minidist run --transport mpi -n 4 script.py` calls mpiexec
+# for you. To time the course's ring against MPI's own:
+# `dist.all_reduce(grad, algorithm="native")` calls MPI_Allreduce
+# (`benchmarks/bench_mpi.py` compares them).
+
+# %% [markdown]
 # ## Your turn
 #
 # Two exercises on this chapter, checked on real processes:
