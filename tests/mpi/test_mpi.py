@@ -333,3 +333,28 @@ def test_lessons_run_unchanged_under_mpiexec(lesson, tmp_path):
     assert pictures, output[-3000:]
     # Rank 1 draws the same pictures into rank1/, never over rank 0's.
     assert sorted(path.name for path in (tmp_path / "rank1").glob("*.png")) == pictures
+
+
+@needs_mpi
+@pytest.mark.timeout(120)
+def test_a_collective_mismatch_is_named_under_mpiexec(tmp_path):
+    """Rank 0 in an all_reduce, rank 1 in a broadcast: the message's tag says
+    so (as on pipe and shm), the job ends at once with both calls named."""
+    script = tmp_path / "mismatch.py"
+    script.write_text(textwrap.dedent("""
+        import numpy as np
+        import minidist.distributed as dist
+
+        dist.init_process_group(timeout=300)
+        a = np.ones(1000)
+        if dist.get_rank() == 0:
+            dist.all_reduce(a, algorithm="ring")
+        else:
+            dist.broadcast(a, src=0, algorithm="binomial")
+    """))
+    result, seconds = _run(script, 2, timeout=90)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "collective mismatch: rank 1 is in broadcast (binomial, float64), call 0, but " \
+           "rank 0 sent it a message of all_reduce (ring, SUM, float64)" in output, output
+    assert seconds < 30, f"{seconds:.1f} s:\n{output}"
