@@ -101,7 +101,8 @@ class P2POp:
     __slots__ = ("op", "tensor", "peer", "group", "tag")
 
     def __init__(self, op, tensor, peer: int, group: ProcessGroup | None = None, tag: int = 0):
-        if op not in (isend, irecv):
+        # dist.isend / dist.irecv are these, wrapped to take GPU arrays (device_arrays.py).
+        if getattr(op, "__wrapped__", op) not in (isend, irecv):
             name = getattr(op, "__name__", type(op).__name__)
             raise ValueError(f"P2POp: op must be dist.isend or dist.irecv, got {name}; "
                              "a batch is made of sends and receives only.")
