@@ -317,15 +317,22 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, groups: int = 1) -> Te
         out += bias.data[:, None]
     out = out.reshape(n, oc, out_h, out_w)
 
+    xp = backend.of(x)
+
     def backward(g):
         g2 = g.transpose(1, 0, 2, 3).reshape(oc, n * pixels)
         grad_x = grad_w = grad_b = None
         if weight.requires_grad:
+            # Computed transposed, columns @ g^T (C*KH*KW, OC), then turned
+            # back (a weight-sized copy): OpenBLAS runs this orientation of
+            # the long-K product faster (measured 1.26 vs 1.75 ms for the
+            # benchmark CNN's second conv, 0.42 vs 0.49 for its first).
             if groups == 1:
-                grad_w = (g2 @ columns.T).reshape(w.shape)
+                grad_w = xp.ascontiguousarray((columns @ g2.T).T).reshape(w.shape)
             else:
                 grouped_columns = columns.reshape(groups, rows, n * pixels)
-                grad_w = (g2.reshape(groups, oc // groups, n * pixels) @ grouped_columns.transpose(0, 2, 1)).reshape(w.shape)
+                grouped_g = g2.reshape(groups, oc // groups, n * pixels)
+                grad_w = xp.ascontiguousarray((grouped_columns @ grouped_g.transpose(0, 2, 1)).transpose(0, 2, 1)).reshape(w.shape)
         if bias is not None and bias.requires_grad:
             grad_b = g2.sum(axis=1)
         if input.requires_grad:

@@ -111,6 +111,36 @@ def test_col2im_product_is_col2im_of_the_product(stride, padding):
     assert got.flags.c_contiguous
 
 
+@pytest.mark.parametrize("chunk_bytes", [1, 3000, 1 << 20])
+@pytest.mark.parametrize(
+    "n, c, h, w, oc, kernel, padding, groups",
+    [
+        (5, 3, 7, 8, 4, (3, 2), (1, 2), 1),   # rectangular kernel, uneven padding
+        (1, 2, 6, 6, 3, (3, 3), (0, 0), 1),   # batch 1, no padding
+        (4, 4, 5, 6, 6, (3, 3), (1, 1), 2),   # two groups
+        (3, 3, 6, 5, 3, (5, 5), (2, 2), 3),   # depthwise 5x5
+        (2, 4, 4, 4, 8, (1, 1), (0, 0), 4),   # grouped pointwise
+    ],
+)
+def test_stride_one_col2im_product_in_chunks_matches_col2im(monkeypatch, chunk_bytes, n, c, h, w, oc, kernel, padding, groups):
+    # Stride 1 takes the shifted-row path, in chunks of images sized by
+    # CHUNK_BYTES: one image at a time, a few with a shorter last chunk, all
+    # at once. Each must equal col2im of the whole product, group by group.
+    monkeypatch.setattr(im2col_module, "CHUNK_BYTES", chunk_bytes)
+    (kh, kw), (ph, pw) = kernel, padding
+    out_h, out_w = h + 2 * ph - kh + 1, w + 2 * pw - kw + 1
+    weight, grad = randn(oc, c // groups, kh, kw), randn(oc, n * out_h * out_w)
+    rows, group_out = c // groups * kh * kw, oc // groups
+    product = np.concatenate([
+        weight[g * group_out : (g + 1) * group_out].reshape(group_out, rows).T @ grad[g * group_out : (g + 1) * group_out]
+        for g in range(groups)
+    ])
+    expected = im2col_module.col2im(product, (n, c, h, w), kh, kw, 1, 1, ph, pw)
+    got = im2col_module.col2im_product(weight, grad, (n, c, h, w), kh, kw, 1, 1, ph, pw, groups)
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+    assert got.shape == (n, c, h, w) and got.flags.c_contiguous
+
+
 def test_conv2d_skips_the_input_gradient_when_not_needed(monkeypatch):
     # The first layer's images need no gradient: the col2im and its GEMM must
     # not run at all.
