@@ -296,15 +296,21 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, groups: int = 1) -> Te
             f"({ph}, {pw}); use more padding or a smaller kernel"
         )
     x = _in_dtype(x, w.dtype)
-    columns = im2col(x, kh, kw, sh, sw, ph, pw)
     rows = wc * kh * kw  # rows of the columns one group reads
     pixels = out_h * out_w
+    # Without groups, the bias rides in the GEMM: a row of ones under the
+    # columns, the bias as one more column of the weight (saves a pass over
+    # the output forward and one backward; see im2col's ``ones_row``).
+    folded = groups == 1 and bias is not None
+    columns = im2col(x, kh, kw, sh, sw, ph, pw, ones_row=folded)
     if groups == 1:
         w2 = w.reshape(oc, rows)
+        if folded:
+            w2 = backend.of(w).concatenate([w2, bias.data.reshape(oc, 1).astype(w.dtype, copy=False)], axis=1)
         # One GEMM per image, each reading its (C*KH*KW, OH*OW) block of the
         # columns in place (BLAS takes the row stride), so the result lands in
         # (N, OC, OH*OW) order without a transposing copy.
-        out = w2 @ columns.reshape(rows, n, pixels).transpose(1, 0, 2)
+        out = w2 @ columns.reshape(w2.shape[1], n, pixels).transpose(1, 0, 2)
     else:
         w2 = w.reshape(groups, oc // groups, rows)
         # (N, G, C/G*KH*KW, OH*OW) views of the columns, one GEMM per (image,
@@ -313,7 +319,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, groups: int = 1) -> Te
         out = w2 @ columns.reshape(groups, rows, n, pixels).transpose(2, 0, 1, 3)
         # NumPy may hand back a strided result when OC/G is 1 (depthwise).
         out = backend.of(out).ascontiguousarray(out).reshape(n, oc, pixels)
-    if bias is not None:
+    if bias is not None and not folded:
         out += bias.data[:, None]
     out = out.reshape(n, oc, out_h, out_w)
 
@@ -328,12 +334,15 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, groups: int = 1) -> Te
             # the long-K product faster (measured 1.26 vs 1.75 ms for the
             # benchmark CNN's second conv, 0.42 vs 0.49 for its first).
             if groups == 1:
-                grad_w = xp.ascontiguousarray((columns @ g2.T).T).reshape(w.shape)
+                product = (columns @ g2.T).T  # (OC, C*KH*KW [+ 1 for the bias])
+                grad_w = xp.ascontiguousarray(product[:, :rows]).reshape(w.shape)
+                if folded and bias.requires_grad:
+                    grad_b = xp.ascontiguousarray(product[:, rows])
             else:
                 grouped_columns = columns.reshape(groups, rows, n * pixels)
                 grouped_g = g2.reshape(groups, oc // groups, n * pixels)
                 grad_w = xp.ascontiguousarray((grouped_columns @ grouped_g.transpose(0, 2, 1)).transpose(0, 2, 1)).reshape(w.shape)
-        if bias is not None and bias.requires_grad:
+        if bias is not None and bias.requires_grad and grad_b is None:
             grad_b = g2.sum(axis=1)
         if input.requires_grad:
             grad_x = col2im_product(w, g2, x.shape, kh, kw, sh, sw, ph, pw, groups)

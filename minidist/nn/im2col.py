@@ -77,19 +77,28 @@ def pad_channels_first(x, padding_h: int, padding_w: int):
     return padded
 
 
-def im2col(x, kernel_h: int, kernel_w: int, stride_h: int, stride_w: int, padding_h: int, padding_w: int):
+def im2col(x, kernel_h: int, kernel_w: int, stride_h: int, stride_w: int, padding_h: int, padding_w: int, ones_row: bool = False):
     """Columns ``(C*KH*KW, N*OH*OW)`` of ``x`` (N, C, H, W), rows ordered
-    (c, i, j) and columns (n, oh, ow). KH*KW strided block copies."""
+    (c, i, j) and columns (n, oh, ow). KH*KW strided block copies.
+
+    ``ones_row=True`` appends a row of ones, ``(C*KH*KW + 1, N*OH*OW)``: with
+    the bias appended to the weight as one more column, the GEMM then adds
+    the bias, and the weight-gradient GEMM sums the output gradient into the
+    bias gradient, instead of a separate pass over the output for each."""
     n, c, h, w = x.shape
     out_h = output_size(h, kernel_h, stride_h, padding_h)
     out_w = output_size(w, kernel_w, stride_w, padding_w)
     padded = pad_channels_first(x, padding_h, padding_w)
     xp = backend.of(x)
-    columns = xp.empty((c, kernel_h, kernel_w, n, out_h, out_w), dtype=x.dtype)
+    rows, positions = c * kernel_h * kernel_w, n * out_h * out_w
+    storage = xp.empty(((rows + 1) if ones_row else rows) * positions, dtype=x.dtype)
+    columns = storage[: rows * positions].reshape(c, kernel_h, kernel_w, n, out_h, out_w)
     for i in range(kernel_h):
         for j in range(kernel_w):
             columns[:, i, j] = window(padded, i, j, out_h, out_w, stride_h, stride_w)
-    return columns.reshape(c * kernel_h * kernel_w, n * out_h * out_w)
+    if ones_row:
+        storage[rows * positions :] = 1
+    return storage.reshape(-1, positions)
 
 
 def col2im(columns, x_shape, kernel_h: int, kernel_w: int, stride_h: int, stride_w: int, padding_h: int, padding_w: int):

@@ -154,6 +154,50 @@ def test_conv2d_skips_the_input_gradient_when_not_needed(monkeypatch):
     assert x.grad is None and weight.grad is not None
 
 
+@pytest.mark.parametrize("needs", [(True, True), (False, True), (True, False)])
+def test_conv2d_bias_gradient_whichever_parameters_need_one(needs):
+    # The bias rides in the weight-gradient GEMM: it must still be the sum of
+    # the output gradient when the weight is frozen, and absent when the bias is.
+    weight_needs, bias_needs = needs
+    x, w, b = randn(3, 2, 6, 5), randn(4, 2, 3, 3), randn(4)
+    grad_out = randn(3, 4, 6, 5)
+    weight, bias = Tensor(w, requires_grad=weight_needs), Tensor(b, requires_grad=bias_needs)
+    inputs = Tensor(x, requires_grad=True)
+    F.conv2d(inputs, weight, bias, 1, 1).backward(grad_out)
+    if bias_needs:
+        np.testing.assert_allclose(bias.grad, grad_out.sum(axis=(0, 2, 3)), rtol=1e-12)
+    else:
+        assert bias.grad is None
+    if weight_needs:
+        numeric = np.zeros_like(w)  # dL/dw[o,c,i,j] = sum g[n,o,y,x] * xpad[n,c,y+i,x+j]
+        xpad = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+        for i in range(3):
+            for j in range(3):
+                numeric[:, :, i, j] = np.einsum("noyx,ncyx->oc", grad_out, xpad[:, :, i : i + 6, j : j + 5])
+        np.testing.assert_allclose(weight.grad, numeric, rtol=1e-10)
+    else:
+        assert weight.grad is None
+    np.testing.assert_allclose(inputs.grad, _conv_input_grad(w, grad_out), rtol=1e-10)
+
+
+def _conv_input_grad(w, grad_out):
+    """dL/dx of a 3x3, padding 1 convolution, by its definition."""
+    n, oc, h, width = grad_out.shape
+    grad = np.zeros((n, w.shape[1], h + 2, width + 2))
+    for i in range(3):
+        for j in range(3):
+            grad[:, :, i : i + h, j : j + width] += np.einsum("noyx,oc->ncyx", grad_out, w[:, :, i, j])
+    return grad[:, :, 1:-1, 1:-1]
+
+
+def test_im2col_ones_row_appends_ones_under_the_same_columns():
+    x = randn(2, 3, 5, 4)
+    plain = im2col_module.im2col(x, 3, 2, 1, 2, 1, 0)
+    with_ones = im2col_module.im2col(x, 3, 2, 1, 2, 1, 0, ones_row=True)
+    np.testing.assert_array_equal(with_ones[:-1], plain)
+    np.testing.assert_array_equal(with_ones[-1], np.ones(plain.shape[1]))
+
+
 def test_conv2d_keeps_float32_and_casts_the_input_to_the_weights_dtype():
     weight = Tensor(randn(4, 2, 3, 3).astype(np.float32), requires_grad=True)
     bias = Tensor(np.zeros(4, np.float32), requires_grad=True)
