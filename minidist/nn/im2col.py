@@ -132,8 +132,10 @@ def col2im_product(weight, grad_out, x_shape, kernel_h: int, kernel_w: int, stri
     memory: on the benchmark CNN (batch 64, 28x28) this cut the page faults
     of a training step by 60 % and its time by about 20 %.
 
-    ``weight`` (OC, C, KH, KW), ``grad_out`` (OC, N*OH*OW); returns the
-    gradient of the (N, C, H, W) input.
+    ``weight`` (OC, C, KH, KW), ``grad_out`` (OC, N*OH*OW) or any array or
+    view of shape (OC, N, OH, OW) (such as ``g.transpose(1, 0, 2, 3)``, read
+    in place by the stride-1 path); returns the gradient of the (N, C, H, W)
+    input.
 
     Grouped convolution (``groups`` = G > 1, ``weight`` (OC, C/G, KH, KW)):
     output channel block g sees only input channel block g, so per offset
@@ -150,7 +152,7 @@ def col2im_product(weight, grad_out, x_shape, kernel_h: int, kernel_w: int, stri
     out_channels, group_channels = weight.shape[0], weight.shape[1]
     if groups == 1:
         per_offset = xp.ascontiguousarray(weight.transpose(2, 3, 1, 0), dtype=dtype)  # (KH, KW, C, OC)
-        grad_blocks = grad_out
+        grad_blocks = grad_out.reshape(out_channels, n * out_h * out_w)
         block = xp.empty((c, n * out_h * out_w), dtype=dtype)
     else:
         group_out = out_channels // groups
