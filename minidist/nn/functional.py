@@ -252,9 +252,13 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, groups: int = 1) -> Te
     Cost: 2 * OC * C*KH*KW * N*OH*OW flops, and the columns (KH*KW times the
     input for stride 1) are kept for the weight gradient.
 
-    Backward: grad_W = g (OC, N*OH*OW) @ columns^T, grad_b = sum of g,
-    and, only if the input needs it, col2im(W^T @ g): per kernel offset one
-    GEMM and one strided add (:func:`minidist.nn.im2col.col2im_product`).
+    Without groups, the bias rides in the GEMM (a row of ones under the
+    columns, the bias as one more weight column): no separate pass adds it.
+
+    Backward: grad_W = g (OC, N*OH*OW) @ columns^T (per image, one batched
+    matmul; its extra column is grad_b = the sum of g), and, only if the
+    input needs it, col2im(W^T @ g) in cache-sized pieces
+    (:func:`minidist.nn.im2col.col2im_product`).
 
     Groups (``groups`` = G, as in PyTorch and AlexNet's two-GPU split): the
     channels are cut into G blocks and output block g is the convolution of
@@ -351,123 +355,6 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, groups: int = 1) -> Te
             grad_b = g.sum(axis=(0, 2, 3))
         if input.requires_grad:
             grad_x = col2im_product(w, by_channel, x.shape, kh, kw, sh, sw, ph, pw, groups)
-        return (grad_x, grad_w) if bias is None else (grad_x, grad_w, grad_b)
-
-    parents = (input, weight) if bias is None else (input, weight, bias)
-    return Tensor._make(out, parents, backward, "linear")
-
-
-# --------------------------------------------------------------------------
-# Convolution
-
-
-def conv2d(input, weight, bias=None, stride=1, padding=0, groups: int = 1) -> Tensor:
-    """2-D cross-correlation (what deep learning calls convolution).
-
-    ``input`` (N, C, H, W), ``weight`` (OC, C/groups, KH, KW), ``bias`` (OC,)
-    or None; output (N, OC, OH, OW) with OH = floor((H + 2 ph - KH) / sh) + 1.
-
-    Algorithm (see :mod:`minidist.nn.im2col`): build the columns
-    (C*KH*KW, N*OH*OW) with KH*KW strided copies, then multiply
-    ``W (OC, C*KH*KW) @ columns``, as one GEMM per image that reads its
-    block of the columns in place and writes (N, OC, OH, OW) directly.
-    Cost: 2 * OC * C*KH*KW * N*OH*OW flops, and the columns (KH*KW times the
-    input for stride 1) are kept for the weight gradient.
-
-    Backward: grad_W = g (OC, N*OH*OW) @ columns^T, grad_b = sum of g,
-    and, only if the input needs it, col2im(W^T @ g): per kernel offset one
-    GEMM and one strided add (:func:`minidist.nn.im2col.col2im_product`).
-
-    Groups (``groups`` = G, as in PyTorch and AlexNet's two-GPU split): the
-    channels are cut into G blocks and output block g is the convolution of
-    input block g alone, with weights (OC/G, C/G, KH, KW). The columns are
-    the same im2col; their rows are ordered (c, i, j), so group g's rows are
-    the contiguous slab [g C/G KH KW, (g+1) C/G KH KW). Every GEMM above
-    becomes G independent ones, done as one batched matmul over a group
-    axis: (G, OC/G, C/G*KH*KW) @ (G, C/G*KH*KW, N*OH*OW). Cost falls G-fold,
-    to 2 * OC * C/G*KH*KW * N*OH*OW flops. Depthwise convolution is
-    ``groups=C`` (one filter per channel, MobileNet's first half); a 1x1
-    convolution with ``groups=1`` is its pointwise second half.
-    """
-    input = _tensor(input)
-    x, w = input.data, weight.data
-    _check_images(x, "conv2d")
-    if w.ndim != 4:
-        raise ValueError(f"conv2d: weight must be (out_channels, in_channels, kh, kw), got {_shape_str(w.shape)}")
-    n, c, h, width = x.shape
-    oc, wc, kh, kw = w.shape
-    groups = _check_groups(groups, c, oc, "conv2d")
-    if groups > 1 and c != wc * groups:
-        raise ValueError(
-            f"conv2d: the input has {c} channels (shape {_shape_str(x.shape)}) but the weight "
-            f"{_shape_str(w.shape)} with groups={groups} expects in_channels = {wc} * {groups} = "
-            f"{wc * groups}; a grouped weight is (out_channels, in_channels // groups, kh, kw)"
-        )
-    if groups == 1 and c != wc:
-        raise ValueError(
-            f"conv2d: the input has {c} channels (shape {_shape_str(x.shape)}) but the weight "
-            f"{_shape_str(w.shape)} expects in_channels={wc}; build the layer as Conv2d({c}, {oc}, ...) "
-            "or check the previous layer's out_channels"
-        )
-    sh, sw = _pair(stride, "stride")
-    ph, pw = _pair(padding, "padding", minimum=0)
-    out_h, out_w = output_size(h, kh, sh, ph), output_size(width, kw, sw, pw)
-    if out_h < 1 or out_w < 1:
-        raise ValueError(
-            f"conv2d: a {kh}x{kw} kernel does not fit in the {h}x{width} input padded by "
-            f"({ph}, {pw}); use more padding or a smaller kernel"
-        )
-    x = _in_dtype(x, w.dtype)
-    rows = wc * kh * kw  # rows of the columns one group reads
-    pixels = out_h * out_w
-    # Without groups, the bias rides in the GEMM: a row of ones under the
-    # columns, the bias as one more column of the weight (saves a pass over
-    # the output forward and one backward; see im2col's ``ones_row``).
-    folded = groups == 1 and bias is not None
-    columns = im2col(x, kh, kw, sh, sw, ph, pw, ones_row=folded)
-    if groups == 1:
-        w2 = w.reshape(oc, rows)
-        if folded:
-            w2 = backend.of(w).concatenate([w2, bias.data.reshape(oc, 1).astype(w.dtype, copy=False)], axis=1)
-        # One GEMM per image, each reading its (C*KH*KW, OH*OW) block of the
-        # columns in place (BLAS takes the row stride), so the result lands in
-        # (N, OC, OH*OW) order without a transposing copy.
-        out = w2 @ columns.reshape(w2.shape[1], n, pixels).transpose(1, 0, 2)
-    else:
-        w2 = w.reshape(groups, oc // groups, rows)
-        # (N, G, C/G*KH*KW, OH*OW) views of the columns, one GEMM per (image,
-        # group) in a single batched matmul: the result is (N, G, OC/G, OH*OW),
-        # which is already (N, OC, OH, OW) order.
-        out = w2 @ columns.reshape(groups, rows, n, pixels).transpose(2, 0, 1, 3)
-        # NumPy may hand back a strided result when OC/G is 1 (depthwise).
-        out = backend.of(out).ascontiguousarray(out).reshape(n, oc, pixels)
-    if bias is not None and not folded:
-        out += bias.data[:, None]
-    out = out.reshape(n, oc, out_h, out_w)
-
-    xp = backend.of(x)
-
-    def backward(g):
-        g2 = g.transpose(1, 0, 2, 3).reshape(oc, n * pixels)
-        grad_x = grad_w = grad_b = None
-        if weight.requires_grad:
-            # Computed transposed, columns @ g^T (C*KH*KW, OC), then turned
-            # back (a weight-sized copy): OpenBLAS runs this orientation of
-            # the long-K product faster (measured 1.26 vs 1.75 ms for the
-            # benchmark CNN's second conv, 0.42 vs 0.49 for its first).
-            if groups == 1:
-                product = (columns @ g2.T).T  # (OC, C*KH*KW [+ 1 for the bias])
-                grad_w = xp.ascontiguousarray(product[:, :rows]).reshape(w.shape)
-                if folded and bias.requires_grad:
-                    grad_b = xp.ascontiguousarray(product[:, rows])
-            else:
-                grouped_columns = columns.reshape(groups, rows, n * pixels)
-                grouped_g = g2.reshape(groups, oc // groups, n * pixels)
-                grad_w = xp.ascontiguousarray((grouped_columns @ grouped_g.transpose(0, 2, 1)).transpose(0, 2, 1)).reshape(w.shape)
-        if bias is not None and bias.requires_grad and grad_b is None:
-            grad_b = g2.sum(axis=1)
-        if input.requires_grad:
-            grad_x = col2im_product(w, g2, x.shape, kh, kw, sh, sw, ph, pw, groups)
         return (grad_x, grad_w) if bias is None else (grad_x, grad_w, grad_b)
 
     parents = (input, weight) if bias is None else (input, weight, bias)
