@@ -339,7 +339,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, groups: int = 1) -> Te
             # with no transposing copy of g. Measured against that copy plus
             # one long-K GEMM: 0.25 vs 0.82 ms (first conv of the benchmark
             # CNN), 1.32 vs 1.37 ms (second).
-            per_image = columns.reshape(-1, n, pixels).transpose(1, 0, 2) @ g.reshape(n, oc, pixels).transpose(0, 2, 1)
+            per_image = columns.reshape(columns.shape[0], n, pixels).transpose(1, 0, 2) @ g.reshape(n, oc, pixels).transpose(0, 2, 1)
             product = per_image.sum(axis=0).T  # (OC, C*KH*KW [+ 1 for the bias])
             grad_w = xp.ascontiguousarray(product[:, :rows]).reshape(w.shape)
             if folded and bias.requires_grad:

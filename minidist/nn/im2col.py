@@ -101,14 +101,15 @@ def im2col(x, kernel_h: int, kernel_w: int, stride_h: int, stride_w: int, paddin
     padded = pad_channels_first(x, padding_h, padding_w)
     xp = backend.of(x)
     rows, positions = c * kernel_h * kernel_w, n * out_h * out_w
-    storage = xp.empty(((rows + 1) if ones_row else rows) * positions, dtype=x.dtype)
+    total_rows = rows + 1 if ones_row else rows
+    storage = xp.empty(total_rows * positions, dtype=x.dtype)
     columns = storage[: rows * positions].reshape(c, kernel_h, kernel_w, n, out_h, out_w)
     for i in range(kernel_h):
         for j in range(kernel_w):
             columns[:, i, j] = window(padded, i, j, out_h, out_w, stride_h, stride_w)
     if ones_row:
         storage[rows * positions :] = 1
-    return storage.reshape(-1, positions)
+    return storage.reshape(total_rows, positions)
 
 
 def col2im(columns, x_shape, kernel_h: int, kernel_w: int, stride_h: int, stride_w: int, padding_h: int, padding_w: int):

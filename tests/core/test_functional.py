@@ -190,6 +190,19 @@ def _conv_input_grad(w, grad_out):
     return grad[:, :, 1:-1, 1:-1]
 
 
+@pytest.mark.parametrize("bias, groups", [(True, 1), (False, 1), (True, 2)])
+def test_conv2d_of_an_empty_batch(bias, groups):
+    # A rank's shard can be empty (uneven splits): shapes must still work out.
+    weight = Tensor(randn(4, 4 // groups, 3, 3), requires_grad=True)
+    b = Tensor(randn(4), requires_grad=True) if bias else None
+    x = Tensor(np.zeros((0, 4, 5, 5)), requires_grad=True)
+    out = F.conv2d(x, weight, b, 1, 1, groups)
+    assert out.shape == (0, 4, 5, 5)
+    out.sum().backward()
+    assert x.grad.shape == (0, 4, 5, 5) and not weight.grad.any()
+    assert b is None or not b.grad.any()
+
+
 def test_im2col_ones_row_appends_ones_under_the_same_columns():
     x = randn(2, 3, 5, 4)
     plain = im2col_module.im2col(x, 3, 2, 1, 2, 1, 0)
