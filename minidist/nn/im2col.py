@@ -185,10 +185,11 @@ def col2im_product(weight, grad_out, x_shape, kernel_h: int, kernel_w: int, stri
     return xp.ascontiguousarray(inner.transpose(1, 0, 2, 3))
 
 
-#: Bytes of the column-gradient block :func:`_col2im_product_stride_one`
-#: computes at a time: small enough to stay in a core's L2 cache (1-2 MiB on
-#: current x86 server cores) between the GEMM that writes it and the adds
-#: that read it, and to be reused rather than freshly paged in every step.
+#: Bytes of the buffers :func:`_col2im_product_stride_one` fills per chunk of
+#: images: small enough to stay in a core's L2 cache (1-2 MiB on current x86
+#: server cores) between the GEMM that writes them and the adds that read
+#: them, and reused rather than freshly paged in every step. (On the
+#: benchmark CNN, 1 MiB measured best of 256 KiB to 8 MiB.)
 CHUNK_BYTES = 1 << 20
 
 
@@ -196,55 +197,71 @@ def _col2im_product_stride_one(weight, grad_out, x_shape, kernel_h: int, kernel_
     """:func:`col2im_product` for stride 1, in image chunks that stay in cache.
 
     With stride 1, output pixel (oh, ow) under kernel offset (i, j) reads
-    padded pixel (oh + i, ow + j). Lay the output gradient out on rows as
+    padded pixel (oh + i, ow + j). Lay the output gradient g out on rows as
     wide as the *padded* image, Wp = W + 2 pw (the KW - 1 extra columns are
     zeros), and flatten each image: output position q = oh*Wp + ow then
-    reads padded position q + (i*Wp + j). Kernel offset (i, j) becomes a
-    plain shift of the flattened image, so its whole block of the column
-    gradient is added with one slice per (channel, image) row of
-    OH*Wp contiguous floats, instead of one short OW-long row at a time.
-    The zero columns cost (KW-1)/OW more GEMM flops (14 % for 3x3 on 14x14)
-    and contribute zeros to the sums.
+    reads padded position q + i*Wp + j. A kernel offset is a plain shift of
+    the flattened image, so its contribution is added with one slice per
+    (channel, image) row of about OH*Wp contiguous floats, not one OW-long
+    row at a time.
 
-    Per chunk of images (sized by :data:`CHUNK_BYTES`): one GEMM
-    ``W^T (C*KH*KW, OC) @ g (OC, m*OH*Wp)`` into a reused buffer (a batched
-    matmul over the groups when ``groups`` > 1), KH*KW shifted adds into a
-    reused (C, m, Hp*Wp) accumulator, and one copy of its interior into the
-    (N, C, H, W) result. Cost: 2 * OC/G * C*KH*KW * N*OH*Wp flops, and the
-    (C*KH*KW, N*OH*OW) column gradient is never held whole.
+    The KW column shifts go into the GEMM: stack KW copies of g, copy j
+    shifted right by j, and one GEMM per kernel row i,
+    ``W_i (C, KW*OC) @ shifted (KW*OC, m*(OH*Wp + KW - 1))``, sums the KW
+    offsets of that row; it is added at shift i*Wp. That is KH adds instead
+    of KH*KW (and KW copies of g, which is smaller than the C*KH*KW-row
+    column gradient): 0.92-0.94x the time of the KH*KW-add form on the
+    benchmark CNN's second conv.
+
+    Per chunk of images (sized by :data:`CHUNK_BYTES`): the copies into
+    reused buffers, KH GEMMs (a batched matmul over the groups when
+    ``groups`` > 1), KH shifted adds into a reused (C, m, Hp*Wp)
+    accumulator, and one copy of its interior into the (N, C, H, W) result.
+    Cost: 2 * OC/G * C*KH*KW * N*(OH*Wp + KW - 1) flops, (KW-1)/OW more than
+    the plain product (the zero columns, 14 % for 3x3 on 14x14); the
+    (C*KH*KW, N*OH*OW) column gradient is never held.
     """
     n, c, h, w = x_shape
     padded_h, padded_w = h + 2 * padding_h, w + 2 * padding_w
     out_h, out_w = padded_h - kernel_h + 1, padded_w - kernel_w + 1
     row = out_h * padded_w  # one image's output positions on padded-width rows
+    shifted_row = row + kernel_w - 1  # room for the KW shifts
     xp = backend.of(grad_out)
     dtype = xp.result_type(weight.dtype, grad_out.dtype)
     out_channels, group_channels = weight.shape[0], weight.shape[1]
     group_out = out_channels // groups
-    group_rows = group_channels * kernel_h * kernel_w
-    # (G, C/G*KH*KW, OC/G): each group's transposed weights, rows (c, i, j).
-    weight_t = xp.ascontiguousarray(
-        weight.reshape(groups, group_out, group_rows).transpose(0, 2, 1), dtype=dtype
+    # (KH, G, C/G, KW*OC/G): for kernel row i and group g, weight[o, c, i, j]
+    # at [i, g, c, (j, o)], matching the (j, o) rows of the shifted copies.
+    per_row = xp.ascontiguousarray(
+        weight.reshape(groups, group_out, group_channels, kernel_h, kernel_w)
+        .transpose(3, 0, 2, 4, 1)
+        .reshape(kernel_h, groups, group_channels, kernel_w * group_out),
+        dtype=dtype,
     )
     grad = grad_out.reshape(out_channels, n, out_h, out_w)
-    images = max(1, min(n, CHUNK_BYTES // (c * kernel_h * kernel_w * row * xp.dtype(dtype).itemsize)))
-    # Zeroed once: the columns past out_w stay zero in every chunk.
+    per_image = (kernel_w * out_channels + c) * shifted_row * xp.dtype(dtype).itemsize
+    images = max(1, min(n, CHUNK_BYTES // per_image))
+    # Zeroed once: what no chunk writes (columns past out_w, the ends of the
+    # shifted rows) stays zero.
     grad_rows = xp.zeros((out_channels, images, out_h, padded_w), dtype=dtype)
-    blocks = xp.empty((groups, group_rows, images * row), dtype=dtype)
+    shifted = xp.zeros((groups, kernel_w, group_out, images, shifted_row), dtype=dtype)
+    products = xp.empty((groups, group_channels, images * shifted_row), dtype=dtype)
     accumulator = xp.empty((c, images, padded_h * padded_w + kernel_w - 1), dtype=dtype)
     result = xp.empty((n, c, h, w), dtype=dtype)
     for start in range(0, n, images):
         m = min(images, n - start)
         grad_rows[:, :m, :, :out_w] = grad[:, start : start + m]
-        block = blocks[:, :, : m * row]
-        xp.matmul(weight_t, grad_rows[:, :m].reshape(groups, group_out, m * row), out=block)
-        block = block.reshape(c, kernel_h, kernel_w, m, row)
+        flat = grad_rows[:, :m].reshape(groups, group_out, m, row)
+        for j in range(kernel_w):
+            shifted[:, j, :, :m, j : j + row] = flat
+        operand = shifted[:, :, :, :m].reshape(groups, kernel_w * group_out, m * shifted_row)
+        product = products[:, :, : m * shifted_row]
         target = accumulator[:, :m]
         target[...] = 0
         for i in range(kernel_h):
-            for j in range(kernel_w):
-                shift = i * padded_w + j
-                target[:, :, shift : shift + row] += block[:, i, j]
+            xp.matmul(per_row[i], operand, out=product)
+            shift = i * padded_w
+            target[:, :, shift : shift + shifted_row] += product.reshape(c, m, shifted_row)
         image = target[:, :, : padded_h * padded_w].reshape(c, m, padded_h, padded_w)
         result[start : start + m] = image[:, :, padding_h : padding_h + h, padding_w : padding_w + w].transpose(1, 0, 2, 3)
     return result
