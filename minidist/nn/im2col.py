@@ -49,12 +49,13 @@ OH x OW output: the columns take C*KH*KW * N*OH*OW floats (KH*KW times the
 input for stride 1) and as many copied values; the GEMM takes
 2 * OC * C*KH*KW * N*OH*OW flops. Backward costs two GEMMs of the same size
 (weight gradient ``grad_out @ columns^T`` and column gradient
-``weight^T @ grad_out``) plus the KH*KW strided adds of col2im. The column
+``weight^T @ grad_out``) plus the strided adds of col2im. The column
 gradient is consumed by col2im as it is made (:func:`col2im_product`), so
 it never occupies memory as a whole: for stride 1, a cache-sized chunk of
-images at a time, each kernel offset's block added as a shift of rows as
-wide as the padded image (long contiguous adds instead of OW-long ones);
-for other strides, one kernel offset at a time.
+images at a time, on rows as wide as the padded image so that a kernel
+offset is a shift of the flattened image, one GEMM summing each kernel
+row's KW offsets and one long add per row (KH adds, not KH*KW OW-long
+ones); for other strides, one kernel offset at a time.
 """
 
 from __future__ import annotations
@@ -134,6 +135,10 @@ def col2im(columns, x_shape, kernel_h: int, kernel_w: int, stride_h: int, stride
 def col2im_product(weight, grad_out, x_shape, kernel_h: int, kernel_w: int, stride_h: int, stride_w: int, padding_h: int, padding_w: int, groups: int = 1):
     """``col2im(weight.reshape(OC, -1).T @ grad_out, ...)``, the input
     gradient of a convolution, computed one kernel offset at a time.
+
+    Stride 1 (the common case) takes a faster path that sums a whole kernel
+    row per GEMM, in cache-sized chunks of images:
+    :func:`_col2im_product_stride_one`. What follows is the general one.
 
     The rows of W^T @ g that belong to offset (i, j) are
     ``weight[:, :, i, j].T @ g``: the gradient of the input image shifted by
@@ -217,8 +222,8 @@ def _col2im_product_stride_one(weight, grad_out, x_shape, kernel_h: int, kernel_
     reused buffers, KH GEMMs (a batched matmul over the groups when
     ``groups`` > 1), KH shifted adds into a reused (C, m, Hp*Wp)
     accumulator, and one copy of its interior into the (N, C, H, W) result.
-    Cost: 2 * OC/G * C*KH*KW * N*(OH*Wp + KW - 1) flops, (KW-1)/OW more than
-    the plain product (the zero columns, 14 % for 3x3 on 14x14); the
+    Cost: 2 * OC/G * C*KH*KW * N*(OH*Wp + KW - 1) flops, about (KW-1)/OW
+    more than the plain product (the zero columns: 15 % for 3x3 on 14x14); the
     (C*KH*KW, N*OH*OW) column gradient is never held.
     """
     n, c, h, w = x_shape
