@@ -9,9 +9,22 @@ Models (float32):
 
 Usage:
   python benchmarks/bench_training_step.py [--threads 1] [--repeats 30] [--json out.json]
+                                           [--clock wall|cpu] [--default-malloc]
 
-The figure reported per framework is the median of ``repeats`` timed steps
-after warm-up steps; the ratio column is minidist / PyTorch (lower is better).
+The frameworks take turns: each round times ``--steps`` steps of each (10),
+in the same process, so a change in the machine's load reaches them alike
+(the first step of a turn runs with the caches the other left: with 3 steps
+a turn the minidist CNN step measured about 1 ms slower than alone). The
+figure reported per framework is the median over ``repeats`` rounds of the
+time per step, after warm-up steps; the ratio column is minidist / PyTorch
+(lower is better). ``--clock cpu`` measures the process's CPU time instead
+of wall time: on a shared machine it leaves out the time spent waiting for a
+core, but it is only the step time with ``--threads 1``.
+
+Like ``minidist train``, the run first calls
+:func:`minidist.runtime.allocator.keep_freed_memory` (glibc keeps freed
+pages for the next step; it applies to the whole process, PyTorch included);
+``--default-malloc`` leaves glibc's defaults.
 """
 
 from __future__ import annotations
@@ -29,16 +42,20 @@ def _limit_threads(threads: int):
         os.environ[name] = str(threads)
 
 
-def median_time(step, repeats: int, warmup: int = 5) -> float:
-    for _ in range(warmup):
-        step()
-    times = []
+def interleaved_medians(steps: dict, repeats: int, steps_per_round: int = 3, warmup: int = 5, clock=time.perf_counter) -> dict:
+    """Median seconds per step of each of ``steps`` (name -> callable), timed
+    in turns: round r runs ``steps_per_round`` steps of every one in order."""
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    times = {name: [] for name in steps}
     for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    times.sort()
-    return times[len(times) // 2]
+        for name, step in steps.items():
+            start = clock()
+            for _ in range(steps_per_round):
+                step()
+            times[name].append((clock() - start) / steps_per_round)
+    return {name: sorted(values)[len(values) // 2] for name, values in times.items()}
 
 
 # ----------------------------------------------------------------- minidist
@@ -180,8 +197,20 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=1, help="BLAS/OpenMP threads for every framework")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--steps", type=int, default=10,
+                        help="steps of one framework per turn (its first step after the other's turn finds cold caches)")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="wall time, or the process's CPU time (for a shared machine, with --threads 1)")
+    parser.add_argument("--default-malloc", action="store_true",
+                        help="leave glibc's malloc thresholds as they are (minidist train raises them)")
     args = parser.parse_args(argv)
     _limit_threads(args.threads)
+    kept = False
+    if not args.default_malloc:
+        from minidist.runtime.allocator import keep_freed_memory
+
+        kept = keep_freed_memory()
+    clock = time.perf_counter if args.clock == "wall" else time.process_time
 
     import numpy as np
 
@@ -205,13 +234,19 @@ def main(argv=None):
     ]
     results = []
     for name, batch, ours, by_hand, theirs in cases:
-        row = {"model": name, "threads": args.threads}
-        row["minidist_ms"] = 1e3 * median_time(ours(batch, rng), args.repeats)
-        row["numpy_ms"] = 1e3 * median_time(by_hand(batch, rng), args.repeats) if by_hand else None
-        row["torch_ms"] = 1e3 * median_time(theirs(batch, rng), args.repeats) if torch else None
+        row = {"model": name, "threads": args.threads, "clock": args.clock, "malloc_kept": kept, "steps_per_turn": args.steps}
+        steps = {"minidist": ours(batch, rng)}
+        if by_hand:
+            steps["numpy"] = by_hand(batch, rng)
+        if torch:
+            steps["torch"] = theirs(batch, rng)
+        medians = interleaved_medians(steps, args.repeats, steps_per_round=args.steps, clock=clock)
+        for key in ("minidist", "numpy", "torch"):
+            row[f"{key}_ms"] = 1e3 * medians[key] if key in medians else None
         results.append(row)
 
-    table = Table(title=f"one training step, float32, {args.threads} thread(s), median of {args.repeats}")
+    table = Table(title=f"one training step, float32, {args.threads} thread(s), {args.clock} time, "
+                        f"median of {args.repeats} interleaved rounds, malloc {'kept' if kept else 'default'}")
     for column in ("model", "minidist ms", "NumPy by hand ms", f"PyTorch {torch_version or '(absent)'} ms", "minidist / PyTorch", "minidist / NumPy"):
         table.add_column(column, justify="right" if column != "model" else "left")
     for row in results:
@@ -226,7 +261,7 @@ def main(argv=None):
         )
         row["ratio_vs_torch"] = vs_torch
         row["ratio_vs_numpy"] = vs_numpy
-    Console().print(table)
+    Console(width=max(Console().width, 120)).print(table)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"python": sys.version.split()[0], "numpy": np.__version__, "torch": torch_version, "results": results}, handle, indent=2)

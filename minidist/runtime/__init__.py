@@ -13,6 +13,7 @@ nothing here imports from above (a test holds it to that: tests/test_layers.py).
 * :mod:`.signals`       SIGTERM and Ctrl-C as clean exits, never mid-step;
 * :mod:`.process_setup` a worker's first steps: die with the parent, signals;
 * :mod:`.blas_threads`  one BLAS thread pool size per worker, so ranks share cores;
+* :mod:`.allocator`     keep freed memory, so each training step does not page it in again;
 * :mod:`.console`       workers' logs routed to the parent, rank-0 printing.
 
 ``minidist.launch`` (in :mod:`minidist.distributed.launch`) joins these to the

@@ -111,6 +111,36 @@ def test_col2im_product_is_col2im_of_the_product(stride, padding):
     assert got.flags.c_contiguous
 
 
+@pytest.mark.parametrize("chunk_bytes", [1, 3000, 1 << 20])
+@pytest.mark.parametrize(
+    "n, c, h, w, oc, kernel, padding, groups",
+    [
+        (5, 3, 7, 8, 4, (3, 2), (1, 2), 1),   # rectangular kernel, uneven padding
+        (1, 2, 6, 6, 3, (3, 3), (0, 0), 1),   # batch 1, no padding
+        (4, 4, 5, 6, 6, (3, 3), (1, 1), 2),   # two groups
+        (3, 3, 6, 5, 3, (5, 5), (2, 2), 3),   # depthwise 5x5
+        (2, 4, 4, 4, 8, (1, 1), (0, 0), 4),   # grouped pointwise
+    ],
+)
+def test_stride_one_col2im_product_in_chunks_matches_col2im(monkeypatch, chunk_bytes, n, c, h, w, oc, kernel, padding, groups):
+    # Stride 1 takes the shifted-row path, in chunks of images sized by
+    # CHUNK_BYTES: one image at a time, a few with a shorter last chunk, all
+    # at once. Each must equal col2im of the whole product, group by group.
+    monkeypatch.setattr(im2col_module, "CHUNK_BYTES", chunk_bytes)
+    (kh, kw), (ph, pw) = kernel, padding
+    out_h, out_w = h + 2 * ph - kh + 1, w + 2 * pw - kw + 1
+    weight, grad = randn(oc, c // groups, kh, kw), randn(oc, n * out_h * out_w)
+    rows, group_out = c // groups * kh * kw, oc // groups
+    product = np.concatenate([
+        weight[g * group_out : (g + 1) * group_out].reshape(group_out, rows).T @ grad[g * group_out : (g + 1) * group_out]
+        for g in range(groups)
+    ])
+    expected = im2col_module.col2im(product, (n, c, h, w), kh, kw, 1, 1, ph, pw)
+    got = im2col_module.col2im_product(weight, grad, (n, c, h, w), kh, kw, 1, 1, ph, pw, groups)
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+    assert got.shape == (n, c, h, w) and got.flags.c_contiguous
+
+
 def test_conv2d_skips_the_input_gradient_when_not_needed(monkeypatch):
     # The first layer's images need no gradient: the col2im and its GEMM must
     # not run at all.
@@ -122,6 +152,63 @@ def test_conv2d_skips_the_input_gradient_when_not_needed(monkeypatch):
     weight = Tensor(randn(3, 1, 3, 3).astype(np.float32), requires_grad=True)
     F.conv2d(x, weight, None, 1, 1).sum().backward()
     assert x.grad is None and weight.grad is not None
+
+
+@pytest.mark.parametrize("needs", [(True, True), (False, True), (True, False)])
+def test_conv2d_bias_gradient_whichever_parameters_need_one(needs):
+    # The bias rides in the weight-gradient GEMM: it must still be the sum of
+    # the output gradient when the weight is frozen, and absent when the bias is.
+    weight_needs, bias_needs = needs
+    x, w, b = randn(3, 2, 6, 5), randn(4, 2, 3, 3), randn(4)
+    grad_out = randn(3, 4, 6, 5)
+    weight, bias = Tensor(w, requires_grad=weight_needs), Tensor(b, requires_grad=bias_needs)
+    inputs = Tensor(x, requires_grad=True)
+    F.conv2d(inputs, weight, bias, 1, 1).backward(grad_out)
+    if bias_needs:
+        np.testing.assert_allclose(bias.grad, grad_out.sum(axis=(0, 2, 3)), rtol=1e-12)
+    else:
+        assert bias.grad is None
+    if weight_needs:
+        numeric = np.zeros_like(w)  # dL/dw[o,c,i,j] = sum g[n,o,y,x] * xpad[n,c,y+i,x+j]
+        xpad = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+        for i in range(3):
+            for j in range(3):
+                numeric[:, :, i, j] = np.einsum("noyx,ncyx->oc", grad_out, xpad[:, :, i : i + 6, j : j + 5])
+        np.testing.assert_allclose(weight.grad, numeric, rtol=1e-10)
+    else:
+        assert weight.grad is None
+    np.testing.assert_allclose(inputs.grad, _conv_input_grad(w, grad_out), rtol=1e-10)
+
+
+def _conv_input_grad(w, grad_out):
+    """dL/dx of a 3x3, padding 1 convolution, by its definition."""
+    n, oc, h, width = grad_out.shape
+    grad = np.zeros((n, w.shape[1], h + 2, width + 2))
+    for i in range(3):
+        for j in range(3):
+            grad[:, :, i : i + h, j : j + width] += np.einsum("noyx,oc->ncyx", grad_out, w[:, :, i, j])
+    return grad[:, :, 1:-1, 1:-1]
+
+
+@pytest.mark.parametrize("bias, groups", [(True, 1), (False, 1), (True, 2)])
+def test_conv2d_of_an_empty_batch(bias, groups):
+    # A rank's shard can be empty (uneven splits): shapes must still work out.
+    weight = Tensor(randn(4, 4 // groups, 3, 3), requires_grad=True)
+    b = Tensor(randn(4), requires_grad=True) if bias else None
+    x = Tensor(np.zeros((0, 4, 5, 5)), requires_grad=True)
+    out = F.conv2d(x, weight, b, 1, 1, groups)
+    assert out.shape == (0, 4, 5, 5)
+    out.sum().backward()
+    assert x.grad.shape == (0, 4, 5, 5) and not weight.grad.any()
+    assert b is None or not b.grad.any()
+
+
+def test_im2col_ones_row_appends_ones_under_the_same_columns():
+    x = randn(2, 3, 5, 4)
+    plain = im2col_module.im2col(x, 3, 2, 1, 2, 1, 0)
+    with_ones = im2col_module.im2col(x, 3, 2, 1, 2, 1, 0, ones_row=True)
+    np.testing.assert_array_equal(with_ones[:-1], plain)
+    np.testing.assert_array_equal(with_ones[-1], np.ones(plain.shape[1]))
 
 
 def test_conv2d_keeps_float32_and_casts_the_input_to_the_weights_dtype():
@@ -158,6 +245,8 @@ POOL_CASES = [
     ((1, 2, 6, 7), (2, 3), (1, 2), (0, 1)),
     ((1, 1, 5, 5), (3, 3), (1, 1), (1, 1)),
     ((1, 2, 6, 6), (2, 2), (3, 3), (0, 0)),   # gaps between windows
+    ((2, 2, 9, 9), (3, 3), (3, 3), (0, 0)),   # tiles with 3-wide windows
+    ((2, 1, 6, 9), (2, 3), (2, 3), (0, 0)),   # tiles, rectangular
 ]
 
 

@@ -54,3 +54,24 @@ def test_cli_help_and_train():
     assert "test accuracy" in trained.stdout
     wrong = run_cli("train", "--model", "transformer")
     assert wrong.returncode != 0 and "invalid choice" in wrong.stderr
+
+
+def test_training_runs_on_one_blas_thread_and_restores_the_count(monkeypatch):
+    import minidist.train as train_module
+    from minidist.runtime.blas_threads import blas_threads
+
+    before = blas_threads()
+    seen = []
+    real = train_module.set_blas_threads
+
+    def record(count):
+        seen.append(count)
+        return real(count)
+
+    monkeypatch.setattr(train_module, "set_blas_threads", record)
+    train_digits("mlp", epochs=1, progress=False, console=quiet_console())
+    assert blas_threads() == before
+    if before:  # a BLAS library NumPy loaded whose thread count can be set
+        assert seen == [1, max(before.values())]
+    with pytest.raises(ValueError, match="threads must be a positive int"):
+        train_digits("mlp", epochs=1, progress=False, threads=0)
