@@ -220,8 +220,6 @@ def run_command(args) -> int:
     """
     import json
 
-    from rich.console import Console
-
     world_size = _check_world_size(args.nproc)
     if args.transport == "mpi":
         return _run_under_mpiexec(args, world_size)
@@ -238,7 +236,6 @@ def run_command(args) -> int:
     warn_if_oversubscribed(world_size)
     control = resources = listener = supervisor = run_dir = None
     workers = []
-    stderr = Console(stderr=True)
     with signals.as_exceptions() as guard:
         try:
             with guard.deferred():
@@ -281,6 +278,7 @@ def run_command(args) -> int:
             except Exception as error:
                 if not hasattr(error, "rank"):
                     raise
+                stderr = _stderr_console()
                 stderr.print("minidist run:", style="bold red", end=" ")
                 stderr.print(str(error), markup=False, highlight=False, soft_wrap=True)
                 return 1
@@ -296,11 +294,19 @@ def run_command(args) -> int:
                         worker.close()
                     if run_dir and args.trace and os.path.isdir(os.path.join(run_dir, "trace")):
                         _merge_traces(os.path.join(run_dir, "trace"), args.trace, world_size,
-                                      transport, stderr)
+                                      transport, _stderr_console())
                 finally:
                     _release(resources, control)
                     if run_dir:
                         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _stderr_console():
+    # Rich is imported only when there is something to print: before the
+    # workers start, every import of the launching process delays them all.
+    from rich.console import Console
+
+    return Console(stderr=True)
 
 
 def _die_with_parent() -> None:
