@@ -52,6 +52,10 @@ HELLO_MPI = """\
 from mpi4py import MPI
 MPI.COMM_WORLD.Barrier()
 """
+#: The same with NumPy imported, as any mpi4py program that sends arrays has:
+#: minidist's ranks always import it, so this row says how much of the gap is
+#: NumPy's import.
+HELLO_MPI_NUMPY = "import numpy\n" + HELLO_MPI
 
 
 # --------------------------------------------------------------------------- one block
@@ -168,16 +172,19 @@ def measure(trees: dict, world_sizes, blocks: int, rounds: int, command_rounds: 
         with tempfile.TemporaryDirectory() as folder:
             hello = os.path.join(folder, "hello.py")
             hello_mpi = os.path.join(folder, "hello_mpi.py")
-            with open(hello, "w") as file:
-                file.write(HELLO_MINIDIST)
-            with open(hello_mpi, "w") as file:
-                file.write(HELLO_MPI)
+            hello_mpi_numpy = os.path.join(folder, "hello_mpi_numpy.py")
+            for path, text in ((hello, HELLO_MINIDIST), (hello_mpi, HELLO_MPI),
+                               (hello_mpi_numpy, HELLO_MPI_NUMPY)):
+                with open(path, "w") as file:
+                    file.write(text)
             runs = {f"minidist run {label}": ([sys.executable, "-m", "minidist.cli", "run",
                                                "-n", "2", hello], _env(tree))
                     for label, tree in trees.items()}
             if mpiexec:
                 runs["mpiexec"] = ([mpiexec, "-n", "2", sys.executable, hello_mpi],
                                    dict(os.environ))
+                runs["mpiexec numpy"] = ([mpiexec, "-n", "2", sys.executable, hello_mpi_numpy],
+                                         dict(os.environ))
             for command, env in runs.values():  # warm the file cache once
                 command_seconds(command, env)
             for _ in range(command_rounds):
@@ -201,10 +208,13 @@ def summarize(measured: dict, labels, world_sizes) -> dict:
     for label in labels:
         name = f"minidist run {label}"
         if name in commands:
-            mpi = commands.get("mpiexec")
+            mpi, mpi_numpy = commands.get("mpiexec"), commands.get("mpiexec numpy")
             command_rows.append({"minidist": label, "run_ms": commands[name] * 1e3,
                                  "mpiexec_ms": mpi * 1e3 if mpi else None,
-                                 "run_over_mpiexec": commands[name] / mpi if mpi else None})
+                                 "run_over_mpiexec": commands[name] / mpi if mpi else None,
+                                 "mpiexec_numpy_ms": mpi_numpy * 1e3 if mpi_numpy else None,
+                                 "run_over_mpiexec_numpy":
+                                     commands[name] / mpi_numpy if mpi_numpy else None})
     return {"launch": rows, "commands": command_rows}
 
 
@@ -223,13 +233,19 @@ def print_tables(summary: dict, labels, note) -> None:
                   f"{by['after']['launch_ms'] / by['before']['launch_ms']:.2f}")
     if summary["commands"]:
         print("\nminidist run -n 2 hello.py vs mpiexec -n 2 python hello_mpi.py "
-              "(wall time of the command, medians, ms)")
-        print(f"{'minidist':>10} {'run':>9} {'mpiexec':>9} {'run/mpiexec':>12}")
+              "(wall time of the command, medians, ms; 'numpy': the mpi4py hello with "
+              "`import numpy` added)")
+        print(f"{'minidist':>10} {'run':>9} {'mpiexec':>9} {'run/mpiexec':>12} "
+              f"{'mpiexec numpy':>14} {'run/it':>7}")
+
+        def cell(value, width, digits):
+            return f"{value:{width}.{digits}f}" if value else f"{'-':>{width}}"
+
         for row in summary["commands"]:
-            mpi = f"{row['mpiexec_ms']:9.1f}" if row["mpiexec_ms"] else f"{'-':>9}"
-            ratio = (f"{row['run_over_mpiexec']:12.2f}" if row["run_over_mpiexec"]
-                     else f"{'-':>12}")
-            print(f"{row['minidist']:>10} {row['run_ms']:9.1f} {mpi} {ratio}")
+            print(f"{row['minidist']:>10} {row['run_ms']:9.1f} {cell(row['mpiexec_ms'], 9, 1)} "
+                  f"{cell(row['run_over_mpiexec'], 12, 2)} "
+                  f"{cell(row['mpiexec_numpy_ms'], 14, 1)} "
+                  f"{cell(row['run_over_mpiexec_numpy'], 7, 2)}")
     if note:
         print(f"mpiexec: not measured ({note})")
 

@@ -124,7 +124,7 @@ def for_forked_workers(count: int):
     as fork leaves it, and pays for the pool only if it uses BLAS again."""
     changed = []
     try:
-        for path, library, setters, getters in _loaded_libraries():
+        for _, library, setters, getters in _loaded_libraries():
             setter, getter = _first_symbol(library, setters), _first_symbol(library, getters)
             if setter is None or getter is None:
                 continue

@@ -2,8 +2,9 @@
 
 The parent blocks in ``multiprocessing.connection.wait`` on two things per
 worker: its result pipe (a message arrives when its function returns or
-raises; the log records it sends on the way are printed as they come) and its *sentinel* (ready the instant the process exits, whatever
-killed it). So a failure is seen as soon as it happens, without polling.
+raises; the log records it sends on the way are printed as they come)
+and its *sentinel* (ready the instant the process exits, whatever killed
+it). So a failure is seen as soon as it happens, without polling.
 
 Stopping, in order, fast enough that every worker is gone within a few
 seconds of the failure:
@@ -152,10 +153,16 @@ class Supervisor:
 
     # ---------------------------------------------------------------- messages
 
-    def _read(self, worker) -> bool:
+    def _read(self, worker, records: int | None = 64) -> bool:
         """Read what the worker has sent so far: its log records (printed here,
-        see :mod:`.console`), then its one result. True if the result was read."""
+        see :mod:`.console`; at most ``records`` of them per call, so that a rank
+        logging without pause cannot keep the supervisor from the others), then
+        its one result. True if the result was read."""
         while worker.reader is not None:
+            if records is not None:
+                if records == 0:
+                    return False  # its pipe is still ready: the next wait comes back here
+                records -= 1
             try:
                 if not worker.reader.poll():
                     return False
@@ -202,8 +209,7 @@ class Supervisor:
     def _exited(self, worker) -> None:
         """The process is gone: read its message, or record how it died."""
         worker.join(0.5)
-        while self._read(worker):
-            pass
+        self._read(worker, records=None)  # it is gone: read everything it sent
         rank = worker.rank
         if rank in self.results or rank in self.failures:
             return

@@ -168,6 +168,32 @@ def test_many_log_records_arrive_in_order_before_the_result():
             sorted(f"side {i}" for i in range(300))
 
 
+@pytest.mark.timeout(60)
+def test_a_rank_that_logs_without_pause_does_not_hide_a_failure():
+    # Its records share the supervisor's attention with the other ranks' pipes.
+    class Count(logging.Handler):
+        count = 0
+
+        def emit(self, record):
+            Count.count += 1
+
+    def worker():
+        if dist.get_rank() == 0:
+            while True:
+                logging.getLogger("chatty").info("still here")
+        raise ValueError("rank 1 gives up")
+
+    root = logging.getLogger()
+    handler = Count()
+    root.addHandler(handler)
+    try:
+        with pytest.raises(dist.WorkerError, match="rank 1 failed with ValueError"):
+            minidist.launch(worker, world_size=2)
+    finally:
+        root.removeHandler(handler)
+    assert Count.count > 0
+
+
 @pytest.mark.timeout(30)
 def test_print0_prints_on_rank_zero_only(capfd):
     def worker():
