@@ -167,7 +167,9 @@ def launch(fn, world_size: int = 2, transport: str = "shm", args=(), kwargs=None
                         process.start()
                         workers.append(ForkedWorker(rank, process, pipes[rank].reader))
                         pipes[rank].writer.close()
-            resources.release_worker_ends()
+                # At once, before the parent's BLAS threads are put back: a rank
+                # whose peer failed must see that peer's pipes end.
+                resources.release_worker_ends()
             supervisor = Supervisor(workers, control, resources.wake_all, tolerated=tolerated)
             results = supervisor.run()
             supervisor.reap()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import sys
 
 _ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
              "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
@@ -108,13 +109,34 @@ def blas_threads() -> dict[str, int]:
     return counts
 
 
+_found: tuple = (None, [])  # (len(sys.modules) when looked up, what was found)
+
+
+def _thread_apis() -> list:
+    """[(library, setter, getter)] of the loaded libraries that have both. Looked
+    up again only when a module was imported since the last time (a new BLAS
+    library comes with the extension module that loads it), so a program that
+    launches often reads ``/proc/self/maps`` once, not at every launch."""
+    global _found
+    if _found[0] != len(sys.modules):
+        apis = []
+        for _, library, setters, getters in _loaded_libraries():
+            setter, getter = _first_symbol(library, setters), _first_symbol(library, getters)
+            if setter is not None and getter is not None:
+                setter.argtypes = [ctypes.c_int]
+                getter.restype = ctypes.c_int
+                apis.append((library, setter, getter))
+        _found = (len(sys.modules), apis)
+    return _found[1]
+
+
 @contextlib.contextmanager
 def for_forked_workers(count: int):
     """In the launching process, while it forks workers: every loaded BLAS/OpenMP
     library set to ``count`` threads (what each worker inherits), the parent's
     own counts put back afterwards. Libraries whose count cannot be read are
-    left alone. Cost: one read of ``/proc/self/maps`` and a few calls per
-    library (about 0.5 ms), instead of that in every worker.
+    left alone. Cost: a few calls per library (and, after new imports, one
+    read of ``/proc/self/maps``), instead of that read in every worker.
 
     OpenBLAS stops its thread pool before every fork (its at-fork handler) and
     starts it again at the next call that wants threads; but setting the count
@@ -124,12 +146,7 @@ def for_forked_workers(count: int):
     as fork leaves it, and pays for the pool only if it uses BLAS again."""
     changed = []
     try:
-        for _, library, setters, getters in _loaded_libraries():
-            setter, getter = _first_symbol(library, setters), _first_symbol(library, getters)
-            if setter is None or getter is None:
-                continue
-            setter.argtypes = [ctypes.c_int]
-            getter.restype = ctypes.c_int
+        for library, setter, getter in _thread_apis():
             previous = getter()
             if previous != count:
                 setter(count)
