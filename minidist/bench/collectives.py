@@ -53,7 +53,7 @@ from minidist.bench.timing import FULL, QUICK, Timing, fastest_block, time_colle
 #: What --quick measures, unless told otherwise: the collective the goals are
 #: about, with every algorithm it has, at the sizes the goals name (4 KiB,
 #: 64 MiB; 1 MiB for the model), on the world sizes they name, one short timed
-#: block per case, no fit of alpha, beta, gamma (that takes 5 to 10 s per world
+#: timing per case (fastest of 3 blocks), no fit of alpha, beta, gamma (that takes 5 to 10 s per world
 #: size; the model goal is then not judged), gloo on the first world size only
 #: (no goal needs it; four torch processes on a small machine take 10 s).
 QUICK_COLLECTIVES = ["all_reduce"]
@@ -325,8 +325,8 @@ def run(options: Options, console=None) -> dict:
     if options.quick:
         console.print(f"quick: {', '.join(chosen)} ({sum(map(len, chosen.values()))} "
                       f"algorithms) at {', '.join(human_size(n) for n in options.sizes)} on "
-                      f"{', '.join(map(str, options.world_sizes))} ranks, one short timed "
-                      "block per case"
+                      f"{', '.join(map(str, options.world_sizes))} ranks, short timing "
+                      "(fastest of 3 blocks)"
                       + ("" if options.fit else ", the cost model's parameters not fitted")
                       + (f", gloo on {options.world_sizes[0]} ranks only" if options.gloo
                          else "")
