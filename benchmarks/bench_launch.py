@@ -132,9 +132,12 @@ def block_in_process(tree: str, side: str, world_size: int, rounds: int) -> list
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def command_seconds(command: list[str], env: dict) -> float:
+def command_seconds(command: list[str], env: dict, cwd: str) -> float:
+    """Wall time of ``command``. ``cwd`` is a folder without minidist in it: ``python
+    -m`` puts the working folder first on the path, ahead of PYTHONPATH's tree."""
     start = time.perf_counter()
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=120)
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}): "
@@ -186,10 +189,11 @@ def measure(trees: dict, world_sizes, blocks: int, rounds: int, command_rounds: 
                 runs["mpiexec numpy"] = ([mpiexec, "-n", "2", sys.executable, hello_mpi_numpy],
                                          dict(os.environ))
             for command, env in runs.values():  # warm the file cache once
-                command_seconds(command, env)
+                command_seconds(command, env, folder)
             for _ in range(command_rounds):
                 for name, (command, env) in runs.items():
-                    command_samples.setdefault(name, []).append(command_seconds(command, env))
+                    command_samples.setdefault(name, []).append(
+                        command_seconds(command, env, folder))
     return {"launch": samples, "commands": command_samples, "commands_note": note}
 
 

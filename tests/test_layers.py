@@ -30,7 +30,7 @@ LAYERS = [
     (7, "minidist.parallel"), (7, "minidist.bench"), (7, "minidist.experiments"),
     (7, "minidist.train"), (7, "minidist.examples"), (7, "minidist.search"),
     (8, "viz"),
-    (9, "minidist.cli"), (9, "minidist.commands"),
+    (9, "minidist.cli"), (9, "minidist.commands"), (9, "minidist.run_script"),
     (1, "minidist"),  # the package's __init__ alone: the Tensor and friends
 ]
 

@@ -1,5 +1,5 @@
 """Start N workers, watch them, tear everything down: ``minidist.launch``
-(``minidist run`` is :func:`minidist.commands.run_command`, built on it).
+(``minidist run`` is :func:`minidist.run_script.run_command`, built on the same runtime).
 
 Start method: **fork**, on purpose. A forked worker starts as a copy of the
 parent, so the function it runs may be defined anywhere a student writes
