@@ -156,7 +156,7 @@ def _add_display_arguments(parser) -> None:
 
 
 def _cmd_run(args) -> int:
-    from minidist.commands import run_command
+    from minidist.run_script import run_command
 
     return run_command(args)
 

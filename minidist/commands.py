@@ -22,16 +22,11 @@ import threading
 import numpy as np
 
 from minidist import costmodel
-from minidist import trace as _trace
-from minidist.distributed import world
 from minidist.distributed.collectives import ALGORITHMS
-from minidist.distributed.launch import _check_world_size, _release, warn_if_oversubscribed
+from minidist.distributed.launch import warn_if_oversubscribed
 from minidist.distributed.simulator import CALLS, simulate
-from minidist.distributed.transport import check_name, create_resources
+from minidist.distributed.transport import check_name
 from minidist.model_gap import RunFacts, explain, ratio_text
-from minidist.runtime import console, signals
-from minidist.runtime.control import ControlBlock
-from minidist.runtime.supervisor import ProgramWorker, Supervisor
 
 # --------------------------------------------------------------------------- minidist simulate
 
@@ -306,123 +301,6 @@ class _FirstToEnd(threading.Thread):
         os.close(self._stop_read)
         os.close(self._stop_write)
         self._selector.close()
-
-
-def run_command(args) -> int:
-    """``minidist run -n N [--transport T] [--trace FILE] [--timeout S] script.py [args]``.
-
-    Starts N copies of ``python script.py args`` with MINIDIST_RANK,
-    MINIDIST_WORLD_SIZE, MINIDIST_TRANSPORT and MINIDIST_RUN in their
-    environment (and torchrun's RANK, WORLD_SIZE, LOCAL_RANK,
-    LOCAL_WORLD_SIZE); each calls ``dist.init_process_group()``. Returns the exit
-    status: 0 when every rank exits 0; otherwise the first failure is printed
-    (rank, traceback) and the status is 1.
-    """
-    import json
-
-    from rich.console import Console
-
-    world_size = _check_world_size(args.nproc)
-    if args.transport == "mpi":
-        return _run_under_mpiexec(args, world_size)
-    transport = check_name(args.transport)
-    script = args.script
-    if not os.path.isfile(script):
-        raise SystemExit(f"minidist run: error: no such script: {script} (give the path of a "
-                         "Python file, e.g. examples/hello.py)")
-    if args.trace is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.trace))):
-        raise SystemExit(f"minidist run: error: --trace {args.trace}: the folder "
-                         f"{os.path.dirname(os.path.abspath(args.trace))} does not exist")
-    timeout = world.DEFAULT_TIMEOUT if args.timeout is None else args.timeout
-    script_args = list(args.script_args or [])
-    if script_args[:1] == ["--"]:
-        script_args = script_args[1:]
-    from minidist.runtime.blas_threads import environment_for
-
-    warn_if_oversubscribed(world_size)
-    control = resources = listener = supervisor = run_dir = None
-    workers = []
-    stderr = Console(stderr=True)
-    with signals.as_exceptions() as guard:
-        try:
-            with guard.deferred():
-                control = ControlBlock.create(world_size)
-                resources = create_resources(transport, world_size)
-                run_dir = tempfile.mkdtemp(prefix="minidist-run-")
-            error_dir = os.path.join(run_dir, "errors")
-            trace_dir = os.path.join(run_dir, "trace") if args.trace else None
-            os.makedirs(error_dir)
-            if trace_dir:
-                os.makedirs(trace_dir)
-            blas_env = environment_for(world_size)
-            log_pipes = []
-            for rank in range(world_size):
-                with guard.deferred():  # a started program is always in `workers`
-                    log_read, log_write = os.pipe()
-                    log_pipes.append(log_read)
-                    spec = {"control": control.name, "transport": resources.spec_for(rank),
-                            "timeout": timeout, "parent_pid": os.getpid(),
-                            "log_fd": log_write, "trace_dir": trace_dir,
-                            "error_dir": error_dir}
-                    # torchrun's names too, for scripts that read them (one machine:
-                    # the local rank is the rank).
-                    env = dict(os.environ, **blas_env, MINIDIST_RANK=str(rank),
-                               MINIDIST_WORLD_SIZE=str(world_size),
-                               MINIDIST_TRANSPORT=transport, MINIDIST_RUN=json.dumps(spec),
-                               RANK=str(rank), WORLD_SIZE=str(world_size),
-                               LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
-                    try:
-                        popen = subprocess.Popen(
-                            [sys.executable, script, *script_args], env=env,
-                            pass_fds=[log_write, *resources.fds_for(rank)],
-                            start_new_session=True, preexec_fn=_die_with_parent)
-                    finally:
-                        os.close(log_write)
-                    workers.append(ProgramWorker(rank, popen))
-            resources.release_worker_ends()
-            listener = console.PipeLogListener(log_pipes)
-            listener.start()
-            supervisor = Supervisor(workers, control, resources.wake_all, error_dir=error_dir)
-            try:
-                supervisor.run()
-                supervisor.reap()
-            except Exception as error:
-                if not hasattr(error, "rank"):
-                    raise
-                stderr.print("minidist run:", style="bold red", end=" ")
-                stderr.print(str(error), markup=False, highlight=False, soft_wrap=True)
-                return 1
-            return 0
-        finally:
-            with guard.deferred():
-                try:
-                    if workers:
-                        (supervisor or Supervisor(workers, control, lambda: None)).stop()
-                    if listener is not None:
-                        listener.stop()
-                    for worker in workers:
-                        worker.close()
-                    if run_dir and args.trace and os.path.isdir(os.path.join(run_dir, "trace")):
-                        _merge_traces(os.path.join(run_dir, "trace"), args.trace, world_size,
-                                      transport, stderr)
-                finally:
-                    _release(resources, control)
-                    if run_dir:
-                        shutil.rmtree(run_dir, ignore_errors=True)
-
-
-def _die_with_parent() -> None:
-    from minidist.runtime.process_setup import die_with_parent
-
-    die_with_parent()
-
-
-def _merge_traces(trace_dir, path, world_size, transport, console_) -> None:
-    events = []
-    for name in sorted(os.listdir(trace_dir)):
-        events.extend(_trace.read_jsonl(os.path.join(trace_dir, name)).events)
-    count = _trace.write_jsonl(path, events, _trace.make_header(world_size, transport=transport))
-    console_.print(f"trace: {count} events written to {path}", highlight=False)
 
 
 # --------------------------------------------------------------------------- minidist predict

@@ -52,7 +52,15 @@ from minidist.bench.common import KIB, MIB, cores, human_size, machine
 from minidist.bench.timing import FULL, QUICK, Timing, fastest_block, time_collective
 from minidist.model_gap import RunFacts, compare
 
-QUICK_SIZES = [4 * KIB, 64 * KIB, MIB, 16 * MIB, 64 * MIB]
+#: What --quick measures, unless told otherwise: the collective the goals are
+#: about, with every algorithm it has, at the sizes the goals name (4 KiB,
+#: 64 MiB; 1 MiB for the model), on the world sizes they name, one short timed
+#: timing per case (fastest of 3 blocks), no fit of alpha, beta, gamma (that takes 5 to 10 s per world
+#: size; the model goal is then not judged), gloo on the first world size only
+#: (no goal needs it; four torch processes on a small machine take 10 s).
+QUICK_COLLECTIVES = ["all_reduce"]
+QUICK_SIZES = [4 * KIB, MIB, 64 * MIB]
+QUICK_WORLD_SIZES = [2, 4]
 
 # --------------------------------------------------------------------------- how to call
 
@@ -231,19 +239,24 @@ def options_from_args(args) -> Options:
                            "warmup": args.warmup})
     sizes = (parse_sizes(args.sizes, args.factor) if args.sizes
              else QUICK_SIZES if args.quick else parse_sizes(DEFAULT_SIZES, args.factor))
-    world_sizes = [int(n) for n in parse_list(args.world_sizes or DEFAULT_WORLD_SIZES)]
+    world_sizes = ([int(n) for n in parse_list(args.world_sizes)] if args.world_sizes
+                   else list(QUICK_WORLD_SIZES) if args.quick
+                   else [int(n) for n in parse_list(DEFAULT_WORLD_SIZES)])
     if min(world_sizes) < 2:
         raise ValueError(f"--world-sizes must be 2 or more ranks, got {world_sizes}")
     transports = parse_list(args.transport)
     for transport in transports:
         if transport not in ("shm", "pipe"):
             raise ValueError(f"--transport {transport!r}: minidist.launch has shm and pipe")
-    return Options(collectives=parse_list(args.collectives),
+    collectives = parse_list(args.collectives)
+    if args.quick and collectives is None:
+        collectives = list(QUICK_COLLECTIVES)
+    return Options(collectives=collectives,
                    algorithms=parse_list(args.algorithms), sizes=sizes,
                    world_sizes=world_sizes, transports=transports, timing=timing,
                    mpich=not args.no_mpich, gloo=not args.no_gloo,
                    params=params_from_p2p(args.params) if args.params else {},
-                   fit=not (args.no_fit or args.params), quick=args.quick)
+                   fit=not (args.no_fit or args.params or args.quick), quick=args.quick)
 
 
 def plan(options: Options) -> tuple[dict, list[str]]:
@@ -298,6 +311,7 @@ def _ratio(numerator, denominator):
 def run(options: Options, console=None) -> dict:
     """Measure everything ``options`` asks for; the report as a JSON-ready dict."""
     from rich.console import Console
+    from rich.markup import escape
 
     console = console or Console()
     chosen, notes = plan(options)
@@ -310,6 +324,15 @@ def run(options: Options, console=None) -> dict:
         console.print(f"[yellow]oversubscribed:[/] world size(s) {oversubscribed} have more "
                       f"ranks than the {available_cores} cores; ranks take turns on the cores, "
                       "so their times include scheduling. Measured all the same.")
+    if options.quick:
+        console.print(f"quick: {', '.join(chosen)} ({sum(map(len, chosen.values()))} "
+                      f"algorithms) at {', '.join(human_size(n) for n in options.sizes)} on "
+                      f"{', '.join(map(str, options.world_sizes))} ranks, short timing "
+                      "(fastest of 3 blocks)"
+                      + ("" if options.fit else ", the cost model's parameters not fitted")
+                      + (f", gloo on {options.world_sizes[0]} ranks only" if options.gloo
+                         else "")
+                      + "; every collective, size and goal: leave out --quick")
     for note in notes:
         console.print(f"note: {note}")
 
@@ -355,13 +378,16 @@ def run(options: Options, console=None) -> dict:
         for kind in ("mpich", "gloo"):
             if "all" in natives[kind]["notes"]:
                 continue  # not asked for, or not installed
+            if options.quick and kind == "gloo" and world_size != options.world_sizes[0]:
+                natives[kind]["notes"][str(world_size)] = "left out of --quick"
+                continue
             phase = time.perf_counter()
             measure = native.measure_mpich if kind == "mpich" else native.measure_gloo
             seconds, note = measure(world_size, list(chosen), options.sizes, options.timing)
             natives[kind]["notes"][str(world_size)] = note
             label = "MPICH" if kind == "mpich" else "gloo"
             if seconds is None:
-                console.print(f"[yellow]n={world_size}: {label} failed:[/] {note}")
+                console.print(f"[yellow]n={world_size}: {label} failed:[/] {escape(note)}")
                 continue
             natives[kind]["seconds"][str(world_size)] = {
                 collective: {str(size): value for size, value in by_size.items()}
@@ -429,10 +455,11 @@ def goals(report: dict) -> list[dict]:
                       and row["world_size"] == world_size and row["size"] == size]
         return min(candidates, key=lambda row: row["seconds"]) if candidates else None
 
+    mpich_notes = report.get("mpich", {}).get("notes", {})
     for world_sizes, size, limit, text in (
             ((2, 4), 64 * MIB, 0.5, "best shm all_reduce of 64 MiB <= 0.5 x MPICH Allreduce"),
             ((2,), 4 * KIB, 3.0, "best shm all_reduce of 4 KiB <= 3 x MPICH Allreduce")):
-        values = {}
+        values, unmeasured = {}, []
         for world_size in world_sizes:
             best = best_all_reduce(world_size, size)
             if best is not None and best["over_mpich"] is not None:
@@ -440,13 +467,24 @@ def goals(report: dict) -> list[dict]:
                                            "seconds": best["seconds"],
                                            "mpich_seconds": best["mpich_seconds"],
                                            "ratio": best["over_mpich"]}
+            elif best is None:
+                unmeasured.append(f"n={world_size}: no shm all_reduce of "
+                                  f"{human_size(size)} in this run")
+            elif "all" in mpich_notes:
+                unmeasured.append(f"MPICH not run: {mpich_notes['all']}")
+            else:
+                unmeasured.append(f"n={world_size}: MPICH "
+                                  f"{mpich_notes.get(str(world_size)) or 'not run'}")
+        # A verdict only on what was measured, all of it: a goal half measured
+        # is reported, not judged.
         met = (all(value["ratio"] <= limit for value in values.values())
-               if len(values) == len(world_sizes) else None)
+               if not unmeasured else None)
         measured = "; ".join(
             f"n={n}: {v['algorithm']} {v['seconds'] * 1e6:,.0f} us vs MPICH "
             f"{v['mpich_seconds'] * 1e6:,.0f} us = {v['ratio']:.2f} x" for n, v in values.items())
         results.append({"goal": text, "world_sizes": list(world_sizes), "values": values,
-                        "met": met, "measured": measured or "not measured in this run"})
+                        "met": met, "measured": measured or "not measured in this run",
+                        "not_measured": "; ".join(dict.fromkeys(unmeasured))})
 
     # The cost model gives every rank a core of its own; with more ranks than
     # cores they take turns, which no formula here prices. Such rows are
@@ -462,6 +500,10 @@ def goals(report: dict) -> list[dict]:
             if abs(row["measured_over_predicted"] - 1) > abs(entry["worst"] - 1):
                 entry["worst"] = row["measured_over_predicted"]
     judged = [v for v in values.values() if not v["oversubscribed"]]
+    fitted = any(p.get("fitted_in_this_run") for p in report.get("params", {}).values())
+    unfitted_quick = report.get("settings", {}).get("quick") and not fitted
+    if unfitted_quick:
+        judged = []  # predictions from another machine's parameters judge nothing
     met = all(abs(v["worst"] - 1) <= 0.25 for v in judged) if judged else None
     measured = "; ".join(f"{key}: worst {v['worst']:.2f}"
                          + (" (oversubscribed: shown, not judged)" if v["oversubscribed"] else "")
@@ -469,7 +511,12 @@ def goals(report: dict) -> list[dict]:
     results.append({"goal": "ring measured / predicted within 0.75 .. 1.25 for sizes >= 1 MiB "
                             "(world sizes with a core per rank)",
                     "values": values, "met": met,
-                    "measured": measured or "not measured in this run"})
+                    "measured": measured or "not measured in this run",
+                    "not_measured": "" if judged else
+                    ("not judged in --quick: alpha, beta, gamma were not fitted in this run "
+                     "(leave out --quick)" if unfitted_quick
+                     else "every ring row of 1 MiB or more ran oversubscribed" if values
+                     else "no ring collective of 1 MiB or more in this run")})
     return results
 
 
@@ -500,6 +547,7 @@ def _describe_params(transport: str, params: dict) -> str:
 def print_report(report: dict, console=None) -> None:
     """One Rich table per transport, collective and world size, then the goals."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = console or Console()
@@ -568,11 +616,16 @@ def print_report(report: dict, console=None) -> None:
         for note in dict.fromkeys(notes.values()):  # distinct, in order
             where = [n for n, text in notes.items() if text == note and n != "all"]
             prefix = f" (n={','.join(where)})" if where and len(where) < len(notes) else ""
-            console.print(f"{label}{prefix}: {note}")
+            console.print(f"{label}{prefix}: {escape(note)}")
     console.print("[bold]goals[/]")
     for goal in report["goals"]:
-        verdict = {True: "[green]met[/]", False: "[red]not met[/]", None: "[dim]n/a[/]"}
-        console.print(f"  {verdict[goal['met']]}  {goal['goal']}: {goal['measured']}")
+        if goal["met"] is None:  # no verdict on what this run did not measure
+            console.print(f"  [dim]not measured[/]  {goal['goal']}: "
+                          + escape(goal.get("not_measured") or "not in this run")
+                          + (f" (measured: {goal['measured']})" if goal["values"] else ""))
+            continue
+        verdict = "[green]met[/]" if goal["met"] else "[red]not met[/]"
+        console.print(f"  {verdict}  {goal['goal']}: {goal['measured']}")
 
 
 def write_json(report: dict, path: str) -> None:

@@ -194,16 +194,25 @@ def _tail(text: str) -> str:
     return " | ".join(lines[-3:])[-400:]
 
 
+#: How to install each side's library: MPICH and mpi4py are small wheels, in
+#: the ``bench`` extra; PyTorch is named apart, with its CPU-only wheel index
+#: (the default wheel on Linux pulls in CUDA, gigabytes that gloo never uses,
+#: and an extra cannot name an index).
+INSTALL = {"mpich": "pip install -e '.[bench]'",
+           "gloo": "pip install torch --index-url https://download.pytorch.org/whl/cpu"}
+
+
 def missing(kind: str) -> str | None:
-    """Why the "mpich" or "gloo" side cannot run here, or None when it can."""
+    """Why the "mpich" or "gloo" side cannot run here, with the command that
+    installs what is missing; None when it can run."""
     if kind == "mpich":
         if importlib.util.find_spec("mpi4py") is None:
-            return "mpi4py is not installed (pip install mpi4py mpich)"
+            return f"mpi4py is not installed ({INSTALL['mpich']} installs mpi4py and MPICH)"
         if find_mpiexec() is None:
-            return "no mpiexec found (pip install mpich)"
+            return f"no mpiexec found ({INSTALL['mpich']} installs MPICH's)"
         return None
     if importlib.util.find_spec("torch") is None:
-        return "PyTorch is not installed (pip install torch)"
+        return f"PyTorch is not installed ({INSTALL['gloo']}: the CPU build, with gloo)"
     return None
 
 

@@ -1,5 +1,5 @@
 """Start N workers, watch them, tear everything down: ``minidist.launch``
-(``minidist run`` is :func:`minidist.commands.run_command`, built on it).
+(``minidist run`` is :func:`minidist.run_script.run_command`, built on the same runtime).
 
 Start method: **fork**, on purpose. A forked worker starts as a copy of the
 parent, so the function it runs may be defined anywhere a student writes
@@ -10,7 +10,7 @@ Fork also makes starting cheap: workers inherit the shared segments and pipes
 already mapped, nothing is pickled on the way in. Its known caveats are
 handled here: output buffers are flushed before forking (or they would be
 printed N+1 times), each worker drops the pipe ends that are not its own,
-BLAS thread pools are resized per worker (see :mod:`.blas_threads`), and a
+BLAS thread pools are sized for the workers around the forks (see :mod:`.blas_threads`), and a
 worker must not rely on threads of the parent (only the forking thread
 exists in a child). Fork is POSIX-only; this runtime targets Linux.
 
@@ -27,7 +27,6 @@ More ranks than cores work, slowly: ranks take turns on the cores, and
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import os
 import sys
@@ -39,7 +38,7 @@ from minidist.distributed.shared_array import SharedArrays
 from minidist.distributed.transport import check_name, create_resources
 from minidist.distributed.transport.mpi import launched_by_mpi
 from minidist.distributed.worker import worker_main
-from minidist.runtime import console, signals
+from minidist.runtime import blas_threads, signals
 from minidist.runtime.control import ControlBlock
 from minidist.runtime.errors import OversubscriptionWarning
 from minidist.runtime.supervisor import ForkedWorker, Supervisor
@@ -176,7 +175,6 @@ def _launch_forked(fn, world_size, transport, args, kwargs, trace, timeout, log_
                "log_level": log_level, "parent_pid": os.getpid()}
     arrays = control = resources = supervisor = None
     workers = []
-    logs = contextlib.ExitStack()
     with signals.as_exceptions() as guard:
         try:
             # Each resource is in a variable the cleanup sees before a signal
@@ -187,21 +185,24 @@ def _launch_forked(fn, world_size, transport, args, kwargs, trace, timeout, log_
                 control = ControlBlock.create(world_size)
                 resources = create_resources(transport, world_size)
                 pipes = [_ResultPipe(context) for _ in range(world_size)]
-                logs.enter_context(console.route_worker_logs())
             sys.stdout.flush()
             sys.stderr.flush()
-            for rank in range(world_size):
-                options_for_rank = dict(options, other_pipes=[p for r, p in enumerate(pipes)
-                                                              if r != rank])
-                process = context.Process(
-                    target=worker_main, name=f"minidist-rank-{rank}", daemon=False,
-                    args=(rank, world_size, fn, args, kwargs, resources, control, pipes[rank],
-                          options_for_rank))
-                with guard.deferred():  # not inside fork's at-fork hooks (logging's locks)
-                    process.start()
-                    workers.append(ForkedWorker(rank, process, pipes[rank].reader))
-                    pipes[rank].writer.close()
-            resources.release_worker_ends()
+            # Each worker is born with its share of the BLAS threads (see blas_threads).
+            with blas_threads.for_forked_workers(blas_threads.threads_per_worker(world_size)):
+                for rank in range(world_size):
+                    options_for_rank = dict(options, other_pipes=[p for r, p in enumerate(pipes)
+                                                                  if r != rank])
+                    process = context.Process(
+                        target=worker_main, name=f"minidist-rank-{rank}", daemon=False,
+                        args=(rank, world_size, fn, args, kwargs, resources, control,
+                              pipes[rank], options_for_rank))
+                    with guard.deferred():  # not inside fork's at-fork hooks (logging's locks)
+                        process.start()
+                        workers.append(ForkedWorker(rank, process, pipes[rank].reader))
+                        pipes[rank].writer.close()
+                # At once, before the parent's BLAS threads are put back: a rank
+                # whose peer failed must see that peer's pipes end.
+                resources.release_worker_ends()
             supervisor = Supervisor(workers, control, resources.wake_all, tolerated=tolerated)
             results = supervisor.run()
             supervisor.reap()
@@ -209,11 +210,11 @@ def _launch_forked(fn, world_size, transport, args, kwargs, trace, timeout, log_
                     for rank in range(world_size)]
         finally:
             with guard.deferred():
-                _clean_up(workers, supervisor, control, resources, arrays, logs,
+                _clean_up(workers, supervisor, control, resources, arrays,
                           trace, world_size, transport)
 
 
-def _clean_up(workers, supervisor, control, resources, arrays, logs, trace, world_size,
+def _clean_up(workers, supervisor, control, resources, arrays, trace, world_size,
               transport) -> None:
     """Whatever happened: no worker left running, every segment unlinked, the
     trace written (also of a failed run)."""
@@ -231,7 +232,6 @@ def _clean_up(workers, supervisor, control, resources, arrays, logs, trace, worl
                 worker.join(1.0)
         for worker in workers:
             worker.close()
-        logs.close()
         if trace is not None and supervisor is not None:
             _trace.write_jsonl(trace, supervisor.events,
                                _trace.make_header(world_size, transport=transport,

@@ -1,8 +1,9 @@
 """The life of one worker made by :func:`minidist.launch` (a forked process).
 
-Set up (die with the parent, own pipe ends only, BLAS threads, logging,
+Set up (die with the parent, own pipe ends only, logging,
 tracing, transport), run the user's function, then report exactly one message
-to the parent over a private pipe::
+to the parent over a private pipe (after the log records the rank sent on it,
+see :mod:`minidist.runtime.console`)::
 
     ("ok", rank, return value, trace events)
     ("error", rank, kind, exception type, message, traceback text, trace events, blamed rank)
@@ -18,7 +19,7 @@ import traceback
 
 from minidist import trace as _trace
 from minidist.distributed import world
-from minidist.runtime import blas_threads, console
+from minidist.runtime import console
 from minidist.runtime import control as ctl
 from minidist.runtime.errors import AbortedError, CommTimeoutError
 from minidist.runtime.process_setup import prepare_worker_process
@@ -31,8 +32,7 @@ def worker_main(rank, world_size, fn, args, kwargs, resources, control, result_p
     resources.after_fork(rank)
     for other in options["other_pipes"]:
         other.close_in_child()
-    blas_threads.set_blas_threads(blas_threads.threads_per_worker(world_size))
-    console.configure_worker_logging(rank, options["log_level"])
+    logs = console.configure_worker_logging(rank, options["log_level"], connection)
     if options["trace"]:
         _trace.start_recording(rank)
     try:
@@ -68,9 +68,8 @@ def worker_main(rank, world_size, fn, args, kwargs, resources, control, result_p
         outcome = ("error", rank, kind, type(error).__name__, str(error), traceback.format_exc(),
                    _trace.stop_recording(), getattr(error, "peer", None))
         payload = pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
-    console.flush_worker_logs()
     try:
-        connection.send_bytes(payload)
+        logs.send_last(payload)  # after every record: the parent prints them first
     except OSError:
         pass  # the parent is gone; the death signal will end us
     finally:

@@ -240,7 +240,7 @@ def _init_from_environment(transport, world_size, rank, timeout, log_level) -> N
 
     env_rank = int(os.environ["MINIDIST_RANK"])
     env_world = int(os.environ["MINIDIST_WORLD_SIZE"])
-    spec = json.loads(os.environ["MINIDIST_RUN"])
+    spec = _run_description()
     if world_size not in (-1, None) and world_size != env_world:
         raise ValueError(f"init_process_group(world_size={world_size}), but `minidist run` "
                          f"started {env_world} ranks")
@@ -278,6 +278,26 @@ def _init_from_environment(transport, world_size, rank, timeout, log_level) -> N
 
     sys.excepthook = report_uncaught
     atexit.register(_finish_script)
+
+
+def _run_description() -> dict:
+    """What `minidist run` says about the run: on the pipe MINIDIST_RUN_FD, written
+    once the run's shared memory exists (this process may get here first: it
+    waits), or in MINIDIST_RUN."""
+    if "MINIDIST_RUN_FD" not in os.environ:
+        return json.loads(os.environ["MINIDIST_RUN"])
+    fd = int(os.environ.pop("MINIDIST_RUN_FD"))
+    chunks = []
+    try:
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    if not chunks:
+        raise RuntimeError("`minidist run` stopped before this run was ready (the launching "
+                           "process ended or failed to make the run's shared memory); see "
+                           "its error")
+    return json.loads(b"".join(chunks))
 
 
 def _init_from_mpi(transport, world_size, rank, timeout) -> None:

@@ -10,14 +10,22 @@ Each worker should use ``cores // workers`` threads (at least one).
   start, unless the user set them.
 * Workers made by fork inherit a BLAS library that is already loaded and
   configured; environment variables are read only at load time, so instead we
-  call the library's own ``*_set_num_threads`` through ctypes in each worker
-  (the same thing threadpoolctl does, for the libraries NumPy ships).
+  call the library's own ``*_set_num_threads`` through ctypes (the same thing
+  threadpoolctl does, for the libraries NumPy ships). The launcher calls it in
+  the *parent*, around the forks (:func:`for_forked_workers`): each worker is
+  born with the right count and the parent gets its own back. Calling it in
+  each worker instead made OpenBLAS, whose pool fork had emptied, first start
+  the parent's number of threads again in every worker (a thread that spins
+  for a while, stealing a core from the ranks: 3 ms of CPU in each worker of a
+  trivial launch on 2 cores), and read ``/proc/self/maps`` once per worker.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+import sys
 
 _ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
              "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
@@ -99,3 +107,54 @@ def blas_threads() -> dict[str, int]:
             getter.restype = ctypes.c_int
             counts[path] = getter()
     return counts
+
+
+_found: tuple = (None, [])  # (len(sys.modules) when looked up, what was found)
+
+
+def _thread_apis() -> list:
+    """[(library, setter, getter)] of the loaded libraries that have both. Looked
+    up again only when a module was imported since the last time (a new BLAS
+    library comes with the extension module that loads it), so a program that
+    launches often reads ``/proc/self/maps`` once, not at every launch."""
+    global _found
+    if _found[0] != len(sys.modules):
+        apis = []
+        for _, library, setters, getters in _loaded_libraries():
+            setter, getter = _first_symbol(library, setters), _first_symbol(library, getters)
+            if setter is not None and getter is not None:
+                setter.argtypes = [ctypes.c_int]
+                getter.restype = ctypes.c_int
+                apis.append((library, setter, getter))
+        _found = (len(sys.modules), apis)
+    return _found[1]
+
+
+@contextlib.contextmanager
+def for_forked_workers(count: int):
+    """In the launching process, while it forks workers: every loaded BLAS/OpenMP
+    library set to ``count`` threads (what each worker inherits), the parent's
+    own counts put back afterwards. Libraries whose count cannot be read are
+    left alone. Cost: a few calls per library (and, after new imports, one
+    read of ``/proc/self/maps``), instead of that read in every worker.
+
+    OpenBLAS stops its thread pool before every fork (its at-fork handler) and
+    starts it again at the next call that wants threads; but setting the count
+    starts it at once, and a new pool thread spins for about 0.1 s (30 ms of
+    CPU here) before it sleeps. So after putting the parent's count back, the
+    pool is stopped again with the handler fork itself calls: the parent ends
+    as fork leaves it, and pays for the pool only if it uses BLAS again."""
+    changed = []
+    try:
+        for library, setter, getter in _thread_apis():
+            previous = getter()
+            if previous != count:
+                setter(count)
+                changed.append((library, setter, previous))
+        yield
+    finally:
+        for library, setter, previous in changed:
+            setter(previous)
+            stop_pool = getattr(library, "blas_thread_shutdown_", None)  # OpenBLAS only
+            if stop_pool is not None:
+                stop_pool()

@@ -1,21 +1,30 @@
 """Output from many workers, readable: logs routed to the parent, rank 0 helpers.
 
 Logs. Every worker's ``logging`` records travel to the parent process and are
-printed there by the parent's handlers (a Rich console when the program has
-configured none), each prefixed with ``[rank r]``. A record is one message, so
-lines from different ranks never interleave mid-line the way bare ``print``
+printed there by the parent's root handlers (a Rich console when the program
+has configured none), each prefixed with ``[rank r]``. A record is one message,
+so lines from different ranks never interleave mid-line the way bare ``print``
 output of several processes can.
 
-* Workers started by :func:`minidist.launch` (fork) use multiprocessing-logging:
-  the parent's root handlers are wrapped for the duration of the run in
-  handlers that workers feed through a multiprocessing queue.
-* Workers started by ``minidist run`` (separate programs) send their records
-  over a pipe the parent reads with a listener thread. Each pipe is in order,
-  but the pipes are read as they become ready, so the listener merges them by
-  the time each record was made (``record.created``, stamped in the worker):
-  a record is printed once every other rank has sent a later one, or after
-  :data:`HOLD_SECONDS` at most. Log lines thus appear in the order the ranks
-  logged them, as long as a record reaches the parent within that time.
+How they travel: the worker's root logger gets one handler,
+:class:`PipeLogHandler`, that pickles each record's fields and writes them to
+a pipe to the parent as ``("log", fields)``; the parent hands them to
+:func:`emit_worker_record`. Both launchers use it:
+
+* workers started by :func:`minidist.launch` (fork) write to their *result
+  pipe*, which the supervisor already watches: it emits the records between
+  the results, in the order they were sent. No thread and no queue per run
+  (a log thread, a queue and its feeder thread started and joined by every
+  launch cost more than the rest of a trivial launch), and a rank's last
+  records always arrive before its result;
+* workers started by ``minidist run`` (separate programs) write to a pipe of
+  their own, read by a listener thread (:class:`PipeLogListener`). Each pipe
+  is in order, but the pipes are read as they become ready, so the listener
+  merges them by the time each record was made (``record.created``, stamped
+  in the worker): a record is printed once every other rank has sent a later
+  one, or after :data:`HOLD_SECONDS` at most. Log lines thus appear in the
+  order the ranks logged them, as long as a record reaches the parent within
+  that time.
 
 Printing. :func:`print0` prints on rank 0 only; :func:`progress0` shows a Rich
 progress bar on rank 0 and just iterates elsewhere.
@@ -23,17 +32,14 @@ progress bar on rank 0 and just iterates elsewhere.
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import logging
 import os
-import queue
+import pickle
 import sys
 import threading
 import time
 from multiprocessing.connection import Connection, wait
-
-from multiprocessing_logging import MultiProcessingHandler
 
 
 class RankPrefix(logging.Filter):
@@ -52,111 +58,45 @@ class RankPrefix(logging.Filter):
         return True
 
 
+_default = None  # the parent's Rich handler for workers' records, made at the first one
+
+
 def _default_handler() -> logging.Handler:
-    from rich.logging import RichHandler
+    global _default
+    if _default is None:
+        from rich.logging import RichHandler
 
-    return RichHandler(show_path=False, rich_tracebacks=False, markup=False)
-
-
-_STOP = None  # put on the queue by close(): ends the receiving thread at once
-
-
-class _RunHandler(MultiProcessingHandler):
-    """multiprocessing-logging's handler for one run. Differences: closing
-    does not close the handler it wraps (that belongs to the program and
-    outlives the run), and it ends the receiving thread at once instead of at
-    its next 0.2 s poll, which would add 0.2 s to every launch."""
-
-    def _receive(self):
-        while True:
-            try:
-                record = self.queue.get(timeout=0.2)
-            except queue.Empty:
-                if self._is_closed:
-                    break
-                continue
-            except (EOFError, OSError):
-                break
-            if record is _STOP:
-                break
-            try:
-                self.sub_handler.emit(record)
-            except Exception:
-                self.sub_handler.handleError(record)
-        self.queue.close()
-        self.queue.join_thread()
-
-    def close(self):
-        if not self._is_closed:
-            self._is_closed = True
-            self.queue.put_nowait(_STOP)
-            self._receive_thread.join(5.0)
-            logging.Handler.close(self)
+        _default = RichHandler(show_path=False, rich_tracebacks=False, markup=False)
+    return _default
 
 
-@contextlib.contextmanager
-def route_worker_logs():
-    """Parent side, around a fork-mode run: wrap the root handlers so records
-    logged in forked workers are emitted here. Restores everything after."""
-    root = logging.getLogger()
-    added = None
-    if not root.handlers:
-        added = _default_handler()
-        root.addHandler(added)
-    originals = list(root.handlers)
-    wrappers = []
-    for index, handler in enumerate(originals):
-        wrapper = _RunHandler(f"minidist-log-{index}", sub_handler=handler)
-        wrapper.filters = list(handler.filters)  # do not share the list with the wrapped one
-        root.removeHandler(handler)
-        root.addHandler(wrapper)
-        wrappers.append(wrapper)
-    try:
-        yield
-    finally:
-        for wrapper in wrappers:
-            root.removeHandler(wrapper)
-            wrapper.close()
-        for handler in originals:
-            if handler is not added:
-                root.addHandler(handler)
-        if added is not None:
-            added.close()
-
-
-def flush_worker_logs() -> None:
-    """Worker side (fork), at the end: push buffered records into the pipe now,
-    so they reach the parent before the worker's result does."""
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, MultiProcessingHandler):
-            handler.queue.close()
-            handler.queue.join_thread()
-
-
-def configure_worker_logging(rank: int, level) -> None:
-    """Worker side (fork): tag this rank's records; let INFO through by default."""
-    global _this_rank
-    _this_rank = rank
-    root = logging.getLogger()
-    prefix = RankPrefix(rank)
-    for handler in root.handlers:
-        handler.addFilter(prefix)
-    if level is not None:
-        root.setLevel(level)
-
-
-# ----------------------------------------------------------------- separate programs
+def emit_worker_record(fields: dict) -> None:
+    """Parent side: print one record a worker logged, through the root logger's
+    handlers (or a Rich one if the program configured none), as if it had been
+    logged here. Handlers of other loggers are left out: a worker inherits
+    those and they already ran there."""
+    record = logging.makeLogRecord(fields)
+    handlers = logging.getLogger().handlers or [_default_handler()]
+    for handler in handlers:
+        if record.levelno >= handler.level:
+            handler.handle(record)
 
 
 class PipeLogHandler(logging.Handler):
-    """Worker side (``minidist run``): send each record, formatted, to the parent."""
+    """Worker side: send each record, formatted, to the parent as ``("log", fields)``.
 
-    def __init__(self, fd: int, rank: int):
+    The connection may be shared with other messages (a forked worker's result
+    pipe): whoever sends on it holds this handler's lock (:meth:`send_last`),
+    so a record logged by another thread never cuts a message in two."""
+
+    def __init__(self, connection: Connection, rank: int):
         super().__init__()
-        self.connection = Connection(fd, readable=False)
+        self.connection = connection
         self.addFilter(RankPrefix(rank))
 
     def emit(self, record: logging.LogRecord) -> None:
+        if self.connection is None:
+            return  # the result has gone: the parent reads nothing more
         try:
             if record.exc_info:
                 record.exc_text = logging.Formatter().formatException(record.exc_info)
@@ -164,11 +104,37 @@ class PipeLogHandler(logging.Handler):
             fields = dict(record.__dict__)
             fields["msg"] = record.getMessage()
             fields["args"] = None
-            self.connection.send(fields)
+            self.connection.send_bytes(pickle.dumps(("log", fields), pickle.HIGHEST_PROTOCOL))
         except (OSError, ValueError):
             pass  # the parent is gone; nothing useful to do with a log line
         except Exception:
             self.handleError(record)
+
+    def send_last(self, payload: bytes) -> None:
+        """Send the worker's final message after every record, and stop sending."""
+        with self.lock:
+            connection, self.connection = self.connection, None
+            connection.send_bytes(payload)
+
+
+def configure_worker_logging(rank: int, level, connection: Connection,
+                             inherited: bool = True) -> PipeLogHandler:
+    """Worker side: the root logger sends its records to the parent over
+    ``connection``, tagged with the rank; INFO goes through by default. With
+    ``inherited`` (a forked worker) the root handlers are the parent's, copied
+    by fork, and are dropped: the parent prints what arrives. A separate
+    program keeps the handlers it set up itself."""
+    global _this_rank
+    _this_rank = rank
+    root = logging.getLogger()
+    handler = PipeLogHandler(connection, rank)
+    root.handlers = [handler] if inherited else [*root.handlers, handler]
+    if level is not None:
+        root.setLevel(level)
+    return handler
+
+
+# ----------------------------------------------------------------- separate programs
 
 
 #: How long the listener holds a record back for an earlier one from another
@@ -183,13 +149,8 @@ class PipeLogListener:
     def __init__(self, read_fds: list[int]):
         self._connections = [Connection(fd, writable=False) for fd in read_fds]
         self._thread = threading.Thread(target=self._run, name="minidist-logs", daemon=True)
-        self._added = None
 
     def start(self) -> None:
-        root = logging.getLogger()
-        if not root.handlers:
-            self._added = _default_handler()
-            root.addHandler(self._added)
         self._thread.start()
 
     def _run(self) -> None:
@@ -201,7 +162,7 @@ class PipeLogListener:
             timeout = None if not held else max(0.0, held[0][0] + HOLD_SECONDS - time.time())
             for connection in wait(open_connections, timeout):
                 try:
-                    fields = connection.recv()
+                    kind, fields = pickle.loads(connection.recv_bytes())
                 except (EOFError, OSError):
                     open_connections.remove(connection)
                     continue
@@ -216,25 +177,16 @@ class PipeLogListener:
                 if now - created < HOLD_SECONDS and \
                         any(latest[connection] < created for connection in open_connections):
                     break
-                record = logging.makeLogRecord(heapq.heappop(held)[2])
-                logging.getLogger(record.name).handle(record)
+                emit_worker_record(heapq.heappop(held)[2])
 
     def stop(self, timeout: float = 2.0) -> None:
         self._thread.join(timeout)
         for connection in self._connections:
             connection.close()
-        if self._added is not None:
-            logging.getLogger().removeHandler(self._added)
-            self._added.close()
 
 
 def configure_script_logging(fd: int, rank: int, level) -> None:
-    global _this_rank
-    _this_rank = rank
-    root = logging.getLogger()
-    root.addHandler(PipeLogHandler(fd, rank))
-    if level is not None:
-        root.setLevel(level)
+    configure_worker_logging(rank, level, Connection(fd, readable=False), inherited=False)
 
 
 # ----------------------------------------------------------------- rank 0 helpers

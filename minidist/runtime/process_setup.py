@@ -19,15 +19,23 @@ from minidist.runtime.signals import reset_in_worker
 _PR_SET_PDEATHSIG = 1
 
 
+def _find_prctl():
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+# Looked up once, in the launching process, when it imports this module: a
+# forked worker inherits it instead of opening libc again (which also touched
+# pages that fork shares, and copying them is most of what a worker costs).
+_prctl = _find_prctl() if sys.platform.startswith("linux") else None
+
+
 def die_with_parent() -> None:
     """Ask the kernel to SIGKILL this process when its parent dies (Linux)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def prepare_worker_process(parent_pid: int) -> None:

@@ -2,8 +2,9 @@
 
 The parent blocks in ``multiprocessing.connection.wait`` on two things per
 worker: its result pipe (a message arrives when its function returns or
-raises) and its *sentinel* (ready the instant the process exits, whatever
-killed it). So a failure is seen as soon as it happens, without polling.
+raises; the log records it sends on the way are printed as they come)
+and its *sentinel* (ready the instant the process exits, whatever killed
+it). So a failure is seen as soon as it happens, without polling.
 
 Stopping, in order, fast enough that every worker is gone within a few
 seconds of the failure:
@@ -31,6 +32,7 @@ import signal
 import time
 from multiprocessing.connection import wait
 
+from minidist.runtime import console
 from minidist.runtime import control as ctl
 from minidist.runtime.errors import WorkerError, name_ranks
 
@@ -151,30 +153,40 @@ class Supervisor:
 
     # ---------------------------------------------------------------- messages
 
-    def _read(self, worker) -> bool:
-        """Read the worker's one message if it is there; True if one was read."""
-        if worker.reader is None:
-            return False
-        try:
-            if not worker.reader.poll():
+    def _read(self, worker, records: int | None = 64) -> bool:
+        """Read what the worker has sent so far: its log records (printed here,
+        see :mod:`.console`; at most ``records`` of them per call, so that a rank
+        logging without pause cannot keep the supervisor from the others), then
+        its one result. True if the result was read."""
+        while worker.reader is not None:
+            if records is not None:
+                if records == 0:
+                    return False  # its pipe is still ready: the next wait comes back here
+                records -= 1
+            try:
+                if not worker.reader.poll():
+                    return False
+                message = pickle.loads(worker.reader.recv_bytes())
+            except (EOFError, OSError):
+                worker.reader = None
                 return False
-            message = pickle.loads(worker.reader.recv_bytes())
-        except (EOFError, OSError):
+            if message[0] == "log":
+                console.emit_worker_record(message[1])
+                continue
             worker.reader = None
-            return False
-        worker.reader = None
-        if message[0] == "ok":
-            _, rank, value, events = message
-            self.results[rank] = value
-            self.events.extend(events)
-        else:
-            _, rank, kind, type_name, text, tb, events, blamed = message
-            if type_name == "PeerGoneError":
-                kind = "peer_gone"
-            self._fail(rank, kind, type_name=type_name, message=text, traceback=tb,
-                       peer=blamed)
-            self.events.extend(events)
-        return True
+            if message[0] == "ok":
+                _, rank, value, events = message
+                self.results[rank] = value
+                self.events.extend(events)
+            else:
+                _, rank, kind, type_name, text, tb, events, blamed = message
+                if type_name == "PeerGoneError":
+                    kind = "peer_gone"
+                self._fail(rank, kind, type_name=type_name, message=text, traceback=tb,
+                           peer=blamed)
+                self.events.extend(events)
+            return True
+        return False
 
     def _fail(self, rank, kind, **details) -> None:
         if rank in self.failures:
@@ -197,8 +209,7 @@ class Supervisor:
     def _exited(self, worker) -> None:
         """The process is gone: read its message, or record how it died."""
         worker.join(0.5)
-        while self._read(worker):
-            pass
+        self._read(worker, records=None)  # it is gone: read everything it sent
         rank = worker.rank
         if rank in self.results or rank in self.failures:
             return

@@ -115,6 +115,50 @@ def test_a_missing_reference_library_is_a_note_not_a_failure(monkeypatch):
     assert "/MPICH" not in text  # no empty columns for what was not measured
 
 
+def test_quick_is_a_stated_subset():
+    import argparse
+
+    from minidist.bench import add_collectives_arguments
+    from minidist.bench.collectives import (
+        QUICK_COLLECTIVES,
+        QUICK_SIZES,
+        QUICK_WORLD_SIZES,
+        options_from_args,
+    )
+
+    parser = argparse.ArgumentParser()
+    add_collectives_arguments(parser)
+    quick = options_from_args(parser.parse_args(["--quick"]))
+    assert (quick.collectives, quick.sizes, quick.world_sizes) == (
+        QUICK_COLLECTIVES, QUICK_SIZES, QUICK_WORLD_SIZES)
+    assert not quick.fit and quick.timing.blocks == 3 and quick.timing.target_seconds < 0.1
+    # What the goals name is in it: 4 KiB and 64 MiB all_reduce on 2 and 4 ranks.
+    assert {4096, 64 << 20} <= set(quick.sizes) and {2, 4} <= set(quick.world_sizes)
+    chosen = options_from_args(parser.parse_args(["--quick", "--collectives", "broadcast",
+                                                  "--world-sizes", "3"]))
+    assert chosen.collectives == ["broadcast"] and chosen.world_sizes == [3]
+
+
+@pytest.mark.timeout(120)
+def test_quick_without_mpich_and_torch_names_their_install_and_judges_nothing(monkeypatch,
+                                                                             capsys):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *rest: None if name.split(".")[0] in ("mpi4py", "torch")
+                        else real(name, *rest))
+    code = cli.main(["bench", "collectives", "--quick", "--sizes", "4KiB", "--world-sizes", "2",
+                     "--algorithms", "ring", "--iterations", "1", "--warmup", "1"])
+    printed = " ".join(capsys.readouterr().out.split())  # Rich wraps long lines
+    assert code == 0, printed
+    assert "pip install -e '.[bench]'" in printed
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in printed
+    assert "not met" not in printed and " met " not in printed
+    assert printed.count("not measured") >= 3  # each goal, without a verdict
+    assert "MPICH not run: mpi4py is not installed" in printed
+
+
 def test_goals_read_the_rows():
     def row(algorithm, world_size, size, seconds, mpich, predicted):
         return {"transport": "shm", "collective": "all_reduce", "algorithm": algorithm,

@@ -85,9 +85,20 @@ def test_blas_threads_are_shared_out_between_workers():
     if not blas_threads.blas_threads():
         pytest.skip("no BLAS library with a thread-count API is loaded")
     expected = blas_threads.threads_per_worker(4)
+    before = blas_threads.blas_threads()
     counts = minidist.launch(lambda: sorted(set(blas_threads.blas_threads().values())),
                              world_size=4)
     assert counts == [[expected]] * 4
+    assert blas_threads.blas_threads() == before  # the parent's own counts are back
+
+
+@pytest.mark.timeout(30)
+def test_a_worker_starts_with_no_thread_but_its_own():
+    # The BLAS count is set before fork, so no library starts a pool of
+    # threads (spinning) in a worker that has not asked for one.
+    np.ones((64, 64)) @ np.ones((64, 64))
+    threads = minidist.launch(lambda: len(os.listdir("/proc/self/task")), world_size=2)
+    assert threads == [1, 1]
 
 
 def test_thread_variables_for_worker_programs_leave_user_settings_alone():
@@ -119,6 +130,68 @@ def test_worker_logs_reach_the_parent_with_their_rank():
         assert f"[rank {rank}] step 7 done" in records
         assert f"[rank {rank}] careful\nsecond line" in records
     assert root.handlers.count(handler) == 0  # the run's wrappers are gone
+
+
+@pytest.mark.timeout(60)
+def test_many_log_records_arrive_in_order_before_the_result():
+    # More records than a pipe holds (64 KiB), from the main thread and from a
+    # thread of the worker's own, on the pipe that also carries the result.
+    records = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            records.append((record.rank, record.getMessage()))
+
+    def worker():
+        import threading
+
+        log = logging.getLogger("chatty")
+        side = threading.Thread(target=lambda: [log.info("side %d", i) for i in range(300)])
+        side.start()
+        for i in range(1500):
+            log.info("main %d %s", i, "x" * 40)
+        side.join()
+        return dist.get_rank()
+
+    root = logging.getLogger()
+    handler = Collect()
+    root.addHandler(handler)
+    try:
+        assert minidist.launch(worker, world_size=2) == [0, 1]
+    finally:
+        root.removeHandler(handler)
+    for rank in range(2):
+        mine = [text.split("] ", 1)[1] for r, text in records if r == rank]
+        main = [text for text in mine if text.startswith("main")]
+        assert main == [f"main {i} {'x' * 40}" for i in range(1500)]
+        assert sorted(text for text in mine if text.startswith("side")) == \
+            sorted(f"side {i}" for i in range(300))
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_that_logs_without_pause_does_not_hide_a_failure():
+    # Its records share the supervisor's attention with the other ranks' pipes.
+    class Count(logging.Handler):
+        count = 0
+
+        def emit(self, record):
+            Count.count += 1
+
+    def worker():
+        if dist.get_rank() == 0:
+            while True:
+                logging.getLogger("chatty").info("still here")
+        raise ValueError("rank 1 gives up")
+
+    root = logging.getLogger()
+    handler = Count()
+    root.addHandler(handler)
+    try:
+        with pytest.raises(dist.WorkerError, match="rank 1 failed with ValueError"):
+            minidist.launch(worker, world_size=2)
+    finally:
+        root.removeHandler(handler)
+    assert Count.count > 0
 
 
 @pytest.mark.timeout(30)

@@ -203,3 +203,30 @@ def test_interrupting_minidist_run_stops_every_rank(tmp_path, how):
     assert parent.returncode == (130 if how == "ctrl-c" else 143), stderr
     assert not [pid for pid in map(int, os.listdir(pids)) if alive(pid)]
     assert not leaked_since(before)
+
+
+def test_the_launcher_starts_its_workers_before_importing_numpy():
+    # Its imports and the workers' overlap only if it starts them first (run_script).
+    done = subprocess.run([sys.executable, "-c",
+                           "import sys, minidist.cli, minidist.run_script; "
+                           "print(sorted(m for m in ('numpy', 'minidist.tensor', "
+                           "'minidist.distributed') if m in sys.modules))"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_a_worker_whose_launcher_ends_before_the_run_is_ready_says_so(monkeypatch):
+    import minidist.distributed as dist
+
+    read, write = os.pipe()
+    os.close(write)  # the launcher is gone without writing the run's description
+    monkeypatch.setenv("MINIDIST_RANK", "0")
+    monkeypatch.setenv("MINIDIST_WORLD_SIZE", "2")
+    monkeypatch.setenv("MINIDIST_TRANSPORT", "shm")
+    monkeypatch.setenv("MINIDIST_RUN_FD", str(read))
+    with pytest.raises(RuntimeError, match="stopped before this run was ready"):
+        dist.init_process_group()
+    assert not dist.is_initialized()
+    with pytest.raises(OSError):
+        os.fstat(read)  # read and closed

@@ -1,0 +1,222 @@
+"""``minidist run -n N script.py``: N copies of a script, watched like launch's workers.
+
+Each copy is started as ``python script.py args`` with MINIDIST_RANK,
+MINIDIST_WORLD_SIZE, MINIDIST_TRANSPORT and MINIDIST_RUN_FD in its
+environment (and torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE); its ``dist.init_process_group()`` reads the run's description
+(the shared-memory names, the timeout, where to log) from that pipe.
+
+Why a pipe rather than the environment: order. Most of a short run is Python
+importing NumPy and minidist, once in the launching process and once in every
+worker. Here the launching process starts the workers first, with as little
+imported as it can, then imports the rest of minidist and makes the run's
+shared memory *while the workers import theirs*, and writes each one its
+description when the run is ready; a worker that gets there first waits on
+the pipe (a launcher that dies first closes it: the worker stops with an
+error). So the two imports overlap instead of adding up. (With
+``--transport pipe`` the pipes themselves must exist before the workers
+start, as they inherit them: that transport is made first.)
+
+This module imports nothing heavy at its top for that reason; keep it so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from minidist.runtime import signals
+from minidist.runtime.blas_threads import environment_for
+from minidist.runtime.process_setup import die_with_parent
+from minidist.runtime.supervisor import ProgramWorker, Supervisor
+
+
+def run_command(args) -> int:
+    """``minidist run -n N [--transport T] [--trace FILE] [--timeout S] script.py [args]``.
+
+    Returns the exit status: 0 when every rank exits 0; otherwise the first
+    failure is printed (rank, traceback) and the status is 1.
+    """
+    world_size = args.nproc
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    if args.transport == "mpi":
+        from minidist.commands import _run_under_mpiexec
+
+        return _run_under_mpiexec(args, world_size)
+    transport = args.transport
+    late = transport == "shm"  # its segment is made after the workers start
+    if not late:
+        from minidist.distributed.transport import check_name
+
+        check_name(transport)
+    script = args.script
+    if not os.path.isfile(script):
+        raise SystemExit(f"minidist run: error: no such script: {script} (give the path of a "
+                         "Python file, e.g. examples/hello.py)")
+    if args.trace is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.trace))):
+        raise SystemExit(f"minidist run: error: --trace {args.trace}: the folder "
+                         f"{os.path.dirname(os.path.abspath(args.trace))} does not exist")
+    script_args = list(args.script_args or [])
+    if script_args[:1] == ["--"]:
+        script_args = script_args[1:]
+    control = resources = listener = supervisor = run_dir = None
+    workers, log_pipes, log_fds, description_pipes = [], [], [], []
+    with signals.as_exceptions() as guard:
+        try:
+            if not late:
+                with guard.deferred():
+                    control, resources = _make_run(transport, world_size)
+            with guard.deferred():
+                run_dir = tempfile.mkdtemp(prefix="minidist-run-")
+            error_dir = os.path.join(run_dir, "errors")
+            trace_dir = os.path.join(run_dir, "trace") if args.trace else None
+            os.makedirs(error_dir)
+            if trace_dir:
+                os.makedirs(trace_dir)
+            blas_env = environment_for(world_size)
+            environ = {key: value for key, value in os.environ.items() if key != "MINIDIST_RUN"}
+            for rank in range(world_size):
+                with guard.deferred():  # a started program is always in `workers`
+                    log_read, log_write = os.pipe()
+                    log_pipes.append(log_read)
+                    log_fds.append(log_write)  # its number in the worker (pass_fds keeps it)
+                    description_read, description_write = os.pipe()
+                    description_pipes.append(description_write)
+                    # torchrun's names too, for scripts that read them (one machine:
+                    # the local rank is the rank).
+                    env = dict(environ, **blas_env, MINIDIST_RANK=str(rank),
+                               MINIDIST_WORLD_SIZE=str(world_size), MINIDIST_TRANSPORT=transport,
+                               MINIDIST_RUN_FD=str(description_read),
+                               RANK=str(rank), WORLD_SIZE=str(world_size),
+                               LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
+                    fds = [log_write, description_read]
+                    if resources is not None:
+                        fds += resources.fds_for(rank)
+                    try:
+                        popen = subprocess.Popen(
+                            [sys.executable, script, *script_args], env=env, pass_fds=fds,
+                            start_new_session=True, preexec_fn=die_with_parent)
+                    finally:
+                        os.close(log_write)
+                        os.close(description_read)
+                    workers.append(ProgramWorker(rank, popen))
+            # The rest of minidist, while the workers import theirs.
+            from minidist.distributed import world
+            from minidist.distributed.launch import warn_if_oversubscribed
+            from minidist.runtime import console
+
+            warn_if_oversubscribed(world_size)
+            if late:
+                with guard.deferred():
+                    control, resources = _make_run(transport, world_size)
+            timeout = world.DEFAULT_TIMEOUT if args.timeout is None else args.timeout
+            for rank in range(world_size):
+                description = {"control": control.name, "transport": resources.spec_for(rank),
+                               "timeout": timeout, "parent_pid": os.getpid(),
+                               "log_fd": log_fds[rank], "trace_dir": trace_dir,
+                               "error_dir": error_dir}
+                _send_description(description_pipes, rank, description)
+            resources.release_worker_ends()
+            listener = console.PipeLogListener(log_pipes)
+            listener.start()
+            supervisor = Supervisor(workers, control, resources.wake_all, error_dir=error_dir)
+            try:
+                supervisor.run()
+                supervisor.reap()
+            except Exception as error:
+                if not hasattr(error, "rank"):
+                    raise
+                stderr = _stderr_console()
+                stderr.print("minidist run:", style="bold red", end=" ")
+                stderr.print(str(error), markup=False, highlight=False, soft_wrap=True)
+                return 1
+            return 0
+        finally:
+            with guard.deferred():
+                try:
+                    for rank in range(len(description_pipes)):
+                        _close(description_pipes, rank)  # a waiting worker sees the end
+                    if workers:
+                        wake = resources.wake_all if resources is not None else (lambda: None)
+                        (supervisor or Supervisor(workers, _control_for_stop(control,
+                                                                             world_size),
+                                                  wake)).stop()
+                    if listener is not None:
+                        listener.stop()
+                    else:
+                        for fd in log_pipes:
+                            os.close(fd)
+                    for worker in workers:
+                        worker.close()
+                    if run_dir and args.trace and os.path.isdir(os.path.join(run_dir, "trace")):
+                        _merge_traces(os.path.join(run_dir, "trace"), args.trace, world_size,
+                                      transport)
+                finally:
+                    if resources is not None or control is not None:
+                        from minidist.distributed.launch import _release
+
+                        _release(resources, control)
+                    if run_dir:
+                        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _make_run(transport: str, world_size: int):
+    from minidist.distributed.transport import create_resources
+    from minidist.runtime.control import ControlBlock
+
+    control = ControlBlock.create(world_size)
+    try:
+        return control, create_resources(transport, world_size)
+    except BaseException:
+        control.unlink()
+        control.close()
+        raise
+
+
+def _send_description(pipes: list, rank: int, description: dict) -> None:
+    """Write rank ``rank`` its run's description and close the pipe (it reads to the end)."""
+    data = json.dumps(description).encode()
+    view = memoryview(data)
+    while view:
+        try:
+            written = os.write(pipes[rank], view)
+        except BrokenPipeError:
+            break  # that worker is gone already; the supervisor will say how
+        view = view[written:]
+    _close(pipes, rank)
+
+
+def _close(pipes: list, rank: int) -> None:
+    if pipes[rank] is not None:
+        os.close(pipes[rank])
+        pipes[rank] = None
+
+
+def _control_for_stop(control, world_size: int):
+    if control is not None:
+        return control
+    from minidist.runtime.control import ControlBlock
+
+    return ControlBlock.local(world_size)  # the run was never made: stop the workers all the same
+
+
+def _stderr_console():
+    # Rich is imported only when there is something to print: before the
+    # workers start, every import of the launching process delays them all.
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _merge_traces(trace_dir, path, world_size, transport) -> None:
+    from minidist import trace as _trace
+
+    events = []
+    for name in sorted(os.listdir(trace_dir)):
+        events.extend(_trace.read_jsonl(os.path.join(trace_dir, name)).events)
+    count = _trace.write_jsonl(path, events, _trace.make_header(world_size, transport=transport))
+    _stderr_console().print(f"trace: {count} events written to {path}", highlight=False)
