@@ -57,6 +57,7 @@ raises; run collectives with ``async_op=True`` under
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 
 import numpy as np
@@ -195,7 +196,7 @@ class SimNetwork:
     """
 
     def __init__(self, world_size: int, alpha: float, beta: float, gamma: float = 0.0, *,
-                 byte_scale: float = 1.0, record: bool = False):
+                 byte_scale: float = 1.0, record: bool = False, symmetric: bool = False):
         if world_size < 1:
             raise ValueError(f"a simulated network needs at least one rank, got {world_size}")
         for name, value in (("alpha", alpha), ("beta", beta), ("gamma", gamma),
@@ -207,9 +208,15 @@ class SimNetwork:
         self.beta = float(beta)
         self.gamma = float(gamma)
         self.byte_scale = float(byte_scale)
+        if symmetric and record:
+            raise ValueError("a symmetric network runs one rank for all of them, so it has no "
+                             "trace of the others; record on a full network (symmetric=False)")
         self.events: list[tuple] | None = [] if record else None
         self.on_ready = None  # called with a rank whose receive just completed
-        self.transports = [SimTransport(self, rank) for rank in range(world_size)]
+        self.symmetric = bool(symmetric)
+        # Symmetric: rank 0 stands for every rank (see the module's docstring).
+        self.transports = [SimTransport(self, rank)
+                           for rank in range(1 if symmetric else world_size)]
 
     @property
     def time(self) -> float:
@@ -217,12 +224,24 @@ class SimNetwork:
         return latest(self.transports)
 
     @property
+    def clocks(self) -> list:
+        """Every rank's clock, in seconds (in a symmetric network all equal rank 0's)."""
+        if self.symmetric:
+            return [self.transports[0].clock] * self.world_size
+        return [transport.clock for transport in self.transports]
+
+    @property
     def messages(self) -> int:
-        return sum(transport.sent for transport in self.transports)
+        sent = sum(transport.sent for transport in self.transports)
+        return sent * self.world_size if self.symmetric else sent
 
     @property
     def bytes(self) -> float:
         """Bytes charged for all messages (real bytes times byte_scale)."""
+        if self.symmetric:
+            # Every rank charged what rank 0 did: add it up n times, in the
+            # order the full network adds its ranks, to get its float exactly.
+            return sum(itertools.repeat(self.transports[0].sent_bytes, self.world_size))
         return sum(transport.sent_bytes for transport in self.transports)
 
 
@@ -250,6 +269,7 @@ class SimTransport(RankClock):
         self.alpha, self.beta, self.gamma = network.alpha, network.beta, network.gamma
         self.byte_scale = network.byte_scale
         self.events = network.events
+        self._mirror = network.symmetric
         self.sent = 0
         self.sent_bytes = 0.0
         # source -> messages nobody asked for yet: (copy of the data, tag, context,
@@ -302,13 +322,17 @@ class SimTransport(RankClock):
             self.events.append((self.rank, "send", dst, round(charged), tag, label,
                                 to_ns(start), to_ns(arrival), seq,
                                 context >> 32, context & 0xFFFFFFFF))
-        peer = self.network.transports[dst]
+        if self._mirror:
+            # Rank 0 stands for all: what it sends to dst, rank -dst sends to it.
+            peer, source = self, -dst % self.world_size
+        else:
+            peer, source = self.network.transports[dst], self.rank
         if peer._posted:
-            peer._arrive(self.rank, array, tag, context, arrival, charged, seq)
+            peer._arrive(source, array, tag, context, arrival, charged, seq)
         else:  # the common case in a run: the receiver has not got this far yet
-            queue = peer._unexpected.get(self.rank)
+            queue = peer._unexpected.get(source)
             if queue is None:
-                queue = peer._unexpected[self.rank] = deque()
+                queue = peer._unexpected[source] = deque()
             queue.append((array.copy(), tag, context, arrival, charged, seq))
         return SimSend(self, dst, tag, context, arrival)
 
