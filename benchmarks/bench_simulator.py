@@ -110,6 +110,8 @@ def _same(after: dict, before: dict) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", default="HEAD", help="git revision to compare with")
+    parser.add_argument("--before-tree", default=None,
+                        help="a folder holding the old version instead (no git needed)")
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="seconds one simulation may take (default 120)")
     parser.add_argument("--memory", type=float, default=8.0,
@@ -123,10 +125,13 @@ def main(argv=None) -> int:
     todo = cases(args.quick)
     if args.only:
         todo = [(case.split("@")[0], int(case.split("@")[1])) for case in args.only.split(",")]
-    base = tempfile.mkdtemp(prefix="minidist-before-")
-    shutil.rmtree(base)
-    subprocess.run(["git", "worktree", "add", "--detach", base, args.before], cwd=ROOT,
-                   check=True, capture_output=True)
+    if args.before_tree:
+        base = os.path.abspath(args.before_tree)
+    else:
+        base = tempfile.mkdtemp(prefix="minidist-before-")
+        shutil.rmtree(base)
+        subprocess.run(["git", "worktree", "add", "--detach", base, args.before], cwd=ROOT,
+                       check=True, capture_output=True)
     load = os.getloadavg()
     rows = []
     try:
@@ -144,8 +149,9 @@ def main(argv=None) -> int:
                   f"{_megabytes(after):>6} MB | wall ratio {_ratio(after, before, 'wall'):>8} "
                   f"| same time {_same(after, before)}", flush=True)
     finally:
-        subprocess.run(["git", "worktree", "remove", "--force", base], cwd=ROOT,
-                       capture_output=True)
+        if not args.before_tree:
+            subprocess.run(["git", "worktree", "remove", "--force", base], cwd=ROOT,
+                           capture_output=True)
     print(f"\nload average at the start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, at the end: "
           + " ".join(f"{value:.2f}" for value in os.getloadavg())
           + f"; {os.cpu_count()} cores")
