@@ -32,6 +32,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALGORITHMS = ("coordinator", "reduce_broadcast", "recursive_doubling", "rabenseifner", "ring",
@@ -119,6 +120,9 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="n = 256 and 1,024 only")
     parser.add_argument("--only", default=None,
                         help="comma-separated algorithm@n cases, e.g. ring@4096,one_shot@1024")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="cases run at once, each pair of versions in one worker (default "
+                             "1; more only on a machine with that many idle cores)")
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args(argv)
 
@@ -133,28 +137,31 @@ def main(argv=None) -> int:
         subprocess.run(["git", "worktree", "add", "--detach", base, args.before], cwd=ROOT,
                        check=True, capture_output=True)
     load = os.getloadavg()
-    rows = []
+    def pair(index):
+        algorithm, n = todo[index]
+        order = [("before", base), ("after", ROOT)]
+        if index % 2:
+            order.reverse()  # a slow spell of the machine falls on both alike
+        measured = {}
+        for name, tree in order:
+            measured[name] = run_case(tree, algorithm, n, args.timeout, args.memory)
+        before, after = measured["before"], measured["after"]
+        print(f"{algorithm:>19} n={n:>6}: before {_seconds(before):>9} s "
+              f"{_megabytes(before):>6} MB | after {_seconds(after):>9} s "
+              f"{_megabytes(after):>6} MB | wall ratio {_ratio(after, before, 'wall'):>8} "
+              f"| same time {_same(after, before)}", flush=True)
+        return {"algorithm": algorithm, "n": n, "before": before, "after": after}
+
     try:
-        for index, (algorithm, n) in enumerate(todo):
-            order = [("before", base), ("after", ROOT)]
-            if index % 2:
-                order.reverse()  # a slow spell of the machine falls on both alike
-            measured = {}
-            for name, tree in order:
-                measured[name] = run_case(tree, algorithm, n, args.timeout, args.memory)
-            before, after = measured["before"], measured["after"]
-            rows.append({"algorithm": algorithm, "n": n, "before": before, "after": after})
-            print(f"{algorithm:>19} n={n:>6}: before {_seconds(before):>9} s "
-                  f"{_megabytes(before):>6} MB | after {_seconds(after):>9} s "
-                  f"{_megabytes(after):>6} MB | wall ratio {_ratio(after, before, 'wall'):>8} "
-                  f"| same time {_same(after, before)}", flush=True)
+        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            rows = list(pool.map(pair, range(len(todo))))
     finally:
         if not args.before_tree:
             subprocess.run(["git", "worktree", "remove", "--force", base], cwd=ROOT,
                            capture_output=True)
     print(f"\nload average at the start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, at the end: "
           + " ".join(f"{value:.2f}" for value in os.getloadavg())
-          + f"; {os.cpu_count()} cores")
+          + f"; {os.cpu_count()} cores, {args.jobs} case(s) at once")
     print("\n| algorithm | n | before s | after s | after/before | before MB | after MB "
           "| MB after/before | same simulated time |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
