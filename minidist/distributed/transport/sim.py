@@ -48,6 +48,16 @@ the clock and in the trace. This is exact as long as the algorithm cuts the
 small array in the same proportions as the large one (the driver picks an
 element count that every chunking divides).
 
+**symmetric.** In an algorithm where rank r does what rank 0 does with every
+rank number shifted by r (the ring: send right, receive from the left), the
+network can hold rank 0 alone: what it sends to rank d, rank -d sends to it,
+at the same virtual moment, so each send is handed back to rank 0 as coming
+from rank -d. Its clock is every rank's, and the messages and bytes are n
+times its own. The simulator uses this for the algorithms it lists in
+:data:`~minidist.distributed.simulator.SYMMETRIC` (checked against the full
+network in the tests); on any other algorithm rank 0 would wait for a
+message nobody sends, which ends as a stall error.
+
 Nothing blocks: all calls return at once, and a receive is completed by the
 sender's ``isend``. A ``wait()`` on a request that is not done cannot be
 served (the other ranks are generators that only the driver moves), so it
@@ -192,7 +202,8 @@ class SimNetwork:
     seconds per byte combined. ``byte_scale``: every message is charged as
     ``nbytes * byte_scale`` bytes. ``record``: keep every message as a trace
     event (``events``, tuples in :data:`minidist.trace.FIELDS` order, times
-    in virtual nanoseconds).
+    in virtual nanoseconds). ``symmetric``: one transport, rank 0's, stands
+    for all ``world_size`` ranks (see the module's docstring).
     """
 
     def __init__(self, world_size: int, alpha: float, beta: float, gamma: float = 0.0, *,
