@@ -83,7 +83,7 @@ def run_case(tree: str, algorithm: str, n: int, timeout: float, memory_gb: float
 
 
 def _seconds(result: dict) -> str:
-    return f"{result['wall']:.2f}" if result["status"] == "ok" else result["status"]
+    return f"{result['wall']:.3g} s" if result["status"] == "ok" else result["status"]
 
 
 def _megabytes(result: dict) -> str:
@@ -95,9 +95,9 @@ def _ratio(after: dict, before: dict, key: str) -> str:
         return "-"
     if before["status"] != "ok":
         if before["status"].startswith(">") and key == "wall":
-            return f"< {after['wall'] / float(before['status'][2:-2]):.3f}"
+            return f"< {after['wall'] / float(before['status'][2:-2]):.2g}"
         return "-"
-    return f"{after[key] / before[key]:.3f}"
+    return f"{after[key] / before[key]:.2g}"
 
 
 def _same(after: dict, before: dict) -> str:
@@ -146,8 +146,8 @@ def main(argv=None) -> int:
         for name, tree in order:
             measured[name] = run_case(tree, algorithm, n, args.timeout, args.memory)
         before, after = measured["before"], measured["after"]
-        print(f"{algorithm:>19} n={n:>6}: before {_seconds(before):>9} s "
-              f"{_megabytes(before):>6} MB | after {_seconds(after):>9} s "
+        print(f"{algorithm:>19} n={n:>6}: before {_seconds(before):>9} "
+              f"{_megabytes(before):>6} MB | after {_seconds(after):>9} "
               f"{_megabytes(after):>6} MB | wall ratio {_ratio(after, before, 'wall'):>8} "
               f"| same time {_same(after, before)}", flush=True)
         return {"algorithm": algorithm, "n": n, "before": before, "after": after}
@@ -162,7 +162,7 @@ def main(argv=None) -> int:
     print(f"\nload average at the start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, at the end: "
           + " ".join(f"{value:.2f}" for value in os.getloadavg())
           + f"; {os.cpu_count()} cores, {args.jobs} case(s) at once")
-    print("\n| algorithm | n | before s | after s | after/before | before MB | after MB "
+    print("\n| algorithm | n | before | after | after/before | before MB | after MB "
           "| MB after/before | same simulated time |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for row in rows:
