@@ -326,6 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--dtype", default="float32", help="element type (default float32)")
     simulate.add_argument("--trace", default=None,
                           help="write the simulated messages to this file (minidist trace)")
+    simulate.add_argument("--quiet", action="store_true",
+                          help="no progress bar (it is drawn on stderr, on a terminal only)")
     simulate.set_defaults(handler=_cmd_simulate)
 
     predict = sub.add_parser(

@@ -54,9 +54,30 @@ def _trace_path(path: str, algorithm: str, several: bool) -> str:
     return f"{stem}.{algorithm}{suffix or '.jsonl'}"
 
 
+def _progress_bar(quiet: bool):
+    """A bar per algorithm on stderr: messages simulated of those the cost
+    model expects. Transient, so that the table is all that stays; Rich draws
+    it only on a terminal (a pipe or a log gets the table alone), and
+    ``--quiet`` turns it off."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(TextColumn("simulating {task.description}"), BarColumn(),
+                    MofNCompleteColumn(), TextColumn("messages"), TimeElapsedColumn(),
+                    TimeRemainingColumn(), console=Console(stderr=True), transient=True,
+                    disable=quiet)
+
+
 def simulate_command(args) -> int:
     """``minidist simulate COLLECTIVE [--algorithm NAME|all] -n N --size 100MB
-    --alpha 5us --bandwidth 10GB/s [--gamma-bandwidth 10GB/s] [--trace FILE]``.
+    --alpha 5us --bandwidth 10GB/s [--gamma-bandwidth 10GB/s] [--trace FILE] [--quiet]``.
 
     Simulates each chosen algorithm, prints a table of simulated time against
     the cost model's prediction, and writes the traces if asked (one file per
@@ -124,16 +145,21 @@ def simulate_command(args) -> int:
     several = len(algorithms) > 1
     results = []
     written = []
-    for name in algorithms:
-        with out.status(f"simulating {collective} {name} on {args.nproc:,} ranks"):
+    with _progress_bar(quiet=getattr(args, "quiet", False)) as bar:
+        for name in algorithms:
+            task = bar.add_task(name, total=None)
+
+            def progress(messages, total, task=task):
+                bar.update(task, completed=messages, total=total)
+
             result = simulate(collective, name, args.nproc, nbytes, alpha=params.alpha,
                               beta=params.beta, gamma=params.gamma, dtype=dtype,
-                              root=args.root, trace=bool(args.trace))
-        results.append(result)
-        if args.trace:
-            path = _trace_path(args.trace, name, several)
-            written.append(f"trace of {name}: {result.write_trace(path):,} events in {path}")
-            result.events = None  # a 1,024-rank trace is large: keep one at a time
+                              root=args.root, trace=bool(args.trace), progress=progress)
+            results.append(result)
+            if args.trace:
+                path = _trace_path(args.trace, name, several)
+                written.append(f"trace of {name}: {result.write_trace(path):,} events in {path}")
+                result.events = None  # a 1,024-rank trace is large: keep one at a time
     fastest = min(result.time for result in results)
     gaps = []  # the rows where the formula and the simulation differ, and why
     for result in results:

@@ -31,6 +31,22 @@ every chunking of the algorithms divides), and the network charges each
 message ``byte_scale`` times its real size. Only arrays that fit in
 :data:`MEMORY_BUDGET` for all ranks together are simulated at their real size.
 
+Symmetric algorithms cost one rank. In the ring, two-shot, one-shot (and the
+other algorithms of :data:`SYMMETRIC`) rank r does exactly what rank 0 does
+with every rank number shifted by r: it sends the same sizes at the same
+moments to rank r + d that rank 0 sends to rank d. All ranks then have the
+same clock at every step, and the message rank 0 receives from rank -d is
+the one it sends to rank d itself. So the simulator runs rank 0 alone, the
+network handing each of its sends back to it as its neighbour's (see
+``symmetric`` in :class:`~minidist.distributed.transport.sim.SimNetwork`),
+and multiplies its messages and bytes by n: the same algorithm code, the
+same clock arithmetic, 1/n of the work and memory (the ring at 65,536 ranks
+is 131,070 messages instead of 8.6 billion). This holds when every rank's
+array cuts into equal pieces, which the driver's element count guarantees;
+given ``inputs``, a trace, or ``symmetry=False``, every rank runs. The
+tests hold each algorithm of :data:`SYMMETRIC` to the full simulation's
+exact times, message counts and bytes.
+
 Every collective of :data:`~minidist.distributed.collectives.ALGORITHMS` has
 an entry in :data:`CALLS` saying which arrays a rank passes and how its
 public function is called; a new collective needs one there. An algorithm
@@ -43,6 +59,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -187,6 +204,28 @@ GRAINS: dict[tuple[str, str], Callable] = {
 }
 
 
+#: Algorithms that only ever send whole arrays (no chunks): when the default
+#: grain does not fit :data:`MEMORY_BUDGET`, one element per rank stands
+#: for the N bytes exactly, instead of n elements (n^2 for all the ranks).
+WHOLE_ARRAYS: frozenset = frozenset({
+    ("all_reduce", "coordinator"), ("all_reduce", "reduce_broadcast"),
+    ("all_reduce", "recursive_doubling"),
+})
+
+#: Algorithms in which rank r does what rank 0 does with every rank number
+#: shifted by r (sends to rank + d, receives from rank - d, pieces of equal
+#: size), so that one rank stands for all (see the module's docstring).
+#: An entry here is a claim the tests check: the symmetric simulation must
+#: give the full one's time, messages and bytes exactly.
+SYMMETRIC: frozenset = frozenset({
+    ("all_reduce", "ring"), ("all_reduce", "two_shot"), ("all_reduce", "one_shot"),
+    ("all_gather", "ring"), ("all_gather", "bruck"),
+    ("reduce_scatter", "ring"), ("reduce_scatter", "pairwise"),
+    ("all_to_all", "pairwise"), ("all_to_all", "bruck"),
+    ("barrier", "dissemination"),
+})
+
+
 # --------------------------------------------------------------------------- result
 
 
@@ -205,10 +244,14 @@ class SimulationResult:
     bytes: float
     byte_scale: float
     predicted: float | None
-    buffers: list = field(repr=False)
+    #: Each rank's arrays after the call; None when one rank stood for all
+    #: (``symmetric``: its arrays hold no meaningful result).
+    buffers: list | None = field(repr=False)
     #: With tracing: one tuple per send and per receive, in
     #: :data:`minidist.trace.FIELDS` order, times in virtual nanoseconds.
     events: list[tuple] | None = field(default=None, repr=False)
+    #: True when rank 0 was simulated for all ranks (see :data:`SYMMETRIC`).
+    symmetric: bool = False
 
     def trace_header(self) -> dict:
         return _trace.make_header(
@@ -243,7 +286,7 @@ class SimulationResult:
 
 
 def plan_elements(world_size: int, nbytes: int, itemsize: int, split: bool = False,
-                  grain: int | None = None) -> tuple[int, float]:
+                  grain: int | None = None, whole: bool = False) -> tuple[int, float]:
     """(elements of the N-byte array, byte_scale) to simulate it with.
 
     At its true size when that fits :data:`MEMORY_BUDGET` for all ranks (and,
@@ -253,7 +296,9 @@ def plan_elements(world_size: int, nbytes: int, itemsize: int, split: bool = Fal
     in the same proportions as the big one. The default grain, lcm(n, p)
     (p: the largest power of two <= n), serves every algorithm that cuts into
     n or p pieces and halves of those. A grain too big for the budget falls
-    back to n elements: then the pieces are only nearly proportional.
+    back to n elements: then the pieces are only nearly proportional; or,
+    with ``whole`` (the algorithm sends only whole arrays, see
+    :data:`WHOLE_ARRAYS`), to one element, which is exact.
     """
     count, rest = divmod(nbytes, itemsize)
     if rest == 0 and nbytes * world_size <= MEMORY_BUDGET and not (split and count % world_size):
@@ -262,7 +307,10 @@ def plan_elements(world_size: int, nbytes: int, itemsize: int, split: bool = Fal
         grain = math.lcm(world_size, largest_power_of_two(world_size))
     elif split:
         grain = math.lcm(grain, world_size)
-    count = grain if grain * itemsize * world_size <= MEMORY_BUDGET else world_size
+    if grain * itemsize * world_size <= MEMORY_BUDGET:
+        count = grain
+    else:
+        count = 1 if whole and not split else world_size
     return count, nbytes / (count * itemsize)
 
 
@@ -290,7 +338,8 @@ def _check(collective, algorithm, world_size, nbytes, root) -> None:
 def simulate(collective: str, algorithm: str = "auto", world_size: int = 8,
              nbytes: int | None = None, *, alpha: float | None = None, beta: float | None = None,
              gamma: float | None = None, dtype=np.float32, op=ReduceOp.SUM, root: int = 0,
-             inputs=None, trace=None) -> SimulationResult:
+             inputs=None, trace=None, symmetry: bool = True,
+             progress: Callable | None = None) -> SimulationResult:
     """Simulate one call of ``collective`` with ``algorithm`` on ``world_size`` ranks.
 
     ``nbytes``: the size N the cost model means (each rank's array for
@@ -302,6 +351,11 @@ def simulate(collective: str, algorithm: str = "auto", world_size: int = 8,
     at their true size; ``result.buffers`` holds them after the call.
     ``trace``: True to keep the events in ``result.events``, or a path to also
     write them there as a minidist trace (virtual nanoseconds).
+    ``symmetry``: run one rank for all when the algorithm allows it (see
+    :data:`SYMMETRIC`; the times are the same, the buffers are not kept).
+    ``progress``: called as ``progress(messages, total)`` now and then while
+    the ranks run and once at the end (``total``: the messages the cost
+    model's traffic formula expects, or None).
     """
     _check(collective, algorithm, world_size, nbytes, root)
     world_size = int(world_size)
@@ -328,13 +382,25 @@ def simulate(collective: str, algorithm: str = "auto", world_size: int = 8,
         grain = GRAINS.get((collective, algorithm))
         count, byte_scale = plan_elements(
             world_size, int(nbytes), np.dtype(dtype).itemsize, spec.split,
-            None if grain is None else grain(world_size, int(nbytes)))
+            None if grain is None else grain(world_size, int(nbytes)),
+            whole=(collective, algorithm) in WHOLE_ARRAYS)
+        symmetric = (symmetry and not trace and (collective, algorithm) in SYMMETRIC
+                     and count % world_size == 0)
         arrays = [spec.inputs(rank, world_size, count, dtype, root)
-                  for rank in range(world_size)]
+                  for rank in range(1 if symmetric else world_size)]
+    if inputs is not None:
+        symmetric = False
 
     network = SimNetwork(world_size, params.alpha, params.beta, params.gamma,
-                         byte_scale=byte_scale, record=bool(trace))
-    _run(network, spec, arrays, root, algorithm, op, collective)
+                         byte_scale=byte_scale, record=bool(trace), symmetric=symmetric)
+    reporter = None
+    if progress is not None:
+        total = _expected_messages(collective, algorithm, world_size, int(nbytes or 0),
+                                   np.dtype(dtype).itemsize, root)
+
+        def reporter(messages):
+            progress(messages, total)
+    _run(network, spec, arrays, root, algorithm, op, collective, reporter)
 
     try:
         predicted = registry.predict(collective, algorithm, world_size, nbytes, params)
@@ -342,11 +408,11 @@ def simulate(collective: str, algorithm: str = "auto", world_size: int = 8,
         predicted = None  # no formula for this algorithm
     result = SimulationResult(
         collective=collective, algorithm=algorithm, world_size=world_size, nbytes=int(nbytes),
-        params=params, time=network.time,
-        clocks=[transport.clock for transport in network.transports],
+        params=params, time=network.time, clocks=network.clocks,
         messages=network.messages, bytes=network.bytes, byte_scale=byte_scale,
-        predicted=predicted, buffers=[a[0] if len(a) == 1 else a for a in arrays],
-        events=network.events)
+        predicted=predicted,
+        buffers=None if symmetric else [a[0] if len(a) == 1 else a for a in arrays],
+        events=network.events, symmetric=symmetric)
     if trace and not isinstance(trace, bool):
         result.write_trace(trace)
     return result
@@ -377,12 +443,24 @@ def _size_of(spec: CollectiveCall, arrays, world_size: int) -> int:
     return first.nbytes * world_size if spec.piece_first else first.nbytes
 
 
+def _expected_messages(collective, algorithm, world_size, nbytes, itemsize, root):
+    """The messages the cost model's traffic formula counts (None without one)."""
+    count = nbytes // itemsize
+    if collective in ("scatter", "gather"):
+        count //= world_size  # their formulas count one rank's piece
+    try:
+        return int(registry.traffic(collective, algorithm)(world_size, count, itemsize, root)[0])
+    except (ValueError, KeyError, AttributeError, TypeError):
+        return None
+
+
 def _run(network: SimNetwork, spec: CollectiveCall, arrays, root, algorithm, op,
-         collective) -> None:
-    """Start the call on every rank, then move the ranks on until all have finished."""
+         collective, progress=None) -> None:
+    """Start the call on every rank (on rank 0 alone in a symmetric network),
+    then move the ranks on until all have finished."""
     members = range(network.world_size)
     works = []
-    for rank in members:
+    for rank in range(len(network.transports)):
         group = ProcessGroup(network.transports[rank], members, 0)
         try:
             works.append(spec.start(group, arrays[rank], root, algorithm, op))
@@ -390,27 +468,45 @@ def _run(network: SimNetwork, spec: CollectiveCall, arrays, root, algorithm, op,
             raise
         except Exception as error:
             raise type(error)(f"simulated rank {rank}: {error}") from error
-    drive(network, works, f"{collective} ({algorithm})")
+    drive(network, works, f"{collective} ({algorithm})", progress)
 
 
-def drive(network: SimNetwork, works, what: str = "the simulation") -> None:
+#: The driver looks at the clock every this many ranks it moves on, and
+#: reports progress at most every PROGRESS_SECONDS (counting the messages
+#: sums over all ranks: too dear to do on every step).
+PROGRESS_EVERY = 64
+PROGRESS_SECONDS = 0.1
+
+
+def drive(network: SimNetwork, works, what: str = "the simulation",
+          progress: Callable | None = None) -> None:
     """Move every rank's Work (``works[rank]``, started with ``async_op=True``
     on a group of ``network``) on until all have finished.
 
     A rank is tested when it may have something new to do: at the start, and
     whenever one of its receives completes. Raises SimulationStallError,
     naming who waits for what, when ranks are left that nothing will wake.
+    ``progress(messages)``: called with the messages sent so far at most
+    every :data:`PROGRESS_SECONDS` and once at the end.
     """
-    world_size = network.world_size
-    if len(works) != world_size:
-        raise ValueError(f"drive needs one Work per rank: {world_size} ranks, "
+    ranks = len(network.transports)  # 1 in a symmetric network
+    if len(works) != ranks:
+        raise ValueError(f"drive needs one Work per rank: {ranks} ranks, "
                          f"{len(works)} works")
-    ready = ReadyQueue(world_size)
+    ready = ReadyQueue(ranks)
     network.on_ready = ready.wake
-    finished = bytearray(world_size)
-    remaining = world_size
+    finished = bytearray(ranks)
+    remaining = ranks
+    moves = 0
+    reported = time.monotonic()
     try:
         while ready:
+            if progress is not None:
+                moves += 1
+                if moves % PROGRESS_EVERY == 0 and \
+                        time.monotonic() - reported >= PROGRESS_SECONDS:
+                    progress(network.messages)
+                    reported = time.monotonic()
             rank = ready.pop()
             if finished[rank]:
                 continue
@@ -426,12 +522,14 @@ def drive(network: SimNetwork, works, what: str = "the simulation") -> None:
                 remaining -= 1
     finally:
         network.on_ready = None
+    if progress is not None and not remaining:
+        progress(network.messages)
     if remaining:
         raise SimulationStallError(_stall_report(network, finished, what))
 
 
 def _stall_report(network, finished, what) -> str:
-    stuck = [rank for rank in range(network.world_size) if not finished[rank]]
+    stuck = [rank for rank in range(len(network.transports)) if not finished[rank]]
     lines = []
     for rank in stuck[:8]:
         waits = network.transports[rank].waiting_for() or ["nothing it can name"]
@@ -439,6 +537,11 @@ def _stall_report(network, finished, what) -> str:
                      + (f" (and {len(waits) - 1} more)" if len(waits) > 1 else ""))
     if len(stuck) > 8:
         lines.append(f"  ... and {len(stuck) - 8} more ranks")
+    if network.symmetric:
+        return (f"{what} cannot finish: rank 0, simulated for all {network.world_size} ranks "
+                "by symmetry, waits for a message that no rank sends; the algorithm is not "
+                "symmetric as SYMMETRIC claims: remove it there (or pass symmetry=False).\n"
+                + "\n".join(lines))
     return (f"{what} cannot finish: {len(stuck)} of {network.world_size} "
             "simulated ranks wait for messages that no rank will send (a deadlock: check "
             "that every receive has a matching send, posted in the same order on both "

@@ -46,6 +46,7 @@ power-of-two algorithm; at the end each odd rank hands the result back.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -367,6 +368,19 @@ def _heights_and_depths(parents, children):
     return heights, depths
 
 
+@functools.lru_cache(maxsize=8)
+def _tree_tables(n: int) -> tuple:
+    """Per tree: (parents, children, heights, depths, the root's height), made
+    once per n and shared by every rank (read only): each rank building its
+    own would cost O(n) each, n^2 in all, when the simulator runs n ranks."""
+    tables = []
+    for parents, children in double_binary_trees(n):
+        heights, depths = _heights_and_depths(parents, children)
+        tables.append((tuple(parents), tuple(tuple(kids) for kids in children),
+                       tuple(heights), tuple(depths), heights[parents.index(-1)]))
+    return tuple(tables)
+
+
 #: The double binary tree all_reduce pipelines each half of the array in
 #: chunks of about this many bytes.
 DOUBLE_BINARY_TREE_CHUNK_BYTES = 1 << 16
@@ -411,10 +425,10 @@ def double_binary_tree(comm, buffer):
     n, rank = comm.size, comm.rank
     count = double_binary_tree_chunks(comm.nbytes_of(buffer))
     plans = []
-    for half, (parents, children) in zip(split(buffer, 2), double_binary_trees(n)):
-        heights, depths = _heights_and_depths(parents, children)
+    for half, (parents, children, heights, depths, top) in zip(split(buffer, 2),
+                                                                _tree_tables(n)):
         plans.append((split(half, count), parents[rank], children[rank], heights, depths[rank],
-                      heights[parents.index(-1)]))
+                      top))
     steps = count + 2 * (n - 1).bit_length() - 1
     for step in range(steps):
         comm.at(step, "pipeline")

@@ -8,16 +8,23 @@ sides of every exchange agree without looking at the data.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 
-def chunk_bounds(count: int, parts: int) -> list[int]:
-    """``parts + 1`` offsets: piece i is ``[bounds[i], bounds[i + 1])``."""
+@functools.lru_cache(maxsize=64)
+def chunk_bounds(count: int, parts: int) -> tuple[int, ...]:
+    """``parts + 1`` offsets: piece i is ``[bounds[i], bounds[i + 1])``.
+
+    A tuple, made once per (count, parts) and shared: every rank of a call
+    asks for the same bounds, and in the simulator n ranks each holding
+    their own n + 1 numbers would be n^2 of them."""
     base, extra = divmod(count, parts)
     bounds = [0]
     for index in range(parts):
         bounds.append(bounds[-1] + base + (1 if index < extra else 0))
-    return bounds
+    return tuple(bounds)
 
 
 def split(flat: np.ndarray, parts: int) -> list[np.ndarray]:

@@ -48,6 +48,16 @@ the clock and in the trace. This is exact as long as the algorithm cuts the
 small array in the same proportions as the large one (the driver picks an
 element count that every chunking divides).
 
+**symmetric.** In an algorithm where rank r does what rank 0 does with every
+rank number shifted by r (the ring: send right, receive from the left), the
+network can hold rank 0 alone: what it sends to rank d, rank -d sends to it,
+at the same virtual moment, so each send is handed back to rank 0 as coming
+from rank -d. Its clock is every rank's, and the messages and bytes are n
+times its own. The simulator uses this for the algorithms it lists in
+:data:`~minidist.distributed.simulator.SYMMETRIC` (checked against the full
+network in the tests); on any other algorithm rank 0 would wait for a
+message nobody sends, which ends as a stall error.
+
 Nothing blocks: all calls return at once, and a receive is completed by the
 sender's ``isend``. A ``wait()`` on a request that is not done cannot be
 served (the other ranks are generators that only the driver moves), so it
@@ -57,6 +67,7 @@ raises; run collectives with ``async_op=True`` under
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 
 import numpy as np
@@ -191,11 +202,12 @@ class SimNetwork:
     seconds per byte combined. ``byte_scale``: every message is charged as
     ``nbytes * byte_scale`` bytes. ``record``: keep every message as a trace
     event (``events``, tuples in :data:`minidist.trace.FIELDS` order, times
-    in virtual nanoseconds).
+    in virtual nanoseconds). ``symmetric``: one transport, rank 0's, stands
+    for all ``world_size`` ranks (see the module's docstring).
     """
 
     def __init__(self, world_size: int, alpha: float, beta: float, gamma: float = 0.0, *,
-                 byte_scale: float = 1.0, record: bool = False):
+                 byte_scale: float = 1.0, record: bool = False, symmetric: bool = False):
         if world_size < 1:
             raise ValueError(f"a simulated network needs at least one rank, got {world_size}")
         for name, value in (("alpha", alpha), ("beta", beta), ("gamma", gamma),
@@ -207,9 +219,15 @@ class SimNetwork:
         self.beta = float(beta)
         self.gamma = float(gamma)
         self.byte_scale = float(byte_scale)
+        if symmetric and record:
+            raise ValueError("a symmetric network runs one rank for all of them, so it has no "
+                             "trace of the others; record on a full network (symmetric=False)")
         self.events: list[tuple] | None = [] if record else None
         self.on_ready = None  # called with a rank whose receive just completed
-        self.transports = [SimTransport(self, rank) for rank in range(world_size)]
+        self.symmetric = bool(symmetric)
+        # Symmetric: rank 0 stands for every rank (see the module's docstring).
+        self.transports = [SimTransport(self, rank)
+                           for rank in range(1 if symmetric else world_size)]
 
     @property
     def time(self) -> float:
@@ -217,12 +235,24 @@ class SimNetwork:
         return latest(self.transports)
 
     @property
+    def clocks(self) -> list:
+        """Every rank's clock, in seconds (in a symmetric network all equal rank 0's)."""
+        if self.symmetric:
+            return [self.transports[0].clock] * self.world_size
+        return [transport.clock for transport in self.transports]
+
+    @property
     def messages(self) -> int:
-        return sum(transport.sent for transport in self.transports)
+        sent = sum(transport.sent for transport in self.transports)
+        return sent * self.world_size if self.symmetric else sent
 
     @property
     def bytes(self) -> float:
         """Bytes charged for all messages (real bytes times byte_scale)."""
+        if self.symmetric:
+            # Every rank charged what rank 0 did: add it up n times, in the
+            # order the full network adds its ranks, to get its float exactly.
+            return sum(itertools.repeat(self.transports[0].sent_bytes, self.world_size))
         return sum(transport.sent_bytes for transport in self.transports)
 
 
@@ -250,6 +280,7 @@ class SimTransport(RankClock):
         self.alpha, self.beta, self.gamma = network.alpha, network.beta, network.gamma
         self.byte_scale = network.byte_scale
         self.events = network.events
+        self._mirror = network.symmetric
         self.sent = 0
         self.sent_bytes = 0.0
         # source -> messages nobody asked for yet: (copy of the data, tag, context,
@@ -302,13 +333,17 @@ class SimTransport(RankClock):
             self.events.append((self.rank, "send", dst, round(charged), tag, label,
                                 to_ns(start), to_ns(arrival), seq,
                                 context >> 32, context & 0xFFFFFFFF))
-        peer = self.network.transports[dst]
+        if self._mirror:
+            # Rank 0 stands for all: what it sends to dst, rank -dst sends to it.
+            peer, source = self, -dst % self.world_size
+        else:
+            peer, source = self.network.transports[dst], self.rank
         if peer._posted:
-            peer._arrive(self.rank, array, tag, context, arrival, charged, seq)
+            peer._arrive(source, array, tag, context, arrival, charged, seq)
         else:  # the common case in a run: the receiver has not got this far yet
-            queue = peer._unexpected.get(self.rank)
+            queue = peer._unexpected.get(source)
             if queue is None:
-                queue = peer._unexpected[self.rank] = deque()
+                queue = peer._unexpected[source] = deque()
             queue.append((array.copy(), tag, context, arrival, charged, seq))
         return SimSend(self, dst, tag, context, arrival)
 
