@@ -76,8 +76,8 @@ def test_memory_does_not_grow_with_the_square_of_the_ranks():
     # scaled 100 MB; recursive doubling (every rank runs) on one float, so
     # that what is measured is what the simulator keeps per rank.
     for algorithm, nbytes in (("ring", 100_000_000), ("recursive_doubling", 4)):
-        small = _peak(lambda: simulate("all_reduce", algorithm, 256, nbytes))
-        big = _peak(lambda: simulate("all_reduce", algorithm, 1024, nbytes))
+        small = _peak(lambda a=algorithm, b=nbytes: simulate("all_reduce", a, 256, b))
+        big = _peak(lambda a=algorithm, b=nbytes: simulate("all_reduce", a, 1024, b))
         assert big < 8 * small, (algorithm, small, big)
 
 
