@@ -20,7 +20,7 @@ import numpy as np
 
 import minidist.distributed as dist
 from minidist.exercises.exercise import CheckResult, Exercise, Failure
-from minidist.exercises.process_check import launch_checked
+from minidist.exercises.process_check import check_on_worlds
 
 WORLD_SIZES = (1, 2, 3, 4)
 LR = 0.5
@@ -64,20 +64,9 @@ def _worker(function):
 
 def check(function, **options) -> CheckResult:
     report = CheckResult("coordinator_data_parallel")
-    wasteful = None
-    for n in WORLD_SIZES:
-        run, failure = launch_checked(_worker, n, (function,), "coordinator_step",
-                                      traffic=True)
-        if failure is None:
-            results, (_, nbytes) = run
-            failure = _compare(n, results)
-            # told on the biggest world, where the waste shows most
-            wasteful = _traffic(n, nbytes) or wasteful
-        if failure is not None:
-            report.failure = failure
-            return report
-    if wasteful is not None:
-        report.failure = wasteful
+    report.failure = check_on_worlds(_worker, function, WORLD_SIZES, "coordinator_step",
+                                     _compare, lambda n, _messages, nbytes: _traffic(n, nbytes))
+    if report.failure is not None:
         return report
     report.passed.append(f"real processes, world sizes 1-{WORLD_SIZES[-1]}, uneven shards "
                          "(one rank without examples): every rank holds w - lr * the "

@@ -19,7 +19,7 @@ import numpy as np
 
 import minidist.distributed as dist
 from minidist.exercises.exercise import CheckResult, Exercise, Failure
-from minidist.exercises.process_check import launch_checked
+from minidist.exercises.process_check import check_on_worlds
 
 WORLD_SIZES = (2, 3, 4, 5)
 LR = 0.25
@@ -62,20 +62,9 @@ def _worker(function):
 
 def check(function, **options) -> CheckResult:
     report = CheckResult("parameter_server_round")
-    wasteful = None
-    for n in WORLD_SIZES:
-        run, failure = launch_checked(_worker, n, (function,), "parameter_server_round",
-                                      traffic=True)
-        if failure is None:
-            results, (messages, nbytes) = run
-            failure = _compare(n, results)
-            # told on the biggest world, where the waste shows most
-            wasteful = _traffic(n, messages, nbytes) or wasteful
-        if failure is not None:
-            report.failure = failure
-            return report
-    if wasteful is not None:
-        report.failure = wasteful
+    report.failure = check_on_worlds(_worker, function, WORLD_SIZES, "parameter_server_round",
+                                     _compare, _traffic)
+    if report.failure is not None:
         return report
     report.passed.append(f"real processes, world sizes {WORLD_SIZES[0]}-{WORLD_SIZES[-1]}: "
                          "every rank holds w - lr * the workers' average gradient")

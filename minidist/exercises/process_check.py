@@ -59,3 +59,21 @@ def launch_checked(worker, n: int, args, what: str, traffic: bool = False):
                              rank=error.rank)
     except DistributedError as error:
         return None, Failure("raised", f"on {n} processes: {error}")
+
+
+def check_on_worlds(worker, function, world_sizes, what: str, compare, traffic):
+    """The process check of a strategy exercise: ``worker(function)`` on each
+    world size in turn (real processes, messages and bytes from the trace).
+    Returns the first Failure, of the run or of ``compare(n, results)``; if
+    every run is right, the traffic verdict ``traffic(n, messages, bytes)`` of
+    the biggest world that has one (a waste shows most there); else None."""
+    wasteful = None
+    for n in world_sizes:
+        run, failure = launch_checked(worker, n, (function,), what, traffic=True)
+        if failure is None:
+            results, (messages, nbytes) = run
+            failure = compare(n, results)
+            wasteful = traffic(n, messages, nbytes) or wasteful
+        if failure is not None:
+            return failure
+    return wasteful
