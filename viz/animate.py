@@ -231,9 +231,11 @@ class _Geometry:
         return (float(np.mean(xs)) + self.size / 2, float(np.mean(ys)) + self.size / 2)
 
 
-def _bezier_points(start, control, end, points: int = 48) -> np.ndarray:
-    """Points along the quadratic Bezier curve arc3 draws (the arrow's path)."""
-    t = np.linspace(0.0, 1.0, points)[:, None]
+def _bezier_points(start, control, end, points: int = 48, stop: float | None = None) \
+        -> np.ndarray:
+    """Points along the quadratic Bezier curve arc3 draws (the arrow's path):
+    ``points`` of them evenly in t, or the one at t = ``stop``."""
+    t = (np.linspace(0.0, 1.0, points) if stop is None else np.array([stop]))[:, None]
     return ((1 - t) ** 2 * np.asarray(start) + 2 * (1 - t) * t * np.asarray(control)
             + t ** 2 * np.asarray(end))
 
@@ -439,8 +441,8 @@ class _Painter:
         for rank, centre in where.items():
             self._draw_buffer(axis, rank, centre, frame, written.get(rank, ()), font)
 
-        for message in frame.messages:
-            self._draw_message(axis, message, font, label=not _uniform(frame.messages))
+        for message, place in zip(frame.messages, self._label_at[frame.index]):
+            self._draw_message(axis, message, font, place)
 
     def _points_per_unit(self, axis) -> float:
         width, height = self.figure.get_size_inches()
@@ -521,6 +523,39 @@ class _Painter:
             taken.append(places[rank][4])
         return places
 
+    #: Where along its arc a label may sit (fractions of the curve), in the
+    #: order tried: the midpoint first, then further out to either end.
+    LABEL_STOPS = (0.5, 0.38, 0.62, 0.27, 0.73, 0.18, 0.82)
+
+    def _place_labels(self, frame, label_font, points_per_unit, extent) -> list:
+        """Per message of ``frame``: ((x, y), box) of its label, or None when the
+        frame's messages are all alike (one note says their size). A label
+        sits on its arc, at the first of :data:`LABEL_STOPS` where its box
+        covers no label placed before it (two arcs that cross, or two short
+        ones side by side, would otherwise stack their labels); none clear:
+        the stop covering the fewest."""
+        if _uniform(frame.messages):
+            return [None] * len(frame.messages)
+        pad = 0.25 * label_font / points_per_unit  # the round box's pad, each side
+        placed, boxes = [], []
+        for message in frame.messages:
+            start, end, _, control, _ = self._arrow(message)
+            text = format_bytes(message.nbytes) + (f" {message.op}" if message.op else "")
+            width, height = extent(text, label_font)
+            half_w, half_h = width / 2 + pad, height / 2 + pad
+            best = None
+            for stop in self.LABEL_STOPS:
+                (x, y), = _bezier_points(start, control, end, stop=stop)
+                box = (x - half_w, y - half_h, x + half_w, y + half_h)
+                covered = sum(_boxes_overlap(box, other) for other in boxes)
+                if best is None or covered < best[0]:
+                    best = (covered, (x, y), box)
+                if not covered:
+                    break
+            placed.append(best[1:])
+            boxes.append(best[2])
+        return placed
+
     def _prepare_title_places(self, font: float, points_per_unit: float) -> None:
         """Every rank's candidate places and, per frame, how many obstacles each hits."""
         geometry, where = self.geometry, self.where
@@ -535,24 +570,18 @@ class _Painter:
 
         frames = len(self.replay.frames)
         segments, labels = [], []   # per frame: arrow segments (k, 4), label boxes
+        self._label_at = []  # per frame: where each message's label sits (or None)
         for frame in self.replay.frames:
-            uniform = _uniform(frame.messages)
-            pieces, boxes = [np.empty((0, 4))], []
+            pieces = [np.empty((0, 4))]
             for message in frame.messages:
-                start, end, _, control, middle = self._arrow(message)
+                start, end, _, control, _ = self._arrow(message)
                 curve = _bezier_points(start, control, end)
                 pieces.append(np.hstack([curve[:-1], curve[1:]]))
-                if not uniform:
-                    text = format_bytes(message.nbytes) + (f" {message.op}" if message.op
-                                                           else "")
-                    width, height = extent(text, label_font)
-                    # The label's round box: pad 0.15 of the font on each side.
-                    half_w = width / 2 + 0.25 * label_font / points_per_unit
-                    half_h = height / 2 + 0.25 * label_font / points_per_unit
-                    boxes.append((middle[0] - half_w, middle[1] - half_h,
-                                  middle[0] + half_w, middle[1] + half_h))
+            places = self._place_labels(frame, label_font, points_per_unit, extent)
+            self._label_at.append(places)
             segments.append(np.vstack(pieces))
-            labels.append(boxes)
+            labels.append([box for place in places if place is not None
+                           for box in (place[1],)])
         grids = {rank: (x - geometry.width / 2, y - geometry.height / 2,
                         x + geometry.width / 2, y + geometry.height / 2)
                  for rank, (x, y) in where.items()}
@@ -571,20 +600,21 @@ class _Painter:
                                                for label in labels[column]))
             self._candidates[rank], self._hits[rank] = candidates, hits
 
-    def _draw_message(self, axis, message, font, label):
-        start, end, bend, _, middle = self._arrow(message)
+    def _draw_message(self, axis, message, font, place):
+        """The message's arrow, and its label at ``place`` ((x, y), box) unless None."""
+        start, end, bend, _, _ = self._arrow(message)
         color = PALETTE[message.source % 10]
         axis.add_patch(patches.FancyArrowPatch(
             start, end, arrowstyle="-|>", mutation_scale=10 + font,
             connectionstyle=f"arc3,rad={bend}", color=color, linewidth=2.2,
             shrinkA=0, shrinkB=2, zorder=4, alpha=0.95))
-        if not label:
+        if place is None:
             return
-        # The label sits on the arc, at its midpoint.
+        # The label sits on the arc (see _place_labels).
         text = format_bytes(message.nbytes)
         if message.op:
             text += f" {message.op}"
-        axis.text(*middle, text, ha="center", va="center", fontsize=max(5.0, font * 0.75),
+        axis.text(*place[0], text, ha="center", va="center", fontsize=max(5.0, font * 0.75),
                   zorder=5, bbox={"boxstyle": "round,pad=0.15", "facecolor": "white",
                                   "edgecolor": color, "linewidth": 1})
 

@@ -1,4 +1,5 @@
-"""No rank's title is crossed by an arrow or hidden under a message's label.
+"""No rank's title is crossed by an arrow or hidden under a message's label,
+and no message's label covers another's.
 
 Measured on rendered Agg figures, in display coordinates: each title's text
 extent, each arrow's path (matplotlib's own, transformed) and each label's
@@ -39,12 +40,17 @@ def collisions(figure) -> list[str]:
         for label in labels:
             if box.overlaps(label.get_bbox_patch().get_window_extent(renderer)):
                 found.append(f"{title.get_text()} x label {label.get_text()!r}")
+    boxes = [label.get_bbox_patch().get_window_extent(renderer) for label in labels]
+    for i, box in enumerate(boxes):
+        for j in range(i):
+            if box.overlaps(boxes[j]):
+                found.append(f"label {labels[i].get_text()!r} x label {labels[j].get_text()!r}")
     return found
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("collective, algorithm, n", CASES)
-def test_rank_titles_stay_clear_of_arrows_and_labels(collective, algorithm, n, tmp_path):
+def test_titles_and_labels_stay_clear(collective, algorithm, n, tmp_path):
     path = tmp_path / "run.jsonl"
     simulate(collective, algorithm, world_size=n, nbytes=n * 32, dtype=np.int64, trace=path)
     replay = replays(path)[0]
