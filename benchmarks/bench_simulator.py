@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/bench_simulator.py                 # against HEAD
     .venv/bin/python benchmarks/bench_simulator.py --before main~3 --timeout 120
     .venv/bin/python benchmarks/bench_simulator.py --quick         # n = 256 and 1,024 only
+    .venv/bin/python benchmarks/bench_simulator.py --floor         # the double binary tree's floor
 
 The cases (issue 23): every all_reduce algorithm at n = 1,024 and 4,096, and
 the ring at 16,384 and 65,536. Each case runs in a fresh process per version
@@ -18,6 +19,13 @@ time (they must: the simulation is exact). The old version cannot finish
 the biggest cases (the ring at 65,536 ranks is 8.6 billion messages), so
 their "before" is the time limit. Timings on a shared machine are noisy:
 compare ratios, and rerun a surprising one.
+
+``--floor``: what the double binary tree's own code costs with no simulator
+under it. Every rank's generator runs to its end against a comm whose isend,
+irecv and irecv_reduce do nothing (no clock, no queue, no copy), in this
+process, at n = 1,024 and 4,096 and 100 MB. A simulator that runs the
+algorithm's code cannot take less; the double binary tree is not
+symmetric, so it cannot run one rank for all as the ring does.
 """
 
 from __future__ import annotations
@@ -50,6 +58,53 @@ CHILD = textwrap.dedent("""
         resource.RUSAGE_SELF).ru_maxrss / 1024, "time": result.time,
         "predicted": result.predicted, "messages": result.messages}))
 """)
+
+
+FLOOR = textwrap.dedent("""
+    import json, sys, time
+    import numpy as np
+    from minidist.distributed.collectives.all_reduce import (
+        double_binary_tree, double_binary_tree_chunks)
+
+    class NullComm:
+        # What the algorithm asks of a comm, doing nothing but count the calls.
+        def __init__(self, n, rank, nbytes):
+            self.size, self.rank, self.nbytes, self.calls = n, rank, nbytes, 0
+        def nbytes_of(self, array):
+            return self.nbytes
+        def at(self, step, phase):
+            pass
+        def isend(self, array, to, label=""):
+            self.calls += 1
+        def irecv(self, array, source, label=""):
+            self.calls += 1
+        irecv_reduce = irecv
+
+    n, nbytes = int(sys.argv[1]), int(sys.argv[2])
+    buffer = np.zeros(4 * double_binary_tree_chunks(nbytes), np.float32)
+    start, calls = time.perf_counter(), 0
+    for rank in range(n):
+        comm = NullComm(n, rank, nbytes)
+        for _ in double_binary_tree(comm, buffer):
+            pass
+        calls += comm.calls
+    print(json.dumps({"wall": time.perf_counter() - start, "calls": calls}))
+""")
+
+
+def floor(sizes=(1024, 4096)) -> int:
+    """Print the double binary tree's floor (see the module's docstring)."""
+    env = dict(os.environ, PYTHONPATH=ROOT, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    print("| n | messages | the algorithm's code alone (null comm) | per message end |")
+    print("|---:|---:|---:|---:|")
+    for n in sizes:
+        done = subprocess.run([sys.executable, "-c", FLOOR, str(n), str(NBYTES)], cwd=ROOT,
+                              env=env, capture_output=True, text=True, check=True)
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        print(f"| {n:,} | {result['calls'] // 2:,} | {result['wall']:.2f} s | "
+              f"{result['wall'] / result['calls'] * 1e9:.0f} ns |", flush=True)
+    print("load average at the end: " + " ".join(f"{v:.2f}" for v in os.getloadavg()))
+    return 0
 
 
 def cases(quick: bool) -> list[tuple[str, int]]:
@@ -124,7 +179,11 @@ def main(argv=None) -> int:
                         help="cases run at once, each pair of versions in one worker (default "
                              "1; more only on a machine with that many idle cores)")
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--floor", action="store_true",
+                        help="only time the double binary tree's own code on a null comm")
     args = parser.parse_args(argv)
+    if args.floor:
+        return floor()
 
     todo = cases(args.quick)
     if args.only:
