@@ -30,7 +30,7 @@ import numpy
 from minidist import backend
 from minidist.nn import init
 from minidist.nn.im2col import col2im_product, im2col, output_size, window
-from minidist.tensor import Tensor, _shape_str
+from minidist.tensor import Tensor, _owned_gradients, _shape_str
 
 # --------------------------------------------------------------------------
 # Helpers
@@ -220,6 +220,7 @@ def linear(input, weight, bias=None) -> Tensor:
     if bias is not None:
         out += bias.data
 
+    @_owned_gradients()  # new arrays: ReLU may mask them in place
     def backward(g):
         grad_x = g @ w if input.requires_grad else None
         grad_w = grad_b = None
@@ -329,6 +330,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, groups: int = 1) -> Te
 
     xp = backend.of(x)
 
+    @_owned_gradients()  # new arrays: ReLU may mask them in place
     def backward(g):
         grad_x = grad_w = grad_b = None
         by_channel = g.transpose(1, 0, 2, 3)  # (OC, N, OH, OW), a view
@@ -489,6 +491,7 @@ def max_pool2d(input, kernel_size, stride=None, padding=0) -> Tensor:
     columns_max = _max_along(padded, kw, sw, out_w, axis=3)
     out = _max_along(columns_max, kh, sh, out_h, axis=2)
 
+    @_owned_gradients()  # new arrays: ReLU may mask them in place
     def backward(g):
         grad_columns_max = _max_along_backward(columns_max, out, g, kh, sh, out_h, axis=2)
         grad = _max_along_backward(padded, columns_max, grad_columns_max, kw, sw, out_w, axis=3)
@@ -521,6 +524,7 @@ def avg_pool2d(input, kernel_size, stride=None, padding=0) -> Tensor:
         out += window(padded, i, j, out_h, out_w, sh, sw)
     out *= 1.0 / (kh * kw)
 
+    @_owned_gradients()  # new arrays: ReLU may mask them in place
     def backward(g):
         share = g * (1.0 / (kh * kw))
         grad = xp.empty_like(padded) if tiles else xp.zeros_like(padded)
