@@ -29,7 +29,13 @@ import numpy
 
 from minidist import backend
 from minidist.nn import init
-from minidist.nn.im2col import col2im_product, im2col, output_size, window
+from minidist.nn.im2col import (
+    SMALL_GEMM_TRANSPOSED_OUTPUT,
+    col2im_product,
+    im2col,
+    output_size,
+    window,
+)
 from minidist.tensor import Tensor, _owned_gradients, _shape_str
 
 # --------------------------------------------------------------------------
@@ -336,12 +342,21 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, groups: int = 1) -> Te
         by_channel = g.transpose(1, 0, 2, 3)  # (OC, N, OH, OW), a view
         if weight.requires_grad and groups == 1:
             # Per image, columns (C*KH*KW [+1], OH*OW) @ g (OH*OW, OC), all N
-            # in one batched matmul, then summed over the images: both
-            # operands are read in place, g in its own (N, OC, OH*OW) layout,
-            # with no transposing copy of g. Measured against that copy plus
-            # one long-K GEMM: 0.25 vs 0.82 ms (first conv of the benchmark
-            # CNN), 1.32 vs 1.37 ms (second).
-            per_image = columns.reshape(columns.shape[0], n, pixels).transpose(1, 0, 2) @ g.reshape(n, oc, pixels).transpose(0, 2, 1)
+            # in one batched matmul, then summed over the images: the
+            # columns are read in place, and g in its own (N, OC, OH*OW)
+            # layout when the product is small enough for OpenBLAS's
+            # unpacked kernel to take a transposed operand (see
+            # im2col.SMALL_GEMM_TRANSPOSED_OUTPUT). Otherwise g is first
+            # copied to (N, OH*OW, OC), so that each product still fits the
+            # unpacked kernel: 0.78x the time on the benchmark CNN's second
+            # conv (0.1 ms of copy against 0.4 ms of packing), while its
+            # first conv (16 x 10 outputs) reads g in place (the copy would
+            # make it 2.4x). Both beat one long-K GEMM after a transposing
+            # copy of g (0.25 vs 0.82 ms and 1.32 vs 1.37 ms measured).
+            per_pixel = g.reshape(n, oc, pixels).transpose(0, 2, 1)  # (N, OH*OW, OC), a view
+            if oc * columns.shape[0] > SMALL_GEMM_TRANSPOSED_OUTPUT:
+                per_pixel = xp.ascontiguousarray(per_pixel)
+            per_image = columns.reshape(columns.shape[0], n, pixels).transpose(1, 0, 2) @ per_pixel
             product = per_image.sum(axis=0).T  # (OC, C*KH*KW [+ 1 for the bias])
             grad_w = xp.ascontiguousarray(product[:, :rows]).reshape(w.shape)
             if folded and bias.requires_grad:

@@ -190,6 +190,20 @@ def col2im_product(weight, grad_out, x_shape, kernel_h: int, kernel_w: int, stri
     return xp.ascontiguousarray(inner.transpose(1, 0, 2, 3))
 
 
+#: OpenBLAS (0.3, the AVX-512 kernels NumPy's wheels pick on Skylake-X and
+#: later Xeons) multiplies matrices of at most this many multiply-adds
+#: (M*N*K) with an unpacked kernel, reading its operands in place; above, it
+#: copies them into packed panels first, which for the thin products of a
+#: small convolution costs as much as the arithmetic. The convolution keeps
+#: its GEMMs under it where it can: one per image, or per chunk of images.
+#: (OpenBLAS: kernel/x86_64/sgemm_small_kernel_permit_skylakex.c.)
+SMALL_GEMM = 100 * 100 * 100
+
+#: ... but with the right-hand operand transposed (a NumPy ``.T`` view), only
+#: when the product has at most this many entries.
+SMALL_GEMM_TRANSPOSED_OUTPUT = 1200
+
+
 #: Bytes of the buffers :func:`_col2im_product_stride_one` fills per chunk of
 #: images: small enough to stay in a core's L2 cache (1-2 MiB on current x86
 #: server cores) between the GEMM that writes them and the adds that read
@@ -218,7 +232,9 @@ def _col2im_product_stride_one(weight, grad_out, x_shape, kernel_h: int, kernel_
     column gradient): 0.92-0.94x the time of the KH*KW-add form on the
     benchmark CNN's second conv.
 
-    Per chunk of images (sized by :data:`CHUNK_BYTES`): the copies into
+    Per chunk of images (sized by :data:`CHUNK_BYTES`, and small enough for
+    each GEMM to stay within :data:`SMALL_GEMM`: 2 images on the benchmark
+    CNN's second conv, 0.94x the time of the 10 that fit 1 MiB): the copies into
     reused buffers, KH GEMMs (a batched matmul over the groups when
     ``groups`` > 1), KH shifted adds into a reused (C, m, Hp*Wp)
     accumulator, and one copy of its interior into the (N, C, H, W) result.
@@ -245,7 +261,10 @@ def _col2im_product_stride_one(weight, grad_out, x_shape, kernel_h: int, kernel_
     )
     grad = grad_out.reshape(out_channels, n, out_h, out_w)
     per_image = (kernel_w * out_channels + c) * shifted_row * xp.dtype(dtype).itemsize
-    images = max(1, min(n, CHUNK_BYTES // per_image))
+    # As many images as fit the cache, and as keep each GEMM (one group's)
+    # within OpenBLAS's unpacked kernel (SMALL_GEMM multiply-adds).
+    multiply_adds = group_channels * kernel_w * group_out * shifted_row
+    images = max(1, min(n, CHUNK_BYTES // per_image, SMALL_GEMM // multiply_adds))
     # Zeroed once: what no chunk writes (columns past out_w, the ends of the
     # shifted rows) stays zero.
     grad_rows = xp.zeros((out_channels, images, out_h, padded_w), dtype=dtype)

@@ -141,6 +141,51 @@ def test_stride_one_col2im_product_in_chunks_matches_col2im(monkeypatch, chunk_b
     assert got.shape == (n, c, h, w) and got.flags.c_contiguous
 
 
+def test_stride_one_col2im_product_in_gemm_sized_chunks(monkeypatch):
+    # The chunk is also capped so that each GEMM stays within SMALL_GEMM
+    # multiply-adds (OpenBLAS's unpacked kernel): a cap of one image's GEMM
+    # and of two, with 5 images (a short last chunk), must give the same sum.
+    n, c, h, w, oc = 5, 3, 6, 7, 4
+    weight, grad = randn(oc, c, 3, 3), randn(oc, n * h * w)
+    expected = im2col_module.col2im(weight.reshape(oc, -1).T @ grad, (n, c, h, w), 3, 3, 1, 1, 1, 1)
+    one_image = c * 3 * oc * (h * (w + 2) + 2)  # multiply-adds of one image's GEMM
+    for cap in (1, one_image, 2 * one_image):
+        monkeypatch.setattr(im2col_module, "SMALL_GEMM", cap)
+        got = im2col_module.col2im_product(weight, grad, (n, c, h, w), 3, 3, 1, 1, 1, 1)
+        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("copy_g", [True, False])
+@pytest.mark.parametrize("bias", [True, False])
+def test_conv2d_weight_gradient_with_and_without_copying_g(monkeypatch, copy_g, bias):
+    # The weight gradient copies g to (N, OH*OW, OC) when the product is too
+    # big for OpenBLAS's unpacked kernel to read it transposed: both ways,
+    # against finite differences (a threshold of 0 forces the copy).
+    monkeypatch.setattr(F, "SMALL_GEMM_TRANSPOSED_OUTPUT", 0 if copy_g else 10**9)
+    x, weight = randn(2, 3, 5, 6), randn(4, 3, 3, 3)
+    if bias:
+        check_grad(lambda a, k, b: F.conv2d(a, k, b, 1, 1), x, weight, randn(4))
+    else:
+        check_grad(lambda a, k: F.conv2d(a, k, None, 1, 1), x, weight)
+
+
+def test_conv2d_weight_gradient_of_a_wide_layer_matches_a_direct_sum():
+    # A layer big enough to take the copying path by itself (16 x 145 > 1200
+    # entries), float32 as in training, against the definition in float64:
+    # grad_w[o, c, i, j] = sum over n, r, s of g[n, o, r, s] * xpad[n, c, r + i, s + j].
+    x = randn(3, 16, 6, 5).astype(np.float32)
+    weight = Tensor(randn(16, 16, 3, 3).astype(np.float32), requires_grad=True)
+    bias = Tensor(randn(16).astype(np.float32), requires_grad=True)
+    assert 16 * (16 * 9 + 1) > im2col_module.SMALL_GEMM_TRANSPOSED_OUTPUT
+    g = randn(3, 16, 6, 5)
+    F.conv2d(as_tensor(x), weight, bias, 1, 1).backward(g.astype(np.float32))
+    xpad = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    windows = np.lib.stride_tricks.sliding_window_view(xpad, (3, 3), axis=(2, 3))  # (n, c, r, s, i, j)
+    expected = np.einsum("nors,ncrsij->ocij", g, windows)
+    np.testing.assert_allclose(weight.grad, expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(bias.grad, g.sum(axis=(0, 2, 3)), rtol=1e-4, atol=1e-4)
+
+
 def test_conv2d_skips_the_input_gradient_when_not_needed(monkeypatch):
     # The first layer's images need no gradient: the col2im and its GEMM must
     # not run at all.
