@@ -248,6 +248,27 @@ def test_conv2d_of_an_empty_batch(bias, groups):
     assert b is None or not b.grad.any()
 
 
+@pytest.mark.parametrize(
+    "shape, kernel, stride, padding",
+    [
+        ((2, 3, 5, 4), (3, 3), (1, 1), (1, 1)),   # the usual 3x3 "same" convolution
+        ((1, 2, 7, 6), (3, 2), (2, 3), (2, 1)),   # strided, uneven padding
+        ((3, 1, 1, 1), (1, 1), (2, 2), (1, 1)),   # blocks that see only padding
+        ((1, 2, 2, 3), (5, 5), (1, 1), (2, 2)),   # kernel bigger than the image
+        ((2, 2, 4, 5), (2, 3), (1, 1), (0, 0)),   # no padding
+    ],
+)
+def test_im2col_matches_windows_of_the_padded_image(shape, kernel, stride, padding):
+    # im2col never pads the input; each block must still equal the windows of
+    # the explicitly zero-padded image, border zeros included.
+    x = randn(*shape)
+    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
+    padded = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    windows = np.lib.stride_tricks.sliding_window_view(padded, kernel, axis=(2, 3))[:, :, ::sh, ::sw]
+    expected = windows.transpose(1, 4, 5, 0, 2, 3).reshape(shape[1] * kh * kw, -1)  # rows (c, i, j), columns (n, oh, ow)
+    np.testing.assert_array_equal(im2col_module.im2col(x, kh, kw, sh, sw, ph, pw), expected)
+
+
 def test_im2col_ones_row_appends_ones_under_the_same_columns():
     x = randn(2, 3, 5, 4)
     plain = im2col_module.im2col(x, 3, 2, 1, 2, 1, 0)
