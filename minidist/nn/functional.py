@@ -30,8 +30,8 @@ import numpy
 from minidist import backend
 from minidist.nn import init
 from minidist.nn.im2col import (
-    SMALL_GEMM_TRANSPOSED_OUTPUT,
     col2im_product,
+    copy_before_transposed_gemm,
     im2col,
     output_size,
     window,
@@ -343,18 +343,17 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, groups: int = 1) -> Te
         if weight.requires_grad and groups == 1:
             # Per image, columns (C*KH*KW [+1], OH*OW) @ g (OH*OW, OC), all N
             # in one batched matmul, then summed over the images: the
-            # columns are read in place, and g in its own (N, OC, OH*OW)
-            # layout when the product is small enough for OpenBLAS's
-            # unpacked kernel to take a transposed operand (see
-            # im2col.SMALL_GEMM_TRANSPOSED_OUTPUT). Otherwise g is first
-            # copied to (N, OH*OW, OC), so that each product still fits the
-            # unpacked kernel: 0.78x the time on the benchmark CNN's second
-            # conv (0.1 ms of copy against 0.4 ms of packing), while its
+            # columns are read in place, and so is g, in its own
+            # (N, OC, OH*OW) layout, unless OpenBLAS's unpacked small-matrix
+            # kernel would take the product only with g contiguous
+            # (im2col.copy_before_transposed_gemm): then g is first copied
+            # to (N, OH*OW, OC). On the benchmark CNN's second conv that is
+            # 0.78x the time (0.1 ms of copy against 0.4 ms of packing); its
             # first conv (16 x 10 outputs) reads g in place (the copy would
             # make it 2.4x). Both beat one long-K GEMM after a transposing
             # copy of g (0.25 vs 0.82 ms and 1.32 vs 1.37 ms measured).
             per_pixel = g.reshape(n, oc, pixels).transpose(0, 2, 1)  # (N, OH*OW, OC), a view
-            if oc * columns.shape[0] > SMALL_GEMM_TRANSPOSED_OUTPUT:
+            if copy_before_transposed_gemm(xp, oc * columns.shape[0]):
                 per_pixel = xp.ascontiguousarray(per_pixel)
             per_image = columns.reshape(columns.shape[0], n, pixels).transpose(1, 0, 2) @ per_pixel
             product = per_image.sum(axis=0).T  # (OC, C*KH*KW [+ 1 for the bias])
