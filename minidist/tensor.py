@@ -129,6 +129,27 @@ def _as_array(data, dtype=None):
     return xp.asarray(data, dtype=dtype if dtype is not None else numpy.float32)
 
 
+def _owned_gradients(overwrites: bool = False):
+    """Mark a local backward for the autograd's gradient ownership.
+
+    Every backward marked this way returns new arrays (or views of new
+    arrays), a different one per parent, that nothing else holds: the engine
+    may then let the node that receives one overwrite it. With
+    ``overwrites=True`` the backward also takes ``owned=True`` when the
+    gradient it receives is such an array, and may then compute its result
+    in that array instead of a new one. An elementwise backward saves a pass
+    of writes to fresh memory that way (ReLU: 0.52x). Unmarked backwards are
+    never handed an owned gradient and their results are never overwritten:
+    they may return ``g`` itself, or a view of it, to several parents."""
+
+    def mark(backward):
+        backward.gives_new_arrays = True
+        backward.may_overwrite_grad = overwrites
+        return backward
+
+    return mark
+
+
 def _shape_str(shape) -> str:
     return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
 
@@ -374,10 +395,17 @@ class Tensor:
         # an all-reduce while backward is still working on earlier layers.
         consumers = self._count_consumers()
         grads = {id(self): gradient}
+        # The pending gradients no one else holds: a sum of two gradients, or
+        # what a backward marked gives_new_arrays returned. A backward marked
+        # may_overwrite_grad receives such a gradient with owned=True and may
+        # compute its result in it (see _owned_gradients).
+        owned = set()
         ready = [self]
         while ready:
             node = ready.pop()
             grad = grads.pop(id(node))
+            grad_owned = id(node) in owned
+            owned.discard(id(node))
             if node._backward is None:
                 if node._freed:
                     raise RuntimeError(
@@ -387,14 +415,25 @@ class Tensor:
                 node._accumulate(grad)
                 continue
             if node._retain:
-                node._accumulate(grad)
-            parent_grads = node._backward(grad)
+                node._accumulate(grad)  # a copy: grad may be overwritten below
+            local = node._backward
+            if grad_owned and getattr(local, "may_overwrite_grad", False):
+                parent_grads = local(grad, owned=True)
+            else:
+                parent_grads = local(grad)
+            new_arrays = getattr(local, "gives_new_arrays", False)
             for parent, parent_grad in zip(node._parents, parent_grads):
                 if not parent.requires_grad:
                     continue
                 key = id(parent)
                 if parent_grad is not None:
-                    grads[key] = grads[key] + parent_grad if key in grads else parent_grad
+                    if key in grads:
+                        grads[key] = grads[key] + parent_grad
+                        owned.add(key)
+                    else:
+                        grads[key] = parent_grad
+                        if new_arrays:
+                            owned.add(key)
                 consumers[key] -= 1
                 if consumers[key] == 0 and key in grads:
                     ready.append(parent)
@@ -542,11 +581,20 @@ class Tensor:
 
     def relu(self):
         x = self.data
+        xp = backend.of(x)
         mask = x > 0
         # maximum, not x * mask: one float pass instead of a float-by-bool
         # product (0.23 vs 0.37 ms on a 3 MB activation), and relu(-inf) = 0.
-        out = backend.of(x).maximum(x, x.dtype.type(0))
-        return Tensor._make(out, (self,), lambda g: (g * mask,), "relu")
+        out = xp.maximum(x, x.dtype.type(0))
+
+        @_owned_gradients(overwrites=True)
+        def backward(g, owned=False):
+            # A gradient no one else holds (a max-pool's or a convolution's
+            # input gradient, usually) is masked in place: no new array is
+            # written, 0.52x the time of g * mask on 64x16x28x28.
+            return (xp.multiply(g, mask, out=g) if owned else g * mask,)
+
+        return Tensor._make(out, (self,), backward, "relu")
 
     def abs(self):
         xp = backend.of(self.data)

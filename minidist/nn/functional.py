@@ -29,8 +29,14 @@ import numpy
 
 from minidist import backend
 from minidist.nn import init
-from minidist.nn.im2col import col2im_product, im2col, output_size, window
-from minidist.tensor import Tensor, _shape_str
+from minidist.nn.im2col import (
+    col2im_product,
+    copy_before_transposed_gemm,
+    im2col,
+    output_size,
+    window,
+)
+from minidist.tensor import Tensor, _owned_gradients, _shape_str
 
 # --------------------------------------------------------------------------
 # Helpers
@@ -220,6 +226,7 @@ def linear(input, weight, bias=None) -> Tensor:
     if bias is not None:
         out += bias.data
 
+    @_owned_gradients()  # new arrays: ReLU may mask them in place
     def backward(g):
         grad_x = g @ w if input.requires_grad else None
         grad_w = grad_b = None
@@ -329,17 +336,26 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, groups: int = 1) -> Te
 
     xp = backend.of(x)
 
+    @_owned_gradients()  # new arrays: ReLU may mask them in place
     def backward(g):
         grad_x = grad_w = grad_b = None
         by_channel = g.transpose(1, 0, 2, 3)  # (OC, N, OH, OW), a view
         if weight.requires_grad and groups == 1:
             # Per image, columns (C*KH*KW [+1], OH*OW) @ g (OH*OW, OC), all N
-            # in one batched matmul, then summed over the images: both
-            # operands are read in place, g in its own (N, OC, OH*OW) layout,
-            # with no transposing copy of g. Measured against that copy plus
-            # one long-K GEMM: 0.25 vs 0.82 ms (first conv of the benchmark
-            # CNN), 1.32 vs 1.37 ms (second).
-            per_image = columns.reshape(columns.shape[0], n, pixels).transpose(1, 0, 2) @ g.reshape(n, oc, pixels).transpose(0, 2, 1)
+            # in one batched matmul, then summed over the images: the
+            # columns are read in place, and so is g, in its own
+            # (N, OC, OH*OW) layout, unless OpenBLAS's unpacked small-matrix
+            # kernel would take the product only with g contiguous
+            # (im2col.copy_before_transposed_gemm): then g is first copied
+            # to (N, OH*OW, OC). On the benchmark CNN's second conv that is
+            # 0.78x the time (0.1 ms of copy against 0.4 ms of packing); its
+            # first conv (16 x 10 outputs) reads g in place (the copy would
+            # make it 2.4x). Both beat one long-K GEMM after a transposing
+            # copy of g (0.25 vs 0.82 ms and 1.32 vs 1.37 ms measured).
+            per_pixel = g.reshape(n, oc, pixels).transpose(0, 2, 1)  # (N, OH*OW, OC), a view
+            if copy_before_transposed_gemm(xp, oc * columns.shape[0]):
+                per_pixel = xp.ascontiguousarray(per_pixel)
+            per_image = columns.reshape(columns.shape[0], n, pixels).transpose(1, 0, 2) @ per_pixel
             product = per_image.sum(axis=0).T  # (OC, C*KH*KW [+ 1 for the bias])
             grad_w = xp.ascontiguousarray(product[:, :rows]).reshape(w.shape)
             if folded and bias.requires_grad:
@@ -489,6 +505,7 @@ def max_pool2d(input, kernel_size, stride=None, padding=0) -> Tensor:
     columns_max = _max_along(padded, kw, sw, out_w, axis=3)
     out = _max_along(columns_max, kh, sh, out_h, axis=2)
 
+    @_owned_gradients()  # new arrays: ReLU may mask them in place
     def backward(g):
         grad_columns_max = _max_along_backward(columns_max, out, g, kh, sh, out_h, axis=2)
         grad = _max_along_backward(padded, columns_max, grad_columns_max, kw, sw, out_w, axis=3)
@@ -521,6 +538,7 @@ def avg_pool2d(input, kernel_size, stride=None, padding=0) -> Tensor:
         out += window(padded, i, j, out_h, out_w, sh, sw)
     out *= 1.0 / (kh * kw)
 
+    @_owned_gradients()  # new arrays: ReLU may mask them in place
     def backward(g):
         share = g * (1.0 / (kh * kw))
         grad = xp.empty_like(padded) if tiles else xp.zeros_like(padded)

@@ -15,8 +15,9 @@ channels and samples is the block ``columns[(c, i, j), :]``, copied whole.
 That is KH*KW vectorised copies (9 for a 3x3 kernel), each writing a
 contiguous block, and it is the same as copying
 ``sliding_window_view(x_padded, (KH, KW))`` transposed to
-``(C, KH, KW, N, OH, OW)``. The input is first padded into a channel-major
-``(C, N, H+2p, W+2p)`` array so that each block is a plain slice. (That one
+``(C, KH, KW, N, OH, OW)``. Each block is a plain slice of the
+channel-major view ``x.transpose(1, 0, 2, 3)``, with zeros written where the
+kernel offset would read padding (the padding is never copied). (That one
 copy of the 6-D ``sliding_window_view``, done by ``numpy.copyto``, measured
 1.1-1.3x slower than the KH*KW block copies on the benchmark CNN's layers:
 NumPy walks it with the same OW-long inner loop and more bookkeeping.)
@@ -60,7 +61,12 @@ ones); for other strides, one kernel offset at a time.
 
 from __future__ import annotations
 
+import functools
+
+import numpy
+
 from minidist import backend
+from minidist.runtime.blas_threads import openblas_cores
 
 
 def output_size(size: int, kernel: int, stride: int, padding: int) -> int:
@@ -75,22 +81,26 @@ def window(padded, i: int, j: int, out_h: int, out_w: int, stride_h: int, stride
     return padded[..., i : i + stride_h * (out_h - 1) + 1 : stride_h, j : j + stride_w * (out_w - 1) + 1 : stride_w]
 
 
-def pad_channels_first(x, padding_h: int, padding_w: int):
-    """``x`` (N, C, H, W) as a zero-padded ``(C, N, H+2ph, W+2pw)`` array (a
-    view without copying when there is no padding)."""
-    channels_first = x.transpose(1, 0, 2, 3)
-    if padding_h == 0 and padding_w == 0:
-        return channels_first
-    n, c, h, w = x.shape
-    xp = backend.of(x)
-    padded = xp.zeros((c, n, h + 2 * padding_h, w + 2 * padding_w), dtype=x.dtype)
-    padded[:, :, padding_h : padding_h + h, padding_w : padding_w + w] = channels_first
-    return padded
+def inside(size: int, kernel_offset: int, stride: int, padding: int, out_size: int) -> tuple[int, int]:
+    """The output positions ``[first, last)`` along one axis at which kernel
+    offset ``kernel_offset`` reads a pixel of the image, not of the padding:
+    input index ``o * stride + kernel_offset - padding`` in ``[0, size)``."""
+    first = max(0, -((kernel_offset - padding) // stride))
+    last = min(out_size, (size - 1 - kernel_offset + padding) // stride + 1)
+    return first, max(first, last)
 
 
 def im2col(x, kernel_h: int, kernel_w: int, stride_h: int, stride_w: int, padding_h: int, padding_w: int, ones_row: bool = False):
     """Columns ``(C*KH*KW, N*OH*OW)`` of ``x`` (N, C, H, W), rows ordered
     (c, i, j) and columns (n, oh, ow). KH*KW strided block copies.
+
+    Padding is never materialised: each kernel offset's block gets the part
+    of the image it sees, copied from the channel-major view of ``x``, and
+    zeros in the border rows and columns where it would see padding (at most
+    four thin strips per block). Against padding the input into a zeroed
+    (C, N, H+2p, W+2p) copy first and copying whole blocks out of it: 0.90x
+    the time of the im2col on the benchmark CNN's second conv, 0.95-0.98x
+    the whole training step.
 
     ``ones_row=True`` appends a row of ones, ``(C*KH*KW + 1, N*OH*OW)``: with
     the bias appended to the weight as one more column, the GEMM then adds
@@ -99,15 +109,33 @@ def im2col(x, kernel_h: int, kernel_w: int, stride_h: int, stride_w: int, paddin
     n, c, h, w = x.shape
     out_h = output_size(h, kernel_h, stride_h, padding_h)
     out_w = output_size(w, kernel_w, stride_w, padding_w)
-    padded = pad_channels_first(x, padding_h, padding_w)
+    channels_first = x.transpose(1, 0, 2, 3)  # (C, N, H, W), a view
     xp = backend.of(x)
     rows, positions = c * kernel_h * kernel_w, n * out_h * out_w
     total_rows = rows + 1 if ones_row else rows
     storage = xp.empty(total_rows * positions, dtype=x.dtype)
     columns = storage[: rows * positions].reshape(c, kernel_h, kernel_w, n, out_h, out_w)
     for i in range(kernel_h):
+        top, bottom = inside(h, i, stride_h, padding_h, out_h)
         for j in range(kernel_w):
-            columns[:, i, j] = window(padded, i, j, out_h, out_w, stride_h, stride_w)
+            left, right = inside(w, j, stride_w, padding_w, out_w)
+            block = columns[:, i, j]  # (C, N, OH, OW)
+            if top == bottom or left == right:  # sees only padding
+                block[...] = 0
+                continue
+            block[:, :, top:bottom, left:right] = channels_first[
+                :, :,
+                top * stride_h + i - padding_h : (bottom - 1) * stride_h + i - padding_h + 1 : stride_h,
+                left * stride_w + j - padding_w : (right - 1) * stride_w + j - padding_w + 1 : stride_w,
+            ]
+            if top > 0:
+                block[:, :, :top] = 0
+            if bottom < out_h:
+                block[:, :, bottom:] = 0
+            if left > 0:
+                block[:, :, top:bottom, :left] = 0
+            if right < out_w:
+                block[:, :, top:bottom, right:] = 0
     if ones_row:
         storage[rows * positions :] = 1
     return storage.reshape(total_rows, positions)
@@ -190,6 +218,41 @@ def col2im_product(weight, grad_out, x_shape, kernel_h: int, kernel_w: int, stri
     return xp.ascontiguousarray(inner.transpose(1, 0, 2, 3))
 
 
+#: OpenBLAS's SkylakeX family of kernels (what NumPy's wheels pick on
+#: AVX-512 Xeons) multiplies matrices of at most this many multiply-adds
+#: (M*N*K) with an unpacked kernel, reading its operands in place; above,
+#: and on other kernels (Haswell, Zen, ...), it copies them into packed
+#: panels first, which for the thin products of a small convolution costs
+#: as much as the arithmetic. Where that kernel exists, the convolution keeps
+#: its GEMMs under it: one per image, or per chunk of images.
+#: (OpenBLAS: kernel/x86_64/sgemm_small_kernel_permit_skylakex.c.)
+SMALL_GEMM = 100 * 100 * 100
+
+#: ... but with the right-hand operand transposed (a NumPy ``.T`` view), only
+#: when the product has at most this many entries.
+SMALL_GEMM_TRANSPOSED_OUTPUT = 1200
+
+#: The OpenBLAS kernel sets that have the unpacked small-matrix kernel.
+SMALL_GEMM_CORES = ("skylakex", "cooperlake", "sapphirerapids")
+
+
+@functools.cache
+def unpacked_small_gemm() -> bool:
+    """Whether NumPy's BLAS is an OpenBLAS running a kernel set with the
+    unpacked small-matrix GEMM (:data:`SMALL_GEMM_CORES`). Asked once."""
+    return any(core.lower() in SMALL_GEMM_CORES for core in openblas_cores())
+
+
+def copy_before_transposed_gemm(xp, outputs: int) -> bool:
+    """Whether a per-image GEMM whose right operand is a transposed view and
+    whose product has ``outputs`` entries runs faster after copying that
+    operand contiguous: on NumPy over OpenBLAS's small-matrix kernel, when
+    the product is past :data:`SMALL_GEMM_TRANSPOSED_OUTPUT` (so the copy
+    lets it stay unpacked). Elsewhere the copy only costs (1.11x the weight
+    gradient of the benchmark CNN's second conv on Haswell kernels)."""
+    return xp is numpy and outputs > SMALL_GEMM_TRANSPOSED_OUTPUT and unpacked_small_gemm()
+
+
 #: Bytes of the buffers :func:`_col2im_product_stride_one` fills per chunk of
 #: images: small enough to stay in a core's L2 cache (1-2 MiB on current x86
 #: server cores) between the GEMM that writes them and the adds that read
@@ -218,7 +281,11 @@ def _col2im_product_stride_one(weight, grad_out, x_shape, kernel_h: int, kernel_
     column gradient): 0.92-0.94x the time of the KH*KW-add form on the
     benchmark CNN's second conv.
 
-    Per chunk of images (sized by :data:`CHUNK_BYTES`): the copies into
+    Per chunk of images (sized by :data:`CHUNK_BYTES`, and on OpenBLAS's
+    SkylakeX kernels small enough for each GEMM to stay within
+    :data:`SMALL_GEMM`: 2 images on the benchmark CNN's second conv, 0.94x
+    the time of the 10 that fit 1 MiB, which stay best on Haswell kernels,
+    0.96x of 2 there): the copies into
     reused buffers, KH GEMMs (a batched matmul over the groups when
     ``groups`` > 1), KH shifted adds into a reused (C, m, Hp*Wp)
     accumulator, and one copy of its interior into the (N, C, H, W) result.
@@ -245,7 +312,12 @@ def _col2im_product_stride_one(weight, grad_out, x_shape, kernel_h: int, kernel_
     )
     grad = grad_out.reshape(out_channels, n, out_h, out_w)
     per_image = (kernel_w * out_channels + c) * shifted_row * xp.dtype(dtype).itemsize
+    # As many images as fit the cache and, where OpenBLAS has its unpacked
+    # small-matrix kernel, as keep each GEMM (one group's) within it.
     images = max(1, min(n, CHUNK_BYTES // per_image))
+    if xp is numpy and unpacked_small_gemm():
+        multiply_adds = group_channels * kernel_w * group_out * shifted_row
+        images = max(1, min(images, SMALL_GEMM // multiply_adds))
     # Zeroed once: what no chunk writes (columns past out_w, the ends of the
     # shifted rows) stays zero.
     grad_rows = xp.zeros((out_channels, images, out_h, padded_w), dtype=dtype)

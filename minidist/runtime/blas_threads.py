@@ -18,6 +18,10 @@ Each worker should use ``cores // workers`` threads (at least one).
   the parent's number of threads again in every worker (a thread that spins
   for a while, stealing a core from the ranks: 3 ms of CPU in each worker of a
   trivial launch on 2 cores), and read ``/proc/self/maps`` once per worker.
+
+:func:`openblas_cores` names the CPU kernels a loaded OpenBLAS runs: the
+convolutions size their matrix products for the SkylakeX family's
+small-matrix kernel (:mod:`minidist.nn.im2col`).
 """
 
 from __future__ import annotations
@@ -107,6 +111,29 @@ def blas_threads() -> dict[str, int]:
             getter.restype = ctypes.c_int
             counts[path] = getter()
     return counts
+
+
+#: Names of OpenBLAS's "which CPU kernels am I running" function, as NumPy's
+#: and SciPy's bundled builds (suffixed 64-bit interfaces) and plain builds spell it.
+_CORENAME_SYMBOLS = ("openblas_get_corename", "scipy_openblas_get_corename64_",
+                     "scipy_openblas_get_corename_64_", "openblas_get_corename64_")
+
+
+def openblas_cores() -> list[str]:
+    """The CPU kernel set of each OpenBLAS loaded in this process, as OpenBLAS
+    names it ("SkylakeX", "Haswell", "Zen", ...): it picks one at load time
+    (or ``OPENBLAS_CORETYPE`` picks it). Empty when no OpenBLAS is loaded or
+    it cannot say (another BLAS, not Linux). Cost: one read of
+    ``/proc/self/maps``; call it once."""
+    cores = []
+    for _, library, _, _ in _loaded_libraries():
+        corename = _first_symbol(library, _CORENAME_SYMBOLS)
+        if corename is not None:
+            corename.restype = ctypes.c_char_p
+            name = corename()
+            if name:
+                cores.append(name.decode("ascii", "replace").strip())
+    return cores
 
 
 _found: tuple = (None, [])  # (len(sys.modules) when looked up, what was found)

@@ -3,6 +3,10 @@ NumPy formula, every gradient against central finite differences in float64,
 and the error messages for bad input."""
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -141,6 +145,76 @@ def test_stride_one_col2im_product_in_chunks_matches_col2im(monkeypatch, chunk_b
     assert got.shape == (n, c, h, w) and got.flags.c_contiguous
 
 
+def test_stride_one_col2im_product_in_gemm_sized_chunks(monkeypatch):
+    # The chunk is also capped so that each GEMM stays within SMALL_GEMM
+    # multiply-adds (OpenBLAS's unpacked kernel): a cap of one image's GEMM
+    # and of two, with 5 images (a short last chunk), must give the same sum.
+    monkeypatch.setattr(im2col_module, "unpacked_small_gemm", lambda: True)
+    own = np.random.default_rng(230)  # not the module's generator: later tests keep their data
+    n, c, h, w, oc = 5, 3, 6, 7, 4
+    weight, grad = own.standard_normal((oc, c, 3, 3)), own.standard_normal((oc, n * h * w))
+    expected = im2col_module.col2im(weight.reshape(oc, -1).T @ grad, (n, c, h, w), 3, 3, 1, 1, 1, 1)
+    one_image = c * 3 * oc * (h * (w + 2) + 2)  # multiply-adds of one image's GEMM
+    for cap in (1, one_image, 2 * one_image):
+        monkeypatch.setattr(im2col_module, "SMALL_GEMM", cap)
+        got = im2col_module.col2im_product(weight, grad, (n, c, h, w), 3, 3, 1, 1, 1, 1)
+        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_the_openblas_kernel_set_is_read_from_the_loaded_library():
+    # OPENBLAS_CORETYPE makes OpenBLAS load the Haswell kernels, which lack
+    # the unpacked small-matrix GEMM: a fresh process must see both.
+    from minidist.runtime.blas_threads import openblas_cores
+
+    if not openblas_cores():
+        pytest.skip("NumPy's BLAS here is not an OpenBLAS that names its kernels")
+    code = (
+        "import numpy; from minidist.runtime.blas_threads import openblas_cores; "
+        "from minidist.nn.im2col import unpacked_small_gemm; print(openblas_cores(), unpacked_small_gemm())"
+    )
+    env = dict(os.environ, OPENBLAS_CORETYPE="Haswell", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["['Haswell']", "False"]
+
+
+@pytest.mark.parametrize("copy_g", [True, False])
+@pytest.mark.parametrize("bias", [True, False])
+def test_conv2d_weight_gradient_with_and_without_copying_g(monkeypatch, copy_g, bias):
+    # The weight gradient copies g to (N, OH*OW, OC) when the product is too
+    # big for OpenBLAS's unpacked kernel to read it transposed: both ways,
+    # against finite differences (a threshold of 0 forces the copy, on any BLAS).
+    monkeypatch.setattr(im2col_module, "unpacked_small_gemm", lambda: copy_g)
+    monkeypatch.setattr(im2col_module, "SMALL_GEMM_TRANSPOSED_OUTPUT", 0)
+    own = np.random.default_rng(231)
+    x, weight = own.standard_normal((2, 3, 5, 6)), own.standard_normal((4, 3, 3, 3))
+    if bias:
+        check_grad(lambda a, k, b: F.conv2d(a, k, b, 1, 1), x, weight, own.standard_normal((4,)))
+    else:
+        check_grad(lambda a, k: F.conv2d(a, k, None, 1, 1), x, weight)
+
+
+@pytest.mark.parametrize("small_gemm_kernel", [True, False])
+def test_conv2d_weight_gradient_of_a_wide_layer_matches_a_direct_sum(monkeypatch, small_gemm_kernel):
+    # A layer big enough to take the copying path by itself (16 x 145 > 1200
+    # entries) where OpenBLAS has the small-matrix kernel, float32 as in
+    # training, against the definition in float64:
+    # grad_w[o, c, i, j] = sum over n, r, s of g[n, o, r, s] * xpad[n, c, r + i, s + j].
+    monkeypatch.setattr(im2col_module, "unpacked_small_gemm", lambda: small_gemm_kernel)
+    own = np.random.default_rng(232)
+    x = own.standard_normal((3, 16, 6, 5)).astype(np.float32)
+    weight = Tensor(own.standard_normal((16, 16, 3, 3)).astype(np.float32), requires_grad=True)
+    bias = Tensor(own.standard_normal((16,)).astype(np.float32), requires_grad=True)
+    assert 16 * (16 * 9 + 1) > im2col_module.SMALL_GEMM_TRANSPOSED_OUTPUT
+    g = own.standard_normal((3, 16, 6, 5))
+    F.conv2d(as_tensor(x), weight, bias, 1, 1).backward(g.astype(np.float32))
+    xpad = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    windows = np.lib.stride_tricks.sliding_window_view(xpad, (3, 3), axis=(2, 3))  # (n, c, r, s, i, j)
+    expected = np.einsum("nors,ncrsij->ocij", g, windows)
+    np.testing.assert_allclose(weight.grad, expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(bias.grad, g.sum(axis=(0, 2, 3)), rtol=1e-4, atol=1e-4)
+
+
 def test_conv2d_skips_the_input_gradient_when_not_needed(monkeypatch):
     # The first layer's images need no gradient: the col2im and its GEMM must
     # not run at all.
@@ -201,6 +275,27 @@ def test_conv2d_of_an_empty_batch(bias, groups):
     out.sum().backward()
     assert x.grad.shape == (0, 4, 5, 5) and not weight.grad.any()
     assert b is None or not b.grad.any()
+
+
+@pytest.mark.parametrize(
+    "shape, kernel, stride, padding",
+    [
+        ((2, 3, 5, 4), (3, 3), (1, 1), (1, 1)),   # the usual 3x3 "same" convolution
+        ((1, 2, 7, 6), (3, 2), (2, 3), (2, 1)),   # strided, uneven padding
+        ((3, 1, 1, 1), (1, 1), (2, 2), (1, 1)),   # blocks that see only padding
+        ((1, 2, 2, 3), (5, 5), (1, 1), (2, 2)),   # kernel bigger than the image
+        ((2, 2, 4, 5), (2, 3), (1, 1), (0, 0)),   # no padding
+    ],
+)
+def test_im2col_matches_windows_of_the_padded_image(shape, kernel, stride, padding):
+    # im2col never pads the input; each block must still equal the windows of
+    # the explicitly zero-padded image, border zeros included.
+    x = np.random.default_rng(233).standard_normal(shape)  # leaves the module's generator to later tests
+    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
+    padded = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    windows = np.lib.stride_tricks.sliding_window_view(padded, kernel, axis=(2, 3))[:, :, ::sh, ::sw]
+    expected = windows.transpose(1, 4, 5, 0, 2, 3).reshape(shape[1] * kh * kw, -1)  # rows (c, i, j), columns (n, oh, ow)
+    np.testing.assert_array_equal(im2col_module.im2col(x, kh, kw, sh, sw, ph, pw), expected)
 
 
 def test_im2col_ones_row_appends_ones_under_the_same_columns():
