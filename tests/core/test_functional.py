@@ -232,6 +232,7 @@ def test_conv2d_skips_the_input_gradient_when_not_needed(monkeypatch):
 def test_conv2d_bias_gradient_whichever_parameters_need_one(needs):
     # The bias rides in the weight-gradient GEMM: it must still be the sum of
     # the output gradient when the weight is frozen, and absent when the bias is.
+    # (atol too: a sum that cancels to near zero has no relative precision.)
     weight_needs, bias_needs = needs
     x, w, b = randn(3, 2, 6, 5), randn(4, 2, 3, 3), randn(4)
     grad_out = randn(3, 4, 6, 5)
@@ -239,7 +240,7 @@ def test_conv2d_bias_gradient_whichever_parameters_need_one(needs):
     inputs = Tensor(x, requires_grad=True)
     F.conv2d(inputs, weight, bias, 1, 1).backward(grad_out)
     if bias_needs:
-        np.testing.assert_allclose(bias.grad, grad_out.sum(axis=(0, 2, 3)), rtol=1e-12)
+        np.testing.assert_allclose(bias.grad, grad_out.sum(axis=(0, 2, 3)), rtol=1e-12, atol=1e-12)
     else:
         assert bias.grad is None
     if weight_needs:
@@ -248,10 +249,10 @@ def test_conv2d_bias_gradient_whichever_parameters_need_one(needs):
         for i in range(3):
             for j in range(3):
                 numeric[:, :, i, j] = np.einsum("noyx,ncyx->oc", grad_out, xpad[:, :, i : i + 6, j : j + 5])
-        np.testing.assert_allclose(weight.grad, numeric, rtol=1e-10)
+        np.testing.assert_allclose(weight.grad, numeric, rtol=1e-10, atol=1e-12)
     else:
         assert weight.grad is None
-    np.testing.assert_allclose(inputs.grad, _conv_input_grad(w, grad_out), rtol=1e-10)
+    np.testing.assert_allclose(inputs.grad, _conv_input_grad(w, grad_out), rtol=1e-10, atol=1e-12)
 
 
 def _conv_input_grad(w, grad_out):
