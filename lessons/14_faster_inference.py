@@ -205,8 +205,9 @@ for c_in, c_out, size in shapes:
           f"{1e3 * t_standard:7.2f} {1e3 * t_separable:7.2f} {t_separable / t_standard:6.2f}")
 
 # %% [markdown]
-# The multiply-adds fall 8-9x; the time falls far less (above; 2-3x with
-# one BLAS thread in `benchmarks/bench_mobile.py`). The depthwise half does a few percent of
+# The multiply-adds fall 8-9x; the time falls far less (above; with
+# one BLAS thread in `benchmarks/bench_mobile.py`: 1.8-3.6x forward, 2-5x
+# forward + backward). The depthwise half does a few percent of
 # the arithmetic but takes most of the time: 9 multiply-adds per value it
 # reads (memory bound), and products too small for BLAS to be efficient.
 # Counting operations predicts speed only where the arithmetic is the
