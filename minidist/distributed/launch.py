@@ -187,7 +187,11 @@ def _launch_forked(fn, world_size, transport, args, kwargs, trace, timeout, log_
                 pipes = [_ResultPipe(context) for _ in range(world_size)]
             sys.stdout.flush()
             sys.stderr.flush()
-            # Each worker is born with its share of the BLAS threads (see blas_threads).
+            # Each worker is born with its share of the BLAS threads (see
+            # blas_threads). The parent's own count comes back once the workers
+            # are gone, not right after the forks: putting it back restarts
+            # OpenBLAS's pool, and its threads then took the cores from the
+            # ranks (3 ms of a 4-rank trivial launch on 2 cores).
             with blas_threads.for_forked_workers(blas_threads.threads_per_worker(world_size)):
                 for rank in range(world_size):
                     options_for_rank = dict(options, other_pipes=[p for r, p in enumerate(pipes)
@@ -200,12 +204,12 @@ def _launch_forked(fn, world_size, transport, args, kwargs, trace, timeout, log_
                         process.start()
                         workers.append(ForkedWorker(rank, process, pipes[rank].reader))
                         pipes[rank].writer.close()
-                # At once, before the parent's BLAS threads are put back: a rank
-                # whose peer failed must see that peer's pipes end.
+                # At once: a rank whose peer failed must see that peer's pipes end.
                 resources.release_worker_ends()
-            supervisor = Supervisor(workers, control, resources.wake_all, tolerated=tolerated)
-            results = supervisor.run()
-            supervisor.reap()
+                supervisor = Supervisor(workers, control, resources.wake_all,
+                                        tolerated=tolerated)
+                results = supervisor.run()
+                supervisor.reap()
             return [results[rank] if rank in results else supervisor.tolerated_error(rank)
                     for rank in range(world_size)]
         finally:
