@@ -80,7 +80,6 @@ from minidist.distributed.point_to_point import (
 from minidist.distributed.process_group import ProcessGroup
 from minidist.distributed.reduce_op import ReduceOp
 from minidist.distributed.shared_array import shared_array
-from minidist.distributed.simulator import SimulationResult, simulate
 from minidist.distributed.transport.base import ANY_SOURCE, ANY_TAG, MessageInfo
 from minidist.distributed.transport.base import Request as Work
 from minidist.distributed.world import (
@@ -108,6 +107,16 @@ from minidist.runtime.errors import (
     PeerGoneError,
     WorkerError,
 )
+
+
+def __getattr__(name):
+    # The simulator is imported when first asked for (PEP 562): every rank of
+    # a real run imports this package and never simulates.
+    if name in ("simulate", "SimulationResult"):
+        from minidist.distributed import simulator
+
+        return getattr(simulator, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def world_group() -> ProcessGroup:

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
 import shutil
 import struct
 import threading
@@ -81,10 +80,11 @@ def _align(value: int, alignment: int) -> int:
 
 
 def check_platform() -> None:
-    if platform.machine().lower() not in ("x86_64", "amd64"):
+    machine = os.uname().machine  # what platform.machine() reads, without its import
+    if machine.lower() not in ("x86_64", "amd64"):
         raise OSError(
             f"the shared-memory transport relies on x86-64 memory ordering; this machine is "
-            f"{platform.machine()}. Use transport='pipe' here."
+            f"{machine}. Use transport='pipe' here."
         )
     if not os.path.isdir("/dev/shm"):
         raise OSError("the shared-memory transport needs /dev/shm (Linux); use transport='pipe'")
