@@ -252,3 +252,30 @@ def test_destroy_process_group_leaves_the_run():
         return dist.is_initialized()
 
     assert minidist.launch(worker, world_size=2) == [False, False]
+
+
+def _connected():
+    from minidist.distributed import world
+
+    return world.current().connected
+
+
+def _connected_as_the_function_goes():
+    from minidist.distributed import world
+
+    seen = [world.current().connected]
+    seen.append((dist.get_rank(), dist.get_world_size(), world.current().connected))
+    dist.barrier()
+    seen.append(world.current().connected)
+    return seen
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("transport", ["shm", "pipe"])
+def test_a_rank_connects_its_transport_at_its_first_message(transport):
+    # A function that sends nothing never pays for connecting; its rank and
+    # world size are known without it.
+    assert minidist.launch(_connected, world_size=2, transport=transport) == [False, False]
+    assert minidist.launch(_connected_as_the_function_goes, world_size=2,
+                           transport=transport) == [[False, (0, 2, False), True],
+                                                    [False, (1, 2, False), True]]

@@ -217,6 +217,9 @@ class ShmResources:
     def release_worker_ends(self) -> None:
         """The parent keeps its mapping: it rings the doorbells on abort."""
 
+    def close_unconnected(self) -> None:
+        """A rank that never connected holds nothing of its own here."""
+
     def connect(self, rank: int, control, timeout, spin_ns: int) -> ShmTransport:
         return ShmTransport(self, rank, control, timeout, spin_ns)
 
