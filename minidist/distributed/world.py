@@ -127,9 +127,9 @@ def start_worker(rank, world_size, resources, control, timeout, mode) -> World:
     global _world
     from minidist.distributed.transport import default_spin_ns
 
-    spin_ns = default_spin_ns(world_size)
     _world = World(rank, world_size, control, resources, mode,
-                   lambda: resources.connect(rank, control, timeout, spin_ns))
+                   lambda: resources.connect(rank, control, timeout,
+                                             default_spin_ns(world_size)))
     control.set_state(rank, ctl.RUNNING, _trace.now())
     return _world
 
