@@ -101,8 +101,8 @@ def run_command(args) -> int:
             import tempfile
 
             from minidist.distributed import world
-            from minidist.distributed.launch import warn_if_oversubscribed
             from minidist.runtime import console
+            from minidist.runtime.oversubscription import warn_if_oversubscribed
             from minidist.runtime.supervisor import Supervisor
 
             with guard.deferred():
@@ -163,9 +163,9 @@ def run_command(args) -> int:
                                       transport)
                 finally:
                     if resources is not None or control is not None:
-                        from minidist.distributed.launch import _release
+                        from minidist.runtime.segments import release_run
 
-                        _release(resources, control)
+                        release_run(resources, control)
                     if run_dir:
                         import shutil
 

@@ -39,9 +39,9 @@ import os
 import sys
 import time
 import traceback
+from typing import TYPE_CHECKING
 
 from minidist import trace as _trace
-from minidist.distributed.process_group import ProcessGroup, describe_context
 from minidist.runtime import control as ctl
 from minidist.runtime.errors import NotInitializedError
 
@@ -49,6 +49,14 @@ DEFAULT_TIMEOUT = 120.0
 """Seconds a blocking call may wait before it fails with a desync report."""
 
 _TORCH_BACKENDS = ("gloo", "nccl", "mpi", "ucc")
+
+if TYPE_CHECKING:
+    from minidist.distributed.process_group import ProcessGroup
+
+# The process group (and with it NumPy and the transports' engine) is imported
+# where a group is made or checked, not here: `minidist run`'s launching
+# process imports this module for its constants while its workers start, and
+# every import there delays them.
 
 
 class World:
@@ -77,11 +85,15 @@ class World:
         # and the group are plain attributes, so the calls that use them pay
         # nothing for their having been made late.
         if name == "transport":
+            from minidist.distributed.process_group import describe_context
+
             transport = self.__dict__["_connect"]()
             transport.describe_context = describe_context
             self.transport = transport
             return transport
         if name == "group":
+            from minidist.distributed.process_group import ProcessGroup
+
             self.group = ProcessGroup(self.transport, range(self.world_size), 0)
             return self.group
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
@@ -423,6 +435,8 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
 def group_or_world(group: ProcessGroup | None) -> ProcessGroup:
     if group is None:
         return current().group
+    from minidist.distributed.process_group import ProcessGroup
+
     if not isinstance(group, ProcessGroup):
         raise TypeError(f"group must be a ProcessGroup (from dist.new_group), got "
                         f"{type(group).__name__}")
@@ -489,6 +503,8 @@ def new_group(ranks=None, timeout=None, backend=None) -> ProcessGroup:
             raise ValueError(f"new_group: rank {member} is out of range 0..{world.world_size - 1}")
     if not members:
         raise ValueError("new_group needs at least one rank")
+    from minidist.distributed.process_group import ProcessGroup
+
     world.groups_created += 1
     return ProcessGroup(world.transport, sorted(members), world.groups_created)
 

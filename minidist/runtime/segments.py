@@ -116,6 +116,25 @@ class LocalSegment:
         """Nothing is named."""
 
 
+def release_run(resources, control, arrays=None) -> None:
+    """Unlink and unmap everything a run created (its transport's resources,
+    its control block, its shared arrays: each with ``unlink`` and ``close``),
+    whatever else fails. (Names go first: a segment that still has a name is
+    always mapped by its run.) Both launchers end with it."""
+    try:
+        if resources is not None:
+            resources.unlink()
+            resources.close()
+    finally:
+        try:
+            if control is not None:
+                control.unlink()
+                control.close()
+        finally:
+            if arrays is not None:
+                arrays.release()
+
+
 def count_segments(directory: str = "/dev/shm", pid: int | None = None) -> int:
     """How many minidist segments exist on this machine, or were made by
     process ``pid`` (for leak checks)."""
