@@ -56,4 +56,5 @@ def test_summary_is_medians_and_their_ratios():
     assert command["run_over_mpiexec"] == pytest.approx(0.4 / 0.2)
     assert command["run_over_mpiexec_numpy"] == pytest.approx(0.4 / 0.3)
     assert summary["floors"] == pytest.approx({"python_ms": 20.0, "import_numpy_ms": 110.0,
-                                               "import_minidist_distributed_after_ms": 130.0})
+                                               "import_minidist_distributed_barrier_after_ms":
+                                                   130.0})

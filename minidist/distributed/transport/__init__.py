@@ -4,6 +4,8 @@
 * :mod:`.message` the header that travels before every array
 * :mod:`.pipe`    one OS pipe per pair of ranks: simplest, for reading first
 * :mod:`.shm`     rings of slots in shared memory, doorbells to sleep on: fast
+  (:mod:`.shm_rings` the segment's layout and its making, without NumPy;
+  :mod:`.slots_area` the size of the shared slots' part of it)
 * :mod:`.doorbell` process-shared semaphores living in shared memory
 * :mod:`.mpi`     MPI point-to-point (mpi4py), for scripts started by ``mpiexec``
   (joined by ``init_process_group()``, not started by launch)
