@@ -17,9 +17,10 @@ alike, and reported as medians and ratios of medians:
   logging, BLAS threads), n = 2 and 4. Each side runs in its own process
   per block of rounds, several blocks, alternating. The bare side comes
   twice: in an interpreter that imported only ``minidist`` (no NumPy), and
-  ("bare loaded") in one that imported ``minidist.distributed`` and so NumPy,
-  as the launching process has: fork copies the page tables of everything
-  mapped, so forking a process with NumPy loaded costs more, whoever forks;
+  ("bare loaded") in one that has run one ``minidist.launch`` first, so it
+  has mapped what the launching process has (NumPy, minidist's modules):
+  fork copies the page tables of everything mapped, so forking a bigger
+  process costs more, whoever forks;
 * a whole ``minidist run -n 2 hello.py`` (the script calls
   ``init_process_group()`` and ``barrier()``) next to ``mpiexec -n 2 python
   hello_mpi.py`` (mpi4py: ``COMM_WORLD.Barrier()``), wall time of the
@@ -98,8 +99,8 @@ def block(side: str, world_size: int, rounds: int) -> list[float]:
 
     warnings.simplefilter("ignore")  # more ranks than cores: said once, known here
     context = multiprocessing.get_context("fork")
-    if side == "bare-loaded":
-        import minidist.distributed  # noqa: F401 - what the launching process has mapped
+    if side == "bare-loaded":  # what the launching process has mapped, mapped here too
+        minidist.launch(_trivial, world_size=world_size)
     if side == "launch":
         def run():
             minidist.launch(_trivial, world_size=world_size)
@@ -269,8 +270,8 @@ def summarize(measured: dict, labels, world_sizes) -> dict:
 def print_tables(summary: dict, labels, note) -> None:
     print("\nwarm minidist.launch of a trivial function vs fork + join of the same processes "
           "(medians, ms)")
-    print("('bare loaded': forked from an interpreter that imported minidist.distributed "
-          "and NumPy, as the launching one has)")
+    print("('bare loaded': forked from an interpreter that ran one minidist.launch first, "
+          "so it has NumPy and minidist mapped, as the launching one has)")
     print(f"{'n':>3} {'minidist':>10} {'launch':>9} {'bare':>9} {'launch/bare':>12} "
           f"{'bare loaded':>12} {'launch/it':>10}")
     for row in summary["launch"]:
