@@ -15,15 +15,31 @@ alike, and reported as medians and ratios of medians:
   fork context running the same trivial function: what minidist adds to
   starting and ending n processes (its shared memory, pipes, supervisor,
   logging, BLAS threads), n = 2 and 4. Each side runs in its own process
-  per block of rounds, several blocks, alternating;
+  per block of rounds, several blocks, alternating. The bare side comes
+  twice: in an interpreter that imported only ``minidist`` (no NumPy), and
+  ("bare loaded") in one that has run one ``minidist.launch`` first, so it
+  has mapped what the launching process has (NumPy, minidist's modules):
+  fork copies the page tables of everything mapped, so forking a bigger
+  process costs more, whoever forks;
 * a whole ``minidist run -n 2 hello.py`` (the script calls
   ``init_process_group()`` and ``barrier()``) next to ``mpiexec -n 2 python
   hello_mpi.py`` (mpi4py: ``COMM_WORLD.Barrier()``), wall time of the
   command; skipped when mpi4py or mpiexec is missing
   (``pip install -e '.[bench]'``);
+* the floors under those commands, in the same rounds: ``python -c pass``
+  (an interpreter's start), ``python -c "import numpy"`` (what every rank of
+  minidist pays: its transports move NumPy arrays) and what a rank of the
+  hello imports (``import minidist.distributed as dist; dist.barrier``: the
+  package face imports the collectives, and NumPy, when a name is first used);
 * with ``--before REF``: every minidist row again with the minidist of git
   revision REF (exported to a temporary folder), interleaved with the
   current one, so the table shows before / after from the same run.
+
+The commands run with Python's bytecode cache on (in a temporary
+``PYTHONPYCACHEPREFIX``, dropping ``PYTHONDONTWRITEBYTECODE``): NumPy and
+mpi4py come compiled from their wheels, and an installed minidist is too;
+without the cache every minidist import compiled its source again (40 ms
+of each process here), a cost no user pays twice.
 
 Writes ``benchmarks/results/launch.json`` (or ``--json FILE``).
 """
@@ -74,8 +90,8 @@ def _bare(world_size: int, context) -> None:
 
 
 def block(side: str, world_size: int, rounds: int) -> list[float]:
-    """Seconds of each of ``rounds`` warm starts of ``side`` ("launch" or
-    "bare") with ``world_size`` processes, in this process."""
+    """Seconds of each of ``rounds`` warm starts of ``side`` ("launch", "bare"
+    or "bare-loaded") with ``world_size`` processes, in this process."""
     import multiprocessing
     import warnings
 
@@ -83,6 +99,8 @@ def block(side: str, world_size: int, rounds: int) -> list[float]:
 
     warnings.simplefilter("ignore")  # more ranks than cores: said once, known here
     context = multiprocessing.get_context("fork")
+    if side == "bare-loaded":  # what the launching process has mapped, mapped here too
+        minidist.launch(_trivial, world_size=world_size)
     if side == "launch":
         def run():
             minidist.launch(_trivial, world_size=world_size)
@@ -148,6 +166,14 @@ def command_seconds(command: list[str], env: dict, cwd: str) -> float:
 # --------------------------------------------------------------------------- the run
 
 
+def _with_bytecode_cache(env: dict, folder: str) -> dict:
+    """``env`` with Python's bytecode cache on, kept in ``folder`` (see the docstring)."""
+    env = dict(env)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = os.path.join(folder, "pycache")
+    return env
+
+
 def measure(trees: dict, world_sizes, blocks: int, rounds: int, command_rounds: int,
             commands: bool) -> dict:
     """{"launch": {...}, "commands": {...}} with every sample, interleaved."""
@@ -155,7 +181,7 @@ def measure(trees: dict, world_sizes, blocks: int, rounds: int, command_rounds: 
     for world_size in world_sizes:
         for _ in range(blocks):
             for label, tree in trees.items():
-                for side in ("launch", "bare"):
+                for side in ("launch", "bare", "bare-loaded"):
                     key = f"{side} {label} n={world_size}"
                     samples.setdefault(key, []).extend(
                         block_in_process(tree, side, world_size, rounds))
@@ -188,6 +214,14 @@ def measure(trees: dict, world_sizes, blocks: int, rounds: int, command_rounds: 
                                    dict(os.environ))
                 runs["mpiexec numpy"] = ([mpiexec, "-n", "2", sys.executable, hello_mpi_numpy],
                                          dict(os.environ))
+            runs["python -c pass"] = ([sys.executable, "-c", "pass"], dict(os.environ))
+            runs["import numpy"] = ([sys.executable, "-c", "import numpy"], dict(os.environ))
+            for label, tree in trees.items():
+                runs[f"import minidist.distributed {label}"] = (
+                    [sys.executable, "-c", "import minidist.distributed as dist; dist.barrier"],
+                    _env(tree))
+            runs = {name: (command, _with_bytecode_cache(env, folder))
+                    for name, (command, env) in runs.items()}
             for command, env in runs.values():  # warm the file cache once
                 command_seconds(command, env, folder)
             for _ in range(command_rounds):
@@ -204,9 +238,13 @@ def summarize(measured: dict, labels, world_sizes) -> dict:
         for label in labels:
             launch = median[f"launch {label} n={world_size}"]
             bare = median[f"bare {label} n={world_size}"]
-            rows.append({"world_size": world_size, "minidist": label,
-                         "launch_ms": launch * 1e3, "bare_ms": bare * 1e3,
-                         "launch_over_bare": launch / bare})
+            row = {"world_size": world_size, "minidist": label,
+                   "launch_ms": launch * 1e3, "bare_ms": bare * 1e3,
+                   "launch_over_bare": launch / bare}
+            loaded = median.get(f"bare-loaded {label} n={world_size}")
+            if loaded:
+                row.update(bare_loaded_ms=loaded * 1e3, launch_over_bare_loaded=launch / loaded)
+            rows.append(row)
     commands = {name: statistics.median(values) for name, values in measured["commands"].items()}
     command_rows = []
     for label in labels:
@@ -219,16 +257,28 @@ def summarize(measured: dict, labels, world_sizes) -> dict:
                                  "mpiexec_numpy_ms": mpi_numpy * 1e3 if mpi_numpy else None,
                                  "run_over_mpiexec_numpy":
                                      commands[name] / mpi_numpy if mpi_numpy else None})
-    return {"launch": rows, "commands": command_rows}
+    floors = {"python_ms": commands.get("python -c pass"),
+              "import_numpy_ms": commands.get("import numpy")}
+    floors = {key: value * 1e3 for key, value in floors.items() if value}
+    for label in labels:
+        seconds = commands.get(f"import minidist.distributed {label}")
+        if seconds:  # with dist.barrier looked up: what a rank of the hello imports
+            floors[f"import_minidist_distributed_barrier_{label}_ms"] = seconds * 1e3
+    return {"launch": rows, "commands": command_rows, "floors": floors}
 
 
 def print_tables(summary: dict, labels, note) -> None:
     print("\nwarm minidist.launch of a trivial function vs fork + join of the same processes "
           "(medians, ms)")
-    print(f"{'n':>3} {'minidist':>10} {'launch':>9} {'bare':>9} {'launch/bare':>12}")
+    print("('bare loaded': forked from an interpreter that ran one minidist.launch first, "
+          "so it has NumPy and minidist mapped, as the launching one has)")
+    print(f"{'n':>3} {'minidist':>10} {'launch':>9} {'bare':>9} {'launch/bare':>12} "
+          f"{'bare loaded':>12} {'launch/it':>10}")
     for row in summary["launch"]:
+        loaded = (f"{row['bare_loaded_ms']:12.2f} {row['launch_over_bare_loaded']:10.2f}"
+                  if "bare_loaded_ms" in row else f"{'-':>12} {'-':>10}")
         print(f"{row['world_size']:>3} {row['minidist']:>10} {row['launch_ms']:9.2f} "
-              f"{row['bare_ms']:9.2f} {row['launch_over_bare']:12.2f}")
+              f"{row['bare_ms']:9.2f} {row['launch_over_bare']:12.2f} {loaded}")
     if "before" in labels:
         for world_size in sorted({row["world_size"] for row in summary["launch"]}):
             by = {row["minidist"]: row for row in summary["launch"]
@@ -250,6 +300,11 @@ def print_tables(summary: dict, labels, note) -> None:
                   f"{cell(row['run_over_mpiexec'], 12, 2)} "
                   f"{cell(row['mpiexec_numpy_ms'], 14, 1)} "
                   f"{cell(row['run_over_mpiexec_numpy'], 7, 2)}")
+    if summary.get("floors"):
+        print("\nthe floors, same rounds (wall time of `python -c ...`, medians, ms; "
+              "bytecode cached)")
+        for name, value in summary["floors"].items():
+            print(f"{name[:-3]:>40} {value:9.1f}")
     if note:
         print(f"mpiexec: not measured ({note})")
 
@@ -281,8 +336,9 @@ def main(argv=None) -> int:
     from minidist.bench.common import machine
 
     info = machine()
+    load_at_start = os.getloadavg()[0]
     print(f"machine: {info['cpu']}, {info['cores']} cores, Python {info['python']}; "
-          f"load average {os.getloadavg()[0]:.1f} at the start")
+          f"load average {load_at_start:.1f} at the start")
     with tempfile.TemporaryDirectory() as folder:
         trees = {"after": ROOT}
         if args.before:
@@ -296,7 +352,7 @@ def main(argv=None) -> int:
     report = {"about": "warm minidist.launch vs bare fork+join, minidist run vs mpiexec; "
                        "medians of interleaved samples; written by benchmarks/bench_launch.py",
               "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": info,
-              "load_average_at_end": os.getloadavg()[0],
+              "load_average_at_start": load_at_start, "load_average_at_end": os.getloadavg()[0],
               "settings": {"before": args.before, "world_sizes": world_sizes,
                            "blocks": args.blocks, "rounds": args.rounds,
                            "command_rounds": args.command_rounds},

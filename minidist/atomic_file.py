@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 
 
 def _default_mode() -> int:
@@ -28,6 +27,8 @@ def atomic_write(path, mode: str = "w", encoding: str | None = "utf-8"):
     """``with atomic_write(path) as file: file.write(...)``; ``mode`` "w" or "wb"."""
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_write writes text ('w') or bytes ('wb'), not {mode!r}")
+    import tempfile  # here: every rank imports this module (the trace), few write a file
+
     path = os.fspath(path)
     directory, name = os.path.split(os.path.abspath(path))
     descriptor, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)

@@ -23,15 +23,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 
 from minidist.runtime import signals
 from minidist.runtime.blas_threads import environment_for
 from minidist.runtime.process_setup import die_with_parent
-from minidist.runtime.supervisor import ProgramWorker, Supervisor
+from minidist.runtime.workers import ProgramWorker
 
 
 def run_command(args) -> int:
@@ -70,13 +68,6 @@ def run_command(args) -> int:
             if not late:
                 with guard.deferred():
                     control, resources = _make_run(transport, world_size)
-            with guard.deferred():
-                run_dir = tempfile.mkdtemp(prefix="minidist-run-")
-            error_dir = os.path.join(run_dir, "errors")
-            trace_dir = os.path.join(run_dir, "trace") if args.trace else None
-            os.makedirs(error_dir)
-            if trace_dir:
-                os.makedirs(trace_dir)
             blas_env = environment_for(world_size)
             environ = {key: value for key, value in os.environ.items() if key != "MINIDIST_RUN"}
             for rank in range(world_size):
@@ -104,10 +95,23 @@ def run_command(args) -> int:
                         os.close(log_write)
                         os.close(description_read)
                     workers.append(ProgramWorker(rank, popen))
-            # The rest of minidist, while the workers import theirs.
+            # The rest of minidist, while the workers import theirs; the
+            # folder for their errors and traces too (only their description,
+            # written below, names it).
+            import tempfile
+
             from minidist.distributed import world
-            from minidist.distributed.launch import warn_if_oversubscribed
             from minidist.runtime import console
+            from minidist.runtime.oversubscription import warn_if_oversubscribed
+            from minidist.runtime.supervisor import Supervisor
+
+            with guard.deferred():
+                run_dir = tempfile.mkdtemp(prefix="minidist-run-")
+            error_dir = os.path.join(run_dir, "errors")
+            trace_dir = os.path.join(run_dir, "trace") if args.trace else None
+            os.makedirs(error_dir)
+            if trace_dir:
+                os.makedirs(trace_dir)
 
             warn_if_oversubscribed(world_size)
             if late:
@@ -141,6 +145,8 @@ def run_command(args) -> int:
                     for rank in range(len(description_pipes)):
                         _close(description_pipes, rank)  # a waiting worker sees the end
                     if workers:
+                        from minidist.runtime.supervisor import Supervisor
+
                         wake = resources.wake_all if resources is not None else (lambda: None)
                         (supervisor or Supervisor(workers, _control_for_stop(control,
                                                                              world_size),
@@ -157,10 +163,12 @@ def run_command(args) -> int:
                                       transport)
                 finally:
                     if resources is not None or control is not None:
-                        from minidist.distributed.launch import _release
+                        from minidist.runtime.segments import release_run
 
-                        _release(resources, control)
+                        release_run(resources, control)
                     if run_dir:
+                        import shutil
+
                         shutil.rmtree(run_dir, ignore_errors=True)
 
 

@@ -39,50 +39,14 @@ One thread per process talks to minidist.distributed (as with MPI's
 THREAD_FUNNELED): the progress engine has no locks.
 """
 
-from minidist.distributed import device_arrays as _device_arrays
-from minidist.distributed.collectives import (
-    ALGORITHMS,
-    all_gather,
-    all_gather_into_tensor,
-    all_gather_object,
-    all_reduce,
-    all_to_all,
-    all_to_all_single,
-    barrier,
-    broadcast,
-    broadcast_object_list,
-    gather,
-    gather_object,
-    monitored_barrier,
-    reduce,
-    reduce_scatter,
-    reduce_scatter_tensor,
-    scatter,
-    scatter_object_list,
-)
-from minidist.distributed.point_to_point import (
-    P2POp,
-    batch_isend_irecv,
-    iprobe,
-    irecv,
-    irecv_array,
-    irecv_reduce,
-    isend,
-    probe,
-    recv,
-    recv_array,
-    recv_object,
-    recv_reduce,
-    send,
-    send_object,
-    wait_all,
-)
-from minidist.distributed.process_group import ProcessGroup
-from minidist.distributed.reduce_op import ReduceOp
+from __future__ import annotations
+
+import importlib
+
+# Imported at once: light (no NumPy), and `shared_array` must be: it is also
+# the name of a submodule, and importing a submodule binds its name in this
+# package, so the function must be bound after the module's first import.
 from minidist.distributed.shared_array import shared_array
-from minidist.distributed.simulator import SimulationResult, simulate
-from minidist.distributed.transport.base import ANY_SOURCE, ANY_TAG, MessageInfo
-from minidist.distributed.transport.base import Request as Work
 from minidist.distributed.world import (
     DEFAULT_TIMEOUT,
     destroy_process_group,
@@ -109,8 +73,50 @@ from minidist.runtime.errors import (
     WorkerError,
 )
 
+#: Everything else, imported when first asked for (PEP 562): name -> (module,
+#: name there). The messages, the collectives and the simulator bring NumPy and
+#: every algorithm with them; a process that only needs the runtime (the one
+#: that starts `minidist run`'s workers while they import) goes without them.
+_LAZY = {name: ("minidist.distributed.collectives", name) for name in (
+    "ALGORITHMS", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce",
+    "all_to_all", "all_to_all_single", "barrier", "broadcast", "broadcast_object_list",
+    "gather", "gather_object", "monitored_barrier", "reduce", "reduce_scatter",
+    "reduce_scatter_tensor", "scatter", "scatter_object_list")}
+_LAZY.update({name: ("minidist.distributed.point_to_point", name) for name in (
+    "P2POp", "batch_isend_irecv", "iprobe", "irecv", "irecv_array", "irecv_reduce", "isend",
+    "probe", "recv", "recv_array", "recv_object", "recv_reduce", "send", "send_object",
+    "wait_all")})
+_LAZY.update({name: ("minidist.distributed.transport.base", name)
+              for name in ("ANY_SOURCE", "ANY_TAG", "MessageInfo")})
+_LAZY.update({
+    "Work": ("minidist.distributed.transport.base", "Request"),
+    "ProcessGroup": ("minidist.distributed.process_group", "ProcessGroup"),
+    "ReduceOp": ("minidist.distributed.reduce_op", "ReduceOp"),
+    "simulate": ("minidist.distributed.simulator", "simulate"),
+    "SimulationResult": ("minidist.distributed.simulator", "SimulationResult"),
+})
 
-def world_group() -> ProcessGroup:
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attribute = _LAZY[name]
+    value = getattr(importlib.import_module(module), attribute)
+    from minidist.distributed import device_arrays
+
+    if name in device_arrays.WRITES:
+        # GPU (CuPy) arrays are staged through host memory by these calls
+        # (see device_arrays.py).
+        value = device_arrays.staged(value, name)
+    globals()[name] = value  # looked up here once: later uses are plain attributes
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
+def world_group() -> ProcessGroup:  # noqa: F821 - a lazy name (above)
     """The default group (all ranks)."""
     from minidist.distributed.world import current
 
@@ -134,8 +140,3 @@ __all__ += ["all_gather", "all_gather_into_tensor", "all_to_all", "all_to_all_si
 __all__ += ["all_gather_object", "broadcast_object_list", "gather_object", "monitored_barrier",
             "P2POp", "batch_isend_irecv", "get_backend", "get_node_local_rank",
             "scatter_object_list"]
-
-# GPU (CuPy) arrays are staged through host memory by these calls (see device_arrays.py).
-for _name in _device_arrays.WRITES:
-    globals()[_name] = _device_arrays.staged(globals()[_name], _name)
-del _name

@@ -26,7 +26,6 @@ NumPy arrays go straight through: the wrapper's first look is one type check.
 from __future__ import annotations
 
 import functools
-import inspect
 
 import numpy as np
 
@@ -117,14 +116,21 @@ def staged(function, name: str | None = None):
     """``function`` (a public message or collective call) taking GPU arrays too."""
     name = name or function.__name__
     writes = set(WRITES[name])
-    signature = inspect.signature(function)
+
+    @functools.cache
+    def signature():
+        # Looked up at the first call with a GPU array: every process imports
+        # this module, and inspect's import was 8 ms of a `minidist run` worker's start.
+        import inspect
+
+        return inspect.signature(function)
 
     @functools.wraps(function)
     def call(*args, **kwargs):
         if (args and type(args[0]) is np.ndarray and not kwargs) \
                 or not _any_on_device(args, kwargs):
             return function(*args, **kwargs)
-        bound = signature.bind(*args, **kwargs)
+        bound = signature().bind(*args, **kwargs)
         copies: list = []
         for parameter, value in bound.arguments.items():
             bound.arguments[parameter] = _to_host(value, parameter in writes, copies)

@@ -30,7 +30,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
-import warnings
 
 from minidist import trace as _trace
 from minidist.distributed import world
@@ -40,7 +39,8 @@ from minidist.distributed.transport.mpi import launched_by_mpi
 from minidist.distributed.worker import worker_main
 from minidist.runtime import blas_threads, signals
 from minidist.runtime.control import ControlBlock
-from minidist.runtime.errors import OversubscriptionWarning
+from minidist.runtime.oversubscription import cores, warn_if_oversubscribed  # noqa: F401
+from minidist.runtime.segments import release_run as _release
 from minidist.runtime.supervisor import ForkedWorker, Supervisor
 
 _DEFAULT = object()
@@ -55,14 +55,6 @@ class _ResultPipe:
         self.writer.close()
 
 
-def cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def _load_average() -> float | None:
     """The machine's 1-minute load average (other programs count): with the
     cores, it says whether the ranks had the machine to themselves."""
@@ -70,26 +62,6 @@ def _load_average() -> float | None:
         return round(os.getloadavg()[0], 2)
     except (AttributeError, OSError):
         return None
-
-
-_warned_oversubscribed = False
-
-
-def warn_if_oversubscribed(world_size: int, stacklevel: int = 3) -> None:
-    """Once per program: more ranks than cores, and what that does to timings."""
-    global _warned_oversubscribed
-    available = cores()
-    if world_size <= available or _warned_oversubscribed:
-        return
-    _warned_oversubscribed = True
-    warnings.warn(OversubscriptionWarning(
-        f"{world_size} ranks on {available} cores: the ranks take turns on the cores, so a "
-        "message often waits for its receiver to be scheduled. Results are right, but "
-        "timings measure the operating system's scheduler as much as the algorithm (they "
-        "grow faster with the number of ranks than the cost formulas say), and waits get "
-        "longer: pass a larger timeout= if calls time out. Simulate big worlds instead "
-        "(minidist.distributed.simulate). This is said once per program."),
-        stacklevel=stacklevel)
 
 
 def _check_world_size(world_size) -> int:
@@ -187,7 +159,11 @@ def _launch_forked(fn, world_size, transport, args, kwargs, trace, timeout, log_
                 pipes = [_ResultPipe(context) for _ in range(world_size)]
             sys.stdout.flush()
             sys.stderr.flush()
-            # Each worker is born with its share of the BLAS threads (see blas_threads).
+            # Each worker is born with its share of the BLAS threads (see
+            # blas_threads). The parent's own count comes back once the workers
+            # are gone, not right after the forks: putting it back restarts
+            # OpenBLAS's pool, and its threads then took the cores from the
+            # ranks (3 ms of a 4-rank trivial launch on 2 cores).
             with blas_threads.for_forked_workers(blas_threads.threads_per_worker(world_size)):
                 for rank in range(world_size):
                     options_for_rank = dict(options, other_pipes=[p for r, p in enumerate(pipes)
@@ -200,12 +176,12 @@ def _launch_forked(fn, world_size, transport, args, kwargs, trace, timeout, log_
                         process.start()
                         workers.append(ForkedWorker(rank, process, pipes[rank].reader))
                         pipes[rank].writer.close()
-                # At once, before the parent's BLAS threads are put back: a rank
-                # whose peer failed must see that peer's pipes end.
+                # At once: a rank whose peer failed must see that peer's pipes end.
                 resources.release_worker_ends()
-            supervisor = Supervisor(workers, control, resources.wake_all, tolerated=tolerated)
-            results = supervisor.run()
-            supervisor.reap()
+                supervisor = Supervisor(workers, control, resources.wake_all,
+                                        tolerated=tolerated)
+                results = supervisor.run()
+                supervisor.reap()
             return [results[rank] if rank in results else supervisor.tolerated_error(rank)
                     for rank in range(world_size)]
         finally:
@@ -255,20 +231,3 @@ def _tolerated_ranks(tolerate_failures, world_size: int) -> frozenset:
         raise ValueError(f"tolerate_failures names ranks {outside} outside the world "
                          f"0..{world_size - 1}")
     return ranks
-
-
-def _release(resources, control, arrays=None) -> None:
-    """Unlink and unmap everything the run created, whatever else fails. (Names
-    go first: a segment that still has a name is always mapped by its run.)"""
-    try:
-        if resources is not None:
-            resources.unlink()
-            resources.close()
-    finally:
-        try:
-            if control is not None:
-                control.unlink()
-                control.close()
-        finally:
-            if arrays is not None:
-                arrays.release()

@@ -28,11 +28,18 @@ must not overlap. A world of one (``init_process_group(world_size=1)``) and
 from __future__ import annotations
 
 import re
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from minidist.distributed import world
 from minidist.runtime.segments import Segment
+
+if TYPE_CHECKING:
+    import numpy as np
+
+# NumPy is imported where an array is made, not at the top: `import
+# minidist.distributed` imports this module at once (its function has the
+# module's name, see the package's __init__), and a process that never maps
+# an array (`minidist run`'s launcher, while its workers start) goes without.
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -86,6 +93,8 @@ class SharedArrays:
 
 
 def _check_declaration(name, value) -> np.ndarray:
+    import numpy as np
+
     if not isinstance(name, str) or not _NAME.match(name):
         raise ValueError(f"shared array name {name!r} must be 1 to 64 letters, digits, '_', "
                          "'.' or '-' (it becomes part of a file name in /dev/shm)")
@@ -99,6 +108,8 @@ def _check_declaration(name, value) -> np.ndarray:
 
 
 def _view(segment: Segment, shape, dtype) -> np.ndarray:
+    import numpy as np
+
     count = int(np.prod(shape, dtype=np.int64))
     return np.frombuffer(segment.buf, dtype=dtype, count=count).reshape(shape)
 

@@ -52,7 +52,7 @@ def worker_main(rank, world_size, fn, args, kwargs, resources, control, result_p
         world.mark_failed()
         if world.is_initialized():
             try:
-                world.current().transport.close()
+                world.current().close_transport()
             except Exception:
                 pass
             world._world = None

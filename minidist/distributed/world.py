@@ -39,9 +39,9 @@ import os
 import sys
 import time
 import traceback
+from typing import TYPE_CHECKING
 
 from minidist import trace as _trace
-from minidist.distributed.process_group import ProcessGroup, describe_context
 from minidist.runtime import control as ctl
 from minidist.runtime.errors import NotInitializedError
 
@@ -50,22 +50,66 @@ DEFAULT_TIMEOUT = 120.0
 
 _TORCH_BACKENDS = ("gloo", "nccl", "mpi", "ucc")
 
+if TYPE_CHECKING:
+    from minidist.distributed.process_group import ProcessGroup
+
+# The process group (and with it NumPy and the transports' engine) is imported
+# where a group is made or checked, not here: `minidist run`'s launching
+# process imports this module for its constants while its workers start, and
+# every import there delays them.
+
 
 class World:
-    """What an initialized process knows about its run."""
+    """What an initialized process knows about its run.
 
-    def __init__(self, rank, world_size, transport, control, resources, mode):
+    Its ``transport`` and world ``group`` are made when first used, not when
+    the process joins: a rank whose function sends nothing (a trivial launch,
+    a script that only asks its rank) never connects, and connecting was a
+    fifth of a warm 2-rank launch (1.1 ms: the objects a transport builds
+    touch pages that a forked worker must copy first)."""
+
+    def __init__(self, rank, world_size, control, resources, mode, connect):
         self.rank = rank
         self.world_size = world_size
-        self.transport = transport
         self.control = control
         self.resources = resources
         self.mode = mode  # "launch", "run", "mpi" or "single"
-        self.group = ProcessGroup(transport, range(world_size), 0)
         self.groups_created = 0
         self.failed = False
         self.trace_dir = None
         self.shared_arrays = {}  # name -> array over shared memory (see shared_array.py)
+        self._connect = connect  # () -> this rank's transport
+
+    def __getattr__(self, name):
+        # Called only for an attribute not set yet: once made, the transport
+        # and the group are plain attributes, so the calls that use them pay
+        # nothing for their having been made late.
+        if name == "transport":
+            from minidist.distributed.process_group import describe_context
+
+            transport = self.__dict__["_connect"]()
+            transport.describe_context = describe_context
+            self.transport = transport
+            return transport
+        if name == "group":
+            from minidist.distributed.process_group import ProcessGroup
+
+            self.group = ProcessGroup(self.transport, range(self.world_size), 0)
+            return self.group
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def connected(self) -> bool:
+        """Whether this rank's transport has been made (see the class docstring)."""
+        return "transport" in self.__dict__
+
+    def close_transport(self) -> None:
+        """Close the transport, or what this rank holds of the run if it never
+        connected (its pipe ends: a peer writing to it must see it gone)."""
+        if self.connected:
+            self.transport.close()
+        else:
+            self.resources.close_unconnected()
 
 
 _world: World | None = None
@@ -91,13 +135,13 @@ def _seconds(timeout):
 
 
 def start_worker(rank, world_size, resources, control, timeout, mode) -> World:
-    """Make this process rank ``rank``: connect the transport, build the world group."""
+    """Make this process rank ``rank``; its transport connects at its first use."""
     global _world
     from minidist.distributed.transport import default_spin_ns
 
-    transport = resources.connect(rank, control, timeout, default_spin_ns(world_size))
-    transport.describe_context = describe_context
-    _world = World(rank, world_size, transport, control, resources, mode)
+    _world = World(rank, world_size, control, resources, mode,
+                   lambda: resources.connect(rank, control, timeout,
+                                             default_spin_ns(world_size)))
     control.set_state(rank, ctl.RUNNING, _trace.now())
     return _world
 
@@ -110,16 +154,19 @@ def finish_worker() -> None:
         return
     try:
         if not world.failed:
-            transport = world.transport
-            transport.flush()
+            calls = {}
+            if world.connected:
+                transport = world.transport
+                transport.flush()
+                calls = {context: book.seq
+                         for context, book in transport.collective_groups.items()}
             # How many collective calls this rank made in each group, written
             # before FINISHED: a peer still waiting in a later call reads it and
             # knows at once that this rank will never join (check_group).
-            world.control.record_calls(world.rank, {
-                context: book.seq for context, book in transport.collective_groups.items()})
+            world.control.record_calls(world.rank, calls)
             world.control.set_state(world.rank, ctl.FINISHED, _trace.now())
     finally:
-        world.transport.close()
+        world.close_transport()
         _world = None
 
 
@@ -388,6 +435,8 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
 def group_or_world(group: ProcessGroup | None) -> ProcessGroup:
     if group is None:
         return current().group
+    from minidist.distributed.process_group import ProcessGroup
+
     if not isinstance(group, ProcessGroup):
         raise TypeError(f"group must be a ProcessGroup (from dist.new_group), got "
                         f"{type(group).__name__}")
@@ -396,10 +445,14 @@ def group_or_world(group: ProcessGroup | None) -> ProcessGroup:
 
 def get_rank(group: ProcessGroup | None = None) -> int:
     """This process's rank in ``group`` (the world by default); -1 if not a member."""
+    if group is None:
+        return current().rank  # the world's, known without connecting the transport
     return group_or_world(group).rank
 
 
 def get_world_size(group: ProcessGroup | None = None) -> int:
+    if group is None:
+        return current().world_size
     return group_or_world(group).size
 
 
@@ -450,6 +503,8 @@ def new_group(ranks=None, timeout=None, backend=None) -> ProcessGroup:
             raise ValueError(f"new_group: rank {member} is out of range 0..{world.world_size - 1}")
     if not members:
         raise ValueError("new_group needs at least one rank")
+    from minidist.distributed.process_group import ProcessGroup
+
     world.groups_created += 1
     return ProcessGroup(world.transport, sorted(members), world.groups_created)
 

@@ -10,6 +10,8 @@ nothing here imports from above (a test holds it to that: tests/test_layers.py).
 * :mod:`.desync`        the report of what every rank was doing when one timed out;
 * :mod:`.supervisor`    the parent's watchdog: wait for the workers, stop them all
                         on the first failure, name the root cause;
+* :mod:`.workers`       the two kinds of worker it watches (forked, separate program);
+* :mod:`.oversubscription` more ranks than cores: said once per program;
 * :mod:`.signals`       SIGTERM and Ctrl-C as clean exits, never mid-step;
 * :mod:`.process_setup` a worker's first steps: die with the parent, signals;
 * :mod:`.blas_threads`  one BLAS thread pool size per worker, so ranks share cores;

@@ -139,8 +139,38 @@ def openblas_cores() -> list[str]:
 _found: tuple = (None, [])  # (len(sys.modules) when looked up, what was found)
 
 
+class _OpenBlasCount:
+    """OpenBLAS's thread count as the variable it lives in (``blas_cpu_number``,
+    an exported ``int``: what ``openblas_get_num_threads`` returns and what its
+    next call splits work by). Writing it changes the count without what
+    ``openblas_set_num_threads`` also does first: restart the thread pool that
+    fork stopped (a thread made, then stopped again at the next fork)."""
+
+    def __init__(self, variable):
+        self.variable = variable
+
+    def __call__(self, count: int | None = None) -> int | None:
+        if count is None:
+            return self.variable.value
+        self.variable.value = count
+        return None
+
+
+def _count_variable(library, getter):
+    """OpenBLAS's count variable when it is exported and holds what its getter
+    says (so it is the one the library reads), else None."""
+    if getattr(library, "blas_thread_shutdown_", None) is None:
+        return None  # not OpenBLAS built with its own thread pool
+    try:
+        variable = ctypes.c_int.in_dll(library, "blas_cpu_number")
+    except ValueError:
+        return None
+    return _OpenBlasCount(variable) if variable.value == getter() else None
+
+
 def _thread_apis() -> list:
-    """[(library, setter, getter)] of the loaded libraries that have both. Looked
+    """[(library, setter, getter)] of the loaded libraries that have both (for
+    OpenBLAS both are its count variable, see :class:`_OpenBlasCount`). Looked
     up again only when a module was imported since the last time (a new BLAS
     library comes with the extension module that loads it), so a program that
     launches often reads ``/proc/self/maps`` once, not at every launch."""
@@ -152,6 +182,9 @@ def _thread_apis() -> list:
             if setter is not None and getter is not None:
                 setter.argtypes = [ctypes.c_int]
                 getter.restype = ctypes.c_int
+                variable = _count_variable(library, getter)
+                if variable is not None:
+                    setter = getter = variable
                 apis.append((library, setter, getter))
         _found = (len(sys.modules), apis)
     return _found[1]
@@ -166,11 +199,14 @@ def for_forked_workers(count: int):
     read of ``/proc/self/maps``), instead of that read in every worker.
 
     OpenBLAS stops its thread pool before every fork (its at-fork handler) and
-    starts it again at the next call that wants threads; but setting the count
-    starts it at once, and a new pool thread spins for about 0.1 s (30 ms of
-    CPU here) before it sleeps. So after putting the parent's count back, the
-    pool is stopped again with the handler fork itself calls: the parent ends
-    as fork leaves it, and pays for the pool only if it uses BLAS again."""
+    starts it again at the next call that wants threads; but
+    ``openblas_set_num_threads`` starts it at once, and a new pool thread
+    spins for about 0.1 s (30 ms of CPU here) before it sleeps. So OpenBLAS's
+    count is written in its variable instead (:class:`_OpenBlasCount`): no
+    thread starts, the parent ends as fork leaves it, and pays for the pool
+    only if it uses BLAS again (set, fork and stop cost 0.5 ms of a 2-rank
+    launch on 2 cores). Where only the setter exists, the pool it started is
+    stopped again with the handler fork itself calls."""
     changed = []
     try:
         for library, setter, getter in _thread_apis():
@@ -183,5 +219,5 @@ def for_forked_workers(count: int):
         for library, setter, previous in changed:
             setter(previous)
             stop_pool = getattr(library, "blas_thread_shutdown_", None)  # OpenBLAS only
-            if stop_pool is not None:
+            if stop_pool is not None and not isinstance(setter, _OpenBlasCount):
                 stop_pool()

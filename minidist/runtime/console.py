@@ -39,7 +39,10 @@ import pickle
 import sys
 import threading
 import time
-from multiprocessing.connection import Connection, wait
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
 
 
 class RankPrefix(logging.Filter):
@@ -147,6 +150,8 @@ class PipeLogListener:
     merged by the time they were made (see the module's docstring)."""
 
     def __init__(self, read_fds: list[int]):
+        from multiprocessing.connection import Connection
+
         self._connections = [Connection(fd, writable=False) for fd in read_fds]
         self._thread = threading.Thread(target=self._run, name="minidist-logs", daemon=True)
 
@@ -154,6 +159,8 @@ class PipeLogListener:
         self._thread.start()
 
     def _run(self) -> None:
+        from multiprocessing.connection import wait
+
         open_connections = list(self._connections)
         latest = {connection: 0.0 for connection in open_connections}  # last record's time
         held = []  # (created, arrival number, fields): a heap, earliest first
@@ -186,6 +193,10 @@ class PipeLogListener:
 
 
 def configure_script_logging(fd: int, rank: int, level) -> None:
+    # Imported here, not at the top: a worker program imports this module, and
+    # multiprocessing's import is a few milliseconds of its start.
+    from multiprocessing.connection import Connection
+
     configure_worker_logging(rank, level, Connection(fd, readable=False), inherited=False)
 
 

@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import mmap
 import os
-import secrets
-from multiprocessing import shared_memory
+import sys
 
 PREFIX = "minidist_"
 
 
 def new_name(what: str) -> str:
-    return f"{PREFIX}{os.getpid()}_{secrets.token_hex(12)}_{what}"
+    # os.urandom is what secrets.token_hex reads; importing secrets (hmac,
+    # hashlib) cost a `minidist run` worker 7 ms.
+    return f"{PREFIX}{os.getpid()}_{os.urandom(12).hex()}_{what}"
 
 
 class Segment:
@@ -42,15 +43,20 @@ class Segment:
 
     @classmethod
     def create(cls, size: int, what: str) -> Segment:
+        # Imported here: a worker of `minidist run` only attaches, and
+        # multiprocessing's import is a few milliseconds of its start.
+        from multiprocessing import shared_memory
+
         shm = shared_memory.SharedMemory(name=new_name(what), create=True, size=max(size, 1))
         return cls(shm.name, shm.buf, shm.close, shm.unlink)
 
     @classmethod
     def attach(cls, name: str) -> Segment:
-        try:
-            shm = shared_memory.SharedMemory(name=name, track=False)  # Python 3.13+
-        except TypeError:
+        if sys.version_info < (3, 13):  # no track=False before 3.13
             return cls._attach_without_tracker(name)
+        from multiprocessing import shared_memory
+
+        shm = shared_memory.SharedMemory(name=name, track=False)
         return cls(shm.name, shm.buf, shm.close, None)
 
     @classmethod
@@ -108,6 +114,25 @@ class LocalSegment:
 
     def unlink(self) -> None:
         """Nothing is named."""
+
+
+def release_run(resources, control, arrays=None) -> None:
+    """Unlink and unmap everything a run created (its transport's resources,
+    its control block, its shared arrays: each with ``unlink`` and ``close``),
+    whatever else fails. (Names go first: a segment that still has a name is
+    always mapped by its run.) Both launchers end with it."""
+    try:
+        if resources is not None:
+            resources.unlink()
+            resources.close()
+    finally:
+        try:
+            if control is not None:
+                control.unlink()
+                control.close()
+        finally:
+            if arrays is not None:
+                arrays.release()
 
 
 def count_segments(directory: str = "/dev/shm", pid: int | None = None) -> int:

@@ -31,7 +31,10 @@ def test_launch_against_fork_and_join_before_and_after(tmp_path):
         samples = saved["samples"]["launch"]
         launch = samples[f"launch {row['minidist']} n=2"]
         bare = samples[f"bare {row['minidist']} n=2"]
-        assert len(launch) == len(bare) == 2 and min(launch + bare) > 0
+        loaded = samples[f"bare-loaded {row['minidist']} n=2"]
+        assert len(launch) == len(bare) == len(loaded) == 2 and min(launch + bare + loaded) > 0
+        assert row["launch_over_bare_loaded"] == pytest.approx(
+            statistics.median(launch) / statistics.median(loaded))
         assert row["launch_ms"] == pytest.approx(statistics.median(launch) * 1e3)
         assert row["launch_over_bare"] == pytest.approx(
             statistics.median(launch) / statistics.median(bare))
@@ -42,7 +45,9 @@ def test_summary_is_medians_and_their_ratios():
     bench = _bench()
     measured = {"launch": {"launch after n=2": [3.0, 1.0, 2.0], "bare after n=2": [1.0, 1.0, 4.0]},
                 "commands": {"minidist run after": [0.5, 0.3, 0.4], "mpiexec": [0.2, 0.2, 0.1],
-                             "mpiexec numpy": [0.3, 0.1, 0.4]},
+                             "mpiexec numpy": [0.3, 0.1, 0.4], "python -c pass": [0.02],
+                             "import numpy": [0.1, 0.12, 0.11],
+                             "import minidist.distributed after": [0.13]},
                 "commands_note": None}
     summary = bench.summarize(measured, ["after"], [2])
     (row,) = summary["launch"]
@@ -50,3 +55,6 @@ def test_summary_is_medians_and_their_ratios():
     (command,) = summary["commands"]
     assert command["run_over_mpiexec"] == pytest.approx(0.4 / 0.2)
     assert command["run_over_mpiexec_numpy"] == pytest.approx(0.4 / 0.3)
+    assert summary["floors"] == pytest.approx({"python_ms": 20.0, "import_numpy_ms": 110.0,
+                                               "import_minidist_distributed_barrier_after_ms":
+                                                   130.0})

@@ -28,7 +28,7 @@ import minidist
 import minidist.distributed as dist
 from minidist.distributed import launch
 from minidist.runtime import control as ctl
-from minidist.runtime import desync
+from minidist.runtime import desync, oversubscription
 from minidist.runtime.errors import OversubscriptionWarning, WorkerError
 from minidist.runtime.segments import PREFIX
 
@@ -211,7 +211,7 @@ def test_a_thousand_ranks_summarise_in_a_few_lines():
 
 
 def test_launch_warns_once_when_ranks_outnumber_cores(monkeypatch):
-    monkeypatch.setattr(launch, "_warned_oversubscribed", False)
+    monkeypatch.setattr(oversubscription, "_warned_oversubscribed", False)
     many = launch.cores() + 1
     with pytest.warns(OversubscriptionWarning, match=f"{many} ranks on {many - 1} core"):
         minidist.launch(dist.get_rank, world_size=many)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 
@@ -90,6 +91,26 @@ def test_blas_threads_are_shared_out_between_workers():
                              world_size=4)
     assert counts == [[expected]] * 4
     assert blas_threads.blas_threads() == before  # the parent's own counts are back
+
+
+def test_openblas_count_variable_is_the_one_its_getter_reads():
+    # launch writes OpenBLAS's count variable instead of calling its setter
+    # (which would restart the thread pool): the library must read that variable.
+    np.ones((64, 64)) @ np.ones((64, 64))
+    variables = [(library, getter) for library, setter, getter in blas_threads._thread_apis()
+                 if isinstance(getter, blas_threads._OpenBlasCount)]
+    if not variables:
+        pytest.skip("no OpenBLAS with an exported blas_cpu_number is loaded")
+    for library, variable in variables:
+        real_getter = blas_threads._first_symbol(library, blas_threads._LIBRARIES[0][2])
+        real_getter.restype = ctypes.c_int
+        previous = variable()
+        try:
+            for count in (1, 3, previous):
+                variable(count)
+                assert real_getter() == count
+        finally:
+            variable(previous)
 
 
 @pytest.mark.timeout(30)
@@ -231,3 +252,30 @@ def test_destroy_process_group_leaves_the_run():
         return dist.is_initialized()
 
     assert minidist.launch(worker, world_size=2) == [False, False]
+
+
+def _connected():
+    from minidist.distributed import world
+
+    return world.current().connected
+
+
+def _connected_as_the_function_goes():
+    from minidist.distributed import world
+
+    seen = [world.current().connected]
+    seen.append((dist.get_rank(), dist.get_world_size(), world.current().connected))
+    dist.barrier()
+    seen.append(world.current().connected)
+    return seen
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("transport", ["shm", "pipe"])
+def test_a_rank_connects_its_transport_at_its_first_message(transport):
+    # A function that sends nothing never pays for connecting; its rank and
+    # world size are known without it.
+    assert minidist.launch(_connected, world_size=2, transport=transport) == [False, False]
+    assert minidist.launch(_connected_as_the_function_goes, world_size=2,
+                           transport=transport) == [[False, (0, 2, False), True],
+                                                    [False, (1, 2, False), True]]

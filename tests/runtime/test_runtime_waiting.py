@@ -10,7 +10,7 @@ import pytest
 
 import minidist
 import minidist.distributed as dist
-from minidist.distributed.transport import default_spin_ns, shm
+from minidist.distributed.transport import default_spin_ns, shm_rings
 
 
 def idle_wait_cpu_seconds():
@@ -74,11 +74,11 @@ def test_ring_geometry_shrinks_with_many_ranks_and_little_shared_memory(monkeypa
     class Usage:
         free = 64 << 30
 
-    monkeypatch.setattr(shm.shutil, "disk_usage", lambda path: Usage)
-    slots, slot_bytes = shm.choose_geometry(2)
-    assert slots == shm.DEFAULT_SLOTS and slot_bytes == shm.MAX_SLOT_BYTES
-    slots, slot_bytes = shm.choose_geometry(64)
-    assert 64 * 63 * slots * slot_bytes <= shm.MAX_RING_MEMORY
+    monkeypatch.setattr(shm_rings, "free_bytes", lambda path: Usage.free)
+    slots, slot_bytes = shm_rings.choose_geometry(2)
+    assert slots == shm_rings.DEFAULT_SLOTS and slot_bytes == shm_rings.MAX_SLOT_BYTES
+    slots, slot_bytes = shm_rings.choose_geometry(64)
+    assert 64 * 63 * slots * slot_bytes <= shm_rings.MAX_RING_MEMORY
     Usage.free = 64 << 20  # a container's default /dev/shm
-    slots, slot_bytes = shm.choose_geometry(4)
-    assert slot_bytes == shm.MIN_SLOT_BYTES or 4 * 3 * slots * slot_bytes <= 32 << 20
+    slots, slot_bytes = shm_rings.choose_geometry(4)
+    assert slot_bytes == shm_rings.MIN_SLOT_BYTES or 4 * 3 * slots * slot_bytes <= 32 << 20

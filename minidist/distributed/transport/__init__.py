@@ -4,6 +4,8 @@
 * :mod:`.message` the header that travels before every array
 * :mod:`.pipe`    one OS pipe per pair of ranks: simplest, for reading first
 * :mod:`.shm`     rings of slots in shared memory, doorbells to sleep on: fast
+  (:mod:`.shm_rings` the segment's layout and its making, without NumPy;
+  :mod:`.slots_area` the size of the shared slots' part of it)
 * :mod:`.doorbell` process-shared semaphores living in shared memory
 * :mod:`.mpi`     MPI point-to-point (mpi4py), for scripts started by ``mpiexec``
   (joined by ``init_process_group()``, not started by launch)
@@ -19,13 +21,18 @@ from __future__ import annotations
 
 import os
 
-from minidist.distributed.transport.base import (
-    ANY_SOURCE,
-    ANY_TAG,
-    MessageInfo,
-    Request,
-    Transport,
-)
+#: The contract's names, imported from :mod:`.base` when first asked for
+#: (PEP 562): making a run's resources needs neither them nor NumPy, and
+#: ``minidist run`` makes its run while the workers import (see run_script).
+_FROM_BASE = ("ANY_SOURCE", "ANY_TAG", "MessageInfo", "Request", "Transport")
+
+
+def __getattr__(name):
+    if name in _FROM_BASE:
+        from minidist.distributed.transport import base
+
+        return getattr(base, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 #: What minidist.launch and `minidist run` can start workers on.
 TRANSPORTS = ("shm", "pipe")
@@ -61,7 +68,7 @@ def create_resources(name: str, world_size: int):
     """Parent side: make the pipes or the segment for ``world_size`` ranks."""
     check_name(name)
     if name == "shm":
-        from minidist.distributed.transport.shm import ShmResources
+        from minidist.distributed.transport.shm_rings import ShmResources
 
         return ShmResources.create(world_size)
     from minidist.distributed.transport.pipe import PipeResources
@@ -72,7 +79,7 @@ def create_resources(name: str, world_size: int):
 def resources_from_spec(spec: dict):
     """Worker side (separate program): find the parent's resources from their description."""
     if spec["transport"] == "shm":
-        from minidist.distributed.transport.shm import ShmResources
+        from minidist.distributed.transport.shm_rings import ShmResources
 
         return ShmResources.from_spec(spec)
     from minidist.distributed.transport.pipe import PipeResources

@@ -247,6 +247,10 @@ class MpiResources:
     def wake_all(self) -> None:
         """Nobody sleeps inside MPI: waiting ranks nap and look again."""
 
+    def close_unconnected(self) -> None:
+        """A rank that never connected holds nothing of its own: the
+        communicator is freed by :meth:`close`, as for one that did."""
+
     def close(self) -> None:
         """A launch's communicator is freed; the script's duplicate of
         COMM_WORLD lives until MPI_Finalize (mpi4py calls it at exit)."""

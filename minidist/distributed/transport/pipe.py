@@ -123,6 +123,12 @@ class PipeResources:
         """In the parent, once the workers are started: it keeps no pipe ends."""
         self.close()
 
+    def close_unconnected(self) -> None:
+        """In a rank that ends without having connected: close its ends (all it
+        holds after :meth:`after_fork`), as its transport's close would, so a
+        peer's write to it fails at once instead of filling a pipe nobody reads."""
+        self.close()
+
     def connect(self, rank: int, control, timeout, spin_ns: int) -> PipeTransport:
         spec = self.spec_for(rank)
         reads = {int(src): fd for src, fd in spec["read"].items()}

@@ -32,27 +32,17 @@ from __future__ import annotations
 import numpy as np
 
 from minidist.distributed.transport.base import _DEFAULT, ANY_SOURCE
+from minidist.distributed.transport.slots_area import (  # noqa: F401 - also this module's names
+    CHANNELS,
+    MAX_WORLD,
+    SLOT_BYTES,
+    area_bytes,
+    stride,
+)
+from minidist.distributed.transport.slots_area import LINE as _LINE
 from minidist.runtime import control as ctl
 
-#: Channels per rank: the world and the first CHANNELS - 1 subgroups.
-CHANNELS = 4
-#: The largest array (bytes) that goes through the slots.
-SLOT_BYTES = 32 << 10
-#: Worlds up to this size get slots (the area grows as n * CHANNELS * 2 * SLOT_BYTES).
-MAX_WORLD = 16
-_LINE = 64
 _WORDS = _LINE // 8
-
-
-def area_bytes(world_size: int) -> int:
-    """Bytes of the rings segment the slots take (0: no slots for this world)."""
-    if world_size > MAX_WORLD:
-        return 0
-    return world_size * CHANNELS * stride()
-
-
-def stride() -> int:
-    return 2 * _LINE + 2 * SLOT_BYTES
 
 
 class SharedSlots:

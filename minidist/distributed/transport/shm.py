@@ -47,8 +47,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
-import shutil
 import struct
 import threading
 import time
@@ -57,60 +55,21 @@ import numpy as np
 
 from minidist.distributed.transport import cma, memcopy, message, shared_slots
 from minidist.distributed.transport.base import Inbound, SendRequest, Transport
-from minidist.distributed.transport.doorbell import SEM_BYTES, Doorbells
 from minidist.runtime.errors import PeerGoneError
-from minidist.runtime.segments import Segment
 
-_MAGIC = 0x6D64736D72696E67  # "mdsmring"
-_HEADER_WORDS = 8
+# The segment's layout is in .shm_rings (which imports this module to connect,
+# so this one does not import it back); these two are the cache line and the page.
 _LINE = 64
 _PAGE = 4096
 _HEADER_PAD = 64  # payload starts at a 64-byte boundary after the header
 _FLAG_STRIDE = _LINE // 8  # one "sleeping" flag per cache line, in 8-byte words
 
-DEFAULT_SLOTS = 8
-MAX_SLOT_BYTES = 1 << 19
 MIN_PIECES = 4
 MIN_PIECE_BYTES = 64 << 10
-MIN_SLOT_BYTES = 16 << 10
-MAX_RING_MEMORY = 1 << 30
 
 
 def _align(value: int, alignment: int) -> int:
     return -(-value // alignment) * alignment
-
-
-def check_platform() -> None:
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        raise OSError(
-            f"the shared-memory transport relies on x86-64 memory ordering; this machine is "
-            f"{platform.machine()}. Use transport='pipe' here."
-        )
-    if not os.path.isdir("/dev/shm"):
-        raise OSError("the shared-memory transport needs /dev/shm (Linux); use transport='pipe'")
-
-
-def choose_geometry(world_size: int) -> tuple[int, int]:
-    """(slots per ring, bytes per slot).
-
-    Four slots of up to 1 MiB per ordered pair keep a sender and a receiver
-    both busy; with many ranks the slots shrink so that all rings together stay
-    under 1 GiB and under half of the free space in /dev/shm (the pages are only
-    used once written, but a full /dev/shm turns a write into SIGBUS).
-    Overridable with MINIDIST_SHM_SLOTS and MINIDIST_SHM_SLOT_BYTES.
-    """
-    slots = int(os.environ.get("MINIDIST_SHM_SLOTS", DEFAULT_SLOTS))
-    if "MINIDIST_SHM_SLOT_BYTES" in os.environ:
-        return slots, _align(int(os.environ["MINIDIST_SHM_SLOT_BYTES"]), _LINE)
-    pairs = max(world_size * (world_size - 1), 1)
-    try:
-        free = shutil.disk_usage("/dev/shm").free
-    except OSError:
-        free = MAX_RING_MEMORY
-    budget = min(MAX_RING_MEMORY, free // 2)
-    per_slot = max(budget // (pairs * slots), 1)
-    slot_bytes = 1 << (per_slot.bit_length() - 1)
-    return slots, max(MIN_SLOT_BYTES, min(MAX_SLOT_BYTES, slot_bytes))
 
 
 _TAIL = message.TAIL
@@ -140,103 +99,13 @@ class _FastLayouts(dict):
         return found
 
 
-class _Layout:
-    """Where everything sits in the rings segment."""
-
-    def __init__(self, world_size: int, slots: int, slot_bytes: int):
-        self.world_size = world_size
-        self.slots = slots
-        self.slot_bytes = slot_bytes
-        self.doorbells = _PAGE
-        self.flags = _align(self.doorbells + world_size * SEM_BYTES, _LINE)
-        self.counters = _align(self.flags + world_size * _LINE, _PAGE)
-        self.small = _align(self.counters + world_size * world_size * 2 * _LINE, _PAGE)
-        self.data = _align(self.small + shared_slots.area_bytes(world_size), _PAGE)
-        self.size = self.data + world_size * world_size * slots * slot_bytes
-
-    def words(self, cma_on: bool) -> list[int]:
-        return [_MAGIC, self.world_size, self.slots, self.slot_bytes, int(cma_on), 0, 0, 0]
-
-
-class ShmResources:
-    """The parent-side (or attached) rings segment of one run."""
-
-    name = "shm"
-
-    def __init__(self, segment: Segment, layout: _Layout, owner: bool, cma_on: bool = False):
-        self.segment = segment
-        self.layout = layout
-        self.owner = owner
-        self.cma = cma_on  # messages bigger than a ring go by rendezvous (one copy)
-        self._base_address = ctypes.addressof(ctypes.c_char.from_buffer(segment.buf))
-        self.doorbells = Doorbells(self._base_address + layout.doorbells, layout.world_size)
-
-    @classmethod
-    def create(cls, world_size: int) -> ShmResources:
-        check_platform()
-        slots, slot_bytes = choose_geometry(world_size)
-        layout = _Layout(world_size, slots, slot_bytes)
-        cma_on = cma.available()[0]
-        segment = Segment.create(layout.size, "rings")
-        try:
-            header = segment.buf[:_HEADER_WORDS * 8].cast("Q")
-            for index, word in enumerate(layout.words(cma_on)):
-                header[index] = word
-            header.release()
-            resources = cls(segment, layout, owner=True, cma_on=cma_on)
-            resources.doorbells.initialize()
-        except BaseException:
-            segment.close()
-            segment.unlink()
-            raise
-        return resources
-
-    @classmethod
-    def from_spec(cls, spec: dict) -> ShmResources:
-        check_platform()
-        segment = Segment.attach(spec["segment"])
-        header = segment.buf[:_HEADER_WORDS * 8].cast("Q")
-        magic, world_size, slots, slot_bytes = header[0], header[1], header[2], header[3]
-        cma_on = bool(header[4])
-        header.release()
-        if magic != _MAGIC:
-            segment.close()
-            raise RuntimeError(f"{spec['segment']} is not a minidist rings segment")
-        return cls(segment, _Layout(int(world_size), int(slots), int(slot_bytes)), owner=False,
-                   cma_on=cma_on)
-
-    def spec_for(self, rank: int) -> dict:
-        return {"transport": "shm", "segment": self.segment.name}
-
-    def fds_for(self, rank: int) -> list[int]:
-        return []
-
-    def after_fork(self, rank: int) -> None:
-        """Nothing to do: the mapping is inherited."""
-
-    def release_worker_ends(self) -> None:
-        """The parent keeps its mapping: it rings the doorbells on abort."""
-
-    def connect(self, rank: int, control, timeout, spin_ns: int) -> ShmTransport:
-        return ShmTransport(self, rank, control, timeout, spin_ns)
-
-    def wake_all(self) -> None:
-        self.doorbells.ring_all()
-
-    def close(self) -> None:
-        self.segment.close()
-
-    def unlink(self) -> None:
-        if self.owner:
-            self.segment.unlink()
-
-
 class ShmTransport(Transport):
-    """Point-to-point messages through the rings of a :class:`ShmResources`."""
+    """Point-to-point messages through the rings of a
+    :class:`~.shm_rings.ShmResources` (``resources``)."""
 
     name = "shm"
 
-    def __init__(self, resources: ShmResources, rank: int, control, timeout=None, spin_ns=0):
+    def __init__(self, resources, rank: int, control, timeout=None, spin_ns=0):
         layout = resources.layout
         super().__init__(rank, layout.world_size, control, timeout, spin_ns)
         self._resources = resources
