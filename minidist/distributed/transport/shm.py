@@ -412,8 +412,12 @@ class ShmTransport(Transport):
         return True
 
     def recv_small(self, buffer, src, tag, context, label, ufunc=None) -> bool:
+        # A peeked header does not stop it: peeking reads the message at the
+        # tail without taking it, so that message is still the one below.
+        # (Declining then left the shortcut off for good once a rank fell
+        # behind its sender: every plain receive peeks at the next message.)
         if (self._posted or self._active_sends or self._incoming[src] is not None
-                or self._peeked[src] is not None or self._unexpected[src]):
+                or self._unexpected[src]):
             return False
         nbytes = buffer.nbytes
         if nbytes == 0 or nbytes > self._small_bytes:
@@ -453,6 +457,7 @@ class ShmTransport(Transport):
             ufunc(buffer, incoming.reshape(buffer.shape), out=buffer)
         tail += 1
         self._tail[src] = tail
+        self._peeked[src] = None  # it was this message's header, if any
         counters[self._in_tail[src]] = tail
         lock = self._fence_lock  # see _notify
         lock.acquire()
