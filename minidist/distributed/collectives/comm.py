@@ -122,6 +122,9 @@ class _Fingerprints:
     #: not spend the cores reading each other's records.
     CHECK_SECONDS = 0.05
     CHECK_RANKS = 16
+    #: Once a mismatch is confirmed while some members are neither asleep in
+    #: the call nor finished, this many checks more are spent waiting for them.
+    PATIENCE = 4
 
     def __init__(self, algorithms: dict, ranks=(), context: int = 0):
         self.algorithms = algorithms
@@ -130,6 +133,7 @@ class _Fingerprints:
         self.seq = 0           # calls started on this group
         self.spare: dict = {}  # (dtype, size) -> an array no call is using
         self._suspects = None  # the mismatched records seen by the last check
+        self._waited = 0       # checks spent since a confirmed mismatch (see PATIENCE)
         self.check_interval_ns = int(self.CHECK_SECONDS * 1e9
                                      * max(1.0, len(self.ranks) / self.CHECK_RANKS))
 
@@ -183,17 +187,19 @@ class _Fingerprints:
         in_call = {tag: [me]}
         suspects = []
         finished = []
+        elsewhere = 0  # members neither asleep in this call number nor finished
         for rank in self.ranks:
             if rank == me:
                 continue
             status = control.status(rank)
-            if status.state == ctl.WAITING:
-                if status.context == self.context and status.tag >= 0 \
-                        and (status.tag >> SEQ_SHIFT) & 0xFF == seq:
-                    in_call.setdefault(status.tag, []).append(rank)
-                    if status.tag != tag:
-                        suspects.append((rank, status.tag, status.since_ns))
-            elif status.state == ctl.FINISHED:
+            if status.state == ctl.WAITING and status.context == self.context \
+                    and status.tag >= 0 and (status.tag >> SEQ_SHIFT) & 0xFF == seq:
+                in_call.setdefault(status.tag, []).append(rank)
+                if status.tag != tag:
+                    suspects.append((rank, status.tag, status.since_ns))
+            elif status.state != ctl.FINISHED:
+                elsewhere += 1
+            if status.state == ctl.FINISHED:
                 made = control.calls_of(rank, self.context)
                 if made is not None and made <= number:
                     finished.append((rank, made))
@@ -210,6 +216,13 @@ class _Fingerprints:
         confirmed = bool(suspects) and suspects == self._suspects
         self._suspects = suspects or None
         if not confirmed:
+            self._waited = 0
+            return
+        if elsewhere and self._waited < self.PATIENCE:
+            # Some members are still on their way (busy, or not yet scheduled
+            # on a loaded machine): a few checks more, so that the error can
+            # name the call of every rank that is coming, not only the first.
+            self._waited += 1
             return
         parts = []
         for each, ranks in sorted(in_call.items(), key=lambda item: min(item[1])):
