@@ -12,6 +12,15 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+
+def _run_fresh(code: str) -> str:
+    """What ``code`` prints, run in a fresh interpreter (nothing imported yet)."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
 #: Imported at `import minidist.distributed` no more: NumPy, the messages and the
 #: collectives come with the first name that needs them, the simulator is never
 #: needed by a rank, and these standard modules were a few milliseconds of each
@@ -38,11 +47,7 @@ print("names ok")
 
 @pytest.mark.timeout(60)
 def test_import_minidist_distributed_leaves_out_what_a_rank_does_not_need():
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
-                          env=env, timeout=60, check=False)
-    assert done.returncode == 0, done.stderr
-    imported, names = done.stdout.strip().splitlines()
+    imported, names = _run_fresh(PROBE).strip().splitlines()
     assert imported == "[]", f"imported at `import minidist.distributed`: {imported}"
     assert names == "names ok"
 
@@ -68,11 +73,8 @@ print(sorted(name for name in {NOT_BEFORE_THE_WORKERS!r} if name in sys.modules)
 
 @pytest.mark.timeout(60)
 def test_minidist_run_starts_its_workers_before_importing_the_rest():
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, "-c", RUN_PROBE], capture_output=True, text=True,
-                          env=env, timeout=60, check=False)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]", f"imported before the workers start: {done.stdout}"
+    imported = _run_fresh(RUN_PROBE).strip()
+    assert imported == "[]", f"imported before the workers start: {imported}"
 
 
 #: What `minidist run`'s launching process imports once its workers are started
@@ -93,8 +95,4 @@ print(world.DEFAULT_TIMEOUT, "numpy" in sys.modules)
 
 @pytest.mark.timeout(60)
 def test_minidist_run_makes_its_run_without_numpy():
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, "-c", MAKE_RUN_PROBE], capture_output=True,
-                          text=True, env=env, timeout=60, check=False)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["120.0", "False"]
+    assert _run_fresh(MAKE_RUN_PROBE).split() == ["120.0", "False"]
