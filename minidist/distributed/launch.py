@@ -35,7 +35,7 @@ from minidist import trace as _trace
 from minidist.distributed import world
 from minidist.distributed.shared_array import SharedArrays
 from minidist.distributed.transport import check_name, create_resources
-from minidist.distributed.transport.mpi import launched_by_mpi
+from minidist.distributed.transport.mpi_environment import launched_by_mpi
 from minidist.distributed.worker import worker_main
 from minidist.runtime import blas_threads, signals
 from minidist.runtime.control import ControlBlock

@@ -197,7 +197,7 @@ def init_process_group(backend: str | None = None, init_method=None, timeout=Non
     if init_method not in (None, "env://"):
         raise ValueError(f"init_method {init_method!r} is not supported; minidist's launchers "
                          "pass everything through the environment (env://)")
-    from minidist.distributed.transport.mpi import launched_by_mpi
+    from minidist.distributed.transport.mpi_environment import launched_by_mpi
 
     if "MINIDIST_RANK" in os.environ:
         _init_from_environment(transport, world_size, rank, timeout, log_level)
@@ -317,7 +317,8 @@ def _init_from_environment(transport, world_size, rank, timeout, log_level) -> N
             try:
                 with open(os.path.join(error_dir, f"rank{env_rank}.txt"), "w") as file:
                     json.dump({"type": kind.__name__, "message": str(value), "traceback": text,
-                               "peer": getattr(value, "peer", None)}, file)
+                               "peer": getattr(value, "peer", None),
+                               "at": time.monotonic()}, file)
                 return  # the parent prints it, once, with the others' states
             except OSError:
                 pass

@@ -59,6 +59,10 @@ import numpy as np
 
 from minidist.distributed.transport import message
 from minidist.distributed.transport.base import Inbound, SendRequest, Transport
+from minidist.distributed.transport.mpi_environment import (  # noqa: F401 - re-exported
+    launched_by_mpi,
+    mpi_environment,
+)
 
 HEADER_TAG = 1
 PAYLOAD_TAG = 2
@@ -78,23 +82,6 @@ INSTALL_HINT = ("the 'mpi' transport needs mpi4py and an MPI library: pip instal
                 "(mpi4py and the `mpich` wheel, which also provides mpiexec), or "
                 "`pip install mpi4py` over a system MPICH / Open MPI")
 
-_RANK_VARIABLES = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
-                   ("PMIX_RANK", "OMPI_COMM_WORLD_SIZE"))
-
-
-def mpi_environment(environ=None) -> tuple[int, int] | None:
-    """(rank, world size) as mpiexec set them, or None. Reads the environment
-    only: nothing is imported."""
-    environ = os.environ if environ is None else environ
-    for rank, size in _RANK_VARIABLES:
-        if rank in environ and size in environ:
-            return int(environ[rank]), int(environ[size])
-    return None
-
-
-def launched_by_mpi(environ=None) -> bool:
-    """Was this process started by mpiexec (MPICH's hydra or Open MPI)?"""
-    return mpi_environment(environ) is not None
 
 
 def load_mpi():
