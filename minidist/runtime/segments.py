@@ -5,22 +5,27 @@ Every segment minidist creates is called
 (another user cannot open or pre-create it), yet easy to count in
 ``/dev/shm`` when checking for leaks, all of them or one run's
 (:func:`count_segments` with ``pid``). The process that starts a run creates
-the segments and is the only one that unlinks them, on every exit path; it
-also registers them with multiprocessing's resource tracker, which unlinks them
-if that process itself is killed with SIGKILL.
+the segments and is the only one that unlinks them, on every exit path; its
+reaper (:mod:`.segment_reaper`) unlinks them if that process itself is killed
+with SIGKILL.
 
-Workers started with fork inherit the mapping and never open a segment by
-name. Workers started as separate programs (``minidist run``) attach by name
-*without* registering with a resource tracker of their own: such a tracker
-would unlink the segment when that one worker exits, under the feet of the
-others (a known trap of ``multiprocessing.shared_memory`` before Python 3.13).
+Segments are made with ``shm_open`` and ``mmap`` directly (what
+``multiprocessing.shared_memory`` does on Linux, without its imports or its
+resource tracker). Workers of ``minidist.launch`` inherit the mapping through
+fork and never open a segment by name; ranks of ``minidist run`` are forked
+before their run's segments exist and attach by name, unwatched: only the
+creator unlinks (a tracker per rank would unlink a segment when that one rank
+exits, under the feet of the others: the known trap of
+``multiprocessing.shared_memory`` before Python 3.13).
 """
 
 from __future__ import annotations
 
+import _posixshmem
 import mmap
 import os
-import sys
+
+from minidist.runtime import segment_reaper
 
 PREFIX = "minidist_"
 
@@ -43,27 +48,29 @@ class Segment:
 
     @classmethod
     def create(cls, size: int, what: str) -> Segment:
-        # Imported here: a worker of `minidist run` only attaches, and
-        # multiprocessing's import is a few milliseconds of its start.
-        from multiprocessing import shared_memory
-
-        shm = shared_memory.SharedMemory(name=new_name(what), create=True, size=max(size, 1))
-        return cls(shm.name, shm.buf, shm.close, shm.unlink)
+        """A new segment of ``size`` bytes, watched by this process's reaper."""
+        name = new_name(what)
+        # shm_open, as multiprocessing.shared_memory does, without its import
+        # (secrets, hashlib: 4 ms) and its resource tracker (see segment_reaper).
+        fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+        try:
+            segment_reaper.watch(name)
+            try:
+                os.ftruncate(fd, max(size, 1))
+                mapping = mmap.mmap(fd, max(size, 1))
+            except BaseException:
+                _unlink(name)
+                raise
+        finally:
+            os.close(fd)
+        return cls(name, *_view_and_closer(mapping), lambda: _unlink(name))
 
     @classmethod
     def attach(cls, name: str) -> Segment:
-        if sys.version_info < (3, 13):  # no track=False before 3.13
-            return cls._attach_without_tracker(name)
-        from multiprocessing import shared_memory
-
-        shm = shared_memory.SharedMemory(name=name, track=False)
-        return cls(shm.name, shm.buf, shm.close, None)
-
-    @classmethod
-    def _attach_without_tracker(cls, name: str) -> Segment:
-        path = os.path.join("/dev/shm", name.lstrip("/"))
+        """Map the existing segment ``name`` (a rank of ``minidist run``). No
+        reaper, no tracker: only its creator unlinks it."""
         try:
-            fd = os.open(path, os.O_RDWR)
+            fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
         except FileNotFoundError:
             raise FileNotFoundError(
                 f"shared-memory segment {name} does not exist: the run that created it has "
@@ -73,13 +80,7 @@ class Segment:
             mapping = mmap.mmap(fd, os.fstat(fd).st_size)
         finally:
             os.close(fd)
-        view = memoryview(mapping)
-
-        def close():
-            view.release()
-            mapping.close()
-
-        return cls(name, view, close, None)
+        return cls(name, *_view_and_closer(mapping), None)
 
     def close(self) -> None:
         """Unmap (if nothing still points into it; otherwise the unmapping waits
@@ -97,6 +98,23 @@ class Segment:
                 unlinker()
             except FileNotFoundError:
                 pass
+
+
+def _view_and_closer(mapping):
+    view = memoryview(mapping)
+
+    def close():
+        view.release()
+        mapping.close()
+
+    return view, close
+
+
+def _unlink(name: str) -> None:
+    try:
+        _posixshmem.shm_unlink("/" + name)
+    finally:
+        segment_reaper.forget(name)
 
 
 class LocalSegment:

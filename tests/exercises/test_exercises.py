@@ -52,8 +52,10 @@ KNOWN_WRONG = {
 
 def _children() -> list[int]:
     """Processes whose parent is this one (the checker's workers, if left),
-    but for multiprocessing's resource tracker."""
-    me, found = os.getpid(), []
+    but for the segment reaper, which lives as long as this interpreter."""
+    from minidist.runtime.segment_reaper import reaper_pid
+
+    me, found, reaper = os.getpid(), [], reaper_pid()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
@@ -61,11 +63,8 @@ def _children() -> list[int]:
                     fields = file.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            if int(fields[1]) == me and fields[0] != "Z":
-                with open(f"/proc/{entry}/cmdline", "rb") as file:
-                    # multiprocessing's resource tracker lives as long as this interpreter
-                    if b"resource_tracker" not in file.read():
-                        found.append(int(entry))
+            if int(fields[1]) == me and fields[0] != "Z" and int(entry) != reaper:
+                found.append(int(entry))
     return found
 
 
