@@ -6,7 +6,8 @@ to the parent over a private pipe (after the log records the rank sent on it,
 see :mod:`minidist.runtime.console`)::
 
     ("ok", rank, return value, trace events)
-    ("error", rank, kind, exception type, message, traceback text, trace events, blamed rank)
+    ("error", rank, kind, exception type, message, traceback text, trace events, blamed rank,
+     when it failed (time.monotonic(): one clock for every process of the machine))
 
 ``kind`` is "exception", "timeout" or "aborted" (stopped because another rank
 failed: the parent does not report those as the cause).
@@ -15,6 +16,7 @@ failed: the parent does not report those as the cause).
 from __future__ import annotations
 
 import pickle
+import time
 import traceback
 
 from minidist import trace as _trace
@@ -49,6 +51,7 @@ def worker_main(rank, world_size, fn, args, kwargs, resources, control, result_p
                 f"rank {rank} returned a {type(result).__name__} that cannot be pickled "
                 f"({error}); return arrays, numbers or other plain data") from error
     except BaseException as error:  # noqa: B036 - everything must be reported, even SystemExit
+        failed_at = time.monotonic()
         world.mark_failed()
         if world.is_initialized():
             try:
@@ -66,7 +69,7 @@ def worker_main(rank, world_size, fn, args, kwargs, resources, control, result_p
         # A PeerGoneError names the rank it waited for: the launcher follows
         # these back to the rank that really caused the failure.
         outcome = ("error", rank, kind, type(error).__name__, str(error), traceback.format_exc(),
-                   _trace.stop_recording(), getattr(error, "peer", None))
+                   _trace.stop_recording(), getattr(error, "peer", None), failed_at)
         payload = pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
     try:
         logs.send_last(payload)  # after every record: the parent prints them first

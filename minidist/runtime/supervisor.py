@@ -18,8 +18,8 @@ seconds of the failure:
 
 Shared-memory segments are unlinked by the launcher's ``finally`` after
 this, on every path; if the parent itself is SIGKILLed, the workers die with
-it (``PR_SET_PDEATHSIG``) and multiprocessing's resource tracker unlinks the
-segments.
+it (``PR_SET_PDEATHSIG``) and the parent's segment reaper unlinks the
+segments (see :mod:`.segment_reaper`).
 """
 
 from __future__ import annotations
@@ -107,11 +107,11 @@ class Supervisor:
                 self.results[rank] = value
                 self.events.extend(events)
             else:
-                _, rank, kind, type_name, text, tb, events, blamed = message
+                _, rank, kind, type_name, text, tb, events, blamed, failed_at = message
                 if type_name == "PeerGoneError":
                     kind = "peer_gone"
                 self._fail(rank, kind, type_name=type_name, message=text, traceback=tb,
-                           peer=blamed)
+                           peer=blamed, at=failed_at)
                 self.events.extend(events)
             return True
         return False
@@ -121,6 +121,8 @@ class Supervisor:
             return
         self._order += 1
         details.setdefault("exitcode", None)
+        if details.get("at") is None:  # seen here (a death): no earlier time is known
+            details["at"] = time.monotonic()
         self.failures[rank] = dict(kind=kind, order=self._order, **details)
         self.control.set_state(rank, ctl.FAILED)
         if rank in self.tolerated and not self.stopped:
@@ -151,7 +153,7 @@ class Supervisor:
                     "PeerGoneError": "peer_gone"}.get(details["type"], "exception")
             self._fail(rank, kind, type_name=details["type"], message=details["message"],
                        traceback=details["traceback"], exitcode=code,
-                       peer=details.get("peer"))
+                       peer=details.get("peer"), at=details.get("at"))
         elif self.stopped:
             self._fail(rank, "stopped", exitcode=code)
         else:
@@ -262,7 +264,11 @@ class Supervisor:
 
     def _cause_key(self, rank):
         failure = self.failures[rank]
-        return (_PRIORITY.get(failure["kind"], 0), failure["order"])
+        # Of two ranks that timed out waiting for each other, the first to give
+        # up saw the other still waiting (its report names the deadlock); the
+        # second saw it failed. Both may reach this process in one wait, so
+        # the time each rank failed decides, not the order they are read in.
+        return (_PRIORITY.get(failure["kind"], 0), failure["at"], failure["order"])
 
     def _summary(self, rank) -> str:
         """What happened to ``rank``, as a sentence without its subject."""

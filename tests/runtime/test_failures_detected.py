@@ -202,6 +202,25 @@ def raises_while_others_wait():
     dist.barrier()
 
 
+def test_of_two_ranks_that_time_out_together_the_first_is_the_cause():
+    # Both wait for the other (a deadlock); the first to give up saw the
+    # other still waiting and says "a deadlock", the second saw it failed.
+    # Their reports may be read in either order: the time decides.
+    from minidist.runtime.control import ControlBlock
+    from minidist.runtime.supervisor import Supervisor
+
+    for order in ([0, 1], [1, 0]):
+        supervisor = Supervisor([], ControlBlock.local(2), lambda: None)
+        texts = {0: ("rank 0 timed out; rank 1: failed", 20.0),
+                 1: ("rank 1 timed out; rank 0: waiting: a deadlock", 19.9)}
+        for rank in order:
+            text, at = texts[rank]
+            supervisor._fail(rank, "timeout", type_name="CommTimeoutError", message=text,
+                             traceback="", at=at)
+        assert supervisor.root_cause() == (1, None), order
+        assert "a deadlock" in str(supervisor.error())
+
+
 def test_a_big_worlds_report_is_short_and_names_the_cause_first():
     error, elapsed = failing(raises_while_others_wait, world_size=40, transport="shm")
     text = str(error)
