@@ -161,6 +161,27 @@ def _cmd_run(args) -> int:
     return run_command(args)
 
 
+def _exit_now(code: int):
+    """End this process as an interpreter's exit would, without the teardown.
+
+    After ``minidist run`` the launcher has released everything itself (its
+    workers are reaped, its shared memory unlinked, its files closed); what
+    Python's exit would still do is free every module one by one (Rich's,
+    the runtime's: 17 ms of a 140 ms `minidist run -n 2` here), while the
+    command's caller waits. So: the ``atexit`` functions, stdout and stderr
+    flushed, and ``os._exit``."""
+    import atexit
+    import os
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed pipe: Python says 120
+            code = code or 120
+    os._exit(code)
+
+
 def _cmd_bench(args) -> int:
     if args.kind == "collectives":
         from minidist.bench.collectives import run_from_args
@@ -378,7 +399,10 @@ def main(argv=None) -> int:
         parser.print_help()
         return 0
     try:
-        return args.handler(args) or 0
+        code = args.handler(args) or 0
+        if argv is None and args.handler is _cmd_run:  # the program itself (see _exit_now)
+            _exit_now(code)
+        return code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -115,3 +115,17 @@ def reset_in_worker() -> None:
     guard = _active
     if guard is not None and guard.pending == signal.SIGTERM:
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def reset_in_program() -> None:
+    """In a forked copy of the launcher that becomes a script's main program
+    (:mod:`.program`): the handlers a fresh interpreter has (Ctrl-C raises
+    KeyboardInterrupt, SIGTERM ends the process), and no launcher's guard. A
+    SIGTERM the launcher received inside the fork was only remembered: deliver
+    it now."""
+    global _active
+    guard, _active = _active, None
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if guard is not None and guard.pending == signal.SIGTERM:
+        os.kill(os.getpid(), signal.SIGTERM)

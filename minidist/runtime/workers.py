@@ -47,7 +47,9 @@ class ForkedWorker:
 
 
 class ProgramWorker:
-    """A worker that is a separate program (``minidist run``)."""
+    """A worker that runs a script as its main program (``minidist run``):
+    ``popen`` is a :class:`~minidist.runtime.program.ForkedProgram` (or anything
+    with ``subprocess.Popen``'s pid, poll, wait, terminate and kill)."""
 
     def __init__(self, rank, popen):
         self.rank = rank

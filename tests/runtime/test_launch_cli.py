@@ -84,6 +84,8 @@ SCRIPT = textwrap.dedent("""
         raise RuntimeError("rank two gives up")
     if sys.argv[1:] == ["exit"] and rank == 1:
         sys.exit(4)
+    if sys.argv[1:] == ["interrupt"] and rank == 1:
+        raise KeyboardInterrupt  # reported as any exception (Python then ends by SIGINT)
     dist.barrier()
     sys.stdout.write(f"args {sys.argv[1:]} rank {rank}\\n")  # one write: no interleaving
     sys.stdout.flush()
@@ -111,16 +113,65 @@ def test_a_failing_rank_ends_the_run_with_its_traceback(tmp_path, transport):
     assert done.returncode == 1
     assert "rank 2 failed with RuntimeError: rank two gives up" in done.stderr
     assert 'raise RuntimeError("rank two gives up")' in done.stderr
+    assert "program.py" not in done.stderr  # the traceback starts in the script
     assert not leaked_since(before)
 
 
 @pytest.mark.timeout(60)
-def test_an_exit_code_is_reported(tmp_path):
+@pytest.mark.parametrize("how, said", [("exit", "rank 1 exited with code 4"),
+                                       ("interrupt", "rank 1 failed with KeyboardInterrupt")])
+def test_an_exit_code_is_reported(tmp_path, how, said):
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
-    done = minidist_run("-n", "3", str(script), "exit")
+    done = minidist_run("-n", "3", str(script), how)
     assert done.returncode == 1
-    assert "rank 1 exited with code 4" in done.stderr
+    assert said in done.stderr
+
+
+# A rank is a fork of the launcher (minidist/runtime/program.py) that must
+# look, to the script, like `python script.py`: each check is one line here.
+AS_PYTHON = textwrap.dedent("""
+    import atexit, logging, os, sys, threading, time
+    open_fds = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))[:-1]  # not listdir's
+    handlers = list(logging.getLogger().handlers)
+    import neighbour  # next to the script: sys.path[0] is its folder
+    import minidist.distributed as dist
+
+    dist.init_process_group()
+    rank = dist.get_rank()
+    checks = {
+        "__name__": __name__ == "__main__",
+        "__file__": __file__ == os.path.abspath(sys.argv[0]) and os.path.isabs(__file__),
+        "argv": sys.argv[1:] == ["one", "--two"] and sys.argv[0].endswith("as_python.py"),
+        "path": sys.path[0] == os.path.dirname(__file__),
+        "main module": sys.modules["__main__"].__dict__ is globals(),
+        "fds": len(open_fds) == 5,  # stdin/out/err, its log pipe, its run's description
+        "logging": handlers == [],
+        "environment": os.environ["RANK"] == str(rank) and "MINIDIST_RUN" not in os.environ,
+    }
+    failed = [name for name, ok in checks.items() if not ok]
+    assert not failed, (failed, open_fds, sys.argv, sys.path[:2], handlers)
+
+    def late():
+        time.sleep(0.2)
+        sys.stdout.write(f"thread of rank {rank} ended\\n")
+    threading.Thread(target=late).start()  # not a daemon: the exit waits for it
+    atexit.register(lambda: sys.stdout.write(f"atexit of rank {rank}\\n"))
+    sys.stdout.write(f"buffered, no newline, rank {rank};")  # flushed at the exit
+""")
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_runs_the_script_as_python_would(tmp_path):
+    script = tmp_path / "as_python.py"
+    script.write_text(AS_PYTHON)
+    (tmp_path / "neighbour.py").write_text("")
+    done = minidist_run("-n", "2", str(script), "one", "--two")
+    assert done.returncode == 0, done.stderr
+    for rank in range(2):
+        assert f"buffered, no newline, rank {rank};" in done.stdout
+        assert f"thread of rank {rank} ended" in done.stdout
+        assert f"atexit of rank {rank}" in done.stdout
 
 
 @pytest.mark.timeout(60)
@@ -176,7 +227,7 @@ def alive(pid):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm", "sigkill"])
 def test_interrupting_minidist_run_stops_every_rank(tmp_path, how):
     import signal
 
@@ -196,11 +247,11 @@ def test_interrupting_minidist_run_stops_every_rank(tmp_path, how):
     start = time.monotonic()
     if how == "ctrl-c":
         os.killpg(parent.pid, signal.SIGINT)
-    else:
-        parent.send_signal(signal.SIGTERM)
+    else:  # SIGKILL: no cleanup of its own; the ranks die with it, its reaper unlinks
+        parent.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
     _, stderr = parent.communicate(timeout=10)
     assert time.monotonic() - start < 5.0
-    assert parent.returncode == (130 if how == "ctrl-c" else 143), stderr
+    assert parent.returncode == {"ctrl-c": 130, "sigterm": 143, "sigkill": -9}[how], stderr
     assert not [pid for pid in map(int, os.listdir(pids)) if alive(pid)]
     assert not leaked_since(before)
 
