@@ -37,7 +37,7 @@ from minidist.distributed.shared_array import SharedArrays
 from minidist.distributed.transport import check_name, create_resources
 from minidist.distributed.transport.mpi_environment import launched_by_mpi
 from minidist.distributed.worker import worker_main
-from minidist.runtime import blas_threads, signals
+from minidist.runtime import blas_threads, console, signals
 from minidist.runtime.control import ControlBlock
 from minidist.runtime.oversubscription import cores, warn_if_oversubscribed  # noqa: F401
 from minidist.runtime.segments import release_run as _release
@@ -167,7 +167,8 @@ def _launch_forked(fn, world_size, transport, args, kwargs, trace, timeout, log_
             with blas_threads.for_forked_workers(blas_threads.threads_per_worker(world_size)):
                 for rank in range(world_size):
                     options_for_rank = dict(options, other_pipes=[p for r, p in enumerate(pipes)
-                                                                  if r != rank])
+                                                                  if r != rank],
+                                            log_handler=console.worker_log_handler(rank))
                     process = context.Process(
                         target=worker_main, name=f"minidist-rank-{rank}", daemon=False,
                         args=(rank, world_size, fn, args, kwargs, resources, control,

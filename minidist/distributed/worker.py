@@ -34,7 +34,8 @@ def worker_main(rank, world_size, fn, args, kwargs, resources, control, result_p
     resources.after_fork(rank)
     for other in options["other_pipes"]:
         other.close_in_child()
-    logs = console.configure_worker_logging(rank, options["log_level"], connection)
+    logs = console.configure_worker_logging(rank, options["log_level"], connection,
+                                            handler=options.get("log_handler"))
     if options["trace"]:
         _trace.start_recording(rank)
     try:
