@@ -8,11 +8,17 @@ with it (``PR_SET_PDEATHSIG``), but a named segment in ``/dev/shm`` outlives
 every process: memory lost until reboot.
 
 So the first time a process creates a segment, it forks a *reaper*: a child
-that holds the read end of a pipe and does nothing else. The creator writes
-one line per segment it makes (``+name``) and one per segment it unlinks
-(``-name``). When the pipe ends, which happens however the creator ends (the
-kernel closes a dead process's files), the reaper unlinks every name still
-listed and exits. A creator that ended cleanly left the list empty.
+that holds the read end of a pipe whose write end only the creator has, and
+waits on it. Nothing is ever written: the read returns when the pipe ends,
+which happens however the creator ends (the kernel closes a dead process's
+files). The reaper then unlinks every segment named after the creator
+(``minidist_<creator's pid>_...``, see :mod:`.segments`) and exits. After a
+clean end there are none left; after a SIGKILL, there are the run's.
+
+The names say whose a segment is, so the reaper needs no list: an earlier
+version was sent a line per segment made and unlinked, and each write woke
+the reaper (10 us of the creator's time per write in a profile; too little
+to show in a launch's wall time, but a protocol the names make needless).
 
 multiprocessing's resource tracker does the same job; minidist used it
 before. It is a fresh interpreter started with ``exec`` (about 20 ms of CPU
@@ -24,8 +30,8 @@ before the fork (a forked child must not import, in case another thread of
 the parent held the import lock at the fork).
 
 The reaper ignores SIGINT, SIGTERM and SIGHUP: Ctrl-C reaches the whole
-process group, and the reaper must outlive the launcher to do its job. It
-ends when the pipe does. ``ps`` shows it as ``minidist-reaper`` (Linux).
+process group, and the reaper must outlive the launcher to do its job.
+``ps`` shows it as ``minidist-reaper`` (Linux).
 """
 
 from __future__ import annotations
@@ -36,20 +42,29 @@ import signal
 
 from minidist.runtime.process_setup import set_process_name
 
-_writer: int | None = None  # the pipe's write end, in the process that forked the reaper
-_owner: int | None = None  # that process's pid (a fork of it needs a reaper of its own)
+SHM_DIRECTORY = "/dev/shm"
+
+_owner: int | None = None  # the pid of the process that forked the reaper
 _pid: int | None = None  # the reaper's pid
 
 
-def watch(name: str) -> None:
-    """``name`` was just created by this process: unlink it if this process dies."""
-    _send(f"+{name}\n")
-
-
-def forget(name: str) -> None:
-    """``name`` was unlinked by this process: nothing to do for it any more."""
-    if _owner == os.getpid():
-        _send(f"-{name}\n")
+def ensure_running(prefix: str) -> None:
+    """This process is about to create a segment: make sure a reaper will
+    unlink the names that start with ``prefix`` (this process's) when it ends."""
+    global _owner, _pid
+    creator = os.getpid()
+    if _owner == creator:
+        return  # a fork of the creator is not the creator: it gets its own
+    read, write = os.pipe()  # not inheritable: a program started with exec never holds it
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _reap(read, prefix)
+        finally:
+            os._exit(0)
+    os.close(read)
+    _owner, _pid = creator, pid
+    # `write` stays open, unused, for this process's whole life: its end is the signal.
 
 
 def reaper_pid() -> int | None:
@@ -57,62 +72,25 @@ def reaper_pid() -> int | None:
     return _pid if _owner == os.getpid() else None
 
 
-def _send(line: str) -> None:
-    data = line.encode()
-    if len(data) > 512:  # one write of at most PIPE_BUF bytes is never interleaved
-        raise ValueError(f"segment name too long for the reaper: {line[1:-1]!r}")
-    if _owner != os.getpid():
-        _start()
-    try:
-        os.write(_writer, data)
-    except OSError:  # the reaper was killed: start another, tell it again
-        _start()
-        os.write(_writer, data)
-
-
-def _start() -> None:
-    global _writer, _owner, _pid
-    if _owner == os.getpid():  # a dead reaper: collect it, drop its pipe
-        os.close(_writer)
-        try:
-            os.waitpid(_pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            _reap(read)
-        finally:
-            os._exit(0)
-    os.close(read)
-    _writer, _owner, _pid = write, os.getpid(), pid
-
-
-def _reap(read: int) -> None:
-    """In the reaper: keep the list until the pipe ends, then unlink what is on it."""
+def _reap(read: int, prefix: str) -> None:
+    """In the reaper: wait for the pipe to end, then unlink the creator's segments."""
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
     set_process_name("minidist-reaper")
-    # Only the pipe: a copy of the creator's other pipe ends held here would
-    # keep its workers and its readers from ever seeing them end.
+    # Only the pipe's read end: a copy of the creator's other pipe ends (or of
+    # this pipe's write end) held here would keep them from ever ending.
     for fd in _open_fds():
         if fd != read:
             try:
                 os.close(fd)
             except OSError:
                 pass
-    names: set[str] = set()
-    pending = b""
-    while chunk := os.read(read, 65536):
-        lines = (pending + chunk).split(b"\n")
-        pending = lines.pop()
-        for line in lines:
-            name = line[1:].decode()
-            if line[:1] == b"+":
-                names.add(name)
-            else:
-                names.discard(name)
+    while os.read(read, 4096):
+        pass  # nothing is written; a read returns at the end
+    try:
+        names = [name for name in os.listdir(SHM_DIRECTORY) if name.startswith(prefix)]
+    except OSError:
+        return
     for name in names:
         try:
             _posixshmem.shm_unlink("/" + name)

@@ -30,10 +30,15 @@ from minidist.runtime import segment_reaper
 PREFIX = "minidist_"
 
 
+def creator_prefix(pid: int | None = None) -> str:
+    """The start of every name made by process ``pid`` (this one by default)."""
+    return f"{PREFIX}{os.getpid() if pid is None else pid}_"
+
+
 def new_name(what: str) -> str:
     # os.urandom is what secrets.token_hex reads; importing secrets (hmac,
     # hashlib) cost a `minidist run` worker 7 ms.
-    return f"{PREFIX}{os.getpid()}_{os.urandom(12).hex()}_{what}"
+    return f"{creator_prefix()}{os.urandom(12).hex()}_{what}"
 
 
 class Segment:
@@ -49,18 +54,17 @@ class Segment:
     @classmethod
     def create(cls, size: int, what: str) -> Segment:
         """A new segment of ``size`` bytes, watched by this process's reaper."""
+        segment_reaper.ensure_running(creator_prefix())
         name = new_name(what)
         # shm_open, as multiprocessing.shared_memory does, without its import
         # (secrets, hashlib: 4 ms) and its resource tracker (see segment_reaper).
         fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
         try:
-            segment_reaper.watch(name)
-            try:
-                os.ftruncate(fd, max(size, 1))
-                mapping = mmap.mmap(fd, max(size, 1))
-            except BaseException:
-                _unlink(name)
-                raise
+            os.ftruncate(fd, max(size, 1))
+            mapping = mmap.mmap(fd, max(size, 1))
+        except BaseException:
+            _unlink(name)
+            raise
         finally:
             os.close(fd)
         return cls(name, *_view_and_closer(mapping), lambda: _unlink(name))
@@ -111,10 +115,7 @@ def _view_and_closer(mapping):
 
 
 def _unlink(name: str) -> None:
-    try:
-        _posixshmem.shm_unlink("/" + name)
-    finally:
-        segment_reaper.forget(name)
+    _posixshmem.shm_unlink("/" + name)
 
 
 class LocalSegment:
@@ -156,7 +157,7 @@ def release_run(resources, control, arrays=None) -> None:
 def count_segments(directory: str = "/dev/shm", pid: int | None = None) -> int:
     """How many minidist segments exist on this machine, or were made by
     process ``pid`` (for leak checks)."""
-    prefix = PREFIX if pid is None else f"{PREFIX}{pid}_"
+    prefix = PREFIX if pid is None else creator_prefix(pid)
     try:
         return sum(1 for entry in os.listdir(directory) if entry.startswith(prefix))
     except FileNotFoundError:
