@@ -40,8 +40,6 @@ import _posixshmem
 import os
 import signal
 
-from minidist.runtime.process_setup import set_process_name
-
 SHM_DIRECTORY = "/dev/shm"
 
 _owner: int | None = None  # the pid of the process that forked the reaper
@@ -55,11 +53,15 @@ def ensure_running(prefix: str) -> None:
     creator = os.getpid()
     if _owner == creator:
         return  # a fork of the creator is not the creator: it gets its own
+    # Imported here, by the creator (the child must not import), not by every
+    # `import minidist.distributed` (segments.py imports this module).
+    from minidist.runtime.process_setup import set_process_name
+
     read, write = os.pipe()  # not inheritable: a program started with exec never holds it
     pid = os.fork()
     if pid == 0:
         try:
-            _reap(read, prefix)
+            _reap(read, prefix, set_process_name)
         finally:
             os._exit(0)
     os.close(read)
@@ -72,7 +74,7 @@ def reaper_pid() -> int | None:
     return _pid if _owner == os.getpid() else None
 
 
-def _reap(read: int, prefix: str) -> None:
+def _reap(read: int, prefix: str, set_process_name) -> None:
     """In the reaper: wait for the pipe to end, then unlink the creator's segments."""
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
