@@ -26,8 +26,8 @@ launcher that dies first closes it: the rank stops with an error). (With
 forked, as they inherit them: that transport is made first.)
 
 Measured on the 2-core machine (benchmarks/README, "Starting workers"): a
-`minidist run -n 2` of a hello went from 177 ms with one interpreter per rank
-to 103 ms, against 88 ms for ``mpiexec -n 2`` of an mpi4py hello.
+`minidist run -n 2` of a hello went from 180 ms with one interpreter per rank
+to 104 ms, against 86 ms for ``mpiexec -n 2`` of an mpi4py hello.
 
 This module imports nothing heavy at its top for that reason; keep it so.
 """
@@ -99,11 +99,11 @@ def run_command(args) -> int:
                     if resources is not None:
                         fds += resources.fds_for(rank)
                     try:
-                        popen = program.start(script, script_args, env, fds)
+                        forked = program.start(script, script_args, env, fds)
                     finally:
                         os.close(log_write)
                         os.close(description_read)
-                    workers.append(ProgramWorker(rank, popen))
+                    workers.append(ProgramWorker(rank, forked))
             # The rest of minidist, while the workers import theirs; the
             # folder for their errors and traces too (only their description,
             # written below, names it).

@@ -104,6 +104,11 @@ def start(script: str, args: list[str], env: dict[str, str], keep_fds) -> Forked
     code = 1
     try:
         code = _become(script, args, env, keep_fds, parent)
+    except BaseException:  # noqa: BLE001 - becoming the program failed: say how, exit 1
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
     finally:
         os._exit(code)
 
