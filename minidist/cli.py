@@ -168,18 +168,13 @@ def _exit_now(code: int):
     workers are reaped, its shared memory unlinked, its files closed); what
     Python's exit would still do is free every module one by one (Rich's,
     the runtime's: 17 ms of a 140 ms `minidist run -n 2` here), while the
-    command's caller waits. So: the ``atexit`` functions, stdout and stderr
-    flushed, and ``os._exit``."""
-    import atexit
+    command's caller waits. So: what an exit does before that (threads,
+    ``atexit``, flushes; the same ending a rank gets), and ``os._exit``."""
     import os
 
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001 - a closed pipe: Python says 120
-            code = code or 120
-    os._exit(code)
+    from minidist.runtime.program import finish_interpreter
+
+    os._exit(finish_interpreter(code))
 
 
 def _cmd_bench(args) -> int:

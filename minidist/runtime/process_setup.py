@@ -41,6 +41,23 @@ def set_process_name(name: str) -> None:
         _prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
 
 
+def close_fds_except(keep) -> None:
+    """Close every file descriptor of this process but ``keep``: what a forked
+    child does so that copies of its parent's pipe ends never keep a pipe
+    from ending (``subprocess``'s ``close_fds``, for a fork without exec)."""
+    try:
+        open_fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:  # no /proc: every number up to the limit
+        open_fds = range(os.sysconf("SC_OPEN_MAX"))
+    keep = set(keep)
+    for fd in open_fds:
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # listdir's own, closed already
+
+
 def die_with_parent() -> None:
     """Ask the kernel to SIGKILL this process when its parent dies (Linux)."""
     if _prctl is not None:

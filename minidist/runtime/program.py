@@ -39,7 +39,7 @@ import sys
 import time
 
 from minidist.runtime import signals
-from minidist.runtime.process_setup import die_with_parent
+from minidist.runtime.process_setup import close_fds_except, die_with_parent
 
 
 class ForkedProgram:
@@ -120,7 +120,9 @@ def _become(script, args, env, keep_fds, parent) -> int:
     if os.getppid() != parent:
         return 1  # the launcher died before the death signal was armed
     signals.reset_in_program()
-    _close_other_fds(keep_fds)
+    # (The launcher's segment reaper's pipe goes too: a rank that makes a
+    # segment of its own forks its own reaper, see segment_reaper.)
+    close_fds_except({0, 1, 2, *keep_fds})
     _fresh_stdio()
     _fresh_logging()
     os.environ.clear()
@@ -133,24 +135,7 @@ def _become(script, args, env, keep_fds, parent) -> int:
     atexit._clear()
     if "logging" in sys.modules:
         atexit.register(sys.modules["logging"].shutdown)
-    code = _run_main(script)
-    return _finish_interpreter(code)
-
-
-def _close_other_fds(keep_fds) -> None:
-    # (The launcher's segment reaper goes too: a rank that makes a segment
-    # of its own forks its own reaper, see segment_reaper.)
-    keep = {0, 1, 2, *keep_fds}
-    try:
-        open_fds = [int(name) for name in os.listdir("/proc/self/fd")]
-    except OSError:  # no /proc: every number up to the limit
-        open_fds = range(os.sysconf("SC_OPEN_MAX"))
-    for fd in open_fds:
-        if fd not in keep:
-            try:
-                os.close(fd)
-            except OSError:
-                pass  # listdir's own, closed already
+    return finish_interpreter(_run_main(script))
 
 
 def _fresh_stdio() -> None:
@@ -202,13 +187,18 @@ def _run_main(script: str) -> int:
     import builtins
     import types
 
+    try:
+        with open(script, "rb") as file:
+            source = file.read()
+    except OSError as error:  # one line and status 2, as `python script.py` says it
+        sys.stderr.write(f"minidist run: can't open file {script!r}: [Errno {error.errno}] "
+                         f"{error.strerror}\n")
+        return 2
     main = types.ModuleType("__main__")
     main.__dict__.update(__file__=script, __builtins__=builtins, __cached__=None)
     sys.modules["__main__"] = main
     try:
-        with open(script, "rb") as file:
-            code = compile(file.read(), script, "exec", dont_inherit=True)
-        exec(code, main.__dict__)
+        exec(compile(source, script, "exec", dont_inherit=True), main.__dict__)
     except SystemExit as stop:
         return _exit_code(stop.code)
     except KeyboardInterrupt as error:
@@ -242,7 +232,11 @@ def _exit_code(value) -> int:
     return 1
 
 
-def _finish_interpreter(code: int) -> int:
+def finish_interpreter(code: int) -> int:
+    """What an interpreter does at its exit before tearing itself down: wait
+    for non-daemon threads, run the ``atexit`` functions, flush stdout and
+    stderr. Returns the exit code to give ``os._exit`` (120 if a flush
+    failed, as Python's). Also the ``minidist`` command's end after a run."""
     threading = sys.modules.get("threading")
     if threading is not None:
         threading._shutdown()  # non-daemon threads end first, as at any exit

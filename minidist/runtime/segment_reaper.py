@@ -55,13 +55,13 @@ def ensure_running(prefix: str) -> None:
         return  # a fork of the creator is not the creator: it gets its own
     # Imported here, by the creator (the child must not import), not by every
     # `import minidist.distributed` (segments.py imports this module).
-    from minidist.runtime.process_setup import set_process_name
+    from minidist.runtime import process_setup
 
     read, write = os.pipe()  # not inheritable: a program started with exec never holds it
     pid = os.fork()
     if pid == 0:
         try:
-            _reap(read, prefix, set_process_name)
+            _reap(read, prefix, process_setup)
         finally:
             os._exit(0)
     os.close(read)
@@ -74,19 +74,14 @@ def reaper_pid() -> int | None:
     return _pid if _owner == os.getpid() else None
 
 
-def _reap(read: int, prefix: str, set_process_name) -> None:
+def _reap(read: int, prefix: str, process_setup) -> None:
     """In the reaper: wait for the pipe to end, then unlink the creator's segments."""
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
-    set_process_name("minidist-reaper")
+    process_setup.set_process_name("minidist-reaper")
     # Only the pipe's read end: a copy of the creator's other pipe ends (or of
     # this pipe's write end) held here would keep them from ever ending.
-    for fd in _open_fds():
-        if fd != read:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+    process_setup.close_fds_except({read})
     while os.read(read, 4096):
         pass  # nothing is written; a read returns at the end
     try:
@@ -98,10 +93,3 @@ def _reap(read: int, prefix: str, set_process_name) -> None:
             _posixshmem.shm_unlink("/" + name)
         except OSError:
             pass
-
-
-def _open_fds():
-    try:
-        return [int(entry) for entry in os.listdir("/proc/self/fd")]
-    except OSError:  # no /proc: every number up to the limit
-        return range(os.sysconf("SC_OPEN_MAX"))

@@ -281,3 +281,14 @@ def test_a_worker_whose_launcher_ends_before_the_run_is_ready_says_so(monkeypatc
     assert not dist.is_initialized()
     with pytest.raises(OSError):
         os.fstat(read)  # read and closed
+
+
+def test_a_rank_that_cannot_read_its_script_says_so_in_one_line(tmp_path, capsys):
+    # The launcher checked the file; it can still vanish or be unreadable when
+    # the rank opens it (not testable by permissions as root: a missing file).
+    from minidist.runtime.program import _run_main
+
+    assert _run_main(str(tmp_path / "gone.py")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("minidist run: can't open file") and "No such file" in err
+    assert len(err.splitlines()) == 1
