@@ -40,7 +40,6 @@ import numpy as np
 
 import minidist
 from minidist.bench.common import KIB, MIB, find_mpiexec, machine
-from minidist.bench.common import human_size as human
 from minidist.bench.p2p import (
     BYTES_PER_REPEAT,
     exchange,
@@ -49,6 +48,7 @@ from minidist.bench.p2p import (
     iterations,
     pingpong,
 )
+from minidist.units import format_bytes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FULL_SIZES = [8] + [KIB * 4**k for k in range(10)]  # 8 B, 1 KiB ... 256 MiB
@@ -183,7 +183,7 @@ def print_table(sizes, results, memcpy, columns):
                 cells.append(f"{seconds * 1e6:>7.2f} us")
             else:
                 cells.append(f"{size / seconds / 1e9:>5.2f} GB/s")
-        line = f"{human(size):>8} | " + " | ".join(cells)
+        line = f"{format_bytes(size):>8} | " + " | ".join(cells)
         shm = results["shm"].get(size)
         mpich = results.get("MPICH", {}) or {}
         if size > 8:

@@ -27,6 +27,7 @@ from minidist.distributed.launch import warn_if_oversubscribed
 from minidist.distributed.simulator import CALLS, simulate
 from minidist.distributed.transport import check_name
 from minidist.model_gap import RunFacts, explain, ratio_text
+from minidist.units import format_bytes
 
 # --------------------------------------------------------------------------- minidist simulate
 
@@ -38,13 +39,6 @@ def _format_seconds(seconds: float) -> str:
         if seconds >= scale or unit == "ns":
             return f"{seconds / scale:.4g} {unit}"
     return f"{seconds:g} s"
-
-
-def _format_bytes(nbytes: float) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.4g} {unit}"
-    return f"{nbytes:.4g} B"
 
 
 def _trace_path(path: str, algorithm: str, several: bool) -> str:
@@ -129,10 +123,10 @@ def simulate_command(args) -> int:
     params = costmodel.Params(alpha=alpha, beta=1.0 / bandwidth,
                               gamma=1.0 / gamma_bandwidth if math.isfinite(gamma_bandwidth)
                               else 0.0)
-    size = f"N = {_format_bytes(nbytes)}; " if CALLS[collective].sized else ""
+    size = f"N = {format_bytes(nbytes)}; " if CALLS[collective].sized else ""
     out.print(f"{collective} on {args.nproc:,} simulated ranks, {size}"
-              f"alpha {_format_seconds(alpha)}, links {_format_bytes(bandwidth)}/s, "
-              + (f"combining {_format_bytes(gamma_bandwidth)}/s"
+              f"alpha {_format_seconds(alpha)}, links {format_bytes(bandwidth)}/s, "
+              + (f"combining {format_bytes(gamma_bandwidth)}/s"
                  if math.isfinite(gamma_bandwidth) else "combining free"),
               markup=False, highlight=False, soft_wrap=True)
     table = Table()
@@ -173,7 +167,7 @@ def simulate_command(args) -> int:
                 gaps.append(f"{result.algorithm}: {why}")
         table.add_row(result.algorithm, _format_seconds(result.time),
                       "-" if result.predicted is None else _format_seconds(result.predicted),
-                      f"{result.messages:,}", _format_bytes(result.bytes), ratio, style=style)
+                      f"{result.messages:,}", format_bytes(result.bytes), ratio, style=style)
     out.print(table)
     for line in gaps:
         out.print(line, markup=False, highlight=False, soft_wrap=True)

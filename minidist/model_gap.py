@@ -36,6 +36,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from minidist.units import format_bytes
+
 #: Measured and model within this factor of each other: the model holds.
 CLOSE = 1.25
 #: The same for the simulator, whose clock charges the model itself.
@@ -121,7 +123,7 @@ def reasons(measured: float, model: float, facts: RunFacts) -> list[str]:
         found.append("first call includes setup")
     found.extend(facts.notes)
     if facts.nbytes is not None and model < SMALL_CALL_S and measured > model:
-        found.append(f"{_bytes(facts.nbytes)}: per-call overhead (not in alpha) dominates")
+        found.append(f"{format_bytes(facts.nbytes)}: per-call overhead (not in alpha) dominates")
     if facts.params == "default" and not is_close(measured, model):
         where = f"{facts.transport} " if facts.transport else ""
         found.append(f"default {where}alpha/beta (fit here: {FIT_COMMAND})")
@@ -168,13 +170,6 @@ def _seconds(seconds: float) -> str:
     if seconds < 1:
         return f"{seconds * 1e3:.2f} ms"
     return f"{seconds:.2f} s"
-
-
-def _bytes(nbytes: float) -> str:
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if nbytes >= size:
-            return f"{nbytes / size:.3g} {unit}"
-    return f"{int(nbytes)} B"
 
 
 __all__ = ["RunFacts", "compare", "explain", "reasons", "ways_to_hold", "ratio_text",

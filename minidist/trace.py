@@ -304,7 +304,13 @@ _REQUIRED = frozenset(("rank", "kind", "start", "end"))
 
 #: The fixed lanes of a rank's row; any other kind gets a lane of its own after these.
 LANES = ("compute", "send", "recv")
-_SUBLANES = 1000  # tid = lane * _SUBLANES + sublane
+_SUBLANES = 1000  # tid = lane * _SUBLANES + sublane + 1
+
+
+def _pid_of(rank: int) -> int:
+    """The Chrome / Perfetto process of a rank: rank + 1, as pid 0 is the
+    kernel's idle process to Perfetto, which files its slices apart."""
+    return rank + 1
 
 
 def _lane_of(kind: str, extra_lanes: dict) -> int:
@@ -350,9 +356,13 @@ def _place_on_sublanes(intervals: list[tuple[int, int, int]]) -> dict[int, int]:
 def to_chrome(events: Iterable[dict], header: dict | None = None) -> dict:
     """Convert events to the Chrome trace / Perfetto JSON object format.
 
-    * one process per rank (``pid`` = rank), one thread per lane (``tid``):
-      compute, send, recv, then one per other kind; overlapping slices that do
-      not nest (two ``isend`` in flight) go on extra lanes "send 2", ...;
+    * one process per rank, named "rank r", with ``pid`` = r + 1: Perfetto
+      takes pid 0 for the kernel's idle process ("swapper") and treats it
+      specially, so no rank is given it (and tids start at 1: tid 0 is that
+      process's thread);
+    * one thread per lane (``tid``): compute, send, recv, then one per other
+      kind; overlapping slices that do not nest (two ``isend`` in flight) go
+      on extra lanes "send 2", ...;
     * each event becomes an "X" (complete) slice with ``ts`` and ``dur`` in
       microseconds since the first event;
     * each message is an arrow: the send slice carries ``"bind_id": k,
@@ -378,7 +388,7 @@ def to_chrome(events: Iterable[dict], header: dict | None = None) -> dict:
         intervals = [(events[i]["start"], max(events[i]["end"], events[i]["start"]), i)
                      for i in indices]
         for index, sublane in _place_on_sublanes(intervals).items():
-            tid = lane * _SUBLANES + sublane
+            tid = lane * _SUBLANES + sublane + 1
             tid_of_event[index] = tid
             name = lane_names[lane] if sublane == 0 else f"{lane_names[lane]} {sublane + 1}"
             thread_names[(rank, tid)] = name
@@ -397,14 +407,16 @@ def to_chrome(events: Iterable[dict], header: dict | None = None) -> dict:
 
     trace_events = []
     for rank in sorted({event["rank"] for event in events}):
-        trace_events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
+        pid = _pid_of(rank)
+        trace_events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
                              "args": {"name": f"rank {rank}"}})
-        trace_events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
+        trace_events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
                              "args": {"sort_index": rank}})
     for (rank, tid), name in sorted(thread_names.items()):
-        trace_events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid,
+        pid = _pid_of(rank)
+        trace_events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
                              "args": {"name": name}})
-        trace_events.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid,
+        trace_events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
                              "args": {"sort_index": tid}})
 
     for index, event in enumerate(events):
@@ -413,7 +425,7 @@ def to_chrome(events: Iterable[dict], header: dict | None = None) -> dict:
         args = {key: event[key] for key in ("peer", "bytes", "tag", "seq", "group", "channel",
                                             "label") if event.get(key) not in (None, "")}
         slice_ = {"ph": "X", "name": _event_name(event), "cat": event["kind"],
-                  "pid": event["rank"], "tid": tid_of_event[index], "ts": start_us,
+                  "pid": _pid_of(event["rank"]), "tid": tid_of_event[index], "ts": start_us,
                   "dur": dur_us, "args": args}
         if index in flows:
             slice_["bind_id"] = flows[index][1]
@@ -430,9 +442,15 @@ def to_chrome(events: Iterable[dict], header: dict | None = None) -> dict:
 
 
 def write_chrome(path, events: Iterable[dict], header: dict | None = None) -> None:
-    """Write :func:`to_chrome` to a file that chrome://tracing and ui.perfetto.dev open."""
-    with open(path, "w", encoding="utf-8") as file:
-        json.dump(to_chrome(events, header), file)
+    """Write :func:`to_chrome` to a file that chrome://tracing and ui.perfetto.dev open.
+
+    Like every file minidist writes, it is written whole or not at all (see
+    :mod:`minidist.atomic_file`): a viewer never opens half a trace, and a
+    failed conversion leaves the old file, if any, as it was.
+    """
+    chrome = to_chrome(events, header)
+    with atomic_write(os.fspath(path)) as file:
+        json.dump(chrome, file)
 
 
 def iter_messages(events: Iterable[dict]) -> Iterator[tuple[dict, dict | None]]:

@@ -46,6 +46,7 @@ from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
 from matplotlib.textpath import TextPath
 
+from minidist.units import format_bytes
 from viz.replay import model_gap
 
 #: matplotlib's tableau-colorblind10, the colour of rank r is PALETTE[r % 10].
@@ -309,13 +310,6 @@ def format_seconds(seconds: float | None) -> str:
     if seconds < 1:
         return f"{seconds * 1e3:.2f} ms"
     return f"{seconds:.2f} s"
-
-
-def format_bytes(nbytes: float) -> str:
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if nbytes >= size:
-            return f"{nbytes / size:.3g} {unit}"
-    return f"{int(nbytes)} B"
 
 
 def header_lines(replay, frame) -> list[str]:

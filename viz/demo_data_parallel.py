@@ -32,6 +32,7 @@ from minidist import Tensor, nn, optim, trace
 from minidist.data import DataLoader, DistributedSampler, load_digits
 from minidist.parallel.data_parallel import DistributedDataParallel
 from minidist.train import build_model, evaluate
+from minidist.units import format_bytes
 
 #: The demo trains at most this many epochs (the demo parser's default, 20,
 #: is the tour's single-process training): about 95 % accuracy in seconds.
@@ -125,10 +126,6 @@ def ring_gap(measured: float, formula: float, nproc: int, elements: int) -> str:
     return f"{measured - formula:+,.0f} B: no known cause (chunks are equal)"
 
 
-def _megabytes(nbytes: int) -> str:
-    return f"{nbytes / 1e6:.2f} MB"
-
-
 def _table(latest: dict, nproc: int) -> Table:
     table = Table(title=f"DistributedDataParallel on {nproc} processes (ring all_reduce)",
                   title_justify="left")
@@ -142,7 +139,7 @@ def _table(latest: dict, nproc: int) -> Table:
             continue
         table.add_row(str(rank), ProgressBar(total=row["steps"], completed=row["step"], width=30),
                       f"{row['epoch']}/{row['epochs']}", f"{row['step']}/{row['steps']}",
-                      f"{row['loss']:.4f}", _megabytes(row["sent"]),
+                      f"{row['loss']:.4f}", format_bytes(row["sent"]),
                       f"{row['step'] / max(row['seconds'], 1e-9):,.0f}")
     return table
 
@@ -150,7 +147,7 @@ def _table(latest: dict, nproc: int) -> Table:
 def _plain_line(row: dict) -> str:
     return (f"rank {row['rank']}  epoch {row['epoch']}/{row['epochs']}  "
             f"step {row['step']}/{row['steps']}  loss {row['loss']:.4f}  "
-            f"sent {_megabytes(row['sent'])}  "
+            f"sent {format_bytes(row['sent'])}  "
             f"{row['step'] / max(row['seconds'], 1e-9):,.0f} steps/s")
 
 

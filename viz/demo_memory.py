@@ -40,6 +40,7 @@ from minidist.parallel.zero import (
     zero_model_state_bytes,
 )
 from minidist.train import build_model
+from minidist.units import format_bytes
 from viz.memory_chart import REGION_PREFIX
 
 #: (name, ZeRO stage) in the order they run.
@@ -111,10 +112,6 @@ class _nothing:
         return False
 
 
-def _kb(nbytes: int) -> str:
-    return f"{nbytes / 1e3:,.1f} KB"
-
-
 def _table(latest: dict, nproc: int) -> Table:
     table = Table(title=f"memory ledger per rank, {nproc} processes (MLP 64-128-10, Adam)",
                   title_justify="left")
@@ -128,16 +125,16 @@ def _table(latest: dict, nproc: int) -> Table:
                 continue
             held = row["bytes"]
             table.add_row(str(rank), name, f"{row['step']}/{row['steps']}",
-                          *(_kb(held[c]) for c in memory.CATEGORIES),
-                          _kb(sum(held.values())), _kb(row["peak"]))
+                          *(format_bytes(held[c]) for c in memory.CATEGORIES),
+                          format_bytes(sum(held.values())), format_bytes(row["peak"]))
     return table
 
 
 def _plain_line(row: dict) -> str:
     held = row["bytes"]
-    parts = "  ".join(f"{SHORT[c]} {_kb(held[c])}" for c in memory.CATEGORIES)
+    parts = "  ".join(f"{SHORT[c]} {format_bytes(held[c])}" for c in memory.CATEGORIES)
     return (f"rank {row['rank']}  {row['strategy']}  step {row['step']}/{row['steps']}  "
-            f"{parts}  total {_kb(sum(held.values()))}  peak {_kb(row['peak'])}")
+            f"{parts}  total {format_bytes(sum(held.values()))}  peak {format_bytes(row['peak'])}")
 
 
 def _show(status, console: Console, nproc: int) -> None:

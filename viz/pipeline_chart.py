@@ -65,10 +65,10 @@ from rich.text import Text
 from minidist import trace as _trace
 from minidist.model_gap import RunFacts, explain
 from minidist.parallel.pipeline_schedules import bubble_fraction, compute_text
+from minidist.units import format_bytes
 from viz.terminal import (
     LIGHT_COLOURS,
     PALETTE,
-    format_bytes,
     format_seconds,
     play_frames,
     step_through_frames,

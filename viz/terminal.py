@@ -40,6 +40,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from minidist.units import format_bytes
 from viz.replay import Frame, Replay, model_gap
 
 #: matplotlib's "tableau-colorblind10": told apart with every common colour blindness.
@@ -106,14 +107,6 @@ def buffer_text(replay: Replay, frame: Frame | None, rank: int, *, color: bool =
 
 
 # --------------------------------------------------------------------------- words
-
-
-def format_bytes(nbytes: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(nbytes) < 1024 or unit == "GiB":
-            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
-        nbytes /= 1024
-    return f"{nbytes:.1f} GiB"
 
 
 def format_seconds(seconds: float) -> str:

@@ -48,9 +48,10 @@ import numpy as np
 from minidist import costmodel
 from minidist.bench import DEFAULT_SIZES, DEFAULT_WORLD_SIZES, parse_list, parse_sizes
 from minidist.bench.cases import ORDER, bus_factor, case_bytes, layout
-from minidist.bench.common import KIB, MIB, cores, human_size, machine
+from minidist.bench.common import KIB, MIB, cores, machine
 from minidist.bench.timing import FULL, QUICK, Timing, fastest_block, time_collective
 from minidist.model_gap import RunFacts, compare
+from minidist.units import format_bytes
 
 #: What --quick measures, unless told otherwise: the collective the goals are
 #: about, with every algorithm it has, at the sizes the goals name (4 KiB,
@@ -326,7 +327,7 @@ def run(options: Options, console=None) -> dict:
                       "so their times include scheduling. Measured all the same.")
     if options.quick:
         console.print(f"quick: {', '.join(chosen)} ({sum(map(len, chosen.values()))} "
-                      f"algorithms) at {', '.join(human_size(n) for n in options.sizes)} on "
+                      f"algorithms) at {', '.join(format_bytes(n) for n in options.sizes)} on "
                       f"{', '.join(map(str, options.world_sizes))} ranks, short timing "
                       "(fastest of 3 blocks)"
                       + ("" if options.fit else ", the cost model's parameters not fitted")
@@ -469,7 +470,7 @@ def goals(report: dict) -> list[dict]:
                                            "ratio": best["over_mpich"]}
             elif best is None:
                 unmeasured.append(f"n={world_size}: no shm all_reduce of "
-                                  f"{human_size(size)} in this run")
+                                  f"{format_bytes(size)} in this run")
             elif "all" in mpich_notes:
                 unmeasured.append(f"MPICH not run: {mpich_notes['all']}")
             else:
@@ -577,7 +578,7 @@ def print_report(report: dict, console=None) -> None:
             if first and previous_size is not None:
                 table.add_section()
             previous_size = row["size"]
-            cells = [human_size(row["bytes"]) if first and collective != "barrier" else "",
+            cells = [format_bytes(row["bytes"]) if first and collective != "barrier" else "",
                      row["algorithm"], _us(row["seconds"]), _number(row["algbw_GBps"]),
                      _number(row["busbw_GBps"]), _us(row["predicted_seconds"]),
                      _number(row["measured_over_predicted"])]
@@ -591,7 +592,7 @@ def print_report(report: dict, console=None) -> None:
                     key=lambda row: abs(math.log(row["measured_over_predicted"])), default=None)
         if worst is not None:
             fitted = any(p.get("fitted_in_this_run") for p in report["params"].values())
-            console.print(f"  largest gap, {worst['algorithm']} at {human_size(worst['bytes'])}: "
+            console.print(f"  largest gap, {worst['algorithm']} at {format_bytes(worst['bytes'])}: "
                           + compare(worst["seconds"], worst["predicted_seconds"], RunFacts(
                               ranks=world_size, cores=available_cores, transport=transport,
                               params="fitted" if fitted else "default", nbytes=worst["bytes"],

@@ -1,5 +1,6 @@
 """What every benchmark shares: the machine it ran on, where MPICH's mpiexec
-is, how sizes are printed, and the environment of the processes it starts."""
+is, the size units, and the environment of the processes it starts. (Sizes
+are printed by :func:`minidist.units.format_bytes`, as everywhere else.)"""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 
 import numpy as np
 
-KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
+KIB, MIB = 1 << 10, 1 << 20
 
 
 def cores() -> int:
@@ -46,15 +47,6 @@ def find_mpiexec() -> str | None:
     else the first one on PATH."""
     candidate = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     return candidate if os.path.exists(candidate) else shutil.which("mpiexec")
-
-
-def human_size(size: int) -> str:
-    """4096 -> '4 KiB', 67108864 -> '64 MiB' (powers of two print exactly)."""
-    for unit, scale in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
-        if size >= scale:
-            value = size / scale
-            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
-    return f"{size} B"
 
 
 def child_env(**extra) -> dict:

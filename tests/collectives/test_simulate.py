@@ -431,7 +431,8 @@ def test_cli_prints_every_algorithm_with_its_prediction(capsys, wide):
         assert algorithm in out
     ring = costmodel.predict("all_reduce", "ring", 8, 100_000_000, costmodel.PARAMS["sim"])
     assert f"{ring * 1e3:.4g} ms" in out
-    assert "8 simulated ranks, N = 100 MB" in out
+    # 10^8 B is 95.37 MiB, and 10^10 B/s 9.31 GiB/s: sizes print in binary units
+    assert "8 simulated ranks, N = 95.4 MiB" in out and "links 9.3 GiB/s" in out
 
 
 def test_cli_one_algorithm_and_its_trace(capsys, wide, tmp_path):

@@ -20,8 +20,8 @@ def test_demo_trains_traces_and_reports(tmp_path, capsys):
     out = capsys.readouterr().out
     # Not a terminal: one plain progress line per rank and epoch, from the workers' queue.
     for rank in (0, 1):
-        assert re.search(rf"rank {rank}  epoch 1/1  step (\d+)/\1  loss [\d.]+  sent [\d.]+ MB",
-                         out), out
+        assert re.search(rf"rank {rank}  epoch 1/1  step (\d+)/\1  loss [\d.]+  "
+                         r"sent [\d.]+ (?:KiB|MiB)", out), out
     accuracy = float(re.search(r"test accuracy ([\d.]+)", out).group(1))
     assert 0.7 < accuracy <= 1.0, out
     assert f"minidist viz {path} --timeline" in out

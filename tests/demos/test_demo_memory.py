@@ -22,7 +22,7 @@ def test_demo_measures_each_stage_and_plots(tmp_path, capsys):
     psi = build_model("mlp").num_parameters()
     for stage, name in enumerate(("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")):
         for rank in (0, 1):   # not a terminal: one plain line per rank and strategy
-            assert re.search(rf"rank {rank}  {name}  step 3/3  params [\d.,]+ KB", out), out
+            assert re.search(rf"rank {rank}  {name}  step 3/3  params [\d.]+ KiB", out), out
         line = re.search(rf"  {name} +measured rank 0 ([\d,]+), rank 1 ([\d,]+)  formula ([\d,]+)",
                          out)
         assert line, out

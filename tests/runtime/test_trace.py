@@ -78,10 +78,50 @@ def test_exporter_draws_arrows_lanes_and_names():
     assert sum(1 for e in slices if e.get("flow_out")) == 2
     threads = {(e["pid"], e["args"]["name"]) for e in chrome["traceEvents"]
                if e["ph"] == "M" and e["name"] == "thread_name"}
-    assert {(0, "compute"), (0, "send"), (0, "send 2"), (1, "recv"), (1, "step")} <= threads
+    # Rank r is process r + 1.
+    assert {(1, "compute"), (1, "send"), (1, "send 2"), (2, "recv"), (2, "step")} <= threads
     first = next(e for e in slices if e["name"] == "forward")
     assert first["ts"] == 0 and first["dur"] == 10.0  # microseconds
     json.dumps(chrome)
+
+
+def test_rank_0_is_process_1_named_rank_0():
+    """Perfetto takes pid 0 for the kernel's idle process, so no rank is drawn as it."""
+    events = [event(0, "compute", 0, 10, label="forward"), event(0, "send", 10, 20, peer=2, seq=0),
+              event(2, "recv", 12, 25, peer=0, seq=0)]
+    chrome = trace.to_chrome(events)
+    check_chrome(chrome)
+    names = {e["pid"]: e["args"]["name"] for e in chrome["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {1: "rank 0", 3: "rank 2"}
+    slices = [e for e in chrome["traceEvents"] if e["ph"] == "X"]
+    assert {(e["name"], e["pid"]) for e in slices} >= {("forward", 1)}
+    assert sorted(e["pid"] for e in slices) == [1, 1, 3]
+    assert all(e["tid"] > 0 for e in chrome["traceEvents"] if e["name"] == "thread_name")
+
+
+def test_chrome_file_replaces_a_link_at_its_path(tmp_path):
+    """The export is renamed over its path, as every file minidist writes: a
+    symbolic link there is replaced, not written through."""
+    victim = tmp_path / "someone_else.txt"
+    victim.write_text("theirs")
+    path = tmp_path / "out.json"
+    path.symlink_to(victim)
+    trace.write_chrome(path, [event(0, "compute", 0, 10, label="forward")])
+    assert not path.is_symlink() and victim.read_text() == "theirs"
+    assert any(e.get("name") == "forward" for e in json.loads(path.read_text())["traceEvents"])
+
+
+def test_a_failed_chrome_write_leaves_the_old_file_and_no_scraps(tmp_path):
+    path = tmp_path / "out.json"
+    path.write_text("the old export")
+    # A label JSON cannot hold: json.dump fails halfway through the file.
+    broken = [event(0, "compute", 0, 10, label="forward"),
+              event(0, "compute", 20, 30, label=object())]
+    with pytest.raises(TypeError):
+        trace.write_chrome(path, broken)
+    assert path.read_text() == "the old export"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
 
 
 @settings(max_examples=200, deadline=None)
