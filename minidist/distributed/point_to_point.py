@@ -1,6 +1,9 @@
 """Module-level point-to-point calls, torch.distributed style: ``group=None``
-means the world. Each is a thin forward to :class:`ProcessGroup`; see there
-for what each costs and guarantees."""
+means the world, and ``src=`` / ``dst=`` are GLOBAL ranks whatever the group
+(``group_src=`` / ``group_dst=``: the same numbered within the group), so a
+torch script ported line by line talks to the same processes. Each is a thin
+forward to :class:`ProcessGroup`, whose methods number the group's members
+0..size-1; see there for what each costs and guarantees."""
 
 from __future__ import annotations
 

@@ -1,8 +1,11 @@
 """ProcessGroup: a set of ranks that talk among themselves, and how they talk.
 
 A group lists its members by *global* rank, in group-rank order: in
-``new_group([2, 3])`` global rank 2 is group rank 0. Every call on a group
-takes and returns group ranks; the group translates them and stamps every
+``new_group([2, 3])`` global rank 2 is group rank 0. Every method of a group
+takes and returns group ranks (as the methods of torch's ProcessGroup do);
+the module-level calls (``dist.send(x, dst=3, group=g)``) take global ranks,
+as torch.distributed's do, and :func:`rank_in_group` turns one into the
+other. The group translates them and stamps every
 message with its **context**, a number no other group uses. A message sent in
 one group can therefore never be received in another, even with the same tag
 between the same two processes: tensor-parallel and data-parallel traffic of a
