@@ -84,8 +84,8 @@ _LAZY = {name: ("minidist.distributed.collectives", name) for name in (
     "reduce_scatter_tensor", "scatter", "scatter_object_list")}
 _LAZY.update({name: ("minidist.distributed.point_to_point", name) for name in (
     "P2POp", "batch_isend_irecv", "iprobe", "irecv", "irecv_array", "irecv_reduce", "isend",
-    "probe", "recv", "recv_array", "recv_object", "recv_reduce", "send", "send_object",
-    "wait_all")})
+    "probe", "recv", "recv_array", "recv_object", "recv_object_list", "recv_reduce", "send",
+    "send_object", "send_object_list", "wait_all")})
 _LAZY.update({name: ("minidist.distributed.transport.base", name)
               for name in ("ANY_SOURCE", "ANY_TAG", "MessageInfo")})
 _LAZY.update({
@@ -139,4 +139,4 @@ __all__ += ["all_gather", "all_gather_into_tensor", "all_to_all", "all_to_all_si
             "reduce_scatter", "reduce_scatter_tensor"]
 __all__ += ["all_gather_object", "broadcast_object_list", "gather_object", "monitored_barrier",
             "P2POp", "batch_isend_irecv", "get_backend", "get_node_local_rank",
-            "scatter_object_list"]
+            "scatter_object_list", "send_object_list", "recv_object_list"]

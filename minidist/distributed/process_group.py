@@ -1,8 +1,11 @@
 """ProcessGroup: a set of ranks that talk among themselves, and how they talk.
 
 A group lists its members by *global* rank, in group-rank order: in
-``new_group([2, 3])`` global rank 2 is group rank 0. Every call on a group
-takes and returns group ranks; the group translates them and stamps every
+``new_group([2, 3])`` global rank 2 is group rank 0. Every method of a group
+takes and returns group ranks (as the methods of torch's ProcessGroup do);
+the module-level calls (``dist.send(x, dst=3, group=g)``) take global ranks,
+as torch.distributed's do, and :func:`rank_in_group` turns one into the
+other. The group translates them and stamps every
 message with its **context**, a number no other group uses. A message sent in
 one group can therefore never be received in another, even with the same tag
 between the same two processes: tensor-parallel and data-parallel traffic of a
@@ -86,6 +89,47 @@ def _as_array(value, role: str, rank: int) -> np.ndarray:
         raise TypeError(f"rank {rank}: {role} does not take structured arrays (dtype {dtype}); "
                         "send each field as its own array.")
     return array
+
+
+def rank_in_group(group, rank, group_rank, role: str, call: str, *, default=0):
+    """torch.distributed's ``src=`` / ``dst=`` (a GLOBAL rank) or ``group_src=`` /
+    ``group_dst=`` (a rank of ``group``), as the rank of ``group`` the call runs on.
+
+    The module-level calls (``dist.broadcast(x, src=1, group=g)``,
+    ``dist.send(x, dst=2, group=g)``) take global ranks, as torch does; the
+    methods of :class:`ProcessGroup` and every algorithm below them number the
+    members 0..size-1. This is the one place that turns the first into the
+    second. A global rank outside the group is refused, naming its members.
+    Neither given: ``default`` (a group rank; None: any source, for receives).
+    """
+    if rank is not None and group_rank is not None:
+        raise ValueError(f"rank {group._global_rank}: {call} takes {role}= (a global rank) or "
+                         f"group_{role}= (a rank of the group), not both.")
+    if rank is None:
+        if group_rank is None:
+            return default
+        rank, global_ = group_rank, False
+    else:
+        global_ = not group._identity
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
+        raise TypeError(f"rank {group._global_rank}: {call} "
+                        f"{role if rank is not group_rank else 'group_' + role} must be an int, "
+                        f"got {type(rank).__name__}")
+    rank = int(rank)
+    if not global_:
+        if not 0 <= rank < group.size:
+            name = role if group_rank is None else f"group_{role}"
+            raise ValueError(f"rank {group._global_rank}: {call} {name}={rank} is out of range; "
+                             f"the group has ranks 0..{group.size - 1}.")
+        return rank
+    member = group.group_rank(rank)
+    if member < 0:
+        raise ValueError(
+            f"rank {group._global_rank}: {call} {role}={rank}: global rank {rank} is not in the "
+            f"group, whose members are global ranks {list(group.ranks)}. {role}= is a global "
+            f"rank, as in torch.distributed; to number the group's members 0..{group.size - 1} "
+            f"pass group_{role}= instead.")
+    return member
 
 
 @functools.lru_cache(maxsize=8)

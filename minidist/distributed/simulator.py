@@ -147,11 +147,11 @@ CALLS: dict[str, CollectiveCall] = {
     "broadcast": CollectiveCall(
         _one_array, rooted=True,
         start=lambda group, arrays, root, algorithm, op: broadcast(
-            arrays[0], src=root, group=group, async_op=True, algorithm=algorithm)),
+            arrays[0], group=group, group_src=root, async_op=True, algorithm=algorithm)),
     "reduce": CollectiveCall(
         _one_array, rooted=True,
         start=lambda group, arrays, root, algorithm, op: reduce(
-            arrays[0], dst=root, op=op, group=group, async_op=True, algorithm=algorithm)),
+            arrays[0], group=group, group_dst=root, op=op, async_op=True, algorithm=algorithm)),
     "all_reduce": CollectiveCall(
         _one_array,
         start=lambda group, arrays, root, algorithm, op: all_reduce(
@@ -162,14 +162,14 @@ CALLS: dict[str, CollectiveCall] = {
             [sample_values(peer, count // n, dtype) for peer in range(n)]
             if rank == root else None),
         start=lambda group, arrays, root, algorithm, op: scatter(
-            arrays[0], arrays[1], src=root, group=group, async_op=True, algorithm=algorithm),
+            arrays[0], arrays[1], group=group, group_src=root, async_op=True, algorithm=algorithm),
         rooted=True, split=True, piece_first=True),
     "gather": CollectiveCall(
         inputs=lambda rank, n, count, dtype, root: (
             sample_values(rank, count // n, dtype),
             [np.zeros(count // n, dtype) for _ in range(n)] if rank == root else None),
         start=lambda group, arrays, root, algorithm, op: gather(
-            arrays[0], arrays[1], dst=root, group=group, async_op=True, algorithm=algorithm),
+            arrays[0], arrays[1], group=group, group_dst=root, async_op=True, algorithm=algorithm),
         rooted=True, split=True, piece_first=True),
     "all_gather": CollectiveCall(
         inputs=lambda rank, n, count, dtype, root: (sample_values(rank, count // n, dtype),

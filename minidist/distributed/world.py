@@ -452,9 +452,12 @@ def get_rank(group: ProcessGroup | None = None) -> int:
 
 
 def get_world_size(group: ProcessGroup | None = None) -> int:
+    """The number of ranks in ``group`` (the world by default); -1 if this
+    process is not a member, as torch returns."""
     if group is None:
         return current().world_size
-    return group_or_world(group).size
+    group = group_or_world(group)
+    return group.size if group.rank >= 0 else -1
 
 
 def get_backend(group: ProcessGroup | None = None) -> str:

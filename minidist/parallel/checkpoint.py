@@ -260,7 +260,7 @@ def save_checkpoint(path, model, optimizer=None, group=None, **extra) -> None:
             status[0] = _FAILED
             failure = error
     if world_size > 1:
-        dist.broadcast(status, src=0, group=group)
+        dist.broadcast(status, group=group, group_src=0)
     if failure is not None:
         raise type(failure)(f"rank 0 could not write the checkpoint {path}: {failure}") \
             from failure
@@ -282,14 +282,14 @@ def _read_on_rank_0(path, rank, world_size, group) -> bytes:
             reason = error.strerror or str(error)
             data = reason.encode()
     if world_size > 1:
-        dist.broadcast(size, src=0, group=group)
+        dist.broadcast(size, group=group, group_src=0)
     if size[0] == _MISSING:
         detail = f" ({data.decode()})" if data is not None else ""
         raise FileNotFoundError(f"rank {rank}: rank 0 could not read the checkpoint "
                                 f"{path}{detail}; check the path, which is read on rank 0 only")
     buffer = np.frombuffer(data, np.uint8).copy() if rank == 0 else np.empty(size[0], np.uint8)
     if world_size > 1:
-        dist.broadcast(buffer, src=0, group=group)
+        dist.broadcast(buffer, group=group, group_src=0)
     return buffer.tobytes()
 
 

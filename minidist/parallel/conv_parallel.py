@@ -475,12 +475,12 @@ def _halo_exchange(x: Tensor, plan: HaloPlan, group, what: str) -> Tensor:
     own_low, own_high = max(start, top), min(stop, top + rows)
     with trace.region(f"{what}: halo exchange"):
         inbox = [np.empty((n, c, high - low, width), data.dtype) for _, _, low, high in receives]
-        requests = [dist.irecv(box, src=source, group=messages, tag=HALO_TAG,
+        requests = [dist.irecv(box, group_src=source, group=messages, tag=HALO_TAG,
                                label=_halo_label("forward", low, high,
                                                  f"halo rows {low}:{high} from rank {source}", what, plan.height))
                     for box, (source, _, low, high) in zip(inbox, receives)]
         requests += [dist.isend(np.ascontiguousarray(data[:, :, low - start:high - start]),
-                                dst=destination, group=messages, tag=HALO_TAG,
+                                group_dst=destination, group=messages, tag=HALO_TAG,
                                 label=_halo_label("forward", low, high,
                                                   f"halo rows {low}:{high} to rank {destination}", what, plan.height))
                      for _, destination, low, high in sends]
@@ -495,12 +495,12 @@ def _halo_exchange(x: Tensor, plan: HaloPlan, group, what: str) -> Tensor:
         with trace.region(f"{what}: halo gradients back"):
             # Gradients of my rows that my neighbours read come back to me.
             inbox = [np.empty((n, c, high - low, width), data.dtype) for _, _, low, high in sends]
-            requests = [dist.irecv(box, src=destination, group=messages, tag=HALO_GRAD_TAG,
+            requests = [dist.irecv(box, group_src=destination, group=messages, tag=HALO_GRAD_TAG,
                                    label=_halo_label("backward", low, high,
                                                      f"halo gradient rows {low}:{high} from rank {destination}", what, plan.height))
                         for box, (_, destination, low, high) in zip(inbox, sends)]
             requests += [dist.isend(np.ascontiguousarray(g[:, :, low - top:high - top]),
-                                    dst=source, group=messages, tag=HALO_GRAD_TAG,
+                                    group_dst=source, group=messages, tag=HALO_GRAD_TAG,
                                     label=_halo_label("backward", low, high,
                                                       f"halo gradient rows {low}:{high} back to rank {source}", what, plan.height))
                          for source, _, low, high in receives]

@@ -90,12 +90,14 @@ def _local_count(batch_size, rank: int, who: str) -> int:
     return int(batch_size)
 
 
-def broadcast_module(model: nn.Module, src: int = 0, group=None) -> None:
-    """Copy group rank ``src``'s parameters and buffers into ``model`` on every
-    rank (in place): all replicas start from the same weights, whatever
-    seed each rank used."""
+def broadcast_module(model: nn.Module, src: int | None = None, group=None,
+                     group_src: int | None = None) -> None:
+    """Copy rank ``src``'s parameters and buffers into ``model`` on every rank of
+    ``group`` (in place): all replicas start from the same weights, whatever
+    seed each rank used. ``src`` is a global rank and ``group_src`` a rank of
+    ``group``, as in ``dist.broadcast``; neither: the group's first rank."""
     for tensor in list(model.parameters()) + list(model.buffers()):
-        dist.broadcast(tensor.data, src=src, group=group)
+        dist.broadcast(tensor.data, src=src, group=group, group_src=group_src)
 
 
 # --------------------------------------------------------------------------- coordinator
@@ -122,8 +124,10 @@ class CoordinatorDataParallel:
             loss_fn(model(Tensor(x)), y).backward()
             coordinated.step(batch_size=len(x))
 
-    Only the coordinator's optimizer updates anything (its state, e.g. Adam's
-    moments, lives there alone). The defaults, ``linear`` gather and
+    ``coordinator`` is a rank of ``group`` (0..size-1; the group's own
+    numbering, as a torch strategy's ranks are). Only the coordinator's
+    optimizer updates anything (its state, e.g. Adam's moments, lives there
+    alone). The defaults, ``linear`` gather and
     broadcast, are the textbook picture: the coordinator talks to every
     worker itself, (N - 1) P in and (N - 1) P out per step.
     """
@@ -141,7 +145,7 @@ class CoordinatorDataParallel:
         self.world_size = dist.get_world_size() if group is None else group.size
         self.dtype = self.parameters[0].data.dtype
         self.size = sum(p.data.size for p in self.parameters)
-        broadcast_module(model, src=coordinator, group=group)
+        broadcast_module(model, group=group, group_src=coordinator)
 
     @property
     def is_coordinator(self) -> bool:
@@ -163,7 +167,7 @@ class CoordinatorDataParallel:
         message[-1] = count
         received = ([np.empty_like(message) for _ in range(self.world_size)]
                     if self.is_coordinator else None)
-        dist.gather(message, received, dst=self.coordinator, group=self.group,
+        dist.gather(message, received, group=self.group, group_dst=self.coordinator,
                     algorithm=self.gather_algorithm)
 
         weights = np.empty(self.size, self.dtype)
@@ -180,7 +184,7 @@ class CoordinatorDataParallel:
             with no_grad():
                 self.optimizer.step()
             _pack([p.data for p in self.parameters], weights)
-        dist.broadcast(weights, src=self.coordinator, group=self.group,
+        dist.broadcast(weights, group=self.group, group_src=self.coordinator,
                        algorithm=self.broadcast_algorithm)
         if not self.is_coordinator:
             _unpack(weights, [p.data for p in self.parameters])
@@ -318,10 +322,10 @@ class DistributedDataParallel(nn.Module):
         self._hook_handles = [p.register_post_accumulate_grad_hook(self._gradient_ready)
                               for p in parameters]
         if broadcast_buffers:
-            broadcast_module(module, src=0, group=group)
+            broadcast_module(module, group=group, group_src=0)
         else:
             for param in parameters:
-                dist.broadcast(param.data, src=0, group=group)
+                dist.broadcast(param.data, group=group, group_src=0)
 
     def track_memory(self, ledger):
         """Register the buckets with a :class:`minidist.memory.Ledger` as

@@ -203,7 +203,7 @@ class HybridParallel(Module):
 
     def __init__(self, model: Sequential, group=None, algorithm: str = DEFAULT_ALGORITHM):
         super().__init__()
-        broadcast_module(model, src=0, group=group)
+        broadcast_module(model, group=group, group_src=0)
         convolutions, dense = split_at_first_linear(model)
         self.group, self.algorithm = group, algorithm
         self.convolutions = convolutions
@@ -247,7 +247,7 @@ class DenseModelParallel(Module):
 
     def __init__(self, model: Sequential, group=None, algorithm: str = DEFAULT_ALGORITHM):
         super().__init__()
-        broadcast_module(model, src=0, group=group)
+        broadcast_module(model, group=group, group_src=0)
         convolutions, dense = split_at_first_linear(model)
         self.convolutions = convolutions
         self.dense = _SplitDense(dense, group, algorithm, first_input_reduced=False)

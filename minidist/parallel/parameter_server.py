@@ -511,8 +511,8 @@ class ParameterServer:
         for server, (start, stop) in enumerate(self.key_ranges):
             if server == self.rank:
                 weights[start:stop] = own_range
-            dist.broadcast(weights[start:stop], src=self.layout.server_rank(server),
-                           group=self.group)
+            dist.broadcast(weights[start:stop], group=self.group,
+                           group_src=self.layout.server_rank(server))
         return weights
 
     # -- the server ------------------------------------------------------

@@ -266,7 +266,7 @@ class Pipeline:
         self._parameters = [p for chunk in self.chunks for p in chunk.parameters()]
         if data_parallel > 1:
             for chunk in self.chunks:
-                broadcast_module(chunk, src=0, group=self.data_parallel_group)
+                broadcast_module(chunk, group=self.data_parallel_group, group_src=0)
 
     def _make_groups(self):
         """Every rank creates every group, in the same order (``new_group``'s rule)."""
@@ -500,14 +500,14 @@ class _Batch:
                                      "to send: its forward/backward has not run")
         receiver = self._stage(action) + (1 if kind == "act" else -1)
         self.sends.append(dist.isend(
-            array, dst=action.peer, group=self.pipe.pipeline_group,
+            array, group_dst=action.peer, group=self.pipe.pipeline_group,
             tag=message_tag(kind, action.microbatch, receiver, self.schedule.total_stages),
             label=message_label(kind, action.microbatch)))
 
     def receive(self, action: Action) -> None:
         kind = "act" if action.kind == RECV_ACTIVATION else "grad"
         self.inbox[(kind, action.microbatch, action.chunk)] = dist.recv_array(
-            src=action.peer, group=self.pipe.pipeline_group,
+            group_src=action.peer, group=self.pipe.pipeline_group,
             tag=message_tag(kind, action.microbatch, self._stage(action),
                             self.schedule.total_stages),
             label=message_label(kind, action.microbatch))

@@ -228,7 +228,10 @@ def _subgroups():
     y = np.full(5, float(rank))
     dist.all_reduce(y)  # the world, interleaved with the subgroup calls
     z = np.full(2, float(rank))
-    dist.broadcast(z, src=1, group=mine)
+    dist.broadcast(z, src=2 if rank % 2 == 0 else 3, group=mine)  # a global rank, as torch
+    w = np.full(2, float(rank))
+    dist.broadcast(w, group=mine, group_src=1)  # the same root, numbered in the group
+    assert w[0] == z[0]
     return x[0], y[0], z[0]
 
 

@@ -209,7 +209,7 @@ def native_extras(c: Checker) -> None:
         c.check("native all_reduce on a subgroup", array, [float(sum(members))] * 5,
                 "float64")
         last = np.array([rank], np.int32) if rank == members[-1] else np.zeros(1, np.int32)
-        dist.broadcast(last, src=len(members) - 1, group=group, algorithm="native")
+        dist.broadcast(last, src=members[-1], group=group, algorithm="native")
         c.check("native broadcast on a subgroup", last, [members[-1]], "int32")
     work = dist.all_reduce(np.ones(3), algorithm="native", async_op=True)
     work.wait()

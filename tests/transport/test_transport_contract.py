@@ -376,7 +376,7 @@ def groups_map_ranks_and_keep_traffic_apart():
     rank, size = rank_size()
     evens = dist.new_group([0, 2])
     odds = dist.new_group([3, 1])  # sorted: group rank 0 is global 1
-    assert dist.get_world_size(evens) == 2
+    assert dist.get_world_size(evens) == (2 if rank in (0, 2) else -1)  # -1: not a member (torch)
     if rank in (0, 2):
         assert dist.get_rank(evens) == rank // 2 and dist.get_rank(odds) == -1
     else:
@@ -385,18 +385,18 @@ def groups_map_ranks_and_keep_traffic_apart():
     # Same pair of processes, same tag, two groups: the messages must not cross.
     if rank == 0:
         dist.send(np.array([111]), 2, tag=5)            # world
-        dist.send(np.array([222]), 1, group=evens, tag=5)  # group rank 1 = global 2
+        dist.send(np.array([222]), 2, group=evens, tag=5)  # global ranks, as torch
     elif rank == 2:
         assert dist.recv_array(0, group=evens, tag=5)[0] == 222
         assert dist.recv_array(0, tag=5)[0] == 111
     elif rank == 3:
-        dist.send(np.array([3]), 0, group=odds, tag=0)
+        dist.send(np.array([3]), 1, group=odds, tag=0)
     elif rank == 1:
         buffer = np.zeros(1, np.int64)
-        assert dist.recv(buffer, src=None, group=odds, tag=0) == 1  # group rank of global 3
+        assert dist.recv(buffer, src=None, group=odds, tag=0) == 3  # the global rank, as torch
         assert buffer[0] == 3
         try:
-            dist.send(np.zeros(1), 0, group=evens)
+            dist.send(np.zeros(1), dst=0, group=evens)
         except ValueError as error:
             assert "not a member" in str(error)
         else:

@@ -181,15 +181,19 @@ ALGORITHMS = register("broadcast", {
 })
 
 
-def broadcast(tensor, src: int = 0, group=None, async_op: bool = False, algorithm: str = "auto"):
-    """Copy group rank ``src``'s ``tensor`` into ``tensor`` on every rank (in place).
+def broadcast(tensor, src: int | None = None, group=None, async_op: bool = False,
+              group_src: int | None = None, algorithm: str = "auto"):
+    """Copy rank ``src``'s ``tensor`` into ``tensor`` on every rank of ``group`` (in place).
+
+    ``src`` is a global rank, as in torch.distributed; ``group_src`` the same
+    root numbered within ``group`` (give one; neither: the group's first rank).
 
     Every rank passes an array of the same shape and dtype. ``algorithm``: one
     of :data:`ALGORITHMS` or "auto" (the cost model's choice for this size).
     With ``async_op=True`` returns a Work; call ``wait()`` before using tensor.
     """
     group = call.group_of(group)
-    root = call.check_root(src, group, "broadcast", "src")
+    root = call.check_root(src, group, "broadcast", "src", group_src)
     array = call.buffer_of(tensor, "broadcast", group._global_rank)
     flat, copied = call.flat_view(array)
     if group.size == 1:

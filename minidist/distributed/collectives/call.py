@@ -22,7 +22,7 @@ from minidist.distributed.collectives.comm import (
     fingerprint,
     run,
 )
-from minidist.distributed.process_group import _as_array
+from minidist.distributed.process_group import _as_array, rank_in_group
 from minidist.distributed.reduce_op import ReduceOp, ufunc_of
 from minidist.distributed.reduce_op import parse as parse_op
 from minidist.distributed.transport.base import _DEFAULT
@@ -188,14 +188,11 @@ def nothing_to_do(async_op: bool, result=None):
     return completed_work(result) if async_op else result
 
 
-def check_root(root, group, collective: str, role: str = "src") -> int:
-    if isinstance(root, bool) or not isinstance(root, (int, np.integer)):
-        raise TypeError(f"rank {group._global_rank}: {collective} {role} must be an int "
-                        f"(a rank of the group), got {type(root).__name__}")
-    if not 0 <= root < group.size:
-        raise ValueError(f"rank {group._global_rank}: {collective} {role}={root} is out of "
-                         f"range; the group has ranks 0..{group.size - 1}.")
-    return int(root)
+def check_root(root, group, collective: str, role: str = "src", group_root=None) -> int:
+    """The root as a rank of ``group``: ``src=`` / ``dst=`` is a global rank (as in
+    torch.distributed), ``group_src=`` / ``group_dst=`` a rank of the group;
+    neither: the group's rank 0. See :func:`~..process_group.rank_in_group`."""
+    return rank_in_group(group, root, group_root, role, collective)
 
 
 def finish_average(flat: np.ndarray, size: int) -> None:

@@ -128,10 +128,11 @@ def _checked_list(gather_list, array, group):
     return targets
 
 
-def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = False,
-           algorithm: str = "auto"):
-    """Every rank's ``tensor`` is copied into ``gather_list[rank]`` on group rank
-    ``dst``.
+def gather(tensor, gather_list=None, dst: int | None = None, group=None, async_op: bool = False,
+           group_dst: int | None = None, algorithm: str = "auto"):
+    """Every rank's ``tensor`` is copied into ``gather_list[r]`` (r: its rank in
+    ``group``) on rank ``dst`` (a global rank, as in torch.distributed;
+    ``group_dst``: numbered within ``group``).
 
     On ``dst``, ``gather_list`` is a list of one array per rank, each the shape
     and dtype of ``tensor``; on the other ranks it must be None (as in
@@ -140,7 +141,7 @@ def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = 
     ``wait()`` before reading gather_list.
     """
     group = call.group_of(group)
-    root = call.check_root(dst, group, "gather", "dst")
+    root = call.check_root(dst, group, "gather", "dst", group_dst)
     rank = group._global_rank
     array = call.buffer_of(tensor, "gather", rank, writeable=False)
     is_root = group.rank == root
@@ -148,7 +149,7 @@ def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = 
         targets = _checked_list(gather_list, array, group)
     elif gather_list is not None:
         raise ValueError(f"rank {rank}: gather_list is only written on the destination rank "
-                         f"(dst={root}); pass None on the other ranks.")
+                         f"(dst={group.ranks[root]}); pass None on the other ranks.")
     piece = np.ascontiguousarray(array).reshape(-1)
     pieces = np.empty(group.size * piece.size, piece.dtype) if is_root else None
     if is_root:

@@ -91,9 +91,10 @@ def all_gather_object(object_list: list, obj, group=None) -> None:
         object_list[index] = _unpickled(piece[:length])
 
 
-def gather_object(obj, object_gather_list: list | None = None, dst: int = 0,
-                  group=None) -> None:
-    """Every rank's ``obj`` lands in ``object_gather_list`` on group rank ``dst``.
+def gather_object(obj, object_gather_list: list | None = None, dst: int | None = None,
+                  group=None, group_dst: int | None = None) -> None:
+    """Every rank's ``obj`` lands in ``object_gather_list`` on rank ``dst`` (a
+    global rank, as in torch.distributed; ``group_dst``: numbered within ``group``).
 
     On ``dst``, ``object_gather_list`` is a list with one entry per rank
     (filled in place); on the other ranks it must be None, as in
@@ -102,27 +103,30 @@ def gather_object(obj, object_gather_list: list | None = None, dst: int = 0,
     """
     group = call.group_of(group)
     rank = group._global_rank
-    root = call.check_root(dst, group, "gather_object", "dst")
+    root = call.check_root(dst, group, "gather_object", "dst", group_dst)
     if group.rank == root:
         _check_list(object_gather_list, group.size, rank, "gather_object",
                     "object_gather_list")
     elif object_gather_list is not None:
         raise ValueError(f"rank {rank}: gather_object writes object_gather_list only on the "
-                         f"destination rank (dst={root}); pass None on the other ranks.")
+                         f"destination rank (dst={group.ranks[root]}); pass None on the other ranks.")
     payload = _pickled(obj, rank, "gather_object")
     lengths = _lengths_everywhere(group, payload)
     longest = int(lengths.max())
     pieces = [np.empty(longest, np.uint8) for _ in range(group.size)] \
         if group.rank == root else None
-    gather(_padded(payload, longest), pieces, dst=root, group=group)
+    gather(_padded(payload, longest), pieces, group=group, group_dst=root)
     if group.rank == root:
         for index, (piece, length) in enumerate(zip(pieces, lengths)):
             object_gather_list[index] = _unpickled(piece[:length])
 
 
-def broadcast_object_list(object_list: list, src: int = 0, group=None) -> None:
-    """Copy group rank ``src``'s ``object_list`` into ``object_list`` on every
-    rank, in place, entry by entry.
+def broadcast_object_list(object_list: list, src: int | None = None, group=None,
+                          device=None, group_src: int | None = None) -> None:
+    """Copy rank ``src``'s ``object_list`` into ``object_list`` on every rank, in
+    place, entry by entry (``src`` a global rank, as in torch.distributed;
+    ``group_src``: numbered within ``group``; ``device`` is accepted for torch's
+    signature and unused: objects travel as host bytes).
 
     Every rank passes a list of the same length (the others' entries are
     replaced; pass e.g. ``[None] * k``). Cost: a broadcast of k int64 (each
@@ -131,7 +135,7 @@ def broadcast_object_list(object_list: list, src: int = 0, group=None) -> None:
     """
     group = call.group_of(group)
     rank = group._global_rank
-    root = call.check_root(src, group, "broadcast_object_list", "src")
+    root = call.check_root(src, group, "broadcast_object_list", "src", group_src)
     if not isinstance(object_list, list):
         raise TypeError(f"rank {rank}: broadcast_object_list fills object_list in place, so "
                         f"it must be a list, got {type(object_list).__name__}; on the ranks "
@@ -142,16 +146,16 @@ def broadcast_object_list(object_list: list, src: int = 0, group=None) -> None:
     else:
         lengths = np.empty(len(object_list), np.int64)
     try:
-        broadcast(lengths, src=root, group=group)
+        broadcast(lengths, group=group, group_src=root)
     except CollectiveMismatchError as error:
         raise CollectiveMismatchError(
             f"rank {rank}: broadcast_object_list: object_list has {len(object_list)} entries "
-            f"here, and rank {root}'s (the sender's) has another length; every rank must pass "
+            f"here, and rank {group.ranks[root]}'s (the sender's) has another length; every rank must pass "
             f"a list as long as the sender's. (The broadcast of the lengths said: {error})"
         ) from None
     data = np.concatenate(payloads) if group.rank == root and payloads else \
         np.empty(int(lengths.sum()), np.uint8)
-    broadcast(data, src=root, group=group)
+    broadcast(data, group=group, group_src=root)
     if group.rank != root:
         ends = np.cumsum(lengths)
         for index, (end, length) in enumerate(zip(ends, lengths)):
@@ -159,9 +163,11 @@ def broadcast_object_list(object_list: list, src: int = 0, group=None) -> None:
 
 
 def scatter_object_list(scatter_object_output_list: list, scatter_object_input_list=None,
-                        src: int = 0, group=None) -> None:
-    """Group rank ``src`` hands ``scatter_object_input_list[r]`` to group rank r,
-    which finds it in ``scatter_object_output_list[0]``.
+                        src: int | None = None, group=None,
+                        group_src: int | None = None) -> None:
+    """Rank ``src`` (a global rank, as in torch.distributed; ``group_src``:
+    numbered within ``group``) hands ``scatter_object_input_list[r]`` to the
+    group's rank r, which finds it in ``scatter_object_output_list[0]``.
 
     On ``src`` the input list has one object per rank; on the others it must
     be None. The output list must have at least one entry (its first is
@@ -170,7 +176,7 @@ def scatter_object_list(scatter_object_output_list: list, scatter_object_input_l
     """
     group = call.group_of(group)
     rank = group._global_rank
-    root = call.check_root(src, group, "scatter_object_list", "src")
+    root = call.check_root(src, group, "scatter_object_list", "src", group_src)
     if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
         raise ValueError(f"rank {rank}: scatter_object_list puts this rank's object in "
                          "scatter_object_output_list[0], so it must be a list with at least "
@@ -189,13 +195,13 @@ def scatter_object_list(scatter_object_output_list: list, scatter_object_input_l
         lengths = np.array([payload.size for payload in payloads], np.int64)
     elif scatter_object_input_list is not None:
         raise ValueError(f"rank {rank}: scatter_object_list reads scatter_object_input_list "
-                         f"only on the source rank (src={root}); pass None on the other ranks.")
+                         f"only on the source rank (src={group.ranks[root]}); pass None on the other ranks.")
     else:
         lengths = np.empty(group.size, np.int64)
-    broadcast(lengths, src=root, group=group)
+    broadcast(lengths, group=group, group_src=root)
     longest = int(lengths.max())
     pieces = [_padded(payload, longest) for payload in payloads] if group.rank == root \
         else None
     mine = np.empty(longest, np.uint8)
-    scatter(mine, pieces, src=root, group=group)
+    scatter(mine, pieces, group=group, group_src=root)
     scatter_object_output_list[0] = _unpickled(mine[:lengths[group.rank]])

@@ -163,14 +163,15 @@ ALGORITHMS = register("reduce", {
 })
 
 
-def reduce(tensor, dst: int = 0, op=None, group=None, async_op: bool = False,
-           algorithm: str = "auto"):
+def reduce(tensor, dst: int | None = None, op=None, group=None, async_op: bool = False,
+           group_dst: int | None = None, algorithm: str = "auto"):
     """Combine every rank's ``tensor`` with ``op`` (default SUM) into ``tensor`` on
-    group rank ``dst``. Other ranks' arrays are left as they were."""
+    rank ``dst`` (a global rank, as in torch.distributed; ``group_dst``: numbered
+    within ``group``). Other ranks' arrays are left as they were."""
     from minidist.distributed.reduce_op import ReduceOp
 
     group = call.group_of(group)
-    root = call.check_root(dst, group, "reduce", "dst")
+    root = call.check_root(dst, group, "reduce", "dst", group_dst)
     array = call.buffer_of(tensor, "reduce", group._global_rank)
     op, ufunc, average = call.reduction(ReduceOp.SUM if op is None else op, array.dtype,
                                         "reduce", group._global_rank)

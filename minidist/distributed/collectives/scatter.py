@@ -117,7 +117,7 @@ def _gathered_pieces(scatter_list, array, root, group):
     """The root's list checked and copied into one buffer in virtual order."""
     rank, n = group._global_rank, group.size
     if not isinstance(scatter_list, (list, tuple)):
-        raise TypeError(f"rank {rank}: scatter on the source rank (src={root}) needs "
+        raise TypeError(f"rank {rank}: scatter on the source rank (src={group.ranks[root]}) needs "
                         f"scatter_list, a list of {n} arrays (one per rank of the group), "
                         f"got {type(scatter_list).__name__}.")
     if len(scatter_list) != n:
@@ -136,10 +136,11 @@ def _gathered_pieces(scatter_list, array, root, group):
     return pieces
 
 
-def scatter(tensor, scatter_list=None, src: int = 0, group=None, async_op: bool = False,
-            algorithm: str = "auto"):
-    """Rank ``src`` sends ``scatter_list[r]`` to group rank r, which receives it
-    into ``tensor`` (in place); ``src`` keeps ``scatter_list[src]``.
+def scatter(tensor, scatter_list=None, src: int | None = None, group=None,
+            async_op: bool = False, group_src: int | None = None, algorithm: str = "auto"):
+    """Rank ``src`` (a global rank, as in torch.distributed; ``group_src``: numbered
+    within ``group``) sends ``scatter_list[r]`` to the group's rank r, which
+    receives it into ``tensor`` (in place); ``src`` keeps its own piece.
 
     On ``src``, ``scatter_list`` is a list of one array per rank, each the shape
     and dtype of ``tensor``; on the other ranks it must be None (as in
@@ -147,7 +148,7 @@ def scatter(tensor, scatter_list=None, src: int = 0, group=None, async_op: bool 
     With ``async_op=True`` returns a Work; call ``wait()`` before using tensor.
     """
     group = call.group_of(group)
-    root = call.check_root(src, group, "scatter", "src")
+    root = call.check_root(src, group, "scatter", "src", group_src)
     rank = group._global_rank
     array = call.buffer_of(tensor, "scatter", rank)
     is_root = group.rank == root
@@ -155,7 +156,7 @@ def scatter(tensor, scatter_list=None, src: int = 0, group=None, async_op: bool 
         pieces = _gathered_pieces(scatter_list, array, root, group)
     elif scatter_list is not None:
         raise ValueError(f"rank {rank}: scatter_list is only read on the source rank "
-                         f"(src={root}); pass None on the other ranks.")
+                         f"(src={group.ranks[root]}); pass None on the other ranks.")
     else:
         pieces = None
     flat, copied = call.flat_view(array)
