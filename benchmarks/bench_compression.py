@@ -149,7 +149,7 @@ def minidist_step(model_name, batches, name=None, bucket_mb=25.0, overlap=True, 
     if name is None:
         wrapped = model
     else:
-        wrapped = DistributedDataParallel(model, bucket_mb=bucket_mb, algorithm="ring",
+        wrapped = DistributedDataParallel(model, bucket_cap_mb=bucket_mb, algorithm="ring",
                                           overlap=overlap)
         if name != "none":  # "none": DDP's own path (allreduce_hook is the same, bit for bit)
             wrapped.register_comm_hook(COMPRESSORS[name].state(seed), COMPRESSORS[name].hook)

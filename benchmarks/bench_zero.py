@@ -7,8 +7,8 @@ one BLAS thread per process:
 
   DDP     DistributedDataParallel + Adam
   ZeRO-1  DistributedDataParallel + ZeroRedundancyOptimizer(Adam)
-  ZeRO-2  FullyShardedDataParallel("SHARD_GRAD_OP") + Adam on the shards
-  ZeRO-3  FullyShardedDataParallel("FULL_SHARD") + Adam on the shards
+  ZeRO-2  FullyShardedDataParallel(sharding_strategy="SHARD_GRAD_OP") + Adam on the shards
+  ZeRO-3  FullyShardedDataParallel(sharding_strategy="FULL_SHARD") + Adam on the shards
 
 In ONE launch, per model: first one traced step of each strategy (the bytes
 each rank sends, from the trace, next to ``zero_bytes_per_step``; "+N int64":

@@ -257,7 +257,7 @@ def train_traced(flavour):
         optimizer = optim.SGD(model.parameters(), lr=LR)
         wrapper = CoordinatorDataParallel(model, optimizer)
     else:
-        wrapper = DistributedDataParallel(model, bucket_mb=0.01, algorithm="ring")
+        wrapper = DistributedDataParallel(model, bucket_cap_mb=0.01, algorithm="ring")
         optimizer = optim.SGD(wrapper.parameters(), lr=LR)
     for step in range(TRACE_STEPS):
         start = (step * world + rank) * 16
@@ -344,7 +344,7 @@ def train_for_timeline(overlap):
         parameter.register_post_accumulate_grad_hook(
             lambda tensor: trace.record("mark", trace.now(), trace.now(),
                                         label="last gradient ready"))
-    ddp = DistributedDataParallel(model, bucket_mb=0.1, overlap=overlap, algorithm="ring")
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.1, overlap=overlap, algorithm="ring")
     optimizer = optim.SGD(ddp.parameters(), lr=LR)
     loss_fn = nn.CrossEntropyLoss()
     for step in range(3):

@@ -386,7 +386,7 @@ for with_ef, without in pairs:
 def one_traced_step(hook_name, overlap):
     rank, world = dist.get_rank(), dist.get_world_size()
     x, y = load_digits(flatten=False)[:2]
-    ddp = DistributedDataParallel(build_model("cnn", seed=0), bucket_mb=0.02,
+    ddp = DistributedDataParallel(build_model("cnn", seed=0), bucket_cap_mb=0.02,
                                   algorithm="ring", overlap=overlap)
     if hook_name is not None:
         config = experiment.COMPRESSORS[hook_name]

@@ -672,8 +672,19 @@ class Tensor:
     def view(self, *shape):
         return self.reshape(*shape)
 
-    def flatten(self, start_axis=0):
-        return self.reshape(self.shape[:start_axis] + (-1,))
+    def flatten(self, start_dim=0, end_dim=-1):
+        """torch's ``Tensor.flatten``: merge dims start_dim..end_dim (negative:
+        from the end) into one; a 0-d tensor becomes one element. A reshape."""
+        ndim = self.ndim
+        if ndim == 0:
+            return self.reshape(1)
+        if not (-ndim <= start_dim < ndim and -ndim <= end_dim < ndim) \
+                or start_dim % ndim > end_dim % ndim:
+            raise ValueError(f"flatten: cannot merge dims {start_dim}..{end_dim} of a tensor "
+                             f"of shape {_shape_str(self.shape)}")
+        start, end = start_dim % ndim, end_dim % ndim
+        merged = int(numpy.prod(self.shape[start:end + 1], dtype=numpy.int64))
+        return self.reshape(self.shape[:start] + (merged,) + self.shape[end + 1:])
 
     def transpose(self, *axes):
         if len(axes) == 1 and isinstance(axes[0], (tuple, list)):

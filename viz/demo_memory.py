@@ -6,8 +6,8 @@ bundled digits with Adam, a few steps under each strategy in turn:
   DDP      DistributedDataParallel: every rank the whole model, gradients,
            Adam's two moments
   ZeRO-1   DDP + ZeroRedundancyOptimizer: Adam's moments of one N-th
-  ZeRO-2   FullyShardedDataParallel("SHARD_GRAD_OP"): + gradients of one N-th
-  ZeRO-3   FullyShardedDataParallel("FULL_SHARD"): + weights of one N-th
+  ZeRO-2   FullyShardedDataParallel(sharding_strategy="SHARD_GRAD_OP"): + gradients of one N-th
+  ZeRO-3   FullyShardedDataParallel(sharding_strategy="FULL_SHARD"): + weights of one N-th
            between their uses
 
 Each rank measures what it holds with a :class:`minidist.memory.Ledger`

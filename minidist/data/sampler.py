@@ -34,11 +34,19 @@ batches every time, which is training without reshuffling (and it fails
 silently: nothing errs, the loss just falls more slowly). With the same
 ``seed``, a run is reproducible epoch by epoch; resuming from a checkpoint
 at epoch e, call ``set_epoch(e)`` to read the order the run would have read.
+
+``DistributedSampler(dataset)`` without ``num_replicas`` and ``rank`` takes
+them from the default process group, as torch does. This layer must not
+import the processes above it, so it reads them from
+:mod:`minidist.runtime.membership`, which ``minidist.distributed`` fills when
+the process joins a run (the dependency turned around, not a hidden import).
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from minidist.runtime import membership
 
 
 def _dataset_size(dataset_size_or_dataset) -> int:
@@ -63,8 +71,9 @@ class DistributedSampler:
 
     Args:
         dataset_size_or_dataset: the number of samples, or anything with len().
-        num_replicas: the number of ranks sharing the data (the world size).
-        rank: this rank, 0 <= rank < num_replicas.
+        num_replicas: the number of ranks sharing the data; None: the world size.
+        rank: this rank, 0 <= rank < num_replicas; None: this process's rank in
+            the world (both None read the default process group, as torch).
         shuffle: permute the indices each epoch (with seed + epoch).
         seed: the same on all ranks; change it to get another sequence of orders.
         drop_last: cut the tail so shares are equal instead of padding.
@@ -78,13 +87,25 @@ class DistributedSampler:
     def __init__(
         self,
         dataset_size_or_dataset,
-        num_replicas: int,
-        rank: int,
+        num_replicas: int | None = None,
+        rank: int | None = None,
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
         pad: bool = True,
     ):
+        if num_replicas is None or rank is None:
+            place = membership.place()
+            if place is None:
+                raise RuntimeError(
+                    "Default process group has not been initialized, please make sure to call "
+                    "init_process_group. DistributedSampler reads num_replicas and rank from "
+                    "it when they are not given: run under minidist.launch or `minidist run` "
+                    "and call dist.init_process_group() first, or pass num_replicas= and "
+                    "rank= to use it without processes."
+                )
+            rank = place[0] if rank is None else rank
+            num_replicas = place[1] if num_replicas is None else num_replicas
         if isinstance(num_replicas, bool) or not isinstance(num_replicas, (int, np.integer)):
             raise TypeError(f"num_replicas must be an int (the world size), got {num_replicas!r}")
         if num_replicas < 1:

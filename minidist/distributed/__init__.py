@@ -20,6 +20,8 @@ Where things are:
   the control block, errors, signals, console); :mod:`.worker` a forked worker's life
 * :mod:`.world`          init / destroy, rank, world size, ``new_group``
 * :mod:`.process_group`  ``ProcessGroup``: ranks, contexts, point-to-point calls
+* :mod:`.torch_names`    torch's ``group.WORLD``, ``GroupMember``, ``Backend``,
+  ``new_subgroups``, ``get_process_group_ranks``, ``is_available``, ... in minidist's terms
 * :mod:`.point_to_point` the module-level forms of those calls (``group=None`` is the world)
 * :mod:`.collectives`    broadcast, reduce, all_reduce, ...: every algorithm by name; the
   ``*_object`` forms for Python objects; ``monitored_barrier``
@@ -95,6 +97,9 @@ _LAZY.update({
     "simulate": ("minidist.distributed.simulator", "simulate"),
     "SimulationResult": ("minidist.distributed.simulator", "SimulationResult"),
 })
+_LAZY.update({name: ("minidist.distributed.torch_names", name) for name in (
+    "Backend", "GroupMember", "get_process_group_ranks", "group", "is_available",
+    "is_torchelastic_launched", "new_subgroups", "new_subgroups_by_enumeration")})
 
 
 def __getattr__(name):
@@ -140,3 +145,5 @@ __all__ += ["all_gather", "all_gather_into_tensor", "all_to_all", "all_to_all_si
 __all__ += ["all_gather_object", "broadcast_object_list", "gather_object", "monitored_barrier",
             "P2POp", "batch_isend_irecv", "get_backend", "get_node_local_rank",
             "scatter_object_list", "send_object_list", "recv_object_list"]
+__all__ += ["Backend", "GroupMember", "get_process_group_ranks", "group", "is_available",
+            "is_torchelastic_launched", "new_subgroups", "new_subgroups_by_enumeration"]

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 
 from minidist import trace as _trace
 from minidist.runtime import control as ctl
+from minidist.runtime import membership
 from minidist.runtime.errors import NotInitializedError
 
 DEFAULT_TIMEOUT = 120.0
@@ -143,6 +144,7 @@ def start_worker(rank, world_size, resources, control, timeout, mode) -> World:
                    lambda: resources.connect(rank, control, timeout,
                                              default_spin_ns(world_size)))
     control.set_state(rank, ctl.RUNNING, _trace.now())
+    membership.join(rank, world_size)  # what DistributedSampler() reads (data is below us)
     return _world
 
 
@@ -168,6 +170,7 @@ def finish_worker() -> None:
     finally:
         world.close_transport()
         _world = None
+        membership.leave()
 
 
 def mark_failed() -> None:

@@ -69,11 +69,13 @@ COMPRESSORS = {c.name: c for c in [
     Compressor("random-k 1%, no EF", C.randomk_hook,
                lambda s: C.RandomKState(0.01, seed=s, use_error_feedback=False), "values", False),
     Compressor("PowerSGD r2", C.powersgd_hook,
-               lambda s: C.PowerSGDState(matrix_approximation_rank=2, random_seed=s),
+               lambda s: C.PowerSGDState(matrix_approximation_rank=2, random_seed=s,
+                                         start_powerSGD_iter=0),
                "low rank", True),
     Compressor("PowerSGD r2, no EF", C.powersgd_hook,
                lambda s: C.PowerSGDState(matrix_approximation_rank=2, random_seed=s,
-                                         use_error_feedback=False), "low rank", False),
+                                         start_powerSGD_iter=0, use_error_feedback=False),
+               "low rank", False),
 ]}
 
 #: The training recipe per model: epochs (full, quick), global batch, learning rate.
@@ -110,7 +112,7 @@ def _train_one(compressor: Compressor, model_name: str, epochs: int, batch_size:
     # The ring for every all-reduce, the hooks' included: bandwidth-optimal,
     # and the algorithm the byte formulas assume ("auto" may pick another
     # for small buckets, whose bytes differ).
-    ddp = DistributedDataParallel(model, bucket_mb=bucket_mb, algorithm="ring")
+    ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_mb, algorithm="ring")
     ddp.register_comm_hook(compressor.state(seed), compressor.hook)
     optimizer = optim.SGD(ddp.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4)
     scheduler = optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs)

@@ -705,18 +705,20 @@ def dropout(input, p: float = 0.5, training: bool = True, rng=None) -> Tensor:
     return Tensor._make(x * mask, (input,), lambda g: (g * mask,), "dropout")
 
 
-def flatten(input, start_axis: int = 1, end_axis: int = -1) -> Tensor:
-    """Merge axes ``start_axis..end_axis`` into one: (N, C, H, W) -> (N, C*H*W)
-    by default. A reshape: no copy for a contiguous input."""
+def flatten(input, start_dim: int = 1, end_dim: int = -1) -> Tensor:
+    """Merge dims ``start_dim..end_dim`` into one (torch's names; negative dims
+    count from the end): (N, C, H, W) -> (N, C*H*W) by default, as
+    ``nn.Flatten``. (``torch.flatten`` starts at dim 0: ``x.flatten()``.)
+    A reshape: no copy for a contiguous input."""
     input = _tensor(input)
     shape = input.shape
     ndim = len(shape)
-    if not (-ndim <= start_axis < ndim and -ndim <= end_axis < ndim) or start_axis % ndim > end_axis % ndim:
+    if not (-ndim <= start_dim < ndim and -ndim <= end_dim < ndim) or start_dim % ndim > end_dim % ndim:
         raise ValueError(
-            f"flatten: cannot merge axes {start_axis}..{end_axis} of a tensor of shape "
+            f"flatten: cannot merge dims {start_dim}..{end_dim} of a tensor of shape "
             f"{_shape_str(shape)}; a batch of N vectors is already flat (N, features)"
         )
-    start, end = start_axis % ndim, end_axis % ndim
+    start, end = start_dim % ndim, end_dim % ndim
     merged = int(numpy.prod(shape[start : end + 1], dtype=numpy.int64))
     return input.reshape(shape[:start] + (merged,) + shape[end + 1 :])
 

@@ -114,31 +114,52 @@ class RandomKState(TopKState, _Random):
 
 
 class PowerSGDState(ErrorFeedbackState):
-    """PowerSGD (Vogels, Karimireddy and Jaggi, 2019), torch's names.
+    """PowerSGD (Vogels, Karimireddy and Jaggi, 2019), torch's names, order and defaults:
+    ``PowerSGDState(process_group, matrix_approximation_rank=1,
+    start_powerSGD_iter=1_000, min_compression_rate=2, use_error_feedback=True,
+    warm_start=True, random_seed=0)``.
 
+    * ``process_group``: the group the hook all-reduces over; None: DDP's own
+      (torch: the world). It must have DDP's ranks, whose examples the
+      average divides by;
     * ``matrix_approximation_rank``: r, the rank of each gradient matrix's
       approximation ``P Q^T`` (a parameter of shape (n, ...) is an n x m
       matrix, m the product of the other sizes);
-    * ``warm_start``: start each step's power iteration from the last
-      step's Q (one iteration a step then tracks the top-r subspace over
-      time); without it Q is drawn afresh every step;
-    * ``use_error_feedback``: keep ``M_r - P Q^T / N`` (what the
-      approximation missed of this rank's share) for the next step;
+    * ``start_powerSGD_iter``: plain all-reduce for this many steps first
+      (the paper's warm-up; torch's default 1,000, so pass a smaller one to
+      see compression in a short run; 0 compresses from the first step);
     * ``min_compression_rate``: compress a matrix only when its n m values
       are at least this many times the (n + m) r of P and Q; the others
       (biases, small layers) are all-reduced whole;
-    * ``start_powerSGD_iter``: plain all-reduce for this many steps first
-      (the paper's warm-up; 0 compresses from the first step);
+    * ``use_error_feedback``: keep ``M_r - P Q^T / N`` (what the
+      approximation missed of this rank's share) for the next step;
+    * ``warm_start``: start each step's power iteration from the last
+      step's Q (one iteration a step then tracks the top-r subspace over
+      time); without it Q is drawn afresh every step;
     * ``random_seed``: the seed of Q's draws, the same on every rank (P and
       Q must be the same matrices everywhere).
+
+    torch refuses ``start_powerSGD_iter <= 1`` with error feedback or warm
+    start, because its DDP rebuilds its buckets after the first step and the
+    kept residuals and Qs would no longer fit them. minidist's buckets are
+    fixed when DDP is built, so it compresses from step 0 if asked (the
+    course's experiment does, so that its bytes per step match the formula);
+    a script written for torch passes 2 or more and gets torch's values.
 
     The residuals and the Qs are kept per bucket, by bucket index.
     """
 
-    def __init__(self, matrix_approximation_rank: int = 1, warm_start: bool = True,
-                 use_error_feedback: bool = True, min_compression_rate: float = 2.0,
-                 start_powerSGD_iter: int = 0, random_seed: int = 0):
+    def __init__(self, process_group=None, matrix_approximation_rank: int = 1,
+                 start_powerSGD_iter: int = 1_000, min_compression_rate: float = 2.0,
+                 use_error_feedback: bool = True, warm_start: bool = True,
+                 random_seed: int = 0):
+        if process_group is not None and not hasattr(process_group, "ranks"):
+            raise TypeError(
+                f"PowerSGDState: process_group must be a process group or None, got "
+                f"{type(process_group).__name__} {process_group!r}; as in torch it is the "
+                "first argument: PowerSGDState(None, matrix_approximation_rank=2)")
         super().__init__(use_error_feedback)
+        self.process_group = process_group
         if int(matrix_approximation_rank) != matrix_approximation_rank \
                 or matrix_approximation_rank < 1:
             raise ValueError(f"PowerSGDState: matrix_approximation_rank must be a positive "
@@ -396,6 +417,19 @@ def randomk_hook(state: RandomKState, bucket) -> np.ndarray:
     return _sparse_sum(indices, values, bucket)
 
 
+def _group_of(state: PowerSGDState, bucket):
+    """The group PowerSGD all-reduces over: the state's, if it has DDP's ranks."""
+    if state.process_group is None:
+        return bucket.group
+    mine = dist.get_process_group_ranks(state.process_group)
+    ddp = dist.get_process_group_ranks(bucket.group)
+    if mine != ddp:
+        raise ValueError(f"rank {bucket.rank}: PowerSGDState's process_group has ranks {mine}, "
+                         f"but DistributedDataParallel averages over ranks {ddp}; give the "
+                         "state DDP's process_group (or None for DDP's own)")
+    return state.process_group
+
+
 def powersgd_hook(state: PowerSGDState, bucket) -> np.ndarray:
     """Low rank: PowerSGD (Vogels et al. 2019). Each parameter's gradient,
     seen as an n x m matrix M (this rank's share plus its residual), is
@@ -414,6 +448,7 @@ def powersgd_hook(state: PowerSGDState, bucket) -> np.ndarray:
     bytes: 2 (N - 1) / N s (sum of r (n + m) over the compressed matrices +
     the values of the others) (ring)."""
     index = bucket.index()
+    group = _group_of(state, bucket)
     warming_up = state.iter < state.start_powerSGD_iter
     if bucket.is_last():
         state.iter += 1
@@ -431,7 +466,7 @@ def powersgd_hook(state: PowerSGDState, bucket) -> np.ndarray:
     # 1. P = M Q, summed over the ranks (with the uncompressed tensors).
     first = np.concatenate([(mat @ q).reshape(-1) if r else mat.reshape(-1)
                             for mat, q, (_, _, _, _, r) in zip(matrices, qs, layout)])
-    dist.all_reduce(first, group=bucket.group, algorithm=bucket.algorithm)
+    dist.all_reduce(first, group=group, algorithm=bucket.algorithm)
     out = np.empty_like(p)
     ps, offset = [], 0
     for (o, size, n, _, r) in layout:
@@ -448,7 +483,7 @@ def powersgd_hook(state: PowerSGDState, bucket) -> np.ndarray:
     compressed = [i for i, (*_, r) in enumerate(layout) if r]
     if compressed:
         second = np.concatenate([(matrices[i].T @ ps[i]).reshape(-1) for i in compressed])
-        dist.all_reduce(second, group=bucket.group, algorithm=bucket.algorithm)
+        dist.all_reduce(second, group=group, algorithm=bucket.algorithm)
         offset = 0
         for i in compressed:
             o, size, n, m, r = layout[i]

@@ -20,8 +20,8 @@ gradients and runs the same optimizer step itself. A bandwidth-optimal
 all-reduce (the ring) sends and receives 2 (N - 1) / N P per rank, about 2P
 whatever N is, and no rank is special. Two refinements make it fast:
 
-* *buckets*: gradients are packed into flat buffers of about ``bucket_mb``
-  megabytes, one all-reduce per bucket instead of one per parameter (fewer
+* *buckets*: gradients are packed into flat buffers of about ``bucket_cap_mb``
+  megabytes (torch's name and default, 25), one all-reduce per bucket instead of one per parameter (fewer
   alpha terms), grouped in the order backward produces them;
 * *overlap*: backward produces the last layer's gradients first, so a
   bucket is full long before backward ends. Its all-reduce starts at once
@@ -294,15 +294,24 @@ class DistributedDataParallel(nn.Module):
 
     Every parameter must receive a gradient in every backward: a bucket
     missing one never starts, and the next forward says which.
+
+    torch's keywords: ``process_group`` (None: the world), ``bucket_cap_mb``
+    (default 25), ``broadcast_buffers``. minidist's own: ``algorithm`` (the
+    all-reduce's), ``overlap``. torch's GPU placement (``device_ids``,
+    ``output_device``) has no meaning here and is not taken.
     """
 
-    def __init__(self, module: nn.Module, bucket_mb: float = 25.0, algorithm: str = "auto",
-                 overlap: bool = True, group=None, broadcast_buffers: bool = True):
+    def __init__(self, module: nn.Module, bucket_cap_mb: float | None = None,
+                 algorithm: str = "auto", overlap: bool = True, process_group=None,
+                 broadcast_buffers: bool = True):
         super().__init__()
         parameters = _check_model(module, "DistributedDataParallel")
-        if not bucket_mb > 0:
-            raise ValueError(f"bucket_mb must be positive (megabytes per all-reduce), "
-                             f"got {bucket_mb!r}")
+        if bucket_cap_mb is None:
+            bucket_cap_mb = 25.0  # torch's default
+        if not bucket_cap_mb > 0:
+            raise ValueError(f"bucket_cap_mb must be positive (megabytes per all-reduce), "
+                             f"got {bucket_cap_mb!r}")
+        group = process_group
         self.module = module
         self._group = group
         self._algorithm = algorithm
@@ -310,7 +319,7 @@ class DistributedDataParallel(nn.Module):
         self._rank = dist.get_rank() if group is None else group.rank
         self._world_size = dist.get_world_size() if group is None else group.size
         self._dtype = parameters[0].data.dtype
-        self._buckets = self._make_buckets(parameters[::-1], int(bucket_mb * 2**20))
+        self._buckets = self._make_buckets(parameters[::-1], int(bucket_cap_mb * 2**20))
         self._bucket_of = {id(p): bucket for bucket in self._buckets for p in bucket.parameters}
         self._syncing = True
         self._examples = 0          # this rank's examples since the last synchronization

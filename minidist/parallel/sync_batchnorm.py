@@ -72,9 +72,10 @@ DEFAULT_ALGORITHM = "ring"
 
 class SyncBatchNorm(_BatchNorm):
     """``SyncBatchNorm(num_features, eps=1e-5, momentum=0.1, affine=True,
-    track_running_stats=True, group=None, algorithm="ring")``: BatchNorm
-    whose training statistics are those of the batch summed over the ranks of
-    ``group`` (the world by default), with all-reduces of ``algorithm``.
+    track_running_stats=True, process_group=None, algorithm="ring")`` (torch's
+    keywords): BatchNorm whose training statistics are those of the batch
+    summed over the ranks of ``process_group`` (the world by default), with
+    all-reduces of ``algorithm``.
     Input (N, C), (N, C, L) or (N, C, H, W); N may differ between ranks and
     may be 0. See the module docstring for the algorithm and its cost."""
 
@@ -82,11 +83,11 @@ class SyncBatchNorm(_BatchNorm):
     _shape_text = "(N, C), (N, C, L) or (N, C, H, W)"
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
-                 affine: bool = True, track_running_stats: bool = True, group=None,
+                 affine: bool = True, track_running_stats: bool = True, process_group=None,
                  dtype=np.float32, algorithm: str = DEFAULT_ALGORITHM):
         super().__init__(num_features, eps, momentum, affine, track_running_stats, dtype)
         # Not a submodule or a buffer: a process group is not state to save.
-        object.__setattr__(self, "group", group)
+        object.__setattr__(self, "process_group", process_group)
         self.algorithm = algorithm
 
     def forward(self, x):
@@ -103,27 +104,31 @@ class SyncBatchNorm(_BatchNorm):
                 momentum = 1.0 / int(self.num_batches_tracked.data)
         return sync_batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
                                momentum=0.0 if momentum is None else momentum, eps=self.eps,
-                               group=self.group, algorithm=self.algorithm)
+                               group=self.process_group, algorithm=self.algorithm)
 
     def extra_repr(self) -> str:
         text = super().extra_repr()
-        return text if self.group is None else f"{text}, group={self.group!r}"
+        if self.process_group is None:
+            return text
+        return f"{text}, process_group={self.process_group!r}"
 
     @classmethod
-    def convert_sync_batchnorm(cls, module: Module, group=None) -> Module:
+    def convert_sync_batchnorm(cls, module: Module, process_group=None) -> Module:
         """Replace every BatchNorm1d/BatchNorm2d in ``module``'s tree by a
         SyncBatchNorm with the same arguments, sharing the same weight and
         bias Parameters (an optimizer built before still updates them) and
         copying the running statistics and the train/eval mode. Returns the
         converted module (a new object if ``module`` itself is a BatchNorm;
-        otherwise ``module``, changed in place), as PyTorch's does."""
+        otherwise ``module``, changed in place), as PyTorch's does; the new
+        layers synchronise over ``process_group`` (None: the world)."""
         converted = module
         if isinstance(module, _BatchNorm) and not isinstance(module, SyncBatchNorm):
             dtype = (module.weight.data.dtype if module.weight is not None
                      else module.running_mean.data.dtype if module.running_mean is not None
                      else np.float32)
             converted = cls(module.num_features, module.eps, module.momentum, module.affine,
-                            module.track_running_stats, group=group, dtype=dtype)
+                            module.track_running_stats, process_group=process_group,
+                            dtype=dtype)
             if module.affine:
                 converted.weight = module.weight
                 converted.bias = module.bias
@@ -135,7 +140,7 @@ class SyncBatchNorm(_BatchNorm):
             converted.training = module.training
         for name, child in list(module.named_children()):
             if child is not None:
-                converted.add_module(name, cls.convert_sync_batchnorm(child, group))
+                converted.add_module(name, cls.convert_sync_batchnorm(child, process_group))
         return converted
 
 

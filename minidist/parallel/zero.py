@@ -33,14 +33,14 @@ Three classes, public collectives only:
   rank r builds the inner optimizer on its slice only (so its state, e.g.
   Adam's moments, covers one N-th), updates that slice after DDP's all_reduce,
   and all_gathers the buffer so every replica holds the new weights.
-* :class:`FullyShardedDataParallel` ``("SHARD_GRAD_OP")`` (stage 2): as
+* :class:`FullyShardedDataParallel` ``(sharding_strategy="SHARD_GRAD_OP")`` (stage 2): as
   torch's FSDP, ``fsdp.parameters()`` are the *shards* (one flat slice per
   layer), the optimizer is built on them. In backward, as soon as a layer's
   gradients are complete, they are packed and reduce_scattered: each rank
   receives the summed gradient of its slice only, and the full gradients are
   dropped. Before each layer's forward its weights are all_gathered from the
   shards the optimizer updated.
-* ``FullyShardedDataParallel(..., "FULL_SHARD")`` (stage 3): the layers' full
+* ``FullyShardedDataParallel(..., sharding_strategy="FULL_SHARD")`` (stage 3): the layers' full
   weights exist only around their use: all_gathered before the layer's
   forward, freed after it, all_gathered again just before the layer's
   backward (a node the forward inserts at the layer's output runs the
@@ -58,6 +58,8 @@ gradients, not as a silent use of stale weights.
 
 from __future__ import annotations
 
+import enum
+
 import numpy as np
 
 import minidist.distributed as dist
@@ -70,7 +72,42 @@ from minidist.parallel.data_parallel import (
 )
 from minidist.tensor import Tensor, no_grad
 
-STRATEGIES = ("SHARD_GRAD_OP", "FULL_SHARD")
+
+class ShardingStrategy(str, enum.Enum):
+    """FSDP's sharding strategies, torch's names (``torch.distributed.fsdp.ShardingStrategy``).
+
+    A ``str`` enum, so the strings ``"FULL_SHARD"``, ... are the same thing.
+
+    * ``FULL_SHARD``: ZeRO stage 3, weights, gradients and optimizer state sharded;
+    * ``SHARD_GRAD_OP``: ZeRO stage 2, the weights kept whole between forward and backward;
+    * ``NO_SHARD``: nothing sharded, gradients all-reduced: DDP's computation;
+    * ``HYBRID_SHARD``: torch's shard-within-a-node, replicate-across; not
+      implemented here (FullyShardedDataParallel refuses it).
+    """
+
+    FULL_SHARD = "FULL_SHARD"
+    SHARD_GRAD_OP = "SHARD_GRAD_OP"
+    NO_SHARD = "NO_SHARD"
+    HYBRID_SHARD = "HYBRID_SHARD"
+
+
+STRATEGIES = ("SHARD_GRAD_OP", "FULL_SHARD", "NO_SHARD")
+
+
+def _strategy(value) -> ShardingStrategy:
+    """``value`` (a ShardingStrategy or its name) as a ShardingStrategy, or a clear error."""
+    if value is None:
+        return ShardingStrategy.FULL_SHARD   # torch's default
+    try:
+        strategy = ShardingStrategy(value.name if isinstance(value, enum.Enum) else value)
+    except ValueError:
+        strategy = None
+    if strategy is None or strategy is ShardingStrategy.HYBRID_SHARD:
+        what = "is not implemented here" if strategy is not None else "is not one"
+        raise ValueError(f"FullyShardedDataParallel: sharding_strategy {value!r} {what}; "
+                         f"choose ShardingStrategy.FULL_SHARD, SHARD_GRAD_OP or NO_SHARD "
+                         "(or their names as strings)")
+    return strategy
 
 # --------------------------------------------------------------------------- formulas
 
@@ -176,7 +213,7 @@ class _FlatShard:
 
 
 class ZeroRedundancyOptimizer:
-    """``ZeroRedundancyOptimizer(params, optimizer_class, group=None, **defaults)``:
+    """``ZeroRedundancyOptimizer(params, optimizer_class, process_group=None, **defaults)``:
     ZeRO stage 1, used beside :class:`DistributedDataParallel`::
 
         ddp = DistributedDataParallel(model)
@@ -196,8 +233,12 @@ class ZeroRedundancyOptimizer:
     gradient at ``step()``.
     """
 
-    def __init__(self, params, optimizer_class, group=None, algorithm: str = "auto",
+    def __init__(self, params, optimizer_class, process_group=None, algorithm: str = "auto",
                  **defaults):
+        if "group" in defaults:
+            raise TypeError("ZeroRedundancyOptimizer takes the group as process_group= "
+                            "(torch's name), not group=")
+        group = process_group
         params = [p for p in params if p.requires_grad]
         if not params:
             raise ValueError("ZeroRedundancyOptimizer: no parameter that requires a gradient")
@@ -275,10 +316,11 @@ class _Unit:
 
 
 class FullyShardedDataParallel(nn.Module):
-    """``FullyShardedDataParallel(module, sharding_strategy="FULL_SHARD", group=None)``:
-    ZeRO stage 2 (``"SHARD_GRAD_OP"``) or 3 (``"FULL_SHARD"``), torch FSDP style::
+    """``FullyShardedDataParallel(module, process_group=None, sharding_strategy=FULL_SHARD)``:
+    ZeRO stage 2 (``ShardingStrategy.SHARD_GRAD_OP``) or 3 (``FULL_SHARD``), or
+    nothing sharded (``NO_SHARD``: DDP's computation), torch FSDP style::
 
-        fsdp = FullyShardedDataParallel(model, "SHARD_GRAD_OP")
+        fsdp = FullyShardedDataParallel(model, sharding_strategy=ShardingStrategy.SHARD_GRAD_OP)
         optimizer = optim.Adam(fsdp.parameters(), lr=0.01)     # the shards
         for x, y in batches:
             optimizer.zero_grad()
@@ -300,16 +342,20 @@ class FullyShardedDataParallel(nn.Module):
       full gradients are dropped. The summed example count (all-reduced in
       forward) divides, exactly as :class:`DistributedDataParallel` averages.
 
+    ``NO_SHARD``: each unit's shard is its whole flat buffer on every rank,
+    no gather before forward, and the gradients are all-reduced (scaled by
+    the example counts, as DDP) instead of reduce_scattered: what DDP
+    computes, bit for bit on two ranks (per layer rather than per bucket).
+
     Every parameter must receive a gradient in every backward.
     """
 
-    def __init__(self, module: nn.Module, sharding_strategy: str = "FULL_SHARD", group=None,
+    def __init__(self, module: nn.Module, process_group=None, sharding_strategy=None, *,
                  algorithm: str = "auto"):
         super().__init__()
         _check_model(module, "FullyShardedDataParallel")
-        if sharding_strategy not in STRATEGIES:
-            raise ValueError(f"FullyShardedDataParallel: sharding_strategy must be one of "
-                             f"{STRATEGIES}, got {sharding_strategy!r}")
+        sharding_strategy = _strategy(sharding_strategy)
+        group = process_group
         self.module = module
         object.__setattr__(self, "_strategy", sharding_strategy)
         object.__setattr__(self, "_group", group)
@@ -322,7 +368,9 @@ class FullyShardedDataParallel(nn.Module):
         for layer in module.modules():
             own = [p for p in layer.parameters(recurse=False) if p.requires_grad]
             if own:
-                units.append(_Unit(layer, own, self._rank, self._world_size,
+                # NO_SHARD: one "shard" per unit, the whole buffer (a world of one's layout).
+                rank, shards = (self._rank, self._world_size) if self.sharded else (0, 1)
+                units.append(_Unit(layer, own, rank, shards,
                                    keep_full=not self.reshard_after_forward))
         object.__setattr__(self, "_units", units)
         object.__setattr__(self, "_total", None)
@@ -355,12 +403,17 @@ class FullyShardedDataParallel(nn.Module):
             ledger.track("buffers", array)
 
     @property
-    def sharding_strategy(self) -> str:
+    def sharding_strategy(self) -> ShardingStrategy:
         return self._strategy
 
     @property
     def reshard_after_forward(self) -> bool:
-        return self._strategy == "FULL_SHARD"
+        return self._strategy is ShardingStrategy.FULL_SHARD
+
+    @property
+    def sharded(self) -> bool:
+        """Whether each rank keeps one N-th of the weights (not NO_SHARD)."""
+        return self._strategy is not ShardingStrategy.NO_SHARD
 
     @property
     def shards(self) -> list:
@@ -382,6 +435,9 @@ class FullyShardedDataParallel(nn.Module):
         """Every parameter of the module, gathered (a collective: all ranks call it)."""
         out = []
         for unit in self._units:
+            if not self.sharded:
+                out.extend(view.copy() for view in unit.layout.views(unit.shard.data))
+                continue
             full = np.empty(unit.layout.padded, unit.layout.dtype)
             dist.all_gather_into_tensor(full, unit.shard.data, group=self._group,
                                         algorithm=self._algorithm)
@@ -393,9 +449,10 @@ class FullyShardedDataParallel(nn.Module):
         if into is None:
             into = unit.full
         full = np.empty(unit.layout.padded, unit.layout.dtype) if into is None else into
-        # The shard may be a view into ``full``: send a copy of it.
-        dist.all_gather_into_tensor(full, unit.shard.data.copy(), group=self._group,
-                                    algorithm=self._algorithm)
+        if self.sharded:
+            # The shard may be a view into ``full``: send a copy of it.
+            dist.all_gather_into_tensor(full, unit.shard.data.copy(), group=self._group,
+                                        algorithm=self._algorithm)
         if full is not into:
             self._track(full)
         unit.full = full
@@ -464,6 +521,11 @@ class FullyShardedDataParallel(nn.Module):
         mine = np.empty(layout.shard, layout.dtype)
         if self._world_size == 1:       # as DDP: nothing to average, no rounding added
             mine[...] = gradient
+        elif not self.sharded:          # NO_SHARD: DDP's all-reduce, scaled as DDP scales
+            gradient *= layout.dtype.type(self._count)
+            dist.all_reduce(gradient, group=self._group, algorithm=self._algorithm)
+            mine[...] = gradient
+            mine /= layout.dtype.type(self._total)
         else:
             gradient *= layout.dtype.type(self._count)
             dist.reduce_scatter_tensor(mine, gradient, group=self._group,
@@ -499,12 +561,13 @@ def wrap(model, stage: int, optimizer_class, *, group=None, algorithm: str = "au
     if stage not in STAGES:
         raise ValueError(f"ZeRO stage must be 0 (plain DDP), 1, 2 or 3, got {stage!r}")
     if stage in (0, 1):
-        wrapped = DistributedDataParallel(model, group=group, algorithm=algorithm)
+        wrapped = DistributedDataParallel(model, process_group=group, algorithm=algorithm)
         if stage == 0:
             return wrapped, optimizer_class(wrapped.parameters(), **defaults)
         return wrapped, ZeroRedundancyOptimizer(wrapped.parameters(), optimizer_class,
-                                                group=group, algorithm=algorithm, **defaults)
-    strategy = "SHARD_GRAD_OP" if stage == 2 else "FULL_SHARD"
-    wrapped = FullyShardedDataParallel(model, sharding_strategy=strategy, group=group,
+                                                process_group=group, algorithm=algorithm,
+                                                **defaults)
+    strategy = ShardingStrategy.SHARD_GRAD_OP if stage == 2 else ShardingStrategy.FULL_SHARD
+    wrapped = FullyShardedDataParallel(model, process_group=group, sharding_strategy=strategy,
                                        algorithm=algorithm)
     return wrapped, optimizer_class(wrapped.parameters(), **defaults)

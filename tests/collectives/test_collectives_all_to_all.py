@@ -303,9 +303,13 @@ def bad_input_is_refused():
     if n > 1:
         expect(ValueError, f"not a multiple of {n}", dist.all_to_all_single,
                np.zeros(2 * n + 1, "float32"), np.zeros(2 * n + 1, "float32"))
-        expect(ValueError, "equal pieces only", dist.all_to_all_single,
-               np.zeros(2 * n, "float32"), np.zeros(2 * n, "float32"),
-               input_split_sizes=[3] + [2] * (n - 2) + [1])
+        uneven = [3] + [2] * (n - 2) + [1]
+        expect(ValueError, "only run the pairwise exchange, not 'bruck'",
+               dist.all_to_all_single, np.zeros(2 * n, "float32"), np.zeros(2 * n, "float32"),
+               input_split_sizes=uneven, output_split_sizes=uneven, algorithm="bruck")
+        expect(ValueError, f"sum to {2 * n + 1} rows, but dim 0 has {2 * n}",
+               dist.all_to_all_single, np.zeros(2 * n, "float32"), np.zeros(2 * n, "float32"),
+               input_split_sizes=[3] + [2] * (n - 1))
     expect(ValueError, "output_tensor_list to hold one array per rank", dist.all_to_all,
            [np.zeros(2, "float32")] * (n + 1), [np.zeros(2, "float32")] * n)
     expect(ValueError, "output and input of one size", dist.all_to_all_single,

@@ -606,3 +606,17 @@ def test_sampler_errors(arguments, error, message):
 def test_sampler_set_epoch_rejects_negative():
     with pytest.raises(ValueError, match="epoch"):
         DistributedSampler(10, 2, 0).set_epoch(-1)
+
+
+def test_sampler_without_replicas_outside_a_run_says_what_to_pass(monkeypatch):
+    """torch reads num_replicas and rank from the default process group; with
+    none initialized it refuses, and so does minidist, saying what to pass."""
+    from minidist.runtime import membership
+
+    monkeypatch.setattr(membership, "_place", None)   # outside any run
+    with pytest.raises(RuntimeError, match="Default process group has not been initialized") \
+            as caught:
+        DistributedSampler(10)
+    assert "pass num_replicas= and rank=" in str(caught.value)
+    with pytest.raises(RuntimeError, match="not been initialized"):
+        DistributedSampler(10, num_replicas=2)   # rank still missing

@@ -635,6 +635,43 @@ def test_flatten():
         F.flatten(as_tensor(randn(4)), 1)
 
 
+def _numpy_flatten(array, start, end):
+    """torch's rule written with NumPy: dims start..end (negative from the end)
+    become one, of their product; the values keep their C order."""
+    ndim = array.ndim
+    start, end = start % ndim, end % ndim
+    kept_before, kept_after = array.shape[:start], array.shape[end + 1:]
+    return array.reshape(kept_before + (-1,) + kept_after) if start <= end else None
+
+
+def test_flatten_with_torch_s_keywords_and_negative_dims():
+    from minidist import nn
+
+    data = randn(2, 3, 4, 5)
+    for start in range(-4, 4):
+        for end in range(-4, 4):
+            expected = _numpy_flatten(data, start, end)
+            if expected is None:
+                with pytest.raises(ValueError, match="cannot merge dims"):
+                    F.flatten(as_tensor(data), start_dim=start, end_dim=end)
+                continue
+            x = Tensor(data, requires_grad=True)
+            got = nn.Flatten(start_dim=start, end_dim=end)(x)
+            assert got.shape == expected.shape, (start, end)
+            np.testing.assert_array_equal(got.data, expected)
+            np.testing.assert_array_equal(x.flatten(start_dim=start, end_dim=end).data, expected)
+            (got * as_tensor(np.arange(got.data.size).reshape(got.shape))).sum().backward()
+            np.testing.assert_array_equal(x.grad, np.arange(data.size).reshape(data.shape))
+    # The defaults, torch's: nn.Flatten from dim 1, Tensor.flatten from dim 0.
+    assert nn.Flatten()(as_tensor(data)).shape == (2, 60)
+    assert as_tensor(data).flatten().shape == (120,)
+    assert as_tensor(data).flatten(1).shape == (2, 60)
+    assert as_tensor(np.float64(3.0)).flatten().shape == (1,)
+    assert repr(nn.Flatten(0, -2)) == "Flatten(start_dim=0, end_dim=-2)"
+    with pytest.raises(TypeError):
+        nn.Flatten(start_axis=1)   # the old names are gone: torch's only
+
+
 # --------------------------------------------------------------------------
 # float32 all the way and no graph under no_grad
 

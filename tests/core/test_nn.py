@@ -147,7 +147,7 @@ def test_repr_reads_like_pytorch():
         "  (1): ReLU()\n"
         "  (2): MaxPool2d(kernel_size=(2, 2), stride=(2, 2), padding=(0, 0))\n"
         "  (3): BatchNorm2d(16, eps=1e-05, momentum=0.1, affine=True, track_running_stats=True)\n"
-        "  (4): Flatten(start_axis=1, end_axis=-1)\n"
+        "  (4): Flatten(start_dim=1, end_dim=-1)\n"
         "  (5): Dropout(p=0.25)\n"
         "  (6): Linear(in_features=3136, out_features=10, bias=False)\n"
         ")"

@@ -177,7 +177,7 @@ def _ddp_worker():
         model = _cnn()
         if recompute:
             model = CheckpointedSequential(model, every=3)
-        ddp = DistributedDataParallel(model, bucket_mb=0.004)
+        ddp = DistributedDataParallel(model, bucket_cap_mb=0.004)
         optimizer = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         nn.init.manual_seed(10 + rank)  # different masks per rank, the same with and without
         for x, y in _batches("cnn"):

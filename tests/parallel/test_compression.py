@@ -97,13 +97,13 @@ def test_powersgd_layout_compresses_only_what_pays():
     assert layout[1] == (8192, 128, 128, 1, 0)          # a vector goes whole
     assert layout[2] == (8320, 144, 16, 9, 2)           # conv: out x (in kh kw)
     assert layout[3][-1] == 0                           # 6 < 2 * (3 + 2) * 2: whole
-    assert C.PowerSGDState(5).layout([(3, 4)])[0][-1] == 0
+    assert C.PowerSGDState(matrix_approximation_rank=5).layout([(3, 4)])[0][-1] == 0
     q = C.orthogonalize(np.random.default_rng(0).standard_normal((10, 3)))
     np.testing.assert_allclose(q.T @ q, np.eye(3), atol=1e-12)
     with pytest.raises(ValueError, match="matrix_approximation_rank"):
-        C.PowerSGDState(0)
+        C.PowerSGDState(None, 0)
     with pytest.raises(ValueError, match="start_powerSGD_iter"):
-        C.PowerSGDState(1, start_powerSGD_iter=-1)
+        C.PowerSGDState(None, 1, start_powerSGD_iter=-1)
 
 
 def test_without_error_feedback_nothing_is_kept():
@@ -157,13 +157,14 @@ def _state(name):
     return {"allreduce": None, "fp16": None, "bf16": None, "int8": C.Int8State(seed=1),
             "sign": C.ErrorFeedbackState(), "threshold": C.ThresholdState(1e-3),
             "topk": C.TopKState(0.1), "randomk": C.RandomKState(0.1, seed=1),
-            "powersgd": C.PowerSGDState(matrix_approximation_rank=2, random_seed=1)}[name]
+            "powersgd": C.PowerSGDState(matrix_approximation_rank=2, random_seed=1,
+                                        start_powerSGD_iter=0)}[name]
 
 
 def _train(hook_name, overlap=True):
     rank, world = dist.get_rank(), dist.get_world_size()
     model = _model(seed=rank)
-    ddp = DistributedDataParallel(model, bucket_mb=0.002, overlap=overlap)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.002, overlap=overlap)
     if hook_name is not None:
         ddp.register_comm_hook(_state(hook_name), C.HOOKS[hook_name])
     optimizer = optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
@@ -187,7 +188,7 @@ def _bad_hook(state, bucket):
 
 
 def _wrong_output_message():
-    ddp = DistributedDataParallel(_model(0), bucket_mb=0.002)
+    ddp = DistributedDataParallel(_model(0), bucket_cap_mb=0.002)
     ddp.register_comm_hook(None, _bad_hook)
     x, y = load_digits()[:2]
     try:
@@ -242,11 +243,11 @@ def _powersgd_checks():
                           rng.standard_normal(10)])
     exact = low.copy()
     dist.all_reduce(exact)
-    state = C.PowerSGDState(matrix_approximation_rank=4, random_seed=3)
+    state = C.PowerSGDState(matrix_approximation_rank=4, random_seed=3, start_powerSGD_iter=0)
     got = C.powersgd_hook(state, _FakeBucket(low.copy(), 1, shapes))
     exact_error = float(np.max(np.abs(got - exact)))
     # (2) rank 2 of random gradients, 6 steps
-    state = C.PowerSGDState(matrix_approximation_rank=2, random_seed=3)
+    state = C.PowerSGDState(matrix_approximation_rank=2, random_seed=3, start_powerSGD_iter=0)
     sent, given = np.zeros(130), np.zeros(130)
     for _ in range(6):
         c = rng.standard_normal(130)
@@ -298,7 +299,7 @@ def test_hooks_in_ddp(world_size):
 def _traced_worker():
     sizes = None
     for name in C.HOOKS:
-        ddp = DistributedDataParallel(_model(0), bucket_mb=0.002, algorithm="ring")
+        ddp = DistributedDataParallel(_model(0), bucket_cap_mb=0.002, algorithm="ring")
         ddp.register_comm_hook(_state(name), C.HOOKS[name])
         sizes = [[p.data.shape for p in bucket] for bucket in ddp.buckets]
         x, y = load_digits()[:2]

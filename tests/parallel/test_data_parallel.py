@@ -114,7 +114,7 @@ def _train_coordinator(case):
 def _train_ddp(case):
     rank = dist.get_rank()
     model = _model(case["dtype"], seed=rank)
-    ddp = DistributedDataParallel(model, bucket_mb=case["bucket_mb"], overlap=case["overlap"])
+    ddp = DistributedDataParallel(model, bucket_cap_mb=case["bucket_mb"], overlap=case["overlap"])
     optimizer = _optimizer(case["optimizer"], ddp.parameters())
     loss_fn = nn.CrossEntropyLoss()
     digests = []
@@ -173,7 +173,7 @@ def test_ddp_matches_single_process(world_size):
 
 def _buckets_and_unused_parameter():
     model = _model(np.float32, seed=0)
-    ddp = DistributedDataParallel(model, bucket_mb=0.002)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.002)
     order = [[tuple(p.data.shape) for p in bucket] for bucket in ddp.buckets]
     x, y = load_digits()[:2]
     nn.CrossEntropyLoss()(ddp(Tensor(x[:4])), y[:4]).backward()

@@ -73,7 +73,7 @@ def _step(ddp, optimizer, step):
 def _straggler_steps():
     rank = dist.get_rank()
     x, y = load_digits()[:2]
-    ddp = DistributedDataParallel(_model(seed=0), bucket_mb=0.001, algorithm="ring")
+    ddp = DistributedDataParallel(_model(seed=0), bucket_cap_mb=0.001, algorithm="ring")
     optimizer = optim.SGD(ddp.parameters(), lr=0.1)
     straggler = Straggler({SLOW_RANK: FACTOR})
     for step in range(STRAGGLER_STEPS):
@@ -101,7 +101,7 @@ def _straggler_errors():
 def _resume(optimizer_name, path):
     """Weights after 2k steps straight through (saving after k), and after
     loading that checkpoint into a fresh model and training the last k."""
-    ddp = DistributedDataParallel(_model(seed=dist.get_rank()), bucket_mb=0.002)
+    ddp = DistributedDataParallel(_model(seed=dist.get_rank()), bucket_cap_mb=0.002)
     optimizer = _optimizer(optimizer_name, ddp.parameters())
     for step in range(RESUME_STEPS):
         _step(ddp, optimizer, step)
@@ -111,7 +111,7 @@ def _resume(optimizer_name, path):
         _step(ddp, optimizer, step)
     straight = _flat(ddp.module)
 
-    fresh = DistributedDataParallel(_model(seed=100 + dist.get_rank()), bucket_mb=0.002)
+    fresh = DistributedDataParallel(_model(seed=100 + dist.get_rank()), bucket_cap_mb=0.002)
     fresh_optimizer = _optimizer(optimizer_name, fresh.parameters())
     extra = load_checkpoint(path, fresh, fresh_optimizer)
     loaded = _digest(fresh.module)

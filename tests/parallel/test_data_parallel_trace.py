@@ -44,7 +44,7 @@ def _train(flavour):
             lambda tensor: trace.record("mark", trace.now(), trace.now(),
                                         label="first layer's gradient ready"))
     if flavour in ("ddp", "ddp-no-overlap"):
-        wrapped = DistributedDataParallel(model, bucket_mb=0.01,
+        wrapped = DistributedDataParallel(model, bucket_cap_mb=0.01,
                                           overlap=flavour == "ddp", algorithm="ring")
         optimizer = optim.SGD(wrapped.parameters(), lr=0.1)
     else:

@@ -99,7 +99,7 @@ def _train(method, opt_name, uneven, kind="mlp"):
     shapes = [p.data.shape for p in model.parameters()]
     optimizer_class, kwargs = _optimizer_args(opt_name)
     if method in ("ddp", "zero1"):
-        wrapped = DistributedDataParallel(model, bucket_mb=0.002)
+        wrapped = DistributedDataParallel(model, bucket_cap_mb=0.002)
         if method == "ddp":
             optimizer = optimizer_class(wrapped.parameters(), **kwargs)
         else:
@@ -224,7 +224,7 @@ def _traced(method):
     rank = dist.get_rank()
     model = _model(seed=0)
     if method == "zero1":
-        wrapped = DistributedDataParallel(model, bucket_mb=0.002, algorithm="ring")
+        wrapped = DistributedDataParallel(model, bucket_cap_mb=0.002, algorithm="ring")
         optimizer = ZeroRedundancyOptimizer(wrapped.parameters(), optim.Adam, lr=0.01,
                                             algorithm="ring")
     else:
