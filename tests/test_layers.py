@@ -36,13 +36,16 @@ LAYERS = [
     (1, "minidist"),  # the package's __init__ alone: the Tensor and friends
 ]
 
-#: (importer, imported prefix): the two package faces re-export from above
+#: (importer, imported prefix): the package faces re-export from above
 #: them, which is what `import minidist.distributed as dist` (the collectives,
-#: the simulator) and `minidist.launch` (imported lazily) promise.
+#: the simulator), `minidist.launch` and `minidist.nn.SyncBatchNorm` (imported
+#: lazily) promise.
 ALLOWED_UP = {
     ("minidist.distributed", "minidist.distributed.collectives"),
     ("minidist.distributed", "minidist.distributed.simulator"),
     ("minidist", "minidist.distributed"),
+    # torch.nn.SyncBatchNorm's place: minidist.nn hands out the strategy's class on first use.
+    ("minidist.nn", "minidist.parallel.sync_batchnorm"),
 }
 
 

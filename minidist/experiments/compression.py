@@ -19,6 +19,8 @@ reached after a fixed budget of epochs, which is the other column.
 
 from __future__ import annotations
 
+import contextlib
+
 import argparse
 import math
 import sys
@@ -70,11 +72,11 @@ COMPRESSORS = {c.name: c for c in [
                lambda s: C.RandomKState(0.01, seed=s, use_error_feedback=False), "values", False),
     Compressor("PowerSGD r2", C.powersgd_hook,
                lambda s: C.PowerSGDState(matrix_approximation_rank=2, random_seed=s,
-                                         start_powerSGD_iter=0),
+                                         start_powerSGD_iter=2),
                "low rank", True),
     Compressor("PowerSGD r2, no EF", C.powersgd_hook,
                lambda s: C.PowerSGDState(matrix_approximation_rank=2, random_seed=s,
-                                         start_powerSGD_iter=0, use_error_feedback=False),
+                                         start_powerSGD_iter=2, use_error_feedback=False),
                "low rank", False),
 ]}
 
@@ -113,18 +115,25 @@ def _train_one(compressor: Compressor, model_name: str, epochs: int, batch_size:
     # and the algorithm the byte formulas assume ("auto" may pick another
     # for small buckets, whose bytes differ).
     ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_mb, algorithm="ring")
-    ddp.register_comm_hook(compressor.state(seed), compressor.hook)
+    state = compressor.state(seed)
+    ddp.register_comm_hook(state, compressor.hook)
+    # PowerSGD all-reduces plainly for its first start_powerSGD_iter steps
+    # (torch's rule); those steps are trained but not counted in the bytes.
+    warm_up = getattr(state, "start_powerSGD_iter", 0)
     optimizer = optim.SGD(ddp.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4)
     scheduler = optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs)
     loss_fn = nn.CrossEntropyLoss()
     steps, seconds, history = 0, 0.0, []
-    # The region holds the training steps only (not DDP's first broadcast of
-    # the weights, nor the evaluation): the bytes counted in it are per step.
-    with trace.region(f"compressor {compressor.name}|{seed}"):
+    # The region holds the counted training steps only (not DDP's first
+    # broadcast of the weights, a warm-up, nor the evaluation): the bytes
+    # counted in it are per step.
+    with contextlib.ExitStack() as region:
         for epoch in range(epochs):
             order = np.random.default_rng([seed, epoch]).permutation(len(x_train))
             begin = time.perf_counter()
             for start in range(0, len(order), batch_size):
+                if steps == warm_up:
+                    region.enter_context(trace.region(f"compressor {compressor.name}|{seed}"))
                 batch = order[start:start + batch_size]
                 mine = np.array_split(batch, world)[rank]    # uneven shards are fine
                 optimizer.zero_grad(set_to_none=False)
@@ -134,7 +143,7 @@ def _train_one(compressor: Compressor, model_name: str, epochs: int, batch_size:
             seconds += time.perf_counter() - begin
             scheduler.step()
             history.append(evaluate(model, x_test, y_test))
-    return history[-1], steps, seconds / steps, history
+    return history[-1], steps - warm_up, seconds / steps, history
 
 
 def _worker(names, model_name, epochs, batch_size, lr, seeds, bucket_mb):

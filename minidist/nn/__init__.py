@@ -50,3 +50,15 @@ __all__ = [
     "CrossEntropyLoss", "NLLLoss", "MSELoss", "DistillationLoss", "HintRegressor",
     "functional", "init", "mobile", "distillation",
 ]
+
+
+def __getattr__(name):
+    # torch users find SyncBatchNorm in torch.nn. It needs the collectives, so
+    # it lives with the other strategies (minidist/parallel/sync_batchnorm.py);
+    # this face hands it out on first use, and `import minidist.nn` alone still
+    # knows nothing of processes.
+    if name == "SyncBatchNorm":
+        from minidist.parallel.sync_batchnorm import SyncBatchNorm
+
+        return SyncBatchNorm
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -139,12 +139,12 @@ class PowerSGDState(ErrorFeedbackState):
     * ``random_seed``: the seed of Q's draws, the same on every rank (P and
       Q must be the same matrices everywhere).
 
-    torch refuses ``start_powerSGD_iter <= 1`` with error feedback or warm
-    start, because its DDP rebuilds its buckets after the first step and the
-    kept residuals and Qs would no longer fit them. minidist's buckets are
-    fixed when DDP is built, so it compresses from step 0 if asked (the
-    course's experiment does, so that its bytes per step match the formula);
-    a script written for torch passes 2 or more and gets torch's values.
+    As torch, it refuses ``start_powerSGD_iter <= 1`` with error feedback or
+    warm start: torch's DDP rebuilds its buckets after the first step, and
+    the kept residuals and Qs would no longer fit them. minidist's buckets
+    are fixed when DDP is built, so the rule is torch's reason, not ours; it
+    is kept so that a script means the same under both. (Compressing from
+    step 0 is allowed with both off.)
 
     The residuals and the Qs are kept per bucket, by bucket index.
     """
@@ -167,6 +167,12 @@ class PowerSGDState(ErrorFeedbackState):
         if start_powerSGD_iter < 0:
             raise ValueError(f"PowerSGDState: start_powerSGD_iter must be >= 0, "
                              f"got {start_powerSGD_iter!r}")
+        if (use_error_feedback or warm_start) and start_powerSGD_iter <= 1:
+            raise ValueError(
+                f"PowerSGDState: start_powerSGD_iter={start_powerSGD_iter} with "
+                "use_error_feedback or warm_start: expect start_powerSGD_iter > 1, as torch "
+                "does (PowerSGD can only be applied after the first two iterations in DDP). "
+                "Pass 2 or more, or turn both off to compress from the first step.")
         self.matrix_approximation_rank = int(matrix_approximation_rank)
         self.warm_start = bool(warm_start)
         self.min_compression_rate = float(min_compression_rate)

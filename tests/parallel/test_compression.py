@@ -104,6 +104,14 @@ def test_powersgd_layout_compresses_only_what_pays():
         C.PowerSGDState(None, 0)
     with pytest.raises(ValueError, match="start_powerSGD_iter"):
         C.PowerSGDState(None, 1, start_powerSGD_iter=-1)
+    # torch: "Expect `start_powerSGD_iter` > 1 if `use_error_feedback` or `warm_start`"
+    for start in (0, 1):
+        with pytest.raises(ValueError, match="expect start_powerSGD_iter > 1, as torch"):
+            C.PowerSGDState(None, 1, start_powerSGD_iter=start)
+        with pytest.raises(ValueError, match="expect start_powerSGD_iter > 1"):
+            C.PowerSGDState(None, 1, start_powerSGD_iter=start, use_error_feedback=False)
+        assert C.PowerSGDState(None, 1, start_powerSGD_iter=start, use_error_feedback=False,
+                               warm_start=False).start_powerSGD_iter == start
 
 
 def test_without_error_feedback_nothing_is_kept():
@@ -158,7 +166,7 @@ def _state(name):
             "sign": C.ErrorFeedbackState(), "threshold": C.ThresholdState(1e-3),
             "topk": C.TopKState(0.1), "randomk": C.RandomKState(0.1, seed=1),
             "powersgd": C.PowerSGDState(matrix_approximation_rank=2, random_seed=1,
-                                        start_powerSGD_iter=0)}[name]
+                                        start_powerSGD_iter=2)}[name]
 
 
 def _train(hook_name, overlap=True):
@@ -243,13 +251,14 @@ def _powersgd_checks():
                           rng.standard_normal(10)])
     exact = low.copy()
     dist.all_reduce(exact)
-    state = C.PowerSGDState(matrix_approximation_rank=4, random_seed=3, start_powerSGD_iter=0)
+    state = C.PowerSGDState(matrix_approximation_rank=4, random_seed=3, start_powerSGD_iter=0,
+                            use_error_feedback=False, warm_start=False)
     got = C.powersgd_hook(state, _FakeBucket(low.copy(), 1, shapes))
     exact_error = float(np.max(np.abs(got - exact)))
     # (2) rank 2 of random gradients, 6 steps
-    state = C.PowerSGDState(matrix_approximation_rank=2, random_seed=3, start_powerSGD_iter=0)
+    state = C.PowerSGDState(matrix_approximation_rank=2, random_seed=3, start_powerSGD_iter=2)
     sent, given = np.zeros(130), np.zeros(130)
-    for _ in range(6):
+    for _ in range(8):                 # 2 plain all-reduces (torch's warm-up), 6 compressed
         c = rng.standard_normal(130)
         given += c
         sent += C.powersgd_hook(state, _FakeBucket(c.copy(), 1, shapes))
@@ -304,10 +313,16 @@ def _traced_worker():
         sizes = [[p.data.shape for p in bucket] for bucket in ddp.buckets]
         x, y = load_digits()[:2]
         start = dist.get_rank() * BATCH
+
+        def step():
+            nn.CrossEntropyLoss()(ddp(Tensor(x[start:start + BATCH])),
+                                  y[start:start + BATCH]).backward()
+
+        for _ in range(getattr(ddp._comm_hook[0], "start_powerSGD_iter", 0)):
+            step()   # PowerSGD's warm-up: plain all-reduces, not counted
         with trace.region(f"hook {name}"):
             for _ in range(STEPS):
-                nn.CrossEntropyLoss()(ddp(Tensor(x[start:start + BATCH])),
-                                      y[start:start + BATCH]).backward()
+                step()
     return sizes
 
 

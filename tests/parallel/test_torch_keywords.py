@@ -97,9 +97,10 @@ def _script():
     out["powersgd positional"] = (state.process_group, state.matrix_approximation_rank,
                                   state.start_powerSGD_iter, C.PowerSGDState().start_powerSGD_iter)
     model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
-    converted = SyncBatchNorm.convert_sync_batchnorm(model, process_group=world)
+    converted = nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group=world)  # torch.nn's
     out["sync bn"] = (type(converted[1]).__name__, converted[1].process_group is world,
-                      SyncBatchNorm(4, process_group=world).process_group is world)
+                      SyncBatchNorm(4, process_group=world).process_group is world,
+                      nn.SyncBatchNorm is SyncBatchNorm)
     out["errors"] = {
         "zero group=": _error(lambda: ZeroRedundancyOptimizer(
             _model().parameters(), optim.SGD, group=world, lr=0.1)),
@@ -132,7 +133,7 @@ def test_strategies_take_torch_s_keywords():
         np.testing.assert_array_equal(out["powersgd default start"], ddp)
         assert not np.array_equal(out["powersgd start 2"], ddp)     # it compressed
         assert out["powersgd positional"] == (None, 1, 2, 1_000)
-        assert out["sync bn"] == ("SyncBatchNorm", True, True)
+        assert out["sync bn"] == ("SyncBatchNorm", True, True, True)
         errors = out["errors"]
         assert "process_group= (torch's name), not group=" in errors["zero group="]
         assert "HYBRID_SHARD" in errors["hybrid"] and "not implemented" in errors["hybrid"]
