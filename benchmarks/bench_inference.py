@@ -144,8 +144,7 @@ def throughput(console, models, rounds: int, copies: int, world_sizes, batch_siz
     base = times[world_sizes[0]]
     for n in world_sizes:
         table.add_row(str(n), f"{len(x) / times[n]:,.0f}", f"{base / times[n]:.2f}")
-    threads = blas_threads()
-    table.add_row(f"predict() in this process ({max(threads.values()) if threads else '?'} BLAS threads)",
+    table.add_row("predict() in this process (1 BLAS thread, as each rank)",
                   f"{len(x) / times['in-process']:,.0f}", f"{base / times['in-process']:.2f}")
     console.print(table)
     console.print("Every N gave the single-process predictions bit for bit.")

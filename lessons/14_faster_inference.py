@@ -54,11 +54,11 @@ OUT = output_dir()
 # %% [markdown]
 # ## 1. Batch prediction on N processes
 #
-# Prediction needs no communication between examples: each worker takes a
-# contiguous shard (sizes differ by at most one), predicts it in batches,
-# and the parent puts the shards back in order. The only costs are starting
-# the processes and moving the results. First a model worth predicting with:
-# the digits CNN.
+# Prediction needs no communication between examples: the batches are dealt
+# to the workers in order (each takes a contiguous run of whole batches),
+# each predicts its run, and the parent puts the runs back in order. The
+# only costs are starting the processes and moving the results. First a
+# model worth predicting with: the digits CNN.
 
 # %%
 trained = train_digits("cnn", epochs=4 if QUICK else 15, progress=False)
@@ -92,7 +92,10 @@ print("saved", OUT / "inference_throughput.png")
 # %% [markdown]
 # The predictions are the same bits as one process's, in order, for any
 # number of workers (the tests check N = 1..4 and sizes that N does not
-# divide). The speed-up stops at the number of cores: 4 workers on 2 cores
+# divide), and on any BLAS kernel: every batch is computed in the same shape,
+# at the same place, on one BLAS thread, in one process as on N (on some
+# kernels a row's last bits depend on all three; the module docstring of
+# `minidist/parallel/inference.py` says why). The speed-up stops at the number of cores: 4 workers on 2 cores
 # take turns. Each run includes starting the processes, so small data sets
 # gain less; `benchmarks/bench_inference.py` measures throughput with
 # interleaved repeats.

@@ -334,7 +334,9 @@ def predict_command(args) -> int:
     test digits (repeated ``--copies`` times for a bigger input) in one
     process and on N processes (:func:`minidist.parallel.inference.parallel_predict`),
     and prints each one's throughput and whether the N-process predictions
-    equal the single-process ones bit for bit. ``--int8`` does the same for
+    equal the single-process ones bit for bit (they compute every batch in
+    the same shape, position and BLAS thread count, so they should on any
+    BLAS kernel; the check is real). ``--int8`` does the same for
     the model quantised by :func:`minidist.nn.quantization.quantize`, with
     its size and accuracy. Exit status 1 if any predictions differ.
     """
@@ -371,7 +373,7 @@ def predict_command(args) -> int:
     if args.int8:
         models.append(("int8", quantize(trained["model"], x_train[:512])))
     out.print(f"predicting {len(x):,} digits ({args.copies} x the {len(x_test)} test digits), "
-              f"batch {args.batch_size}, on 1 and {args.nproc} processes "
+              f"batch {args.batch_size}, on 1 and {args.nproc} processes of one BLAS thread "
               f"({os.cpu_count()} cores, transport {args.transport})")
     table = Table()
     for column in ("model", "bytes", "accuracy", "1 process", f"{args.nproc} processes",

@@ -4,13 +4,15 @@ Inference has no gradients and no optimizer, so there is nothing to keep in
 step: data parallelism with no communication at all until the end. The
 algorithm, in :func:`parallel_predict`:
 
-1. **Split.** The M examples are cut into N contiguous shards whose sizes
-   differ by at most one (:func:`shard_bounds`): the first M mod N ranks
-   take one example more. Contiguous shards make the gather a concatenation
-   in rank order, so the predictions come back in the input's order.
+1. **Split.** The M examples are cut into batches of ``batch_size`` (the
+   last may be short), and the batches are dealt to the N ranks in order,
+   as contiguous runs whose lengths differ by at most one batch
+   (:func:`shard_bounds`): every shard starts on a batch boundary. Contiguous
+   shards make the gather a concatenation in rank order, so the predictions
+   come back in the input's order.
 2. **Predict.** Every rank runs the model on its shard in batches, in eval
    mode and under ``no_grad`` (no graph is recorded, nothing is kept for a
-   backward), with one BLAS thread (``minidist.launch`` sets that).
+   backward), with one BLAS thread (why one: below).
 3. **Gather.** Each rank returns its predictions as the return value of its
    function; ``minidist.launch`` hands the parent the list by rank, which it
    concatenates. Why not a ``gather`` collective: the parent is not a rank,
@@ -22,20 +24,41 @@ algorithm, in :func:`parallel_predict`:
    input for nothing here; it is for arrays ranks *write*).
 
 Cost: one fork per rank (milliseconds each, the model and data are not
-copied), M/N examples of forward compute per rank, and M * classes * 4 bytes
+copied), about M/N examples of forward compute per rank (whole batches: a
+rank has at most one batch more than another), and M * classes * 4 bytes
 of results pickled once through the pipes. The speed-up is bounded by the
 cores: N ranks on fewer than N cores take turns (``os.cpu_count()``).
 
-Exactly the single-process predictions. A BLAS may pick a different kernel
-for a different matrix shape, and with it a different order of additions:
-with OpenBLAS, a batch of 3 rows gives logits that differ in the last bit
-from the same rows inside a batch of 256. A shard boundary changes the shape
-of the last batch of a shard, so every batch here is padded with zero rows
-to the full ``batch_size`` (:func:`predict` does the same): every GEMM has
-one shape, and the rows come out bit for bit the same wherever they sit. The
-price is the padding, at most one batch per shard. (An int8 model from
-:func:`minidist.nn.quantization.quantize` is exact by construction: its
-products are integers.)
+**Exactly the single-process predictions, on every BLAS kernel.** A matrix
+product's rounding is not a property of the numbers alone. OpenBLAS picks a
+kernel set by CPU (SkylakeX on AVX-512 Xeons, Haswell on many laptops;
+``OPENBLAS_CORETYPE`` forces one), and on Haswell kernels the last bits of a
+row of ``x @ w`` depend on the row's position in the batch (the kernel
+works on blocks of rows, and a row's rounding depends on its place in its
+block and on whether the block is full), on the batch's size, and on how
+many threads share the product (each thread takes a block of rows). So
+:func:`predict` and every rank compute each row in the same geometry:
+
+* the same batch: shards start on batch boundaries, so batch b of the data
+  is the same ``batch_size`` rows, at the same positions, in one process
+  and on whichever rank has it;
+* the same shape: a short last batch is padded with zero rows to the full
+  ``batch_size``, in both (a batch of 3 rows rounds differently from the
+  same rows in a batch of 256, even on SkylakeX);
+* the same thread count: one BLAS thread, in both
+  (:func:`minidist.runtime.blas_threads.limit`); the parallelism is the
+  processes.
+
+In eval mode each layer is a function of its batch alone (BatchNorm uses
+its running statistics, Dropout is off), so equal batches give equal bits.
+What is *not* promised: equality across different ``batch_size``
+(different shapes, so different roundings in the last bits), across
+machines or kernel sets (one process on SkylakeX against one on Haswell),
+or for a model whose eval-mode forward mixes the rows of a batch. The
+price: the padding of the last batch, ranks that differ by up to one whole
+batch of work, and, in one process, the BLAS threads it does not use. (An
+int8 model from :func:`minidist.nn.quantization.quantize` takes the same
+path; its products are integers, exact in any order.)
 
 Progress: the parent cannot run code inside ``launch`` while it waits, so
 the workers count the examples they have done in an anonymous shared memory
@@ -61,19 +84,24 @@ import numpy as np
 import minidist
 import minidist.distributed as dist
 from minidist import backend, nn
+from minidist.runtime import blas_threads
 from minidist.tensor import Tensor, no_grad
 
 OUTPUTS = ("logits", "labels")
 
 
-def shard_bounds(count: int, world_size: int) -> list[tuple[int, int]]:
-    """``[(start, stop)]`` by rank: contiguous shards of ``count`` examples,
-    the first ``count % world_size`` ranks one example longer. A rank may get
-    an empty shard when there are fewer examples than ranks."""
-    base, extra = divmod(count, world_size)
+def shard_bounds(count: int, world_size: int, batch_size: int = 1) -> list[tuple[int, int]]:
+    """``[(start, stop)]`` by rank: the ``ceil(count / batch_size)`` batches of
+    ``batch_size`` examples (the last may be short) dealt in order as
+    contiguous runs, the first ``batches % world_size`` ranks one batch
+    more. Every ``start`` is a multiple of ``batch_size``. A rank may get an
+    empty shard when there are fewer batches than ranks. With the default
+    ``batch_size=1``: shards of examples whose sizes differ by at most one."""
+    batches = -(-count // batch_size)
+    base, extra = divmod(batches, world_size)
     bounds, start = [], 0
     for rank in range(world_size):
-        stop = start + base + (1 if rank < extra else 0)
+        stop = min(count, start + (base + (1 if rank < extra else 0)) * batch_size)
         bounds.append((start, stop))
         start = stop
     return bounds
@@ -102,7 +130,7 @@ def _predict_batches(model, data, batch_size: int, output: str, on_batch=None):
     was_training = model.training
     model.eval()
     try:
-        with no_grad():
+        with no_grad(), blas_threads.limit(1):  # one thread count everywhere: module docstring
             for start in range(0, len(data), batch_size):
                 batch = data[start : start + batch_size]
                 rows = len(batch)
@@ -121,7 +149,9 @@ def _predict_batches(model, data, batch_size: int, output: str, on_batch=None):
 
 def predict(model: nn.Module, x, batch_size: int = 256, output: str = "logits") -> np.ndarray:
     """The single-process reference: ``model`` on ``x`` in batches of
-    ``batch_size`` (the last padded to full size), eval mode, no graph.
+    ``batch_size`` (the last padded to full size), eval mode, no graph, one
+    BLAS thread (so that :func:`parallel_predict` can equal it bit for bit:
+    see the module docstring).
     ``output``: "logits" (the model's outputs, (M, classes)) or "labels"
     (their argmax, (M,) int64). The model's training flag is restored."""
     data = _check(model, x, batch_size, output)
@@ -144,7 +174,9 @@ def parallel_predict(model: nn.Module, x, world_size: int = 2, batch_size: int =
                      transport: str = "shm", output: str = "logits", progress: bool = True,
                      console=None) -> np.ndarray:
     """Predict ``x`` on ``world_size`` worker processes; the same array, bit
-    for bit, as ``predict(model, x, batch_size, output)``.
+    for bit, as ``predict(model, x, batch_size, output)`` with the same
+    ``batch_size``, on any BLAS kernel (each rank gets whole batches, in
+    order; see the module docstring for why and for what is not promised).
 
     ``x``: an array (or Tensor) of examples, first axis the examples.
     ``output``: "logits" or "labels" (argmax). ``progress``: a Rich progress
@@ -156,7 +188,7 @@ def parallel_predict(model: nn.Module, x, world_size: int = 2, batch_size: int =
     if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     world_size, batch_size = int(world_size), int(batch_size)
-    bounds = shard_bounds(len(data), world_size)
+    bounds = shard_bounds(len(data), world_size, batch_size)
     # MAP_SHARED and anonymous: the forked workers write into the parent's pages.
     shared = mmap.mmap(-1, 8 * world_size)
     counters = np.frombuffer(shared, dtype=np.int64)

@@ -22,6 +22,10 @@ Each worker should use ``cores // workers`` threads (at least one).
 :func:`openblas_cores` names the CPU kernels a loaded OpenBLAS runs: the
 convolutions size their matrix products for the SkylakeX family's
 small-matrix kernel (:mod:`minidist.nn.im2col`).
+
+:func:`limit` fixes the count inside one process for a while, for code
+whose results must not depend on it (one matrix product can round
+differently on 1 and on 2 threads).
 """
 
 from __future__ import annotations
@@ -209,11 +213,7 @@ def for_forked_workers(count: int):
     stopped again with the handler fork itself calls."""
     changed = []
     try:
-        for library, setter, getter in _thread_apis():
-            previous = getter()
-            if previous != count:
-                setter(count)
-                changed.append((library, setter, previous))
+        _set_counts(count, changed)
         yield
     finally:
         for library, setter, previous in changed:
@@ -221,3 +221,37 @@ def for_forked_workers(count: int):
             stop_pool = getattr(library, "blas_thread_shutdown_", None)  # OpenBLAS only
             if stop_pool is not None and not isinstance(setter, _OpenBlasCount):
                 stop_pool()
+
+
+def _set_counts(count: int, changed: list) -> None:
+    """Every loaded library whose count can be read set to ``count``;
+    ``(library, setter, previous count)`` appended to ``changed`` for each
+    one changed (appended as it goes, so a failure part way is undone)."""
+    for library, setter, getter in _thread_apis():
+        previous = getter()
+        if previous != count:
+            setter(count)
+            changed.append((library, setter, previous))
+
+
+@contextlib.contextmanager
+def limit(count: int):
+    """In this process, while inside: every loaded BLAS/OpenMP library runs
+    ``count`` threads; its own counts are put back afterwards (libraries
+    whose count cannot be read are left alone). Cost: as
+    :func:`for_forked_workers`, a few calls per library.
+
+    Why a caller fixes the count: OpenBLAS splits one matrix product among
+    its threads by blocks of rows and columns, and on some of its kernel sets
+    (Haswell, which many laptops run) an output's last bits depend on where
+    it falls in its block. The same product on 1 and on 2 threads then
+    differs by a rounding: code that promises the same bits in one process
+    as on N must compute with the same count in both
+    (:mod:`minidist.parallel.inference` uses one)."""
+    changed = []
+    try:
+        _set_counts(count, changed)
+        yield
+    finally:
+        for _, setter, previous in changed:
+            setter(previous)

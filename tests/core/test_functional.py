@@ -24,6 +24,9 @@ from minidist import Tensor, no_grad
 from minidist.nn import functional as F
 from minidist.nn import im2col as im2col_module
 
+# Values through BLAS, compared exactly or to a rounding: run again on Haswell kernels by .ci/run.
+pytestmark = pytest.mark.blas_kernel
+
 rng = np.random.default_rng(1234)
 
 

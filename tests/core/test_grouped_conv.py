@@ -11,6 +11,9 @@ from nn_reference import check_grad, conv2d_naive
 from minidist import Tensor, nn
 from minidist.nn import functional as F
 
+# Values through BLAS, compared exactly or to a rounding: run again on Haswell kernels by .ci/run.
+pytestmark = pytest.mark.blas_kernel
+
 rng = np.random.default_rng(2021)
 
 

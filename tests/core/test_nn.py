@@ -11,6 +11,9 @@ from nn_reference import check_grad, conv2d_naive
 from minidist import Tensor, nn, no_grad, optim
 from minidist.nn import functional as F
 
+# Values through BLAS, compared exactly or to a rounding: run again on Haswell kernels by .ci/run.
+pytestmark = pytest.mark.blas_kernel
+
 
 def mlp():
     return nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))

@@ -21,6 +21,9 @@ from minidist.nn.quantization import (
 )
 from minidist.train import build_model, evaluate, train_digits
 
+# Values through BLAS, compared exactly or to a rounding: run again on Haswell kernels by .ci/run.
+pytestmark = pytest.mark.blas_kernel
+
 #: float32 rounding of the rescale and of nothing else: the integer product is exact.
 RELATIVE_SLACK = 1e-5
 

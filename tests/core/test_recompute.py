@@ -24,6 +24,9 @@ from minidist.nn.recompute import (
     segment_layers,
 )
 
+# Values through BLAS, compared exactly or to a rounding: run again on Haswell kernels by .ci/run.
+pytestmark = pytest.mark.blas_kernel
+
 STEPS = 3
 
 

@@ -72,6 +72,7 @@ def _segments() -> set[str]:
     return {name for name in os.listdir("/dev/shm") if name.startswith(f"minidist_{os.getpid()}_")}
 
 
+@pytest.mark.blas_kernel
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", NAMES)
 def test_every_reference_passes_its_own_checker(name):

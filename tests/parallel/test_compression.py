@@ -278,6 +278,7 @@ def _worker():
             _powersgd_checks(), again)
 
 
+@pytest.mark.blas_kernel
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_hooks_in_ddp(world_size):

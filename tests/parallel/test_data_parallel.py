@@ -153,6 +153,7 @@ def _check(results, cases, world_size):
                                    atol=TOLERANCE[case["dtype"]], err_msg=str(case))
 
 
+@pytest.mark.blas_kernel
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_coordinator_matches_single_process(world_size):
@@ -161,6 +162,7 @@ def test_coordinator_matches_single_process(world_size):
     _check(results, CASES, world_size)
 
 
+@pytest.mark.blas_kernel
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_ddp_matches_single_process(world_size):

@@ -241,6 +241,7 @@ def test_straggler_rejects_bad_factors_and_ranks(run):
 # --------------------------------------------------------------------------- checkpoints
 
 
+@pytest.mark.blas_kernel
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", ["sgd", "adam"])
 def test_resuming_from_a_checkpoint_is_bit_identical(run, name):

@@ -105,6 +105,7 @@ def process_runs(tmp_path_factory):
         trace.read_jsonl(path).events
 
 
+@pytest.mark.blas_kernel
 @pytest.mark.timeout(120)
 def test_tau_zero_on_processes_is_the_proximal_block_gradient_bit_for_bit(process_runs):
     runs, _ = process_runs
@@ -113,6 +114,7 @@ def test_tau_zero_on_processes_is_the_proximal_block_gradient_bit_for_bit(proces
         np.testing.assert_array_equal(rank_result["weights"], expected.weights)
 
 
+@pytest.mark.blas_kernel
 @pytest.mark.timeout(120)
 def test_replaying_the_logged_delays_in_one_process_gives_the_same_bits(process_runs):
     """Whatever the timing made the delays, the reference fed those delays agrees exactly

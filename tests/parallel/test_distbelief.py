@@ -94,6 +94,7 @@ def _close(actual, expected):
     np.testing.assert_allclose(actual, expected, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.blas_kernel
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world", WORLDS)
 def test_partitioned_mlp_equals_the_unsplit_mlp(runs, world):

@@ -59,6 +59,7 @@ def test_hogwild_reaches_serial_sgd_loss_within_one_percent(world_size, serial_l
     assert hogwild_segments() == before
 
 
+@pytest.mark.blas_kernel
 @pytest.mark.timeout(60)
 def test_one_worker_is_serial_sgd_bit_for_bit_and_loses_nothing():
     updates = 3 * len(LABELS) + 17  # ends partway through a pass

@@ -108,6 +108,7 @@ def _assemble(per_rank):
     return convs + [column_weight, column_bias, row_weight, first[7]]
 
 
+@pytest.mark.blas_kernel
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("strategy", ["hybrid", "model_parallel", "data_parallel"])

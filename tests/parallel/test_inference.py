@@ -1,4 +1,12 @@
-"""Parallel batch inference gives exactly the single-process predictions, in order."""
+"""Parallel batch inference gives exactly the single-process predictions, in order,
+on OpenBLAS's default kernels and on its Haswell ones (where a row's rounding
+depends on its place in the batch and on the BLAS thread count)."""
+
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -7,22 +15,28 @@ from rich.console import Console
 from minidist.data import load_digits
 from minidist.nn.quantization import quantize
 from minidist.parallel.inference import parallel_predict, predict, shard_bounds
+from minidist.runtime.blas_threads import openblas_cores
 from minidist.train import build_model
 
 
+@pytest.mark.parametrize("batch_size", [1, 4, 32])
 @pytest.mark.parametrize("count", [0, 1, 3, 4, 5, 355])
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 8])
-def test_shards_are_contiguous_and_differ_by_at_most_one(count, world_size):
-    bounds = shard_bounds(count, world_size)
+def test_shards_are_whole_batches_dealt_in_order(count, world_size, batch_size):
+    bounds = shard_bounds(count, world_size, batch_size)
     assert len(bounds) == world_size and bounds[0][0] == 0 and bounds[-1][1] == count
     assert all(stop == next_start for (_, stop), (next_start, _) in zip(bounds, bounds[1:]))
-    sizes = [stop - start for start, stop in bounds]
-    assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+    assert all(start % batch_size == 0 for start, stop in bounds if start < count)
+    batches = [-(-(stop - start) // batch_size) for start, stop in bounds]
+    assert sum(batches) == -(-count // batch_size)
+    assert max(batches) - min(batches) <= 1 and batches == sorted(batches, reverse=True)
 
 
-# One launch per case. 355 test digits divide by none of 2, 3, 4; three
-# examples on four ranks leave one rank without any, and put a single example
-# in a batch, the shape that makes OpenBLAS add in another order.
+# One launch per case, batch 32. 355 test digits divide by none of 2, 3, 4
+# (split by examples, every shard boundary would fall inside a batch); three
+# examples on four ranks leave three ranks without any, and put a single
+# example in a padded batch, the shape that makes OpenBLAS add in another order.
+@pytest.mark.blas_kernel
 @pytest.mark.parametrize("world_size, count, output, int8", [
     (1, 355, "logits", False), (2, 355, "logits", False), (3, 355, "labels", False),
     (4, 355, "logits", False), (4, 3, "logits", False), (2, 355, "logits", True),
@@ -46,6 +60,48 @@ def test_parallel_predictions_equal_single_process_bit_for_bit(world_size, count
         assert (predict(model, x, batch_size=32, output="labels") == got.argmax(axis=1)).all()
     if not int8:
         assert f"{count}/{count}" in console.export_text()
+
+
+def _haswell_kernels_here() -> bool:
+    """Whether OPENBLAS_CORETYPE=Haswell can take effect: NumPy on an x86-64
+    OpenBLAS (the variable is read by its builds for several CPUs, such as
+    NumPy's wheels) and a CPU with the AVX2 and FMA that those kernels use."""
+    if platform.machine().lower() not in ("x86_64", "amd64") or not openblas_cores():
+        return False
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return False
+    return {"avx2", "fma"} <= flags
+
+
+# In a fresh interpreter, because OpenBLAS picks its kernels when it loads.
+# Two ranks on 355 digits in batches of 32, float32 and int8: with shards cut
+# by examples (rank 1 from digit 178, inside a batch) or with the parent's
+# BLAS threads in predict(), Haswell's kernels give logits that differ in
+# the last bits.
+_ON_KERNEL = """
+from minidist.data import load_digits
+from minidist.nn.quantization import quantize
+from minidist.parallel.inference import parallel_predict, predict
+from minidist.runtime.blas_threads import openblas_cores
+from minidist.train import build_model
+x_train, _, x_test, _ = load_digits(flatten=False)
+model = build_model("cnn", seed=3)
+for name, net in (("float32", model), ("int8", quantize(model, x_train[:128]))):
+    same = (parallel_predict(net, x_test, world_size=2, batch_size=32, progress=False)
+            == predict(net, x_test, batch_size=32)).all()
+    print(name, "same" if same else "DIFFER")
+print("kernels", *openblas_cores())
+"""
+
+
+@pytest.mark.skipif(not _haswell_kernels_here(), reason="OpenBLAS's Haswell kernels cannot run here")
+def test_parallel_predictions_equal_single_process_on_haswell_kernels():
+    ran = subprocess.run([sys.executable, "-c", _ON_KERNEL], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, OPENBLAS_CORETYPE="Haswell"))
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split("\n")[:3] == ["float32 same", "int8 same", "kernels Haswell"], ran.stdout
 
 
 def test_bad_arguments_are_named():

@@ -128,6 +128,7 @@ def _runs(results, key):
     return [rank_results[key] for rank_results in results if key in rank_results]
 
 
+@pytest.mark.blas_kernel
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("servers,workers", PAIRS)
 def test_bsp_equals_full_batch_sgd(synchronous, servers, workers):
@@ -145,6 +146,7 @@ def test_bsp_equals_full_batch_sgd(synchronous, servers, workers):
             assert all(record.staleness == 0 and record.accepted for record in server.pushes)
 
 
+@pytest.mark.blas_kernel
 @pytest.mark.timeout(300)
 def test_sharded_bsp_is_bitwise_the_single_server_run(synchronous):
     for workers in (1, 2, 3, 5):
@@ -156,6 +158,7 @@ def test_sharded_bsp_is_bitwise_the_single_server_run(synchronous):
                     assert np.array_equal(sharded, single), (case, servers, workers)
 
 
+@pytest.mark.blas_kernel
 @pytest.mark.timeout(300)
 def test_ssp_with_tau_zero_is_bitwise_bsp(synchronous):
     for servers, workers in PAIRS:
@@ -262,6 +265,7 @@ def asynchronous(tmp_path_factory):
     return results, trace.read_jsonl(path).events
 
 
+@pytest.mark.blas_kernel
 @pytest.mark.timeout(300)
 def test_async_with_one_worker_is_sequential_sgd(asynchronous):
     results, _ = asynchronous

@@ -181,6 +181,7 @@ def _regions(events):
     return out
 
 
+@pytest.mark.blas_kernel
 @pytest.mark.timeout(600)
 def test_weights_gradients_and_loss_equal_single_process_training(runs):
     weights, grads, loss = _reference()

@@ -189,6 +189,7 @@ def _close(actual, expected):
     np.testing.assert_allclose(actual, expected, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.blas_kernel
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world, transport", LAUNCHES)
 @pytest.mark.parametrize("kind, flags", SPLITS, ids=lambda v: v if isinstance(v, str) else
@@ -271,6 +272,7 @@ def _collectives_in(events, rank, region):
     return [(c["collective"], c["algorithm"], c["world"]) for c in calls]
 
 
+@pytest.mark.blas_kernel
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world, transport", LAUNCHES)
 def test_mlp_block_equals_the_unsplit_mlp_with_one_all_reduce_per_pass(runs, world, transport):

@@ -170,6 +170,7 @@ def _worker():
     return [_train(*case) for case in CASES]
 
 
+@pytest.mark.blas_kernel
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_zero_stages_match_ddp(world_size):

@@ -86,6 +86,7 @@ def _load_and_continue(method, path):
     return loaded, _weights(method, model, wrapped)
 
 
+@pytest.mark.blas_kernel
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("method", ["zero1", "fsdp2", "fsdp3"])
 def test_sharded_checkpoint_round_trips(tmp_path, method):

@@ -113,6 +113,19 @@ def test_openblas_count_variable_is_the_one_its_getter_reads():
             variable(previous)
 
 
+def test_limit_sets_the_count_inside_and_puts_it_back():
+    np.ones((64, 64)) @ np.ones((64, 64))
+    before = blas_threads.blas_threads()
+    if not before:
+        pytest.skip("no BLAS library with a thread-count API is loaded")
+    with blas_threads.limit(1):
+        assert set(blas_threads.blas_threads().values()) == {1}
+        with blas_threads.limit(3):
+            assert set(blas_threads.blas_threads().values()) == {3}
+        assert set(blas_threads.blas_threads().values()) == {1}
+    assert blas_threads.blas_threads() == before
+
+
 @pytest.mark.timeout(30)
 def test_a_worker_starts_with_no_thread_but_its_own():
     # The BLAS count is set before fork, so no library starts a pool of
