@@ -19,9 +19,8 @@ reached after a fixed budget of epochs, which is the other column.
 
 from __future__ import annotations
 
-import contextlib
-
 import argparse
+import contextlib
 import math
 import sys
 import time

@@ -315,9 +315,8 @@ def _traced_worker():
         x, y = load_digits()[:2]
         start = dist.get_rank() * BATCH
 
-        def step():
-            nn.CrossEntropyLoss()(ddp(Tensor(x[start:start + BATCH])),
-                                  y[start:start + BATCH]).backward()
+        def step(ddp=ddp, x=x[start:start + BATCH], y=y[start:start + BATCH]):
+            nn.CrossEntropyLoss()(ddp(Tensor(x)), y).backward()
 
         for _ in range(getattr(ddp._comm_hook[0], "start_powerSGD_iter", 0)):
             step()   # PowerSGD's warm-up: plain all-reduces, not counted
