@@ -54,6 +54,15 @@ def _dataset_size(dataset_size_or_dataset) -> int:
         dataset_size_or_dataset, bool
     ):
         size = int(dataset_size_or_dataset)
+    elif isinstance(dataset_size_or_dataset, tuple) and dataset_size_or_dataset and all(
+            hasattr(array, "shape") for array in dataset_size_or_dataset):
+        # (x, y): the DataLoader's form of a data set, whose samples are rows;
+        # its len() is the number of arrays, not of samples.
+        lengths = {len(array) for array in dataset_size_or_dataset}
+        if len(lengths) != 1:
+            raise ValueError(f"DistributedSampler got arrays of different lengths "
+                             f"{sorted(lengths)}; (x, y) must have one row per sample each")
+        size = lengths.pop()
     elif hasattr(dataset_size_or_dataset, "__len__"):
         size = len(dataset_size_or_dataset)
     else:
@@ -70,7 +79,9 @@ class DistributedSampler:
     """This rank's share of the sample indices, reshuffled per epoch identically on all ranks.
 
     Args:
-        dataset_size_or_dataset: the number of samples, or anything with len().
+        dataset_size_or_dataset: the number of samples, a tuple of arrays
+            ``(x, y)`` as the DataLoader takes (one sample per row), or anything
+            with len().
         num_replicas: the number of ranks sharing the data; None: the world size.
         rank: this rank, 0 <= rank < num_replicas; None: this process's rank in
             the world (both None read the default process group, as torch).

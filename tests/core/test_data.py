@@ -620,3 +620,13 @@ def test_sampler_without_replicas_outside_a_run_says_what_to_pass(monkeypatch):
     assert "pass num_replicas= and rank=" in str(caught.value)
     with pytest.raises(RuntimeError, match="not been initialized"):
         DistributedSampler(10, num_replicas=2)   # rank still missing
+
+
+def test_sampler_of_an_x_y_tuple_counts_samples_not_arrays():
+    """DistributedSampler((x, y)) takes the DataLoader's form of a data set:
+    len((x, y)) is 2, and a sampler that read it would train on two samples."""
+    x, y = np.zeros((10, 3)), np.arange(10)
+    sampler = DistributedSampler((x, y), num_replicas=2, rank=1, shuffle=False)
+    assert len(sampler) == 5 and list(sampler) == [1, 3, 5, 7, 9]
+    with pytest.raises(ValueError, match="different lengths"):
+        DistributedSampler((x, y[:9]), num_replicas=2, rank=0)
