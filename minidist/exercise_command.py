@@ -101,19 +101,19 @@ def start_command(args) -> int:
 
 
 def check_command(args) -> int:
-    from minidist.exercises.exercise import ExerciseTimeout, load_function
+    """Check the solution in a supervised child process (see
+    :mod:`minidist.exercises.supervised`): status 0 only for a verified pass;
+    a check that gave no verdict is one line on stderr and status 1 or 2."""
+    from minidist.exercises.supervised import Stopped, run_check
 
     exercise = _exercise(args.name)
     if exercise is None:
         return 2
     path = Path(args.file or f"{exercise.name}.py")
-    try:
-        function = load_function(path, exercise.function, exercise.name)
-    except (OSError, ImportError, AttributeError, SyntaxError, ExerciseTimeout) as error:
-        print(f"minidist exercise: {error}", file=sys.stderr)
-        return 2
-    options = {"processes": False} if args.no_processes else {}
-    result = exercise.check(function, **options)
+    result = run_check(exercise, path, processes=not args.no_processes)
+    if isinstance(result, Stopped):
+        print(f"minidist exercise: {result.reason}", file=sys.stderr)
+        return result.status
     console = _console()
     from rich.markup import escape
 

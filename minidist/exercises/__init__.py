@@ -9,7 +9,9 @@ check a student's version (:class:`~.exercise.Exercise`); its skeleton is
 ``skeletons/NAME.py``. The checkers: :mod:`.collective_check` for the
 collectives (simulator, real processes, traffic against the cost formula,
 deadlocks as a wait-for chain), :mod:`.schedule_check` for pipeline
-schedules, and the exercise modules themselves for the rest.
+schedules, and the exercise modules themselves for the rest. The command
+runs a check in a supervised child process (:mod:`.supervised`), so that
+the student's code can neither end it with a false pass nor hold it.
 """
 
 from __future__ import annotations

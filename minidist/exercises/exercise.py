@@ -15,6 +15,7 @@ replay (:mod:`viz.exercise_replay`).
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import os
 import signal
@@ -91,23 +92,42 @@ class Exercise:
         return SKELETONS / f"{self.name}.py"
 
 
+class _SourceLoader(importlib.machinery.SourceFileLoader):
+    """Reads the solution as Python source whatever its name ends in
+    (``solution.txt`` too), and never a cached ``.pyc``: the cache is named
+    after the file's stem, so ``solution.txt`` would share ``solution.py``'s."""
+
+    def get_code(self, fullname):
+        return self.source_to_code(self.get_data(self.path), self.path)
+
+
 def load_function(path, name: str, exercise: str):
     """The function ``name`` from the student's file ``path``; a one-line
-    error saying what to do when the file or the function is missing."""
+    error saying what to do when the file or the function is missing, the
+    file cannot be read or does not compile, or its import raises."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
             f"no file {path}: run `minidist exercise start {exercise}` to copy the skeleton "
             f"here, or pass the path of your solution")
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as error:
+        raise OSError(f"cannot read {path}: {error.strerror}") from error
     module_name = f"minidist_exercise_{exercise}_{abs(hash(os.fspath(path.resolve())))}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
+    loader = _SourceLoader(module_name, os.fspath(path))
+    spec = importlib.util.spec_from_file_location(module_name, path, loader=loader)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # dataclasses and pickling look modules up
     try:
         with deadline(CHECK_DEADLINE, f"importing {path}"):
-            spec.loader.exec_module(module)
-    except (ExerciseTimeout, SyntaxError):
-        raise
+            loader.exec_module(module)
+    except SyntaxError as error:
+        raise SyntaxError(f"{path} is not valid Python: {error.msg} at line {error.lineno}: "
+                          f"{(error.text or '').strip()}") from None
+    except (ExerciseTimeout, MemoryError):
+        raise  # the caller says it, in its words
     except Exception as error:
         raise ImportError(f"{path} raised while being imported: "
                           f"{type(error).__name__}: {error}") from error
@@ -118,13 +138,43 @@ def load_function(path, name: str, exercise: str):
     return function
 
 
+#: Called with (what, seconds) as each deadline starts and with (what, None)
+#: as it ends, when set by :func:`report_deadlines`.
+_deadline_reporter = None
+
+
+def report_deadlines(reporter) -> None:
+    """Have ``reporter(what, seconds)`` called as each :func:`deadline` starts,
+    and ``reporter(what, None)`` as it ends. The supervised check
+    (:mod:`.supervised`) tells its parent, which stops the whole process if
+    the code inside defeats the alarm (swallows the exception, or sits in
+    one long C call that no signal handler interrupts)."""
+    global _deadline_reporter
+    _deadline_reporter = reporter
+
+
 @contextmanager
 def deadline(seconds: float, what: str):
     """Stop the code inside after ``seconds`` of wall time with
     :class:`ExerciseTimeout` (SIGALRM; main thread only, else no limit).
     An endless loop in pure Python is interrupted between two bytecodes.
     An alarm already set outside (pytest-timeout's, say) is put back with
-    the time it has left, or left alone if it rings sooner than ours."""
+    the time it has left, or left alone if it rings sooner than ours.
+    The start and the end are told to the reporter, if one is set
+    (:func:`report_deadlines`)."""
+    reporter = _deadline_reporter
+    if reporter is not None:
+        reporter(what, seconds)
+    try:
+        with _alarm(seconds, what):
+            yield
+    finally:
+        if reporter is not None:
+            reporter(what, None)
+
+
+@contextmanager
+def _alarm(seconds: float, what: str):
     import threading
     import time
 

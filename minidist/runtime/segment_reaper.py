@@ -84,6 +84,13 @@ def _reap(read: int, prefix: str, process_setup) -> None:
     process_setup.close_fds_except({read})
     while os.read(read, 4096):
         pass  # nothing is written; a read returns at the end
+    unlink_all(prefix)
+
+
+def unlink_all(prefix: str) -> None:
+    """Unlink every segment whose name starts with ``prefix``: the reaper's
+    job, also done by whoever killed a creator together with its reaper (the
+    supervised exercise check kills a whole process group)."""
     try:
         names = [name for name in os.listdir(SHM_DIRECTORY) if name.startswith(prefix)]
     except OSError:
