@@ -110,12 +110,16 @@ def run_command(args) -> int:
             import tempfile
 
             from minidist.distributed import world
-            from minidist.runtime import console
+            from minidist.runtime import console, segment_reaper
             from minidist.runtime.oversubscription import warn_if_oversubscribed
             from minidist.runtime.supervisor import Supervisor
 
             with guard.deferred():
-                run_dir = tempfile.mkdtemp(prefix="minidist-run-")
+                # Named after this process, so that its segment reaper removes
+                # the folder if this process is killed outright.
+                prefix = segment_reaper.run_folder_prefix(os.getpid(), tempfile.gettempdir())
+                run_dir = tempfile.mkdtemp(prefix=os.path.basename(prefix),
+                                           dir=os.path.dirname(prefix))
             error_dir = os.path.join(run_dir, "errors")
             trace_dir = os.path.join(run_dir, "trace") if args.trace else None
             os.makedirs(error_dir)

@@ -46,6 +46,7 @@ from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
 from matplotlib.textpath import TextPath
 
+from minidist.atomic_file import atomic_path, atomic_write
 from minidist.units import format_bytes
 from viz.replay import model_gap
 
@@ -753,7 +754,8 @@ def save_gif(replay, path, fps: float = 1.0, dpi: int = DPI) -> str:
     """Write the animation as a GIF (Pillow, no ffmpeg); returns the path."""
     animation = animate(replay, interval_ms=1000.0 / fps)
     path = os.fspath(path)
-    animation.save(path, writer=PillowWriter(fps=fps), dpi=dpi)
+    with atomic_path(path) as name:  # a link at path is replaced, not written through
+        animation.save(name, writer=PillowWriter(fps=fps), dpi=dpi)
     return path
 
 
@@ -765,6 +767,6 @@ def to_html(replay, fps: float = 1.0) -> str:
 def save_html(replay, path, fps: float = 1.0) -> str:
     """Write the HTML player to a file that opens in any browser; returns the path."""
     path = os.fspath(path)
-    with open(path, "w", encoding="utf-8") as file:
+    with atomic_write(path) as file:
         file.write(to_html(replay, fps))
     return path

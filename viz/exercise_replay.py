@@ -23,6 +23,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from minidist.atomic_file import atomic_path, atomic_write
 from viz.replay import Frame, Replay, replays
 
 MARK = ">>> FIRST DIFFERENCE <<<"
@@ -208,8 +209,9 @@ def save_side_by_side_gif(model: SideBySide, path, fps: float = 1.0, dpi: int = 
     painter = _SideBySidePainter(model, dpi)
     images = [Image.fromarray(painter.image(index)) for index in range(model.frames)]
     path = os.fspath(path)
-    images[0].save(path, save_all=True, append_images=images[1:],
-                   duration=int(1000 / fps), loop=0)
+    with atomic_path(path) as name:
+        images[0].save(name, save_all=True, append_images=images[1:],
+                       duration=int(1000 / fps), loop=0)
     return path
 
 
@@ -250,6 +252,6 @@ show(at);
 </script>
 """
     path = os.fspath(path)
-    with open(path, "w", encoding="utf-8") as file:
+    with atomic_write(path) as file:
         file.write(page)
     return path

@@ -26,6 +26,7 @@ import os
 from dataclasses import dataclass
 
 from minidist import trace as _trace
+from minidist.atomic_file import atomic_path
 from minidist.parallel.conv_parallel import HaloPlan, band
 from viz.animate import PALETTE
 
@@ -254,13 +255,14 @@ def draw_halo(source, path, *, dpi: int = 100, colors: int | None = 48, **option
     colour. Returns the path."""
     figure = draw_halo_figure(source, **options)
     path = os.fspath(path)
-    figure.savefig(path, dpi=dpi)
-    if colors:
-        from PIL import Image  # matplotlib's own dependency
+    with atomic_path(path) as name:  # a link at path is replaced, not written through
+        figure.savefig(name, dpi=dpi)
+        if colors:
+            from PIL import Image  # matplotlib's own dependency
 
-        with Image.open(path) as image:
-            reduced = image.convert("RGB").quantize(colors=colors)
-        reduced.save(path, optimize=True)
+            with Image.open(name) as image:
+                reduced = image.convert("RGB").quantize(colors=colors)
+            reduced.save(name, optimize=True)
     return path
 
 

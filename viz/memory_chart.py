@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from minidist import trace as _trace
+from minidist.atomic_file import atomic_path
 from minidist.memory import CATEGORIES, memory_timeline
 
 #: The region a strategy's measured step runs in: ``REGION_PREFIX + name``.
@@ -106,5 +107,6 @@ def draw_memory(trace, title: str | None = None) -> Figure:
 
 def save_memory(trace, path, dpi: int = 100, **options) -> str:
     """Draw :func:`draw_memory` into ``path`` (a PNG); returns the path."""
-    draw_memory(trace, **options).savefig(path, dpi=dpi)
+    with atomic_path(path) as name:
+        draw_memory(trace, **options).savefig(name, dpi=dpi)
     return str(path)

@@ -63,6 +63,7 @@ from rich.console import Console, Group
 from rich.text import Text
 
 from minidist import trace as _trace
+from minidist.atomic_file import atomic_path
 from minidist.model_gap import RunFacts, explain
 from minidist.parallel.pipeline_schedules import bubble_fraction, compute_text
 from minidist.units import format_bytes
@@ -811,7 +812,8 @@ def draw_pipeline_gantt(trace, figure=None, *, x: str = "time", **options):
 def save_pipeline_gantt(trace, path, dpi: int = 100, **options) -> str:
     """Draw :func:`draw_pipeline_gantt` and write it as a PNG; returns the path."""
     path = os.fspath(path)
-    draw_pipeline_gantt(trace, **options).savefig(path, dpi=dpi)
+    with atomic_path(path) as name:
+        draw_pipeline_gantt(trace, **options).savefig(name, dpi=dpi)
     return path
 
 
@@ -876,7 +878,8 @@ def draw_schedule_comparison(events_by_schedule: dict, path, *, x: str = "time",
                     f"{m} micro-batches (idle hatched grey; B hatched ///, R xxx)",
                     fontsize=10, x=0.01, ha="left")
     path = os.fspath(path)
-    figure.savefig(path, dpi=dpi)
+    with atomic_path(path) as name:
+        figure.savefig(name, dpi=dpi)
     return path
 
 
@@ -905,7 +908,8 @@ def draw_planned_comparison(path, stages: int = 4, microbatches: int = 8,
 
         with Image.open(path) as image:
             reduced = image.convert("RGB").quantize(colors=colors)
-        reduced.save(path, optimize=True)
+        with atomic_path(path) as name:
+            reduced.save(name, optimize=True)
     return path
 
 

@@ -36,6 +36,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from minidist import trace as _trace
+from minidist.atomic_file import atomic_path
 
 #: Lane of each kind inside a rank's row: (bottom, height) in row units.
 LANES = {"calls": (0.78, 0.17), "compute": (0.54, 0.2), "send": (0.29, 0.2),
@@ -320,7 +321,8 @@ def save_timeline(trace, path, dpi: int = 100, **options) -> str:
     """Draw the timeline of ``trace`` and write it as a PNG; returns the path."""
     path = os.fspath(path)
     figure = draw_timeline(trace, **options)
-    figure.savefig(path, dpi=dpi)
+    with atomic_path(path) as name:
+        figure.savefig(name, dpi=dpi)
     return path
 
 

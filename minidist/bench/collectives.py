@@ -634,7 +634,9 @@ def write_json(report: dict, path: str) -> None:
 
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    with open(path, "w") as file:
+    from minidist.atomic_file import atomic_write
+
+    with atomic_write(path) as file:
         json.dump(report, file, indent=1)
 
 

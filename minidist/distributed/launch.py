@@ -71,9 +71,124 @@ def _check_world_size(world_size) -> int:
 
 
 def _timeout_seconds(timeout):
+    """The timeout in seconds, checked: a positive finite number, or None (no limit)."""
     if timeout is _DEFAULT:
         return world.DEFAULT_TIMEOUT
-    return world._seconds(timeout)
+    import datetime
+    import math
+
+    if not (timeout is None or isinstance(timeout, datetime.timedelta)
+            or (isinstance(timeout, (int, float)) and not isinstance(timeout, bool))):
+        raise TypeError(f"launch(timeout=...) is a number of seconds or None (no limit), got "
+                        f"{type(timeout).__name__}")
+    seconds = world._seconds(timeout)
+    if seconds is not None and (math.isnan(seconds) or seconds <= 0):
+        raise ValueError(f"launch(timeout={timeout!r}): the timeout bounds every wait in "
+                         "seconds, so it must be a positive number; pass None for no limit.")
+    if seconds is not None and math.isinf(seconds):
+        raise ValueError("launch(timeout=inf): pass timeout=None for no limit.")
+    return seconds
+
+
+#: File descriptors the launching process holds per rank while it starts
+#: them: the result pipe's two ends, the process's sentinel, and one spare.
+FDS_PER_RANK = 4
+
+#: The least memory a rank costs: the pages a forked rank writes of its own
+#: before any work of the user's (Private_Dirty in /proc/<pid>/smaps_rollup of
+#: a rank that ran one small all_reduce: about 8 MiB).
+MEMORY_PER_RANK = 8 << 20
+
+
+def _available_memory() -> int | None:
+    try:
+        with open("/proc/meminfo") as file:
+            for line in file:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _check_machine_holds(world_size: int, transport: str) -> None:
+    """Refuse, before anything starts, a world this machine cannot hold: the
+    launcher's open-file limit (it keeps pipes to every rank; the pipe
+    transport adds two per ordered pair) and the kernel's process ids."""
+    import errno
+    import resource
+
+    needed = FDS_PER_RANK * world_size
+    if transport == "pipe":
+        needed += 2 * world_size * (world_size - 1)
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        in_use = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        in_use = 0
+    if soft != resource.RLIM_INFINITY and needed + in_use > soft:
+        raise OSError(errno.EMFILE, (
+            f"launch(world_size={world_size}, transport={transport!r}) is too big for this "
+            f"process: it needs about {needed:,} open files and may open {soft:,} "
+            f"({in_use} in use; `ulimit -n`). Use fewer ranks, raise the limit, or simulate "
+            "a large world with minidist.distributed.simulate, which runs the same "
+            "algorithms on thousands of ranks in one process."))
+    available = _available_memory()
+    if available is not None and world_size * MEMORY_PER_RANK > available:
+        raise OSError(errno.ENOMEM, (
+            f"launch(world_size={world_size}) is too big for this machine: each rank costs at "
+            f"least {MEMORY_PER_RANK >> 20} MiB of its own, {world_size * MEMORY_PER_RANK >> 20:,} "
+            f"MiB in all, and {available >> 20:,} MiB are available. Use fewer ranks, or "
+            "simulate a large world with minidist.distributed.simulate."))
+    try:
+        with open("/proc/sys/kernel/pid_max") as file:
+            pid_max = int(file.read())
+    except (OSError, ValueError):
+        return
+    if world_size > pid_max // 2:
+        raise OSError(errno.EAGAIN, (
+            f"launch(world_size={world_size}) is too big for this machine: the kernel "
+            f"allows {pid_max:,} process ids in all. Use fewer ranks, or simulate a large "
+            "world with minidist.distributed.simulate."))
+
+
+def _machine_refused(error: OSError, what: str, world_size: int):
+    """An OSError of the machine's limits (no memory, no more processes or
+    files) turned into one line that says what failed and what to do."""
+    import errno
+
+    if error.errno not in (errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE,
+                           errno.ENOSPC):
+        return error
+    return OSError(error.errno, (
+        f"launch(world_size={world_size}): the machine refused {what} "
+        f"({type(error).__name__}: {os.strerror(error.errno)}), so the world is too big for "
+        "it (memory, processes, open files or /dev/shm). Use fewer ranks, or simulate a "
+        "large world with minidist.distributed.simulate."))
+
+
+def _check_call_arguments(args, kwargs, trace) -> None:
+    """What launch passes on, checked before any process starts."""
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(f"launch(args=...) is a tuple of fn's positional arguments, got "
+                        f"{type(args).__name__}; write args=(value,) for one.")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise TypeError(f"launch(kwargs=...) is a dict of fn's keyword arguments, got "
+                        f"{type(kwargs).__name__}; e.g. kwargs={{'steps': 10}}.")
+    if trace is not None:
+        try:
+            path = os.fspath(trace)
+        except TypeError:
+            raise TypeError(f"launch(trace=...) is a file path, got {type(trace).__name__}") \
+                from None
+        folder = os.path.dirname(os.path.abspath(path))
+        if os.path.isdir(path):
+            raise ValueError(f"launch(trace={path!r}) is a folder; name a file in it, e.g. "
+                             f"{os.path.join(path, 'run.jsonl')!r}.")
+        if not os.path.isdir(folder):
+            raise FileNotFoundError(f"launch(trace={path!r}): the folder {folder!r} does not "
+                                    "exist, so the trace could not be written after the run; "
+                                    "create it first.")
 
 
 def launch(fn, world_size: int = 2, transport: str = "shm", args=(), kwargs=None, *,
@@ -109,6 +224,8 @@ def launch(fn, world_size: int = 2, transport: str = "shm", args=(), kwargs=None
     if not callable(fn):
         raise TypeError(f"launch needs a function to run, got {type(fn).__name__}")
     world_size = _check_world_size(world_size)
+    timeout = _timeout_seconds(timeout)
+    _check_call_arguments(args, kwargs, trace)
     if launched_by_mpi() and not world.is_initialized():
         # mpiexec started this script: the ranks exist already (see mpi_launch.py).
         from minidist.distributed.mpi_launch import launch_under_mpi
@@ -141,6 +258,7 @@ def _launch_forked(fn, world_size, transport, args, kwargs, trace, timeout, log_
         raise OSError("minidist.launch needs fork (Linux or another POSIX system)")
     kwargs = dict(kwargs or {})
     tolerated = _tolerated_ranks(tolerate_failures, world_size)
+    _check_machine_holds(world_size, transport)
     warn_if_oversubscribed(world_size, stacklevel=4)  # launch -> _launch_forked -> here
     context = multiprocessing.get_context("fork")
     options = {"timeout": _timeout_seconds(timeout), "trace": trace is not None,
@@ -152,11 +270,15 @@ def _launch_forked(fn, world_size, transport, args, kwargs, trace, timeout, log_
             # Each resource is in a variable the cleanup sees before a signal
             # can interrupt: a segment made but not yet remembered would leak.
             with guard.deferred():
-                arrays = SharedArrays.create(shared_arrays)
-                options["shared_arrays"] = arrays
-                control = ControlBlock.create(world_size)
-                resources = create_resources(transport, world_size)
-                pipes = [_ResultPipe(context) for _ in range(world_size)]
+                try:
+                    arrays = SharedArrays.create(shared_arrays)
+                    options["shared_arrays"] = arrays
+                    control = ControlBlock.create(world_size)
+                    resources = create_resources(transport, world_size)
+                    pipes = [_ResultPipe(context) for _ in range(world_size)]
+                except OSError as error:
+                    raise _machine_refused(error, f"the {transport} transport's memory and "
+                                           "pipes", world_size) from error
             sys.stdout.flush()
             sys.stderr.flush()
             # Each worker is born with its share of the BLAS threads (see
@@ -174,7 +296,12 @@ def _launch_forked(fn, world_size, transport, args, kwargs, trace, timeout, log_
                         args=(rank, world_size, fn, args, kwargs, resources, control,
                               pipes[rank], options_for_rank))
                     with guard.deferred():  # not inside fork's at-fork hooks (logging's locks)
-                        process.start()
+                        try:
+                            process.start()
+                        except OSError as error:
+                            raise _machine_refused(error, f"to start rank {rank} (ranks 0.."
+                                                   f"{rank - 1} had started)", world_size) \
+                                from error
                         workers.append(ForkedWorker(rank, process, pipes[rank].reader))
                         pipes[rank].writer.close()
                 # At once: a rank whose peer failed must see that peer's pipes end.

@@ -31,6 +31,7 @@ import numpy as np
 import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, optim, trace
+from minidist.atomic_file import atomic_path
 from minidist.data import load_digits
 from minidist.parallel import compression as C
 from minidist.parallel.data_parallel import DistributedDataParallel
@@ -320,7 +321,8 @@ def plot(results, path, title: str | None = None):
             axis.set_title("every run (the ones on the right labelled there)", fontsize=10)
     figure.suptitle(title or "the communication wall: bytes against accuracy")
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
+    with atomic_path(path) as name:
+        figure.savefig(name, dpi=100)
     return path
 
 

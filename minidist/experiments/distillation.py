@@ -76,6 +76,7 @@ from pathlib import Path
 import numpy as np
 
 from minidist import Tensor, nn, no_grad, optim
+from minidist.atomic_file import atomic_path
 from minidist.data import load_digits
 from minidist.nn.distillation import DistillationLoss, HintRegressor, train_hint_stage
 from minidist.train import evaluate
@@ -280,7 +281,8 @@ def plot(all_results: Sequence[dict], path) -> Path:
     axis.legend(fontsize="small")
     figure.tight_layout()
     path = Path(path)
-    figure.savefig(path, dpi=100)
+    with atomic_path(path) as name:
+        figure.savefig(name, dpi=100)
     plt.close(figure)
     return path
 

@@ -56,6 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from minidist import Tensor, nn, optim
+from minidist.atomic_file import atomic_path
 from minidist.data import load_digits
 from minidist.optim.lr_scheduler import LambdaLR, LinearWarmup, MultiStepLR
 from minidist.train import evaluate
@@ -427,7 +428,8 @@ def plot_sweep(records: Sequence[dict], path, title: str | None = None) -> Path:
     axis.legend(title="learning-rate rule")
     figure.tight_layout()
     path = Path(path)
-    figure.savefig(path, dpi=100)
+    with atomic_path(path) as name:
+        figure.savefig(name, dpi=100)
     plt.close(figure)
     return path
 
@@ -480,7 +482,8 @@ def plot_batch_growth(results: dict[str, list[list[dict]]], path) -> Path:
         axis.legend(fontsize="small")
     figure.tight_layout()
     path = Path(path)
-    figure.savefig(path, dpi=100)
+    with atomic_path(path) as name:
+        figure.savefig(name, dpi=100)
     plt.close(figure)
     return path
 

@@ -12,8 +12,10 @@ that holds the read end of a pipe whose write end only the creator has, and
 waits on it. Nothing is ever written: the read returns when the pipe ends,
 which happens however the creator ends (the kernel closes a dead process's
 files). The reaper then unlinks every segment named after the creator
-(``minidist_<creator's pid>_...``, see :mod:`.segments`) and exits. After a
-clean end there are none left; after a SIGKILL, there are the run's.
+(``minidist_<creator's pid>_...``, see :mod:`.segments`), removes its run
+folders (``/tmp/minidist-run-<creator's pid>-...``: ``minidist run``'s
+errors and traces) and exits. After a clean end there are none left; after a
+SIGKILL, there are the run's.
 
 The names say whose a segment is, so the reaper needs no list: an earlier
 version was sent a line per segment made and unlinked, and each write woke
@@ -55,18 +57,40 @@ def ensure_running(prefix: str) -> None:
         return  # a fork of the creator is not the creator: it gets its own
     # Imported here, by the creator (the child must not import), not by every
     # `import minidist.distributed` (segments.py imports this module).
+    import shutil
+    import tempfile
+
     from minidist.runtime import process_setup
 
+    folders = run_folder_prefix(creator, tempfile.gettempdir())
     read, write = os.pipe()  # not inheritable: a program started with exec never holds it
     pid = os.fork()
     if pid == 0:
         try:
             _reap(read, prefix, process_setup)
+            _remove_run_folders(folders, shutil)
         finally:
             os._exit(0)
     os.close(read)
     _owner, _pid = creator, pid
     # `write` stays open, unused, for this process's whole life: its end is the signal.
+
+
+def run_folder_prefix(creator: int, temporary_directory: str) -> str:
+    """Where a creator's run folders (``minidist run``'s errors and traces) are
+    made: ``<tmp>/minidist-run-<creator's pid>-<random>``, so that its reaper
+    knows them by name, as it knows its segments."""
+    return os.path.join(temporary_directory, f"minidist-run-{creator}-")
+
+
+def _remove_run_folders(prefix: str, shutil) -> None:
+    directory, start = os.path.split(prefix)
+    try:
+        names = [name for name in os.listdir(directory) if name.startswith(start)]
+    except OSError:
+        return
+    for name in names:
+        shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
 
 
 def reaper_pid() -> int | None:

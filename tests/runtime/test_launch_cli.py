@@ -244,6 +244,11 @@ def test_interrupting_minidist_run_stops_every_rank(tmp_path, how):
         assert time.monotonic() < deadline and parent.poll() is None, parent.communicate()
         time.sleep(0.05)
     time.sleep(0.2)
+    import glob
+    import tempfile
+
+    folders = os.path.join(tempfile.gettempdir(), f"minidist-run-{parent.pid}-*")
+    assert glob.glob(folders), "the run's folder carries the launcher's pid"
     start = time.monotonic()
     if how == "ctrl-c":
         os.killpg(parent.pid, signal.SIGINT)
@@ -261,6 +266,11 @@ def test_interrupting_minidist_run_stops_every_rank(tmp_path, how):
         time.sleep(0.02)
     assert not [pid for pid in map(int, os.listdir(pids)) if alive(pid)]
     assert not leaked_since(before)
+    # The run's folder (errors, traces) goes too: after a SIGKILL, by the reaper.
+    deadline = time.monotonic() + 2.0
+    while glob.glob(folders) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not glob.glob(folders)
 
 
 def test_the_launcher_starts_its_workers_before_importing_numpy():

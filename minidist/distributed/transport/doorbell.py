@@ -23,6 +23,9 @@ import sys
 import time
 
 SEM_BYTES = 64  # sizeof(sem_t) is 32 on 64-bit glibc; one cache line each
+#: Where a semaphore's settings (not its counter) lie: glibc's 64-bit sem_t
+#: is an 8-byte counter (value and waiters), then its sharing flag.
+SETTINGS_OFFSET, SETTINGS_BYTES = 8, 8
 
 _libc = None
 
@@ -67,14 +70,40 @@ class Doorbells:
             if self._libc.sem_init(sem, 1, 0) != 0:
                 code = ctypes.get_errno()
                 raise OSError(code, f"sem_init failed: {errno.errorcode.get(code, code)}")
+        self._settings = self._settings_of(self._sems[0])
+
+    @staticmethod
+    def _settings_of(sem) -> bytes:
+        # Past the counter, a semaphore holds what sem_init set and nothing
+        # changes (glibc: whether it is shared between processes). glibc aborts
+        # the process that posts to a semaphore whose settings are garbage
+        # ("The futex facility returned an unexpected error code").
+        return ctypes.string_at(sem.value + SETTINGS_OFFSET, SETTINGS_BYTES)
 
     def ring(self, rank: int) -> None:
         # EOVERFLOW (a sleeper woken 2**31 times without sleeping) is harmless.
         self._post(self._sems[rank])
 
-    def ring_all(self) -> None:
-        for sem in self._sems:
+    def ring_all(self) -> list[int]:
+        """Ring every rank's doorbell; returns the ranks whose semaphore was
+        found overwritten (by another process that maps the segment), which
+        are not rung.
+
+        The launcher rings them all to stop a run. It is the one process that
+        must survive whatever the ranks did to their shared memory, to report
+        and clean up, so it checks each semaphore's settings against those
+        sem_init wrote before posting (ranks, which ring one doorbell per
+        message, do not: a rank that crashes on a broken semaphore is
+        reported like any rank that dies). A rank whose doorbell is not rung
+        still wakes: it sleeps in short slices and then reads the abort."""
+        settings = getattr(self, "_settings", None)
+        broken = []
+        for rank, sem in enumerate(self._sems):
+            if settings is not None and self._settings_of(sem) != settings:
+                broken.append(rank)
+                continue
             self._post(sem)
+        return broken
 
     def sleep(self, rank: int, seconds: float) -> None:
         """Wait until rung or ``seconds`` pass (also returns on signals)."""

@@ -164,7 +164,16 @@ class ShmResources:
         return ShmTransport(self, rank, control, timeout, spin_ns)
 
     def wake_all(self) -> None:
-        self.doorbells.ring_all()
+        broken = self.doorbells.ring_all()
+        if broken and not getattr(self, "_told_broken", False):
+            self._told_broken = True
+            import logging
+
+            logging.getLogger("minidist").warning(
+                "the doorbells of ranks %s in the run's shared memory were overwritten by a "
+                "process that maps it; they are not rung (posting to them could crash this "
+                "process), and those ranks notice the end of the run by themselves",
+                ", ".join(map(str, broken)))
 
     def close(self) -> None:
         self.segment.close()
