@@ -36,8 +36,9 @@ import numpy as np
 import minidist
 from minidist import Tensor, nn, optim
 from minidist.data import DataLoader, load_digits, make_linear_regression
-from minidist.lesson import output_dir, quick, use_headless_matplotlib
+from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
 
+narrate()  # run as a script: the text below is printed between the outputs
 use_headless_matplotlib()
 import matplotlib.pyplot as plt  # noqa: E402
 

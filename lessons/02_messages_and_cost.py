@@ -48,9 +48,10 @@ import numpy as np
 import minidist
 import minidist.distributed as dist
 from minidist import costmodel
-from minidist.lesson import output_dir, quick, use_headless_matplotlib
+from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
 from minidist.model_gap import RunFacts, explain
 
+narrate()  # run as a script: the text below is printed between the outputs
 use_headless_matplotlib()
 import matplotlib.pyplot as plt  # noqa: E402
 

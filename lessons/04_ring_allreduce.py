@@ -39,8 +39,9 @@ from rich.console import Console
 import minidist
 import minidist.distributed as dist
 from minidist.distributed import simulate
-from minidist.lesson import output_dir, quick, use_headless_matplotlib
+from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
 
+narrate()  # run as a script: the text below is printed between the outputs
 use_headless_matplotlib()
 import matplotlib.pyplot as plt  # noqa: E402
 

@@ -46,7 +46,7 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, optim, trace
 from minidist.data import DistributedSampler, load_digits
-from minidist.lesson import output_dir, quick, use_headless_matplotlib
+from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
 from minidist.parallel.data_parallel import (
     CoordinatorDataParallel,
     DistributedDataParallel,
@@ -55,6 +55,7 @@ from minidist.parallel.data_parallel import (
 from minidist.parallel.straggler import Straggler
 from minidist.tensor import no_grad
 
+narrate()  # run as a script: the text below is printed between the outputs
 use_headless_matplotlib()
 import matplotlib.pyplot as plt  # noqa: E402
 

@@ -52,9 +52,10 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, optim
 from minidist.experiments import large_batch as lb
-from minidist.lesson import output_dir, quick, use_headless_matplotlib
+from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
 from minidist.parallel.data_parallel import DistributedDataParallel
 
+narrate()  # run as a script: the text below is printed between the outputs
 use_headless_matplotlib()
 
 QUICK = quick()

@@ -58,9 +58,10 @@ from minidist.examples.parameter_server import (
     train_linear_regression,
     train_mlp_on_digits,
 )
-from minidist.lesson import output_dir, quick, use_headless_matplotlib
+from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
 from minidist.parallel.parameter_server import flat_parameters, load_flat_parameters, shard_ranges
 
+narrate()  # run as a script: the text below is printed between the outputs
 use_headless_matplotlib()
 import matplotlib.pyplot as plt  # noqa: E402
 

@@ -42,7 +42,7 @@ import minidist.distributed as dist
 from minidist import Tensor, nn, trace
 from minidist.data import load_digits, make_sparse_logistic
 from minidist.examples.parameter_server import digits_accuracy, digits_mlp, split_rows
-from minidist.lesson import output_dir, quick, use_headless_matplotlib
+from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
 from minidist.parallel import delayed_proximal as d2p
 from minidist.parallel import hogwild
 from minidist.parallel.parameter_server import (
@@ -52,6 +52,7 @@ from minidist.parallel.parameter_server import (
 )
 from minidist.tensor import no_grad
 
+narrate()  # run as a script: the text below is printed between the outputs
 use_headless_matplotlib()
 import matplotlib.pyplot as plt  # noqa: E402
 

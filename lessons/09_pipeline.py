@@ -47,7 +47,7 @@ from rich.console import Console
 import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, optim, trace
-from minidist.lesson import output_dir, quick, use_headless_matplotlib
+from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
 from minidist.model_gap import RunFacts, compare
 from minidist.parallel.pipeline import (
     Pipeline,
@@ -58,6 +58,7 @@ from minidist.parallel.pipeline import (
 )
 from minidist.parallel.pipeline_schedules import UNIT_NS
 
+narrate()  # run as a script: the text below is printed between the outputs
 use_headless_matplotlib()
 
 from viz.pipeline_chart import (  # noqa: E402

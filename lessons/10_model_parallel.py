@@ -54,7 +54,7 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, optim, trace
 from minidist.data import load_digits
-from minidist.lesson import output_dir, quick, use_headless_matplotlib
+from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
 from minidist.parallel.data_parallel import DistributedDataParallel
 from minidist.parallel.distbelief import DistBeliefMLP, distbelief_bytes
 from minidist.parallel.hybrid import (
@@ -69,6 +69,7 @@ from minidist.parallel.model_parallel_bytes import STRATEGIES, format_table, spl
 from minidist.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 from minidist.train import build_model, evaluate
 
+narrate()  # run as a script: the text below is printed between the outputs
 use_headless_matplotlib()
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402

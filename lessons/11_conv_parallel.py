@@ -42,7 +42,7 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, optim, trace
 from minidist.data import load_digits
-from minidist.lesson import output_dir, quick, use_headless_matplotlib
+from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
 from minidist.parallel.conv_parallel import (
     ChannelParallelConv2d,
     SpatialParallelConv2d,
@@ -53,6 +53,7 @@ from minidist.parallel.data_parallel import DistributedDataParallel
 from minidist.parallel.sync_batchnorm import SyncBatchNorm
 from minidist.tensor import no_grad
 
+narrate()  # run as a script: the text below is printed between the outputs
 use_headless_matplotlib()
 
 import matplotlib.pyplot as plt  # noqa: E402

@@ -42,7 +42,7 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, memory, nn, optim, trace
 from minidist.data import load_digits
-from minidist.lesson import output_dir, quick, use_headless_matplotlib
+from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
 from minidist.nn.recompute import CheckpointedSequential, kept_for_backward
 from minidist.parallel import zero
 from minidist.parallel.zero import (
@@ -50,6 +50,7 @@ from minidist.parallel.zero import (
     zero_model_state_bytes,
 )
 
+narrate()  # run as a script: the text below is printed between the outputs
 use_headless_matplotlib()
 
 import matplotlib.pyplot as plt  # noqa: E402

@@ -39,12 +39,13 @@ import numpy as np
 from minidist import Tensor, nn, no_grad
 from minidist.data import load_digits
 from minidist.experiments import distillation
-from minidist.lesson import output_dir, quick, use_headless_matplotlib
+from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
 from minidist.nn import mobile
 from minidist.nn.quantization import model_size_bytes, quantize
 from minidist.parallel.inference import parallel_predict, predict
 from minidist.train import evaluate, train_digits
 
+narrate()  # run as a script: the text below is printed between the outputs
 use_headless_matplotlib()
 import matplotlib.pyplot as plt  # noqa: E402
 

@@ -50,7 +50,7 @@ import warnings
 from collections import Counter
 
 from minidist.distributed.launch import cores
-from minidist.lesson import output_dir, quick, use_headless_matplotlib
+from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
 from minidist.runtime.errors import OversubscriptionWarning
 from minidist.search import (
     Trial,
@@ -62,6 +62,7 @@ from minidist.search.objectives import DIGITS_SPACE, digits_split, train_digits_
 from minidist.search.plots import plot_best_so_far, plot_trials_over_time
 from minidist.search.space import sample_params, trial_seed
 
+narrate()  # run as a script: the text below is printed between the outputs
 use_headless_matplotlib()
 
 import matplotlib.pyplot as plt  # noqa: E402

@@ -201,7 +201,7 @@ def _cmd_predict(args) -> int:
 def _cmd_lesson(args) -> int:
     from minidist.lesson import lesson_command
 
-    return lesson_command(args.number, quick=args.quick)
+    return lesson_command(args.number, quick=args.quick, quiet=args.quiet)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -370,12 +370,14 @@ def build_parser() -> argparse.ArgumentParser:
         "lesson",
         help="list the lessons, or run lesson N",
         description="Without N: list the course's lessons (lessons/NN_topic.py). With N: run "
-                    "lesson N as a script.",
+                    "lesson N as a script: its text printed between its outputs.",
     )
     lesson.add_argument("number", nargs="?", type=int, default=None, metavar="N",
                         help="the lesson's number")
     lesson.add_argument("--quick", action="store_true",
                         help="the reduced form of long experiments (as CI runs them)")
+    lesson.add_argument("--quiet", action="store_true",
+                        help="the outputs only, without the lesson's text between them")
     lesson.set_defaults(handler=_cmd_lesson)
 
     from minidist.exercise_command import add_parser as add_exercise_parser

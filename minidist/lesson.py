@@ -5,7 +5,9 @@ variables let the test-suite run every lesson end to end in CI:
 
 * ``MINIDIST_LESSON_QUICK=1`` selects the reduced form of long experiments;
 * ``MINIDIST_LESSON_OUTPUT`` is where pictures are written (default:
-  ``lesson_output`` in the current directory).
+  ``lesson_output`` in the current directory);
+* ``MINIDIST_LESSON_QUIET=1``: outputs only, without the text between them
+  (:mod:`minidist.narration`).
 
 ``minidist lesson`` lists the lessons and ``minidist lesson N`` runs one
 (:func:`find_lessons`, :func:`lesson_command`).
@@ -18,6 +20,8 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+
+from minidist.narration import QUIET, narrate  # noqa: F401 - the lessons' import
 
 
 def quick() -> bool:
@@ -88,10 +92,13 @@ def find_lessons(folder: Path) -> list[tuple[int, str, Path]]:
     return found
 
 
-def lesson_command(number: int | None, quick: bool = False, folder: Path | None = None) -> int:
+def lesson_command(number: int | None, quick: bool = False, folder: Path | None = None,
+                   quiet: bool = False) -> int:
     """``minidist lesson``: list the lessons; ``minidist lesson N [--quick]``:
     run lesson N as a script, in a new process with this Python (``--quick``
-    sets MINIDIST_LESSON_QUICK=1: the reduced form of long experiments).
+    sets MINIDIST_LESSON_QUICK=1: the reduced form of long experiments). The
+    lesson prints its text between its outputs (:mod:`minidist.narration`);
+    ``quiet`` (``--quiet``) prints the outputs only.
     Returns the exit status; a mistake is one line on stderr and status 2."""
     folder = folder or lessons_folder()
     if folder is None:
@@ -115,4 +122,6 @@ def lesson_command(number: int | None, quick: bool = False, folder: Path | None 
     env = dict(os.environ)
     if quick:
         env["MINIDIST_LESSON_QUICK"] = "1"
+    if quiet:
+        env[QUIET] = "1"
     return subprocess.run([sys.executable, str(chosen[0])], env=env).returncode

@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [
     (0, "minidist.backend"), (0, "minidist.atomic_file"), (0, "minidist.alpha_beta"),
     (0, "minidist.lesson"), (0, "minidist.model_gap"), (0, "minidist.units"),
+    (0, "minidist.narration"),
     (1, "minidist.tensor"), (1, "minidist.trace"), (1, "minidist.runtime"),
     (1, "minidist.virtual_clock"),
     (2, "minidist.nn"), (2, "minidist.optim"), (2, "minidist.data"), (2, "minidist.memory"),
