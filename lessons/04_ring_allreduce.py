@@ -83,6 +83,14 @@ print(f"{ring.collective} {ring.algorithm}: {len(ring.frames)} frames = 2 (n - 1
 # them); the arrows give the bytes sent and whether the receiver adds them
 # (`combine`) or just copies them (`copy`). In a terminal,
 # `minidist viz ring_allreduce.trace.jsonl` lets you move with the keys.
+#
+# The `cost` line is lesson 3's formula in its symbols: $\alpha$ per message,
+# $\beta$ per byte sent, $\gamma$ per byte added. One more appears, $\beta_x$
+# (printed βₓ): the price per byte of a step in which every rank sends *and*
+# receives at once, which is every step of the ring. A network card does both
+# at full speed, so there $\beta_x = \beta$; on one machine each rank's own CPU
+# copies the bytes out and in, so a step costs about twice a one-way message:
+# $\beta_x \approx 2\beta$ (lesson 2 fits both).
 
 # %%
 console = Console(width=80, color_system=None)

@@ -177,3 +177,17 @@ def _split_number(text: str) -> tuple[float, str]:
         return float(text[:index]), text[index:].strip()
     except ValueError:
         raise ValueError(f"cannot read {text!r} as a number with a unit") from None
+
+
+#: What the exchange's beta means, for wherever a formula that uses it is shown.
+EXCHANGE_BETA_LEGEND = ("βₓ: β of a step in which a rank sends and receives at once; about 2β "
+                        "on one machine, whose CPU copies both ways; β on a full-duplex link")
+
+
+def in_symbols(formula: str) -> str:
+    """A cost formula in the lessons' notation: ``alpha`` -> α, ``beta`` -> β,
+    ``gamma`` -> γ, ``xbeta`` (the exchange's beta) -> βₓ."""
+    import re
+
+    names = {"xbeta": "βₓ", "alpha": "α", "beta": "β", "gamma": "γ"}
+    return re.sub(r"\b(xbeta|alpha|beta|gamma)\b", lambda match: names[match.group(1)], formula)

@@ -42,6 +42,8 @@ _SYMBOLS = {
     "quad": "  ", "qquad": "    ", ",": " ", ";": " ", "!": "", " ": " ",
 }
 _SUPERSCRIPTS = str.maketrans("0123456789+-=()nT*", "⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻⁼⁽⁾ⁿᵀ*")
+_SUBSCRIPT_CHARS = "0123456789xijknr"
+_SUBSCRIPTS = str.maketrans(_SUBSCRIPT_CHARS, "₀₁₂₃₄₅₆₇₈₉ₓᵢⱼₖₙᵣ")
 
 
 def _group(text: str, start: int) -> tuple[str, int]:
@@ -97,8 +99,10 @@ def readable_math(latex: str) -> str:
         elif char in "^_":
             part, index = _group(latex, index + 1)
             part = readable_math(part)
-            if char == "_":
-                out.append("_" + part)                    # a_ij, t_ring, n_1/2
+            if char == "_" and part and all(c in _SUBSCRIPT_CHARS for c in part):
+                out.append(part.translate(_SUBSCRIPTS))   # xᵢ, βₓ, aᵢⱼ, log₂
+            elif char == "_":
+                out.append("_" + part)                    # t_ring, n_1/2, ∇_w
             elif all(c in "0123456789+-=()nT*" for c in part):
                 out.append(part.translate(_SUPERSCRIPTS))  # x², bᵀ, w*
             else:

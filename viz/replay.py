@@ -56,6 +56,7 @@ from dataclasses import dataclass
 
 from minidist import costmodel
 from minidist import trace as _trace
+from minidist.alpha_beta import in_symbols
 from minidist.distributed.collectives.chunks import chunk_bounds
 from minidist.model_gap import RunFacts, explain
 
@@ -498,8 +499,9 @@ def layout_of(algorithm: str) -> str:
 
 
 def formula_of(collective: str, algorithm: str) -> str:
-    """The algorithm's cost in alpha-beta-gamma words, from its docstring's
-    "Cost:" line (the module's cost table when that line is a paragraph)."""
+    """The algorithm's cost in the lessons' symbols (α, β, βₓ, γ), from its
+    docstring's "Cost:" line (the module's cost table when that line is a
+    paragraph)."""
     from minidist.distributed.collectives.call import ALGORITHMS
 
     function = ALGORITHMS.get(collective, {}).get(algorithm)
@@ -511,7 +513,7 @@ def formula_of(collective: str, algorithm: str) -> str:
     if not text or len(text) > 80:
         table = _table_row(sys.modules[function.__module__].__doc__ or "", algorithm)
         text = table or text
-    return text
+    return in_symbols(text)
 
 
 def _table_row(doc: str, algorithm: str) -> str:

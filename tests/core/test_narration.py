@@ -48,10 +48,11 @@ print("OUTPUT THREE", value)
 @pytest.mark.parametrize("latex, text", [
     (r"2\frac{n-1}{n}N\beta", "2 (n-1)/n Nβ"),
     (r"t_\text{ring} = 2(n-1)\,\alpha", "t_ring = 2(n-1) α"),
-    (r"L(w, b) = \frac{1}{N}\sum_i (x_i w + b - y_i)^2", "L(w, b) = 1/N Σ_i (x_i w + b - y_i)²"),
+    (r"L(w, b) = \frac{1}{N}\sum_i (x_i w + b - y_i)^2", "L(w, b) = 1/N Σᵢ (xᵢ w + b - yᵢ)²"),
+    (r"\beta_x \approx 2\beta", "βₓ ≈ 2β"),
     (r"w \leftarrow w - \eta\,\nabla_w L", "w ← w - η ∇_w L"),
     (r"y = x\,w^* + b^*", "y = x w* + b*"),
-    (r"\lceil \log_2 n \rceil \alpha", "⌈ log_2 n ⌉ α"),
+    (r"\lceil \log_2 n \rceil \alpha", "⌈ log₂ n ⌉ α"),
     (r"e^{x+1}", "e^(x+1)"),
 ])
 def test_formulas_become_readable_text(latex, text):

@@ -68,7 +68,8 @@ def test_hand_made_message_fields():
     assert 0 <= first.start_ns < first.end_ns <= ring.frames[0].elapsed_ns
     assert ring.frames[3].messages[0].op == "copy"
     assert ring.measured_s == pytest.approx(6 * 1000e-9 + 3e-9)
-    assert ring.predicted_s > 0 and "alpha" in ring.formula and "gamma" in ring.formula
+    assert ring.predicted_s > 0 and "α" in ring.formula and "γ" in ring.formula \
+        and "βₓ" in ring.formula and "xbeta" not in ring.formula
 
 
 def test_several_calls_in_one_trace_are_told_apart():

@@ -42,7 +42,7 @@ def test_header_phase_messages_and_formula(ring4):
     assert "step 3 of 6" in text
     assert "reduce-scatter" in text
     assert "0 -> 1" in text and "256 B" in text and "combine" in text
-    assert "2 (n - 1) alpha" in text
+    assert "2 (n - 1) α" in text and "βₓ: β of a step in which a rank sends and receives" in text
     assert "measured" in text and "vs model" in text
     # Beside the two numbers, their ratio and why they differ in this run.
     assert re.search(r"vs model [\d.]+ .?s \([\d.,]+x: ", " ".join(text.split()))
