@@ -1,6 +1,6 @@
 """A rank that is alive but stopped: seen by its process state, named as the cause.
 
-A stopped process (SIGSTOP, or Ctrl-Z's SIGTSTP) neither runs nor dies: no
+A stopped process (SIGSTOP, SIGTSTP) neither runs nor dies: no
 pipe ends, no exit to wait for, no exception. Its peers wait for it until
 their timeout, and each of them then reports a timeout of its own. But the
 kernel says what it is doing: the state letter in ``/proc/<pid>/stat`` is

@@ -11,7 +11,7 @@ pipe: a child the worker forked holds copies of its pipes. When a worker
 ends, what it forked ends with it (:mod:`.process_groups`).
 
 One failure makes no event at all: a rank *stopped* by a signal (SIGSTOP,
-Ctrl-Z) is alive and silent. Between waits the supervisor reads its ranks'
+SIGTSTP) is alive and silent. Between waits the supervisor reads its ranks'
 process states (:mod:`.stopped_ranks`): a rank stopped for a few seconds
 while the others wait for it is named as the cause and the run ends then;
 at a timeout, a rank found stopped is named as the reason the others waited.
