@@ -1,6 +1,7 @@
 """The life of one worker made by :func:`minidist.launch` (a forked process).
 
-Set up (die with the parent, own pipe ends only, logging,
+Set up (its own session, so that what it forks can be ended with it; die
+with the parent; own pipe ends only, logging,
 tracing, transport), run the user's function, then report exactly one message
 to the parent over a private pipe (after the log records the rank sent on it,
 see :mod:`minidist.runtime.console`)::
@@ -24,12 +25,14 @@ from minidist.distributed import world
 from minidist.runtime import console
 from minidist.runtime import control as ctl
 from minidist.runtime.errors import AbortedError, CommTimeoutError
+from minidist.runtime.process_groups import lead_own_session
 from minidist.runtime.process_setup import prepare_worker_process
 
 
 def worker_main(rank, world_size, fn, args, kwargs, resources, control, result_pipe, options):
     connection = result_pipe.writer
     result_pipe.reader.close()
+    lead_own_session()  # first: a child forked from here on is in the worker's group
     prepare_worker_process(options["parent_pid"])
     resources.after_fork(rank)
     for other in options["other_pipes"]:

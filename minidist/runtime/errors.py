@@ -87,7 +87,8 @@ class WorkerError(DistributedError):
     Attributes: ``rank`` (the root cause: the rank whose failure, death or
     early return explains the others'); ``kind`` ("exception", "timeout",
     "died", "exited", "returned": it returned from its function while others
-    still waited for it); ``remote_type`` (the exception class name in the
+    still waited for it, "frozen": its process was stopped, by a signal or a
+    debugger, while others waited for it); ``remote_type`` (the exception class name in the
     worker, if any); ``remote_message``; ``remote_traceback`` (the worker's
     traceback as text); ``exitcode``; ``noticed_by`` (where the root cause
     raised nothing itself, the rank whose error revealed it, and whose

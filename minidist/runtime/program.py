@@ -8,7 +8,8 @@ the cores. A fork of the launching process already has an interpreter and
 whatever the launcher imported before forking; what it must still do is
 become that script's main program:
 
-1. its own session and death signal (:func:`~.process_setup.die_with_parent`),
+1. its own session (what it forks is in its group, killed when it ends: see
+   :mod:`.process_groups`) and death signal (:func:`~.process_setup.die_with_parent`),
    and Python's default signal handlers back (the launcher's turn signals
    into exceptions that would run *its* cleanup);
 2. only its own file descriptors: every other one the launcher holds (other
@@ -38,7 +39,7 @@ import signal
 import sys
 import time
 
-from minidist.runtime import signals
+from minidist.runtime import process_groups, signals
 from minidist.runtime.process_setup import close_fds_except, die_with_parent
 
 
@@ -52,24 +53,26 @@ class ForkedProgram:
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
-        if self.returncode is None:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                return self.returncode
-            if pid == self.pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
+        if self.returncode is None and process_groups.has_ended(self.pid):
+            self._collect()
         return self.returncode
+
+    def _collect(self) -> None:
+        """It has ended: kill what it left in its group (while its pid is still
+        its own, see :mod:`.process_groups`), then collect its status."""
+        process_groups.end_group(self.pid)
+        try:
+            _, status = os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            return
+        self.returncode = os.waitstatus_to_exitcode(status)
 
     def wait(self, timeout: float | None = None) -> int:
         """The exit code; ``TimeoutError`` if the program still runs after ``timeout`` s."""
         if timeout is None:
-            while self.returncode is None:
-                try:
-                    _, status = os.waitpid(self.pid, 0)
-                except ChildProcessError:
-                    break
-                self.returncode = os.waitstatus_to_exitcode(status)
+            if self.returncode is None:
+                process_groups.wait_ended(self.pid)
+                self._collect()
             return self.returncode
         deadline = time.monotonic() + timeout
         delay = 0.0005

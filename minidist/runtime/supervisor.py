@@ -6,6 +6,16 @@ raises; the log records it sends on the way are printed as they come)
 and its *sentinel* (ready the instant the process exits, whatever killed
 it). So a failure is seen as soon as it happens, without polling.
 
+The sentinel is the process's own (a pidfd, see :mod:`.workers`), never a
+pipe: a child the worker forked holds copies of its pipes. When a worker
+ends, what it forked ends with it (:mod:`.process_groups`).
+
+One failure makes no event at all: a rank *stopped* by a signal (SIGSTOP,
+SIGTSTP) is alive and silent. Between waits the supervisor reads its ranks'
+process states (:mod:`.stopped_ranks`): a rank stopped for a few seconds
+while the others wait for it is named as the cause and the run ends then;
+at a timeout, a rank found stopped is named as the reason the others waited.
+
 Stopping, in order, fast enough that every worker is gone within a few
 seconds of the failure:
 
@@ -14,7 +24,8 @@ seconds of the failure:
    wait slice (50 ms) and reports back;
 2. after ``grace`` seconds, SIGTERM whoever is still running (a rank busy in
    its own code never looks at the flag);
-3. one second later, SIGKILL.
+3. one second later, SIGKILL. A stopped rank gets SIGKILL at once: a SIGTERM
+   stays pending in a stopped process until someone continues it.
 
 Shared-memory segments are unlinked by the launcher's ``finally`` after
 this, on every path; if the parent itself is SIGKILLed, the workers die with
@@ -32,7 +43,7 @@ import signal
 import time
 from multiprocessing.connection import wait
 
-from minidist.runtime import console
+from minidist.runtime import console, stopped_ranks
 from minidist.runtime import control as ctl
 from minidist.runtime.errors import WorkerError, name_ranks
 from minidist.runtime.workers import ForkedWorker, ProgramWorker  # noqa: F401 - re-exported
@@ -45,8 +56,11 @@ SETTLE_SECONDS = 0.1  # after a first failure, how long to look for its real cau
 
 # Which failure explains a run best: a rank that raised or died is the cause;
 # a rank whose peer vanished or that was told to stop is a consequence.
-_PRIORITY = {"exception": 0, "timeout": 0, "died": 0, "exited": 0, "peer_gone": 1,
-             "aborted": 2, "stopped": 3}
+_PRIORITY = {"exception": 0, "timeout": 0, "died": 0, "exited": 0, "frozen": 0,
+             "peer_gone": 1, "aborted": 2, "stopped": 3}
+# The failures a stopped rank causes in the others: when every failure is
+# one of these, a rank found stopped is the cause.
+_WAITED = ("timeout", "peer_gone", "aborted")
 
 
 def describe_exit(exitcode) -> str:
@@ -78,6 +92,7 @@ class Supervisor:
         self.events = []
         self._order = 0
         self.stopped = False
+        self.stop_watch = stopped_ranks.StopWatch()
 
     # ---------------------------------------------------------------- messages
 
@@ -199,16 +214,58 @@ class Supervisor:
             if worker.sentinel is None and worker.exitcode() is not None:
                 self._exited(worker)
 
+    # ---------------------------------------------------------------- stopped ranks
+
+    def _watch_stopped(self) -> None:
+        """End the run on a rank stopped for STOPPED_SECONDS while the others
+        wait for it (or have all finished): nothing else will ever end it."""
+        now = time.monotonic()
+        if not self.stop_watch.due(now):
+            return
+        pending = self._pending()
+        self.stop_watch.look(pending, now)
+        for rank in self.stop_watch.stalled(now):
+            others = [worker.rank for worker in pending if worker.rank != rank]
+            waiting = [other for other in others if self.control.state_of(other) == ctl.WAITING]
+            if waiting or not others:
+                self._fail_stopped(rank, now, waiting)
+
+    def _blame_stopped(self) -> None:
+        """The run is failing with timeouts: a rank stopped meanwhile (by a
+        signal or a debugger) is why the others waited."""
+        kinds = {self.failures[rank]["kind"] for rank in self._fatal_failures()}
+        if not kinds <= set(_WAITED):
+            return  # a rank raised or died: that is the cause, not a stop
+        now = time.monotonic()
+        self.stop_watch.look(self._pending(), now)
+        timed_out = sorted(rank for rank, failure in self.failures.items()
+                           if failure["kind"] == "timeout")
+        for rank in list(self.stop_watch.since):
+            self._fail_stopped(rank, now, timed_out)
+
+    def _fail_stopped(self, rank, now, waiting) -> None:
+        worker = next(worker for worker in self.workers if worker.rank == rank)
+        since = self.stop_watch.since[rank]
+        description = stopped_ranks.describe(self.stop_watch.state[rank],
+                                             stopped_ranks.stop_signal(worker.pid))
+        # `at`: when it was first seen stopped, which orders it before the
+        # timeouts it caused.
+        self._fail(rank, "frozen", at=since, seconds=now - since, waiting=waiting,
+                   description=description)
+        worker.kill()  # it cannot see the abort flag; SIGKILL ends a stopped process
+
     def run(self):
         """Block until every worker succeeded (returns {rank: result}) or stop
         all and raise :class:`WorkerError` for the failure that caused it."""
         try:
             while self._pending() and not self._fatal():
                 self._wait_round(0.25)
+                self._watch_stopped()
             if self._fatal():
                 settle = time.monotonic() + SETTLE_SECONDS
                 while self._pending() and time.monotonic() < settle:
                     self._wait_round(max(settle - time.monotonic(), 0.001))
+                self._blame_stopped()
                 self.stop()
                 raise self.error()
             return self.results
@@ -244,7 +301,11 @@ class Supervisor:
             self._wait_round(min(0.05, max(deadline - time.monotonic(), 0.001)))
         survivors = [w for w in self.workers if w.exitcode() is None]
         for worker in survivors:
-            worker.terminate()
+            if stopped_ranks.process_state(worker.pid) in (stopped_ranks.STOPPED,
+                                                           stopped_ranks.TRACED):
+                worker.kill()  # a SIGTERM would wait for a SIGCONT that never comes
+            else:
+                worker.terminate()
         deadline = time.monotonic() + TERM_SECONDS
         for worker in survivors:
             worker.join(max(deadline - time.monotonic(), 0.01))
@@ -280,6 +341,11 @@ class Supervisor:
             return f"{describe_exit(failure['exitcode'])} by the parent, which was stopping the run"
         if kind == "aborted":
             return "stopped waiting when the run was aborted (AbortedError)"
+        if kind == "frozen":
+            text = f"{failure['description']}: it made no progress for {failure['seconds']:.1f} s"
+            if failure["waiting"]:
+                text += f" while {name_ranks(failure['waiting'])} waited for it"
+            return text + "; it was killed (only SIGCONT resumes a stopped process)"
         return f"failed with {failure['type_name']}: {failure['message']}"
 
     def tolerated_error(self, rank) -> WorkerError:

@@ -46,6 +46,11 @@ storage resumes it (``n_trials`` more trials). (A worker that dies *while
 writing* to the journal, not while training, leaves Optuna's lock file
 behind; Optuna's ``JournalFileSymlinkLock`` breaks it after a grace period
 of 30 s, so the others wait, then go on.)
+
+**A worker that stops answering.** Each trial has a deadline,
+``trial_timeout`` seconds (:mod:`~minidist.search.deadline`): a worker
+still in a trial past it (an endless loop, a process stopped by SIGSTOP) is
+killed, and its trial is set to FAIL as a dead worker's, with the reason.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ from pathlib import Path
 import numpy as np
 
 from minidist.runtime.blas_threads import set_blas_threads
+from minidist.search.deadline import TRIAL_TIMEOUT, TrialClock, Watchdog, check_trial_timeout
 from minidist.search.journal import Journal
 from minidist.search.random_search import (
     SearchResult,
@@ -188,9 +194,12 @@ def _run_study(objective, space, n_trials, seed, storage, study_name, sampler, p
         sampler=make_sampler(sampler, _worker_seed(seed, worker, trials_before), n_workers > 1),
         pruner=make_pruner(pruner))
 
+    clock = TrialClock(tickets_folder, worker)
+
     def run(optuna_trial):
         optuna_trial.set_user_attr("worker", worker)
         optuna_trial.set_user_attr("run", run_id)
+        clock.started(optuna_trial.number)
         trial = OptunaTrial(optuna_trial, space, seed, worker)
         try:
             return objective_value(objective(trial))
@@ -199,6 +208,8 @@ def _run_study(objective, space, n_trials, seed, storage, study_name, sampler, p
         except Exception as error:
             optuna_trial.set_user_attr("error", f"{type(error).__name__}: {error}")
             raise
+        finally:
+            clock.finished()
 
     tickets = Journal(tickets_folder)
     ran = 0
@@ -210,7 +221,8 @@ def _run_study(objective, space, n_trials, seed, storage, study_name, sampler, p
 
 def optuna_search(objective, space: dict, n_trials: int, n_workers: int = 1, seed: int = 0, *,
                   storage, study_name: str = "minidist-search", direction: str = "maximize",
-                  sampler="tpe", pruner="median", transport: str = "pipe") -> SearchResult:
+                  sampler="tpe", pruner="median", transport: str = "pipe",
+                  trial_timeout: float | None = TRIAL_TIMEOUT) -> SearchResult:
     """Run ``n_trials`` more trials of ``objective`` in an Optuna study shared by
     ``n_workers`` processes.
 
@@ -221,10 +233,14 @@ def optuna_search(objective, space: dict, n_trials: int, n_workers: int = 1, see
     database URL; the study ``study_name`` in it is created, or resumed if it
     exists (with the same ``direction``). ``sampler`` is "tpe", "random" or
     ``lambda seed: optuna sampler``; ``pruner`` is "median", "none" or an
-    Optuna pruner. Returns a :class:`SearchResult` of this call's trials, with
-    the whole study in ``.study``.
+    Optuna pruner. ``trial_timeout`` is one trial's deadline in seconds
+    (default 600, None for none): a worker still in a trial after it is
+    killed, the trial is set to FAIL, and the other workers run the rest.
+    Returns a :class:`SearchResult` of this call's trials, with the whole
+    study in ``.study``.
     """
     check_search_arguments(objective, n_trials, n_workers, seed, direction)
+    trial_timeout = check_trial_timeout(trial_timeout)
     space = check_space(space)
     seed = 0 if seed is None else seed
     optuna = import_optuna()
@@ -247,14 +263,18 @@ def optuna_search(objective, space: dict, n_trials: int, n_workers: int = 1, see
     with tempfile.TemporaryDirectory(prefix="minidist-tickets-") as tickets_folder:
         Journal(tickets_folder).create()
         began = time.time()
-        results = launch(_run_study, world_size=n_workers, transport=transport,
-                         args=(objective, space, n_trials, seed, os.fspath(storage),
-                               study_name, sampler, pruner, tickets_folder, run_id,
-                               trials_before, n_workers),
-                         tolerate_failures=True, timeout=None)
+        # No timeout for the launch: its workers never wait for each other's
+        # messages. The trial deadline is the watchdog's.
+        with Watchdog(tickets_folder, trial_timeout) as watchdog:
+            results = launch(_run_study, world_size=n_workers, transport=transport,
+                             args=(objective, space, n_trials, seed, os.fspath(storage),
+                                   study_name, sampler, pruner, tickets_folder, run_id,
+                                   trials_before, n_workers),
+                             tolerate_failures=True, timeout=None)
         ended = time.time()
     lost = {rank: _first_line(result) for rank, result in enumerate(results)
             if isinstance(result, BaseException)}
+    lost.update(watchdog.overdue)  # "killed by SIGKILL" says less than why
     fail_orphans(opened, study_name, run_id, began, lost)
     study = optuna.load_study(study_name=study_name, storage=opened)
     trials = [trial_record(frozen, began) for frozen in study.trials

@@ -30,7 +30,10 @@ error) and the worker takes the next number. A worker *process* that dies in
 the middle of a trial (os._exit, SIGKILL, a segfault in a library) is let go
 by the runtime (``minidist.launch(..., tolerate_failures=True)``); its trial
 has a start line in the journal and no end line, and is marked ``failed``
-with the worker's error; the other workers run the rest.
+with the worker's error; the other workers run the rest. A worker whose
+trial runs past ``trial_timeout`` seconds (an endless loop, a process
+stopped by SIGSTOP) is killed and counted the same way
+(:mod:`~minidist.search.deadline`): no trial holds the search for ever.
 
 Cost: one trial's time per N trials, plus per trial a lock and two short
 appends to a local file (tens of microseconds).
@@ -45,6 +48,7 @@ import traceback
 from dataclasses import dataclass, field
 
 from minidist.runtime.blas_threads import set_blas_threads
+from minidist.search.deadline import TRIAL_TIMEOUT, TrialClock, Watchdog, check_trial_timeout
 from minidist.search.journal import Journal
 from minidist.search.space import check_space, sample_params, trial_seed
 
@@ -214,6 +218,7 @@ def _run_trials(objective, space, n_trials, seed, folder):
     worker = dist.get_rank()
     set_blas_threads(1)
     journal = Journal(folder)
+    clock = TrialClock(folder, worker)
     ran = 0
     while True:
         number = journal.take_ticket()
@@ -223,6 +228,7 @@ def _run_trials(objective, space, n_trials, seed, folder):
         trial = Trial(number, params, trial_seed(seed, number), worker)
         journal.append({"event": "start", "number": number, "worker": worker,
                         "params": params, "time": time.time()})
+        clock.started(number)
         record = {"event": "end", "number": number, "worker": worker}
         try:
             record.update(state="complete", value=objective_value(objective(trial)))
@@ -231,14 +237,15 @@ def _run_trials(objective, space, n_trials, seed, folder):
         except Exception as error:  # the trial fails, the search goes on
             record.update(state="failed", error=f"{type(error).__name__}: {error}",
                           traceback=traceback.format_exc())
+        clock.finished()
         record.update(time=time.time(), intermediate=trial.intermediate)
         journal.append(record)
         ran += 1
 
 
 def random_search(objective, space: dict, n_trials: int, n_workers: int = 1, seed: int = 0,
-                  *, direction: str = "maximize", folder=None,
-                  transport: str = "pipe") -> SearchResult:
+                  *, direction: str = "maximize", folder=None, transport: str = "pipe",
+                  trial_timeout: float | None = TRIAL_TIMEOUT) -> SearchResult:
     """Run ``n_trials`` trials of ``objective`` on ``n_workers`` processes.
 
     ``objective(trial)`` trains with ``trial.params`` (drawn from ``space``,
@@ -247,6 +254,9 @@ def random_search(objective, space: dict, n_trials: int, n_workers: int = 1, see
     a loss. ``seed`` fixes every trial's parameters and ``trial.seed``.
     ``folder`` keeps the journal (tickets and ``trials.jsonl``) there; by
     default it lives in a temporary folder for the search's duration.
+    ``trial_timeout`` is one trial's deadline in seconds (default 600, None
+    for none): a worker still in a trial after it is killed, that trial is
+    ``failed``, and the other workers run the rest.
 
     Returns a :class:`SearchResult`: per trial its number, worker, params,
     value, start and end, state (complete / pruned / failed with the error).
@@ -254,24 +264,31 @@ def random_search(objective, space: dict, n_trials: int, n_workers: int = 1, see
     check_search_arguments(objective, n_trials, n_workers, seed, direction)
     space = check_space(space)
     seed = 0 if seed is None else seed
+    trial_timeout = check_trial_timeout(trial_timeout)
     if folder is None:
         with tempfile.TemporaryDirectory(prefix="minidist-search-") as temporary:
             return _search(objective, space, n_trials, n_workers, seed, direction, temporary,
-                           transport)
-    return _search(objective, space, n_trials, n_workers, seed, direction, folder, transport)
+                           transport, trial_timeout)
+    return _search(objective, space, n_trials, n_workers, seed, direction, folder, transport,
+                   trial_timeout)
 
 
-def _search(objective, space, n_trials, n_workers, seed, direction, folder, transport):
+def _search(objective, space, n_trials, n_workers, seed, direction, folder, transport,
+            trial_timeout):
     from minidist.distributed.launch import launch
 
     journal = Journal(folder).create()
     began = time.time()
-    results = launch(_run_trials, world_size=n_workers, transport=transport,
-                     args=(objective, space, n_trials, seed, str(folder)),
-                     tolerate_failures=True, timeout=None)
+    # No timeout for the launch: its workers never wait for each other's
+    # messages. The trial deadline is the watchdog's.
+    with Watchdog(folder, trial_timeout) as watchdog:
+        results = launch(_run_trials, world_size=n_workers, transport=transport,
+                         args=(objective, space, n_trials, seed, str(folder)),
+                         tolerate_failures=True, timeout=None)
     ended = time.time()
     lost = {rank: _first_line(result) for rank, result in enumerate(results)
             if isinstance(result, BaseException)}
+    lost.update(watchdog.overdue)  # "killed by SIGKILL" says less than why
     trials = trials_from_journal(journal.read(), began, ended, lost)
     return SearchResult(trials, n_trials, n_workers, seed, direction, ended - began, lost)
 
