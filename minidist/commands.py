@@ -24,7 +24,7 @@ import numpy as np
 from minidist import costmodel
 from minidist.distributed.collectives import ALGORITHMS
 from minidist.distributed.launch import warn_if_oversubscribed
-from minidist.distributed.simulator import CALLS, simulate
+from minidist.distributed.simulator import CALLS, SYMMETRIC, estimate, memory_available, simulate
 from minidist.distributed.transport import check_name
 from minidist.model_gap import RunFacts, explain, ratio_text
 from minidist.units import format_bytes
@@ -67,6 +67,68 @@ def _progress_bar(quiet: bool):
                     MofNCompleteColumn(), TextColumn("messages"), TimeElapsedColumn(),
                     TimeRemainingColumn(), console=Console(stderr=True), transient=True,
                     disable=quiet)
+
+
+#: A simulation estimated to take longer than this is refused ...
+REFUSE_SECONDS = 300.0
+#: ... and one longer than this is warned about (on stderr) before it starts.
+WARN_SECONDS = 30.0
+#: The share of the machine's available memory a simulation may be estimated to take.
+MEMORY_SHARE = 0.5
+
+
+def _check_cost(collective, algorithms, args, nbytes, dtype) -> None:
+    """Refuse (ValueError, one line) a simulation estimated to outgrow this
+    machine's memory or :data:`REFUSE_SECONDS`, saying what to run instead;
+    warn about one over :data:`WARN_SECONDS`. See
+    :func:`minidist.distributed.simulator.estimate`."""
+    from rich.console import Console
+
+    available = memory_available()
+
+    def cost(name, nproc):
+        return estimate(collective, name, nproc, nbytes, dtype=dtype,
+                        root=min(args.root, nproc - 1), trace=bool(args.trace))
+
+    def fits(e):
+        return e.bytes <= MEMORY_SHARE * available and e.seconds <= REFUSE_SECONDS
+
+    estimates = {name: cost(name, args.nproc) for name in algorithms}
+    too_big = {name: e for name, e in estimates.items() if not fits(e)}
+    if too_big:
+        what = "; ".join(f"{name} about {_format_seconds(e.seconds)} and "
+                         f"{format_bytes(e.bytes)}" for name, e in too_big.items())
+        instead = []
+        fit = [name for name in estimates if name not in too_big]
+        if fit:
+            instead.append(f"--algorithm {' or '.join(fit)} alone")
+        else:
+            symmetric = [name for name in ALGORITHMS[collective]
+                         if (collective, name) in SYMMETRIC and name not in too_big
+                         and fits(cost(name, args.nproc))]
+            if symmetric:
+                instead.append(f"--algorithm {' or '.join(symmetric)} (one rank stands "
+                               "for all)")
+        fewer = args.nproc // 2
+        while fewer > 1 and not all(fits(cost(name, fewer)) for name in too_big):
+            fewer //= 2
+        if fewer > 1:
+            instead.append(f"-n {fewer} or fewer")
+        if CALLS[collective].sized:
+            instead.append("a smaller --size")
+        raise ValueError(
+            f"{collective} on {args.nproc:,} ranks, N = {format_bytes(nbytes)}: too big to "
+            f"simulate here ({what}; this machine has {format_bytes(available)} available, "
+            f"the limits are {MEMORY_SHARE:.0%} of it and {_format_seconds(REFUSE_SECONDS)}). "
+            f"Run {', or '.join(instead)}; the cost model's formula alone is "
+            "minidist.distributed.collectives.registry.predict(...).")
+    slow = {name: e for name, e in estimates.items() if e.seconds > WARN_SECONDS}
+    if slow:
+        what = ", ".join(f"{name} about {_format_seconds(e.seconds)}"
+                         for name, e in slow.items())
+        Console(stderr=True).print(f"minidist simulate: this will take a while ({what}); "
+                                   "Ctrl-C stops it.", markup=False, highlight=False,
+                                   soft_wrap=True)
 
 
 def simulate_command(args) -> int:
@@ -115,6 +177,7 @@ def simulate_command(args) -> int:
             folder = os.path.dirname(os.path.abspath(args.trace))
             if not os.path.isdir(folder):
                 raise ValueError(f"--trace {args.trace}: the folder {folder} does not exist")
+        _check_cost(collective, algorithms, args, nbytes, dtype)
     except (ValueError, TypeError) as error:
         Console(stderr=True).print(f"minidist simulate: error: {error}", style="bold red",
                                    markup=False, highlight=False, soft_wrap=True)

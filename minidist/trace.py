@@ -259,19 +259,22 @@ def write_jsonl(path, events: Iterable[dict], header: dict | None = None) -> int
 def read_jsonl(path) -> Trace:
     """Read a trace written by :func:`write_jsonl`. A file that is not one
     raises ValueError saying which line is wrong and why."""
+    not_a_trace = f"{path} is not a minidist trace:"  # every message about the header
     with open(path, encoding="utf-8") as file:
         lines = iter(file)
         try:
             header = json.loads(next(lines))
         except StopIteration:
-            raise ValueError(f"{path} is empty: not a minidist trace") from None
+            raise ValueError(f"{not_a_trace} it is empty") from None
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{not_a_trace} it is not text (byte "
+                             f"{error.object[error.start]:#04x} is not UTF-8)") from None
         except json.JSONDecodeError as error:
-            raise ValueError(f"{path} is not a minidist trace: its first line is not JSON "
-                             f"({error.msg})") from None
+            raise ValueError(f"{not_a_trace} its first line is not JSON ({error.msg})") from None
         if not isinstance(header, dict) or header.get("schema") != SCHEMA:
             schema = header.get("schema") if isinstance(header, dict) else None
             raise ValueError(
-                f"{path} does not start with a minidist trace header "
+                f"{not_a_trace} it does not start with a minidist trace header "
                 f"(schema {schema!r}, expected {SCHEMA!r})"
             )
         version = header.get("version", 0)
@@ -283,7 +286,7 @@ def read_jsonl(path) -> Trace:
                 f"up to version {VERSION}. Update minidist to read it."
             )
         events = []
-        for number, line in enumerate(lines, start=2):
+        for number, line in enumerate(_text_lines(lines, path), start=2):
             if not line.strip():
                 continue
             try:
@@ -298,6 +301,18 @@ def read_jsonl(path) -> Trace:
 
 
 _REQUIRED = frozenset(("rank", "kind", "start", "end"))
+
+
+def _text_lines(lines, path):
+    """The lines after the header; a byte that is not UTF-8 is a ValueError naming the line."""
+    number = 1
+    try:
+        for line in lines:
+            number += 1
+            yield line
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}, after line {number}: not text (byte "
+                         f"{error.object[error.start]:#04x} is not UTF-8)") from None
 
 
 # --------------------------------------------------------------------------- Chrome / Perfetto

@@ -56,11 +56,12 @@ _EVENT_KEYS = (("rank", int), ("kind", str), ("start", (int, float)), ("end", (i
 
 
 def _not_a_trace(path, detail: str) -> VizError:
+    """'PATH is not a minidist trace: WHY', said once whoever said it first."""
     detail = str(detail)
     prefix = os.fspath(path)
     if detail.startswith(prefix):  # read_jsonl's messages start with the path
-        detail = detail[len(prefix):].lstrip(" :")
-    detail = detail.removesuffix(": not a minidist trace")
+        detail = detail[len(prefix):].lstrip(" :,")
+    detail = detail.removeprefix("is not a minidist trace:").strip()
     return VizError(f"{path} is not a minidist trace: {detail}")
 
 

@@ -156,16 +156,22 @@ def finish_worker() -> None:
         return
     try:
         if not world.failed:
-            calls = {}
+            calls, last_tags = {}, {}
             if world.connected:
                 transport = world.transport
                 transport.flush()
+                # A message of a collective call that no receive asked for,
+                # tagged for another fingerprint: ranks disagreed (on a root,
+                # say) yet each completed. Say so rather than return wrong data.
+                transport.check_collectives_ended()
                 calls = {context: book.seq
                          for context, book in transport.collective_groups.items()}
+                last_tags = {context: book.last_tag()
+                             for context, book in transport.collective_groups.items()}
             # How many collective calls this rank made in each group, written
             # before FINISHED: a peer still waiting in a later call reads it and
             # knows at once that this rank will never join (check_group).
-            world.control.record_calls(world.rank, calls)
+            world.control.record_calls(world.rank, calls, last_tags)
             world.control.set_state(world.rank, ctl.FINISHED, _trace.now())
     finally:
         world.close_transport()

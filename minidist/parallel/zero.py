@@ -231,6 +231,13 @@ class ZeroRedundancyOptimizer:
     all_gathers the buffer: every rank ends with the same weights, and each
     holds the optimizer state of its slice alone. Every parameter must have a
     gradient at ``step()``.
+
+    ``params`` may be param-group dicts, as for any torch optimizer
+    (``[{"params": weights, "weight_decay": 1e-4}, {"params": biases}]``):
+    the flat buffer lays the groups out one after the other, and the inner
+    optimizer gets one group per group, holding the part of this rank's
+    slice that falls in it, with its hyper-parameters. (A checkpoint of it is
+    saved with one group only.)
     """
 
     def __init__(self, params, optimizer_class, process_group=None, algorithm: str = "auto",
@@ -239,7 +246,8 @@ class ZeroRedundancyOptimizer:
             raise TypeError("ZeroRedundancyOptimizer takes the group as process_group= "
                             "(torch's name), not group=")
         group = process_group
-        params = [p for p in params if p.requires_grad]
+        groups = _param_groups(params)
+        params = [p for each in groups for p in each["params"]]
         if not params:
             raise ValueError("ZeroRedundancyOptimizer: no parameter that requires a gradient")
         if len({p.data.dtype for p in params}) > 1:
@@ -256,7 +264,31 @@ class ZeroRedundancyOptimizer:
             param.data = view
         self.shard = Tensor(self.flat[self.layout.lo:self.layout.hi], requires_grad=True)
         self.shard.grad = np.zeros_like(self.shard.data)
-        self.optimizer = optimizer_class([self.shard], **defaults)
+        if len(groups) == 1:
+            self.optimizer = optimizer_class([dict(groups[0], params=[self.shard])], **defaults)
+        else:
+            self.optimizer = optimizer_class(self._pieces(groups), **defaults)
+
+    def _pieces(self, groups) -> list:
+        """The inner optimizer's param groups, one per user group (so that
+        ``param_groups[i]`` is the user's group i, as in torch, for a
+        scheduler to change): each holds the part of this rank's slice that
+        falls in the group's parameters, a Tensor viewing the flat buffer,
+        whose ``.grad`` views ``shard.grad`` (none where the slice misses the
+        group; the padding is in no group and stays zero)."""
+        pieces, start = [], 0
+        lo, hi = self.layout.lo, self.layout.hi
+        for each in groups:
+            end = start + sum(p.data.size for p in each["params"])
+            first, last = max(start, lo), min(end, hi)
+            piece = []
+            if first < last:
+                tensor = Tensor(self.flat[first:last], requires_grad=True)
+                tensor.grad = self.shard.grad[first - lo:last - lo]
+                piece.append(tensor)
+            pieces.append(dict(each, params=piece))
+            start = end
+        return pieces
 
     def track_memory(self, ledger):
         """Register this optimizer's buffers with a :class:`minidist.memory.Ledger`
@@ -294,6 +326,36 @@ class ZeroRedundancyOptimizer:
             self.optimizer.step()
         dist.all_gather_into_tensor(self.flat, self.shard.data.copy(), group=self.group,
                                     algorithm=self.algorithm)
+
+
+def _param_groups(params) -> list[dict]:
+    """``params`` as torch's optimizers take them (Tensors, or param-group
+    dicts ``{"params": [...], "lr": ...}``) as a list of groups, each keeping
+    its own hyper-parameters and only the parameters that require a gradient."""
+    if isinstance(params, Tensor):
+        params = [params]
+    elif isinstance(params, dict):
+        params = [params]
+    params = list(params)
+    if not params or not isinstance(params[0], dict):
+        return [{"params": [p for p in params if _needs_update(p)]}]
+    groups = []
+    for index, each in enumerate(params):
+        if not isinstance(each, dict) or "params" not in each:
+            raise TypeError(f"ZeroRedundancyOptimizer: param group {index} is "
+                            f"{type(each).__name__}, not a dict with a 'params' key; pass "
+                            "Tensors, or dicts like {'params': [...], 'lr': 0.1}, not both")
+        members = each["params"]
+        members = [members] if isinstance(members, Tensor) else list(members)
+        groups.append(dict(each, params=[p for p in members if _needs_update(p)]))
+    return groups
+
+
+def _needs_update(param) -> bool:
+    if not isinstance(param, Tensor):
+        raise TypeError(f"ZeroRedundancyOptimizer updates minidist Tensors, got "
+                        f"{type(param).__name__}")
+    return param.requires_grad
 
 
 # --------------------------------------------------------------------------- stages 2 and 3

@@ -54,9 +54,10 @@ OP_NAMES = {OP_NONE: "", OP_SEND: "send", OP_RECV: "recv", OP_PROBE: "probe",
             OP_WAIT_MANY: "wait", OP_COLLECTIVE: "collective"}
 
 # The call count table: per rank a count of entries, an overflow flag, then
-# CALL_ENTRIES (context, calls) pairs.
+# CALL_ENTRIES (context, calls, tag of the last call) triples.
 CALL_ENTRIES = 8
-_CALLS_BYTES = 16 + 16 * CALL_ENTRIES
+_ENTRY = struct.Struct("<QQq")
+_CALLS_BYTES = 16 + _ENTRY.size * CALL_ENTRIES
 
 ANY = -1  # peer or tag wildcard as stored in a record
 NO_CULPRIT = -1
@@ -179,25 +180,42 @@ class ControlBlock:
     def _calls_offset(self, rank: int) -> int:
         return _HEADER_BYTES + _RECORD_BYTES * self.world_size + _CALLS_BYTES * rank
 
-    def record_calls(self, rank: int, calls: dict) -> None:
-        """Write how many collective calls ``rank`` made per context (once, as it
-        finishes, before its state says FINISHED)."""
+    def record_calls(self, rank: int, calls: dict, last_tags: dict | None = None) -> None:
+        """Write how many collective calls ``rank`` made per context, and the tag
+        of its last call in each (once, as it finishes, before its state says
+        FINISHED)."""
         offset = self._calls_offset(rank)
         entries = list(calls.items())[:CALL_ENTRIES]
+        last_tags = last_tags or {}
         for index, (context, count) in enumerate(entries):
-            struct.pack_into("<QQ", self._buf, offset + 16 + 16 * index, context, count)
+            _ENTRY.pack_into(self._buf, offset + 16 + _ENTRY.size * index, context, count,
+                             last_tags.get(context, -1))
         struct.pack_into("<QQ", self._buf, offset, len(entries), len(calls) > CALL_ENTRIES)
 
     def calls_of(self, rank: int, context: int) -> int | None:
         """How many collective calls finished ``rank`` made in ``context`` (0 if
         it never used it), or None if its table overflowed without this context."""
+        entry = self._calls_entry(rank, context)
+        if entry is False:
+            return None
+        return 0 if entry is None else entry[1]
+
+    def last_call_of(self, rank: int, context: int) -> int | None:
+        """The tag of the last collective call finished ``rank`` made in
+        ``context``, if it recorded one."""
+        entry = self._calls_entry(rank, context)
+        return entry[2] if entry and entry[2] >= 0 else None
+
+    def _calls_entry(self, rank: int, context: int):
+        """(context, calls, last tag) of ``rank``; None: no such context; False:
+        the table overflowed without it."""
         offset = self._calls_offset(rank)
         count, overflow = struct.unpack_from("<QQ", self._buf, offset)
         for index in range(min(count, CALL_ENTRIES)):
-            entry_context, calls = struct.unpack_from("<QQ", self._buf, offset + 16 + 16 * index)
-            if entry_context == context:
-                return calls
-        return None if overflow else 0
+            entry = _ENTRY.unpack_from(self._buf, offset + 16 + _ENTRY.size * index)
+            if entry[0] == context:
+                return entry
+        return False if overflow else None
 
     # ------------------------------------------------------------------ lifetime
 

@@ -168,7 +168,7 @@ def _mismatched_algorithms():
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("worker, needle", [
-    (_mismatched_collectives, "is in broadcast (binomial, float32), call 0, but rank 0 sent it "
+    (_mismatched_collectives, "is in broadcast (binomial, float32, src=0), call 0, but rank 0 sent it "
                               "a message of all_reduce (ring, SUM, float32)"),
     (_mismatched_counts, "different element count or root"),
     (_mismatched_algorithms, "all_reduce (recursive_doubling, SUM, float32)"),

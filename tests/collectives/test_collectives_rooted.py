@@ -389,5 +389,44 @@ def test_mismatched_rooted_calls_fail_at_once_naming_both():
         minidist.launch(_scatter_meets_gather, world_size=2, transport="shm", timeout=60)
     text = str(caught.value)
     assert "CollectiveMismatchError" in text and "timed out" not in text
-    assert ("rank 1 is in gather (linear, float32), call 0, but rank 0 sent it a message of "
-            "scatter (linear, float32), call 0") in text
+    assert ("rank 1 is in gather (linear, float32, dst=1), call 0, but rank 0 sent it a "
+            "message of scatter (linear, float32, src=0), call 0") in text
+
+
+def _roots_disagree(collective, algorithm):
+    """Rank 1 says the root is rank 1, ranks 0 and 2 say rank 0 (issue 32).
+    A broadcast or scatter then completes on every rank, each root's
+    messages left unread by the other side: it returned [0, 10, 0]."""
+    rank = dist.get_rank()
+    root = rank % 2
+    x = np.full(3, 10.0 * rank, np.float32)
+    if collective == "broadcast":
+        dist.broadcast(x, src=root, algorithm=algorithm)
+    elif collective == "scatter":
+        pieces = [x.copy() for _ in range(3)] if rank == root else None
+        dist.scatter(x, pieces, src=root, algorithm=algorithm)
+    elif collective == "reduce":
+        dist.reduce(x, dst=root, algorithm=algorithm)
+    else:
+        pieces = [x.copy() for _ in range(3)] if rank == root else None
+        dist.gather(x, pieces, dst=root, algorithm=algorithm)
+    return x.tolist()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["shm", "pipe"])
+def test_ranks_that_disagree_on_the_root_are_a_collective_mismatch(transport):
+    cases = [("broadcast", "binomial"), ("broadcast", "linear"), ("scatter", "binomial"),
+             ("scatter", "linear"), ("reduce", "binomial"), ("gather", "linear")]
+    for collective, algorithm in cases:
+        with pytest.raises(dist.WorkerError) as caught:
+            minidist.launch(_roots_disagree, world_size=3, transport=transport, timeout=30,
+                            args=(collective, algorithm))
+        error = caught.value
+        first = str(error).splitlines()[0]
+        assert error.remote_type == "CollectiveMismatchError", (collective, algorithm, first)
+        assert "timed out" not in str(error)
+        key = "src" if collective in ("broadcast", "scatter") else "dst"
+        op = "SUM, " if collective == "reduce" else ""
+        assert f"{collective} ({algorithm}, {op}float32, {key}=0) on rank" in first, first
+        assert f"{collective} ({algorithm}, {op}float32, {key}=1) on rank 1" in first, first

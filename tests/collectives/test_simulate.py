@@ -21,6 +21,8 @@ from minidist.distributed.simulator import (
     CALLS,
     MEMORY_BUDGET,
     drive,
+    estimate,
+    memory_available,
     plan_elements,
     sample_values,
     simulate,
@@ -500,3 +502,41 @@ def test_cli_says_where_simulation_and_formula_part(capsys, wide):
         named = [line for line in parted if line.startswith(f"{algorithm}: ")]
         # A line below the table exactly for the rows that differ by more than 1 %.
         assert len(named) == (not 0.99 <= ratio <= 1.01), (algorithm, ratio, parted)
+
+
+# --------------------------------------------------------------------------- too big to simulate
+
+
+@pytest.mark.parametrize("argv,refused", [
+    (["all_reduce", "-n", "8", "--size", "1e30B"], "double_binary_tree about"),
+    (["all_reduce", "-n", "10000000", "--algorithm", "ring"], "ring about"),
+    (["all_reduce", "-n", "100000", "--size", "1GB"], "coordinator about"),
+], ids=["1e30B", "ring-1e7-ranks", "1e5-ranks-1GB"])
+def test_cli_refuses_a_simulation_too_big_for_the_machine(capsys, argv, refused):
+    """Issue 32: these ran for minutes and gigabytes (the last grew to 23.6 GB
+    and was killed). Refused at once, in one line, with the estimate and
+    what to run instead; exit status 2."""
+    import time
+
+    start = time.perf_counter()
+    assert main(["simulate", *argv, "--quiet"]) == 2
+    elapsed = time.perf_counter() - start
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert elapsed < 1.0, f"took {elapsed:.2f} s"
+    assert "\n" not in err and captured.out == "", err
+    assert err.startswith("minidist simulate: error: ") and "too big to simulate here" in err
+    assert refused in err and "available" in err and "Run " in err
+
+
+def test_the_estimate_follows_what_a_simulation_costs():
+    """The estimate is the fit of small cases: non-symmetric worlds cost
+    memory and time per pair of ranks, symmetric ones per simulated message."""
+    big = estimate("broadcast", "binomial", 40_000, 4096)
+    assert not big.symmetric and 4e9 < big.bytes < 16e9 and 30 < big.seconds < 200
+    ring = estimate("all_reduce", "ring", 10**7, 4096)
+    assert ring.symmetric and ring.messages == pytest.approx(2 * (10**7 - 1) / 10**7 * 10**7)
+    assert 300 < ring.seconds < 1200
+    small = estimate("all_reduce", "ring", 8, 1 << 20)
+    assert small.seconds < 0.01 and small.bytes < 100e6
+    assert memory_available() > 0

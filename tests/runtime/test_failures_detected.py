@@ -97,7 +97,7 @@ def test_ranks_in_different_collectives_are_named_at_once(transport):
     assert "all_reduce (" in first and "broadcast (" in first, first
     if transport == "shm":  # read from the status records: every rank's call is named
         assert "all_reduce (one_shot, SUM, float32) on rank 0" in first
-        assert "broadcast (binomial, float32) on ranks 1, 2 and 3" in first
+        assert "broadcast (binomial, float32, src=0) on ranks 1, 2 and 3" in first
 
 
 class _FakeControl:

@@ -249,3 +249,18 @@ def test_viz_of_a_ddp_trace_animates_the_first_gradient_all_reduce(tmp_path, cap
         assert image.n_frames == len(calls[first].frames)
     assert main(["viz", str(path), "--call", "0", "--gif", str(gif)]) == 0
     assert "showing call 0: broadcast" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("content,why", [
+    (b"", "it is empty"),
+    (b'{"loss": 0.5}\n', "it does not start with a minidist trace header (schema None, "
+                         "expected 'minidist.trace')"),
+    (b"\x7fELF\x02\x01\xd0\xff\x00\x00\n", "it is not text (byte 0xd0 is not UTF-8)"),
+    (b"hello\n", "its first line is not JSON (Expecting value)"),
+], ids=["empty", "json-not-a-trace", "binary", "text"])
+def test_viz_says_not_a_trace_once(tmp_path, content, why, capsys):
+    """Issue 32: the message said "is not a minidist trace: is not a minidist trace"."""
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(content)
+    assert main(["viz", str(path)]) == 2
+    assert _one_line_error(capsys, "viz") == f"minidist viz: {path} is not a minidist trace: {why}"

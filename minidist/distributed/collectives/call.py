@@ -150,9 +150,12 @@ def start(collective: str, group, algorithm: str, *, nbytes: int, op=None, ufunc
         if len(_PLANS) < 4096:  # calls repeat the same few shapes; keep the cache bounded
             _PLANS[key] = plan
     name, base_tag, prefix = plan
+    if fingerprints.error is not None:
+        raise fingerprints.error  # an earlier call of this group was mismatched
     call = fingerprints.seq
     tag = base_tag | (call & 0xFF) << SEQ_SHIFT
     fingerprints.seq += 1
+    fingerprints.record(call, tag, count)
     return Comm(context_group, tag, ufunc, prefix, name, fingerprints, collective=collective,
                 call=call, buffer=buffer, root=root if collective in _ROOTED else None)
 

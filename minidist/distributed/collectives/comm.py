@@ -99,8 +99,18 @@ def _base_tag(collective, algorithm_index, op, dtype, count, root) -> int:
             | COLLECTIVES.index(collective))
 
 
-def describe_fingerprint(tag: int, algorithms: dict) -> str:
-    """'all_reduce (ring, SUM, float32), call 3' from a tag."""
+#: The rooted collectives, and what torch calls their root.
+ROOT_NAMES = {"broadcast": "src", "scatter": "src", "reduce": "dst", "gather": "dst"}
+
+
+def describe_fingerprint(tag: int, algorithms: dict, count: int | None = None,
+                         ranks=()) -> str:
+    """'all_reduce (ring, SUM, float32), call 3' from a tag.
+
+    With the element ``count`` of the call and the group's (global) ``ranks``,
+    a rooted collective also names its root ('broadcast (binomial, float32,
+    src=1)'): the tag holds only a hash of count and root, so every root of
+    the group is tried and named when exactly one fits."""
     collective = COLLECTIVES[tag & 0xF] if (tag & 0xF) < len(COLLECTIVES) else "?"
     names = list(algorithms.get(collective, {}))
     index = (tag >> _ALGORITHM_SHIFT) & 0xF
@@ -110,6 +120,12 @@ def describe_fingerprint(tag: int, algorithms: dict) -> str:
     dtype_code = (tag >> _DTYPE_SHIFT) & 0xF
     dtype = _DTYPES[dtype_code].name if dtype_code < len(_DTYPES) else "other dtype"
     parts = [algorithm] + ([op.name] if op is not None else []) + [dtype]
+    if collective in ROOT_NAMES and count is not None and ranks and dtype_code < len(_DTYPES):
+        base = tag & ((1 << SEQ_SHIFT) - 1)
+        roots = [root for root in range(len(ranks))
+                 if _base_tag(collective, index, op, _DTYPES[dtype_code], count, root) == base]
+        if len(roots) == 1:
+            parts.append(f"{ROOT_NAMES[collective]}={ranks[roots[0]]}")
     return f"{collective} ({', '.join(parts)}), call {tag >> SEQ_SHIFT}"
 
 
@@ -131,6 +147,12 @@ class _Fingerprints:
         self.ranks = tuple(ranks)  # global ranks, in group order
         self.context = context
         self.seq = 0           # calls started on this group
+        # The last calls' (number, tag, element count), by the tag's 8 call
+        # bits: what a message of a past call is checked against (see stray).
+        self.recent: list = [None] * 256
+        #: A mismatch seen in a message no receive asked for (see stray),
+        #: raised by this group's next collective call, or as the rank finishes.
+        self.error = None
         self.spare: dict = {}  # (dtype, size) -> an array no call is using
         self._suspects = None  # the mismatched records seen by the last check
         self._waited = 0       # checks spent since a confirmed mismatch (see PATIENCE)
@@ -146,9 +168,9 @@ class _Fingerprints:
         (``async_op``) and sent for a later one first; ranks that really made
         different numbers of calls are caught by the timeout's desync report."""
         if (expected >> SEQ_SHIFT) != (got >> SEQ_SHIFT):
-            return None
-        mine = describe_fingerprint(expected, self.algorithms)
-        theirs = describe_fingerprint(got, self.algorithms)
+            return self.stray(got, me, peer)
+        mine = self._what(expected, with_call=True)
+        theirs = self._what(got, with_call=True, count_of=expected)
         if mine == theirs:
             theirs = "the same collective with a different element count or root"
         return (f"collective mismatch: rank {me} is in {mine}, but rank {peer} sent it a "
@@ -166,8 +188,110 @@ class _Fingerprints:
         group_id = self.context >> 32
         return "the world" if group_id == 0 else f"group {group_id}"
 
-    def _what(self, tag: int) -> str:
-        return describe_fingerprint(tag, self.algorithms).rsplit(", call ", 1)[0]
+    def last_tag(self) -> int:
+        """The tag of this rank's last call in the group (-1: none made)."""
+        entry = self.recent[(self.seq - 1) & 0xFF] if self.seq else None
+        return entry[1] if entry is not None and entry[0] == self.seq - 1 else -1
+
+    def record(self, number: int, tag: int, count: int) -> None:
+        """Call ``number`` of this rank carries ``tag`` and moves ``count`` elements."""
+        self.recent[number & 0xFF] = (number, tag, count)
+
+    #: How many of this rank's last calls a stray message is checked against.
+    #: A message of call c + k from a peer that runs ahead aliases call
+    #: c + k - 256 in the tag's 8 bits; with this window that needs k > 240.
+    STRAY_WINDOW = 16
+
+    def stray(self, got: int, me: int, peer: int) -> str | None:
+        """Why ``peer``'s message tagged ``got``, which no receive of this rank
+        asked for, is a mismatch; None when it may be legitimately early.
+
+        Every message of one call carries the same tag on every rank. A
+        message numbered like one of this rank's last calls (the one it is
+        in, or one it finished) but tagged otherwise comes from a rank that
+        made that call with another fingerprint: ranks that disagree only on
+        the root of a broadcast or scatter may each complete the call, the
+        other root's messages left unread, so this is where it shows."""
+        last = self.seq - 1
+        number = self._call_number(got)
+        if last - number >= self.STRAY_WINDOW:
+            return None  # a later call of a peer that runs ahead (or one long gone)
+        entry = self.recent[number & 0xFF]
+        if entry is None or entry[0] != number or entry[1] == got:
+            return None
+        mine = self._what(entry[1])
+        theirs = self._what(got, count_of=entry[1])
+        if mine == theirs:
+            theirs += " with a different element count or root"
+        return (f"collective mismatch in call {number} of {self._where()}: {mine} on rank "
+                f"{me}; {theirs} on rank {peer} (its message reached rank {me}, which never "
+                "asked for it). Every rank of a group must make the same collective calls, "
+                "in the same order, with the same count, dtype, root, op and algorithm.")
+
+    def _count(self, tag: int) -> int | None:
+        """The element count of this rank's call numbered like ``tag``, if known."""
+        entry = self.recent[(tag >> SEQ_SHIFT) & 0xFF]
+        return entry[2] if entry is not None else None
+
+    def _what(self, tag: int, *, with_call: bool = False, count_of: int | None = None) -> str:
+        """The call ``tag`` stands for; its root found with the count of this
+        rank's call ``count_of`` (default: ``tag``'s own call number)."""
+        text = describe_fingerprint(tag, self.algorithms,
+                                    self._count(tag if count_of is None else count_of),
+                                    self.ranks)
+        return text if with_call else text.rsplit(", call ", 1)[0]
+
+    def went_through(self, control, me: int, tag: int, peer: int,
+                     sending: bool = False) -> str | None:
+        """Why rank ``me``, waiting in the call tagged ``tag`` on ``peer`` (which
+        finished; ``sending``: to ``peer``), is in a mismatched call; None when ``peer`` finished before
+        making this call (an early return, said elsewhere).
+
+        A peer that made this call and returned never sent (or took) the
+        message this rank waits for: the two made the call with different
+        fingerprints (ranks that disagree on a reduce's root each wait for
+        children the other tree does not give them). The members asleep in
+        the same call are named with theirs."""
+        number = self._call_number(tag)
+        made = control.calls_of(peer, self.context)
+        if made is None or made <= number:
+            return None
+        theirs = control.last_call_of(peer, self.context)
+        if made != number + 1 or theirs is None or (theirs >> SEQ_SHIFT) != (tag >> SEQ_SHIFT):
+            theirs = None  # not its last call: that one's fingerprint is not recorded
+        parts = [f"{what} on {name_ranks(ranks, most=8)}"
+                 for what, ranks in self._calls_in(control, me, tag, {peer: theirs})]
+        missed = (f"taking the message rank {me} sends it" if sending
+                  else f"the message rank {me} waits for")
+        return (f"rank {me}: collective mismatch in call {number} of {self._where()}: "
+                + "; ".join(parts) + f"; rank {peer} made the call and returned without "
+                f"{missed}. Every rank of a group must make the same "
+                "collective calls, in the same order, with the same count, dtype, root, op "
+                "and algorithm.")
+
+    def _calls_in(self, control, me: int, tag: int, known=None) -> list:
+        """[(the call, [ranks])] of this rank and the members asleep in the same
+        call number as ``tag`` (and those whose tag in it is ``known``, a dict
+        rank -> tag or None), this rank's call first."""
+        seq = (tag >> SEQ_SHIFT) & 0xFF
+        in_call = {tag: [me]}
+        for rank, theirs in (known or {}).items():
+            if theirs is not None:
+                in_call.setdefault(theirs, []).append(rank)
+        for rank in self.ranks:
+            if rank == me:
+                continue
+            status = control.status(rank)
+            if status.state == ctl.WAITING and status.context == self.context \
+                    and status.tag >= 0 and (status.tag >> SEQ_SHIFT) & 0xFF == seq:
+                in_call.setdefault(status.tag, []).append(rank)
+        out = []
+        for each, ranks in in_call.items():
+            what = self._what(each)
+            if each != tag and what == self._what(tag):
+                what += " with a different element count or root"
+            out.append((what, sorted(ranks)))
+        return out
 
     def check_group(self, control, me: int, tag: int) -> None:
         """Raise if the call tagged ``tag`` that rank ``me`` sleeps in can never

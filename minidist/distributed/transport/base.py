@@ -486,7 +486,7 @@ class Transport(abc.ABC):
             try:
                 complete = self._push(dst, request)
             except PeerGoneError as error:
-                self._fail_sends(dst, error)
+                self._fail_sends(dst, self._why_gone(dst, request, error))
                 return True
             if request.written != before:
                 moved = True
@@ -499,7 +499,18 @@ class Transport(abc.ABC):
             self._active_sends.discard(dst)
         return moved
 
-    def _fail_sends(self, dst: int, error: PeerGoneError) -> None:
+    def _why_gone(self, dst: int, request, error: PeerGoneError) -> Exception:
+        """The error a send to ``dst``, which can never be read, fails with:
+        ``error``, unless ``dst`` finished after making the collective call the
+        send belongs to (then the two ranks made it with different
+        fingerprints, a CollectiveMismatchError)."""
+        book = self.collective_groups.get(request.context)
+        if book is None or self._control.state_of(dst) != ctl.FINISHED:
+            return error
+        why = book.went_through(self._control, self.rank, request.tag, dst, sending=True)
+        return error if why is None else CollectiveMismatchError(why)
+
+    def _fail_sends(self, dst: int, error: Exception) -> None:
         """``dst`` is gone: fail every send queued to it, each raising ``error``
         from its own wait().
 
@@ -586,6 +597,31 @@ class Transport(abc.ABC):
                 if request.done:
                     self._posted.remove(request)
                 return
+        # Nothing here waits for that rank. The message may still belong to a
+        # call this rank is in or has finished, under another fingerprint
+        # (ranks that disagree on a root each complete without reading the
+        # other root's messages): then fail this rank's receives in the group
+        # now, and keep the error for the group's next call and for the end
+        # of the function (see collectives.comm._Fingerprints.stray).
+        book = self.collective_groups.get(header.context)
+        if book is None or book.error is not None:
+            return
+        why = book.stray(header.tag, self.rank, source)
+        if why is None:
+            return
+        book.error = CollectiveMismatchError(f"rank {self.rank}: {why}")
+        for request in [r for r in self._posted if r.context == header.context]:
+            request._fail(copy.copy(book.error))
+            self._posted.remove(request)
+
+    def check_collectives_ended(self) -> None:
+        """Raise the collective mismatch found in a message no receive asked
+        for (see :meth:`_check_strict`): called as the rank finishes, after
+        every message that has arrived has been looked at."""
+        self.progress(drain=True)
+        for book in self.collective_groups.values():
+            if book.error is not None:
+                raise book.error
 
     def _strict_mismatch(self, request, source: int, header) -> None:
         explain = self.strict_contexts[header.context]
@@ -838,6 +874,11 @@ class Transport(abc.ABC):
         if peer != ANY_SOURCE and control.state_of(peer) != ctl.FINISHED:
             raise PeerGoneError(f"rank {self.rank}: {what} cannot complete: rank {peer} has "
                                 "exited (its end of the pipe is closed).", peer=blamed)
+        book = self.collective_groups.get(context)
+        if book is not None and peer != ANY_SOURCE and control.state_of(peer) == ctl.FINISHED:
+            why = book.went_through(control, self.rank, tag, peer, sending=op == ctl.OP_SEND)
+            if why is not None:
+                raise CollectiveMismatchError(why)
         if op == ctl.OP_SEND:
             raise PeerGoneError(
                 f"rank {self.rank}: {what} cannot complete: {who} finished without receiving "
