@@ -353,8 +353,9 @@ def _run_description() -> dict:
 
 def _init_from_mpi(transport, world_size, rank, timeout) -> None:
     """Join the run mpiexec started, over the mpi transport. No minidist parent
-    watches these ranks: the control block is this process's own, and a rank
-    that raises reports itself and ends the job with MPI_Abort (no hang).
+    watches these ranks: the control block is shared by the ranks of this
+    machine only (transport/mpi_node.py), and a rank that raises reports itself
+    and ends the job with MPI_Abort (no hang).
     ``MINIDIST_TRACE_DIR`` set: each rank writes ``rank<r>.jsonl`` there at exit."""
     from minidist.distributed.transport.mpi import MpiResources, mpi_environment
 

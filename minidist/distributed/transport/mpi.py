@@ -40,12 +40,15 @@ ranks, exactly as pipe.py uses a pipe:
   rank naps :data:`NAP` seconds, which leaves the core to the others when
   ranks outnumber cores.
 
-Failures. Under ``mpiexec`` there is no minidist parent watching the ranks,
-so the control block is a private one (abort flag never raised by anyone,
-peers' status records unknown): a rank that raises reports its rank and
-error on stderr, then calls ``MPI_Abort``, which ends every rank of the job
-(see :func:`minidist.distributed.world.init_process_group`). A dead peer is
-MPI's business: it ends the job too.
+Failures. Under ``mpiexec`` there is no minidist parent watching the ranks:
+nobody raises the control block's abort flag, and the status records are
+shared by the ranks of one machine only (see :mod:`.mpi_node`). A rank that
+raises reports its rank and error on stderr, then calls ``MPI_Abort``, which
+ends every rank of the job (see :func:`minidist.distributed.world.init_process_group`).
+A waiting rank names, first, a peer of its machine that finished without
+entering its call, whose process is gone, or that is stopped; MPICH ends the
+job when a process exits without MPI_Finalize, sometimes with status 0,
+which ``minidist run --transport mpi`` catches (:func:`tell_launcher`).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ from minidist.distributed.transport.mpi_environment import (  # noqa: F401 - re-
     launched_by_mpi,
     mpi_environment,
 )
+from minidist.runtime.errors import PeerGoneError
 
 HEADER_TAG = 1
 PAYLOAD_TAG = 2
@@ -491,8 +495,6 @@ class MpiTransport(Transport):
         rank waits for that instead of adding a report of its own."""
         gone = self._node.vanished()
         if gone is not None:
-            from minidist.runtime.errors import PeerGoneError
-
             culprit, pid = gone
             error = PeerGoneError(
                 f"rank {culprit} exited in the middle of the run: its process (pid {pid}) is "
@@ -501,9 +503,12 @@ class MpiTransport(Transport):
                 peer=culprit)
             error.culprit = culprit  # the first line names it (report_failure_and_abort)
             raise error
-        if self._node.any_failed():
-            return
-        super()._check_peer(op, peer, tag, context, request)
+        try:
+            super()._check_peer(op, peer, tag, context, request)
+        except PeerGoneError:
+            if self._node.any_failed():
+                return  # its own report comes, and its MPI_Abort ends this rank
+            raise
 
     def _timeout_error(self, op, peer, tag, context, timeout, current):
         # The ranks of this machine share a control block (mpi_node.py): the

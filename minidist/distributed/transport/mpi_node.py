@@ -27,6 +27,7 @@ visible only through MPI, which says nothing until its messages come.
 
 from __future__ import annotations
 
+import os
 import time
 
 from minidist.runtime import control as ctl
@@ -37,10 +38,17 @@ LOOK_EVERY = 0.25
 
 def node_control_block(MPI, comm) -> tuple[ctl.ControlBlock, list[int]]:
     """A control block shared by the ranks of ``comm`` on this machine, and
-    those ranks (ranks of ``comm``). Collective: every rank of ``comm`` calls it."""
+    those ranks (ranks of ``comm``) whose processes this one can see. Collective:
+    every rank of ``comm`` calls it."""
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     try:
-        local = node.allgather(comm.Get_rank())
+        ranks_and_pids = node.allgather((comm.Get_rank(), os.getpid()))
+        # Ranks that share memory may still not share process ids (containers
+        # with their own PID namespaces): then /proc says nothing of the
+        # others, and the watch must not read "gone" into that.
+        if not all(process_state(pid) is not None for _, pid in ranks_and_pids):
+            ranks_and_pids = [(comm.Get_rank(), os.getpid())]
+        local = [rank for rank, _ in ranks_and_pids]
         block = name = None
         if node.Get_rank() == 0:
             block = ctl.ControlBlock.create(comm.Get_size())
