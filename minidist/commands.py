@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 import numpy as np
 
@@ -242,31 +243,20 @@ def simulate_command(args) -> int:
 # --------------------------------------------------------------------------- minidist run
 
 
-def mpich_segments() -> set[str]:
-    """The names of MPICH's shared-memory segments in /dev/shm now."""
-    try:
-        return {name for name in os.listdir("/dev/shm") if name.startswith("mpich_shm_")}
-    except OSError:
-        return set()
-
-
-def remove_mpich_segments_since(before: set[str]) -> None:
-    """Remove the segments MPICH created since ``before`` (it leaves them
-    behind when a job ends by MPI_Abort; a normal exit removes its own)."""
-    for name in mpich_segments() - before:
-        try:
-            os.unlink(os.path.join("/dev/shm", name))
-        except OSError:
-            pass
-
-
 def _run_under_mpiexec(args, world_size: int) -> int:
     """``minidist run --transport mpi``: the same script, started by
     ``mpiexec -n N`` (MPICH or Open MPI); each rank's
     ``dist.init_process_group()`` finds MPI and uses the mpi transport.
-    Returns mpiexec's status. MPICH leaves its shared-memory segment behind
-    when a job ends by MPI_Abort; this parent removes the ones the run left."""
+
+    Returns mpiexec's status, except that a run where a rank ended without
+    finishing its script (os._exit, a signal, a crash: MPICH may still return
+    0) fails with status 1 (see :class:`_RankLines`), the first line naming
+    that rank. MPICH leaves its shared-memory segments behind when a job ends
+    badly; this parent removes those of this job, and only those
+    (:class:`minidist.runtime.job_segments.JobSegments`)."""
     import importlib.util
+
+    from minidist.runtime.job_segments import JobSegments
 
     if not os.path.isfile(args.script):
         raise SystemExit(f"minidist run: error: no such script: {args.script}")
@@ -292,15 +282,25 @@ def _run_under_mpiexec(args, world_size: int) -> int:
            if not key.startswith(("MINIDIST_RANK", "MINIDIST_WORLD_SIZE", "MINIDIST_RUN",
                                   "MINIDIST_TRANSPORT"))}
     warn_if_oversubscribed(world_size)
-    before = mpich_segments()
     with tempfile.TemporaryDirectory(prefix="minidist-mpi-") as folder:
-        watcher = _FirstToEnd(os.path.join(folder, "ranks"))
+        process = segments = None
+        ending = ""
+
+        def vanished(rank: int, pid: int) -> None:
+            # Said at once, before anything the dying job prints: the cause first.
+            print(f"minidist: rank {rank} (pid {pid}) exited in the middle of the run, without "
+                  "finishing its script (os._exit, a signal or a crash): ending the job.",
+                  file=sys.stderr, flush=True)
+            if segments is not None:
+                segments.look()  # the others still map the job's segments: note them
+            _end_job_soon(process)
+
+        watcher = _RankLines(os.path.join(folder, "ranks"), vanished)
         env["MINIDIST_MPI_WATCH"] = watcher.path
-        process = None
         try:
             process = subprocess.Popen(command + [sys.executable, args.script, *script_args],
                                        env=env, stdout=subprocess.PIPE, text=True, bufsize=1)
-            ending = ""
+            segments = JobSegments(process.pid)
             for line in process.stdout:
                 sys.stdout.write(line)
                 sys.stdout.flush()
@@ -309,38 +309,69 @@ def _run_under_mpiexec(args, world_size: int) -> int:
             status = process.wait()
         finally:
             watcher.close()
-            if process is None or process.poll() != 0:
-                # Only after a job that ended badly: a clean MPICH exit removes
-                # its own, and another job's segments made meanwhile must stay.
-                remove_mpich_segments_since(before)
-        if status != 0 and watcher.first:
-            named = ", ".join(f"rank {rank} (pid {pid})" for rank, pid in watcher.first)
-            print(f"minidist: {named} ended first, while the other ranks still ran; mpiexec "
-                  f"then ended the job (status {status}{': ' + ending if ending else ''}).",
-                  file=sys.stderr)
+            if process is not None and process.poll() is None:
+                process.kill()  # the launcher itself was interrupted
+                process.wait()
+            if segments is not None:
+                if process.returncode != 0 or watcher.culprit is not None:
+                    segments.remove()  # a clean MPICH exit removes its own
+                else:
+                    segments.stop()
+        if watcher.culprit is not None:
+            rank, _ = watcher.culprit
+            if status == 0:
+                print(f"minidist: mpiexec returned 0, but rank {rank} never finished its "
+                      "script: the run failed (status 1).", file=sys.stderr)
+                return 1
+            print(f"minidist: mpiexec ended the job (status {status}"
+                  f"{': ' + ending if ending else ''}).", file=sys.stderr)
     return status
 
 
-class _FirstToEnd(threading.Thread):
-    """Which rank's process ended first, for a job that ends badly.
+def _end_job_soon(process, grace: float = 1.0) -> None:
+    """MPICH ends a job whose rank exits without MPI_Finalize; if it has not
+    within ``grace`` seconds, end it here (mpiexec passes SIGTERM to the ranks)."""
+    def end():
+        if process is not None and process.poll() is None:
+            process.terminate()
+
+    timer = threading.Timer(grace, end)
+    timer.daemon = True
+    timer.start()
+
+
+class _RankLines(threading.Thread):
+    """How each rank of the job ends, as the ranks tell it.
 
     MPICH reports a dead process by a PID that is not always the one that
-    died (seen: rank 0's, when rank 1 was SIGKILLed) and never by rank, and
-    kills the others within milliseconds. Each rank connects to this Unix
-    socket when it loads MPI and says its rank (see transport/mpi.py); the
-    kernel closes a dead process's end at once, so the first connection to
-    reach end-of-file names the rank that ended first. On a busy machine this
-    thread may wake only after several have ended: epoll (Linux's selector)
-    lists ready connections in the order they became ready, so the first
-    end-of-file in the list is still the first rank to end."""
+    died (seen: rank 0's, when rank 1 was SIGKILLed) and never by rank, kills
+    the others within milliseconds, and returns status 0 when a rank's
+    os._exit(0) ended the job. So each rank connects to this Unix socket
+    when it loads MPI and says ``hello <rank> <pid>``; at a normal end of its
+    script it says ``done``; before it reports an error and aborts the job,
+    ``failed`` (see transport/mpi.py). The kernel closes a dead process's end
+    at once, so a line that ends without ``done`` or ``failed`` is a rank that
+    ended in the middle of the run. If that is the first sign of trouble (no
+    rank said ``failed`` before: a rank's own report explains the failure
+    better, and the ranks MPI_Abort then kills are consequences), it is the
+    :attr:`culprit` and ``on_vanished(rank, pid)`` is called, on this thread.
 
-    def __init__(self, path: str):
+    On a busy machine this thread may wake only after several lines have
+    ended: epoll (Linux's selector) lists ready connections in the order they
+    became ready, so the first end-of-file in the list is still the first."""
+
+    #: After mpiexec has ended, how long the lines still open may take to end.
+    FINISH_SECONDS = 2.0
+
+    def __init__(self, path: str, on_vanished):
         super().__init__(daemon=True)
         import selectors
         import socket
 
         self.path = path
-        self.first: list[tuple[int, int]] = []
+        self.culprit: tuple[int, int] | None = None  # (rank, pid)
+        self._on_vanished = on_vanished
+        self._trouble = False  # a rank said "failed", or one vanished
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(path)
         self._server.listen(256)
@@ -353,31 +384,43 @@ class _FirstToEnd(threading.Thread):
     def run(self) -> None:
         import selectors
 
-        said: dict = {}  # connection -> b"rank pid"
-        while not self.first:
-            ended = []
-            for key, _ in self._selector.select():
+        said: dict = {}  # connection -> the bytes it sent
+        finish_by = None  # once mpiexec has ended: read the lines to their ends until then
+        while finish_by is None or (said and time.monotonic() < finish_by):
+            wait = None if finish_by is None else max(finish_by - time.monotonic(), 0.0)
+            # In the order the kernel saw them become ready (see above): a
+            # rank's end before another's "failed" is the first sign.
+            for key, _ in self._selector.select(wait):
                 if key.fileobj == self._stop_read:
-                    return
-                if key.fileobj is self._server:
+                    os.read(self._stop_read, 16)
+                    finish_by = time.monotonic() + self.FINISH_SECONDS
+                elif key.fileobj is self._server:
                     connection, _ = self._server.accept()
                     said[connection] = b""
                     self._selector.register(connection, selectors.EVENT_READ)
-                    continue
-                data = key.fileobj.recv(64)
-                if data:
-                    said[key.fileobj] += data
                 else:
-                    ended.append(key.fileobj)
-            for connection in ended:
-                self._selector.unregister(connection)
-                words = said.pop(connection).split()
-                if len(words) == 2 and not self.first:
-                    self.first.append((int(words[0]), int(words[1])))
+                    self._read(key.fileobj, said)
+
+    def _read(self, connection, said: dict) -> None:
+        data = connection.recv(256)
+        said[connection] += data
+        if data:
+            if b"\nfailed\n" in said[connection]:
+                self._trouble = True  # that rank reports itself
+            return
+        self._selector.unregister(connection)
+        connection.close()
+        words = said.pop(connection).split()
+        if words[:1] == [b"hello"] and len(words) == 3 and not self._trouble:
+            self._trouble = True
+            self.culprit = (int(words[1]), int(words[2]))
+            self._on_vanished(*self.culprit)
 
     def close(self) -> None:
+        """mpiexec has ended: read what the lines still hold (a rank's end may
+        reach this thread after mpiexec's: the machine is busy), then stop."""
         os.write(self._stop_write, b"x")
-        self.join(2.0)
+        self.join(self.FINISH_SECONDS + 1.0)
         for key in list(self._selector.get_map().values()):
             if key.fileobj not in (self._stop_read,):
                 key.fileobj.close()

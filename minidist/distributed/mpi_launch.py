@@ -33,7 +33,6 @@ import sys
 
 from minidist import trace as _trace
 from minidist.distributed import world
-from minidist.runtime import control as ctl
 
 
 def launch_under_mpi(fn, world_size: int, transport: str, args, kwargs, *, trace, timeout,
@@ -65,9 +64,7 @@ def launch_under_mpi(fn, world_size: int, transport: str, args, kwargs, *, trace
 def _run_here(fn, args, kwargs, resources, world_size, trace, timeout, job):
     """Be rank ``job.rank`` of this launch's world and run ``fn``."""
     rank = resources.rank
-    control = ctl.ControlBlock.local(world_size)  # nobody else's records: see mpi.py
-    for other in range(world_size):
-        control.set_state(other, ctl.RUNNING, _trace.now())
+    control = resources.control_block()  # shared with this machine's ranks: see mpi_node.py
     if trace is not None:
         _trace.start_recording(rank)
     try:

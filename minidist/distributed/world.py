@@ -359,8 +359,9 @@ def _run_description() -> dict:
 
 def _init_from_mpi(transport, world_size, rank, timeout) -> None:
     """Join the run mpiexec started, over the mpi transport. No minidist parent
-    watches these ranks: the control block is this process's own, and a rank
-    that raises reports itself and ends the job with MPI_Abort (no hang).
+    watches these ranks: the control block is shared by the ranks of this
+    machine only (transport/mpi_node.py), and a rank that raises reports itself
+    and ends the job with MPI_Abort (no hang).
     ``MINIDIST_TRACE_DIR`` set: each rank writes ``rank<r>.jsonl`` there at exit."""
     from minidist.distributed.transport.mpi import MpiResources, mpi_environment
 
@@ -378,9 +379,10 @@ def _init_from_mpi(transport, world_size, rank, timeout) -> None:
     trace_dir = os.environ.get("MINIDIST_TRACE_DIR")
     if trace_dir:
         _trace.start_recording(resources.rank)
-    control = ctl.ControlBlock.local(resources.world_size)
-    for other in range(resources.world_size):
-        control.set_state(other, ctl.RUNNING, _trace.now())
+    # Shared with the ranks on this machine (the others' records are not
+    # visible: see transport/mpi_node.py), so that a waiting rank sees a peer
+    # that finished early, vanished or froze.
+    control = resources.control_block()
     op_timeout = _seconds(timeout) if timeout is not None else DEFAULT_TIMEOUT
     world = start_worker(resources.rank, resources.world_size, resources, control, op_timeout,
                          "mpi")
@@ -401,10 +403,14 @@ def _init_from_mpi(transport, world_size, rank, timeout) -> None:
 def report_failure_and_abort(abort, rank: int, size: int, error: BaseException) -> None:
     """Under mpiexec: say which rank failed and why, then end every rank of the
     job with ``abort`` (MPI_Abort). No minidist parent watches MPI ranks, so
-    this line is the report."""
+    this line is the report; its first line names the rank that caused the
+    failure (see :func:`_headline`)."""
+    from minidist.distributed.transport.mpi import tell_launcher
+
+    tell_launcher("failed")  # this rank reports itself: `minidist run` need not
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    sys.stderr.write(f"minidist: rank {rank} of {size} failed with {type(error).__name__}: "
-                     f"{error}\n{text}minidist: ending the job (MPI_Abort)\n")
+    sys.stderr.write(f"minidist: {_headline(rank, size, error)}\n{text}"
+                     "minidist: ending the job (MPI_Abort)\n")
     sys.stderr.flush()
     sys.stdout.flush()
     # mpiexec forwards each rank's output through its process manager, and
@@ -414,6 +420,24 @@ def report_failure_and_abort(abort, rank: int, size: int, error: BaseException) 
     abort(1)
 
 
+def _headline(rank: int, size: int, error: BaseException) -> str:
+    """The first line of an MPI rank's failure report: the rank that caused it
+    first, as the launchers of pipe and shm say it. The error names its
+    culprit (a peer that vanished or froze: ``error.culprit``, set by the mpi
+    transport), or it is a PeerGoneError of a peer that returned while this
+    rank still needed it; otherwise the cause is this rank."""
+    from minidist.runtime.errors import PeerGoneError
+
+    first = str(error).split("\n", 1)[0]
+    culprit = getattr(error, "culprit", None)
+    if culprit is not None and culprit != rank:
+        return f"{first} (seen by rank {rank} of {size})"
+    if isinstance(error, PeerGoneError) and error.peer not in (None, rank):
+        return (f"rank {error.peer} returned from its function (or ended its script) while "
+                f"rank {rank} of {size} still waited for it. {first}")
+    return f"rank {rank} of {size} failed with {type(error).__name__}: {error}"
+
+
 def _finish_script() -> None:
     world = _world
     if world is None or world.mode not in ("run", "mpi"):
@@ -421,8 +445,13 @@ def _finish_script() -> None:
     trace_dir = world.trace_dir
     try:
         finish_worker()
-    except BaseException:
+    except BaseException as error:
         mark_failed()
+        if world.mode == "mpi":
+            # At exit an error is only printed, and the process would end with
+            # status 0: under mpiexec, report it and end the job instead.
+            report_failure_and_abort(world.resources.abort, world.rank, world.world_size,
+                                     error)
         raise
     finally:
         if trace_dir:

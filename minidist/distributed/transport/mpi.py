@@ -40,12 +40,15 @@ ranks, exactly as pipe.py uses a pipe:
   rank naps :data:`NAP` seconds, which leaves the core to the others when
   ranks outnumber cores.
 
-Failures. Under ``mpiexec`` there is no minidist parent watching the ranks,
-so the control block is a private one (abort flag never raised by anyone,
-peers' status records unknown): a rank that raises reports its rank and
-error on stderr, then calls ``MPI_Abort``, which ends every rank of the job
-(see :func:`minidist.distributed.world.init_process_group`). A dead peer is
-MPI's business: it ends the job too.
+Failures. Under ``mpiexec`` there is no minidist parent watching the ranks:
+nobody raises the control block's abort flag, and the status records are
+shared by the ranks of one machine only (see :mod:`.mpi_node`). A rank that
+raises reports its rank and error on stderr, then calls ``MPI_Abort``, which
+ends every rank of the job (see :func:`minidist.distributed.world.init_process_group`).
+A waiting rank names, first, a peer of its machine that finished without
+entering its call, whose process is gone, or that is stopped; MPICH ends the
+job when a process exits without MPI_Finalize, sometimes with status 0,
+which ``minidist run --transport mpi`` catches (:func:`tell_launcher`).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ from minidist.distributed.transport.mpi_environment import (  # noqa: F401 - re-
     launched_by_mpi,
     mpi_environment,
 )
+from minidist.runtime.errors import PeerGoneError
 
 HEADER_TAG = 1
 PAYLOAD_TAG = 2
@@ -108,23 +112,52 @@ _LAUNCHER_LINE = None
 
 def _note_pid(rank: int) -> None:
     """Under ``minidist run --transport mpi``: open a Unix socket to the
-    launcher (the path it names) and say this rank's number, then keep it open
+    launcher (the path it names), say ``hello <rank> <pid>``, and keep it open
     until the process ends. The kernel closes it when the process dies, however
     it dies (SIGKILL included), so the launcher learns which rank ended first:
-    mpiexec itself reports a dead process only by a PID, not always its own."""
+    mpiexec itself reports a dead process only by a PID, not always its own.
+
+    A rank also says how it ends: ``done`` when its script ended normally
+    (at exit, after minidist's own exit work; see :func:`tell_launcher`),
+    ``failed`` just before it reports its error and aborts the job. A rank
+    whose line ends without either ended in the middle of the run (os._exit,
+    a signal, a crash): the launcher names it and fails the job, whatever
+    status mpiexec returns (MPICH returns 0 for a rank's os._exit(0))."""
     global _LAUNCHER_LINE
     path = os.environ.get("MINIDIST_MPI_WATCH")
     if not path or _LAUNCHER_LINE is not None:
         return
+    import atexit
     import socket
 
     try:
         line = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         line.connect(path)
-        line.sendall(f"{rank} {os.getpid()}\n".encode())
+        line.sendall(f"hello {rank} {os.getpid()}\n".encode())
         _LAUNCHER_LINE = line
     except OSError:
-        pass  # only a nicer message is lost
+        return  # only a nicer message is lost
+    # Registered after mpi4py's MPI_Finalize and before minidist's exit work
+    # (world.py registers that when the script joins), so it runs after the
+    # latter and before the former: atexit runs the last registered first.
+    atexit.register(tell_launcher, "done")
+
+
+def tell_launcher(word: str) -> None:
+    """Say ``word`` ("done" or "failed") to ``minidist run``'s launcher, once."""
+    global _LAUNCHER_LINE
+    line, _LAUNCHER_LINE = _LAUNCHER_LINE, None
+    if line is None:
+        return  # not under minidist run, or already said
+    try:
+        line.sendall(f"{word}\n".encode())
+    except OSError:
+        pass
+    # Not closed: the launcher sees the end of the line when the process ends.
+    _KEPT.append(line)
+
+
+_KEPT: list = []
 
 
 def cuda_aware(MPI=None) -> bool | None:
@@ -213,6 +246,7 @@ class MpiResources:
         self._owned = owned  # made for one launch: freed when it ends
         self.rank = comm.Get_rank()
         self.world_size = comm.Get_size()
+        self.node_ranks = [self.rank]  # the ranks that share this machine's control block
 
     @classmethod
     def from_environment(cls) -> MpiResources:
@@ -221,11 +255,19 @@ class MpiResources:
         # script itself sends over COMM_WORLD with mpi4py.
         return cls(MPI, MPI.COMM_WORLD.Dup())
 
+    def control_block(self):
+        """The control block this rank shares with the ranks of its machine
+        (see mpi_node.py). Collective: every rank of the communicator calls it."""
+        from minidist.distributed.transport.mpi_node import node_control_block
+
+        control, self.node_ranks = node_control_block(self.MPI, self.comm)
+        return control
+
     def connect(self, rank: int, control, timeout, spin_ns: int) -> MpiTransport:
         if rank != self.rank:
             raise ValueError(f"connect({rank}) on MPI rank {self.rank}")
         return MpiTransport(rank, self.world_size, self.MPI, self.comm, control, timeout,
-                            spin_ns_under_mpi(spin_ns))
+                            spin_ns_under_mpi(spin_ns), node_ranks=self.node_ranks)
 
     def abort(self, code: int = 1) -> None:
         """End every rank of the job (MPI_Abort on COMM_WORLD)."""
@@ -287,8 +329,12 @@ class MpiTransport(Transport):
 
     name = "mpi"
 
-    def __init__(self, rank, world_size, MPI, comm, control, timeout=None, spin_ns=0):
+    def __init__(self, rank, world_size, MPI, comm, control, timeout=None, spin_ns=0,
+                 node_ranks=None):
         super().__init__(rank, world_size, control, timeout, spin_ns)
+        from minidist.distributed.transport.mpi_node import NodeWatch
+
+        self._node = NodeWatch(rank, control, node_ranks or [rank])
         self._MPI = MPI
         self._comm = comm
         self._status = MPI.Status()
@@ -442,22 +488,58 @@ class MpiTransport(Transport):
             return
         time.sleep(max(min(seconds, NAP), 0.0))
 
+    def _check_peer(self, op, peer, tag, context, request) -> None:
+        """As on every transport, plus what this machine shows (mpi_node.py):
+        a peer whose process is gone in the middle of the run is named at once;
+        a peer that failed reports itself and ends the job (MPI_Abort), so this
+        rank waits for that instead of adding a report of its own."""
+        gone = self._node.vanished()
+        if gone is not None:
+            culprit, pid = gone
+            error = PeerGoneError(
+                f"rank {culprit} exited in the middle of the run: its process (pid {pid}) is "
+                "gone and never finished its script (os._exit, a signal or a crash?), while "
+                f"rank {self.rank} waits in {self._describe(op, peer, tag, context)}.",
+                peer=culprit)
+            error.culprit = culprit  # the first line names it (report_failure_and_abort)
+            raise error
+        try:
+            super()._check_peer(op, peer, tag, context, request)
+        except PeerGoneError:
+            if self._node.any_failed():
+                return  # its own report comes, and its MPI_Abort ends this rank
+            raise
+
     def _timeout_error(self, op, peer, tag, context, timeout, current):
-        # The control block is private under MPI: the other ranks' records
-        # say nothing, so the report shows this rank's and what reached it.
+        # The ranks of this machine share a control block (mpi_node.py): the
+        # report shows their records; the others' are not visible from here.
         from minidist.runtime.desync import format_report
         from minidist.runtime.errors import CommTimeoutError
 
-        report = format_report([self._control.status(self.rank)], self.rank, current,
+        here = set(self._node.peers) | {self.rank}
+        report = format_report([status for status in self._control.statuses()
+                                if status.rank in here], self.rank, current,
                                self.describe_context)
+        if len(here) < self.world_size:
+            report += (f"\n  ({self.world_size - len(here)} ranks run on other machines: "
+                       "their states are not visible from here)")
         report += self._unmatched_report(peer, tag, context)
         what = self._describe(op, peer, tag, context)
-        return CommTimeoutError(
-            f"rank {self.rank} timed out after {timeout:g} s waiting in {what}.\n"
-            "What this rank was doing (under mpiexec the other ranks' states are not "
-            f"shared):\n{report}\nIf the other side is only slow, pass a longer timeout "
-            "(init_process_group(timeout=...) or timeout= on the call).",
-            operation=what, peer=peer, tag=tag, report=report)
+        stopped = self._node.stopped()
+        headline = f"rank {self.rank} timed out after {timeout:g} s waiting in {what}."
+        if stopped:
+            # Alive but frozen: the cause, whoever this rank was waiting for.
+            culprit, pid, seconds = stopped[0]
+            headline = (f"rank {culprit} is stopped (its process, pid {pid}, is in state T: "
+                        f"SIGSTOP, Ctrl-Z or a debugger) and has not progressed for "
+                        f"{seconds:.1f} s; {headline}")
+        error = CommTimeoutError(
+            f"{headline}\nWhat the ranks on this machine were doing:\n{report}\nIf the other "
+            "side is only slow, pass a longer timeout (init_process_group(timeout=...) or "
+            "timeout= on the call).", operation=what, peer=peer, tag=tag, report=report)
+        if stopped:
+            error.culprit = culprit
+        return error
 
     def close(self) -> None:
         if self.closed:
