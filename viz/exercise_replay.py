@@ -78,8 +78,11 @@ def side_by_side(student_events, reference_events, first_step: int | None = None
         pairs.append(Pair(index, mine, theirs, _signature(mine) != _signature(theirs)))
     marked = None
     if first_step is not None:
+        # Steps count from 1 (step k: after the k-th exchange); a frame's
+        # ``step`` is the trace's, from 0.
         marked = next((pair.index for pair in pairs
-                       if pair.student is not None and pair.student.step >= first_step), None)
+                       if (pair.student.step if pair.student else pair.index) + 1 >= first_step),
+                      None)
     if marked is None:
         marked = next((pair.index for pair in pairs if pair.differs), None)
     return SideBySide(student, reference, tuple(pairs), marked, difference)
