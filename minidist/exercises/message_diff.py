@@ -125,8 +125,8 @@ def first_difference(student, reference, chunking: Chunking, phase_of=None) -> D
     where = f"rank {rank}, step {step}" + (f" ({phase})" if phase else "")
     if not got and mine.finished and step > mine.steps:
         kind = "missing step"
-        text = (f"your code has finished after {mine.steps} steps; the reference still "
-                f"{_doing(want, chunking)}")
+        steps = f"{mine.steps} step" + ("" if mine.steps == 1 else "s")
+        text = f"your code has finished after {steps}; the reference still {_doing(want, chunking)}"
     else:
         kind, text = _describe(got, want, chunking)
     return Difference(rank, step, kind, f"{where}: {text}")
