@@ -139,8 +139,7 @@ def check_command(args) -> int:
 def _show_replay(result, name, out, args, console) -> None:
     from viz.exercise_replay import (
         render_pair,
-        save_side_by_side_gif,
-        save_side_by_side_html,
+        save_side_by_side,
         side_by_side,
         step_through_side_by_side,
     )
@@ -152,9 +151,10 @@ def _show_replay(result, name, out, args, console) -> None:
                   "(left) beside the reference (right)")
     if not args.no_files:
         out.mkdir(parents=True, exist_ok=True)
-        gif = save_side_by_side_gif(model, out / f"{name}.replay.gif")
-        page = save_side_by_side_html(model, out / f"{name}.replay.html")
-        console.print(f"wrote {gif} and {page}")
+        gif, page = save_side_by_side(model, out / f"{name}.replay.gif",
+                                      out / f"{name}.replay.html")
+        console.print(f"replay written: {gif} (GIF) and {page} (open in a browser)",
+                      highlight=False, soft_wrap=True)
     if args.step:
         step_through_side_by_side(model, console)
     elif model.marked is not None:

@@ -17,6 +17,7 @@ animation whose two halves are the usual replay drawing (GIF, HTML).
 from __future__ import annotations
 
 import os
+import textwrap
 from dataclasses import dataclass
 
 from rich.console import Group
@@ -27,6 +28,10 @@ from minidist.atomic_file import atomic_path, atomic_write
 from viz.replay import Frame, Replay, replays
 
 MARK = ">>> FIRST DIFFERENCE <<<"
+
+#: Characters of the checker's sentence per line of the GIF's banner (two
+#: lines at most; 11-point text across two 11-inch halves).
+BANNER_WIDTH = 190
 
 
 @dataclass(frozen=True)
@@ -78,8 +83,11 @@ def side_by_side(student_events, reference_events, first_step: int | None = None
         pairs.append(Pair(index, mine, theirs, _signature(mine) != _signature(theirs)))
     marked = None
     if first_step is not None:
+        # Steps count from 1 (step k: after the k-th exchange); a frame's
+        # ``step`` is the trace's, from 0.
         marked = next((pair.index for pair in pairs
-                       if pair.student is not None and pair.student.step >= first_step), None)
+                       if (pair.student.step if pair.student else pair.index) + 1 >= first_step),
+                      None)
     if marked is None:
         marked = next((pair.index for pair in pairs if pair.differs), None)
     return SideBySide(student, reference, tuple(pairs), marked, difference)
@@ -154,7 +162,7 @@ class _SideBySidePainter:
         width, height = FIGURE_SIZE
         self.left = _Painter(model.student, Figure(figsize=(width, height), dpi=dpi))
         self.right = _Painter(model.reference, Figure(figsize=(width, height), dpi=dpi))
-        self.banner = Figure(figsize=(2 * width, 0.7), dpi=dpi)
+        self.banner = Figure(figsize=(2 * width, 0.9), dpi=dpi)
         for figure in (self.left.figure, self.right.figure, self.banner):
             FigureCanvasAgg(figure)
 
@@ -184,7 +192,8 @@ class _SideBySidePainter:
         marked = index == self.model.marked
         if marked:
             # Not by colour alone: the words say it and the box is hatched.
-            words += f"   {MARK}\n{self.model.difference}"
+            words += f"   {MARK}\n" + "\n".join(textwrap.wrap(self.model.difference,
+                                                              BANNER_WIDTH)[:2])
         self.banner.text(0.01, 0.5, words, fontsize=11, va="center",
                          weight="bold" if marked else "normal",
                          bbox=dict(facecolor="#FF800E", hatch="//", alpha=0.5)
@@ -202,12 +211,24 @@ def draw_pair(model: SideBySide, index: int):
     return _SideBySidePainter(model).image(index)
 
 
-def save_side_by_side_gif(model: SideBySide, path, fps: float = 1.0, dpi: int = 50) -> str:
-    """Every pair as one GIF frame (Pillow; no ffmpeg)."""
+#: The replay's resolution: the drawing's smallest words (the legend, the
+#: model line, 8 points) are 9 pixels high at 80 dots per inch; at 50 they
+#: were 5 and could not be read.
+REPLAY_DPI = 80
+
+
+def _images(model: SideBySide, dpi: int) -> list:
+    """Every pair as a Pillow image, drawn once for both files."""
     from PIL import Image
 
     painter = _SideBySidePainter(model, dpi)
-    images = [Image.fromarray(painter.image(index)) for index in range(model.frames)]
+    return [Image.fromarray(painter.image(index)) for index in range(model.frames)]
+
+
+def save_side_by_side_gif(model: SideBySide, path, fps: float = 1.0, dpi: int = REPLAY_DPI,
+                          images=None) -> str:
+    """Every pair as one GIF frame (Pillow; no ffmpeg)."""
+    images = images or _images(model, dpi)
     path = os.fspath(path)
     with atomic_path(path) as name:
         images[0].save(name, save_all=True, append_images=images[1:],
@@ -215,20 +236,26 @@ def save_side_by_side_gif(model: SideBySide, path, fps: float = 1.0, dpi: int = 
     return path
 
 
-def save_side_by_side_html(model: SideBySide, path, fps: float = 1.0, dpi: int = 50) -> str:
+def save_side_by_side(model: SideBySide, gif_path, html_path, fps: float = 1.0,
+                      dpi: int = REPLAY_DPI) -> tuple[str, str]:
+    """The GIF and the page of one model, each pair drawn once."""
+    images = _images(model, dpi)
+    return (save_side_by_side_gif(model, gif_path, fps, images=images),
+            save_side_by_side_html(model, html_path, fps, images=images))
+
+
+def save_side_by_side_html(model: SideBySide, path, fps: float = 1.0, dpi: int = REPLAY_DPI,
+                           images=None) -> str:
     """A page that opens in any browser: the pairs as embedded PNGs, a slider
     and buttons to step back and forth, the first difference marked."""
     import base64
     import html
     import io
 
-    from PIL import Image
-
-    painter = _SideBySidePainter(model, dpi)
     frames = []
-    for index in range(model.frames):
+    for image in images or _images(model, dpi):
         buffer = io.BytesIO()
-        Image.fromarray(painter.image(index)).save(buffer, format="PNG")
+        image.save(buffer, format="PNG")
         frames.append("data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode())
     start = model.marked or 0
     page = f"""<!doctype html><meta charset="utf-8">

@@ -32,12 +32,14 @@ launches, a few seconds on a laptop.
 
 from __future__ import annotations
 
+import re
 import types
 import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
+from minidist import trace as _trace
 from minidist.distributed.collectives import call, registry
 from minidist.distributed.collectives.comm import _Receive
 from minidist.distributed.process_group import ProcessGroup
@@ -53,6 +55,7 @@ from minidist.exercises.exercise import (
     deadline,
     describe_error,
 )
+from minidist.exercises.message_diff import Action, Chunking, Difference, first_difference
 from minidist.exercises.process_check import PROCESS_TIMEOUT, launch_checked
 from minidist.runtime.errors import MessageMismatchError
 from minidist.trace import FIELDS as _FIELDS
@@ -75,6 +78,9 @@ class CollectiveSpec:
     algorithm: str             # the registry's name: "ring", "binomial", ...
     reference: object          # the reference generator
     title: str                 # "the ring": "sends 3.0 x the bytes of the ring"
+    #: the exercise cuts the buffer into comm.size chunks (split(buffer, n)):
+    #: the checker then names a message's part of the buffer by its chunk number
+    chunked: bool = False
 
     @property
     def rooted(self) -> bool:
@@ -87,18 +93,45 @@ class CollectiveSpec:
 class RecordingComm:
     """The ``comm`` a student's generator sees: the call's real
     :class:`~minidist.distributed.collectives.comm.Comm`, plus a record of
-    what each rank sent (step, peer, bytes, a checksum of the values) and
-    which receives the current step waits for (the wait-for chain)."""
+    every send and receive each rank posted (:class:`~.message_diff.Action`:
+    step, peer, the part of the buffer, a checksum of the values sent), the
+    phase each step is in (from ``comm.at``) and which receives the current
+    step waits for (the wait-for chain). Steps are counted from 1."""
 
-    def __init__(self, comm):
+    def __init__(self, comm, buffer):
         self._comm = comm
+        self._buffer = buffer
         self.rank = comm.rank
         self.size = comm.size
-        self.sends: list[tuple[int, int, int, int]] = []
+        self.actions: list[Action] = []
+        self.phases: dict[int, str] = {}
         self.current: list = []
         self.labels: dict = {}  # id(receive) -> (source, the student's label)
-        self.steps = 0
+        self.steps = 0          # steps finished; the current one is steps + 1
         self.finished = False
+
+    @property
+    def sends(self) -> list[Action]:
+        return [action for action in self.actions if action.sends]
+
+    def _span(self, array) -> tuple[int, int] | None:
+        """[first, stop) elements of the call's buffer that ``array`` views, or None."""
+        buffer = self._buffer
+        if array.dtype != buffer.dtype:
+            return None
+        if not array.size:
+            # An empty view's address says nothing (NumPy may point it at the
+            # buffer's start): all empty chunks are one "empty chunk" (0, 0).
+            return (0, 0) if array.base is not None and (
+                array.base is buffer or array.base is buffer.base) else None
+        if not buffer.size:
+            return None
+        offset = array.__array_interface__["data"][0] - buffer.__array_interface__["data"][0]
+        first, rest = divmod(offset, buffer.itemsize)
+        if rest or first < 0 or first + array.size > buffer.size or (
+                array.size > 1 and array.strides != buffer.strides):
+            return None
+        return first, first + array.size
 
     def _peer(self, peer, what: str) -> int:
         if isinstance(peer, bool) or not isinstance(peer, (int, np.integer)) \
@@ -117,26 +150,35 @@ class RecordingComm:
     def isend(self, array, to, label: str = ""):
         array = self._array(array, "comm.isend")
         to = self._peer(to, "comm.isend")
-        self.sends.append((self.steps, to, array.nbytes,
-                           zlib.crc32(np.ascontiguousarray(array).tobytes())))
+        self.actions.append(Action(self.steps + 1, "send", to, self._span(array), array.nbytes,
+                                   zlib.crc32(np.ascontiguousarray(array).tobytes())))
         return self._comm.isend(array, to, label)
 
     def irecv(self, array, source, label: str = "", *, combined_into=None):
         array = self._array(array, "comm.irecv")
         source = self._peer(source, "comm.irecv")
+        if combined_into is None:
+            self.actions.append(Action(self.steps + 1, "copy", source, self._span(array),
+                                       array.nbytes))
+        else:
+            self.actions.append(Action(self.steps + 1, "add", source, self._span(combined_into),
+                                       array.nbytes))
         return self._remember(self._comm.irecv(array, source, label,
                                                combined_into=combined_into), source, label)
 
     def irecv_reduce(self, array, source, label: str = ""):
         array = self._array(array, "comm.irecv_reduce")
         source = self._peer(source, "comm.irecv_reduce")
+        self.actions.append(Action(self.steps + 1, "add", source, self._span(array),
+                                   array.nbytes))
         return self._remember(self._comm.irecv_reduce(array, source, label), source, label)
 
     def _remember(self, request, source, label):
-        self.labels[id(request)] = (source, label or f"step {self.steps}")
+        self.labels[id(request)] = (source, label or f"step {self.steps + 1}")
         return request
 
     def at(self, step: int, phase: str) -> None:
+        self.phases[self.steps + 1] = phase
         self._comm.at(step, phase)
 
     def combine(self, array, incoming, out=None) -> None:
@@ -220,7 +262,7 @@ def simulate_call(spec: CollectiveSpec, function, n: int, count: int, root: int 
         for rank in range(n):
             group = ProcessGroup(network.transports[rank], range(n), 0)
             comm = _start(spec, group, buffers[rank], root)
-            recorder = RecordingComm(comm)
+            recorder = RecordingComm(comm, buffers[rank])
             comms.append(recorder)
             steps = recorder.steps_of(_call(function, recorder, buffers[rank], root, spec.rooted))
             works.append(call.execute(comm, steps, async_op=True))
@@ -241,10 +283,11 @@ def _root_error(error: BaseException) -> BaseException:
 
 
 def wait_for_chain(comms: list[RecordingComm]) -> tuple[str, bool]:
-    """('rank 0 waits for rank 1 (recv "x"), rank 1 waits for rank 0 (recv "y"),
-    back to rank 0: a cycle', True), or the chain ending at a rank that has
-    finished without sending (False: a missing send, not a cycle)."""
+    """('rank 0 (step 1) waits for rank 1 (recv "x"), rank 1 (step 1) waits for
+    rank 0 (recv "y"), back to rank 0: a cycle', True), or the chain ending at
+    a rank that has finished without sending (False: a missing send, not a cycle)."""
     waits = {c.rank: c.waits() for c in comms if not c.finished}
+    steps = {c.rank: c.steps + 1 for c in comms}
     if not waits:
         return "no rank is waiting", False
     start = min((rank for rank, found in waits.items() if found), default=min(waits))
@@ -259,7 +302,8 @@ def wait_for_chain(comms: list[RecordingComm]) -> tuple[str, bool]:
             links.append(f"rank {rank} is stuck without a pending receive")
             break
         source, label = waits[rank][0]
-        links.append(f"rank {rank} waits for rank {source} (recv {label!r})")
+        links.append(f"rank {rank} (step {steps[rank]}) waits for rank {source} "
+                     f"(recv {label!r})")
         if source not in waits:
             links.append(f"but rank {source} has finished without sending it")
             break
@@ -267,49 +311,50 @@ def wait_for_chain(comms: list[RecordingComm]) -> tuple[str, bool]:
     return ", ".join(links), cycle
 
 
-def _describe_send(send) -> str:
-    if send is None:
-        return "nothing"
-    _, peer, nbytes, _ = send
-    return f"{nbytes // 8} elements ({nbytes} bytes) to rank {peer}"
-
-
-def _in_step_order(sends):
-    """The sends in order of steps, sorted by (peer, bytes, values) inside a step:
-    the order of the sends of one step is free."""
-    return sorted(sends, key=lambda send: (send[0], send[1], send[2], send[3]))
-
-
-def first_difference(student: list[RecordingComm], reference: list[RecordingComm]):
-    """(rank, step, text) of the earliest message where the student's sends
-    differ from the reference's (peer, size or values), or None."""
-    found = None
-    for mine, theirs in zip(student, reference):
-        a, b = _in_step_order(mine.sends), _in_step_order(theirs.sends)
-        for index in range(max(len(a), len(b))):
-            got = a[index] if index < len(a) else None
-            want = b[index] if index < len(b) else None
-            if got is not None and want is not None and got[1:] == want[1:]:
-                continue
-            step = got[0] if got is not None else (a[-1][0] + 1 if a else 0)
-            if got is not None and want is not None and got[1:3] == want[1:3]:
-                what = (f"you send {_describe_send(got)} with other values than the "
-                        "reference (a wrong chunk, or one not yet combined?)")
-            else:
-                what = f"you send {_describe_send(got)}; the reference sends {_describe_send(want)}"
-            key = (step, mine.rank)
-            if found is None or key < found[:2]:
-                found = (step, mine.rank, what)
-            break
-    if found is None:
+def difference_from_reference(spec: CollectiveSpec, student: SimulatedCall, n: int,
+                              count: int, root: int,
+                              reference: SimulatedCall | None = None) -> Difference | None:
+    """The first step where the student's posted messages differ from the
+    reference's on the same case (see :mod:`.message_diff`)."""
+    reference = reference or simulate_call(spec, spec.reference, n, count, root)
+    if reference.error is not None:
         return None
-    step, rank, what = found
-    return rank, step, f"rank {rank}, step {step}: {what}"
+    chunking = Chunking(count, n if spec.chunked else None)
+
+    def phase_of(rank: int, step: int) -> str:
+        return reference.comms[rank].phases.get(step, "") if rank < len(reference.comms) else ""
+
+    return first_difference(student.comms, reference.comms, chunking, phase_of)
+
+
+def _mistake_first(difference: Difference | None, kind: str, symptom: str, told: str,
+                   **where) -> Failure:
+    """The failure told mistake first when the messages show one: "rank 0,
+    step 1 (reduce-scatter): you receive into chunk 0; the reference receives
+    into chunk 3 (from rank 3). On 4 ranks, 16 elements (simulated): <symptom>";
+    else the symptom alone."""
+    if difference is None:
+        return Failure(kind, symptom, **where)
+    where.update(rank=difference.rank, step=difference.step)
+    return Failure(difference.kind, f"{difference.text}. On {told} (simulated): {symptom}",
+                   **where)
+
+
+def _sizes(error: MessageMismatchError) -> str:
+    """' (rank 1 got 3 elements for a receive of 2)' from the transport's
+    words, or '' if they say it otherwise."""
+    found = re.search(r"rank (\d+): .*message of shape \((\d+),?\).*buffer is \S+ of "
+                      r"shape \((\d+),?\)", str(error))
+    if found is None:
+        return ""
+    rank, got, room = found.groups()
+    return f" (rank {rank} got {got} elements for a receive of {room})"
 
 
 def judge_call(spec: CollectiveSpec, function, n: int, count: int, root: int):
-    """None if ``function`` gives the right result on this case; else a Failure."""
+    """(None, the call) if ``function`` gives the right result on this case; else a Failure."""
     case = f"{n} ranks, {count} elements" + (f", root {root}" if spec.rooted else "")
+    key = (n, count, root)
     result = simulate_call(spec, function, n, count, root)
     if result.error is not None:
         error = _root_error(result.error)
@@ -321,28 +366,30 @@ def judge_call(spec: CollectiveSpec, function, n: int, count: int, root: int):
             raise error
         if isinstance(error, SimulationStallError):
             chain, cycle = wait_for_chain(result.comms)
+            difference = difference_from_reference(spec, result, n, count, root)
             if cycle:
+                first = (f" The first difference from the reference: {difference.text}."
+                         if difference else "")
                 return Failure("deadlock",
-                               f"deadlock on {case} (simulated): {chain}. Post each step's "
-                               "sends and receives together, yield [comm.isend(...), "
+                               f"deadlock on {case} (simulated): {chain}.{first} Post each "
+                               "step's sends and receives together, yield [comm.isend(...), "
                                "comm.irecv(...)], and check that every receive has a "
-                               "matching send in the same step.", case=(n, count, root))
-            reference = simulate_call(spec, spec.reference, n, count, root)
-            difference = first_difference(result.comms, reference.comms)
-            where = (f" First difference from the reference's messages: {difference[2]}."
-                     if difference else "")
-            return Failure("never sent",
-                           f"a receive nobody sends, on {case} (simulated): {chain}: a "
-                           f"missing send, or a receive too many.{where}",
-                           step=difference[1] if difference else None, case=(n, count, root))
+                               "matching send in the same step.", case=key,
+                               rank=difference.rank if difference else None,
+                               step=difference.step if difference else None)
+            return _mistake_first(difference, "never sent",
+                                  f"a receive nobody sends: {chain}: a missing send, or a "
+                                  "receive too many.", case, case=key)
         if isinstance(error, MessageMismatchError):
-            reference = simulate_call(spec, spec.reference, n, count, root)
-            difference = first_difference(result.comms, reference.comms)
-            where = (f" First difference from the reference's messages: {difference[2]}."
-                     if difference else "")
-            return Failure("wrong message",
-                           f"{case}: a message does not fit its receive: {error}{where}",
-                           step=difference[1] if difference else None, case=(n, count, root))
+            difference = difference_from_reference(spec, result, n, count, root)
+            if difference is not None:
+                symptom = f"a message did not fit its receive{_sizes(error)}" + (
+                    ": the chunks of split(buffer, n) differ by one element when n does not "
+                    "divide the count, so a receive into another chunk than the one sent "
+                    "shows up as a size." if spec.chunked else ".")
+            else:
+                symptom = f"{case}: a message does not fit its receive: {error}"
+            return _mistake_first(difference, "wrong message", symptom, case, case=key)
         return Failure("raised", f"{case}: your function raised {describe_error(error)}")
     want = expected(spec, n, count, root)
     for rank, got in enumerate(result.buffers):
@@ -352,22 +399,20 @@ def judge_call(spec: CollectiveSpec, function, n: int, count: int, root: int):
         wrong = np.flatnonzero(got != want)
         if wrong.size:
             element = int(wrong[0])
-            reference = simulate_call(spec, spec.reference, n, count, root)
-            difference = first_difference(result.comms, reference.comms)
-            where = (f" First difference from the reference's messages: {difference[2]}."
-                     if difference else "")
-            return Failure(
-                "wrong result",
-                f"wrong result on {case}: rank {rank}, element {element} is "
-                f"{got[element]:g}, expected {want[element]:g} ({wrong.size} wrong elements "
-                f"on this rank).{where}", rank=rank, element=element,
-                step=difference[1] if difference else None, case=(n, count, root))
+            difference = difference_from_reference(spec, result, n, count, root)
+            outcome = (f"rank {rank}, element {element} ends as {got[element]:g}, expected "
+                       f"{want[element]:g} ({wrong.size} wrong elements on this rank).")
+            if difference is None:
+                return Failure("wrong result", f"wrong result on {case}: {outcome}",
+                               rank=rank, element=element, case=key)
+            return _mistake_first(difference, "wrong result", f"a wrong result: {outcome}",
+                                  case, element=element, case=key)
     return None, result
 
 
 def traffic_of(result: SimulatedCall) -> tuple[int, int]:
     return (sum(len(c.sends) for c in result.comms),
-            sum(send[2] for c in result.comms for send in c.sends))
+            sum(send.nbytes for c in result.comms for send in c.sends))
 
 
 def judge_traffic(spec: CollectiveSpec, result: SimulatedCall, n: int, count: int, root: int):
@@ -416,8 +461,7 @@ def check_collective(spec: CollectiveSpec, function, *, processes: bool = True) 
                           "ends)")
     if failure is not None:
         report.failure = failure
-        if failure.kind in ("wrong result", "wasteful"):
-            report.replay = replay_data(spec, function, failure)
+        report.replay = replay_data(spec, function, failure)
         return report
     if processes:
         report.failure = _check_processes(spec, function, report)
@@ -430,7 +474,7 @@ def _check_simulated(spec, function, report):
         for count, root in cases(n, spec.rooted):
             judged = judge_call(spec, function, n, count, root)
             if isinstance(judged, Failure):
-                return judged
+                return _showcase(spec, function, judged)
             failure = judge_traffic(spec, judged[1], n, count, root)
             if failure is not None:
                 return _representative(spec, function, failure, (n, count, root))
@@ -464,30 +508,79 @@ def _representative(spec, function, failure, case):
     return failure
 
 
+#: (ranks, elements) where a mistake is told and replayed if it shows there:
+#: four ranks of four elements each show a ring, a tree or the doubling
+#: rounds plainly, with every chunk non-empty.
+SHOWCASE = (4, 16)
+
+#: failures that no other case tells better (nothing was exchanged to compare)
+_AS_FOUND = ("not written", "not a generator", "raised", "hang", "wrong shape")
+
+
+def _showcase(spec, function, failure: Failure) -> Failure:
+    """The failure told on :data:`SHOWCASE` (root 1 for a broadcast) if the
+    student's call goes wrong there too, else as found: the message and the
+    replay then show the same case, small and with no empty chunks."""
+    n, count = SHOWCASE
+    case = (n, count, 1 if spec.rooted else 0)
+    if failure.kind in _AS_FOUND or failure.case == case:
+        return failure
+    judged = judge_call(spec, function, *case)
+    if isinstance(judged, Failure) and judged.kind not in _AS_FOUND:
+        return judged
+    return failure
+
+
 def replay_data(spec, function, failure: Failure) -> dict | None:
-    """The traces of the student's and the reference's call on the first
-    failing case with at most 8 ranks, and the first differing step."""
-    case = failure.case
-    if case is None or case[0] > 8:
+    """The traces of the student's and the reference's call on the failing
+    case (at most 8 ranks), and the first differing step (counted from 1, as
+    the replay's frames are); None when there is no case to replay."""
+    if failure.case is None or failure.case[0] > 8:
         return None
-    # Four ranks and four elements each show a ring, a tree or the doubling
-    # rounds plainly: replay there if the student's call goes wrong there too.
-    judged = judge_call(spec, function, 4, 16, 0 if not spec.rooted else 1)
-    if isinstance(judged, Failure) and judged.kind in ("wrong result",):
-        case = (4, 16, 0 if not spec.rooted else 1)
-    elif not isinstance(judged, Failure) and failure.kind == "wasteful" \
-            and judge_traffic(spec, judged[1], 4, 16, 0) is not None:
-        case = (4, 16, 0)
-    n, count, root = case
+    n, count, root = failure.case
     student = simulate_call(spec, function, n, count, root, record=True)
     reference = simulate_call(spec, spec.reference, n, count, root, record=True)
-    if student.error is not None or reference.error is not None:
+    if reference.error is not None:
         return None
-    difference = first_difference(student.comms, reference.comms)
+    events = student.events if student.error is None else completed_events(student, reference)
+    difference = difference_from_reference(spec, student, n, count, root, reference)
     return {"world_size": n, "count": count, "root": root,
-            "student": student.events, "reference": reference.events,
-            "first_difference": None if difference is None else difference[1],
-            "difference": None if difference is None else difference[2]}
+            "student": events, "reference": reference.events,
+            "first_difference": difference.step if difference else failure.step,
+            "difference": difference.text if difference else failure.message.split(". ")[0]}
+
+
+def completed_events(student: SimulatedCall, reference: SimulatedCall) -> list[dict]:
+    """The trace of a student's call that stopped (a deadlock, a message that
+    did not fit), made replayable: each rank's call event taken from the
+    reference's run (same call, world and size), and each send that was never
+    received paired with the receive its target posted for it, if any (so
+    the replay shows where the student's code put it)."""
+    events = list(student.events)
+    called = {event["rank"] for event in events if event["kind"] == "collective"}
+    events += [dict(event) for event in reference.events
+               if event["kind"] == "collective" and event["rank"] not in called]
+    received = {(event["peer"], event["rank"], event["seq"]) for event in events
+                if event["kind"] == "recv"}
+    sent_so_far: dict[tuple[int, int], int] = {}
+    for send in [event for event in events if event["kind"] == "send"]:
+        pair = (send["rank"], send["peer"])
+        ordinal = sent_so_far[pair] = sent_so_far.get(pair, -1) + 1
+        if (send["rank"], send["peer"], send["seq"]) in received \
+                or send["peer"] >= len(student.comms):
+            continue
+        posted = [action for action in student.comms[send["peer"]].actions
+                  if not action.sends and action.peer == send["rank"]]
+        if ordinal >= len(posted):
+            continue
+        action = posted[ordinal]
+        info = _trace.label_info(send["label"])
+        label = _trace.with_info(_trace.label_text(send["label"]), call=info.get("call"),
+                                 step=action.step - 1, range=action.span,
+                                 op="combine" if action.kind == "add" else "copy")
+        events.append({**send, "rank": send["peer"], "peer": send["rank"], "kind": "recv",
+                       "label": label, "start": send["end"]})
+    return events
 
 
 # --------------------------------------------------------------------------- real processes
@@ -502,7 +595,7 @@ def _worker(spec, function, all_cases):
     for count, root in all_cases:
         buffer = inputs(spec, group.rank, count, root)
         comm = _start(spec, group, buffer, root)
-        recorder = RecordingComm(comm)
+        recorder = RecordingComm(comm, buffer)
         call.execute(comm, recorder.steps_of(_call(function, recorder, buffer, root,
                                                    spec.rooted)), False,
                      timeout=PROCESS_TIMEOUT)

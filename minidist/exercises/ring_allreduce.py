@@ -20,17 +20,22 @@ def ring_allreduce(comm, buffer):
     n, rank = comm.size, comm.rank
     chunks = split(buffer, n)
     right, left = (rank + 1) % n, (rank - 1) % n
+    # comm.at names each step's phase for the checker's messages and the
+    # replay; its steps count from 0, the replays' from 1 (step 0: before any message).
     for step in range(n - 1):  # reduce-scatter: a partial sum grows by one rank per hop
         out, into = (rank - step) % n, (rank - step - 1) % n
-        yield [comm.isend(chunks[out], right, f"reduce-scatter step {step} chunk {out}"),
-               comm.irecv_reduce(chunks[into], left, f"reduce-scatter step {step} chunk {into}")]
+        comm.at(step, "reduce-scatter")
+        yield [comm.isend(chunks[out], right, f"reduce-scatter chunk {out}"),
+               comm.irecv_reduce(chunks[into], left, f"reduce-scatter chunk {into}")]
     for step in range(n - 1):  # allgather: rank r starts with the finished chunk r + 1
         out, into = (rank + 1 - step) % n, (rank - step) % n
-        yield [comm.isend(chunks[out], right, f"allgather step {step} chunk {out}"),
-               comm.irecv(chunks[into], left, f"allgather step {step} chunk {into}")]
+        comm.at(n - 1 + step, "allgather")
+        yield [comm.isend(chunks[out], right, f"allgather chunk {out}"),
+               comm.irecv(chunks[into], left, f"allgather chunk {into}")]
 
 
-SPEC = CollectiveSpec("ring_allreduce", "all_reduce", "ring", ring_allreduce, "the ring")
+SPEC = CollectiveSpec("ring_allreduce", "all_reduce", "ring", ring_allreduce, "the ring",
+                      chunked=True)
 
 EXERCISE = Exercise(
     name="ring_allreduce", function="ring_allreduce",

@@ -33,9 +33,11 @@ def test_the_first_differing_step_is_marked_where_the_checker_found_it():
     assert model.frames == 2 * (4 - 1)  # the ring's 2 (n - 1) steps on both sides
     # The off-by-one sends chunks of the right size to the right peer: only the
     # values differ, so the trace alone cannot see it; the checker's step can.
-    assert data["first_difference"] == 0 and model.marked == 0
-    assert model.pairs[model.marked].student.step == data["first_difference"]
-    assert "with other values than the reference" in model.difference
+    # Steps count from 1 (step 0 is the state before any message): the
+    # checker's "step 1" is the first pair, the trace's step 0.
+    assert data["first_difference"] == 1 and model.marked == 0
+    assert model.pairs[model.marked].student.step + 1 == data["first_difference"]
+    assert model.difference.startswith("rank 0, step 1 (reduce-scatter): you send chunk 1")
 
 
 def test_a_missing_step_is_marked_where_the_messages_differ():
@@ -73,7 +75,7 @@ def test_the_exercise_loop_in_four_commands(tmp_path, monkeypatch, capsys):
     shutil.copyfile(WRONG / "ring_off_by_one.py", tmp_path / "ring_allreduce.py")
     assert main(["exercise", "check", "ring_allreduce"]) == 1
     out = capsys.readouterr().out
-    assert "wrong result" in out and MARK in out
+    assert "wrong chunk" in out and MARK in out
     assert (tmp_path / "ring_allreduce.replay.gif").stat().st_size > 0
     assert "FIRST DIFFERENCE" in (tmp_path / "ring_allreduce.replay.html").read_text()
     (tmp_path / "ring_allreduce.py").write_text(
