@@ -298,8 +298,11 @@ def _run_under_mpiexec(args, world_size: int) -> int:
         watcher = _RankLines(os.path.join(folder, "ranks"), vanished)
         env["MINIDIST_MPI_WATCH"] = watcher.path
         try:
+            from minidist.runtime.process_setup import end_job_with_parent
+
             process = subprocess.Popen(command + [sys.executable, args.script, *script_args],
-                                       env=env, stdout=subprocess.PIPE, text=True, bufsize=1)
+                                       env=env, stdout=subprocess.PIPE, text=True, bufsize=1,
+                                       preexec_fn=end_job_with_parent)
             segments = JobSegments(process.pid)
             for line in process.stdout:
                 sys.stdout.write(line)

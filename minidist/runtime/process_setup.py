@@ -58,10 +58,18 @@ def close_fds_except(keep) -> None:
                 pass  # listdir's own, closed already
 
 
-def die_with_parent() -> None:
-    """Ask the kernel to SIGKILL this process when its parent dies (Linux)."""
+def die_with_parent(signum: int = signal.SIGKILL) -> None:
+    """Ask the kernel to send this process ``signum`` (SIGKILL: die) when its
+    parent dies (Linux)."""
     if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        _prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
+
+
+def end_job_with_parent() -> None:
+    """For mpiexec started by ``minidist run --transport mpi``: SIGTERM when the
+    launcher dies, however it dies; mpiexec then ends every rank of its job
+    (a SIGKILLed launcher left an mpiexec whose ranks spun for ever)."""
+    die_with_parent(signal.SIGTERM)
 
 
 def prepare_worker_process(parent_pid: int) -> None:

@@ -20,6 +20,7 @@ cores unless told --oversubscribe, which is added when mpiexec is Open MPI's.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -569,3 +570,43 @@ def test_cleaning_up_after_a_failed_run_spares_another_jobs_segments(tmp_path):
     assert _leftover(before) == set()
     _no_ranks_left(str(failing))
     _no_ranks_left(str(other))
+
+
+@needs_mpi
+@pytest.mark.timeout(60)
+def test_a_sigkilled_minidist_run_takes_its_mpi_job_with_it(tmp_path):
+    """The launcher of ``minidist run --transport mpi`` killed outright: mpiexec
+    gets SIGTERM from the kernel (PR_SET_PDEATHSIG) and ends every rank, where
+    it used to leave them running with no one to stop them."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    script = tmp_path / "sleeps.py"
+    script.write_text("import os, time\nimport minidist.distributed as dist\n"
+                      "dist.init_process_group()\n"
+                      f"open(os.path.join({str(pids)!r}, str(os.getpid())), 'w').close()\n"
+                      "time.sleep(120)\n")
+    launcher = subprocess.Popen([sys.executable, "-m", "minidist.cli", "run", "--transport",
+                                 "mpi", "-n", "2", str(script)], env=_cli_env(), cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 40
+    while len(os.listdir(pids)) < 2:
+        assert time.monotonic() < deadline and launcher.poll() is None
+        time.sleep(0.05)
+    launcher.kill()
+    launcher.wait()
+
+    def running(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as file:
+                return file.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    ranks = [int(name) for name in os.listdir(pids)]
+    deadline = time.monotonic() + 10
+    while any(map(running, ranks)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [pid for pid in ranks if running(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "the ranks outlived their SIGKILLed launcher"
