@@ -26,8 +26,12 @@ a pipe to the parent as ``("log", fields)``; the parent hands them to
   order the ranks logged them, as long as a record reaches the parent within
   that time.
 
-Printing. :func:`print0` prints on rank 0 only; :func:`progress0` shows a Rich
-progress bar on rank 0 and just iterates elsewhere.
+Printing. :func:`print0` prints on rank 0 only, and in a worker it sends the
+line to the parent on the same pipe as the records, as ``("print", fields)``,
+so that a conclusion printed after the ranks logged comes out after their
+lines (written straight to the terminal, it overtook the records still in
+their pipes). :func:`progress0` shows a Rich progress bar on rank 0 and just
+iterates elsewhere.
 """
 
 from __future__ import annotations
@@ -73,6 +77,21 @@ def _default_handler() -> logging.Handler:
     return _default
 
 
+def emit_worker_print(fields: dict) -> None:
+    """Parent side: write a line a worker printed with :func:`print0`."""
+    stream = sys.stderr if fields.get("stream") == "stderr" else sys.stdout
+    stream.write(fields["text"])
+    stream.flush()
+
+
+def emit_worker_message(kind: str, fields: dict) -> None:
+    """Parent side: a worker's ``("log", fields)`` or ``("print", fields)``."""
+    if kind == "print":
+        emit_worker_print(fields)
+    else:
+        emit_worker_record(fields)
+
+
 def emit_worker_record(fields: dict) -> None:
     """Parent side: print one record a worker logged, through the root logger's
     handlers (or a Rich one if the program configured none), as if it had been
@@ -113,6 +132,18 @@ class PipeLogHandler(logging.Handler):
         except Exception:
             self.handleError(record)
 
+    def send(self, message) -> bool:
+        """Send another message on the records' pipe (a :func:`print0` line);
+        False when it cannot go (the pipe has ended)."""
+        with self.lock:
+            if self.connection is None:
+                return False
+            try:
+                self.connection.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
+            except (OSError, ValueError):
+                return False
+        return True
+
     def send_last(self, payload: bytes) -> None:
         """Send the worker's final message after every record, and stop sending."""
         with self.lock:
@@ -145,13 +176,14 @@ def configure_worker_logging(rank: int, level, connection: Connection,
     by fork, and are dropped: the parent prints what arrives. A separate
     program keeps the handlers it set up itself. ``handler``: one made by
     :func:`worker_log_handler` before the fork."""
-    global _this_rank
+    global _this_rank, _this_handler
     _this_rank = rank
     root = logging.getLogger()
     if handler is None:
         handler = PipeLogHandler(connection, rank)
     else:
         handler.connection = connection
+    _this_handler = handler
     root.handlers = [handler] if inherited else [*root.handlers, handler]
     if level is not None:
         root.setLevel(level)
@@ -184,7 +216,7 @@ class PipeLogListener:
 
         open_connections = list(self._connections)
         latest = {connection: 0.0 for connection in open_connections}  # last record's time
-        held = []  # (created, arrival number, fields): a heap, earliest first
+        held = []  # (created, arrival number, kind, fields): a heap, earliest first
         arrivals = 0
         while open_connections or held:
             timeout = None if not held else max(0.0, held[0][0] + HOLD_SECONDS - time.time())
@@ -195,7 +227,7 @@ class PipeLogListener:
                     open_connections.remove(connection)
                     continue
                 latest[connection] = fields.get("created", 0.0)
-                heapq.heappush(held, (latest[connection], arrivals, fields))
+                heapq.heappush(held, (latest[connection], arrivals, kind, fields))
                 arrivals += 1
             now = time.time()
             while held:
@@ -205,7 +237,8 @@ class PipeLogListener:
                 if now - created < HOLD_SECONDS and \
                         any(latest[connection] < created for connection in open_connections):
                     break
-                emit_worker_record(heapq.heappop(held)[2])
+                _, _, kind, fields = heapq.heappop(held)
+                emit_worker_message(kind, fields)
 
     def stop(self, timeout: float = 2.0) -> None:
         self._thread.join(timeout)
@@ -226,6 +259,8 @@ def configure_script_logging(fd: int, rank: int, level) -> None:
 
 #: This process's rank, once it is a worker (set when its logging is set up).
 _this_rank: int | None = None
+#: The handler its records travel by (print0's lines take the same pipe).
+_this_handler: PipeLogHandler | None = None
 
 
 def _rank() -> int:
@@ -244,7 +279,13 @@ def print0(*args, sep: str = " ", end: str = "\n", file=None) -> None:
     output is unbuffered)."""
     if _rank() == 0:
         stream = sys.stdout if file is None else file
-        stream.write(sep.join(str(arg) for arg in args) + end)
+        text = sep.join(str(arg) for arg in args) + end
+        handler = _this_handler
+        if handler is not None and stream in (sys.stdout, sys.stderr) and handler.send(
+                ("print", {"created": time.time(), "text": text,
+                           "stream": "stderr" if stream is sys.stderr else "stdout"})):
+            return  # the parent prints it, in order with the ranks' log lines
+        stream.write(text)
         stream.flush()
 
 

@@ -32,11 +32,23 @@ def warn_if_oversubscribed(world_size: int, stacklevel: int = 3) -> None:
     if world_size <= available or _warned_oversubscribed:
         return
     _warned_oversubscribed = True
-    warnings.warn(OversubscriptionWarning(
-        f"{world_size} ranks on {available} cores: the ranks take turns on the cores, so a "
-        "message often waits for its receiver to be scheduled. Results are right, but "
-        "timings measure the operating system's scheduler as much as the algorithm (they "
-        "grow faster with the number of ranks than the cost formulas say), and waits get "
-        "longer: pass a larger timeout= if calls time out. Simulate big worlds instead "
-        "(minidist.distributed.simulate). This is said once per program."),
-        stacklevel=stacklevel)
+    warning = OversubscriptionWarning(
+        f"{world_size} ranks on {available} cores: the ranks take turns on the cores, so "
+        "results are right but timings measure the scheduler too, and waits get longer "
+        "(pass a larger timeout= if calls time out); simulate big worlds instead "
+        "(minidist simulate). Said once per program.")
+    # Shown as one plain line ("minidist: ..."), not Python's "file:line: Category:
+    # message" plus a source line: the file would be minidist's own, not the
+    # student's. Still a warning, which a program can filter or turn into an error.
+    original = warnings.formatwarning
+
+    def one_line(message, category, *rest, **keywords):
+        if category is OversubscriptionWarning:
+            return f"minidist: {message}\n"
+        return original(message, category, *rest, **keywords)
+
+    warnings.formatwarning = one_line
+    try:
+        warnings.warn(warning, stacklevel=stacklevel)
+    finally:
+        warnings.formatwarning = original

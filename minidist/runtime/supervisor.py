@@ -113,8 +113,8 @@ class Supervisor:
             except (EOFError, OSError):
                 worker.reader = None
                 return False
-            if message[0] == "log":
-                console.emit_worker_record(message[1])
+            if message[0] in ("log", "print"):
+                console.emit_worker_message(*message)
                 continue
             worker.reader = None
             if message[0] == "ok":
