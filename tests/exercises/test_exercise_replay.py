@@ -30,10 +30,12 @@ def _model(file):
 def test_the_first_differing_step_is_marked_where_the_checker_found_it():
     data, model = _model("ring_off_by_one")
     assert (data["world_size"], data["count"]) == (4, 16)
-    assert model.frames == 2 * (4 - 1)  # the ring's 2 (n - 1) steps on both sides
+    assert model.steps == 2 * (4 - 1)  # the ring's 2 (n - 1) steps on both sides
+    assert model.frames == model.steps + 1  # and step 0, before any message
     # The off-by-one sends chunks of the right size to the right peer: only the
     # values differ, so the trace alone cannot see it; the checker's step can.
-    assert data["first_difference"] == 0 and model.marked == 0
+    # The checker counts from 0 as the trace does; its step 0 is shown as step 1.
+    assert data["first_difference"] == 0 and model.marked == 1
     assert model.pairs[model.marked].student.step == data["first_difference"]
     assert "with other values than the reference" in model.difference
 
