@@ -33,6 +33,8 @@ so no display is needed and pyplot's global state is left alone::
 
 from __future__ import annotations
 
+import base64
+import io
 import math
 import os
 import textwrap
@@ -819,6 +821,46 @@ def save_gif(replay, path, fps: float = 1.0, dpi: int = DPI) -> str:
     return path
 
 
+def player_panel(replay, caption: str = "") -> dict:
+    """One replay's frames as the data a panel of the browser's player draws
+    (:mod:`viz.html_player`): each step's header, messages and time, and its
+    picture as :meth:`_Painter.scene` (the summary view: as a PNG)."""
+    painter = _Painter(replay)
+    total = max(replay.measured_s, replay.predicted_s or 0.0,
+                replay.frames[-1].elapsed_ns / 1e9, 1e-12)
+    steps = []
+    for frame in replay.frames:
+        entry = {
+            "header": [line for line in header_lines(replay, frame) if line],
+            "messages": [[message.source, message.target,
+                          message_line(message) + (f"   {message.text}" if message.text else "")]
+                         for message in frame.messages],
+            "elapsed": frame.elapsed_ns / 1e9 / total,
+            "elapsed_text": format_seconds(frame.elapsed_ns / 1e9),
+        }
+        if painter.summary:
+            entry["image"] = _png(painter, frame.index)
+        else:
+            entry["scene"] = painter.scene(frame.index)
+        steps.append(entry)
+    return {
+        "caption": caption,
+        "world": replay.world_size,
+        "follow": not painter.summary,
+        "palette": list(PALETTE),
+        "measured": replay.measured_s / total,
+        "predicted": None if replay.predicted_s is None else replay.predicted_s / total,
+        "steps": steps,
+    }
+
+
+def _png(painter, index: int) -> str:
+    painter.draw(index)
+    buffer = io.BytesIO()
+    painter.figure.savefig(buffer, format="png")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
 def title_of(replay) -> str:
     return (f"{replay.collective} · {replay.algorithm} · {replay.world_size} ranks "
             f"(call {replay.call})")
@@ -827,9 +869,9 @@ def title_of(replay) -> str:
 def to_html(replay, fps: float = 1.0, *, standalone: bool = True) -> str:
     """The replay as a page that needs no network (:mod:`viz.html_player`):
     step 0 (before any message) to the end, a rank to follow, keys."""
-    from viz.html_player import player_html, replay_panel
+    from viz.html_player import player_html
 
-    return player_html(title_of(replay), [replay_panel(replay)], fps=fps,
+    return player_html(title_of(replay), [player_panel(replay)], fps=fps,
                        standalone=standalone)
 
 

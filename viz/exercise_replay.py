@@ -232,7 +232,8 @@ def save_side_by_side_html(model: SideBySide, path, fps: float = 1.0) -> str:
     side, stepping together in the player of :mod:`viz.html_player` (buttons,
     slider, keys, a rank to follow), opened at the first difference, which
     is marked."""
-    from viz.html_player import replay_panel, save_player
+    from viz.animate import player_panel
+    from viz.html_player import save_player
 
     notes = {pair.index: "(the messages differ)" for pair in model.pairs if pair.differs}
     if model.marked is not None:
@@ -241,7 +242,7 @@ def save_side_by_side_html(model: SideBySide, path, fps: float = 1.0) -> str:
         f"The first difference is at step {model.marked}. "
     return save_player(
         path, f"{model.student.collective}: your algorithm and the reference",
-        [replay_panel(model.student, "your algorithm"),
-         replay_panel(model.reference, "the reference")],
+        [player_panel(model.student, "your algorithm"),
+         player_panel(model.reference, "the reference")],
         notes=notes, start=model.marked or 0, fps=fps,
         intro=marked + model.difference)

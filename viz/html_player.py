@@ -20,12 +20,13 @@ page stays small: a ring all_reduce on 4 ranks is 27 kB, on 8 ranks 91 kB,
 on 16 ranks 0.5 MB (one picture per rank and step of the 8-rank ring, as
 PNGs, would be megabytes). The places of everything (cells, arrows, labels, titles)
 come from the matplotlib painter of :mod:`viz.animate`
-(:meth:`~viz.animate._Painter.scene`), so the page and the GIF agree. The
+(:func:`viz.animate.player_panel`), so the page and the GIF agree. The
 summary view (above 16 ranks) is a set of charts, so there the frames are
 the painter's PNG images and there is no rank to follow.
 
-    from viz.html_player import replay_panel, save_player
-    save_player("ring.html", "all_reduce ring", [replay_panel(replay)])
+    from viz.animate import player_panel
+    from viz.html_player import save_player
+    save_player("ring.html", "all_reduce ring", [player_panel(replay)])
 
 Several panels step together (the exercise replay: the student's run beside
 the reference's); ``notes`` adds a line to chosen steps ("first difference").
@@ -33,9 +34,7 @@ the reference's); ``notes`` adds a line to chosen steps ("first difference").
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import itertools
 import json
 import os
@@ -47,40 +46,7 @@ FPS = 1.0
 _counter = itertools.count()
 
 
-# --------------------------------------------------------------------------- the frames as data
-
-
-def replay_panel(replay, caption: str = "") -> dict:
-    """One replay's frames as the data a panel of the page draws."""
-    from viz.animate import PALETTE, _Painter, format_seconds, header_lines, message_line
-
-    painter = _Painter(replay)
-    total = max(replay.measured_s, replay.predicted_s or 0.0,
-                replay.frames[-1].elapsed_ns / 1e9, 1e-12)
-    steps = []
-    for frame in replay.frames:
-        entry = {
-            "header": [line for line in header_lines(replay, frame) if line],
-            "messages": [[message.source, message.target,
-                          message_line(message) + (f"   {message.text}" if message.text else "")]
-                         for message in frame.messages],
-            "elapsed": frame.elapsed_ns / 1e9 / total,
-            "elapsed_text": format_seconds(frame.elapsed_ns / 1e9),
-        }
-        if painter.summary:
-            entry["image"] = _png(painter, frame.index)
-        else:
-            entry["scene"] = painter.scene(frame.index)
-        steps.append(entry)
-    return {
-        "caption": caption,
-        "world": replay.world_size,
-        "follow": not painter.summary,
-        "palette": list(PALETTE),
-        "measured": replay.measured_s / total,
-        "predicted": None if replay.predicted_s is None else replay.predicted_s / total,
-        "steps": steps,
-    }
+# --------------------------------------------------------------------------- the page
 
 
 def _rounded(value):
@@ -95,23 +61,13 @@ def _rounded(value):
     return value
 
 
-def _png(painter, index: int) -> str:
-    painter.draw(index)
-    buffer = io.BytesIO()
-    painter.figure.savefig(buffer, format="png")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
-
-
-# --------------------------------------------------------------------------- the page
-
-
 def player_html(title: str, panels: list[dict], *, notes: dict[int, str] | None = None,
                 start: int = 0, fps: float = FPS, intro: str = "",
                 standalone: bool = True) -> str:
     """The player as HTML: a whole page, or (``standalone=False``) a fragment
     to embed in a notebook, whose keys work while it has the focus.
 
-    ``panels``: from :func:`replay_panel`; a panel with fewer steps than the
+    ``panels``: from :func:`viz.animate.player_panel`; a panel with fewer steps than the
     others shows "(no more steps)" past its end. ``notes``: step -> a line
     shown at that step. ``start``: the step shown first."""
     if not panels:

@@ -50,6 +50,10 @@ def test_summary_view_above_16_ranks(tmp_path):
     figure = animate.draw_frame(replay, 3)
     texts = " ".join(text.get_text() for text in figure.texts)
     assert "summary view" in texts and "step 3 of 5" in texts
+    # In the browser the summary's charts are the painter's PNGs, with no rank to follow.
+    page = animate.to_html(replay)
+    assert page.count("data:image/png;base64") == len(replay.frames)
+    assert '<select class="follow" disabled' in page
 
 
 def test_messages_only_replay_draws(tmp_path):
