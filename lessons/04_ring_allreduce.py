@@ -74,7 +74,8 @@ results = minidist.launch(ring_once, world_size=N_RANKS, transport="shm", trace=
 print("every rank ends with", results[0], "=", sum(np.arange(8) + 10 * r for r in range(4)))
 
 ring = replays(trace_path)[0]
-print(f"{ring.collective} {ring.algorithm}: {len(ring.frames)} frames = 2 (n - 1) steps")
+print(f"{ring.collective} {ring.algorithm}: {ring.steps} steps = 2 (n - 1), "
+      f"and step 0 before any message")
 
 # %% [markdown]
 # Each frame shows the ranks on their ring, each rank's array as its four

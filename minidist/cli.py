@@ -63,11 +63,37 @@ STRATEGY_DEMOS: dict[str, str] = {"data-parallel": "viz.demo_data_parallel",
                                   "memory": "viz.demo_memory"}
 #: -n when none is given: 4, except for these demos.
 DEMO_NPROC: dict[str, int] = {"model-parallel": 2, "memory": 2}
+#: The output options each demo writes (a collective's demo: the first entry;
+#: the tour, no name: none). Any other is refused, never ignored.
+DEMO_OUTPUTS: dict[str | None, tuple[str, ...]] = {
+    "collective": ("gif", "html", "timeline"), None: (),
+    "data-parallel": ("timeline",), "parameter-server": ("timeline",),
+    "pipeline": ("timeline",), "model-parallel": ("timeline",), "memory": ("plot",)}
+
+
+def _unwritten_output(args) -> str | None:
+    """One line on an output option this demo does not write (None: all fine)."""
+    kind = args.name if args.name in STRATEGY_DEMOS or args.name is None else "collective"
+    writes = DEMO_OUTPUTS[kind]
+    for option in ("gif", "html", "timeline", "plot"):
+        if getattr(args, option, None) and option not in writes:
+            what = f"`minidist demo {args.name}`" if args.name else "the tour (`minidist demo`)"
+            offers = (f"it writes {', '.join('--' + name for name in writes)}" if writes
+                      else "it writes no file")
+            players = ("; the GIF and HTML players animate one collective call, e.g. "
+                       f"`minidist demo ring-allreduce --{option} OUT.{option}`"
+                       if option in ("gif", "html") else "")
+            return f"--{option}: {what} has no such output ({offers}){players}"
+    return None
 
 
 def _cmd_demo(args) -> int:
     if args.nproc is None:
         args.nproc = DEMO_NPROC.get(args.name, 4)
+    refused = _unwritten_output(args)
+    if refused:
+        print(f"minidist demo: {refused}", file=sys.stderr)
+        return 2
     if args.name in STRATEGY_DEMOS:
         import importlib
 

@@ -1,4 +1,5 @@
-"""A collective's replay as a matplotlib animation: one frame per algorithm step.
+"""A collective's replay as a matplotlib animation: the state before any
+message (step 0), then one frame per algorithm step.
 
 Each frame shows what the terminal step-through shows (``viz/terminal.py``):
 
@@ -26,12 +27,14 @@ so no display is needed and pyplot's global state is left alone::
 
     from viz.animate import animate, save_gif, save_html
     save_gif(replay, "ring.gif", fps=1)      # PillowWriter: no ffmpeg needed
-    save_html(replay, "ring.html")           # self-contained JavaScript player
+    save_html(replay, "ring.html")           # a page that needs no network (viz.html_player)
     animate(replay)                          # in a notebook: the player inline
 """
 
 from __future__ import annotations
 
+import base64
+import io
 import math
 import os
 import textwrap
@@ -41,14 +44,14 @@ import numpy as np
 from matplotlib import patches
 from matplotlib.animation import FuncAnimation, PillowWriter
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.colors import to_rgb
+from matplotlib.colors import to_hex, to_rgb
 from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
 from matplotlib.textpath import TextPath
 
 from minidist.atomic_file import atomic_path, atomic_write
 from minidist.units import format_bytes
-from viz.replay import model_gap
+from viz.replay import model_gap, step_words
 
 #: matplotlib's tableau-colorblind10, the colour of rank r is PALETTE[r % 10].
 PALETTE = ("#006BA4", "#FF800E", "#ABABAB", "#595959", "#5F9ED1",
@@ -296,6 +299,16 @@ def _uniform(messages) -> bool:
     return len(messages) > 4 and len({(m.nbytes, m.op) for m in messages}) == 1
 
 
+def _written(frame) -> dict[int, set[int]]:
+    """rank -> the cells the frame's messages write (outlined)."""
+    written: dict[int, set[int]] = {}
+    for message in frame.messages:
+        if message.cells is not None:
+            written.setdefault(message.target, set()).update(
+                range(message.cells[0], max(message.cells[1], message.cells[0] + 1)))
+    return written
+
+
 def _has_holdings(replay) -> bool:
     return any(frame.holdings is not None for frame in replay.frames)
 
@@ -317,14 +330,13 @@ def header_lines(replay, frame) -> list[str]:
     """The header of a frame, the same words as the terminal view."""
     size = format_bytes(replay.count * replay.itemsize)
     root = "" if replay.root is None else f", root {replay.root}"
-    steps = len(replay.frames)
     predicted = (f"cost model {format_seconds(replay.predicted_s)} for the whole call"
                  if replay.predicted_s is not None else "no cost formula for this algorithm")
     gap = model_gap(replay)
     return [
         f"{replay.collective} · {replay.algorithm} · {replay.world_size} ranks · "
         f"{replay.count} elements ({size}){root}",
-        f"step {frame.index + 1} of {steps}: {frame.phase}",
+        f"{step_words(replay, frame)}: {frame.phase}" if frame.phase else step_words(replay, frame),
         f"cost: {replay.formula}" if replay.formula else "cost: (no formula)",
         f"measured {format_seconds(frame.elapsed_ns / 1e9)} so far of "
         f"{format_seconds(replay.measured_s)} (from the first rank's entry) · {predicted}",
@@ -344,7 +356,7 @@ class _Painter:
     """Draws any frame of one replay on one figure (the animation redraws per frame)."""
 
     def __init__(self, replay, figure: Figure | None = None):
-        if not replay.frames:
+        if not replay.steps:
             raise ValueError(f"{replay.collective} {replay.algorithm} (call {replay.call}) "
                              "has no steps to draw")
         self.replay = replay
@@ -399,7 +411,8 @@ class _Painter:
 
     # -- the ranks view
 
-    def _draw_ranks(self, frame):
+    def _ranks_axis(self):
+        """The axes the ranks are drawn on, their limits set: (axis, font, points_per_unit)."""
         replay, geometry, where = self.replay, self.geometry, self.where
         axis = self.figure.add_axes((0.01, 0.09, 0.67, RANKS_HEIGHT))
         axis.set_axis_off()
@@ -417,6 +430,11 @@ class _Painter:
         axis.set_ylim(min(ys) - margin_y, max(ys) + margin_y)
         points_per_unit = self._points_per_unit(axis)
         font = max(5.0, min(13.0, 0.45 * geometry.size * points_per_unit))
+        return axis, font, points_per_unit
+
+    def _draw_ranks(self, frame):
+        replay, where = self.replay, self.where
+        axis, font, points_per_unit = self._ranks_axis()
         self._places = self._title_places(font, points_per_unit, frame.index)
 
         if replay.layout == "tree":
@@ -427,17 +445,58 @@ class _Painter:
             axis.add_patch(patches.Ellipse((0, 0), 2.0 * stretch, 2.0, fill=False,
                                            color="#E5E5E5", linewidth=1, zorder=0))
 
-        written = {}
-        for message in frame.messages:
-            if message.cells is not None:
-                written.setdefault(message.target, set()).update(
-                    range(message.cells[0], max(message.cells[1], message.cells[0] + 1)))
-
+        written = _written(frame)
         for rank, centre in where.items():
             self._draw_buffer(axis, rank, centre, frame, written.get(rank, ()), font)
 
         for message, place in zip(frame.messages, self._label_at[frame.index]):
             self._draw_message(axis, message, font, place)
+
+    def scene(self, index: int) -> dict:
+        """Frame ``index``'s ranks view as plain data, for a browser to draw
+        (:mod:`viz.html_player`): the same places, cells, colours, arrows and
+        labels this painter draws, in data units (y upwards), so the page and
+        the GIF show one picture. Not for the summary view."""
+        replay, geometry, where = self.replay, self.geometry, self.where
+        frame = replay.frames[index]
+        self.figure.clear()
+        axis, font, points_per_unit = self._ranks_axis()
+        places = self._title_places(font, points_per_unit, index)
+        written = _written(frame)
+        ranks = []
+        for rank, centre in where.items():
+            x, y, ha, va, _ = places[rank]
+            entry = {"rank": rank, "x": centre[0], "y": centre[1], "title": [x, y, ha, va]}
+            if frame.holdings is None:
+                entry["box"] = [centre[0] - geometry.width / 2, centre[1] - geometry.height / 2,
+                                geometry.width, geometry.height, PALETTE[rank % 10],
+                                _text_color(PALETTE[rank % 10])]
+            else:
+                entry["cells"] = []
+                for cell, holders in enumerate(frame.holdings[rank]):
+                    fill = cell_color(holders, replay.world_size)
+                    origin = geometry.cell_origin(centre, cell)
+                    entry["cells"].append([origin[0], origin[1], to_hex(fill),
+                                           cell_text(holders, replay.world_size),
+                                           _text_color(fill), cell in written.get(rank, ())])
+            ranks.append(entry)
+        messages = []
+        for message, place in zip(frame.messages, self._label_at[index]):
+            start, end, _, control, _ = self._arrow(message)
+            label = None
+            if place is not None:
+                label = [*place[0], format_bytes(message.nbytes)
+                         + (f" {message.op}" if message.op else "")]
+            messages.append({"source": message.source, "target": message.target,
+                             "path": [*start, *control, *end],
+                             "color": PALETTE[message.source % 10], "label": label})
+        stretch = RING_STRETCH if replay.world_size > 8 else 1.0
+        return {"view": [*axis.get_xlim(), *axis.get_ylim()], "size": geometry.size,
+                "font": font / points_per_unit, "ranks": ranks, "messages": messages,
+                "ring": [stretch, 1.0] if replay.layout == "ring" and replay.world_size > 2
+                else None,
+                "edges": [[*where[a], *where[b]] for a, b in tree_edges(replay)]
+                if replay.layout == "tree" else []}
 
     def _points_per_unit(self, axis) -> float:
         width, height = self.figure.get_size_inches()
@@ -645,7 +704,9 @@ class _Painter:
             title += f"\nevery arrow: {message_line(frame.messages[0]).split('  ', 1)[1]}"
         axis.text(0.0, 0.36, title, fontsize=10, weight="bold", va="top",
                   transform=axis.transAxes)
-        axis.text(0.0, 0.27, "\n".join(lines) or "(none: this step is local work)",
+        nothing = "(none yet: each rank holds its own data)" if frame.index == 0 \
+            else "(none: this step is local work)"
+        axis.text(0.0, 0.27, "\n".join(lines) or nothing,
                   fontsize=9, va="top", family="monospace", transform=axis.transAxes)
 
     # -- the summary view
@@ -668,7 +729,7 @@ class _Painter:
 
     def _draw_summary(self, frame):
         replay, index = self.replay, frame.index
-        steps = np.arange(1, len(replay.frames) + 1)
+        steps = np.arange(len(replay.frames))  # step 0: before any message
         if self.completeness is not None:
             heat = self.figure.add_axes((0.06, 0.17, 0.34, 0.6))
             image = heat.imshow(self.completeness[index], aspect="auto", vmin=0, vmax=1,
@@ -683,14 +744,14 @@ class _Painter:
         else:
             left = 0.08
         width = 0.94 - left
-        colors = [PALETTE[0] if step - 1 != index else PALETTE[1] for step in steps]
+        colors = [PALETTE[0] if step != index else PALETTE[1] for step in steps]
 
         bytes_axis = self.figure.add_axes((left, 0.53, width, 0.25))
         bytes_axis.bar(steps, self.step_bytes, color=colors)
         bytes_axis.set_ylabel("bytes moved")
-        bytes_axis.set_title(f"per step (step {index + 1} highlighted, hatched)", fontsize=10)
+        bytes_axis.set_title(f"per step (step {index} highlighted, hatched)", fontsize=10)
         bytes_axis.patches[index].set_hatch("//")
-        bytes_axis.axvline(index + 1, color=PALETTE[1], linewidth=2, linestyle="--")
+        bytes_axis.axvline(index, color=PALETTE[1], linewidth=2, linestyle="--")
         bytes_axis.set_xticks([])
         bytes_axis.grid(axis="y", alpha=0.3)
 
@@ -699,7 +760,7 @@ class _Painter:
         lower.set_ylabel("messages")
         lower.set_ylim(0, max(self.step_messages) * 1.15 + 1)
         lower.set_xlabel("step")
-        lower.axvline(index + 1, color=PALETTE[1], linewidth=2, linestyle="--")
+        lower.axvline(index, color=PALETTE[1], linewidth=2, linestyle="--")
         lower.grid(alpha=0.3)
         if self.complete_fraction is not None:
             fraction_axis = lower.twinx()
@@ -728,25 +789,26 @@ def completeness(holdings, final) -> np.ndarray:
 
 
 def draw_frame(replay, index: int = 0, figure: Figure | None = None) -> Figure:
-    """One frame as a static figure (frame ``index``, 0-based)."""
+    """One frame as a static figure: step ``index`` (0: before any message)."""
     painter = _Painter(replay, figure)
     if not 0 <= index < len(replay.frames):
-        raise IndexError(f"frame {index} does not exist: this replay has "
-                         f"{len(replay.frames)} frames (0 to {len(replay.frames) - 1})")
+        raise IndexError(f"frame {index} does not exist: this replay has steps 0 "
+                         f"(before any message) to {replay.steps}")
     painter.draw(index)
     return painter.figure
 
 
 def animate(replay, interval_ms: float = 1000.0) -> FuncAnimation:
-    """The whole replay as a FuncAnimation, one frame per step.
+    """The whole replay as a FuncAnimation, one frame per step (step 0 first).
 
-    In a notebook the animation displays as a JavaScript player (it defines
-    ``_repr_html_`` through :meth:`~FuncAnimation.to_jshtml`).
+    In a notebook the animation displays as the player of
+    :mod:`viz.html_player` (matplotlib's own player loads its button icons
+    from the network: offline they are blank).
     """
     painter = _Painter(replay)
     animation = FuncAnimation(painter.figure, painter.draw, frames=len(replay.frames),
                               interval=interval_ms, blit=False, repeat=True)
-    animation._repr_html_ = animation.to_jshtml
+    animation._repr_html_ = lambda: to_html(replay, 1000.0 / interval_ms, standalone=False)
     return animation
 
 
@@ -759,14 +821,64 @@ def save_gif(replay, path, fps: float = 1.0, dpi: int = DPI) -> str:
     return path
 
 
-def to_html(replay, fps: float = 1.0) -> str:
-    """The animation as a self-contained HTML player (frames embedded as PNG)."""
-    return animate(replay, interval_ms=1000.0 / fps).to_jshtml(fps=fps, default_mode="once")
+def player_panel(replay, caption: str = "") -> dict:
+    """One replay's frames as the data a panel of the browser's player draws
+    (:mod:`viz.html_player`): each step's header, messages and time, and its
+    picture as :meth:`_Painter.scene` (the summary view: as a PNG)."""
+    painter = _Painter(replay)
+    total = max(replay.measured_s, replay.predicted_s or 0.0,
+                replay.frames[-1].elapsed_ns / 1e9, 1e-12)
+    steps = []
+    for frame in replay.frames:
+        entry = {
+            "header": [line for line in header_lines(replay, frame) if line],
+            "messages": [[message.source, message.target,
+                          message_line(message) + (f"   {message.text}" if message.text else "")]
+                         for message in frame.messages],
+            "elapsed": frame.elapsed_ns / 1e9 / total,
+            "elapsed_text": format_seconds(frame.elapsed_ns / 1e9),
+        }
+        if painter.summary:
+            entry["image"] = _png(painter, frame.index)
+        else:
+            entry["scene"] = painter.scene(frame.index)
+        steps.append(entry)
+    return {
+        "caption": caption,
+        "world": replay.world_size,
+        "follow": not painter.summary,
+        "palette": list(PALETTE),
+        "measured": replay.measured_s / total,
+        "predicted": None if replay.predicted_s is None else replay.predicted_s / total,
+        "steps": steps,
+    }
+
+
+def _png(painter, index: int) -> str:
+    painter.draw(index)
+    buffer = io.BytesIO()
+    painter.figure.savefig(buffer, format="png")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def title_of(replay) -> str:
+    return (f"{replay.collective} · {replay.algorithm} · {replay.world_size} ranks "
+            f"(call {replay.call})")
+
+
+def to_html(replay, fps: float = 1.0, *, standalone: bool = True) -> str:
+    """The replay as a page that needs no network (:mod:`viz.html_player`):
+    step 0 (before any message) to the end, a rank to follow, keys."""
+    from viz.html_player import player_html
+
+    return player_html(title_of(replay), [player_panel(replay)], fps=fps,
+                       standalone=standalone)
 
 
 def save_html(replay, path, fps: float = 1.0) -> str:
     """Write the HTML player to a file that opens in any browser; returns the path."""
     path = os.fspath(path)
+    page = to_html(replay, fps)
     with atomic_write(path) as file:
-        file.write(to_html(replay, fps))
+        file.write(page)
     return path

@@ -6,7 +6,9 @@ timeline of the whole trace (PNG) and the Chrome / Perfetto export. A
 pipeline run (its header names a ``schedule``) is drawn as its Gantt chart
 instead: ``--timeline`` writes the PNG, no option steps through its time
 slots (:mod:`viz.pipeline_chart`); ``--gif`` / ``--html`` still animate its
-collective calls, if it has any (pipeline x data parallel).
+collective calls, if it has any (pipeline x data parallel), and without
+any they say so and exit with status 2 (an output option writes what it
+names or says why it cannot).
 
 ``minidist demo COLLECTIVE [--algorithm A] -n N``: run one call of the
 collective on N real processes (shared memory, a small int64 array), or on N
@@ -162,15 +164,20 @@ def show(path, *, call: int | None = None, play: bool = False, speed: float = 2.
     _check_arguments(speed=speed, gif=gif, html=html, timeline=timeline, chrome=chrome)
     console = console or Console(no_color=not color, highlight=False)
     trace = _load_trace(path)
+    pipeline = is_pipeline_trace(trace.header)
+    replays = replays_of(trace) if (gif or html or not pipeline) else []
+    if gif or html:
+        # An output option writes what it names or says why it cannot (before
+        # any file is written); it never writes something else in its place.
+        _check_replayable(replays, path, pipeline, "--gif" if gif else "--html")
     if chrome:
         with _writing(chrome):
             _trace.write_chrome(chrome, trace.events, trace.header)
         console.print(f"Chrome / Perfetto trace written to {chrome} (open it in "
                       "https://ui.perfetto.dev or chrome://tracing)")
-    if is_pipeline_trace(trace.header) and not (gif or html):
+    if pipeline and not (gif or html):
         return _show_pipeline(trace, path, play=play, speed=speed, timeline=timeline,
                               chrome=chrome, color=color, console=console)
-    replays = replays_of(trace)
     wants_replay = bool(gif or html) or not (timeline or chrome)
     if not replays and wants_replay:
         fallback = timeline or f"{os.path.splitext(os.fspath(path))[0]}.timeline.png"
@@ -206,11 +213,13 @@ def show(path, *, call: int | None = None, play: bool = False, speed: float = 2.
         if gif:
             with _writing(gif):
                 animate.save_gif(chosen, gif, fps=fps)
-            console.print(f"animation written to {gif} ({len(chosen.frames)} frames)")
+            console.print(f"animation written to {gif} (steps 0 to {chosen.steps}: "
+                          f"{len(chosen.frames)} frames)")
         if html:
             with _writing(html):
                 animate.save_html(chosen, html, fps=fps)
-            console.print(f"HTML player written to {html} ({len(chosen.frames)} frames)")
+            console.print(f"HTML player written to {html} (steps 0 to {chosen.steps}; "
+                          "it needs no network)")
         return 0
     from viz import terminal
 
@@ -219,6 +228,21 @@ def show(path, *, call: int | None = None, play: bool = False, speed: float = 2.
     else:
         terminal.step_through(chosen, console, color=color)
     return 0
+
+
+def _check_replayable(replays, path, pipeline: bool, option: str) -> None:
+    """--gif and --html animate a collective call: say in one line why there
+    is none to animate, and what draws the trace instead."""
+    if replays:
+        return
+    if pipeline:
+        raise VizError(f"{option}: {path} is a pipeline run with no collective calls, and "
+                       f"{option} animates collective calls; draw its schedule with "
+                       f"`minidist viz {path} --timeline gantt.png`, or step through it "
+                       f"with `minidist viz {path}`")
+    raise VizError(f"{option}: {path} has no collective calls to animate (its messages carry "
+                   "no collective labels, schema version 2); draw its timeline with "
+                   f"`minidist viz {path} --timeline timeline.png`")
 
 
 def _show_pipeline(trace, path, *, play: bool, speed: float, timeline, chrome, color: bool,

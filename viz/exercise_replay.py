@@ -24,7 +24,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from minidist.atomic_file import atomic_path, atomic_write
+from minidist.atomic_file import atomic_path
 from viz.replay import Frame, Replay, replays
 
 MARK = ">>> FIRST DIFFERENCE <<<"
@@ -56,7 +56,13 @@ class SideBySide:
 
     @property
     def frames(self) -> int:
+        """Pairs to show: step 0 (before any message) to :attr:`steps`."""
         return len(self.pairs)
+
+    @property
+    def steps(self) -> int:
+        """The longer run's steps (pair k is step k; pair 0 before any message)."""
+        return len(self.pairs) - 1
 
 
 def _signature(frame: Frame | None):
@@ -70,9 +76,11 @@ def side_by_side(student_events, reference_events, first_step: int | None = None
     """The model of two runs of one collective call (lists of trace event dicts).
 
     ``first_step``: the student's step the checker found first to differ (by
-    the values sent too, which the trace does not hold); the pair marked is
-    the first whose student frame is that step. Without it, or if no frame
-    has that step, the first pair whose messages differ is marked."""
+    the values sent too, which the trace does not hold), counted as every
+    replay counts: step k is the state after the k-th exchange, pair k (the
+    trace's :attr:`Frame.step` is k - 1). The pair marked is the first at or
+    after that step. Without it, or if no frame has that step, the first
+    pair whose messages differ is marked."""
     student, reference = _only_call(student_events, "student"), \
         _only_call(reference_events, "reference")
     count = max(len(student.frames), len(reference.frames))
@@ -83,10 +91,9 @@ def side_by_side(student_events, reference_events, first_step: int | None = None
         pairs.append(Pair(index, mine, theirs, _signature(mine) != _signature(theirs)))
     marked = None
     if first_step is not None:
-        # Steps count from 1 (step k: after the k-th exchange); a frame's
-        # ``step`` is the trace's, from 0.
+        # Step k: after the k-th exchange; a frame's ``step`` is the trace's, k - 1.
         marked = next((pair.index for pair in pairs
-                       if (pair.student.step if pair.student else pair.index) + 1 >= first_step),
+                       if (pair.student.step + 1 if pair.student else pair.index) >= first_step),
                       None)
     if marked is None:
         marked = next((pair.index for pair in pairs if pair.differs), None)
@@ -98,6 +105,12 @@ def _only_call(events, who: str) -> Replay:
     if not found:
         raise ValueError(f"the {who}'s run recorded no finished collective call to replay")
     return found[0]
+
+
+def _step_words(model: SideBySide, index: int) -> str:
+    """"step k of K" as every replay counts (step 0: before any message)."""
+    words = f"step {index} of {model.steps}"
+    return words + " (before any message)" if index == 0 else words
 
 
 # --------------------------------------------------------------------------- terminal
@@ -120,7 +133,7 @@ def render_pair(model: SideBySide, index: int, *, color: bool = True, width: int
         return render_frame(replay, frame.index, color=color, width=half)
 
     table.add_row(one(model.student, pair.student), one(model.reference, pair.reference))
-    head = Text(f"step {index + 1} of {model.frames}")
+    head = Text(_step_words(model, index))
     if index == model.marked:
         head.append(f"   {MARK}", style="bold red" if color else "")
         if model.difference:
@@ -187,8 +200,7 @@ class _SideBySidePainter:
                 painter.figure.text(0.5, 0.5, "(no more steps)", ha="center", fontsize=14)
             halves.append(self._pixels(painter.figure))
         self.banner.clear()
-        words = f"step {index + 1} of {self.model.frames} · left: your algorithm · " \
-                "right: the reference"
+        words = f"{_step_words(self.model, index)} · left: your algorithm · right: the reference"
         marked = index == self.model.marked
         if marked:
             # Not by colour alone: the words say it and the box is hatched.
@@ -238,47 +250,27 @@ def save_side_by_side_gif(model: SideBySide, path, fps: float = 1.0, dpi: int = 
 
 def save_side_by_side(model: SideBySide, gif_path, html_path, fps: float = 1.0,
                       dpi: int = REPLAY_DPI) -> tuple[str, str]:
-    """The GIF and the page of one model, each pair drawn once."""
-    images = _images(model, dpi)
-    return (save_side_by_side_gif(model, gif_path, fps, images=images),
-            save_side_by_side_html(model, html_path, fps, images=images))
+    """The GIF and the page of one model."""
+    return (save_side_by_side_gif(model, gif_path, fps, dpi),
+            save_side_by_side_html(model, html_path, fps))
 
 
-def save_side_by_side_html(model: SideBySide, path, fps: float = 1.0, dpi: int = REPLAY_DPI,
-                           images=None) -> str:
-    """A page that opens in any browser: the pairs as embedded PNGs, a slider
-    and buttons to step back and forth, the first difference marked."""
-    import base64
-    import html
-    import io
+def save_side_by_side_html(model: SideBySide, path, fps: float = 1.0) -> str:
+    """A page that opens in any browser, with no network: the two runs side by
+    side, stepping together in the player of :mod:`viz.html_player` (buttons,
+    slider, keys, a rank to follow), opened at the first difference, which
+    is marked."""
+    from viz.animate import player_panel
+    from viz.html_player import save_player
 
-    frames = []
-    for image in images or _images(model, dpi):
-        buffer = io.BytesIO()
-        image.save(buffer, format="PNG")
-        frames.append("data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode())
-    start = model.marked or 0
-    page = f"""<!doctype html><meta charset="utf-8">
-<title>{html.escape(model.student.collective)}: your algorithm and the reference</title>
-<p>{"" if model.marked is None else f"<b>FIRST DIFFERENCE at step {model.marked + 1}</b>: "}{html.escape(model.difference)}</p>
-<button onclick="go(-1)">&larr; back</button> <button onclick="go(1)">next &rarr;</button>
-<input id="slider" type="range" min="0" max="{model.frames - 1}" value="{start}"
- oninput="show(+this.value)"> <span id="where"></span>
-<div><img id="frame" style="max-width:100%"></div>
-<script>
-const frames = {frames!r};
-const marked = {-1 if model.marked is None else model.marked};
-let at = {start};
-function show(i) {{ at = Math.max(0, Math.min(frames.length - 1, i));
-  document.getElementById("frame").src = frames[at];
-  document.getElementById("slider").value = at;
-  document.getElementById("where").textContent = "step " + (at + 1) + " of " + frames.length
-    + (at === marked ? "  (first difference)" : ""); }}
-function go(d) {{ show(at + d); }}
-show(at);
-</script>
-"""
-    path = os.fspath(path)
-    with atomic_write(path) as file:
-        file.write(page)
-    return path
+    notes = {pair.index: "(the messages differ)" for pair in model.pairs if pair.differs}
+    if model.marked is not None:
+        notes[model.marked] = f"{MARK} {model.difference}".strip()
+    marked = "" if model.marked is None else \
+        f"The first difference is at step {model.marked}. "
+    return save_player(
+        path, f"{model.student.collective}: your algorithm and the reference",
+        [player_panel(model.student, "your algorithm"),
+         player_panel(model.reference, "the reference")],
+        notes=notes, start=model.marked or 0, fps=fps,
+        intro=marked + model.difference)

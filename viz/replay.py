@@ -1,4 +1,5 @@
-"""Replay a collective call from its trace: one frame per algorithm step.
+"""Replay a collective call from its trace: the state before any message,
+then one frame per algorithm step.
 
 This is the model every picture of minidist is drawn from (the Rich
 step-through in :mod:`viz.terminal`, the matplotlib animation, the lesson's
@@ -6,9 +7,18 @@ figures). It is pure Python and draws nothing::
 
     from viz.replay import replay
     ring = replay("ring.jsonl")          # the first collective call in the trace
-    len(ring.frames)                     # 2 (n - 1) for a ring all_reduce
-    ring.frames[0].messages[0]           # Message(source=0, target=1, nbytes=256, ...)
+    ring.steps                           # 2 (n - 1) for a ring all_reduce
+    len(ring.frames)                     # steps + 1: frame 0 is the state before any message
+    ring.frames[0].messages              # (): nothing has moved yet
+    ring.frames[1].messages[0]           # Message(source=0, target=1, nbytes=256, ...)
     ring.frames[-1].holdings[3][0]       # frozenset({0, 1, 2, 3}): rank 3's cell 0 is done
+
+Steps are counted one way in every picture (terminal, GIF, HTML player,
+exercise replays): "step k of K" is ``frames[k]``, the state after the
+algorithm's k-th step (counted from 1), and step 0 is the state before any
+message. The trace and the algorithms' labels count their steps from 0
+(``Frame.step``, "reduce-scatter step 0 chunk 3"): trace step s is drawn as
+step s + 1.
 
 What the trace says (schema version 2, written by the collectives): every
 rank records one ``collective`` event per call, whose label carries the call's
@@ -94,10 +104,10 @@ class Message:
 
 @dataclass(frozen=True)
 class Frame:
-    """The state after one algorithm step."""
+    """The state after one algorithm step (frame 0: before the first)."""
 
-    index: int           # 0-based position in the replay
-    step: int            # the algorithm's step number
+    index: int           # the step shown, "step index of K": 0 before any message
+    step: int            # the trace's step number, from 0 (index - 1; -1 for frame 0)
     phase: str           # "reduce-scatter", "allgather", "broadcast", ... ("" if none)
     holdings: tuple[tuple[frozenset, ...], ...] | None  # [rank][cell] -> ranks in it
     messages: tuple[Message, ...]
@@ -121,8 +131,8 @@ class Replay:
     call: int
     cells: int           # cells each buffer is drawn as
     layout: str          # "ring" | "tree" | "row"
-    initial: tuple[tuple[frozenset, ...], ...] | None  # holdings before step 0
-    frames: tuple[Frame, ...]
+    initial: tuple[tuple[frozenset, ...], ...] | None  # holdings before any message
+    frames: tuple[Frame, ...]  # frames[0]: before any message; frames[k]: after step k
     formula: str         # the algorithm's cost formula in words
     predicted_s: float | None  # the cost model's time for this call
     measured_s: float    # first rank in to last rank out of the call
@@ -149,7 +159,8 @@ class Replay:
 
     @property
     def steps(self) -> int:
-        return len(self.frames)
+        """The algorithm's steps: the frames after the first (before any message)."""
+        return len(self.frames) - 1
 
 
 # --------------------------------------------------------------------------- reading
@@ -415,7 +426,8 @@ def _apply(state: list[list[int]], entries, bounds) -> set[tuple[int, int]]:
 
 
 def _frames(steps, by_step, phase_votes, start, bounds, world) -> tuple[Frame, ...]:
-    """Apply the messages step by step and keep what each step left."""
+    """The state before any message, then apply the messages step by step and
+    keep what each step left."""
     cells = len(bounds) - 1
     ordered = [sorted(by_step.get(step, []), key=lambda entry: entry[0].end_ns)
                for step in range(steps)]
@@ -433,7 +445,10 @@ def _frames(steps, by_step, phase_votes, start, bounds, world) -> tuple[Frame, .
     cache: dict[int, frozenset] = {}
     rows = [tuple(_as_set(bits, cache) for bits in row) for row in state] if keep_holdings \
         else None
-    frames = []
+    frames = [Frame(index=0, step=-1, phase="", holdings=tuple(rows) if keep_holdings else None,
+                    messages=(), elapsed_ns=0,
+                    complete=(done / (world * cells) if cells else 1.0)
+                    if state is not None else None)]
     elapsed, phase = 0, ""
     for step, entries in enumerate(ordered):
         holdings = complete = None
@@ -455,7 +470,7 @@ def _frames(steps, by_step, phase_votes, start, bounds, world) -> tuple[Frame, .
             phase = phase_votes[step].most_common(1)[0][0]
         messages = tuple(sorted((entry[0] for entry in entries),
                                 key=lambda message: (message.source, message.target)))
-        frames.append(Frame(index=step, step=step, phase=phase, holdings=holdings,
+        frames.append(Frame(index=step + 1, step=step, phase=phase, holdings=holdings,
                             messages=messages, elapsed_ns=elapsed, complete=complete,
                             nbytes=sum(message.nbytes for message in messages)))
     return tuple(frames)
@@ -487,6 +502,13 @@ def _as_holdings(start, world):
 
 
 # --------------------------------------------------------------------------- words and costs
+
+
+def step_words(replay: Replay, frame: Frame) -> str:
+    """"step k of K", as every picture counts: step 0 is the state before any
+    message, step K the end of the call."""
+    words = f"step {frame.index} of {replay.steps}"
+    return words + " (before any message)" if frame.index == 0 else words
 
 
 def layout_of(algorithm: str) -> str:

@@ -6,7 +6,9 @@
 
 Each frame shows
 
-* a header: the collective, the algorithm, "step k of K" and the phase;
+* a header: the collective, the algorithm, "step k of K" and the phase
+  (step 0 is the state before any message, as in every picture: see
+  :mod:`viz.replay`);
 * the ranks laid out as the algorithm sees them (a ring for ring
   algorithms, a tree for trees, a list otherwise), each rank's buffer drawn
   as its cells. A cell's character says how many ranks' data it holds
@@ -42,7 +44,7 @@ from rich.tree import Tree
 
 from minidist.alpha_beta import EXCHANGE_BETA_LEGEND
 from minidist.units import format_bytes
-from viz.replay import Frame, Replay, model_gap
+from viz.replay import Frame, Replay, model_gap, step_words
 
 #: matplotlib's "tableau-colorblind10": told apart with every common colour blindness.
 PALETTE = ("#006BA4", "#FF800E", "#ABABAB", "#595959", "#5F9ED1",
@@ -123,8 +125,7 @@ def _header(replay: Replay, frame: Frame, color: bool) -> Text:
     text.append(f"{replay.collective} · {replay.algorithm}", style="bold" if color else "")
     root = f" · root {replay.root}" if replay.root is not None else ""
     text.append(f" · {replay.world_size} ranks · {format_bytes(replay.nbytes)}{root}\n")
-    text.append(f"step {frame.index + 1} of {len(replay.frames)}",
-                style="bold reverse" if color else "")
+    text.append(step_words(replay, frame), style="bold reverse" if color else "")
     if frame.phase:
         text.append(f" · {frame.phase}", style="bold" if color else "")
     return text
@@ -132,6 +133,10 @@ def _header(replay: Replay, frame: Frame, color: bool) -> Text:
 
 def _message_lines(replay: Replay, frame: Frame, color: bool) -> Text:
     text = Text()
+    if frame.index == 0:
+        text.append("(nothing sent yet: each rank holds its own data)",
+                    style="dim" if color else "")
+        return text
     if not frame.messages:
         text.append("(no messages in this step)", style="dim" if color else "")
         return text
@@ -317,7 +322,7 @@ def _summary(replay: Replay, frame: Frame, color: bool, rows: int = 12) -> Table
             filled = round(shown.complete * 20)
             progress = f"{'#' * filled}{'.' * (20 - filled)} {shown.complete:4.0%}"
         current = shown.index == frame.index
-        table.add_row(f"{'>' if current else ' '}{shown.index + 1}", shown.phase,
+        table.add_row(f"{'>' if current else ' '}{shown.index}", shown.phase,
                       str(len(shown.messages)), format_bytes(shown.nbytes), progress,
                       style=("bold reverse" if current else "") if color else "")
     return table
@@ -326,11 +331,11 @@ def _summary(replay: Replay, frame: Frame, color: bool, rows: int = 12) -> Table
 def render_frame(replay: Replay, index: int, *, color: bool = True, width: int | None = None):
     """Frame ``index`` of ``replay`` as a Rich renderable (print it with a
     Console). ``width``: the columns it may use (default 80)."""
-    if not replay.frames:
+    if not replay.steps:
         return Text(f"{replay.collective} {replay.algorithm}: no steps (nothing was sent)")
     if not 0 <= index < len(replay.frames):
-        raise IndexError(f"frame {index} out of range: the replay has frames "
-                         f"0..{len(replay.frames) - 1}")
+        raise IndexError(f"frame {index} out of range: the replay has steps "
+                         f"0 (before any message) to {replay.steps}")
     width = width or 80
     frame = replay.frames[index]
     parts = [_header(replay, frame, color), Text()]

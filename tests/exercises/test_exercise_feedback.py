@@ -66,7 +66,7 @@ def test_the_report_begins_with_the_mistake_and_comes_with_a_replay(name, file, 
     assert model.marked is not None
     if result.failure.step is not None:  # the marked pair is the reported step
         assert data["first_difference"] == result.failure.step
-        assert model.marked == result.failure.step - 1
+        assert model.marked == result.failure.step  # pair k is step k (pair 0: before any message)
         assert f"step {result.failure.step}" in data["difference"]
 
 

@@ -30,12 +30,13 @@ def _model(file):
 def test_the_first_differing_step_is_marked_where_the_checker_found_it():
     data, model = _model("ring_off_by_one")
     assert (data["world_size"], data["count"]) == (4, 16)
-    assert model.frames == 2 * (4 - 1)  # the ring's 2 (n - 1) steps on both sides
+    assert model.steps == 2 * (4 - 1)  # the ring's 2 (n - 1) steps on both sides
+    assert model.frames == model.steps + 1  # and step 0, before any message
     # The off-by-one sends chunks of the right size to the right peer: only the
     # values differ, so the trace alone cannot see it; the checker's step can.
-    # Steps count from 1 (step 0 is the state before any message): the
-    # checker's "step 1" is the first pair, the trace's step 0.
-    assert data["first_difference"] == 1 and model.marked == 0
+    # Steps count from 1, as every replay counts (step 0 is the state before
+    # any message): the checker's "step 1" is pair 1, the trace's step 0.
+    assert data["first_difference"] == 1 and model.marked == 1
     assert model.pairs[model.marked].student.step + 1 == data["first_difference"]
     assert model.difference.startswith("rank 0, step 1 (reduce-scatter): you send chunk 1")
 

@@ -25,18 +25,20 @@ def test_viz_writes_gif_html_timeline_and_chrome(ring_trace, tmp_path, capsys):
                  "--html", str(outputs["a.html"]), "--timeline", str(outputs["t.png"]),
                  "--chrome", str(outputs["c.json"])]) == 0
     with Image.open(outputs["a.gif"]) as image:
-        assert image.n_frames == 6
+        assert image.n_frames == 7  # step 0 (before any message) to step 6
     html = outputs["a.html"].read_text()
-    assert re.search(r"new Array\(6\)", html)
+    assert re.search(r'type="range" min="0" max="6"', html) and "http" not in html
     with Image.open(outputs["t.png"]) as image:
         assert image.size[0] > 500
     assert outputs["c.json"].stat().st_size > 0
-    assert "6 frames" in capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())
+    assert "steps 0 to 6: 7 frames" in out and "it needs no network" in out
 
 
 def test_viz_without_outputs_prints_every_frame_when_not_a_terminal(ring_trace, capsys):
     assert main(["viz", str(ring_trace), "--no-color"]) == 0
     out = " ".join(capsys.readouterr().out.split())
+    assert "step 0 of 6 (before any message)" in out
     for step in range(1, 7):
         assert f"step {step} of 6" in out
 
@@ -58,6 +60,27 @@ def test_viz_of_a_trace_without_collectives_falls_back_to_the_timeline(tmp_path,
     assert main(["viz", str(path)]) == 0
     assert "timeline instead" in " ".join(capsys.readouterr().out.split())
     assert (tmp_path / "p2p.timeline.png").exists()
+    # An output option named is written or refused, never replaced by another.
+    for option in ("--html", "--gif"):
+        target = tmp_path / f"p2p{option.replace('--', '.')}"
+        assert main(["viz", str(path), option, str(target)]) == 2
+        error = _one_line_error(capsys, "viz")
+        assert "has no collective calls to animate" in error and "--timeline" in error
+        assert not target.exists()
+
+
+@pytest.mark.parametrize("argv, refused", [
+    (["demo", "pipeline", "--html", "pipe.html"], "--html: `minidist demo pipeline` has no"),
+    (["demo", "data-parallel", "--gif", "dp.gif"], "--gif: `minidist demo data-parallel`"),
+    (["demo", "memory", "--timeline", "t.png"], "it writes --plot"),
+    (["demo", "ring-allreduce", "--plot", "p.png"], "it writes --gif, --html, --timeline"),
+    (["demo", "--html", "tour.html"], "the tour (`minidist demo`) has no such output"),
+])
+def test_demo_refuses_an_output_it_does_not_write(argv, refused, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    assert refused in _one_line_error(capsys, "demo")
+    assert not any(tmp_path.iterdir())
 
 
 def test_demo_rejects_unknown_names(capsys):
@@ -86,7 +109,7 @@ def test_demo_simulated_broadcast_writes_a_gif(tmp_path, capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "no collective calls" not in out
     with Image.open(gif) as image:
-        assert image.n_frames == 3
+        assert image.n_frames == 3 + 1  # log2(8) rounds after step 0
 
 
 def _one_line_error(capsys, command: str) -> str:

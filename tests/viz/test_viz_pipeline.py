@@ -360,6 +360,21 @@ def test_viz_play_and_chrome_of_a_pipeline_trace(pipeline_trace, tmp_path, capsy
     assert chrome.stat().st_size > 0 and "slot 1 of" not in out
 
 
+@pytest.mark.parametrize("option, name", [("--html", "pipe.html"), ("--gif", "pipe.gif")])
+def test_viz_animation_of_a_pipeline_trace_says_why_it_cannot(pipeline_trace, tmp_path, capsys,
+                                                              option, name):
+    # It used to write the trace's timeline PNG instead of the HTML, status 0.
+    chrome = tmp_path / "pipe.json"
+    assert main(["viz", str(pipeline_trace), option, str(tmp_path / name),
+                 "--chrome", str(chrome)]) == 2
+    captured = capsys.readouterr()
+    error = captured.err.strip()
+    assert error.startswith(f"minidist viz: {option}: ") and "\n" not in error
+    assert "pipeline run with no collective calls" in error and "--timeline" in error
+    assert sorted(path.name for path in tmp_path.iterdir()) == [pipeline_trace.name]
+    assert captured.out == ""
+
+
 # --------------------------------------------------------------------------- measured vs formula
 
 

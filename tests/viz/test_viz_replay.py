@@ -48,11 +48,16 @@ def test_hand_made_ring_matches_the_reference(n):
     ring = replay(ring_all_reduce_events(n, 3 * n + 1))
     assert (ring.collective, ring.algorithm, ring.world_size, ring.layout) == \
         ("all_reduce", "ring", n, "ring")
-    assert len(ring.frames) == 2 * (n - 1)
+    assert ring.steps == 2 * (n - 1) and len(ring.frames) == ring.steps + 1
     assert _as_lists(ring.initial) == [[frozenset({r})] * n for r in range(n)]
-    for frame in ring.frames:
-        assert _as_lists(frame.holdings) == ring_all_reduce_holdings(n, frame.index)
-        assert frame.phase == ("reduce-scatter" if frame.index < n - 1 else "allgather")
+    # Frame 0 is the state before any message: no messages, the initial holdings.
+    first = ring.frames[0]
+    assert (first.index, first.step, first.messages, first.elapsed_ns) == (0, -1, (), 0)
+    assert first.holdings == ring.initial
+    for frame in ring.frames[1:]:
+        assert frame.step == frame.index - 1
+        assert _as_lists(frame.holdings) == ring_all_reduce_holdings(n, frame.step)
+        assert frame.phase == ("reduce-scatter" if frame.step < n - 1 else "allgather")
         assert len(frame.messages) == n
         assert {(m.source, m.target) for m in frame.messages} == {(r, (r + 1) % n)
                                                                   for r in range(n)}
@@ -61,12 +66,12 @@ def test_hand_made_ring_matches_the_reference(n):
 
 def test_hand_made_message_fields():
     ring = replay(ring_all_reduce_events(4, 8, itemsize=4, step_ns=1000))
-    first = ring.frames[0].messages[0]
+    first = ring.frames[1].messages[0]
     assert (first.source, first.target, first.nbytes, first.op, first.cells) == \
         (0, 1, 8, "combine", (0, 1))
     assert first.text == "reduce-scatter step 0 chunk 0"
-    assert 0 <= first.start_ns < first.end_ns <= ring.frames[0].elapsed_ns
-    assert ring.frames[3].messages[0].op == "copy"
+    assert 0 <= first.start_ns < first.end_ns <= ring.frames[1].elapsed_ns
+    assert ring.frames[4].messages[0].op == "copy"
     assert ring.measured_s == pytest.approx(6 * 1000e-9 + 3e-9)
     assert ring.predicted_s > 0 and "α" in ring.formula and "γ" in ring.formula \
         and "βₓ" in ring.formula and "xbeta" not in ring.formula
@@ -77,7 +82,7 @@ def test_several_calls_in_one_trace_are_told_apart():
         dict(event, start=event["start"] + 10**6, end=event["end"] + 10**6)
         for event in ring_all_reduce_events(3, 30, call=1)]
     found = replays(events)
-    assert [(r.call, r.count, len(r.frames)) for r in found] == [(0, 9, 4), (1, 30, 4)]
+    assert [(r.call, r.count, r.steps) for r in found] == [(0, 9, 4), (1, 30, 4)]
     assert replay(events, 1).count == 30
 
 
@@ -145,7 +150,7 @@ def test_real_frame_counts_are_the_algorithms_steps(real_replays, n):
         ("reduce_scatter", "ring"): n - 1,
     }
     for (collective, algorithm), steps in expected.items():
-        assert len(_case(found, collective, algorithm).frames) == steps, (collective, algorithm)
+        assert _case(found, collective, algorithm).steps == steps, (collective, algorithm)
     for one in found:
         assert one.world_size == n and one.transport == "shm"
         assert one.measured_s > 0 and one.predicted_s and one.predicted_s > 0
@@ -159,8 +164,9 @@ def test_real_frame_counts_are_the_algorithms_steps(real_replays, n):
 def test_real_ring_all_reduce_holdings(real_replays, n):
     ring = _case(real_replays[n], "all_reduce", "ring")
     for frame in ring.frames:
-        assert _as_lists(frame.holdings) == ring_all_reduce_holdings(n, frame.index)
-        assert frame.phase == ("reduce-scatter" if frame.index < n - 1 else "allgather")
+        assert _as_lists(frame.holdings) == ring_all_reduce_holdings(n, frame.step)
+        if frame.index:
+            assert frame.phase == ("reduce-scatter" if frame.step < n - 1 else "allgather")
         assert all(m.nbytes > 0 for m in frame.messages)
 
 
@@ -178,7 +184,7 @@ def test_real_every_all_reduce_ends_complete(real_replays, n):
 def test_real_recursive_doubling_holdings(real_replays, n):
     doubling = _case(real_replays[n], "all_reduce", "recursive_doubling")
     for frame in doubling.frames:
-        expected = recursive_doubling_holdings(n, frame.index)
+        expected = recursive_doubling_holdings(n, frame.step)
         assert _as_lists(frame.holdings) == [[expected[rank]] * n for rank in range(n)]
 
 
@@ -192,7 +198,7 @@ def test_real_binomial_broadcast_holdings(real_replays, n):
             holders = {rank for rank in range(n)
                        if all(cell == {root} for cell in frame.holdings[rank])}
             empty = {rank for rank in range(n) if not any(frame.holdings[rank])}
-            assert holders == binomial_broadcast_holders(n, root, frame.index)
+            assert holders == binomial_broadcast_holders(n, root, frame.step)
             assert empty == set(range(n)) - holders
 
 
@@ -201,7 +207,7 @@ def test_real_binomial_broadcast_holdings(real_replays, n):
 def test_real_ring_all_gather_and_reduce_scatter(real_replays, n):
     gather = _case(real_replays[n], "all_gather", "ring")
     for frame in gather.frames:
-        assert _as_lists(frame.holdings) == ring_all_gather_holdings(n, frame.index)
+        assert _as_lists(frame.holdings) == ring_all_gather_holdings(n, frame.step)
     scatter = _case(real_replays[n], "reduce_scatter", "ring")
     # reduce_scatter's definition: rank r ends with piece r combined over every rank.
     assert all(scatter.frames[-1].holdings[rank][rank] == frozenset(range(n))
@@ -217,9 +223,9 @@ def test_simulated_ring_matches_the_reference(tmp_path, n):
     path = tmp_path / "ring.jsonl"
     result = simulate("all_reduce", "ring", n, 1 << 20, trace=path)
     ring = replay(path)
-    assert len(ring.frames) == 2 * (n - 1)
+    assert ring.steps == 2 * (n - 1)
     for frame in ring.frames:
-        assert _as_lists(frame.holdings) == ring_all_reduce_holdings(n, frame.index)
+        assert _as_lists(frame.holdings) == ring_all_reduce_holdings(n, frame.step)
     assert ring.transport == "sim"
     assert ring.measured_s == pytest.approx(result.time, abs=1e-9)  # whole virtual ns
     assert ring.predicted_s == pytest.approx(result.predicted, rel=1e-9)
@@ -231,10 +237,10 @@ def test_simulated_binomial_broadcast(tmp_path, n):
     path = tmp_path / "broadcast.jsonl"
     simulate("broadcast", "binomial", n, 4096, root=1, trace=path)
     tree = replay(path)
-    assert len(tree.frames) == _log2(n)
+    assert tree.steps == _log2(n)
     for frame in tree.frames:
         holders = {rank for rank in range(n) if all(cell == {1} for cell in frame.holdings[rank])}
-        assert holders == binomial_broadcast_holders(n, 1, frame.index)
+        assert holders == binomial_broadcast_holders(n, 1, frame.step)
 
 
 @pytest.mark.timeout(120)
@@ -242,7 +248,7 @@ def test_simulated_64_ranks_is_a_summary(tmp_path):
     path = tmp_path / "ring64.jsonl"
     simulate("all_reduce", "ring", 64, 1 << 20, trace=path)
     big = replay(path)
-    assert big.summary and big.world_size == 64 and len(big.frames) == 126
+    assert big.summary and big.world_size == 64 and big.steps == 126
     assert [frame.complete for frame in big.frames] == sorted(frame.complete
                                                              for frame in big.frames)
     assert big.frames[-1].complete == 1.0
@@ -261,6 +267,7 @@ def test_cells_without_elements_hold_nothing_and_count_as_complete(tmp_path):
         assert ring.frames[-1].holdings[rank] == (everyone, frozenset(), frozenset())
     assert ring.frames[-1].complete == 1.0
     assert ring.frames[0].complete == pytest.approx(2 / 3)  # the 6 empty cells are done
+    assert ring.frames[1].complete == pytest.approx(2 / 3)  # nothing final yet after step 1
 
 
 # --------------------------------------------------------------------------- measured vs model

@@ -37,7 +37,7 @@ def ring8():
 
 
 def test_header_phase_messages_and_formula(ring4):
-    text = _text(render_frame(ring4, 2))
+    text = _text(render_frame(ring4, 3))
     assert "all_reduce · ring" in text
     assert "step 3 of 6" in text
     assert "reduce-scatter" in text
@@ -46,14 +46,18 @@ def test_header_phase_messages_and_formula(ring4):
     assert "measured" in text and "vs model" in text
     # Beside the two numbers, their ratio and why they differ in this run.
     assert re.search(r"vs model [\d.]+ .?s \([\d.,]+x: ", " ".join(text.split()))
-    allgather = _text(render_frame(ring4, 3))
+    allgather = _text(render_frame(ring4, 4))
     assert "step 4 of 6 · allgather" in allgather and "copy" in allgather
 
 
 def test_cells_show_counts_and_all(ring4):
-    first = _text(render_frame(ring4, 0, color=False))
+    before = _text(render_frame(ring4, 0, color=False))
+    assert "step 0 of 6 (before any message)" in before
+    assert all(f"r{rank}│1111│" in before for rank in range(4))  # each rank its own data
+    assert "nothing sent yet" in before
+    first = _text(render_frame(ring4, 1, color=False))
     assert "r1│2111│" in first  # rank 1 combined rank 0's chunk 0
-    last = _text(render_frame(ring4, 5, color=False))
+    last = _text(render_frame(ring4, 6, color=False))
     for rank in range(4):
         assert f"r{rank}│AAAA│" in last
     assert cell_char(frozenset(), 4) == "·"
@@ -77,19 +81,20 @@ def test_color_and_no_color_say_the_same(ring8):
 
 def test_64_ranks_render_the_summary_view():
     big = replay(ring_all_reduce_events(64, 64 * 4, itemsize=4))
-    assert big.summary and len(big.frames) == 126
-    text = _text(render_frame(big, 70))
+    assert big.summary and big.steps == 126
+    text = _text(render_frame(big, 71))
     assert "summary view" in text and "step 71 of 126" in text
     assert "complete" in text and "messages" in text
     assert max(len(line) for line in text.splitlines()) <= 80
-    assert _text(render_frame(big, 125)).count("100%") >= 1
+    assert _text(render_frame(big, 126)).count("100%") >= 1
 
 
 def test_keys_move_next_back_start_end_quit(ring4):
     console = Console(record=True, width=80, color_system=None, file=_Discard())
     shown = step_through(ring4, console, keys=["n", " ", "b", "G", "n", "g", "x", "b", "q"])
-    assert shown == [0, 1, 2, 1, 5, 0]
-    assert "step 6 of 6" in console.export_text()
+    assert shown == [0, 1, 2, 1, 6, 0]
+    text = console.export_text()
+    assert "step 0 of 6 (before any message)" in text and "step 6 of 6" in text
 
 
 def test_keys_end_when_they_run_out(ring4):
@@ -105,14 +110,14 @@ def test_move_rules():
 
 def test_without_a_terminal_every_frame_is_printed(ring4):
     console = Console(record=True, width=80, color_system=None, file=_Discard())
-    assert step_through(ring4, console) == list(range(6))
+    assert step_through(ring4, console) == list(range(7))
     text = console.export_text()
-    assert all(f"step {k} of 6" in text for k in range(1, 7))
+    assert all(f"step {k} of 6" in text for k in range(0, 7))
 
 
 def test_play_shows_every_frame_without_waiting(ring4):
     console = Console(record=True, width=80, color_system=None, file=_Discard())
     waits = []
     play(ring4, console, speed=4, sleep=waits.append)
-    assert waits == [0.25] * 6
+    assert waits == [0.25] * 7
     assert "step 6 of 6" in console.export_text()

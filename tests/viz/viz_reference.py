@@ -11,7 +11,8 @@ from minidist.distributed.collectives.chunks import chunk_bounds
 
 
 def ring_all_reduce_holdings(n: int, frame: int) -> list[list[frozenset]]:
-    """[rank][chunk] after ring all_reduce frame ``frame`` (0-based).
+    """[rank][chunk] after ring all_reduce step ``frame`` (the trace's count,
+    from 0; -1: before any message).
 
     Reduce-scatter step s: rank r combines chunk (r - s - 1) mod n from its
     left, so chunk c reaches rank r (d = (r - c) mod n hops from its first
@@ -41,7 +42,7 @@ def binomial_broadcast_holders(n: int, root: int, round_: int) -> set[int]:
     broadcast that serves the farthest subtree first (as minidist's does):
     with L = ceil(log2 n) rounds, in round k every holder v (virtual ranks,
     relative to the root) sends to v + 2^(L - 1 - k), so after round k the
-    holders are the multiples of 2^(L - 1 - k)."""
+    holders are the multiples of 2^(L - 1 - k) (round -1: the root alone)."""
     rounds = (n - 1).bit_length()
     stride = 2 ** (rounds - 1 - round_)
     return {(virtual + root) % n for virtual in range(0, n, stride)}
@@ -56,7 +57,8 @@ def recursive_doubling_holdings(n: int, round_: int) -> list[frozenset]:
 
 
 def ring_all_gather_holdings(n: int, frame: int) -> list[list[frozenset]]:
-    """[rank][piece] after ring all_gather step ``frame``: in step s rank r
+    """[rank][piece] after ring all_gather step ``frame`` (from 0; -1: before
+    any message): in step s rank r
     passes piece (r - s) mod n on to its right, so it holds pieces r, r - 1,
     ..., r - s - 1 (each piece holds its owner's data)."""
     return [[frozenset({piece}) if (rank - piece) % n <= frame + 1 else frozenset()

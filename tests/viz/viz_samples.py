@@ -3,7 +3,8 @@
 They follow the algorithms' step order exactly (ring all_reduce: n-1 steps of
 reduce-scatter, then n-1 of allgather; binomial broadcast: in step k every
 rank that has the data sends it 2^k ranks further), so a renderer's output can
-be checked against what the algorithm really does.
+be checked against what the algorithm really does. As the replay's frames,
+they start with the state before any message (frame 0, :func:`_before`).
 """
 
 from __future__ import annotations
@@ -15,12 +16,17 @@ def _frozen(holdings):
     return tuple(tuple(frozenset(cell) for cell in rank) for rank in holdings)
 
 
+def _before(holdings) -> Frame:
+    """Frame 0: the state before any message."""
+    return Frame(index=0, step=-1, phase="", holdings=holdings, messages=(), elapsed_ns=0)
+
+
 def ring_all_reduce(n: int = 4, count: int | None = None, itemsize: int = 8) -> Replay:
     count = n * 4 if count is None else count
     chunk_bytes = count // n * itemsize
     holdings = [[{rank} for _ in range(n)] for rank in range(n)]
     initial = _frozen(holdings)
-    frames = []
+    frames = [_before(initial)]
     step_ns = 1000
     for step in range(2 * (n - 1)):
         reducing = step < n - 1
@@ -38,7 +44,7 @@ def ring_all_reduce(n: int = 4, count: int | None = None, itemsize: int = 8) -> 
                 text=f"chunk {chunk}", op="combine" if reducing else "copy",
                 cells=(chunk, chunk + 1), start_ns=step * step_ns,
                 end_ns=(step + 1) * step_ns))
-        frames.append(Frame(index=step, step=step,
+        frames.append(Frame(index=step + 1, step=step,
                             phase="reduce-scatter" if reducing else "allgather",
                             holdings=_frozen(holdings), messages=tuple(messages),
                             elapsed_ns=(step + 1) * step_ns))
@@ -55,7 +61,7 @@ def binomial_broadcast(n: int = 8, root: int = 0, count: int = 8, itemsize: int 
     for cell in range(n):
         holdings[root][cell] = {root}
     initial = _frozen(holdings)
-    frames = []
+    frames = [_before(initial)]
     have = [root]
     distance, step = 1, 0
     while distance < n:
@@ -71,7 +77,7 @@ def binomial_broadcast(n: int = 8, root: int = 0, count: int = 8, itemsize: int 
                                         nbytes=count * itemsize, text="whole array", op="copy",
                                         cells=(0, n), start_ns=step * 1000,
                                         end_ns=(step + 1) * 1000))
-        frames.append(Frame(index=step, step=step, phase="broadcast",
+        frames.append(Frame(index=step + 1, step=step, phase="broadcast",
                             holdings=_frozen(holdings), messages=tuple(messages),
                             elapsed_ns=(step + 1) * 1000))
         distance *= 2
@@ -88,9 +94,9 @@ def messages_only(n: int = 4) -> Replay:
     messages = tuple(Message(source=rank, target=0, nbytes=64, text=f"piece {rank}",
                              op="", cells=None, start_ns=0, end_ns=1000)
                      for rank in range(1, n))
-    frame = Frame(index=0, step=0, phase="gather", holdings=None, messages=messages,
+    frame = Frame(index=1, step=0, phase="gather", holdings=None, messages=messages,
                   elapsed_ns=1000)
     return Replay(collective="gather", algorithm="linear", world_size=n, count=16,
                   itemsize=4, root=0, call=0, cells=n, layout="row", initial=None,
-                  frames=(frame,), formula="(n-1) alpha + (n-1)/n N beta",
+                  frames=(_before(None), frame), formula="(n-1) alpha + (n-1)/n N beta",
                   predicted_s=1e-6, measured_s=1e-6, summary=False)
