@@ -39,7 +39,7 @@ from rich.console import Console
 import minidist
 import minidist.distributed as dist
 from minidist.distributed import simulate
-from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
+from minidist.lesson import in_notebook, narrate, output_dir, quick, use_headless_matplotlib
 
 narrate()  # run as a script: the text below is printed between the outputs
 use_headless_matplotlib()
@@ -112,7 +112,8 @@ for index in range(len(ring.frames)):
 # %%
 gif = save_gif(ring, OUT / "ring_allreduce.gif", fps=1)
 print("saved", gif)
-animate(ring)
+if in_notebook():  # the player, inline; a script has the GIF
+    display(animate(ring))  # noqa: F821 - IPython's, in a notebook
 
 # %% [markdown]
 # ## 3. Does the time stay flat? Measured, then simulated

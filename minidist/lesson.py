@@ -50,6 +50,12 @@ def _mpi_rank() -> int:
     return 0
 
 
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel, where a cell's value is displayed; a
+    script shows its pictures as files instead."""
+    return "ipykernel" in sys.modules
+
+
 def use_headless_matplotlib():
     """Select the Agg backend unless a notebook already chose an inline one."""
     import matplotlib

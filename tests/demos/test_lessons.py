@@ -40,6 +40,10 @@ def test_lesson_runs_as_a_script(lesson, tmp_path):
         timeout=580,
     )
     assert result.returncode == 0, f"{lesson.name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    # What a student must not meet: matplotlib's complaint about an animation
+    # made and never shown, or a warning that names minidist's own file.
+    assert "Animation was deleted without rendering" not in result.stderr
+    assert "OversubscriptionWarning:" not in result.stderr, result.stderr[-2000:]
 
 
 @pytest.mark.timeout(600)
