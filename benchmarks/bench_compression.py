@@ -15,7 +15,7 @@ MEASURED (two launches of 2 worker processes on shm):
 
 1. A short traced launch: for every model and every configuration of
    ``minidist.experiments.compression.COMPRESSORS`` (none, fp16, bf16, int8,
-   sign, threshold, top-k 1%, random-k 1%, PowerSGD r2), one warm-up step then
+   sign, threshold, top-k 1%, random-k 1%, PowerSGD r2), two warm-up steps then
    ``TRACED_STEPS`` steps inside a trace region: the bytes rank 0 sends per
    step (``bytes_per_step``) next to ``formula_bytes``, and the messages it
    sends per step.
@@ -77,6 +77,7 @@ PER_RANK_BATCH = {"mlp": 32, "cnn": 32, "mlp1000": 64}
 NAMES = ("none", "fp16", "bf16", "int8", "sign", "threshold", "top-k 1%", "random-k 1%",
          "PowerSGD r2")
 OVERLAP_NAMES = ("none", "top-k 1%", "PowerSGD r2")
+WARM_UP_STEPS = 2
 SMALL_BUCKET_MB = 0.01
 TORCH_HOOKS = ("none", "fp16", "PowerSGD r2")
 LR, MOMENTUM = 0.01, 0.9
@@ -202,11 +203,14 @@ def traced_worker(models):
         batches = rank_batches(model_name, rank, world)
         for name in NAMES:
             step = minidist_step(model_name, batches, name)
-            step(0)
+            # Two warm-up steps: PowerSGD all-reduces plainly for its first
+            # start_powerSGD_iter = 2 steps (torch's rule), and is measured after.
+            for index in range(WARM_UP_STEPS):
+                step(index)
             dist.barrier()
             # the label bytes_per_step reads: "compressor NAME|SEED" (here the model's index)
             with trace.region(f"compressor {name}|{MODELS.index(model_name)}"):
-                for index in range(1, 1 + TRACED_STEPS):
+                for index in range(WARM_UP_STEPS, WARM_UP_STEPS + TRACED_STEPS):
                     step(index)
     return rank
 
