@@ -65,6 +65,8 @@ narrate()  # run as a script: the text below is printed between the outputs
 use_headless_matplotlib()
 import matplotlib.pyplot as plt  # noqa: E402
 
+from viz.lesson_figures import draw_ps_bandwidth  # noqa: E402
+
 QUICK = quick()
 OUT = output_dir()
 
@@ -356,34 +358,7 @@ for who, workers, servers, received, sent, rate, formula in traffic:
 server4 = next(rate for who, w, s, _, _, rate, _ in traffic if who == "PS server" and w == 4)
 ring4 = next(rate for who, w, s, _, _, rate, _ in traffic if who == "ring rank" and w == 4)
 print(f"W = 4: the server moved {server4 / ring4:.1f} times the bytes per second of a ring rank")
-ws = np.arange(2, 65)
-link = 10e9
-figure, axes = plt.subplots(1, 2, figsize=(11, 4))
-axes[0].plot(ws, ws * P_BYTES / 1e3, label="one server: W P")
-axes[0].plot(ws, ws * P_BYTES / 2 / 1e3, label="each of 2 servers: W P / 2")
-axes[0].plot(ws, 2 * (ws - 1) / ws * P_BYTES / 1e3, label="one ring rank: 2 (W-1)/W P")
-for _, workers, servers, received, *_ in traffic:
-    marker, colour = ("o", "C0") if servers == 1 else ("D", "C1") if servers else ("s", "C2")
-    axes[0].plot([workers], [received / TRAFFIC_STEPS / 1e3], marker, color=colour)
-axes[0].set_xscale("log")
-axes[0].set_yscale("log")
-axes[0].set_xlabel("workers W")
-axes[0].set_ylabel("kB received per step")
-axes[0].set_title("bytes per step at the busiest rank\n(points: measured from the traces)")
-axes[0].legend(fontsize=8)
-axes[1].plot(ws, ws * P_BYTES / link * 1e6, label="one server")
-axes[1].plot(ws, ws * P_BYTES / 2 / link * 1e6, label="2 servers")
-axes[1].plot(ws, 2 * (ws - 1) / ws * P_BYTES / link * 1e6, label="ring")
-axes[1].set_xlabel("workers W")
-axes[1].set_ylabel("us per step, receive side")
-axes[1].set_title("the least time a step's traffic takes\non 10 GB/s links")
-axes[1].legend(fontsize=8)
-for axis in axes:
-    axis.grid(alpha=0.3, which="both")
-figure.tight_layout()
-figure.savefig(OUT / "ps_bandwidth.png", dpi=100)
-plt.close(figure)
-print("saved", OUT / "ps_bandwidth.png")
+print("saved", draw_ps_bandwidth(traffic, P_BYTES, TRAFFIC_STEPS, OUT / "ps_bandwidth.png"))
 
 # %% [markdown]
 # This is the second reason the course gives for sharding ("the PS may be

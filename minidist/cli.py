@@ -139,10 +139,12 @@ def _tour(args) -> int:
 
     console.print(Rule("3. the same algorithms on 256 simulated ranks"))
     table = Table(title="all_reduce of 100 MB: 5 us latency, 10 GB/s links")
-    for column in ("algorithm", "simulated", "cost model", "messages", "sim / model"):
-        table.add_column(column, justify="left" if column == "algorithm" else "right")
+    algorithms = ("ring", "rabenseifner", "reduce_broadcast", "recursive_doubling")
+    table.add_column("algorithm", no_wrap=True, min_width=max(map(len, algorithms)))
+    for column in ("simulated", "cost model", "messages", "sim / model"):
+        table.add_column(column, justify="right")
     gaps = []
-    for algorithm in ("ring", "rabenseifner", "reduce_broadcast", "recursive_doubling"):
+    for algorithm in algorithms:
         result = simulate("all_reduce", algorithm, world_size=256, nbytes=100_000_000)
         why = explain(result.time, result.predicted, RunFacts(256, simulated=True))
         table.add_row(algorithm, f"{result.time * 1e3:.1f} ms",

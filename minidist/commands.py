@@ -194,7 +194,9 @@ def simulate_command(args) -> int:
                  if math.isfinite(gamma_bandwidth) else "combining free"),
               markup=False, highlight=False, soft_wrap=True)
     table = Table()
-    table.add_column("algorithm")
+    # The names whole: at 80 columns Rich would cut "reduce_broadcast" to
+    # "reduce_bro…"; the headers of the numbers wrap instead.
+    table.add_column("algorithm", no_wrap=True, min_width=max(map(len, algorithms)))
     table.add_column("simulated", justify="right")
     table.add_column("cost model", justify="right")
     table.add_column("messages", justify="right")

@@ -4,8 +4,8 @@ A lesson is a script (and, through Jupytext, a notebook). Two environment
 variables let the test-suite run every lesson end to end in CI:
 
 * ``MINIDIST_LESSON_QUICK=1`` selects the reduced form of long experiments;
-* ``MINIDIST_LESSON_OUTPUT`` is where pictures are written (default:
-  ``lesson_output`` in the current directory);
+* ``MINIDIST_LESSON_OUTPUT`` is where pictures are written, in a folder per
+  lesson (default: ``lesson_output/<lesson>/`` in the current directory);
 * ``MINIDIST_LESSON_QUIET=1``: outputs only, without the text between them
   (:mod:`minidist.narration`).
 
@@ -29,10 +29,18 @@ def quick() -> bool:
     return os.environ.get("MINIDIST_LESSON_QUICK", "") not in ("", "0")
 
 
-def output_dir() -> Path:
-    """The folder for pictures and files a lesson writes (created if needed)."""
+def output_dir(lesson: str | None = None) -> Path:
+    """The folder for pictures and files a lesson writes (created if needed):
+    ``lesson_output/<lesson>/`` in the current directory, or under
+    ``MINIDIST_LESSON_OUTPUT`` when set, one folder per lesson so that a
+    student finds a lesson's pictures together. ``lesson``: its name, e.g.
+    "01_autograd_and_training" (default: :func:`lesson_name`; the root itself
+    when there is none)."""
     where = os.environ.get("MINIDIST_LESSON_OUTPUT")
     path = Path(where) if where else Path.cwd() / "lesson_output"
+    lesson = lesson or lesson_name()
+    if lesson:
+        path = path / lesson
     rank = _mpi_rank()
     if rank:
         # Under mpiexec every rank runs the lesson (SPMD) and draws the same
@@ -40,6 +48,23 @@ def output_dir() -> Path:
         path = path / f"rank{rank}"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+_NAME = re.compile(r"^\d\d_\w+$")
+
+
+def lesson_name() -> str | None:
+    """The running lesson's name ("01_autograd_and_training"): the stem of the
+    script run as ``__main__``, else of the notebook Jupyter serves
+    (``JPY_SESSION_NAME``), else of ``sys.argv[0]``; None when none of them
+    is a lesson's (NN_topic)."""
+    main = sys.modules.get("__main__")
+    candidates = (getattr(main, "__file__", None), os.environ.get("JPY_SESSION_NAME"),
+                  sys.argv[0] if sys.argv else None)
+    for candidate in candidates:
+        if candidate and _NAME.match(Path(candidate).stem):
+            return Path(candidate).stem
+    return None
 
 
 def _mpi_rank() -> int:

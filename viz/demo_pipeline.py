@@ -20,7 +20,11 @@ bubble is the formula's exactly.
 
 A real run of p processes on fewer cores than p idles more than the formula
 says: waiting processes share the cores with working ones, and a stage's
-compute here is short next to the cost of a message.
+compute here is short next to the cost of a message. So the Gantt chart of a
+real run has two panels: each action at its place in the schedule's order
+(the schedule's shape, the same on any machine), and the wall clock, titled
+with why its bubble differs (:func:`viz.pipeline_chart.draw_pipeline_gantt`).
+The simulator's bubble is called "simulated", a real run's "measured".
 """
 
 from __future__ import annotations

@@ -65,8 +65,15 @@ from rich.text import Text
 from minidist import trace as _trace
 from minidist.atomic_file import atomic_path
 from minidist.model_gap import RunFacts, explain
-from minidist.parallel.pipeline_schedules import bubble_fraction, compute_text
+from minidist.parallel.pipeline_schedules import (
+    DeadlockError,
+    bubble_fraction,
+    compute_text,
+    schedule_from_order,
+    simulate_schedule,
+)
 from minidist.units import format_bytes
+from viz.box_labels import fit_box_labels
 from viz.terminal import (
     LIGHT_COLOURS,
     PALETTE,
@@ -508,6 +515,41 @@ def pipeline_chart(trace, *, batch: int = -1, schedule: str | None = None,
         load=header.get("load") if isinstance(header.get("load"), (int, float)) else None)
 
 
+#: The costs of the schedule's-order view: a stage's forward 1 unit, its
+#: backward 2 (a chunk of the interleaved schedule 1/v of that), messages free.
+ORDER_FORWARD, ORDER_BACKWARD = 1.0, 2.0
+
+
+def schedule_order_chart(chart: PipelineChart) -> PipelineChart | None:
+    """The chart's batch in the schedule's order, without its clock.
+
+    Every rank's forwards and backwards, in the order the run started them,
+    are replayed on the simulator's clock with equal costs (a forward 1 unit,
+    a backward 2, a chunk 1/v of that; messages free). What is left is the
+    schedule's shape: each action at its place in the order, whatever the
+    run's timing. A real run of p processes on fewer than p cores, whose
+    wall clock is mostly waiting for a core, draws here the same picture as
+    the planned schedule (as long as each rank ran the plan's order, which
+    the runtime does). None when the rows are not one pipeline's stages
+    0..p-1 or the order cannot be replayed (an incomplete batch)."""
+    rows = sorted(chart.rows, key=lambda row: row.stage)
+    if [row.stage for row in rows] != list(range(chart.stages)):
+        return None
+    orders = [[(box.kind, box.microbatch, box.chunk, box.phase) for box in row.boxes
+               if box.kind in ("F", "B")] for row in rows]
+    recompute = any(box.kind == "R" for row in rows for box in row.boxes)
+    v = chart.virtual_stages
+    try:
+        schedule = schedule_from_order(chart.schedule, chart.stages, chart.microbatches, v,
+                                       orders)
+        events = simulate_schedule(schedule, ORDER_FORWARD / v, ORDER_BACKWARD / v,
+                                   recompute=recompute)
+    except (ValueError, DeadlockError):
+        return None
+    header = _trace.make_header(chart.stages, transport="sim", **schedule.header())
+    return pipeline_chart((header, events), schedule=chart.schedule, simulated=True)
+
+
 # --------------------------------------------------------------------------- words
 
 
@@ -519,11 +561,18 @@ def describe(chart: PipelineChart) -> str:
     return words
 
 
+def clock_word(chart: PipelineChart) -> str:
+    """"simulated" for the simulator's virtual clock, "measured" for a real run's:
+    a planned schedule's bubble is never called measured."""
+    return "simulated" if chart.simulated else "measured"
+
+
 def bubble_text(chart: PipelineChart, why: bool = True) -> str:
     """"bubble: measured 0.273, expected (p-1)/(m+p-1) = 3/11 = 0.273 (1x: the model
-    holds here)": with ``why``, the reasons of this run for any gap (:func:`bubble_gap`)."""
-    text = (f"bubble: measured {chart.bubble:.3f} (idle / (ranks × makespan)), expected "
-            f"{chart.expected.text}")
+    holds here)" ("simulated 0.273" on the simulator's clock): with ``why``, the
+    reasons of this run for any gap (:func:`bubble_gap`)."""
+    text = (f"bubble: {clock_word(chart)} {chart.bubble:.3f} (idle / (ranks × makespan)), "
+            f"expected {chart.expected.text}")
     return f"{text} ({bubble_gap(chart)})" if why else text
 
 
@@ -711,8 +760,9 @@ def _extent(chart: PipelineChart, box: Box, x: str, scale: float) -> tuple[float
 
 def _draw_chart(axis, chart: PipelineChart, *, x: str = "time", xmax: float | None = None,
                 title: str | None = None, legend: bool = True, peaks: bool = True,
-                xlabel: bool = True) -> None:
-    """Draw ``chart`` on a matplotlib axis (rows top to bottom)."""
+                xlabel: bool | str = True) -> None:
+    """Draw ``chart`` on a matplotlib axis (rows top to bottom); ``xlabel``: the
+    axis's own label (True), none (False) or this text."""
     from matplotlib.patches import Patch, Rectangle
 
     if x not in ("time", "slot"):
@@ -720,6 +770,7 @@ def _draw_chart(axis, chart: PipelineChart, *, x: str = "time", xmax: float | No
     unit, scale = _time_unit(max(chart.end, 1))
     span = chart.slots if x == "slot" else max(chart.end, 1) / scale
     limit = xmax if xmax is not None else span
+    labels = []
     for row_index, row in enumerate(chart.rows):
         if x == "slot":
             gaps = [(slot, 1) for slot, cell in enumerate(chart.grid[row_index])
@@ -741,13 +792,16 @@ def _draw_chart(axis, chart: PipelineChart, *, x: str = "time", xmax: float | No
                                      linewidth=0.9, linestyle=EDGE_STYLES[box.kind],
                                      hatch=HATCHES[box.kind], zorder=2))
             if width >= span / 60:
-                axis.text(left + width / 2, row_index + 0.5, box.text, ha="center",
+                labels.append((axis.text(left + width / 2, row_index + 0.5, box.text, ha="center",
                           va="center", fontsize=8 if width >= span / 30 else 6, zorder=3,
                           color="black" if face in LIGHT_COLOURS or face == "#FFFFFF" else "white",
                           bbox={"boxstyle": "round,pad=0.12", "facecolor": face,
-                                "edgecolor": "none"}, clip_on=True)
+                                "edgecolor": "none"}, clip_on=True), left, left + width))
     axis.set_xlim(0, limit * 1.01)
     axis.set_ylim(len(chart.rows), 0)
+    # Short boxes (an interleaved chunk's, a busy rank's) lose their label
+    # rather than print it over their neighbours'.
+    fit_box_labels(axis, labels)
     axis.set_yticks([row + 0.5 for row in range(len(chart.rows))])
     labels = []
     for row in chart.rows:
@@ -755,7 +809,9 @@ def _draw_chart(axis, chart: PipelineChart, *, x: str = "time", xmax: float | No
                 if peaks and row.peak_live_microbatches is not None else "")
         labels.append(row.label + peak)
     axis.set_yticklabels(labels, fontsize=8)
-    if xlabel:
+    if isinstance(xlabel, str):
+        axis.set_xlabel(xlabel)
+    elif xlabel:
         axis.set_xlabel("time slot" if x == "slot" else f"time ({unit}) since the batch's "
                         "first compute")
     axis.grid(axis="x", alpha=0.3)
@@ -773,11 +829,14 @@ def _draw_chart(axis, chart: PipelineChart, *, x: str = "time", xmax: float | No
                     bbox_to_anchor=(0.5, -0.55 / (0.55 * len(chart.rows))))
 
 
-def _gantt_heading(chart: PipelineChart) -> str:
+def _gantt_heading(chart: PipelineChart, panels: bool = False) -> str:
+    """The figure's heading: what ran and, on one panel, its bubble; with two
+    ``panels`` each panel's title carries its own bubble."""
     simulated = " (simulated)" if chart.simulated else ""
     batch = f" · batch {chart.batch + 1} of {chart.batches}" if chart.batches > 1 else ""
     named = "" if chart.schedule == UNNAMED else "pipeline: "
-    return (f"{named}{describe(chart)}{batch}{simulated}\n{_wrapped(bubble_text(chart))}"
+    bubble = "" if panels else f"\n{_wrapped(bubble_text(chart))}"
+    return (f"{named}{describe(chart)}{batch}{simulated}{bubble}"
             + (f"\n({chart.expected.note})" if chart.expected.note else ""))
 
 
@@ -786,25 +845,74 @@ def _heading_extra(heading: str) -> float:
     return 0.16 * max(0, heading.count("\n") + 1 - 3)
 
 
+#: Inches of a second panel's title and gap, above its rows.
+PANEL_MARGIN = 0.75
+#: Characters of a panel's title line (9 pt across a panel of 10 in).
+PANEL_WIDTH = 140
+
+
+def _order_title(order: PipelineChart) -> str:
+    return _wrapped(
+        f"in the schedule's order: each rank's actions in the order it ran them, a forward "
+        f"1 unit, a backward {ORDER_BACKWARD:g}, messages free (the shape on any machine; "
+        f"bubble {order.bubble:.3f}, expected {order.expected.text})", PANEL_WIDTH)
+
+
+def _clock_title(chart: PipelineChart) -> str:
+    return _wrapped(f"as it ran, on the wall clock: {bubble_text(chart)}", PANEL_WIDTH)
+
+
+def _panels(chart: PipelineChart) -> PipelineChart | None:
+    """The schedule's-order chart drawn beside a real run's (None: one panel).
+    A simulated chart's clock already is the schedule's order."""
+    return None if chart.simulated else schedule_order_chart(chart)
+
+
 def gantt_height(chart: PipelineChart) -> float:
     """The Gantt PNG's height in inches: the margins, the heading's extra lines
-    (the bubble's why may take two or three), 0.55 a stage."""
-    return FIGURE_MARGINS + _heading_extra(_gantt_heading(chart)) + 0.55 * len(chart.rows)
+    (the bubble's why may take two or three), 0.55 a stage; a real run's second
+    panel (its schedule's order, :func:`schedule_order_chart`) adds as much again."""
+    order = _panels(chart)
+    rows = 0.55 * len(chart.rows)
+    if order is None:
+        return FIGURE_MARGINS + _heading_extra(_gantt_heading(chart)) + rows
+    titles = _order_title(order).count("\n") + _clock_title(chart).count("\n")
+    return (FIGURE_MARGINS + _heading_extra(_gantt_heading(chart, panels=True)) + 2 * rows
+            + PANEL_MARGIN + 0.16 * titles + 0.55 * len(order.rows) - rows)
 
 
 def draw_pipeline_gantt(trace, figure=None, *, x: str = "time", **options):
     """The Gantt chart of a pipeline run (a :class:`PipelineChart` or anything
     :func:`pipeline_chart` reads, with its keyword ``options``), on a new
     figure (or ``figure``); returns the figure. ``x``: "time" (the clock) or
-    "slot" (the time slots of the step-through)."""
+    "slot" (the time slots of the step-through).
+
+    A real run gets two panels: above, its actions in the schedule's order
+    (:func:`schedule_order_chart`: the schedule's shape, the same on any
+    machine); below, the wall clock, titled with why its bubble differs from
+    the formula (:func:`bubble_gap`: e.g. more ranks than cores take turns,
+    so most of a rank's wall-clock time is spent waiting for a core)."""
     chart = trace if isinstance(trace, PipelineChart) else pipeline_chart(trace, **options)
-    heading = _gantt_heading(chart)
+    order = _panels(chart)
+    heading = _gantt_heading(chart, panels=order is not None)
     extra = _heading_extra(heading)
     if figure is None:
         figure = _figure(12.0, gantt_height(chart))
     height = figure.get_figheight()
-    axis = figure.add_axes((0.12, 0.85 / height, 0.85, 1 - (1.65 + extra) / height))
-    _draw_chart(axis, chart, x=x, title="")
+    if order is None:
+        axis = figure.add_axes((0.12, 0.85 / height, 0.85, 1 - (1.65 + extra) / height))
+        _draw_chart(axis, chart, x=x, title="")
+    else:
+        order_title, clock_title = _order_title(order), _clock_title(chart)
+        lines = 0.16 * order_title.count("\n"), 0.16 * clock_title.count("\n")
+        top_rows, bottom_rows = 0.55 * len(order.rows), 0.55 * len(chart.rows)
+        top = 1 - (1.65 - 0.85 + extra + lines[0]) / height
+        upper = figure.add_axes((0.12, top - top_rows / height, 0.85, top_rows / height))
+        _draw_chart(upper, order, x=x, title=order_title, legend=False,
+                    xlabel=f"units of work (a forward 1, a backward {ORDER_BACKWARD:g})"
+                    if x == "time" else True)
+        lower = figure.add_axes((0.12, 0.85 / height, 0.85, bottom_rows / height))
+        _draw_chart(lower, chart, x=x, title=clock_title)
     figure.text(0.01, 1 - 0.1 / height, heading, fontsize=9, va="top")
     return figure
 
@@ -860,7 +968,8 @@ def draw_schedule_comparison(events_by_schedule: dict, path, *, x: str = "time",
         axis = figure.add_subplot(grid[index, 0])
         _draw_chart(axis, chart, x=x, xmax=xmax, legend=False, peaks=not memory,
                     xlabel=index + 1 == len(charts),
-                    title=_wrapped(f"{chart.schedule}: bubble measured {chart.bubble:.3f}, "
+                    title=_wrapped(f"{chart.schedule}: bubble {clock_word(chart)} "
+                                   f"{chart.bubble:.3f}, "
                                    f"expected {chart.expected.text} ({bubble_gap(chart)})"))
         if memory:
             bars = figure.add_subplot(grid[index, 1], sharey=axis)
@@ -914,7 +1023,8 @@ def draw_planned_comparison(path, stages: int = 4, microbatches: int = 8,
 
 
 __all__ = ["Box", "Row", "Column", "BubbleFormula", "PipelineChart", "pipeline_chart",
-           "expected_bubble", "is_pipeline_trace", "describe", "bubble_text", "bubble_gap",
+           "expected_bubble", "is_pipeline_trace", "describe", "clock_word", "bubble_text",
+           "bubble_gap", "schedule_order_chart",
            "gantt_height",
            "render_pipeline_frame", "step_through_pipeline", "play_pipeline",
            "draw_pipeline_gantt", "save_pipeline_gantt", "draw_schedule_comparison",

@@ -37,6 +37,7 @@ from matplotlib.patches import Patch
 
 from minidist import trace as _trace
 from minidist.atomic_file import atomic_path
+from viz.box_labels import fit_box_labels
 
 #: Lane of each kind inside a rank's row: (bottom, height) in row units.
 LANES = {"calls": (0.78, 0.17), "compute": (0.54, 0.2), "send": (0.29, 0.2),
@@ -182,9 +183,10 @@ def draw_timeline(trace, figure: Figure | None = None, *, max_events: int = MAX_
     by_rank_lane, labelled = _lanes(shown, origin, span, many, notes)
     _draw_idle(axis, shown, row_of, origin, span, scale, many)
     _draw_boxes(axis, by_rank_lane, row_of, span, scale)
-    _draw_labels(axis, labelled, row_of, span, scale)
+    labels = _draw_labels(axis, labelled, row_of, span, scale)
     messages = _draw_messages(axis, shown, row_of, origin, scale, max_arrows, notes)
     _draw_axes(axis, ranks, span, scale, unit)
+    fit_box_labels(axis, labels)
     _draw_legend(axis)
     transport = header.get("transport")
     heading = title or (f"timeline: {len(ranks)} ranks, {len(shown):,} events, "
@@ -250,19 +252,26 @@ def _draw_boxes(axis, by_rank_lane, row_of, span, scale) -> None:
                          hatch=HATCHES[lane] if len(boxes) < 500 else None, zorder=2)
 
 
-def _draw_labels(axis, labelled, row_of, span, scale) -> None:
+def _draw_labels(axis, labelled, row_of, span, scale) -> list:
     """The labels of the widest boxes (at most 200, none on a box narrower
-    than 5 % of the axis)."""
+    than 5 % of the axis), widest first, as (text, left, right) for
+    :func:`~viz.box_labels.fit_box_labels` once the axis is laid out (a
+    step's span and the all_reduce inside it share the calls lane: only the
+    label with room shows)."""
     minimum_width = span * 0.05
     texts = 0
+    drawn = []
     for rank, lane, start, end, text in sorted(labelled, key=lambda item: item[2] - item[3]):
         if end - start < minimum_width or texts >= 200:
             continue
         bottom, lane_height = LANES[lane]
-        axis.text((start + end) / 2 / scale, row_of[rank] + 1 - bottom - lane_height / 2, text,
-                  ha="center", va="center", fontsize=7, clip_on=True, zorder=4,
-                  color="white" if lane == "compute" else "black")
+        drawn.append((axis.text((start + end) / 2 / scale,
+                                row_of[rank] + 1 - bottom - lane_height / 2, text,
+                                ha="center", va="center", fontsize=7, clip_on=True, zorder=4,
+                                color="white" if lane == "compute" else "black"),
+                      start / scale, end / scale))
         texts += 1
+    return drawn
 
 
 def _draw_messages(axis, shown, row_of, origin, scale, max_arrows: int, notes: list) -> list:

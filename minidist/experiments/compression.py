@@ -280,6 +280,7 @@ def plot(results, path, title: str | None = None):
     FigureCanvasAgg(figure)
     best = max(r.test_accuracy for r in results)
     top = [r for r in results if r.test_accuracy >= best - 0.06]
+    labels = []
     for position, (shown, zoom) in enumerate(((results, False), (top, True))):
         axis = figure.add_subplot(1, 2, position + 1)
         # Runs at the same point share one label; labels of runs with the same
@@ -302,9 +303,9 @@ def plot(results, path, title: str | None = None):
             row = columns.get(sent, 0)
             columns[sent] = row + 1
             below = xs.index(sent) % 2 == 1
-            axis.annotate(", ".join(r.name for r in runs), (sent, accuracy),
-                          textcoords="offset points", fontsize=8,
-                          xytext=(6, (-12 if below else 4) - 11 * row))
+            labels.append(axis.annotate(", ".join(r.name for r in runs), (sent, accuracy),
+                                        textcoords="offset points", fontsize=8,
+                                        xytext=(6, (-12 if below else 4) - 11 * row)))
         axis.set_xscale("log")
         axis.set_xlabel("bytes sent per rank per step (from the trace, log scale)")
         axis.set_ylabel("test accuracy (%)")
@@ -321,9 +322,26 @@ def plot(results, path, title: str | None = None):
             axis.set_title("every run (the ones on the right labelled there)", fontsize=10)
     figure.suptitle(title or "the communication wall: bytes against accuracy")
     figure.tight_layout()
+    _unstack(figure, labels)
     with atomic_path(path) as name:
         figure.savefig(name, dpi=100)
     return path
+
+
+def _unstack(figure, labels, step_points: float = 11, tries: int = 12) -> None:
+    """Move each label down a line at a time until it covers no label placed
+    before it: runs a few bytes apart with close accuracies ("top-k 1%, no EF"
+    and "sign, no EF") would otherwise print over each other."""
+    renderer = figure.canvas.get_renderer()
+    placed = []
+    for label in labels:
+        for _ in range(tries):
+            box = label.get_window_extent(renderer)
+            if not any(box.overlaps(other) for other in placed):
+                break
+            x, y = label.xyann
+            label.xyann = (x, y - step_points)
+        placed.append(label.get_window_extent(renderer))
 
 
 def main(argv=None) -> int:

@@ -288,6 +288,30 @@ def interleaved_one_f_one_b(stages: int, microbatches: int, virtual_stages: int)
     return Schedule("interleaved_1f1b", stages, microbatches, virtual_stages, actions)
 
 
+def schedule_from_order(name: str, stages: int, microbatches: int, virtual_stages: int,
+                        orders: list) -> Schedule:
+    """The schedule whose ranks compute in the given order: ``orders[rank]``
+    lists that rank's forwards and backwards as ``(letter, micro-batch,
+    chunk, phase)`` with letter "F" or "B" (e.g. read back from a trace).
+    The messages around them and the optimizer step are added as every
+    schedule adds them, so :func:`simulate_schedule` can replay the order
+    on its clock: what a run did, without how long each piece took."""
+    _check_sizes("schedule_from_order", stages, microbatches, virtual_stages)
+    if len(orders) != stages:
+        raise ValueError(f"schedule_from_order: {len(orders)} ranks' orders for "
+                         f"{stages} stages")
+    actions = []
+    for rank, order in enumerate(orders):
+        builder = _RankBuilder(rank, stages, virtual_stages)
+        for letter, microbatch, chunk, phase in order:
+            if letter not in ("F", "B"):
+                raise ValueError(f"schedule_from_order: rank {rank}: {letter!r} is not "
+                                 "F (forward) or B (backward)")
+            (builder.forward if letter == "F" else builder.backward)(microbatch, chunk, phase)
+        actions.append(builder.step())
+    return Schedule(name, stages, microbatches, virtual_stages, actions)
+
+
 SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved_1f1b": interleaved_one_f_one_b}
 _ALIASES = {"gpipe": "gpipe", "1f1b": "1f1b", "one_f_one_b": "1f1b",
             "interleaved": "interleaved_1f1b", "interleaved_1f1b": "interleaved_1f1b",

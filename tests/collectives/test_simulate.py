@@ -540,3 +540,16 @@ def test_the_estimate_follows_what_a_simulation_costs():
     small = estimate("all_reduce", "ring", 8, 1 << 20)
     assert small.seconds < 0.01 and small.bytes < 100e6
     assert memory_available() > 0
+
+
+def test_the_table_keeps_every_algorithm_name_whole_at_80_columns(capsys, monkeypatch):
+    """A terminal of 80 columns: Rich cut "reduce_broadcast" to "reduce_bro…";
+    the names stay whole, the numbers' headers wrap instead."""
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["simulate", "all_reduce", "-n", "8", "--size", "1KB"]) == 0
+    out = capsys.readouterr().out
+    table = [line for line in out.splitlines() if line.startswith(("┃", "│", "┏", "└"))]
+    assert table and max(len(line) for line in table) <= 80
+    assert "…" not in "\n".join(table)
+    for name in ("reduce_broadcast", "recursive_doubling", "double_binary_tree"):
+        assert f"│ {name} " in out

@@ -48,14 +48,14 @@ def test_demo_pipeline_simulate_draws_the_planned_schedule(tmp_path, capsys):
                  "--no-color"]) == 0
     out = _printed(capsys)
     assert "no processes" in out and "(simulated)" in out
-    assert "slot 1 of" in out and "measured 0.333" in out and "1/3 = 0.333" in out
+    assert "slot 1 of" in out and "simulated 0.333" in out and "1/3 = 0.333" in out
     assert pipeline_chart(path).row_text(0).startswith("F0 F1")
     with Image.open(png) as image:
         assert image.size[0] == 1200
     assert main(["demo", "pipeline", "--simulate", "--schedule", "interleaved", "--stages",
                  "2", "--microbatches", "4", "--no-color"]) == 0
     # two chunks per rank, each half a stage's cost: (p-1)/(v m+p-1) = 1/9
-    assert "measured 0.111" in _printed(capsys)
+    assert "simulated 0.111" in _printed(capsys)
 
 
 def test_demo_pipeline_bad_input(capsys):

@@ -50,3 +50,22 @@ def test_lesson_1_runs_to_the_end_in_quick_mode(tmp_path):
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=110)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip(), "lesson 1 printed nothing"
+
+
+def test_each_lesson_writes_into_its_own_folder(tmp_path, capfd, monkeypatch):
+    """output_dir() is lesson_output/<lesson>/ (under MINIDIST_LESSON_OUTPUT when
+    set), the lesson's name read from the script it runs in."""
+    folder = tmp_path / "lessons"
+    folder.mkdir()
+    (folder / "07_probe.py").write_text(
+        "from minidist.lesson import output_dir\nprint(output_dir())\n")
+    monkeypatch.setenv("MINIDIST_LESSON_OUTPUT", str(tmp_path / "out"))
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    assert lesson_command(7, folder=folder) == 0
+    assert capfd.readouterr().out.strip() == str(tmp_path / "out" / "07_probe")
+    assert (tmp_path / "out" / "07_probe").is_dir()
+    from minidist.lesson import output_dir
+
+    assert output_dir("03_collectives") == tmp_path / "out" / "03_collectives"
+    monkeypatch.setenv("PMI_RANK", "1")  # under mpiexec, rank 1 draws beside rank 0
+    assert output_dir("03_collectives") == tmp_path / "out" / "03_collectives" / "rank1"

@@ -372,10 +372,11 @@ def test_lessons_run_unchanged_under_mpiexec(lesson, tmp_path):
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
     assert "Traceback" not in output, output[-6000:]
-    pictures = sorted(path.name for path in tmp_path.glob("*.png"))
+    folder = tmp_path / lesson  # one folder per lesson
+    pictures = sorted(path.name for path in folder.glob("*.png"))
     assert pictures, output[-3000:]
     # Rank 1 draws the same pictures into rank1/, never over rank 0's.
-    assert sorted(path.name for path in (tmp_path / "rank1").glob("*.png")) == pictures
+    assert sorted(path.name for path in (folder / "rank1").glob("*.png")) == pictures
 
 
 @needs_mpi

@@ -261,7 +261,7 @@ def test_frame_k_shows_the_grid_up_to_slot_k():
     last = _text(render_pipeline_frame(chart, 5, color=False))
     assert "stage 0 │F0 F1 .. .. B1 B0" in last
     assert "stage 1 │.. F0 F1 B1 B0 .." in last
-    assert "measured 0.333" in last and "(p-1)/(m+p-1) = 1/3 = 0.333" in last
+    assert "simulated 0.333" in last and "(p-1)/(m+p-1) = 1/3 = 0.333" in last
     coloured = _text(render_pipeline_frame(chart, 5, color=True))
     assert "stage 0 │F0 F1 .. .. B1 B0" in coloured
     with pytest.raises(IndexError, match="0..5"):
