@@ -611,3 +611,29 @@ def test_a_sigkilled_minidist_run_takes_its_mpi_job_with_it(tmp_path):
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left, "the ranks outlived their SIGKILLed launcher"
+
+
+@needs_mpi
+@pytest.mark.timeout(120)
+def test_ranks_that_disagree_on_the_root_are_a_mismatch_under_mpi(tmp_path):
+    """``broadcast(x, src=rank % 2)``: under MPI too a CollectiveMismatchError
+    that names each side's root, not a silently wrong result."""
+    script = tmp_path / "roots.py"
+    script.write_text(textwrap.dedent("""
+        import numpy as np
+        import minidist.distributed as dist
+
+        dist.init_process_group(timeout=30)
+        rank = dist.get_rank()
+        x = np.full(3, float(rank * 10), np.float32)
+        dist.broadcast(x, src=rank % 2)
+        dist.barrier()
+        print("rank", rank, "finished with", x.tolist(), flush=True)
+    """))
+    result, seconds = _run(script, 3, timeout=90)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "CollectiveMismatchError" in output and "src=0" in output and "src=1" in output, \
+        output
+    assert "rank 2 finished" not in output, output
+    assert seconds < 40, f"the job took {seconds:.1f} s to end:\n{output}"
