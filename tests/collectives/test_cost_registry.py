@@ -149,3 +149,14 @@ def test_the_notation():
     assert named(3, 2.0, params) == 4 * 2 * 100
     with pytest.raises(ValueError, match="unknown name 'bta'"):
         registry.compile_formula("N bta", {})
+
+
+def test_the_readme_counts_the_algorithms_the_registry_has():
+    import re
+    from pathlib import Path
+
+    from minidist.distributed.collectives.call import ALGORITHMS
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    said = re.search(r"(\d+) algorithms, each chosen by name", readme)
+    assert said and int(said.group(1)) == sum(len(names) for names in ALGORITHMS.values())
