@@ -63,13 +63,15 @@ class Params:
         return self.alpha + nbytes * self.beta
 
 
-#: Fitted on the 2-core development machine by ``benchmarks/bench_p2p.py``
-#: (ping-pong, see benchmarks/results/p2p.json); gamma from timing
-#: ``np.add(a, b, out=a)`` on 64 MiB float32 arrays (about 1.5e-10 s/B).
+#: Measurements that the code uses: alpha and beta fitted by
+#: ``benchmarks/bench_p2p.py`` (ping-pong; "mpi" from its MPICH column) in an
+#: earlier run on the 2-core development machine than the one in
+#: benchmarks/results/p2p.json; gamma from timing ``np.add(a, b, out=a)`` on
+#: 64 MiB float32 arrays (bench_p2p.py fits it too).
 #: Refit on your machine with :func:`fit` (lesson 2 shows how).
 PARAMS = {
-    # slots_alpha: the one-shot all_reduce through shared slots took about half
-    # of recursive doubling's time at 4 KiB on 2 ranks (2026-11-23, EPYC).
+    # slots_alpha: the one-shot all_reduce through shared slots pays about half
+    # a message's latency: bench_collectives.py measures it at 4 KiB on 2 ranks.
     "shm": Params(alpha=4.9e-6, beta=1.21e-10, gamma=1.5e-10, slots_alpha=2.5e-6),
     "pipe": Params(alpha=3.1e-5, beta=3.83e-10, gamma=1.5e-10),
     "mpi": Params(alpha=2.1e-6, beta=7.5e-11, gamma=1.5e-10),

@@ -195,9 +195,10 @@ def _exit_now(code: int):
     After ``minidist run`` the launcher has released everything itself (its
     workers are reaped, its shared memory unlinked, its files closed); what
     Python's exit would still do is free every module one by one (Rich's,
-    the runtime's: 17 ms of a 140 ms `minidist run -n 2` here), while the
-    command's caller waits. So: what an exit does before that (threads,
-    ``atexit``, flushes; the same ending a rank gets), and ``os._exit``."""
+    the runtime's: a visible share of a short `minidist run`, see
+    benchmarks/README.md, "Starting workers"), while the command's caller
+    waits. So: what an exit does before that (threads, ``atexit``, flushes;
+    the same ending a rank gets), and ``os._exit``."""
     import os
 
     from minidist.runtime.program import finish_interpreter

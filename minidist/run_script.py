@@ -10,7 +10,7 @@ run's description (the shared-memory names, the timeout, where to log) from
 that pipe.
 
 Why fork and not ``python script.py``: a fresh interpreter per rank costs
-its start (18 ms here) and every import again, N times on the same cores; a
+its start and every import again, N times on the same cores; a
 fork has what the launcher imported. So the launcher imports, before forking,
 what every rank needs to join a run and it needs itself (the package face,
 the transports' layouts, the supervisor's connections: once, not N + 1
@@ -25,9 +25,8 @@ launcher that dies first closes it: the rank stops with an error). (With
 ``--transport pipe`` the pipes themselves must exist before the ranks are
 forked, as they inherit them: that transport is made first.)
 
-Measured on the 2-core machine (benchmarks/README, "Starting workers"): a
-`minidist run -n 2` of a hello went from 180 ms with one interpreter per rank
-to 104 ms, against 86 ms for ``mpiexec -n 2`` of an mpi4py hello.
+``benchmarks/bench_launch.py`` times a `minidist run -n 2` of a hello against
+``mpiexec -n 2`` of an mpi4py hello (benchmarks/README.md, "Starting workers").
 
 This module imports nothing heavy at its top for that reason; keep it so.
 """

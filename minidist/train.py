@@ -77,9 +77,10 @@ def train_digits(
     ``threads``: BLAS threads while training, restored afterwards (None
     leaves them alone). One by default: the digits' matrices are too small
     to gain from a second thread, and on a busy machine a BLAS thread
-    waiting for a core stalls every product. On a loaded 2-core machine the
-    CNN took 1.5 s to 35 s with OpenBLAS's default two threads, 1.3-1.4 s
-    with one (and the same 1.5 s as two on an idle one).
+    waiting for a core stalls every product: on a loaded machine the CNN
+    demo took many times longer with OpenBLAS's default two threads than
+    with one, and two were no faster than one on an idle machine
+    (benchmarks/README.md, "One training step").
     """
     if model not in DEFAULTS:
         raise ValueError(f"unknown model {model!r}: choose 'mlp' or 'cnn'")

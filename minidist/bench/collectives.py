@@ -56,9 +56,9 @@ from minidist.units import format_bytes
 #: What --quick measures, unless told otherwise: the collective the goals are
 #: about, with every algorithm it has, at the sizes the goals name (4 KiB,
 #: 64 MiB; 1 MiB for the model), on the world sizes they name, one short timed
-#: timing per case (fastest of 3 blocks), no fit of alpha, beta, gamma (that takes 5 to 10 s per world
-#: size; the model goal is then not judged), gloo on the first world size only
-#: (no goal needs it; four torch processes on a small machine take 10 s).
+#: timing per case (fastest of 3 blocks), no fit of alpha, beta, gamma (the fit
+#: costs seconds per world size; the model goal is then not judged), gloo on the
+#: first world size only (no goal needs it, and starting torch processes is slow).
 QUICK_COLLECTIVES = ["all_reduce"]
 QUICK_SIZES = [4 * KIB, MIB, 64 * MIB]
 QUICK_WORLD_SIZES = [2, 4]

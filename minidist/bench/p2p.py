@@ -16,9 +16,9 @@ Each point is the best of a few repeats: on a shared machine the best
 repeat is the one least disturbed. ``benchmarks/bench_p2p.py`` uses these to
 write benchmarks/results/p2p.json; ``minidist bench collectives`` fits them
 again in the same run as the collectives it predicts, because a shared
-machine's speed drifts from one hour to the next (on the development VM
-MPICH's own 64 MiB all_reduce took 40-45 ms in one hour and 50-52 in the
-next): a prediction is only as good as the alpha and beta it is given.
+machine's speed drifts from one hour to the next (MPICH's own times drift
+with it: benchmarks/README.md, "How the benchmarks time, and why"): a
+prediction is only as good as the alpha and beta it is given.
 
 Ranks other than 0 and 1 only wait at the barriers.
 """
@@ -34,8 +34,8 @@ from minidist import costmodel
 KIB, MIB = 1 << 10, 1 << 20
 #: The in-run fit takes the exchange beta from messages this big and bigger:
 #: the collectives it predicts move their bulk in such pieces, and below it
-#: the per-message overhead still shows (64 KiB exchanged at 1-1.4 GB/s here,
-#: 1 MiB at 5-6).
+#: the per-message overhead still shows (a 64 KiB exchange runs at a fraction
+#: of a 1 MiB one's bandwidth: bench_p2p.py's exchange points show it).
 BULK_BYTES = 256 * KIB
 #: One repeat of a point moves about this many bytes.
 BYTES_PER_REPEAT = 256 * MIB
@@ -156,10 +156,10 @@ def fit_sizes(largest: int) -> tuple[list[int], list[int]]:
 
 def burn_in(seconds: float = 0.3) -> None:
     """Keep ranks 0 and 1 busy exchanging 1 MiB for about ``seconds`` before
-    anything is timed. On the development VM the first tenth of a second or
-    so after workers start runs at half speed or worse (calls stalled 4-5 ms
-    every few calls, then none), whatever ran first; timing that stretch
-    would make the first point look slow. Rank 0 decides when to stop."""
+    anything is timed. On a VM the first moments after workers start can run
+    at half speed or worse (calls stalling every few calls, then none),
+    whatever ran first; timing that stretch would make the first point look
+    slow. Rank 0 decides when to stop."""
     import minidist.distributed as dist
 
     rank = dist.get_rank()

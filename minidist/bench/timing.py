@@ -13,8 +13,8 @@ finished when its slowest rank is); the reported time of the case is that of
 the fastest block (:func:`fastest_block`). Taking the fastest of a few blocks,
 as ``timeit`` does, keeps out the stalls a shared machine adds now and then
 (another tenant, a daemon waking up), which hit one block and not the next:
-on the development VM the mean of one block of 1 MiB all_reduce varied 2x
-from run to run, the fastest of three far less. Every library in a run is
+the mean of a single block varies from run to run far more than the fastest
+of three does. Every library in a run is
 timed by this same loop, so the ratios stay fair. The number of calls is
 chosen so that each case takes about ``target_seconds``: many calls for tiny
 messages, where one call is microseconds and timer noise matters, few (at
@@ -70,8 +70,8 @@ class Timing:
 
 FULL = Timing()
 #: --quick: short, but still the fastest of 3 blocks, as the goals are judged
-#: on it (with one block, one stall of a shared machine made a 4 KiB
-#: all_reduce 100 x slower than it is and its goal "not met").
+#: on it (with one block, a single stall of a shared machine can make a 4 KiB
+#: all_reduce look many times slower than it is and its goal "not met").
 QUICK = Timing(target_seconds=0.02, blocks=3, min_iterations=1, max_iterations=100)
 
 

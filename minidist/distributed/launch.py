@@ -284,8 +284,8 @@ def _launch_forked(fn, world_size, transport, args, kwargs, trace, timeout, log_
             # Each worker is born with its share of the BLAS threads (see
             # blas_threads). The parent's own count comes back once the workers
             # are gone, not right after the forks: putting it back restarts
-            # OpenBLAS's pool, and its threads then took the cores from the
-            # ranks (3 ms of a 4-rank trivial launch on 2 cores).
+            # OpenBLAS's pool, and its threads then take the cores from the
+            # ranks while they start (bench_launch.py measures a launch).
             with blas_threads.for_forked_workers(blas_threads.threads_per_worker(world_size)):
                 for rank in range(world_size):
                     options_for_rank = dict(options, other_pipes=[p for r, p in enumerate(pipes)

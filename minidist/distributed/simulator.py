@@ -317,8 +317,8 @@ def plan_elements(world_size: int, nbytes: int, itemsize: int, split: bool = Fal
 # --------------------------------------------------------------------------- what a simulation costs
 
 #: What a simulation costs this process, fitted by hand on small cases (see
-#: :func:`estimate`): every simulated rank keeps tables of one entry per rank
-#: of the world ...
+#: :func:`estimate`; ``benchmarks/bench_simulator.py`` measures large ones):
+#: every simulated rank keeps tables of one entry per rank of the world ...
 BYTES_PER_RANK_PAIR = 5
 SECONDS_PER_RANK_PAIR = 45e-9
 #: ... every rank of the world some bookkeeping, even when one stands for all ...
@@ -350,14 +350,13 @@ def estimate(collective: str, algorithm: str, world_size: int, nbytes: int, *,
     the algorithm is symmetric, see :data:`SYMMETRIC`; else n), M messages
     simulated (the traffic formula's count, divided by n when symmetric)::
 
-        memory  ~ 5 B * R * n  +  200 B * n  (+ 400 B * M traced)
-        time    ~ 45 ns * R * n  +  30 us * M
+        memory  ~ BYTES_PER_RANK_PAIR * R * n  +  BYTES_PER_RANK * n
+                  (+ TRACE_BYTES_PER_MESSAGE * M traced)
+        time    ~ SECONDS_PER_RANK_PAIR * R * n  +  SECONDS_PER_MESSAGE * M
 
-    (non-symmetric broadcast on 10,000 / 20,000 / 40,000 ranks: 0.5 / 1.7 /
-    7.9 GB, 2.6 / 13 / 70 s; symmetric ring on 200,000 / 400,000 ranks: 82 /
-    117 MB, 7 / 12 s; double_binary_tree on 16 ranks, 1 and 2 GB: 0.46 and
-    0.92 million messages, 8 and 18 s). Within a factor of a few, which is
-    what a refusal before minutes of work needs."""
+    Within a factor of a few of what large cases take (benchmarks/README.md,
+    "The simulator at scale"), which is what a refusal before minutes of work
+    needs."""
     n = int(world_size)
     spec = CALLS[collective]
     nbytes = int(nbytes) if spec.sized else 0

@@ -65,9 +65,9 @@ class World:
 
     Its ``transport`` and world ``group`` are made when first used, not when
     the process joins: a rank whose function sends nothing (a trivial launch,
-    a script that only asks its rank) never connects, and connecting was a
-    fifth of a warm 2-rank launch (1.1 ms: the objects a transport builds
-    touch pages that a forked worker must copy first)."""
+    a script that only asks its rank) never connects, and connecting is a
+    large share of a warm launch (the objects a transport builds touch pages
+    that a forked worker must copy first; bench_launch.py measures it)."""
 
     def __init__(self, rank, world_size, control, resources, mode, connect):
         self.rank = rank

@@ -18,9 +18,9 @@ contiguous block, and it is the same as copying
 ``(C, KH, KW, N, OH, OW)``. Each block is a plain slice of the
 channel-major view ``x.transpose(1, 0, 2, 3)``, with zeros written where the
 kernel offset would read padding (the padding is never copied). (That one
-copy of the 6-D ``sliding_window_view``, done by ``numpy.copyto``, measured
-1.1-1.3x slower than the KH*KW block copies on the benchmark CNN's layers:
-NumPy walks it with the same OW-long inner loop and more bookkeeping.)
+copy of the 6-D ``sliding_window_view``, done by ``numpy.copyto``, is slower
+than the KH*KW block copies: NumPy walks it with the same OW-long inner loop
+and more bookkeeping.)
 
 The forward product is best done as N GEMMs, one per image, each
 ``weight @ columns[:, n-th block of OH*OW]``: BLAS reads the block in place
@@ -33,9 +33,8 @@ columns and the bias as one more weight column (``ones_row``), so neither
 the bias add nor the bias gradient costs a pass of its own.
 
 The transposed layout ``(N*OH*OW, C*KH*KW)`` is the same GEMM with its
-operands swapped; measured with NumPy on a 64x16x14x14 batch it made both
-the copy into the columns and the copy of the result back to
-``(N, OC, OH, OW)`` slower (4-5x for the copy), because its blocks are
+operands swapped; it makes both the copy into the columns and the copy of
+the result back to ``(N, OC, OH, OW)`` slower, because its blocks are
 scattered by the row length C*KH*KW.
 
 col2im is the adjoint: every column entry is added back to the input pixel it
@@ -97,10 +96,9 @@ def im2col(x, kernel_h: int, kernel_w: int, stride_h: int, stride_w: int, paddin
     Padding is never materialised: each kernel offset's block gets the part
     of the image it sees, copied from the channel-major view of ``x``, and
     zeros in the border rows and columns where it would see padding (at most
-    four thin strips per block). Against padding the input into a zeroed
-    (C, N, H+2p, W+2p) copy first and copying whole blocks out of it: 0.90x
-    the time of the im2col on the benchmark CNN's second conv, 0.95-0.98x
-    the whole training step.
+    four thin strips per block). That is faster than padding the input into
+    a zeroed (C, N, H+2p, W+2p) copy first and copying whole blocks out of
+    it: the padded copy is one more pass over the input.
 
     ``ones_row=True`` appends a row of ones, ``(C*KH*KW + 1, N*OH*OW)``: with
     the bias appended to the weight as one more column, the GEMM then adds
@@ -173,8 +171,7 @@ def col2im_product(weight, grad_out, x_shape, kernel_h: int, kernel_w: int, stri
     (i, j). Each is one GEMM (C, OC) @ (OC, N*OH*OW) into the same reused
     buffer, added at its shift. Same flops as one big GEMM, but the
     (C*KH*KW, N*OH*OW) product, KH*KW times the input, is never held in
-    memory: on the benchmark CNN (batch 64, 28x28) this cut the page faults
-    of a training step by 60 % and its time by about 20 %.
+    memory, so a training step pages in far less fresh memory.
 
     ``weight`` (OC, C, KH, KW), ``grad_out`` (OC, N*OH*OW) or any array or
     view of shape (OC, N, OH, OW) (such as ``g.transpose(1, 0, 2, 3)``, read
@@ -248,16 +245,16 @@ def copy_before_transposed_gemm(xp, outputs: int) -> bool:
     whose product has ``outputs`` entries runs faster after copying that
     operand contiguous: on NumPy over OpenBLAS's small-matrix kernel, when
     the product is past :data:`SMALL_GEMM_TRANSPOSED_OUTPUT` (so the copy
-    lets it stay unpacked). Elsewhere the copy only costs (1.11x the weight
-    gradient of the benchmark CNN's second conv on Haswell kernels)."""
+    lets it stay unpacked). Elsewhere the copy only costs (on Haswell
+    kernels, for one)."""
     return xp is numpy and outputs > SMALL_GEMM_TRANSPOSED_OUTPUT and unpacked_small_gemm()
 
 
 #: Bytes of the buffers :func:`_col2im_product_stride_one` fills per chunk of
 #: images: small enough to stay in a core's L2 cache (1-2 MiB on current x86
 #: server cores) between the GEMM that writes them and the adds that read
-#: them, and reused rather than freshly paged in every step. (On the
-#: benchmark CNN, 1 MiB measured best of 256 KiB to 8 MiB.)
+#: them, and reused rather than freshly paged in every step. (1 MiB was the
+#: best of 256 KiB to 8 MiB on the benchmark CNN of bench_training_step.py.)
 CHUNK_BYTES = 1 << 20
 
 
@@ -278,14 +275,13 @@ def _col2im_product_stride_one(weight, grad_out, x_shape, kernel_h: int, kernel_
     ``W_i (C, KW*OC) @ shifted (KW*OC, m*(OH*Wp + KW - 1))``, sums the KW
     offsets of that row; it is added at shift i*Wp. That is KH adds instead
     of KH*KW (and KW copies of g, which is smaller than the C*KH*KW-row
-    column gradient): 0.92-0.94x the time of the KH*KW-add form on the
-    benchmark CNN's second conv.
+    column gradient), fewer passes over the accumulator than the KH*KW-add
+    form.
 
     Per chunk of images (sized by :data:`CHUNK_BYTES`, and on OpenBLAS's
     SkylakeX kernels small enough for each GEMM to stay within
-    :data:`SMALL_GEMM`: 2 images on the benchmark CNN's second conv, 0.94x
-    the time of the 10 that fit 1 MiB, which stay best on Haswell kernels,
-    0.96x of 2 there): the copies into
+    :data:`SMALL_GEMM`: 2 images on the benchmark CNN's second conv instead
+    of the 10 that fit 1 MiB, which stay best on Haswell kernels): the copies into
     reused buffers, KH GEMMs (a batched matmul over the groups when
     ``groups`` > 1), KH shifted adds into a reused (C, m, Hp*Wp)
     accumulator, and one copy of its interior into the (N, C, H, W) result.

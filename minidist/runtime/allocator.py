@@ -9,9 +9,9 @@ unmapped at ``free``, and the top of the heap is trimmed whenever more than
 only partly). The next step then touches fresh pages, and the kernel maps and
 zero-fills each 4 KiB page on its first touch: a minor page fault. On the
 benchmark CNN (batch 64, 28x28; ``benchmarks/bench_training_step.py``) that
-was about 2,000-5,000 faults and 3 ms of kernel time in a step of 17-19 ms,
-mostly in the forward pass, whose arrays are the first to reuse the freed
-memory.
+was thousands of faults per step and a noticeable share of its time in the
+kernel, mostly in the forward pass, whose arrays are the first to reuse the
+freed memory (benchmarks/README.md, "One training step").
 
 :func:`keep_freed_memory` raises both thresholds with ``mallopt``, the knob
 glibc provides for this (the ``MALLOC_TRIM_THRESHOLD_`` and

@@ -16,8 +16,8 @@ Each worker should use ``cores // workers`` threads (at least one).
   born with the right count and the parent gets its own back. Calling it in
   each worker instead made OpenBLAS, whose pool fork had emptied, first start
   the parent's number of threads again in every worker (a thread that spins
-  for a while, stealing a core from the ranks: 3 ms of CPU in each worker of a
-  trivial launch on 2 cores), and read ``/proc/self/maps`` once per worker.
+  for a while, stealing a core from the ranks), and read ``/proc/self/maps``
+  once per worker.
 
 :func:`openblas_cores` names the CPU kernels a loaded OpenBLAS runs: the
 convolutions size their matrix products for the SkylakeX family's
@@ -205,12 +205,12 @@ def for_forked_workers(count: int):
     OpenBLAS stops its thread pool before every fork (its at-fork handler) and
     starts it again at the next call that wants threads; but
     ``openblas_set_num_threads`` starts it at once, and a new pool thread
-    spins for about 0.1 s (30 ms of CPU here) before it sleeps. So OpenBLAS's
-    count is written in its variable instead (:class:`_OpenBlasCount`): no
-    thread starts, the parent ends as fork leaves it, and pays for the pool
-    only if it uses BLAS again (set, fork and stop cost 0.5 ms of a 2-rank
-    launch on 2 cores). Where only the setter exists, the pool it started is
-    stopped again with the handler fork itself calls."""
+    spins for a while before it sleeps, on the cores the new workers need.
+    So OpenBLAS's count is written in its variable instead
+    (:class:`_OpenBlasCount`): no thread starts, the parent ends as fork
+    leaves it, and pays for the pool only if it uses BLAS again. Where only
+    the setter exists, the pool it started is stopped again with the handler
+    fork itself calls."""
     changed = []
     try:
         _set_counts(count, changed)

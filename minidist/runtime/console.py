@@ -159,9 +159,9 @@ _worker_handlers: dict[int, PipeLogHandler] = {}
 def worker_log_handler(rank: int) -> PipeLogHandler:
     """Launcher side, before the forks: the handler rank ``rank`` will log
     through, without its connection (the worker sets it). Made in the worker,
-    a handler's lock, filter and place in logging's tables touched about 50
-    pages the fork shares, each copied at a fault: 130 us of every worker of
-    a warm launch. Made here once, a warm launch's workers only set a field."""
+    a handler's lock, filter and place in logging's tables touched dozens of
+    pages the fork shares, each copied at a fault, in every worker of every
+    launch. Made here once, a warm launch's workers only set a field."""
     handler = _worker_handlers.get(rank)
     if handler is None:
         handler = _worker_handlers[rank] = PipeLogHandler(None, rank)

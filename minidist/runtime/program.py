@@ -2,8 +2,8 @@
 
 ``minidist run -n N script.py`` needs N processes that each behave as if
 started by ``python script.py``. Starting N fresh interpreters costs each
-one Python's start (about 18 ms here: the interpreter, ``site``, the
-encodings) and every module minidist needs again, all while N of them share
+one Python's start (the interpreter, ``site``, the encodings) and every
+module minidist needs again, all while N of them share
 the cores. A fork of the launching process already has an interpreter and
 whatever the launcher imported before forking; what it must still do is
 become that script's main program:

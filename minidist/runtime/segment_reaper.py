@@ -19,12 +19,12 @@ SIGKILL, there are the run's.
 
 The names say whose a segment is, so the reaper needs no list: an earlier
 version was sent a line per segment made and unlinked, and each write woke
-the reaper (10 us of the creator's time per write in a profile; too little
-to show in a launch's wall time, but a protocol the names make needless).
+the reaper (too little to show in a launch's wall time, but a protocol the
+names make needless).
 
 multiprocessing's resource tracker does the same job; minidist used it
-before. It is a fresh interpreter started with ``exec`` (about 20 ms of CPU
-here, plus multiprocessing's imports) at the first segment of every program;
+before. It is a fresh interpreter started with ``exec`` (an interpreter's
+start, plus multiprocessing's imports) at the first segment of every program;
 in a 2-rank ``minidist run`` that start ran while both ranks imported NumPy
 on the same two cores. A fork of the creator costs a fraction of a
 millisecond, and the child needs no imports: what it calls was imported

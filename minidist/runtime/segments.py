@@ -36,8 +36,8 @@ def creator_prefix(pid: int | None = None) -> str:
 
 
 def new_name(what: str) -> str:
-    # os.urandom is what secrets.token_hex reads; importing secrets (hmac,
-    # hashlib) cost a `minidist run` worker 7 ms.
+    # os.urandom is what secrets.token_hex reads, without importing secrets
+    # (hmac, hashlib) into every `minidist run` worker.
     return f"{creator_prefix()}{os.urandom(12).hex()}_{what}"
 
 
@@ -56,8 +56,8 @@ class Segment:
         """A new segment of ``size`` bytes, watched by this process's reaper."""
         segment_reaper.ensure_running(creator_prefix())
         name = new_name(what)
-        # shm_open, as multiprocessing.shared_memory does, without its import
-        # (secrets, hashlib: 4 ms) and its resource tracker (see segment_reaper).
+        # shm_open, as multiprocessing.shared_memory does, without its imports
+        # (secrets, hashlib) and its resource tracker (see segment_reaper).
         fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
         try:
             os.ftruncate(fd, max(size, 1))

@@ -95,7 +95,7 @@ def as_exceptions():
         return
     guard = SignalGuard()
     # _signal with plain numbers, as in reset_in_worker: signal.signal's enum
-    # conversions were about 50 us of a warm 2-rank launch's parent.
+    # conversions are a measurable part of a warm launch's parent.
     previous = {_SIGTERM: _signal.signal(_SIGTERM, guard.handle)}
     if _signal.getsignal(_SIGINT) is signal.default_int_handler:
         previous[_SIGINT] = _signal.signal(_SIGINT, guard.handle)
@@ -117,8 +117,8 @@ def reset_in_worker() -> None:
     only remembered by the inherited guard: deliver it now."""
     # The C module's call, with plain numbers: signal.signal converts every
     # argument and result to and from enums, and in a forked worker the enum
-    # tables it reads are pages to copy (39 page faults, 105 us, against 5
-    # and 14 us).
+    # tables it reads are pages to copy (several times the faults of this
+    # call; benchmarks/README.md, "Starting workers").
     _signal.signal(_SIGINT, _SIG_IGN)
     _signal.signal(_SIGTERM, _SIG_DFL)
     guard = _active

@@ -9,7 +9,8 @@ estimate; it is kept for the one model the search finally picks.
 
 After each epoch the validation accuracy is reported (``trial.report``) so
 that a pruner can stop a hopeless trial early. One trial (10 epochs of
-batches of 8, 16 to 128 hidden units) costs 0.1 to 0.15 s on one core.
+batches of 8, 16 to 128 hidden units) is a fraction of a second on one core
+(``benchmarks/bench_search.py`` times it).
 """
 
 from __future__ import annotations
