@@ -104,9 +104,10 @@ if timing.load.busy:
                            "step of each ran undisturbed"))
 
 # %% [markdown]
-# On this machine's CPU the batch of 1,024 went through about a hundred
-# times more examples per second than a batch of one, and about ten times
-# more than a batch of 16 (the factors depend on the machine and its load). On a GPU the gap is larger still: a batch of 16
+# On the course's machine the batch of 1,024 went through about a hundred
+# times more examples per second than a batch of one, and five to ten
+# times more than a batch of 16 (the printout gives this machine's
+# factors; they depend on the machine). On a GPU the gap is larger still: a batch of 16
 # leaves most of its thousands of cores idle. With n workers the same
 # argument holds per worker: each one needs a batch large enough to be
 # efficient, and the global batch is n times that.
