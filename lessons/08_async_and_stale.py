@@ -246,12 +246,11 @@ print("saved", OUT / "async_large_lr.png")
 
 # %% [markdown]
 # With the larger step BSP still converges (it is full-batch SGD on a
-# batch of 128); SSP(1) stays nearer to it than SSP(4), which
-# swings up towards the starting loss (2.3); async and drop spike and
-# end anywhere between BSP's loss and the starting one, from run to
-# run: a gradient 3 versions old is now 3 large steps old. Dropping pushes
-# staler than 3 does not rescue them, since most asynchronous pushes are
-# about W - 1 = 3 versions stale anyway.
+# batch of 128), and SSP(1) ends nearer to it than SSP(4); async and
+# drop spike and end anywhere between BSP's loss and the starting one
+# (2.3), from run to run: a gradient 3 versions old is now 3 large steps
+# old. Dropping pushes staler than 3 does not rescue them, since most
+# asynchronous pushes are about W - 1 = 3 versions stale anyway.
 # This is why asynchronous SGD is run with smaller steps, or after a
 # synchronous warm-up (`warmup_steps`, DistBelief's first epoch).
 #
