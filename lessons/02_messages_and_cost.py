@@ -40,6 +40,7 @@
 # a notebook (`jupytext --to notebook lessons/02_messages_and_cost.py`).
 
 # %%
+import dataclasses
 import os
 import time
 
@@ -49,6 +50,7 @@ import minidist
 import minidist.distributed as dist
 from minidist import costmodel
 from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
+from minidist.lesson_timing import Load, timed
 from minidist.model_gap import RunFacts, explain
 
 narrate()  # run as a script: the text below is printed between the outputs
@@ -98,54 +100,62 @@ print(minidist.launch(hello, world_size=2, transport="shm"))
 # round trip / 2.
 #
 # Two habits of every careful benchmark are in the loop below: a **warm-up**
-# round that is not counted (the first touch of fresh memory is slow), and
-# taking the **best** of a few repeats (the machine is shared with other
-# programs; the best repeat is the one least disturbed).
+# round trip that is not counted (the first touch of fresh memory is slow),
+# and timing every round trip on its own and keeping the **best** (the
+# machine is shared with other programs: a round trip during which either
+# process waited for a core is slower, never faster, so the fastest one is
+# the least disturbed). Rank 0 decides when it has enough, by count or by
+# time, and tells rank 1 in the first byte of its message: on a busy
+# machine a round trip can take milliseconds instead of microseconds, and a
+# fixed count of 2,000 of them would take minutes.
 
 # %%
 KIB, MIB = 1 << 10, 1 << 20
 if QUICK:
     SIZES = [8, 1 * KIB, 16 * KIB, 256 * KIB, 1 * MIB, 4 * MIB]
-    REPEATS = 2
+    TRIPS, SECONDS = 200, 0.1      # per size: at most this many round trips, or this long
 else:
     SIZES = [8, 256, 1 * KIB, 4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, 1 * MIB, 4 * MIB,
              16 * MIB, 64 * MIB]
-    REPEATS = 5
+    TRIPS, SECONDS = 1000, 0.5
 
 
-def round_trips(size):
-    """Enough round trips to move about 64 MiB (2 MiB in quick mode), at least 3."""
-    budget = 2 * MIB if QUICK else 64 * MIB
-    return max(3, min(2000, budget // size))
-
-
-def pingpong(sizes, repeats):
+def pingpong(sizes, trips, seconds):
+    """One-way time of each size: the fastest of up to ``trips`` round trips
+    (fewer if they take longer than ``seconds``), each timed on its own."""
     rank = dist.get_rank()
     peer = 1 - rank
     best = {}
     for size in sizes:
         message = np.ones(size, np.uint8)
-        count = round_trips(size)
-        for repeat in range(repeats + 1):  # repeat 0 is the warm-up
-            dist.barrier()
-            start = time.perf_counter()
-            for _ in range(count):
-                if rank == 0:
-                    dist.send(message, dst=peer)
-                    dist.recv(message, src=peer)
-                else:
-                    dist.recv(message, src=peer)
-                    dist.send(message, dst=peer)
-            one_way = (time.perf_counter() - start) / count / 2
-            if repeat > 0:
-                best[size] = min(best.get(size, one_way), one_way)
+        dist.barrier()
+        began = time.perf_counter()
+        for trip in range(trips + 1):  # trip 0 is the warm-up
+            if rank == 0:
+                # The first byte says "another round trip after this one" (1) or "stop" (0).
+                last = trip == trips or (trip >= 3 and time.perf_counter() - began > seconds)
+                message[0] = 0 if last else 1
+                start = time.perf_counter()
+                dist.send(message, dst=peer)
+                dist.recv(message, src=peer)
+                if trip > 0:
+                    one_way = (time.perf_counter() - start) / 2
+                    best[size] = min(best.get(size, one_way), one_way)
+            else:
+                dist.recv(message, src=peer)
+                last = message[0] == 0
+                dist.send(message, dst=peer)
+            if last:
+                break
     return best
 
 
+load = Load.start()
 measured = {}
 for transport in ("shm", "pipe"):
     measured[transport] = minidist.launch(pingpong, world_size=2, transport=transport,
-                                          args=(SIZES, REPEATS))[0]
+                                          args=(SIZES, TRIPS, SECONDS))[0]
+load = load.finish()
 
 print(f"{'size (B)':>10} | {'shm':>24} | {'pipe':>24}")
 for size in SIZES:
@@ -154,6 +164,8 @@ for size in SIZES:
         seconds = measured[transport][size]
         cells.append(f"{seconds * 1e6:9.1f} us {size / seconds / 1e9:6.2f} GB/s")
     print(f"{size:>10,} | {cells[0]:>24} | {cells[1]:>24}")
+if load.busy:
+    print(load.note("even the fastest of many round trips may have waited"))
 
 # %% [markdown]
 # Read the table from the top: for small messages the time hardly changes with
@@ -181,6 +193,11 @@ for transport in ("shm", "pipe"):
           f"bandwidth = 1/beta = {params.bandwidth / 1e9:5.2f} GB/s, "
           f"n_1/2 = alpha/beta = {params.alpha / params.beta / KIB:7.1f} KiB")
     assert params.beta > 0 and params.alpha >= 0
+if load.busy:
+    idle = costmodel.PARAMS["shm"]
+    print(load.note(f"alpha measures the scheduler here; the course machine, idle, fitted "
+                    f"shm at alpha = {idle.alpha * 1e6:.1f} us and "
+                    f"{idle.bandwidth / 1e9:.1f} GB/s (costmodel.PARAMS)"))
 
 # %% [markdown]
 # On a log-log plot the model is a flat line (latency) that bends into a line
@@ -238,11 +255,7 @@ print("saved", OUT / "02_pingpong_fit.png")
 size_for_gamma = 4 * MIB if QUICK else 64 * MIB
 a = np.ones(size_for_gamma // 4, np.float32)
 b = np.ones_like(a)
-np.add(a, b, out=a)  # warm-up
-start = time.perf_counter()
-for _ in range(5):
-    np.add(a, b, out=a)
-gamma = (time.perf_counter() - start) / 5 / a.nbytes
+gamma = timed(lambda a=a, b=b: np.add(a, b, out=a), repeats=5).best[""] / a.nbytes  # the fastest of 5
 print(f"gamma: adding float32 arrays runs at {1 / gamma / 1e9:.1f} GB/s")
 del a, b
 shm = costmodel.Params(alpha=fitted["shm"].alpha, beta=fitted["shm"].beta, gamma=gamma)
@@ -251,45 +264,58 @@ shm = costmodel.Params(alpha=fitted["shm"].alpha, beta=fitted["shm"].beta, gamma
 # Now the prediction, next to a measurement of minidist's own
 # `dist.all_reduce(x, algorithm="ring")` on the shared-memory transport. The
 # measurement is timed the way real benchmarks (nccl-tests) do: a warm-up
-# call, a barrier so all ranks start together, several calls, and the time of
-# the *slowest* rank (the collective is done when the last rank is).
+# call, a barrier so all ranks start together, and the time of the
+# *slowest* rank (the collective is done when the last rank is). We time
+# each call on its own, after its own barrier, and keep the fastest call:
+# as in the ping-pong, the least disturbed.
 
 # %%
 if QUICK:
-    RING_SIZES, RING_WORLDS, CALLS = [256 * KIB, 1 * MIB, 4 * MIB], [2], 3
+    RING_SIZES, RING_WORLDS, CALLS = [256 * KIB, 1 * MIB, 4 * MIB], [2], 10
 else:
-    RING_SIZES, RING_WORLDS, CALLS = [1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB], [2, 4], 10
+    RING_SIZES, RING_WORLDS, CALLS = [1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB], [2, 4], 20
 
 
 def time_ring(sizes, calls):
-    means = {}
+    """{size: [seconds of each call]} on this rank, every call after a barrier."""
+    times = {}
     for size in sizes:
         x = np.zeros(size // 4, np.float32)
         dist.all_reduce(x, algorithm="ring")  # warm-up
-        dist.barrier()
-        start = time.perf_counter()
+        times[size] = []
         for _ in range(calls):
+            dist.barrier()
+            start = time.perf_counter()
             dist.all_reduce(x, algorithm="ring")
-        means[size] = (time.perf_counter() - start) / calls
-    return means
+            times[size].append(time.perf_counter() - start)
+    return times
 
 
 print(f"{'ranks':>5} {'size':>9} | {'predicted':>10} | {'measured':>10} | measured / predicted: "
       "why, on this run")
 comparison = []
 for world_size in RING_WORLDS:
+    load = Load.start()
     per_rank = minidist.launch(time_ring, world_size=world_size, transport="shm",
                                args=(RING_SIZES, CALLS))
+    load = load.finish()
     for size in RING_SIZES:
-        measured_seconds = max(rank_means[size] for rank_means in per_rank)
+        # Each call's time is its slowest rank's; the fastest call is kept.
+        measured_seconds = min(max(calls) for calls in zip(*(rank[size] for rank in per_rank)))
         predicted = costmodel.predict("all_reduce", "ring", world_size, size, params=shm)
         comparison.append((world_size, size, predicted, measured_seconds))
         # Why the two differ, from this run's facts (the fit above is this machine's).
         why = explain(measured_seconds, predicted,
                       RunFacts(ranks=world_size, cores=CORES, transport="shm", params="fitted",
-                               nbytes=size, load=os.getloadavg()[0]))
+                               nbytes=size, load=max(load.before, load.after)))
         print(f"{world_size:>5} {size // KIB:>5} KiB | {predicted * 1e3:>7.2f} ms | "
               f"{measured_seconds * 1e3:>7.2f} ms | {why}")
+    if load.busy:
+        idle = dataclasses.replace(costmodel.PARAMS["shm"], gamma=gamma)
+        model = ", ".join(f"{size // KIB} KiB "
+                          f"{costmodel.predict('all_reduce', 'ring', world_size, size, idle) * 1e3:.2f} ms"
+                          for size in RING_SIZES)
+        print(load.note(f"the course machine's idle alpha and beta predict {model}"))
 
 # %% [markdown]
 # How close is it? The model assumes that every link works at full speed at

@@ -195,6 +195,7 @@ def train_single_process():
     model = make_model(seed=0)
     optimizer = optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
+    start = time.perf_counter()
     for epoch in range(EPOCHS):
         shards = [shard_batches(rank, WORLD, epoch) for rank in range(WORLD)]
         for step in zip(*shards):
@@ -202,11 +203,12 @@ def train_single_process():
             optimizer.zero_grad()
             loss_fn(model(Tensor(x_train[indices])), y_train[indices]).backward()
             optimizer.step()
-    return flat_weights(model), accuracy(model)
+    return flat_weights(model), accuracy(model), time.perf_counter() - start
 
 
-single_weights, single_accuracy = train_single_process()
-print(f"single process, {EPOCHS} epochs: test accuracy {single_accuracy:.3f}")
+single_weights, single_accuracy, single_seconds = train_single_process()
+print(f"single process, {EPOCHS} epochs: test accuracy {single_accuracy:.3f}, "
+      f"{single_seconds:.2f} s")
 for flavour in ("coordinator", "ddp"):
     results = minidist.launch(train, world_size=WORLD, transport="shm", args=(flavour,))
     weights, acc, seconds = results[0]

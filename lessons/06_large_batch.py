@@ -53,6 +53,7 @@ import minidist.distributed as dist
 from minidist import Tensor, nn, optim
 from minidist.experiments import large_batch as lb
 from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
+from minidist.lesson_timing import timed
 from minidist.parallel.data_parallel import DistributedDataParallel
 
 narrate()  # run as a script: the text below is printed between the outputs
@@ -73,31 +74,40 @@ print(f"digits: {N} training images, {len(x_test)} test images; "
 # One forward and backward pass over a batch of B examples costs a fixed
 # overhead (Python, launching each operation, on a GPU a kernel launch)
 # plus work proportional to B. Small batches pay the overhead per few
-# examples. We time one training step of the lesson's MLP at a few sizes.
+# examples. We time one training step of the lesson's MLP at a few sizes,
+# the sizes taking turns, keeping each one's fastest step (lesson 1 says
+# why), on one BLAS thread.
 
 # %%
-def examples_per_second(batch_size, repeats):
+def training_step(batch_size):
+    """One SGD step of the MLP on the first ``batch_size`` images, as a function."""
     model = lb.make_model(seed=0)
     optimizer = optim.SGD(model.parameters(), lr=0.01)
     xs, ys = Tensor(x_train[:batch_size]), y_train[:batch_size]
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
+
+    def step():
         optimizer.zero_grad()
         nn.CrossEntropyLoss()(model(xs), ys).backward()
         optimizer.step()
-        best = min(best, time.perf_counter() - start)
-    return batch_size / best
+    return step
 
 
-for batch_size in (1, 16, 128, 1024):
-    rate = examples_per_second(batch_size, repeats=20 if QUICK else 100)
-    print(f"batch {batch_size:>5}: {rate:>10,.0f} examples/s")
+SIZES = (1, 16, 128, 1024)
+timing = timed({size: training_step(size) for size in SIZES}, repeats=20 if QUICK else 100)
+rates = {size: size / timing.best[size] for size in SIZES}
+for batch_size in SIZES:
+    print(f"batch {batch_size:>5}: {rates[batch_size]:>10,.0f} examples/s")
+print(f"batch 1,024 against batch 1: {rates[1024] / rates[1]:.0f}x the examples per second; "
+      f"against batch 16: {rates[1024] / rates[16]:.0f}x ({timing.load.describe()})")
+if timing.load.busy:
+    print(timing.load.note("each rate is the fastest of its steps, so the order holds if one "
+                           "step of each ran undisturbed"))
 
 # %% [markdown]
-# On this machine's CPU the batch of 1,024 went through about a hundred
-# times more examples per second than a batch of one, and about ten times
-# more than a batch of 16 (the factors depend on the machine and its load). On a GPU the gap is larger still: a batch of 16
+# On the course's machine the batch of 1,024 went through about a hundred
+# times more examples per second than a batch of one, and five to ten
+# times more than a batch of 16 (the printout gives this machine's
+# factors; they depend on the machine). On a GPU the gap is larger still: a batch of 16
 # leaves most of its thousands of cores idle. With n workers the same
 # argument holds per worker: each one needs a batch large enough to be
 # efficient, and the global batch is n times that.

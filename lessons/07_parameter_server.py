@@ -59,6 +59,7 @@ from minidist.examples.parameter_server import (
     train_mlp_on_digits,
 )
 from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
+from minidist.lesson_timing import Load
 from minidist.parallel.parameter_server import flat_parameters, load_flat_parameters, shard_ranges
 
 narrate()  # run as a script: the text below is printed between the outputs
@@ -311,6 +312,7 @@ def end_of_first_all_reduce(events, rank):
 P_BYTES = P * 4   # float32
 print(f"P = {P} float32 parameters = {P_BYTES} bytes; {TRAFFIC_STEPS} steps, batches of {BATCH}")
 traffic = []
+load = Load.start()
 for workers, servers in ((2, 1), (3, 1), (4, 1), (3, 2)):
     path = OUT / f"ps_traffic_{workers}w_{servers}s.trace.jsonl"
     minidist.launch(train_mlp_on_digits, world_size=workers + servers, args=(TRAFFIC_STEPS,),
@@ -329,6 +331,7 @@ for workers in (2, 3, 4):
                    for r in range(workers)),
                   key=lambda t: t[0] + t[1])
     traffic.append(("ring rank", workers, 0, *busiest, 2 * (workers - 1) / workers * P_BYTES))
+load = load.finish()
 
 print(f"{'':>10} {'W':>2} {'S':>2} | {'recv B/step':>11} {'sent B/step':>11} {'formula':>9} "
       f"| {'MB/s after step 0':>17}")
@@ -345,19 +348,24 @@ for who, workers, servers, received, sent, rate, formula in traffic:
 # server's load doubles, the ring's grows from P toward its ceiling of 2 P.
 #
 # The megabytes per second are what *this* machine managed, measured after
-# the first step. They grow with W at the server and not at a ring rank:
-# the server has W times a worker's bytes to move in a step that is not
-# much longer (the printout below gives the ratio). On 2 shared cores that
-# rate is set by Python and process switching, not by a link. On a real
-# cluster every link has about the same bandwidth B, so a step cannot be
-# faster than the busiest link's bytes / B. The picture extends the
-# formulas to more workers, with the measured points in their place, and at
-# B = 10 GB/s and the measured points in their place.
+# the first step, and they say little about W: with 3 to 5 processes on 2
+# shared cores a step's time is set by Python and by processes taking
+# turns on the cores, not by a link, so the rate hardly changes with W (and
+# a busy machine moves it from run to run). The bytes are what the
+# formulas are about. On a real cluster every link has about the same
+# bandwidth B, so a step cannot be faster than the busiest link's bytes /
+# B: the server's, W times a worker's. The left picture extends the byte
+# formulas to 64 workers, with the measured points in their place; the
+# right one turns them into that least time per step at B = 10 GB/s.
 
 # %%
 server4 = next(rate for who, w, s, _, _, rate, _ in traffic if who == "PS server" and w == 4)
 ring4 = next(rate for who, w, s, _, _, rate, _ in traffic if who == "ring rank" and w == 4)
-print(f"W = 4: the server moved {server4 / ring4:.1f} times the bytes per second of a ring rank")
+bytes_ratio = (4 * P_BYTES) / (2 * 3 / 4 * P_BYTES)
+print(f"W = 4: a server step carries {bytes_ratio:.1f} times a ring rank's bytes; this machine "
+      f"moved {server4 / ring4:.1f} times a ring rank's bytes per second there")
+if load.busy:
+    print(load.note("the rates above measure the scheduler; the byte counts do not change"))
 print("saved", draw_ps_bandwidth(traffic, P_BYTES, TRAFFIC_STEPS, OUT / "ps_bandwidth.png"))
 
 # %% [markdown]

@@ -195,8 +195,15 @@ print("saved", OUT / "async_loss.png")
 #   averaged over 4 gradients (a batch of 128), per 4 gradients. Async and
 #   drop take a step per gradient, 4 small steps where BSP takes one, so
 #   they get further with the same gradients, but with spikes: each spike
-#   is a stale gradient applied to weights that have moved since. SSP(4)
-#   is a little behind BSP: same steps, older weights.
+#   is a stale gradient applied to weights that have moved since. SSP(1)
+#   follows BSP closely. SSP(4) takes the same averaged steps on weights
+#   up to 4 versions old, and at this rate that is too old: in the full
+#   form (150 steps) its loss swings back up, to about 1.9 in our runs,
+#   and ends at 0.4-0.5 where BSP ends at 0.24. (The quick form stops
+#   after 40 steps, before the swing, with SSP(4) a little behind BSP.)
+#   A gradient computed 4 steps ago keeps pushing the way the weights
+#   were going then: with a large enough step it overshoots, and the
+#   next stale gradients push back too late. Section 1b doubles the step.
 # * **Per second without a straggler**, all modes take about as long: each
 #   worker's 4 ms of "compute" dominates and nobody waits much.
 # * **With the straggler**, BSP and both SSPs run at its pace, about twice
@@ -239,11 +246,11 @@ print("saved", OUT / "async_large_lr.png")
 
 # %% [markdown]
 # With the larger step BSP still converges (it is full-batch SGD on a
-# batch of 128), SSP(1) follows closely, SSP(4) falls behind (in the
-# longer full form of this lesson it stalls too), and async and drop stall
-# around the starting loss with large spikes: a gradient 3 versions old is
-# now 3 large steps old. Dropping pushes staler than 3 does not rescue it,
-# since most asynchronous pushes are about W - 1 = 3 versions stale anyway.
+# batch of 128), and SSP(1) ends nearer to it than SSP(4); async and
+# drop spike and end anywhere between BSP's loss and the starting one
+# (2.3), from run to run: a gradient 3 versions old is now 3 large steps
+# old. Dropping pushes staler than 3 does not rescue them, since most
+# asynchronous pushes are about W - 1 = 3 versions stale anyway.
 # This is why asynchronous SGD is run with smaller steps, or after a
 # synchronous warm-up (`warmup_steps`, DistBelief's first epoch).
 #

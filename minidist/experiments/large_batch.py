@@ -59,6 +59,7 @@ from minidist import Tensor, nn, optim
 from minidist.atomic_file import atomic_path
 from minidist.data import load_digits
 from minidist.optim.lr_scheduler import LambdaLR, LinearWarmup, MultiStepLR
+from minidist.runtime import blas_threads
 from minidist.train import evaluate
 
 OPTIMIZERS = ("sgd", "lars")
@@ -193,7 +194,10 @@ def train(model: nn.Module, optimizer, data, epochs: int, batch_size_at: Callabl
     loss_fn = nn.CrossEntropyLoss()
     history, updates = [], 0
     # Diverging runs overflow on their way to inf; they are detected below, not warned about.
-    with np.errstate(over="ignore", invalid="ignore"):
+    # One BLAS thread: this MLP's products are too small to gain from a second
+    # one, and on a busy machine every product waits for its slowest thread to
+    # get a core (the reduced sweep took three times as long on two threads).
+    with np.errstate(over="ignore", invalid="ignore"), blas_threads.limit(1):
         for epoch in range(epochs):
             batch_size = batch_size_at(epoch)
             _check_batch_size(batch_size, len(x))

@@ -1,0 +1,218 @@
+"""What lessons 1-8 say, held: each test computes, small and on fixed seeds
+or on the simulator, the direction of a comparison a lesson's text states,
+and checks that the text still states it that way. (Running whole lessons
+is tests/demos/test_lessons.py's job; these take seconds.)"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import minidist
+from minidist import Tensor, nn
+from minidist.data import DataLoader, make_linear_regression
+from minidist.lesson_timing import timed
+from minidist.runtime import blas_threads
+
+LESSONS = Path(__file__).resolve().parents[2] / "lessons"
+
+
+def text_of(number: int) -> str:
+    """The lesson's Markdown, lines joined and spaces squeezed, for phrase searches."""
+    path = next(LESSONS.glob(f"{number:02d}_*.py"))
+    lines = [line[2:] for line in path.read_text().splitlines() if line.startswith("# ")]
+    return re.sub(r"\s+", " ", " ".join(lines))
+
+
+def says(number: int, phrase: str) -> bool:
+    return re.sub(r"\s+", " ", phrase) in text_of(number)
+
+
+# ------------------------------------------------------------------ lesson 1
+
+def _linear_regression_losses(batch_size, lr, epochs):
+    """Lesson 1's regression (512 examples, 10 features, noise 0.1, seed 1),
+    trained as it trains it: the full-data loss after every update."""
+    x, y, _, _ = make_linear_regression(n_samples=512, n_features=10, noise=0.1, seed=1)
+    w = Tensor(np.zeros(10, np.float32), requires_grad=True)
+    b = Tensor(np.zeros((), np.float32), requires_grad=True)
+    losses = []
+    for epoch in range(epochs):
+        for xb, yb in DataLoader((x, y), batch_size=batch_size, shuffle=True, seed=epoch):
+            loss = ((Tensor(xb) @ w + b - Tensor(yb)) ** 2).mean()
+            w.grad = b.grad = None
+            loss.backward()
+            with minidist.no_grad():
+                w.data -= lr * w.grad
+                b.data -= lr * b.grad
+            losses.append(float(((x @ w.data + b.data - y) ** 2).mean()))
+    return losses
+
+
+def test_lesson_1_batch_gd_needs_fewer_updates_and_sgd_fewer_examples():
+    def first_below(losses, target=0.02):
+        return next(step for step, loss in enumerate(losses, start=1) if loss <= target)
+
+    batch_gd = first_below(_linear_regression_losses(512, 0.1, 30))
+    sgd = first_below(_linear_regression_losses(1, 0.01, 1))
+    assert batch_gd < sgd / 5                 # updates: batch GD far ahead
+    assert sgd * 1 < batch_gd * 512 / 5       # examples read: SGD far ahead
+    assert says(1, "Counted in *updates*, batch GD is the fastest")
+    assert says(1, "counted in *examples read*, the work a computer does, SGD gets there")
+    assert not says(1, "needs many updates")
+
+
+def test_lesson_1_a_large_batch_spends_less_time_per_example():
+    rng = np.random.default_rng(0)
+    layer = nn.Linear(64, 256)
+    inputs = {batch: Tensor(rng.standard_normal((batch, 64)).astype(np.float32))
+              for batch in (1, 256)}
+    timing = timed({batch: (lambda x=x: layer(x).relu().sum().backward())
+                    for batch, x in inputs.items()}, repeats=20)
+    per_example = {batch: timing.best[batch] / batch for batch in inputs}
+    assert per_example[256] < per_example[1] / 4, (per_example, timing.load)
+    assert says(1, "Time per example falls as the batch grows")
+
+
+# ------------------------------------------------------------------ lesson 2
+
+def test_lesson_2_the_pipe_pays_more_on_both_counts_and_size_picks_the_algorithm():
+    from minidist import costmodel
+
+    shm, pipe = costmodel.PARAMS["shm"], costmodel.PARAMS["pipe"]
+    assert pipe.alpha > shm.alpha and pipe.beta > shm.beta
+    assert says(2, "The pipe pays more on both counts")
+    # Small messages: the fewest steps win; large ones: the fewest bytes per rank
+    # (alpha, beta and gamma only, as the lesson fits them).
+    fitted = costmodel.Params(alpha=shm.alpha, beta=shm.beta, gamma=shm.gamma)
+    small = costmodel.predict_all("all_reduce", 8, 4 << 10, params=fitted)
+    large = costmodel.predict_all("all_reduce", 8, 64 << 20, params=fitted)
+    assert min(small, key=small.get) == "recursive_doubling"
+    assert min(large, key=large.get) in ("ring", "rabenseifner", "two_shot")
+    assert says(2, "timing every round trip on its own and keeping the **best**")
+
+
+# ------------------------------------------------------------------ lessons 3 and 4
+
+def test_lessons_3_and_4_the_simulated_ring_stays_flat_and_reduce_broadcast_grows():
+    from minidist.distributed import simulate
+
+    def simulated(algorithm, n):
+        return simulate("all_reduce", algorithm, world_size=n, nbytes=100_000_000,
+                        alpha=5e-6, beta=1e-10, gamma=1e-10).time
+
+    two_n_beta = 2 * 100_000_000 * 1e-10
+    for n in (8, 16, 32, 64):
+        assert simulated("ring", n) < 1.05 * (two_n_beta + 100_000_000 * 1e-10)  # N beta + gamma
+        assert simulated("reduce_broadcast", 2 * n) > simulated("reduce_broadcast", n) + 0.9 * two_n_beta
+    assert says(4, "reduce + broadcast climbs by $2N\\beta$ every time the world doubles")
+    assert says(3, "the ring's time stays flat as the world grows")
+    assert not says(3, "the ring of 64 MiB")   # a row its table does not have
+    assert says(4, "the fastest of the calls is kept")
+
+
+# ------------------------------------------------------------------ lesson 6
+
+def test_lesson_6_the_constant_rate_undertrains_the_full_batch_and_linear_scaling_fixes_it():
+    from minidist.experiments import large_batch as lb
+
+    data = lb.digits_data()
+    full = len(data[0])
+    constant = lb.run_point(lb.RULES["constant"], full, 20, seed=0, data=data)
+    linear = lb.run_point(lb.RULES["linear"], full, 20, seed=0, data=data)
+    assert constant["train_loss"] > 2.0                     # hardly below ln 10: undertrained
+    assert linear["test_accuracy"] > constant["test_accuracy"] + 0.3
+
+
+def test_lesson_6_a_batch_of_1024_goes_through_more_examples_per_second():
+    from minidist import optim
+    from minidist.experiments import large_batch as lb
+
+    x, y = lb.digits_data()[:2]
+
+    def step(size):
+        model = lb.make_model(seed=0)
+        optimizer = optim.SGD(model.parameters(), lr=0.01)
+        xs, ys = Tensor(x[:size]), y[:size]
+
+        def one():
+            optimizer.zero_grad()
+            nn.CrossEntropyLoss()(model(xs), ys).backward()
+            optimizer.step()
+        return one
+
+    timing = timed({size: step(size) for size in (1, 16, 1024)}, repeats=10)
+    rate = {size: size / seconds for size, seconds in timing.best.items()}
+    assert rate[1024] > 2 * rate[16] > 2 * rate[1], (rate, timing.load)
+    assert says(6, "five to ten times more than a batch of 16")
+
+
+# ------------------------------------------------------------------ lesson 7
+
+@pytest.mark.filterwarnings("ignore::minidist.runtime.errors.OversubscriptionWarning")
+def test_lesson_7_the_server_carries_w_times_a_workers_bytes_and_the_text_says_only_that(tmp_path):
+    from minidist import trace
+    from minidist.examples.parameter_server import train_mlp_on_digits
+
+    def server_bytes_received(workers, path):
+        minidist.launch(train_mlp_on_digits, world_size=workers + 1, args=(2,), trace=str(path))
+        events = trace.read_jsonl(path).events
+        return sum(e["bytes"] for e in events if e["rank"] == 0 and e["kind"] == "recv"
+                   and trace.label_info(e["label"]).get("call") is None)
+
+    two, four = (server_bytes_received(w, tmp_path / f"ps{w}.jsonl") for w in (2, 4))
+    assert 1.95 < four / two < 2.05                      # "the single server's load doubles"
+    assert says(7, "the single server's load doubles")
+    assert not says(7, "They grow with W at the server")  # the rates did not show it
+    assert not says(7, "and at B = 10 GB/s and the measured points in their place")
+
+
+# ------------------------------------------------------------------ lesson 8
+
+def _stale_bsp_losses(steps, delay, lr=0.3, workers=4):
+    """Lesson 8's PS steps (4 workers, batches of 32, SGD) with every gradient
+    computed on weights ``delay`` versions old: the most staleness SSP(delay)
+    allows, on fixed data, as a deterministic stand-in for the real run."""
+    from minidist.data import load_digits
+    from minidist.examples.parameter_server import digits_mlp, split_rows
+    from minidist.parallel.parameter_server import flat_parameters, load_flat_parameters
+    from minidist.tensor import no_grad
+
+    x, y, _, _ = load_digits()
+    model = digits_mlp()
+    rows = split_rows(len(y), workers)
+
+    def gradient(weights, worker, step):
+        mine = np.arange(rows[worker].start, rows[worker].stop)
+        batch = mine[np.arange(step * 32, (step + 1) * 32) % len(mine)]
+        load_flat_parameters(model, weights)
+        model.zero_grad()
+        nn.functional.cross_entropy(model(Tensor(x[batch])), y[batch]).backward()
+        return np.concatenate([p.grad.reshape(-1) for p in model.parameters()])
+
+    def loss(weights):
+        load_flat_parameters(model, weights)
+        with no_grad():
+            return float(nn.functional.cross_entropy(model(Tensor(x)), y).data)
+
+    versions, losses = [flat_parameters(digits_mlp())], []
+    with blas_threads.limit(1):   # small products: a second thread only waits for a core
+        for step in range(steps):
+            stale = versions[max(0, step - delay)]
+            average = np.mean([gradient(stale, k, step) for k in range(workers)], axis=0)
+            versions.append(versions[-1] - np.float32(lr) * average)
+            losses.append(loss(versions[-1]))
+    return losses
+
+
+def test_lesson_8_ssp4_swings_back_up_and_ends_well_above_bsp_while_ssp1_follows_it():
+    bsp, ssp1, ssp4 = (_stale_bsp_losses(150, delay) for delay in (0, 1, 4))
+    assert ssp1[-1] < 1.25 * bsp[-1]                      # SSP(1) follows BSP closely
+    assert ssp4[-1] > 1.5 * bsp[-1]                       # SSP(4) ends well above it...
+    assert max(ssp4[20:]) > min(ssp4[:20])                # ...after swinging back up
+    assert says(8, "SSP(1) follows BSP closely")
+    assert says(8, "its loss swings back up")
+    assert not says(8, "SSP(4) is a little behind BSP: same steps, older weights")
