@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-LESSONS = sorted((Path(__file__).resolve().parents[2] / "lessons").glob("[0-9][0-9]_*.py"))
+ROOT = Path(__file__).resolve().parents[2]
+LESSONS = sorted((ROOT / "lessons").glob("[0-9][0-9]_*.py"))
 
 
 def lesson_env(tmp_path):
@@ -31,10 +32,18 @@ def test_there_are_lessons():
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
 def test_lesson_runs_as_a_script(lesson, tmp_path):
+    env = lesson_env(tmp_path)
+    # Every picture the lesson saves is checked for overlapping or cut text
+    # (picture_check/sitecustomize.py, with tests/viz/text_layout.py).
+    pictures = tmp_path / "picture_problems.jsonl"
+    env["MINIDIST_PICTURE_CHECK"] = str(pictures)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).parent / "picture_check"), str(ROOT)]
+        + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     result = subprocess.run(
         [sys.executable, str(lesson)],
         cwd=tmp_path,
-        env=lesson_env(tmp_path),
+        env=env,
         capture_output=True,
         text=True,
         timeout=580,
@@ -44,6 +53,8 @@ def test_lesson_runs_as_a_script(lesson, tmp_path):
     # made and never shown, or a warning that names minidist's own file.
     assert "Animation was deleted without rendering" not in result.stderr
     assert "OversubscriptionWarning:" not in result.stderr, result.stderr[-2000:]
+    problems = pictures.read_text().splitlines() if pictures.exists() else []
+    assert not problems, "text that overlaps or leaves the picture:\n" + "\n".join(problems)
 
 
 @pytest.mark.timeout(600)
