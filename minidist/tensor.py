@@ -150,6 +150,73 @@ def _owned_gradients(overwrites: bool = False):
     return mark
 
 
+class RemovableHandle:
+    """What ``register_*hook`` returns: ``remove()`` takes the hook out again
+    (torch's ``torch.utils.hooks.RemovableHandle``; also a context manager)."""
+
+    def __init__(self, hooks, hook):
+        self._hooks = hooks
+        self._hook = hook
+        hooks.append(hook)
+
+    def remove(self) -> None:
+        if self._hook in self._hooks:
+            self._hooks.remove(self._hook)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+
+
+class _PendingGradients:
+    """The gradients backward has received for nodes it has not reached yet,
+    and the ownership bookkeeping of :func:`_owned_gradients`: which of them
+    no one else holds (a sum of two gradients, or what a backward marked
+    ``gives_new_arrays`` returned), so that a backward marked
+    ``may_overwrite_grad`` may receive one with ``owned=True`` and compute
+    its result in it."""
+
+    __slots__ = ("grads", "owned")
+
+    def __init__(self, root, gradient):
+        self.grads = {id(root): gradient}
+        self.owned = set()
+
+    def take(self, node):
+        """``(gradient, whether no one else holds it)``, no longer pending."""
+        key = id(node)
+        owned = key in self.owned
+        self.owned.discard(key)
+        return self.grads.pop(key), owned
+
+    def has(self, node) -> bool:
+        return id(node) in self.grads
+
+    def add(self, parent, grad, new_array: bool) -> None:
+        """Add a gradient ``parent`` receives; ``new_array``: from a backward
+        marked ``gives_new_arrays``."""
+        if grad is None:
+            return
+        key = id(parent)
+        if key in self.grads:
+            self.grads[key] = self.grads[key] + grad
+            self.owned.add(key)
+        else:
+            self.grads[key] = grad
+            if new_array:
+                self.owned.add(key)
+
+
+def _call_backward(local, grad, owned: bool):
+    """A node's local backward on ``grad``; ``owned=True`` where it may
+    compute its result in ``grad`` (see :func:`_owned_gradients`)."""
+    if owned and getattr(local, "may_overwrite_grad", False):
+        return local(grad, owned=True)
+    return local(grad)
+
+
 def _shape_str(shape) -> str:
     return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
 
@@ -179,6 +246,7 @@ class Tensor:
         "_freed",
         "_retain",
         "_hooks",
+        "_grad_hooks",
         "__weakref__",
     )
     # NumPy defers to our reflected operators (array * tensor -> Tensor).
@@ -200,6 +268,7 @@ class Tensor:
         self._freed = False
         self._retain = False
         self._hooks = None
+        self._grad_hooks = None
 
     # -- construction of graph nodes ------------------------------------
     @staticmethod
@@ -214,6 +283,7 @@ class Tensor:
         out._freed = False
         out._retain = False
         out._hooks = None
+        out._grad_hooks = None
         out._op = op
         if _grad_enabled and any(p.requires_grad for p in parents):
             out.requires_grad = True
@@ -299,6 +369,20 @@ class Tensor:
         self._retain = True
         return self
 
+    def register_hook(self, hook):
+        """Call ``hook(grad)`` when this tensor's gradient is complete, before
+        it is used: before a leaf accumulates it into ``.grad``, before an
+        intermediate tensor's node passes it on. A hook returns None, or an
+        array that replaces the gradient (torch's ``Tensor.register_hook``).
+        Hooks run in the order they were registered; ``retain_grad()`` keeps
+        the gradient as the hooks leave it. Returns a handle with ``remove()``."""
+        if not self.requires_grad:
+            raise RuntimeError("cannot register a hook on a tensor that does not require a "
+                               "gradient: no gradient will ever reach it")
+        if self._grad_hooks is None:
+            self._grad_hooks = []
+        return RemovableHandle(self._grad_hooks, hook)
+
     def register_post_accumulate_grad_hook(self, hook):
         """Call ``hook(tensor)`` each time backward has accumulated into this
         leaf's ``.grad``: the moment its gradient is ready. Data parallel
@@ -306,15 +390,7 @@ class Tensor:
         on with earlier layers. Returns a handle with ``remove()``."""
         if self._hooks is None:
             self._hooks = []
-        self._hooks.append(hook)
-        hooks = self._hooks
-
-        class _Handle:
-            def remove(self_inner):
-                if hook in hooks:
-                    hooks.remove(hook)
-
-        return _Handle()
+        return RemovableHandle(self._hooks, hook)
 
     def saved_arrays(self) -> list:
         """The arrays this node keeps alive for its backward: what its local
@@ -355,9 +431,9 @@ class Tensor:
                         stack.append(parent)
         return consumers
 
-    def backward(self, gradient=None, retain_graph: bool = False):
-        """Compute the gradient of this tensor with respect to every leaf that
-        requires one, and add it to that leaf's ``.grad``."""
+    def _seed_gradient(self, gradient):
+        """The gradient backward() starts from (ones for a scalar), after
+        checking that there is a graph to go through."""
         if not self.requires_grad:
             raise RuntimeError(
                 "backward() called on a tensor that does not require grad: none of the "
@@ -370,7 +446,6 @@ class Tensor:
                 "released the saved intermediate values. Call backward(retain_graph=True) "
                 "the first time if you need to go through the graph twice."
             )
-        xp = backend.of(self.data)
         if gradient is None:
             if self.data.size != 1:
                 raise RuntimeError(
@@ -378,69 +453,73 @@ class Tensor:
                     "a gradient of the same shape, e.g. t.backward(numpy.ones_like(t.data)); "
                     "or reduce it first, e.g. t.sum().backward()"
                 )
-            gradient = xp.ones_like(self.data)
-        else:
-            gradient = _as_array(gradient, self.data.dtype)
-            if gradient.shape != self.data.shape:
-                raise ValueError(
-                    f"backward(gradient): gradient shape {_shape_str(gradient.shape)} does not "
-                    f"match the tensor's shape {_shape_str(self.shape)}"
-                )
+            return backend.of(self.data).ones_like(self.data)
+        gradient = _as_array(gradient, self.data.dtype)
+        if gradient.shape != self.data.shape:
+            raise ValueError(
+                f"backward(gradient): gradient shape {_shape_str(gradient.shape)} does not "
+                f"match the tensor's shape {_shape_str(self.shape)}"
+            )
+        return gradient
 
-        # Walk the graph from the loss down, in dependency order: a node runs
-        # its local backward once all its consumers have sent their gradient.
-        # Ready nodes are taken last-in first-out, so a parameter's gradient
-        # is accumulated (and its hooks fire) as soon as it is complete: the
-        # last layer's first, which is what lets data parallel training start
-        # an all-reduce while backward is still working on earlier layers.
+    def _run_grad_hooks(self, grad, owned: bool):
+        """``(grad, owned)`` as this tensor's :meth:`register_hook` hooks
+        leave them: a gradient a hook returned is not the engine's to overwrite."""
+        for hook in list(self._grad_hooks):
+            result = hook(grad)
+            if result is not None:
+                grad, owned = result, False
+        return grad, owned
+
+    def _reach_leaf(self, grad):
+        """A node without a local backward: a leaf takes its gradient."""
+        if self._freed:
+            raise RuntimeError(
+                "backward() reached a part of the graph freed by an earlier "
+                "backward(); use retain_graph=True on the first call"
+            )
+        self._accumulate(grad)
+
+    def _release(self):
+        """Drop what this node saved for backward (retain_graph=False)."""
+        self._backward = None
+        self._parents = ()
+        self._freed = True
+
+    def backward(self, gradient=None, retain_graph: bool = False):
+        """Compute the gradient of this tensor with respect to every leaf that
+        requires one, and add it to that leaf's ``.grad``.
+
+        The graph is walked from this tensor down, in dependency order: a node
+        runs its local backward once all its consumers have sent their
+        gradient (``consumers`` counts them). Ready nodes are taken last-in
+        first-out, so a parameter's gradient is accumulated (and its hooks
+        fire) as soon as it is complete: the last layer's first, which is what
+        lets data parallel training start an all-reduce while backward is
+        still working on earlier layers."""
+        gradients = _PendingGradients(self, self._seed_gradient(gradient))
         consumers = self._count_consumers()
-        grads = {id(self): gradient}
-        # The pending gradients no one else holds: a sum of two gradients, or
-        # what a backward marked gives_new_arrays returned. A backward marked
-        # may_overwrite_grad receives such a gradient with owned=True and may
-        # compute its result in it (see _owned_gradients).
-        owned = set()
         ready = [self]
         while ready:
             node = ready.pop()
-            grad = grads.pop(id(node))
-            grad_owned = id(node) in owned
-            owned.discard(id(node))
+            grad, owned = gradients.take(node)
+            if node._grad_hooks:
+                grad, owned = node._run_grad_hooks(grad, owned)
             if node._backward is None:
-                if node._freed:
-                    raise RuntimeError(
-                        "backward() reached a part of the graph freed by an earlier "
-                        "backward(); use retain_graph=True on the first call"
-                    )
-                node._accumulate(grad)
+                node._reach_leaf(grad)
                 continue
             if node._retain:
                 node._accumulate(grad)  # a copy: grad may be overwritten below
             local = node._backward
-            if grad_owned and getattr(local, "may_overwrite_grad", False):
-                parent_grads = local(grad, owned=True)
-            else:
-                parent_grads = local(grad)
             new_arrays = getattr(local, "gives_new_arrays", False)
-            for parent, parent_grad in zip(node._parents, parent_grads):
-                if not parent.requires_grad:
-                    continue
-                key = id(parent)
-                if parent_grad is not None:
-                    if key in grads:
-                        grads[key] = grads[key] + parent_grad
-                        owned.add(key)
-                    else:
-                        grads[key] = parent_grad
-                        if new_arrays:
-                            owned.add(key)
-                consumers[key] -= 1
-                if consumers[key] == 0 and key in grads:
-                    ready.append(parent)
+            for parent, parent_grad in zip(node._parents, _call_backward(local, grad, owned)):
+                if parent.requires_grad:
+                    gradients.add(parent, parent_grad, new_arrays)
+                    consumers[id(parent)] -= 1
+                    if consumers[id(parent)] == 0 and gradients.has(parent):
+                        ready.append(parent)
             if not retain_graph:
-                node._backward = None
-                node._parents = ()
-                node._freed = True
+                node._release()
 
     # -- elementwise arithmetic -----------------------------------------
     def __add__(self, other):

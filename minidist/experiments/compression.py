@@ -19,7 +19,6 @@ reached after a fixed budget of epochs, which is the other column.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import math
 import sys
@@ -33,6 +32,7 @@ import minidist.distributed as dist
 from minidist import Tensor, nn, optim, trace
 from minidist.atomic_file import atomic_path
 from minidist.data import load_digits
+from minidist.experiments.arguments import experiment_parser
 from minidist.parallel import compression as C
 from minidist.parallel.data_parallel import DistributedDataParallel
 from minidist.train import build_model, evaluate
@@ -345,12 +345,11 @@ def _unstack(figure, labels, step_points: float = 11, tries: int = 12) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m minidist.experiments.compression",
-                                     description=__doc__.split("\n\n")[0])
+    parser = experiment_parser("compression", __doc__.split("\n\n")[0],
+                               "the full number of epochs")
     parser.add_argument("--model", choices=sorted(RECIPES), default="mlp")
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=None)
-    parser.add_argument("--full", action="store_true", help="the full number of epochs")
     parser.add_argument("--seeds", type=int, default=1, help="seeds 0 .. S-1 (accuracy: the mean)")
     parser.add_argument("--only", nargs="*", default=None, help="compressor names")
     parser.add_argument("--plot", default=None, help="write the picture here")

@@ -68,7 +68,6 @@ takes about 2 s, the full one about 35 s.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -78,6 +77,7 @@ import numpy as np
 from minidist import Tensor, nn, no_grad, optim
 from minidist.atomic_file import atomic_path
 from minidist.data import load_digits
+from minidist.experiments.arguments import experiment_parser, parse_with_output
 from minidist.nn.distillation import DistillationLoss, HintRegressor, train_hint_stage
 from minidist.train import evaluate
 
@@ -288,20 +288,14 @@ def plot(all_results: Sequence[dict], path) -> Path:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m minidist.experiments.distillation",
-        description="A student 70x smaller than its teacher, trained on hard labels, by Hinton's "
-                    "distillation and by FitNets, on a limited budget of digits. Without --full, "
-                    "the quick form (seconds).")
-    parser.add_argument("--full", action="store_true", help="10 seeds and four budgets (a few minutes)")
-    parser.add_argument("--output", default="distillation_output",
-                        help="folder for the PNG picture (default: %(default)s)")
-    args = parser.parse_args(argv)
-    output = Path(args.output)
-    try:
-        output.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        print(f"cannot create the output folder {output}: {error}", file=sys.stderr)
+    parser = experiment_parser(
+        "distillation",
+        "A student 70x smaller than its teacher, trained on hard labels, by Hinton's "
+        "distillation and by FitNets, on a limited budget of digits. Without --full, "
+        "the quick form (seconds).",
+        "10 seeds and four budgets (a few minutes)")
+    args, output = parse_with_output(parser, argv, "distillation_output", "the PNG picture")
+    if output is None:
         return 2
     config = configuration(args.full)
     data = load_digits(flatten=True)

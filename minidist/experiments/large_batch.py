@@ -46,7 +46,6 @@ it, prints a table and writes the two pictures; lesson 6 walks through it.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from collections.abc import Callable, Sequence
@@ -58,6 +57,7 @@ import numpy as np
 from minidist import Tensor, nn, optim
 from minidist.atomic_file import atomic_path
 from minidist.data import load_digits
+from minidist.experiments.arguments import experiment_parser, parse_with_output
 from minidist.optim.lr_scheduler import LambdaLR, LinearWarmup, MultiStepLR
 from minidist.runtime import blas_threads
 from minidist.train import evaluate
@@ -514,21 +514,14 @@ def format_summary(summary: dict[str, list[dict]]) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m minidist.experiments.large_batch",
-        description="Test accuracy against the global batch size (constant rate, linear "
-                    "scaling + warm-up, LARS) and batch growth against rate decay, on the "
-                    "digits. Without --full, the reduced form (seconds).")
-    parser.add_argument("--full", action="store_true",
-                        help="every batch size, 5 seeds, longer schedules (a few minutes)")
-    parser.add_argument("--output", default="large_batch_output",
-                        help="folder for the two PNG pictures (default: %(default)s)")
-    args = parser.parse_args(argv)
-    output = Path(args.output)
-    try:
-        output.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        print(f"cannot create the output folder {output}: {error}", file=sys.stderr)
+    parser = experiment_parser(
+        "large_batch",
+        "Test accuracy against the global batch size (constant rate, linear "
+        "scaling + warm-up, LARS) and batch growth against rate decay, on the "
+        "digits. Without --full, the reduced form (seconds).",
+        "every batch size, 5 seeds, longer schedules (a few minutes)")
+    args, output = parse_with_output(parser, argv, "large_batch_output", "the two PNG pictures")
+    if output is None:
         return 2
     data = digits_data()
     config = configuration(args.full, len(data[0]))

@@ -29,9 +29,9 @@ import numpy
 
 from minidist import backend
 from minidist.nn import init
+from minidist.nn.conv_gemm_sizing import weight_gradient_operand
 from minidist.nn.im2col import (
     col2im_product,
-    copy_before_transposed_gemm,
     im2col,
     output_size,
     window,
@@ -246,6 +246,37 @@ def linear(input, weight, bias=None) -> Tensor:
 # Convolution
 
 
+def _conv_geometry(x, w, stride, padding, groups):
+    """conv2d's arguments checked: ``(groups, (sh, sw), (ph, pw), (out_h, out_w))``."""
+    _check_images(x, "conv2d")
+    if w.ndim != 4:
+        raise ValueError(f"conv2d: weight must be (out_channels, in_channels, kh, kw), got {_shape_str(w.shape)}")
+    n, c, h, width = x.shape
+    oc, wc, kh, kw = w.shape
+    groups = _check_groups(groups, c, oc, "conv2d")
+    if groups > 1 and c != wc * groups:
+        raise ValueError(
+            f"conv2d: the input has {c} channels (shape {_shape_str(x.shape)}) but the weight "
+            f"{_shape_str(w.shape)} with groups={groups} expects in_channels = {wc} * {groups} = "
+            f"{wc * groups}; a grouped weight is (out_channels, in_channels // groups, kh, kw)"
+        )
+    if groups == 1 and c != wc:
+        raise ValueError(
+            f"conv2d: the input has {c} channels (shape {_shape_str(x.shape)}) but the weight "
+            f"{_shape_str(w.shape)} expects in_channels={wc}; build the layer as Conv2d({c}, {oc}, ...) "
+            "or check the previous layer's out_channels"
+        )
+    sh, sw = _pair(stride, "stride")
+    ph, pw = _pair(padding, "padding", minimum=0)
+    out_h, out_w = output_size(h, kh, sh, ph), output_size(width, kw, sw, pw)
+    if out_h < 1 or out_w < 1:
+        raise ValueError(
+            f"conv2d: a {kh}x{kw} kernel does not fit in the {h}x{width} input padded by "
+            f"({ph}, {pw}); use more padding or a smaller kernel"
+        )
+    return groups, (sh, sw), (ph, pw), (out_h, out_w)
+
+
 def conv2d(input, weight, bias=None, stride=1, padding=0, groups: int = 1) -> Tensor:
     """2-D cross-correlation (what deep learning calls convolution).
 
@@ -280,32 +311,9 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, groups: int = 1) -> Te
     """
     input = _tensor(input)
     x, w = input.data, weight.data
-    _check_images(x, "conv2d")
-    if w.ndim != 4:
-        raise ValueError(f"conv2d: weight must be (out_channels, in_channels, kh, kw), got {_shape_str(w.shape)}")
+    groups, (sh, sw), (ph, pw), (out_h, out_w) = _conv_geometry(x, w, stride, padding, groups)
     n, c, h, width = x.shape
     oc, wc, kh, kw = w.shape
-    groups = _check_groups(groups, c, oc, "conv2d")
-    if groups > 1 and c != wc * groups:
-        raise ValueError(
-            f"conv2d: the input has {c} channels (shape {_shape_str(x.shape)}) but the weight "
-            f"{_shape_str(w.shape)} with groups={groups} expects in_channels = {wc} * {groups} = "
-            f"{wc * groups}; a grouped weight is (out_channels, in_channels // groups, kh, kw)"
-        )
-    if groups == 1 and c != wc:
-        raise ValueError(
-            f"conv2d: the input has {c} channels (shape {_shape_str(x.shape)}) but the weight "
-            f"{_shape_str(w.shape)} expects in_channels={wc}; build the layer as Conv2d({c}, {oc}, ...) "
-            "or check the previous layer's out_channels"
-        )
-    sh, sw = _pair(stride, "stride")
-    ph, pw = _pair(padding, "padding", minimum=0)
-    out_h, out_w = output_size(h, kh, sh, ph), output_size(width, kw, sw, pw)
-    if out_h < 1 or out_w < 1:
-        raise ValueError(
-            f"conv2d: a {kh}x{kw} kernel does not fit in the {h}x{width} input padded by "
-            f"({ph}, {pw}); use more padding or a smaller kernel"
-        )
     x = _in_dtype(x, w.dtype)
     rows = wc * kh * kw  # rows of the columns one group reads
     pixels = out_h * out_w
@@ -344,17 +352,9 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, groups: int = 1) -> Te
             # Per image, columns (C*KH*KW [+1], OH*OW) @ g (OH*OW, OC), all N
             # in one batched matmul, then summed over the images: the
             # columns are read in place, and so is g, in its own
-            # (N, OC, OH*OW) layout, unless OpenBLAS's unpacked small-matrix
-            # kernel would take the product only with g contiguous
-            # (im2col.copy_before_transposed_gemm): then g is first copied
-            # to (N, OH*OW, OC). On the benchmark CNN's second conv that is
-            # 0.78x the time (0.1 ms of copy against 0.4 ms of packing); its
-            # first conv (16 x 10 outputs) reads g in place (the copy would
-            # make it 2.4x). Both beat one long-K GEMM after a transposing
-            # copy of g (0.25 vs 0.82 ms and 1.32 vs 1.37 ms measured).
-            per_pixel = g.reshape(n, oc, pixels).transpose(0, 2, 1)  # (N, OH*OW, OC), a view
-            if copy_before_transposed_gemm(xp, oc * columns.shape[0]):
-                per_pixel = xp.ascontiguousarray(per_pixel)
+            # (N, OC, OH*OW) layout (copied first only where the BLAS kernel
+            # wants it: conv_gemm_sizing).
+            per_pixel = weight_gradient_operand(xp, g.reshape(n, oc, pixels).transpose(0, 2, 1), oc * columns.shape[0])
             per_image = columns.reshape(columns.shape[0], n, pixels).transpose(1, 0, 2) @ per_pixel
             product = per_image.sum(axis=0).T  # (OC, C*KH*KW [+ 1 for the bias])
             grad_w = xp.ascontiguousarray(product[:, :rows]).reshape(w.shape)

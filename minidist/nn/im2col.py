@@ -60,12 +60,8 @@ ones); for other strides, one kernel offset at a time.
 
 from __future__ import annotations
 
-import functools
-
-import numpy
-
 from minidist import backend
-from minidist.runtime.blas_threads import openblas_cores
+from minidist.nn import conv_gemm_sizing
 
 
 def output_size(size: int, kernel: int, stride: int, padding: int) -> int:
@@ -215,41 +211,6 @@ def col2im_product(weight, grad_out, x_shape, kernel_h: int, kernel_w: int, stri
     return xp.ascontiguousarray(inner.transpose(1, 0, 2, 3))
 
 
-#: OpenBLAS's SkylakeX family of kernels (what NumPy's wheels pick on
-#: AVX-512 Xeons) multiplies matrices of at most this many multiply-adds
-#: (M*N*K) with an unpacked kernel, reading its operands in place; above,
-#: and on other kernels (Haswell, Zen, ...), it copies them into packed
-#: panels first, which for the thin products of a small convolution costs
-#: as much as the arithmetic. Where that kernel exists, the convolution keeps
-#: its GEMMs under it: one per image, or per chunk of images.
-#: (OpenBLAS: kernel/x86_64/sgemm_small_kernel_permit_skylakex.c.)
-SMALL_GEMM = 100 * 100 * 100
-
-#: ... but with the right-hand operand transposed (a NumPy ``.T`` view), only
-#: when the product has at most this many entries.
-SMALL_GEMM_TRANSPOSED_OUTPUT = 1200
-
-#: The OpenBLAS kernel sets that have the unpacked small-matrix kernel.
-SMALL_GEMM_CORES = ("skylakex", "cooperlake", "sapphirerapids")
-
-
-@functools.cache
-def unpacked_small_gemm() -> bool:
-    """Whether NumPy's BLAS is an OpenBLAS running a kernel set with the
-    unpacked small-matrix GEMM (:data:`SMALL_GEMM_CORES`). Asked once."""
-    return any(core.lower() in SMALL_GEMM_CORES for core in openblas_cores())
-
-
-def copy_before_transposed_gemm(xp, outputs: int) -> bool:
-    """Whether a per-image GEMM whose right operand is a transposed view and
-    whose product has ``outputs`` entries runs faster after copying that
-    operand contiguous: on NumPy over OpenBLAS's small-matrix kernel, when
-    the product is past :data:`SMALL_GEMM_TRANSPOSED_OUTPUT` (so the copy
-    lets it stay unpacked). Elsewhere the copy only costs (on Haswell
-    kernels, for one)."""
-    return xp is numpy and outputs > SMALL_GEMM_TRANSPOSED_OUTPUT and unpacked_small_gemm()
-
-
 #: Bytes of the buffers :func:`_col2im_product_stride_one` fills per chunk of
 #: images: small enough to stay in a core's L2 cache (1-2 MiB on current x86
 #: server cores) between the GEMM that writes them and the adds that read
@@ -279,9 +240,8 @@ def _col2im_product_stride_one(weight, grad_out, x_shape, kernel_h: int, kernel_
     form.
 
     Per chunk of images (sized by :data:`CHUNK_BYTES`, and on OpenBLAS's
-    SkylakeX kernels small enough for each GEMM to stay within
-    :data:`SMALL_GEMM`: 2 images on the benchmark CNN's second conv instead
-    of the 10 that fit 1 MiB, which stay best on Haswell kernels): the copies into
+    SkylakeX kernels small enough for each GEMM to stay within its
+    small-matrix kernel: :func:`minidist.nn.conv_gemm_sizing.cap_chunk_images`): the copies into
     reused buffers, KH GEMMs (a batched matmul over the groups when
     ``groups`` > 1), KH shifted adds into a reused (C, m, Hp*Wp)
     accumulator, and one copy of its interior into the (N, C, H, W) result.
@@ -308,12 +268,11 @@ def _col2im_product_stride_one(weight, grad_out, x_shape, kernel_h: int, kernel_
     )
     grad = grad_out.reshape(out_channels, n, out_h, out_w)
     per_image = (kernel_w * out_channels + c) * shifted_row * xp.dtype(dtype).itemsize
-    # As many images as fit the cache and, where OpenBLAS has its unpacked
-    # small-matrix kernel, as keep each GEMM (one group's) within it.
-    images = max(1, min(n, CHUNK_BYTES // per_image))
-    if xp is numpy and unpacked_small_gemm():
-        multiply_adds = group_channels * kernel_w * group_out * shifted_row
-        images = max(1, min(images, SMALL_GEMM // multiply_adds))
+    # As many images as fit the cache, and as keep each GEMM (one group's)
+    # within the BLAS kernel's small-matrix size where it has one.
+    images = conv_gemm_sizing.cap_chunk_images(
+        xp, max(1, min(n, CHUNK_BYTES // per_image)),
+        group_channels * kernel_w * group_out * shifted_row)
     # Zeroed once: what no chunk writes (columns past out_w, the ends of the
     # shifted rows) stays zero.
     grad_rows = xp.zeros((out_channels, images, out_h, padded_w), dtype=dtype)

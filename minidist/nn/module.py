@@ -32,7 +32,7 @@ import numpy
 
 from minidist import backend
 from minidist.nn.parameter import Parameter
-from minidist.tensor import Tensor, _shape_str
+from minidist.tensor import RemovableHandle, Tensor, _shape_str
 
 IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
 
@@ -57,6 +57,10 @@ class Module:
         object.__setattr__(self, "_non_persistent_buffers", set())
         object.__setattr__(self, "_modules", OrderedDict())
         object.__setattr__(self, "training", True)
+        # Hooks, as (hook, with_kwargs) pairs in calling order (see "hooks" below).
+        object.__setattr__(self, "_forward_pre_hooks", [])
+        object.__setattr__(self, "_forward_hooks", [])
+        object.__setattr__(self, "_backward_pre_hooks", [])
 
     # -- computing ----------------------------------------------------------
     def forward(self, *args, **kwargs):
@@ -65,7 +69,79 @@ class Module:
         )
 
     def __call__(self, *args, **kwargs):
+        if self._forward_pre_hooks or self._forward_hooks or self._backward_pre_hooks:
+            return self._call_with_hooks(args, kwargs)
         return self.forward(*args, **kwargs)
+
+    # -- hooks ----------------------------------------------------------------
+    # torch.nn.Module's, with its names and meaning: they let a strategy act
+    # around a layer's forward and backward without touching the layer
+    # (FullyShardedDataParallel gathers a layer's weights in a forward
+    # pre-hook and frees them in a forward hook).
+    def register_forward_pre_hook(self, hook, *, prepend: bool = False,
+                                  with_kwargs: bool = False) -> RemovableHandle:
+        """Call ``hook(module, args)`` before every ``forward``. It returns
+        None, or new positional arguments (a tuple; a single value is made
+        a 1-tuple). With ``with_kwargs=True``: ``hook(module, args, kwargs)``,
+        returning None or ``(args, kwargs)``. Hooks run in registration order,
+        ``prepend=True`` puts this one first. Returns a handle with ``remove()``."""
+        return _add_hook(self._forward_pre_hooks, (hook, with_kwargs), prepend)
+
+    def register_forward_hook(self, hook, *, prepend: bool = False,
+                              with_kwargs: bool = False) -> RemovableHandle:
+        """Call ``hook(module, args, output)`` after every ``forward`` (``args``
+        as the pre-hooks left them). It returns None, or a value that replaces
+        the output. With ``with_kwargs=True``: ``hook(module, args, kwargs, output)``."""
+        return _add_hook(self._forward_hooks, (hook, with_kwargs), prepend)
+
+    def register_full_backward_pre_hook(self, hook, *, prepend: bool = False) -> RemovableHandle:
+        """Call ``hook(module, grad_output)`` when the gradient with respect
+        to the module's output is complete, before the module's backward uses
+        it; ``grad_output`` is a 1-tuple, and the hook returns None or a tuple
+        that replaces it. The module's output must be one Tensor here (torch
+        allows several). The output is an identity node the hooks run in, as
+        torch's ``BackwardHookFunction``."""
+        return _add_hook(self._backward_pre_hooks, (hook, False), prepend)
+
+    def _call_with_hooks(self, args, kwargs):
+        for hook, with_kwargs in list(self._forward_pre_hooks):
+            if with_kwargs:
+                result = hook(self, args, kwargs)
+                if result is not None:
+                    if not (isinstance(result, tuple) and len(result) == 2):
+                        raise RuntimeError(f"a forward pre-hook with kwargs must return None "
+                                           f"or (args, kwargs), got {result!r}")
+                    args, kwargs = result
+            else:
+                result = hook(self, args)
+                if result is not None:
+                    args = result if isinstance(result, tuple) else (result,)
+        output = self.forward(*args, **kwargs)
+        for hook, with_kwargs in list(self._forward_hooks):
+            result = hook(self, args, kwargs, output) if with_kwargs else hook(self, args, output)
+            if result is not None:
+                output = result
+        if self._backward_pre_hooks:
+            output = self._before_backward(output)
+        return output
+
+    def _before_backward(self, output):
+        """``output`` behind an identity node whose backward runs the
+        backward pre-hooks on its gradient."""
+        if not isinstance(output, Tensor):
+            raise TypeError(f"{type(self).__name__}: register_full_backward_pre_hook needs the "
+                            f"module's output to be one Tensor, got {type(output).__name__}")
+        hooks = [hook for hook, _ in self._backward_pre_hooks]
+
+        def backward(grad):
+            grad_output = (grad,)
+            for hook in hooks:
+                result = hook(self, grad_output)
+                if result is not None:
+                    grad_output = tuple(result) if isinstance(result, (tuple, list)) else (result,)
+            return grad_output
+
+        return Tensor._make(output.data, (output,), backward, "backward_pre_hook")
 
     # -- registration -------------------------------------------------------
     def _registries(self):
@@ -367,6 +443,13 @@ class Module:
         if len(extra_lines) == 1 and not child_lines:
             return f"{type(self).__name__}({extra_lines[0]})"
         return f"{type(self).__name__}(\n  " + "\n  ".join(body) + "\n)"
+
+
+def _add_hook(hooks: list, entry, prepend: bool) -> RemovableHandle:
+    handle = RemovableHandle(hooks, entry)
+    if prepend:
+        hooks.insert(0, hooks.pop())
+    return handle
 
 
 def _as_buffer(value):

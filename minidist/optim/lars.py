@@ -39,7 +39,7 @@ used, a float: worth plotting per layer in the large-batch lesson).
 from __future__ import annotations
 
 from minidist import backend
-from minidist.optim.optimizer import Optimizer, check_non_negative
+from minidist.optim.optimizer import Optimizer, check_momentum_group
 
 
 class LARS(Optimizer):
@@ -62,21 +62,9 @@ class LARS(Optimizer):
         super().__init__(params, defaults)
 
     def _check_group(self, group, group_index):
-        name = type(self).__name__
-        if group["lr"] is None:
-            raise ValueError(
-                f"{name} needs a learning rate: pass lr=..., or give param group "
-                f"{group_index} an 'lr'"
-            )
-        check_non_negative(name, "lr", group["lr"], group_index, "the learning rate")
-        check_non_negative(name, "momentum", group["momentum"], group_index, "momentum")
-        check_non_negative(
-            name, "weight_decay", group["weight_decay"], group_index, "weight decay"
-        )
-        check_non_negative(
-            name, "trust_coefficient", group["trust_coefficient"], group_index,
-            "the trust coefficient eta (typical: 0.001)",
-        )
+        check_momentum_group(type(self).__name__, group, group_index, {
+            "lr": "the learning rate", "momentum": "momentum", "weight_decay": "weight decay",
+            "trust_coefficient": "the trust coefficient eta (typical: 0.001)"})
 
     def step(self, closure=None):
         loss = self._evaluate(closure)

@@ -254,3 +254,16 @@ def check_non_negative(optimizer_name: str, name: str, value, group_index: int, 
             f"{optimizer_name}: invalid {name}={value!r} in param group {group_index}; "
             f"{meaning} must be a number >= 0"
         )
+
+
+def check_momentum_group(optimizer_name: str, group: dict, group_index: int, meanings: dict):
+    """The checks SGD and LARS share: ``group`` has a learning rate (no
+    default has one) and every hyper-parameter ``meanings`` names
+    (``{"lr": "the learning rate", ...}``) is a number >= 0."""
+    if group["lr"] is None:
+        raise ValueError(
+            f"{optimizer_name} needs a learning rate: pass lr=..., or give param group "
+            f"{group_index} an 'lr'"
+        )
+    for name, meaning in meanings.items():
+        check_non_negative(optimizer_name, name, group[name], group_index, meaning)

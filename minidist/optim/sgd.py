@@ -25,7 +25,7 @@ scheduler changes it.
 from __future__ import annotations
 
 from minidist import backend
-from minidist.optim.optimizer import Optimizer, check_non_negative
+from minidist.optim.optimizer import Optimizer, check_momentum_group
 
 
 class SGD(Optimizer):
@@ -51,17 +51,9 @@ class SGD(Optimizer):
 
     def _check_group(self, group, group_index):
         name = type(self).__name__
-        if group["lr"] is None:
-            raise ValueError(
-                f"{name} needs a learning rate: pass lr=..., or give param group "
-                f"{group_index} an 'lr'"
-            )
-        check_non_negative(name, "lr", group["lr"], group_index, "the learning rate")
-        check_non_negative(name, "momentum", group["momentum"], group_index, "momentum")
-        check_non_negative(name, "dampening", group["dampening"], group_index, "dampening")
-        check_non_negative(
-            name, "weight_decay", group["weight_decay"], group_index, "weight decay"
-        )
+        check_momentum_group(name, group, group_index, {
+            "lr": "the learning rate", "momentum": "momentum", "dampening": "dampening",
+            "weight_decay": "weight decay"})
         if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
             raise ValueError(
                 f"{name}: nesterov=True needs momentum > 0 and dampening == 0 (param group "

@@ -46,6 +46,7 @@ import io
 import json
 import os
 import zipfile
+from collections import OrderedDict
 
 import numpy as np
 
@@ -103,12 +104,15 @@ def _full_state(model, optimizer, group):
     module = _unwrap(model)
     parameters = list(module.parameters())
     index_of = {id(param): index for index, param in enumerate(parameters)}
-    model_state = module.state_dict()
     if isinstance(model, FullyShardedDataParallel):
+        # Not module.state_dict(): FULL_SHARD's layers hold no full weights now.
         gathered = dict(zip((id(p) for unit in model._units for p in unit.layout.parameters),
                             model.full_weights()))
-        for name, param in module.named_parameters():
-            model_state[name] = gathered[id(param)]
+        model_state = OrderedDict(
+            (name, gathered[id(tensor)] if id(tensor) in gathered else tensor.data.copy())
+            for name, tensor in module._state_tensors().items())
+    else:
+        model_state = module.state_dict()
     if optimizer is None:
         return model_state, None, None
     if isinstance(optimizer, ZeroRedundancyOptimizer):

@@ -472,43 +472,57 @@ def _halo_exchange(x: Tensor, plan: HaloPlan, group, what: str) -> Tensor:
     messages = halo_context(group) if plan.transfers else group
 
     window = np.zeros((n, c, rows, width), data.dtype)
-    own_low, own_high = max(start, top), min(stop, top + rows)
+    own = (max(start, top), min(stop, top + rows))
+    # (peer, low, high): rows low:high of the image go to, or come from, peer.
+    from_owners = [(source, low, high) for source, _, low, high in receives]
+    to_readers = [(destination, low, high) for _, destination, low, high in sends]
+
+    def label(direction, noun, to):
+        return lambda low, high, peer, sending: _halo_label(
+            direction, low, high,
+            f"{noun} {low}:{high} {to if sending else 'from'} rank {peer}", what, plan.height)
+
     with trace.region(f"{what}: halo exchange"):
-        inbox = [np.empty((n, c, high - low, width), data.dtype) for _, _, low, high in receives]
-        requests = [dist.irecv(box, group_src=source, group=messages, tag=HALO_TAG,
-                               label=_halo_label("forward", low, high,
-                                                 f"halo rows {low}:{high} from rank {source}", what, plan.height))
-                    for box, (source, _, low, high) in zip(inbox, receives)]
-        requests += [dist.isend(np.ascontiguousarray(data[:, :, low - start:high - start]),
-                                group_dst=destination, group=messages, tag=HALO_TAG,
-                                label=_halo_label("forward", low, high,
-                                                  f"halo rows {low}:{high} to rank {destination}", what, plan.height))
-                     for _, destination, low, high in sends]
-        if own_low < own_high:
-            window[:, :, own_low - top:own_high - top] = data[:, :, own_low - start:own_high - start]
-        dist.wait_all(requests, group=messages)
-        for box, (_, _, low, high) in zip(inbox, receives):
-            window[:, :, low - top:high - top] = box
+        _exchange_rows(window, top, data, start, from_owners, to_readers, own, messages,
+                       HALO_TAG, label("forward", "halo rows", "to"), add=False)
 
     def backward(g):
         grad = np.zeros_like(data)
         with trace.region(f"{what}: halo gradients back"):
             # Gradients of my rows that my neighbours read come back to me.
-            inbox = [np.empty((n, c, high - low, width), data.dtype) for _, _, low, high in sends]
-            requests = [dist.irecv(box, group_src=destination, group=messages, tag=HALO_GRAD_TAG,
-                                   label=_halo_label("backward", low, high,
-                                                     f"halo gradient rows {low}:{high} from rank {destination}", what, plan.height))
-                        for box, (_, destination, low, high) in zip(inbox, sends)]
-            requests += [dist.isend(np.ascontiguousarray(g[:, :, low - top:high - top]),
-                                    group_dst=source, group=messages, tag=HALO_GRAD_TAG,
-                                    label=_halo_label("backward", low, high,
-                                                      f"halo gradient rows {low}:{high} back to rank {source}", what, plan.height))
-                         for source, _, low, high in receives]
-            if own_low < own_high:
-                grad[:, :, own_low - start:own_high - start] = g[:, :, own_low - top:own_high - top]
-            dist.wait_all(requests, group=messages)
-            for box, (_, _, low, high) in zip(inbox, sends):
-                grad[:, :, low - start:high - start] += box
+            _exchange_rows(grad, start, g, top, to_readers, from_owners, own, messages,
+                           HALO_GRAD_TAG, label("backward", "halo gradient rows", "back to"),
+                           add=True)
         return (grad,)
 
     return Tensor._make(window, (x,), backward, "halo_exchange")
+
+
+def _exchange_rows(out, out_top: int, source, source_top: int, receive, send, own,
+                   messages, tag: int, label, add: bool) -> None:
+    """One direction of the halo exchange. ``out``'s row 0 is the image's row
+    ``out_top``, ``source``'s row 0 its row ``source_top``; ``receive`` and
+    ``send`` list ``(peer, low, high)``: image rows low:high to receive from
+    peer into ``out`` (written, or added when ``add``: a row several ranks
+    read gets the sum of their gradients), or to send to peer from
+    ``source``; ``own = (low, high)``: the rows this rank has on both sides,
+    copied. Every receive is posted before the sends, so no pair waits on the
+    other; ``label(low, high, peer, sending)`` names each message."""
+    n, c, _, width = out.shape
+    inbox = [np.empty((n, c, high - low, width), out.dtype) for _, low, high in receive]
+    requests = [dist.irecv(box, group_src=peer, group=messages, tag=tag,
+                           label=label(low, high, peer, False))
+                for box, (peer, low, high) in zip(inbox, receive)]
+    requests += [dist.isend(np.ascontiguousarray(source[:, :, low - source_top:high - source_top]),
+                            group_dst=peer, group=messages, tag=tag,
+                            label=label(low, high, peer, True))
+                 for peer, low, high in send]
+    low, high = own
+    if low < high:
+        out[:, :, low - out_top:high - out_top] = source[:, :, low - source_top:high - source_top]
+    dist.wait_all(requests, group=messages)
+    for box, (_, low, high) in zip(inbox, receive):
+        if add:
+            out[:, :, low - out_top:high - out_top] += box
+        else:
+            out[:, :, low - out_top:high - out_top] = box

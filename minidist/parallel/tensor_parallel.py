@@ -161,12 +161,50 @@ def _divisors(size: int) -> list[int]:
     return [d for d in range(1, size + 1) if size % d == 0]
 
 
-def _check_linear(linear, layer: str) -> None:
-    if not isinstance(linear, Linear):
-        raise TypeError(f"{layer}.from_linear needs an nn.Linear, got {type(linear).__name__}")
+class _ParallelLinear(Module):
+    """What the two split layers share: this rank's shard of a whole
+    ``nn.Linear``, split along ``split`` (``"out_features"`` or
+    ``"in_features"``), taken by :meth:`_pieces`; ``flag`` names the layer's
+    own switch (``gather_output`` or ``input_is_parallel``)."""
+
+    split = flag = ""
+
+    def _build(self, in_features, out_features, bias, flag, group, algorithm, rng, dtype):
+        """``__init__``: the whole layer drawn as ``nn.Linear`` draws it, this rank's shard kept."""
+        super().__init__()
+        size = in_features if self.split == "in_features" else out_features
+        _split_size(type(self).__name__, self.split, size, group)   # before drawing
+        full = Linear(in_features, out_features, bias=bias, rng=rng, dtype=dtype)
+        self._take_shard(full, flag, group, algorithm)
+
+    @classmethod
+    def _from_linear(cls, linear, flag, group, algorithm):
+        if not isinstance(linear, Linear):
+            raise TypeError(f"{cls.__name__}.from_linear needs an nn.Linear, "
+                            f"got {type(linear).__name__}")
+        layer = cls.__new__(cls)
+        Module.__init__(layer)
+        layer._take_shard(linear, flag, group, algorithm)
+        return layer
+
+    def _take_shard(self, linear, flag, group, algorithm):
+        rank, world, width = _split_size(type(self).__name__, self.split,
+                                         getattr(linear, self.split), group)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        setattr(self, self.flag, bool(flag))
+        self.group, self.algorithm = group, algorithm
+        self.world_size, self.rank = world, rank
+        #: The rows (Column) or columns (Row) of the whole (out, in) weight held here.
+        self.shard = slice(rank * width, (rank + 1) * width)
+        weight, bias = self._pieces(linear)
+        self.weight = Parameter(weight.copy())
+        if bias is not None:
+            self.bias = Parameter(bias.copy())
+        else:
+            self.register_parameter("bias", None)
 
 
-class ColumnParallelLinear(Module):
+class ColumnParallelLinear(_ParallelLinear):
     """``ColumnParallelLinear(in_features, out_features, bias=True, gather_output=False,
     group=None, algorithm="ring", rng=None, dtype=float32)``.
 
@@ -189,39 +227,23 @@ class ColumnParallelLinear(Module):
     shards are pieces of one matrix.
     """
 
+    split, flag = "out_features", "gather_output"
+
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  gather_output: bool = False, group=None, algorithm: str = DEFAULT_ALGORITHM,
                  rng=None, dtype=np.float32):
-        super().__init__()
-        _split_size("ColumnParallelLinear", "out_features", out_features, group)
-        full = Linear(in_features, out_features, bias=bias, rng=rng, dtype=dtype)
-        self._take_shard(full, gather_output, group, algorithm)
+        self._build(in_features, out_features, bias, gather_output, group, algorithm, rng, dtype)
 
     @classmethod
     def from_linear(cls, linear, group=None, gather_output: bool = False,
                     algorithm: str = DEFAULT_ALGORITHM) -> ColumnParallelLinear:
         """This rank's shard of ``linear`` (copied), so that the split layer
         computes exactly what ``linear`` computes."""
-        _check_linear(linear, "ColumnParallelLinear")
-        _split_size("ColumnParallelLinear", "out_features", linear.out_features, group)
-        layer = cls.__new__(cls)
-        Module.__init__(layer)
-        layer._take_shard(linear, gather_output, group, algorithm)
-        return layer
+        return cls._from_linear(linear, gather_output, group, algorithm)
 
-    def _take_shard(self, linear, gather_output, group, algorithm):
-        rank, world, width = _split_size("ColumnParallelLinear", "out_features",
-                                         linear.out_features, group)
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.gather_output, self.group, self.algorithm = bool(gather_output), group, algorithm
-        self.world_size, self.rank = world, rank
-        #: The rows of the whole layer's (out, in) weight (and entries of its bias) held here.
-        self.shard = slice(rank * width, (rank + 1) * width)
-        self.weight = Parameter(linear.weight.data[self.shard].copy())
-        if linear.bias is not None:
-            self.bias = Parameter(linear.bias.data[self.shard].copy())
-        else:
-            self.register_parameter("bias", None)
+    def _pieces(self, linear):
+        bias = None if linear.bias is None else linear.bias.data[self.shard]
+        return linear.weight.data[self.shard], bias
 
     def forward(self, x):
         x = copy_to_parallel_region(x, self.group, self.algorithm)
@@ -236,7 +258,7 @@ class ColumnParallelLinear(Module):
                 f"bias={self.bias is not None}, gather_output={self.gather_output}")
 
 
-class RowParallelLinear(Module):
+class RowParallelLinear(_ParallelLinear):
     """``RowParallelLinear(in_features, out_features, bias=True, input_is_parallel=True,
     group=None, algorithm="ring", rng=None, dtype=float32)``.
 
@@ -258,39 +280,23 @@ class RowParallelLinear(Module):
     the same on every rank) needs no message.
     """
 
+    split, flag = "in_features", "input_is_parallel"
+
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  input_is_parallel: bool = True, group=None,
                  algorithm: str = DEFAULT_ALGORITHM, rng=None, dtype=np.float32):
-        super().__init__()
-        _split_size("RowParallelLinear", "in_features", in_features, group)
-        full = Linear(in_features, out_features, bias=bias, rng=rng, dtype=dtype)
-        self._take_shard(full, input_is_parallel, group, algorithm)
+        self._build(in_features, out_features, bias, input_is_parallel, group, algorithm, rng, dtype)
 
     @classmethod
     def from_linear(cls, linear, group=None, input_is_parallel: bool = True,
                     algorithm: str = DEFAULT_ALGORITHM) -> RowParallelLinear:
         """This rank's shard of ``linear`` (copied), so that the split layer
         computes exactly what ``linear`` computes."""
-        _check_linear(linear, "RowParallelLinear")
-        _split_size("RowParallelLinear", "in_features", linear.in_features, group)
-        layer = cls.__new__(cls)
-        Module.__init__(layer)
-        layer._take_shard(linear, input_is_parallel, group, algorithm)
-        return layer
+        return cls._from_linear(linear, input_is_parallel, group, algorithm)
 
-    def _take_shard(self, linear, input_is_parallel, group, algorithm):
-        rank, world, width = _split_size("RowParallelLinear", "in_features",
-                                         linear.in_features, group)
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.input_is_parallel, self.group, self.algorithm = bool(input_is_parallel), group, algorithm
-        self.world_size, self.rank = world, rank
-        #: The columns of the whole layer's (out, in) weight held here.
-        self.shard = slice(rank * width, (rank + 1) * width)
-        self.weight = Parameter(linear.weight.data[:, self.shard].copy())
-        if linear.bias is not None:
-            self.bias = Parameter(linear.bias.data.copy())
-        else:
-            self.register_parameter("bias", None)
+    def _pieces(self, linear):
+        bias = None if linear.bias is None else linear.bias.data     # replicated
+        return linear.weight.data[:, self.shard], bias
 
     def forward(self, x):
         if not self.input_is_parallel:

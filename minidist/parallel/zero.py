@@ -43,17 +43,29 @@ Three classes, public collectives only:
 * ``FullyShardedDataParallel(..., sharding_strategy="FULL_SHARD")`` (stage 3): the layers' full
   weights exist only around their use: all_gathered before the layer's
   forward, freed after it, all_gathered again just before the layer's
-  backward (a node the forward inserts at the layer's output runs the
-  gather), freed after its gradients were reduce_scattered.
+  backward, freed after its gradients were reduce_scattered.
+
+All of it hangs on hooks, as in torch, and no layer is changed: a forward
+pre-hook on each layer gathers, a forward hook frees (FULL_SHARD) and puts a
+hook on the gradient of the layer's output, which gathers again when that
+gradient is complete, just before the layer's backward runs (torch's FSDP
+does the same, ``_register_pre_backward_hooks``; a full backward pre-hook
+would work too, but adds an identity node to the graph per layer), and each
+parameter's post-accumulate-grad hook counts the layer's gradients in and
+reduce_scatters them.
 
 The padding is zeros with zero gradient: SGD's and Adam's updates leave it
 zero, and unpacking copies only the real elements into the model.
 
-A NumPy detail: minidist's layers keep the arrays their backward needs in
-the autograd closure (``Linear`` keeps ``W``), so "freeing" a layer's full
-weights drops the module's reference and overwrites the values with NaN; the
-backward gather refills that same array. Forgetting the gather shows up as NaN
-gradients, not as a silent use of stale weights.
+Freeing, and a NumPy detail. A freed parameter's ``.data`` is a
+:class:`FreedParameter`: an empty array (no storage, as torch's FSDP
+resizes the storage to 0) that raises a clear error when anything computes
+with it or reads its shape. But minidist's layers keep the arrays their
+backward needs in the autograd closure (``Linear`` keeps ``W``), and NumPy
+cannot release memory a view still points at: the freed full weights stay
+alive in that closure until the layer's backward has run, and the backward
+gather refills that same array. So stage 3's peak here holds a full-size copy
+of the layers between forward and backward; torch frees it.
 """
 
 from __future__ import annotations
@@ -361,6 +373,47 @@ def _needs_update(param) -> bool:
 # --------------------------------------------------------------------------- stages 2 and 3
 
 
+class FreedParameter(np.ndarray):
+    """What a FULL_SHARD layer's parameter holds while its full weights are
+    freed: an empty array (no bytes: a memory ledger counts none) that refuses
+    to be computed with, read or shaped, with an error that says why, where
+    torch's FSDP reports a tensor whose storage was freed. Build with
+    :func:`freed_parameter`."""
+
+    _ALLOWED = frozenset(("nbytes", "size", "base", "dtype", "itemsize", "ndim", "what",
+                          "__class__", "__dict__", "__array_finalize__", "__repr__"))
+
+    def __getattribute__(self, name):
+        if name in FreedParameter._ALLOWED:
+            return super().__getattribute__(name)
+        raise FreedParameter._error(self, f"reading .{name} of")
+
+    def _error(self, action):
+        return RuntimeError(
+            f"{action} {object.__getattribute__(self, 'what')}, whose full weights are freed: "
+            "FullyShardedDataParallel (FULL_SHARD) keeps only this rank's shard between uses "
+            "and gathers the layer in its forward pre-hook; call the layer (or the wrapper), "
+            "or read fsdp.full_weights()")
+
+    def __getitem__(self, key):
+        raise FreedParameter._error(self, "indexing")
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        raise FreedParameter._error(self, f"computing {ufunc.__name__} with")
+
+    def __array_function__(self, function, types, args, kwargs):
+        raise FreedParameter._error(self, f"calling {function.__name__} on")
+
+    def __repr__(self):
+        return f"FreedParameter({object.__getattribute__(self, 'what')})"
+
+
+def freed_parameter(what: str, dtype) -> FreedParameter:
+    freed = np.empty(0, dtype).view(FreedParameter)
+    freed.__dict__["what"] = what
+    return freed
+
+
 class _Unit:
     """One layer's (a module owning parameters) flat buffer and shard."""
 
@@ -374,6 +427,8 @@ class _Unit:
         # (gathered in place). FULL_SHARD keeps the shard alone.
         self.shard = Tensor(mine if keep_full else mine.copy(), requires_grad=True)
         self.full = full if keep_full else None     # the gathered weights, while they exist
+        names = {id(p): name for name, p in module.named_parameters(recurse=False)}
+        self.names = [f"{type(module).__name__}.{names[id(p)]}" for p in parameters]
         self.pending = len(parameters)
 
 
@@ -394,15 +449,16 @@ class FullyShardedDataParallel(nn.Module):
     unit, this rank's slice, and the optimizer's state covers the shards only.
     Rank 0's weights are broadcast at construction, then sharded.
 
-    * forward of a unit: all_gather its weights from the shards (so the
-      optimizer's updates arrive), point the layer's parameters at them, run
-      it; FULL_SHARD frees them after, and adds a node at the layer's output
-      whose backward all_gathers them again first;
-    * backward: once the unit's gradients are complete they are packed,
-      scaled by this rank's example count and reduce_scattered into the
-      shard's ``.grad`` (added to it, so gradients accumulate as usual); the
-      full gradients are dropped. The summed example count (all-reduced in
-      forward) divides, exactly as :class:`DistributedDataParallel` averages.
+    * forward of a unit (its forward pre-hook): all_gather its weights from
+      the shards (so the optimizer's updates arrive) and point the layer's
+      parameters at them; FULL_SHARD frees them after (its forward hook), and
+      hooks the output's gradient to all_gather them again first in backward;
+    * backward (the parameters' post-accumulate-grad hooks): once the unit's
+      gradients are complete they are packed, scaled by this rank's example
+      count and reduce_scattered into the shard's ``.grad`` (added to it, so
+      gradients accumulate as usual); the full gradients are dropped. The
+      summed example count (all-reduced in forward) divides, exactly as
+      :class:`DistributedDataParallel` averages.
 
     ``NO_SHARD``: each unit's shard is its whole flat buffer on every rank,
     no gather before forward, and the gradients are all-reduced (scaled by
@@ -416,29 +472,30 @@ class FullyShardedDataParallel(nn.Module):
                  algorithm: str = "auto"):
         super().__init__()
         _check_model(module, "FullyShardedDataParallel")
-        sharding_strategy = _strategy(sharding_strategy)
-        group = process_group
         self.module = module
-        object.__setattr__(self, "_strategy", sharding_strategy)
-        object.__setattr__(self, "_group", group)
-        object.__setattr__(self, "_algorithm", algorithm)
-        object.__setattr__(self, "_rank", dist.get_rank() if group is None else group.rank)
-        object.__setattr__(self, "_world_size",
-                           dist.get_world_size() if group is None else group.size)
-        broadcast_module(module, src=0, group=group)
-        units = []
+        self._strategy = _strategy(sharding_strategy)
+        self._group = process_group
+        self._algorithm = algorithm
+        self._rank = dist.get_rank() if process_group is None else process_group.rank
+        self._world_size = (dist.get_world_size() if process_group is None
+                            else process_group.size)
+        self._total = None
+        self._ledgers = []
+        broadcast_module(module, src=0, group=process_group)
+        # NO_SHARD: one "shard" per unit, the whole buffer (a world of one's layout).
+        rank, shards = (self._rank, self._world_size) if self.sharded else (0, 1)
+        self._units = []
         for layer in module.modules():
             own = [p for p in layer.parameters(recurse=False) if p.requires_grad]
             if own:
-                # NO_SHARD: one "shard" per unit, the whole buffer (a world of one's layout).
-                rank, shards = (self._rank, self._world_size) if self.sharded else (0, 1)
-                units.append(_Unit(layer, own, rank, shards,
-                                   keep_full=not self.reshard_after_forward))
-        object.__setattr__(self, "_units", units)
-        object.__setattr__(self, "_total", None)
-        object.__setattr__(self, "_ledgers", [])
-        for unit in units:
-            object.__setattr__(unit.module, "forward", self._wrap_forward(unit))
+                self._units.append(_Unit(layer, own, rank, shards,
+                                         keep_full=not self.reshard_after_forward))
+        for unit in self._units:
+            unit.module.register_forward_pre_hook(
+                lambda layer, args, unit=unit: self._gather(unit))
+            if self.reshard_after_forward:
+                unit.module.register_forward_hook(
+                    lambda layer, args, output, unit=unit: self._reshard(unit, output))
             for param in unit.layout.parameters:
                 param.register_post_accumulate_grad_hook(
                     lambda tensor, unit=unit: self._gradient_ready(unit))
@@ -449,10 +506,10 @@ class FullyShardedDataParallel(nn.Module):
         """Register this wrapper's buffers with a :class:`minidist.memory.Ledger`
         as ``buffers`` from now on: each unit's gathered full weights (SHARD_GRAD_OP
         keeps them, and the shards are views into them, so they are already
-        ``parameters``; FULL_SHARD gathers them per layer, and they stay alive,
-        NaN-filled, in the autograd graph from a layer's forward to its backward,
-        as the module docstring says: a full-size copy per layer the formula does
-        not count) and the full gradient of a layer from its pack to its
+        ``parameters``; FULL_SHARD gathers them per layer, and they stay alive
+        in the autograd graph from a layer's forward to its backward, as the
+        module docstring says: a full-size copy per layer the formula does not
+        count) and the full gradient of a layer from its pack to its
         reduce_scatter."""
         self._ledgers.append(ledger)
         for unit in self._units:
@@ -506,8 +563,10 @@ class FullyShardedDataParallel(nn.Module):
             out.extend(view.copy() for view in unit.layout.views(full))
         return out
 
-    # -- gathering and freeing -------------------------------------------
+    # -- gathering and freeing (the hooks) ----------------------------------
     def _gather(self, unit, into=None) -> None:
+        """All_gather the unit's full weights (into ``into``, the kept ones,
+        or a new array) and point the layer's parameters at them."""
         if into is None:
             into = unit.full
         full = np.empty(unit.layout.padded, unit.layout.dtype) if into is None else into
@@ -522,34 +581,19 @@ class FullyShardedDataParallel(nn.Module):
             param.data = view
 
     def _free(self, unit) -> None:
-        if unit.full is not None:
-            unit.full[...] = np.nan          # the autograd closure may still hold it
+        """Drop the unit's full weights: the parameters hold FreedParameters."""
         unit.full = None
-        for param in unit.layout.parameters:
-            param.data = np.empty((0,) * len(param.data.shape), unit.layout.dtype)
+        for param, name in zip(unit.layout.parameters, unit.names):
+            param.data = freed_parameter(name, unit.layout.dtype)
 
-    def _wrap_forward(self, unit):
-        original = unit.module.forward
-        fsdp = self
-
-        def forward(*args, **kwargs):
-            fsdp._gather(unit)
-            out = original(*args, **kwargs)
-            if not fsdp.reshard_after_forward or not isinstance(out, Tensor) \
-                    or not out.requires_grad:
-                if fsdp.reshard_after_forward:
-                    fsdp._free(unit)
-                return out
-            buffer = unit.full
-            fsdp._free(unit)
-
-            def backward(grad):
-                fsdp._gather(unit, into=buffer)    # refill what forward freed
-                return (grad,)
-
-            return Tensor._make(out.data, (out,), backward, "fsdp_gather_for_backward")
-
-        return forward
+    def _reshard(self, unit, output) -> None:
+        """FULL_SHARD's forward hook: free the weights; gather them again
+        into the same array (which the layer's backward closure reads) when
+        the output's gradient is complete, just before the layer's backward."""
+        weights = unit.full
+        self._free(unit)
+        if isinstance(output, Tensor) and output.requires_grad:
+            output.register_hook(lambda grad: self._gather(unit, into=weights))
 
     # -- forward ----------------------------------------------------------
     def forward(self, *args, batch_size: int | None = None, **kwargs):
@@ -563,8 +607,8 @@ class FullyShardedDataParallel(nn.Module):
         dist.all_reduce(total, group=self._group)
         if int(total[0]) == 0:
             raise ValueError("FullyShardedDataParallel: no rank had any example in this step")
-        object.__setattr__(self, "_count", count)
-        object.__setattr__(self, "_total", int(total[0]))
+        self._count = count
+        self._total = int(total[0])
         for unit in self._units:
             unit.pending = len(unit.layout.parameters)
         return self.module(*args, **kwargs)

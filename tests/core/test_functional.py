@@ -21,6 +21,7 @@ from nn_reference import (
 )
 
 from minidist import Tensor, no_grad
+from minidist.nn import conv_gemm_sizing
 from minidist.nn import functional as F
 from minidist.nn import im2col as im2col_module
 
@@ -152,14 +153,14 @@ def test_stride_one_col2im_product_in_gemm_sized_chunks(monkeypatch):
     # The chunk is also capped so that each GEMM stays within SMALL_GEMM
     # multiply-adds (OpenBLAS's unpacked kernel): a cap of one image's GEMM
     # and of two, with 5 images (a short last chunk), must give the same sum.
-    monkeypatch.setattr(im2col_module, "unpacked_small_gemm", lambda: True)
+    monkeypatch.setattr(conv_gemm_sizing, "unpacked_small_gemm", lambda: True)
     own = np.random.default_rng(230)  # not the module's generator: later tests keep their data
     n, c, h, w, oc = 5, 3, 6, 7, 4
     weight, grad = own.standard_normal((oc, c, 3, 3)), own.standard_normal((oc, n * h * w))
     expected = im2col_module.col2im(weight.reshape(oc, -1).T @ grad, (n, c, h, w), 3, 3, 1, 1, 1, 1)
     one_image = c * 3 * oc * (h * (w + 2) + 2)  # multiply-adds of one image's GEMM
     for cap in (1, one_image, 2 * one_image):
-        monkeypatch.setattr(im2col_module, "SMALL_GEMM", cap)
+        monkeypatch.setattr(conv_gemm_sizing, "SMALL_GEMM", cap)
         got = im2col_module.col2im_product(weight, grad, (n, c, h, w), 3, 3, 1, 1, 1, 1)
         np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
 
@@ -173,7 +174,7 @@ def test_the_openblas_kernel_set_is_read_from_the_loaded_library():
         pytest.skip("NumPy's BLAS here is not an OpenBLAS that names its kernels")
     code = (
         "import numpy; from minidist.runtime.blas_threads import openblas_cores; "
-        "from minidist.nn.im2col import unpacked_small_gemm; print(openblas_cores(), unpacked_small_gemm())"
+        "from minidist.nn.conv_gemm_sizing import unpacked_small_gemm; print(openblas_cores(), unpacked_small_gemm())"
     )
     env = dict(os.environ, OPENBLAS_CORETYPE="Haswell", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
@@ -187,8 +188,8 @@ def test_conv2d_weight_gradient_with_and_without_copying_g(monkeypatch, copy_g, 
     # The weight gradient copies g to (N, OH*OW, OC) when the product is too
     # big for OpenBLAS's unpacked kernel to read it transposed: both ways,
     # against finite differences (a threshold of 0 forces the copy, on any BLAS).
-    monkeypatch.setattr(im2col_module, "unpacked_small_gemm", lambda: copy_g)
-    monkeypatch.setattr(im2col_module, "SMALL_GEMM_TRANSPOSED_OUTPUT", 0)
+    monkeypatch.setattr(conv_gemm_sizing, "unpacked_small_gemm", lambda: copy_g)
+    monkeypatch.setattr(conv_gemm_sizing, "SMALL_GEMM_TRANSPOSED_OUTPUT", 0)
     own = np.random.default_rng(231)
     x, weight = own.standard_normal((2, 3, 5, 6)), own.standard_normal((4, 3, 3, 3))
     if bias:
@@ -203,12 +204,12 @@ def test_conv2d_weight_gradient_of_a_wide_layer_matches_a_direct_sum(monkeypatch
     # entries) where OpenBLAS has the small-matrix kernel, float32 as in
     # training, against the definition in float64:
     # grad_w[o, c, i, j] = sum over n, r, s of g[n, o, r, s] * xpad[n, c, r + i, s + j].
-    monkeypatch.setattr(im2col_module, "unpacked_small_gemm", lambda: small_gemm_kernel)
+    monkeypatch.setattr(conv_gemm_sizing, "unpacked_small_gemm", lambda: small_gemm_kernel)
     own = np.random.default_rng(232)
     x = own.standard_normal((3, 16, 6, 5)).astype(np.float32)
     weight = Tensor(own.standard_normal((16, 16, 3, 3)).astype(np.float32), requires_grad=True)
     bias = Tensor(own.standard_normal((16,)).astype(np.float32), requires_grad=True)
-    assert 16 * (16 * 9 + 1) > im2col_module.SMALL_GEMM_TRANSPOSED_OUTPUT
+    assert 16 * (16 * 9 + 1) > conv_gemm_sizing.SMALL_GEMM_TRANSPOSED_OUTPUT
     g = own.standard_normal((3, 16, 6, 5))
     F.conv2d(as_tensor(x), weight, bias, 1, 1).backward(g.astype(np.float32))
     xpad = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))

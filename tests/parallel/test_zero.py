@@ -337,3 +337,33 @@ def test_zero_takes_param_groups_as_torch_does():
         assert zero_groups == ddp_groups == [(0.1, 0.9, 0.01), (0.02, 0.5, 0)]
         for expected, got in zip(ddp_weights, zero_weights):
             np.testing.assert_array_equal(got, expected)
+
+
+def _freed_weights():
+    """FULL_SHARD between uses: the layer's parameters hold no weights, say so
+    when touched, and the hooks gather them for forward and backward."""
+    model = _model(0)
+    wrapped = FullyShardedDataParallel(model, sharding_strategy="FULL_SHARD")
+    first = wrapped.units[0]
+    messages = []
+    for touch in (lambda w: w.shape, lambda w: w + 1, lambda w: w[0], lambda w: np.sum(w)):
+        try:
+            touch(first.weight.data)
+        except RuntimeError as error:
+            messages.append(str(error))
+    freed_bytes = first.weight.data.nbytes
+    x, y = _batches(dist.get_world_size(), False)[0][dist.get_rank()]
+    loss = nn.CrossEntropyLoss()(wrapped(Tensor(x)), y)
+    during = first.weight.data.nbytes                 # freed again after the forward
+    loss.backward()
+    return messages, freed_bytes, during, [s.grad is not None for s in wrapped.parameters()]
+
+
+def test_full_shard_frees_the_weights_and_says_so_when_they_are_used():
+    for messages, freed_bytes, during, grads in minidist.launch(
+            _freed_weights, world_size=2, transport="pipe", timeout=60):
+        assert len(messages) == 4
+        for message in messages:
+            assert "whose full weights are freed" in message and "Linear.weight" in message
+        assert freed_bytes == 0 and during == 0
+        assert all(grads)
