@@ -49,10 +49,6 @@ from __future__ import annotations
 import functools
 import math
 
-import numpy as np
-
-from minidist import trace as _trace
-from minidist.distributed import fast_paths
 from minidist.distributed.collectives import broadcast as _broadcast
 from minidist.distributed.collectives import call
 from minidist.distributed.collectives import reduce as _reduce
@@ -286,7 +282,7 @@ def one_shot(comm, buffer):
 
     The exchange is one point-to-point step, :meth:`~.comm.Comm.exchange_with_all`
     (n - 1 isends and irecvs; on one machine the fast paths serve it through
-    shared memory, see :mod:`minidist.distributed.fast_paths`).
+    shared memory, see :mod:`.one_shot_shortcut`).
 
     Cost: slots_alpha + N beta + (n - 1) N gamma if shared
     else (n - 1) (alpha + N xbeta) + (n - 1) N gamma; shared: the array fits
@@ -499,23 +495,13 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
     on its ``test()`` and finishes on ``wait()``.
     """
     group = call.group_of(group)
-    if not async_op and type(tensor) is np.ndarray:  # a repeat of a one-shot call: see fast_paths
-        lane = fast_paths.LANES.get((group, tensor.dtype, tensor.shape, op, algorithm))
-        if lane is not None and tensor.flags.c_contiguous and tensor.flags.writeable \
-                and not _trace.enabled():
-            return lane(tensor)
     array = call.buffer_of(tensor, "all_reduce", group._global_rank)
-    op_in = op
     op, ufunc, average = call.reduction(op, array.dtype, "all_reduce", group._global_rank)
     flat, copied = call.flat_view(array)
     if group.size == 1:
         return call.nothing_to_do(async_op)
     comm = call.start("all_reduce", group, algorithm, nbytes=flat.nbytes, op=op, ufunc=ufunc,
                       dtype=flat.dtype, count=flat.size, buffer=flat)
-    if comm.algorithm == "one_shot" and not async_op and not copied \
-            and type(tensor) is np.ndarray:
-        fast_paths.open_lane(group, tensor, op_in, algorithm, comm, ufunc, average,
-                             call.finish_average)
 
     def finish():
         if average:
