@@ -47,12 +47,16 @@ power-of-two algorithm; at the end each odd rank hands the result back.
 from __future__ import annotations
 
 import functools
-import math
 
 from minidist.distributed.collectives import broadcast as _broadcast
 from minidist.distributed.collectives import call
 from minidist.distributed.collectives import reduce as _reduce
-from minidist.distributed.collectives.chunks import chunk_bounds, largest_power_of_two, split
+from minidist.distributed.collectives.chunks import (
+    chunk_bounds,
+    double_binary_tree_chunks,
+    largest_power_of_two,
+    split,
+)
 from minidist.distributed.collectives.halving import fold_in as _fold_in
 from minidist.distributed.collectives.halving import fold_out as _fold_out
 from minidist.distributed.collectives.halving import real_rank as _real_rank
@@ -375,16 +379,6 @@ def _tree_tables(n: int) -> tuple:
         tables.append((tuple(parents), tuple(tuple(kids) for kids in children),
                        tuple(heights), tuple(depths), heights[parents.index(-1)]))
     return tuple(tables)
-
-
-#: The double binary tree all_reduce pipelines each half of the array in
-#: chunks of about this many bytes.
-DOUBLE_BINARY_TREE_CHUNK_BYTES = 1 << 16
-
-
-def double_binary_tree_chunks(nbytes: float) -> int:
-    """k: the chunks each half of an ``nbytes`` array is pipelined in."""
-    return max(1, math.ceil(nbytes / 2 / DOUBLE_BINARY_TREE_CHUNK_BYTES))
 
 
 class _LazyChunks:
