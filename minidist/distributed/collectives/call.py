@@ -46,6 +46,23 @@ def buffer_of(tensor, collective: str, rank: int, *, writeable: bool = True) -> 
     return array
 
 
+def check_n_to_one(output: np.ndarray, input: np.ndarray, group, collective: str, *,
+                   output_is_whole: bool, hint: str) -> None:
+    """The two arrays of ``all_gather_into_tensor`` (the output holds n times
+    the input's elements) and ``reduce_scatter_tensor`` (the input n times the
+    output's): one dtype, and sizes that fit; ``hint`` says how to size them."""
+    rank, n = group._global_rank, group.size
+    if output.dtype != input.dtype:
+        raise TypeError(f"rank {rank}: {collective} needs output and input of one dtype, got "
+                        f"output {output.dtype} and input {input.dtype}.")
+    whole, piece = (output, input) if output_is_whole else (input, output)
+    if whole.size != n * piece.size:
+        names = ("output", "input") if output_is_whole else ("input", "output")
+        raise ValueError(f"rank {rank}: {collective} on {n} ranks needs an {names[0]} of {n} x "
+                         f"the {names[1]}'s {piece.size} elements = {n * piece.size}, got "
+                         f"{whole.size} (shape {whole.shape}). {hint}")
+
+
 def flat_view(array: np.ndarray) -> tuple[np.ndarray, bool]:
     """A flat C-contiguous array to run the algorithm on, and whether it is a
     copy that must be written back (a strided input costs one copy each way)."""
