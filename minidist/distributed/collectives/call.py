@@ -59,8 +59,8 @@ def check_n_to_one(output: np.ndarray, input: np.ndarray, group, collective: str
     if whole.size != n * piece.size:
         names = ("output", "input") if output_is_whole else ("input", "output")
         raise ValueError(f"rank {rank}: {collective} on {n} ranks needs an {names[0]} of {n} x "
-                         f"the {names[1]}'s {piece.size} elements = {n * piece.size}, got "
-                         f"{whole.size} (shape {whole.shape}). {hint}")
+                         f"{piece.size} = {n * piece.size} elements (the {names[1]} has "
+                         f"{piece.size}), got {whole.size} (shape {whole.shape}). {hint}")
 
 
 def flat_view(array: np.ndarray) -> tuple[np.ndarray, bool]:
