@@ -63,8 +63,8 @@ CHILD = textwrap.dedent("""
 FLOOR = textwrap.dedent("""
     import json, sys, time
     import numpy as np
-    from minidist.distributed.collectives.all_reduce import (
-        double_binary_tree, double_binary_tree_chunks)
+    from minidist.distributed.collectives.all_reduce import double_binary_tree
+    from minidist.distributed.collectives.chunks import double_binary_tree_chunks
 
     class NullComm:
         # What the algorithm asks of a comm, doing nothing but count the calls.

@@ -15,6 +15,8 @@ import numpy
 
 _BACKENDS = ("numpy", "cupy")
 _current = numpy
+#: backend name -> what to run the first time :func:`use` selects it (see when_selected).
+_WHEN_SELECTED: dict = {}
 
 
 def _load_cupy():
@@ -44,7 +46,19 @@ def use(name: str):
     if name not in _BACKENDS:
         raise ValueError(f"unknown backend {name!r}; choose one of {_BACKENDS}")
     _current = numpy if name == "numpy" else _load_cupy()
+    for action in _WHEN_SELECTED.pop(name, ()):
+        action()
     return _current
+
+
+def when_selected(backend_name: str, action) -> None:
+    """Run ``action()`` now if ``backend_name`` is the backend in use, else the
+    first time :func:`use` selects it (minidist.distributed puts its GPU
+    staging in place this way, see distributed/device_arrays.py)."""
+    if name() == backend_name:
+        action()
+    else:
+        _WHEN_SELECTED.setdefault(backend_name, []).append(action)
 
 
 def get():

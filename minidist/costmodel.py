@@ -40,8 +40,9 @@ from minidist.alpha_beta import (  # noqa: F401  (the public face of the model)
 )
 from minidist.distributed.collectives import registry
 
-# For callers from before the registry; the double binary tree's own constant.
-from minidist.distributed.collectives.all_reduce import (  # noqa: F401
+# For callers from before the registry: the double binary tree's chunk count
+# (the k of its registered cost), from the collectives' chunking, not the algorithm.
+from minidist.distributed.collectives.chunks import (  # noqa: F401
     DOUBLE_BINARY_TREE_CHUNK_BYTES,
     double_binary_tree_chunks,
 )

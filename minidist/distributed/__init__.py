@@ -30,6 +30,8 @@ Where things are:
 * :mod:`.transport`      how bytes move (``pipe``, ``shm``) and the progress engine
 * :mod:`.fast_paths`     every shortcut taken for speed (small messages, shared slots,
   the one-shot lane), and ``MINIDIST_FAST_PATHS=0`` to turn them off
+* :mod:`.device_arrays`  GPU (CuPy) arrays staged through host memory, once CuPy is
+  the array backend
 * :mod:`.shared_array`   ``shared_array(name)``: arrays every rank maps, declared at launch
 
 For the layers above: a collective is written with the point-to-point calls of
@@ -44,6 +46,7 @@ THREAD_FUNNELED): the progress engine has no locks.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 # Imported at once: light (no NumPy), and `shared_array` must be: it is also
 # the name of a submodule, and importing a submodule binds its name in this
@@ -79,6 +82,8 @@ from minidist.runtime.errors import (
 #: name there). The messages, the collectives and the simulator bring NumPy and
 #: every algorithm with them; a process that only needs the runtime (the one
 #: that starts `minidist run`'s workers while they import) goes without them.
+#: The collectives come from their package, where the fast paths' shortcuts
+#: are installed (see collectives/one_shot_shortcut.py).
 _LAZY = {name: ("minidist.distributed.collectives", name) for name in (
     "ALGORITHMS", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce",
     "all_to_all", "all_to_all_single", "barrier", "broadcast", "broadcast_object_list",
@@ -101,27 +106,87 @@ _LAZY.update({name: ("minidist.distributed.torch_names", name) for name in (
     "Backend", "GroupMember", "get_process_group_ranks", "group", "is_available",
     "is_torchelastic_launched", "new_subgroups", "new_subgroups_by_enumeration")})
 
+if TYPE_CHECKING:
+    # The same names, where they are written: what an editor's go-to-definition
+    # and a type checker read (never run; tests/runtime/test_lazy_imports.py
+    # holds them to _LAZY).
+    from minidist.distributed.collectives.all_gather import all_gather, all_gather_into_tensor
+    from minidist.distributed.collectives.all_reduce import all_reduce
+    from minidist.distributed.collectives.all_to_all import all_to_all, all_to_all_single
+    from minidist.distributed.collectives.barrier import barrier, monitored_barrier
+    from minidist.distributed.collectives.broadcast import broadcast
+    from minidist.distributed.collectives.gather import gather
+    from minidist.distributed.collectives.objects import (
+        all_gather_object,
+        broadcast_object_list,
+        gather_object,
+        scatter_object_list,
+    )
+    from minidist.distributed.collectives.reduce import reduce
+    from minidist.distributed.collectives.reduce_scatter import (
+        reduce_scatter,
+        reduce_scatter_tensor,
+    )
+    from minidist.distributed.collectives.registry import ALGORITHMS
+    from minidist.distributed.collectives.scatter import scatter
+    from minidist.distributed.point_to_point import (
+        P2POp,
+        batch_isend_irecv,
+        iprobe,
+        irecv,
+        irecv_array,
+        irecv_reduce,
+        isend,
+        probe,
+        recv,
+        recv_array,
+        recv_object,
+        recv_object_list,
+        recv_reduce,
+        send,
+        send_object,
+        send_object_list,
+        wait_all,
+    )
+    from minidist.distributed.process_group import ProcessGroup
+    from minidist.distributed.reduce_op import ReduceOp
+    from minidist.distributed.simulator import SimulationResult, simulate
+    from minidist.distributed.torch_names import (
+        Backend,
+        GroupMember,
+        get_process_group_ranks,
+        group,
+        is_available,
+        is_torchelastic_launched,
+        new_subgroups,
+        new_subgroups_by_enumeration,
+    )
+    from minidist.distributed.transport.base import ANY_SOURCE, ANY_TAG, MessageInfo
+    from minidist.distributed.transport.base import Request as Work
+
+#: The modules of the calls that take arrays (see device_arrays.py).
+_ARRAY_CALLS = ("minidist.distributed.collectives", "minidist.distributed.point_to_point")
+
 
 def __getattr__(name):
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     module, attribute = _LAZY[name]
-    value = getattr(importlib.import_module(module), attribute)
-    from minidist.distributed import device_arrays
+    globals()[name] = getattr(importlib.import_module(module), attribute)
+    if module in _ARRAY_CALLS:
+        # GPU (CuPy) arrays are staged through host memory by wrappers put in
+        # place once CuPy is the array backend; NumPy's calls are the plain ones.
+        from minidist.distributed import device_arrays
 
-    if name in device_arrays.WRITES:
-        # GPU (CuPy) arrays are staged through host memory by these calls
-        # (see device_arrays.py).
-        value = device_arrays.staged(value, name)
-    globals()[name] = value  # looked up here once: later uses are plain attributes
-    return value
+        device_arrays.stage_when_on_gpu()
+    return globals()[name]  # looked up here once: later uses are plain attributes
 
 
 def __dir__():
     return sorted(set(globals()) | set(_LAZY))
 
 
-def world_group() -> ProcessGroup:  # noqa: F821 - a lazy name (above)
+def world_group() -> ProcessGroup:
     """The default group (all ranks)."""
     from minidist.distributed.world import current
 

@@ -20,12 +20,18 @@ itself; ``algorithm="native"`` under such an MPI hands the GPU arrays to MPI
 directly (see :func:`minidist.distributed.transport.mpi.MpiTransport.cuda_aware`,
 which asks the library rather than assuming).
 
-NumPy arrays go straight through: the wrapper's first look is one type check.
+Installed only where GPU arrays are in use: when CuPy becomes the array
+backend (``backend.use("cupy")`` or ``MINIDIST_BACKEND=cupy``), :func:`install`
+replaces each array-taking call of ``minidist.distributed`` with its staged
+form (:func:`staged`). Until then ``dist.all_reduce`` and the others are the
+plain functions. Once installed, NumPy arrays still go straight through: the
+wrapper's first look is one type check.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 
 import numpy as np
 
@@ -141,3 +147,29 @@ def staged(function, name: str | None = None):
         return result
 
     return call
+
+
+_watching = False
+_installed = False
+
+
+def stage_when_on_gpu() -> None:
+    """:func:`install` now if CuPy is the array backend, else the moment it
+    becomes it (``minidist.distributed`` asks this when it first hands out a
+    call that takes arrays)."""
+    global _watching
+    if not _watching:
+        _watching = True
+        backend.when_selected("cupy", install)
+
+
+def install() -> None:
+    """Replace every call of :data:`WRITES` in ``minidist.distributed`` with its
+    staged form (once; the functions underneath are unchanged)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    face = importlib.import_module("minidist.distributed")  # the package this module is in
+    for name in WRITES:
+        setattr(face, name, staged(getattr(face, name), name))

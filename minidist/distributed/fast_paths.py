@@ -45,12 +45,13 @@ publication carries the call's fingerprint (its tag) and element count; a
 peer whose slot carries another is a :class:`CollectiveMismatchError` here,
 as a message with another tag is in the engine. While it waits, the rank's
 status record says "in a collective" with the call's tag, so the group's
-failure checks (``_Fingerprints.check_group``) see it as they see a rank
+failure checks (``CallRecord.check_group``) see it as they see a rank
 waiting for messages. Measured: 4 KiB all_reduce on 2 ranks, one_shot
 through shared slots 13-16 us against MPICH's 9 us, by the general call
 (benchmarks/README.md, "all_reduce after rendezvous and shared slots").
 
-**3. The one-shot lane** (:func:`open_lane`, :data:`LANES`). Even through
+**3. The one-shot lane** (:data:`LANES`, filled and taken by
+:mod:`minidist.distributed.collectives.one_shot_shortcut`). Even through
 the slots, the general call (argument checks, the plan, a Comm, the
 generator's driver) costs as much again as the exchange. Once a blocking
 call of one shape has gone the general way through the slots, later calls
@@ -149,60 +150,26 @@ def _through_slots(comm, slots, buffer):
     slots.publish(plan, buffer, call, tag, group.context)
     arrays, odd = slots.collect(plan, call, tag, buffer.size, group.context, buffer.nbytes)
     if odd is not None:
-        raise _mismatch(slots.rank, call, tag, buffer, odd, comm.book)
+        raise _mismatch(slots.rank, call, tag, buffer, odd, comm.calls)
     comm.when_released(lambda: slots.done_reading(plan, call))
     return arrays
     yield  # a generator that never yields: it waits in place (blocking calls only)
 
 
-def _mismatch(me, call, tag, flat, odd, book) -> CollectiveMismatchError:
+def _mismatch(me, call, tag, flat, odd, calls) -> CollectiveMismatchError:
     """A peer's slot holds another call's array (its tag or count differs)."""
     peer, their_tag, their_count = odd
     return CollectiveMismatchError(
         f"rank {me}: collective mismatch in call {call} of this group: rank {me} is in "
-        f"{book._what(tag)} with {flat.size} {flat.dtype} elements (the one-shot "
+        f"{calls._what(tag)} with {flat.size} {flat.dtype} elements (the one-shot "
         f"all_reduce's exchange through shared slots), but rank {peer} published "
-        f"{their_count} elements for {book._what(their_tag)}. Every rank of a group must "
+        f"{their_count} elements for {calls._what(their_tag)}. Every rank of a group must "
         "make the same collective calls, in the same order, with the same count, dtype, op "
         "and algorithm.")
 
 
 # --------------------------------------------------------------------------- 3. the lane
 
-#: (group, dtype, shape, op, algorithm) -> the lane of blocking all_reduces of that shape.
+#: (group, dtype, shape, op, algorithm) -> the shortcut of blocking all_reduces of
+#: that shape, filled by :mod:`minidist.distributed.collectives.one_shot_shortcut`.
 LANES: dict = {}
-
-
-def open_lane(group, tensor, op, algorithm, comm, ufunc, average, finish_average) -> None:
-    """After a blocking one_shot all_reduce of ``tensor``'s shape went the
-    general way (``comm`` its call), let the next ones of the same shape jump
-    to the slots. Does nothing where the slots do not apply."""
-    slots = getattr(group.transport, "shared_slots", None)
-    if not _on or slots is None or comm.tracing \
-            or not slots.usable(comm.group.group_id, tensor.nbytes):
-        return
-    if len(LANES) > 256:
-        LANES.clear()
-    book, size = comm.book, group.size
-    context = comm.group.context
-    plan = slots.plan(comm.group.ranks, comm.group.group_id, tensor.dtype, tensor.size)
-    tag_of_call = comm.tag_of_call  # the same fingerprint, another call number
-
-    def lane(array):
-        flat = array.reshape(-1)
-        number = book.seq
-        book.seq = number + 1
-        tag = tag_of_call(number)
-        slots.publish(plan, flat, number, tag, context)
-        arrays, odd = slots.collect(plan, number, tag, flat.size, context, flat.nbytes)
-        if odd is not None:
-            raise _mismatch(slots.rank, number, tag, flat, odd, book)
-        # one_shot's combine: all n arrays in rank order, the same bits on every rank.
-        ufunc(arrays[0], arrays[1], out=flat)
-        for other in arrays[2:]:
-            ufunc(flat, other, out=flat)
-        slots.done_reading(plan, number)
-        if average:
-            finish_average(flat, size)
-
-    LANES[(group, tensor.dtype, tensor.shape, op, algorithm)] = lane

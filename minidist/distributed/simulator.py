@@ -81,12 +81,14 @@ from minidist.distributed.collectives import (
     registry,
     scatter,
 )
-from minidist.distributed.collectives.all_reduce import double_binary_tree_chunks
 from minidist.distributed.collectives.broadcast import chain_segments
-from minidist.distributed.collectives.chunks import largest_power_of_two
+from minidist.distributed.collectives.chunks import double_binary_tree_chunks, largest_power_of_two
 from minidist.distributed.process_group import ProcessGroup
 from minidist.distributed.reduce_op import ReduceOp
-from minidist.distributed.transport.sim import SimNetwork, SimulationStallError
+from minidist.distributed.transport.sim import (  # noqa: F401 - the stall, raised by drive
+    SimNetwork,
+    SimulationStallError,
+)
 from minidist.runtime.errors import DistributedError
 from minidist.virtual_clock import ReadyQueue
 
@@ -553,6 +555,18 @@ def _run(network: SimNetwork, spec: CollectiveCall, arrays, root, algorithm, op,
         except Exception as error:
             raise type(error)(f"simulated rank {rank}: {error}") from error
     drive(network, works, f"{collective} ({algorithm})", progress)
+
+
+def simulated_world(world_size: int, *, record: bool = False, alpha: float = 1e-6,
+                    beta: float = 1e-9, gamma: float = 0.0) -> tuple:
+    """(network, [each simulated rank's world group]): ``world_size`` ranks in
+    this process on a virtual network, for a caller that starts calls of its
+    own on them (``async_op=True``) and moves them on with :func:`drive`, as
+    the exercises' checker does. ``record``: the network keeps every message
+    as an event (``network.events``, in :data:`minidist.trace.FIELDS` order)."""
+    network = SimNetwork(world_size, alpha, beta, gamma, record=record)
+    members = range(world_size)
+    return network, [ProcessGroup(transport, members, 0) for transport in network.transports]
 
 
 #: The driver looks at the clock every this many ranks it moves on, and

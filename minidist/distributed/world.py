@@ -164,10 +164,10 @@ def finish_worker() -> None:
                 # tagged for another fingerprint: ranks disagreed (on a root,
                 # say) yet each completed. Say so rather than return wrong data.
                 transport.check_collectives_ended()
-                calls = {context: book.seq
-                         for context, book in transport.collective_groups.items()}
-                last_tags = {context: book.last_tag()
-                             for context, book in transport.collective_groups.items()}
+                calls = {context: record.seq
+                         for context, record in transport.collective_groups.items()}
+                last_tags = {context: record.last_tag()
+                             for context, record in transport.collective_groups.items()}
             # How many collective calls this rank made in each group, written
             # before FINISHED: a peer still waiting in a later call reads it and
             # knows at once that this rank will never join (check_group).

@@ -42,10 +42,13 @@ import numpy as np
 from minidist import trace as _trace
 from minidist.distributed.collectives import call, registry
 from minidist.distributed.collectives.comm import _Receive
-from minidist.distributed.process_group import ProcessGroup
 from minidist.distributed.reduce_op import ReduceOp
-from minidist.distributed.simulator import SimulationError, drive
-from minidist.distributed.transport.sim import SimNetwork, SimulationStallError
+from minidist.distributed.simulator import (
+    SimulationError,
+    SimulationStallError,
+    drive,
+    simulated_world,
+)
 from minidist.exercises.exercise import (
     CHECK_DEADLINE,
     CheckResult,
@@ -254,13 +257,12 @@ def simulate_call(spec: CollectiveSpec, function, n: int, count: int, root: int 
                   record: bool = False) -> SimulatedCall:
     """One call of ``function`` on ``n`` simulated ranks; never raises for the
     student's errors (they are in ``.error``)."""
-    network = SimNetwork(n, 1e-6, 1e-9, 0.0, record=record)
+    network, groups = simulated_world(n, record=record)
     buffers = [inputs(spec, rank, count, root) for rank in range(n)]
     comms, works = [], []
     error = None
     try:
-        for rank in range(n):
-            group = ProcessGroup(network.transports[rank], range(n), 0)
+        for rank, group in enumerate(groups):
             comm = _start(spec, group, buffers[rank], root)
             recorder = RecordingComm(comm, buffers[rank])
             comms.append(recorder)

@@ -12,7 +12,8 @@ It holds two things:
   completes without waiting costs nothing here. When a wait times out, the
   records of all ranks become the desync report (see :mod:`.desync`); while a
   rank waits in a collective, its peers' records tell it at once when they
-  are in a different collective call (see ``_Fingerprints.check_group``).
+  are in a different collective call (see ``CallRecord.check_group`` in
+  distributed/collectives/fingerprints.py).
 * one **call count table per rank**, written once, when the rank returns
   from its function: how many collective calls it made in each of its
   groups. A rank still waiting in call c of a group whose member finished

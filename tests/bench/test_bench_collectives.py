@@ -216,7 +216,7 @@ def test_the_script_is_a_thin_door_to_the_same_engine():
 
 
 def test_collective_order_covers_the_fingerprint_list():
-    from minidist.distributed.collectives.comm import COLLECTIVES
+    from minidist.distributed.collectives.fingerprints import COLLECTIVES
 
     assert set(COLLECTIVES) == set(ORDER)
 

@@ -125,11 +125,7 @@ def test_the_model_and_the_registry_import_no_algorithm():
                          for collective in ALGORITHMS}
     from_algorithms = {name for name in _imports(ROOT / "minidist" / "costmodel.py")
                        if name.rpartition(".")[0] in algorithm_modules or name in algorithm_modules}
-    # the one name it hands on for callers from before the registry
-    assert from_algorithms <= {
-        "minidist.distributed.collectives.all_reduce",
-        "minidist.distributed.collectives.all_reduce.DOUBLE_BINARY_TREE_CHUNK_BYTES",
-        "minidist.distributed.collectives.all_reduce.double_binary_tree_chunks"}
+    assert from_algorithms == set()
 
 
 def test_nothing_below_the_cost_model_imports_it():

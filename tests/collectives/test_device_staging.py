@@ -1,8 +1,9 @@
 """GPU arrays are staged through host memory by the public calls
 (minidist/distributed/device_arrays.py). Checked here without a GPU: a
 stand-in array class whose module is named like CuPy's holds its data out of
-NumPy's reach (get() copies it out, set() copies it in), as CuPy's do. The
-real thing runs in tests/gpu on a machine with a GPU."""
+NumPy's reach (get() copies it out, set() copies it in), as CuPy's do; the
+workers install the staging as ``backend.use("cupy")`` does. The real thing
+runs in tests/gpu on a machine with a GPU."""
 
 from __future__ import annotations
 
@@ -39,6 +40,10 @@ FakeDeviceArray.__module__ = "cupy_stand_in"
 
 
 def _ranks():
+    from minidist.distributed import device_arrays
+
+    # What backend.use("cupy") does on a machine with CuPy (this worker only).
+    device_arrays.install()
     rank, n = dist.get_rank(), dist.get_world_size()
     out = {}
     x = FakeDeviceArray(np.arange(4.0) + rank)

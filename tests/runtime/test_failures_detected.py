@@ -117,29 +117,29 @@ class _FakeControl:
 def test_a_mismatch_is_believed_only_when_two_reads_agree():
     """Records are read without a lock: one odd read must not fail a run."""
     from minidist.distributed.collectives.call import ALGORITHMS
-    from minidist.distributed.collectives.comm import _Fingerprints, fingerprint
+    from minidist.distributed.collectives.fingerprints import CallRecord, fingerprint
 
-    book = _Fingerprints(ALGORITHMS, ranks=(0, 1), context=5)
-    book.seq = 1
+    calls = CallRecord(ALGORITHMS, ranks=(0, 1), context=5)
+    calls.seq = 1
     mine = fingerprint("all_reduce", 0, dist.ReduceOp.SUM, np.float32, 10, 0, 0)
     theirs = fingerprint("broadcast", 0, None, np.float32, 10, 0, 0)
     waiting = ctl.RankStatus(1, ctl.WAITING, ctl.OP_RECV, 0, 1, theirs, 5, 0, 123)
     control = _FakeControl({1: waiting})
-    book.check_group(control, 0, mine)  # first sighting: not yet believed
+    calls.check_group(control, 0, mine)  # first sighting: not yet believed
     with pytest.raises(dist.CollectiveMismatchError, match="broadcast .* on rank 1"):
-        book.check_group(control, 0, mine)
-    book._suspects = None
-    book.check_group(control, 0, mine)
+        calls.check_group(control, 0, mine)
+    calls._suspects = None
+    calls.check_group(control, 0, mine)
     control.statuses[1] = ctl.RankStatus(1, ctl.WAITING, ctl.OP_RECV, 0, 1, mine, 5, 0, 124)
-    book.check_group(control, 0, mine)  # the record changed: the same call after all
-    book.check_group(control, 0, mine)
+    calls.check_group(control, 0, mine)  # the record changed: the same call after all
+    calls.check_group(control, 0, mine)
     # A rank that finished after making this call is no cause for alarm.
     control.statuses[1] = ctl.RankStatus(1, ctl.FINISHED, ctl.OP_NONE, 0, 1, 0, 0, 0, 0)
     control.calls[1] = 1
-    book.check_group(control, 0, mine)
+    calls.check_group(control, 0, mine)
     control.calls[1] = 0
     with pytest.raises(dist.PeerGoneError, match="rank 1 returned from its function after 0"):
-        book.check_group(control, 0, mine)
+        calls.check_group(control, 0, mine)
 
 
 
@@ -147,30 +147,30 @@ def test_a_confirmed_mismatch_waits_a_few_checks_for_ranks_on_their_way():
     """Rank 2 is still running when ranks 0 and 1 disagree: the error waits
     (at most PATIENCE checks) so that it can name rank 2's call too."""
     from minidist.distributed.collectives.call import ALGORITHMS
-    from minidist.distributed.collectives.comm import _Fingerprints, fingerprint
+    from minidist.distributed.collectives.fingerprints import CallRecord, fingerprint
 
-    book = _Fingerprints(ALGORITHMS, ranks=(0, 1, 2), context=5)
-    book.seq = 1
+    calls = CallRecord(ALGORITHMS, ranks=(0, 1, 2), context=5)
+    calls.seq = 1
     mine = fingerprint("all_reduce", 0, dist.ReduceOp.SUM, np.float32, 10, 0, 0)
     theirs = fingerprint("broadcast", 0, None, np.float32, 10, 0, 0)
     control = _FakeControl({
         1: ctl.RankStatus(1, ctl.WAITING, ctl.OP_RECV, 0, 1, theirs, 5, 0, 123),
         2: ctl.RankStatus(2, ctl.RUNNING, ctl.OP_NONE, 0, 1, 0, 0, 0, 0)})
-    book.check_group(control, 0, mine)  # the first sighting
-    book.check_group(control, 0, mine)  # confirmed, but rank 2 is on its way: no error yet
+    calls.check_group(control, 0, mine)  # the first sighting
+    calls.check_group(control, 0, mine)  # confirmed, but rank 2 is on its way: no error yet
     control.statuses[2] = ctl.RankStatus(2, ctl.WAITING, ctl.OP_RECV, 0, 1, theirs, 5, 0, 130)
-    book.check_group(control, 0, mine)  # the suspects changed: seen once
+    calls.check_group(control, 0, mine)  # the suspects changed: seen once
     with pytest.raises(dist.CollectiveMismatchError, match="broadcast .* on ranks 1 and 2"):
-        book.check_group(control, 0, mine)
+        calls.check_group(control, 0, mine)
 
     # A rank that never comes delays the error by PATIENCE checks, no more.
-    book = _Fingerprints(ALGORITHMS, ranks=(0, 1, 2), context=5)
-    book.seq = 1
+    calls = CallRecord(ALGORITHMS, ranks=(0, 1, 2), context=5)
+    calls.seq = 1
     control.statuses[2] = ctl.RankStatus(2, ctl.RUNNING, ctl.OP_NONE, 0, 1, 0, 0, 0, 0)
-    for _ in range(1 + book.PATIENCE):
-        book.check_group(control, 0, mine)
+    for _ in range(1 + calls.PATIENCE):
+        calls.check_group(control, 0, mine)
     with pytest.raises(dist.CollectiveMismatchError, match=r"broadcast .* on rank 1\. "):
-        book.check_group(control, 0, mine)
+        calls.check_group(control, 0, mine)
 
 
 # --------------------------------------------------------------------------- case 6

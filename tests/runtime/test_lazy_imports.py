@@ -4,6 +4,8 @@ imported lazily are still there."""
 
 from __future__ import annotations
 
+import ast
+import importlib
 import os
 import subprocess
 import sys
@@ -39,7 +41,7 @@ import minidist.distributed.shared_array  # the submodule of the same name as th
 assert callable(dist.shared_array) and dist.shared_array.__module__.endswith("shared_array")
 missing = [name for name in dist.__all__ if not hasattr(dist, name)]
 assert not missing, missing
-assert dist.all_reduce.__wrapped__ is sys.modules["minidist.distributed.collectives"].all_reduce
+assert dist.all_reduce is sys.modules["minidist.distributed.collectives"].all_reduce
 assert dist.Work is sys.modules["minidist.distributed.transport.base"].Request
 print("names ok")
 """
@@ -96,3 +98,82 @@ print(world.DEFAULT_TIMEOUT, "numpy" in sys.modules)
 @pytest.mark.timeout(60)
 def test_minidist_run_makes_its_run_without_numpy():
     assert _run_fresh(MAKE_RUN_PROBE).split() == ["120.0", "False"]
+
+
+def _type_checking_names() -> dict:
+    """name -> (module, name there) of the ``if TYPE_CHECKING:`` imports of
+    minidist/distributed/__init__.py (what an editor's go-to-definition reads)."""
+    path = os.path.join(ROOT, "minidist", "distributed", "__init__.py")
+    with open(path) as file:
+        tree = ast.parse(file.read())
+    block = next(node for node in tree.body if isinstance(node, ast.If)
+                 and getattr(node.test, "id", None) == "TYPE_CHECKING")
+    return {alias.asname or alias.name: (node.module, alias.name)
+            for node in block.body if isinstance(node, ast.ImportFrom)
+            for alias in node.names}
+
+
+def test_the_type_checking_names_are_the_lazy_names():
+    """Every lazy name has its import for editors, and it is the same object
+    (a shortcut installed over it names it as ``__wrapped__``)."""
+    import minidist.distributed as dist
+
+    written = _type_checking_names()
+    assert set(written) == set(dist._LAZY)
+    for name, (module, attribute) in written.items():
+        function = getattr(importlib.import_module(module), attribute)
+        value = getattr(dist, name)
+        while value is not function and hasattr(value, "__wrapped__"):
+            value = value.__wrapped__
+        assert value is function, name
+
+
+#: The calls of the face, each the function where it is written when nothing is
+#: installed over it (the fast paths off, NumPy arrays).
+IDENTITY_PROBE = """
+import importlib, sys
+sys.path.insert(0, {tests!r})
+from test_lazy_imports import _type_checking_names
+import minidist.distributed as dist
+from minidist.distributed import fast_paths
+assert not fast_paths.enabled()
+names = _type_checking_names()
+calls = [name for name, (module, _) in names.items()
+         if module.startswith(("minidist.distributed.collectives.",
+                               "minidist.distributed.point_to_point"))]
+assert len(calls) > 30, calls
+for name in calls:
+    module, attribute = names[name]
+    assert getattr(dist, name) is getattr(importlib.import_module(module), attribute), name
+assert dist.all_reduce is sys.modules["minidist.distributed.collectives.all_reduce"].all_reduce
+print("identical", len(calls))
+"""
+
+
+@pytest.mark.timeout(60)
+def test_with_the_shortcuts_off_every_call_is_the_function_it_names():
+    env = dict(os.environ, PYTHONPATH=ROOT, MINIDIST_FAST_PATHS="0")
+    code = IDENTITY_PROBE.format(tests=os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("identical")
+
+
+def test_with_the_shortcuts_on_only_all_reduce_is_wrapped():
+    """With the fast paths on, dist.all_reduce is the one-shot shortcut's
+    wrapper (see collectives/one_shot_shortcut.py); every other call is the
+    function it names."""
+    import minidist.distributed as dist
+    from minidist.distributed import fast_paths
+
+    names = _type_checking_names()
+    teaching = importlib.import_module(names["all_reduce"][0]).all_reduce
+    if fast_paths.enabled():
+        assert dist.all_reduce.__wrapped__ is teaching
+        assert dist.all_reduce.__code__.co_filename.endswith("one_shot_shortcut.py")
+    else:
+        assert dist.all_reduce is teaching
+    for name, (module, attribute) in names.items():
+        if name != "all_reduce":
+            assert getattr(dist, name) is getattr(importlib.import_module(module), attribute), name

@@ -11,7 +11,8 @@ with its alpha-beta-gamma cost (shown in its docstring, computed by
 * :mod:`.all_gather`, :mod:`.reduce_scatter`, :mod:`.all_to_all`
 * :mod:`.objects` Python objects (``all_gather_object``, ``broadcast_object_list``,
   ``gather_object``, ``scatter_object_list``): pickles moved by the array collectives above
-* :mod:`.comm`  what an algorithm sees; message fingerprints; the Work handle
+* :mod:`.comm`  what an algorithm sees; the Work handle
+* :mod:`.fingerprints` the tag of every call's messages; call counting and the desync checks
 * :mod:`.registry` every algorithm with its cost formula and traffic; "auto"'s choice
 * :mod:`.call`  what every call shares: checks, algorithm choice, running
 * :mod:`.chunks` cutting a buffer into pieces
@@ -20,8 +21,14 @@ with its alpha-beta-gamma cost (shown in its docstring, computed by
 
 ``ALGORITHMS[collective]`` lists every algorithm by name; pass one as
 ``algorithm=`` or leave "auto" for the cost model's choice.
+
+With the fast paths on (``MINIDIST_FAST_PATHS``, read at import), the one-shot
+all_reduce's shortcuts are installed over the teaching code from
+:mod:`.one_shot_shortcut`; with them off, every name here is the plain function.
 """
 
+from minidist.distributed import fast_paths
+from minidist.distributed.collectives import one_shot_shortcut
 from minidist.distributed.collectives.all_gather import all_gather, all_gather_into_tensor
 from minidist.distributed.collectives.all_reduce import all_reduce
 from minidist.distributed.collectives.all_to_all import all_to_all, all_to_all_single
@@ -39,6 +46,9 @@ from minidist.distributed.collectives.objects import (
 from minidist.distributed.collectives.reduce import reduce
 from minidist.distributed.collectives.reduce_scatter import reduce_scatter, reduce_scatter_tensor
 from minidist.distributed.collectives.scatter import scatter
+
+if fast_paths.enabled():
+    all_reduce = one_shot_shortcut.install(all_reduce)
 
 __all__ = ["ALGORITHMS", "Work", "all_gather", "all_gather_into_tensor", "all_reduce",
            "all_to_all", "all_to_all_single", "barrier", "broadcast", "gather", "reduce",

@@ -196,15 +196,9 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bo
     rank = group._global_rank
     output = call.buffer_of(output_tensor, "all_gather_into_tensor", rank)
     contribution = call.buffer_of(input_tensor, "all_gather_into_tensor", rank, writeable=False)
-    if output.dtype != contribution.dtype:
-        raise TypeError(f"rank {rank}: all_gather_into_tensor needs output and input of one "
-                        f"dtype, got output {output.dtype} and input {contribution.dtype}.")
-    if output.size != group.size * contribution.size:
-        raise ValueError(f"rank {rank}: all_gather_into_tensor on {group.size} ranks needs an "
-                         f"output of {group.size} x {contribution.size} = "
-                         f"{group.size * contribution.size} elements (the input has "
-                         f"{contribution.size}), got {output.size} (shape {output.shape}). "
-                         "Allocate it as np.empty((n * x.shape[0],) + x.shape[1:], x.dtype).")
+    call.check_n_to_one(output, contribution, group, "all_gather_into_tensor",
+                        output_is_whole=True, hint="Allocate it as "
+                        "np.empty((n * x.shape[0],) + x.shape[1:], x.dtype).")
     flat, copied = call.flat_view(output)
 
     def finish():

@@ -47,16 +47,16 @@ power-of-two algorithm; at the end each odd rank hands the result back.
 from __future__ import annotations
 
 import functools
-import math
 
-import numpy as np
-
-from minidist import trace as _trace
-from minidist.distributed import fast_paths
 from minidist.distributed.collectives import broadcast as _broadcast
 from minidist.distributed.collectives import call
 from minidist.distributed.collectives import reduce as _reduce
-from minidist.distributed.collectives.chunks import chunk_bounds, largest_power_of_two, split
+from minidist.distributed.collectives.chunks import (
+    chunk_bounds,
+    double_binary_tree_chunks,
+    largest_power_of_two,
+    split,
+)
 from minidist.distributed.collectives.halving import fold_in as _fold_in
 from minidist.distributed.collectives.halving import fold_out as _fold_out
 from minidist.distributed.collectives.halving import real_rank as _real_rank
@@ -286,7 +286,7 @@ def one_shot(comm, buffer):
 
     The exchange is one point-to-point step, :meth:`~.comm.Comm.exchange_with_all`
     (n - 1 isends and irecvs; on one machine the fast paths serve it through
-    shared memory, see :mod:`minidist.distributed.fast_paths`).
+    shared memory, see :mod:`.one_shot_shortcut`).
 
     Cost: slots_alpha + N beta + (n - 1) N gamma if shared
     else (n - 1) (alpha + N xbeta) + (n - 1) N gamma; shared: the array fits
@@ -379,16 +379,6 @@ def _tree_tables(n: int) -> tuple:
         tables.append((tuple(parents), tuple(tuple(kids) for kids in children),
                        tuple(heights), tuple(depths), heights[parents.index(-1)]))
     return tuple(tables)
-
-
-#: The double binary tree all_reduce pipelines each half of the array in
-#: chunks of about this many bytes.
-DOUBLE_BINARY_TREE_CHUNK_BYTES = 1 << 16
-
-
-def double_binary_tree_chunks(nbytes: float) -> int:
-    """k: the chunks each half of an ``nbytes`` array is pipelined in."""
-    return max(1, math.ceil(nbytes / 2 / DOUBLE_BINARY_TREE_CHUNK_BYTES))
 
 
 class _LazyChunks:
@@ -499,23 +489,13 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False,
     on its ``test()`` and finishes on ``wait()``.
     """
     group = call.group_of(group)
-    if not async_op and type(tensor) is np.ndarray:  # a repeat of a one-shot call: see fast_paths
-        lane = fast_paths.LANES.get((group, tensor.dtype, tensor.shape, op, algorithm))
-        if lane is not None and tensor.flags.c_contiguous and tensor.flags.writeable \
-                and not _trace.enabled():
-            return lane(tensor)
     array = call.buffer_of(tensor, "all_reduce", group._global_rank)
-    op_in = op
     op, ufunc, average = call.reduction(op, array.dtype, "all_reduce", group._global_rank)
     flat, copied = call.flat_view(array)
     if group.size == 1:
         return call.nothing_to_do(async_op)
     comm = call.start("all_reduce", group, algorithm, nbytes=flat.nbytes, op=op, ufunc=ufunc,
                       dtype=flat.dtype, count=flat.size, buffer=flat)
-    if comm.algorithm == "one_shot" and not async_op and not copied \
-            and type(tensor) is np.ndarray:
-        fast_paths.open_lane(group, tensor, op_in, algorithm, comm, ufunc, average,
-                             call.finish_average)
 
     def finish():
         if average:

@@ -13,14 +13,11 @@ import functools
 import numpy as np
 
 from minidist.distributed.collectives import native, registry
-from minidist.distributed.collectives.comm import (
-    SEQ_SHIFT,
-    Comm,
-    Work,
-    _Fingerprints,
-    completed_work,
+from minidist.distributed.collectives.comm import Comm, Work, completed_work, run
+from minidist.distributed.collectives.fingerprints import (
+    CallRecord,
     fingerprint,
-    run,
+    with_call_number,
 )
 from minidist.distributed.process_group import _as_array, rank_in_group
 from minidist.distributed.reduce_op import ReduceOp, ufunc_of
@@ -47,6 +44,23 @@ def buffer_of(tensor, collective: str, rank: int, *, writeable: bool = True) -> 
                          "but this one is read-only (a broadcast view, or np.frombuffer of "
                          "bytes?). Pass a copy: array.copy().")
     return array
+
+
+def check_n_to_one(output: np.ndarray, input: np.ndarray, group, collective: str, *,
+                   output_is_whole: bool, hint: str) -> None:
+    """The two arrays of ``all_gather_into_tensor`` (the output holds n times
+    the input's elements) and ``reduce_scatter_tensor`` (the input n times the
+    output's): one dtype, and sizes that fit; ``hint`` says how to size them."""
+    rank, n = group._global_rank, group.size
+    if output.dtype != input.dtype:
+        raise TypeError(f"rank {rank}: {collective} needs output and input of one dtype, got "
+                        f"output {output.dtype} and input {input.dtype}.")
+    whole, piece = (output, input) if output_is_whole else (input, output)
+    if whole.size != n * piece.size:
+        names = ("output", "input") if output_is_whole else ("input", "output")
+        raise ValueError(f"rank {rank}: {collective} on {n} ranks needs an {names[0]} of {n} x "
+                         f"{piece.size} = {n * piece.size} elements (the {names[1]} has "
+                         f"{piece.size}), got {whole.size} (shape {whole.shape}). {hint}")
 
 
 def flat_view(array: np.ndarray) -> tuple[np.ndarray, bool]:
@@ -114,22 +128,24 @@ def _auto(collective: str, size: int, nbytes: int, transport, candidates) -> str
     return registry.best(collective, size, nbytes, transport=transport, candidates=candidates)
 
 
-def _book(group) -> tuple:
-    """The collectives' context of ``group`` and its book (made once per group
-    object). Group objects that share the collective context (``group`` and
-    ``group.with_context("x")`` have the same members) share one book, so
-    that calls are numbered once per context, as the messages are matched."""
-    book = getattr(group, "_collectives", None)
-    if book is None:
+def calls_of(group) -> tuple:
+    """(the collectives' context of ``group``, its :class:`CallRecord`, its
+    pool of scratch arrays), made once per group object. Group objects that
+    share the collective context (``group`` and ``group.with_context("x")``
+    have the same members) share one record, so that calls are numbered once
+    per context, as the messages are matched."""
+    known = getattr(group, "_collectives", None)
+    if known is None:
         context_group = group.with_context("collective")
         transport = group.transport
-        fingerprints = transport.collective_groups.get(context_group.context)
-        if fingerprints is None:
-            fingerprints = _Fingerprints(ALGORITHMS, group.ranks, context_group.context)
-            transport.strict_contexts[context_group.context] = fingerprints.explain
-            transport.collective_groups[context_group.context] = fingerprints
-        book = group._collectives = (context_group, fingerprints)
-    return book
+        calls = transport.collective_groups.get(context_group.context)
+        if calls is None:
+            calls = CallRecord(ALGORITHMS, group.ranks, context_group.context)
+            # The transport asks the record when a message or a peer does not fit.
+            transport.strict_contexts[context_group.context] = calls.explain
+            transport.collective_groups[context_group.context] = calls
+        known = group._collectives = (context_group, calls, {})
+    return known
 
 
 _ROOTED = ("broadcast", "reduce", "gather", "scatter")
@@ -138,7 +154,7 @@ _ROOTED = ("broadcast", "reduce", "gather", "scatter")
 def start(collective: str, group, algorithm: str, *, nbytes: int, op=None, ufunc=None,
           dtype=None, count: int = 0, root: int = 0, buffer=None) -> Comm:
     """A :class:`Comm` for one call: the algorithm chosen, the call tagged."""
-    context_group, fingerprints = _book(group)
+    context_group, calls, scratch_pool = calls_of(group)
     # The transport is part of the key: "auto" chooses with its alpha and beta.
     key = (collective, algorithm, nbytes, group.size, op, dtype, count, root,
            getattr(group.transport, "name", None))
@@ -150,14 +166,15 @@ def start(collective: str, group, algorithm: str, *, nbytes: int, op=None, ufunc
         if len(_PLANS) < 4096:  # calls repeat the same few shapes; keep the cache bounded
             _PLANS[key] = plan
     name, base_tag, prefix = plan
-    if fingerprints.error is not None:
-        raise fingerprints.error  # an earlier call of this group was mismatched
-    call = fingerprints.seq
-    tag = base_tag | (call & 0xFF) << SEQ_SHIFT
-    fingerprints.seq += 1
-    fingerprints.record(call, tag, count)
-    return Comm(context_group, tag, ufunc, prefix, name, fingerprints, collective=collective,
-                call=call, buffer=buffer, root=root if collective in _ROOTED else None)
+    if calls.error is not None:
+        raise calls.error  # an earlier call of this group was mismatched
+    number = calls.seq
+    tag = with_call_number(base_tag, number)
+    calls.seq += 1
+    calls.record(number, tag, count)
+    return Comm(context_group, tag, ufunc, prefix, name, calls, collective=collective,
+                call=number, buffer=buffer, root=root if collective in _ROOTED else None,
+                scratch_pool=scratch_pool)
 
 
 _PLANS: dict = {}
@@ -172,10 +189,9 @@ def steps_of(comm: Comm):
 
 def execute(comm: Comm, steps, async_op: bool, finish=None, timeout=_DEFAULT):
     """Run ``steps`` (the algorithm's generator) now, or hand back a Work."""
-    fingerprints = comm.book
     if async_op:
         comm.blocking = False  # read by the algorithm when it first runs
-        return Work(steps, finish, fingerprints, comm)
+        return Work(steps, finish, comm)
     try:
         run(steps, timeout, comm)
     finally:

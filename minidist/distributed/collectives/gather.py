@@ -85,18 +85,9 @@ def binomial(comm, pieces, piece, root):
     are smaller or missing. Cost: ceil(log2 n) alpha + (n-1)/n N beta (the
     root's link: n - 1 pieces).
     """
-    n = comm.size
-    count = piece.size
-    virtual = (comm.rank - root) % n
-    size = trees.subtree_size(virtual, n)
-    if virtual == 0:
-        held = pieces
-    elif size == 1:
-        held = piece  # a leaf sends its piece as it is
-    else:
-        held = np.empty(size * count, piece.dtype)
-        held[:count] = piece
-    bounds = [index * count for index in range(n + 1)]
+    virtual, size, held, bounds = trees.subtree_layout(comm, root, pieces, piece)
+    if virtual and size > 1:
+        held[:piece.size] = piece  # its own piece first (a leaf sends it as it is)
     yield from binomial_gather(comm, held, bounds, root, virtual)
 
 

@@ -46,8 +46,8 @@ import numpy as np
 from minidist.alpha_beta import ceil_log2
 from minidist.distributed.collectives import call
 from minidist.distributed.collectives.all_gather import check_per_rank_list, core_piece_offsets
-from minidist.distributed.collectives.all_reduce import _real_rank
 from minidist.distributed.collectives.chunks import largest_power_of_two, split
+from minidist.distributed.collectives.halving import real_rank as _real_rank
 from minidist.distributed.collectives.registry import cost, register
 from minidist.distributed.reduce_op import ReduceOp
 
@@ -214,16 +214,10 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: 
     rank = group._global_rank
     result = call.buffer_of(output, "reduce_scatter_tensor", rank)
     source = call.buffer_of(input, "reduce_scatter_tensor", rank, writeable=False)
-    if source.dtype != result.dtype:
-        raise TypeError(f"rank {rank}: reduce_scatter_tensor needs output and input of one "
-                        f"dtype, got output {result.dtype} and input {source.dtype}.")
-    if source.size != group.size * result.size:
-        raise ValueError(f"rank {rank}: reduce_scatter_tensor on {group.size} ranks needs an "
-                         f"input of {group.size} x the output's {result.size} elements = "
-                         f"{group.size * result.size}, got {source.size} (shape "
-                         f"{source.shape}). The input is cut into {group.size} equal pieces: "
-                         f"pad it to a multiple of {group.size}, or size the output as "
-                         f"input.size // {group.size}.")
+    n = group.size
+    call.check_n_to_one(result, source, group, "reduce_scatter_tensor", output_is_whole=False,
+                        hint=f"The input is cut into {n} equal pieces: pad it to a multiple "
+                        f"of {n}, or size the output as input.size // {n}.")
     pieces, copied = call.flat_view(source)
     return _scatter_reduce(group, pieces, copied, result, op, async_op, algorithm,
                            "reduce_scatter_tensor")

@@ -91,20 +91,10 @@ def binomial(comm, pieces, output, root):
     Non-power-of-two n: subtrees past the end are smaller or missing.
     Cost: ceil(log2 n) alpha + (n-1)/n N beta (the root's link: n - 1 pieces).
     """
-    n = comm.size
-    count = output.size
-    virtual = (comm.rank - root) % n
-    size = trees.subtree_size(virtual, n)
-    if virtual == 0:
-        held = pieces
-    elif size == 1:
-        held = output  # a leaf receives its piece straight into place
-    else:
-        held = np.empty(size * count, output.dtype)
-    bounds = [piece * count for piece in range(n + 1)]
+    virtual, size, held, bounds = trees.subtree_layout(comm, root, pieces, output)
     yield from binomial_scatter(comm, held, bounds, root, virtual)
-    if virtual and size > 1:
-        np.copyto(output, held[:count])
+    if virtual and size > 1:  # (a leaf received its piece straight into place)
+        np.copyto(output, held[:output.size])
 
 
 ALGORITHMS = register("scatter", {

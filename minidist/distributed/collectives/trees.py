@@ -17,6 +17,8 @@ bit and ceil(log2 n) rounds reach everyone.
 
 from __future__ import annotations
 
+import numpy as np
+
 
 def real_rank(virtual: int, root: int, n: int) -> int:
     """The group rank of virtual rank ``virtual`` in a tree rooted at ``root``."""
@@ -50,3 +52,26 @@ def subtree_size(virtual: int, n: int) -> int:
 def round_of(virtual: int) -> int:
     """The round (0, 1, ...) in which ``virtual`` > 0 hears from its parent."""
     return (virtual & -virtual).bit_length() - 1
+
+
+def subtree_layout(comm, root: int, pieces, mine) -> tuple:
+    """(virtual rank, subtree size, held, bounds) of this rank in a binomial
+    scatter or gather of n equal pieces rooted at ``root``.
+
+    ``held`` is where the rank keeps its subtree's pieces, in virtual order:
+    at the root ``pieces`` (all n of them), at a leaf its own piece ``mine``
+    (sent or received in place), else a new array of ``size`` pieces whose
+    first is the rank's own. ``bounds[v]``: where piece v starts (n + 1 offsets).
+    """
+    n, count = comm.size, mine.size
+    virtual = (comm.rank - root) % n
+    size = subtree_size(virtual, n)
+    if virtual == 0:
+        held = pieces
+    elif size == 1:
+        held = mine
+    else:
+        held = np.empty(size * count, mine.dtype)
+    bounds = [index * count for index in range(n + 1)]
+    return virtual, size, held, bounds
+
