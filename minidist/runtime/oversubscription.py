@@ -44,7 +44,7 @@ def warn_if_oversubscribed(world_size: int, stacklevel: int = 3) -> None:
 
     def one_line(message, category, *rest, **keywords):
         if category is OversubscriptionWarning:
-            return f"minidist: {message}\n"
+            return f"minidist: warning: {message}\n"
         return original(message, category, *rest, **keywords)
 
     warnings.formatwarning = one_line
