@@ -21,7 +21,7 @@ LAYERS = [
     (0, "minidist.lesson"), (0, "minidist.model_gap"), (0, "minidist.units"),
     (0, "minidist.narration"),
     (1, "minidist.tensor"), (1, "minidist.trace"), (1, "minidist.runtime"),
-    (1, "minidist.virtual_clock"),
+    (1, "minidist.virtual_clock"), (1, "minidist.lesson_timing"),
     (2, "minidist.nn"), (2, "minidist.optim"), (2, "minidist.data"), (2, "minidist.memory"),
     (3, "minidist.distributed.transport"),
     (4, "minidist.distributed"),  # the torch.distributed-shaped face: groups, p2p, world
