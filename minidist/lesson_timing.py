@@ -34,7 +34,7 @@ import contextlib
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 
 from minidist.runtime.blas_threads import limit as blas_limit
@@ -85,8 +85,7 @@ class Load:
         include waiting for a core, and where to look ``instead``."""
         if not self.busy:
             return ""
-        text = (f"machine busy ({self.describe()}): these times include waiting for a core "
-                "and may say the opposite of the model")
+        text = f"machine busy ({self.describe()}): these times include waiting for a core"
         return f"{text}; {instead}" if instead else text
 
 
@@ -94,31 +93,28 @@ class Load:
 class Timing:
     """What :func:`timed` measured: seconds per call of each variant."""
 
-    best: dict[str, float]
-    median: dict[str, float]
+    best: dict[Hashable, float]
+    median: dict[Hashable, float]
     load: Load
     repeats: int
-    samples: dict[str, list[float]] = field(repr=False, default_factory=dict)
+    samples: dict[Hashable, list[float]] = field(repr=False, default_factory=dict)
 
 
-def timed(functions: dict[str, Callable[[], object]] | Callable[[], object], repeats: int = 5,
-          number: int = 1, warmup: int = 1, blas_threads: int | None = 1) -> Timing:
-    """Time each function of ``functions`` (a name -> function dict, or one
-    function, named "") ``repeats`` times, interleaved: every repeat runs
+def timed(functions: Mapping[Hashable, Callable[[], object]] | Callable[[], object],
+          repeats: int = 5, number: int = 1, warmup: int = 1, blas_threads: int | None = 1) -> Timing:
+    """Time each function of ``functions`` (name -> function, any names; or
+    one function, named "") ``repeats`` times, interleaved: every repeat runs
     every function once, in a rotating order, each ``number`` calls in a row
     (choose it so one repeat lasts well under a millisecond or a few: short
     repeats are the ones the scheduler leaves alone). ``warmup`` uncounted
     rounds come first (fresh memory, caches, lazy imports). BLAS runs
     ``blas_threads`` threads meanwhile (None: as it is). The load is read
     before and after."""
-    if not callable(functions):
-        named = dict(functions)
-    else:
-        named = {"": functions}
+    named = dict(functions) if isinstance(functions, Mapping) else {"": functions}
     if not named or repeats < 1 or number < 1:
         raise ValueError("timed() needs at least one function, repeats >= 1 and number >= 1")
     names = list(named)
-    samples: dict[str, list[float]] = {name: [] for name in names}
+    samples: dict[Hashable, list[float]] = {name: [] for name in names}
     load = Load.start()
     with blas_limit(blas_threads) if blas_threads else contextlib.nullcontext():
         for round_ in range(warmup + repeats):

@@ -31,8 +31,8 @@ def test_a_busy_machine_is_said_next_to_the_number_and_an_idle_one_is_not():
     busy = Load(before=1.5, after=6.3, cores=2)
     assert busy.busy
     assert busy.note("see the model") == (
-        "machine busy (load 1.5 -> 6.3 on 2 cores): these times include waiting for a core "
-        "and may say the opposite of the model; see the model")
+        "machine busy (load 1.5 -> 6.3 on 2 cores): these times include waiting for a core; "
+        "see the model")
 
 
 def test_the_load_is_read_before_and_after(monkeypatch):
