@@ -369,9 +369,10 @@ if busy:
 # three models take turns, repeat after repeat, on one BLAS thread, and each
 # keeps its fastest repeat, so load beside the lesson slows all three alike:
 # in our runs every=2 cost 1.35 to 1.5 times the plain step and every=4 1.05
-# to 1.15, idle or with other programs running (every=4 recomputes fewer
-# layers: its last segment is not recomputed). A line under the table says
-# when the machine was too busy for the times to mean much. The gradients
+# to 1.15, idle and at a load of 5 on 2 cores (every=4 recomputes fewer
+# layers: its last segment is not recomputed). At a load of 11 even that
+# failed (5x): a line under the table says when the machine was too busy
+# for the times to mean much. The gradients
 # are the same bits: the replay does the same operations on the same data.
 #
 # ## 5. A model that does not fit under DDP
