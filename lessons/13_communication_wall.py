@@ -58,10 +58,14 @@ from minidist.experiments import compression as experiment
 from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
 from minidist.parallel import compression as C
 from minidist.parallel.data_parallel import DistributedDataParallel
+from minidist.runtime.blas_threads import set_blas_threads
 from minidist.train import build_model
 
 narrate()  # run as a script: the text below is printed between the outputs
 use_headless_matplotlib()
+# One BLAS thread in this process: on a busy machine a product split over
+# two threads waits for the one without a core (this lesson took 4x as long).
+set_blas_threads(1)
 import matplotlib.pyplot as plt  # noqa: E402
 
 from viz.timeline import save_timeline  # noqa: E402

@@ -148,14 +148,23 @@ class _OpenBlasCount:
     an exported ``int``: what ``openblas_get_num_threads`` returns and what its
     next call splits work by). Writing it changes the count without what
     ``openblas_set_num_threads`` also does first: restart the thread pool that
-    fork stopped (a thread made, then stopped again at the next fork)."""
+    fork stopped (a thread made, then stopped again at the next fork).
 
-    def __init__(self, variable):
+    The count written is at most the pool's size (``blas_num_threads``: the
+    threads OpenBLAS allocated at load time, one per core, or
+    ``OPENBLAS_NUM_THREADS`` when the user set it). A larger count sends work
+    to threads that do not exist, and the product waits for them for ever
+    (a worker hung that way under ``OPENBLAS_NUM_THREADS=1``)."""
+
+    def __init__(self, variable, pool=None):
         self.variable = variable
+        self.pool = pool
 
     def __call__(self, count: int | None = None) -> int | None:
         if count is None:
             return self.variable.value
+        if self.pool is not None and self.pool.value >= 1:
+            count = min(count, self.pool.value)
         self.variable.value = count
         return None
 
@@ -169,7 +178,11 @@ def _count_variable(library, getter):
         variable = ctypes.c_int.in_dll(library, "blas_cpu_number")
     except ValueError:
         return None
-    return _OpenBlasCount(variable) if variable.value == getter() else None
+    try:
+        pool = ctypes.c_int.in_dll(library, "blas_num_threads")
+    except ValueError:
+        return None  # the pool's size unknown: writing the count would not be safe
+    return _OpenBlasCount(variable, pool) if variable.value == getter() else None
 
 
 def _thread_apis() -> list:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -106,9 +108,11 @@ def test_openblas_count_variable_is_the_one_its_getter_reads():
         real_getter.restype = ctypes.c_int
         previous = variable()
         try:
-            for count in (1, 3, previous):
+            for count in (1, previous):
                 variable(count)
                 assert real_getter() == count
+            variable(variable.pool.value + 1)  # never above the pool OpenBLAS made
+            assert real_getter() == variable.pool.value
         finally:
             variable(previous)
 
@@ -120,10 +124,42 @@ def test_limit_sets_the_count_inside_and_puts_it_back():
         pytest.skip("no BLAS library with a thread-count API is loaded")
     with blas_threads.limit(1):
         assert set(blas_threads.blas_threads().values()) == {1}
-        with blas_threads.limit(3):
-            assert set(blas_threads.blas_threads().values()) == {3}
+        with blas_threads.limit(2):
+            assert set(blas_threads.blas_threads().values()) <= {1, 2}
         assert set(blas_threads.blas_threads().values()) == {1}
     assert blas_threads.blas_threads() == before
+
+
+BEYOND_THE_POOL = """
+import os, numpy as np
+from minidist.runtime import blas_threads
+a = np.ones((300, 300), np.float32)
+with blas_threads.limit({more}):         # more threads than OpenBLAS made
+    (a @ a.T).sum()
+with blas_threads.for_forked_workers({more}):
+    pid = os.fork()
+    if pid == 0:
+        (a @ a.T).sum()
+        os._exit(0)
+print(os.waitpid(pid, 0)[1])
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("user_threads", ["1", None])
+def test_more_threads_than_openblas_made_is_never_asked_for(user_threads):
+    # OpenBLAS makes its pool at load time (one thread per core, or
+    # OPENBLAS_NUM_THREADS); a count written above it sent a product to
+    # threads that do not exist, and it waited for them for ever (a lesson's
+    # worker under OPENBLAS_NUM_THREADS=1 hung for 14 minutes).
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    if user_threads:
+        env["OPENBLAS_NUM_THREADS"] = user_threads
+    more = blas_threads.available_cores() + 2
+    done = subprocess.run([sys.executable, "-c", BEYOND_THE_POOL.format(more=more)], env=env,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0"
 
 
 @pytest.mark.timeout(30)

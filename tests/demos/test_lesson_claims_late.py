@@ -1,0 +1,110 @@
+"""The claims lessons 09-15 state in their text, held where a test can hold
+them: on the simulator, on formulas, or with fixed seeds on one process (the
+lessons' own measured numbers are theirs to print; the direction each
+comparison states is held here). Small and fast: no lesson is run whole."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from minidist import Tensor, memory, nn
+from minidist.nn.recompute import CheckpointedSequential, kept_for_backward
+from minidist.parallel.pipeline import (
+    bubble_fraction,
+    make_schedule,
+    peak_live_microbatches,
+    simulate_schedule,
+)
+from minidist.parallel.zero import zero_bytes_per_step, zero_model_state_bytes
+from minidist.search import random_search
+from minidist.search.space import LogUniform, sample_params
+
+# --------------------------------------------------------------- lesson 9
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", [(2, 1), (2, 4), (4, 1), (4, 8), (4, 32)])
+def test_lesson9_the_simulated_bubble_is_the_formula(schedule, p, m):
+    events = simulate_schedule(make_schedule(schedule, p, m))
+    assert bubble_fraction(events, p) == float(Fraction(p - 1, m + p - 1))
+
+
+def test_lesson9_more_microbatches_less_bubble():
+    bubbles = [bubble_fraction(simulate_schedule(make_schedule("1f1b", 4, m)), 4)
+               for m in (1, 2, 4, 8, 16)]
+    assert bubbles == sorted(bubbles, reverse=True)
+
+
+def test_lesson9_1f1b_holds_p_minus_s_microbatches_gpipe_all_m():
+    gpipe = peak_live_microbatches(simulate_schedule(make_schedule("gpipe", 4, 8)))
+    one_f_one_b = peak_live_microbatches(simulate_schedule(make_schedule("1f1b", 4, 8)))
+    assert [gpipe[s] for s in range(4)] == [8, 8, 8, 8]
+    assert [one_f_one_b[s] for s in range(4)] == [4, 3, 2, 1]
+
+
+def test_lesson9_interleaving_cuts_the_bubble_for_more_messages():
+    found = []
+    for v in (1, 2, 4):
+        schedule = make_schedule("interleaved_1f1b" if v > 1 else "1f1b", 4, 8, v)
+        events = simulate_schedule(schedule, 1.0 / v, 2.0 / v)
+        found.append((bubble_fraction(events, 4), sum(e["kind"] == "send" for e in events)))
+        assert found[-1][0] == float(Fraction(3, v * 8 + 3))
+    assert [b for b, _ in found] == sorted((b for b, _ in found), reverse=True)
+    assert [n for _, n in found] == sorted(n for _, n in found)
+
+
+# -------------------------------------------------------------- lesson 12
+
+
+def test_lesson12_sharding_shrinks_model_states_and_stage3_sends_more():
+    psi, world = 100_000, 4
+    states = [zero_model_state_bytes(psi, world, stage) for stage in range(4)]
+    assert states == sorted(states, reverse=True) and states[0] == 16 * psi
+    assert states[3] == 16 * psi / world
+    ddp = sum(zero_bytes_per_step(psi, world, 0).values())
+    stage3 = sum(zero_bytes_per_step([psi // 2, psi // 2], world, 3).values())
+    assert stage3 == pytest.approx(1.5 * ddp, rel=0.01)
+
+
+def _deep_mlp():
+    nn.init.manual_seed(0)
+    layers = [nn.Linear(16, 32), nn.ReLU()]
+    for _ in range(4):
+        layers += [nn.Linear(32, 32), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(32, 10))
+
+
+def test_lesson12_recomputation_keeps_fewer_activations_and_the_same_gradients():
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((64, 16)).astype(np.float32), rng.integers(0, 10, 64)
+    found = {}
+    for name, model in (("plain", _deep_mlp()),
+                        ("every=2", CheckpointedSequential(_deep_mlp(), every=2))):
+        loss = nn.CrossEntropyLoss()(model(Tensor(x)), y)
+        ledger = memory.Ledger(model).sample("forward", graph=loss).bytes["activations"]
+        kept = kept_for_backward(loss, exclude=list(model.parameters()))[1]
+        loss.backward()
+        found[name] = (ledger, kept, [p.grad.copy() for p in model.parameters()])
+    assert found["every=2"][0] < found["plain"][0]
+    assert found["every=2"][1] < found["plain"][1]
+    assert all(np.array_equal(a, b) for a, b in zip(found["plain"][2], found["every=2"][2]))
+
+
+# -------------------------------------------------------------- lesson 15
+
+
+def _cheap_objective(trial):
+    return -(np.log10(trial.params["lr"]) + 2) ** 2
+
+
+@pytest.mark.timeout(60)
+def test_lesson15_the_same_trials_on_1_and_2_workers():
+    space = {"lr": LogUniform(1e-4, 1.0)}
+    one = random_search(_cheap_objective, space, 6, n_workers=1, seed=0)
+    two = random_search(_cheap_objective, space, 6, n_workers=2, seed=0)
+    assert [(t.params, t.value) for t in one.trials] == [(t.params, t.value) for t in two.trials]
+    assert sample_params(space, seed=0, number=3) == one.trials[3].params
+    assert all(t.state == "complete" for t in two.trials)
