@@ -3,7 +3,11 @@
 Each transport runs the same all_reduces, sends and receives twice in one
 launch, with the fast paths on and then switched off inside the workers,
 and compares the bytes; counters on the transport's shortcuts show that
-"on" took them (on shm) and "off" took none.
+"on" took them (on shm) and "off" took none. The transport's own shortcuts
+(spinning, rendezvous through CMA) are chosen when it connects: a second
+pair of launches, one with the fast paths on and one with them off from the
+start, compares the bytes of the same traffic plus messages bigger than the
+ring, and counts the spins and the rendezvous reads on each side.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import pytest
 import minidist
 import minidist.distributed as dist
 from minidist.distributed import fast_paths
+from minidist.distributed.transport import cma
 from minidist.distributed.world import current
 
 pytestmark = pytest.mark.timeout(180)
@@ -83,6 +88,78 @@ def _cases() -> list[bytes]:
         request.wait()
         out.append(got.tobytes())
     return out
+
+
+def _big_cases() -> list[bytes]:
+    """Messages bigger than a small world's ring (4 MiB): by rendezvous when
+    the fast paths are on and CMA is available, through the ring otherwise."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % n, (rank - 1) % n
+    out = []
+    for dtype in (np.float32, np.float64):
+        count = (5 << 20) // np.dtype(dtype).itemsize + 3
+        mine = _data(rank, count, dtype, 6)
+        got = np.empty(count, dtype)
+        request = dist.isend(mine, right)
+        dist.recv(got, left)
+        request.wait()
+        out.append(got.tobytes())
+        total = _data(rank, count, dtype, 7)
+        request = dist.isend(mine, right)
+        current().group.recv_reduce(total, left)
+        request.wait()
+        out.append(total.tobytes())
+    return out
+
+
+def _what_the_transport_did():
+    """The bytes of every case, and how often the transport spun and read a
+    peer's memory (counted on the shortcuts themselves; a transport without
+    them has nothing to count)."""
+    transport = current().transport
+    did = {"spin": 0, "cma": 0}
+    if hasattr(transport, "_spin"):
+        spin = transport._spin
+
+        def counted_spin(is_done):
+            did["spin"] += 1
+            return spin(is_done)
+
+        transport._spin = counted_spin
+    reader = getattr(transport, "_cma", None)
+    if reader is not None:
+        read = reader.read
+
+        def counted_read(*args):
+            did["cma"] += 1
+            return read(*args)
+
+        reader.read = counted_read
+    out = _cases() + _big_cases()
+    return out, did, type(transport).__name__, getattr(transport, "_spin_ns", 0)
+
+
+@pytest.mark.parametrize("transport", ["shm", "pipe"])
+def test_off_from_the_start_no_rendezvous_and_no_spinning_and_the_same_bits(transport,
+                                                                             monkeypatch):
+    # Spin even where ranks outnumber cores (the knob of its own), so that
+    # "on" surely spins and "off" shows that the switch beats the knob.
+    monkeypatch.setenv("MINIDIST_SPIN_US", "50")
+    on = minidist.launch(_what_the_transport_did, world_size=2, transport=transport)
+    with fast_paths.disabled():  # as MINIDIST_FAST_PATHS=0: the forked workers start off
+        off = minidist.launch(_what_the_transport_did, world_size=2, transport=transport)
+    plain = {"shm": "ShmTransport", "pipe": "PipeTransport"}[transport]
+    for rank, (with_them, without) in enumerate(zip(on, off)):
+        bytes_on, did_on, class_on, spin_ns_on = with_them
+        bytes_off, did_off, class_off, spin_ns_off = without
+        assert bytes_on == bytes_off, rank
+        assert len(bytes_on) > 300
+        assert class_off == plain and spin_ns_off == 0, (class_off, spin_ns_off)
+        assert did_off == {"spin": 0, "cma": 0}, did_off
+        assert class_on != plain and spin_ns_on == 50_000, class_on
+        assert did_on["spin"] > 0, did_on
+        if transport == "shm" and cma.available()[0]:
+            assert did_on["cma"] > 0, did_on
 
 
 def _on_and_off():
