@@ -471,7 +471,8 @@ class Transport(CollectiveHooks, FailureDiagnosis, abc.ABC):
             request = RecvRequest(self, src, tag, context, _REDUCE, reduce_into, ufunc, label)
         else:
             request = RecvRequest(self, src, tag, context, _NEW, None, None, label)
-        if self.strict_contexts and context in self.strict_contexts and src != ANY_SOURCE:
+        if self.strict_contexts and src != ANY_SOURCE and self._unexpected[src] \
+                and context in self.strict_contexts:
             self._strict_on_post(request, src, context)  # a collective's: see collective_hooks
             if request.done:
                 return request

@@ -32,19 +32,17 @@ class SpinBeforeSleep:
     _spin_ns = 0  # the transport's constructor sets it
 
     def _wait_until(self, is_done, *args, **kwargs):
-        if self._spin_ns and not is_done() and self._spin(is_done):
-            return
-        super()._wait_until(is_done, *args, **kwargs)
-
-    def _spin(self, is_done) -> bool:
-        """Progress until ``is_done()`` (True) or ``_spin_ns`` of nothing moving (False)."""
-        self.progress()
-        if is_done():
-            return True
-        limit = _now() + self._spin_ns
-        while _now() < limit:
-            if self.progress():
-                limit = _now() + self._spin_ns
+        # Written out here rather than in a helper, so that a spinning wait
+        # makes no more calls than the engine's own.
+        spin_ns = self._spin_ns
+        if spin_ns and not is_done():
+            self.progress()
             if is_done():
-                return True
-        return False
+                return
+            limit = _now() + spin_ns
+            while _now() < limit:
+                if self.progress():
+                    limit = _now() + spin_ns  # a stream of slots keeps us spinning
+                if is_done():
+                    return
+        super()._wait_until(is_done, *args, **kwargs)
