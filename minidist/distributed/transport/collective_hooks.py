@@ -10,12 +10,13 @@ collectives. The collectives' layer (:mod:`minidist.distributed.collectives`,
   from that rank does not match is a *mismatch* (the two ranks are in
   different collective calls): :meth:`CollectiveHooks._check_strict` fails
   the receive at once instead of letting both wait for their timeout.
-* ``collective_groups``: context -> the group's fingerprints (see
-  ``collectives/comm.py``). While a rank sleeps in a collective it asks them,
-  now and then, whether its peers are in the same call
-  (:meth:`CollectiveHooks._group_check`); a message no receive asked for is
-  checked against them (:meth:`_check_strict`), and the rank's last word
-  (:meth:`check_collectives_ended`) raises what was found.
+* ``collective_groups``: context -> the group's record of its collective
+  calls and their fingerprints (the collectives' ``CallRecord``). While a
+  rank sleeps in a collective it asks the record, now and then, whether its
+  peers are in the same call (:meth:`CollectiveHooks._group_check`); a
+  message no receive asked for is checked against it (:meth:`_check_strict`),
+  and the rank's last word (:meth:`check_collectives_ended`) raises what was
+  found.
 
 And the questions every transport answers for the collectives' cost
 accounting: ``tracing``, ``now_ns``, ``record_event``, ``charge_combine``,
@@ -104,16 +105,16 @@ class CollectiveHooks:
         # (ranks that disagree on a root each complete without reading the
         # other root's messages): then fail this rank's receives in the group
         # now, and keep the error for the group's next call and for the end
-        # of the function (see collectives.comm._Fingerprints.stray).
-        book = self.collective_groups.get(header.context)
-        if book is None or book.error is not None:
+        # of the function (see the collectives' CallRecord.stray).
+        record = self.collective_groups.get(header.context)
+        if record is None or record.error is not None:
             return
-        why = book.stray(header.tag, self.rank, source)
+        why = record.stray(header.tag, self.rank, source)
         if why is None:
             return
-        book.error = CollectiveMismatchError(f"rank {self.rank}: {why}")
+        record.error = CollectiveMismatchError(f"rank {self.rank}: {why}")
         for request in [r for r in self._posted if r.context == header.context]:
-            request._fail(copy.copy(book.error))
+            request._fail(copy.copy(record.error))
             self._posted.remove(request)
 
     def _strict_mismatch(self, request, source: int, header) -> None:
@@ -127,9 +128,9 @@ class CollectiveHooks:
         for (see :meth:`_check_strict`): called as the rank finishes, after
         every message that has arrived has been looked at."""
         self.progress(drain=True)
-        for book in self.collective_groups.values():
-            if book.error is not None:
-                raise book.error
+        for record in self.collective_groups.values():
+            if record.error is not None:
+                raise record.error
 
     # ---------------------------------------------------------------- asleep in a collective
 

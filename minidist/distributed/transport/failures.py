@@ -66,10 +66,10 @@ class FailureDiagnosis:
         ``error``, unless ``dst`` finished after making the collective call the
         send belongs to (then the two ranks made it with different
         fingerprints, a CollectiveMismatchError)."""
-        book = self.collective_groups.get(request.context)
-        if book is None or self._control.state_of(dst) != ctl.FINISHED:
+        record = self.collective_groups.get(request.context)
+        if record is None or self._control.state_of(dst) != ctl.FINISHED:
             return error
-        why = book.went_through(self._control, self.rank, request.tag, dst, sending=True)
+        why = record.went_through(self._control, self.rank, request.tag, dst, sending=True)
         return error if why is None else CollectiveMismatchError(why)
 
     def _check_peer(self, op, peer, tag, context, request) -> None:
@@ -103,9 +103,9 @@ class FailureDiagnosis:
         if peer != ANY_SOURCE and control.state_of(peer) != ctl.FINISHED:
             raise PeerGoneError(f"rank {self.rank}: {what} cannot complete: rank {peer} has "
                                 "exited (its end of the pipe is closed).", peer=blamed)
-        book = self.collective_groups.get(context)
-        if book is not None and peer != ANY_SOURCE and control.state_of(peer) == ctl.FINISHED:
-            why = book.went_through(control, self.rank, tag, peer, sending=op == ctl.OP_SEND)
+        record = self.collective_groups.get(context)
+        if record is not None and peer != ANY_SOURCE and control.state_of(peer) == ctl.FINISHED:
+            why = record.went_through(control, self.rank, tag, peer, sending=op == ctl.OP_SEND)
             if why is not None:
                 raise CollectiveMismatchError(why)
         if op == ctl.OP_SEND:
