@@ -56,10 +56,11 @@ publication carries the call's fingerprint (its tag) and element count; a
 peer whose slot carries another is a :class:`CollectiveMismatchError` here,
 as a message with another tag is in the engine. While it waits, the rank's
 status record says "in a collective" with the call's tag, so the group's
-failure checks (``_Fingerprints.check_group``) see it as they see a rank
+failure checks (``CallRecord.check_group``) see it as they see a rank
 waiting for messages. Gains: 2(n - 1) messages per call.
 
-**3. The one-shot lane** (:func:`open_lane`, :data:`LANES`). Even through
+**3. The one-shot lane** (:data:`LANES`, filled and taken by
+:mod:`minidist.distributed.collectives.one_shot_shortcut`). Even through
 the slots, the general call (argument checks, the plan, a Comm, the
 generator's driver) costs as much again as the exchange. Once a blocking
 call of one shape has gone the general way through the slots, later calls
