@@ -2,34 +2,45 @@
 
 None of them changes a result: each does the very same arithmetic, in the
 same order, as the plain road it stands in for, so the bits are identical
-with the fast paths on or off (``tests/test_fast_paths.py`` checks it). They
-exist because in Python the fixed cost of a call, not the bytes, is what a
-small message or a small all_reduce spends its time on. Read the algorithms
-in :mod:`~minidist.distributed.collectives` and the engine in
-:mod:`~minidist.distributed.transport.base` as if this module did not exist;
-then read this module to see where the microseconds went.
+with the fast paths on or off (``tests/transport/test_fast_paths.py`` checks
+it, and that "off" takes none of them). They exist because in Python the
+fixed cost of a call, not the bytes, is what a small message or a small
+all_reduce spends its time on. Read the algorithms in
+:mod:`~minidist.distributed.collectives`, the engine in
+:mod:`~minidist.distributed.transport.base` and the transports
+:mod:`~minidist.distributed.transport.pipe` and
+:mod:`~minidist.distributed.transport.shm` as if the shortcuts did not exist;
+then read this list to see where the microseconds went.
 
 The switch. ``MINIDIST_FAST_PATHS=0`` in the environment (read at import,
-so set it before starting a run: the workers inherit it) turns all three
-off; so does :func:`enabled` ``(False)``, or ``with fast_paths.disabled():``
-for a stretch of code. Switch on every rank at the same point of the program
-(between collectives): two ranks must agree on how one all_reduce exchanges
-its arrays. Compare, on 2 ranks and shm (``benchmarks/bench_revisions.py``
-times the same three things)::
+so set it before starting a run: the workers inherit it) turns every one of
+them off; so does :func:`enabled` ``(False)``, or ``with fast_paths.disabled():``
+for a stretch of code. Shortcuts 1 to 3 are decided call by call; 4 to 6
+belong to the transport, which takes them (its fast class) or not (the plain
+class) when it connects, at the rank's first communication. Switch on every rank at the
+same point of the program (between collectives, or before the first): two
+ranks must agree on how one all_reduce exchanges its arrays and on how a
+big message travels. Compare, on 2 ranks and shm
+(``benchmarks/bench_revisions.py`` times the same things)::
 
     MINIDIST_FAST_PATHS=0 minidist run -n 2 my_script.py
 
+Two of the transport's shortcuts also have a knob of their own, for
+benchmarks and odd systems (neither turns anything on under
+``MINIDIST_FAST_PATHS=0``): ``MINIDIST_SHM_CMA=0`` keeps big messages in the
+ring (for a system that refuses ``process_vm_readv``), ``MINIDIST_SPIN_US``
+sets how long a rank spins.
+
 **1. Small messages** (:func:`send`, :func:`recv`; the mechanism is
-:meth:`~minidist.distributed.transport.shm.ShmTransport.send_small` and
-``recv_small``). A blocking send or receive of a small array between two
-ranks with nothing else queued skips the progress engine (request objects,
-matching lists, sinks): it writes or reads the message in its ring slot
-straight away, in the same format, so the other side may take either road.
-The argument checks of :class:`~minidist.distributed.process_group.ProcessGroup`
-are also skipped when the arguments are plainly right (the guard below).
-Measured: a 4 KiB ping-pong on shm, about 3.2 us one way (benchmarks/README.md,
-"Before and after a change"), against tens of microseconds of Python per
-message through the engine.
+:meth:`~minidist.distributed.transport.shm_fast.FastShmTransport.send_small`
+and ``recv_small``). Replaces, for a blocking send or receive of a small
+array between two ranks with nothing else queued, the progress engine
+(request objects, matching lists, sinks): the message is written or read in
+its ring slot straight away, in the same format, so the other side may take
+either road. The argument checks of
+:class:`~minidist.distributed.process_group.ProcessGroup` are also skipped
+when the arguments are plainly right (the guard below). Gains: the engine's
+Python per message, which is most of a small message's time.
 
 **2. Shared slots for the one-shot exchange** (:func:`exchange_with_all`;
 the mechanism is :mod:`~minidist.distributed.transport.shared_slots`). The
@@ -46,9 +57,7 @@ peer whose slot carries another is a :class:`CollectiveMismatchError` here,
 as a message with another tag is in the engine. While it waits, the rank's
 status record says "in a collective" with the call's tag, so the group's
 failure checks (``CallRecord.check_group``) see it as they see a rank
-waiting for messages. Measured: 4 KiB all_reduce on 2 ranks, one_shot
-through shared slots 13-16 us against MPICH's 9 us, by the general call
-(benchmarks/README.md, "all_reduce after rendezvous and shared slots").
+waiting for messages. Gains: 2(n - 1) messages per call.
 
 **3. The one-shot lane** (:data:`LANES`, filled and taken by
 :mod:`minidist.distributed.collectives.one_shot_shortcut`). Even through
@@ -57,9 +66,37 @@ generator's driver) costs as much again as the exchange. Once a blocking
 call of one shape has gone the general way through the slots, later calls
 of the same group, dtype, shape, op and algorithm jump straight from
 ``all_reduce()`` to the slots and the combine: same call numbering and
-fingerprint, same rank order, same bits. Measured: the 4 KiB all_reduce on 2
-ranks, about 4.9 us (benchmarks/README.md, "Before and after a change").
-Traced runs, async calls and strided or read-only arrays never take it.
+fingerprint, same rank order, same bits. Traced runs, async calls and
+strided or read-only arrays never take it. Gains: the general call's
+Python, about half of a small all_reduce.
+
+**4. Spinning before sleeping** (:mod:`~minidist.distributed.transport.spin`,
+mixed into every transport's fast class). Replaces going to sleep (on a
+doorbell, in ``poll``) as soon as nothing moves: a rank that has a core of
+its own keeps making progress for a while first. Gains: the wake-up (a
+system call on each side and the scheduler) on every message that arrives
+within the spin.
+
+**5. Rendezvous for big messages** (:mod:`~minidist.distributed.transport.cma`,
+in :class:`~minidist.distributed.transport.shm_fast.FastShmTransport`).
+Replaces streaming a message bigger than the whole ring through its slots:
+only its header and the sender's address travel, and the receiver copies the
+bytes straight out of the sender's memory. Gains: one copy instead of two,
+and the sender no longer waits on the receiver slot by slot.
+
+**6. Copies around slow page distances**
+(:mod:`~minidist.distributed.transport.memcopy`, in ``FastShmTransport``).
+Replaces the plain ``memcpy`` of a piece into or out of a slot where source
+and destination are a few bytes apart modulo the page, which some processors
+copy many times slower. Gains: full copy speed at every alignment.
+
+Where the transport's part lives. The shm transport's fast class
+(:class:`~minidist.distributed.transport.shm_fast.FastShmTransport`) holds
+the mechanisms of 1, 2, 4, 5 and 6; with the fast paths off a rank connects
+the plain :class:`~minidist.distributed.transport.shm.ShmTransport` instead,
+which has none of them, and the plain
+:class:`~minidist.distributed.transport.pipe.PipeTransport`, which does not
+spin.
 """
 
 from __future__ import annotations

@@ -140,9 +140,15 @@ def start_worker(rank, world_size, resources, control, timeout, mode) -> World:
     global _world
     from minidist.distributed.transport import default_spin_ns
 
-    _world = World(rank, world_size, control, resources, mode,
-                   lambda: resources.connect(rank, control, timeout,
-                                             default_spin_ns(world_size)))
+    def connect():
+        # The transport's own shortcuts (spinning, rendezvous, ...) go with the
+        # fast paths' switch as it stands when the transport connects.
+        from minidist.distributed import fast_paths
+
+        return resources.connect(rank, control, timeout, default_spin_ns(world_size),
+                                 fast=fast_paths.enabled())
+
+    _world = World(rank, world_size, control, resources, mode, connect)
     control.set_state(rank, ctl.RUNNING, _trace.now())
     membership.join(rank, world_size)  # what DistributedSampler() reads (data is below us)
     return _world

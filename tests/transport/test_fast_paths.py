@@ -3,7 +3,11 @@
 Each transport runs the same all_reduces, sends and receives twice in one
 launch, with the fast paths on and then switched off inside the workers,
 and compares the bytes; counters on the transport's shortcuts show that
-"on" took them (on shm) and "off" took none.
+"on" took them (on shm) and "off" took none. The transport's own shortcuts
+(spinning, rendezvous through CMA) are chosen when it connects: a second
+pair of launches, one with the fast paths on and one with them off from the
+start, compares the bytes of the same traffic plus messages bigger than the
+ring, and shows that "off" has neither a spinning wait nor a rendezvous read.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import pytest
 import minidist
 import minidist.distributed as dist
 from minidist.distributed import fast_paths
+from minidist.distributed.transport import cma
+from minidist.distributed.transport.spin import SpinBeforeSleep
 from minidist.distributed.world import current
 
 pytestmark = pytest.mark.timeout(180)
@@ -83,6 +89,71 @@ def _cases() -> list[bytes]:
         request.wait()
         out.append(got.tobytes())
     return out
+
+
+def _big_cases() -> list[bytes]:
+    """Messages bigger than a small world's ring (4 MiB): by rendezvous when
+    the fast paths are on and CMA is available, through the ring otherwise."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % n, (rank - 1) % n
+    out = []
+    for dtype in (np.float32, np.float64):
+        count = (5 << 20) // np.dtype(dtype).itemsize + 3
+        mine = _data(rank, count, dtype, 6)
+        got = np.empty(count, dtype)
+        request = dist.isend(mine, right)
+        dist.recv(got, left)
+        request.wait()
+        out.append(got.tobytes())
+        total = _data(rank, count, dtype, 7)
+        request = dist.isend(mine, right)
+        current().group.recv_reduce(total, left)
+        request.wait()
+        out.append(total.tobytes())
+    return out
+
+
+def _what_the_transport_did():
+    """The bytes of every case; whether the transport can spin (its class has
+    the spinning wait, and a spin time: spinning itself is not counted, as
+    that would cost every wait); and how often it read a peer's memory
+    (counted on the reader; a transport without one has nothing to count)."""
+    transport = current().transport
+    reads = 0
+    reader = getattr(transport, "_cma", None)
+    if reader is not None:
+        read = reader.read
+
+        def counted_read(*args):
+            nonlocal reads
+            reads += 1
+            return read(*args)
+
+        reader.read = counted_read
+    out = _cases() + _big_cases()
+    spins = isinstance(transport, SpinBeforeSleep) and transport._spin_ns > 0
+    return out, spins, reads, type(transport).__name__
+
+
+@pytest.mark.parametrize("transport", ["shm", "pipe"])
+def test_off_from_the_start_no_rendezvous_and_no_spinning_and_the_same_bits(transport,
+                                                                             monkeypatch):
+    # Spin even where ranks outnumber cores (the knob of its own), so that
+    # "on" surely spins and "off" shows that the switch beats the knob.
+    monkeypatch.setenv("MINIDIST_SPIN_US", "50")
+    on = minidist.launch(_what_the_transport_did, world_size=2, transport=transport)
+    with fast_paths.disabled():  # as MINIDIST_FAST_PATHS=0: the forked workers start off
+        off = minidist.launch(_what_the_transport_did, world_size=2, transport=transport)
+    plain = {"shm": "ShmTransport", "pipe": "PipeTransport"}[transport]
+    for rank, (with_them, without) in enumerate(zip(on, off)):
+        bytes_on, spins_on, reads_on, class_on = with_them
+        bytes_off, spins_off, reads_off, class_off = without
+        assert bytes_on == bytes_off, rank
+        assert len(bytes_on) > 300
+        assert class_off == plain and not spins_off and reads_off == 0, without[1:]
+        assert class_on != plain and spins_on, with_them[1:]
+        if transport == "shm" and cma.available()[0]:
+            assert reads_on > 0, with_them[1:]
 
 
 def _on_and_off():

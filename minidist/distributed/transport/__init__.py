@@ -1,12 +1,20 @@
 """How bytes move between ranks.
 
 * :mod:`.base`    the contract every transport keeps, and the shared progress engine
+  (:mod:`.failures` what a wait that cannot end raises, and why;
+  :mod:`.collective_hooks` what the collectives register on a transport)
 * :mod:`.message` the header that travels before every array
 * :mod:`.pipe`    one OS pipe per pair of ranks: simplest, for reading first
-* :mod:`.shm`     rings of slots in shared memory, doorbells to sleep on: fast
+* :mod:`.shm`     rings of slots in shared memory, doorbells to sleep on
   (:mod:`.shm_rings` the segment's layout and its making, without NumPy;
   :mod:`.slots_area` the size of the shared slots' part of it)
 * :mod:`.doorbell` process-shared semaphores living in shared memory
+* the speed shortcuts, subclasses and mixins of the above, all off with
+  ``MINIDIST_FAST_PATHS=0`` (listed in :mod:`minidist.distributed.fast_paths`):
+  :mod:`.spin` spinning before sleeping; :mod:`.shm_fast` the shm transport
+  with rendezvous (:mod:`.cma`), copies around slow page distances
+  (:mod:`.memcopy`), small messages without the engine and shared slots
+  (:mod:`.shared_slots`)
 * :mod:`.mpi`     MPI point-to-point (mpi4py), for scripts started by ``mpiexec``
   (joined by ``init_process_group()``, not started by launch)
 * :mod:`.sim`     many simulated ranks in one process, on a virtual clock
@@ -88,7 +96,8 @@ def resources_from_spec(spec: dict):
 
 
 def default_spin_ns(world_size: int) -> int:
-    """How long a waiting rank spins before sleeping.
+    """How long a waiting rank spins before sleeping, while the fast paths are
+    on (:mod:`.spin`; with ``MINIDIST_FAST_PATHS=0`` no rank spins).
 
     Spinning answers in well under a microsecond instead of the 20 to 100
     microseconds a sleep and wake-up take (more in a VM), but it only helps
@@ -96,7 +105,7 @@ def default_spin_ns(world_size: int) -> int:
     spinning rank steals the CPU from the rank it is waiting for. So: 200 us
     when ranks <= cores (long enough to cover a peer's copy of a 1 MiB
     message, short enough to cost nothing while a peer computes), else 0.
-    MINIDIST_SPIN_US overrides.
+    MINIDIST_SPIN_US overrides (microseconds; a finer knob for benchmarks).
     """
     if "MINIDIST_SPIN_US" in os.environ:
         return int(float(os.environ["MINIDIST_SPIN_US"]) * 1000)

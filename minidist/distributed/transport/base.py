@@ -32,36 +32,33 @@ this engine keeps, MPI-style:
   receive without deadlocking).
 
 There are no background threads: progress happens inside the calls. Every
-blocking call runs the engine until its request completes (spinning briefly
-where cores allow, then sleeping), and every wait checks the run's abort flag,
-whether the peer is still there, and its timeout.
+blocking call runs the engine until its request completes, sleeping when
+nothing moves, and every wait checks the run's abort flag, whether the peer
+is still there, and its timeout.
+
+Beside the engine, in modules of their own: what a wait that cannot end
+raises, and why (:mod:`.failures`); what the collectives register on a
+transport and ask of it (:mod:`.collective_hooks`). The speed shortcuts
+(spinning, small messages without the engine, one-copy rendezvous, ...) are
+subclasses of the plain transports, listed in
+:mod:`minidist.distributed.fast_paths`.
 """
 
 from __future__ import annotations
 
 import abc
 import copy
-import time
 from collections import deque
 
 import numpy as np
 
 from minidist import trace as _trace
-from minidist.distributed.transport import memcopy, message
+from minidist.distributed.transport import message
+from minidist.distributed.transport.collective_hooks import CollectiveHooks
+from minidist.distributed.transport.failures import FailureDiagnosis, buffer_misfit
+from minidist.distributed.transport.message import ANY_SOURCE, ANY_TAG
 from minidist.runtime import control as ctl
-from minidist.runtime.errors import (
-    AbortedError,
-    CollectiveMismatchError,
-    CommTimeoutError,
-    MessageMismatchError,
-    PeerGoneError,
-)
-
-ANY_SOURCE = -1
-ANY_TAG = -1
-#: How long a rank that saw a peer's pipe close waits for the launcher to say
-#: whether the peer failed (see Transport._await_verdict).
-VERDICT_GRACE = 2.0
+from minidist.runtime.errors import MessageMismatchError, PeerGoneError
 
 _NEW, _INTO, _REDUCE = range(3)
 _DEFAULT = object()
@@ -73,34 +70,19 @@ _now = _trace.now
 
 class CopySink:
     """Payload bytes go straight into ``target`` (a flat uint8 array, written
-    through a memoryview: the cheapest copy Python has). A transport that
-    knows where a chunk lies in memory passes its address, so that a copy at
-    a slow page distance can take the fast road (see :mod:`.memcopy`)."""
+    through a memoryview: the cheapest copy Python has)."""
 
-    __slots__ = ("target", "array", "_address")
+    __slots__ = ("target", "array")
 
     def __init__(self, target: np.ndarray):
         self.array = target
         self.target = memoryview(target)
-        self._address = None
 
     def direct(self, offset: int, length: int) -> memoryview:
         return self.target[offset:offset + length]
 
-    @property
-    def address(self) -> int:
-        """The address of the target's first byte."""
-        if self._address is None:
-            self._address = memcopy.address_of(self.array)
-        return self._address
-
-    def consume(self, offset: int, chunk, address: int = 0) -> None:
-        length = len(chunk)
-        if address and length >= memcopy.MIN_BYTES:
-            memcopy.copy(self.array[offset:offset + length], chunk, self.address + offset,
-                         address)
-        else:
-            self.target[offset:offset + length] = chunk
+    def consume(self, offset: int, chunk) -> None:
+        self.target[offset:offset + len(chunk)] = chunk
 
 
 class ReduceSink:
@@ -118,7 +100,7 @@ class ReduceSink:
     def direct(self, offset: int, length: int):
         return None
 
-    def consume(self, offset: int, chunk, address: int = 0) -> None:
+    def consume(self, offset: int, chunk) -> None:
         incoming = np.frombuffer(chunk, self.dtype)  # a view: no copy of the chunk
         start = offset // self.itemsize
         part = self.target[start:start + len(incoming)]
@@ -250,30 +232,23 @@ class RecvRequest(Request):
         buffer = self.buffer
         if buffer.dtype == header.dtype and buffer.shape == header.shape:
             return None
-        verb = "recv_reduce" if self.mode == _REDUCE else "recv"
-        rank = self._transport.rank
-        return MessageMismatchError(
-            f"rank {rank}: {verb} from {source} (tag {header.tag}) got a {header.dtype} message "
-            f"of shape {header.shape}, but the buffer is {buffer.dtype} of shape {buffer.shape}. "
-            "Allocate the buffer with the sender's shape and dtype, or use recv_array() "
-            "(which returns a new array) or probe() to learn them first. The message is "
-            "still queued and can be received again."
-        )
+        return buffer_misfit(self._transport.rank, self.mode == _REDUCE, source, header, buffer)
 
     def sink(self, header):
         """Where this message's payload goes."""
+        copy_sink = self._transport.copy_sink
         if self.mode == _NEW:
             self.array = np.empty(header.shape, header.dtype)
-            return CopySink(_bytes_of(self.array))
+            return copy_sink(_bytes_of(self.array))
         buffer = self.buffer
         if buffer.flags.c_contiguous:
             if self.mode == _INTO:
-                return CopySink(_bytes_of(buffer))
+                return copy_sink(_bytes_of(buffer))
             return ReduceSink(buffer.reshape(-1), self.ufunc)
         # A strided buffer cannot be filled chunk by chunk in place: receive
         # whole, then copy (or combine) once at the end.
         self._scratch = np.empty(header.shape, header.dtype)
-        return CopySink(_bytes_of(self._scratch))
+        return copy_sink(_bytes_of(self._scratch))
 
     def _bind(self, source: int, header) -> None:
         self.source = source
@@ -363,36 +338,20 @@ class MessageInfo:
 # --------------------------------------------------------------------------- engine
 
 
-class Transport(abc.ABC):
+class Transport(CollectiveHooks, FailureDiagnosis, abc.ABC):
     """Base class: the progress engine over abstract per-pair channels."""
 
     name = "base"
-    # What the collectives ask every transport; only the simulator differs
-    # (it records its own trace, charges local combining on its virtual clock,
-    # and runs on small arrays that stand for bigger ones).
-    tracing = False
-    charge_combine = None
-    byte_scale = 1.0
-    #: The one-shot all_reduce's shared slots, on transports that have them (shm).
-    shared_slots = None
-
-    @staticmethod
-    def now_ns() -> int:
-        """Now, on the trace's clock (the simulator's is virtual)."""
-        return _now()
-
-    def record_event(self, kind: str, start: int, end: int, *, label: str = "",
-                     group: int = 0) -> None:
-        """Add an event of this rank to the trace (nothing when tracing is off)."""
-        _trace.record(kind, start, end, label=label, group=group)
+    #: What copies an arriving payload into its buffer (a transport may bring its own).
+    copy_sink = CopySink
 
     def __init__(self, rank: int, world_size: int, control: ctl.ControlBlock,
-                 timeout: float | None = None, spin_ns: int = 0):
+                 timeout: float | None = None):
+        super().__init__()  # the collectives' registrations (see .collective_hooks)
         self.rank = rank
         self.world_size = world_size
         self.default_timeout = timeout
         self._control = control
-        self._spin_ns = spin_ns
         self._recorder = _trace.current()
         self._sources = [r for r in range(world_size) if r != rank]
         self._pending_sends = [deque() for _ in range(world_size)]
@@ -403,14 +362,6 @@ class Transport(abc.ABC):
         self._unexpected = [deque() for _ in range(world_size)]
         self._send_seq = [0] * world_size
         self._closed_sources: set[int] = set()
-        self.describe_context = lambda context: ""
-        # Contexts whose messages must arrive in exactly the order they are
-        # received (the collectives'): context -> explain(expected_tag, got_tag),
-        # which returns why a message with another tag is a mismatch, or None.
-        self.strict_contexts: dict = {}
-        # Collective contexts -> their book (see collectives.comm._Fingerprints):
-        # while a rank sleeps in a collective, check_group reads its peers' records.
-        self.collective_groups: dict = {}
         self.closed = False
 
     # ---------------------------------------------------------------- subclass hooks
@@ -444,19 +395,6 @@ class Transport(abc.ABC):
     def _sleep(self, seconds: float) -> None:
         """Block until something may have happened on a channel, or ``seconds``.
         May return early; must never miss a wake-up for longer than ``seconds``."""
-
-    # ---------------------------------------------------------------- fast paths
-
-    def send_small(self, array, dst: int, tag: int, context: int, label: str) -> bool:
-        """Send at once if the transport has a fast path for this case (a small
-        message, nothing queued); False means: use isend().wait()."""
-        return False
-
-    def recv_small(self, buffer, src: int, tag: int, context: int, label: str,
-                   ufunc=None) -> bool:
-        """Receive into ``buffer`` (or combine into it with ``ufunc``) at once, or
-        after a short spin, if a fast path applies; False means: use irecv().wait()."""
-        return False
 
     # ---------------------------------------------------------------- sending
 
@@ -499,17 +437,6 @@ class Transport(abc.ABC):
             self._active_sends.discard(dst)
         return moved
 
-    def _why_gone(self, dst: int, request, error: PeerGoneError) -> Exception:
-        """The error a send to ``dst``, which can never be read, fails with:
-        ``error``, unless ``dst`` finished after making the collective call the
-        send belongs to (then the two ranks made it with different
-        fingerprints, a CollectiveMismatchError)."""
-        book = self.collective_groups.get(request.context)
-        if book is None or self._control.state_of(dst) != ctl.FINISHED:
-            return error
-        why = book.went_through(self._control, self.rank, request.tag, dst, sending=True)
-        return error if why is None else CollectiveMismatchError(why)
-
     def _fail_sends(self, dst: int, error: Exception) -> None:
         """``dst`` is gone: fail every send queued to it, each raising ``error``
         from its own wait().
@@ -544,14 +471,11 @@ class Transport(abc.ABC):
             request = RecvRequest(self, src, tag, context, _REDUCE, reduce_into, ufunc, label)
         else:
             request = RecvRequest(self, src, tag, context, _NEW, None, None, label)
-        if self.strict_contexts and context in self.strict_contexts and src != ANY_SOURCE:
-            for entry in self._unexpected[src]:
-                if entry.header.context == context:
-                    if entry.header.tag != tag:
-                        self._strict_mismatch(request, src, entry.header)
-                        if request.done:
-                            return request
-                    break
+        if self.strict_contexts and src != ANY_SOURCE and self._unexpected[src] \
+                and context in self.strict_contexts:
+            self._strict_on_post(request, src, context)  # a collective's: see collective_hooks
+            if request.done:
+                return request
         sources = self._sources if src == ANY_SOURCE else (src,)
         for source in sources:
             for entry in self._unexpected[source]:
@@ -586,49 +510,6 @@ class Transport(abc.ABC):
             index += 1
         return None
 
-    def _check_strict(self, source: int, header) -> None:
-        """A collective's message that no receive matches, while a receive from
-        the same rank in the same context waits for another tag: the two ranks
-        are in different collective calls. Fail that receive now rather than
-        let both wait until their timeout."""
-        for request in self._posted:
-            if request.src == source and request.context == header.context:
-                self._strict_mismatch(request, source, header)
-                if request.done:
-                    self._posted.remove(request)
-                return
-        # Nothing here waits for that rank. The message may still belong to a
-        # call this rank is in or has finished, under another fingerprint
-        # (ranks that disagree on a root each complete without reading the
-        # other root's messages): then fail this rank's receives in the group
-        # now, and keep the error for the group's next call and for the end
-        # of the function (see collectives.comm._Fingerprints.stray).
-        book = self.collective_groups.get(header.context)
-        if book is None or book.error is not None:
-            return
-        why = book.stray(header.tag, self.rank, source)
-        if why is None:
-            return
-        book.error = CollectiveMismatchError(f"rank {self.rank}: {why}")
-        for request in [r for r in self._posted if r.context == header.context]:
-            request._fail(copy.copy(book.error))
-            self._posted.remove(request)
-
-    def check_collectives_ended(self) -> None:
-        """Raise the collective mismatch found in a message no receive asked
-        for (see :meth:`_check_strict`): called as the rank finishes, after
-        every message that has arrived has been looked at."""
-        self.progress(drain=True)
-        for book in self.collective_groups.values():
-            if book.error is not None:
-                raise book.error
-
-    def _strict_mismatch(self, request, source: int, header) -> None:
-        explain = self.strict_contexts[header.context]
-        why = explain(request.tag, header.tag, self.rank, source)
-        if why is not None:
-            request._fail(CollectiveMismatchError(f"rank {self.rank}: {why}"))
-
     def _wants_more_from(self, source: int) -> bool:
         for request in self._posted:
             if request.src == source or request.src == ANY_SOURCE:
@@ -658,13 +539,13 @@ class Transport(abc.ABC):
                 self._peeked[src] = header
             request = self._match_posted(src, header)
             if request is None and header.context in self.strict_contexts:
-                self._check_strict(src, header)
+                self._check_strict(src, header)  # a collective's: see collective_hooks
             if request is not None:
                 inbound = Inbound(header, request.sink(header), request)
             elif drain or self._wants_more_from(src):
                 entry = _Unexpected(header)
                 self._unexpected[src].append(entry)
-                inbound = Inbound(header, CopySink(entry.data), entry)
+                inbound = Inbound(header, self.copy_sink(entry.data), entry)
             else:
                 return moved
             self._peeked[src] = None
@@ -794,29 +675,21 @@ class Transport(abc.ABC):
                 raise request.error
 
     def _wait_until(self, is_done, timeout, op, peer, tag, context, nbytes, request=None):
-        """Progress until ``is_done()``: spin briefly if cores allow, then sleep
-        in slices, checking the abort flag, the peer and the timeout each time."""
+        """Progress until ``is_done()``, sleeping in slices while nothing moves,
+        and checking between them that the wait can still end (the abort flag,
+        the peer, the group, the timeout: see :mod:`.failures`)."""
         if is_done():
             return
         self.progress()
         if is_done():
             return
-        if self._spin_ns:
-            # Spin while things move (a stream of slots), give up after spin_ns of nothing.
-            limit = _now() + self._spin_ns
-            while _now() < limit:
-                if self.progress():
-                    limit = _now() + self._spin_ns
-                if is_done():
-                    return
         if timeout is _DEFAULT:
             timeout = self.default_timeout
         control = self._control
         start = _now()
         deadline = None if timeout is None else start + int(timeout * 1e9)
         control.set_waiting(self.rank, op, peer, tag, context, nbytes, start)
-        group = self.collective_groups.get(context)
-        next_group_check = start + group.check_interval_ns if group is not None else 0
+        check_group = self._group_check(context, tag, start)  # None outside collectives
         try:
             while True:
                 if control.aborted:
@@ -832,132 +705,14 @@ class Transport(abc.ABC):
                     continue
                 self._check_peer(op, peer, tag, context, request)
                 current = _now()
-                if group is not None and current >= next_group_check:
-                    # Asleep in a collective: are the others in the same call?
-                    group.check_group(control, self.rank, tag)
-                    next_group_check = current + group.check_interval_ns
+                if check_group is not None:
+                    check_group(current)  # asleep in a collective: are the others in it?
                 if deadline is not None and current >= deadline:
                     raise self._timeout_error(op, peer, tag, context, timeout, current)
                 remaining = ctl.WAIT_SLICE if deadline is None else (deadline - current) / 1e9
                 self._sleep(min(ctl.WAIT_SLICE, remaining))
         finally:
             control.set_running(self.rank, _now())
-
-    def _check_peer(self, op, peer, tag, context, request) -> None:
-        """Raise PeerGoneError when the awaited peer(s) can never act again."""
-        if op not in (ctl.OP_SEND, ctl.OP_RECV, ctl.OP_PROBE):
-            return
-        control = self._control
-        gone = (ctl.FINISHED, ctl.FAILED)
-        if peer == ANY_SOURCE:
-            if not all(control.state_of(r) in gone or r in self._closed_sources
-                       for r in self._sources):
-                return
-            who = "every other rank has"
-        elif control.state_of(peer) in gone or (op != ctl.OP_SEND and peer in self._closed_sources):
-            who = f"rank {peer} has"
-        else:
-            return
-        # The peer may have sent its last messages just before finishing.
-        self.progress(drain=True)
-        if request is not None and request.done:
-            return
-        if op == ctl.OP_PROBE and self.iprobe(peer, tag, context) is not None:
-            return
-        for gone_peer in (self._closed_sources if peer == ANY_SOURCE else (peer,)):
-            self._await_verdict(gone_peer)
-        what = self._describe(op, peer, tag, context)
-        blamed = None if peer == ANY_SOURCE else peer
-        if peer != ANY_SOURCE and control.state_of(peer) == ctl.FAILED:
-            raise PeerGoneError(f"rank {self.rank}: {what} cannot complete: rank {peer} failed.",
-                                peer=blamed)
-        if peer != ANY_SOURCE and control.state_of(peer) != ctl.FINISHED:
-            raise PeerGoneError(f"rank {self.rank}: {what} cannot complete: rank {peer} has "
-                                "exited (its end of the pipe is closed).", peer=blamed)
-        book = self.collective_groups.get(context)
-        if book is not None and peer != ANY_SOURCE and control.state_of(peer) == ctl.FINISHED:
-            why = book.went_through(control, self.rank, tag, peer, sending=op == ctl.OP_SEND)
-            if why is not None:
-                raise CollectiveMismatchError(why)
-        if op == ctl.OP_SEND:
-            raise PeerGoneError(
-                f"rank {self.rank}: {what} cannot complete: {who} finished without receiving "
-                "it. Every send needs a matching recv on the other side.", peer=blamed)
-        raise PeerGoneError(
-            f"rank {self.rank}: {what} will never complete: {who} finished without sending "
-            "a matching message. Check that both sides agree on the source, tag and group "
-            "of every message.", peer=blamed)
-
-    def _await_verdict(self, peer: int, grace: float = VERDICT_GRACE) -> None:
-        """Give the supervisor a moment to record why ``peer`` is gone.
-
-        A pipe reports a dead peer (end of file, a broken pipe) the instant the
-        kernel closes its ends, which can be before the launcher, woken by the
-        same death, has marked the rank FAILED. Raising at once would tell the
-        user "has exited" where the truth is "failed", and a fault-tolerant
-        strategy that then asks ``failed_ranks()`` would not find the rank
-        there. The launcher marks a death within milliseconds; the wait is
-        bounded, so a verdict that never comes costs ``grace`` seconds, not a
-        hang."""
-        control = self._control
-        limit = _now() + int(grace * 1e9)
-        while control.state_of(peer) not in (ctl.FINISHED, ctl.FAILED) and _now() < limit:
-            time.sleep(0.001)
-
-    def _describe(self, op, peer, tag, context) -> str:
-        from minidist.runtime.desync import describe_wait
-
-        return describe_wait(op, ctl.ANY if peer == ANY_SOURCE else peer,
-                             ctl.ANY if tag == ANY_TAG else tag, self.describe_context(context))
-
-    def _unmatched_report(self, peer, tag, context) -> str:
-        """Messages that arrived here but that no receive has asked for: often
-        the one being waited for, sent with another tag or in another group."""
-        lines = []
-        sources = self._sources if peer in (ANY_SOURCE, None) else (peer,)
-        for source in sources:
-            headers = [entry.header for entry in self._unexpected[source]]
-            if self._peeked[source] is not None:
-                headers.append(self._peeked[source])
-            for header in headers:
-                where = self.describe_context(header.context)
-                lines.append(f"  from rank {source}: tag {header.tag}, {header.describe()}"
-                             + (f" ({where})" if where else ""))
-                if source == peer and header.context == context and tag not in (
-                        ANY_TAG, header.tag):
-                    lines.append(f"  hint: rank {source} sent tag {header.tag}, but rank "
-                                 f"{self.rank} waits for tag {tag}.")
-                elif source == peer and header.context != context:
-                    lines.append(f"  hint: rank {source} sent this in another group or "
-                                 "context than the one rank "
-                                 f"{self.rank} receives in.")
-        if not lines:
-            return ""
-        return (f"\nMessages that reached rank {self.rank} but match no receive:\n"
-                + "\n".join(lines))
-
-    def _aborted_error(self, op, peer, tag, context) -> AbortedError:
-        culprit = self._control.culprit
-        why = (f"rank {culprit} failed" if culprit >= 0
-               else "the run was interrupted")
-        return AbortedError(f"rank {self.rank} stopped while waiting in "
-                            f"{self._describe(op, peer, tag, context)}: {why}, so the run is "
-                            "being shut down.")
-
-    def _timeout_error(self, op, peer, tag, context, timeout, current) -> CommTimeoutError:
-        from minidist.runtime.desync import format_report
-
-        report = format_report(self._control.statuses(), self.rank, current,
-                               self.describe_context)
-        report += self._unmatched_report(peer, tag, context)
-        what = self._describe(op, peer, tag, context)
-        message_text = (
-            f"rank {self.rank} timed out after {timeout:g} s waiting in {what}.\n"
-            f"What every rank was doing at that moment:\n{report}\n"
-            "If the other side is only slow, pass a longer timeout "
-            "(minidist.launch(..., timeout=...), `minidist run --timeout`, or timeout= on "
-            "the call).")
-        return CommTimeoutError(message_text, operation=what, peer=peer, tag=tag, report=report)
 
     # ---------------------------------------------------------------- lifetime
 

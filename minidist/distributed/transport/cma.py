@@ -7,8 +7,8 @@ sender's own array into the receiver's, inside the kernel, so every byte is
 copied once. MPICH (its "CMA" large-message transfer) and Open MPI use the
 same system call between ranks on one machine.
 
-The shared-memory transport uses it as a *rendezvous* for messages bigger
-than its ring (:mod:`.shm`): the sender puts only a small descriptor in a
+The shared-memory transport's shortcuts use it as a *rendezvous* for messages
+bigger than its ring (:mod:`.shm_fast`): the sender puts only a small descriptor in a
 slot, "array of n bytes at address A in process P", the receiver reads the
 bytes from there (combining them block by block when the receive is a
 ``recv_reduce``), then frees the slot, which tells the sender its array may
@@ -22,7 +22,9 @@ only be read by its ancestors, and minidist's ranks are siblings; each rank
 therefore calls ``prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY)`` to let
 processes of the same user read it. With ``ptrace_scope`` 2 or 3, off Linux,
 or with ``MINIDIST_SHM_CMA=0`` in the environment, :func:`available` says no
-and the transport keeps to its two-copy ring.
+and the transport keeps to its two-copy ring (as it does, with every other
+shortcut, under ``MINIDIST_FAST_PATHS=0``: then the plain :mod:`.shm`
+transport runs, which never calls this module).
 """
 
 from __future__ import annotations

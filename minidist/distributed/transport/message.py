@@ -26,6 +26,10 @@ import struct
 
 import numpy as np
 
+#: A receive's wildcards (MPI_ANY_SOURCE, MPI_ANY_TAG): from any rank, with any tag.
+ANY_SOURCE = -1
+ANY_TAG = -1
+
 MAGIC = 0x4D44534D  # "MSDM"
 FIXED = struct.Struct("<IHHQ")  # magic, ndim, dtype_len, nbytes
 TAIL = struct.Struct("<qQQ")  # tag, context, seq

@@ -66,6 +66,7 @@ from minidist.distributed.transport.mpi_environment import (  # noqa: F401 - re-
     launched_by_mpi,
     mpi_environment,
 )
+from minidist.distributed.transport.spin import SpinBeforeSleep
 from minidist.runtime.errors import PeerGoneError
 
 HEADER_TAG = 1
@@ -263,11 +264,14 @@ class MpiResources:
         control, self.node_ranks = node_control_block(self.MPI, self.comm)
         return control
 
-    def connect(self, rank: int, control, timeout, spin_ns: int) -> MpiTransport:
+    def connect(self, rank: int, control, timeout, spin_ns: int, fast: bool = True
+                ) -> MpiTransport:
+        """This rank's transport; it spins only with ``fast`` (the fast paths on)."""
         if rank != self.rank:
             raise ValueError(f"connect({rank}) on MPI rank {self.rank}")
         return MpiTransport(rank, self.world_size, self.MPI, self.comm, control, timeout,
-                            spin_ns_under_mpi(spin_ns), node_ranks=self.node_ranks)
+                            spin_ns_under_mpi(spin_ns) if fast else 0,
+                            node_ranks=self.node_ranks)
 
     def abort(self, code: int = 1) -> None:
         """End every rank of the job (MPI_Abort on COMM_WORLD)."""
@@ -324,14 +328,15 @@ class MpiJob:
         self.comm.Abort(code)
 
 
-class MpiTransport(Transport):
+class MpiTransport(SpinBeforeSleep, Transport):
     """Point-to-point messages over MPI Isend / Irecv on NumPy buffers."""
 
     name = "mpi"
 
     def __init__(self, rank, world_size, MPI, comm, control, timeout=None, spin_ns=0,
                  node_ranks=None):
-        super().__init__(rank, world_size, control, timeout, spin_ns)
+        super().__init__(rank, world_size, control, timeout)
+        self._spin_ns = spin_ns
         from minidist.distributed.transport.mpi_node import NodeWatch
 
         self._node = NodeWatch(rank, control, node_ranks or [rank])

@@ -26,6 +26,7 @@ import numpy as np
 
 from minidist.distributed.transport import message
 from minidist.distributed.transport.base import Inbound, SendRequest, Transport
+from minidist.distributed.transport.spin import SpinBeforeSleep
 from minidist.runtime import control as ctl
 from minidist.runtime.errors import PeerGoneError
 
@@ -129,11 +130,17 @@ class PipeResources:
         peer's write to it fails at once instead of filling a pipe nobody reads."""
         self.close()
 
-    def connect(self, rank: int, control, timeout, spin_ns: int) -> PipeTransport:
+    def connect(self, rank: int, control, timeout, spin_ns: int, fast: bool = True
+                ) -> PipeTransport:
+        """This rank's transport; with ``fast`` (the fast paths on) and a core
+        per rank (``spin_ns``), one that spins before it sleeps."""
         spec = self.spec_for(rank)
         reads = {int(src): fd for src, fd in spec["read"].items()}
         writes = {int(dst): fd for dst, fd in spec["write"].items()}
-        return PipeTransport(rank, self.world_size, reads, writes, control, timeout, spin_ns)
+        if fast and spin_ns:
+            return SpinningPipeTransport(rank, self.world_size, reads, writes, control,
+                                         timeout, spin_ns=spin_ns)
+        return PipeTransport(rank, self.world_size, reads, writes, control, timeout)
 
     def wake_all(self) -> None:
         """Sleepers poll with a short timeout and see the abort flag by themselves."""
@@ -158,8 +165,8 @@ class PipeTransport(Transport):
     name = "pipe"
 
     def __init__(self, rank, world_size, read_fds: dict, write_fds: dict, control,
-                 timeout=None, spin_ns=0):
-        super().__init__(rank, world_size, control, timeout, spin_ns)
+                 timeout=None):
+        super().__init__(rank, world_size, control, timeout)
         self._read_fd = [read_fds.get(r, -1) for r in range(world_size)]
         self._write_fd = [write_fds.get(r, -1) for r in range(world_size)]
         self._source_of_fd = {fd: src for src, fd in read_fds.items()}
@@ -311,3 +318,11 @@ class PipeTransport(Transport):
                     os.close(fd)
                 except OSError:
                     pass
+
+
+class SpinningPipeTransport(SpinBeforeSleep, PipeTransport):
+    """The pipe transport, spinning before it sleeps in ``poll`` (see :mod:`.spin`)."""
+
+    def __init__(self, *args, spin_ns: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._spin_ns = spin_ns

@@ -16,46 +16,36 @@ straight from shared memory (``np.add(dst[i:j], slot_view, out=dst[i:j])``)
 and ``recv`` into a buffer copies each slot once: one copy on each side,
 no temporary buffers.
 
-Two shortcuts. A message bigger than the whole ring goes by *rendezvous*:
-only its header and the sender's address travel through a slot, and the
-receiver copies the bytes straight out of the sender's memory (one copy, see
-:mod:`.cma`). And the one-shot all_reduce of small arrays uses a slots area
-of its own, with no messages at all (:mod:`.shared_slots`). When each is
-used, and the switch that turns them off, is in
-:mod:`minidist.distributed.fast_paths`.
-
-Waiting. A rank that must wait first spins for up to 200 microseconds
-(only when there are at least as many cores as ranks; with 8 ranks on 2 cores
-spinning would steal the CPU from the very rank it waits for), then sleeps on
-its *doorbell* (see :mod:`.doorbell`). Before sleeping it raises its
-"sleeping" flag and looks once more; a writer, after publishing, looks at the
-flag and rings only if it is raised. For this handshake to be safe each side
-needs a full memory fence between its store and its load (the classic
-store-buffer race); Python has no fence instruction, so we take and release
-an uncontended ``threading.Lock``, whose atomic compare-and-swap is a full
-fence on x86-64. Should that ever not hold, a wake-up is late by one wait
-slice (50 ms), never lost for good.
+Waiting. A rank with nothing to do sleeps on its *doorbell* (see
+:mod:`.doorbell`). Before sleeping it raises its "sleeping" flag and looks
+once more; a writer, after publishing, looks at the flag and rings only if it
+is raised. For this handshake to be safe each side needs a full memory fence
+between its store and its load (the classic store-buffer race); Python has
+no fence instruction, so we take and release an uncontended
+``threading.Lock``, whose atomic compare-and-swap is a full fence on x86-64.
+Should that ever not hold, a wake-up is late by one wait slice (50 ms),
+never lost for good.
 
 Memory ordering. The payload is written before ``head`` is stored and read
 after ``head`` is loaded; on x86-64 (TSO: stores are seen in program order)
 that is all the ordering needed. Other CPUs need real acquire/release
 barriers, which pure Python cannot express, so this transport runs on
 x86-64 Linux only; elsewhere use ``transport="pipe"``.
+
+This is the plain transport, the one to read. The speed shortcuts built on
+it (spinning before sleeping, small messages without the engine, one-copy
+rendezvous for messages bigger than the ring, copies around a processor's
+slow page distances, the one-shot all_reduce's shared slots) are the
+subclass :class:`~.shm_fast.FastShmTransport`, used while the fast paths are
+on (see :mod:`minidist.distributed.fast_paths`).
 """
 
 from __future__ import annotations
 
-import ctypes
-import os
-import struct
 import threading
-import time
 
-import numpy as np
-
-from minidist.distributed.transport import cma, memcopy, message, shared_slots
+from minidist.distributed.transport import message
 from minidist.distributed.transport.base import Inbound, SendRequest, Transport
-from minidist.runtime.errors import PeerGoneError
 
 # The segment's layout is in .shm_rings (which imports this module to connect,
 # so this one does not import it back); these two are the cache line and the page.
@@ -72,47 +62,19 @@ def _align(value: int, alignment: int) -> int:
     return -(-value // alignment) * alignment
 
 
-_TAIL = message.TAIL
-_now = time.monotonic_ns
-#: What a rendezvous slot holds after the header: the sender's pid and the
-#: address of its array (see :mod:`.cma`).
-_DESCRIPTOR = struct.Struct("<QQ")
-#: A rendezvous ``recv_reduce`` reads and combines this many bytes at a time:
-#: a block that stays in the core's cache between the read and the combine
-#: (on the 2-core EPYC: 64 MiB in 128 KiB blocks 19 ms, 512 KiB 12 ms, 4 MiB 15 ms).
-REDUCE_BLOCK_BYTES = 512 << 10
-
-
-class _FastLayouts(dict):
-    """(dtype, shape) -> (header prefix, where the per-message tail goes, where
-    the payload starts) for the dtypes the fast paths handle (those whose
-    arrays memoryview can cast to bytes); None for the others."""
-
-    FAST_DTYPES = frozenset(np.dtype(code) for code in "?bBhHiIlLqQefdgFDG")
-
-    def __missing__(self, key):
-        dtype, shape = key
-        if dtype not in self.FAST_DTYPES or len(self) > 4096:
-            return None
-        layout = message.layout(dtype, shape)
-        found = self[key] = (layout.prefix, layout.tail_at, _align(layout.length, _HEADER_PAD))
-        return found
-
-
 class ShmTransport(Transport):
     """Point-to-point messages through the rings of a
     :class:`~.shm_rings.ShmResources` (``resources``)."""
 
     name = "shm"
 
-    def __init__(self, resources, rank: int, control, timeout=None, spin_ns=0):
+    def __init__(self, resources, rank: int, control, timeout=None):
         layout = resources.layout
-        super().__init__(rank, layout.world_size, control, timeout, spin_ns)
+        super().__init__(rank, layout.world_size, control, timeout)
         self._resources = resources
         world, slots, slot_bytes = layout.world_size, layout.slots, layout.slot_bytes
         buf = resources.segment.buf
         self._buf = buf
-        self._address = memcopy.address_of(np.frombuffer(buf, np.uint8))  # see _push, _pull
         self._counters = buf[layout.counters:layout.data].cast("Q")
         self._flags = buf[layout.flags:layout.flags + world * _LINE].cast("Q")
         self._doorbells = resources.doorbells
@@ -132,17 +94,6 @@ class ShmTransport(Transport):
         self._head = [0] * world  # my copies of the counters only I write
         self._tail = [0] * world
         self._my_flag = rank * (_LINE // 8)
-        self._small_bytes = slot_bytes // 2
-        self._layouts = _FastLayouts()
-        self.shared_slots = None  # the one-shot all_reduce's slots (see .shared_slots)
-        if shared_slots.area_bytes(world):
-            self.shared_slots = shared_slots.SharedSlots(self, buf, layout.small, world)
-        self._cma = None
-        if resources.cma:
-            cma.allow_peers()
-            self._cma = cma.Reader()
-            self._pid = os.getpid()
-            self._block = np.empty(REDUCE_BLOCK_BYTES + memcopy.PAGE, np.uint8)
 
     # ---------------------------------------------------------------- geometry
 
@@ -170,16 +121,6 @@ class ShmTransport(Transport):
         lock.release()
         if self._flags[rank * _FLAG_STRIDE]:
             self._doorbells.ring(rank)
-
-    def notify_all(self, ranks) -> None:
-        """:meth:`_notify` for several ranks, with one fence."""
-        lock = self._fence_lock
-        lock.acquire()
-        lock.release()
-        flags = self._flags
-        for rank in ranks:
-            if flags[rank * _FLAG_STRIDE]:
-                self._doorbells.ring(rank)
 
     def _sleep(self, seconds: float) -> None:
         flags, me = self._flags, self._my_flag
@@ -213,13 +154,9 @@ class ShmTransport(Transport):
         nbytes = request.nbytes
         offset, first, later = self._capacities(len(header), request.itemsize, nbytes)
         total = 1 if nbytes <= first else 1 + -(-(nbytes - first) // later)
-        if total > slots and self._cma is not None:
-            return self._push_rendezvous(dst, request, offset)
         piece = request.written
         payload, buf, base0 = request.payload, self._buf, self._out_base[dst]
         head_index = self._out_head[dst]
-        # A piece copied to a slot at a slow page distance goes by memcopy.copy.
-        source = memcopy.address_of(payload) if nbytes >= memcopy.MIN_BYTES else 0
         while piece < total:
             if head >= limit:
                 limit = counters[tail_index] + slots
@@ -232,11 +169,8 @@ class ShmTransport(Transport):
             else:
                 start = first + (piece - 1) * later
                 length, at = min(later, nbytes - start), base
-            if length >= memcopy.MIN_BYTES and memcopy.slow(self._address + at, source + start):
-                memcopy.copy(np.frombuffer(buf, np.uint8, length, at),
-                             payload[start:start + length], self._address + at, source + start)
-            elif length:
-                buf[at:at + length] = payload[start:start + length]
+            if length:
+                self._copy_in(at, payload, start, length)
             head += 1
             piece += 1
             counters[head_index] = head
@@ -244,6 +178,10 @@ class ShmTransport(Transport):
         self._head[dst] = head
         request.written = piece
         return piece == total
+
+    def _copy_in(self, at: int, payload, start: int, length: int) -> None:
+        """Copy ``payload[start:start + length]`` into the segment at ``at``."""
+        self._buf[at:at + length] = payload[start:start + length]
 
     def _begin(self, src: int, inbound: Inbound) -> None:
         """Nothing to consume: the header stays in its slot until the slot is released."""
@@ -264,11 +202,8 @@ class ShmTransport(Transport):
         offset, first, later = self._capacities(header.length, header.dtype.itemsize, nbytes)
         total = 1 if nbytes <= first else 1 + -(-(nbytes - first) // later)
         slots, slot_bytes = self._slots, self._slot_bytes
-        if total > slots and self._cma is not None:
-            return self._pull_rendezvous(src, inbound, offset, total)
         piece = inbound.chunks
-        buf, base0, sink = self._buf, self._in_base[src], inbound.sink
-        address = self._address
+        base0, sink = self._in_base[src], inbound.sink
         while piece < total:
             if tail >= head:
                 head = counters[head_index]
@@ -281,7 +216,7 @@ class ShmTransport(Transport):
                 start = first + (piece - 1) * later
                 length, at = min(later, nbytes - start), base
             if length:
-                sink.consume(start, buf[at:at + length], address + at)
+                self._copy_out(sink, start, at, length)
             inbound.received = start + length
             piece += 1
             tail += 1
@@ -291,183 +226,9 @@ class ShmTransport(Transport):
         inbound.chunks = piece
         return piece == total
 
-    # ---------------------------------------------------------------- rendezvous
-    #
-    # A message that needs more slots than the ring has (by default over
-    # 4 MiB) could not be sent before its receiver drained it anyway. So it
-    # is not copied into the ring at all: one slot carries its header and a
-    # descriptor (our pid, the address of the array), the receiver copies the
-    # bytes straight out of our memory with process_vm_readv (one copy
-    # instead of two, see :mod:`.cma`) and then frees the slot, which is the
-    # sender's signal that the array may be reused. Both sides tell a
-    # rendezvous message from its size alone, with the same arithmetic.
-
-    def _push_rendezvous(self, dst: int, request: SendRequest, offset: int) -> bool:
-        counters = self._counters
-        tail_index = self._out_tail[dst]
-        if request.written:  # the descriptor is out: done once its slot is freed
-            return counters[tail_index] >= request.mark
-        head = self._head[dst]
-        if head >= counters[tail_index] + self._slots:
-            return False
-        base = self._out_base[dst] + (head % self._slots) * self._slot_bytes
-        buf, header = self._buf, request.header
-        buf[base:base + len(header)] = header
-        _DESCRIPTOR.pack_into(buf, base + offset, self._pid, request.payload.ctypes.data)
-        head += 1
-        self._head[dst] = head
-        counters[self._out_head[dst]] = head
-        self._notify(dst)
-        request.written = 1
-        request.mark = head
-        return False
-
-    def _pull_rendezvous(self, src: int, inbound: Inbound, offset: int, total: int) -> bool:
-        tail = self._tail[src]
-        base = self._in_base[src] + (tail % self._slots) * self._slot_bytes
-        pid, address = _DESCRIPTOR.unpack_from(self._buf, base + offset)
-        nbytes = inbound.header.nbytes
-        sink, reader = inbound.sink, self._cma
-        target = sink.direct(0, nbytes)
-        try:
-            target_address = (ctypes.addressof(ctypes.c_char.from_buffer(target))
-                              if target is not None else 0)
-            if target is not None and not memcopy.slow(target_address, address):
-                # A copy: straight into the destination.
-                reader.read(pid, address, target_address, nbytes)
-            else:
-                # A combine, or a copy at a slow page distance for the kernel's
-                # copy (see memcopy): block by block through a buffer that
-                # stays in cache, placed at distance 0 from the source.
-                itemsize = inbound.header.dtype.itemsize
-                step = max(REDUCE_BLOCK_BYTES // itemsize, 1) * itemsize
-                raw = (self._block if step + memcopy.PAGE <= len(self._block)
-                       else np.empty(step + memcopy.PAGE, np.uint8))
-                for start in range(0, nbytes, step):
-                    length = min(step, nbytes - start)
-                    block = memcopy.aligned_block(raw, address + start, length)
-                    block_address = memcopy.address_of(block)
-                    reader.read(pid, address + start, block_address, length)
-                    sink.consume(start, block, block_address)
-        except cma.ReadError as error:
-            if error.gone:
-                raise PeerGoneError(f"rank {self.rank}: rank {src} exited while rank "
-                                    f"{self.rank} was reading its {nbytes}-byte message "
-                                    "from it.", peer=src) from None
-            raise cma.ReadError(error.errno, f"rank {self.rank}: {error.strerror}") from None
-        inbound.received = nbytes
-        inbound.chunks = total
-        tail += 1
-        self._tail[src] = tail
-        self._counters[self._in_tail[src]] = tail  # frees the slot: the sender is done
-        self._notify(src)
-        return True
-
-    # ---------------------------------------------------------------- fast paths
-    #
-    # A small message between two idle ranks is the latency case: the general
-    # engine (request objects, matching lists, sinks) costs tens of
-    # microseconds of Python per message. These two paths do the same work in
-    # a few memoryview operations, and step aside (return False) whenever
-    # anything is queued that the engine must order them with.
-    # Called only through minidist.distributed.fast_paths (send, recv).
-
-    def send_small(self, array, dst, tag, context, label) -> bool:
-        nbytes = array.nbytes
-        if nbytes == 0 or nbytes > self._small_bytes or self._pending_sends[dst]:
-            return False
-        counters = self._counters
-        head = self._head[dst]
-        slots = self._slots
-        if head - counters[self._out_tail[dst]] >= slots:
-            return False
-        layout = self._layouts[array.dtype, array.shape]
-        if layout is None:
-            return False
-        try:
-            payload = memoryview(array).cast("B")
-        except TypeError:
-            return False  # not C-contiguous
-        prefix, tail_at, payload_at = layout
-        recorder = self._recorder
-        start_ns = _now() if recorder is not None else 0
-        seq = self._send_seq[dst]
-        self._send_seq[dst] = seq + 1
-        base = self._out_base[dst] + (head % slots) * self._slot_bytes
-        buf = self._buf
-        buf[base:base + tail_at] = prefix
-        _TAIL.pack_into(buf, base + tail_at, tag, context, seq)
-        buf[base + payload_at:base + payload_at + nbytes] = payload
-        head += 1
-        self._head[dst] = head
-        counters[self._out_head[dst]] = head  # published
-        lock = self._fence_lock  # see _notify
-        lock.acquire()
-        lock.release()
-        if self._flags[dst * _FLAG_STRIDE]:
-            self._doorbells.ring(dst)
-        if recorder is not None:
-            recorder.add("send", start_ns, _now(), dst, nbytes, tag, label, seq,
-                         context >> 32, context & 0xFFFFFFFF)
-        return True
-
-    def recv_small(self, buffer, src, tag, context, label, ufunc=None) -> bool:
-        # A peeked header does not stop it: peeking reads the message at the
-        # tail without taking it, so that message is still the one below.
-        # (Declining then left the shortcut off for good once a rank fell
-        # behind its sender: every plain receive peeks at the next message.)
-        if (self._posted or self._active_sends or self._incoming[src] is not None
-                or self._unexpected[src]):
-            return False
-        nbytes = buffer.nbytes
-        if nbytes == 0 or nbytes > self._small_bytes:
-            return False
-        layout = self._layouts[buffer.dtype, buffer.shape]
-        if layout is None:
-            return False
-        target = memoryview(buffer)
-        if target.readonly or not target.c_contiguous:
-            return False
-        # Everything that does not need the message is done before it arrives.
-        target = target.cast("B")
-        prefix, tail_at, payload_at = layout
-        recorder = self._recorder
-        start_ns = _now() if recorder is not None else 0
-        counters, head_index, tail = self._counters, self._in_head[src], self._tail[src]
-        base = self._in_base[src] + (tail % self._slots) * self._slot_bytes
-        buf = self._buf
-        if counters[head_index] == tail:
-            if not self._spin_ns:
-                return False
-            limit = _now() + self._spin_ns
-            spins = 0
-            while counters[head_index] == tail:
-                spins += 1
-                if not spins & 15 and _now() > limit:
-                    return False
-        if buf[base:base + tail_at] != prefix:
-            return False  # another dtype or shape: the engine sorts it out
-        got_tag, got_context, seq = _TAIL.unpack_from(buf, base + tail_at)
-        if got_tag != tag or got_context != context:
-            return False
-        if ufunc is None:
-            target[:] = buf[base + payload_at:base + payload_at + nbytes]
-        else:  # combine straight from the slot
-            incoming = np.frombuffer(buf, buffer.dtype, buffer.size, base + payload_at)
-            ufunc(buffer, incoming.reshape(buffer.shape), out=buffer)
-        tail += 1
-        self._tail[src] = tail
-        self._peeked[src] = None  # it was this message's header, if any
-        counters[self._in_tail[src]] = tail
-        lock = self._fence_lock  # see _notify
-        lock.acquire()
-        lock.release()
-        if self._flags[src * _FLAG_STRIDE]:
-            self._doorbells.ring(src)
-        if recorder is not None:
-            recorder.add("recv", start_ns, _now(), src, nbytes, tag, label, seq,
-                         context >> 32, context & 0xFFFFFFFF)
-        return True
+    def _copy_out(self, sink, start: int, at: int, length: int) -> None:
+        """Hand the ``length`` bytes at ``at`` in the segment to ``sink`` (payload offset ``start``)."""
+        sink.consume(start, self._buf[at:at + length])
 
     # ---------------------------------------------------------------- lifetime
 
@@ -475,8 +236,6 @@ class ShmTransport(Transport):
         if self.closed:
             return
         super().close()
-        if self.shared_slots is not None:
-            self.shared_slots.close()
         self._counters.release()
         self._flags.release()
         self._buf = None

@@ -105,7 +105,7 @@ class ShmResources:
         self.segment = segment
         self.layout = layout
         self.owner = owner
-        self.cma = cma_on  # messages bigger than a ring go by rendezvous (one copy)
+        self.cma = cma_on  # messages bigger than a ring may go by rendezvous (see .shm_fast)
         self._base_address = ctypes.addressof(ctypes.c_char.from_buffer(segment.buf))
         self.doorbells = Doorbells(self._base_address + layout.doorbells, layout.world_size)
 
@@ -158,10 +158,17 @@ class ShmResources:
     def close_unconnected(self) -> None:
         """A rank that never connected holds nothing of its own here."""
 
-    def connect(self, rank: int, control, timeout, spin_ns: int) -> ShmTransport:
+    def connect(self, rank: int, control, timeout, spin_ns: int, fast: bool = True
+                ) -> ShmTransport:
+        """This rank's transport: with ``fast`` (the fast paths on) the one with
+        the shortcuts (:mod:`.shm_fast`), else the plain ring of slots (:mod:`.shm`)."""
+        if fast:
+            from minidist.distributed.transport.shm_fast import FastShmTransport
+
+            return FastShmTransport(self, rank, control, timeout, spin_ns)
         from minidist.distributed.transport.shm import ShmTransport
 
-        return ShmTransport(self, rank, control, timeout, spin_ns)
+        return ShmTransport(self, rank, control, timeout)
 
     def wake_all(self) -> None:
         broken = self.doorbells.ring_all()

@@ -1,0 +1,154 @@
+"""What the collectives hang on a transport, and what they ask it, besides messages.
+
+The progress engine (:mod:`.base`) moves tagged arrays and knows nothing of
+collectives. The collectives' layer (:mod:`minidist.distributed.collectives`,
+``call.py``) registers each group it runs collectives in, here:
+
+* ``strict_contexts``: context -> ``explain(expected_tag, got_tag, rank,
+  source)``. In these contexts two ranks receive each other's messages in
+  exactly the order they were sent, so a message from a rank that a receive
+  from that rank does not match is a *mismatch* (the two ranks are in
+  different collective calls): :meth:`CollectiveHooks._check_strict` fails
+  the receive at once instead of letting both wait for their timeout.
+* ``collective_groups``: context -> the group's record of its collective
+  calls and their fingerprints (the collectives' ``CallRecord``). While a
+  rank sleeps in a collective it asks the record, now and then, whether its
+  peers are in the same call (:meth:`CollectiveHooks._group_check`); a
+  message no receive asked for is checked against it (:meth:`_check_strict`),
+  and the rank's last word (:meth:`check_collectives_ended`) raises what was
+  found.
+
+And the questions every transport answers for the collectives' cost
+accounting: ``tracing``, ``now_ns``, ``record_event``, ``charge_combine``,
+``byte_scale``. A real transport answers plainly (the trace's clock, the
+bytes as they are, no charge for combining); the simulator
+(:class:`~.sim.SimTransport`) answers from its virtual clock. Last, the
+entry points of the speed shortcuts (:mod:`minidist.distributed.fast_paths`):
+a transport without them says no (``send_small`` / ``recv_small`` return
+False, ``shared_slots`` is None); :mod:`.shm_fast` has them.
+
+:class:`CollectiveHooks` is a mixin of :class:`~.base.Transport`.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from minidist import trace as _trace
+from minidist.runtime.errors import CollectiveMismatchError
+
+
+class CollectiveHooks:
+    """The collectives' registrations on a transport, and the checks they drive."""
+
+    # What the collectives ask every transport; only the simulator differs
+    # (it records its own trace, charges local combining on its virtual clock,
+    # and runs on small arrays that stand for bigger ones).
+    tracing = False
+    charge_combine = None
+    byte_scale = 1.0
+    #: The one-shot all_reduce's shared slots, on transports that have them (shm_fast).
+    shared_slots = None
+
+    def __init__(self):
+        self.strict_contexts: dict = {}
+        self.collective_groups: dict = {}
+
+    @staticmethod
+    def now_ns() -> int:
+        """Now, on the trace's clock (the simulator's is virtual)."""
+        return _trace.now()
+
+    def record_event(self, kind: str, start: int, end: int, *, label: str = "",
+                     group: int = 0) -> None:
+        """Add an event of this rank to the trace (nothing when tracing is off)."""
+        _trace.record(kind, start, end, label=label, group=group)
+
+    # ---------------------------------------------------------------- shortcut entry points
+
+    def send_small(self, array, dst: int, tag: int, context: int, label: str) -> bool:
+        """Send at once if the transport has a fast path for this case (a small
+        message, nothing queued); False means: use isend().wait()."""
+        return False
+
+    def recv_small(self, buffer, src: int, tag: int, context: int, label: str,
+                   ufunc=None) -> bool:
+        """Receive into ``buffer`` (or combine into it with ``ufunc``) at once, or
+        after a short spin, if a fast path applies; False means: use irecv().wait()."""
+        return False
+
+    # ---------------------------------------------------------------- strict contexts
+
+    def _strict_on_post(self, request, src: int, context: int) -> None:
+        """A receive is posted in a strict context: if the oldest message
+        already here from ``src`` in that context carries another tag, the
+        ranks are in different calls (fail the receive, when ``explain`` says so)."""
+        for entry in self._unexpected[src]:
+            if entry.header.context == context:
+                if entry.header.tag != request.tag:
+                    self._strict_mismatch(request, src, entry.header)
+                return
+
+    def _check_strict(self, source: int, header) -> None:
+        """A collective's message that no receive matches, while a receive from
+        the same rank in the same context waits for another tag: the two ranks
+        are in different collective calls. Fail that receive now rather than
+        let both wait until their timeout."""
+        for request in self._posted:
+            if request.src == source and request.context == header.context:
+                self._strict_mismatch(request, source, header)
+                if request.done:
+                    self._posted.remove(request)
+                return
+        # Nothing here waits for that rank. The message may still belong to a
+        # call this rank is in or has finished, under another fingerprint
+        # (ranks that disagree on a root each complete without reading the
+        # other root's messages): then fail this rank's receives in the group
+        # now, and keep the error for the group's next call and for the end
+        # of the function (see the collectives' CallRecord.stray).
+        record = self.collective_groups.get(header.context)
+        if record is None or record.error is not None:
+            return
+        why = record.stray(header.tag, self.rank, source)
+        if why is None:
+            return
+        record.error = CollectiveMismatchError(f"rank {self.rank}: {why}")
+        for request in [r for r in self._posted if r.context == header.context]:
+            request._fail(copy.copy(record.error))
+            self._posted.remove(request)
+
+    def _strict_mismatch(self, request, source: int, header) -> None:
+        explain = self.strict_contexts[header.context]
+        why = explain(request.tag, header.tag, self.rank, source)
+        if why is not None:
+            request._fail(CollectiveMismatchError(f"rank {self.rank}: {why}"))
+
+    def check_collectives_ended(self) -> None:
+        """Raise the collective mismatch found in a message no receive asked
+        for (see :meth:`_check_strict`): called as the rank finishes, after
+        every message that has arrived has been looked at."""
+        self.progress(drain=True)
+        for record in self.collective_groups.values():
+            if record.error is not None:
+                raise record.error
+
+    # ---------------------------------------------------------------- asleep in a collective
+
+    def _group_check(self, context: int, tag: int, start: int):
+        """For a wait in a collective's context: a function of the time now
+        that, once every ``check_interval_ns`` of the group, asks whether the
+        group's other ranks are in the same call (``check_group`` raises if
+        not). None in any other context."""
+        group = self.collective_groups.get(context)
+        if group is None:
+            return None
+        control, rank = self._control, self.rank
+        next_check = start + group.check_interval_ns
+
+        def check(now: int) -> None:
+            nonlocal next_check
+            if now >= next_check:
+                group.check_group(control, rank, tag)
+                next_check = now + group.check_interval_ns
+
+        return check
