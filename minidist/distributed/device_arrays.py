@@ -126,7 +126,8 @@ def staged(function, name: str | None = None):
     @functools.cache
     def signature():
         # Looked up at the first call with a GPU array: every process imports
-        # this module, and inspect's import was 8 ms of a `minidist run` worker's start.
+        # this module, and inspect's import is a noticeable part of a rank's
+        # start (bench_launch measures the start).
         import inspect
 
         return inspect.signature(function)

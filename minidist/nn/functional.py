@@ -363,7 +363,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, groups: int = 1) -> Te
         elif weight.requires_grad:
             # Computed transposed, columns @ g^T per group, then turned back
             # (a weight-sized copy): OpenBLAS runs this orientation of the
-            # long-K product faster (0.66x for two groups of 16 channels).
+            # long-K product faster (bench_training_step, grouped convolutions).
             grouped_columns = columns.reshape(groups, rows, n * pixels)
             grouped_g = by_channel.reshape(groups, oc // groups, n * pixels)
             grad_w = xp.ascontiguousarray((grouped_columns @ grouped_g.transpose(0, 2, 1)).transpose(0, 2, 1)).reshape(w.shape)
@@ -447,8 +447,7 @@ def _max_along_backward(x, out, g, kernel: int, stride: int, count: int, axis: i
     comparison, one product and one subtraction; when the windows tile the
     axis, the next-to-last offset's subtraction writes the last offset's
     gradient in place. Three passes instead of five for a 2-wide window (the
-    earlier mask-negation form measured 16 % slower on the benchmark CNN's
-    first pooling)."""
+    earlier mask-negation form made two more)."""
     xp = backend.of(x)
     # Windows that tile the axis exactly cover each entry once: the result
     # can be written without zero-filling and adding.
@@ -486,8 +485,8 @@ def max_pool2d(input, kernel_size, stride=None, padding=0) -> Tensor:
     -> (N, C, OH, OW). Each is one vectorised ``maximum`` per kernel offset
     over the strided view that offset sees in every window: KW - 1 plus
     KH - 1 passes instead of KH*KW - 1. (Reshaping to (N, C, OH, KH, OW, KW)
-    and reducing the two small axes, when kernel == stride, measured 20x
-    slower in NumPy.)
+    and reducing the two small axes, when kernel == stride, is far slower in
+    NumPy: its reductions over tiny axes go element by element.)
 
     Backward routes each window's gradient to its *first* maximum in
     row-major order, as PyTorch does, and so never doubles a gradient at

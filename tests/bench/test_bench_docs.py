@@ -29,17 +29,7 @@ README = ROOT / "benchmarks" / "README.md"
 #: Files that still carry timings in comments because they were being
 #: rewritten elsewhere when the timings were moved out: empty this list as
 #: each is cleaned (the test then holds it).
-NOT_YET_CLEANED = {
-    "minidist/distributed/transport/memcopy.py",
-    "minidist/distributed/transport/mpi.py",
-    "minidist/distributed/transport/shm.py",
-    "minidist/distributed/transport/shm_rings.py",
-    "minidist/distributed/collectives/comm.py",
-    "minidist/distributed/fast_paths.py",
-    "minidist/distributed/device_arrays.py",
-    "minidist/nn/functional.py",
-    "minidist/tensor.py",
-}
+NOT_YET_CLEANED: set[str] = set()
 
 #: A time, a throughput or a ratio of times: "440 us", "0.1 s", "27 GB/s", "0.78x".
 FIGURE = re.compile(r"(?<![\w.])\d[\d.,]*\s?(?:ms|us|µs|ns|s|x|[KMG]B/s|[KMG]iB/s)(?![\w/])")

@@ -311,8 +311,7 @@ def _wait_step(requests, timeout) -> None:
     """Wait for one step's requests. When more than one is pending, every
     receive is posted before anything waits: a rank blocked on its own send
     must find the incoming message's buffer ready, or the transport has to
-    park the whole message in a temporary copy (an exchange of two 32 MiB
-    chunks took 1.6x as long that way)."""
+    park the whole message in a temporary copy and copy it twice."""
     pending = 0
     for request in requests:
         if not request.done:

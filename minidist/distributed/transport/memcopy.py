@@ -8,21 +8,17 @@ instruction runs about ten times slower when the destination starts a few
 bytes *after* the source, counted modulo the 4 KiB page (reported as glibc
 bug 30994; whether a given glibc still uses ``rep movsb`` here depends on its
 version and tunables, and the kernel's copy has no such choice).
-Measured on the 2-core EPYC development machine, copying 256 KiB::
-
-    (dst - src) mod 4096:   0      8..24    32..56   64 and more
-    memcpy GB/s:           18-27   1.9      17-20    21-27
-    process_vm_readv:       6.7    2.3                7.3
-
+In the slow band a copy runs about ten times slower than elsewhere
+(benchmarks/README.md has the table, ``bench_p2p.py`` the measurement),
 and it is the *usual* case for a message: a NumPy array from ``malloc``
 starts 16 bytes into a page, a shared-memory slot at the start of one, so a
 receiver copying a piece out of its ring into the user's array hit it on
-every piece (a 1 MiB ping-pong took 440 us where 4 MiB took 550 us).
+every piece, so a 1 MiB ping-pong took nearly as long as a 4 MiB one.
 
 What we do. A copy whose distance falls in the slow band (``1 <=
 (dst - src) % 4096 < SLOW_BAND``) goes through NumPy's ``positive`` loop on
 bytes instead: plain vector loads and stores, no ``rep movsb``, as fast as a
-good ``memcpy`` (27 GB/s on 256 KiB here). Everything else stays ``memcpy``.
+good ``memcpy``. Everything else stays ``memcpy``.
 A copy the kernel makes (``process_vm_readv``) cannot change its
 instruction; the rendezvous reads such a message into a block placed at
 distance 0 from the source and copies the block out in user space

@@ -205,8 +205,8 @@ def spin_ns_under_mpi(spin_ns: int, environ=None) -> int:
 
     The usual rule (spin only when ranks <= the cores this process may use)
     misreads an MPI job: Open MPI binds each rank to a core of its own, so
-    every rank sees one core and would never spin (a ping-pong measured 141
-    us one way instead of 33). Here the question is the node's: are there
+    every rank sees one core and would never spin, and every small message
+    would wait a nap for its receiver. Here the question is the node's: are there
     no more ranks on this node (mpiexec says how many) than it has cores?
     MINIDIST_SPIN_US still decides when set."""
     environ = os.environ if environ is None else environ
@@ -488,7 +488,8 @@ class MpiTransport(SpinBeforeSleep, Transport):
         if self._spin_ns and (any(self._receiving) or any(self._sending)):
             # A payload is moving. A big one goes by rendezvous, whose steps
             # advance only while both sides are inside MPI: a nap here stalls
-            # it (64 MiB took 1.5x mpi4py's blocking Recv with naps). With a
+            # it (bench_mpi shows a big message slower than mpi4py's blocking
+            # Recv when the rank naps). With a
             # core to ourselves (spin_ns > 0), keep calling MPI instead.
             return
         time.sleep(max(min(seconds, NAP), 0.0))

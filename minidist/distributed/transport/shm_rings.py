@@ -5,8 +5,8 @@ launching process makes it; a worker attaches or inherits it).
 Apart from :mod:`.shm` (the transport that moves messages through it) so that
 making a run needs neither NumPy nor the progress engine: ``minidist run``
 makes the run while its workers import theirs, and every import of the
-launching process there delays them all (NumPy's, in particular, took the
-cores from the workers' own for about 50 ms).
+launching process there delays them all (NumPy's, in particular, takes
+the cores from the workers' own: bench_launch measures it).
 """
 
 from __future__ import annotations
