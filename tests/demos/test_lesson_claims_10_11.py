@@ -38,12 +38,15 @@ def test_lesson10_data_parallel_becomes_cheaper_past_the_stated_batch(split, cro
     assert payload(split, crossing + 8) > payload("data_parallel", crossing + 8)
 
 
-def test_lesson10_megatrons_pair_sends_half_of_each_layer_stacking():
+def test_lesson10_stacking_each_layer_sends_a_quarter_more_than_megatrons_pair():
+    """Section 4: the block 1000 -> 500 -> 1000 at batch 128 on 2 ranks; the
+    pair sends 512,000 bytes a pass, stacking each layer 640,000."""
     paired = (split_bytes(SEED_IN, SEED_OUT, 128, 2)["column_split_output"].bytes_per_rank[0]
               + split_bytes(SEED_OUT, SEED_IN, 128, 2)["row_split_input"].bytes_per_rank[0])
     stacked = (split_bytes(SEED_IN, SEED_OUT, 128, 2)["column"].bytes_per_rank[0]
                + split_bytes(SEED_OUT, SEED_IN, 128, 2)["row"].bytes_per_rank[0])
-    assert stacked == 2 * paired
+    assert (paired, stacked) == (1_024_000, 1_280_000)
+    assert stacked == paired * 5 // 4
 
 
 def test_lesson10_the_cnn_hybrid_pays_at_batch_16_and_not_at_128():
