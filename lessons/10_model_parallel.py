@@ -803,12 +803,16 @@ print("saved", OUT / "model_parallel_hybrid.png")
 # the thousands.
 #
 # What the step times show depends on the machine, and the numbers printed
-# above are this run's. In our runs on 2 cores shared with other jobs,
-# data parallel was the fastest in every run, and the ratios moved from run
-# to run: pure model parallel took 1.3 to 1.6 times data parallel's step at
-# batch 16 and 1.9 to 2 times at batch 128; the hybrid 1.07 to 1.9 times at
-# batch 16 and 1.07 to 1.35 times at batch 128 (the full form, with more
-# steps, gave the lower figures). A step here sends well under a megabyte
+# above are this run's. In our runs of the quick form on 2 cores shared with
+# other jobs (load 3.6 to 4.5), each strategy keeping its fastest window,
+# data parallel was the fastest in every run: pure model parallel took 1.3
+# to 1.45 times data parallel's step at batch 16 and 1.6 to 2 times at
+# batch 128; the hybrid 1.3 to 1.8 times at batch 16 and 1.35 times at
+# batch 128. (The median of 3 windows, which this lesson printed before,
+# once showed the hybrid faster than data parallel at batch 128 at load
+# 5.5: a window that waited for a core decides a median. When the line
+# under the table says the machine was busy, go by the model that follows,
+# not by the ratios.) A step here sends well under a megabyte
 # through shared memory, so its time is compute and the number of
 # collectives, not bytes. Pure model parallel runs the convolutions on the
 # whole batch on *both* ranks (twice the convolution work in all), which is
