@@ -50,10 +50,15 @@ from minidist.parallel.parameter_server import (
     flat_parameters,
     load_flat_parameters,
 )
+from minidist.runtime.blas_threads import set_blas_threads
 from minidist.tensor import no_grad
 
 narrate()  # run as a script: the text below is printed between the outputs
 use_headless_matplotlib()
+# One BLAS thread in this process: the replay below computes the training
+# loss after every hundredth update, and on a busy machine a product split
+# over two threads waits for the one without a core.
+set_blas_threads(1)
 import matplotlib.pyplot as plt  # noqa: E402
 
 QUICK = quick()

@@ -1,0 +1,98 @@
+"""The claims lessons 10 and 11 state in their text, held where a test can
+hold them: on the byte formulas the lessons check their traces against, and
+the halo plan (the lessons' measured step times are theirs to print; the
+direction each comparison states is held here). Formulas only: fast."""
+
+from __future__ import annotations
+
+import pytest
+
+from minidist.parallel.conv_parallel import channel_parallel_bytes, halo_plan
+from minidist.parallel.hybrid import strategy_bytes
+from minidist.parallel.model_parallel_bytes import split_bytes
+from minidist.train import build_model
+
+# -------------------------------------------------------------- lesson 10
+
+SEED_IN, SEED_OUT = 1000, 500  # the seed's layer (lesson 10, section 2)
+
+
+def test_lesson10_the_seeds_layer_at_batch_128_splits_send_about_4_times_less():
+    table = split_bytes(SEED_IN, SEED_OUT, 128, world_size=2)
+    assert table["data_parallel"].payload == 500_000
+    assert table["row"].payload == 128_000
+    assert table["column"].payload == 160_000
+    for split in ("row", "column"):
+        assert max(table[split].bytes_per_rank) < min(table["data_parallel"].bytes_per_rank)
+
+
+@pytest.mark.parametrize("split,crossing", [("row", 500), ("column", 400)])
+def test_lesson10_data_parallel_becomes_cheaper_past_the_stated_batch(split, crossing):
+    """'they cross data parallel's 500,000 at B = 500 and B = 400': below the
+    crossing the split sends less, above it more."""
+    def payload(name, batch):
+        return split_bytes(SEED_IN, SEED_OUT, batch, 2)[name].payload
+
+    assert payload(split, crossing) == payload("data_parallel", crossing)
+    assert payload(split, crossing - 8) < payload("data_parallel", crossing - 8)
+    assert payload(split, crossing + 8) > payload("data_parallel", crossing + 8)
+
+
+def test_lesson10_stacking_each_layer_sends_a_quarter_more_than_megatrons_pair():
+    """Section 4: the block 1000 -> 500 -> 1000 at batch 128 on 2 ranks; the
+    pair sends 512,000 bytes a pass, stacking each layer 640,000."""
+    paired = (split_bytes(SEED_IN, SEED_OUT, 128, 2)["column_split_output"].bytes_per_rank[0]
+              + split_bytes(SEED_OUT, SEED_IN, 128, 2)["row_split_input"].bytes_per_rank[0])
+    stacked = (split_bytes(SEED_IN, SEED_OUT, 128, 2)["column"].bytes_per_rank[0]
+               + split_bytes(SEED_OUT, SEED_IN, 128, 2)["row"].bytes_per_rank[0])
+    assert (paired, stacked) == (1_024_000, 1_280_000)
+    assert stacked == paired * 5 // 4
+
+
+def test_lesson10_the_cnn_hybrid_pays_at_batch_16_and_not_at_128():
+    """Section 6: at batch 16 the hybrid and pure model parallel send less than
+    data parallel (52,608 and 33,408 against 153,128 bytes), at 128 more
+    (1.75x and 1.87x), and model parallel passes data parallel at batch 74."""
+    def table(batch):
+        return strategy_bytes(build_model("cnn"), (1, 8, 8), batch, 2)
+
+    small, large = table(16), table(128)
+    assert (small.bytes("data_parallel"), small.bytes("hybrid"),
+            small.bytes("model_parallel")) == (153_128, 52_608, 33_408)
+    assert small.bytes("model_parallel") < small.bytes("hybrid") < small.bytes("data_parallel")
+    assert large.bytes("model_parallel") / large.bytes("data_parallel") == pytest.approx(1.75,
+                                                                                         abs=0.01)
+    assert large.bytes("hybrid") / large.bytes("data_parallel") == pytest.approx(1.87, abs=0.01)
+    dp = small.bytes("data_parallel")  # the gradient's size: the same at every batch
+    assert table(72).bytes("model_parallel") <= dp < table(74).bytes("model_parallel")
+
+
+# -------------------------------------------------------------- lesson 11
+
+
+def test_lesson11_the_halo_share_of_the_image_falls_as_one_over_h():
+    """A 3x3 conv on 2 ranks moves 2 (P - 1) = 2 rows whatever the height: a
+    share 2 / H of the image's rows, halved each time the image doubles."""
+    shares = []
+    for side in (32, 64, 128, 256, 512):
+        moved = halo_plan(side, 3, 1, 1, 2).rows_moved()
+        assert moved == 2
+        shares.append(moved / side)
+    assert shares == sorted(shares, reverse=True)
+    assert all(a / b == 2 for a, b in zip(shares, shares[1:]))
+
+
+def test_lesson11_the_halo_is_two_rows_per_inner_border():
+    assert halo_plan(12, 3, 1, 1, 4).rows_moved() == 2 * (4 - 1)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_lesson11_the_channel_split_moves_about_the_activations_whatever_p(world):
+    """(P - 1)/P of the output forward and 2 (P - 1)/P of the input backward:
+    a share of the activations that grows with P, never falls."""
+    batch, c_in, c_out, side = 8, 16, 32, 16
+    forward, backward = channel_parallel_bytes(batch, c_in, c_out, side, side, side, side, world)
+    output_bytes, input_bytes = batch * c_out * side * side * 4, batch * c_in * side * side * 4
+    assert forward[0] == (world - 1) * output_bytes // world
+    assert backward[0] == 2 * (world - 1) * input_bytes // world
+    assert forward[0] + backward[0] >= output_bytes // 2 + input_bytes
