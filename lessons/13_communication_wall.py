@@ -314,7 +314,7 @@ print("saved", picture)
 # * fp16, bfloat16 and int8 halve or quarter the bytes and lose nothing
 #   measurable: gradient noise from the batch is far larger than rounding
 #   at 8 to 16 bits.
-# * top-k at 1 % sends about 45x fewer bytes and, with error feedback,
+# * top-k at 1 % sends about 48x fewer bytes and, with error feedback,
 #   matches the uncompressed run; PowerSGD rank 2 sends about 12x fewer.
 # * one bit costs a couple of points here; random-k at 1 % fails: it keeps
 #   1 % of the gradient's norm per step.

@@ -1,0 +1,55 @@
+"""What lessons 13 and 14 say, held where a test can hold it: the factors by
+which each gradient compressor cuts the bytes (from the byte formulas, which
+the lesson shows equal to its trace), and INT8's and MobileNet's savings."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minidist.experiments import compression as experiment
+from minidist.nn.mobile import compare_costs
+from minidist.train import build_model
+
+LESSONS = Path(__file__).resolve().parents[2] / "lessons"
+
+
+def _ratios(world_size: int) -> dict[str, float]:
+    shapes = experiment.parameter_shapes("mlp")
+    dense = experiment.formula_bytes("none", shapes, world_size)
+    return {name: dense / experiment.formula_bytes(name, shapes, world_size)
+            for name in ("fp16", "bf16", "int8", "sign", "top-k 1%", "PowerSGD r2")}
+
+
+def test_lesson13_each_compressor_cuts_the_bytes_by_the_factor_the_text_states():
+    text = (LESSONS / "13_communication_wall.py").read_text()
+    two, four = _ratios(2), _ratios(4)
+    assert two["fp16"] == pytest.approx(2, rel=0.01) and two["bf16"] == pytest.approx(2, rel=0.01)
+    assert "fp16 2x; int8 4x at 2 ranks but 2x at 4" in text
+    assert two["int8"] == pytest.approx(4, rel=0.01) and four["int8"] == pytest.approx(2, rel=0.01)
+    stated_topk = int(re.search(r"top-k at 1 % sends about (\d+)x fewer", text).group(1))
+    assert two["top-k 1%"] == pytest.approx(stated_topk, rel=0.05)
+    stated_powersgd = int(re.search(r"PowerSGD rank 2 sends about (\d+)x fewer", text).group(1))
+    assert two["PowerSGD r2"] == pytest.approx(stated_powersgd, rel=0.05)
+    assert two["sign"] > 30, "one bit a value, plus a scale"
+
+
+def test_lesson14_int8_weights_are_four_times_smaller():
+    from minidist.nn.quantization import model_size_bytes, quantize
+
+    model = build_model("cnn", 0)
+    calibration = np.random.default_rng(0).standard_normal((16, 1, 8, 8)).astype(np.float32)
+    quantized = quantize(model, calibration)
+    float_bytes, int8_bytes = model_size_bytes(model), model_size_bytes(quantized)
+    assert 3 < float_bytes / int8_bytes <= 4, "weights at a quarter, biases and scales float32"
+    assert "Four times smaller weights" in (LESSONS / "14_faster_inference.py").read_text()
+
+
+@pytest.mark.parametrize("c_in, c_out, k", [(32, 64, 3), (16, 16, 3), (64, 128, 5)])
+def test_lesson14_the_separable_block_costs_one_over_c_out_plus_one_over_k_squared(c_in, c_out, k):
+    costs = compare_costs(c_in, c_out, k, 14, 14)
+    assert costs["multiply_add_ratio"] == pytest.approx(1 / c_out + 1 / k ** 2)
+    assert "the\n# ratio is 1 / C_out + 1 / k^2" in (LESSONS / "14_faster_inference.py").read_text()
