@@ -318,10 +318,21 @@ def _run_under_mpiexec(args, world_size: int) -> int:
                 process.kill()  # the launcher itself was interrupted
                 process.wait()
             if segments is not None:
-                if process.returncode != 0 or watcher.culprit is not None:
+                unfinished = watcher.greeted and len(watcher.finished) < world_size
+                if process.returncode != 0 or watcher.culprit is not None or unfinished:
                     segments.remove()  # a clean MPICH exit removes its own
                 else:
                     segments.stop()
+        missing = [rank for rank in range(world_size) if rank not in watcher.finished]
+        if status == 0 and watcher.culprit is None and watcher.greeted and missing:
+            # A rank's report of the vanished one may have been cut short by
+            # the job's end: name the first line that ended with neither word.
+            rank, pid = watcher.vanished[0] if watcher.vanished else (missing[0], None)
+            which = f"rank {rank}" + (f" (pid {pid})" if pid else "")
+            print(f"minidist: {which} exited in the middle of the run, without finishing its "
+                  "script (os._exit, a signal or a crash); mpiexec returned 0, but the run "
+                  "failed (status 1).", file=sys.stderr)
+            return 1
         if watcher.culprit is not None:
             rank, _ = watcher.culprit
             if status == 0:
@@ -375,6 +386,13 @@ class _RankLines(threading.Thread):
 
         self.path = path
         self.culprit: tuple[int, int] | None = None  # (rank, pid)
+        #: The ranks that said ``done``: a rank missing here at the end never
+        #: finished its script, even if it never even said hello (it ended
+        #: before MPI started), which no line can tell.
+        self.finished: set[int] = set()
+        self.greeted: set[int] = set()  # the ranks that said hello (a minidist script)
+        #: (rank, pid) of every line that ended with neither word, in order.
+        self.vanished: list[tuple[int, int]] = []
         self._on_vanished = on_vanished
         self._trouble = False  # a rank said "failed", or one vanished
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -416,6 +434,12 @@ class _RankLines(threading.Thread):
         self._selector.unregister(connection)
         connection.close()
         words = said.pop(connection).split()
+        if words[:1] == [b"hello"] and len(words) >= 3:
+            self.greeted.add(int(words[1]))
+            if words[3:4] == [b"done"]:
+                self.finished.add(int(words[1]))
+        if words[:1] == [b"hello"] and len(words) == 3:
+            self.vanished.append((int(words[1]), int(words[2])))
         if words[:1] == [b"hello"] and len(words) == 3 and not self._trouble:
             self._trouble = True
             self.culprit = (int(words[1]), int(words[2]))

@@ -62,12 +62,18 @@ import numpy as np
 
 from minidist.distributed.transport import message
 from minidist.distributed.transport.base import Inbound, SendRequest, Transport
+from minidist.distributed.transport.message import ANY_SOURCE
 from minidist.distributed.transport.mpi_environment import (  # noqa: F401 - re-exported
     launched_by_mpi,
     mpi_environment,
 )
 from minidist.distributed.transport.spin import SpinBeforeSleep
+from minidist.runtime import control as ctl
 from minidist.runtime.errors import PeerGoneError
+
+#: How long a rank polls MPI for a message already on its way before it
+#: concludes that a finished peer never sent it (see MpiTransport._in_flight).
+IN_FLIGHT_GRACE = 0.5
 
 HEADER_TAG = 1
 PAYLOAD_TAG = 2
@@ -509,12 +515,31 @@ class MpiTransport(SpinBeforeSleep, Transport):
                 peer=culprit)
             error.culprit = culprit  # the first line names it (report_failure_and_abort)
             raise error
+        if request is not None and not request.done and peer != ANY_SOURCE \
+                and self._control.state_of(peer) == ctl.FINISHED and self._in_flight(request):
+            return  # its message was on its way: it has arrived
         try:
             super()._check_peer(op, peer, tag, context, request)
         except PeerGoneError:
             if self._node.any_failed():
                 return  # its own report comes, and its MPI_Abort ends this rank
             raise
+
+    def _in_flight(self, request, grace: float = IN_FLIGHT_GRACE) -> bool:
+        """Whether ``request`` completes within ``grace`` seconds of polling MPI.
+        Through a pipe or shared memory a message is there the moment its
+        send returns; through MPI an eager send returns while the bytes are
+        still on their way, so a peer can have sent its last message and
+        finished before this rank's MPI has seen it. Without this poll a
+        finished peer's last message was taken for a mismatch or an early
+        return (lesson 5 under mpiexec, now and then)."""
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            self.progress(drain=True)
+            if request.done:
+                return True
+            time.sleep(0.001)
+        return False
 
     def _timeout_error(self, op, peer, tag, context, timeout, current):
         # The ranks of this machine share a control block (mpi_node.py): the
