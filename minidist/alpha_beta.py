@@ -75,8 +75,8 @@ PARAMS = {
     "shm": Params(alpha=4.9e-6, beta=1.21e-10, gamma=1.5e-10, slots_alpha=2.5e-6),
     "pipe": Params(alpha=3.1e-5, beta=3.83e-10, gamma=1.5e-10),
     "mpi": Params(alpha=2.1e-6, beta=7.5e-11, gamma=1.5e-10),
-    # A cluster-like default for the simulator: 5 us latency, 10 GB/s links,
-    # combining at 10 GB/s.
+    # A cluster-like default for the simulator (chosen, not measured: a fast
+    # network link and a core's adding speed of today's machines).
     "sim": Params(alpha=5e-6, beta=1e-10, gamma=1e-10),
 }
 

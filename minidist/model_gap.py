@@ -23,9 +23,9 @@ and ways to see the model hold (the simulator, fewer ranks, ...) passed as
     facts = RunFacts(ranks=4, cores=2, params="default", transport="shm",
                      hold=("`minidist simulate all_reduce -n 4 --size 128B`",))
     compare(13.4e-3, 29.4e-6, facts)
-    # 'measured 13.40 ms vs model 29.4 us (456x): 4 ranks on 2 cores: ranks take
-    #  turns; default shm parameters (fit them here: python benchmarks/bench_p2p.py
-    #  --quick); the model holds on `minidist simulate all_reduce -n 4 --size 128B`'
+    # -> "measured ... vs model ... (...x): 4 ranks on 2 cores: ranks take turns;
+    #  default shm parameters (fit them here: ...); the model holds on
+    #  `minidist simulate all_reduce -n 4 --size 128B`"
 
 Costs nothing worth counting: a few comparisons and string joins. Pure (no
 clock, no processes), so every rule is tested with made-up facts.

@@ -45,8 +45,6 @@ ALLOWED_UP = {
     ("minidist.distributed", "minidist.distributed.collectives"),
     ("minidist.distributed", "minidist.distributed.simulator"),
     ("minidist", "minidist.distributed"),
-    # torch.nn.SyncBatchNorm's place: minidist.nn hands out the strategy's class on first use.
-    ("minidist.nn", "minidist.parallel.sync_batchnorm"),
 }
 
 

@@ -53,12 +53,12 @@ __all__ = [
 
 
 def __getattr__(name):
-    # torch users find SyncBatchNorm in torch.nn. It needs the collectives, so
-    # it lives with the other strategies (minidist/parallel/sync_batchnorm.py);
-    # this face hands it out on first use, and `import minidist.nn` alone still
-    # knows nothing of processes.
+    # torch users look for SyncBatchNorm in torch.nn. It needs the collectives,
+    # which the layers never import (arrows point down only), so it lives with
+    # the other strategies: say where, rather than a bare AttributeError.
     if name == "SyncBatchNorm":
-        from minidist.parallel.sync_batchnorm import SyncBatchNorm
-
-        return SyncBatchNorm
+        raise AttributeError(
+            "minidist.nn has no SyncBatchNorm: it needs the collectives, so it lives with the "
+            "strategies. Write `from minidist.parallel import SyncBatchNorm` (the same class, "
+            "with torch's convert_sync_batchnorm(module, process_group=None)).")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,11 +3,13 @@
 torch's names import as torch users write them: ``DistributedDataParallel``
 (``torch.nn.parallel``), ``FullyShardedDataParallel`` and ``ShardingStrategy``
 (``torch.distributed.fsdp``), ``ZeroRedundancyOptimizer``
-(``torch.distributed.optim``). Every other strategy is imported from its own
+(``torch.distributed.optim``), ``SyncBatchNorm`` (torch.nn's, which needs the
+collectives, so it is here: minidist.nn says so if asked). Every other strategy is imported from its own
 file (``minidist.parallel.pipeline``, ``.tensor_parallel``, ...).
 """
 
 from minidist.parallel.data_parallel import DistributedDataParallel
+from minidist.parallel.sync_batchnorm import SyncBatchNorm
 from minidist.parallel.zero import (
     FullyShardedDataParallel,
     ShardingStrategy,
@@ -15,4 +17,4 @@ from minidist.parallel.zero import (
 )
 
 __all__ = ["DistributedDataParallel", "FullyShardedDataParallel", "ShardingStrategy",
-           "ZeroRedundancyOptimizer"]
+           "SyncBatchNorm", "ZeroRedundancyOptimizer"]
