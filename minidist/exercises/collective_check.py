@@ -41,7 +41,6 @@ import numpy as np
 
 from minidist import trace as _trace
 from minidist.distributed.collectives import call, registry
-from minidist.distributed.collectives.comm import _Receive
 from minidist.distributed.reduce_op import ReduceOp
 from minidist.distributed.simulator import (
     SimulationError,
@@ -141,6 +140,10 @@ class RecordingComm:
                 or not 0 <= peer < self.size:
             raise ValueError(f"rank {self.rank}: {what} names rank {peer!r}, but the ranks are "
                              f"0..{self.size - 1}: take the peer modulo comm.size")
+        if peer == self.rank:
+            verb = "send to" if what == "comm.isend" else "receive from"
+            raise ValueError(f"rank {self.rank}: {what} names rank {peer}, this rank: a rank "
+                             f"cannot {verb} itself (a message to yourself is just a copy)")
         return int(peer)
 
     @staticmethod
@@ -212,9 +215,8 @@ class RecordingComm:
 
     def waits(self) -> list[tuple[int, str]]:
         """(source, label) of every receive of the current step not yet done."""
-        return [self.labels.get(id(request), (request.source, ""))
-                for request in self.current
-                if type(request) is _Receive and not request.done]
+        return [self.labels[id(request)] for request in self.current
+                if id(request) in self.labels and not request.done]
 
 
 # --------------------------------------------------------------------------- one simulated call

@@ -141,6 +141,8 @@ def test_the_in_port_takes_messages_one_at_a_time_but_fills_its_gaps():
             network.transports[sender].isend(np.zeros(1), 0, 0)
         receiver = network.transports[0]
         late_first = [receiver.irecv(2, 0, into=np.zeros(1)), receiver.irecv(1, 0, into=np.zeros(1))]
+        for request in late_first:  # posted, so matched, in this order
+            assert request.test()
         return [request.finish for request in late_first]
 
     assert finishes((0.0, 5.0)) == [6.0, 1.0]  # apart in time: neither waits

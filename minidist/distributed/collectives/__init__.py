@@ -22,13 +22,15 @@ with its alpha-beta-gamma cost (shown in its docstring, computed by
 ``ALGORITHMS[collective]`` lists every algorithm by name; pass one as
 ``algorithm=`` or leave "auto" for the cost model's choice.
 
-With the fast paths on (``MINIDIST_FAST_PATHS``, read at import), the one-shot
-all_reduce's shortcuts are installed over the teaching code from
-:mod:`.one_shot_shortcut`; with them off, every name here is the plain function.
+With the fast paths on (``MINIDIST_FAST_PATHS``, read at import), shortcuts are
+installed over the teaching code: small sends and late-posted receives under
+:class:`~.comm.Comm` from :mod:`.small_message_shortcut`, the one-shot
+all_reduce's from :mod:`.one_shot_shortcut`; with them off, every name here is
+the plain function and every message goes straight to the transport.
 """
 
 from minidist.distributed import fast_paths
-from minidist.distributed.collectives import one_shot_shortcut
+from minidist.distributed.collectives import one_shot_shortcut, small_message_shortcut
 from minidist.distributed.collectives.all_gather import all_gather, all_gather_into_tensor
 from minidist.distributed.collectives.all_reduce import all_reduce
 from minidist.distributed.collectives.all_to_all import all_to_all, all_to_all_single
@@ -48,6 +50,7 @@ from minidist.distributed.collectives.reduce_scatter import reduce_scatter, redu
 from minidist.distributed.collectives.scatter import scatter
 
 if fast_paths.enabled():
+    small_message_shortcut.install()
     all_reduce = one_shot_shortcut.install(all_reduce)
 
 __all__ = ["ALGORITHMS", "Work", "all_gather", "all_gather_into_tensor", "all_reduce",

@@ -53,7 +53,8 @@ class Comm:
     writes, and whether it is combined (see :mod:`minidist.trace`).
     """
 
-    __slots__ = ("group", "rank", "size", "tag", "ufunc", "prefix", "tracing", "algorithm",
+    __slots__ = ("group", "transport", "ranks", "context", "rank", "size", "tag", "ufunc",
+                 "prefix", "tracing", "algorithm",
                  "calls", "scratch_pool", "_charge_combine", "_byte_scale", "collective", "call", "step",
                  "phase", "buffer", "root", "_start", "_steps_seen", "yields", "_taken",
                  "blocking", "_after")
@@ -62,6 +63,11 @@ class Comm:
                  *, collective: str = "", call: int = 0, buffer=None, root=None,
                  scratch_pool=None):
         self.group = group
+        # Messages go straight to the transport: ``ranks[r]`` is group rank r's
+        # rank in the world, ``context`` keeps this group's collectives apart.
+        self.transport = group.transport
+        self.ranks = group.ranks
+        self.context = group.context
         self.algorithm = algorithm
         self.calls = calls  # the group's CallRecord (see fingerprints.py), or None
         self.call = call    # this call's number in the group
@@ -77,7 +83,7 @@ class Comm:
         self.root = root
         self.step = None
         self.phase = None
-        transport = group.transport
+        transport = self.transport
         # The simulator records its own trace in this process; real transports
         # follow the process's recorder.
         self.tracing = transport.tracing or _trace.enabled()
@@ -124,7 +130,8 @@ class Comm:
 
     def isend(self, array: np.ndarray, to: int, label: str = ""):
         """Start sending ``array`` to group rank ``to``; keep it unchanged until done."""
-        return self.group.isend(array, to, self.tag, label=self._label(label, array))
+        return self.transport.isend(array, self.ranks[to], self.tag, self.context,
+                                    self._label(label, array))
 
     def irecv(self, array: np.ndarray, source: int, label: str = "", *, combined_into=None):
         """Start receiving into ``array`` (same shape and dtype as the message).
@@ -134,12 +141,14 @@ class Comm:
             text = self._label(label, combined_into, "combine")
         else:
             text = self._label(label, array, "copy")
-        return _Receive(self.group, array, source, self.tag, text, None)
+        return self.transport.irecv(self.ranks[source], self.tag, self.context, into=array,
+                                    label=text)
 
     def irecv_reduce(self, array: np.ndarray, source: int, label: str = ""):
         """Start receiving and combining into ``array`` with the call's reduction."""
-        return _Receive(self.group, array, source, self.tag,
-                        self._label(label, array, "combine"), self.ufunc)
+        return self.transport.irecv(self.ranks[source], self.tag, self.context,
+                                    reduce_into=array, ufunc=self.ufunc,
+                                    label=self._label(label, array, "combine"))
 
     def exchange_with_all(self, buffer: np.ndarray, label: str = "whole array"):
         """Hand ``buffer`` to every other rank and get every other rank's, in one
@@ -215,7 +224,7 @@ class Comm:
             itemsize=0 if buffer is None else buffer.itemsize,
             root=-1 if self.root is None else self.root, steps=self._steps_seen,
             group=self.group.group_id)
-        transport = self.group.transport
+        transport = self.transport
         transport.record_event("collective", self._start, transport.now_ns(), label=label,
                                group=self.group.group_id)
 
@@ -238,63 +247,6 @@ class Comm:
             self._charge_combine(array.nbytes)
 
 
-class _Receive:
-    """A receive that is posted when it is first needed.
-
-    Waited on directly (the blocking case) it becomes the group's blocking
-    ``recv`` / ``recv_reduce``, whose fast path takes a small message from an
-    idle peer in a few microseconds instead of the general engine's tens.
-    Tested first (``async_op``, the simulator) it is posted as a normal
-    non-blocking receive. Posting late changes nothing a peer can see: a
-    message that arrives before its receive is kept, in order, until asked
-    for.
-    """
-
-    __slots__ = ("group", "array", "source", "tag", "label", "ufunc", "request", "done",
-                 "error")
-
-    def __init__(self, group, array, source, tag, label, ufunc):
-        self.group = group
-        self.array = array
-        self.source = source
-        self.tag = tag
-        self.label = label
-        self.ufunc = ufunc
-        self.request = None
-        self.done = False
-        self.error = None
-
-    def _post(self):
-        if self.ufunc is None:
-            self.request = self.group.irecv(self.array, self.source, self.tag, label=self.label)
-        else:
-            self.request = self.group.irecv_reduce(self.array, self.source, self.ufunc,
-                                                   self.tag, label=self.label)
-        return self.request
-
-    def wait(self, timeout=_DEFAULT):
-        if self.done:
-            return True
-        if self.request is not None:
-            self.request.wait(timeout)
-        elif self.ufunc is None:
-            self.group.recv(self.array, self.source, self.tag, label=self.label,
-                            timeout=timeout)
-        else:
-            self.group.recv_reduce(self.array, self.source, self.ufunc, self.tag,
-                                   label=self.label, timeout=timeout)
-        self.done = True
-        return True
-
-    def test(self) -> bool:
-        if not self.done:
-            request = self.request or self._post()
-            self.done = request.test()
-        return self.done
-
-    is_completed = test
-
-
 # --------------------------------------------------------------------------- running
 
 
@@ -308,23 +260,11 @@ def run(steps, timeout=_DEFAULT, comm=None) -> None:
 
 
 def _wait_step(requests, timeout) -> None:
-    """Wait for one step's requests. When more than one is pending, every
-    receive is posted before anything waits: a rank blocked on its own send
-    must find the incoming message's buffer ready, or the transport has to
-    park the whole message in a temporary copy and copy it twice."""
-    pending = 0
+    """Wait for one step's requests (every receive was posted when the
+    algorithm made it, so a rank blocked on its own send finds the incoming
+    message's buffer ready)."""
     for request in requests:
-        if not request.done:
-            pending += 1
-    if pending > 1:
-        for request in requests:
-            if type(request) is _Receive and request.request is None:
-                request._post()
-    for request in requests:
-        if not request.done:
-            request.wait(timeout)
-        elif request.error is not None:
-            raise request.error
+        request.wait(timeout)
 
 
 class Work:

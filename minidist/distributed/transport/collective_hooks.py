@@ -66,6 +66,10 @@ class CollectiveHooks:
 
     # ---------------------------------------------------------------- shortcut entry points
 
+    #: True where :meth:`send_small` / :meth:`recv_small` can take a message
+    #: (shm's fast class); the collectives' small-message shortcut asks it.
+    small_messages = False
+
     def send_small(self, array, dst: int, tag: int, context: int, label: str) -> bool:
         """Send at once if the transport has a fast path for this case (a small
         message, nothing queued); False means: use isend().wait()."""

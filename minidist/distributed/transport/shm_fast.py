@@ -105,6 +105,7 @@ class FastShmTransport(SpinBeforeSleep, ShmTransport):
     """:class:`~.shm.ShmTransport` with the shortcuts this module lists."""
 
     copy_sink = PageAwareCopySink
+    small_messages = True
 
     def __init__(self, resources, rank: int, control, timeout=None, spin_ns: int = 0):
         super().__init__(resources, rank, control, timeout)

@@ -139,7 +139,14 @@ class SimSend(SimRequest):
 
 
 class SimRecv(SimRequest):
-    __slots__ = ("src", "mode", "buffer", "ufunc", "label", "post", "source", "array")
+    """A simulated receive. It is posted (matched with a message that is
+    already here, or queued for one) when the rank first tests it, not when
+    it is made: a rank's receives count from the moment its driver starts
+    waiting for them, and its in port books them in that order (a step's
+    requests are tested in the order the algorithm lists them)."""
+
+    __slots__ = ("src", "mode", "buffer", "ufunc", "label", "post", "source", "array",
+                 "posted")
 
     def __init__(self, transport, src, tag, context, mode, buffer, ufunc, label, post):
         self.transport = transport
@@ -155,6 +162,15 @@ class SimRecv(SimRequest):
         self.post = post
         self.source = None
         self.array = None
+        self.posted = False
+
+    def test(self) -> bool:
+        if not self.posted:
+            self.posted = True
+            self.transport._post(self)
+        return SimRequest.test(self)
+
+    is_completed = test
 
     @property
     def source_rank(self):
@@ -294,6 +310,8 @@ class SimTransport(RankClock):
 
     # ---------------------------------------------------------------- fast paths (none)
 
+    small_messages = False  # no small-message path: see send_small
+
     def send_small(self, array, dst, tag, context, label) -> bool:
         return False  # every send must hand back a request that carries its finish time
 
@@ -403,12 +421,15 @@ class SimTransport(RankClock):
     def irecv(self, src: int, tag: int, context: int = 0, *, into: np.ndarray | None = None,
               reduce_into: np.ndarray | None = None, ufunc=None, label: str = "") -> SimRecv:
         if reduce_into is not None:
-            request = SimRecv(self, src, tag, context, _REDUCE, reduce_into, ufunc, label,
-                              self.clock)
-        elif into is not None:
-            request = SimRecv(self, src, tag, context, _INTO, into, None, label, self.clock)
-        else:
-            request = SimRecv(self, src, tag, context, _NEW, None, None, label, self.clock)
+            return SimRecv(self, src, tag, context, _REDUCE, reduce_into, ufunc, label, None)
+        if into is not None:
+            return SimRecv(self, src, tag, context, _INTO, into, None, label, None)
+        return SimRecv(self, src, tag, context, _NEW, None, None, label, None)
+
+    def _post(self, request: SimRecv) -> None:
+        """Post ``request`` now (its first test): take the message if it is here."""
+        request.post = self.clock
+        src, tag, context = request.src, request.tag, request.context
         queue = self._unexpected.get(src)  # never for ANY_SOURCE: it is no sender
         if queue:
             data, message_tag, message_context, arrival, charged, seq = queue[0]
@@ -417,14 +438,13 @@ class SimTransport(RankClock):
                 queue.popleft()
                 request.take(data, owned=True)
                 self._settle(request, src, arrival, charged, seq)
-                return request
+                return
         if self._unexpected and self._take_unexpected(request, src, tag, context):
-            return request
+            return
         queue = self._posted.get(src)
         if queue is None:
             queue = self._posted[src] = deque()
         queue.append(request)
-        return request
 
     def _take_unexpected(self, request, src, tag, context) -> bool:
         """Match ``request`` with a message already here; True if it is settled
