@@ -8,7 +8,10 @@ counted once, that one call runs inside minidist, with the shortcuts off.
 TREE is a checkout of minidist (another revision: `git worktree add`); the
 paths are ``ring`` (``dist.all_reduce(x, algorithm="ring")``), ``ddp``
 (``loss.backward()`` through DDP's hooks and buckets) and ``fsdp`` (an FSDP
-forward). Rank 0's repeated call is traced, on 2 ranks over shm.
+forward). Rank 0's repeated call is traced, on 2 ranks over shm. The
+report splits the files above the transport (what the call and the
+algorithm are) from the progress engine and its channel (transport/ and
+runtime/: what MPI calls the device layer).
 docs/ARCHITECTURE.md reports the counts.
 """
 
@@ -106,6 +109,11 @@ def main() -> None:
     path = {"ring": ring, "ddp": ddp, "fsdp": fsdp}[WHICH]
     files, functions, total = minidist.launch(path, world_size=2, transport="shm")[0]
     print(f"{WHICH}: {len(files)} files, {functions} functions, {total} lines")
+    engine = {name: lines for name, lines in files.items() if "/transport/" in name
+              or name.startswith("minidist/runtime/")}
+    print(f"   above the transport: {len(files) - len(engine)} files, "
+          f"{total - sum(engine.values())} lines; the engine and its channel "
+          f"(transport/, runtime/): {len(engine)} files, {sum(engine.values())} lines")
     for name, lines in sorted(files.items(), key=lambda item: -item[1]):
         print(f"   {lines:5d}  {name}")
 
