@@ -328,17 +328,56 @@ class Module:
 
     def to(self, dtype):
         """Convert floating-point parameters and buffers to ``dtype`` (e.g.
-        ``numpy.float64`` for gradient checks); returns self. The arrays are
-        replaced, so do this before handing parameters to an optimizer or a
-        parallel strategy that keeps views of them."""
+        ``numpy.float64`` for gradient checks); returns self. Integer buffers
+        (a step count) keep their dtype, and a gradient already computed is
+        cast with its parameter, as torch's ``Module.to`` does.
+
+        The Parameter objects stay the same, their arrays are replaced:
+        an optimizer that holds the parameters steps the new arrays, but
+        state it already made (a momentum buffer) keeps the old dtype, and a
+        parallel strategy that keeps views of the old arrays loses them. So
+        convert before building the optimizer or the strategy."""
+        if "bfloat16" in str(getattr(dtype, "__name__", dtype)):
+            self.bfloat16()
         dtype = numpy.dtype(dtype)
         if not numpy.issubdtype(dtype, numpy.floating):
-            raise TypeError(f"to(dtype) needs a floating dtype, got {dtype}")
+            raise TypeError(f"to(dtype) needs a floating dtype such as numpy.float16, "
+                            f"numpy.float32 or numpy.float64, got {dtype}")
         for tensor in list(self.parameters()) + list(self.buffers()):
             if numpy.issubdtype(tensor.data.dtype, numpy.floating):
                 tensor.data = tensor.data.astype(dtype)
-                tensor.grad = None
+                if tensor.grad is not None:
+                    tensor.grad = tensor.grad.astype(dtype)
         return self
+
+    def half(self):
+        """Floating-point parameters and buffers to float16 (torch's
+        ``Module.half()``); returns self. Every layer then computes in
+        float16 (arrays stay in the dtype of the layer's weights). To train
+        so, keep float32 master copies: see :mod:`minidist.amp`."""
+        return self.to(numpy.float16)
+
+    def float(self):
+        """Floating-point parameters and buffers to float32, the default
+        (torch's ``Module.float()``); returns self."""
+        return self.to(numpy.float32)
+
+    def bfloat16(self):
+        """Refused, with the reason: torch's ``Module.bfloat16()`` has no
+        honest equivalent on NumPy arrays."""
+        raise TypeError(
+            "minidist has no bfloat16: NumPy has no such dtype, and the one the ml_dtypes "
+            "package adds is not a numpy.floating type (the autograd and optimizers refuse "
+            "it), its matrix product returns float32 (so a layer's arrays could not stay in "
+            "its weights' dtype, minidist's rule), its elementwise ops run several times "
+            "slower than float32's, and CuPy has no bfloat16. Train in float16 with float32 "
+            "master weights and loss scaling (minidist.amp), or see what bfloat16's 8-bit "
+            "mantissa does to numbers with minidist.amp.round_to_bfloat16(array)")
+
+    def double(self):
+        """Floating-point parameters and buffers to float64, for gradient
+        checks (torch's ``Module.double()``); returns self."""
+        return self.to(numpy.float64)
 
     # -- checkpoints --------------------------------------------------------
     def _state_tensors(self):
