@@ -16,6 +16,10 @@ Files, one idea each:
 * ``im2col.py``: convolution as one matrix product
 * ``linear.py``, ``conv.py``, ``pooling.py``, ``batchnorm.py``,
   ``dropout.py``, ``flatten.py``, ``activation.py``: the layers
+* ``embedding.py``, ``layernorm.py``, ``attention.py``: the transformer's
+  layers (Embedding, LayerNorm, MultiheadAttention; GELU is in
+  ``activation.py``, scaled_dot_product_attention in ``functional.py``)
+* ``erf.py``: erf and erfc to double precision, for the exact GELU
 * ``container.py``: Sequential, ModuleList; ``loss.py``: the losses
 * ``init.py``: initialisers and the seeding convention
 * ``mobile.py``: MobileNet's depthwise separable block and its cost counts
@@ -28,12 +32,15 @@ Files, one idea each:
 
 from minidist.nn import distillation, functional, init, mobile
 from minidist.nn.activation import GELU, Identity, LogSoftmax, ReLU, Sigmoid, Softmax, Tanh
+from minidist.nn.attention import MultiheadAttention
 from minidist.nn.batchnorm import BatchNorm1d, BatchNorm2d
 from minidist.nn.container import ModuleList, Sequential
 from minidist.nn.conv import Conv2d
 from minidist.nn.distillation import DistillationLoss, HintRegressor
 from minidist.nn.dropout import Dropout
+from minidist.nn.embedding import Embedding
 from minidist.nn.flatten import Flatten
+from minidist.nn.layernorm import LayerNorm
 from minidist.nn.linear import Linear
 from minidist.nn.loss import CrossEntropyLoss, MSELoss, NLLLoss
 from minidist.nn.mobile import DepthwiseSeparableConv2d
@@ -46,7 +53,7 @@ __all__ = [
     "Module", "Parameter", "IncompatibleKeys", "Sequential", "ModuleList",
     "Linear", "Conv2d", "MaxPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d",
     "Dropout", "Flatten", "ReLU", "Tanh", "Sigmoid", "GELU", "Softmax", "LogSoftmax",
-    "Identity", "DepthwiseSeparableConv2d", "CheckpointedSequential", "checkpoint", "checkpoint_sequential",
+    "Identity", "Embedding", "LayerNorm", "MultiheadAttention", "DepthwiseSeparableConv2d", "CheckpointedSequential", "checkpoint", "checkpoint_sequential",
     "CrossEntropyLoss", "NLLLoss", "MSELoss", "DistillationLoss", "HintRegressor",
     "functional", "init", "mobile", "distillation",
 ]

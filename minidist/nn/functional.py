@@ -30,13 +30,14 @@ import numpy
 from minidist import backend
 from minidist.nn import init
 from minidist.nn.conv_gemm_sizing import weight_gradient_operand
+from minidist.nn.erf import erfc
 from minidist.nn.im2col import (
     col2im_product,
     im2col,
     output_size,
     window,
 )
-from minidist.tensor import Tensor, _owned_gradients, _shape_str
+from minidist.tensor import Tensor, _owned_gradients, _shape_str, _unbroadcast
 
 # --------------------------------------------------------------------------
 # Helpers
@@ -150,36 +151,25 @@ _INV_SQRT_2 = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
-def _erf(x):
-    """erf(x) from the rational-exponential approximation of erfc in
-    Numerical Recipes (``erfcc``, after Chebyshev fitting): relative error
-    below 1.2e-7 everywhere, under float32 resolution. NumPy has no erf, and
-    this keeps GELU a pure array expression that runs on CuPy too."""
-    xp = backend.of(x)
-    z = xp.abs(x)
-    t = 1.0 / (1.0 + 0.5 * z)
-    poly = -1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (
-        -0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (
-            -0.82215223 + t * 0.17087277))))))))
-    erfc = t * xp.exp(poly - z * z)
-    return xp.where(x >= 0, 1.0 - erfc, erfc - 1.0)
-
-
 def gelu(input, approximate: str = "none") -> Tensor:
-    """Gaussian Error Linear Unit: x * Phi(x), Phi the standard normal CDF.
+    """Gaussian Error Linear Unit: x * Phi(x), Phi the standard normal CDF
+    (torch's ``F.gelu``).
 
     ``approximate="none"`` (the default, as in PyTorch) uses
-    Phi(x) = (1 + erf(x / sqrt 2)) / 2, with erf from :func:`_erf` (accurate
-    to float32 resolution); the gradient is Phi(x) + x * phi(x), phi the
-    normal density. ``approximate="tanh"`` uses the approximation of GPT-2,
+    Phi(x) = erfc(-x / sqrt 2) / 2 with the double-precision erfc of
+    :mod:`minidist.nn.erf` (erfc rather than 1 + erf, so that Phi keeps its
+    digits for very negative x); the gradient is Phi(x) + x * phi(x), phi the
+    normal density. Cost: the erfc's ~60 passes forward, one exp backward.
+    ``approximate="tanh"`` uses the approximation of GPT-2,
     Phi(x) ~ (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) / 2, differentiated
-    exactly.
+    exactly: a handful of passes.
     """
     input = _tensor(input)
     x = input.data
     xp = backend.of(x)
     if approximate == "none":
-        cdf = 0.5 * (1.0 + _erf(x * _INV_SQRT_2))
+        cdf = erfc(x * -_INV_SQRT_2)
+        cdf *= 0.5
         out = x * cdf
 
         def backward(g):
@@ -677,6 +667,285 @@ def batch_norm(
 
 
 # --------------------------------------------------------------------------
+# Embedding and layer normalisation
+
+
+def _indices(input, function: str):
+    """``input`` (a Tensor, an array, a list or an int) as an integer array."""
+    indices = input.data if isinstance(input, Tensor) else input
+    if isinstance(indices, (list, tuple, int, numpy.integer)):
+        indices = numpy.asarray(indices)
+    if not numpy.issubdtype(indices.dtype, numpy.integer):
+        raise TypeError(
+            f"{function}: indices must be integers, got dtype {indices.dtype}; convert them with "
+            "indices.astype(numpy.int64) (token ids, not one-hot vectors or floats)"
+        )
+    return indices
+
+
+def embedding(input, weight, padding_idx: int | None = None) -> Tensor:
+    """Row lookup: ``weight[input]``, of shape input.shape + (embedding_dim,)
+    (torch's ``F.embedding``). ``input`` holds integer indices in
+    [0, num_embeddings) (a Tensor, an array or a list); it gets no gradient.
+
+    Backward scatters the output's gradient back into the rows it came from
+    with ``add.at``, so an index that occurs several times (the same token
+    twice in a batch) accumulates all its gradients into one row. The row
+    ``padding_idx`` (if given) receives no gradient, as in torch.
+    Cost: a gather of len(input) rows forward; backward a zero-filled
+    (num_embeddings, embedding_dim) gradient and a scatter-add of the rows.
+    """
+    w = weight.data
+    if w.ndim != 2:
+        raise ValueError(f"embedding: weight must be (num_embeddings, embedding_dim), got {_shape_str(w.shape)}")
+    indices = _indices(input, "embedding")
+    xp = backend.of(w)
+    if backend.of(indices) is not xp:
+        indices = xp.asarray(backend.to_numpy(indices))
+    rows = w.shape[0]
+    if indices.size:
+        low, high = int(indices.min()), int(indices.max())
+        if low < 0 or high >= rows:
+            raise IndexError(
+                f"embedding: index {low if low < 0 else high} is out of range for a table of "
+                f"{rows} rows (valid indices are 0..{rows - 1}); check the tokenizer's vocabulary "
+                f"size against Embedding(num_embeddings={rows}, ...)"
+            )
+    out = w[indices]
+
+    def backward(g):
+        grad_w = xp.zeros_like(w)
+        xp.add.at(grad_w, indices.reshape(-1), g.reshape(-1, w.shape[1]))
+        if padding_idx is not None:
+            grad_w[padding_idx] = 0
+        return (grad_w,)
+
+    return Tensor._make(out, (weight,), backward, "embedding")
+
+
+def _normalized_axes(x, normalized_shape, function: str) -> tuple[int, ...]:
+    shape = (normalized_shape,) if isinstance(normalized_shape, (int, numpy.integer)) else tuple(normalized_shape)
+    count = len(shape)
+    if count == 0 or x.ndim < count or tuple(x.shape[x.ndim - count:]) != tuple(int(s) for s in shape):
+        raise ValueError(
+            f"{function}: normalized_shape {shape} must be the last axes of the input, whose shape "
+            f"is {_shape_str(x.shape)}; for a (batch, length, features) input use "
+            f"LayerNorm({x.shape[-1] if x.ndim else '?'})"
+        )
+    return tuple(range(x.ndim - count, x.ndim))
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -> Tensor:
+    """Layer normalisation (Ba et al., 2016; torch's ``F.layer_norm``): each
+    sample is normalised over its last ``len(normalized_shape)`` axes,
+
+        y = (x - mean) / sqrt(var + eps) * weight + bias,
+
+    with the biased variance, then scaled and shifted elementwise by
+    ``weight`` and ``bias`` (of shape ``normalized_shape``; either may be
+    None). Unlike BatchNorm nothing is shared across the batch: training and
+    evaluation compute the same thing, and there are no running statistics.
+
+    One node. With x_hat = (x - mean) * rstd and gh = g * weight, the
+    backward is the standard one: grad_weight = sum over the batch of
+    g * x_hat, grad_bias = sum of g, and
+
+        grad_x = rstd * (gh - mean(gh) - x_hat * mean(gh * x_hat)),
+
+    the means over the normalised axes (the two terms remove what the mean
+    and the variance depend on x). Cost: about 8 passes over the input
+    forward and 10 backward; x_hat and rstd are kept.
+    """
+    input = _tensor(input)
+    dtype = weight.data.dtype if weight is not None else input.data.dtype
+    x = _in_dtype(input.data, dtype)
+    axes = _normalized_axes(x, normalized_shape, "layer_norm")
+    shape = x.shape[axes[0]:]
+    for name, param in (("weight", weight), ("bias", bias)):
+        if param is not None and tuple(param.data.shape) != shape:
+            raise ValueError(
+                f"layer_norm: {name} has shape {_shape_str(param.data.shape)}, expected normalized_shape {shape}"
+            )
+    xp = backend.of(x)
+    mean = x.mean(axis=axes, keepdims=True)
+    x_hat = x - mean
+    var = (x_hat * x_hat).mean(axis=axes, keepdims=True)
+    rstd = 1.0 / xp.sqrt(var + eps)
+    x_hat *= rstd
+    out = x_hat * weight.data if weight is not None else x_hat.copy()
+    if bias is not None:
+        out += bias.data
+    batch_axes = tuple(range(axes[0]))
+
+    def backward(g):
+        grad_x = grad_w = grad_b = None
+        if weight is not None and weight.requires_grad:
+            grad_w = (g * x_hat).sum(axis=batch_axes)
+        if bias is not None and bias.requires_grad:
+            grad_b = g.sum(axis=batch_axes)
+        if input.requires_grad:
+            gh = g * weight.data if weight is not None else g.copy()
+            grad_x = gh - gh.mean(axis=axes, keepdims=True)
+            grad_x -= x_hat * (gh * x_hat).mean(axis=axes, keepdims=True)
+            grad_x *= rstd
+        return (grad_x,) + tuple(grad for grad, param in ((grad_w, weight), (grad_b, bias))
+                                 if param is not None)
+
+    parents = tuple(p for p in (input, weight, bias) if p is not None)
+    return Tensor._make(out, parents, backward, "layer_norm")
+
+
+# --------------------------------------------------------------------------
+# Attention
+
+
+def _attention_mask(attn_mask, is_causal, target_len, source_len, dtype, xp, function):
+    """``(allowed, additive, mask_tensor)``: a boolean array of the pairs
+    that take part (or None), a float array to add to the scores (or None),
+    and the mask as a Tensor when it needs a gradient."""
+    if is_causal:
+        if attn_mask is not None:
+            raise ValueError(
+                f"{function}: pass either attn_mask or is_causal=True, not both (is_causal is the "
+                "lower-triangular boolean mask); fold the causal mask into attn_mask if you need both"
+            )
+        causal = xp.tril(xp.ones((target_len, source_len), dtype=bool))
+        return causal, None, None
+    if attn_mask is None:
+        return None, None, None
+    mask_tensor = attn_mask if isinstance(attn_mask, Tensor) and attn_mask.requires_grad else None
+    mask = attn_mask.data if isinstance(attn_mask, Tensor) else attn_mask
+    if backend.of(mask) is not xp:
+        mask = xp.asarray(backend.to_numpy(mask))
+    if mask.dtype == bool:
+        return mask, None, None
+    if not numpy.issubdtype(mask.dtype, numpy.floating):
+        raise TypeError(
+            f"{function}: attn_mask must be boolean (True = take part, as torch) or floating "
+            f"(added to the scores), got dtype {mask.dtype}; use mask.astype(bool)"
+        )
+    return None, _in_dtype(mask, dtype), mask_tensor
+
+
+def _attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
+               scale=None, rng=None, function: str = "scaled_dot_product_attention"):
+    """Softmax attention as one node: ``(output Tensor, attention weights
+    array)``; see :func:`scaled_dot_product_attention`. The weights (after
+    dropout) are returned for ``MultiheadAttention(need_weights=True)``."""
+    query, key, value = _tensor(query), _tensor(key), _tensor(value)
+    q, k, v = query.data, key.data, value.data
+    if q.ndim < 2 or k.ndim < 2 or v.ndim < 2:
+        raise ValueError(f"{function}: query, key and value need at least 2 axes (..., length, features), got "
+                         f"{_shape_str(q.shape)}, {_shape_str(k.shape)}, {_shape_str(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"{function}: query, key and value must have one dtype, got {q.dtype}, {k.dtype}, "
+                        f"{v.dtype}; cast them (e.g. with .astype(numpy.float32))")
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"{function}: query (..., L, E) {_shape_str(q.shape)}, key (..., S, E) {_shape_str(k.shape)} "
+            f"and value (..., S, Ev) {_shape_str(v.shape)} disagree: query and key need the same last "
+            "axis E, key and value the same length S"
+        )
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"{function}: dropout_p must be in [0, 1], got {dropout_p}")
+    xp = backend.of(q)
+    target_len, source_len = q.shape[-2], k.shape[-2]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    allowed, additive, mask_tensor = _attention_mask(attn_mask, is_causal, target_len, source_len,
+                                                     q.dtype, xp, function)
+
+    scores = q @ xp.swapaxes(k, -1, -2)  # (..., L, S)
+    scores *= scale
+    if additive is not None:
+        scores = scores + additive
+    if allowed is not None:
+        scores = xp.where(allowed, scores, -numpy.inf)
+    # Softmax shifted by each row's maximum, so exp never overflows. A row in
+    # which no key takes part (all -inf) gives zeros, as torch's CPU kernel
+    # does, rather than 0/0.
+    top = scores.max(axis=-1, keepdims=True)
+    top[~xp.isfinite(top)] = 0
+    weights = xp.exp(scores - top)
+    total = weights.sum(axis=-1, keepdims=True)
+    total[total == 0] = 1
+    weights /= total
+    del scores
+    keep = None
+    if dropout_p > 0.0:
+        draws = init.as_generator(rng).random(weights.shape, dtype=numpy.float32)
+        keep = xp.asarray(draws >= dropout_p).astype(q.dtype)
+        keep *= 1.0 / (1.0 - dropout_p) if dropout_p < 1.0 else 0.0
+        used = weights * keep
+    else:
+        used = weights
+    out = used @ v
+
+    def backward(g):
+        grad_v = _unbroadcast(xp.swapaxes(used, -1, -2) @ g, v.shape) if value.requires_grad else None
+        need_scores = query.requires_grad or key.requires_grad or mask_tensor is not None
+        grad_q = grad_k = grad_mask = None
+        if need_scores:
+            grad_weights = g @ xp.swapaxes(v, -1, -2)  # (..., L, S)
+            if keep is not None:
+                grad_weights *= keep
+                row = (grad_weights * weights).sum(axis=-1, keepdims=True)
+            else:
+                # sum_j dP_ij P_ij = sum_d g_id out_id: (L, D) work, not (L, S).
+                row = (g * out).sum(axis=-1, keepdims=True)
+            grad_weights -= row
+            grad_weights *= weights  # the softmax's backward: P * (dP - rowsum(dP * P))
+            if mask_tensor is not None:
+                grad_mask = _unbroadcast(grad_weights, mask_tensor.shape)
+            grad_weights *= scale
+            if query.requires_grad:
+                grad_q = _unbroadcast(grad_weights @ k, q.shape)
+            if key.requires_grad:
+                grad_k = _unbroadcast(xp.swapaxes(grad_weights, -1, -2) @ q, k.shape)
+        grads = (grad_q, grad_k, grad_v)
+        return grads + (grad_mask,) if mask_tensor is not None else grads
+
+    parents = (query, key, value) + ((mask_tensor,) if mask_tensor is not None else ())
+    return Tensor._make(out, parents, backward, "scaled_dot_product_attention"), used
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale=None, enable_gqa: bool = False,
+                                 rng=None) -> Tensor:
+    """softmax(Q K^T * scale + mask) V, torch's ``F.scaled_dot_product_attention``.
+
+    ``query`` (..., L, E), ``key`` (..., S, E), ``value`` (..., S, Ev); the
+    leading axes (usually batch and heads, (B, H, L, E)) broadcast as in
+    matmul. ``scale`` defaults to 1/sqrt(E). ``attn_mask`` broadcasts to
+    (..., L, S): boolean, True where a query may attend to a key (as torch;
+    note that MultiheadAttention's masks mean the opposite), or floating,
+    added to the scores (-inf forbids a pair). ``is_causal=True`` is the
+    lower-triangular mask (query i sees keys 0..i), and cannot be combined
+    with ``attn_mask``. A query row that may see no key at all gives zeros.
+    ``dropout_p`` > 0 drops attention weights (scaling the rest by
+    1/(1-dropout_p)) with a mask drawn from ``rng`` as :func:`dropout`
+    draws it; torch's own draws cannot be reproduced. Pass
+    ``dropout_p=0.0`` in evaluation, as with torch.
+
+    One node. Forward: S = Q K^T * scale (+ mask), P = softmax(S) along the
+    keys (shifted by the row maximum), O = P V. Backward, from dO:
+    dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dO * O)) (the softmax's
+    backward, its row sum taken on (L, Ev) rather than (L, S)),
+    dQ = dS K * scale, dK = dS^T Q * scale; a floating mask that requires a
+    gradient gets dS. Every product is one batched matmul over the leading
+    axes. Cost: 4 L S E flops forward (two GEMMs), 8 L S E backward, per
+    leading index; the (L, S) weights P are kept, the memory that
+    recomputation and flash attention avoid.
+    """
+    if enable_gqa:
+        raise NotImplementedError(
+            "scaled_dot_product_attention: enable_gqa=True (grouped-query attention) is not "
+            "implemented; repeat the key and value heads to the query's number of heads instead"
+        )
+    out, _ = _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, rng)
+    return out
+
+
+# --------------------------------------------------------------------------
 # Dropout and shape
 
 
@@ -726,96 +995,167 @@ def flatten(input, start_dim: int = 1, end_dim: int = -1) -> Tensor:
 # Losses
 
 
-def _class_labels(target, scores, function: str):
-    """``target`` as a 1-D integer array on the scores' backend, checked
-    against the (N, classes) scores."""
+def _class_labels(target, scores, function: str, ignore_index: int = -100):
+    """``(scores as (M, classes), labels as (M,), the per-sample shape)``.
+
+    The scores are (N, classes), (N, classes, d1, ...) with labels
+    (N, d1, ...) (a class per position, as torch: the class axis is axis 1),
+    or (classes,) with a 0-d label. The labels come as a Tensor, array, list
+    or int, go to the scores' backend, and must be integer classes in
+    [0, classes) or ``ignore_index``."""
     xp = backend.of(scores)
     labels = target.data if isinstance(target, Tensor) else target
     if isinstance(labels, (list, tuple, int, numpy.integer)):
         labels = numpy.asarray(labels)
     if backend.of(labels) is not xp:
         labels = xp.asarray(backend.to_numpy(labels))
-    if scores.ndim != 2:
+    if scores.ndim == 0:
+        raise ValueError(f"{function} expects scores of shape (batch, classes), got a 0-d array")
+    if scores.ndim == 1:
+        expected = ()
+    else:
+        expected = (scores.shape[0],) + tuple(scores.shape[2:])
+    if tuple(labels.shape) != expected:
+        if scores.ndim <= 2:
+            raise ValueError(
+                f"{function}: the scores have batch size {scores.shape[0]} (shape "
+                f"{_shape_str(scores.shape)}) but the labels have shape {_shape_str(labels.shape)}; "
+                f"pass one integer class label per row of scores, shape {_shape_str(expected)}"
+            )
         raise ValueError(
-            f"{function} expects scores of shape (batch, classes), got {_shape_str(scores.shape)}; "
-            "flatten extra axes into the batch, e.g. logits.reshape(-1, classes) and labels.reshape(-1)"
-        )
-    if labels.ndim != 1 or labels.shape[0] != scores.shape[0]:
-        raise ValueError(
-            f"{function}: the scores have batch size {scores.shape[0]} (shape "
-            f"{_shape_str(scores.shape)}) but the labels have shape {_shape_str(labels.shape)}; "
-            "pass one integer class label per row of scores, shape "
-            f"({scores.shape[0]},)"
+            f"{function}: scores of shape {_shape_str(scores.shape)} are read as (batch, classes, d1, ...) "
+            f"with the classes on axis 1, as torch, so the labels must have shape {_shape_str(expected)}, "
+            f"got {_shape_str(labels.shape)}; for (batch, length, classes) logits flatten to "
+            "(batch, classes) rows: logits.reshape(-1, classes) and labels.reshape(-1)"
         )
     if not numpy.issubdtype(labels.dtype, numpy.integer):
         raise TypeError(
             f"{function}: labels must be integer class indices, got dtype {labels.dtype}; convert "
             "them with labels.astype(numpy.int64) (probability targets are not supported)"
         )
-    classes = scores.shape[1]
-    if labels.size:
-        low, high = int(labels.min()), int(labels.max())
+    classes = scores.shape[0] if scores.ndim == 1 else scores.shape[1]
+    counted = labels[labels != ignore_index]
+    if counted.size:
+        low, high = int(counted.min()), int(counted.max())
         if low < 0 or high >= classes:
             bad = low if low < 0 else high
             raise ValueError(
                 f"{function}: label {bad} is out of range for scores with {classes} classes "
-                f"(valid labels are 0..{classes - 1}); check the labels, or give the last layer "
-                "as many outputs as there are classes"
+                f"(valid labels are 0..{classes - 1}, and ignore_index={ignore_index} for positions "
+                "that count for nothing); check the labels, or give the last layer as many outputs "
+                "as there are classes"
             )
-    return labels
+    if scores.ndim == 1:
+        rows = scores.reshape(1, classes)
+    elif scores.ndim == 2:
+        rows = scores
+    else:
+        rows = xp.moveaxis(scores, 1, -1).reshape(-1, classes)
+    return rows, labels.reshape(-1), expected
 
 
-def cross_entropy(input, target, reduction: str = "mean") -> Tensor:
+def _class_gradient(grad_rows, scores):
+    """The (M, classes) gradient back in the scores' layout."""
+    if scores.ndim <= 2:
+        return grad_rows.reshape(scores.shape)
+    xp = backend.of(grad_rows)
+    moved = grad_rows.reshape((scores.shape[0],) + scores.shape[2:] + (scores.shape[1],))
+    return xp.moveaxis(moved, -1, 1)
+
+
+def _reduce_counted(losses, reduction: str, count: int, shape):
+    """Per-sample losses (ignored ones 0) reduced: 'mean' divides by the
+    number counted (NaN when none is, as torch), 'none' keeps ``shape``."""
+    xp = backend.of(losses)
+    if reduction == "mean":
+        total = losses.sum()
+        return xp.asarray(total / count if count else numpy.nan, dtype=losses.dtype)
+    if reduction == "sum":
+        return xp.asarray(losses.sum(), dtype=losses.dtype)
+    return losses.reshape(shape)
+
+
+def _counted_scale(g, reduction: str, count: int):
+    """The gradient arriving at each per-sample loss, as an (M, 1) column or
+    a scalar (see :func:`_loss_scale`)."""
+    if reduction == "none":
+        return g.reshape(-1, 1)
+    return g / max(count, 1) if reduction == "mean" else g
+
+
+def cross_entropy(input, target, reduction: str = "mean", ignore_index: int = -100) -> Tensor:
     """Cross-entropy of logits ``input`` (N, classes) against integer class
     labels ``target`` (N,) (a Tensor, an array or a list):
-    loss_i = logsumexp(z_i) - z_i[y_i], averaged over the batch by default.
+    loss_i = logsumexp(z_i) - z_i[y_i], averaged over the batch by default
+    (torch's ``F.cross_entropy``; ``reduction`` is the third argument here,
+    so pass torch's others by name). Also, as torch: logits
+    (N, classes, d1, ...) with labels (N, d1, ...) (the class axis is 1), and
+    (classes,) with one label.
+
+    A label equal to ``ignore_index`` (-100, torch's default) counts for
+    nothing: its loss is 0, its logits get no gradient, and the mean divides
+    by the number of labels that are not ignored (NaN if all are, as torch).
+    Padding and the positions a language model must not predict use it.
 
     Fused log-softmax and negative log-likelihood, one node: the forward
     shifts each row by its maximum so exp never overflows, and the backward
-    is the famous (softmax(z) - onehot(y)) / N, computed from the saved
+    is the famous (softmax(z) - onehot(y)) / count, computed from the saved
     exponentials without building a one-hot matrix. Cost: a few passes over
-    the (N, classes) logits.
+    the logits (plus one transposing copy for (N, classes, d1, ...)).
     """
     _check_reduction(reduction, "cross_entropy")
     input = _tensor(input)
-    z = input.data
-    labels = _class_labels(target, z, "cross_entropy")
+    scores = input.data
+    z, labels, shape = _class_labels(target, scores, "cross_entropy", ignore_index)
     xp = backend.of(z)
-    n = z.shape[0]
-    rows = xp.arange(n)
+    rows = xp.arange(z.shape[0])
+    counted = labels != ignore_index
+    all_counted = bool(counted.all())
+    picked = labels if all_counted else xp.where(counted, labels, 0)
+    count = int(counted.sum())
     shifted = z - z.max(axis=1, keepdims=True)
     exp = xp.exp(shifted)
     sum_exp = exp.sum(axis=1)
-    losses = xp.log(sum_exp) - shifted[rows, labels]
-    out = _reduce(losses, reduction)
+    losses = xp.log(sum_exp) - shifted[rows, picked]
+    if not all_counted:
+        losses[~counted] = 0
+    out = _reduce_counted(losses, reduction, count, shape)
 
     def backward(g):
         grad = exp / sum_exp[:, None]
-        grad[rows, labels] -= 1
-        scale = _loss_scale(g, reduction, n)
-        grad *= scale[:, None] if reduction == "none" else scale
-        return (grad,)
+        grad[rows, picked] -= 1
+        if not all_counted:
+            grad[~counted] = 0
+        grad *= _counted_scale(g, reduction, count)
+        return (_class_gradient(grad, scores),)
 
     return Tensor._make(out, (input,), backward, "cross_entropy")
 
 
-def nll_loss(input, target, reduction: str = "mean") -> Tensor:
+def nll_loss(input, target, reduction: str = "mean", ignore_index: int = -100) -> Tensor:
     """Negative log-likelihood of log-probabilities ``input`` (N, classes):
-    loss_i = -input[i, y_i]. ``cross_entropy(z, y)`` equals
-    ``nll_loss(log_softmax(z), y)``, in one fused node."""
+    loss_i = -input[i, y_i]; shapes and ``ignore_index`` as
+    :func:`cross_entropy`. ``cross_entropy(z, y)`` equals
+    ``nll_loss(log_softmax(z, axis=1), y)``, in one fused node."""
     _check_reduction(reduction, "nll_loss")
     input = _tensor(input)
     scores = input.data
-    labels = _class_labels(target, scores, "nll_loss")
-    xp = backend.of(scores)
-    n = scores.shape[0]
-    rows = xp.arange(n)
-    out = _reduce(-scores[rows, labels], reduction)
+    z, labels, shape = _class_labels(target, scores, "nll_loss", ignore_index)
+    xp = backend.of(z)
+    rows = xp.arange(z.shape[0])
+    counted = labels != ignore_index
+    picked = xp.where(counted, labels, 0)
+    count = int(counted.sum())
+    losses = -z[rows, picked]
+    losses[~counted] = 0
+    out = _reduce_counted(losses, reduction, count, shape)
 
     def backward(g):
-        grad = xp.zeros_like(scores)
-        grad[rows, labels] = -_loss_scale(g, reduction, n)
-        return (grad,)
+        grad = xp.zeros_like(z)
+        scale = -_counted_scale(g, reduction, count)
+        grad[rows, picked] = scale[:, 0] if reduction == "none" else scale
+        grad[~counted] = 0
+        return (_class_gradient(grad, scores),)
 
     return Tensor._make(out, (input,), backward, "nll_loss")
 
@@ -852,5 +1192,5 @@ def mse_loss(input, target, reduction: str = "mean") -> Tensor:
 __all__ = [
     "relu", "sigmoid", "tanh", "gelu", "softmax", "log_softmax", "linear", "conv2d",
     "max_pool2d", "avg_pool2d", "batch_norm", "dropout", "flatten", "cross_entropy",
-    "nll_loss", "mse_loss",
+    "nll_loss", "mse_loss", "embedding", "layer_norm", "scaled_dot_product_attention",
 ]

@@ -17,22 +17,35 @@ class _Loss(Module):
         return "" if self.reduction == "mean" else f"reduction={self.reduction!r}"
 
 
-class CrossEntropyLoss(_Loss):
-    """``CrossEntropyLoss(reduction="mean")``: logits (N, classes) and
-    integer labels (N,) (Tensor, array or list) -> the mean of
-    logsumexp(z_i) - z_i[y_i]. Log-softmax and NLL fused in one stable node;
-    see :func:`functional.cross_entropy`."""
+class _ClassLoss(_Loss):
+    def __init__(self, reduction: str = "mean", ignore_index: int = -100):
+        super().__init__(reduction)
+        self.ignore_index = int(ignore_index)
+
+    def extra_repr(self) -> str:
+        parts = [super().extra_repr(), "" if self.ignore_index == -100 else f"ignore_index={self.ignore_index}"]
+        return ", ".join(part for part in parts if part)
+
+
+class CrossEntropyLoss(_ClassLoss):
+    """``CrossEntropyLoss(reduction="mean", ignore_index=-100)``: logits
+    (N, classes) and integer labels (N,) (Tensor, array or list), or
+    (N, classes, d1, ...) and (N, d1, ...) as torch -> the mean of
+    logsumexp(z_i) - z_i[y_i] over the labels that are not ``ignore_index``.
+    Log-softmax and NLL fused in one stable node; see
+    :func:`functional.cross_entropy`."""
 
     def forward(self, input, target):
-        return F.cross_entropy(input, target, self.reduction)
+        return F.cross_entropy(input, target, self.reduction, self.ignore_index)
 
 
-class NLLLoss(_Loss):
-    """``NLLLoss(reduction="mean")``: log-probabilities (N, classes) and
-    integer labels (N,) -> the mean of -logp[i, y_i]."""
+class NLLLoss(_ClassLoss):
+    """``NLLLoss(reduction="mean", ignore_index=-100)``: log-probabilities
+    (N, classes) and integer labels (N,) -> the mean of -logp[i, y_i] over
+    the labels that are not ``ignore_index``."""
 
     def forward(self, input, target):
-        return F.nll_loss(input, target, self.reduction)
+        return F.nll_loss(input, target, self.reduction, self.ignore_index)
 
 
 class MSELoss(_Loss):
