@@ -116,7 +116,7 @@ def minidist_results(dtype: str) -> dict:
             put(case, weights=weights, grad_memory=memory.grad)
         else:
             seq = xx.transpose(1, 0, 2)
-            y, weights = mha(seq, seq, seq)
+            y, weights = mha(seq, seq, seq, need_weights=False)
             assert weights is None
             y = y.transpose(1, 0, 2)
             (y * x["mha/R"].astype(dtype)).sum().backward()
@@ -282,6 +282,18 @@ def test_sdpa_float_mask_gradient_and_dropout_gradient():
     _gradient_check(lambda t: F.scaled_dot_product_attention(Tensor(q), t, Tensor(v), dropout_p=0.3, rng=7), k)
     dropped = F.scaled_dot_product_attention(Tensor(q), Tensor(k), Tensor(v), dropout_p=0.3, rng=7).data
     assert not np.allclose(dropped, F.scaled_dot_product_attention(Tensor(q), Tensor(k), Tensor(v)).data)
+
+
+def test_multihead_attention_defaults_are_torchs():
+    # A ported torch script passes (L, N, E) and reads the weights it gets back.
+    mha = nn.MultiheadAttention(8, 2, rng=0, dtype=np.float64)
+    assert mha.batch_first is False
+    seq = Tensor(np.random.default_rng(0).standard_normal((5, 3, 8)))  # L=5, N=3
+    out, weights = mha(seq, seq, seq)
+    assert out.shape == (5, 3, 8) and weights.shape == (3, 5, 5)
+    batch_first = nn.MultiheadAttention(8, 2, rng=0, dtype=np.float64, batch_first=True)
+    again, _ = batch_first(seq.transpose(1, 0, 2), seq.transpose(1, 0, 2), seq.transpose(1, 0, 2))
+    np.testing.assert_allclose(again.data.transpose(1, 0, 2), out.data, rtol=1e-12)
 
 
 def test_multihead_attention_init_names_and_refusals():

@@ -38,12 +38,13 @@ from minidist.tensor import Tensor, _shape_str
 
 class MultiheadAttention(Module):
     """``MultiheadAttention(embed_dim, num_heads, dropout=0.0, bias=True,
-    batch_first=True, rng=None, dtype=float32)``.
+    batch_first=False, rng=None, dtype=float32)``.
 
-    **batch_first defaults to True here, torch's default is False**: inputs
-    are (N, L, E) unless ``batch_first=False`` asks for torch's default
-    layout (L, N, E), which works as torch. A 2-D input (L, E) is one
-    unbatched sequence, as torch.
+    Defaults as torch's, so that a ported script computes the same values:
+    inputs are (L, N, E) (sequence first) unless ``batch_first=True`` asks
+    for (N, L, E), and ``forward`` returns the attention weights unless
+    ``need_weights=False``. A 2-D input (L, E) is one unbatched sequence, as
+    torch.
 
     Initialisation, as torch's ``_reset_parameters``: ``in_proj_weight``
     from xavier_uniform_ (fans E and 3E), ``in_proj_bias`` and
@@ -60,7 +61,7 @@ class MultiheadAttention(Module):
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  add_bias_kv: bool = False, add_zero_attn: bool = False, kdim=None, vdim=None,
-                 batch_first: bool = True, rng=None, dtype=numpy.float32):
+                 batch_first: bool = False, rng=None, dtype=numpy.float32):
         super().__init__()
         if embed_dim < 1 or num_heads < 1 or embed_dim % num_heads:
             raise ValueError(f"MultiheadAttention: embed_dim={embed_dim} must be a positive multiple of "
@@ -154,7 +155,7 @@ class MultiheadAttention(Module):
             mask = padding if mask is None else mask + padding
         return mask, False
 
-    def forward(self, query, key, value, key_padding_mask=None, need_weights: bool = False, attn_mask=None,
+    def forward(self, query, key, value, key_padding_mask=None, need_weights: bool = True, attn_mask=None,
                 average_attn_weights: bool = True, is_causal: bool = False):
         """``(output, weights or None)``, as torch: output of the query's
         shape; with ``need_weights=True`` the attention weights (after
@@ -167,8 +168,8 @@ class MultiheadAttention(Module):
         floating, added to the scores. ``is_causal=True`` applies the causal
         mask when ``attn_mask`` is None (torch insists on being given the mask
         too, and takes is_causal as a hint about it; here a given attn_mask is
-        used as it is). **need_weights defaults to False here (torch: True)**:
-        the weights are an (N, H, L, S) array kept only when asked for.
+        used as it is). ``need_weights=False`` (as most transformer code passes)
+        skips averaging and returning the weights.
         """
         shapes = {x.ndim for x in (query, key, value)}
         if shapes not in ({2}, {3}):
