@@ -102,11 +102,13 @@ spin.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 
 import numpy as np
 
-from minidist.distributed.reduce_op import ufunc_of
+from minidist.distributed.reduce_op import ReduceOp, ufunc_of
+from minidist.distributed.transport.base import _DEFAULT, COMPLETED
 from minidist.runtime.errors import CollectiveMismatchError
 
 _MAX_TAG = 2**31 - 1  # process_group.MAX_TAG
@@ -160,6 +162,43 @@ def recv(group, tensor, src, tag, label, op=None) -> bool:
             and group._transport.recv_small(tensor, group.ranks[src], tag, group.context,
                                             label or group.purpose,
                                             None if op is None else ufunc_of(op)))
+
+
+def install_small_messages(group_class) -> None:
+    """Put :func:`send` / :func:`recv` in front of ``group_class``'s (the
+    ProcessGroup's) ``isend``, ``send``, ``recv`` and ``recv_reduce``, only
+    when the fast paths are on at import; each wrapper checks the switch on
+    every call, and takes the plain method whenever the shortcut declines."""
+    if not _on:
+        return
+    plain_isend, plain_send = group_class.isend, group_class.send
+    plain_recv, plain_recv_reduce = group_class.recv, group_class.recv_reduce
+
+    @functools.wraps(plain_isend)
+    def isend(group, tensor, dst, tag=0, *, label=""):
+        if send(group, tensor, dst, tag, label):
+            return COMPLETED
+        return plain_isend(group, tensor, dst, tag, label=label)
+
+    @functools.wraps(plain_send)
+    def send_now(group, tensor, dst, tag=0, *, label="", timeout=_DEFAULT):
+        if not send(group, tensor, dst, tag, label):
+            plain_send(group, tensor, dst, tag, label=label, timeout=timeout)
+
+    @functools.wraps(plain_recv)
+    def recv_now(group, tensor, src=None, tag=0, *, label="", timeout=_DEFAULT):
+        if recv(group, tensor, src, tag, label):
+            return src
+        return plain_recv(group, tensor, src, tag, label=label, timeout=timeout)
+
+    @functools.wraps(plain_recv_reduce)
+    def recv_reduce(group, tensor, src, op=ReduceOp.SUM, tag=0, *, label="", timeout=_DEFAULT):
+        if recv(group, tensor, src, tag, label, op):
+            return src
+        return plain_recv_reduce(group, tensor, src, op, tag, label=label, timeout=timeout)
+
+    group_class.isend, group_class.send = isend, send_now
+    group_class.recv, group_class.recv_reduce = recv_now, recv_reduce
 
 
 # --------------------------------------------------------------------------- 2. shared slots

@@ -21,10 +21,12 @@ returning a request with ``wait()``; plus ``recv_array`` (a new array),
 ``recv_reduce`` (combine into a buffer) and ``probe``. Arrays are NumPy arrays,
 or anything with a ``.data`` NumPy array (a minidist Tensor).
 
-The blocking calls first offer the message to
-:func:`minidist.distributed.fast_paths.send` / ``recv`` (small messages
-between idle ranks skip the progress engine); everything below is the plain
-road, which they take whenever that declines.
+Every method here is the plain road. With the fast paths on (at import),
+:func:`minidist.distributed.fast_paths.install_small_messages` puts a
+wrapper over ``isend``, ``send``, ``recv`` and ``recv_reduce`` that first
+offers the message to the transport's small-message path (small messages
+between idle ranks skip the progress engine) and takes the plain road
+whenever that declines.
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ from minidist.distributed.transport.base import (
     _DEFAULT,
     ANY_SOURCE,
     ANY_TAG,
-    COMPLETED,
     MessageInfo,
 )
 
@@ -257,8 +258,6 @@ class ProcessGroup:
     def isend(self, tensor, dst: int, tag: int = 0, *, label: str = ""):
         """Start sending; returns a request. Do not modify ``tensor`` until it completes.
         (A small message often completes at once: it is copied to the transport.)"""
-        if fast_paths.send(self, tensor, dst, tag, label):
-            return COMPLETED
         self._require_member("send")
         dst = self._peer(dst, "destination", allow_any=False)
         tag = self._tag(tag, allow_any=False)
@@ -268,8 +267,6 @@ class ProcessGroup:
     def send(self, tensor, dst: int, tag: int = 0, *, label: str = "", timeout=_DEFAULT) -> None:
         """Send and return once the message is handed to the transport (the
         buffer may be reused at once). Cost: alpha + nbytes * beta."""
-        if fast_paths.send(self, tensor, dst, tag, label):
-            return
         self.isend(tensor, dst, tag, label=label).wait(timeout)
 
     # ---------------------------------------------------------------- receiving
@@ -286,8 +283,6 @@ class ProcessGroup:
              timeout=_DEFAULT) -> int:
         """Receive into ``tensor`` in place (torch style); returns the sender's rank.
         ``src=None`` takes any sender, ``tag=None`` any tag."""
-        if fast_paths.recv(self, tensor, src, tag, label):
-            return src
         request = self.irecv(tensor, src, tag, label=label)
         request.wait(timeout)
         return self._source(request)
@@ -324,8 +319,6 @@ class ProcessGroup:
         (``np.add(tensor, incoming, out=tensor)`` for SUM), reading the incoming
         bytes where the transport holds them: no temporary of the message's size.
         Cost: alpha + nbytes * (beta + gamma). Returns the sender's rank."""
-        if fast_paths.recv(self, tensor, src, tag, label, op):
-            return src
         request = self.irecv_reduce(tensor, src, op, tag, label=label)
         request.wait(timeout)
         return self._source(request)
@@ -386,3 +379,8 @@ class ProcessGroup:
             request.wait(timeout)
             distance *= 2
             round_ += 1
+
+
+# The fast paths' small sends and receives (shortcut 1 of fast_paths.py),
+# installed over the methods above only when the shortcuts are on at import.
+fast_paths.install_small_messages(ProcessGroup)

@@ -146,6 +146,15 @@ for name in calls:
     module, attribute = names[name]
     assert getattr(dist, name) is getattr(importlib.import_module(module), attribute), name
 assert dist.all_reduce is sys.modules["minidist.distributed.collectives.all_reduce"].all_reduce
+# What an algorithm's messages and a user's point-to-point calls go through:
+# the plain methods, with no shortcut installed over them.
+from minidist.distributed.collectives import comm
+from minidist.distributed.process_group import ProcessGroup
+for method in (comm.Comm.isend, comm.Comm.irecv, comm.Comm.irecv_reduce, ProcessGroup.isend,
+               ProcessGroup.send, ProcessGroup.recv, ProcessGroup.recv_reduce):
+    assert not hasattr(method, "__wrapped__"), method
+    assert method.__code__.co_filename.endswith(("comm.py", "process_group.py")), method
+assert comm._wait_step.__module__ == comm.__name__
 print("identical", len(calls))
 """
 
@@ -177,3 +186,25 @@ def test_with_the_shortcuts_on_only_all_reduce_is_wrapped():
     for name, (module, attribute) in names.items():
         if name != "all_reduce":
             assert getattr(dist, name) is getattr(importlib.import_module(module), attribute), name
+
+
+def test_with_the_shortcuts_on_the_small_message_wrappers_name_the_plain_methods():
+    """Comm's and ProcessGroup's send and receive methods are wrapped by the
+    modules that say so, each wrapper naming the plain method it stands in
+    front of (``__wrapped__``), defined in comm.py / process_group.py."""
+    import minidist.distributed.collectives  # noqa: F401 - installs what the switch says
+    from minidist.distributed import fast_paths
+    from minidist.distributed.collectives import comm
+    from minidist.distributed.process_group import ProcessGroup
+
+    methods = {comm.Comm.isend: "small_message_shortcut.py",
+               comm.Comm.irecv: "small_message_shortcut.py",
+               comm.Comm.irecv_reduce: "small_message_shortcut.py",
+               ProcessGroup.isend: "fast_paths.py", ProcessGroup.send: "fast_paths.py",
+               ProcessGroup.recv: "fast_paths.py", ProcessGroup.recv_reduce: "fast_paths.py"}
+    for method, where in methods.items():
+        if not fast_paths.enabled():
+            assert not hasattr(method, "__wrapped__"), method
+            continue
+        assert method.__code__.co_filename.endswith(where), method
+        assert method.__wrapped__.__code__.co_filename.endswith(("comm.py", "process_group.py"))
