@@ -7,8 +7,8 @@ counted once, that one call runs inside minidist, with the shortcuts off.
 
 TREE is a checkout of minidist (another revision: `git worktree add`); the
 paths are ``ring`` (``dist.all_reduce(x, algorithm="ring")``), ``ddp``
-(``loss.backward()`` through DDP's hooks and buckets) and ``fsdp`` (an FSDP
-forward). Rank 0's repeated call is traced, on 2 ranks over shm. The
+(``loss.backward()`` through DDP's hooks and buckets), ``fsdp`` (an FSDP
+forward) and ``1f1b`` (a pipeline stage's send of its activation). Rank 0's repeated call is traced, on 2 ranks over shm. The
 report splits the files above the transport (what the call and the
 algorithm are) from the progress engine and its channel (transport/ and
 runtime/: what MPI calls the device layer).
@@ -105,8 +105,41 @@ def fsdp():
     return traced(lambda: model(x))
 
 
+def pipeline():
+    """1F1B on 2 stages: rank 0's send of its first activation, from the
+    schedule's action to the bytes."""
+    from minidist import Tensor, nn, optim
+    from minidist.nn import functional as F
+    from minidist.parallel.pipeline import Pipeline, _Batch
+    from minidist.parallel.pipeline_schedules import SEND_ACTIVATION
+
+    nn.init.manual_seed(0)
+    pipe = Pipeline(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8)), "1f1b", 2)
+    optimizer = optim.SGD(pipe.parameters(), lr=0.1)
+    x = np.ones((4, 8), np.float32)
+    y = np.zeros((4, 8), np.float32)
+
+    def loss_fn(output, target):
+        return F.mse_loss(output, Tensor(target))
+
+    pipe.step(x, y, loss_fn, optimizer)  # the first step builds what later ones reuse
+    counted = []
+    plain = _Batch.execute
+
+    def execute(run, index, action):
+        if action.kind == SEND_ACTIVATION and not counted:
+            counted.append(traced(lambda: plain(run, index, action)))
+        else:
+            plain(run, index, action)
+
+    _Batch.execute = execute
+    pipe.step(x, y, loss_fn, optimizer)
+    _Batch.execute = plain
+    return counted[0] if counted else None
+
+
 def main() -> None:
-    path = {"ring": ring, "ddp": ddp, "fsdp": fsdp}[WHICH]
+    path = {"ring": ring, "ddp": ddp, "fsdp": fsdp, "1f1b": pipeline}[WHICH]
     files, functions, total = minidist.launch(path, world_size=2, transport="shm")[0]
     print(f"{WHICH}: {len(files)} files, {functions} functions, {total} lines")
     engine = {name: lines for name, lines in files.items() if "/transport/" in name
