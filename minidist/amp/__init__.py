@@ -18,7 +18,7 @@ Files, one idea each:
   (minidist has no bfloat16 dtype; ``Module.bfloat16()`` says why)
 
 What loss scaling prevents is measured in
-:mod:`minidist.experiments.loss_scaling`.
+:mod:`minidist.experiments.mixed_precision`.
 """
 
 from minidist.amp.bfloat16 import round_to_bfloat16

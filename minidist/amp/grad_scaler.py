@@ -3,7 +3,7 @@
 Why: float16 holds numbers from about 6e-8 (its smallest subnormal,
 2^-24) to 65504. Many gradients of a trained network are smaller than
 2^-24 and round to zero in float16: those updates are lost
-(:mod:`minidist.experiments.loss_scaling` counts them). Multiplying the loss
+(:mod:`minidist.experiments.mixed_precision` counts them). Multiplying the loss
 by a scale ``S`` before ``backward()`` multiplies every gradient by ``S``
 (the chain rule is linear), which lifts them into float16's range; dividing
 the float32 copies by ``S`` before the optimizer step undoes it

@@ -17,7 +17,7 @@ Cost, for an N-byte array on a link of bandwidth B_pcie: the call's own
 cost plus N / B_pcie before and (if it writes the array) N / B_pcie after.
 NCCL, or MPI built "CUDA-aware", skips both copies by moving device memory
 itself; ``algorithm="native"`` under such an MPI hands the GPU arrays to MPI
-directly (see :func:`minidist.distributed.transport.mpi.MpiTransport.cuda_aware`,
+directly (see :func:`minidist.distributed.transport.mpi.cuda_aware`,
 which asks the library rather than assuming).
 
 Installed only where GPU arrays are in use: when CuPy becomes the array
