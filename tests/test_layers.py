@@ -24,13 +24,14 @@ LAYERS = [
     (1, "minidist.virtual_clock"), (1, "minidist.lesson_timing"),
     (2, "minidist.nn"), (2, "minidist.optim"), (2, "minidist.data"), (2, "minidist.memory"),
     (2, "minidist.amp"),
+    (2, "minidist.models"),  # whole models of nn's layers (the GPT); the strategies above split them
     (3, "minidist.distributed.transport"),
     (4, "minidist.distributed"),  # the torch.distributed-shaped face: groups, p2p, world
     (5, "minidist.distributed.collectives"),
     (6, "minidist.distributed.simulator"),
     (6, "minidist.costmodel"),
     (7, "minidist.parallel"), (7, "minidist.bench"), (7, "minidist.experiments"),
-    (7, "minidist.train"), (7, "minidist.examples"), (7, "minidist.search"),
+    (7, "minidist.train"), (7, "minidist.train_gpt"), (7, "minidist.examples"), (7, "minidist.search"),
     (7, "minidist.exercises"),  # reference solutions and checkers; the replay drawing is viz's
     (8, "viz"),
     (9, "minidist.cli"), (9, "minidist.commands"), (9, "minidist.exercise_command"),
