@@ -31,6 +31,7 @@ from minidist.distributed.device_mesh import (
     mesh_layout,
 )
 from minidist.parallel import DistributedDataParallel
+from minidist.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
 SHAPES = [(4,), (1, 4), (2, 3), (3, 2), (2, 2, 2), (2, 3, 2), (3, 1, 2)]
 
@@ -191,6 +192,15 @@ def _four_ranks():
 
     out["ddp_group"] = ddp_grad(process_group=mesh["dp"])
     out["ddp_mesh"] = ddp_grad(device_mesh=mesh["dp"])
+
+    # Megatron's column then row split over "tp", the group given as mesh["tp"]:
+    # the unsplit block's output on every rank.
+    nn.init.manual_seed(2)
+    first, second = nn.Linear(3, 4), nn.Linear(4, 2)
+    block = nn.Sequential(ColumnParallelLinear.from_linear(first, group=mesh["tp"]), nn.ReLU(),
+                          RowParallelLinear.from_linear(second, group=mesh["tp"]))
+    x = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3) - 2)
+    out["tp_block"] = (block(x).data, second(first(x).relu()).data)
     return out
 
 
@@ -223,6 +233,7 @@ def test_a_2x2_mesh_on_four_ranks():
         expected = sum(_alone_grad(r) for r in dp) / len(dp)
         np.testing.assert_allclose(out["ddp_group"], expected, rtol=1e-6)
         np.testing.assert_allclose(out["ddp_mesh"], expected, rtol=1e-6)
+        np.testing.assert_allclose(*out["tp_block"], rtol=1e-5, atol=1e-6)
     errors = results[0]["errors"]
     for out in results:  # alike on every rank, but the collective's (it shows the rank's mesh)
         assert {k: v for k, v in out["errors"].items() if k != "collective"} == \
