@@ -336,12 +336,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     viz = sub.add_parser(
         "viz",
-        help="replay a trace's collective step by step, animate it, or draw its timeline",
+        help="replay a trace's collective step by step, animate it, or draw its timeline; "
+             "draw a device mesh (viz mesh 2x2x2)",
         description="Step through one collective call of TRACE in the terminal (n/space "
                     "next, b back, g/G start/end, q quit), or write it as a GIF / HTML "
-                    "animation; draw the timeline of any trace; export it for Perfetto.",
+                    "animation; draw the timeline of any trace; export it for Perfetto. "
+                    "`minidist viz mesh 2x2x2 --names dp,tp,pp [--save mesh.png]` draws a "
+                    "device mesh instead: where each global rank sits, each dimension's groups.",
     )
-    viz.add_argument("trace", help="a trace file (JSON lines) written by minidist")
+    viz.add_argument("trace", help="a trace file (JSON lines) written by minidist, or 'mesh'")
+    viz.add_argument("shape", nargs="?", default=None,
+                     help="with 'mesh': the mesh's shape, such as 2x2x2 (row-major, as "
+                          "init_device_mesh lays out the ranks)")
+    viz.add_argument("--names", default=None, metavar="A,B,C",
+                     help="mesh: the dimensions' names, such as dp,tp,pp")
+    viz.add_argument("--save", default=None, metavar="OUT.png",
+                     help="mesh: also write the picture as a PNG")
     viz.add_argument("--call", type=int, default=None,
                      help="which collective call of the trace, from 0 (default: the first "
                           "all_reduce, else 0)")

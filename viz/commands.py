@@ -271,6 +271,20 @@ def _show_pipeline(trace, path, *, play: bool, speed: float, timeline, chrome, c
 
 
 def viz_command(args) -> int:
+    if args.trace == "mesh" and getattr(args, "shape", None) is not None:
+        from viz.device_mesh import mesh_command
+
+        return mesh_command(args.shape, args.names, args.save, color=not args.no_color)
+    if args.trace == "mesh" and not os.path.exists("mesh"):
+        print("minidist viz mesh: give the mesh's shape, such as `minidist viz mesh 2x2x2 "
+              "--names dp,tp,pp`", file=sys.stderr)
+        return 2
+    if getattr(args, "shape", None) is not None or getattr(args, "names", None) \
+            or getattr(args, "save", None):
+        print("minidist viz: SHAPE, --names and --save draw a device mesh: `minidist viz mesh "
+              "2x2x2 --names dp,tp,pp [--save mesh.png]`; a trace takes none of them",
+              file=sys.stderr)
+        return 2
     try:
         return show(args.trace, call=args.call, play=args.play, speed=args.speed, gif=args.gif,
                     html=args.html, timeline=args.timeline, chrome=args.chrome,

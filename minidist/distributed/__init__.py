@@ -20,6 +20,8 @@ Where things are:
   the control block, errors, signals, console); :mod:`.worker` a forked worker's life
 * :mod:`.world`          init / destroy, rank, world size, ``new_group``
 * :mod:`.process_group`  ``ProcessGroup``: ranks, contexts, point-to-point calls
+* :mod:`.device_mesh`    ``init_device_mesh``, ``DeviceMesh``: the ranks as an n-D array,
+  a group per slice along each dimension (torch's ``torch.distributed.device_mesh``)
 * :mod:`.torch_names`    torch's ``group.WORLD``, ``GroupMember``, ``Backend``,
   ``new_subgroups``, ``get_process_group_ranks``, ``is_available``, ... in minidist's terms
 * :mod:`.point_to_point` the module-level forms of those calls (``group=None`` is the world)
@@ -101,6 +103,8 @@ _LAZY.update({
     "ReduceOp": ("minidist.distributed.reduce_op", "ReduceOp"),
     "simulate": ("minidist.distributed.simulator", "simulate"),
     "SimulationResult": ("minidist.distributed.simulator", "SimulationResult"),
+    "DeviceMesh": ("minidist.distributed.device_mesh", "DeviceMesh"),
+    "init_device_mesh": ("minidist.distributed.device_mesh", "init_device_mesh"),
 })
 _LAZY.update({name: ("minidist.distributed.torch_names", name) for name in (
     "Backend", "GroupMember", "get_process_group_ranks", "group", "is_available",
@@ -129,6 +133,7 @@ if TYPE_CHECKING:
     )
     from minidist.distributed.collectives.registry import ALGORITHMS
     from minidist.distributed.collectives.scatter import scatter
+    from minidist.distributed.device_mesh import DeviceMesh, init_device_mesh
     from minidist.distributed.point_to_point import (
         P2POp,
         batch_isend_irecv,
@@ -212,3 +217,4 @@ __all__ += ["all_gather_object", "broadcast_object_list", "gather_object", "moni
             "scatter_object_list", "send_object_list", "recv_object_list"]
 __all__ += ["Backend", "GroupMember", "get_process_group_ranks", "group", "is_available",
             "is_torchelastic_launched", "new_subgroups", "new_subgroups_by_enumeration"]
+__all__ += ["DeviceMesh", "init_device_mesh"]

@@ -483,6 +483,12 @@ def group_or_world(group: ProcessGroup | None) -> ProcessGroup:
     from minidist.distributed.process_group import ProcessGroup
 
     if not isinstance(group, ProcessGroup):
+        if type(group).__name__ == "DeviceMesh":  # device_mesh.py imports this module
+            name = (group.mesh_dim_names or (0,))[0]
+            raise TypeError(
+                f"group must be a ProcessGroup, got the {group!r}: as in torch, a mesh is not "
+                f"a group; pass one of its groups, mesh.get_group({name!r}) (of a 1-D mesh, "
+                "mesh.get_group()). The strategies' group= take a 1-D mesh too.")
         raise TypeError(f"group must be a ProcessGroup (from dist.new_group), got "
                         f"{type(group).__name__}")
     return group

@@ -53,6 +53,7 @@ import numpy as np
 import minidist.distributed as dist
 from minidist import backend
 from minidist.atomic_file import atomic_write
+from minidist.distributed.device_mesh import as_group
 from minidist.parallel.data_parallel import DistributedDataParallel
 from minidist.parallel.zero import FullyShardedDataParallel, ZeroRedundancyOptimizer
 
@@ -250,6 +251,7 @@ def save_checkpoint(path, model, optimizer=None, group=None, **extra) -> None:
     An extra is a NumPy array or a JSON value (numbers, text, lists, dicts),
     so a learning-rate scheduler's ``state_dict()`` fits:
     ``save_checkpoint(path, ddp, optimizer, epoch=e, scheduler=scheduler.state_dict())``."""
+    group = as_group(group, "checkpoint")
     rank, world_size = _rank_and_size(group)
     path = os.fspath(path)
     status = np.array([_OK], np.int64)
@@ -302,6 +304,7 @@ def load_checkpoint(path, model, optimizer=None, group=None) -> dict:
     ``optimizer``) on every rank, from rank 0's copy; return the extras
     (``{"epoch": 3, ...}``). Call it on every rank, after building the model
     and optimizer exactly as when saving."""
+    group = as_group(group, "checkpoint")
     rank, world_size = _rank_and_size(group)
     path = os.fspath(path)
     data = _read_on_rank_0(path, rank, world_size, group)

@@ -30,6 +30,7 @@ import math
 import numpy as np
 
 import minidist.distributed as dist
+from minidist.distributed.device_mesh import as_group
 
 # --------------------------------------------------------------------------- states
 
@@ -153,6 +154,7 @@ class PowerSGDState(ErrorFeedbackState):
                  start_powerSGD_iter: int = 1_000, min_compression_rate: float = 2.0,
                  use_error_feedback: bool = True, warm_start: bool = True,
                  random_seed: int = 0):
+        process_group = as_group(process_group, "PowerSGDState")
         if process_group is not None and not hasattr(process_group, "ranks"):
             raise TypeError(
                 f"PowerSGDState: process_group must be a process group or None, got "

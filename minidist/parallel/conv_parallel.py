@@ -41,6 +41,7 @@ import numpy as np
 
 import minidist.distributed as dist
 from minidist import trace
+from minidist.distributed.device_mesh import as_group
 from minidist.nn import functional as F
 from minidist.nn.conv import Conv2d
 from minidist.nn.im2col import output_size
@@ -152,6 +153,7 @@ class ChannelParallelConv2d(Module):
         self.kernel_size = F._pair(kernel_size, "kernel_size")
         self.stride = F._pair(stride, "stride")
         self.padding = F._pair(padding, "padding", minimum=0)
+        group = as_group(group, type(self).__name__)
         object.__setattr__(self, "group", group)
         self.algorithm = algorithm
         world, rank = dist.get_world_size(group), dist.get_rank(group)
@@ -357,6 +359,7 @@ class SpatialParallelConv2d(Module):
         self.kernel_size = F._pair(kernel_size, "kernel_size")
         self.stride = F._pair(stride, "stride")
         self.padding = F._pair(padding, "padding", minimum=0)
+        group = as_group(group, type(self).__name__)
         object.__setattr__(self, "group", group)
         self.weight = Parameter(np.zeros((self.out_channels, self.in_channels) + self.kernel_size,
                                          dtype))

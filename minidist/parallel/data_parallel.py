@@ -46,6 +46,7 @@ import numpy as np
 
 import minidist.distributed as dist
 from minidist import backend, nn
+from minidist.distributed.device_mesh import as_group
 from minidist.tensor import no_grad
 
 # --------------------------------------------------------------------------- helpers
@@ -96,6 +97,7 @@ def broadcast_module(model: nn.Module, src: int | None = None, group=None,
     ``group`` (in place): all replicas start from the same weights, whatever
     seed each rank used. ``src`` is a global rank and ``group_src`` a rank of
     ``group``, as in ``dist.broadcast``; neither: the group's first rank."""
+    group = as_group(group, "broadcast_module")
     for tensor in list(model.parameters()) + list(model.buffers()):
         dist.broadcast(tensor.data, src=src, group=group, group_src=group_src)
 
@@ -295,7 +297,9 @@ class DistributedDataParallel(nn.Module):
     Every parameter must receive a gradient in every backward: a bucket
     missing one never starts, and the next forward says which.
 
-    torch's keywords: ``process_group`` (None: the world), ``bucket_cap_mb``
+    torch's keywords: ``process_group`` (None: the world) or ``device_mesh``
+    (a 1-D :class:`~minidist.distributed.device_mesh.DeviceMesh`, such as
+    ``mesh["dp"]``; ``process_group`` takes one too), ``bucket_cap_mb``
     (default 25), ``broadcast_buffers``. minidist's own: ``algorithm`` (the
     all-reduce's), ``overlap``. torch's GPU placement (``device_ids``,
     ``output_device``) has no meaning here and is not taken.
@@ -303,7 +307,7 @@ class DistributedDataParallel(nn.Module):
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float | None = None,
                  algorithm: str = "auto", overlap: bool = True, process_group=None,
-                 broadcast_buffers: bool = True):
+                 broadcast_buffers: bool = True, device_mesh=None):
         super().__init__()
         parameters = _check_model(module, "DistributedDataParallel")
         if bucket_cap_mb is None:
@@ -311,7 +315,7 @@ class DistributedDataParallel(nn.Module):
         if not bucket_cap_mb > 0:
             raise ValueError(f"bucket_cap_mb must be positive (megabytes per all-reduce), "
                              f"got {bucket_cap_mb!r}")
-        group = process_group
+        group = as_group(process_group, "DistributedDataParallel", device_mesh=device_mesh)
         self.module = module
         self._group = group
         self._algorithm = algorithm

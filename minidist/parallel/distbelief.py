@@ -90,6 +90,7 @@ import numpy as np
 
 import minidist.distributed as dist
 from minidist import backend
+from minidist.distributed.device_mesh import as_group
 from minidist.nn import functional as F
 from minidist.nn import init
 from minidist.nn.linear import Linear
@@ -133,6 +134,7 @@ def exchange_activations(own, group=None, algorithm: str = DEFAULT_EXCHANGE_ALGO
     received are summed: the whole gradient of this worker's own units.
     """
     own = own if isinstance(own, Tensor) else Tensor(own)
+    group = as_group(group, "exchange_activations")
     n = dist.get_world_size(group)
     if n == 1:
         return own
@@ -171,6 +173,7 @@ class PartitionedLinear(Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, group=None,
                  rng=None, dtype=np.float32):
         super().__init__()
+        group = as_group(group, "PartitionedLinear")
         _partition(out_features, group, "out_features")
         self._take_partition(Linear(in_features, out_features, bias=bias, rng=rng, dtype=dtype),
                              group)
@@ -187,6 +190,7 @@ class PartitionedLinear(Module):
         return layer
 
     def _take_partition(self, linear, group):
+        group = as_group(group, "PartitionedLinear")
         rank, n, width = _partition(linear.out_features, group, "out_features")
         self.in_features, self.out_features, self.group = (linear.in_features,
                                                           linear.out_features, group)
@@ -250,7 +254,7 @@ class DistBeliefMLP(Module):
                 raise ValueError(f"DistBeliefMLP: a layer with out_features="
                                  f"{before.out_features} feeds one with in_features="
                                  f"{after.in_features}")
-        self.group = group
+        self.group = group = as_group(group, "DistBeliefMLP")
         self.exchange_algorithm, self.gather_algorithm = exchange_algorithm, gather_algorithm
         self.sizes = [linears[0].in_features] + [layer.out_features for layer in linears]
         self.layers = [PartitionedLinear.from_linear(layer, group) for layer in linears]

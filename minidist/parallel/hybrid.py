@@ -77,6 +77,7 @@ import numpy as np
 
 import minidist.distributed as dist
 from minidist import backend
+from minidist.distributed.device_mesh import as_group
 from minidist.nn import functional as F
 from minidist.nn.container import Sequential
 from minidist.nn.linear import Linear
@@ -203,6 +204,7 @@ class HybridParallel(Module):
 
     def __init__(self, model: Sequential, group=None, algorithm: str = DEFAULT_ALGORITHM):
         super().__init__()
+        group = as_group(group, type(self).__name__)
         broadcast_module(model, group=group, group_src=0)
         convolutions, dense = split_at_first_linear(model)
         self.group, self.algorithm = group, algorithm
@@ -247,6 +249,7 @@ class DenseModelParallel(Module):
 
     def __init__(self, model: Sequential, group=None, algorithm: str = DEFAULT_ALGORITHM):
         super().__init__()
+        group = as_group(group, type(self).__name__)
         broadcast_module(model, group=group, group_src=0)
         convolutions, dense = split_at_first_linear(model)
         self.convolutions = convolutions

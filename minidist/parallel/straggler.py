@@ -46,6 +46,7 @@ import time
 
 import minidist.distributed as dist
 from minidist import trace
+from minidist.distributed.device_mesh import as_group
 
 
 class Straggler:
@@ -62,6 +63,7 @@ class Straggler:
         if not isinstance(slow_ranks, dict):
             raise TypeError("Straggler needs a dict {rank: slowdown factor}, e.g. {1: 3.0}, "
                             f"got {type(slow_ranks).__name__}")
+        group = as_group(group, "Straggler")
         self.rank = dist.get_rank() if group is None else group.rank
         world_size = dist.get_world_size() if group is None else group.size
         for rank, factor in slow_ranks.items():

@@ -57,6 +57,7 @@ import numpy as np
 
 import minidist.distributed as dist
 from minidist import backend
+from minidist.distributed.device_mesh import as_group
 from minidist.nn import functional as F
 from minidist.nn.batchnorm import _BatchNorm
 from minidist.nn.module import Module
@@ -87,7 +88,7 @@ class SyncBatchNorm(_BatchNorm):
                  dtype=np.float32, algorithm: str = DEFAULT_ALGORITHM):
         super().__init__(num_features, eps, momentum, affine, track_running_stats, dtype)
         # Not a submodule or a buffer: a process group is not state to save.
-        object.__setattr__(self, "process_group", process_group)
+        object.__setattr__(self, "process_group", as_group(process_group, "SyncBatchNorm"))
         self.algorithm = algorithm
 
     def forward(self, x):
@@ -159,6 +160,7 @@ def sync_batch_norm(input, running_mean, running_var, weight, bias, momentum: fl
     channels = x.shape[1]
     axes = (0,) + tuple(range(2, x.ndim))
     shape = (1, channels) + (1,) * (x.ndim - 2)
+    group = as_group(group, "sync_batch_norm")
     rank = dist.get_rank(group)
 
     # One message carries the three sums: [sum x | sum x^2 | count].

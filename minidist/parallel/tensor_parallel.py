@@ -54,6 +54,7 @@ import numpy as np
 
 import minidist.distributed as dist
 from minidist import backend
+from minidist.distributed.device_mesh import as_group
 from minidist.nn import functional as F
 from minidist.nn.linear import Linear
 from minidist.nn.module import Module
@@ -111,7 +112,7 @@ def copy_to_parallel_region(input, group=None, algorithm: str = DEFAULT_ALGORITH
     """Forward: the input unchanged (every rank already has the whole of it).
     Backward: the gradients of all ranks summed (all_reduce), since each
     rank's copy fed a different part of the model."""
-    input = _tensor(input)
+    input, group = _tensor(input), as_group(group, "copy_to_parallel_region")
     return _node(input.data, input, lambda grad: _all_reduce_sum(grad, group, algorithm),
                  "copy_to_parallel_region")
 
@@ -119,7 +120,7 @@ def copy_to_parallel_region(input, group=None, algorithm: str = DEFAULT_ALGORITH
 def reduce_from_parallel_region(input, group=None, algorithm: str = DEFAULT_ALGORITHM) -> Tensor:
     """Forward: the partial results of all ranks summed (all_reduce).
     Backward: the gradient unchanged (the sum passes it to every term)."""
-    input = _tensor(input)
+    input, group = _tensor(input), as_group(group, "reduce_from_parallel_region")
     return _node(_all_reduce_sum(input.data, group, algorithm), input, lambda grad: grad,
                  "reduce_from_parallel_region")
 
@@ -127,7 +128,7 @@ def reduce_from_parallel_region(input, group=None, algorithm: str = DEFAULT_ALGO
 def gather_from_parallel_region(input, group=None, algorithm: str = DEFAULT_ALGORITHM) -> Tensor:
     """Forward: every rank's piece stacked along the last axis (all_gather).
     Backward: this rank's slice of the gradient (no message)."""
-    input = _tensor(input)
+    input, group = _tensor(input), as_group(group, "gather_from_parallel_region")
     return _node(_all_gather_last_axis(input.data, group, algorithm), input,
                  lambda grad: _own_slice_last_axis(grad, group), "gather_from_parallel_region")
 
@@ -135,7 +136,7 @@ def gather_from_parallel_region(input, group=None, algorithm: str = DEFAULT_ALGO
 def scatter_to_parallel_region(input, group=None, algorithm: str = DEFAULT_ALGORITHM) -> Tensor:
     """Forward: this rank's slice of the last axis (no message: every rank
     has the whole input). Backward: the slices' gradients stacked (all_gather)."""
-    input = _tensor(input)
+    input, group = _tensor(input), as_group(group, "scatter_to_parallel_region")
     return _node(_own_slice_last_axis(input.data, group), input,
                  lambda grad: _all_gather_last_axis(grad, group, algorithm),
                  "scatter_to_parallel_region")
@@ -172,6 +173,7 @@ class _ParallelLinear(Module):
     def _build(self, in_features, out_features, bias, flag, group, algorithm, rng, dtype):
         """``__init__``: the whole layer drawn as ``nn.Linear`` draws it, this rank's shard kept."""
         super().__init__()
+        group = as_group(group, type(self).__name__)
         size = in_features if self.split == "in_features" else out_features
         _split_size(type(self).__name__, self.split, size, group)   # before drawing
         full = Linear(in_features, out_features, bias=bias, rng=rng, dtype=dtype)
@@ -188,6 +190,7 @@ class _ParallelLinear(Module):
         return layer
 
     def _take_shard(self, linear, flag, group, algorithm):
+        group = as_group(group, type(self).__name__)
         rank, world, width = _split_size(type(self).__name__, self.split,
                                          getattr(linear, self.split), group)
         self.in_features, self.out_features = linear.in_features, linear.out_features

@@ -76,6 +76,7 @@ import numpy as np
 
 import minidist.distributed as dist
 from minidist import nn
+from minidist.distributed.device_mesh import as_group
 from minidist.parallel.data_parallel import (
     DistributedDataParallel,
     _check_model,
@@ -257,7 +258,7 @@ class ZeroRedundancyOptimizer:
         if "group" in defaults:
             raise TypeError("ZeroRedundancyOptimizer takes the group as process_group= "
                             "(torch's name), not group=")
-        group = process_group
+        group = as_group(process_group, "ZeroRedundancyOptimizer")
         groups = _param_groups(params)
         params = [p for each in groups for p in each["params"]]
         if not params:
@@ -469,9 +470,11 @@ class FullyShardedDataParallel(nn.Module):
     """
 
     def __init__(self, module: nn.Module, process_group=None, sharding_strategy=None, *,
-                 algorithm: str = "auto"):
+                 algorithm: str = "auto", device_mesh=None):
         super().__init__()
         _check_model(module, "FullyShardedDataParallel")
+        process_group = as_group(process_group, "FullyShardedDataParallel",
+                                 device_mesh=device_mesh)
         self.module = module
         self._strategy = _strategy(sharding_strategy)
         self._group = process_group
@@ -666,6 +669,7 @@ def wrap(model, stage: int, optimizer_class, *, group=None, algorithm: str = "au
     ``defaults`` go to the optimizer (``lr=...``)."""
     if stage not in STAGES:
         raise ValueError(f"ZeRO stage must be 0 (plain DDP), 1, 2 or 3, got {stage!r}")
+    group = as_group(group, "wrap")
     if stage in (0, 1):
         wrapped = DistributedDataParallel(model, process_group=group, algorithm=algorithm)
         if stage == 0:
