@@ -24,6 +24,7 @@ LAYERS = [
     (1, "minidist.virtual_clock"), (1, "minidist.lesson_timing"),
     (2, "minidist.nn"), (2, "minidist.optim"), (2, "minidist.data"), (2, "minidist.memory"),
     (2, "minidist.amp"),
+    (2, "minidist.models"),  # whole models of nn's layers (the GPT); the strategies above split them
     (3, "minidist.distributed.transport"),
     (4, "minidist.distributed"),  # the torch.distributed-shaped face: groups, p2p, world
     (5, "minidist.distributed.collectives"),

@@ -1,0 +1,74 @@
+"""Sampling from a language model, one token at a time (autoregressive generation).
+
+Given a context ``idx`` (B, T) of token ids, repeat ``max_new_tokens`` times:
+
+1. crop the context to its last ``block_size`` tokens (the model has no
+   position embedding beyond that);
+2. run the model, keep the logits of the last position only (B, vocab);
+3. divide them by ``temperature`` (below 1: sharper, the likely tokens more
+   likely; above 1: flatter) and, with ``top_k``, keep the k largest and set
+   the rest to minus infinity;
+4. softmax, draw one token per row from a NumPy Generator seeded by
+   ``seed``, and append it to the context.
+
+No graph is recorded (``no_grad``) and the model is put in eval mode for the
+duration. Each new token costs a full forward pass over up to
+``block_size`` positions: this simple loop recomputes the keys and values of
+the whole context every time (a KV cache, which keeps them, is what real
+inference servers add), so generating n tokens costs about n forward passes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minidist import backend, no_grad
+
+
+def generate(model, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+             seed=None) -> np.ndarray:
+    """Extend ``idx`` (token ids, (B, T) or (T,)) by ``max_new_tokens``
+    sampled tokens; returns an int64 array (B, T + max_new_tokens) (or
+    (T + max_new_tokens,) for a 1-D context). ``model(idx)`` must return
+    logits (B, T, vocab) and ``model.config.block_size`` give its longest
+    context. ``seed`` (an int or a Generator) makes the draws repeatable."""
+    if max_new_tokens < 0:
+        raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
+    if not temperature > 0:
+        raise ValueError(
+            f"generate: temperature must be > 0, got {temperature} (for the most likely token every "
+            "time, pass top_k=1)"
+        )
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"generate: top_k must be None or >= 1, got {top_k}")
+    context = np.asarray(idx, dtype=np.int64)
+    one_sequence = context.ndim == 1
+    if one_sequence:
+        context = context[None, :]
+    if context.ndim != 2 or context.shape[1] < 1:
+        raise ValueError(f"generate: idx must hold at least one token, shape (batch, time); got {np.shape(idx)}")
+    rng = np.random.default_rng(seed)
+    block_size = model.config.block_size
+    was_training = model.training
+    model.eval()
+    try:
+        with no_grad():
+            for _ in range(max_new_tokens):
+                logits = model(context[:, -block_size:])
+                last = backend.to_numpy(logits.data[:, -1, :]).astype(np.float64) / temperature
+                if top_k is not None and top_k < last.shape[-1]:
+                    kth = np.partition(last, -top_k, axis=-1)[:, -top_k][:, None]
+                    last = np.where(last < kth, -np.inf, last)
+                probs = np.exp(last - last.max(axis=-1, keepdims=True))
+                probs /= probs.sum(axis=-1, keepdims=True)
+                # Inverse CDF: the first token whose cumulative probability passes u.
+                u = rng.random((len(probs), 1))
+                chosen = (probs.cumsum(axis=-1) < u).sum(axis=-1)
+                chosen = np.minimum(chosen, probs.shape[-1] - 1)  # u above a sum rounded below 1
+                context = np.concatenate([context, chosen[:, None]], axis=1)
+    finally:
+        model.train(was_training)
+    return context[0] if one_sequence else context
+
+
+__all__ = ["generate"]

@@ -1,0 +1,172 @@
+"""The GPT: shapes, causality, the tied output layer, its initialisation, a
+finite-difference check of its gradients in float64, and generation."""
+
+import math
+
+import numpy as np
+import pytest
+
+from minidist.models import GPT, GPTConfig, generate
+from minidist.nn import functional as F
+
+
+def tiny(dtype=np.float64, seed=0, **changes):
+    config = dict(vocab_size=7, block_size=6, n_layer=2, n_head=2, n_embd=8)
+    config.update(changes)
+    return GPT(GPTConfig(**config), rng=seed, dtype=dtype)
+
+
+def tokens(batch, steps, vocab=7, seed=1):
+    return np.random.default_rng(seed).integers(0, vocab, size=(batch, steps))
+
+
+def test_forward_gives_next_token_logits_for_every_position():
+    model = tiny(np.float32)
+    for steps in (1, 4, 6):
+        logits = model(tokens(3, steps))
+        assert logits.shape == (3, steps, 7) and logits.dtype == np.float32
+    with pytest.raises(ValueError, match="longer than block_size=6; crop it"):
+        model(tokens(1, 7))
+    with pytest.raises(ValueError, match=r"shape \(batch, time\)"):
+        model(np.arange(4))
+
+
+def test_a_later_token_never_changes_an_earlier_prediction():
+    model = tiny()
+    idx = tokens(2, 6)
+    before = model(idx).data
+    for t in range(6):
+        changed = idx.copy()
+        changed[:, t] = (changed[:, t] + 3) % 7
+        after = model(changed).data
+        np.testing.assert_allclose(after[:, :t], before[:, :t], rtol=1e-12, atol=1e-14)
+        assert not np.allclose(after[:, t:], before[:, t:])  # from t on, it does matter
+
+
+def test_the_output_layer_is_the_token_embedding():
+    model = tiny()
+    wte = model.transformer.wte.weight
+    assert model.lm_head.weight is wte
+    names = [name for name, _ in model.named_parameters()]
+    assert "transformer.wte.weight" in names and "lm_head.weight" not in names
+    assert sum(p is wte for p in model.parameters()) == 1
+    c, v, t, layers = 8, 7, 6, 2
+    per_layer = 12 * c * c + 13 * c  # c_attn 3c^2+3c, c_proj c^2+c, MLP 8c^2+5c, two LayerNorms 4c
+    assert model.num_parameters() == v * c + t * c + layers * per_layer + 2 * c
+    assert model.num_parameters(non_embedding=True) == model.num_parameters() - t * c
+
+
+def test_the_tied_gradient_is_the_sum_of_both_uses():
+    idx, targets = tokens(2, 5), tokens(2, 5, seed=2)
+    tied = tiny()
+    loss = F.cross_entropy(tied(idx).reshape(-1, 7), targets.reshape(-1))
+    loss.backward()
+    untied = tiny()  # same seed: same numbers, then given its own output matrix
+    from minidist.nn import Parameter
+
+    untied.lm_head.weight = Parameter(untied.transformer.wte.weight.data.copy())
+    F.cross_entropy(untied(idx).reshape(-1, 7), targets.reshape(-1)).backward()
+    both = untied.transformer.wte.weight.grad + untied.lm_head.weight.grad
+    np.testing.assert_allclose(tied.transformer.wte.weight.grad, both, rtol=1e-12, atol=1e-15)
+    assert np.abs(untied.transformer.wte.weight.grad).max() > 0 and np.abs(untied.lm_head.weight.grad).max() > 0
+
+
+def test_initialisation_is_gpt2s():
+    model = GPT(GPTConfig(vocab_size=50, block_size=64, n_layer=4, n_head=4, n_embd=64), rng=0)
+    params = dict(model.named_parameters())
+    residual = 0.02 / math.sqrt(2 * 4)
+    for name, p in params.items():
+        if name.endswith("c_proj.weight"):
+            assert abs(p.data.std() - residual) < 0.1 * residual, name
+        elif name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
+            assert (p.data == 1).all(), name
+        elif name.endswith(".bias"):
+            assert (p.data == 0).all(), name
+        else:
+            assert abs(p.data.std() - 0.02) < 0.002 and abs(p.data.mean()) < 0.002, name
+    same, other = GPT(model.config, rng=0), GPT(model.config, rng=1)
+    assert all(np.array_equal(a.data, b.data) for a, b in zip(model.parameters(), same.parameters()))
+    assert not np.array_equal(model.transformer.wte.weight.data, other.transformer.wte.weight.data)
+
+
+def test_a_fresh_model_predicts_every_token_about_equally():
+    model = GPT(GPTConfig(vocab_size=62, block_size=32, n_layer=2, n_head=2, n_embd=32), rng=0)
+    idx, targets = tokens(8, 32, vocab=62), tokens(8, 32, vocab=62, seed=9)
+    loss = F.cross_entropy(model(idx).reshape(-1, 62), targets.reshape(-1)).item()
+    assert abs(loss - math.log(62)) < 0.05
+
+
+def test_gradients_match_finite_differences_in_float64():
+    model = tiny(np.float64, seed=3, gelu="none")
+    for p in model.parameters():  # move off the special initial values (zero biases, unit gains)
+        p.data += np.random.default_rng(p.data.size).normal(0, 0.05, p.data.shape)
+    idx, targets = tokens(2, 5), tokens(2, 5, seed=4)
+
+    def loss_value():
+        return F.cross_entropy(model(idx).reshape(-1, 7), targets.reshape(-1))
+
+    loss_value().backward()
+    params = dict(model.named_parameters())
+    rng = np.random.default_rng(0)
+    checked = 0
+    for name in ("transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.ln_1.weight",
+                 "transformer.h.0.attn.c_attn.weight", "transformer.h.0.attn.c_attn.bias",
+                 "transformer.h.1.attn.c_proj.weight", "transformer.h.1.mlp.c_fc.weight",
+                 "transformer.h.1.mlp.c_proj.bias", "transformer.ln_f.bias"):
+        p = params[name]
+        for _ in range(3):
+            index = tuple(rng.integers(0, size) for size in p.data.shape)
+            saved, eps = p.data[index], 1e-6
+            p.data[index] = saved + eps
+            up = loss_value().item()
+            p.data[index] = saved - eps
+            down = loss_value().item()
+            p.data[index] = saved
+            numeric = (up - down) / (2 * eps)
+            assert abs(p.grad[index] - numeric) <= 1e-7 + 1e-6 * abs(numeric), (name, index, p.grad[index], numeric)
+            checked += 1
+    assert checked == 27
+
+
+def test_generation_extends_the_context_and_is_repeatable():
+    model = tiny(np.float32)
+    start = tokens(2, 3)
+    out = generate(model, start, 10, seed=5)  # 13 tokens > block_size 6: the context is cropped
+    assert out.shape == (2, 13) and out.dtype == np.int64
+    assert np.array_equal(out[:, :3], start) and out.min() >= 0 and out.max() < 7
+    assert np.array_equal(out, generate(model, start, 10, seed=5))
+    one = generate(model, start[0], 4, seed=1)
+    assert one.shape == (7,) and model.training
+
+
+def test_top_k_1_is_the_most_likely_token_every_time():
+    model = tiny(np.float64)
+    context = tokens(3, 2)
+    out = generate(model, context, 5, top_k=1, seed=0)
+    for step in range(5):
+        window = out[:, : 2 + step][:, -6:]
+        expected = model(window).data[:, -1, :].argmax(axis=-1)
+        assert np.array_equal(out[:, 2 + step], expected)
+
+
+def test_temperature_sharpens_the_draws():
+    model = tiny(np.float64, seed=2)
+    for p in model.parameters():
+        p.data *= 20  # a model with strong opinions
+    context = np.zeros((200, 1), dtype=np.int64)
+    greedy = generate(model, context[:1], 1, top_k=1)[0, -1]
+    cold = generate(model, context, 1, temperature=0.05, seed=0)[:, -1]
+    hot = generate(model, context, 1, temperature=5.0, seed=0)[:, -1]
+    assert (cold == greedy).mean() > (hot == greedy).mean()
+    assert len(set(hot.tolist())) > len(set(cold.tolist()))
+
+
+def test_mistakes_are_named():
+    with pytest.raises(ValueError, match="n_embd=10 must be a multiple of n_head=4"):
+        GPTConfig(vocab_size=5, n_head=4, n_embd=10)
+    with pytest.raises(ValueError, match="gelu must be"):
+        GPTConfig(vocab_size=5, gelu="relu")
+    with pytest.raises(ValueError, match="vocab_size must be a positive int"):
+        GPTConfig(vocab_size=0)
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        generate(tiny(), tokens(1, 2), 3, temperature=0)
