@@ -40,18 +40,45 @@ def _positive_float(text: str) -> float:
     return value
 
 
+# The options of `minidist train` that only one family of models takes.
+_GPT_ONLY = ("steps", "layers", "heads", "width", "context", "eval_every", "sample_chars")
+
+
 def _cmd_train(args) -> int:
+    if args.model == "gpt":
+        if args.epochs is not None:
+            return _train_mistake("--epochs is for the digits models (mlp, cnn); a GPT trains for --steps")
+        from minidist.train_gpt import train_gpt
+
+        try:
+            train_gpt(steps=args.steps, n_layer=args.layers, n_head=args.heads, n_embd=args.width,
+                      block_size=args.context, batch_size=args.batch_size, lr=args.lr,
+                      eval_every=args.eval_every, seed=args.seed,
+                      sample_chars=args.sample_chars,
+                      progress=not args.no_progress)
+        except ValueError as error:  # e.g. a width that the heads do not divide
+            return _train_mistake(str(error))
+        return 0
+    given = [name for name in _GPT_ONLY if getattr(args, name) is not None]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        return _train_mistake(f"{flag} is for --model gpt; the digits models ({args.model}) train for --epochs")
     from minidist.train import train_digits
 
     train_digits(
         model=args.model,
         epochs=args.epochs,
-        batch_size=args.batch_size,
+        batch_size=64 if args.batch_size is None else args.batch_size,
         lr=args.lr,
         seed=args.seed,
         progress=not args.no_progress,
     )
     return 0
+
+
+def _train_mistake(message: str) -> int:
+    print(f"minidist train: error: {message} (see `minidist train --help`)", file=sys.stderr)
+    return 2
 
 
 # Demos of a parallel strategy: NAME -> the module (in viz/, which may run
@@ -241,14 +268,29 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version="minidist 0.1.0")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    train = sub.add_parser("train", help="train a model on the bundled 8x8 digits")
-    train.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    train = sub.add_parser(
+        "train", help="train a model on the bundled 8x8 digits, or a GPT on Shakespeare",
+        description="Train on one process: an MLP or a CNN on the bundled 8x8 digits (--epochs), "
+                    "or a character-level GPT on the bundled Shakespeare (--model gpt, --steps), "
+                    "which reports train and validation loss and ends with a sample of its text.")
+    train.add_argument("--model", choices=["mlp", "cnn", "gpt"], default="mlp")
     train.add_argument("--epochs", type=_positive_int, default=None,
-                       help="default: 30 (mlp), 15 (cnn)")
-    train.add_argument("--batch-size", type=_positive_int, default=64)
+                       help="mlp, cnn: default 30 (mlp), 15 (cnn)")
+    train.add_argument("--batch-size", type=_positive_int, default=None,
+                       help="default: 64 (mlp, cnn), 12 windows (gpt)")
     train.add_argument("--lr", type=_positive_float, default=None,
-                       help="default: 0.1 (mlp), 0.05 (cnn)")
+                       help="default: 0.1 (mlp), 0.05 (cnn), 0.001 (gpt, AdamW)")
     train.add_argument("--seed", type=int, default=0)
+    gpt = train.add_argument_group("gpt only (defaults: 2000 steps, 4 layers, 4 heads, width 128, context 64)")
+    gpt.add_argument("--steps", type=_positive_int, default=None, help="optimizer steps")
+    gpt.add_argument("--layers", type=_positive_int, default=None, help="transformer blocks")
+    gpt.add_argument("--heads", type=_positive_int, default=None, help="attention heads (must divide --width)")
+    gpt.add_argument("--width", type=_positive_int, default=None, help="n_embd, the model's width")
+    gpt.add_argument("--context", type=_positive_int, default=None, help="block_size, the longest context")
+    gpt.add_argument("--eval-every", type=_positive_int, default=None,
+                     help="measure train and validation loss every N steps (default 200)")
+    gpt.add_argument("--sample-chars", type=int, default=None,
+                     help="characters of generated text printed at the end (default 300)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.set_defaults(handler=_cmd_train)
 

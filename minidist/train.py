@@ -21,12 +21,19 @@ DEFAULTS = {
 
 
 def build_model(name: str, seed: int = 0) -> nn.Module:
-    """The course's two digit classifiers, initialised deterministically from ``seed``.
+    """The course's models, initialised deterministically from ``seed``.
 
     * ``mlp``: 64 -> 128 -> ReLU -> 10
     * ``cnn``: 1x8x8 -> conv 16 -> ReLU -> conv 32 -> ReLU -> max-pool 2 ->
       flatten -> 64 -> ReLU -> 10
+    * ``gpt``: the character-level GPT of ``minidist train --model gpt`` in
+      its default configuration (:mod:`minidist.train_gpt`), for the bundled
+      Shakespeare's 62 characters
     """
+    if name == "gpt":
+        from minidist.train_gpt import build_gpt
+
+        return build_gpt(seed=seed)
     nn.init.manual_seed(seed)
     if name == "mlp":
         return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
@@ -42,7 +49,7 @@ def build_model(name: str, seed: int = 0) -> nn.Module:
             nn.ReLU(),
             nn.Linear(64, 10),
         )
-    raise ValueError(f"unknown model {name!r}: choose 'mlp' or 'cnn'")
+    raise ValueError(f"unknown model {name!r}: choose 'mlp', 'cnn' or 'gpt'")
 
 
 def evaluate(model: nn.Module, x, y, batch_size: int = 512) -> float:

@@ -1,13 +1,68 @@
-"""The GPT: shapes, causality, the tied output layer, its initialisation, a
-finite-difference check of its gradients in float64, and generation."""
+"""The GPT: against PyTorch (the same model written in torch, recorded in
+tests/data/torch_reference/gpt.npz by scripts/record_torch_gpt.py, and live
+where torch is installed), shapes, causality, the tied output layer, its
+initialisation, a finite-difference check of its gradients in float64, and
+generation."""
 
+import functools
+import importlib.util
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from minidist.models import GPT, GPTConfig, generate
 from minidist.nn import functional as F
+
+ROOT = Path(__file__).resolve().parents[2]
+REFERENCE = ROOT / "tests" / "data" / "torch_reference" / "gpt.npz"
+_spec = importlib.util.spec_from_file_location("record_torch_gpt", ROOT / "scripts" / "record_torch_gpt.py")
+recorder = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(recorder)
+TOLERANCE = {"float64": dict(rtol=1e-9, atol=1e-12), "float32": dict(rtol=2e-5, atol=2e-6)}
+
+
+@functools.lru_cache(maxsize=None)
+def recorded() -> dict:
+    with np.load(REFERENCE) as data:
+        return {key: data[key] for key in data.files}
+
+
+@functools.lru_cache(maxsize=None)
+def minidist_results(dtype: str) -> dict:
+    """The recorder's case computed by minidist: its parameters loaded by name."""
+    x = {key.removeprefix("input/"): value for key, value in recorded().items() if key.startswith("input/")}
+    model = GPT(GPTConfig(**recorder.CONFIG), dtype=np.dtype(dtype))
+    params = dict(model.named_parameters())
+    assert sorted(params) == sorted(key.removeprefix("param/") for key in x if key.startswith("param/"))
+    for name, param in params.items():
+        param.data[...] = x[f"param/{name}"]
+    logits = model(x["idx"])
+    loss = F.cross_entropy(logits.reshape(-1, recorder.CONFIG["vocab_size"]), x["targets"].reshape(-1))
+    loss.backward()
+    out = {f"logits/{dtype}": logits.data, f"loss/{dtype}": loss.data}
+    out.update({f"grad/{name}/{dtype}": param.grad for name, param in params.items()})
+    return out
+
+
+def _compare(expected: dict, dtype: str):
+    mine = minidist_results(dtype)
+    keys = [key for key in expected if key.endswith("/" + dtype) and not key.startswith("input/")]
+    assert len(keys) == 2 + len(recorder.parameter_shapes())  # logits, loss, every gradient
+    for key in keys:
+        np.testing.assert_allclose(mine[key], expected[key], err_msg=key, **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_logits_loss_and_every_gradient_agree_with_recorded_torch(dtype):
+    _compare(recorded(), dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_logits_loss_and_every_gradient_agree_with_live_torch(dtype):
+    pytest.importorskip("torch")
+    _compare(recorder.record(dtype), dtype)
 
 
 def tiny(dtype=np.float64, seed=0, **changes):
