@@ -150,7 +150,7 @@ class TensorParallelGPT(Module):
                     f"tokens into {self.world_size} pieces, but {steps} is not divisible by "
                     f"{self.world_size}; use sequences of a multiple of {self.world_size} tokens")
             piece = steps // self.world_size
-            positions = positions[self.rank * piece:(self.rank + 1) * piece]
+            positions = np.arange(self.rank * piece, (self.rank + 1) * piece)
         t = self.transformer
         x = t.wte(idx) + t.wpe(positions)   # (B, T, C), or (B, T/n, C) with sequence parallelism
         for block in t.h:
