@@ -40,6 +40,10 @@ gives the bytes and the tests compare them with the trace):
 * backward: all_reduce of B T C values before each of the 2 L column layers
   and before ``lm_head``.
 
+So a block costs each rank 2 ring all_reduces of B T C values per pass,
+4 (n-1)/n B T C s bytes forward and as many backward (s bytes a value),
+whatever its width of 4C hidden units or its number of heads.
+
 **Sequence parallelism** (``sequence_parallel=True``): the residual stream
 between blocks is cut along the sequence, each rank holding T/n positions;
 the LayerNorms run on them only. Every all_reduce of B T C values above
