@@ -96,17 +96,26 @@ class CausalSelfAttention(Module):
         super().__init__()
         self.n_head = config.n_head
         self.n_embd = config.n_embd
+        self.head_dim = config.n_embd // config.n_head
         self.c_attn = Linear(config.n_embd, 3 * config.n_embd, bias=config.bias, rng=rng, dtype=dtype)
         self.c_proj = Linear(config.n_embd, config.n_embd, bias=config.bias, rng=rng, dtype=dtype)
 
     def forward(self, x):
-        batch, steps, width = x.shape
-        heads = self.n_head
+        heads, head_dim = self.n_head, self.head_dim
+        qkv = self.c_attn(x)
+        # Sized from c_attn's output and head_dim, not from x: a tensor-parallel
+        # shard's c_attn makes the q, k, v of its n_head / tp heads only.
+        batch, steps, width = qkv.shape
+        if width != 3 * heads * head_dim:
+            raise ValueError(
+                f"CausalSelfAttention: c_attn gives {width} features, {width // (3 * head_dim)} heads "
+                f"of {head_dim}, but n_head={heads}; after splitting c_attn by heads over tp ranks "
+                f"set n_head to n_head // tp (as torchtitan does)")
         # (B, T, 3C) -> (3, B, H, T, D): q, k and v, each with the heads on axis 1.
-        qkv = self.c_attn(x).reshape(batch, steps, 3, heads, width // heads).transpose(2, 0, 3, 1, 4)
+        qkv = qkv.reshape(batch, steps, 3, heads, head_dim).transpose(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
-        y = y.transpose(0, 2, 1, 3).reshape(batch, steps, width)  # the heads side by side again
+        y = y.transpose(0, 2, 1, 3).reshape(batch, steps, heads * head_dim)  # heads side by side
         return self.c_proj(y)
 
 

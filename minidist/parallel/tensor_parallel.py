@@ -41,6 +41,30 @@ split (``gather_output=False``) and is exactly the split input the row layer
 wants (``input_is_parallel=True``); the row layer's forward all_reduce and
 the column layer's backward all_reduce are the only messages.
 
+**Sequence parallelism** (Korthikanti et al., 2022, Megatron's
+``sequence_parallel``): between a row layer and the next column layer a
+transformer runs LayerNorm (and dropout) on the *whole* activation on every
+rank, the same work n times and the same (B, T, C) arrays kept n times. Cut
+that region along the sequence instead: the row layer's all_reduce becomes
+a reduce_scatter along the sequence (each rank keeps the sum for its T/n
+positions) and the column layer's "copy" becomes an all_gather along the
+sequence. Same bytes on the wire (a ring all_reduce *is* a reduce_scatter
+then an all_gather), the LayerNorm work and memory divided by n. Two more
+functions (the sequence axis is the second to last, T of (B, T, C)):
+
+=========================================  ======================  ==================
+function                                   forward                 backward
+=========================================  ======================  ==================
+gather_from_sequence_parallel_region       all_gather along T      reduce_scatter
+reduce_scatter_to_sequence_parallel_region reduce_scatter along T  all_gather
+=========================================  ======================  ==================
+
+and the two layers take ``sequence_parallel=True`` to use them in place of
+``copy_to`` / ``reduce_from``. A parameter used inside the sharded region
+(LayerNorm's, the row layer's bias) then sees only its rank's positions:
+its gradient must be summed over the group after backward
+(:mod:`minidist.parallel.tensor_parallel_gpt` does it in one all_reduce).
+
 These functions use only the public :mod:`minidist.distributed` API; the
 autograd knows nothing of processes. Every collective is run with a fixed
 ``algorithm`` ("ring" by default, a parameter of every layer), so the bytes
@@ -108,6 +132,48 @@ def _own_slice_last_axis(array, group):
     return array[..., rank * width:(rank + 1) * width].copy()
 
 
+def _sequence_pieces(array, world: int, function: str) -> int:
+    """The length of one rank's piece of the sequence axis (-2), or a clear error."""
+    if array.ndim < 2:
+        raise ValueError(f"{function}: needs (..., sequence, features), got shape {array.shape}")
+    length = array.shape[-2]
+    if length % world:
+        raise ValueError(
+            f"rank {dist.get_rank()}: {function} cuts the sequence axis of length {length} into "
+            f"{world} equal pieces, but {length} is not divisible by {world}; use a sequence "
+            f"length that is a multiple of the tensor-parallel group size {world}.")
+    return length // world
+
+
+def _all_gather_sequence(array, group, algorithm: str):
+    """Every rank's (..., T/n, C) piece stacked along the sequence axis, in
+    rank order. The axis goes first for the message (pieces contiguous), as
+    Megatron keeps its activations (sequence, batch, hidden)."""
+    size = dist.get_world_size(group)
+    if size == 1:
+        return array
+    piece = np.ascontiguousarray(np.moveaxis(backend.to_numpy(array), -2, 0))
+    pieces = np.empty((size,) + piece.shape, piece.dtype)
+    dist.all_gather_into_tensor(pieces, piece, group=group, algorithm=algorithm)
+    whole = np.moveaxis(pieces.reshape((size * piece.shape[0],) + piece.shape[1:]), 0, -2)
+    whole = np.ascontiguousarray(whole)
+    return backend.get().asarray(whole) if backend.get() is not np else whole
+
+
+def _reduce_scatter_sequence(array, group, algorithm: str, function: str):
+    """The sum over the group of ``array`` (..., T, C), of which this rank
+    keeps its T/n positions (..., T/n, C)."""
+    size = dist.get_world_size(group)
+    if size == 1:
+        return array
+    _sequence_pieces(array, size, function)
+    whole = np.ascontiguousarray(np.moveaxis(backend.to_numpy(array), -2, 0))
+    mine = np.empty((whole.shape[0] // size,) + whole.shape[1:], whole.dtype)
+    dist.reduce_scatter_tensor(mine, whole, op=dist.ReduceOp.SUM, group=group, algorithm=algorithm)
+    mine = np.ascontiguousarray(np.moveaxis(mine, 0, -2))
+    return backend.get().asarray(mine) if backend.get() is not np else mine
+
+
 def copy_to_parallel_region(input, group=None, algorithm: str = DEFAULT_ALGORITHM) -> Tensor:
     """Forward: the input unchanged (every rank already has the whole of it).
     Backward: the gradients of all ranks summed (all_reduce), since each
@@ -142,6 +208,33 @@ def scatter_to_parallel_region(input, group=None, algorithm: str = DEFAULT_ALGOR
                  "scatter_to_parallel_region")
 
 
+def gather_from_sequence_parallel_region(input, group=None,
+                                         algorithm: str = DEFAULT_ALGORITHM) -> Tensor:
+    """Forward: every rank's positions stacked along the sequence axis (-2)
+    (all_gather), the whole sequence for a column layer. Backward: the
+    gradients summed over the group, this rank keeping its positions
+    (reduce_scatter): the column layer's input gradient is partial on each
+    rank, as in :func:`copy_to_parallel_region`."""
+    input = _tensor(input)
+    return _node(_all_gather_sequence(input.data, group, algorithm), input,
+                 lambda grad: _reduce_scatter_sequence(
+                     grad, group, algorithm, "gather_from_sequence_parallel_region"),
+                 "gather_from_sequence_parallel_region")
+
+
+def reduce_scatter_to_sequence_parallel_region(input, group=None,
+                                               algorithm: str = DEFAULT_ALGORITHM) -> Tensor:
+    """Forward: the partial results of all ranks summed, this rank keeping
+    its positions of the sequence axis (-2) (reduce_scatter). Backward: the
+    positions' gradients stacked (all_gather), the whole gradient every
+    rank's partial product needs."""
+    input = _tensor(input)
+    return _node(_reduce_scatter_sequence(input.data, group, algorithm,
+                                          "reduce_scatter_to_sequence_parallel_region"),
+                 input, lambda grad: _all_gather_sequence(grad, group, algorithm),
+                 "reduce_scatter_to_sequence_parallel_region")
+
+
 # --------------------------------------------------------------------------
 # The layers
 
@@ -170,35 +263,43 @@ class _ParallelLinear(Module):
 
     split = flag = ""
 
-    def _build(self, in_features, out_features, bias, flag, group, algorithm, rng, dtype):
+    def _build(self, in_features, out_features, bias, flag, group, algorithm, rng, dtype,
+               sequence_parallel):
         """``__init__``: the whole layer drawn as ``nn.Linear`` draws it, this rank's shard kept."""
         super().__init__()
         group = as_group(group, type(self).__name__)
         size = in_features if self.split == "in_features" else out_features
         _split_size(type(self).__name__, self.split, size, group)   # before drawing
         full = Linear(in_features, out_features, bias=bias, rng=rng, dtype=dtype)
-        self._take_shard(full, flag, group, algorithm)
+        self._take_shard(full, flag, group, algorithm, sequence_parallel)
 
     @classmethod
-    def _from_linear(cls, linear, flag, group, algorithm):
+    def _from_linear(cls, linear, flag, group, algorithm, sequence_parallel=False, shard=None):
         if not isinstance(linear, Linear):
             raise TypeError(f"{cls.__name__}.from_linear needs an nn.Linear, "
                             f"got {type(linear).__name__}")
         layer = cls.__new__(cls)
         Module.__init__(layer)
-        layer._take_shard(linear, flag, group, algorithm)
+        layer._take_shard(linear, flag, group, algorithm, sequence_parallel, shard)
         return layer
 
-    def _take_shard(self, linear, flag, group, algorithm):
+    def _take_shard(self, linear, flag, group, algorithm, sequence_parallel=False, shard=None):
         group = as_group(group, type(self).__name__)
-        rank, world, width = _split_size(type(self).__name__, self.split,
-                                         getattr(linear, self.split), group)
+        if shard is None:
+            rank, world, width = _split_size(type(self).__name__, self.split,
+                                             getattr(linear, self.split), group)
+            shard = slice(rank * width, (rank + 1) * width)
+        else:
+            world, rank = dist.get_world_size(group), dist.get_rank(group)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         setattr(self, self.flag, bool(flag))
+        self.sequence_parallel = bool(sequence_parallel)
         self.group, self.algorithm = group, algorithm
         self.world_size, self.rank = world, rank
-        #: The rows (Column) or columns (Row) of the whole (out, in) weight held here.
-        self.shard = slice(rank * width, (rank + 1) * width)
+        #: The rows (Column) or columns (Row) of the whole (out, in) weight
+        #: held here: a slice, or an index array for a layout of its own
+        #: (a fused q, k, v weight split by heads).
+        self.shard = shard
         weight, bias = self._pieces(linear)
         self.weight = Parameter(weight.copy())
         if bias is not None:
@@ -224,6 +325,12 @@ class ColumnParallelLinear(_ParallelLinear):
     (only when the input needs a gradient: not for a first layer fed with
     data, whose backward sends nothing).
 
+    ``sequence_parallel=True``: the input is this rank's positions of the
+    sequence (axis -2) and the whole sequence is gathered first
+    (:func:`gather_from_sequence_parallel_region`: all_gather forward,
+    reduce_scatter of the partial input gradients backward, the same bytes
+    as the all_reduce it replaces).
+
     Initialisation: the whole (out, in) weight is drawn as ``nn.Linear``
     draws it and this rank keeps its rows; pass the same ``rng`` seed on
     every rank (or build the layer with :meth:`from_linear`) so that the
@@ -234,22 +341,30 @@ class ColumnParallelLinear(_ParallelLinear):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  gather_output: bool = False, group=None, algorithm: str = DEFAULT_ALGORITHM,
-                 rng=None, dtype=np.float32):
-        self._build(in_features, out_features, bias, gather_output, group, algorithm, rng, dtype)
+                 rng=None, dtype=np.float32, sequence_parallel: bool = False):
+        self._build(in_features, out_features, bias, gather_output, group, algorithm, rng, dtype,
+                    sequence_parallel)
 
     @classmethod
     def from_linear(cls, linear, group=None, gather_output: bool = False,
-                    algorithm: str = DEFAULT_ALGORITHM) -> ColumnParallelLinear:
+                    algorithm: str = DEFAULT_ALGORITHM, sequence_parallel: bool = False,
+                    rows=None) -> ColumnParallelLinear:
         """This rank's shard of ``linear`` (copied), so that the split layer
-        computes exactly what ``linear`` computes."""
-        return cls._from_linear(linear, gather_output, group, algorithm)
+        computes exactly what ``linear`` computes. ``rows`` (a slice or an
+        index array of the whole (out, in) weight's rows) replaces the even
+        contiguous block: an uneven vocabulary's share, or the q, k and v
+        rows of this rank's heads in a fused attention projection."""
+        return cls._from_linear(linear, gather_output, group, algorithm, sequence_parallel, rows)
 
     def _pieces(self, linear):
         bias = None if linear.bias is None else linear.bias.data[self.shard]
         return linear.weight.data[self.shard], bias
 
     def forward(self, x):
-        x = copy_to_parallel_region(x, self.group, self.algorithm)
+        if self.sequence_parallel:
+            x = gather_from_sequence_parallel_region(x, self.group, self.algorithm)
+        else:
+            x = copy_to_parallel_region(x, self.group, self.algorithm)
         y = F.linear(x, self.weight, self.bias)
         if self.gather_output:
             y = gather_from_parallel_region(y, self.group, self.algorithm)
@@ -257,8 +372,9 @@ class ColumnParallelLinear(_ParallelLinear):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features} "
-                f"(rows {self.shard.start}:{self.shard.stop} here, of {self.world_size} ranks), "
-                f"bias={self.bias is not None}, gather_output={self.gather_output}")
+                f"(rows {_describe(self.shard)} here, of {self.world_size} ranks), "
+                f"bias={self.bias is not None}, gather_output={self.gather_output}"
+                + (", sequence_parallel=True" if self.sequence_parallel else ""))
 
 
 class RowParallelLinear(_ParallelLinear):
@@ -281,21 +397,30 @@ class RowParallelLinear(_ParallelLinear):
 
     The bias is replicated, and its gradient (the batch sum of the whole dY,
     the same on every rank) needs no message.
+
+    ``sequence_parallel=True``: the partial products are reduce_scattered
+    along the sequence (axis -2) instead (:func:`reduce_scatter_to_sequence_parallel_region`),
+    each rank keeping its T/n positions, and the bias is added to those;
+    backward all_gathers the positions' gradients. The bias gradient is then
+    this rank's positions' share: sum it over the group after backward.
     """
 
     split, flag = "in_features", "input_is_parallel"
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  input_is_parallel: bool = True, group=None,
-                 algorithm: str = DEFAULT_ALGORITHM, rng=None, dtype=np.float32):
-        self._build(in_features, out_features, bias, input_is_parallel, group, algorithm, rng, dtype)
+                 algorithm: str = DEFAULT_ALGORITHM, rng=None, dtype=np.float32,
+                 sequence_parallel: bool = False):
+        self._build(in_features, out_features, bias, input_is_parallel, group, algorithm, rng, dtype,
+                    sequence_parallel)
 
     @classmethod
     def from_linear(cls, linear, group=None, input_is_parallel: bool = True,
-                    algorithm: str = DEFAULT_ALGORITHM) -> RowParallelLinear:
+                    algorithm: str = DEFAULT_ALGORITHM,
+                    sequence_parallel: bool = False) -> RowParallelLinear:
         """This rank's shard of ``linear`` (copied), so that the split layer
         computes exactly what ``linear`` computes."""
-        return cls._from_linear(linear, input_is_parallel, group, algorithm)
+        return cls._from_linear(linear, input_is_parallel, group, algorithm, sequence_parallel)
 
     def _pieces(self, linear):
         bias = None if linear.bias is None else linear.bias.data     # replicated
@@ -305,12 +430,22 @@ class RowParallelLinear(_ParallelLinear):
         if not self.input_is_parallel:
             x = scatter_to_parallel_region(x, self.group, self.algorithm)
         partial = F.linear(x, self.weight)
-        y = reduce_from_parallel_region(partial, self.group, self.algorithm)
+        if self.sequence_parallel:
+            y = reduce_scatter_to_sequence_parallel_region(partial, self.group, self.algorithm)
+        else:
+            y = reduce_from_parallel_region(partial, self.group, self.algorithm)
         if self.bias is not None:
             y = y + self.bias
         return y
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features} (columns {self.shard.start}:{self.shard.stop} "
+        return (f"in_features={self.in_features} (columns {_describe(self.shard)} "
                 f"here, of {self.world_size} ranks), out_features={self.out_features}, "
-                f"bias={self.bias is not None}, input_is_parallel={self.input_is_parallel}")
+                f"bias={self.bias is not None}, input_is_parallel={self.input_is_parallel}"
+                + (", sequence_parallel=True" if self.sequence_parallel else ""))
+
+
+def _describe(shard) -> str:
+    if isinstance(shard, slice):
+        return f"{shard.start}:{shard.stop}"
+    return f"{len(shard)} chosen"
