@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from minidist import cli
 from minidist.alpha_beta import Params
 from minidist.distributed.simulator import simulate
 from minidist.models.gpt import GPT, GPTConfig
@@ -275,13 +276,13 @@ def test_a_thousand_ranks_in_well_under_a_second():
     assert spent < 2.0
 
 
-def test_the_command_prints_the_comparison_and_the_playbook(capsys):
-    assert plan_3d.main(["--ranks", "16", "--n-layer", "8", "--n-embd", "256", "--n-head", "16",
-                         "--vocab", "512", "--seq-len", "128", "--global-batch", "64",
-                         "--memory", "1GB"]) == 0
+def test_minidist_plan_prints_the_comparison_and_the_playbook(capsys):
+    model = ["--n-layer", "8", "--n-embd", "256", "--n-head", "16", "--vocab", "512",
+             "--seq-len", "128", "--global-batch", "64"]
+    assert cli.main(["plan", "--ranks", "16", "--memory", "1GB", *model]) == 0
     out = capsys.readouterr().out
     assert "plans fit" in out and "the Playbook's order" in out
-    assert plan_3d.main(["--mesh", "2x4x2", "--n-layer", "8", "--n-embd", "256",
-                         "--n-head", "16", "--vocab", "512", "--seq-len", "128",
-                         "--global-batch", "64"]) == 0
+    assert cli.main(["plan", "--mesh", "2x4x2", *model]) == 0
     assert "dp2 tp4 pp2" in capsys.readouterr().out
+    assert cli.main(["plan", "--mesh", "2x3x2", *model]) == 2
+    assert "tp=3 does not divide the 16 heads" in capsys.readouterr().err

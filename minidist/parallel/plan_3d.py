@@ -16,7 +16,8 @@ byte counts (:mod:`minidist.parallel.zero`). ::
     print(plans)                                   # every dp x tp x pp that fits, fastest first
     print(plan_3d.playbook_plan(gpt, 1024, memory_limit=80e9))  # the Playbook's order
 
-or ``python -m minidist.parallel.plan_3d --ranks 1024 --memory 80GB``.
+or ``minidist plan --ranks 1024 --memory 80GB`` (``--mesh 8x8x16``: one plan's
+breakdown).
 
 The mesh is laid out as torch's ``init_device_mesh(..., (pp, dp, tp))``
 (row-major, tp the fastest index, as Megatron-LM and torchtitan place it),
@@ -102,11 +103,10 @@ actions on the clock, well under a second at 8 x 8 x 16; a
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, field
 
 from minidist import costmodel
-from minidist.alpha_beta import Params, parse_size
+from minidist.alpha_beta import Params, parse_bandwidth, parse_size
 from minidist.parallel.pipeline_schedules import (
     BACKWARD,
     FORWARD,
@@ -651,46 +651,41 @@ def playbook_plan(model: GPTShape, ranks: int, machine: Machine = CLUSTER,
             return PlaybookChoice(None, decisions)
 
 
-# --------------------------------------------------------------------------- python -m
+# --------------------------------------------------------------------------- minidist plan
 
 
-def main(argv=None) -> int:
-    """``python -m minidist.parallel.plan_3d``: compare the plans of one GPT on
-    a budget of ranks, and print the Playbook's choice beside the best."""
-    parser = argparse.ArgumentParser(
-        prog="python -m minidist.parallel.plan_3d",
-        description="Predict a GPT's training step under every dp x tp x pp of a budget of "
-                    "ranks (cost model + pipeline clock), and the Ultra-Scale Playbook's plan.")
-    parser.add_argument("--ranks", type=int, default=1024)
-    parser.add_argument("--memory", default="80GB", help="memory per rank (default 80GB)")
-    for name, default in (("n-layer", 32), ("n-embd", 4096), ("n-head", 32),
-                          ("vocab", 50304), ("seq-len", 4096), ("global-batch", 1024),
-                          ("micro-batch", 1)):
-        parser.add_argument(f"--{name}", type=int, default=default)
-    parser.add_argument("--schedule", default="1f1b")
-    parser.add_argument("--sequence-parallel", action="store_true")
-    parser.add_argument("--recompute", action="store_true")
-    parser.add_argument("--zero-stage", type=int, default=0)
-    parser.add_argument("--mesh", default=None,
-                        help="predict one plan only, DPxTPxPP, e.g. 8x8x16")
-    args = parser.parse_args(argv)
+def plan_command(args) -> int:
+    """``minidist plan``: with ``--mesh DPxTPxPP`` the breakdown of that plan;
+    otherwise every plan of ``--ranks`` compared, and the Playbook's choice
+    beside the best (the arguments: :mod:`minidist.cli`)."""
     model = GPTShape(args.n_layer, args.n_embd, args.n_head, args.vocab, args.seq_len,
                      args.global_batch, args.micro_batch)
-    options = {"schedule": args.schedule, "sequence_parallel": args.sequence_parallel,
-               "recompute": args.recompute, "zero_stage": args.zero_stage}
-    print(f"GPT: {model.parameters() / 1e9:.2f} B parameters, {model.n_layer} layers, "
-          f"h={model.n_embd}, s={model.seq_len}, batch {model.global_batch} x "
-          f"{model.micro_batch}; machine: {CLUSTER}")
+    machine = Machine(flops=args.tflops * 1e12,
+                      intra=Params(CLUSTER.intra.alpha, 1 / parse_bandwidth(args.intra)),
+                      inter=Params(CLUSTER.inter.alpha, 1 / parse_bandwidth(args.inter)),
+                      node_size=args.node_size)
+    options = {"schedule": args.schedule, "virtual_stages": args.virtual_stages,
+               "sequence_parallel": args.sequence_parallel, "recompute": args.recompute,
+               "zero_stage": args.zero_stage}
+    print(f"GPT of {model.parameters() / 1e9:.2f} B parameters: {model.n_layer} layers, "
+          f"h {model.n_embd}, {model.n_head} heads, vocabulary {model.vocab_size}, "
+          f"{model.global_batch} sequences of {model.seq_len} tokens a step, "
+          f"{model.micro_batch} a micro-batch")
+    print(f"machine: {args.tflops:g} TFLOP/s a rank, {machine.node_size} ranks a node, "
+          f"{args.intra} within a node, {args.inter} between nodes")
     if args.mesh:
-        dp, tp, pp = (int(x) for x in args.mesh.lower().split("x"))
-        print(predict_step(model, Plan(dp, tp, pp, **options)))
+        try:
+            dp, tp, pp = (int(part) for part in args.mesh.lower().split("x"))
+        except ValueError:
+            raise SystemExit(f"minidist plan: --mesh {args.mesh!r} is not DPxTPxPP, "
+                             "e.g. 8x8x16") from None
+        plan = Plan(dp, tp, pp, **options)
+        why = why_not(model, plan)
+        if why is not None:
+            raise SystemExit(f"minidist plan: {plan} cannot split this model: {why}")
+        print(predict_step(model, plan, machine))
         return 0
     limit = parse_size(args.memory)
-    comparison = compare_plans(model, args.ranks, memory_limit=limit, **options)
-    print(comparison)
-    print(playbook_plan(model, args.ranks, memory_limit=limit, **options))
+    print(compare_plans(model, args.ranks, machine, memory_limit=limit, **options))
+    print(playbook_plan(model, args.ranks, machine, memory_limit=limit, **options))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
