@@ -40,6 +40,8 @@ def test_parameters_are_the_gpts(bias):
     config = GPTConfig(vocab_size=40, block_size=12, n_layer=3, n_head=2, n_embd=16, bias=bias)
     shape = GPTShape.from_config(config, global_batch=4)
     assert shape.parameters() == GPT(config).num_parameters()
+    # Trained on shorter windows, the model is the same.
+    assert GPTShape.from_config(config, 4, seq_len=5).parameters() == shape.parameters()
     assert plan_3d.parameters_per_rank(shape, tp=1, pp=1) == [shape.parameters()]
 
 
@@ -66,7 +68,7 @@ def test_a_blocks_share_under_tp_is_the_split_blocks(bias, tp):
 
 def test_pipeline_ranks_hold_the_blocks_the_embedding_and_its_tied_copy():
     per_rank = plan_3d.parameters_per_rank(SMALL, tp=2, pp=4)
-    h, V, s = SMALL.n_embd, SMALL.vocab_size, SMALL.seq_len
+    h, V, s = SMALL.n_embd, SMALL.vocab_size, SMALL.positions
     blocks = 2 * SMALL.block_parameters(2)
     assert per_rank == [blocks + V * h // 2 + s * h, blocks, blocks, blocks + 2 * h + V * h // 2]
 

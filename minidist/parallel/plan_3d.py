@@ -55,7 +55,8 @@ are left out.
 **PP.** The schedule (1F1B by default) runs on the virtual clock with those
 forward and backward times and a transfer of ``alpha + n beta`` per
 activation or gradient (b s h e bytes; / t with sequence parallelism, which
-sends the sequence shard) on the pp link. The pipeline's makespan less the
+sends the sequence shard) on the pp link (the inter-node one as soon as the
+pipeline leaves a node: its slowest hop). The pipeline's makespan less the
 work each rank does, m (F + B), is ``pp_bubble``: the fill, the drain and
 any wait on a message. With no transfer time, 1F1B's makespan is
 (m + p - 1)(F + B). The clock counts whole nanoseconds: each action's time
@@ -67,7 +68,8 @@ collectives as :mod:`minidist.parallel.zero` makes them: stage 0 an
 all_reduce, 1 an all_reduce and an all_gather (beside DDP, as torch's
 ZeroRedundancyOptimizer), 2 a reduce_scatter and an all_gather, 3 a
 reduce_scatter and two all_gathers; each one call of the whole P_r e
-bytes (per-layer calls pay more alphas). No overlap with the backward: the
+bytes (per-layer calls pay more alphas; stage 3's gathers are counted once
+a step, not again for every micro-batch of a pipeline). No overlap with the backward: the
 step is ``makespan + dp_comm`` (the optimizer's update left out).
 
 **Memory per rank** (the rank that holds the most):
@@ -78,8 +80,9 @@ step is ``makespan + dp_comm`` (the optimizer's update left out).
   P_r per block: 12 h^2 / t + 7 h / t + 6 h (the column-split Linears'
   weights and biases split; the row-split biases and the LayerNorms
   replicated); the first stage adds the token embedding V h / t
-  (vocab-parallel) and the position embedding s h; the last stage the final
-  LayerNorm and, when it is not the first, a copy of the tied embedding.
+  (vocab-parallel) and the position embedding (block_size h); the last
+  stage the final LayerNorm and, when it is not the first, a copy of the
+  tied embedding.
 * activations: the layers' saved tensors (Korthikanti et al., 2022, with e
   and the dropout of :data:`DROPOUT_MASK_BYTES` as parameters), bytes per
   layer per micro-batch:
@@ -91,14 +94,17 @@ step is ``makespan + dp_comm`` (the optimizer's update left out).
 
   (k = 1 with dropout, 0 without; e = 2, k = 1, t = 1 gives the paper's
   34 s b h + 5 a s^2 b). Times the layers of a stage and the micro-batches
-  the rank holds at its peak, read from the simulated schedule's memory
-  events (1F1B: p on the first stage). The attention weights are kept, as
+  the rank holds at its peak, counted along the schedule's actions as the
+  clock's memory events count them (1F1B: p on the first stage). The attention weights are kept, as
   without flash attention; the embedding's and the logits' activations are
   left out.
 
-Costs: one :func:`predict_step` runs the schedule's ``m p (2 + messages)``
-actions on the clock, well under a second at 8 x 8 x 16; a
-:func:`compare_plans` runs one per factorisation of the ranks.
+**Overlap**: none is assumed, beyond what the schedule itself gives (a send
+never stops its rank): TP's and DP's collectives add to the step.
+
+Costs: one :func:`predict_step` runs the schedule's 2 m p computations and
+2 m (p v - 1) messages on the clock, and a formula per collective;
+:func:`compare_plans` one prediction per factorisation of the ranks.
 """
 
 from __future__ import annotations
@@ -134,7 +140,8 @@ ZERO_COLLECTIVES = {
 class GPTShape:
     """What the prediction needs of a GPT (:class:`minidist.models.gpt.GPT`'s
     shape) and of its batch: ``global_batch`` sequences of ``seq_len``
-    tokens per step, ``micro_batch`` sequences per pipeline micro-batch."""
+    tokens per step, ``micro_batch`` sequences per pipeline micro-batch;
+    ``block_size`` rows of position embedding (default: ``seq_len``)."""
 
     n_layer: int
     n_embd: int
@@ -144,6 +151,7 @@ class GPTShape:
     global_batch: int
     micro_batch: int = 1
     bias: bool = True
+    block_size: int | None = None
 
     def __post_init__(self):
         for name in ("n_layer", "n_embd", "n_head", "vocab_size", "seq_len", "global_batch",
@@ -151,6 +159,10 @@ class GPTShape:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"GPTShape: {name} must be a positive int, got {value!r}")
+        if self.block_size is not None and not (
+                isinstance(self.block_size, int) and self.block_size >= self.seq_len):
+            raise ValueError(f"GPTShape: block_size must be an int >= seq_len={self.seq_len} "
+                             f"(the positions a sequence uses), got {self.block_size!r}")
         if self.n_embd % self.n_head:
             raise ValueError(f"GPTShape: n_embd={self.n_embd} must be a multiple of "
                              f"n_head={self.n_head}")
@@ -161,7 +173,13 @@ class GPTShape:
         """The shape of a :class:`~minidist.models.gpt.GPTConfig`'s model, trained
         on windows of ``seq_len`` tokens (default: its ``block_size``)."""
         return cls(config.n_layer, config.n_embd, config.n_head, config.vocab_size,
-                   seq_len or config.block_size, global_batch, micro_batch, config.bias)
+                   seq_len or config.block_size, global_batch, micro_batch, config.bias,
+                   config.block_size)
+
+    @property
+    def positions(self) -> int:
+        """Rows of the position embedding."""
+        return self.seq_len if self.block_size is None else self.block_size
 
     def block_parameters(self, tp: int = 1) -> int:
         """One block's parameters on one of ``tp`` ranks: 12 h^2 / t + 7 h / t + 6 h
@@ -178,7 +196,7 @@ class GPTShape:
         h = self.n_embd
         final_norm = 2 * h if self.bias else h
         return (self.n_layer * self.block_parameters() + self.vocab_size * h
-                + self.seq_len * h + final_norm)
+                + self.positions * h + final_norm)
 
     def matmul_parameters(self) -> int:
         """N_mm = 12 L h^2 + V h: the weights that multiply every token."""
@@ -383,7 +401,7 @@ def parameters_per_rank(model: GPTShape, tp: int, pp: int, virtual_stages: int =
     h, pieces = model.n_embd, pp * virtual_stages
     blocks = model.n_layer // pieces * virtual_stages * model.block_parameters(tp)
     counts = [blocks] * pp
-    counts[0] += model.vocab_size * h // tp + model.seq_len * h
+    counts[0] += model.vocab_size * h // tp + model.positions * h
     counts[pp - 1] += (2 * h if model.bias else h)
     if pp > 1:
         counts[pp - 1] += model.vocab_size * h // tp   # the tied matrix, again
