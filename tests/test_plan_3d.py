@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from minidist import cli
+from minidist import cli, costmodel
 from minidist.alpha_beta import Params
 from minidist.distributed.simulator import simulate
 from minidist.models.gpt import GPT, GPTConfig
@@ -288,3 +288,14 @@ def test_minidist_plan_prints_the_comparison_and_the_playbook(capsys):
     assert "dp2 tp4 pp2" in capsys.readouterr().out
     assert cli.main(["plan", "--mesh", "2x3x2", *model]) == 2
     assert "tp=3 does not divide the 16 heads" in capsys.readouterr().err
+
+
+def test_auto_takes_the_cost_models_fastest_algorithm_for_each_call():
+    plan = Plan(dp=4, tp=4, pp=1)
+    ring = predict_step(SMALL, plan, MACHINE)
+    auto = predict_step(SMALL, plan, MACHINE, algorithm="auto")
+    for cost in auto.collectives:
+        link = MACHINE.intra if cost.link == "intra-node" else MACHINE.inter
+        assert cost.algorithm == costmodel.best(cost.collective, cost.ranks, cost.nbytes,
+                                                params=link)
+    assert auto.tp_comm <= ring.tp_comm and auto.dp_comm <= ring.dp_comm
