@@ -288,6 +288,8 @@ def test_minidist_plan_prints_the_comparison_and_the_playbook(capsys):
     assert "dp2 tp4 pp2" in capsys.readouterr().out
     assert cli.main(["plan", "--mesh", "2x3x2", *model]) == 2
     assert "tp=3 does not divide the 16 heads" in capsys.readouterr().err
+    assert cli.main(["plan", "--mesh", "8x8", *model]) == 2
+    assert "is not DPxTPxPP" in capsys.readouterr().err
 
 
 def test_auto_takes_the_cost_models_fastest_algorithm_for_each_call():
