@@ -254,6 +254,12 @@ def _cmd_predict(args) -> int:
     return predict_command(args)
 
 
+def _cmd_plan(args) -> int:
+    from minidist.parallel.plan_3d import plan_command
+
+    return plan_command(args)
+
+
 def _cmd_lesson(args) -> int:
     from minidist.lesson import lesson_command
 
@@ -446,6 +452,43 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--transport", default="shm", choices=["shm", "pipe"])
     predict.add_argument("--no-progress", action="store_true", help="no progress bar")
     predict.set_defaults(handler=_cmd_predict)
+
+    plan = sub.add_parser(
+        "plan",
+        help="predict a GPT's step on every dp x tp x pp of a budget of ranks",
+        description="Predict one training step of a GPT under every dp x tp x pp that "
+                    "multiplies to --ranks (tp within a node) from the cost model and the "
+                    "pipeline's clock; keep those that fit in --memory, fastest first, and "
+                    "show the plan the Ultra-Scale Playbook's order reaches. The defaults: "
+                    "a 6.7 B GPT on 1,024 ranks of a GPU cluster (chosen, not measured).",
+    )
+    plan.add_argument("--ranks", type=_positive_int, default=1024, help="ranks (default 1024)")
+    plan.add_argument("--mesh", default=None, metavar="DPxTPxPP",
+                      help="only this plan's breakdown, e.g. 8x8x16")
+    plan.add_argument("--memory", default="80GB", help="memory a rank (default 80GB)")
+    for name, default, what in (("n-layer", 32, "layers"), ("n-embd", 4096, "width h"),
+                                ("n-head", 32, "heads"), ("vocab", 50304, "vocabulary"),
+                                ("seq-len", 4096, "tokens a sequence"),
+                                ("global-batch", 1024, "sequences a step"),
+                                ("micro-batch", 1, "sequences a micro-batch")):
+        plan.add_argument(f"--{name}", type=_positive_int, default=default,
+                          help=f"{what} (default {default})")
+    plan.add_argument("--schedule", default="1f1b", choices=["1f1b", "gpipe", "interleaved"])
+    plan.add_argument("--virtual-stages", type=_positive_int, default=1,
+                      help="chunks a rank with --schedule interleaved (default 1)")
+    plan.add_argument("--sequence-parallel", action="store_true",
+                      help="Megatron's sequence parallelism on the tp group")
+    plan.add_argument("--recompute", action="store_true", help="full activation recomputation")
+    plan.add_argument("--zero-stage", type=int, default=0, choices=[0, 1, 2, 3],
+                      help="ZeRO's stage on the dp group (default 0: DDP)")
+    plan.add_argument("--tflops", type=_positive_float, default=400.0,
+                      help="TFLOP/s a rank sustains (default 400)")
+    plan.add_argument("--node-size", type=_positive_int, default=8,
+                      help="ranks a node (default 8)")
+    plan.add_argument("--intra", default="200GB/s", help="bandwidth within a node (default 200GB/s)")
+    plan.add_argument("--inter", default="25GB/s",
+                      help="bandwidth between nodes, a rank (default 25GB/s)")
+    plan.set_defaults(handler=_cmd_plan)
 
     lesson = sub.add_parser(
         "lesson",
