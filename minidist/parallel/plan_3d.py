@@ -35,7 +35,7 @@ v = virtual stages, m = B / (d b) micro-batches per pipeline.
 **Compute.** Forward FLOPs per token: 2 N_mm + 4 L s h, where
 N_mm = 12 L h^2 + V h are the parameters of the matrix products (the four
 Linears of each block and the tied output layer) and 4 s h per layer the
-attention's scores and weighted sum (causal, but computed whole, as here);
+attention's scores and weighted sum (causal, but minidist computes every score);
 backward twice the forward (the standard "6 N" per token), one forward more
 with recomputation. A pipeline stage's forward of one micro-batch takes
 ``F = 2 b s (N_mm + 2 L s h) / (t p) / flops`` seconds, its backward 2F.
