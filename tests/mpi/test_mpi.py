@@ -585,7 +585,10 @@ def test_cleaning_up_after_a_failed_run_spares_another_jobs_segments(tmp_path):
 def test_a_sigkilled_minidist_run_takes_its_mpi_job_with_it(tmp_path):
     """The launcher of ``minidist run --transport mpi`` killed outright: mpiexec
     gets SIGTERM from the kernel (PR_SET_PDEATHSIG) and ends every rank, where
-    it used to leave them running with no one to stop them."""
+    it used to leave them running with no one to stop them; and the ranks,
+    ended by SIGTERM, leave no MPICH segment behind (the launcher that would
+    have removed them is dead)."""
+    before = segments_now()
     pids = tmp_path / "pids"
     pids.mkdir()
     script = tmp_path / "sleeps.py"
@@ -618,6 +621,10 @@ def test_a_sigkilled_minidist_run_takes_its_mpi_job_with_it(tmp_path):
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left, "the ranks outlived their SIGKILLed launcher"
+    deadline = time.monotonic() + 5  # mpiexec's own processes end after the ranks
+    while _leftover(before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _leftover(before), "the SIGTERMed ranks left MPICH's shared memory behind"
 
 
 @needs_mpi

@@ -110,7 +110,38 @@ def load_mpi():
     except ImportError as error:  # mpi4py without a loadable MPI library
         raise ImportError(f"{INSTALL_HINT} ({error})") from error
     _note_pid(MPI.COMM_WORLD.Get_rank())
+    _release_segments_on_sigterm()
     return MPI
+
+
+def _release_segments_on_sigterm() -> None:
+    """A rank that SIGTERM kills (what mpiexec sends its ranks when it is told
+    to stop: Ctrl-C, or its launcher died) ends without MPI_Finalize, which
+    would leave MPICH's ``/dev/shm/mpich_shm_*`` segments behind until reboot.
+    So the rank first unlinks the segments it maps (their names only: every
+    process that maps one keeps its memory), then dies of the signal as it
+    would have. Only where SIGTERM still has its default action, from the
+    main thread; a SIGKILLed rank leaves them to ``minidist run``'s launcher
+    (:mod:`minidist.runtime.job_segments`)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def release_then_die(signum, frame):
+        from minidist.runtime.job_segments import SHM_DIRECTORY, mapped_segments
+
+        for name in mapped_segments(os.getpid()):
+            try:
+                os.unlink(os.path.join(SHM_DIRECTORY, name))
+            except OSError:
+                pass  # another rank of the job was first
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, release_then_die)
 
 
 #: Under ``minidist run --transport mpi``: this rank's line to the launcher.
