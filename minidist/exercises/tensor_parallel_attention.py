@@ -421,8 +421,10 @@ def _replay(n, events, mine, reference, wrong_pass):
     else:
         difference = (f"your collective call {index + 1}: {yours.words()}; the "
                       f"reference's: {theirs.words()}")
-    return {"world_size": n, "count": yours.count,
-            "student": _call_events(events, yours.call),
+    student = _call_events(events, yours.call)
+    if not any(event["kind"] == "collective" for event in student):
+        return None  # a call on a group of the student's own: not the world's numbering
+    return {"world_size": n, "count": yours.count, "student": student,
             "reference": _call_events(events, theirs.call),
             # a call in the wrong place differs from its first message on: step 1
             "first_difference": None if yours.point == theirs.point else 1,
