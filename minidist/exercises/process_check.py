@@ -20,10 +20,13 @@ from minidist.trace import read_jsonl
 PROCESS_TIMEOUT = 3.0
 
 
-def launch_checked(worker, n: int, args, what: str, traffic: bool = False):
-    """``launch(worker, n, args)`` on the pipe transport; (results, None) or
-    (None, Failure). With ``traffic``, results is (results, (messages, bytes)):
-    every message of the run, summed over ranks, read from its trace."""
+def launch_checked(worker, n: int, args, what: str, traffic: bool = False,
+                   transport: str = "pipe", events: bool = False):
+    """``launch(worker, n, args)`` on ``transport`` (the pipes by default);
+    (results, None) or (None, Failure). With ``traffic``, results is
+    (results, (messages, bytes)): every message of the run, summed over
+    ranks, read from its trace. With ``events``, results is (results, the
+    trace's events, as dicts), for a checker that reads the run itself."""
     from minidist.distributed.launch import launch
     from minidist.runtime.errors import DistributedError, OversubscriptionWarning, WorkerError
 
@@ -32,9 +35,11 @@ def launch_checked(worker, n: int, args, what: str, traffic: bool = False):
                 tempfile.TemporaryDirectory() as folder:
             # more ranks than cores is expected here, and no timing is checked
             warnings.simplefilter("ignore", OversubscriptionWarning)
-            path = os.path.join(folder, "run.trace.jsonl") if traffic else None
-            results = launch(worker, world_size=n, transport="pipe", args=args,
+            path = os.path.join(folder, "run.trace.jsonl") if traffic or events else None
+            results = launch(worker, world_size=n, transport=transport, args=args,
                              timeout=PROCESS_TIMEOUT, trace=path)
+            if events:
+                return (results, read_jsonl(path).events), None
             if traffic:
                 sends = [event for event in read_jsonl(path).events
                          if event["kind"] == "send"]

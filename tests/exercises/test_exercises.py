@@ -163,6 +163,86 @@ def test_tensor_parallel_mistakes_on_real_processes(function, kind, words):
     assert not _children() and _segments() == before
 
 
+def _no_forward_all_reduce(array, operator, direction):
+    if (operator, direction) == ("f", "backward"):
+        dist.all_reduce(array)
+    return array
+
+
+def _all_reduce_everywhere(array, operator, direction):
+    dist.all_reduce(array)  # both directions of both operators
+    return array
+
+
+def _no_backward_all_reduce(array, operator, direction):
+    if (operator, direction) == ("g", "forward"):
+        dist.all_reduce(array)
+    return array
+
+
+def _averages(array, operator, direction):
+    if (operator, direction) in (("g", "forward"), ("f", "backward")):
+        dist.all_reduce(array)
+        array /= dist.get_world_size()
+    return array
+
+
+def _backward_in_g(array, operator, direction):
+    if operator == "g":
+        dist.all_reduce(array)
+    return array
+
+
+def _backward_twice(array, operator, direction):
+    # Right values: g's backward sums y's gradient and divides it back.
+    if (operator, direction) != ("f", "forward"):
+        dist.all_reduce(array)
+    if (operator, direction) == ("g", "backward"):
+        array /= dist.get_world_size()
+    return array
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("function,kind,words", [
+    (_no_forward_all_reduce, "partial sums", [
+        "on 2 ranks: rank 0's output y", "this rank's partial sum", "an all_reduce in g's forward",
+        "no collective in the forward"]),
+    (_all_reduce_everywhere, "misplaced", [
+        "f's forward sums x, which every rank already holds whole", "2.0 x the bytes",
+        "in the backward: all_reduce of 80 values in g's backward"]),
+    (_no_backward_all_reduce, "partial gradient", [
+        "rank 0's gradient of x", "this rank's part only", "an all_reduce in f's backward",
+        "no collective in the backward"]),
+    (_averages, "averaged", ["1/n = 1/2 of the right sum", "divide by nothing"]),
+    (_backward_in_g, "misplaced", ["g's backward sums y's gradient",
+                                   "belongs in f's backward"]),
+    (_backward_twice, "wasteful", ["correct, but on 2 ranks the backward makes 2 collective",
+                                   "2.0 x the 640"]),
+], ids=lambda value: value.__name__.strip("_") if callable(value) else "")
+def test_tensor_parallel_attention_mistakes_on_real_processes(function, kind, words):
+    before = _segments()
+    result = get("tensor_parallel_attention").check(function)
+    assert result.failure is not None and result.failure.kind == kind, result.failure
+    for word in words:
+        assert word in result.failure.message, result.failure.message
+    assert not _children() and _segments() == before
+
+
+def test_a_misplaced_all_reduce_is_replayed_beside_the_reference():
+    from viz.exercise_replay import side_by_side
+
+    data = get("tensor_parallel_attention").check(_all_reduce_everywhere).replay
+    assert data["difference"].startswith("your collective call 1: all_reduce of 80 values in "
+                                         "f's forward")
+    assert "the reference's: all_reduce of 80 values in g's forward" in data["difference"]
+    model = side_by_side(data["student"], data["reference"], data["first_difference"],
+                         data["difference"])
+    assert model.marked == 1 and model.student.collective == "all_reduce"
+    assert model.student.world_size == data["world_size"] == 2
+    # a missing backward all_reduce has no call of the student's to show
+    assert get("tensor_parallel_attention").check(_no_backward_all_reduce).replay is None
+
+
 def _gpipe(stages, microbatches):
     return [[f"F{k}" for k in range(microbatches)] + [f"B{k}" for k in range(microbatches)]
             for _ in range(stages)]
