@@ -83,9 +83,35 @@ def _train(shape, schedule, virtual, sequence_parallel, embedding_sum):
                 tp_rank=mesh.get_local_rank("tp"), losses=losses)
 
 
+def _errors():
+    """What the mesh-aware Pipeline and GPT3D refuse, each error's text."""
+    from minidist import nn
+    from minidist.parallel.pipeline import Pipeline
+
+    mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=("pp", "dp"))
+    found = {}
+    for case, attempt in {
+        "dp group alone": lambda: Pipeline(nn.Sequential(nn.Linear(2, 2)),
+                                           data_parallel_group=mesh["dp"]),
+        "dp size disagrees": lambda: Pipeline(nn.Sequential(nn.Linear(2, 2)),
+                                              pipeline_group=mesh["pp"],
+                                              data_parallel_group=mesh["dp"], data_parallel=4),
+        "mesh without tp": lambda: GPT3D(_model(), mesh),
+    }.items():
+        try:
+            attempt()
+            found[case] = None
+        except (ValueError, TypeError) as error:
+            found[case] = str(error)
+    return found
+
+
 def _worker(world):
-    return {name: _train(shape, schedule, virtual, sp, embedding_sum)
+    runs = {name: _train(shape, schedule, virtual, sp, embedding_sum)
             for name, shape, schedule, virtual, sp, embedding_sum in CASES[world]}
+    if world == 2:
+        runs["errors"] = _errors()
+    return runs
 
 
 def _run(world):
@@ -147,10 +173,27 @@ def _check(results, whole, world):
         assert np.mean(first) == pytest.approx(losses[0], rel=1e-9), case
 
 
+_RUNS: dict = {}   # world size -> the launch's results, shared by the tests of that size
+
+
+def _results(world):
+    if world not in _RUNS:
+        _RUNS[world] = _run(world)
+    return _RUNS[world]
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("world", [2, 4])
 def test_1d_and_2d_meshes_train_to_the_weights_of_one_process(world, whole):
-    _check(_run(world), whole, world)
+    _check(_results(world), whole, world)
+
+
+@pytest.mark.timeout(600)
+def test_errors_say_what_and_what_to_do(whole):
+    for found in (r["errors"] for r in _results(2)):
+        assert "needs its pipeline_group too" in found["dp group alone"]
+        assert "leave data_parallel out" in found["dp size disagrees"]
+        assert "named 'pp', 'dp' and 'tp'" in found["mesh without tp"]
 
 
 @pytest.mark.timeout(900)
