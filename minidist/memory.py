@@ -42,6 +42,15 @@ allocation before it is made, so a lesson can show a model that does not fit
 under data parallelism but fits under ZeRO stage 3 without exhausting the
 machine. This module knows nothing of processes: the rank comes from the
 trace recorder when one is on, or from ``rank=``.
+
+Per layer. :func:`layer_bytes` splits parameters, gradients and optimizer
+state by layer (a GPT's blocks, its embeddings); :func:`layer_activation_bytes`
+measures what one layer's graph keeps, with or without recomputation; and
+:func:`transformer_block_activation_terms` is the formula for a transformer
+block, term by term, among them attention's B H T^2 probabilities, the one
+that grows with the square of the context. :func:`activations_against_length`
+puts formula and measurement side by side for several lengths
+(tests/core/test_memory.py checks they agree to the byte).
 """
 
 from __future__ import annotations
@@ -52,6 +61,7 @@ from dataclasses import dataclass, field
 import numpy
 
 from minidist import trace as _trace
+from minidist.nn.recompute import checkpoint
 from minidist.tensor import Tensor, graph_nodes
 
 #: The categories, in the order that claims shared memory.
@@ -319,3 +329,116 @@ def memory_timeline(events) -> dict[int, list[tuple[int, dict[str, int]]]]:
         held = {category: int(info.get(key, 0) or 0) for category, key in TRACE_KEYS.items()}
         timeline.setdefault(event["rank"], []).append((event["start"], held))
     return timeline
+
+
+# ---------------------------------------------------------------------- per layer
+
+
+def layer_bytes(layers, optimizer=None) -> dict[str, dict[str, int]]:
+    """Parameters, gradients and optimizer state of each layer: ``layers`` is
+    {name: Module} (a GPT's ``transformer.h`` blocks, its embeddings, ...),
+    ``optimizer`` the one stepping them (its state is matched to each
+    layer's parameters). A parameter shared by two layers (a tied weight)
+    counts in the first that holds it. Activations per layer are
+    :func:`layer_activation_bytes`'s."""
+    index_of = {}
+    if optimizer is not None:
+        for index, param, _ in optimizer._indexed_params():
+            index_of[id(param)] = index
+    table, seen = {}, set()
+    for name, layer in layers.items():
+        parameters = [p for p in layer.parameters() if id(p) not in seen]
+        seen.update(id(p) for p in parameters)
+        state = []
+        if optimizer is not None:
+            for param in parameters:
+                per_parameter = optimizer.state.get(index_of.get(id(param)), {})
+                state.extend(_as_array(value) for value in per_parameter.values()
+                             if _is_array(_as_array(value)))
+        held = count_bytes({"parameters": [p.data for p in parameters],
+                            "gradients": [p.grad for p in parameters if p.grad is not None],
+                            "optimizer_state": state})
+        table[name] = {category: held[category]
+                       for category in ("parameters", "gradients", "optimizer_state")}
+    return table
+
+
+def layer_activation_bytes(layer, x, recompute: bool = False) -> int:
+    """Measured: the bytes ``layer``'s autograd graph keeps for the backward
+    after ``layer(x)``, from its input (left out: the layer before holds it)
+    to its output (counted: the layer after reads it). ``recompute=True``
+    runs it through :func:`minidist.nn.checkpoint`, which keeps only the
+    input and the output and recomputes the rest in the backward."""
+    x = x if isinstance(x, Tensor) else Tensor(x)
+    if not x.requires_grad:
+        x = Tensor(x.data, requires_grad=True)
+    out = checkpoint(layer, x) if recompute else layer(x)
+    ledger = Ledger(layer)
+    return ledger.measure(graph=out)["activations"] - count_bytes({"activations": [x.data]})["activations"]
+
+
+def transformer_block_activation_terms(batch: int, seq_len: int, n_embd: int, n_head: int,
+                                       itemsize: int = 4, recompute: bool = False,
+                                       mlp_ratio: int = 4) -> dict[str, int]:
+    """The formula: bytes a pre-LayerNorm transformer block (a GPT's
+    :class:`~minidist.models.gpt.Block`) keeps for the backward, term by term,
+    as minidist's ops keep them. With s = B T d itemsize (one (B, T, d) array):
+
+    * LayerNorms, two: each its output and x_hat (2 s) and 1/std (B T itemsize);
+    * attention: q, k, v from ``c_attn`` (3 s, the heads are views of it), the
+      probabilities P (B H T T itemsize: the one array that grows with T^2;
+      the scores are freed once P is made), the heads' output (s) and its
+      copy back to (B, T, d) (s), ``c_proj``'s output (s);
+    * MLP: ``c_fc``'s output (4 s), GELU's output and its Phi(x) (8 s),
+      ``c_proj``'s output (s);
+    * the two residual sums (2 s), the second the block's output.
+
+    25 s + 2 B T itemsize + B H T^2 itemsize in all. With ``recompute``
+    (the block run through ``checkpoint``) it keeps its output only, s: the
+    rest, P included, is rebuilt in the backward, one block at a time."""
+    s = batch * seq_len * n_embd * itemsize
+    if recompute:
+        return {"output (the next block's checkpointed input)": s}
+    hidden = mlp_ratio * s
+    return {
+        "layer norms: outputs, x_hat, 1/std": 2 * (2 * s + batch * seq_len * itemsize),
+        "attention: q, k, v": 3 * s,
+        "attention: probabilities P (B H T T)": batch * n_head * seq_len * seq_len * itemsize,
+        "attention: heads' output, its (B, T, d) copy, c_proj": 3 * s,
+        "mlp: c_fc, GELU and Phi(x), c_proj": 3 * hidden + s,
+        "residual sums": 2 * s,
+    }
+
+
+def transformer_block_activation_bytes(batch: int, seq_len: int, n_embd: int, n_head: int,
+                                       itemsize: int = 4, recompute: bool = False) -> int:
+    """The sum of :func:`transformer_block_activation_terms`."""
+    return sum(transformer_block_activation_terms(batch, seq_len, n_embd, n_head, itemsize,
+                                                  recompute).values())
+
+
+def activations_against_length(make_block, n_embd: int, n_head: int, batch: int, seq_lens,
+                               dtype=numpy.float32, seed: int = 0) -> list[dict]:
+    """Activation bytes of one transformer block against the sequence length,
+    formula and measured, without and with recomputation: one row per T of
+    ``seq_lens`` with ``T``, ``formula``, ``measured``, ``attention_scores``
+    (the B H T^2 term alone), ``formula_recompute`` and ``measured_recompute``.
+    ``make_block()`` builds the block (e.g. ``lambda: Block(config)`` of
+    :mod:`minidist.models.gpt`); it is run on random (B, T, d) inputs."""
+    block = make_block()
+    itemsize = numpy.dtype(dtype).itemsize
+    rng = numpy.random.default_rng(seed)
+    rows = []
+    for steps in seq_lens:
+        x = rng.standard_normal((batch, steps, n_embd)).astype(dtype)
+        terms = transformer_block_activation_terms(batch, steps, n_embd, n_head, itemsize)
+        rows.append({
+            "T": steps,
+            "formula": sum(terms.values()),
+            "measured": layer_activation_bytes(block, x),
+            "attention_scores": terms["attention: probabilities P (B H T T)"],
+            "formula_recompute": transformer_block_activation_bytes(batch, steps, n_embd, n_head,
+                                                                    itemsize, recompute=True),
+            "measured_recompute": layer_activation_bytes(block, x, recompute=True),
+        })
+    return rows

@@ -66,3 +66,37 @@ def test_scalars_integers_and_shapes(value):
 def test_arrays_larger_than_one_block_and_views():
     x = np.random.default_rng(0).standard_normal((3, 40000))[:, ::3]  # a strided view
     np.testing.assert_allclose(erf(x), np.vectorize(math.erf)(x), rtol=1e-15, atol=0)
+
+
+def _ulps(values32, exact64):
+    """|float32 result - exact| in units of the float32 spacing at the exact
+    value (the spacing of the smallest subnormal below float32's normals)."""
+    exact32 = exact64.astype(np.float32)
+    spacing = np.spacing(np.abs(exact32)).astype(np.float64)
+    return np.abs(values32.astype(np.float64) - exact64) / spacing
+
+
+def test_float32_erfc_is_within_one_ulp_of_the_exact_value():
+    # Dense over the whole float32 range of erfc (it is 0 past 10.06), every
+    # float32 of [-0.01, 0.01] near 0 at a stride, and the edges.
+    dense = np.linspace(-10.5, 11.0, 2_000_001)
+    near_zero = np.arange(-(1 << 20), 1 << 20, 7, dtype=np.int64) * np.float32(2 ** -27)
+    x = np.unique(np.concatenate([dense, near_zero, np.geomspace(1e-38, 1, 200)]).astype(np.float32))
+    result = erfc(x)
+    assert result.dtype == np.float32
+    exact = erfc(x.astype(np.float64))  # Cody's double-precision path, against math.erfc above
+    assert _ulps(result, exact).max() < 1.0
+    # Most are the nearest float32: the approximation's 3e-9 moves few roundings.
+    assert np.mean(result == exact.astype(np.float32)) > 0.95
+    np.testing.assert_array_equal(erfc(np.array([np.inf, -np.inf, np.nan, 0.0, 10.1, 1e30], np.float32)),
+                                  np.array([0.0, 2.0, np.nan, 1.0, 0.0, 0.0], np.float32))
+    half = erfc(np.linspace(-4, 4, 101).astype(np.float16))
+    assert half.dtype == np.float16
+    np.testing.assert_array_equal(half, erfc(np.linspace(-4, 4, 101).astype(np.float16).astype(np.float64))
+                                  .astype(np.float16))
+
+
+def test_float64_erfc_keeps_the_exact_path():
+    x = np.linspace(-6, 6, 1201)
+    exact = np.array([math.erfc(v) for v in x])
+    assert _relative_error(erfc(x), exact).max() < 2e-15

@@ -23,6 +23,7 @@ LAYERS = [
     (1, "minidist.tensor"), (1, "minidist.trace"), (1, "minidist.runtime"),
     (1, "minidist.virtual_clock"), (1, "minidist.lesson_timing"),
     (2, "minidist.nn"), (2, "minidist.optim"), (2, "minidist.data"), (2, "minidist.memory"),
+    (2, "minidist.flops"),  # a step's flops counted, the measured GEMM peak, MFU
     (2, "minidist.amp"),
     (2, "minidist.models"),  # whole models of nn's layers (the GPT); the strategies above split them
     (3, "minidist.distributed.transport"),

@@ -174,3 +174,77 @@ def test_timeline_reads_the_pipeline_ledger_events():
     (time, held), = memory.memory_timeline(events)[0]
     assert held == {"parameters": 10, "gradients": 0, "optimizer_state": 0, "buffers": 0,
                     "activations": 5}
+
+
+# ---------------------------------------------------------------------- a transformer's layers
+
+
+def _gpt_config():
+    from minidist.models.gpt import GPTConfig
+
+    return GPTConfig(vocab_size=13, block_size=96, n_layer=2, n_head=4, n_embd=32)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_blocks_activations_are_the_formula_and_grow_with_the_square_of_the_length(dtype):
+    from minidist.models.gpt import Block
+
+    config = _gpt_config()
+    rows = memory.activations_against_length(lambda: Block(config, rng=0, dtype=dtype), config.n_embd,
+                                             config.n_head, 3, [8, 24, 48, 96], dtype=dtype)
+    itemsize = np.dtype(dtype).itemsize
+    for row in rows:
+        assert row["measured"] == row["formula"], row
+        steps = row["T"]
+        assert row["attention_scores"] == 3 * config.n_head * steps * steps * itemsize
+        # What is left once the T^2 term is taken off is linear in T: 25 (B, T, d)
+        # arrays and the two LayerNorms' 1/std.
+        assert row["measured"] - row["attention_scores"] == 3 * steps * (25 * config.n_embd + 2) * itemsize
+        # Recomputation keeps the block's output only: the T^2 term is gone.
+        assert row["measured_recompute"] == row["formula_recompute"] == 3 * steps * config.n_embd * itemsize
+    # Per token, the bytes grow by B H itemsize for every position of context.
+    per_token = [row["measured"] // row["T"] for row in rows]
+    assert per_token[-1] - per_token[0] == 3 * config.n_head * (96 - 8) * itemsize
+
+
+def test_recomputation_gives_the_same_gradients_it_saves_memory_for():
+    from minidist.models.gpt import Block
+
+    config = _gpt_config()
+    block = Block(config, rng=0, dtype=np.float64)
+    x = np.random.default_rng(1).standard_normal((2, 16, config.n_embd))
+    grads = []
+    for recompute in (False, True):
+        block.zero_grad()
+        start = Tensor(x, requires_grad=True)
+        out = nn.checkpoint(block, start) if recompute else block(start)
+        (out * out).sum().backward()
+        grads.append([start.grad] + [p.grad.copy() for p in block.parameters()])
+    for plain, recomputed in zip(*grads):
+        np.testing.assert_array_equal(plain, recomputed)
+
+
+def test_parameters_gradients_and_adamw_state_per_layer_of_a_gpt():
+    from minidist.models.gpt import GPT
+
+    config = _gpt_config()
+    model = GPT(config, rng=0)
+    optimizer = optim.AdamW(model.parameters(), lr=1e-3)
+    idx = np.random.default_rng(0).integers(0, config.vocab_size, (2, 16))
+    logits = model(idx)
+    nn.functional.cross_entropy(logits.reshape(-1, config.vocab_size), idx.reshape(-1)).backward()
+    optimizer.step()
+    layers = {"wte": model.transformer.wte, "wpe": model.transformer.wpe,
+              **{f"h.{i}": block for i, block in enumerate(model.transformer.h)},
+              "ln_f": model.transformer.ln_f, "lm_head": model.lm_head}
+    table = memory.layer_bytes(layers, optimizer)
+    d = config.n_embd
+    block_parameters = (12 * d * d + 13 * d) * FLOAT  # weights, biases (3d + d + 4d + d), 2 LayerNorms (4d)
+    for i in range(config.n_layer):
+        assert table[f"h.{i}"] == {"parameters": block_parameters, "gradients": block_parameters,
+                                   "optimizer_state": 2 * block_parameters}  # exp_avg, exp_avg_sq
+    assert table["wte"]["parameters"] == config.vocab_size * d * FLOAT
+    assert table["lm_head"] == {"parameters": 0, "gradients": 0, "optimizer_state": 0}  # tied to wte
+    everything = memory.Ledger(model, optimizer).measure()
+    for category in ("parameters", "gradients", "optimizer_state"):
+        assert sum(row[category] for row in table.values()) == everything[category]
