@@ -300,7 +300,7 @@ with no_grad():
     layer_out = F.scaled_dot_product_attention(Tensor(q), Tensor(k), Tensor(v), is_causal=True).data
 assert np.allclose(P @ v, layer_out, atol=1e-5)
 
-figure, axes = plt.subplots(1, heads, figsize=(3.3 * heads, 3.7))
+figure, axes = plt.subplots(1, heads, figsize=(3.3 * heads, 4.0), layout="constrained")
 labels = [ch if ch != " " else "_" for ch in line]
 for h, axis in enumerate(np.atleast_1d(axes)):
     axis.imshow(P[0, h], cmap="Blues", vmin=0, vmax=1)
@@ -310,7 +310,6 @@ for h, axis in enumerate(np.atleast_1d(axes)):
     axis.set_xlabel("key (what is looked at)", fontsize=8)
 np.atleast_1d(axes)[0].set_ylabel("query (who looks)", fontsize=8)
 figure.suptitle(f"last block's attention on {line!r} ('_' = space)", fontsize=10)
-figure.tight_layout()
 figure.savefig(OUT / "attention_pattern.png", dpi=110)
 plt.show()
 print("weight on the own position, mean per head:",
@@ -399,7 +398,7 @@ plt.show()
 # The attention column is small at this context: against the blocks' dense
 # products, 6 x 12 n_layer d^2 per token, attention's 12 n_layer d T is
 # T / 6d of them, so it matters once the context is several times the width
-# (GPT-2 small: d = 768, T = 1024, a fifth). MFU should rise with the width,
+# (GPT-2 small: d = 768, T = 1024, 2/9). MFU should rise with the width,
 # and the line under the table says whether it did here: a product of
 # (B T, d) by (d, 4d) is small at d = 32 (the BLAS kernel spends its time
 # starting up and moving data, not multiplying), and a step has work that is
