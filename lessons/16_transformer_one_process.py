@@ -638,7 +638,8 @@ for (name, (losses, _)), colour, style in zip(curves.items(), ("#006BA4", "#C852
     axis.plot(np.arange(len(smooth(losses))) + 1, smooth(losses), style, color=colour, label=name)
 axis.set_xlabel("step")
 axis.set_ylabel("training loss (moving average)")
-axis.set_title(f"GPT 1 x 32 in float32 and in mixed precision, {MP_STEPS} steps", fontsize=10)
+axis.set_title(f"GPT: 1 block of width 32, float32 and mixed precision, {MP_STEPS} steps",
+                fontsize=10)
 axis.legend(fontsize=8)
 figure.tight_layout()
 figure.savefig(OUT / "mixed_precision_gpt.png", dpi=100)
