@@ -123,7 +123,9 @@ def measure_gemm_peak(threads: int = 1, size: int = 2048, repeats: int = 5,
     products of ``dtype`` with NumPy's BLAS running ``threads`` threads (put
     back afterwards): the machine's own GEMM peak, the denominator of MFU.
     Large and square, so the BLAS kernel runs at its best; the best of a few,
-    so a moment of other load on the machine does not lower it. ``clock``:
+    so a moment of other load on the machine does not lower it. OpenBLAS
+    runs at most the threads it started with (``OPENBLAS_NUM_THREADS`` when
+    set at start, else one per core), whatever ``threads`` asks. ``clock``:
     wall time, or ``time.process_time`` on a shared machine (one thread)."""
     if threads < 1 or size < 1 or repeats < 1:
         raise ValueError(f"measure_gemm_peak: threads, size and repeats must be at least 1, "
