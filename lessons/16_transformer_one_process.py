@@ -383,7 +383,8 @@ if busy:
     print(busy)
 rising = all(mfu[a] < mfu[b] for a, b in zip(WIDTHS, WIDTHS[1:]))
 print("MFU rose with every step in width" if rising else
-      "MFU did not rise with every step in width in this run (see the load above)")
+      "MFU did not rise with every step in width in this run"
+      + (" (the machine was busy: see above)" if step_times.load.busy else ""))
 
 figure, axis = plt.subplots(figsize=(5.4, 3.4))
 axis.bar([str(w) for w in WIDTHS], [100 * mfu[w] for w in WIDTHS], color="#006BA4")
@@ -398,8 +399,10 @@ plt.show()
 # The attention column is small at this context: against the blocks' dense
 # products, 6 x 12 n_layer d^2 per token, attention's 12 n_layer d T is
 # T / 6d of them, so it matters once the context is several times the width
-# (GPT-2 small: d = 768, T = 1024, 2/9). MFU should rise with the width,
-# and the line under the table says whether it did here: a product of
+# (GPT-2 small: d = 768, T = 1024, 2/9). MFU should rise with the width
+# while the products are small, and the line under the table says whether it
+# did here (at the largest widths the operands may leave the processor's caches,
+# and load beside the lesson weighs on the slowest steps most): a product of
 # (B T, d) by (d, 4d) is small at d = 32 (the BLAS kernel spends its time
 # starting up and moving data, not multiplying), and a step has work that is
 # not a product at all (LayerNorm, softmax, GELU, the optimizer's update:
