@@ -90,8 +90,8 @@ class _Ring:
     """One call's geometry: who the neighbours are, every rank's chunks and
     where each chunk sits in its rank's storage order."""
 
-    def __init__(self, group, seq_len, is_causal, layout, shapes, call):
-        self.group = group
+    def __init__(self, group, seq_len, is_causal, layout, shapes, call, itemsize):
+        self.group, self.itemsize = group, itemsize
         self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.seq_len, self.is_causal, self.layout, self.call = seq_len, is_causal, layout, call
         self.chunks = [rank_chunks(seq_len, self.world, owner, layout) for owner in range(self.world)]
@@ -128,7 +128,7 @@ class _Ring:
     def label(self, text, phase, step, owner):
         return trace.with_info(text, ring_attention=self.call, phase=phase, step=step, owner=owner,
                                seq=self.seq_len, world=self.world, causal=int(self.is_causal),
-                               layout=self.layout)
+                               layout=self.layout, itemsize=self.itemsize)
 
     def exchange(self, outgoing, incoming_size, tag, text, phase, step, owner, dtype):
         """Post the send of ``outgoing`` to the right and the receive of a
@@ -284,7 +284,8 @@ def ring_attention(query, key, value, seq_len: int, group=None, is_causal: bool 
         raise ValueError(f"ring_attention: expects query and key (B, H, L, D) and value "
                          f"(B, H, L, Dv) of this rank's positions, got {q.shape}, {k.shape}, "
                          f"{v.shape}")
-    ring = _Ring(group, seq_len, bool(is_causal), layout, (q.shape, v.shape[-1]), next(_calls))
+    ring = _Ring(group, seq_len, bool(is_causal), layout, (q.shape, v.shape[-1]), next(_calls),
+                 q.dtype.itemsize)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     out, lse = _forward(ring, q, k, v, scale)
 
