@@ -76,7 +76,7 @@ def ulysses_bytes(batch: int, heads: int, seq_len: int, head_dim: int, world: in
     lengths = _lengths(seq_len, world, layout)
     group = batch * (heads // world) * itemsize
     forward, backward = [], []
-    for rank, length in enumerate(lengths):
+    for length in lengths:
         others = seq_len - length
         forward.append(group * ((world - 1) * length * (2 * head_dim + value_dim)
                                 + others * value_dim))
