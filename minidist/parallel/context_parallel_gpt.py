@@ -77,6 +77,8 @@ class ContextParallelGPT(Module):
         self.lm_head = copy.deepcopy(model.lm_head)
         self.lm_head.weight = self.transformer.wte.weight   # tied, as in the GPT
         self._seq_len = None
+        for block in self.transformer.h:
+            block.attn.attend = self._attend   # the GPT's hook, set on each block's instance
 
     def _attend(self, q, k, v):
         """The GPT's attention hook: the heads of this rank's positions, attended over the group."""
@@ -105,7 +107,6 @@ class ContextParallelGPT(Module):
         t = self.transformer
         x = t.wte(tokens) + t.wpe(positions)
         for block in t.h:
-            block.attn.attend = self._attend   # the GPT's hook (an instance attribute)
             x = block(x)
         return self.lm_head(t.ln_f(x))
 
