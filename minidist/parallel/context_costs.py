@@ -26,7 +26,7 @@ With even blocks and D = Dv, per rank and pass:
 * ring: forward 2 (n-1) B H (T/n) D s, backward 2 (2n-1) B H (T/n) D s;
 * Ulysses: 4 (n-1) B H (T/n^2) D s each way.
 
-Ulysses sends n/2 times less forward (and (2n-1)/2 times less backward)
+Ulysses sends n/2 times less forward (and n (2n-1) / (2 (n-1)) times less backward)
 and in n - 1 messages per all_to_all of 1/n each, where the ring sends
 whole blocks, one a step; but its ranks wait for the all_to_all before
 attending (the ring overlaps its messages with the blocks' arithmetic),
