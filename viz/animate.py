@@ -331,7 +331,7 @@ def header_lines(replay, frame) -> list[str]:
     size = format_bytes(replay.count * replay.itemsize)
     root = "" if replay.root is None else f", root {replay.root}"
     predicted = (f"cost model {format_seconds(replay.predicted_s)} for the whole call"
-                 if replay.predicted_s is not None else "no cost formula for this algorithm")
+                 if replay.predicted_s is not None else "no cost-model time for this call")
     gap = model_gap(replay)
     return [
         f"{replay.collective} · {replay.algorithm} · {replay.world_size} ranks · "

@@ -100,6 +100,12 @@ class CausalSelfAttention(Module):
         self.c_attn = Linear(config.n_embd, 3 * config.n_embd, bias=config.bias, rng=rng, dtype=dtype)
         self.c_proj = Linear(config.n_embd, config.n_embd, bias=config.bias, rng=rng, dtype=dtype)
 
+    def attend(self, q, k, v):
+        """The heads' causal attention, (B, H, T, D) each. A hook: context
+        parallelism sets it to attention across the ranks' pieces of the
+        sequence (minidist.parallel.context_parallel_gpt)."""
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
     def forward(self, x):
         heads, head_dim = self.n_head, self.head_dim
         qkv = self.c_attn(x)
@@ -114,7 +120,7 @@ class CausalSelfAttention(Module):
         # (B, T, 3C) -> (3, B, H, T, D): q, k and v, each with the heads on axis 1.
         qkv = qkv.reshape(batch, steps, 3, heads, head_dim).transpose(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
+        y = self.attend(q, k, v)  # (B, H, T, D)
         y = y.transpose(0, 2, 1, 3).reshape(batch, steps, heads * head_dim)  # heads side by side
         return self.c_proj(y)
 
