@@ -207,8 +207,6 @@ def run_experts(experts, rows: Tensor, expert_of_row: numpy.ndarray) -> Tensor:
         mine = numpy.nonzero(expert_of_row == index)[0]
         outputs.append(expert(rows[mine]))
         order.append(mine)
-    if not outputs:
-        return rows
     order = numpy.concatenate(order)
     inverse = numpy.empty_like(order)
     inverse[order] = numpy.arange(order.size)

@@ -136,32 +136,30 @@ def expert_range(n_expert: int, rank: int, world_size: int) -> tuple[int, int]:
 
 
 class ExpertParallelMoE(MoE):
-    """This rank's share of a :class:`~minidist.models.moe.MoE` (build it
-    with :meth:`from_moe`): the whole router, the experts ``expert_start ..
+    """This rank's share of a :class:`~minidist.models.moe.MoE`,
+    ``ExpertParallelMoE(moe, group)``: the whole router, the experts ``expert_start ..
     expert_stop - 1`` as ``experts`` (local indices from 0). ``forward`` is
     the MoE's; only :meth:`experts_on` differs. Keeps ``dispatch``, a
     :class:`Dispatch`, after each forward."""
 
-    @classmethod
-    def from_moe(cls, moe: MoE, group=None, algorithm: str = ALL_TO_ALL) -> ExpertParallelMoE:
+    def __init__(self, moe: MoE, group=None, algorithm: str = ALL_TO_ALL):
         """A copy of ``moe``'s router and of this rank's experts (every rank
         passes the same ``moe``); ``group``: a ProcessGroup, None (the
-        world) or a 1-D device mesh."""
+        world) or a 1-D device mesh. No weights are drawn (MoE's own
+        constructor would draw them): they are copied."""
         if not isinstance(moe, MoE):
-            raise TypeError(f"ExpertParallelMoE.from_moe needs a MoE, got {type(moe).__name__}")
+            raise TypeError(f"ExpertParallelMoE needs a MoE, got {type(moe).__name__}")
+        Module.__init__(self)
         group = as_group(group, "expert parallelism")
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         start, stop = expert_range(moe.n_expert, rank, world)
-        shard = cls.__new__(cls)   # no weights drawn: the router and experts are copied
-        Module.__init__(shard)
-        shard.n_expert, shard.top_k, shard.capacity_factor = moe.n_expert, moe.top_k, moe.capacity_factor
-        shard.router = copy.deepcopy(moe.router)
-        shard.experts = ModuleList([copy.deepcopy(moe.experts[e]) for e in range(start, stop)])
-        shard.routing, shard.aux_loss, shard.dispatch = None, None, None
-        shard.group, shard.algorithm = group, algorithm
-        shard.world_size, shard.rank = world, rank
-        shard.expert_start, shard.expert_stop = start, stop
-        return shard
+        self.n_expert, self.top_k, self.capacity_factor = moe.n_expert, moe.top_k, moe.capacity_factor
+        self.router = copy.deepcopy(moe.router)
+        self.experts = ModuleList([copy.deepcopy(moe.experts[e]) for e in range(start, stop)])
+        self.routing, self.aux_loss, self.dispatch = None, None, None
+        self.group, self.algorithm = group, algorithm
+        self.world_size, self.rank = world, rank
+        self.expert_start, self.expert_stop = start, stop
 
     def experts_on(self, rows: Tensor, expert: np.ndarray) -> Tensor:
         n, local = self.world_size, self.expert_stop - self.expert_start
@@ -195,7 +193,7 @@ def expert_parallel_gpt(model: MoEGPT, group=None, algorithm: str = ALL_TO_ALL) 
         raise TypeError(f"expert_parallel_gpt needs a MoEGPT, got {type(model).__name__}")
     shard = copy.deepcopy(model)
     for block, source in zip(shard.transformer.h, model.transformer.h):
-        block.mlp = ExpertParallelMoE.from_moe(source.mlp, group, algorithm)
+        block.mlp = ExpertParallelMoE(source.mlp, group, algorithm)
     return shard
 
 

@@ -28,6 +28,7 @@ import minidist
 import minidist.distributed as dist
 from minidist import optim, trace
 from minidist.distributed import init_device_mesh
+from minidist.models.gpt import GPT
 from minidist.models.moe import MoE, MoEGPT, MoEGPTConfig
 from minidist.parallel.expert_parallel import (
     ExpertParallelMoE,
@@ -64,7 +65,7 @@ def _tokens(rank):
 
 def _layer_case(k, factor):
     rank = dist.get_rank()
-    shard = ExpertParallelMoE.from_moe(_whole_moe(k, factor))
+    shard = ExpertParallelMoE(_whole_moe(k, factor))
     tokens, weights = _tokens(rank)
     x = Tensor(tokens, requires_grad=True)
     with trace.region(f"k{k} forward"):
@@ -267,3 +268,5 @@ def test_an_overloaded_rank_sends_and_receives_more():
 def test_experts_that_do_not_split_over_the_ranks_say_what_to_use():
     with pytest.raises(ValueError, match=r"n_expert=4 .* 3 ranks.*\(1, 2, 4\)"):
         expert_range(4, 0, 3)
+    with pytest.raises(TypeError, match="needs a MoEGPT"):
+        expert_parallel_gpt(GPT(CONFIG, rng=0))
