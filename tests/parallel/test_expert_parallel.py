@@ -189,8 +189,12 @@ def test_dispatch_bytes_in_the_trace_equal_the_formula(runs, world, case):
     formula = dispatch_bytes(matrix, CONFIG.n_expert, CONFIG.n_embd, itemsize=8)
     for rank in range(world):
         regions = _regions(events, rank)
-        assert _sent_inside(events, rank, regions[f"k{case[0]} forward"]) == formula.forward[rank]
-        assert _sent_inside(events, rank, regions[f"k{case[0]} backward"]) == formula.backward[rank]
+        forward = _sent_inside(events, rank, regions[f"k{case[0]} forward"])
+        backward = _sent_inside(events, rank, regions[f"k{case[0]} backward"])
+        print(f"k={case[0]} rank {rank}: rows to each rank {matrix[rank].tolist()}, forward "
+              f"{forward} B (formula {formula.forward[rank]}), backward {backward} B (formula "
+              f"{formula.backward[rank]})")   # pytest -s shows it
+        assert (forward, backward) == (formula.forward[rank], formula.backward[rank])
 
 
 # --------------------------------------------------------------------------
