@@ -81,8 +81,9 @@ def weight_gradient_in_one_gemm(xp) -> bool:
     """Whether the weight gradient is one GEMM over the whole batch,
     ``columns (C*KH*KW [+1], N*OH*OW) @ g (N*OH*OW, OC)`` with the output
     gradient first copied channel-major, rather than one product per image
-    summed over the images. On OpenBLAS's packed kernels (every kernel set
-    without the unpacked small-matrix GEMM, such as Haswell): the per-image
+    summed over the images. On NumPy's BLAS wherever it lacks the unpacked
+    small-matrix GEMM (OpenBLAS's packed kernel sets, such as Haswell, or
+    another BLAS): the per-image
     products each pack both their operands for an OH*OW-long sum, where the
     one GEMM packs them once, runs a sum as long as the batch's pixels, and
     writes one (C*KH*KW, OC) result instead of N to be summed. Where the
