@@ -6,10 +6,21 @@ Models (float32):
   mlp  784-512-512-10, ReLU, batch 128
   cnn  Conv(1->16, 3x3, pad 1) ReLU MaxPool2 Conv(16->32, 3x3, pad 1) ReLU
        MaxPool2 Flatten Linear(32*7*7 -> 10), batch 64, 28x28 inputs
+  digits  the course's digits CNN, ``minidist.train.build_model("cnn")``:
+       Conv(1->16) ReLU Conv(16->32) ReLU MaxPool2 Flatten Linear(512 -> 64)
+       ReLU Linear(64 -> 10), batch 64, 8x8 inputs
+
+The table names the BLAS kernels NumPy runs (OpenBLAS picks its kernel set,
+"SkylakeX", "Haswell", ..., by the CPU, or ``OPENBLAS_CORETYPE`` picks it):
+the convolution sizes its GEMMs by that family
+(:mod:`minidist.nn.conv_gemm_sizing`), so a CNN's ratio holds for one
+family. To time the Haswell kernels on an AVX-512 machine:
+``OPENBLAS_CORETYPE=Haswell python benchmarks/bench_training_step.py``.
 
 Usage:
   python benchmarks/bench_training_step.py [--threads 1] [--repeats 30] [--json out.json]
                                            [--clock wall|cpu] [--default-malloc]
+                                           [--models mlp,cnn,digits]
 
 The frameworks take turns: each round times ``--steps`` steps of each (10),
 in the same process, so a change in the machine's load reaches them alike
@@ -94,6 +105,28 @@ def minidist_cnn_step(batch, rng):
     optimizer = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     x = rng.standard_normal((batch, 1, 28, 28)).astype(np.float32)
+    y = rng.integers(0, 10, batch)
+
+    def step():
+        loss = loss_fn(model(minidist.Tensor(x)), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def minidist_digits_step(batch, rng):
+    import numpy as np
+
+    import minidist
+    from minidist import nn, optim
+    from minidist.train import build_model
+
+    model = build_model("cnn")
+    optimizer = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    x = rng.standard_normal((batch, 1, 8, 8)).astype(np.float32)
     y = rng.integers(0, 10, batch)
 
     def step():
@@ -192,6 +225,45 @@ def torch_cnn_step(batch, rng):
     return step
 
 
+def torch_digits_step(batch, rng):
+    import torch
+
+    nn = torch.nn
+    model = nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, 10),
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    x = torch.from_numpy(rng.standard_normal((batch, 1, 8, 8)).astype("float32"))
+    y = torch.from_numpy(rng.integers(0, 10, batch))
+
+    def step():
+        loss = loss_fn(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def blas_kernels() -> str:
+    """The kernel set NumPy's OpenBLAS runs ("SkylakeX", "Haswell", ...), or
+    what NumPy's BLAS is when it cannot say."""
+    from minidist.runtime.blas_threads import openblas_cores
+
+    cores = openblas_cores()
+    return "OpenBLAS " + "/".join(cores) if cores else "not OpenBLAS, or kernels unknown"
+
+
+CASES = {
+    "mlp": ("mlp 784-512-512-10, batch 128", 128, minidist_mlp_step, numpy_mlp_step, torch_mlp_step),
+    "cnn": ("cnn 2 conv + linear, batch 64, 28x28", 64, minidist_cnn_step, None, torch_cnn_step),
+    "digits": ("digits cnn (build_model), batch 64, 8x8", 64, minidist_digits_step, None, torch_digits_step),
+}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1, help="BLAS/OpenMP threads for every framework")
@@ -203,7 +275,13 @@ def main(argv=None):
                         help="wall time, or the process's CPU time (for a shared machine, with --threads 1)")
     parser.add_argument("--default-malloc", action="store_true",
                         help="leave glibc's malloc thresholds as they are (minidist train raises them)")
+    parser.add_argument("--models", default="mlp,cnn,digits",
+                        help=f"comma-separated, of {', '.join(CASES)}")
     args = parser.parse_args(argv)
+    models = [name.strip() for name in args.models.split(",") if name.strip()]
+    unknown = [name for name in models if name not in CASES]
+    if unknown:
+        parser.error(f"--models: unknown {', '.join(unknown)}; choose from {', '.join(CASES)}")
     _limit_threads(args.threads)
     kept = False
     if not args.default_malloc:
@@ -228,13 +306,11 @@ def main(argv=None):
     from rich.table import Table
 
     rng = np.random.default_rng(0)
-    cases = [
-        ("mlp 784-512-512-10, batch 128", 128, minidist_mlp_step, numpy_mlp_step, torch_mlp_step),
-        ("cnn 2 conv + linear, batch 64, 28x28", 64, minidist_cnn_step, None, torch_cnn_step),
-    ]
+    kernels = blas_kernels()
     results = []
-    for name, batch, ours, by_hand, theirs in cases:
-        row = {"model": name, "threads": args.threads, "clock": args.clock, "malloc_kept": kept, "steps_per_turn": args.steps}
+    for name, batch, ours, by_hand, theirs in (CASES[model] for model in models):
+        row = {"model": name, "threads": args.threads, "clock": args.clock, "malloc_kept": kept,
+               "steps_per_turn": args.steps, "blas_kernels": kernels}
         steps = {"minidist": ours(batch, rng)}
         if by_hand:
             steps["numpy"] = by_hand(batch, rng)
@@ -246,8 +322,11 @@ def main(argv=None):
         results.append(row)
 
     table = Table(title=f"one training step, float32, {args.threads} thread(s), {args.clock} time, "
-                        f"median of {args.repeats} interleaved rounds, malloc {'kept' if kept else 'default'}")
-    for column in ("model", "minidist ms", "NumPy by hand ms", f"PyTorch {torch_version or '(absent)'} ms", "minidist / PyTorch", "minidist / NumPy"):
+                        f"median of {args.repeats} interleaved rounds, malloc {'kept' if kept else 'default'}, "
+                        f"NumPy's BLAS: {kernels}")
+    columns = ("model", "minidist ms", "NumPy by hand ms", f"PyTorch {torch_version or '(absent)'} ms",
+               f"minidist / PyTorch ({kernels})", "minidist / NumPy")
+    for column in columns:
         table.add_column(column, justify="right" if column != "model" else "left")
     for row in results:
         def fmt(value):
@@ -264,7 +343,8 @@ def main(argv=None):
     Console(width=max(Console().width, 120)).print(table)
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"python": sys.version.split()[0], "numpy": np.__version__, "torch": torch_version, "results": results}, handle, indent=2)
+            json.dump({"python": sys.version.split()[0], "numpy": np.__version__, "torch": torch_version,
+                       "blas_kernels": kernels, "results": results}, handle, indent=2)
 
 
 if __name__ == "__main__":

@@ -17,10 +17,17 @@ GEMMs under it:
 * the input gradient (col2im) works in chunks of images; each chunk's GEMM is
   kept within :data:`SMALL_GEMM` multiply-adds (:func:`cap_chunk_images`).
 
-Elsewhere (other kernels, CuPy) both return their input unchanged: the copy
-only costs there. Results are the same either way up to float rounding of
-the GEMM's blocking; on one machine and kernel they are the same bits run to
-run. (OpenBLAS: kernel/x86_64/sgemm_small_kernel_permit_skylakex.c.)
+Elsewhere (CuPy) both return their input unchanged: the copy only costs
+there. On OpenBLAS's packed kernels the weight gradient is instead one GEMM
+over the whole batch (:func:`weight_gradient_in_one_gemm`): per-image
+products would each pack their operands again. The forward stays one GEMM
+per image on every kernel: on the packed kernels an image's output computed
+inside one batch-wide GEMM differs in its last bits with the images around
+it, and a prediction must not depend on its batch-mates.
+
+Results are the same either way up to float rounding of the GEMM's blocking;
+on one machine and kernel they are the same bits run to run. (OpenBLAS:
+kernel/x86_64/sgemm_small_kernel_permit_skylakex.c.)
 """
 
 from __future__ import annotations
@@ -68,6 +75,22 @@ def weight_gradient_operand(xp, per_pixel, outputs: int):
     if copy_before_transposed_gemm(xp, outputs):
         return xp.ascontiguousarray(per_pixel)
     return per_pixel
+
+
+def weight_gradient_in_one_gemm(xp) -> bool:
+    """Whether the weight gradient is one GEMM over the whole batch,
+    ``columns (C*KH*KW [+1], N*OH*OW) @ g (N*OH*OW, OC)`` with the output
+    gradient first copied channel-major, rather than one product per image
+    summed over the images. On NumPy's BLAS wherever it lacks the unpacked
+    small-matrix GEMM (OpenBLAS's packed kernel sets, such as Haswell, or
+    another BLAS): the per-image
+    products each pack both their operands for an OH*OW-long sum, where the
+    one GEMM packs them once, runs a sum as long as the batch's pixels, and
+    writes one (C*KH*KW, OC) result instead of N to be summed. Where the
+    unpacked kernel runs, the per-image products read their operands in place
+    and are the faster. (The weight gradient is a sum over the batch either
+    way; only its rounding differs.)"""
+    return xp is numpy and not unpacked_small_gemm()
 
 
 def cap_chunk_images(xp, images: int, multiply_adds: int) -> int:

@@ -28,8 +28,7 @@ import math
 import numpy
 
 from minidist import backend
-from minidist.nn import init
-from minidist.nn.conv_gemm_sizing import weight_gradient_operand
+from minidist.nn import conv_gemm_sizing, init
 from minidist.nn.erf import erfc
 from minidist.nn.im2col import (
     col2im_product,
@@ -290,7 +289,9 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, groups: int = 1) -> Te
     columns, the bias as one more weight column): no separate pass adds it.
 
     Backward: grad_W = g (OC, N*OH*OW) @ columns^T (per image, one batched
-    matmul; its extra column is grad_b = the sum of g), and, only if the
+    matmul, or one GEMM over the batch on OpenBLAS's packed kernels:
+    :mod:`minidist.nn.conv_gemm_sizing`; its extra column is grad_b = the
+    sum of g), and, only if the
     input needs it, col2im(W^T @ g) in cache-sized pieces
     (:func:`minidist.nn.im2col.col2im_product`).
 
@@ -344,15 +345,23 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, groups: int = 1) -> Te
     def backward(g):
         grad_x = grad_w = grad_b = None
         by_channel = g.transpose(1, 0, 2, 3)  # (OC, N, OH, OW), a view
-        if weight.requires_grad and groups == 1:
+        if weight.requires_grad and groups == 1 and conv_gemm_sizing.weight_gradient_in_one_gemm(xp):
+            # One GEMM summing over every image and pixel, columns @ g^T with
+            # g copied channel-major (OC, N*OH*OW): what OpenBLAS's packed
+            # kernels run fastest (conv_gemm_sizing).
+            by_channel = xp.ascontiguousarray(by_channel)  # col2im reads it too
+            product = (columns @ by_channel.reshape(oc, n * pixels).T).T  # (OC, C*KH*KW [+ 1 for the bias])
+        elif weight.requires_grad and groups == 1:
             # Per image, columns (C*KH*KW [+1], OH*OW) @ g (OH*OW, OC), all N
             # in one batched matmul, then summed over the images: the
             # columns are read in place, and so is g, in its own
             # (N, OC, OH*OW) layout (copied first only where the BLAS kernel
             # wants it: conv_gemm_sizing).
-            per_pixel = weight_gradient_operand(xp, g.reshape(n, oc, pixels).transpose(0, 2, 1), oc * columns.shape[0])
+            per_pixel = conv_gemm_sizing.weight_gradient_operand(
+                xp, g.reshape(n, oc, pixels).transpose(0, 2, 1), oc * columns.shape[0])
             per_image = columns.reshape(columns.shape[0], n, pixels).transpose(1, 0, 2) @ per_pixel
-            product = per_image.sum(axis=0).T  # (OC, C*KH*KW [+ 1 for the bias])
+            product = per_image.sum(axis=0).T
+        if weight.requires_grad and groups == 1:
             grad_w = xp.ascontiguousarray(product[:, :rows]).reshape(w.shape)
             if folded and bias.requires_grad:
                 grad_b = xp.ascontiguousarray(product[:, rows])

@@ -28,7 +28,9 @@ The forward product is best done as N GEMMs, one per image, each
 directly in ``(N, OC, OH, OW)`` order, with no transposing copy. The
 weight gradient is the same per image, ``columns_n @ g_n^T`` in one batched
 matmul summed over the images, which reads the output gradient g in its own
-(N, OC, OH, OW) layout. A bias rides in both GEMMs: a row of ones under the
+(N, OC, OH, OW) layout, where OpenBLAS runs its unpacked small-matrix kernel;
+on its packed kernels it is one GEMM whose sum runs over the whole batch
+(:mod:`minidist.nn.conv_gemm_sizing`). A bias rides in both GEMMs: a row of ones under the
 columns and the bias as one more weight column (``ones_row``), so neither
 the bias add nor the bias gradient costs a pass of its own.
 

@@ -186,8 +186,10 @@ def test_the_openblas_kernel_set_is_read_from_the_loaded_library():
 @pytest.mark.parametrize("bias", [True, False])
 def test_conv2d_weight_gradient_with_and_without_copying_g(monkeypatch, copy_g, bias):
     # The weight gradient copies g to (N, OH*OW, OC) when the product is too
-    # big for OpenBLAS's unpacked kernel to read it transposed: both ways,
-    # against finite differences (a threshold of 0 forces the copy, on any BLAS).
+    # big for OpenBLAS's unpacked kernel to read it transposed, and is one
+    # GEMM over the batch on the packed kernels: both ways, against finite
+    # differences (a threshold of 0 forces the copy where the kernel is the
+    # unpacked one, on any BLAS).
     monkeypatch.setattr(conv_gemm_sizing, "unpacked_small_gemm", lambda: copy_g)
     monkeypatch.setattr(conv_gemm_sizing, "SMALL_GEMM_TRANSPOSED_OUTPUT", 0)
     own = np.random.default_rng(231)
@@ -201,8 +203,9 @@ def test_conv2d_weight_gradient_with_and_without_copying_g(monkeypatch, copy_g, 
 @pytest.mark.parametrize("small_gemm_kernel", [True, False])
 def test_conv2d_weight_gradient_of_a_wide_layer_matches_a_direct_sum(monkeypatch, small_gemm_kernel):
     # A layer big enough to take the copying path by itself (16 x 145 > 1200
-    # entries) where OpenBLAS has the small-matrix kernel, float32 as in
-    # training, against the definition in float64:
+    # entries) where OpenBLAS has the small-matrix kernel, and the one GEMM
+    # over the whole batch where it has not (weight_gradient_in_one_gemm),
+    # float32 as in training, against the definition in float64:
     # grad_w[o, c, i, j] = sum over n, r, s of g[n, o, r, s] * xpad[n, c, r + i, s + j].
     monkeypatch.setattr(conv_gemm_sizing, "unpacked_small_gemm", lambda: small_gemm_kernel)
     own = np.random.default_rng(232)
@@ -217,6 +220,23 @@ def test_conv2d_weight_gradient_of_a_wide_layer_matches_a_direct_sum(monkeypatch
     expected = np.einsum("nors,ncrsij->ocij", g, windows)
     np.testing.assert_allclose(weight.grad, expected, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(bias.grad, g.sum(axis=(0, 2, 3)), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("h", [8, 14])
+def test_conv2d_forward_of_an_image_does_not_depend_on_its_batch(h):
+    # One GEMM per image: an image's output is the same bits in any batch, on
+    # every BLAS kernel (on OpenBLAS's packed kernels one GEMM over the whole
+    # batch rounds an image's outputs differently with the images around it;
+    # .ci/run runs this on the Haswell kernels too).
+    own = np.random.default_rng(233)
+    x = own.standard_normal((12, 16, h, h)).astype(np.float32)
+    weight = own.standard_normal((32, 16, 3, 3)).astype(np.float32)
+    bias = own.standard_normal((32,)).astype(np.float32)
+    with no_grad():
+        batch = F.conv2d(as_tensor(x), as_tensor(weight), as_tensor(bias), 1, 1).data
+        for start, stop in [(0, 1), (5, 6), (3, 9), (11, 12)]:
+            part = F.conv2d(as_tensor(x[start:stop]), as_tensor(weight), as_tensor(bias), 1, 1).data
+            np.testing.assert_array_equal(part, batch[start:stop])
 
 
 def test_conv2d_skips_the_input_gradient_when_not_needed(monkeypatch):
