@@ -59,6 +59,7 @@ import numpy as np
 import minidist.distributed as dist
 from minidist import nn
 from minidist import trace as _trace
+from minidist.distributed.device_mesh import as_group
 from minidist.nn.recompute import ForwardState
 from minidist.parallel.data_parallel import broadcast_module
 from minidist.parallel.pipeline_schedules import (
@@ -228,32 +229,54 @@ class Pipeline:
       gradients travel there), ``data_parallel_group`` one stage's d
       replicas (gradients are all-reduced there). The replicas' weights
       are made equal with a broadcast from replica 0.
+    * ``pipeline_group`` and ``data_parallel_group`` (keywords, ProcessGroups
+      or 1-D device meshes such as ``mesh["pp"]``): the groups to use instead
+      of making them, for a layout the Pipeline does not know, such as a
+      DP x TP x PP mesh where every tensor-parallel rank runs its own
+      pipeline. p is then the pipeline group's size and this rank's stage its
+      rank there; d the data-parallel group's size (1 without one), and
+      ``data_parallel`` may be left out.
+    * ``finalize_grads``: a function called with no argument once the
+      batch's backwards are done and the gradients all-reduced over the
+      replicas, before the optimizer's step (Megatron's
+      ``finalize_model_grads``): where a model sums gradients over other
+      groups, e.g. a tied embedding between the first and last stage.
+
+    A parameter held by two of a rank's chunks (a tied weight, with one rank
+    holding both ends) is in :meth:`parameters` once.
 
     :meth:`step` runs one batch; :meth:`parameters` gives this rank's
     parameters, for its optimizer.
     """
 
     def __init__(self, model, schedule="1f1b", microbatches: int = 1, *,
-                 virtual_stages: int = 1, recompute: bool = False, data_parallel: int = 1,
-                 split_by: str = "parameters", sample=None):
+                 virtual_stages: int = 1, recompute: bool = False, data_parallel: int | None = None,
+                 split_by: str = "parameters", sample=None, pipeline_group=None,
+                 data_parallel_group=None, finalize_grads=None):
         self.global_rank = dist.get_rank()
         world_size = dist.get_world_size()
-        if isinstance(data_parallel, bool) or not isinstance(data_parallel, int) \
-                or data_parallel < 1 or world_size % data_parallel:
-            raise ValueError(f"rank {self.global_rank}: data_parallel={data_parallel!r} must be "
-                             f"a whole number >= 1 that divides the world size {world_size}")
-        self.data_parallel = data_parallel
-        self.stages = world_size // data_parallel
-        self.rank = self.global_rank % self.stages          # position in the pipeline
-        self.replica = self.global_rank // self.stages
         self.recompute = bool(recompute)
-        self.pipeline_group, self.data_parallel_group = self._make_groups()
+        self.finalize_grads = finalize_grads
+        if pipeline_group is not None or data_parallel_group is not None:
+            self._use_groups(pipeline_group, data_parallel_group, data_parallel)
+        else:
+            data_parallel = 1 if data_parallel is None else data_parallel
+            if isinstance(data_parallel, bool) or not isinstance(data_parallel, int) \
+                    or data_parallel < 1 or world_size % data_parallel:
+                raise ValueError(f"rank {self.global_rank}: data_parallel={data_parallel!r} must "
+                                 f"be a whole number >= 1 that divides the world size "
+                                 f"{world_size}")
+            self.data_parallel = data_parallel
+            self.stages = world_size // data_parallel
+            self.rank = self.global_rank % self.stages          # position in the pipeline
+            self.replica = self.global_rank // self.stages
+            self.pipeline_group, self.data_parallel_group = self._make_groups()
 
         if isinstance(schedule, Schedule):
             if schedule.stages != self.stages:
                 raise ValueError(f"rank {self.global_rank}: the schedule is for "
                                  f"{schedule.stages} stages, the launch has {self.stages} "
-                                 f"(world {world_size} / data_parallel {data_parallel})")
+                                 f"(world {world_size} / data_parallel {self.data_parallel})")
             self.schedule = schedule
         else:
             self.schedule = make_schedule(schedule, self.stages, microbatches, virtual_stages)
@@ -263,10 +286,35 @@ class Pipeline:
         pieces = self._pieces(model, split_by, sample)
         self.chunks = [pieces[self.schedule.stage_of(self.rank, chunk)]
                        for chunk in range(self.virtual_stages)]
-        self._parameters = [p for chunk in self.chunks for p in chunk.parameters()]
-        if data_parallel > 1:
+        # Once each: a tied weight in two of this rank's chunks is one parameter.
+        self._parameters = list({id(p): p for chunk in self.chunks
+                                 for p in chunk.parameters()}.values())
+        if self.data_parallel > 1:
             for chunk in self.chunks:
                 broadcast_module(chunk, group=self.data_parallel_group, group_src=0)
+
+    def _use_groups(self, pipeline_group, data_parallel_group, data_parallel) -> None:
+        """Take the caller's groups (a mesh's "pp" and "dp") instead of making them."""
+        pipeline_group = as_group(pipeline_group, "Pipeline pipeline_group")
+        data_parallel_group = as_group(data_parallel_group, "Pipeline data_parallel_group")
+        replicas = 1 if data_parallel_group is None else dist.get_world_size(data_parallel_group)
+        if pipeline_group is None and replicas > 1:
+            raise ValueError(f"rank {self.global_rank}: a data_parallel_group of {replicas} ranks "
+                             "needs its pipeline_group too (None would be the whole world); pass "
+                             "both, e.g. mesh.get_group('pp') and mesh.get_group('dp')")
+        if data_parallel is not None and data_parallel != replicas:
+            raise ValueError(f"rank {self.global_rank}: data_parallel={data_parallel!r} but the "
+                             f"data_parallel_group has {replicas} ranks; leave data_parallel "
+                             "out when passing the groups")
+        self.data_parallel = replicas
+        self.stages = dist.get_world_size(pipeline_group)
+        self.rank = dist.get_rank(pipeline_group)
+        self.replica = 0 if data_parallel_group is None else dist.get_rank(data_parallel_group)
+        if self.rank < 0 or self.replica < 0:
+            raise ValueError(f"rank {self.global_rank} is not a member of the pipeline_group or "
+                             "data_parallel_group it was given: pass this rank's groups "
+                             "(mesh.get_group('pp'), mesh.get_group('dp'))")
+        self.pipeline_group, self.data_parallel_group = pipeline_group, data_parallel_group
 
     def _make_groups(self):
         """Every rank creates every group, in the same order (``new_group``'s rule)."""
@@ -521,6 +569,8 @@ class _Batch:
                                "backward")
         if self.pipe.data_parallel > 1:
             self._all_reduce_gradients()
+        if self.pipe.finalize_grads is not None:
+            self.pipe.finalize_grads()
         with _trace.region(step_label(self.schedule.stage_of(self.pipe.rank))):
             if self.optimizer is not None:
                 with no_grad():

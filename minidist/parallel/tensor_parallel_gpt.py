@@ -76,6 +76,7 @@ from minidist.parallel.tensor_parallel import (
 from minidist.parallel.vocab_parallel import (
     VocabParallelEmbedding,
     vocab_parallel_cross_entropy,
+    vocab_range,
 )
 from minidist.tensor import Tensor
 
@@ -94,6 +95,69 @@ def qkv_rows(n_embd: int, n_head: int, rank: int, world_size: int) -> np.ndarray
     width = n_embd // world_size
     block = np.arange(rank * width, (rank + 1) * width)
     return np.concatenate([block, n_embd + block, 2 * n_embd + block])
+
+
+def shard_block(block, source, config, rank: int, world_size: int, **split) -> None:
+    """Make ``block`` (a copy of the GPT's ``source`` block) this rank's
+    tensor-parallel shard of it, in place: ``c_attn`` split by heads
+    (:func:`qkv_rows`), ``attn.c_proj`` by rows, ``mlp.c_fc`` by columns,
+    ``mlp.c_proj`` by rows; the LayerNorms stay whole. ``split`` is passed
+    on to the split layers (``group``, ``algorithm``, ``sequence_parallel``).
+    The pieces of a pipeline stage (:mod:`minidist.parallel.gpt_3d`) are
+    made with it too. Cost: copies of 1 / world_size of the block's weights."""
+    attn = block.attn
+    attn.n_head = config.n_head // world_size
+    attn.c_attn = ColumnParallelLinear.from_linear(
+        source.attn.c_attn, rows=qkv_rows(config.n_embd, config.n_head, rank, world_size), **split)
+    attn.c_proj = RowParallelLinear.from_linear(source.attn.c_proj, **split)
+    block.mlp.c_fc = ColumnParallelLinear.from_linear(source.mlp.c_fc, **split)
+    block.mlp.c_proj = RowParallelLinear.from_linear(source.mlp.c_proj, **split)
+
+
+def embed_tokens(wte, wpe, idx, block_size: int, rank: int, world_size: int,
+                 sequence_parallel: bool, who: str = "TensorParallelGPT"):
+    """The residual stream's start, ``wte(idx) + wpe(positions)``: (B, T, C),
+    or this rank's T / world_size positions, (B, T / world_size, C), with
+    sequence parallelism (``wte`` a :class:`VocabParallelEmbedding` that
+    reduce-scatters then). ``idx``: token ids (B, T), an array or a Tensor;
+    ``who`` names the caller in the errors."""
+    idx = np.asarray(backend.to_numpy(idx.data if isinstance(idx, Tensor) else idx))
+    if idx.ndim != 2:
+        raise ValueError(f"{who}: expected token ids of shape (batch, time), "
+                         f"got shape {idx.shape}")
+    steps = idx.shape[1]
+    if steps > block_size:
+        raise ValueError(f"{who}: a sequence of {steps} tokens is longer than "
+                         f"block_size={block_size}")
+    positions = np.arange(steps)
+    if sequence_parallel:
+        if steps % world_size:
+            raise ValueError(
+                f"rank {dist.get_rank()}: sequence parallelism cuts each sequence of {steps} "
+                f"tokens into {world_size} pieces, but {steps} is not divisible by "
+                f"{world_size}; use sequences of a multiple of {world_size} tokens")
+        piece = steps // world_size
+        positions = np.arange(rank * piece, (rank + 1) * piece)
+    return wte(idx) + wpe(positions)
+
+
+def shard_index(name: str, full_shape, rank: int, world_size: int, config):
+    """Where ``rank``'s shard of the GPT parameter ``name`` (nanoGPT's names)
+    sits in the whole parameter of ``full_shape``: ``whole[shard_index(...)]``
+    is the shard. Vocabulary rows for ``wte`` / ``lm_head``, :func:`qkv_rows`
+    for ``c_attn``, a block of rows for ``c_fc``, of columns for the
+    ``c_proj`` weights; ``...`` (all of it) for what is replicated."""
+    if name.endswith("wte.weight") or name == "lm_head.weight":
+        return slice(*vocab_range(config.vocab_size, rank, world_size))
+    if ".c_attn." in name:
+        return qkv_rows(config.n_embd, config.n_head, rank, world_size)
+    if ".c_fc." in name:
+        width = full_shape[0] // world_size
+        return slice(rank * width, (rank + 1) * width)
+    if name.endswith("c_proj.weight"):
+        width = full_shape[1] // world_size
+        return (slice(None), slice(rank * width, (rank + 1) * width))
+    return Ellipsis
 
 
 class TensorParallelGPT(Module):
@@ -123,13 +187,7 @@ class TensorParallelGPT(Module):
         transformer = copy.deepcopy(whole)
         transformer.wte = VocabParallelEmbedding.from_embedding(whole.wte, **split)
         for block, source in zip(transformer.h, whole.h):
-            attn = block.attn
-            attn.n_head = config.n_head // world
-            attn.c_attn = ColumnParallelLinear.from_linear(
-                source.attn.c_attn, rows=qkv_rows(config.n_embd, config.n_head, rank, world), **split)
-            attn.c_proj = RowParallelLinear.from_linear(source.attn.c_proj, **split)
-            block.mlp.c_fc = ColumnParallelLinear.from_linear(source.mlp.c_fc, **split)
-            block.mlp.c_proj = RowParallelLinear.from_linear(source.mlp.c_proj, **split)
+            shard_block(block, source, config, rank, world, **split)
         self.transformer = transformer
         wte = transformer.wte
         self.vocab_start, self.vocab_end = wte.vocab_start, wte.vocab_end
@@ -138,25 +196,9 @@ class TensorParallelGPT(Module):
         self.lm_head.weight = wte.weight   # tied, as in the GPT: one shard, two uses
 
     def forward(self, idx):
-        idx = np.asarray(backend.to_numpy(idx.data if isinstance(idx, Tensor) else idx))
-        if idx.ndim != 2:
-            raise ValueError(f"TensorParallelGPT: expected token ids of shape (batch, time), "
-                             f"got shape {idx.shape}")
-        steps = idx.shape[1]
-        if steps > self.config.block_size:
-            raise ValueError(f"TensorParallelGPT: a sequence of {steps} tokens is longer than "
-                             f"block_size={self.config.block_size}")
-        positions = np.arange(steps)
-        if self.sequence_parallel:
-            if steps % self.world_size:
-                raise ValueError(
-                    f"rank {dist.get_rank()}: sequence parallelism cuts each sequence of {steps} "
-                    f"tokens into {self.world_size} pieces, but {steps} is not divisible by "
-                    f"{self.world_size}; use sequences of a multiple of {self.world_size} tokens")
-            piece = steps // self.world_size
-            positions = np.arange(self.rank * piece, (self.rank + 1) * piece)
         t = self.transformer
-        x = t.wte(idx) + t.wpe(positions)   # (B, T, C), or (B, T/n, C) with sequence parallelism
+        x = embed_tokens(t.wte, t.wpe, idx, self.config.block_size, self.rank, self.world_size,
+                         self.sequence_parallel, "TensorParallelGPT")
         for block in t.h:
             x = block(x)
         return self.lm_head(t.ln_f(x))      # (B, T, V_r): this rank's words
@@ -235,4 +277,5 @@ def group_of(group_or_mesh):
     return group_or_mesh
 
 
-__all__ = ["TensorParallelGPT", "tensor_parallel_gpt", "qkv_rows", "group_of"]
+__all__ = ["TensorParallelGPT", "tensor_parallel_gpt", "qkv_rows", "group_of", "shard_block",
+           "embed_tokens", "shard_index"]
