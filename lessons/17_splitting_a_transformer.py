@@ -49,7 +49,7 @@ from rich.console import Console
 
 import minidist
 import minidist.distributed as dist
-from minidist import Tensor, memory, trace
+from minidist import Tensor, memory, optim, trace
 from minidist.distributed.device_mesh import groups_along, mesh_layout
 from minidist.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -61,13 +61,14 @@ from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
 from minidist.models.gpt import GPT, GPTConfig
 from minidist.nn import functional as F
 from minidist.parallel import plan_3d
+from minidist.parallel.gpt_3d import GPT3D
 from minidist.parallel.model_parallel_bytes import format_table, ring_all_reduce_sent, split_bytes
 from minidist.parallel.tensor_parallel_costs import (
     format_step_bytes,
     gpt_activation_bytes,
     gpt_step_bytes,
 )
-from minidist.parallel.tensor_parallel_gpt import qkv_rows, tensor_parallel_gpt
+from minidist.parallel.tensor_parallel_gpt import qkv_rows, shard_index, tensor_parallel_gpt
 from minidist.parallel.vocab_parallel import vocab_parallel_cross_entropy
 
 narrate()  # run as a script: the text below is printed between the outputs
@@ -395,21 +396,8 @@ whole_grads = grads(whole_block)
 btc = BATCH * STEPS * C
 
 
-def place(name, rank):
-    """Where rank's shard of the block's parameter ``name`` sits in the whole one."""
-    if name.startswith("attn.c_attn"):
-        return qkv_rows(C, CONFIG.n_head, rank, TP)
-    width = (4 * C if ".c_fc." in name or name.startswith("mlp.c_proj") else C) // TP
-    own = slice(rank * width, (rank + 1) * width)
-    if name.startswith("mlp.c_fc"):
-        return own
-    if name.endswith("c_proj.weight"):
-        return (slice(None), own)
-    return Ellipsis   # LayerNorms and the row layers' biases: replicated
-
-
 for rank, found in enumerate(tp_runs):
-    weight_error = max(relative_error(found["grads"][name], whole_grads[name][place(name, rank)])
+    weight_error = max(relative_error(found["grads"][name], whole_grads[name][shard_index(name, whole_grads[name].shape, rank, TP, CONFIG)])
                        for name in whole_grads)
     print(f"rank {rank}: forward calls {calls(tp_events, rank, 'block forward')}, "
           f"backward calls {calls(tp_events, rank, 'block backward')}")
@@ -703,8 +691,151 @@ Console(width=100).print(mesh_text(RUN_SHAPE, MESH_NAMES, color=False))
 # %% [markdown]
 # ## 5. A run on a mesh
 #
-# SECTION 5 PLACEHOLDER
+# `GPT3D(model, mesh, schedule, microbatches)` (`minidist/parallel/gpt_3d.py`)
+# puts the three together on one `(pp, dp, tp)` mesh: the GPT's layers,
+# `[embeddings, block 0, ..., block L-1, ln_f + lm_head]`, are cut into
+# pipeline stages; each stage is split over its tp group by section 2's
+# pieces; the whole is replicated over the dp group. Per step: the tp
+# all_reduces inside every block, one activation forward and one gradient
+# back between neighbouring stages per micro-batch, one all_reduce of the
+# gradients over dp after the pipeline drains, and one more that the tied
+# embedding needs: `wte` lives on the first stage and `lm_head`, the same
+# matrix, on the last, so the two ranks that hold its copies sum their
+# gradients (Megatron's *embedding group*).
+#
+# Each mesh below trains three AdamW steps of the lesson's GPT (in float64,
+# so that rounding does not hide a mistake) on the same global batches, and
+# its shards are compared with one process trained on the same batches. In
+# the quick form the three 1-D meshes of 2 processes (this machine's cores);
+# in the full form also the 2 x 2 x 2 mesh of section 4, 8 processes:
 
+# %%
+TRAIN_STEPS, MICROBATCHES = 3, 2
+MESHES = {2: [(1, 1, 2), (2, 1, 1), (1, 2, 1)]}
+if not QUICK:
+    MESHES[8] = [MESH_SHAPE]
+
+
+def mesh_name(shape):
+    return " x ".join(f"{name}{size}" for name, size in zip(MESH_NAMES, shape) if size > 1)
+
+
+def gpt64():
+    return GPT(CONFIG, rng=0).to(np.float64)
+
+
+def train_on_mesh(shapes):
+    """For each mesh shape: GPT3D trained TRAIN_STEPS steps, each step a
+    traced region; this rank's shards, its tp rank and the losses."""
+    found = {}
+    for shape in shapes:
+        name = mesh_name(shape)
+        mesh = dist.init_device_mesh("cpu", shape, mesh_dim_names=MESH_NAMES)
+        model = GPT3D(gpt64(), mesh, "1f1b", microbatches=MICROBATCHES)
+        optimizer = optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+        losses = []
+        for step in range(TRAIN_STEPS):
+            with trace.region(f"{name} step {step}", kind="step"):
+                losses.append(model.step(*tokens(step), optimizer))
+        found[name] = dict(params={n: p.data.copy() for n, p in model.named_parameters().items()},
+                           tp_rank=mesh.get_local_rank("tp"), losses=losses)
+    return found
+
+
+mesh_runs, mesh_traces = {}, {}
+for world, shapes in MESHES.items():
+    mesh_traces[world] = OUT / f"mesh{world}.trace.jsonl"
+    mesh_runs[world] = minidist.launch(train_on_mesh, world_size=world, transport="shm",
+                                       args=(shapes,), trace=str(mesh_traces[world]),
+                                       timeout=600)
+
+one = gpt64()
+one_optimizer = optim.AdamW(one.parameters(), lr=1e-2, weight_decay=0.1)
+one_losses = []
+for step in range(TRAIN_STEPS):
+    idx, targets = tokens(step)
+    one_optimizer.zero_grad()
+    loss = F.cross_entropy(one(idx).reshape(-1, CONFIG.vocab_size), targets.reshape(-1))
+    loss.backward()
+    one_optimizer.step()
+    one_losses.append(loss.item())
+one_weights = {name: p.data for name, p in one.named_parameters()}
+one_weights["lm_head.weight"] = one.lm_head.weight.data   # the tied matrix under both names
+print("one process, losses " + ", ".join(f"{value:.6f}" for value in one_losses))
+
+for world, shapes in MESHES.items():
+    for shape in shapes:
+        name = mesh_name(shape)
+        worst, held = 0.0, set()
+        for found in mesh_runs[world]:
+            run = found[name]
+            for param, shard in run["params"].items():
+                full = one_weights[param]
+                piece = full[shard_index(param, full.shape, run["tp_rank"], shape[2], CONFIG)]
+                worst = max(worst, relative_error(shard, piece))
+                held.add(param)
+        held.add("lm_head.weight")   # with one pipeline stage it is wte, named once
+        last = [found[name]["losses"] for found in mesh_runs[world]
+                if found[name]["losses"][0] is not None]
+        losses = np.mean(last, axis=0)   # the replicas' mean: the global batch's loss
+        print(f"{name:>16} on {world} processes: losses " + ", ".join(f"{v:.6f}" for v in losses)
+              + f"; weights against one process's: largest relative difference {worst:.1e}")
+        assert held == set(one_weights), name
+        assert worst < 1e-9, name
+        assert np.allclose(losses[0], one_losses[0], rtol=1e-9)
+
+# %% [markdown]
+# Every mesh ends with one process's weights, to float64 rounding, whatever
+# it split: the tensor-parallel shards are their rows and columns of the
+# whole matrices, the pipeline ranks hold different layers, the replicas the
+# same ones. (The losses after the first step are those of the replicas'
+# and stages' model, which is the one-process model: they agree to
+# rounding too.)
+#
+# **Who talked to whom.** A message between two ranks of the mesh runs
+# along the one dimension in which their coordinates differ. Counting the
+# bytes of every send in the trace that way (`mesh_layout` gives the
+# coordinates):
+
+# %%
+def coordinates(rank, shape):
+    return tuple(int(i) for i in np.argwhere(mesh_layout(shape) == rank)[0])
+
+
+def bytes_by_dimension(events, shape, label_prefix):
+    """Bytes sent along each mesh dimension inside the steps of one mesh run."""
+    steps = [(e["rank"], e["start"], e["end"]) for e in events
+             if e["kind"] == "step" and e["label"].startswith(label_prefix + " step")]
+    totals = dict.fromkeys(MESH_NAMES, 0)
+    for e in events:
+        if e["kind"] != "send" or not any(rank == e["rank"] and start <= e["start"] <= end
+                                          for rank, start, end in steps):
+            continue
+        differ = [d for d, (a, b) in enumerate(zip(coordinates(e["rank"], shape),
+                                                   coordinates(e["peer"], shape))) if a != b]
+        along = MESH_NAMES[differ[0]] if len(differ) == 1 else "other"
+        totals[along] = totals.get(along, 0) + e["bytes"]
+    return totals
+
+
+print(f"{'mesh':>16} " + " ".join(f"{name + ' bytes':>12}" for name in MESH_NAMES)
+      + "   (all ranks, all steps)")
+for world, shapes in MESHES.items():
+    events = trace.read_jsonl(mesh_traces[world]).events
+    for shape in shapes:
+        totals = bytes_by_dimension(events, shape, mesh_name(shape))
+        print(f"{mesh_name(shape):>16} " + " ".join(f"{totals[name]:>12,}" for name in MESH_NAMES)
+              + (f"   and {totals['other']:,} between ranks of no one dimension"
+                 if totals.get("other") else ""))
+        for dim, name in enumerate(MESH_NAMES):
+            assert (totals[name] > 0) == (shape[dim] > 1), (shape, name)
+
+# %% [markdown]
+# Each dimension sends only when it has more than one rank, and what it sends
+# is of its own kind: tp's activations in every block, pp's activations and
+# gradients at the stage boundary (and the tied embedding's gradient sum),
+# dp's gradient sum once a step.
+#
 # %% [markdown]
 # ## 6. Plans for one model on one budget of ranks
 #
