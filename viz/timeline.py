@@ -23,6 +23,18 @@ for Perfetto instead (``minidist viz TRACE --chrome out.json``)::
 
     from viz.timeline import save_timeline
     save_timeline("run.jsonl", "run.png")
+
+**Colour by mesh dimension** (``color_by="mesh"``; the default ``"auto"``
+picks it when the trace's header names a device mesh, ``mesh_shape`` and
+``mesh_dim_names``, as a 3D run's does): the messages, their lines and the
+collective calls are coloured by the dimension of the mesh they run along
+(dp, tp, pp, ...), with a legend. Which dimension: a message's two ranks
+(global, row-major on the mesh as ``init_device_mesh`` lays them out)
+differ in exactly one coordinate, and that is its dimension; a collective
+call carries its group's id (every event does), and a group's dimension is
+that of its messages. Messages between ranks that differ in more than one
+coordinate (the world's own group) and calls of groups with no message are
+"other". Cost: one pass over the events.
 """
 
 from __future__ import annotations
@@ -45,6 +57,10 @@ LANES = {"calls": (0.78, 0.17), "compute": (0.54, 0.2), "send": (0.29, 0.2),
 COLORS = {"calls": "#CFCFCF", "compute": "#006BA4", "send": "#FF800E", "recv": "#5F9ED1"}
 HATCHES = {"recv": "////", "calls": None, "compute": None, "send": None}
 IDLE_COLOR = "#F2F2F2"
+#: Colours of the mesh dimensions, in the mesh's order (colour-blind safe,
+#: none of them the compute lane's blue), and of what runs along none.
+DIMENSION_COLORS = ("#C85200", "#2CA02C", "#9467BD", "#E377C2", "#8C564B", "#BCBD22")
+OTHER_COLOR = "#7F7F7F"
 
 MAX_EVENTS = 20_000
 MAX_ARROWS = 2_000
@@ -103,6 +119,76 @@ def idle_intervals(events: list[dict], gap: float = 0) -> list[tuple[int, int]]:
     return gaps
 
 
+def header_mesh(header: dict):
+    """(shape, names) of the device mesh the header names, or None."""
+    shape = header.get("mesh_shape")
+    if not shape:
+        return None
+    names = header.get("mesh_dim_names") or [f"dim {d}" for d in range(len(shape))]
+    return tuple(int(n) for n in shape), tuple(str(n) for n in names)
+
+
+def _coordinates(rank: int, shape) -> tuple[int, ...]:
+    coordinate = []
+    for size in reversed(shape):
+        coordinate.append(rank % size)
+        rank //= size
+    return tuple(reversed(coordinate))
+
+
+def message_dimension(rank: int, peer: int, shape, names) -> str | None:
+    """The mesh dimension a message from ``rank`` to ``peer`` runs along (their
+    coordinates differ in it alone), or None when they differ in several."""
+    if peer is None or peer < 0 or rank >= _size(shape) or peer >= _size(shape):
+        return None
+    differ = [d for d, (a, b) in enumerate(zip(_coordinates(rank, shape),
+                                               _coordinates(peer, shape))) if a != b]
+    return names[differ[0]] if len(differ) == 1 else None
+
+
+def _size(shape) -> int:
+    total = 1
+    for size in shape:
+        total *= size
+    return total
+
+
+def event_dimensions(events: list[dict], shape, names) -> list[str | None]:
+    """The mesh dimension of each event (module docstring), None for compute,
+    for events of no group along one dimension, and for the world's."""
+    group_dims: dict[int, set] = defaultdict(set)
+    for event in events:
+        if event["kind"] in ("send", "recv"):
+            group_dims[event.get("group", 0)].add(
+                message_dimension(event["rank"], event.get("peer"), shape, names))
+    group_dim = {group: dims.pop() for group, dims in group_dims.items() if len(dims) == 1}
+    found = []
+    for event in events:
+        if event["kind"] in ("send", "recv"):
+            found.append(message_dimension(event["rank"], event.get("peer"), shape, names))
+        elif event["kind"] == "collective":
+            found.append(group_dim.get(event.get("group", 0)))
+        else:
+            found.append(None)
+    return found
+
+
+def bytes_per_dimension(trace, mesh=None) -> dict[str, int]:
+    """Bytes sent along each mesh dimension (and "other") over the whole
+    trace: the sum of the send events' bytes, by :func:`message_dimension`."""
+    header, events = _events_of(trace)
+    shape, names = mesh or header_mesh(header) or (None, None)
+    if shape is None:
+        raise ValueError("bytes_per_dimension: the trace's header names no device mesh "
+                         "(mesh_shape, mesh_dim_names); pass mesh=(shape, names)")
+    totals = dict.fromkeys(names, 0)
+    for event in events:
+        if event["kind"] == "send":
+            dim = message_dimension(event["rank"], event.get("peer"), shape, names) or "other"
+            totals[dim] = totals.get(dim, 0) + int(event.get("bytes", 0))
+    return totals
+
+
 def ordinal(number: int) -> str:
     """1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, ..., 21st, 22nd, 101st, 111th."""
     if number % 100 in (11, 12, 13):
@@ -151,12 +237,23 @@ def window_steps(events: list[dict], max_steps: int = MAX_STEPS) -> tuple[list[d
 
 def draw_timeline(trace, figure: Figure | None = None, *, max_events: int = MAX_EVENTS,
                   max_arrows: int = MAX_ARROWS, max_ranks: int = MAX_RANKS,
-                  max_steps: int | None = MAX_STEPS, title: str | None = None) -> Figure:
+                  max_steps: int | None = MAX_STEPS, title: str | None = None,
+                  color_by: str = "auto", mesh=None) -> Figure:
     """Draw the timeline of ``trace`` (a path, a :class:`~minidist.trace.Trace` or
     a list of events) on a new figure (or ``figure``), and return it. A run of
     more than ``max_steps`` training steps is drawn as its first ``max_steps``
-    (None: all of them)."""
+    (None: all of them). ``color_by``: "lane" (what kind of event), "mesh"
+    (messages and calls by mesh dimension; ``mesh=(shape, names)`` or the
+    header's), or "auto" (mesh when the header names one)."""
     header, events = _events_of(trace)
+    if color_by not in ("auto", "lane", "mesh"):
+        raise ValueError(f"color_by={color_by!r}: choose 'lane', 'mesh' or 'auto'")
+    mesh = mesh or header_mesh(header)
+    if color_by == "mesh" and mesh is None:
+        raise ValueError("color_by='mesh': the trace's header names no device mesh (mesh_shape, "
+                         "mesh_dim_names); pass mesh=((2, 2), ('dp', 'tp'))")
+    if color_by == "lane":
+        mesh = None
     ranks = sorted({event["rank"] for event in events})
     notes = []
     if max_steps is not None:
@@ -180,14 +277,24 @@ def draw_timeline(trace, figure: Figure | None = None, *, max_events: int = MAX_
     unit, scale = _time_unit(span)
     shown = [event for event in events if event["rank"] in row_of]
     many = len(shown) > max_events
-    by_rank_lane, labelled = _lanes(shown, origin, span, many, notes)
+    colors = None
+    if mesh is not None:
+        shape, names = mesh
+        palette = dict(zip(names, DIMENSION_COLORS * (len(names) // len(DIMENSION_COLORS) + 1)))
+        colors = {id(event): palette.get(dim, OTHER_COLOR) if dim or event["kind"] in (
+                      "send", "recv", "collective") else None
+                  for event, dim in zip(shown, event_dimensions(shown, shape, names))}
+    by_rank_lane, labelled = _lanes(shown, origin, span, many, notes, colors)
     _draw_idle(axis, shown, row_of, origin, span, scale, many)
     _draw_boxes(axis, by_rank_lane, row_of, span, scale)
     labels = _draw_labels(axis, labelled, row_of, span, scale)
-    messages = _draw_messages(axis, shown, row_of, origin, scale, max_arrows, notes)
+    messages = _draw_messages(axis, shown, row_of, origin, scale, max_arrows, notes, colors)
     _draw_axes(axis, ranks, span, scale, unit)
     fit_box_labels(axis, labels)
-    _draw_legend(axis)
+    if mesh is not None:
+        _draw_mesh_legend(axis, mesh, palette)
+    else:
+        _draw_legend(axis)
     transport = header.get("transport")
     heading = title or (f"timeline: {len(ranks)} ranks, {len(shown):,} events, "
                         f"{len(messages):,} messages" + (f" ({transport})" if transport else ""))
@@ -208,15 +315,17 @@ def _figure_and_axis(figure: Figure | None, height: float):
     return figure, axis
 
 
-def _lanes(shown, origin, span, many: bool, notes: list):
-    """The boxes of each (rank, lane), merged when there are ``many``, and the
-    labelled call and compute boxes: (rank, lane, start, end, text)."""
-    by_rank_lane: dict[tuple[int, str], list[tuple[int, int]]] = defaultdict(list)
+def _lanes(shown, origin, span, many: bool, notes: list, colors=None):
+    """The boxes of each (rank, lane, colour), merged when there are ``many``
+    (colour None: the lane's), and the labelled call and compute boxes:
+    (rank, lane, start, end, text)."""
+    by_rank_lane: dict[tuple[int, str, str | None], list[tuple[int, int]]] = defaultdict(list)
     labelled: list[tuple[int, str, int, int, str]] = []
     for event in shown:
         lane = _lane_of(event["kind"])
         start, end = event["start"] - origin, max(event["end"], event["start"]) - origin
-        by_rank_lane[event["rank"], lane].append((start, end))
+        color = colors.get(id(event)) if colors else None
+        by_rank_lane[event["rank"], lane, color].append((start, end))
         text = _label_text(event.get("label", ""))
         if lane in ("calls", "compute") and text:
             labelled.append((event["rank"], lane, start, end, text))
@@ -243,12 +352,12 @@ def _draw_idle(axis, shown, row_of, origin, span, scale, many: bool) -> None:
 
 
 def _draw_boxes(axis, by_rank_lane, row_of, span, scale) -> None:
-    for (rank, lane), intervals in by_rank_lane.items():
+    for (rank, lane, color), intervals in by_rank_lane.items():
         bottom, lane_height = LANES[lane]
         boxes = [(start / scale, max(end - start, span / PIXELS / 4) / scale)
                  for start, end in intervals]
         axis.broken_barh(boxes, (row_of[rank] + 1 - bottom - lane_height, lane_height),
-                         facecolor=COLORS[lane], edgecolor="none",
+                         facecolor=color or COLORS[lane], edgecolor="none",
                          hatch=HATCHES[lane] if len(boxes) < 500 else None, zorder=2)
 
 
@@ -274,9 +383,11 @@ def _draw_labels(axis, labelled, row_of, span, scale) -> list:
     return drawn
 
 
-def _draw_messages(axis, shown, row_of, origin, scale, max_arrows: int, notes: list) -> list:
+def _draw_messages(axis, shown, row_of, origin, scale, max_arrows: int, notes: list,
+                   colors=None) -> list:
     """A line from each send's start to its receive's end (at most ``max_arrows``,
-    with heads when few); returns the messages between the shown ranks."""
+    with heads when few; in the send's colour when ``colors`` maps events to
+    theirs); returns the messages between the shown ranks."""
     messages = [(send, recv) for send, recv in _trace.iter_messages(shown)
                 if recv is not None and recv["rank"] in row_of]
     every = max(1, -(-len(messages) // max_arrows))
@@ -291,13 +402,14 @@ def _draw_messages(axis, shown, row_of, origin, scale, max_arrows: int, notes: l
                           row_of[send["rank"]] + 1 - send_bottom - send_height / 2),
                          ((recv["end"] - origin) / scale,
                           row_of[recv["rank"]] + 1 - recv_bottom - recv_height / 2)))
+    line_colors = [(colors or {}).get(id(send)) or "#333333" for send, _ in drawn]
     if len(drawn) <= HEADS_UP_TO:
-        for start, end in segments:
+        for (start, end), color in zip(segments, line_colors):
             axis.annotate("", xy=end, xytext=start, zorder=3,
-                          arrowprops={"arrowstyle": "-|>", "color": "#333333", "lw": 0.8,
+                          arrowprops={"arrowstyle": "-|>", "color": color, "lw": 0.8,
                                       "shrinkA": 0, "shrinkB": 0, "alpha": 0.7})
     else:
-        axis.add_collection(LineCollection(segments, colors="#333333", linewidths=0.5,
+        axis.add_collection(LineCollection(segments, colors=line_colors, linewidths=0.5,
                                            alpha=0.35, zorder=3))
     return messages
 
@@ -326,6 +438,21 @@ def _draw_legend(axis) -> None:
                 fontsize=8, frameon=False)
 
 
+def _draw_mesh_legend(axis, mesh, palette) -> None:
+    """The legend of the colour-by-mesh mode: one swatch per dimension (its
+    size), "other", compute, recv hatched."""
+    shape, names = mesh
+    handles = [Patch(facecolor=palette[name], label=f"{name} ({size} ranks): messages, calls")
+               for name, size in zip(names, shape)]
+    handles += [Patch(facecolor=OTHER_COLOR, label="other group / world"),
+                Patch(facecolor=COLORS["compute"], label="compute"),
+                Patch(facecolor="white", edgecolor="#333333", hatch=HATCHES["recv"],
+                      label="recv (hatched)"),
+                Patch(facecolor=IDLE_COLOR, hatch="..", edgecolor="#BBBBBB", label="idle")]
+    axis.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0),
+                ncol=min(len(handles), 7), fontsize=8, frameon=False)
+
+
 def save_timeline(trace, path, dpi: int = 100, **options) -> str:
     """Draw the timeline of ``trace`` and write it as a PNG; returns the path."""
     path = os.fspath(path)
@@ -342,4 +469,5 @@ def message_count(trace) -> int:
 
 
 __all__ = ["draw_timeline", "save_timeline", "idle_intervals", "message_count", "ordinal",
-           "step_starts", "window_steps"]
+           "step_starts", "window_steps", "header_mesh", "message_dimension", "event_dimensions",
+           "bytes_per_dimension", "DIMENSION_COLORS", "OTHER_COLOR"]

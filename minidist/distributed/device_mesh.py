@@ -335,6 +335,19 @@ def init_device_mesh(device_type: str, mesh_shape, *, mesh_dim_names=None) -> De
     return DeviceMesh(device_type, mesh_layout(shape), mesh_dim_names=names)
 
 
+def trace_header(mesh_shape, mesh_dim_names=None) -> dict:
+    """The trace header fields that name a mesh (``mesh_shape``,
+    ``mesh_dim_names``), from a :class:`DeviceMesh` or a shape and names: add
+    them to a run's trace (``pipeline.annotate_trace(path, fields)``) and the
+    timeline colours each message and collective by the mesh dimension it
+    runs along (``viz.timeline``, ``minidist viz TRACE --timeline out.png``)."""
+    if isinstance(mesh_shape, DeviceMesh):
+        mesh_shape, mesh_dim_names = mesh_shape.shape, mesh_shape.mesh_dim_names
+    shape = _checked_shape(mesh_shape)
+    names = _checked_names(mesh_dim_names, len(shape)) or tuple(f"dim{d}" for d in range(len(shape)))
+    return {"mesh_shape": list(shape), "mesh_dim_names": list(names)}
+
+
 def as_group(group_or_mesh, what: str = "group", *, device_mesh=None):
     """The process group a strategy's ``group=`` stands for: None (the world)
     and a ProcessGroup as they are, a 1-D :class:`DeviceMesh` its one group.

@@ -20,10 +20,15 @@ its rows or columns of the whole weights (``shard_index``):
   tiny model).
 
 Stage cutting (:func:`stage_blocks`) and the refusals are checked here too,
-without processes.
+without processes; ``examples/gpt_3d.py`` runs on a pp2 x tp2 mesh.
 """
 
 from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -165,3 +170,16 @@ def test_stages_take_the_blocks_in_order_balanced():
 def test_too_many_stages_are_refused():
     with pytest.raises(ValueError, match="at most 4 stages"):
         stage_blocks(2, 5)
+
+
+@pytest.mark.timeout(300)
+def test_the_example_script_matches_one_process_and_prints_bytes_per_dimension():
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, str(root / "examples" / "gpt_3d.py"), "--mesh",
+                           "2x1x2", "--steps", "2", "--batch", "4"],
+                          capture_output=True, text=True, timeout=300, cwd=root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    gap = re.search(r"largest loss difference to one process: (\S+)", done.stdout)
+    assert gap and float(gap.group(1)) < 1e-9, done.stdout
+    for name in ("pp", "dp", "tp"):
+        assert re.search(rf"^\s+{name}: ", done.stdout, re.M), done.stdout
