@@ -77,6 +77,7 @@ use_headless_matplotlib()
 import matplotlib.pyplot as plt  # noqa: E402
 
 from viz.device_mesh import mesh_figure, mesh_text  # noqa: E402
+from viz.timeline import bytes_per_dimension, draw_timeline  # noqa: E402
 
 QUICK = quick()
 OUT = output_dir()
@@ -793,42 +794,44 @@ for world, shapes in MESHES.items():
 # rounding too.)
 #
 # **Who talked to whom.** A message between two ranks of the mesh runs
-# along the one dimension in which their coordinates differ. Counting the
-# bytes of every send in the trace that way (`mesh_layout` gives the
-# coordinates):
+# along the one dimension in which their coordinates differ (rank 5 and rank
+# 7 differ in dp only). `viz.timeline.bytes_per_dimension` counts the bytes
+# of every send in the trace that way, and the timeline colours each message
+# and each collective call by its dimension (`color_by="mesh"`; a trace whose
+# header names the mesh, as `examples/gpt_3d.py` writes it, gets it by
+# default). The bytes of each run, and the timeline of its last step:
 
 # %%
-def coordinates(rank, shape):
-    return tuple(int(i) for i in np.argwhere(mesh_layout(shape) == rank)[0])
-
-
-def bytes_by_dimension(events, shape, label_prefix):
-    """Bytes sent along each mesh dimension inside the steps of one mesh run."""
-    steps = [(e["rank"], e["start"], e["end"]) for e in events
-             if e["kind"] == "step" and e["label"].startswith(label_prefix + " step")]
-    totals = dict.fromkeys(MESH_NAMES, 0)
-    for e in events:
-        if e["kind"] != "send" or not any(rank == e["rank"] and start <= e["start"] <= end
-                                          for rank, start, end in steps):
-            continue
-        differ = [d for d, (a, b) in enumerate(zip(coordinates(e["rank"], shape),
-                                                   coordinates(e["peer"], shape))) if a != b]
-        along = MESH_NAMES[differ[0]] if len(differ) == 1 else "other"
-        totals[along] = totals.get(along, 0) + e["bytes"]
-    return totals
+def run_events(events, name, step=None):
+    """The events of one mesh run (of its step ``step`` only, if given):
+    every rank's events between the first start and the last end of the
+    run's step regions."""
+    prefix = f"{name} step" if step is None else f"{name} step {step}"
+    regions = [e for e in events if e["kind"] == "step" and e["label"].startswith(prefix)]
+    start, end = min(e["start"] for e in regions), max(e["end"] for e in regions)
+    return [e for e in events if start <= e["start"] and e["end"] <= end]
 
 
 print(f"{'mesh':>16} " + " ".join(f"{name + ' bytes':>12}" for name in MESH_NAMES)
       + "   (all ranks, all steps)")
+timelines = []
 for world, shapes in MESHES.items():
     events = trace.read_jsonl(mesh_traces[world]).events
     for shape in shapes:
-        totals = bytes_by_dimension(events, shape, mesh_name(shape))
-        print(f"{mesh_name(shape):>16} " + " ".join(f"{totals[name]:>12,}" for name in MESH_NAMES)
+        name = mesh_name(shape)
+        totals = bytes_per_dimension(run_events(events, name), mesh=(shape, MESH_NAMES))
+        print(f"{name:>16} " + " ".join(f"{totals[dim]:>12,}" for dim in MESH_NAMES)
               + (f"   and {totals['other']:,} between ranks of no one dimension"
                  if totals.get("other") else ""))
-        for dim, name in enumerate(MESH_NAMES):
-            assert (totals[name] > 0) == (shape[dim] > 1), (shape, name)
+        for dim, along in enumerate(MESH_NAMES):
+            assert (totals[along] > 0) == (shape[dim] > 1), (shape, along)
+        path = OUT / f"timeline_{name.replace(' x ', '_')}.png"
+        timeline = draw_timeline(run_events(events, name, TRAIN_STEPS - 1), color_by="mesh",
+                                 mesh=(shape, MESH_NAMES), title=f"{name}: the last training step")
+        timeline.savefig(path, dpi=100)
+        timelines.append(path)
+print("saved " + ", ".join(path.name for path in timelines))
+timeline  # noqa: B018 - the notebook shows the last one: the 3D run's in the full form
 
 # %% [markdown]
 # Each dimension sends only when it has more than one rank, and what it sends
