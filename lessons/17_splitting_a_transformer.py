@@ -614,13 +614,14 @@ for w in (2, 4, 8, 16):
     sharded = gpt_activation_bytes(CONFIG, BATCH, STEPS, w, sequence_parallel=True).total
     print(f"n = {w:>2}: a rank keeps {plain / whole_activations:.0%} of the whole GPT's "
           f"activations with TP, {sharded / whole_activations:.0%} with TP + SP")
+assert plain > whole_activations / 2 and round(sharded / whole_activations, 2) == 0.25  # text
 
 # %% [markdown]
 # Plain tensor parallelism flattens out: whatever n, every rank keeps the
 # 12 B T C of whole arrays per block. With sequence parallelism nearly
-# everything shrinks with n. (The lesson's GPT is tiny, so the logits and
-# the loss, split by vocabulary, are a large share here; in the big model of
-# section 1 the blocks dominate.)
+# everything shrinks with n: at 16 ranks a rank keeps a quarter of the whole
+# GPT's activations, where plain tensor parallelism still keeps more than
+# half.
 #
 # ## 4. The device mesh
 #
@@ -630,7 +631,7 @@ for w in (2, 4, 8, 16):
 # step. A 3D run lays its ranks out as an array, the **device mesh**, one
 # axis per kind of parallelism, and each kind talks within its own groups:
 # the ranks that share every coordinate but its own. Megatron's order, and
-# the one of `minidist.parallel.plan_3d`: `init_device_mesh("cpu", (pp, dp,
+# the one of `minidist.parallel.plan_3d` and of `GPT3D` (section 5): `init_device_mesh("cpu", (pp, dp,
 # tp), mesh_dim_names=("pp", "dp", "tp"))`, row-major, tp the fastest index,
 # so the tp ranks are neighbours (one node) and the pp groups stride across
 # the machine.
@@ -783,15 +784,13 @@ for world, shapes in MESHES.items():
               + f"; weights against one process's: largest relative difference {worst:.1e}")
         assert held == set(one_weights), name
         assert worst < 1e-9, name
-        assert np.allclose(losses[0], one_losses[0], rtol=1e-9)
+        assert np.allclose(losses, one_losses, rtol=1e-9), name
 
 # %% [markdown]
 # Every mesh ends with one process's weights, to float64 rounding, whatever
 # it split: the tensor-parallel shards are their rows and columns of the
 # whole matrices, the pipeline ranks hold different layers, the replicas the
-# same ones. (The losses after the first step are those of the replicas'
-# and stages' model, which is the one-process model: they agree to
-# rounding too.)
+# same ones; and each step's loss is one process's loss.
 #
 # **Who talked to whom.** A message between two ranks of the mesh runs
 # along the one dimension in which their coordinates differ (rank 5 and rank
