@@ -802,18 +802,22 @@ for world, shapes in MESHES.items():
 
 # %%
 def run_events(events, name, step=None):
-    """The events of one mesh run (of its step ``step`` only, if given):
-    every rank's events between the first start and the last end of the
-    run's step regions."""
+    """The events of one mesh run (of its step ``step`` only, if given): each
+    rank's events inside its own step regions (not what came before them, such
+    as the broadcast over dp that makes the replicas' first weights equal)."""
     prefix = f"{name} step" if step is None else f"{name} step {step}"
-    regions = [e for e in events if e["kind"] == "step" and e["label"].startswith(prefix)]
-    start, end = min(e["start"] for e in regions), max(e["end"] for e in regions)
-    return [e for e in events if start <= e["start"] and e["end"] <= end]
+    spans = {}
+    for e in events:
+        if e["kind"] == "step" and e["label"].startswith(prefix):
+            start, end = spans.get(e["rank"], (e["start"], e["end"]))
+            spans[e["rank"]] = (min(start, e["start"]), max(end, e["end"]))
+    return [e for e in events if e["rank"] in spans
+            and spans[e["rank"]][0] <= e["start"] and e["end"] <= spans[e["rank"]][1]]
 
 
 print(f"{'mesh':>16} " + " ".join(f"{name + ' bytes':>12}" for name in MESH_NAMES)
       + "   (all ranks, all steps)")
-timelines = []
+timelines, measured_bytes = [], {}
 for world, shapes in MESHES.items():
     events = trace.read_jsonl(mesh_traces[world]).events
     for shape in shapes:
@@ -829,14 +833,22 @@ for world, shapes in MESHES.items():
                                  mesh=(shape, MESH_NAMES), title=f"{name}: the last training step")
         timeline.savefig(path, dpi=100)
         timelines.append(path)
+        measured_bytes[name] = totals
 print("saved " + ", ".join(path.name for path in timelines))
+per_microbatch = gpt_step_bytes(CONFIG, BATCH // MICROBATCHES, STEPS, 2, itemsize=8)
+tp_formula = TRAIN_STEPS * MICROBATCHES * sum(per_microbatch.total)
+print(f"tp2 by section 2's formula: {TRAIN_STEPS} steps x {MICROBATCHES} micro-batches x "
+      f"gpt_step_bytes of {BATCH // MICROBATCHES} sequences on 2 ranks, float64, both ranks = "
+      f"{tp_formula:,} bytes")
+assert measured_bytes["tp2"]["tp"] == tp_formula
 timeline  # noqa: B018 - the notebook shows the last one: the 3D run's in the full form
 
 # %% [markdown]
 # Each dimension sends only when it has more than one rank, and what it sends
 # is of its own kind: tp's activations in every block, pp's activations and
 # gradients at the stage boundary (and the tied embedding's gradient sum),
-# dp's gradient sum once a step.
+# dp's gradient sum once a step. And tp's bytes are section 2's formula,
+# applied micro-batch by micro-batch.
 #
 # %% [markdown]
 # ## 6. Plans for one model on one budget of ranks
