@@ -1,7 +1,8 @@
 """What ``minidist viz`` and ``minidist demo COLLECTIVE`` do (the CLI parses, this runs).
 
 ``minidist viz TRACE``: the step-through of one collective call of a trace in
-the terminal, or, with output options, its animation (GIF / HTML), the
+the terminal (a trace of ring attention, which has none, replays its K, V
+ring: :mod:`viz.ring_attention_replay`), or, with output options, its animation (GIF / HTML), the
 timeline of the whole trace (PNG) and the Chrome / Perfetto export. A
 pipeline run (its header names a ``schedule``) is drawn as its Gantt chart
 instead: ``--timeline`` writes the PNG, no option steps through its time
@@ -166,6 +167,8 @@ def show(path, *, call: int | None = None, play: bool = False, speed: float = 2.
     trace = _load_trace(path)
     pipeline = is_pipeline_trace(trace.header)
     replays = replays_of(trace) if (gif or html or not pipeline) else []
+    if not replays and not pipeline:
+        replays = _ring_attention_replays(trace)
     if gif or html:
         # An output option writes what it names or says why it cannot (before
         # any file is written); it never writes something else in its place.
@@ -228,6 +231,14 @@ def show(path, *, call: int | None = None, play: bool = False, speed: float = 2.
     else:
         terminal.step_through(chosen, console, color=color)
     return 0
+
+
+def _ring_attention_replays(trace) -> list:
+    """A trace of ring attention (context parallelism) holds no collective
+    call but its K, V ring: one replay per ring attention call, forward."""
+    from viz.ring_attention_replay import ring_attention_calls, ring_attention_replay
+
+    return [ring_attention_replay(trace, call) for call in ring_attention_calls(trace)]
 
 
 def _check_replayable(replays, path, pipeline: bool, option: str) -> None:

@@ -36,10 +36,15 @@ def _worker():
 
 
 @pytest.fixture(scope="module")
-def events(tmp_path_factory):
+def trace_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("ring_attention") / "ring.jsonl"
     minidist.launch(_worker, world_size=WORLD, transport="shm", trace=str(path), timeout=120)
-    return trace.read_jsonl(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def events(trace_path):
+    return trace.read_jsonl(trace_path)
 
 
 def _text(renderable, width=100) -> str:
@@ -110,3 +115,19 @@ def test_gif_and_player_have_one_frame_per_step(events, tmp_path):
     text = page.read_text(encoding="utf-8")
     steps = int(re.search(r'class="slider" type="range" min="0" max="(\d+)"', text).group(1)) + 1
     assert steps == WORLD and "<svg" in text and "K,V of rank" in text
+
+
+def test_minidist_viz_replays_the_ring_of_a_ring_attention_trace(trace_path, tmp_path):
+    """``minidist viz TRACE`` on a trace with no collective call but a ring
+    attention steps through its K, V ring (and writes its GIF), where it
+    used to fall back to the timeline."""
+    from viz.commands import show
+
+    console = Console(record=True, width=120, color_system=None, file=_Discard())
+    assert show(trace_path, console=console) == 0
+    text = console.export_text()
+    assert "no collective calls to replay" not in text
+    assert "2 collective calls; showing call 0" in text, text[:400]
+    gif = tmp_path / "ring.gif"
+    assert show(trace_path, gif=str(gif), call=1, console=console) == 0
+    assert Image.open(gif).n_frames == len(ring_attention_replay(trace_path, 1).frames)
