@@ -40,7 +40,7 @@
 # Library code: `minidist/models/gpt.py` (the GPT),
 # `minidist/parallel/tensor_parallel_gpt.py` (TP and SP on it),
 # `tensor_parallel_costs.py` (the formulas), `minidist/distributed/device_mesh.py`,
-# `minidist/distributed/tensor/parallel/` (torch's face),
+# `minidist/parallel/parallelize.py` and `parallel_styles.py` (torch's face),
 # `minidist/parallel/plan_3d.py` (the planner).
 
 # %%
@@ -51,16 +51,16 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, memory, optim, trace
 from minidist.distributed.device_mesh import groups_along, mesh_layout
-from minidist.distributed.tensor.parallel import (
+from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
+from minidist.models.gpt import GPT, GPTConfig
+from minidist.nn import functional as F
+from minidist.parallel import (
     ColwiseParallel,
     PackedColwiseParallel,
     RowwiseParallel,
     parallelize_module,
+    plan_3d,
 )
-from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
-from minidist.models.gpt import GPT, GPTConfig
-from minidist.nn import functional as F
-from minidist.parallel import plan_3d
 from minidist.parallel.gpt_3d import GPT3D
 from minidist.parallel.model_parallel_bytes import format_table, ring_all_reduce_sent, split_bytes
 from minidist.parallel.tensor_parallel_costs import (

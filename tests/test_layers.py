@@ -34,7 +34,6 @@ LAYERS = [
     (7, "minidist.parallel"), (7, "minidist.bench"), (7, "minidist.experiments"),
     (7, "minidist.train"), (7, "minidist.train_gpt"), (7, "minidist.examples"), (7, "minidist.search"),
     (7, "minidist.exercises"),
-    (7, "minidist.distributed.tensor"),  # torch's parallelize_module face over minidist.parallel's layers  # reference solutions and checkers; the replay drawing is viz's
     (8, "viz"),
     (9, "minidist.cli"), (9, "minidist.commands"), (9, "minidist.exercise_command"),
     (9, "minidist.run_script"),

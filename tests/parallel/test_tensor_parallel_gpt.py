@@ -29,14 +29,14 @@ import pytest
 import minidist
 import minidist.distributed as dist
 from minidist import memory, optim, trace
-from minidist.distributed.tensor.parallel import (
+from minidist.models.gpt import GPT, GPTConfig
+from minidist.nn import functional as F
+from minidist.parallel import (
     ColwiseParallel,
     PackedColwiseParallel,
     RowwiseParallel,
     parallelize_module,
 )
-from minidist.models.gpt import GPT, GPTConfig
-from minidist.nn import functional as F
 from minidist.parallel.tensor_parallel_costs import (
     format_step_bytes,
     gpt_activation_bytes,

@@ -1,10 +1,22 @@
 """``parallelize_module``: apply a plan of styles to a module's submodules
-(torch's ``torch.distributed.tensor.parallel.parallelize_module``).
+(torch's ``torch.distributed.tensor.parallel.parallelize_module``; in
+minidist ``from minidist.parallel import parallelize_module, ColwiseParallel,
+RowwiseParallel``: it builds the strategies of this package, so it stands
+with them, above ``minidist.distributed``, as DDP and FSDP do)::
+
+    for block in model.transformer.h:
+        parallelize_module(block, group, {
+            "attn.c_attn": PackedColwiseParallel(3),  # q, k, v fused: see parallel_styles.py
+            "attn.c_proj": RowwiseParallel(),
+            "mlp.c_fc": ColwiseParallel(),
+            "mlp.c_proj": RowwiseParallel(),
+        })
+        block.attn.n_head //= tp                     # as torch users (torchtitan) do
 
 ``parallelize_module(module, device_mesh, parallelize_plan)``: ``device_mesh``
 is a 1-D device mesh (anything with ``get_group()``) or, minidist's
 addition, a ProcessGroup (None: the world); ``parallelize_plan`` a
-:class:`~.style.ParallelStyle` for ``module`` itself, or a dict from a
+:class:`~minidist.parallel.parallel_styles.ParallelStyle` for ``module`` itself, or a dict from a
 submodule's name (dotted, as ``named_modules`` gives it; an atom may be a
 ``fnmatch`` pattern, ``"h.*.mlp.c_fc"``) to a style. Each named submodule is
 replaced in its parent by its split on this rank; ``module`` is changed in
@@ -25,16 +37,16 @@ As in torch, the plan splits the weights and nothing else:
   (torch's ``loss_parallel()``).
 
 Cost: a copy of each split weight's shard; the messages are those of the
-styles (:mod:`.style`).
+styles (:mod:`minidist.parallel.parallel_styles`).
 """
 
 from __future__ import annotations
 
 from fnmatch import fnmatchcase
 
-from minidist.distributed.tensor.parallel.style import ColwiseParallel, ParallelStyle
 from minidist.models.gpt import CausalSelfAttention
 from minidist.nn.module import Module
+from minidist.parallel.parallel_styles import ColwiseParallel, ParallelStyle
 from minidist.parallel.tensor_parallel_gpt import group_of
 
 
