@@ -502,9 +502,8 @@ def test_ring_attention_merge_mistakes_on_real_processes(function, kind, words):
 def test_a_wrong_merge_is_replayed_on_the_ring_at_its_step():
     from viz.exercise_replay import side_by_side
 
-    # Averaging is right while the state is empty, wrong from the second merge
-    # on: rank 0 merges its own two chunks at step 0, every rank of 4 merges
-    # a neighbour's block at step 1.
+    # This average takes the block as it is into an empty state, so it first
+    # goes wrong at a rank's second merge: rank 0's own second chunk, step 0.
     data = get("ring_attention_merge").check(_averages_outputs).replay
     assert data["world_size"] == 2 and data["first_difference"] == 0
     model = side_by_side(data["student"], data["reference"], data["first_difference"],
