@@ -25,6 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from minidist.atomic_file import atomic_path
+from minidist.trace import label_info
 from viz.replay import Frame, Replay, replays
 
 MARK = ">>> FIRST DIFFERENCE <<<"
@@ -101,7 +102,14 @@ def side_by_side(student_events, reference_events, first_step: int | None = None
 
 
 def _only_call(events, who: str) -> Replay:
-    found = replays(list(events))
+    events = list(events)
+    found = replays(events)
+    if not found and any("ring_attention" in label_info(event.get("label") or "")
+                         for event in events):
+        # ring attention's messages are its own (isend / irecv), not a collective call
+        from viz.ring_attention_replay import ring_attention_replay
+
+        return ring_attention_replay(events)
     if not found:
         raise ValueError(f"the {who}'s run recorded no finished collective call to replay")
     return found[0]

@@ -23,7 +23,8 @@ from minidist.exercises.exercise import CheckResult, Exercise, Failure, NotWritt
 #: name -> module holding ``EXERCISE``, in the order of the course
 NAMES = ("tree_broadcast", "ring_allreduce", "recursive_doubling_allreduce",
          "coordinator_data_parallel", "ddp_bucketing", "parameter_server_round",
-         "one_f_one_b", "tensor_parallel_linear", "tensor_parallel_attention")
+         "one_f_one_b", "tensor_parallel_linear", "tensor_parallel_attention",
+         "ring_attention_merge", "moe_dispatch")
 
 
 def get(name: str) -> Exercise:

@@ -437,3 +437,166 @@ def test_wasteful_strategies_are_told_from_the_trace(name, function, words):
     assert result.failure is not None and result.failure.kind == "wasteful", result.failure
     for word in words:
         assert word in result.failure.message, result.failure.message
+
+
+# --------------------------------------------------------------------------- issue 37
+
+
+def _old_not_rescaled(out, lse, block_out, block_lse):
+    new = np.logaddexp(lse, block_lse)
+    return out + np.exp(block_lse - new)[..., None] * block_out, new
+
+
+def _block_at_weight_1(out, lse, block_out, block_lse):
+    new = np.logaddexp(lse, block_lse)
+    return np.exp(lse - new)[..., None] * out + block_out, new
+
+
+def _exp_without_max(out, lse, block_out, block_lse):
+    # Right for small scores; exp(lse) is inf past 709.
+    total = np.exp(lse) + np.exp(block_lse)
+    merged = np.exp(lse)[..., None] * out + np.exp(block_lse)[..., None] * block_out
+    return merged / total[..., None], np.log(total)
+
+
+def _averages_outputs(out, lse, block_out, block_lse):
+    empty = np.isneginf(lse)[..., None]
+    return np.where(empty, block_out, (out + block_out) / 2), np.logaddexp(lse, block_lse)
+
+
+def _lse_is_max(out, lse, block_out, block_lse):
+    merged, _ = get("ring_attention_merge").reference(out, lse, block_out, block_lse)
+    return merged, np.maximum(lse, block_lse)
+
+
+def _merges_in_place_returns_nothing(out, lse, block_out, block_lse):
+    out[...], lse[...] = get("ring_attention_merge").reference(out, lse, block_out, block_lse)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("function,kind,words", [
+    (_old_not_rescaled, "old not rescaled", [
+        "on 2 ranks (uneven blocks: T = 9, full): rank 0, ring step 0",
+        "the old output is not rescaled by exp(lse - lse')", "the blocks merged first count"]),
+    (_block_at_weight_1, "weighted to the last block", [
+        "outputs weighted toward the last block", "by exp(block_lse - lse')"]),
+    (_exp_without_max, "overflow", [
+        "(large scores: T = 8, full)", "returned inf or nan", "overflows float64",
+        "Subtract the larger of the two"]),
+    (_averages_outputs, "averaged", ["averaging outputs instead of weighting them by exp(lse)"]),
+    (_lse_is_max, "wrong lse", ["the output is right but the new lse is not",
+                                "the larger of the two, not their log-sum-exp",
+                                "the backward recomputes every probability"]),
+    (_merges_in_place_returns_nothing, "raised", ["merge_block returned NoneType",
+                                                  "expected a pair (out, lse)"]),
+], ids=lambda value: value.__name__.strip("_") if callable(value) else "")
+def test_ring_attention_merge_mistakes_on_real_processes(function, kind, words):
+    before = _segments()
+    result = get("ring_attention_merge").check(function)
+    assert result.failure is not None and result.failure.kind == kind, result.failure
+    for word in words:
+        assert word in result.failure.message, result.failure.message
+    assert not _children() and _segments() == before
+
+
+def test_a_wrong_merge_is_replayed_on_the_ring_at_its_step():
+    from viz.exercise_replay import side_by_side
+
+    # This average takes the block as it is into an empty state, so it first
+    # goes wrong at a rank's second merge: rank 0's own second chunk, step 0.
+    data = get("ring_attention_merge").check(_averages_outputs).replay
+    assert data["world_size"] == 2 and data["first_difference"] == 0
+    model = side_by_side(data["student"], data["reference"], data["first_difference"],
+                         data["difference"])
+    assert model.student.collective == "ring_attention"
+    assert model.steps == data["world_size"] - 1 and model.marked == 0
+    assert not any(pair.differs for pair in model.pairs)   # the messages are the reference's
+    assert "rank 0, ring step 0: the first wrong merge (averaged)" in model.difference
+
+
+def _moe_exchange(x, choices, kept, n_expert, experts, *, grouped=True, count_dropped=False,
+                  combine=True, swapped=True, ungroup=True):
+    """The reference's steps, each of which can be got wrong."""
+    n = dist.get_world_size()
+    local = n_expert // n
+    token, which = np.nonzero(kept)
+    expert = choices[token, which]
+    order = np.argsort(expert, kind="stable") if grouped else np.arange(expert.size)
+    counts = np.bincount(choices.reshape(-1) if count_dropped else expert,
+                         minlength=n_expert).astype(np.int64)
+    arriving = np.empty_like(counts)
+    dist.all_to_all_single(arriving, counts)
+    per_source = arriving.reshape(n, local)
+    sent, received = counts.reshape(n, local).sum(1).tolist(), per_source.sum(1).tolist()
+    rows = np.empty((sum(received), x.shape[1]))
+    dist.all_to_all_single(rows, np.ascontiguousarray(x[token[order]]),
+                           output_split_sizes=received, input_split_sizes=sent)
+    outputs = experts(rows, np.repeat(np.tile(np.arange(local), n), per_source.reshape(-1)))
+    if not combine:
+        return outputs
+    back = np.empty((order.size, x.shape[1]))
+    sizes = (sent, received) if swapped else (received, sent)
+    dist.all_to_all_single(back, outputs, output_split_sizes=sizes[0], input_split_sizes=sizes[1])
+    out = np.zeros(choices.shape + (x.shape[1],))
+    if ungroup:
+        out[token[order], which[order]] = back
+    else:
+        out[token, which] = back
+    return out
+
+
+def _counts_dropped_choices(*args):
+    return _moe_exchange(*args, count_dropped=True)
+
+
+def _rows_in_routing_order(*args):
+    return _moe_exchange(*args, grouped=False)
+
+
+def _no_combine(*args):
+    return _moe_exchange(*args, combine=False)
+
+
+def _combine_sizes_not_swapped(*args):
+    return _moe_exchange(*args, swapped=False)
+
+
+def _outputs_left_grouped(*args):
+    return _moe_exchange(*args, ungroup=False)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("function,kind,words", [
+    (_counts_dropped_choices, "split sizes", [
+        "sum to 12 rows, but you send", "a dropped choice is not sent and not counted",
+        "in the dispatch (before your experts ran)"]),
+    (_rows_in_routing_order, "routing order", [
+        "on 2 ranks (top-1, capacity factor 1.0): rank 0 received expert 0's tokens from the "
+        "wrong rows", "which rank 0 routed to expert", "group the rows by destination"]),
+    (_no_combine, "missing combine", ["the outputs of its own experts for the 9 rows",
+                                      "the combine is missing", "split sizes swapped"]),
+    (_combine_sizes_not_swapped, "combine sizes", [
+        "the dispatch's two lists, swapped", "in the combine (after your experts ran)"]),
+    (_outputs_left_grouped, "wrong place", ["holds the output of another of its choices",
+                                            "undo the grouping"]),
+], ids=lambda value: value.__name__.strip("_") if callable(value) else "")
+def test_moe_dispatch_mistakes_on_real_processes(function, kind, words):
+    before = _segments()
+    result = get("moe_dispatch").check(function)
+    assert result.failure is not None and result.failure.kind == kind, result.failure
+    for word in words:
+        assert word in result.failure.message, result.failure.message
+    assert not _children() and _segments() == before
+
+
+def test_rows_in_routing_order_are_replayed_beside_the_reference_dispatch():
+    from viz.exercise_replay import side_by_side
+
+    data = get("moe_dispatch").check(_rows_in_routing_order).replay
+    assert data["difference"].startswith("your all_to_all 2, the dispatch")
+    model = side_by_side(data["student"], data["reference"], data["first_difference"],
+                         data["difference"])
+    assert model.student.collective == model.reference.collective == "all_to_all"
+    assert model.student.world_size == data["world_size"] == 2
+    # same split sizes, so the same messages: what differs is which rows they carry
+    assert not any(pair.differs for pair in model.pairs) and model.marked == 1
