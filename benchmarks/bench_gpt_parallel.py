@@ -9,17 +9,26 @@ shape (and sequence parallelism, and the pipeline's schedule):
   4 ranks   DP 4, TP 4, PP 4, DP2xTP2, TP2xPP2, DP2xPP2, (and --with-8: DP2xTP2xPP2)
 
 The model: the GPT of ``minidist train --model gpt`` narrowed (``--n-layer 4
---n-head 4 --n-embd 64 --block-size 32``, the 65 characters of the bundled
+--n-head 4 --n-embd 64 --block-size 32``, the 62 characters of the bundled
 Shakespeare), global batch ``--batch 8`` cut into 2 micro-batches for the
 pipelines, AdamW, float32, one BLAS thread per rank.
 
 One traced launch per world size. In it each configuration first runs one
 step inside a trace region (its bytes: every send of every rank inside that
 region, attributed to the mesh dimension its two ranks differ in,
-``viz.timeline.message_dimension``); then ``--windows`` rounds, in each of
+``viz.timeline.message_dimension``; the construction's broadcast over dp
+comes before it and is not counted); then ``--windows`` rounds, in each of
 which every configuration runs ``--steps`` steps after a barrier (the
 configurations take turns, the order rotating from round to round). The
 table gives the median over rounds of the slowest rank's time per step.
+
+Next to the trace's bytes, :func:`formula_bytes` (``gpt_step_bytes`` for tp
+and sp, the dp all_reduce's traffic, the pipeline's activations and the tied
+embedding's sum for pp); the script exits with an error if any differ.
+Next to the time, ``plan_3d.predict_step`` on a model of this machine
+(:func:`local_machine`). Then ``predict_step`` on ``plan_3d.CLUSTER`` for
+meshes of 1,024 ranks (:data:`LARGE_PLANS`: DP, TP, TP + SP, PP and their
+products, 8 x 8 x 16 among them) of a 32-layer, width-4096 GPT.
 
 More ranks than cores runs correctly but the times then include the
 scheduler's turns: read them against the machine's core count, printed.
