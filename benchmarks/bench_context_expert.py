@@ -23,7 +23,8 @@ all_to_alls, the MoE's counts, dispatch and combine all_to_alls with the
 routing's split sizes). The table gives the median over rounds of the
 slowest rank's time (``time.perf_counter``), next to the cost model's time
 for those messages (:data:`minidist.alpha_beta.PARAMS` of the transport,
-through :func:`minidist.distributed.simulator.simulate`).
+through :func:`minidist.distributed.simulator.simulate`). The script exits
+with an error when a rank's bytes differ from the formula's.
 
 **Simulated** (this process, no ranks): for n from 8 to 256, the formulas'
 bytes per rank and the simulator's time for the messages: ring attention's
@@ -367,7 +368,7 @@ def main():
           f"{args.tokens} tokens a rank, no capacity bound")
     print(f"\n{'case':<9} {'n':>2} {'pass':<8} {'bytes/rank (trace)':>20} "
           f"{'formula':>12} {'layer time':>11} {'comm alone':>11} {'model':>11}")
-    measured = []
+    measured, wrong = [], []
     worlds = (2, 4) if args.full else (2,)
     for world in worlds:
         with tempfile.TemporaryDirectory() as folder:
@@ -395,6 +396,9 @@ def main():
                                  "layer_s": layer, "comm_s": comm if part == "forward" else None,
                                  "model_comm_s": model if part == "forward" else None})
                 mark = "=" if trace_bytes == formula else "!="
+                if trace_bytes != formula:
+                    wrong.append(f"{name}, {world} ranks, {part}: trace {list(trace_bytes)}, "
+                                 f"formula {list(formula)}")
                 print(f"{name:<9} {world:>2} {part:<8} {max(trace_bytes):>20,} "
                       f"{mark} {max(formula):>10,} {_ms(layer)} "
                       + (f"{_ms(comm)} {_ms(model)}" if part == "forward" else ""))
@@ -424,6 +428,8 @@ def main():
                        "load_average": [load_before[0], load_after[0]],
                        "clock": "time.perf_counter", "measured": measured, "simulated": rows},
                       handle, indent=1)
+    if wrong:
+        raise SystemExit("bytes in the trace differ from the formula:\n" + "\n".join(wrong))
 
 
 if __name__ == "__main__":

@@ -221,13 +221,17 @@ def local_machine(config, batch, transport):
 
 
 def predicted_step(world, name, config, batch, machine):
-    """plan_3d.predict_step of one measured configuration on ``machine``."""
-    from minidist.parallel.plan_3d import GPTShape, Plan, predict_step
+    """plan_3d.predict_step of one measured configuration on ``machine``;
+    None where the plan's model cannot take it (its stages must hold equal
+    numbers of blocks, GPT3D's need not)."""
+    from minidist.parallel.plan_3d import GPTShape, Plan, predict_step, why_not
 
     (pp, dp, tp), schedule, virtual, sp = CONFIGS[world][name]
     shape = GPTShape.from_config(config, batch, micro_batch=batch // (dp * MICROBATCHES))
     plan = Plan(dp=dp, tp=tp, pp=pp, schedule=schedule, virtual_stages=virtual,
                 sequence_parallel=sp)
+    if why_not(shape, plan) is not None:
+        return None
     return predict_step(shape, plan, machine, itemsize=ITEMSIZE)
 
 
@@ -307,12 +311,14 @@ def main():
             median = statistics.median(slowest)
             held = [rank["held"][name] for rank in per_rank]
             formula = formula_bytes(world, name, config, args.batch, held, transport)
-            predicted = predicted_step(world, name, config, args.batch, machine).total
+            step = predicted_step(world, name, config, args.batch, machine)
+            predicted = None if step is None else step.total
             if any(sent[name].get(d, 0) != formula[d] for d in DIMS) or sent[name].get("other"):
                 wrong.append(f"{name}: trace {sent[name]}, formula {formula}")
             results[name] = {"world": world, "step_s": median, "predicted_s": predicted,
                              "bytes": sent[name], "formula_bytes": formula}
-            print(f"{name:<18} {median * 1e3:>7.1f} ms {predicted * 1e3:>7.1f} ms   "
+            guess = "-" if predicted is None else f"{predicted * 1e3:.1f} ms"
+            print(f"{name:<18} {median * 1e3:>7.1f} ms {guess:>10}   "
                   + "   ".join(f"{sent[name][d]:>13,} {'=' if sent[name][d] == formula[d] else '!='}"
                              f" {formula[d]:>12,}" for d in DIMS))
     load_after = os.getloadavg()[0]
