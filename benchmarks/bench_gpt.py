@@ -4,7 +4,7 @@ thread count, and report each one's achieved flop/s and MFU.
 
 The model is the course's GPT (``minidist.models.gpt``; by default the shape
 ``minidist train --model gpt`` trains: 4 layers, 4 heads, width 128, context
-64, batch 12, the 65 characters of the bundled Shakespeare), written a second
+64, batch 12, the 62 characters of the bundled Shakespeare), written a second
 time in torch below with the same layout and names (nanoGPT's), and loaded
 with minidist's initial weights by name, so both compute the same function
 (the first losses are checked to agree before any timing). Attention is
@@ -200,7 +200,7 @@ def main(argv=None):
     parser.add_argument("--n-head", type=int, default=4)
     parser.add_argument("--n-embd", type=int, default=128)
     parser.add_argument("--block-size", type=int, default=64)
-    parser.add_argument("--vocab-size", type=int, default=65, help="65: the bundled Shakespeare's characters")
+    parser.add_argument("--vocab-size", type=int, default=62, help="62: the bundled Shakespeare's characters")
     parser.add_argument("--batch", type=int, default=12)
     parser.add_argument("--gelu", choices=["none", "tanh"], default="none")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
