@@ -392,6 +392,9 @@ print(f"ring attention on {ring.world_size} ranks: {ring.steps} steps with messa
 console = Console(width=88, color_system=None)
 for index in range(len(ring.frames)):
     console.print(render_frame(ring, index, color=False, width=88))
+for rank, (early, late) in enumerate(ring.frames[-1].holdings):
+    # What the text below says: an early chunk merges the blocks of ranks 0..r, a late one all.
+    assert early == frozenset(range(rank + 1)) and late == frozenset(range(WORLD))
 
 # %% [markdown]
 # Read a frame: each rank's output is two cells, its early and its late
@@ -578,6 +581,7 @@ comm = {formula.scheme: messages[formula.scheme] * shm.alpha
 for scheme, seconds in comm.items():
     print(f"the cost model's time for {scheme}'s messages on this machine's shared memory: "
           f"{seconds * 1e3:.2f} ms, {seconds / best[scheme]:.0%} of its measured step")
+    assert seconds < best[scheme] / 2   # "a small part of a measured step"
 
 # %% [markdown]
 # On one machine's shared memory the messages' modelled time is a small
