@@ -35,7 +35,8 @@
 #    all_to_all with uneven split sizes, drawn from a traced step, equal to
 #    one process; its bytes from the trace against the formula and against
 #    the tensor-parallel dense MLP's all_reduce on the same tokens;
-# 6. the all_to_all against the all_reduce at 8 to 256 ranks, simulated;
+# 6. the all_to_all against the all_reduce at 8 to 128 ranks (256 in the
+#    full form), simulated;
 # 7. the MoE GPT trained on an expert x data parallel mesh, equal to one
 #    process.
 #
@@ -388,11 +389,11 @@ def draw_balance(path):
                     fontsize=11)
     figure.tight_layout(rect=(0, 0.08, 1, 1))
     figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+    print("saved", path)
+    return figure
 
 
-print("saved", draw_balance(OUT / "load_balance.png"))
+draw_balance(OUT / "load_balance.png")  # the notebook shows it
 
 # %% [markdown]
 # Without the loss the router collapses within a few dozen steps: one
@@ -686,11 +687,11 @@ def draw_simulated(path):
     axis.legend(fontsize=8, loc="lower right")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+    print("saved", path)
+    return figure
 
 
-print("saved", draw_simulated(OUT / "all_to_all_vs_all_reduce.png"))
+draw_simulated(OUT / "all_to_all_vs_all_reduce.png")  # the notebook shows it
 
 # %% [markdown]
 # The simulated clocks equal the alpha-beta formulas. With k = 1 the two
