@@ -1,0 +1,841 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lesson 19: experts
+#
+# A transformer block spends most of its parameters and most of its work
+# per token in the MLP (lesson 16: 8 C^2 of the block's 12 C^2 weights). A
+# **mixture of experts** (MoE: Shazeer et al., 2017; GShard, Lepikhin et
+# al., 2020; the Switch Transformer, Fedus et al., 2021) keeps E such MLPs,
+# the *experts*, and a small *router* that sends each token to k of them:
+# E times the parameters for about k times the work of one MLP. The
+# experts do not fit on one rank for long, and they need not: **expert
+# parallelism** puts each rank's share of the experts on it and sends every
+# token to the rank of its expert and back, with an all_to_all. This
+# chapter:
+#
+# 1. what an MoE layer holds and costs, against the dense MLP;
+# 2. routing on tiny numbers, by hand: top-k, Switch's gate (k = 1) and
+#    GShard's pair (k = 2), checked against the layer;
+# 3. capacity: the capacity factor, the dropped choices counted, and what
+#    happens to a token whose every choice is dropped;
+# 4. load balance and Switch's auxiliary loss, by hand, then what it does to
+#    the router over a short training run;
+# 5. expert parallelism on 2 processes: the counts, then the tokens, in an
+#    all_to_all with uneven split sizes, drawn from a traced step, equal to
+#    one process; its bytes from the trace against the formula and against
+#    the tensor-parallel dense MLP's all_reduce on the same tokens;
+# 6. the all_to_all against the all_reduce at 8 to 128 ranks (256 in the
+#    full form), simulated;
+# 7. the MoE GPT trained on an expert x data parallel mesh, equal to one
+#    process.
+#
+# Library code: `minidist/models/moe.py` (the layer, `MoEGPT`),
+# `minidist/parallel/expert_parallel.py` (the strategy),
+# `expert_parallel_costs.py` (the formulas), `viz/moe_dispatch.py` (the
+# picture).
+
+# %%
+import numpy as np
+from rich.console import Console
+
+import minidist
+import minidist.distributed as dist
+from minidist import Tensor, optim, trace
+from minidist.data import CharTokenizer, load_shakespeare
+from minidist.distributed import simulate
+from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
+from minidist.models.gpt import MLP, GPTConfig
+from minidist.models.moe import MoE, MoEGPT, MoEGPTConfig, expert_capacity, moe_layers
+from minidist.parallel.expert_parallel import (
+    ExpertParallelMoE,
+    allreduce_moe_grads,
+    expert_parallel_gpt,
+)
+from minidist.parallel.expert_parallel_costs import (
+    balanced_dispatch_bytes,
+    dense_mlp_all_reduce_bytes,
+    dispatch_bytes,
+    dispatch_matrix,
+)
+from minidist.parallel.plan_3d import CLUSTER
+from minidist.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+
+narrate()  # run as a script: the text below is printed between the outputs
+use_headless_matplotlib()
+
+import matplotlib.pyplot as plt  # noqa: E402
+
+from viz.moe_dispatch import dispatch_text, save_dispatch_figure  # noqa: E402
+
+QUICK = quick()
+OUT = output_dir()
+#: matplotlib's tableau-colorblind10 (lessons 10 and 17's colours).
+COLOURS = ("#006BA4", "#FF800E", "#ABABAB", "#595959", "#5F9ED1", "#C85200", "#898989", "#A2C8EC")
+
+
+def relative_error(actual, wanted):
+    return float(np.abs(actual - wanted).max() / np.abs(wanted).max())
+
+
+def table(rows, header):
+    """Rows of numbers under a header, right-aligned."""
+    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) for i, h in enumerate(header)]
+    lines = ["  ".join(f"{str(h):>{w}}" for h, w in zip(header, widths))]
+    lines += ["  ".join(f"{str(c):>{w}}" for c, w in zip(row, widths)) for row in rows]
+    return "\n".join(lines)
+
+
+# %% [markdown]
+# ## 1. What an MoE layer holds
+#
+# The GPT's MLP is C -> 4C -> GELU -> C: 8 C^2 weights and 5 C biases,
+# 16 C^2 flops per token forward (2 per multiply-add). An MoE layer of E
+# such experts with a router (a C -> E Linear without bias) holds
+# E (8 C^2 + 5 C) + C E parameters; a token goes through k experts, so it
+# costs k 16 C^2 flops plus the router's 2 C E. With experts of the GPT's
+# shape, for widths 768 (GPT-2 small's) and 4096, and E and k as in Mixtral
+# (8 experts, k = 2) or in the Switch Transformer (up to hundreds, k = 1):
+
+# %%
+def mlp_parameters(width):
+    return 8 * width * width + 5 * width
+
+
+for width, experts, k in ((768, 8, 2), (768, 64, 1), (4096, 8, 2)):
+    params = experts * mlp_parameters(width) + width * experts
+    flops = k * 16 * width * width + 2 * width * experts
+    print(f"C = {width:>4}, E = {experts:>2}, k = {k}: {params / 1e6:7.1f} M parameters "
+          f"({params / mlp_parameters(width):5.1f}x the MLP's), {flops / 1e6:6.1f} M flops a "
+          f"token forward ({flops / (16 * width * width):.2f}x)")
+
+small = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16)
+moe_small = MoE(small, n_expert=4, top_k=1, rng=0)
+counted = sum(p.data.size for p in moe_small.parameters())
+assert counted == 4 * mlp_parameters(16) + 16 * 4   # the formula above, on a real layer
+assert sum(p.data.size for p in MLP(small, rng=0).parameters()) == mlp_parameters(16)
+print(f"a real MoE(width 16, 4 experts) counts {counted:,} parameters = 4 x "
+      f"{mlp_parameters(16):,} + 16 x 4")
+
+# %% [markdown]
+# Parameters grow with E, work with k: that is the whole appeal. The cost is
+# elsewhere: the tokens of a batch must be **routed** (sections 2 to 4), and
+# once the experts live on different ranks, **moved** (sections 5 to 7).
+#
+# ## 2. Routing, by hand
+#
+# Eight tokens of width 4 and an MoE layer of 4 experts. The router is a
+# Linear: `probs = softmax(x W_r^T)`, one probability per expert for every
+# token. With k = 1 (Switch) each token goes to its most probable expert and
+# its output is that expert's output times the probability itself, the
+# **gate** p: were the gate normalised to 1, the router would get no
+# gradient from the output and could not learn. With k = 2 (GShard, and
+# Mixtral's softmax over the top k is the same) a token goes to its two most
+# probable experts, gated by their probabilities divided by their sum.
+
+# %%
+TINY = GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=1, n_embd=4)
+TINY_EXPERTS = 4
+tiny_x = np.random.default_rng(5).normal(size=(8, TINY.n_embd))
+
+
+def tiny_moe(top_k, capacity_factor=None):
+    return MoE(TINY, TINY_EXPERTS, top_k, capacity_factor, rng=0, dtype=np.float64)
+
+
+layer = tiny_moe(1)
+logits = tiny_x @ layer.router.weight.data.T
+probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+probs /= probs.sum(axis=1, keepdims=True)
+first = probs.argmax(axis=1)
+order = np.argsort(-probs, axis=1, kind="stable")
+second = order[:, 1]
+pair_gates = probs[np.arange(8), first] / (probs[np.arange(8), first] + probs[np.arange(8), second])
+print(table([[t, *(f"{p:.3f}" for p in probs[t]), int(first[t]), f"{probs[t, first[t]]:.3f}",
+              f"{first[t]},{second[t]}", f"{pair_gates[t]:.3f},{1 - pair_gates[t]:.3f}"]
+             for t in range(8)],
+            ["token", "p(e0)", "p(e1)", "p(e2)", "p(e3)", "k=1: expert", "gate",
+             "k=2: experts", "gates"]))
+
+
+def expert_out(moe, expert, rows):
+    return moe.experts[int(expert)](Tensor(rows)).data
+
+
+by_hand = np.stack([probs[t, first[t]] * expert_out(layer, first[t], tiny_x[t:t + 1])[0]
+                    for t in range(8)])
+switch_y = layer(Tensor(tiny_x)).data
+pair = tiny_moe(2)
+by_hand_2 = np.stack([pair_gates[t] * expert_out(pair, first[t], tiny_x[t:t + 1])[0]
+                      + (1 - pair_gates[t]) * expert_out(pair, second[t], tiny_x[t:t + 1])[0]
+                      for t in range(8)])
+gshard_y = pair(Tensor(tiny_x)).data
+print(f"\nk = 1: the layer's output against the hand's, largest difference "
+      f"{np.abs(switch_y - by_hand).max():.1e}; k = 2: {np.abs(gshard_y - by_hand_2).max():.1e}")
+assert np.allclose(switch_y, by_hand, rtol=1e-12, atol=1e-14)
+assert np.allclose(gshard_y, by_hand_2, rtol=1e-12, atol=1e-14)
+assert (layer.routing.choices[:, 0] == first).all() and (pair.routing.choices[:, 1] == second).all()
+
+# %% [markdown]
+# The layer computes exactly this: a gather of each token's row for each of
+# its choices, the experts on their rows, and a scatter-add of the gated
+# outputs back into the tokens. Only the chosen experts work: with k = 1 a
+# token costs one MLP, whatever E.
+#
+# ## 3. Capacity: places per expert, and the dropped
+#
+# An expert's buffer has a fixed size, so that its work, and later what a
+# rank receives, has a bound. Each expert takes at most
+# `capacity = ceil(k N / E * capacity_factor)` of a batch's N tokens' k N
+# choices: a capacity factor of 1.0 gives each expert exactly its even
+# share. Places go in token order, and with k = 2 all first choices before
+# any second choice (GShard's priority). A choice that finds its expert full
+# is **dropped**. The eight tokens above, capacity factor 1.0 (2 places an
+# expert for k = 1, 4 for k = 2):
+
+# %%
+for top_k in (1, 2):
+    capped = tiny_moe(top_k, capacity_factor=1.0)
+    capped_y = capped(Tensor(tiny_x)).data
+    routing = capped.routing
+    print(f"k = {top_k}: capacity = ceil({top_k} x 8 / 4 x 1.0) = {routing.capacity}")
+    rows = [[t, *(f"e{routing.choices[t, c]} slot {routing.slot[t, c]} "
+                  + ("kept" if routing.kept[t, c] else "DROPPED") for c in range(top_k))]
+            for t in range(8)]
+    print(table(rows, ["token"] + [f"choice {c + 1}" for c in range(top_k)]))
+    print(f"   routed to each expert {routing.routed.tolist()}, kept {routing.load.tolist()}: "
+          f"{routing.dropped} choice(s) dropped, {routing.dropped_tokens} token(s) with every "
+          f"choice dropped\n")
+    assert routing.capacity == expert_capacity(8, 4, top_k, 1.0)
+    assert (routing.load <= routing.capacity).all() and routing.dropped > 0
+    if top_k == 1:
+        lost = np.flatnonzero(~routing.kept.any(axis=1))
+        switch_routing, switch_lost, switch_capped_y = routing, lost, capped_y
+
+print(f"k = 1: the layer's output for the dropped token(s) {switch_lost.tolist()}: "
+      f"{np.abs(switch_capped_y[switch_lost]).max():.1f} everywhere")
+assert switch_lost.size > 0 and (switch_capped_y[switch_lost] == 0).all()
+
+# %% [markdown]
+# A dropped token gets **nothing** from the layer: its output rows are zero.
+# In the block, `x + moe(ln_2(x))`, that token passes through on the
+# residual alone, as if the block had no MLP for it; nothing breaks, but the
+# token was not computed on. With k = 2 a token whose first choice was full
+# may still have its second: fewer tokens lose everything.
+#
+# How many are dropped depends on the factor and on how evenly the router
+# spreads a batch. A random layer of 8 experts on 512 random tokens:
+
+# %%
+WIDE = GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=2, n_embd=16)
+many_x = np.random.default_rng(7).normal(size=(512, WIDE.n_embd))
+FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0, None)
+rows, dropped_share = [], {}
+for top_k in (1, 2):
+    for factor in FACTORS:
+        sweep = MoE(WIDE, 8, top_k, factor, rng=1, dtype=np.float64)
+        sweep(Tensor(many_x))
+        routing = sweep.routing
+        dropped_share[(top_k, factor)] = routing.dropped / (512 * top_k)
+        rows.append([top_k, "none" if factor is None else factor, routing.capacity,
+                     routing.dropped, f"{dropped_share[(top_k, factor)]:.1%}",
+                     routing.dropped_tokens, max(routing.routed)])
+print(table(rows, ["k", "factor", "capacity", "dropped choices", "share", "tokens lost",
+                   "busiest expert"]))
+for top_k in (1, 2):
+    shares = [dropped_share[(top_k, f)] for f in FACTORS]
+    assert all(a >= b for a, b in zip(shares, shares[1:])) and shares[-1] == 0
+
+# %% [markdown]
+# A larger factor drops fewer choices and costs more: every expert's buffer
+# (and, under expert parallelism, every message) is sized for the capacity,
+# used or not. Switch trains with a factor of 1 to 1.25. Even a random
+# router is not even: at factor 1.0 the busiest expert's surplus is dropped.
+# A router that *learns* to favour a few experts is far worse, which is what
+# section 4 is about.
+#
+# ## 4. Load balance and its auxiliary loss
+#
+# Nothing in the language-model loss asks the router to spread the tokens.
+# Early in training one expert happens to be a little better, gets more
+# tokens, learns faster, and gets more still: the router **collapses** onto
+# a few experts, the others idle, and with a capacity the surplus is
+# dropped. Switch adds an auxiliary loss:
+#
+# `aux = E * sum_i f_i P_i`,
+#
+# f_i the fraction of the batch's choices that name expert i (counted: no
+# gradient) and P_i the router's mean probability of expert i (through which
+# the gradient flows). Lowering it means moving probability away from the
+# experts that are chosen most. By hand on the tiny layer of section 2:
+
+# %%
+fraction = np.bincount(first, minlength=TINY_EXPERTS) / 8
+mean_probs = probs.mean(axis=0)
+aux_by_hand = TINY_EXPERTS * float((fraction * mean_probs).sum())
+print(f"f = {fraction.round(3).tolist()} (counted), P = {mean_probs.round(3).tolist()}")
+print(f"aux = 4 x sum f_i P_i = {aux_by_hand:.4f}; the layer's aux_loss {layer.aux_loss.item():.4f}")
+assert abs(aux_by_hand - layer.aux_loss.item()) < 1e-12
+
+
+def switch_aux(f, p):
+    return len(f) * float(np.dot(f, p))
+
+
+E = TINY_EXPERTS
+uniform, collapsed = np.full(E, 1 / E), np.eye(E)[0]
+print(f"perfect balance, f = P = 1/E: {switch_aux(uniform, uniform):.2f}; everything on one "
+      f"expert, f = P = (1, 0, 0, 0): {switch_aux(collapsed, collapsed):.2f} (= E); every token "
+      f"on expert 0 but P uniform: {switch_aux(collapsed, uniform):.2f}")
+assert switch_aux(uniform, uniform) == 1.0 and switch_aux(collapsed, collapsed) == E
+assert switch_aux(collapsed, uniform) == 1.0
+
+# %% [markdown]
+# At perfect balance the loss is 1 (with k = 1; minidist divides the choices
+# by k N, so also with k = 2), and it grows to E when the router sends all
+# to one expert and is sure of it. The last value is a warning: a router
+# whose probabilities are nearly uniform scores about 1 *whatever* it
+# chooses, since then E sum_i f_i P_i is about sum_i f_i = 1. The loss's
+# value is a weak signal; the load itself is what to watch.
+#
+# **A short training run.** The MoE GPT (2 blocks of width 32, 4 experts a
+# block, k = 1, capacity factor 1.25) on the bundled Shakespeare, 8
+# sequences of 32 characters a step (256 tokens), three times from the same
+# seed and the same batches: without the auxiliary loss, with Switch's
+# coefficient 0.01, and with 0.1. Per step, each expert's share of the
+# first block's tokens and the share of choices dropped:
+
+# %%
+TRAIN = 60 if QUICK else 200
+COEFFICIENTS = (0.0, 0.01, 0.1)
+text = load_shakespeare()
+chars = CharTokenizer(text)
+ids = np.asarray(chars.encode(text))
+
+
+def shakespeare_batch(rng, batch=8, steps=32):
+    starts = rng.integers(0, len(ids) - steps - 1, batch)
+    return (np.stack([ids[s:s + steps] for s in starts]),
+            np.stack([ids[s + 1:s + steps + 1] for s in starts]))
+
+
+def balance_run(coefficient):
+    config = MoEGPTConfig(vocab_size=chars.vocab_size, block_size=32, n_layer=2, n_head=2,
+                          n_embd=32, n_expert=4, top_k=1, capacity_factor=1.25,
+                          aux_loss_coef=coefficient)
+    model = MoEGPT(config, rng=0)
+    optimizer = optim.AdamW(model.parameters(), lr=3e-3)
+    rng = np.random.default_rng(1)
+    shares, dropped, losses = [], [], []
+    for _ in range(TRAIN):
+        idx, targets = shakespeare_batch(rng)
+        optimizer.zero_grad()
+        logits = model(idx)
+        loss = model.loss(logits, targets)
+        loss.backward()
+        optimizer.step()
+        layers = moe_layers(model)
+        shares.append(layers[0].routing.routed / layers[0].routing.tokens)
+        dropped.append(sum(r.routing.dropped for r in layers) / sum(r.routing.tokens for r in layers))
+        losses.append(loss.item() - coefficient * model.aux_loss().item())   # the LM part
+    return dict(shares=np.array(shares), dropped=np.array(dropped), losses=np.array(losses))
+
+
+balance = {c: balance_run(c) for c in COEFFICIENTS}
+print(f"{TRAIN} steps; averaged over the run:")
+print(table([[c, f"{balance[c]['shares'].max(axis=1).mean():.2f}",
+              f"{balance[c]['dropped'].mean():.1%}", f"{balance[c]['losses'][-10:].mean():.3f}"]
+             for c in COEFFICIENTS],
+            ["aux coefficient", "busiest expert's share", "choices dropped",
+             "LM loss, last 10 steps"]))
+busiest = {c: balance[c]["shares"].max(axis=1).mean() for c in COEFFICIENTS}
+lost = {c: balance[c]["dropped"].mean() for c in COEFFICIENTS}
+collapse = int(np.argmax(balance[0.0]["shares"].max(axis=1) > 0.7))
+print(f"without the loss, one expert first takes over 70% of block 0's tokens at step {collapse}")
+# What the text below says:
+assert busiest[0.0] > 0.7 and lost[0.0] > 0.35   # collapse: most tokens on one expert
+assert busiest[0.01] < busiest[0.0] - 0.15 and lost[0.01] < lost[0.0] / 1.5
+assert busiest[0.1] < busiest[0.01] and 0 < collapse < 40
+
+
+# %%
+def draw_balance(path):
+    figure, axes = plt.subplots(1, len(COEFFICIENTS), figsize=(11, 3.9), sharey=True)
+    steps = np.arange(TRAIN)
+    for axis, coefficient in zip(axes, COEFFICIENTS):
+        run = balance[coefficient]
+        axis.stackplot(steps, run["shares"].T, colors=COLOURS[:4],
+                       labels=[f"expert {e}" for e in range(4)])
+        axis.plot(steps, run["dropped"], color="black", lw=1.2, label="share dropped (both blocks)")
+        axis.axhline(0.25, color="white", lw=0.8, ls=":")
+        axis.set_title(f"aux coefficient {coefficient}", fontsize=10)
+        axis.set_xlabel("training step")
+        axis.set_xlim(0, TRAIN - 1)
+        axis.set_ylim(0, 1)
+    axes[0].set_ylabel("share of block 0's tokens")
+    handles, labels = axes[0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower center", ncol=5, fontsize=8)
+    figure.suptitle("the router's load per expert (stacked), with and without Switch's loss",
+                    fontsize=11)
+    figure.tight_layout(rect=(0, 0.08, 1, 1))
+    figure.savefig(path, dpi=100)
+    print("saved", path)
+    return figure
+
+
+draw_balance(OUT / "load_balance.png")  # the notebook shows it
+
+# %% [markdown]
+# Without the loss the router collapses within a few dozen steps: one
+# expert takes most of the first block's tokens, and with room for only
+# 1.25 times an even share, a large part of the choices is dropped every
+# step (and passes through on the residual, uncomputed). With Switch's 0.01
+# the shares stay much closer to a quarter each and far fewer choices are
+# dropped; 0.1 evens them a little more. Too large a coefficient would
+# trade the language model's loss for balance: Switch found 0.01 enough to
+# balance without hurting it. Perfect balance is not
+# the goal in itself: characters are not equally frequent, and a router
+# that sends every space to one expert is doing its job. The loss only stops
+# the rich-get-richer loop.
+#
+# ## 5. Expert parallelism on 2 ranks
+#
+# With E experts on n ranks, rank j holds experts j E/n .. (j+1) E/n - 1 and
+# its own tokens; the router is replicated, so every rank routes its own
+# tokens (its own capacity group: nothing needs to be agreed to decide what
+# is dropped). Then, in each MoE layer:
+#
+# 1. **counts**: each rank counts its rows for each expert, (E,), and an
+#    `all_to_all` of these integers (E / n to each rank) tells every rank
+#    how many rows to expect from whom: split sizes must be known before
+#    the rows are sent;
+# 2. **dispatch**: an `all_to_all_single` of the rows with *uneven* split
+#    sizes: `input_split_sizes[j]` the rows for rank j's experts (the rows
+#    are grouped expert by expert, so rank by rank),
+#    `output_split_sizes[i]` what rank i sends here;
+# 3. each local expert runs on the rows that arrived for it, from every
+#    source;
+# 4. **combine**: the outputs go back by the transposed all_to_all (split
+#    sizes swapped), and the source gates and adds them into its tokens as
+#    on one process.
+#
+# Backward is the two row all_to_alls transposed. On 2 processes: one MoE
+# layer of 4 experts, width 16, 24 tokens a rank, float64, capacity factor
+# 1.0, once with k = 1 and once with k = 2, each pass a traced region; in
+# the same run the dense MLP split by tensor parallelism (`c_fc` by columns,
+# `c_proj` by rows, lesson 17) on the same 24 tokens:
+
+# %%
+EP = 2
+LAYER = GPTConfig(vocab_size=8, block_size=24, n_layer=1, n_head=2, n_embd=16)
+LAYER_EXPERTS, TOKENS = 4, 24
+CASES = (1, 2)   # k
+
+
+def whole_layer(top_k):
+    return MoE(LAYER, LAYER_EXPERTS, top_k, 1.0, rng=3, dtype=np.float64)
+
+
+def rank_tokens(rank):
+    rng = np.random.default_rng(40 + rank)
+    return (rng.normal(size=(TOKENS, LAYER.n_embd)), rng.normal(size=(TOKENS, LAYER.n_embd)))
+
+
+def expert_parallel_run():
+    rank = dist.get_rank()
+    x, upstream = rank_tokens(rank)
+    found = {}
+    for top_k in CASES:
+        shard = ExpertParallelMoE(whole_layer(top_k))
+        inputs = Tensor(x, requires_grad=True)
+        with trace.region(f"k{top_k} forward"):
+            y = shard(inputs)
+        with trace.region(f"k{top_k} backward"):
+            (y * Tensor(upstream)).sum().backward()
+        found[top_k] = dict(y=y.data, x_grad=inputs.grad, router=shard.router.weight.grad,
+                            experts={n: p.grad for n, p in shard.experts.named_parameters()},
+                            start=shard.expert_start, routing=shard.routing,
+                            dispatch=shard.dispatch)
+    dense = MLP(LAYER, rng=3).to(np.float64)
+    dense.c_fc = ColumnParallelLinear.from_linear(dense.c_fc)
+    dense.c_proj = RowParallelLinear.from_linear(dense.c_proj)
+    inputs = Tensor(x, requires_grad=True)
+    with trace.region("dense forward"):
+        y = dense(inputs)
+    with trace.region("dense backward"):
+        (y * Tensor(upstream)).sum().backward()
+    return found
+
+
+ep_trace = OUT / "expert_parallel.trace.jsonl"
+ep_runs = minidist.launch(expert_parallel_run, world_size=EP, transport="shm", trace=str(ep_trace))
+ep_events = trace.read_jsonl(ep_trace).events
+
+for top_k in CASES:
+    print(f"k = {top_k}:")
+    for rank, found in enumerate(ep_runs):
+        d = found[top_k]["dispatch"]
+        print(f"   rank {rank} (experts {found[top_k]['start']}..{found[top_k]['start'] + 1}): "
+              f"counts received {d.received_per_expert.tolist()} (row i: what rank i sends to "
+              f"each of my experts); rows sent to ranks 0, 1: {d.sent.tolist()}, received "
+              f"from them: {d.received.tolist()}")
+    matrix = dispatch_matrix([found[top_k]["routing"] for found in ep_runs], EP)
+    assert (matrix == np.array([found[top_k]["dispatch"].sent for found in ep_runs])).all()
+    assert (matrix.T == np.array([found[top_k]["dispatch"].received for found in ep_runs])).all()
+
+# %% [markdown]
+# The split sizes are uneven: each rank sends what its router chose, and a
+# rank receives what the others' routers chose for its experts. The counts
+# travel first because a receiver must size its buffer and cut it before
+# the rows arrive.
+#
+# `viz/moe_dispatch.py` draws the traced step from the ranks' routings: in
+# the top row each token of each rank, coloured by the rank its expert is
+# on (hatched: dropped), below, each expert's load stacked by source rank
+# against its capacity (the sum of the ranks' capacities). The terminal view
+# says the same with a digit per token:
+
+# %%
+steps = [[found[top_k]["routing"] for found in ep_runs] for top_k in CASES]
+labels = [f"k = {top_k}" for top_k in CASES]
+picture = save_dispatch_figure(steps, OUT / "moe_dispatch.png", labels)
+print("saved", picture)
+Console(width=110).print(dispatch_text(steps, labels, color=False))
+total_dropped = {top_k: sum(found[top_k]["routing"].dropped for found in ep_runs)
+                 for top_k in CASES}
+print("dropped choices, all ranks: " + ", ".join(f"k = {k}: {v}" for k, v in total_dropped.items()))
+
+# %% [markdown]
+# **Equal to one process.** For each rank's tokens, the output, the input's
+# gradient and the router's gradient must be those of the whole MoE run on
+# those tokens alone (each rank's tokens are one capacity group); an
+# expert's gradient is the sum of what every rank's tokens give it:
+
+# %%
+for top_k in CASES:
+    expert_sum = None
+    worst = 0.0
+    for rank, found in enumerate(ep_runs):
+        whole = whole_layer(top_k)
+        x, upstream = rank_tokens(rank)
+        inputs = Tensor(x, requires_grad=True)
+        y = whole(inputs)
+        (y * Tensor(upstream)).sum().backward()
+        got = found[top_k]
+        worst = max(worst, relative_error(got["y"], y.data), relative_error(got["x_grad"], inputs.grad),
+                    relative_error(got["router"], whole.router.weight.grad))
+        grads = {n: p.grad for n, p in whole.experts.named_parameters()}
+        expert_sum = grads if expert_sum is None else {n: expert_sum[n] + grads[n] for n in grads}
+    expert_worst = 0.0
+    for found in ep_runs:
+        got = found[top_k]
+        for name, grad in got["experts"].items():
+            index, rest = name.split(".", 1)
+            expert_worst = max(expert_worst, relative_error(
+                grad, expert_sum[f"{got['start'] + int(index)}.{rest}"]))
+    print(f"k = {top_k}: largest relative difference from one process: outputs, input and router "
+          f"gradients {worst:.1e}; experts' gradients {expert_worst:.1e}")
+    assert worst < 1e-12 and expert_worst < 1e-12
+
+# %% [markdown]
+# The same numbers to float64 rounding: the all_to_alls only move rows, the
+# arithmetic is one process's.
+#
+# **The bytes.** `expert_parallel_costs.dispatch_bytes` counts what each
+# rank sends, per layer, from the dispatch matrix M (M[i, j]: rank i's rows
+# for rank j's experts): forward, (n - 1) E/n counts of 8 bytes, then the
+# D_r rows it sends to other ranks and the R_r rows it sends back, C s bytes
+# each; backward the same two transposed. The tensor-parallel dense MLP
+# sends one ring all_reduce of the N C values per pass
+# (`dense_mlp_all_reduce_bytes`). Both against the trace:
+
+# %%
+def sent(events, rank, label):
+    """Bytes ``rank`` sent inside its region ``label``."""
+    start, end = next((e["start"], e["end"]) for e in events if e["rank"] == rank
+                      and e["kind"] == "compute" and e["label"] == label)
+    return sum(e["bytes"] for e in events if e["rank"] == rank and e["kind"] == "send"
+               and start <= e["start"] and e["end"] <= end)
+
+
+def calls(events, rank, label):
+    start, end = next((e["start"], e["end"]) for e in events if e["rank"] == rank
+                      and e["kind"] == "compute" and e["label"] == label)
+    inside = sorted((e for e in events if e["rank"] == rank and e["kind"] == "collective"
+                     and start <= e["start"] and e["end"] <= end), key=lambda e: e["start"])
+    return [trace.label_info(e["label"])["collective"] for e in inside]
+
+
+C, S = LAYER.n_embd, 8
+dense_formula = dense_mlp_all_reduce_bytes(TOKENS, C, EP, itemsize=S)
+rows = []
+for top_k in CASES:
+    matrix = dispatch_matrix([found[top_k]["routing"] for found in ep_runs], EP)
+    formula = dispatch_bytes(matrix, LAYER_EXPERTS, C, itemsize=S)
+    for rank in range(EP):
+        forward, backward = sent(ep_events, rank, f"k{top_k} forward"), sent(ep_events, rank,
+                                                                            f"k{top_k} backward")
+        rows.append([f"MoE k={top_k}", rank, matrix[rank].tolist(), f"{forward:,}",
+                     f"{formula.counts[rank]:,} + {formula.dispatch[rank]:,} + "
+                     f"{formula.combine[rank]:,}", f"{backward:,}", f"{formula.backward[rank]:,}"])
+        assert (forward, backward) == (formula.forward[rank], formula.backward[rank])
+    assert calls(ep_events, 0, f"k{top_k} forward") == ["all_to_all"] * 3
+    assert calls(ep_events, 0, f"k{top_k} backward") == ["all_to_all"] * 2
+for rank in range(EP):
+    forward, backward = sent(ep_events, rank, "dense forward"), sent(ep_events, rank,
+                                                                     "dense backward")
+    rows.append(["dense MLP, TP", rank, "-", f"{forward:,}", f"{dense_formula[rank]:,}",
+                 f"{backward:,}", f"{dense_formula[rank]:,}"])
+    assert forward == backward == dense_formula[rank]
+assert calls(ep_events, 0, "dense forward") == calls(ep_events, 0, "dense backward") == ["all_reduce"]
+print(table(rows, ["layer", "rank", "rows to ranks 0, 1", "forward (trace)",
+                   "formula: counts + dispatch + combine", "backward (trace)", "formula"]))
+even = {k: balanced_dispatch_bytes(TOKENS, k, C, EP, itemsize=S) for k in CASES}
+print(f"\nspread evenly, nothing dropped, 2 (n-1)/n k N C s a pass: k = 1 {even[1]:,.0f}, "
+      f"k = 2 {even[2]:,.0f} bytes; the dense MLP's all_reduce, 2 (n-1)/n N C s: "
+      f"{dense_formula[0]:,}")
+assert even[1] == dense_formula[0] and even[2] == 2 * dense_formula[0]
+for top_k in CASES:   # what the text below says of this run
+    matrix = dispatch_matrix([found[top_k]["routing"] for found in ep_runs], EP)
+    formula = dispatch_bytes(matrix, LAYER_EXPERTS, C, itemsize=S)
+    assert all(formula.backward[r] < even[top_k] for r in range(EP)) and total_dropped[top_k] > 0
+
+# %% [markdown]
+# Three all_to_alls forward (the counts, the dispatch, the combine), two
+# backward, and the trace's bytes are the formula's to the byte on every
+# rank. Where they stand against the dense MLP: spread evenly, an all_to_all
+# sends (n - 1)/n of a rank's k N rows each way, and a ring all_reduce of N
+# rows sends 2 (n - 1)/n of them: **with k = 1, the same bytes as the
+# tensor-parallel MLP; with k = 2, twice**. Not the bytes, then, but their
+# shape is what differs: the all_reduce's pieces are equal by construction,
+# the all_to_all's are what the routers chose: this run's are below the
+# even figure (choices were dropped, and the rows for a rank's own experts
+# never cross a link), while an overloaded rank receives more and everyone
+# waits for it. And the
+# two groups do different work for those bytes: the tensor-parallel ranks
+# all hold the *same* N tokens, the expert-parallel ranks each their own,
+# so the expert-parallel group moves n times as many tokens through the
+# layer for the bytes.
+#
+# ## 6. At many ranks, simulated
+#
+# How do the two compare when the group grows? The simulator runs the real
+# collective code on simulated ranks on a virtual clock (lesson 3): the
+# pairwise all_to_all twice (dispatch and combine; the counts' few bytes
+# left out) against the ring all_reduce once, for one pass of one layer.
+# The shapes of a large model: width 4096, 4096 tokens a rank, 2-byte
+# values, on the links between nodes of `plan_3d.CLUSTER` (10 us a message,
+# 25 GB/s):
+
+# %%
+BIG_C, BIG_N, BIG_S = 4096, 4096, 2
+LINK = CLUSTER.inter
+WORLDS = (8, 16, 32, 64, 128) if QUICK else (8, 16, 32, 64, 128, 256)
+simulated = {}
+for n in WORLDS:
+    a2a = {k: simulate("all_to_all", "pairwise", n, k * BIG_N * BIG_C * BIG_S, alpha=LINK.alpha,
+                       beta=LINK.beta, gamma=0.0) for k in (1, 2)}
+    ring = simulate("all_reduce", "ring", n, BIG_N * BIG_C * BIG_S, alpha=LINK.alpha,
+                    beta=LINK.beta, gamma=0.0)
+    simulated[n] = dict(k1=2 * a2a[1].time, k2=2 * a2a[2].time, ring=ring.time,
+                        predicted=(2 * a2a[1].predicted, ring.predicted))
+print(table([[n, f"{v['k1'] * 1e3:.2f}", f"{v['k2'] * 1e3:.2f}", f"{v['ring'] * 1e3:.2f}",
+              f"{v['predicted'][0] * 1e3:.2f}", f"{v['predicted'][1] * 1e3:.2f}"]
+             for n, v in simulated.items()],
+            ["ranks", "EP k=1 ms", "EP k=2 ms", "TP all_reduce ms", "formula k=1", "formula ring"]))
+latency_share = {n: 2 * (n - 1) * LINK.alpha / v["ring"] for n, v in simulated.items()}
+print("the latencies' share, 2 (n - 1) alpha of the all_reduce's time: "
+      + ", ".join(f"{n} ranks {share:.0%}" for n, share in latency_share.items()))
+for v in simulated.values():
+    assert abs(v["k1"] - v["predicted"][0]) <= 1e-6 * v["k1"]
+    assert abs(v["ring"] - v["predicted"][1]) <= 1e-6 * v["ring"]
+    assert abs(v["k1"] / v["ring"] - 1) < 1e-6   # k = 1: the all_reduce's time
+# What the text below says: the time grows with n, the latencies' share with it,
+# and k = 2's extra (its bytes) stays while its ratio to k = 1 falls towards 1.
+ratios = [simulated[n]["k2"] / simulated[n]["k1"] for n in WORLDS]
+assert all(a > b for a, b in zip(ratios, ratios[1:])) and ratios[0] > 1.9
+assert latency_share[8] < 0.1 and 0.4 < latency_share[128] < 0.6
+
+
+# %%
+def draw_simulated(path):
+    figure, axis = plt.subplots(figsize=(7.5, 4.3))
+    worlds = list(simulated)
+    for key, label, style in (("ring", "dense MLP, TP: ring all_reduce", "-o"),
+                              ("k1", "MoE k = 1: 2 pairwise all_to_alls", "--s"),
+                              ("k2", "MoE k = 2: 2 pairwise all_to_alls", "--^")):
+        axis.plot(worlds, [simulated[n][key] * 1e3 for n in worlds], style, label=label,
+                  markerfacecolor="none")
+    axis.set_xscale("log", base=2)
+    axis.set_xticks(worlds, [str(n) for n in worlds])
+    axis.set_ylim(bottom=0)
+    axis.set_xlabel("ranks in the group")
+    axis.set_ylabel("ms for one layer's pass (simulated)")
+    axis.set_title(f"{BIG_N} tokens a rank, width {BIG_C}, 2-byte values, 25 GB/s links",
+                   fontsize=10)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8, loc="lower right")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    print("saved", path)
+    return figure
+
+
+draw_simulated(OUT / "all_to_all_vs_all_reduce.png")  # the notebook shows it
+
+# %% [markdown]
+# The simulated clocks equal the alpha-beta formulas. With k = 1 the two
+# pairwise all_to_alls take exactly the ring all_reduce's time: the same
+# 2 (n - 1) messages a rank, the same 2 (n - 1)/n N C s bytes. k = 2 sends
+# twice the bytes but the same number of messages. The bytes a rank sends
+# hardly change with n (the (n - 1)/n of its data), the message count grows
+# with it: at 8 ranks the latencies are a few per cent of the time, at 128
+# ranks about half, and k = 2's extra cost, being bytes, is a smaller and
+# smaller part.
+#
+# What the formula leaves out, and real systems fight, is the shape: these
+# are *even* all_to_alls. The pairwise exchange takes, in each of its n - 1
+# steps, the larger of what a rank sends and receives, so a rank whose
+# experts are popular sets the pace of the whole step. The capacity factor
+# bounds that rank's share (at most factor times the even one), the
+# auxiliary loss keeps it rare, and topology does the rest: DeepSeek-V3
+# sends each token to experts on at most 4 nodes, so that less of the
+# all_to_all crosses the slow links between nodes. (A dense MLP would not be
+# split over 128 ranks at all; tensor parallelism stays inside a node,
+# lesson 17. Experts spread that far because each rank holds whole experts
+# and its own tokens.)
+#
+# ## 7. The MoE GPT on an expert x data parallel mesh
+#
+# `expert_parallel_gpt(model, mesh["ep"])` makes every MoE layer of a
+# `MoEGPT` this rank's share of its experts. On a mesh `dp x ep` every rank
+# trains on its own batch; the dense parameters (attention, embeddings,
+# LayerNorms, routers) are on every rank, and an expert on the dp ranks of
+# one ep coordinate. So `allreduce_moe_grads` averages each kind over its
+# own group: the dense gradients over the world, the experts' over dp (the
+# all_to_all's backward has already summed the ep ranks' tokens into them).
+# DDP could not: it averages every parameter over one group, and would
+# overwrite the other ep ranks' experts with rank 0's.
+#
+# Three AdamW steps of a small MoE GPT (4 experts, k = 2, capacity factor
+# 1.0, the auxiliary loss on), float64, each rank's batch its own capacity
+# group; one process trains on all the ranks' batches, each a capacity
+# group, the loss their mean. Quick form: ep2 x dp1 (2 processes); full
+# form also ep2 x dp2 and ep4 (4 processes):
+
+# %%
+GPT_CONFIG = MoEGPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=2, n_embd=16,
+                          n_expert=4, top_k=2, capacity_factor=1.0, aux_loss_coef=0.01)
+GPT_STEPS, GPT_BATCH = 3, 2
+MESHES = {2: [(1, 2)]} if QUICK else {2: [(1, 2)], 4: [(2, 2), (1, 4)]}   # (dp, ep)
+
+
+def moe_gpt():
+    return MoEGPT(GPT_CONFIG, rng=0).to(np.float64)
+
+
+def gpt_batch(step, rank):
+    rng = np.random.default_rng(1000 * step + rank)
+    return (rng.integers(0, GPT_CONFIG.vocab_size, (GPT_BATCH, GPT_CONFIG.block_size)),
+            rng.integers(0, GPT_CONFIG.vocab_size, (GPT_BATCH, GPT_CONFIG.block_size)))
+
+
+def train_on_mesh(shapes):
+    found = {}
+    for shape in shapes:
+        mesh = dist.init_device_mesh("cpu", shape, mesh_dim_names=("dp", "ep"))
+        model = expert_parallel_gpt(moe_gpt(), mesh["ep"])
+        optimizer = optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+        losses = []
+        for step in range(GPT_STEPS):
+            idx, targets = gpt_batch(step, dist.get_rank())
+            optimizer.zero_grad()
+            loss = model.loss(model(idx), targets)
+            loss.backward()
+            allreduce_moe_grads(model, mesh["dp"])
+            optimizer.step()
+            losses.append(loss.item())
+        found[shape] = dict(weights={n: p.data.copy() for n, p in model.named_parameters()},
+                            start=model.transformer.h[0].mlp.expert_start, losses=losses)
+    return found
+
+
+def one_process(world):
+    model = moe_gpt()
+    optimizer = optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    losses = []
+    for step in range(GPT_STEPS):
+        optimizer.zero_grad()
+        per_rank = []
+        for rank in range(world):   # each rank's batch one capacity group, as on the ranks
+            idx, targets = gpt_batch(step, rank)
+            per_rank.append(model.loss(model(idx), targets))
+        total = per_rank[0]
+        for loss in per_rank[1:]:
+            total = total + loss
+        (total * (1.0 / world)).backward()
+        optimizer.step()
+        losses.append([loss.item() for loss in per_rank])
+    return {n: p.data for n, p in model.named_parameters()}, np.array(losses)
+
+
+def whole_name(name, start):
+    """A shard's parameter name in the whole model (its local expert index shifted)."""
+    if ".mlp.experts." not in name:
+        return name
+    head, rest = name.split(".mlp.experts.")
+    index, tail = rest.split(".", 1)
+    return f"{head}.mlp.experts.{start + int(index)}.{tail}"
+
+
+for world, shapes in MESHES.items():
+    results = minidist.launch(train_on_mesh, world_size=world, transport="shm", args=(shapes,),
+                              timeout=600)
+    reference, reference_losses = one_process(world)
+    for shape in shapes:
+        dp, ep = shape
+        worst, held = 0.0, set()
+        for rank, found in enumerate(results):
+            run = found[shape]
+            for name, value in run["weights"].items():
+                worst = max(worst, relative_error(value, reference[whole_name(name, run["start"])]))
+                held.add(whole_name(name, run["start"]))
+            assert np.allclose(run["losses"], reference_losses[:, rank], rtol=1e-9)
+        # an expert is 4 parameters (c_fc's and c_proj's weight and bias), in each block
+        tensors = sum(".mlp.experts." in n for n in results[0][shape]["weights"])
+        experts_a_rank = tensors // (4 * GPT_CONFIG.n_layer)
+        assert experts_a_rank == GPT_CONFIG.n_expert // ep
+        print(f"ep{ep} x dp{dp} on {world} processes: each rank holds {experts_a_rank} of "
+              f"the {GPT_CONFIG.n_expert} experts of each block; mean loss per step (a new "
+              f"batch of random tokens each) "
+              + ", ".join(f"{v:.6f}" for v in reference_losses.mean(axis=1))
+              + f"; weights against one process's: largest relative difference {worst:.1e}")
+        assert held == set(reference) and worst < 1e-9
+
+# %% [markdown]
+# Every rank ends with one process's weights to float64 rounding, the
+# experts on the ranks that hold them and the dense parameters everywhere,
+# and every rank's loss at every step is one process's loss on that rank's
+# batch.
+#
+# **Your turn**: the exercise `moe_dispatch` has you write the dispatch of
+# section 5 yourself, the split sizes and the two all_to_alls, checked on
+# real processes and replayed:
+#
+#     minidist exercise start moe_dispatch
+#
+# **Try**: raise the capacity factor of section 5 to 2.0 and watch the
+# dropped choices and the bytes; set `aux_loss_coef=0.0` in section 4's
+# run with k = 2; in section 6, give the simulator `CLUSTER.intra` (a node's
+# links) instead, or a smaller model, and see where the latencies start to
+# count.
