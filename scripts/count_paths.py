@@ -8,7 +8,8 @@ counted once, that one call runs inside minidist, with the shortcuts off.
 TREE is a checkout of minidist (another revision: `git worktree add`); the
 paths are ``ring`` (``dist.all_reduce(x, algorithm="ring")``), ``ddp``
 (``loss.backward()`` through DDP's hooks and buckets), ``fsdp`` (an FSDP
-forward) and ``1f1b`` (a pipeline stage's send of its activation). Rank 0's repeated call is traced, on 2 ranks over shm. The
+forward) and ``1f1b`` (a pipeline stage's send of its activation). Rank 0's repeated call is traced, on 2 ranks over shm
+(``COUNT_TRANSPORT=pipe`` for the pipe). The
 report splits the files above the transport (what the call and the
 algorithm are) from the progress engine and its channel (transport/ and
 runtime/: what MPI calls the device layer).
@@ -140,7 +141,7 @@ def pipeline():
 
 def main() -> None:
     path = {"ring": ring, "ddp": ddp, "fsdp": fsdp, "1f1b": pipeline}[WHICH]
-    files, functions, total = minidist.launch(path, world_size=2, transport="shm")[0]
+    files, functions, total = minidist.launch(path, world_size=2, transport=os.environ.get("COUNT_TRANSPORT", "shm"))[0]
     print(f"{WHICH}: {len(files)} files, {functions} functions, {total} lines")
     engine = {name: lines for name, lines in files.items() if "/transport/" in name
               or name.startswith("minidist/runtime/")}
