@@ -959,13 +959,20 @@ print("saved", draw_plans(OUT / "plans_1024.png", pictured, playbook.step))
 # they save on the data-parallel gradient sum. The order is a rule of thumb
 # for where to start; the prediction says where to end.
 #
-# One plan's breakdown, the 8 x 8 x 16 mesh (`minidist plan --mesh
+# One plan's breakdown, a mesh of 8 x 8 x 16 (`minidist plan --mesh
 # 8x8x16`):
 
 # %%
 print(plan_3d.predict_step(BIG, plan_3d.Plan(dp=8, tp=8, pp=16)))
 
 # %% [markdown]
+# **Exercise.** Write the two communications of an attention split by heads
+# yourself (Megatron's f and g: where the all_reduce goes, forward and
+# backward), checked on real processes against the unsplit block, with the
+# replay of your messages:
+#
+#     minidist exercise start tensor_parallel_attention
+#
 # **Try**: `compare_plans(BIG, RANKS, memory_limit=RANK_MEMORY,
 # sequence_parallel=True)` or `zero_stage=1`, `recompute=True`, or
 # `schedule="interleaved_1f1b", virtual_stages=2`, and see which plans start
