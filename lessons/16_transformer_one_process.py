@@ -164,7 +164,10 @@ tiny = GPTConfig(vocab_size=10, block_size=6, n_layer=1, n_head=2, n_embd=8)
 block = Block(tiny, rng=np.random.default_rng(0))
 before = rng.standard_normal((1, 6, 8)).astype(np.float32)
 after = before.copy()
-after[0, 3] += 1.0                                   # a different token at position 3
+# A different token at position 3: another vector. (Adding the same number
+# to all its features would not do: LayerNorm subtracts a row's mean, so
+# the block would barely see it.)
+after[0, 3] = rng.standard_normal(8).astype(np.float32)
 with no_grad():
     moved = np.abs(block(Tensor(after)).data - block(Tensor(before)).data).max(axis=-1)[0]
 print("largest change of the block's output, per position:",

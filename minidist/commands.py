@@ -333,6 +333,12 @@ def _run_under_mpiexec(args, world_size: int) -> int:
                   "script (os._exit, a signal or a crash); mpiexec returned 0, but the run "
                   "failed (status 1).", file=sys.stderr)
             return 1
+        if watcher.culprit is None and watcher.reports and status != 0:
+            # The failed rank printed its report through mpiexec, whose
+            # teardown (SIGKILL to the job) can cut it short: say its first
+            # line again, so that a failed run never ends unexplained.
+            print(f"minidist: {watcher.reports[0]} (the failed rank's report, repeated: "
+                  f"mpiexec ended the job, status {status})", file=sys.stderr)
         if watcher.culprit is not None:
             rank, _ = watcher.culprit
             if status == 0:
@@ -393,6 +399,8 @@ class _RankLines(threading.Thread):
         self.greeted: set[int] = set()  # the ranks that said hello (a minidist script)
         #: (rank, pid) of every line that ended with neither word, in order.
         self.vanished: list[tuple[int, int]] = []
+        #: The first line of each failed rank's report, as it sent it.
+        self.reports: list[str] = []
         self._on_vanished = on_vanished
         self._trouble = False  # a rank said "failed", or one vanished
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -433,7 +441,11 @@ class _RankLines(threading.Thread):
             return
         self._selector.unregister(connection)
         connection.close()
-        words = said.pop(connection).split()
+        text = said.pop(connection)
+        for line in text.split(b"\n"):
+            if line.startswith(b"report "):
+                self.reports.append(line[len(b"report "):].decode(errors="replace"))
+        words = text.split()
         if words[:1] == [b"hello"] and len(words) >= 3:
             self.greeted.add(int(words[1]))
             if words[3:4] == [b"done"]:

@@ -411,11 +411,12 @@ def report_failure_and_abort(abort, rank: int, size: int, error: BaseException) 
     job with ``abort`` (MPI_Abort). No minidist parent watches MPI ranks, so
     this line is the report; its first line names the rank that caused the
     failure (see :func:`_headline`)."""
-    from minidist.distributed.transport.mpi import tell_launcher
+    from minidist.distributed.transport.mpi import release_segments, tell_launcher
 
-    tell_launcher("failed")  # this rank reports itself: `minidist run` need not
+    headline = _headline(rank, size, error)
+    tell_launcher("failed", headline)  # this rank reports itself; the launcher repeats the headline
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    sys.stderr.write(f"minidist: {_headline(rank, size, error)}\n{text}"
+    sys.stderr.write(f"minidist: {headline}\n{text}"
                      "minidist: ending the job (MPI_Abort)\n")
     sys.stderr.flush()
     sys.stdout.flush()
@@ -423,6 +424,7 @@ def report_failure_and_abort(abort, rank: int, size: int, error: BaseException) 
     # MPI_Abort tears that down at once: on a loaded machine the lines just
     # written were lost (CI saw an empty output). Give the forwarder a moment.
     time.sleep(0.5)
+    release_segments()  # MPI_Abort kills the job's ranks outright: none would unlink them
     abort(1)
 
 

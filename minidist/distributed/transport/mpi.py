@@ -131,17 +131,25 @@ def _release_segments_on_sigterm() -> None:
         return
 
     def release_then_die(signum, frame):
-        from minidist.runtime.job_segments import SHM_DIRECTORY, mapped_segments
-
-        for name in mapped_segments(os.getpid()):
-            try:
-                os.unlink(os.path.join(SHM_DIRECTORY, name))
-            except OSError:
-                pass  # another rank of the job was first
+        release_segments()
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 
     signal.signal(signal.SIGTERM, release_then_die)
+
+
+def release_segments() -> None:
+    """Unlink the MPICH segments this process maps: their names only (every
+    process that maps one keeps its memory). For a rank whose job is about
+    to end without MPI_Finalize (SIGTERM, or this rank's MPI_Abort, after
+    which the others are killed outright)."""
+    from minidist.runtime.job_segments import SHM_DIRECTORY, mapped_segments
+
+    for name in mapped_segments(os.getpid()):
+        try:
+            os.unlink(os.path.join(SHM_DIRECTORY, name))
+        except OSError:
+            pass  # another rank of the job was first
 
 
 #: Under ``minidist run --transport mpi``: this rank's line to the launcher.
@@ -181,14 +189,20 @@ def _note_pid(rank: int) -> None:
     atexit.register(tell_launcher, "done")
 
 
-def tell_launcher(word: str) -> None:
-    """Say ``word`` ("done" or "failed") to ``minidist run``'s launcher, once."""
+def tell_launcher(word: str, headline: str = "") -> None:
+    """Say ``word`` ("done" or "failed") to ``minidist run``'s launcher, once;
+    with "failed", also the first line of this rank's report (``headline``),
+    which the launcher repeats at the end of the run: mpiexec's teardown can
+    cut the rank's own output short."""
     global _LAUNCHER_LINE
     line, _LAUNCHER_LINE = _LAUNCHER_LINE, None
     if line is None:
         return  # not under minidist run, or already said
+    said = f"{word}\n"
+    if headline:
+        said += "report " + " ".join(headline.split()) + "\n"
     try:
-        line.sendall(f"{word}\n".encode())
+        line.sendall(said.encode())
     except OSError:
         pass
     # Not closed: the launcher sees the end of the line when the process ends.
