@@ -352,3 +352,40 @@ def test_sdpa_speed_sanity():
     F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
     print(f"sdpa (8, 4, 64, 32) forward + backward: {1e3 * (time.perf_counter() - start):.1f} ms")
     assert q.grad.shape == q.shape
+
+
+def test_grouped_query_attention_shares_each_key_value_head_as_torch():
+    """enable_gqa=True: 4 query heads, 2 key/value heads; each key/value head
+    serves two query heads (torch's repeat_interleave), forward and backward
+    equal to attention on explicitly repeated heads, the key/value gradients
+    summed over each group; finite differences; and torch itself when here."""
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((2, 4, 5, 3))
+    k, v = rng.standard_normal((2, 2, 6, 3)), rng.standard_normal((2, 2, 6, 3))
+    R = rng.standard_normal((2, 4, 5, 3))
+    tq, tk, tv = (Tensor(a.copy(), requires_grad=True) for a in (q, k, v))
+    out = F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True)
+    (out * R).sum().backward()
+    rq, rk, rv = (Tensor(a.copy(), requires_grad=True)
+                  for a in (q, np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1)))
+    reference = F.scaled_dot_product_attention(rq, rk, rv)
+    (reference * R).sum().backward()
+    np.testing.assert_allclose(out.data, reference.data, rtol=1e-12)
+    np.testing.assert_allclose(tq.grad, rq.grad, rtol=1e-12)
+    np.testing.assert_allclose(tk.grad, rk.grad.reshape(2, 2, 2, 6, 3).sum(axis=2), rtol=1e-12)
+    np.testing.assert_allclose(tv.grad, rv.grad.reshape(2, 2, 2, 6, 3).sum(axis=2), rtol=1e-12)
+    _gradient_check(lambda t: F.scaled_dot_product_attention(Tensor(q), t, Tensor(v),
+                                                             enable_gqa=True), k)
+    with pytest.raises(ValueError, match="divides the query's 4"):
+        F.scaled_dot_product_attention(Tensor(q), Tensor(rng.standard_normal((2, 3, 6, 3))),
+                                       Tensor(rng.standard_normal((2, 3, 6, 3))), enable_gqa=True)
+    if importlib.util.find_spec("torch") is None:
+        return
+    import torch
+
+    tq2, tk2, tv2 = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
+    expected = torch.nn.functional.scaled_dot_product_attention(tq2, tk2, tv2, enable_gqa=True)
+    (expected * torch.tensor(R)).sum().backward()
+    np.testing.assert_allclose(out.data, expected.detach().numpy(), rtol=1e-9)
+    np.testing.assert_allclose(tk.grad, tk2.grad.numpy(), rtol=1e-9)
+    np.testing.assert_allclose(tv.grad, tv2.grad.numpy(), rtol=1e-9)

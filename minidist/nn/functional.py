@@ -939,7 +939,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     ``dropout_p`` > 0 drops attention weights (scaling the rest by
     1/(1-dropout_p)) with a mask drawn from ``rng`` as :func:`dropout`
     draws it; torch's own draws cannot be reproduced. Pass
-    ``dropout_p=0.0`` in evaluation, as with torch.
+    ``dropout_p=0.0`` in evaluation, as with torch. ``enable_gqa=True``:
+    key and value may have fewer heads (axis -3) than the query, a divisor
+    of its number, each shared by a group of query heads (grouped-query
+    attention, as torch).
 
     One node. Forward: S = Q K^T * scale (+ mask), P = softmax(S) along the
     keys (shifted by the row maximum), O = P V. Backward, from dO:
@@ -952,12 +955,48 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     recomputation and flash attention avoid.
     """
     if enable_gqa:
-        raise NotImplementedError(
-            "scaled_dot_product_attention: enable_gqa=True (grouped-query attention) is not "
-            "implemented; repeat the key and value heads to the query's number of heads instead"
-        )
+        key, value = _share_key_value_heads(query, key, value)
     out, _ = _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, rng)
     return out
+
+
+def _share_key_value_heads(query, key, value):
+    """Grouped-query attention (``enable_gqa=True``, as torch): ``key`` and
+    ``value`` have Hkv heads on axis -3, a divisor of the query's Hq, and
+    key/value head j serves query heads j g .. j g + g - 1 (g = Hq / Hkv,
+    torch's ``repeat_interleave``). Each is repeated g times along the heads
+    (one node each: forward ``repeat``, backward the sum over each group), so
+    a GQA model keeps g times fewer K, V heads, and so g times less K, V to
+    store and to send, for the same attention arithmetic."""
+    query, key, value = _tensor(query), _tensor(key), _tensor(value)
+    if min(query.data.ndim, key.data.ndim, value.data.ndim) < 3:
+        raise ValueError("scaled_dot_product_attention: enable_gqa=True needs the heads on axis -3 "
+                         f"((..., H, L, E)), got query {_shape_str(query.shape)}, key "
+                         f"{_shape_str(key.shape)}, value {_shape_str(value.shape)}")
+    heads, kv_heads = query.data.shape[-3], key.data.shape[-3]
+    if value.data.shape[-3] != kv_heads or heads % kv_heads:
+        raise ValueError(
+            f"scaled_dot_product_attention: enable_gqa=True shares each key/value head among "
+            f"query heads, so key and value need one number of heads that divides the query's "
+            f"{heads}; got key {kv_heads} and value {value.data.shape[-3]} heads")
+    groups = heads // kv_heads
+    if groups == 1:
+        return key, value
+    return _repeat_heads(key, groups), _repeat_heads(value, groups)
+
+
+def _repeat_heads(tensor, groups: int) -> Tensor:
+    """``tensor`` with each head (axis -3) repeated ``groups`` times in place
+    (head j becomes heads j g .. j g + g - 1); backward: each group's sum."""
+    a = tensor.data
+    xp = backend.of(a)
+    out = xp.repeat(a, groups, axis=-3)
+
+    def backward(g):
+        shape = a.shape[:-3] + (a.shape[-3], groups) + a.shape[-2:]
+        return (g.reshape(shape).sum(axis=-3),)
+
+    return Tensor._make(out, (tensor,), backward, "repeat_heads")
 
 
 # --------------------------------------------------------------------------

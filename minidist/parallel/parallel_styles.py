@@ -29,6 +29,8 @@ keep q, k, v apart, as Llama's ``wq``, ``wk``, ``wv``) splits each of the
 
 from __future__ import annotations
 
+import abc
+
 import numpy as np
 
 from minidist.nn import functional as F
@@ -45,12 +47,13 @@ from minidist.parallel.tensor_parallel import (
 from minidist.parallel.vocab_parallel import VocabParallelEmbedding
 
 
-class ParallelStyle:
+class ParallelStyle(abc.ABC):
     """A way to split one module: :meth:`apply` returns the module that
-    replaces it on this rank."""
+    replaces it on this rank (an abstract class, as torch's)."""
 
+    @abc.abstractmethod
     def apply(self, module: Module, group) -> Module:
-        raise NotImplementedError
+        """The module that stands for ``module`` on this rank of ``group``."""
 
     def _refuse(self, module):
         return TypeError(f"{type(self).__name__} splits an nn.Linear or an nn.Embedding, got "

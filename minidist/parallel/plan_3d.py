@@ -251,11 +251,11 @@ class Machine:
         return "intra-node" if span <= self.node_size else "inter-node"
 
 
-#: A GPU cluster of today, chosen, not measured: 400 TFLOP/s sustained per
-#: rank (an H100's bf16 at about 40 % of its peak), NVLink within a node of 8
-#: (200 GB/s each way, 5 us a message), one 200 Gb/s InfiniBand port per GPU
-#: between nodes (25 GB/s, 10 us); links full duplex, reductions free (gamma 0:
-#: the GPU adds faster than the link brings).
+#: A GPU cluster of today, its constants chosen, not measured (they are the
+#: arguments below): a rank sustains an H100's bf16 at about 40 % of its
+#: peak; NVLink joins the 8 ranks of a node, one InfiniBand port per GPU the
+#: nodes; links full duplex; reductions free (gamma 0: a GPU adds faster than
+#: a link brings the bytes).
 CLUSTER = Machine(flops=400e12,
                   intra=Params(alpha=5e-6, beta=1 / 200e9),
                   inter=Params(alpha=10e-6, beta=1 / 25e9),
