@@ -24,7 +24,7 @@ every step of the ring every rank computes the same number of chunk pairs
 kept to show the imbalance, and as the natural split without a causal mask.
 
 **Uneven lengths.** T need not be a multiple of 2n (or n): the chunks are
-those of :func:`~minidist.distributed.collectives.chunks.chunk_bounds`, the
+numpy's ``array_split`` shares (:func:`chunk_bounds`), the
 first T mod 2n chunks one position longer than the rest (uneven blocks, no
 padding). Every rank computes every rank's chunks from (T, n) alone, so a
 receiver always knows the size of the block it is about to receive. The
@@ -33,11 +33,19 @@ balance is then off by at most one position per chunk.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
-from minidist.distributed.collectives.chunks import chunk_bounds
-
 LAYOUTS = ("zigzag", "contiguous")
+
+
+def chunk_bounds(count: int, parts: int) -> list[int]:
+    """``parts + 1`` offsets: chunk i is ``[bounds[i], bounds[i + 1])``, the
+    first ``count % parts`` chunks one longer (numpy's ``array_split``)."""
+    base, extra = divmod(count, parts)
+    return [0] + list(itertools.accumulate(base + (index < extra) for index in range(parts)))
+
 
 #: How a (query chunk, key chunk) pair is computed under the causal mask.
 FULL, DIAGONAL, SKIP = "full", "diagonal", "skip"
