@@ -266,8 +266,9 @@ def test_sdpa_fully_masked_rows_give_zeros_and_both_masks_are_refused():
     assert not q.grad[:, :, 1].any() and np.isfinite(k.grad).all()
     with pytest.raises(ValueError, match="either attn_mask or is_causal"):
         F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=True)
-    with pytest.raises(NotImplementedError, match="enable_gqa"):
-        F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    # enable_gqa with as many key/value heads as query heads changes nothing.
+    np.testing.assert_array_equal(F.scaled_dot_product_attention(q, k, v, enable_gqa=True).data,
+                                  F.scaled_dot_product_attention(q, k, v).data)
     with pytest.raises(ValueError, match=r"same last axis"):
         F.scaled_dot_product_attention(q, Tensor(np.zeros((1, 2, 3, 5))), v)
 
