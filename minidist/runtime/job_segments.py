@@ -88,6 +88,7 @@ class JobSegments:
     def __init__(self, root: int):
         self.root = root
         self.seen: set[str] = set()
+        self._before = segments_now()  # what other jobs had made already
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True,
@@ -115,7 +116,17 @@ class JobSegments:
         (after a bad end). Returns the names removed."""
         self.stop()
         removed = []
-        for name in sorted(self.seen):
+        # A job that dies within one look of starting is never seen mapping
+        # its segments: also take those made since it started that no
+        # process maps any more (another job's, live, are mapped by it).
+        orphans = segments_now() - self._before - self.seen
+        if orphans:
+            mapped = set()
+            for entry in os.listdir("/proc"):
+                if entry.isdigit():
+                    mapped |= mapped_segments(int(entry))
+            orphans -= mapped
+        for name in sorted(self.seen | orphans):
             try:
                 os.unlink(os.path.join(SHM_DIRECTORY, name))
                 removed.append(name)
