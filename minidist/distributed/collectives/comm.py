@@ -84,9 +84,9 @@ class Comm:
         self.step = None
         self.phase = None
         transport = self.transport
-        # The simulator records its own trace in this process; real transports
-        # follow the process's recorder.
-        self.tracing = transport.tracing or _trace.enabled()
+        # Real transports follow the process's recorder; the simulator records
+        # its own trace (see collective_hooks).
+        self.tracing = transport.tracing
         # Only the simulator charges time for local work (its clock is virtual),
         # and only it runs on arrays that stand for bigger ones.
         self._charge_combine = transport.charge_combine

@@ -353,6 +353,9 @@ class Transport(CollectiveHooks, FailureDiagnosis, abc.ABC):
         self.default_timeout = timeout
         self._control = control
         self._recorder = _trace.current()
+        # A real transport traces when its process records (which starts
+        # before the transport is made); the collectives read this one flag.
+        self.tracing = self._recorder is not None
         self._sources = [r for r in range(world_size) if r != rank]
         self._pending_sends = [deque() for _ in range(world_size)]
         self._active_sends: set[int] = set()

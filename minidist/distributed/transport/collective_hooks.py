@@ -41,9 +41,11 @@ from minidist.runtime.errors import CollectiveMismatchError
 class CollectiveHooks:
     """The collectives' registrations on a transport, and the checks they drive."""
 
-    # What the collectives ask every transport; only the simulator differs
-    # (it records its own trace, charges local combining on its virtual clock,
-    # and runs on small arrays that stand for bigger ones).
+    # What the collectives ask every transport. ``tracing``: whether this
+    # rank's messages are traced (a real transport sets it from its process's
+    # recorder). Only the simulator differs in the rest (it records its own
+    # trace, charges local combining on its virtual clock, and runs on small
+    # arrays that stand for bigger ones).
     tracing = False
     charge_combine = None
     byte_scale = 1.0
