@@ -13,7 +13,8 @@ collectives. The collectives' layer (:mod:`minidist.distributed.collectives`,
 * ``collective_groups``: context -> the group's record of its collective
   calls and their fingerprints (the collectives' ``CallRecord``). While a
   rank sleeps in a collective it asks the record, now and then, whether its
-  peers are in the same call (:meth:`CollectiveHooks._group_check`); a
+  peers are in the same call (``_group_check``, with the other checks of a
+  wait in :mod:`.failures`); a
   message no receive asked for is checked against it (:meth:`_check_strict`),
   and the rank's last word (:meth:`check_collectives_ended`) raises what was
   found.
@@ -137,24 +138,3 @@ class CollectiveHooks:
         for record in self.collective_groups.values():
             if record.error is not None:
                 raise record.error
-
-    # ---------------------------------------------------------------- asleep in a collective
-
-    def _group_check(self, context: int, tag: int, start: int):
-        """For a wait in a collective's context: a function of the time now
-        that, once every ``check_interval_ns`` of the group, asks whether the
-        group's other ranks are in the same call (``check_group`` raises if
-        not). None in any other context."""
-        group = self.collective_groups.get(context)
-        if group is None:
-            return None
-        control, rank = self._control, self.rank
-        next_check = start + group.check_interval_ns
-
-        def check(now: int) -> None:
-            nonlocal next_check
-            if now >= next_check:
-                group.check_group(control, rank, tag)
-                next_check = now + group.check_interval_ns
-
-        return check

@@ -12,7 +12,10 @@ sense it asks this module what to raise:
 * the timeout passed: :class:`CommTimeoutError`, with what every rank was
   doing at that moment and the messages that arrived but match no receive
   (often the awaited one, with another tag or in another group);
-* a message does not fit the receive's buffer: :class:`MessageMismatchError`.
+* a message does not fit the receive's buffer: :class:`MessageMismatchError`;
+* asleep in a collective, the group's other ranks are in another call
+  (:meth:`FailureDiagnosis._group_check` asks the collectives' record of the
+  group, now and then): :class:`CollectiveMismatchError`.
 
 :class:`FailureDiagnosis` is a mixin of :class:`~.base.Transport`: its
 methods read the engine's queues but change nothing in them. The words of
@@ -116,6 +119,25 @@ class FailureDiagnosis:
             f"rank {self.rank}: {what} will never complete: {who} finished without sending "
             "a matching message. Check that both sides agree on the source, tag and group "
             "of every message.", peer=blamed)
+
+    def _group_check(self, context: int, tag: int, start: int):
+        """For a wait in a collective's context: a function of the time now
+        that, once every ``check_interval_ns`` of the group, asks whether the
+        group's other ranks are in the same call (``check_group`` raises if
+        not). None in any other context."""
+        group = self.collective_groups.get(context)
+        if group is None:
+            return None
+        control, rank = self._control, self.rank
+        next_check = start + group.check_interval_ns
+
+        def check(now: int) -> None:
+            nonlocal next_check
+            if now >= next_check:
+                group.check_group(control, rank, tag)
+                next_check = now + group.check_interval_ns
+
+        return check
 
     def _await_verdict(self, peer: int, grace: float = VERDICT_GRACE) -> None:
         """Give the supervisor a moment to record why ``peer`` is gone.
