@@ -16,11 +16,13 @@ trace) against gather + broadcast's (n - 1) (2 P + 1) values.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 import minidist.distributed as dist
 from minidist.exercises.exercise import CheckResult, Exercise, Failure
-from minidist.exercises.process_check import check_on_worlds
+from minidist.exercises.process_check import check_on_worlds, check_weights
 
 WORLD_SIZES = (1, 2, 3, 4)
 LR = 0.5
@@ -94,27 +96,23 @@ def _compare(n, results):
         weights, gradients = _data(n, size, case)
         want = weights - LR * (counts @ gradients) / counts.sum()
         plain = weights - LR * gradients.mean(axis=0)
-        for rank, answers in enumerate(results):
-            got = answers[case]
-            if not isinstance(got, np.ndarray) or got.shape != want.shape:
-                return Failure("wrong shape", f"{n} ranks: rank {rank}'s weights became "
-                               f"{getattr(got, 'shape', type(got).__name__)}, expected "
-                               f"{want.shape}: update the weights in place", rank=rank)
-            wrong = np.flatnonzero(~np.isclose(got, want, rtol=1e-9, atol=1e-12))
-            if wrong.size:
-                element = int(wrong[0])
-                hint = ""
-                if np.allclose(got, weights):
-                    hint = (": unchanged; only the coordinator updated? broadcast the new "
-                            "weights" if rank else ": unchanged")
-                elif n > 1 and np.allclose(got, plain):
-                    hint = (": that is the plain average over ranks; weight rank r's "
-                            "gradient by its batch_size b_r (sum b_r g_r / sum b_r)")
-                return Failure("wrong result", (
-                    f"{n} ranks, {size} parameters, shards of {_shard_sizes(n)} examples: "
-                    f"rank {rank}, element {element} is {got[element]:.6g}, expected "
-                    f"{want[element]:.6g}{hint}"), rank=rank, element=element)
+        failure = check_weights(n, results, case, want, f"{n} ranks, {size} parameters, "
+                                f"shards of {_shard_sizes(n)} examples",
+                                partial(_hint, n, weights, plain))
+        if failure is not None:
+            return failure
     return None
+
+
+def _hint(n, weights, plain, rank, got):
+    """The likely mistake behind rank ``rank``'s wrong weights ``got``, or ""."""
+    if np.allclose(got, weights):
+        return (": unchanged; only the coordinator updated? broadcast the new weights"
+                if rank else ": unchanged")
+    if n > 1 and np.allclose(got, plain):
+        return (": that is the plain average over ranks; weight rank r's gradient by its "
+                "batch_size b_r (sum b_r g_r / sum b_r)")
+    return ""
 
 
 EXERCISE = Exercise(

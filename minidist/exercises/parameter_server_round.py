@@ -15,11 +15,13 @@ for a pull the server never sends is reported by the runtime, naming it.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 import minidist.distributed as dist
 from minidist.exercises.exercise import CheckResult, Exercise, Failure
-from minidist.exercises.process_check import check_on_worlds
+from minidist.exercises.process_check import check_on_worlds, check_weights
 
 WORLD_SIZES = (2, 3, 4, 5)
 LR = 0.25
@@ -91,26 +93,21 @@ def _compare(n, results):
         weights, gradients = _data(n, size)
         want = weights - LR * gradients[1:].mean(axis=0)
         with_server = weights - LR * gradients.mean(axis=0)
-        for rank, answers in enumerate(results):
-            got = answers[case]
-            if not isinstance(got, np.ndarray) or got.shape != want.shape:
-                return Failure("wrong shape", f"{n} ranks: rank {rank}'s weights became "
-                               f"{getattr(got, 'shape', type(got).__name__)}, expected "
-                               f"{want.shape}: update the weights in place", rank=rank)
-            wrong = np.flatnonzero(~np.isclose(got, want, rtol=1e-9, atol=1e-12))
-            if wrong.size:
-                element = int(wrong[0])
-                hint = ""
-                if np.allclose(got, with_server):
-                    hint = (": the server's own gradient was averaged in; the server "
-                            "has none, average over the n - 1 workers")
-                elif np.allclose(got, weights):
-                    hint = ": unchanged; did this rank pull the new weights?"
-                return Failure("wrong result", (
-                    f"{n} ranks, {size} parameters: rank {rank}, element {element} is "
-                    f"{got[element]:.6g}, expected {want[element]:.6g}{hint}"),
-                    rank=rank, element=element)
+        failure = check_weights(n, results, case, want, f"{n} ranks, {size} parameters",
+                                partial(_hint, weights, with_server))
+        if failure is not None:
+            return failure
     return None
+
+
+def _hint(weights, with_server, rank, got):
+    """The likely mistake behind rank ``rank``'s wrong weights ``got``, or ""."""
+    if np.allclose(got, with_server):
+        return (": the server's own gradient was averaged in; the server has none, average "
+                "over the n - 1 workers")
+    if np.allclose(got, weights):
+        return ": unchanged; did this rank pull the new weights?"
+    return ""
 
 
 EXERCISE = Exercise(

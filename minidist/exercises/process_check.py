@@ -4,7 +4,8 @@ world size with every case inside it, a short timeout, and the runtime's
 verdict (a rank that raised, hung, or left while another waited for it)
 turned into a :class:`~.exercise.Failure`; on request, the messages and
 bytes the run sent, from its trace (the transports record every message). No process or segment outlives a
-launch (:func:`minidist.launch` cleans up however it ends).
+launch (:func:`minidist.launch` cleans up however it ends). And the verdict on
+the weights a strategy step leaves on every rank (:func:`check_weights`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import os
 import tempfile
 import warnings
+
+import numpy as np
 
 from minidist.exercises.exercise import CHECK_DEADLINE, ExerciseTimeout, Failure, deadline
 from minidist.trace import read_jsonl
@@ -82,3 +85,24 @@ def check_on_worlds(worker, function, world_sizes, what: str, compare, traffic):
         if failure is not None:
             return failure
     return wasteful
+
+
+def check_weights(n: int, results, case: int, want, where: str, hint) -> Failure | None:
+    """Every rank's weights of ``case`` (``results[rank][case]``, what a
+    strategy step left there) against ``want``, to round-off. None if all
+    are right; else the first rank's Failure: weights of another shape, or
+    its first wrong element, said with ``where`` (the world and the case)
+    and ``hint(rank, got)``: the mistake that explains ``got``, or ""."""
+    for rank, answers in enumerate(results):
+        got = answers[case]
+        if not isinstance(got, np.ndarray) or got.shape != want.shape:
+            return Failure("wrong shape", f"{n} ranks: rank {rank}'s weights became "
+                           f"{getattr(got, 'shape', type(got).__name__)}, expected "
+                           f"{want.shape}: update the weights in place", rank=rank)
+        wrong = np.flatnonzero(~np.isclose(got, want, rtol=1e-9, atol=1e-12))
+        if wrong.size:
+            element = int(wrong[0])
+            return Failure("wrong result", (
+                f"{where}: rank {rank}, element {element} is {got[element]:.6g}, expected "
+                f"{want[element]:.6g}{hint(rank, got)}"), rank=rank, element=element)
+    return None

@@ -75,9 +75,9 @@ from pathlib import Path
 import numpy as np
 
 from minidist import Tensor, nn, no_grad, optim
-from minidist.atomic_file import atomic_path
 from minidist.data import load_digits
 from minidist.experiments.arguments import experiment_parser, parse_with_output
+from minidist.experiments.figures import save_figure
 from minidist.nn.distillation import DistillationLoss, HintRegressor, train_hint_stage
 from minidist.train import evaluate
 
@@ -279,12 +279,7 @@ def plot(all_results: Sequence[dict], path) -> Path:
     axis.set_title(f"distillation on the digits (mean of {seeds} seeds, dots: each seed)")
     axis.grid(alpha=0.3)
     axis.legend(fontsize="small")
-    figure.tight_layout()
-    path = Path(path)
-    with atomic_path(path) as name:
-        figure.savefig(name, dpi=100)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path)
 
 
 def main(argv=None) -> int:

@@ -55,9 +55,9 @@ from pathlib import Path
 import numpy as np
 
 from minidist import Tensor, nn, optim
-from minidist.atomic_file import atomic_path
 from minidist.data import load_digits
 from minidist.experiments.arguments import experiment_parser, parse_with_output
+from minidist.experiments.figures import save_figure
 from minidist.optim.lr_scheduler import LambdaLR, LinearWarmup, MultiStepLR
 from minidist.runtime import blas_threads
 from minidist.train import evaluate
@@ -430,12 +430,7 @@ def plot_sweep(records: Sequence[dict], path, title: str | None = None) -> Path:
                             f"mean of {seeds} seed{'s' if seeds > 1 else ''}")
     axis.grid(alpha=0.3)
     axis.legend(title="learning-rate rule")
-    figure.tight_layout()
-    path = Path(path)
-    with atomic_path(path) as name:
-        figure.savefig(name, dpi=100)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path)
 
 
 def plot_batch_growth(results: dict[str, list[list[dict]]], path) -> Path:
@@ -484,12 +479,7 @@ def plot_batch_growth(results: dict[str, list[list[dict]]], path) -> Path:
     for axis in axes.flat:
         axis.grid(alpha=0.3)
         axis.legend(fontsize="small")
-    figure.tight_layout()
-    path = Path(path)
-    with atomic_path(path) as name:
-        figure.savefig(name, dpi=100)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path)
 
 
 # --------------------------------------------------------------------------- command line

@@ -78,10 +78,7 @@ class Adam(Optimizer):
 
     def step(self, closure=None):
         loss = self._evaluate(closure)
-        for index, param, group in self._indexed_params():
-            grad = param.grad
-            if grad is None:
-                continue
+        for index, param, grad, group in self._params_with_grad():
             lr = float(group["lr"])
             beta1, beta2 = (float(beta) for beta in group["betas"])
             eps = float(group["eps"])

@@ -68,10 +68,7 @@ class LARS(Optimizer):
 
     def step(self, closure=None):
         loss = self._evaluate(closure)
-        for index, param, group in self._indexed_params():
-            grad = param.grad
-            if grad is None:
-                continue
+        for index, param, grad, group in self._params_with_grad():
             lr = float(group["lr"])
             momentum = float(group["momentum"])
             weights = param.data

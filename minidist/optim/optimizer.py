@@ -128,6 +128,14 @@ class Optimizer:
                 yield index, param, group
                 index += 1
 
+    def _params_with_grad(self):
+        """Yield ``(index, param, grad, group)`` for every parameter that has a
+        gradient, in index order: what ``step`` updates (a parameter without
+        one, e.g. unused in this forward, is left as it is, as in torch)."""
+        for index, param, group in self._indexed_params():
+            if param.grad is not None:
+                yield index, param, param.grad, group
+
     # -- the training-loop calls -------------------------------------------
     def zero_grad(self, set_to_none: bool = True):
         """Forget the gradients of the last step.

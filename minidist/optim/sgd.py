@@ -63,10 +63,7 @@ class SGD(Optimizer):
 
     def step(self, closure=None):
         loss = self._evaluate(closure)
-        for index, param, group in self._indexed_params():
-            grad = param.grad
-            if grad is None:
-                continue
+        for index, param, grad, group in self._params_with_grad():
             # Plain Python floats: NumPy keeps them "weak", so float32 stays float32.
             lr = float(group["lr"])
             momentum = float(group["momentum"])

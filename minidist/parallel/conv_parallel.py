@@ -109,7 +109,44 @@ def _refuse_grouped(conv, name: str) -> None:
                          "convolutions (groups=1) can be split here. Keep a grouped or "
                          "depthwise convolution whole on every rank.")
 
-class ChannelParallelConv2d(Module):
+
+class _SplitConv2d(Module):
+    """What the two split layers share: the whole convolution's shape
+    (channels, kernel, stride, padding, read as :class:`~minidist.nn.Conv2d`
+    reads them), the group it is split over, and a weight and bias for
+    ``rows`` of its output channels."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride, padding, group):
+        super().__init__()
+        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
+        self.kernel_size = F._pair(kernel_size, "kernel_size")
+        self.stride = F._pair(stride, "stride")
+        self.padding = F._pair(padding, "padding", minimum=0)
+        group = as_group(group, type(self).__name__)
+        object.__setattr__(self, "group", group)
+
+    def _make_parameters(self, rows: int, bias: bool, dtype) -> None:
+        """Zero weight (rows, in_channels, kh, kw) and bias (rows,): :meth:`from_conv` fills them."""
+        self.weight = Parameter(np.zeros((rows, self.in_channels) + self.kernel_size, dtype))
+        if bias:
+            self.bias = Parameter(np.zeros(rows, dtype))
+        else:
+            self.register_parameter("bias", None)
+
+    @classmethod
+    def _shaped_like(cls, conv: Conv2d, group, **options):
+        """A layer of ``conv``'s shape, bias and dtype, its parameters not yet copied."""
+        _refuse_grouped(conv, cls.__name__)
+        return cls(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,
+                   conv.padding, bias=conv.bias is not None, group=group,
+                   dtype=conv.weight.data.dtype, **options)
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+                f"stride={self.stride}, padding={self.padding}")
+
+
+class ChannelParallelConv2d(_SplitConv2d):
     """A Conv2d whose output channels are split across the ranks of ``group``.
 
     Rank r holds the weight rows ``band(out_channels, P, r)`` (and that slice
@@ -148,15 +185,9 @@ class ChannelParallelConv2d(Module):
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
                  bias: bool = True, group=None, dtype=np.float32,
                  algorithm: str = DEFAULT_ALGORITHM):
-        super().__init__()
-        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
-        self.kernel_size = F._pair(kernel_size, "kernel_size")
-        self.stride = F._pair(stride, "stride")
-        self.padding = F._pair(padding, "padding", minimum=0)
-        group = as_group(group, type(self).__name__)
-        object.__setattr__(self, "group", group)
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, group)
         self.algorithm = algorithm
-        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
         if self.out_channels < world:
             raise ValueError(
                 f"ChannelParallelConv2d of {_describe(self)}: {self.out_channels} output "
@@ -165,12 +196,7 @@ class ChannelParallelConv2d(Module):
             )
         self.channel_start, self.channel_stop = band(self.out_channels, world, rank)
         self.channel_bands = [band(self.out_channels, world, r) for r in range(world)]
-        local = self.channel_stop - self.channel_start
-        self.weight = Parameter(np.zeros((local, self.in_channels) + self.kernel_size, dtype))
-        if bias:
-            self.bias = Parameter(np.zeros(local, dtype))
-        else:
-            self.register_parameter("bias", None)
+        self._make_parameters(self.channel_stop - self.channel_start, bias, dtype)
 
     @classmethod
     def from_conv(cls, conv: Conv2d, group=None,
@@ -178,10 +204,7 @@ class ChannelParallelConv2d(Module):
         """This rank's share of ``conv``: its slice of the weight and bias
         (copies), same kernel, stride and padding. Every rank calls it with
         the same ``conv``."""
-        _refuse_grouped(conv, cls.__name__)
-        layer = cls(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,
-                    conv.padding, bias=conv.bias is not None, group=group,
-                    dtype=conv.weight.data.dtype, algorithm=algorithm)
+        layer = cls._shaped_like(conv, group, algorithm=algorithm)
         rows = slice(layer.channel_start, layer.channel_stop)
         layer.weight.data[...] = conv.weight.data[rows]
         if conv.bias is not None:
@@ -197,9 +220,7 @@ class ChannelParallelConv2d(Module):
         return _gather_channels(local, self.channel_bands, self.group, what, self.algorithm)
 
     def extra_repr(self) -> str:
-        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
-                f"stride={self.stride}, padding={self.padding}, "
-                f"channels={self.channel_start}:{self.channel_stop}")
+        return f"{super().extra_repr()}, channels={self.channel_start}:{self.channel_stop}"
 
 
 def _gather_channels(local: Tensor, bands, group, what: str, algorithm: str) -> Tensor:
@@ -316,7 +337,7 @@ def halo_plan(height: int, kernel: int, stride: int, padding: int, world_size: i
     return HaloPlan(height, output_height, inputs, outputs, tuple(windows), tuple(transfers))
 
 
-class SpatialParallelConv2d(Module):
+class SpatialParallelConv2d(_SplitConv2d):
     """A Conv2d whose images are split by rows across the ranks of ``group``.
 
     Every rank holds the whole weight and bias (build it with
@@ -354,28 +375,14 @@ class SpatialParallelConv2d(Module):
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
                  bias: bool = True, group=None, dtype=np.float32):
-        super().__init__()
-        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
-        self.kernel_size = F._pair(kernel_size, "kernel_size")
-        self.stride = F._pair(stride, "stride")
-        self.padding = F._pair(padding, "padding", minimum=0)
-        group = as_group(group, type(self).__name__)
-        object.__setattr__(self, "group", group)
-        self.weight = Parameter(np.zeros((self.out_channels, self.in_channels) + self.kernel_size,
-                                         dtype))
-        if bias:
-            self.bias = Parameter(np.zeros(self.out_channels, dtype))
-        else:
-            self.register_parameter("bias", None)
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, group)
+        self._make_parameters(self.out_channels, bias, dtype)   # the whole weight on every rank
         self.last_plan: HaloPlan | None = None
 
     @classmethod
     def from_conv(cls, conv: Conv2d, group=None) -> SpatialParallelConv2d:
         """A copy of ``conv`` (weights included) that takes a band of rows."""
-        _refuse_grouped(conv, cls.__name__)
-        layer = cls(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,
-                    conv.padding, bias=conv.bias is not None, group=group,
-                    dtype=conv.weight.data.dtype)
+        layer = cls._shaped_like(conv, group)
         layer.weight.data[...] = conv.weight.data
         if conv.bias is not None:
             layer.bias.data[...] = conv.bias.data
@@ -440,9 +447,6 @@ class SpatialParallelConv2d(Module):
         with trace.region(f"{what}: local conv"):
             return F.conv2d(window, weight, bias, self.stride, (0, self.padding[1]))
 
-    def extra_repr(self) -> str:
-        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
-                f"stride={self.stride}, padding={self.padding}")
 
 
 def halo_context(group=None):

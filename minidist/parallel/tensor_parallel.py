@@ -259,9 +259,10 @@ class _ParallelLinear(Module):
     """What the two split layers share: this rank's shard of a whole
     ``nn.Linear``, split along ``split`` (``"out_features"`` or
     ``"in_features"``), taken by :meth:`_pieces`; ``flag`` names the layer's
-    own switch (``gather_output`` or ``input_is_parallel``)."""
+    own switch (``gather_output`` or ``input_is_parallel``), ``held`` what the
+    shard is of the whole (out, in) weight (``"rows"`` or ``"columns"``)."""
 
-    split = flag = ""
+    split = flag = held = ""
 
     def _build(self, in_features, out_features, bias, flag, group, algorithm, rng, dtype,
                sequence_parallel):
@@ -307,6 +308,15 @@ class _ParallelLinear(Module):
         else:
             self.register_parameter("bias", None)
 
+    def extra_repr(self) -> str:
+        # The split dimension carries which part of it this rank holds.
+        here = f" ({self.held} {_describe(self.shard)} here, of {self.world_size} ranks)"
+        sizes = [f"{name}={getattr(self, name)}" + (here if name == self.split else "")
+                 for name in ("in_features", "out_features")]
+        return (", ".join(sizes) + f", bias={self.bias is not None}, "
+                f"{self.flag}={getattr(self, self.flag)}"
+                + (", sequence_parallel=True" if self.sequence_parallel else ""))
+
 
 class ColumnParallelLinear(_ParallelLinear):
     """``ColumnParallelLinear(in_features, out_features, bias=True, gather_output=False,
@@ -337,7 +347,7 @@ class ColumnParallelLinear(_ParallelLinear):
     shards are pieces of one matrix.
     """
 
-    split, flag = "out_features", "gather_output"
+    split, flag, held = "out_features", "gather_output", "rows"
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  gather_output: bool = False, group=None, algorithm: str = DEFAULT_ALGORITHM,
@@ -370,12 +380,6 @@ class ColumnParallelLinear(_ParallelLinear):
             y = gather_from_parallel_region(y, self.group, self.algorithm)
         return y
 
-    def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features} "
-                f"(rows {_describe(self.shard)} here, of {self.world_size} ranks), "
-                f"bias={self.bias is not None}, gather_output={self.gather_output}"
-                + (", sequence_parallel=True" if self.sequence_parallel else ""))
-
 
 class RowParallelLinear(_ParallelLinear):
     """``RowParallelLinear(in_features, out_features, bias=True, input_is_parallel=True,
@@ -405,7 +409,7 @@ class RowParallelLinear(_ParallelLinear):
     this rank's positions' share: sum it over the group after backward.
     """
 
-    split, flag = "in_features", "input_is_parallel"
+    split, flag, held = "in_features", "input_is_parallel", "columns"
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  input_is_parallel: bool = True, group=None,
@@ -437,12 +441,6 @@ class RowParallelLinear(_ParallelLinear):
         if self.bias is not None:
             y = y + self.bias
         return y
-
-    def extra_repr(self) -> str:
-        return (f"in_features={self.in_features} (columns {_describe(self.shard)} "
-                f"here, of {self.world_size} ranks), out_features={self.out_features}, "
-                f"bias={self.bias is not None}, input_is_parallel={self.input_is_parallel}"
-                + (", sequence_parallel=True" if self.sequence_parallel else ""))
 
 
 def _describe(shard) -> str:

@@ -31,11 +31,8 @@ def linear(comm, pieces, piece, root):
     after another). Cost: (n - 1) (alpha + N/n beta)."""
     n = comm.size
     if comm.rank == root:
-        count = piece.size
-        yield [comm.irecv(pieces[virtual * count:(virtual + 1) * count],
-                          trees.real_rank(virtual, root, n),
-                          f"from {trees.real_rank(virtual, root, n)}")
-               for virtual in range(1, n)]
+        others = trees.pieces_by_rank(pieces, piece.size, root, n)[1:]  # the root's is in place
+        yield [comm.irecv(place, source, f"from {source}") for source, place in others]
     else:
         yield [comm.isend(piece, root, f"to {root}")]
 
@@ -148,10 +145,8 @@ def gather(tensor, gather_list=None, dst: int | None = None, group=None, async_o
 
     def finish():
         if is_root:
-            n, count = group.size, piece.size
-            for virtual in range(n):
-                targets[trees.real_rank(virtual, root, n)][...] = \
-                    pieces[virtual * count:(virtual + 1) * count].reshape(array.shape)
+            for source, gathered in trees.pieces_by_rank(pieces, piece.size, root, group.size):
+                targets[source][...] = gathered.reshape(array.shape)
 
     if group.size == 1:
         finish()

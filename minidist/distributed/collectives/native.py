@@ -114,9 +114,8 @@ def gather(comm, pieces, piece, root):
         real = np.empty_like(pieces)
         _call(comm, "Gather", piece, real, root=root)
         count = piece.size
-        for virtual in range(n):
-            start = trees.real_rank(virtual, root, n) * count
-            pieces[virtual * count:(virtual + 1) * count] = real[start:start + count]
+        for source, place in trees.pieces_by_rank(pieces, count, root, n):
+            place[...] = real[source * count:(source + 1) * count]
     else:
         _call(comm, "Gather", piece, None, root=root)
     yield from ()
@@ -128,9 +127,8 @@ def scatter(comm, pieces, output, root):
     if comm.rank == root:
         count = output.size
         real = np.empty_like(pieces)
-        for virtual in range(n):
-            start = trees.real_rank(virtual, root, n) * count
-            real[start:start + count] = pieces[virtual * count:(virtual + 1) * count]
+        for target, mine in trees.pieces_by_rank(pieces, count, root, n):
+            real[target * count:(target + 1) * count] = mine
         _call(comm, "Scatter", real, output, root=root)
     else:
         _call(comm, "Scatter", None, output, root=root)

@@ -34,11 +34,8 @@ def linear(comm, pieces, output, root):
     Cost: (n - 1) (alpha + N/n beta)."""
     n = comm.size
     if comm.rank == root:
-        count = output.size
-        yield [comm.isend(pieces[virtual * count:(virtual + 1) * count],
-                          trees.real_rank(virtual, root, n),
-                          f"piece of rank {trees.real_rank(virtual, root, n)}")
-               for virtual in range(1, n)]
+        others = trees.pieces_by_rank(pieces, output.size, root, n)[1:]  # the root keeps its own
+        yield [comm.isend(mine, target, f"piece of rank {target}") for target, mine in others]
     else:
         yield [comm.irecv(output, root, f"from {root}")]
 

@@ -54,6 +54,15 @@ def round_of(virtual: int) -> int:
     return (virtual & -virtual).bit_length() - 1
 
 
+def pieces_by_rank(pieces, count: int, root: int, n: int) -> list[tuple]:
+    """``(real rank, its piece)`` for every virtual rank 0, 1, ..., n - 1 of a
+    buffer of n pieces of ``count`` items laid out in virtual order (piece v
+    belongs to the rank v after ``root``); the pieces are views. The first
+    pair is the root's own."""
+    return [(real_rank(virtual, root, n), pieces[virtual * count:(virtual + 1) * count])
+            for virtual in range(n)]
+
+
 def subtree_layout(comm, root: int, pieces, mine) -> tuple:
     """(virtual rank, subtree size, held, bounds) of this rank in a binomial
     scatter or gather of n equal pieces rooted at ``root``.
