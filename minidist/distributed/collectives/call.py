@@ -63,6 +63,31 @@ def check_n_to_one(output: np.ndarray, input: np.ndarray, group, collective: str
                          f"{piece.size}), got {whole.size} (shape {whole.shape}). {hint}")
 
 
+def per_rank_arrays(items, array: np.ndarray, group, name: str, who: str, *, rule: str,
+                    purpose: str = "", writeable: bool = True) -> list[np.ndarray]:
+    """The root's ``gather_list`` / ``scatter_list`` (``name``): a list or tuple of
+    one array per rank of ``group``, each of ``array``'s shape and dtype,
+    checked and returned as NumPy arrays. ``who`` and ``purpose`` word the
+    error of a missing list, ``rule`` that of an array of the wrong shape."""
+    rank, n = group._global_rank, group.size
+    if not isinstance(items, (list, tuple)):
+        raise TypeError(f"rank {rank}: {who} needs {name}, a list of {n} arrays (one per rank "
+                        f"of the group){purpose}, got {type(items).__name__}.")
+    if len(items) != n:
+        raise ValueError(f"rank {rank}: {name} has {len(items)} arrays, but the group has {n} "
+                         "ranks; pass exactly one array per rank.")
+    arrays = []
+    collective = name.split("_")[0]
+    for index, item in enumerate(items):
+        checked = buffer_of(item, f"{collective} ({name}[{index}])", rank, writeable=writeable)
+        if checked.shape != array.shape or checked.dtype != array.dtype:
+            raise ValueError(f"rank {rank}: {name}[{index}] is {checked.dtype} of shape "
+                             f"{checked.shape}, but tensor is {array.dtype} of shape "
+                             f"{array.shape}; {rule}")
+        arrays.append(checked)
+    return arrays
+
+
 def flat_view(array: np.ndarray) -> tuple[np.ndarray, bool]:
     """A flat C-contiguous array to run the algorithm on, and whether it is a
     copy that must be written back (a strided input costs one copy each way)."""

@@ -94,28 +94,6 @@ ALGORITHMS = register("gather", {
 })
 
 
-def _checked_list(gather_list, array, group):
-    """The root's gather_list as writeable arrays of the tensor's shape and dtype."""
-    rank, n = group._global_rank, group.size
-    if not isinstance(gather_list, (list, tuple)):
-        raise TypeError(f"rank {rank}: gather on the destination rank needs gather_list, a "
-                        f"list of {n} arrays (one per rank of the group) to receive into, "
-                        f"got {type(gather_list).__name__}.")
-    if len(gather_list) != n:
-        raise ValueError(f"rank {rank}: gather_list has {len(gather_list)} arrays, but the "
-                         f"group has {n} ranks; pass exactly one array per rank.")
-    targets = []
-    for index, item in enumerate(gather_list):
-        target = call.buffer_of(item, f"gather (gather_list[{index}])", rank)
-        if target.shape != array.shape or target.dtype != array.dtype:
-            raise ValueError(f"rank {rank}: gather_list[{index}] is {target.dtype} of shape "
-                             f"{target.shape}, but tensor is {array.dtype} of shape "
-                             f"{array.shape}; every array of gather_list must have the shape "
-                             "and dtype of the tensors gathered.")
-        targets.append(target)
-    return targets
-
-
 def gather(tensor, gather_list=None, dst: int | None = None, group=None, async_op: bool = False,
            group_dst: int | None = None, algorithm: str = "auto"):
     """Every rank's ``tensor`` is copied into ``gather_list[r]`` (r: its rank in
@@ -134,7 +112,10 @@ def gather(tensor, gather_list=None, dst: int | None = None, group=None, async_o
     array = call.buffer_of(tensor, "gather", rank, writeable=False)
     is_root = group.rank == root
     if is_root:
-        targets = _checked_list(gather_list, array, group)
+        targets = call.per_rank_arrays(
+            gather_list, array, group, "gather_list", "gather on the destination rank",
+            purpose=" to receive into", rule="every array of gather_list must have the shape "
+            "and dtype of the tensors gathered.")
     elif gather_list is not None:
         raise ValueError(f"rank {rank}: gather_list is only written on the destination rank "
                          f"(dst={group.ranks[root]}); pass None on the other ranks.")

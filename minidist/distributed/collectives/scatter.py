@@ -102,22 +102,13 @@ ALGORITHMS = register("scatter", {
 
 def _gathered_pieces(scatter_list, array, root, group):
     """The root's list checked and copied into one buffer in virtual order."""
-    rank, n = group._global_rank, group.size
-    if not isinstance(scatter_list, (list, tuple)):
-        raise TypeError(f"rank {rank}: scatter on the source rank (src={group.ranks[root]}) needs "
-                        f"scatter_list, a list of {n} arrays (one per rank of the group), "
-                        f"got {type(scatter_list).__name__}.")
-    if len(scatter_list) != n:
-        raise ValueError(f"rank {rank}: scatter_list has {len(scatter_list)} arrays, but the "
-                         f"group has {n} ranks; pass exactly one array per rank.")
+    n = group.size
     pieces = np.empty(n * array.size, array.dtype)
-    for index, item in enumerate(scatter_list):
-        piece = call.buffer_of(item, f"scatter (scatter_list[{index}])", rank, writeable=False)
-        if piece.shape != array.shape or piece.dtype != array.dtype:
-            raise ValueError(f"rank {rank}: scatter_list[{index}] is {piece.dtype} of shape "
-                             f"{piece.shape}, but tensor is {array.dtype} of shape "
-                             f"{array.shape}; every piece must have the shape and dtype of "
-                             "the tensor that receives it.")
+    arrays = call.per_rank_arrays(
+        scatter_list, array, group, "scatter_list",
+        f"scatter on the source rank (src={group.ranks[root]})", writeable=False,
+        rule="every piece must have the shape and dtype of the tensor that receives it.")
+    for index, piece in enumerate(arrays):
         virtual = (index - root) % n
         pieces[virtual * array.size:(virtual + 1) * array.size] = piece.reshape(-1)
     return pieces
