@@ -321,13 +321,15 @@ def test_bad_input_is_named_on_the_rank_that_made_it():
         assert "dst=2 is out of range" in messages[2]
         assert "src must be an int" in messages[3]
         assert "barrier has no algorithm 'bogus'; choose one of ['dissemination'" in messages[4]
-    assert "rank 0: scatter_list has 3 arrays, but the group has 2 ranks" in root[5]
-    assert ("rank 0: scatter_list[1] is float32 of shape (5,), but tensor is float32 of "
-            "shape (4,)") in root[6]
-    assert "scatter_list[1] is float64 of shape (4,)" in root[7]
+    assert ("rank 0: scatter on the source rank (src=0) needs scatter_list to hold one array "
+            "per rank of the group, 2, got 3") in root[5]
+    assert ("rank 0: scatter on the source rank (src=0) needs every array of scatter_list shaped "
+            "like tensor ((4,) float32), but scatter_list[1] is (5,) float32") in root[6]
+    assert "scatter_list[1] is (4,) float64" in root[7]
     assert "TypeError: rank 0: scatter on the source rank (src=0) needs scatter_list" in root[8]
-    assert "rank 0: gather_list has 1 arrays, but the group has 2 ranks" in root[9]
-    assert "gather_list[1] is float32 of shape (2, 2)" in root[10]
+    assert ("rank 0: gather on the destination rank needs gather_list to hold one array per "
+            "rank of the group, 2, got 1") in root[9]
+    assert "gather_list[1] is (2, 2) float32" in root[10]
     assert "rank 1: scatter_list is only read on the source rank (src=0); pass None" in other[5]
     assert "rank 1: gather_list is only written on the destination rank (dst=0)" in other[6]
 

@@ -219,7 +219,7 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False, algorith
     group = call.group_of(group)
     rank = group._global_rank
     contribution = call.buffer_of(tensor, "all_gather", rank, writeable=False)
-    outputs = check_per_rank_list(tensor_list, group, contribution, "all_gather", "tensor_list", "tensor")
+    outputs = call.per_rank_arrays(tensor_list, group, "all_gather", "tensor_list", contribution)
     result = np.empty(group.size * contribution.size, contribution.dtype)
 
     def finish():
@@ -227,24 +227,3 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False, algorith
             output[...] = piece.reshape(output.shape)
 
     return _gather(group, result, contribution, async_op, algorithm, finish)
-
-
-def check_per_rank_list(arrays, group, like: np.ndarray, collective: str, list_name: str,
-                like_name: str, writeable: bool = True) -> list[np.ndarray]:
-    """The arrays of a per-rank list, checked: one per rank, each like ``like``."""
-    rank = group._global_rank
-    if not isinstance(arrays, (list, tuple)):
-        raise TypeError(f"rank {rank}: {collective} needs {list_name} as a list of "
-                        f"{group.size} arrays (one per rank), got {type(arrays).__name__}.")
-    if len(arrays) != group.size:
-        raise ValueError(f"rank {rank}: {collective} needs {list_name} to hold one array per "
-                         f"rank of the group, {group.size}, got {len(arrays)}.")
-    checked = []
-    for index, array in enumerate(arrays):
-        array = call.buffer_of(array, collective, rank, writeable=writeable)
-        if array.shape != like.shape or array.dtype != like.dtype:
-            raise ValueError(f"rank {rank}: {collective} needs every array of {list_name} "
-                             f"shaped like {like_name} ({like.shape} {like.dtype}), but "
-                             f"{list_name}[{index}] is {array.shape} {array.dtype}.")
-        checked.append(array)
-    return checked

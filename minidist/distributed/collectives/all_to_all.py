@@ -279,17 +279,6 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     return _exchange(group, flat_source, flat, async_op, algorithm, finish)
 
 
-def _per_rank(arrays, group, list_name: str, writeable: bool) -> list[np.ndarray]:
-    """One array per rank of the group, each of any shape."""
-    rank = group._global_rank
-    if not isinstance(arrays, (list, tuple)):
-        raise TypeError(f"rank {rank}: all_to_all needs {list_name} as a list of "
-                        f"{group.size} arrays (one per rank), got {type(arrays).__name__}.")
-    if len(arrays) != group.size:
-        raise ValueError(f"rank {rank}: all_to_all needs {list_name} to hold one array per "
-                         f"rank of the group, {group.size}, got {len(arrays)}.")
-    return [call.buffer_of(array, "all_to_all", rank, writeable=writeable) for array in arrays]
-
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool = False,
                algorithm: str = "auto"):
@@ -308,8 +297,9 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
     if not isinstance(input_tensor_list, (list, tuple)) or not input_tensor_list:
         raise TypeError(f"rank {rank}: all_to_all needs input_tensor_list as a list of "
                         f"{group.size} arrays (one per rank), got {input_tensor_list!r:.60}.")
-    inputs = _per_rank(input_tensor_list, group, "input_tensor_list", writeable=False)
-    outputs = _per_rank(output_tensor_list, group, "output_tensor_list", writeable=True)
+    inputs = call.per_rank_arrays(input_tensor_list, group, "all_to_all", "input_tensor_list",
+                                  writeable=False)
+    outputs = call.per_rank_arrays(output_tensor_list, group, "all_to_all", "output_tensor_list")
     dtype = inputs[0].dtype
     for name, arrays in (("input_tensor_list", inputs), ("output_tensor_list", outputs)):
         for index, array in enumerate(arrays):

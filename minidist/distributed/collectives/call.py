@@ -63,29 +63,28 @@ def check_n_to_one(output: np.ndarray, input: np.ndarray, group, collective: str
                          f"{piece.size}), got {whole.size} (shape {whole.shape}). {hint}")
 
 
-def per_rank_arrays(items, array: np.ndarray, group, name: str, who: str, *, rule: str,
-                    purpose: str = "", writeable: bool = True) -> list[np.ndarray]:
-    """The root's ``gather_list`` / ``scatter_list`` (``name``): a list or tuple of
-    one array per rank of ``group``, each of ``array``'s shape and dtype,
-    checked and returned as NumPy arrays. ``who`` and ``purpose`` word the
-    error of a missing list, ``rule`` that of an array of the wrong shape."""
-    rank, n = group._global_rank, group.size
-    if not isinstance(items, (list, tuple)):
-        raise TypeError(f"rank {rank}: {who} needs {name}, a list of {n} arrays (one per rank "
-                        f"of the group){purpose}, got {type(items).__name__}.")
-    if len(items) != n:
-        raise ValueError(f"rank {rank}: {name} has {len(items)} arrays, but the group has {n} "
-                         "ranks; pass exactly one array per rank.")
-    arrays = []
-    collective = name.split("_")[0]
-    for index, item in enumerate(items):
-        checked = buffer_of(item, f"{collective} ({name}[{index}])", rank, writeable=writeable)
-        if checked.shape != array.shape or checked.dtype != array.dtype:
-            raise ValueError(f"rank {rank}: {name}[{index}] is {checked.dtype} of shape "
-                             f"{checked.shape}, but tensor is {array.dtype} of shape "
-                             f"{array.shape}; {rule}")
-        arrays.append(checked)
-    return arrays
+def per_rank_arrays(arrays, group, collective: str, list_name: str, like=None,
+                    like_name: str = "tensor", writeable: bool = True) -> list[np.ndarray]:
+    """A per-rank list (``tensor_list``, ``gather_list``, ``input_list``, ...) as
+    NumPy arrays, checked: a list or tuple of one array per rank of
+    ``group``, each shaped like ``like`` (None: any shape)."""
+    rank = group._global_rank
+    if not isinstance(arrays, (list, tuple)):
+        raise TypeError(f"rank {rank}: {collective} needs {list_name} as a list of "
+                        f"{group.size} arrays (one per rank), got {type(arrays).__name__}.")
+    if len(arrays) != group.size:
+        raise ValueError(f"rank {rank}: {collective} needs {list_name} to hold one array per "
+                         f"rank of the group, {group.size}, got {len(arrays)}.")
+    checked = []
+    for index, array in enumerate(arrays):
+        array = buffer_of(array, f"{collective} ({list_name}[{index}])", rank,
+                          writeable=writeable)
+        if like is not None and (array.shape != like.shape or array.dtype != like.dtype):
+            raise ValueError(f"rank {rank}: {collective} needs every array of {list_name} "
+                             f"shaped like {like_name} ({like.shape} {like.dtype}), but "
+                             f"{list_name}[{index}] is {array.shape} {array.dtype}.")
+        checked.append(array)
+    return checked
 
 
 def flat_view(array: np.ndarray) -> tuple[np.ndarray, bool]:

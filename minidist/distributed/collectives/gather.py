@@ -112,10 +112,8 @@ def gather(tensor, gather_list=None, dst: int | None = None, group=None, async_o
     array = call.buffer_of(tensor, "gather", rank, writeable=False)
     is_root = group.rank == root
     if is_root:
-        targets = call.per_rank_arrays(
-            gather_list, array, group, "gather_list", "gather on the destination rank",
-            purpose=" to receive into", rule="every array of gather_list must have the shape "
-            "and dtype of the tensors gathered.")
+        targets = call.per_rank_arrays(gather_list, group, "gather on the destination rank",
+                                       "gather_list", array)
     elif gather_list is not None:
         raise ValueError(f"rank {rank}: gather_list is only written on the destination rank "
                          f"(dst={group.ranks[root]}); pass None on the other ranks.")

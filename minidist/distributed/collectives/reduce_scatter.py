@@ -45,7 +45,7 @@ import numpy as np
 
 from minidist.alpha_beta import ceil_log2
 from minidist.distributed.collectives import call
-from minidist.distributed.collectives.all_gather import check_per_rank_list, core_piece_offsets
+from minidist.distributed.collectives.all_gather import core_piece_offsets
 from minidist.distributed.collectives.chunks import largest_power_of_two, split
 from minidist.distributed.collectives.halving import real_rank as _real_rank
 from minidist.distributed.collectives.registry import cost, register
@@ -233,8 +233,8 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bo
     """
     group = call.group_of(group)
     result = call.buffer_of(output, "reduce_scatter", group._global_rank)
-    inputs = check_per_rank_list(input_list, group, result, "reduce_scatter", "input_list", "output",
-                         writeable=False)
+    inputs = call.per_rank_arrays(input_list, group, "reduce_scatter", "input_list", result,
+                                  "output", writeable=False)
     pieces = np.concatenate([array.reshape(-1) for array in inputs])
     return _scatter_reduce(group, pieces, True, result, op, async_op, algorithm,
                            "reduce_scatter")

@@ -104,10 +104,9 @@ def _gathered_pieces(scatter_list, array, root, group):
     """The root's list checked and copied into one buffer in virtual order."""
     n = group.size
     pieces = np.empty(n * array.size, array.dtype)
-    arrays = call.per_rank_arrays(
-        scatter_list, array, group, "scatter_list",
-        f"scatter on the source rank (src={group.ranks[root]})", writeable=False,
-        rule="every piece must have the shape and dtype of the tensor that receives it.")
+    arrays = call.per_rank_arrays(scatter_list, group,
+                                  f"scatter on the source rank (src={group.ranks[root]})",
+                                  "scatter_list", array, writeable=False)
     for index, piece in enumerate(arrays):
         virtual = (index - root) % n
         pieces[virtual * array.size:(virtual + 1) * array.size] = piece.reshape(-1)
