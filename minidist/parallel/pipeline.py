@@ -550,7 +550,11 @@ class _Batch:
         self.sends.append(dist.isend(
             array, group_dst=action.peer, group=self.pipe.pipeline_group,
             tag=message_tag(kind, action.microbatch, receiver, self.schedule.total_stages),
-            label=message_label(kind, action.microbatch)))
+            label=self._label(kind, action.microbatch)))
+
+    def _label(self, kind: str, microbatch: int) -> str:
+        # A message's label is read by the trace alone: not built when nothing records.
+        return message_label(kind, microbatch) if self.tracing else ""
 
     def receive(self, action: Action) -> None:
         kind = "act" if action.kind == RECV_ACTIVATION else "grad"
@@ -558,7 +562,7 @@ class _Batch:
             group_src=action.peer, group=self.pipe.pipeline_group,
             tag=message_tag(kind, action.microbatch, self._stage(action),
                             self.schedule.total_stages),
-            label=message_label(kind, action.microbatch))
+            label=self._label(kind, action.microbatch))
 
     def optimizer_step(self) -> None:
         for request in self.sends:
