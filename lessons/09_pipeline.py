@@ -427,8 +427,8 @@ print("saved", save_pipeline_gantt(lean_chart, OUT / "pipeline_recompute.png"))
 # The cost (each box's fastest run, so that a box the operating system
 # interrupted does not count): R took 1.0 to 1.3 times a forward (the forward of a
 # recomputing stage runs without building the autograd graph, so it is a
-# little cheaper than R, which builds it) and about 0.4 to 0.45 of the F + B
-# time: roughly 40 % more compute per stage for that memory. (With a
+# little cheaper than R, which builds it) and about 0.35 to 0.45 of the F + B
+# time: roughly 35 to 45 % more compute per stage for that memory. (With a
 # backward costing twice a forward the textbook figure is a third; here a
 # backward cost less than twice a forward.) With 1F1B the saving is smaller:
 # the last stage holds one micro-batch at a time, the one being
