@@ -118,7 +118,8 @@ class VocabParallelEmbedding(Module):
 
 
 def vocab_parallel_cross_entropy(logits, target, vocab_start: int | None = None, group=None,
-                                 algorithm: str = DEFAULT_ALGORITHM) -> Tensor:
+                                 algorithm: str = DEFAULT_ALGORITHM,
+                                 ignore_index: int = -100) -> Tensor:
     """The mean cross-entropy of the tokens, from this rank's columns of the
     logits (..., V_r) (a vocabulary split over the group) and the whole
     ``target`` (...) of word ids: the same scalar on every rank, equal to
@@ -130,6 +131,11 @@ def vocab_parallel_cross_entropy(logits, target, vocab_start: int | None = None,
     the row maxima, SUM of the target logit, SUM of the exp sums), in
     Megatron's order. Backward: (softmax - one-hot) / tokens on this rank's
     columns, no message.
+
+    ``ignore_index``: as ``F.cross_entropy`` (torch's default -100, what
+    padding is labelled with): such tokens add nothing to the loss or the
+    gradient, and the mean is over the others (NaN if every token is
+    ignored, as torch's).
     """
     logits = logits if isinstance(logits, Tensor) else Tensor(logits)
     z = logits.data
@@ -150,15 +156,24 @@ def vocab_parallel_cross_entropy(logits, target, vocab_start: int | None = None,
     picked = _all_reduce(xp.where(outside, 0, picked), dist.ReduceOp.SUM, group, algorithm)
     exp = xp.exp(shifted)
     total = _all_reduce(exp.sum(axis=-1), dist.ReduceOp.SUM, group, algorithm)
-    count = target.size
-    loss = (xp.log(total) - picked).sum() / count
+    counted = target != ignore_index
+    count = int(counted.sum())
+    losses = xp.log(total) - picked
+    if count == target.size:
+        counted = None  # nothing ignored: no mask to keep for the backward
+    else:
+        losses = xp.where(counted, losses, 0)
+    loss = losses.sum() / count if count else np.nan
 
     def backward(g):
         grad = exp / total[..., None]                 # softmax, this rank's columns
         rows = xp.nonzero(~outside.reshape(-1))[0]
         flat = grad.reshape(-1, width)
         flat[rows, local.reshape(-1)[rows]] -= 1.0     # minus the one-hot where the target is here
-        grad *= g / count
+        if counted is None:
+            grad *= g / count
+        else:
+            grad *= xp.where(counted, g / max(count, 1), 0)[..., None]
         return (grad,)
 
     return Tensor._make(xp.asarray(loss, dtype=z.dtype), (logits,), backward,

@@ -18,7 +18,10 @@ case inside the workers:
   whole model's weights after the same steps;
 * ``parallelize_module`` with torch's styles on the GPT against the same
   whole model, and its refusals;
-* shapes that do not divide: the errors say what and what to do.
+* shapes that do not divide: the errors say what and what to do;
+* the vocabulary-parallel loss with ``ignore_index`` (torch's -100 and
+  another label, some tokens or all of them ignored) against
+  ``F.cross_entropy`` of the whole logits.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import pytest
 
 import minidist
 import minidist.distributed as dist
-from minidist import memory, optim, trace
+from minidist import Tensor, memory, optim, trace
 from minidist.models.gpt import GPT, GPTConfig
 from minidist.nn import functional as F
 from minidist.parallel import (
@@ -154,10 +157,42 @@ def _errors():
     )
 
 
+#: (ignore_index, which tokens carry it): padding (-100) on some tokens, a
+#: word id (3) as the label to ignore, and every token ignored.
+IGNORED = [(-100, [0, 5, 6]), (3, None), (-100, "all")]
+
+
+def _ignoring_case(ignore_index, where):
+    """Whole float64 logits (2, 4, 11) and targets with ``ignore_index`` placed."""
+    rng = np.random.default_rng(7)
+    logits = rng.standard_normal((2, 4, CONFIG.vocab_size))
+    targets = rng.integers(0, CONFIG.vocab_size, size=(2, 4))
+    targets[0, 0] = 3  # a token labelled 3 in every case: ignored only in the second
+    if where == "all":
+        targets[...] = ignore_index
+    elif where is not None:
+        targets.reshape(-1)[where] = ignore_index
+    return logits, targets
+
+
+def _run_ignoring():
+    rank, world = dist.get_rank(), dist.get_world_size()
+    start, stop = vocab_range(CONFIG.vocab_size, rank, world)
+    results = []
+    for ignore_index, where in IGNORED:
+        logits, targets = _ignoring_case(ignore_index, where)
+        shard = Tensor(logits[..., start:stop].copy(), requires_grad=True)
+        loss = vocab_parallel_cross_entropy(shard, targets, vocab_start=start,
+                                            ignore_index=ignore_index)
+        loss.backward()
+        results.append((float(loss.item()), shard.grad.copy(), start, stop))
+    return results
+
+
 def _worker():
     return dict(split={mode: _run_split(mode) for mode in MODES},
                 trained={mode: _train(mode) for mode in MODES},
-                torch_plan=_run_torch_plan(), errors=_errors())
+                torch_plan=_run_torch_plan(), errors=_errors(), ignoring=_run_ignoring())
 
 
 @pytest.fixture(scope="module")
@@ -337,3 +372,24 @@ def test_errors_say_what_and_what_to_do(runs, world):
     assert "PackedColwiseParallel(3)" in errors["fused"]
     assert "n_head // tp" in errors["unsplit_heads"]
     assert "no submodule matches 'h.*.mlp'" in errors["no_match"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world", WORLDS)
+def test_the_vocabulary_parallel_loss_ignores_tokens_as_cross_entropy_does(runs, world):
+    results, _ = runs[world]
+    for case, (ignore_index, where) in enumerate(IGNORED):
+        logits, targets = _ignoring_case(ignore_index, where)
+        whole = Tensor(logits.reshape(-1, CONFIG.vocab_size), requires_grad=True)
+        with np.errstate(invalid="ignore"):
+            loss = F.cross_entropy(whole, targets.reshape(-1), ignore_index=ignore_index)
+        loss.backward()
+        grad = whole.grad.reshape(logits.shape)
+        for ranks_loss, shard_grad, start, stop in (r["ignoring"][case] for r in results):
+            if where == "all":
+                assert np.isnan(ranks_loss) and np.isnan(loss.item())
+            else:
+                assert ranks_loss == pytest.approx(loss.item(), rel=RTOL)
+            np.testing.assert_allclose(shard_grad, grad[..., start:stop], rtol=RTOL, atol=ATOL)
+        ignored = targets == ignore_index
+        assert ignored.any() and not np.abs(grad[ignored]).any()
