@@ -25,6 +25,10 @@ One step, as the paper draws it::
         scaler.update()
         masters.copy_masters_to_model()            # float16 weights re-made from the masters
 
+A checkpoint holds four state_dicts: the model's, the optimizer's, the
+scaler's and the masters' (``masters.state_dict()``; the float16 weights
+are rounded copies of the masters, so they alone do not resume the run).
+
 The loss is computed from float32 logits: log-softmax over float16 scores
 loses digits, and a float16 loss times 2^16 overflows. (apex's O2 casts a
 model's outputs to float32 the same way.)
@@ -119,6 +123,45 @@ class MasterWeights:
         optimizer step; after a skipped step it copies the same values."""
         for param, master in self._pairs():
             param.data[...] = master.data
+
+    def state_dict(self) -> dict:
+        """The masters' values, to save beside the model's, the optimizer's
+        and the GradScaler's ``state_dict``: the model's float16 weights are
+        rounded copies of the masters, and an optimizer's state_dict holds
+        its state (momenta), not its parameters, so a run resumed without
+        this one would go on from rounded weights. Keys: ``dtype`` and
+        ``masters`` (parameter index in the model's order -> a copy of its
+        master; a parameter that is its own master is saved with the model)."""
+        return {"dtype": self.dtype.name,
+                "masters": {index: master.data.copy()
+                            for index, (param, master)
+                            in enumerate(zip(self.model_params, self.master_params))
+                            if master is not param}}
+
+    @no_grad()
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Put saved masters back (in place: the optimizer's parameters stay
+        the same objects) and re-make the model's weights from them. Refuses
+        a state of another dtype, of other parameters or of other shapes."""
+        dtype = numpy.dtype(state_dict["dtype"])
+        if dtype != self.dtype:
+            raise ValueError(f"MasterWeights.load_state_dict: the state holds {dtype} masters, "
+                             f"these are {self.dtype}; make MasterWeights(model, dtype={dtype.name})")
+        saved = {int(index): array for index, array in state_dict["masters"].items()}
+        copied = [index for index, (param, master)
+                  in enumerate(zip(self.model_params, self.master_params)) if master is not param]
+        if sorted(saved) != copied:
+            raise ValueError(f"MasterWeights.load_state_dict: the state has masters for "
+                             f"parameters {sorted(saved)}, this model copies parameters {copied}: "
+                             "load it into the model (and the same .half() layers) it was "
+                             "saved from")
+        for index in copied:
+            master, array = self.master_params[index], numpy.asarray(saved[index])
+            if array.shape != master.data.shape:
+                raise ValueError(f"MasterWeights.load_state_dict: parameter {index} is "
+                                 f"{master.data.shape} here, {array.shape} in the state")
+            master.data[...] = array
+        self.copy_masters_to_model()
 
     def _pairs(self):
         return ((param, master) for param, master in zip(self.model_params, self.master_params)

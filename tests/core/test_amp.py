@@ -333,6 +333,69 @@ def test_copying_gradients_keeps_an_overflow_visible_and_a_missing_gradient_miss
     assert master_params[1].grad is None
 
 
+def _mixed_run(state=None, steps=3):
+    """A float16 MLP with float32 masters, SGD with momentum and a GradScaler,
+    ``steps`` steps on fixed batches; started from ``state`` (the four
+    state_dicts) if given. Returns the final masters and the four states."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 8)).astype(np.float16)
+    y = rng.integers(0, 3, size=16)
+    nn.init.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)).half()
+    masters = amp.MasterWeights(model)
+    optimizer = optim.SGD(masters.parameters(), lr=0.05, momentum=0.9)
+    scaler = amp.GradScaler(init_scale=2.0**10)
+    if state is not None:
+        model.load_state_dict(state["model"])
+        masters.load_state_dict(state["masters"])
+        optimizer.load_state_dict(state["optimizer"])
+        scaler.load_state_dict(state["scaler"])
+    for _ in range(steps):
+        model.zero_grad()
+        logits = model(Tensor(x)).astype(np.float32)
+        scaler.scale(nn.functional.cross_entropy(logits, y)).backward()
+        masters.copy_grads_to_masters()
+        scaler.step(optimizer)
+        scaler.update()
+        masters.copy_masters_to_model()
+    state = {"model": model.state_dict(), "masters": masters.state_dict(),
+             "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()}
+    return [p.data.copy() for p in masters.parameters()], state
+
+
+def test_master_weights_saved_mid_run_continue_the_same_run():
+    straight, _ = _mixed_run(steps=6)
+    _, halfway = _mixed_run(steps=3)
+    resumed, _ = _mixed_run(state=halfway, steps=3)
+    for a, b in zip(straight, resumed):
+        assert np.array_equal(a, b)
+    # Without the masters' state the run goes on from the float16 weights,
+    # rounded: not the same run.
+    rounded = dict(halfway, masters={"dtype": "float32", "masters": {
+        index: array.astype(np.float16).astype(np.float32)
+        for index, array in halfway["masters"]["masters"].items()}})
+    drifted, _ = _mixed_run(state=rounded, steps=3)
+    assert any(not np.array_equal(a, b) for a, b in zip(straight, drifted))
+
+
+def test_master_weights_refuse_a_state_of_another_model():
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2)).half()
+    masters = amp.MasterWeights(model)
+    state = masters.state_dict()
+    assert sorted(state["masters"]) == [0, 1, 2, 3] and state["dtype"] == "float32"
+    other = amp.MasterWeights(nn.Sequential(nn.Linear(3, 5), nn.Linear(5, 2)).half())
+    with pytest.raises(ValueError, match=r"parameter 0 is \(5, 3\) here, \(4, 3\) in the state"):
+        other.load_state_dict(state)
+    partly = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+    partly[0].half()
+    with pytest.raises(ValueError, match=r"masters for parameters \[0, 1, 2, 3\], this model "
+                                         r"copies parameters \[0, 1\]"):
+        amp.MasterWeights(partly).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"holds float32 masters, these are float64; make "
+                                         r"MasterWeights\(model, dtype=float32\)"):
+        amp.MasterWeights(model, dtype=np.float64).load_state_dict(state)
+
+
 # -- the demonstration and training ----------------------------------------------------------
 
 def test_float16_gradients_underflow_without_loss_scaling_and_survive_with_it():
