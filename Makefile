@@ -21,7 +21,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check minidist viz tests benchmarks lessons
+	$(VENV)/bin/ruff check minidist viz tests benchmarks lessons scripts examples
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_training_step.py

@@ -12,6 +12,7 @@ import minidist.distributed as dist  # torch: import torch.distributed as dist
 from minidist import Tensor, nn, optim  # torch: import torch; from torch import nn, optim
 from minidist.data import DataLoader, DistributedSampler, load_digits
 from minidist.parallel import DistributedDataParallel as DDP
+
 # torch: from torch.utils.data import DataLoader, TensorDataset
 # torch: from torch.utils.data.distributed import DistributedSampler
 # torch: from torch.nn.parallel import DistributedDataParallel as DDP
