@@ -5,7 +5,8 @@
   self-attention and a GELU MLP, the output layer tied to the token
   embedding; ``gpt.py``.
 * :func:`generate`: sampling text from a GPT, one token at a time;
-  ``generate.py``.
+  ``generate.py``; with ``use_cache=True`` each layer's keys and values are
+  kept between tokens (:class:`KVCache`, ``kv_cache.py``).
 
 The models know nothing of processes: the parallel strategies of
 :mod:`minidist.parallel` split them.
@@ -13,5 +14,6 @@ The models know nothing of processes: the parallel strategies of
 
 from minidist.models.generate import generate
 from minidist.models.gpt import GPT, MLP, Block, CausalSelfAttention, GPTConfig
+from minidist.models.kv_cache import KVCache
 
-__all__ = ["GPT", "GPTConfig", "Block", "CausalSelfAttention", "MLP", "generate"]
+__all__ = ["GPT", "GPTConfig", "Block", "CausalSelfAttention", "MLP", "KVCache", "generate"]

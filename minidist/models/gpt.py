@@ -106,7 +106,10 @@ class CausalSelfAttention(Module):
         sequence (minidist.parallel.context_parallel_gpt)."""
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-    def forward(self, x):
+    def forward(self, x, cache=None):
+        """``cache``: this layer's part of a :class:`~minidist.models.kv_cache.KVCache`
+        (generation): the new positions' keys and values join the cached ones,
+        and the queries attend over all of them."""
         heads, head_dim = self.n_head, self.head_dim
         qkv = self.c_attn(x)
         # Sized from c_attn's output and head_dim, not from x: a tensor-parallel
@@ -120,7 +123,12 @@ class CausalSelfAttention(Module):
         # (B, T, 3C) -> (3, B, H, T, D): q, k and v, each with the heads on axis 1.
         qkv = qkv.reshape(batch, steps, 3, heads, head_dim).transpose(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]
-        y = self.attend(q, k, v)  # (B, H, T, D)
+        if cache is None:
+            y = self.attend(q, k, v)  # (B, H, T, D)
+        else:
+            prompt = cache.is_prompt  # a prompt attends causally; a later token to every position
+            keys, values = cache.append(k.data, v.data)
+            y = F.scaled_dot_product_attention(q, Tensor(keys), Tensor(values), is_causal=prompt)
         y = y.transpose(0, 2, 1, 3).reshape(batch, steps, heads * head_dim)  # heads side by side
         return self.c_proj(y)
 
@@ -148,8 +156,8 @@ class Block(Module):
         self.ln_2 = LayerNorm(config.n_embd, bias=config.bias, dtype=dtype)
         self.mlp = MLP(config, rng=rng, dtype=dtype)
 
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x, cache=None):
+        x = x + self.attn(self.ln_1(x), cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -193,7 +201,10 @@ class GPT(Module):
             else:  # Linear and Embedding weights (the tied wte once)
                 init.normal_(param, 0.0, INIT_STD, rng=rng)
 
-    def forward(self, idx):
+    def forward(self, idx, cache=None):
+        """``cache``: a :class:`~minidist.models.kv_cache.KVCache` (generation):
+        ``idx`` then holds only the tokens after the cached ones, at the
+        positions that follow them."""
         idx = numpy.asarray(backend.to_numpy(idx.data if isinstance(idx, Tensor) else idx))
         if idx.ndim != 2:
             raise ValueError(f"GPT: expected token ids of shape (batch, time), got shape {idx.shape}")
@@ -204,9 +215,12 @@ class GPT(Module):
                 f"crop it to its last {self.config.block_size} tokens (as generate() does)"
             )
         t = self.transformer
-        x = t.wte(idx) + t.wpe(numpy.arange(steps))  # (B, T, C) + (T, C)
-        for block in t.h:
-            x = block(x)
+        start = 0 if cache is None else cache.check_feed(steps)
+        x = t.wte(idx) + t.wpe(numpy.arange(start, start + steps))  # (B, T, C) + (T, C)
+        for index, block in enumerate(t.h):
+            x = block(x) if cache is None else block(x, cache.layer(index))
+        if cache is not None:
+            cache.advance(steps)
         return self.lm_head(t.ln_f(x))
 
     def num_parameters(self, trainable_only: bool = False, non_embedding: bool = False) -> int:

@@ -2,7 +2,7 @@
 tests/data/torch_reference/gpt.npz by scripts/record_torch_gpt.py, and live
 where torch is installed), shapes, causality, the tied output layer, its
 initialisation, a finite-difference check of its gradients in float64, and
-generation."""
+generation, with and without a KV cache."""
 
 import functools
 import importlib.util
@@ -12,7 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from minidist import no_grad
 from minidist.models import GPT, GPTConfig, generate
+from minidist.models.kv_cache import KVCache
 from minidist.nn import functional as F
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -192,6 +194,55 @@ def test_generation_extends_the_context_and_is_repeatable():
     assert np.array_equal(out, generate(model, start, 10, seed=5))
     one = generate(model, start[0], 4, seed=1)
     assert one.shape == (7,) and model.training
+
+
+def test_a_kv_cache_gives_the_logits_of_the_whole_context():
+    model = tiny(np.float64)
+    context = tokens(2, 6)
+    whole = model(context).data
+    cache = KVCache(model.config.n_layer, model.config.block_size)
+    with no_grad():
+        parts = [model(context[:, :3], cache=cache).data]        # the prompt, causally
+        parts += [model(context[:, t:t + 1], cache=cache).data for t in range(3, 6)]
+    np.testing.assert_allclose(np.concatenate(parts, axis=1), whole, rtol=1e-12, atol=1e-14)
+    assert cache.length == 6
+    assert cache.nbytes() == 2 * 2 * (2 * 2 * 6 * 4) * 8   # K and V, 2 layers, (B, H, T, D), float64
+
+
+def test_generation_with_a_kv_cache_draws_the_same_tokens():
+    model = tiny(np.float64)
+    for start, new in ((tokens(2, 3), 10), (tokens(1, 6), 4), (tokens(3, 1), 5)):
+        # 13 tokens on a block_size of 6: the window slides and the cache starts again
+        for top_k in (None, 2):
+            plain = generate(model, start, new, seed=5, top_k=top_k)
+            cached = generate(model, start, new, seed=5, top_k=top_k, use_cache=True)
+            assert np.array_equal(plain, cached)
+
+
+def test_a_kv_cache_refuses_what_it_cannot_hold():
+    model = tiny(np.float64)
+    cache = KVCache(model.config.n_layer, model.config.block_size)
+    with pytest.raises(RuntimeError, match="generate under minidist.no_grad"):
+        model(tokens(1, 2), cache=cache)
+    with no_grad():
+        model(tokens(1, 5), cache=cache)
+        with pytest.raises(ValueError, match="feed one token at a time, got 2"):
+            model(tokens(1, 2), cache=cache)
+        model(tokens(1, 1), cache=cache)
+        with pytest.raises(ValueError, match="exceed block_size=6; crop the context and clear"):
+            model(tokens(1, 1), cache=cache)
+        with pytest.raises(ValueError, match="holds 1 sequences of 2 heads, the new token 3"):
+            cache.clear()
+            model(tokens(1, 2), cache=cache)
+            model(tokens(3, 1), cache=cache)
+
+    class Wrapped(GPT):
+        def forward(self, idx):
+            return super().forward(idx)
+
+    wrapped = Wrapped(tiny().config, rng=0)
+    with pytest.raises(TypeError, match="Wrapped's forward does not: pass use_cache=False"):
+        generate(wrapped, tokens(1, 2), 2, use_cache=True)
 
 
 def test_top_k_1_is_the_most_likely_token_every_time():

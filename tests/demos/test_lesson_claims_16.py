@@ -136,3 +136,25 @@ def test_mixed_precision_is_closer_to_float32_than_float32_on_other_windows():
     other = smooth(_losses("float32", 40, 1, tokens, vocab))
     assert np.abs(mixed - single).mean() < np.abs(other - single).mean()
     assert mixed[-5:].mean() < mixed[:5].mean()               # and it learned
+
+
+def test_a_kv_cache_runs_each_position_once_where_recomputing_runs_t_squared_over_2():
+    """Section 2, the KV cache: 'without the cache the t-th character runs all
+    t positions before it, about T^2 / 2 for a context of T; with it each
+    position runs once'; the characters agree."""
+    from minidist.models import generate
+
+    model = build_gpt(62, n_layer=1, n_head=2, n_embd=16, block_size=12).to(np.float64)
+    prompt = np.arange(3)[None, :]
+    new = model.config.block_size - prompt.shape[1]
+    counted = {}
+    for use_cache in (False, True):
+        positions = []
+        hook = model.transformer.wte.register_forward_hook(
+            lambda module, inputs, output, seen=positions: seen.append(np.shape(inputs[0])[-1]))
+        counted[use_cache] = (generate(model, prompt, new, seed=3, use_cache=use_cache),
+                              sum(positions))
+        hook.remove()
+    assert counted[False][1] == sum(range(3, 12))                      # 3 + 4 + ... + 11
+    assert counted[True][1] == 11                                      # each position once
+    assert np.array_equal(counted[False][0], counted[True][0])
