@@ -157,7 +157,10 @@ class Block(Module):
         self.mlp = MLP(config, rng=rng, dtype=dtype)
 
     def forward(self, x, cache=None):
-        x = x + self.attn(self.ln_1(x), cache)
+        h = self.ln_1(x)
+        # Without a cache the attention is called as any module (a strategy may
+        # have put its own in its place).
+        x = x + (self.attn(h) if cache is None else self.attn(h, cache))
         return x + self.mlp(self.ln_2(x))
 
 
