@@ -69,6 +69,20 @@ def interleaved_medians(steps: dict, repeats: int, steps_per_round: int = 3, war
     return {name: sorted(values)[len(values) // 2] for name, values in times.items()}
 
 
+def sgd_step(model, sgd, loss_fn, x, y):
+    """One training step, SGD (lr 0.01, momentum 0.9) on ``loss_fn``: the same
+    code for minidist and torch, whose names and meanings agree."""
+    optimizer = sgd(model.parameters(), lr=0.01, momentum=0.9)
+
+    def step():
+        loss = loss_fn(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
 # ----------------------------------------------------------------- minidist
 def minidist_mlp_step(batch, rng):
     import numpy as np
@@ -77,18 +91,9 @@ def minidist_mlp_step(batch, rng):
     from minidist import nn, optim
 
     model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
-    optimizer = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
     x = rng.standard_normal((batch, 784)).astype(np.float32)
     y = rng.integers(0, 10, batch)
-
-    def step():
-        loss = loss_fn(model(minidist.Tensor(x)), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-
-    return step
+    return sgd_step(model, optim.SGD, nn.CrossEntropyLoss(), minidist.Tensor(x), y)
 
 
 def minidist_cnn_step(batch, rng):
@@ -102,18 +107,9 @@ def minidist_cnn_step(batch, rng):
         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(), nn.Linear(32 * 7 * 7, 10),
     )
-    optimizer = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
     x = rng.standard_normal((batch, 1, 28, 28)).astype(np.float32)
     y = rng.integers(0, 10, batch)
-
-    def step():
-        loss = loss_fn(model(minidist.Tensor(x)), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-
-    return step
+    return sgd_step(model, optim.SGD, nn.CrossEntropyLoss(), minidist.Tensor(x), y)
 
 
 def minidist_digits_step(batch, rng):
@@ -124,18 +120,9 @@ def minidist_digits_step(batch, rng):
     from minidist.train import build_model
 
     model = build_model("cnn")
-    optimizer = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
     x = rng.standard_normal((batch, 1, 8, 8)).astype(np.float32)
     y = rng.integers(0, 10, batch)
-
-    def step():
-        loss = loss_fn(model(minidist.Tensor(x)), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-
-    return step
+    return sgd_step(model, optim.SGD, nn.CrossEntropyLoss(), minidist.Tensor(x), y)
 
 
 # ------------------------------------------------------------ plain NumPy
@@ -188,18 +175,9 @@ def torch_mlp_step(batch, rng):
     model = torch.nn.Sequential(
         torch.nn.Linear(784, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)
     )
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = torch.nn.CrossEntropyLoss()
     x = torch.from_numpy(rng.standard_normal((batch, 784)).astype("float32"))
     y = torch.from_numpy(rng.integers(0, 10, batch))
-
-    def step():
-        loss = loss_fn(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-
-    return step
+    return sgd_step(model, torch.optim.SGD, torch.nn.CrossEntropyLoss(), x, y)
 
 
 def torch_cnn_step(batch, rng):
@@ -211,18 +189,9 @@ def torch_cnn_step(batch, rng):
         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(), nn.Linear(32 * 7 * 7, 10),
     )
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
     x = torch.from_numpy(rng.standard_normal((batch, 1, 28, 28)).astype("float32"))
     y = torch.from_numpy(rng.integers(0, 10, batch))
-
-    def step():
-        loss = loss_fn(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-
-    return step
+    return sgd_step(model, torch.optim.SGD, torch.nn.CrossEntropyLoss(), x, y)
 
 
 def torch_digits_step(batch, rng):
@@ -234,18 +203,9 @@ def torch_digits_step(batch, rng):
         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, 10),
     )
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
     x = torch.from_numpy(rng.standard_normal((batch, 1, 8, 8)).astype("float32"))
     y = torch.from_numpy(rng.integers(0, 10, batch))
-
-    def step():
-        loss = loss_fn(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-
-    return step
+    return sgd_step(model, torch.optim.SGD, torch.nn.CrossEntropyLoss(), x, y)
 
 
 def blas_kernels() -> str:
