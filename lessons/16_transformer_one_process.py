@@ -51,7 +51,7 @@ from minidist.data import CharTokenizer, RandomWindows, load_shakespeare, split_
 from minidist.experiments.mixed_precision import gradient_underflow
 from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
 from minidist.lesson_timing import timed
-from minidist.models import GPTConfig
+from minidist.models import GPTConfig, KVCache, generate
 from minidist.models.gpt import Block
 from minidist.nn import functional as F
 from minidist.runtime.blas_threads import set_blas_threads
@@ -334,8 +334,6 @@ print("weight on the previous position, mean per head:",
 # the characters agree.
 
 # %%
-from minidist.models import generate  # noqa: E402
-
 prompt = np.asarray(tokenizer.encode("ROMEO:"))[None, :]
 NEW = c.block_size - prompt.shape[1]   # up to a full context
 CASES = {"recompute the context": False, "KV cache": True}
@@ -367,9 +365,12 @@ for case in texts:
     print(f"{case:22} {fed[case]:>28,} {gen_times.best[case] * 1e3:>7.1f} ms "
           f"{NEW / gen_times.best[case]:>13,.0f}")
 same = np.array_equal(texts["recompute the context"], texts["KV cache"])
-print(f"the same {NEW} characters: {same}; the cache holds "
-      f"{2 * c.n_layer * c.block_size * c.n_embd * 4:,} bytes (K and V, {c.n_layer} layer(s), "
-      f"{c.block_size} positions, width {c.n_embd}, float32)")
+cache = KVCache(c.n_layer, c.block_size)
+with no_grad():
+    model(prompt, cache=cache)
+assert cache.nbytes() == 2 * c.n_layer * c.block_size * c.n_embd * 4   # 2 n_layer T C float32
+print(f"the same {NEW} characters: {same}; the cache holds {cache.nbytes():,} bytes (K and V, "
+      f"{c.n_layer} layer(s), {c.block_size} positions, width {c.n_embd}, float32)")
 if gen_times.load.busy:
     print(gen_times.load.note("the positions column is what the cache saves"))
 print(repr(tokenizer.decode(texts["KV cache"][0])))

@@ -126,6 +126,10 @@ class CausalSelfAttention(Module):
         if cache is None:
             y = self.attend(q, k, v)  # (B, H, T, D)
         else:
+            if "attend" in self.__dict__:  # a strategy's attention (context parallelism)
+                raise ValueError("CausalSelfAttention: this layer's attention was replaced (context "
+                                 "parallelism sets attend), and a KV cache would bypass it; "
+                                 "generate with use_cache=False")
             prompt = cache.is_prompt  # a prompt attends causally; a later token to every position
             keys, values = cache.append(k.data, v.data)
             y = F.scaled_dot_product_attention(q, Tensor(keys), Tensor(values), is_causal=prompt)

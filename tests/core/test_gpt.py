@@ -236,6 +236,11 @@ def test_a_kv_cache_refuses_what_it_cannot_hold():
             model(tokens(1, 2), cache=cache)
             model(tokens(3, 1), cache=cache)
 
+    replaced = tiny()
+    replaced.transformer.h[0].attn.attend = lambda q, k, v: q
+    with pytest.raises(ValueError, match="a KV cache would bypass it; generate with use_cache=False"):
+        generate(replaced, tokens(1, 2), 2, use_cache=True)
+
     class Wrapped(GPT):
         def forward(self, idx):
             return super().forward(idx)
