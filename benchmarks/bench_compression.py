@@ -143,7 +143,7 @@ def minidist_step(model_name, batches, name=None, bucket_mb=25.0, overlap=True, 
     """A step function: DDP with compressor ``name`` (None: no DDP, the local step)."""
     from minidist import Tensor, nn, optim
     from minidist.experiments.compression import COMPRESSORS
-    from minidist.parallel.data_parallel import DistributedDataParallel
+    from minidist.parallel.data.ddp import DistributedDataParallel
 
     model = make_model(model_name)
     loss_fn = nn.CrossEntropyLoss()

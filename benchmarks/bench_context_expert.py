@@ -12,8 +12,8 @@ thread a rank). The cases:
 
 First one traced call of each, forward and backward in their own trace
 regions: each rank's sends inside the region (the region's own rank, its
-clock) against :mod:`minidist.parallel.context_costs` and
-:func:`~minidist.parallel.expert_parallel_costs.dispatch_bytes` of the
+clock) against :mod:`minidist.parallel.context.costs` and
+:func:`~minidist.parallel.expert.costs.dispatch_bytes` of the
 dispatch matrix the routings gave. Then ``--rounds`` rounds; in each,
 every case runs ``--reps`` forwards and backwards after a barrier, the
 order rotating from round to round, and the communication of each case
@@ -67,7 +67,7 @@ SIMULATED_WORLDS = (8, 16, 32, 64, 128, 256)
 
 
 def _cp_inputs(shape, world, rank):
-    from minidist.parallel.context_split import shard_sequence
+    from minidist.parallel.context.split import shard_sequence
     from minidist.tensor import Tensor
 
     batch, heads, seq_len, width = shape
@@ -80,8 +80,8 @@ def _cp_inputs(shape, world, rank):
 
 def _cp_pass(scheme, shape, world, rank):
     """(forward, backward) closures of one attention call on this rank's pieces."""
-    from minidist.parallel.ring_attention import ring_attention
-    from minidist.parallel.ulysses import ulysses_attention
+    from minidist.parallel.context.ring_attention import ring_attention
+    from minidist.parallel.context.ulysses import ulysses_attention
 
     attend = ring_attention if scheme == "ring" else ulysses_attention
     (q, k, v), grad = _cp_inputs(shape, world, rank)
@@ -100,7 +100,7 @@ def _cp_pass(scheme, shape, world, rank):
 
 def _moe_pass(config, top_k, tokens, rank):
     from minidist.models.moe import MoE
-    from minidist.parallel.expert_parallel import ExpertParallelMoE
+    from minidist.parallel.expert.dispatch import ExpertParallelMoE
     from minidist.tensor import Tensor
 
     moe = MoE(config, config.n_expert, top_k, capacity_factor=None, rng=3)
@@ -124,7 +124,7 @@ def _moe_pass(config, top_k, tokens, rank):
 def _comm_only(name, shape, width, shard, world):
     """A closure that sends the case's messages and does nothing else."""
     import minidist.distributed as dist
-    from minidist.parallel.context_split import rank_positions
+    from minidist.parallel.context.split import rank_positions
 
     rank = dist.get_rank()
     batch, heads, seq_len, width = shape
@@ -135,7 +135,7 @@ def _comm_only(name, shape, width, shard, world):
         out = np.empty(block.size * world, np.float32)
         return lambda: dist.all_gather_into_tensor(out, block, algorithm="ring")
     if name == "ulysses":
-        from minidist.parallel.ulysses import ALGORITHM
+        from minidist.parallel.context.ulysses import ALGORITHM
         local = batch * heads * (seq_len // world) * width
         source, out = np.zeros(local, np.float32), np.empty(local, np.float32)
 
@@ -143,7 +143,7 @@ def _comm_only(name, shape, width, shard, world):
             for _ in range(4):
                 dist.all_to_all_single(out, source, algorithm=ALGORITHM)
         return four
-    from minidist.parallel.expert_parallel import ALL_TO_ALL
+    from minidist.parallel.expert.dispatch import ALL_TO_ALL
     sent, received = shard.dispatch.sent, shard.dispatch.received
     counts = np.zeros(shard.n_expert, np.int64)
     counts_out = np.empty_like(counts)
@@ -230,8 +230,8 @@ def sent_in_regions(events, world):
 def formulas(world, cp_shape, moe_config, loads):
     """{(case, pass): bytes per rank by formula}; ``loads[case][rank]``: that
     rank's routing's load per expert."""
-    from minidist.parallel.context_costs import ring_attention_bytes, ulysses_bytes
-    from minidist.parallel.expert_parallel_costs import dispatch_bytes
+    from minidist.parallel.context.costs import ring_attention_bytes, ulysses_bytes
+    from minidist.parallel.expert.costs import dispatch_bytes
 
     batch, heads, seq_len, width = cp_shape
     found = {}
@@ -284,11 +284,8 @@ def model_comm_seconds(name, world, cp_shape, moe_config, tokens, top_k, params)
 def simulated_rows(sim_shape, width_moe, tokens, params):
     """The beyond-the-machine table: one row per world size."""
     from minidist.distributed.simulator import simulate
-    from minidist.parallel.context_costs import ring_attention_bytes, ulysses_bytes
-    from minidist.parallel.expert_parallel_costs import (
-        balanced_dispatch_bytes,
-        dense_mlp_all_reduce_bytes,
-    )
+    from minidist.parallel.context.costs import ring_attention_bytes, ulysses_bytes
+    from minidist.parallel.expert.costs import balanced_dispatch_bytes, dense_mlp_all_reduce_bytes
 
     batch, heads, seq_len, width = sim_shape
     rows = []

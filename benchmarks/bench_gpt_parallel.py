@@ -1,7 +1,7 @@
 """Bytes and time per training step of the GPT under DP, TP, SP, PP and their
 products, at 2 and 4 processes.
 
-Every configuration is a :class:`~minidist.parallel.gpt_3d.GPT3D` on a
+Every configuration is a :class:`~minidist.parallel.mesh.gpt_3d.GPT3D` on a
 ``(pp, dp, tp)`` device mesh, so the strategies differ only in the mesh's
 shape (and sequence parallelism, and the pipeline's schedule):
 
@@ -77,7 +77,7 @@ def worker(world, config, batches, steps, windows, lr):
     from minidist import optim, trace
     from minidist.distributed.device_mesh import init_device_mesh
     from minidist.models.gpt import GPT
-    from minidist.parallel.gpt_3d import GPT3D
+    from minidist.parallel.mesh.gpt_3d import GPT3D
     from minidist.runtime.blas_threads import set_blas_threads
 
     set_blas_threads(1)
@@ -154,7 +154,7 @@ def _all_reduce_bytes(count, ranks, transport):
 def formula_bytes(world, name, config, batch, held, transport):
     """{dim: bytes all ranks send in one step}, by formula (no trace):
 
-    * tp: :func:`~minidist.parallel.tensor_parallel_costs.gpt_step_bytes` of
+    * tp: :func:`~minidist.parallel.tensor.costs.gpt_step_bytes` of
       one micro-batch (b = B / (dp m) sequences) per micro-batch and replica,
       the sequence-parallel gradient sum once a step;
     * dp: one all_reduce of each rank's P_r gradients and its example count
@@ -165,7 +165,7 @@ def formula_bytes(world, name, config, batch, held, transport):
       all_reduce between the first and last stage (the embedding group).
 
     ``held[rank]``: (parameters, tied weight's values) of that rank."""
-    from minidist.parallel.tensor_parallel_costs import gpt_step_bytes
+    from minidist.parallel.tensor.costs import gpt_step_bytes
 
     shape, _, virtual, sp = CONFIGS[world][name]
     pp, dp, tp = shape
@@ -201,7 +201,7 @@ def local_machine(config, batch, transport):
     import numpy as np
 
     from minidist.alpha_beta import PARAMS
-    from minidist.parallel.plan_3d import Machine
+    from minidist.parallel.mesh.plan_3d import Machine
     from minidist.runtime.blas_threads import set_blas_threads
 
     set_blas_threads(1)
@@ -224,7 +224,7 @@ def predicted_step(world, name, config, batch, machine):
     """plan_3d.predict_step of one measured configuration on ``machine``;
     None where the plan's model cannot take it (its stages must hold equal
     numbers of blocks, GPT3D's need not)."""
-    from minidist.parallel.plan_3d import GPTShape, Plan, predict_step, why_not
+    from minidist.parallel.mesh.plan_3d import GPTShape, Plan, predict_step, why_not
 
     (pp, dp, tp), schedule, virtual, sp = CONFIGS[world][name]
     shape = GPTShape.from_config(config, batch, micro_batch=batch // (dp * MICROBATCHES))
@@ -251,7 +251,7 @@ LARGE_PLANS = {"DP 1024": (1024, 1, 1, "1f1b", 1, False),
 
 def large_mesh_rows():
     """{name: plan_3d.predict_step} for :data:`LARGE_PLANS` on plan_3d.CLUSTER."""
-    from minidist.parallel.plan_3d import CLUSTER, GPTShape, Plan, predict_step
+    from minidist.parallel.mesh.plan_3d import CLUSTER, GPTShape, Plan, predict_step
 
     model = GPTShape(**LARGE)
     return {name: predict_step(model, Plan(dp=dp, tp=tp, pp=pp, schedule=schedule,

@@ -45,7 +45,7 @@ from minidist import Tensor, no_grad  # noqa: E402
 from minidist.data import load_digits  # noqa: E402
 from minidist.distributed.launch import cores  # noqa: E402
 from minidist.nn.quantization import int8_matmul, model_size_bytes, quantize  # noqa: E402
-from minidist.parallel.inference import parallel_predict, predict  # noqa: E402
+from minidist.parallel.data.inference import parallel_predict, predict  # noqa: E402
 from minidist.runtime.blas_threads import blas_threads, set_blas_threads  # noqa: E402
 from minidist.train import evaluate, train_digits  # noqa: E402
 

@@ -55,8 +55,8 @@ def one_batch(batch: int, steps: int, windows: int):
     import minidist.distributed as dist
     from minidist import Tensor, nn, optim, trace
     from minidist.data import load_digits
-    from minidist.parallel.data_parallel import DistributedDataParallel
-    from minidist.parallel.hybrid import DenseModelParallel, HybridParallel, all_gather_batch
+    from minidist.parallel.data.ddp import DistributedDataParallel
+    from minidist.parallel.model.hybrid import DenseModelParallel, HybridParallel, all_gather_batch
     from minidist.runtime.blas_threads import set_blas_threads
     from minidist.train import build_model
 
@@ -125,7 +125,7 @@ def sent_in_region(events, rank, label, skip_int64=True):
 
 def report(batch, results, events, windows, world) -> None:
     """The tables of one batch size."""
-    from minidist.parallel.hybrid import strategy_bytes
+    from minidist.parallel.model.hybrid import strategy_bytes
     from minidist.train import build_model
 
     table = strategy_bytes(build_model("cnn"), INPUT_SHAPE, batch, world)
@@ -189,7 +189,7 @@ def main() -> None:
 
     import minidist
     from minidist import trace
-    from minidist.parallel.hybrid import strategy_bytes
+    from minidist.parallel.model.hybrid import strategy_bytes
     from minidist.train import build_model
 
     world = 2

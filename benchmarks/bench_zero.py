@@ -46,9 +46,9 @@ GOAL = 1.2
 
 def _build(stage, model):
     from minidist import memory, optim
-    from minidist.parallel import zero
+    from minidist.parallel.data import stages
 
-    wrapped, optimizer = zero.wrap(model, stage, optim.Adam, algorithm="ring", lr=LR)
+    wrapped, optimizer = stages.wrap(model, stage, optim.Adam, algorithm="ring", lr=LR)
     if stage in (0, 1):
         return wrapped, optimizer, memory.Ledger(wrapped, optimizer)
     return wrapped, optimizer, memory.Ledger(list(wrapped.shards) + list(model.parameters()),
@@ -123,7 +123,7 @@ def sent_in_region(events, rank, label):
 
 
 def report(model_name, results, events, windows, world) -> None:
-    from minidist.parallel.zero import zero_bytes_per_step, zero_model_state_bytes
+    from minidist.parallel.data.costs import zero_bytes_per_step, zero_model_state_bytes
     from minidist.train import build_model
 
     model = build_model(model_name)

@@ -6,7 +6,7 @@
 
 1. Starts pp x dp x tp processes (``minidist.launch``, traced); each makes
    the mesh ``init_device_mesh("cpu", (pp, dp, tp), mesh_dim_names=("pp",
-   "dp", "tp"))`` and a :class:`~minidist.parallel.gpt_3d.GPT3D` of the same
+   "dp", "tp"))`` and a :class:`~minidist.parallel.mesh.gpt_3d.GPT3D` of the same
    seed: pipeline stages over pp, each stage tensor-parallel over tp,
    replicated over dp. Every rank draws the same global batches (one seed);
    each replica trains on its share. The last stage's ranks print the loss.
@@ -33,8 +33,8 @@ from minidist.data.text_windows import RandomWindows
 from minidist.distributed.device_mesh import init_device_mesh, trace_header
 from minidist.models.gpt import GPT, GPTConfig
 from minidist.nn import functional as F
-from minidist.parallel.gpt_3d import GPT3D, MESH_DIMS
-from minidist.parallel.pipeline import annotate_trace
+from minidist.parallel.mesh.gpt_3d import GPT3D, MESH_DIMS
+from minidist.parallel.pipeline.executor import annotate_trace
 from minidist.units import format_bytes
 from viz.timeline import bytes_per_dimension
 

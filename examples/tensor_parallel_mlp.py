@@ -24,8 +24,8 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, optim, trace
 from minidist.data import load_digits
-from minidist.parallel.model_parallel_bytes import STRATEGIES, format_table, split_bytes
-from minidist.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from minidist.parallel.model.costs import STRATEGIES, format_table, split_bytes
+from minidist.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
 
 HIDDEN, EPOCHS, BATCH, LR = 32, 10, 64, 0.3
 LAYER = (1000, 500, 128)  # in_features, out_features, batch: the seed's example

@@ -47,12 +47,12 @@ import minidist.distributed as dist
 from minidist import Tensor, nn, optim, trace
 from minidist.data import DistributedSampler, load_digits
 from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
-from minidist.parallel.data_parallel import (
+from minidist.parallel.data.ddp import (
     CoordinatorDataParallel,
     DistributedDataParallel,
     broadcast_module,
 )
-from minidist.parallel.straggler import Straggler
+from minidist.parallel.parameter_server.straggler import Straggler
 from minidist.tensor import no_grad
 
 narrate()  # run as a script: the text below is printed between the outputs

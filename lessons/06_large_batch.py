@@ -54,7 +54,7 @@ from minidist import Tensor, nn, optim
 from minidist.experiments import large_batch as lb
 from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
 from minidist.lesson_timing import timed
-from minidist.parallel.data_parallel import DistributedDataParallel
+from minidist.parallel.data.ddp import DistributedDataParallel
 
 narrate()  # run as a script: the text below is printed between the outputs
 use_headless_matplotlib()

@@ -60,7 +60,11 @@ from minidist.examples.parameter_server import (
 )
 from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
 from minidist.lesson_timing import Load
-from minidist.parallel.parameter_server import flat_parameters, load_flat_parameters, shard_ranges
+from minidist.parallel.parameter_server.server import (
+    flat_parameters,
+    load_flat_parameters,
+    shard_ranges,
+)
 
 narrate()  # run as a script: the text below is printed between the outputs
 use_headless_matplotlib()

@@ -43,9 +43,9 @@ from minidist import Tensor, nn, trace
 from minidist.data import load_digits, make_sparse_logistic
 from minidist.examples.parameter_server import digits_accuracy, digits_mlp, split_rows
 from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
-from minidist.parallel import delayed_proximal as d2p
-from minidist.parallel import hogwild
-from minidist.parallel.parameter_server import (
+from minidist.parallel.parameter_server import delayed_proximal as d2p
+from minidist.parallel.parameter_server import hogwild
+from minidist.parallel.parameter_server.server import (
     ParameterServer,
     flat_parameters,
     load_flat_parameters,

@@ -57,7 +57,7 @@ from minidist.parallel.pipeline import (
     peak_live_microbatches,
     simulate_schedule,
 )
-from minidist.parallel.pipeline_schedules import UNIT_NS
+from minidist.parallel.pipeline.schedules import UNIT_NS
 
 narrate()  # run as a script: the text below is printed between the outputs
 use_headless_matplotlib()

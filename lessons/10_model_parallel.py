@@ -56,9 +56,10 @@ from minidist import Tensor, nn, optim, trace
 from minidist.data import load_digits
 from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
 from minidist.lesson_timing import Load
-from minidist.parallel.data_parallel import DistributedDataParallel
-from minidist.parallel.distbelief import DistBeliefMLP, distbelief_bytes
-from minidist.parallel.hybrid import (
+from minidist.parallel.data.ddp import DistributedDataParallel
+from minidist.parallel.model.costs import STRATEGIES, format_table, split_bytes
+from minidist.parallel.model.distbelief import DistBeliefMLP, distbelief_bytes
+from minidist.parallel.model.hybrid import (
     STRATEGY_NAMES,
     DenseModelParallel,
     HybridParallel,
@@ -66,8 +67,7 @@ from minidist.parallel.hybrid import (
     format_strategy_table,
     strategy_bytes,
 )
-from minidist.parallel.model_parallel_bytes import STRATEGIES, format_table, split_bytes
-from minidist.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from minidist.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
 from minidist.runtime.blas_threads import set_blas_threads
 from minidist.train import build_model, evaluate
 

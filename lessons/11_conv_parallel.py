@@ -42,14 +42,14 @@ from minidist import Tensor, nn, optim, trace
 from minidist.data import load_digits
 from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
 from minidist.lesson_timing import Load, timed
-from minidist.parallel.conv_parallel import (
+from minidist.parallel.data.ddp import DistributedDataParallel
+from minidist.parallel.data.sync_batchnorm import SyncBatchNorm
+from minidist.parallel.model.conv_parallel import (
     ChannelParallelConv2d,
     SpatialParallelConv2d,
     band,
     halo_plan,
 )
-from minidist.parallel.data_parallel import DistributedDataParallel
-from minidist.parallel.sync_batchnorm import SyncBatchNorm
 from minidist.runtime.blas_threads import set_blas_threads
 from minidist.tensor import no_grad
 

@@ -56,8 +56,8 @@ from minidist import Tensor, nn, optim, trace
 from minidist.data import load_digits
 from minidist.experiments import compression as experiment
 from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
-from minidist.parallel import compression as C
-from minidist.parallel.data_parallel import DistributedDataParallel
+from minidist.parallel.data import compression as C
+from minidist.parallel.data.ddp import DistributedDataParallel
 from minidist.runtime.blas_threads import set_blas_threads
 from minidist.train import build_model
 

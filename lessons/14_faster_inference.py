@@ -43,7 +43,7 @@ from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
 from minidist.lesson_timing import Load, timed
 from minidist.nn import mobile
 from minidist.nn.quantization import model_size_bytes, quantize
-from minidist.parallel.inference import parallel_predict, predict
+from minidist.parallel.data.inference import parallel_predict, predict
 from minidist.runtime.blas_threads import set_blas_threads
 from minidist.runtime.oversubscription import cores
 from minidist.train import evaluate, train_digits

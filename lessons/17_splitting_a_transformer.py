@@ -50,6 +50,7 @@ from rich.console import Console
 import minidist
 import minidist.distributed as dist
 from minidist import Tensor, memory, optim, trace
+from minidist.distributed.collectives.traffic import ring_all_reduce_sent
 from minidist.distributed.device_mesh import groups_along, mesh_layout
 from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
 from minidist.models.gpt import GPT, GPTConfig
@@ -59,17 +60,13 @@ from minidist.parallel import (
     PackedColwiseParallel,
     RowwiseParallel,
     parallelize_module,
-    plan_3d,
 )
-from minidist.parallel.gpt_3d import GPT3D
-from minidist.parallel.model_parallel_bytes import format_table, ring_all_reduce_sent, split_bytes
-from minidist.parallel.tensor_parallel_costs import (
-    format_step_bytes,
-    gpt_activation_bytes,
-    gpt_step_bytes,
-)
-from minidist.parallel.tensor_parallel_gpt import qkv_rows, shard_index, tensor_parallel_gpt
-from minidist.parallel.vocab_parallel import vocab_parallel_cross_entropy
+from minidist.parallel.mesh import plan_3d
+from minidist.parallel.mesh.gpt_3d import GPT3D
+from minidist.parallel.model.costs import format_table, split_bytes
+from minidist.parallel.tensor.costs import format_step_bytes, gpt_activation_bytes, gpt_step_bytes
+from minidist.parallel.tensor.gpt import qkv_rows, shard_index, tensor_parallel_gpt
+from minidist.parallel.tensor.vocab import vocab_parallel_cross_entropy
 
 narrate()  # run as a script: the text below is printed between the outputs
 use_headless_matplotlib()
@@ -631,7 +628,7 @@ assert plain > whole_activations / 2 and round(sharded / whole_activations, 2) =
 # step. A 3D run lays its ranks out as an array, the **device mesh**, one
 # axis per kind of parallelism, and each kind talks within its own groups:
 # the ranks that share every coordinate but its own. Megatron's order, and
-# the one of `minidist.parallel.plan_3d` and of `GPT3D` (section 5): `init_device_mesh("cpu", (pp, dp,
+# the one of `minidist.parallel.mesh.plan_3d` and of `GPT3D` (section 5): `init_device_mesh("cpu", (pp, dp,
 # tp), mesh_dim_names=("pp", "dp", "tp"))`, row-major, tp the fastest index,
 # so the tp ranks are neighbours (one node) and the pp groups stride across
 # the machine.

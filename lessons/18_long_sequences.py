@@ -53,16 +53,16 @@ from minidist.lesson import in_notebook, narrate, output_dir, quick, use_headles
 from minidist.lesson_timing import Load, timed
 from minidist.models.gpt import GPT, Block, GPTConfig
 from minidist.nn import functional as F
-from minidist.parallel import plan_3d
-from minidist.parallel.context_costs import (
+from minidist.parallel.context.costs import (
     format_attention_bytes,
     ring_attention_bytes,
     ulysses_bytes,
 )
-from minidist.parallel.context_parallel_gpt import context_parallel_gpt
-from minidist.parallel.context_split import block_work, rank_chunks, rank_positions, shard_sequence
-from minidist.parallel.ring_attention import merge, ring_attention
-from minidist.parallel.ulysses import ulysses_attention
+from minidist.parallel.context.gpt import context_parallel_gpt
+from minidist.parallel.context.ring_attention import merge, ring_attention
+from minidist.parallel.context.split import block_work, rank_chunks, rank_positions, shard_sequence
+from minidist.parallel.context.ulysses import ulysses_attention
+from minidist.parallel.mesh import plan_3d
 
 narrate()  # run as a script: the text below is printed between the outputs
 use_headless_matplotlib()

@@ -57,19 +57,19 @@ from minidist.distributed import simulate
 from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
 from minidist.models.gpt import MLP, GPTConfig
 from minidist.models.moe import MoE, MoEGPT, MoEGPTConfig, expert_capacity, moe_layers
-from minidist.parallel.expert_parallel import (
-    ExpertParallelMoE,
-    allreduce_moe_grads,
-    expert_parallel_gpt,
-)
-from minidist.parallel.expert_parallel_costs import (
+from minidist.parallel.expert.costs import (
     balanced_dispatch_bytes,
     dense_mlp_all_reduce_bytes,
     dispatch_bytes,
     dispatch_matrix,
 )
-from minidist.parallel.plan_3d import CLUSTER
-from minidist.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from minidist.parallel.expert.dispatch import (
+    ExpertParallelMoE,
+    allreduce_moe_grads,
+    expert_parallel_gpt,
+)
+from minidist.parallel.mesh.plan_3d import CLUSTER
+from minidist.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
 
 narrate()  # run as a script: the text below is printed between the outputs
 use_headless_matplotlib()

@@ -82,13 +82,26 @@ def of(array):
     return numpy
 
 
-def to_numpy(array):
-    """A NumPy copy (or the array itself) of a NumPy or CuPy array."""
+def from_numpy(array):
+    """A host (NumPy) array as the active backend's array: the array itself
+    under NumPy, a copy on the device under CuPy. The way back is
+    :func:`to_numpy`; a message or a collective's result arrives in host
+    memory and goes through here to join the model's arrays."""
+    xp = get()
+    return array if xp is numpy else xp.asarray(array)
+
+
+def to_numpy(array, contiguous: bool = False):
+    """A NumPy copy (or the array itself) of a NumPy or CuPy array;
+    ``contiguous=True`` makes it C-contiguous as well, as a message's buffer
+    must be (a copy only where the array is a strided view)."""
     if isinstance(array, numpy.ndarray):
-        return array
-    if type(array).__module__.startswith("cupy"):
-        return array.get()
-    return numpy.asarray(array)
+        host = array
+    elif type(array).__module__.startswith("cupy"):
+        host = array.get()
+    else:
+        host = numpy.asarray(array)
+    return numpy.ascontiguousarray(host) if contiguous else host
 
 
 if os.environ.get("MINIDIST_BACKEND", "numpy") != "numpy":

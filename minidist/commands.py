@@ -479,7 +479,7 @@ def predict_command(args) -> int:
 
     Trains the digits model (one process, a few seconds), then predicts the
     test digits (repeated ``--copies`` times for a bigger input) in one
-    process and on N processes (:func:`minidist.parallel.inference.parallel_predict`),
+    process and on N processes (:func:`minidist.parallel.data.inference.parallel_predict`),
     and prints each one's throughput and whether the N-process predictions
     equal the single-process ones bit for bit (they compute every batch in
     the same shape, position and BLAS thread count, so they should on any
@@ -494,7 +494,7 @@ def predict_command(args) -> int:
 
     from minidist.data import load_digits
     from minidist.nn.quantization import model_size_bytes, quantize
-    from minidist.parallel.inference import parallel_predict, predict
+    from minidist.parallel.data.inference import parallel_predict, predict
     from minidist.train import train_digits
 
     try:

@@ -3,7 +3,7 @@
 Three things compute time instead of measuring it: the collective simulator
 (:mod:`minidist.distributed.simulator`), the sim transport under it
 (:mod:`minidist.distributed.transport.sim`) and the pipeline planner
-(:func:`minidist.parallel.pipeline_schedules.simulate_schedule`). They share
+(:func:`minidist.parallel.pipeline.simulate.simulate_schedule`). They share
 one model of time, and these are its pieces:
 
 * :class:`RankClock`: how far one rank has got. Work *advances* it by its

@@ -179,8 +179,8 @@ def pipeline():
     schedule's action to the bytes."""
     from minidist import Tensor, nn, optim
     from minidist.nn import functional as F
-    from minidist.parallel.pipeline import Pipeline, _Batch
-    from minidist.parallel.pipeline_schedules import SEND_ACTIVATION
+    from minidist.parallel.pipeline.executor import Pipeline, _Batch
+    from minidist.parallel.pipeline.schedules import SEND_ACTIVATION
 
     nn.init.manual_seed(0)
     pipe = Pipeline(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8)), "1f1b", 2)

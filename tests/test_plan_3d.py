@@ -13,16 +13,15 @@ from minidist import cli, costmodel
 from minidist.alpha_beta import Params
 from minidist.distributed.simulator import simulate
 from minidist.models.gpt import GPT, GPTConfig
-from minidist.parallel import plan_3d
-from minidist.parallel.pipeline_schedules import (
-    UNIT_NS,
+from minidist.parallel.data.costs import zero_bytes_per_step, zero_model_state_bytes
+from minidist.parallel.mesh import plan_3d
+from minidist.parallel.mesh.plan_3d import CLUSTER, GPTShape, Machine, Plan, predict_step
+from minidist.parallel.pipeline.schedules import UNIT_NS, make_schedule
+from minidist.parallel.pipeline.simulate import (
     bubble_fraction,
-    make_schedule,
     peak_live_microbatches,
     simulate_schedule,
 )
-from minidist.parallel.plan_3d import CLUSTER, GPTShape, Machine, Plan, predict_step
-from minidist.parallel.zero import zero_bytes_per_step, zero_model_state_bytes
 
 # Small enough to count by hand, divisible enough for every mesh below.
 SMALL = GPTShape(n_layer=8, n_embd=64, n_head=8, vocab_size=256, seq_len=32,

@@ -1,7 +1,7 @@
 """``minidist demo data-parallel -n N``: DDP training on N processes, watched live.
 
 N worker processes train the course's MLP (64-128-10) on the bundled digits
-with :class:`~minidist.parallel.data_parallel.DistributedDataParallel` (ring
+with :class:`~minidist.parallel.data.ddp.DistributedDataParallel` (ring
 all_reduce): each rank reads its shard of every epoch through a
 DistributedSampler, 32 examples per step, so the global batch is 32 N. The
 parent shows one row per rank (progress, loss, bytes sent, steps/s), fed by
@@ -30,7 +30,7 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, optim, trace
 from minidist.data import DataLoader, DistributedSampler, load_digits
-from minidist.parallel.data_parallel import DistributedDataParallel
+from minidist.parallel.data.ddp import DistributedDataParallel
 from minidist.train import build_model, evaluate
 from minidist.units import format_bytes
 

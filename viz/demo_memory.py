@@ -35,10 +35,8 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, memory, nn, optim, trace
 from minidist.data import load_digits
-from minidist.parallel import zero
-from minidist.parallel.zero import (
-    zero_model_state_bytes,
-)
+from minidist.parallel.data import zero
+from minidist.parallel.data.costs import zero_model_state_bytes
 from minidist.train import build_model
 from minidist.units import format_bytes
 from viz.memory_chart import REGION_PREFIX

@@ -3,17 +3,17 @@ weight matrices split, then the messages of its last step stepped through.
 
 N processes (default 2) train the course's MLP (64 -> 128 -> ReLU -> 10) on
 the bundled 8x8 digits with Megatron-LM's pairing of
-:mod:`minidist.parallel.tensor_parallel`: the first layer split by columns
-(:class:`~minidist.parallel.tensor_parallel.ColumnParallelLinear`, each rank
+:mod:`minidist.parallel.tensor.layers`: the first layer split by columns
+(:class:`~minidist.parallel.tensor.layers.ColumnParallelLinear`, each rank
 128/N hidden units, its output left split), the second by rows
-(:class:`~minidist.parallel.tensor_parallel.RowParallelLinear`, each rank the
+(:class:`~minidist.parallel.tensor.layers.RowParallelLinear`, each rank the
 matching 128/N inputs, the partial logits added with a ring all_reduce).
 Every rank sees the same batches of 64 (model parallel: the whole batch, a
 slice of the model) and updates its own slices with SGD (momentum 0.9).
 
 The run is traced, every step a region. The parent prints the loss of each
 epoch and the test accuracy, then the bytes of one step, per layer, from
-the formula (:mod:`minidist.parallel.model_parallel_bytes`) next to the
+the formula (:mod:`minidist.parallel.model.costs`) next to the
 trace of the last step: the only message is the row layer's forward
 all_reduce of the 64 x 10 partial logits (the column layer's backward
 all_reduce of dX does not run, since its input is the data, which needs no
@@ -32,8 +32,8 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, optim, trace
 from minidist.data import load_digits
-from minidist.parallel.model_parallel_bytes import ring_all_reduce_sent
-from minidist.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from minidist.distributed.collectives.traffic import ring_all_reduce_sent
+from minidist.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
 from minidist.train import build_model, evaluate
 
 #: -n when none is given (the demo parser's default of 4 is the collectives').

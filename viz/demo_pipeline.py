@@ -3,7 +3,7 @@ a pipeline trained for real on p processes, then stepped through.
 
 An MLP on the bundled 8x8 digits (64 -> 128 -> ... -> 10, ReLU, one Linear
 layer per stage: p of them, 2p with the interleaved schedule's two chunks
-per rank) is cut into stages by :class:`~minidist.parallel.pipeline.Pipeline`,
+per rank) is cut into stages by :class:`~minidist.parallel.pipeline.executor.Pipeline`,
 one per process; every batch of 64 examples is cut into m micro-batches and
 run by the schedule's list of actions, with SGD (momentum 0.9) after each
 batch. The run is traced; the parent prints the loss of each epoch and the

@@ -5,7 +5,7 @@ step, as a PNG and in the terminal.
 The data is what every rank's MoE layer keeps after a forward, its
 :class:`~minidist.models.moe.Routing` (the experts of each token's choices,
 and which found a place); a step is the list of the ranks' routings, rank
-order, for one layer (:mod:`minidist.parallel.expert_parallel`: expert e on
+order, for one layer (:mod:`minidist.parallel.expert.dispatch`: expert e on
 rank e // (E / n)). :func:`dispatch_panels` computes what is drawn;
 :func:`dispatch_figure` draws one column per step:
 

@@ -29,7 +29,7 @@ The bubble, measured: over the batch's makespan (first F/B/R start to last
 F/B/R end, all ranks), ``1 - busy / (ranks x makespan)`` where busy sums the
 F/B/R regions; the optimizer step is drawn but counted as neither. One
 definition: the chart calls the runtime's
-:func:`minidist.parallel.pipeline.bubble_fraction` on the batch's events.
+:func:`minidist.parallel.pipeline.simulate.bubble_fraction` on the batch's events.
 
 The bubble, expected, with equal stage costs and no transfer time: GPipe and
 1F1B idle ``(p-1)/(m+p-1)`` of the makespan (each stage waits p-1 slots to
@@ -65,13 +65,9 @@ from rich.text import Text
 from minidist import trace as _trace
 from minidist.atomic_file import atomic_path
 from minidist.model_gap import RunFacts, explain
-from minidist.parallel.pipeline_schedules import (
-    DeadlockError,
-    bubble_fraction,
-    compute_text,
-    schedule_from_order,
-    simulate_schedule,
-)
+from minidist.parallel.pipeline.labels import compute_text
+from minidist.parallel.pipeline.schedules import schedule_from_order
+from minidist.parallel.pipeline.simulate import DeadlockError, bubble_fraction, simulate_schedule
 from minidist.units import format_bytes
 from viz.box_labels import fit_box_labels
 from viz.terminal import (
@@ -183,7 +179,7 @@ class PipelineChart:
     batches: int
     simulated: bool          # the simulator's virtual clock (ns too: 1 ms per unit of cost)
     #: The measured bubble, 1 - busy / (ranks x makespan): the runtime's own
-    #: :func:`minidist.parallel.pipeline.bubble_fraction` of the batch's events.
+    #: :func:`minidist.parallel.pipeline.simulate.bubble_fraction` of the batch's events.
     bubble: float
     #: Cores and load average of the machine it ran on (trace header; None: not recorded).
     cores: int | None = None
@@ -1004,7 +1000,8 @@ def draw_planned_comparison(path, stages: int = 4, microbatches: int = 8,
     axis with each stage's peak live activations. ``colors``: write the PNG
     with a palette of that many colours (a third of the bytes, the same
     picture: it has few colours), None for full colour. Returns the PNG's path."""
-    from minidist.parallel.pipeline_schedules import make_schedule, simulate_schedule
+    from minidist.parallel.pipeline.schedules import make_schedule
+    from minidist.parallel.pipeline.simulate import simulate_schedule
 
     planned = {}
     for name, chunks in (("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", virtual_stages)):

@@ -8,7 +8,7 @@ ring, drawn by the same terminal step-through, GIF and browser player::
     ring = ring_attention_replay("cp.jsonl")     # the first ring_attention call's forward
     step_through(ring); save_gif(ring, "ring_attention.gif"); save_html(ring, "ring_attention.html")
 
-What a frame shows (:mod:`minidist.parallel.ring_attention`):
+What a frame shows (:mod:`minidist.parallel.context.ring_attention`):
 
 * each rank's buffer is its *output*, one cell per chunk of its positions
   (two with the zig-zag split: chunks r and 2n - 1 - r). A cell holds the
@@ -26,7 +26,7 @@ What a frame shows (:mod:`minidist.parallel.ring_attention`):
 
 The replay is built from the trace's messages, their labels (step, owner of
 the block, sequence length, split, causal) and
-:mod:`minidist.parallel.context_split` (which chunks see which block): what
+:mod:`minidist.parallel.context.split` (which chunks see which block): what
 the ranks did, as they recorded it. The backward pass (``phase="backward"``)
 replays the same way: the K, V blocks ringing round again.
 """
@@ -37,7 +37,7 @@ import os
 from collections import defaultdict
 
 from minidist import trace as _trace
-from minidist.parallel.context_split import SKIP, pair_kind, rank_chunks
+from minidist.parallel.context.split import SKIP, pair_kind, rank_chunks
 from viz.replay import Frame, Message, Replay
 
 FORMULA = "(n - 1) (α + 2 B H L D s β)  per rank, overlapped with the blocks' arithmetic"

@@ -1,13 +1,13 @@
 """The parameter server's worked examples for the course (lessons 7 and 8,
 ``minidist demo parameter-server``): linear regression with known true
 weights, and the small MLP on the bundled digits, each trained by
-:class:`~minidist.parallel.parameter_server.ParameterServer` on every rank
+:class:`~minidist.parallel.parameter_server.server.ParameterServer` on every rank
 of a launch.
 
     results = minidist.launch(train_linear_regression, world_size=4, args=(50,),
                               kwargs={"servers": 1, "mode": "bsp"})
 
-The strategy itself is in :mod:`minidist.parallel.parameter_server`; these
+The strategy itself is in :mod:`minidist.parallel.parameter_server.server`; these
 functions only use it, as a student's program would.
 """
 
@@ -19,7 +19,7 @@ import numpy as np
 
 import minidist.distributed as dist
 from minidist import Tensor, nn
-from minidist.parallel.parameter_server import (
+from minidist.parallel.parameter_server.server import (
     ParameterServer,
     load_flat_parameters,
     shard_ranges,

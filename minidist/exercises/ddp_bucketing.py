@@ -3,7 +3,7 @@
 Averaging gradients with one all_reduce per parameter pays a latency per
 parameter; DDP packs consecutive gradients (in the order backward produces
 them) into flat buckets of at most ``bucket_bytes`` and all-reduces each
-bucket once (:class:`minidist.parallel.data_parallel.DistributedDataParallel`).
+bucket once (:class:`minidist.parallel.data.ddp.DistributedDataParallel`).
 
 Checked on real processes, world sizes 1..4: the averaged gradients on
 every rank against NumPy, and every ``dist.all_reduce`` call the student

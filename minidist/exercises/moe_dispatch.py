@@ -2,7 +2,7 @@
 
 A mixture-of-experts layer (:class:`~minidist.models.moe.MoE`) sends each
 token to k of its E experts. Under expert parallelism
-(:mod:`minidist.parallel.expert_parallel`) rank j of n holds the experts
+(:mod:`minidist.parallel.expert.dispatch`) rank j of n holds the experts
 j E/n .. (j+1) E/n - 1, and every rank routes its own tokens; the rows of
 its kept choices must travel to the ranks of their experts and their
 outputs come back:
@@ -19,7 +19,7 @@ outputs come back:
 
 The student writes ``moe_dispatch(x, choices, kept, n_expert, experts)``,
 steps 1 to 5; the router, the capacity, the experts and the gating around
-it are the layer's own (an :class:`~minidist.parallel.expert_parallel.ExpertParallelMoE`
+it are the layer's own (an :class:`~minidist.parallel.expert.dispatch.ExpertParallelMoE`
 whose ``experts_on`` calls it). Checked on real processes (2 and 4 ranks,
 shared memory, float64, one launch per world size with both cases inside:
 top-1 and top-2 routing, capacity tight enough that choices are dropped)
@@ -28,7 +28,7 @@ were given (which rows, through which expert), what the student returns
 (every kept choice's expert output, zeros for a dropped one) and the
 layer's output. The outputs only: the function works on arrays, so no
 gradient flows through it (the backward is the same two all_to_alls
-transposed, :func:`~minidist.parallel.expert_parallel.all_to_all_rows`).
+transposed, :func:`~minidist.parallel.expert.dispatch.all_to_all_rows`).
 A wrong split size, rows in routing order, a missing combine, split sizes
 not swapped in the combine are each told as such; the student's all_to_all
 is replayed beside the reference's.
@@ -52,7 +52,7 @@ from minidist.exercises.exercise import (
 from minidist.exercises.process_check import launch_checked
 from minidist.models.gpt import GPTConfig
 from minidist.models.moe import MoE, route, run_experts
-from minidist.parallel.expert_parallel import ExpertParallelMoE
+from minidist.parallel.expert.dispatch import ExpertParallelMoE
 from minidist.tensor import Tensor, no_grad
 
 WORLD_SIZES = (2, 4)

@@ -2,7 +2,7 @@
 
 The student writes a pure function: for p stages and m micro-batches, each
 rank's order of forwards and backwards, ``[["F0", "F1", "B0", ...], ...]``.
-The checker turns it into a :class:`~minidist.parallel.pipeline_schedules.Schedule`
+The checker turns it into a :class:`~minidist.parallel.pipeline.schedules.Schedule`
 (the messages around each compute are added as the runtime adds them), runs
 it on the pipeline simulator (:func:`simulate_schedule`, equal stage costs,
 backward = 2 forwards), and compares with the reference 1F1B:
@@ -32,7 +32,8 @@ from minidist.exercises.exercise import (
     deadline,
     describe_error,
 )
-from minidist.parallel import pipeline_schedules as ps
+from minidist.parallel.pipeline import schedules as ps
+from minidist.parallel.pipeline import simulate
 
 SHAPES = [(p, m) for p in (1, 2, 3, 4, 6) for m in (1, 2, 3, 4, 8)]
 #: the shape the Gantt charts are drawn at
@@ -109,11 +110,11 @@ def as_schedule(orders, name: str = "yours") -> ps.Schedule:
 
 
 def simulate_orders(orders, name: str = "yours") -> list[dict]:
-    return ps.simulate_schedule(as_schedule(orders, name), 1.0, 2.0)
+    return simulate.simulate_schedule(as_schedule(orders, name), 1.0, 2.0)
 
 
 def _makespan(events) -> int:
-    regions = list(ps._pipeline_regions(events))
+    regions = list(simulate._pipeline_regions(events))
     return max(e["end"] for e in regions) - min(e["start"] for e in regions)
 
 
@@ -150,7 +151,7 @@ def _check(function, report) -> Failure | None:
             return orders
         try:
             events = simulate_orders(orders)
-        except ps.DeadlockError as error:
+        except simulate.DeadlockError as error:
             return Failure("deadlock", f"one_f_one_b({p}, {m}) deadlocks on the pipeline "
                            f"simulator: {error}")
         reference = simulate_orders(one_f_one_b(p, m), "1f1b")
@@ -160,7 +161,7 @@ def _check(function, report) -> Failure | None:
                 f"one_f_one_b({p}, {m}) is valid but takes {mine / ps.UNIT_NS:g} time units "
                 f"where 1F1B takes {theirs / ps.UNIT_NS:g} ((m + p - 1)(f + b) with f = 1, "
                 "b = 2): some stage waits longer than it must. Compare the Gantt charts."))
-        peaks, limits = ps.peak_live_microbatches(events), ps.peak_live_microbatches(reference)
+        peaks, limits = simulate.peak_live_microbatches(events), simulate.peak_live_microbatches(reference)
         for stage in range(p):
             if peaks.get(stage, 0) > limits.get(stage, 0):
                 return Failure("memory", (

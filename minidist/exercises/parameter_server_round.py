@@ -4,7 +4,7 @@ Rank 0 is the server and holds the weights; ranks 1..n-1 are workers, each
 with a gradient. Push: every worker sends its gradient to the server. The
 server averages the workers' gradients and takes an SGD step. Pull: every
 worker receives the new weights. Written with point-to-point messages
-(``dist.send`` / ``dist.recv``), as :mod:`minidist.parallel.parameter_server`
+(``dist.send`` / ``dist.recv``), as :mod:`minidist.parallel.parameter_server.server`
 is.
 
 Checked on real processes, world sizes 2..5: every rank's weights against

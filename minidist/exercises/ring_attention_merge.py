@@ -1,6 +1,6 @@
 """Exercise: the online-softmax merge at the heart of ring attention (lesson 18).
 
-Ring attention (:mod:`minidist.parallel.ring_attention`) cuts a sequence
+Ring attention (:mod:`minidist.parallel.context.ring_attention`) cuts a sequence
 across n ranks and passes the keys and values round a ring: at step s rank
 r holds the K, V block of rank r - s, attends its queries to it, and folds
 the result into what it has so far. softmax over all keys is never formed:
@@ -45,9 +45,9 @@ from minidist import trace
 from minidist.exercises.exercise import CheckResult, Exercise, Failure
 from minidist.exercises.process_check import launch_checked
 from minidist.nn import functional as F
-from minidist.parallel.context_split import SKIP, pair_kind, rank_chunks, shard_sequence
-from minidist.parallel.ring_attention import merge as _reference_merge
-from minidist.parallel.ring_attention import ring_attention
+from minidist.parallel.context.ring_attention import merge as _reference_merge
+from minidist.parallel.context.ring_attention import ring_attention
+from minidist.parallel.context.split import SKIP, pair_kind, rank_chunks, shard_sequence
 from minidist.tensor import Tensor
 
 WORLD_SIZES = (2, 4)
@@ -102,7 +102,7 @@ def _problem(index: int, n: int):
 def schedule(seq_len: int, n: int, rank: int, causal: bool):
     """The merges ``rank`` makes, in the ring's order: (step, owner of the
     K, V block, query positions, key positions) for each pair of chunks
-    computed (as :class:`minidist.parallel.ring_attention._Ring` walks them)."""
+    computed (as :class:`minidist.parallel.context.ring_attention._Ring` walks them)."""
     found = []
     for step in range(n):
         owner = (rank - step) % n

@@ -1,9 +1,9 @@
 """Exercise: the two all_reduces of an attention split by heads (lesson 17).
 
 Megatron splits a transformer's attention by heads
-(:mod:`minidist.parallel.tensor_parallel_gpt`): on n ranks, rank r keeps
+(:mod:`minidist.parallel.tensor.gpt`): on n ranks, rank r keeps
 n_head / n heads, that is the rows of the fused ``c_attn`` that make their
-q, k and v (a column split, :func:`~minidist.parallel.tensor_parallel_gpt.qkv_rows`)
+q, k and v (a column split, :func:`~minidist.parallel.tensor.gpt.qkv_rows`)
 and the columns of ``c_proj`` that read their outputs (a row split). The
 heads are independent until ``c_proj`` mixes them, so nothing is sent
 between the two layers. The communication sits at two points, the
@@ -45,7 +45,7 @@ from minidist.exercises.process_check import launch_checked
 from minidist.models.gpt import CausalSelfAttention, GPTConfig
 from minidist.nn import functional as F
 from minidist.nn.parameter import Parameter
-from minidist.parallel.tensor_parallel_gpt import qkv_rows
+from minidist.parallel.tensor.gpt import qkv_rows
 from minidist.tensor import Tensor
 
 WORLD_SIZES = (2, 4)

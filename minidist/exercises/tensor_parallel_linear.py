@@ -1,7 +1,7 @@
 """Exercise: the column and row split of a dense layer (lesson 10).
 
 y = x W^T + b with W of shape (out, in), on n ranks, Megatron's way
-(:mod:`minidist.parallel.tensor_parallel`):
+(:mod:`minidist.parallel.tensor.layers`):
 
 * column split: rank r holds rows r of W (out / n output features) and the
   same slice of b, computes its slice of y from the whole x, and the slices
@@ -14,7 +14,7 @@ The checker runs the student's ``parallel_linear`` on real processes (one
 launch per world size 1..4, all cases inside it: batch 1 and 3, features
 n and 3n in, n and 2n out, both splits), each rank given only its shard,
 and compares every rank's y with NumPy's x W^T + b. Feature counts are
-multiples of n, as in :mod:`minidist.parallel.tensor_parallel`.
+multiples of n, as in :mod:`minidist.parallel.tensor.layers`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ compressor and record the test accuracy it reaches and the bytes it sends.
 
 Every configuration (:data:`COMPRESSORS`) trains the same model from the
 same weights on the same data order, data parallel on ``world_size`` ranks
-(:class:`~minidist.parallel.data_parallel.DistributedDataParallel` with the
+(:class:`~minidist.parallel.data.ddp.DistributedDataParallel` with the
 compressor as its communication hook); only the hook differs. All the
 configurations run one after another inside **one** launch (one set of
 processes), each in a traced region, so the bytes each rank sent per step
@@ -33,8 +33,8 @@ from minidist import Tensor, nn, optim, trace
 from minidist.atomic_file import atomic_path
 from minidist.data import load_digits
 from minidist.experiments.arguments import experiment_parser
-from minidist.parallel import compression as C
-from minidist.parallel.data_parallel import DistributedDataParallel
+from minidist.parallel.data import compression as C
+from minidist.parallel.data.ddp import DistributedDataParallel
 from minidist.train import build_model, evaluate
 
 

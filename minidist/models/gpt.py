@@ -103,7 +103,7 @@ class CausalSelfAttention(Module):
     def attend(self, q, k, v):
         """The heads' causal attention, (B, H, T, D) each. A hook: context
         parallelism sets it to attention across the ranks' pieces of the
-        sequence (minidist.parallel.context_parallel_gpt)."""
+        sequence (minidist.parallel.context.gpt)."""
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     def forward(self, x, cache=None):

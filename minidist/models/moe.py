@@ -37,7 +37,7 @@ For the N tokens of one call (the rows of x, (N, C)):
 
 Every call is one capacity group: the tokens given are the ones that compete
 for places (GShard's groups; under expert parallelism each rank's tokens,
-:mod:`minidist.parallel.expert_parallel`). Steps 1 to 3 are bookkeeping on
+:mod:`minidist.parallel.expert.dispatch`). Steps 1 to 3 are bookkeeping on
 arrays (:func:`route`, whose :class:`Routing` the layer keeps as
 ``self.routing`` for inspection and pictures); the gradient flows through the
 gathered probabilities (the gates), the row gathers and the scatter-add.

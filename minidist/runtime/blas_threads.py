@@ -260,7 +260,7 @@ def limit(count: int):
     it falls in its block. The same product on 1 and on 2 threads then
     differs by a rounding: code that promises the same bits in one process
     as on N must compute with the same count in both
-    (:mod:`minidist.parallel.inference` uses one)."""
+    (:mod:`minidist.parallel.data.inference` uses one)."""
     changed = []
     try:
         _set_counts(count, changed)

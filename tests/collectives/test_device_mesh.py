@@ -31,7 +31,7 @@ from minidist.distributed.device_mesh import (
     mesh_layout,
 )
 from minidist.parallel import DistributedDataParallel
-from minidist.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from minidist.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
 
 SHAPES = [(4,), (1, 4), (2, 3), (3, 2), (2, 2, 2), (2, 3, 2), (3, 1, 2)]
 

@@ -246,6 +246,6 @@ def test_torchrun_environment_is_honoured_or_refused_with_what_to_use():
 
 def test_distributed_data_parallel_has_torch_s_import_path():
     from minidist.parallel import DistributedDataParallel
-    from minidist.parallel.data_parallel import DistributedDataParallel as original
+    from minidist.parallel.data.ddp import DistributedDataParallel as original
 
     assert DistributedDataParallel is original

@@ -52,10 +52,10 @@ def simulate_grid():
 
 def schedule_grid():
     """name -> digest of simulate_schedule's events (and the bubble fraction)."""
-    from minidist.parallel.pipeline_schedules import (
+    from minidist.parallel.pipeline.schedules import make_schedule
+    from minidist.parallel.pipeline.simulate import (
         DeadlockError,
         bubble_fraction,
-        make_schedule,
         simulate_schedule,
     )
 

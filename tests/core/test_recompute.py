@@ -172,7 +172,7 @@ def test_keeps_fewer_activations(kind):
 # ------------------------------------------------------------------ DDP, 2 ranks
 
 def _ddp_worker():
-    from minidist.parallel.data_parallel import DistributedDataParallel
+    from minidist.parallel.data.ddp import DistributedDataParallel
 
     rank = minidist.distributed.get_rank()
     weights = {}

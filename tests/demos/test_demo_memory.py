@@ -9,7 +9,7 @@ import pytest
 from minidist import trace
 from minidist.cli import DEMO_NPROC, STRATEGY_DEMOS, main
 from minidist.memory import memory_timeline
-from minidist.parallel.zero import zero_model_state_bytes
+from minidist.parallel.data.costs import zero_model_state_bytes
 from minidist.train import build_model
 
 

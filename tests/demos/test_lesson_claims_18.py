@@ -10,10 +10,10 @@ import itertools
 import numpy as np
 import pytest
 
-from minidist.parallel import plan_3d
-from minidist.parallel.context_costs import ring_attention_bytes, ulysses_bytes
-from minidist.parallel.context_split import block_work
-from minidist.parallel.ring_attention import merge
+from minidist.parallel.context.costs import ring_attention_bytes, ulysses_bytes
+from minidist.parallel.context.ring_attention import merge
+from minidist.parallel.context.split import block_work
+from minidist.parallel.mesh import plan_3d
 
 
 def _softmax_attention(scores, values):

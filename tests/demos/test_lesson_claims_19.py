@@ -14,10 +14,7 @@ from minidist.data import CharTokenizer, load_shakespeare
 from minidist.distributed import simulate
 from minidist.models.gpt import GPTConfig
 from minidist.models.moe import MoE, MoEGPT, MoEGPTConfig, Routing, load_balancing_loss, moe_layers
-from minidist.parallel.expert_parallel_costs import (
-    balanced_dispatch_bytes,
-    dense_mlp_all_reduce_bytes,
-)
+from minidist.parallel.expert.costs import balanced_dispatch_bytes, dense_mlp_all_reduce_bytes
 from minidist.tensor import Tensor
 
 

@@ -12,13 +12,13 @@ import pytest
 
 from minidist import Tensor, memory, nn
 from minidist.nn.recompute import CheckpointedSequential, kept_for_backward
+from minidist.parallel.data.costs import zero_bytes_per_step, zero_model_state_bytes
 from minidist.parallel.pipeline import (
     bubble_fraction,
     make_schedule,
     peak_live_microbatches,
     simulate_schedule,
 )
-from minidist.parallel.zero import zero_bytes_per_step, zero_model_state_bytes
 from minidist.search import random_search
 from minidist.search.space import LogUniform, sample_params
 

@@ -1,4 +1,4 @@
-"""Gradient compression hooks (minidist.parallel.compression).
+"""Gradient compression hooks (minidist.parallel.data.compression).
 
 Unit tests of the compressors without processes, then one launch per world
 size: the identity hook equals plain DDP bit for bit, every hook trains the
@@ -15,8 +15,8 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, optim, trace
 from minidist.data import load_digits
-from minidist.parallel import compression as C
-from minidist.parallel.data_parallel import DistributedDataParallel
+from minidist.parallel.data import compression as C
+from minidist.parallel.data.ddp import DistributedDataParallel
 
 # --------------------------------------------------------------------------- units
 

@@ -10,7 +10,7 @@ case inside the workers:
   not (uneven blocks): each rank's output rows and the gradients of its q,
   k, v rows against F.scaled_dot_product_attention on the whole sequence;
 * each call in a trace region: each rank's sent bytes equal
-  :mod:`minidist.parallel.context_costs`'s formulas;
+  :mod:`minidist.parallel.context.costs`'s formulas;
 * three AdamW steps of the context-parallel GPT, ring and Ulysses, on a CP
   mesh (2 ranks: cp=2 x dp=1; 4 ranks: dp=2 x cp=2, each dp rank its own
   sequences): the final weights equal one process's after the same steps on
@@ -29,15 +29,15 @@ import minidist.distributed as dist
 from minidist import optim, trace
 from minidist.models.gpt import GPT, GPTConfig
 from minidist.nn import functional as F
-from minidist.parallel.context_costs import (
+from minidist.parallel.context.costs import (
     format_attention_bytes,
     ring_attention_bytes,
     ulysses_bytes,
 )
-from minidist.parallel.context_parallel_gpt import context_parallel_gpt
-from minidist.parallel.context_split import block_work, rank_chunks, rank_positions, shard_sequence
-from minidist.parallel.ring_attention import ring_attention
-from minidist.parallel.ulysses import ulysses_attention
+from minidist.parallel.context.gpt import context_parallel_gpt
+from minidist.parallel.context.ring_attention import ring_attention
+from minidist.parallel.context.split import block_work, rank_chunks, rank_positions, shard_sequence
+from minidist.parallel.context.ulysses import ulysses_attention
 from minidist.tensor import Tensor
 
 BATCH, HEADS, WIDTH, VALUE_WIDTH = 2, 4, 3, 5

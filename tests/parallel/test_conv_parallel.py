@@ -21,7 +21,7 @@ import pytest
 import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, trace
-from minidist.parallel.conv_parallel import (
+from minidist.parallel.model.conv_parallel import (
     ChannelParallelConv2d,
     SpatialParallelConv2d,
     band,
@@ -314,7 +314,7 @@ def _user_message_with_the_halo_tag_in_flight():
     tag before a spatial conv and receives it after: the halo runs in its own
     context, so neither side takes the other's message."""
     from minidist.distributed.process_group import channel_id
-    from minidist.parallel.conv_parallel import HALO_CONTEXT, HALO_GRAD_TAG, HALO_TAG
+    from minidist.parallel.model.conv_parallel import HALO_CONTEXT, HALO_GRAD_TAG, HALO_TAG
 
     rank, world = dist.get_rank(), dist.get_world_size()
     recorder = trace.current()
@@ -342,7 +342,7 @@ def _user_message_with_the_halo_tag_in_flight():
 
 
 def test_halo_messages_do_not_mix_with_user_messages_of_the_same_tag(tmp_path):
-    from minidist.parallel.conv_parallel import HALO_GRAD_TAG, HALO_TAG
+    from minidist.parallel.model.conv_parallel import HALO_GRAD_TAG, HALO_TAG
 
     world = 3
     results = minidist.launch(_user_message_with_the_halo_tag_in_flight, world_size=world,
@@ -364,7 +364,7 @@ def test_halo_messages_do_not_mix_with_user_messages_of_the_same_tag(tmp_path):
 
 
 def test_grouped_convolutions_are_refused_by_name():
-    from minidist.parallel.conv_parallel import ChannelParallelConv2d, SpatialParallelConv2d
+    from minidist.parallel.model.conv_parallel import ChannelParallelConv2d, SpatialParallelConv2d
 
     depthwise = nn.Conv2d(4, 4, 3, padding=1, groups=4)
     for cls in (ChannelParallelConv2d, SpatialParallelConv2d):

@@ -19,7 +19,7 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, optim
 from minidist.data import load_digits
-from minidist.parallel.data_parallel import CoordinatorDataParallel, DistributedDataParallel
+from minidist.parallel.data.ddp import CoordinatorDataParallel, DistributedDataParallel
 
 STEPS = 20
 BATCH_PER_RANK = 6

@@ -25,9 +25,9 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, optim, trace
 from minidist.data import DataLoader, DistributedSampler, load_digits
-from minidist.parallel.checkpoint import load_checkpoint, save_checkpoint
-from minidist.parallel.data_parallel import DistributedDataParallel
-from minidist.parallel.straggler import Straggler
+from minidist.parallel.data.checkpoint_files import load_checkpoint, save_checkpoint
+from minidist.parallel.data.ddp import DistributedDataParallel
+from minidist.parallel.parameter_server.straggler import Straggler
 
 WORLD = 2
 PER_RANK = 8

@@ -17,7 +17,7 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, optim, trace
 from minidist.data import load_digits
-from minidist.parallel.data_parallel import CoordinatorDataParallel, DistributedDataParallel
+from minidist.parallel.data.ddp import CoordinatorDataParallel, DistributedDataParallel
 
 STEPS = 3
 

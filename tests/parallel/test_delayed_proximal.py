@@ -11,7 +11,7 @@ import minidist
 import minidist.distributed as dist
 from minidist import trace
 from minidist.data.synthetic import make_sparse_logistic
-from minidist.parallel import delayed_proximal as d2p
+from minidist.parallel.parameter_server import delayed_proximal as d2p
 
 FEATURES, LABELS, _ = make_sparse_logistic(600, 40, 8, seed=1, dtype=np.float64)
 WORKERS, BLOCKS, STEPS, L1 = 3, 4, 200, 0.01

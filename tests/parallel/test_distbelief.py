@@ -21,11 +21,7 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, optim, trace
 from minidist.data import load_digits
-from minidist.parallel.distbelief import (
-    DistBeliefMLP,
-    PartitionedLinear,
-    distbelief_bytes,
-)
+from minidist.parallel.model.distbelief import DistBeliefMLP, PartitionedLinear, distbelief_bytes
 
 SIZES = (12, 24, 36, 12)
 BATCH = 5

@@ -30,18 +30,18 @@ from minidist import optim, trace
 from minidist.distributed import init_device_mesh
 from minidist.models.gpt import GPT
 from minidist.models.moe import MoE, MoEGPT, MoEGPTConfig
-from minidist.parallel.expert_parallel import (
-    ExpertParallelMoE,
-    allreduce_moe_grads,
-    expert_parallel_gpt,
-    expert_range,
-)
-from minidist.parallel.expert_parallel_costs import (
+from minidist.parallel.expert.costs import (
     COUNT_BYTES,
     balanced_dispatch_bytes,
     dense_mlp_all_reduce_bytes,
     dispatch_bytes,
     dispatch_matrix,
+)
+from minidist.parallel.expert.dispatch import (
+    ExpertParallelMoE,
+    allreduce_moe_grads,
+    expert_parallel_gpt,
+    expert_range,
 )
 from minidist.tensor import Tensor
 

@@ -38,8 +38,8 @@ from minidist import optim
 from minidist.distributed import init_device_mesh
 from minidist.models.gpt import GPT, GPTConfig
 from minidist.nn import functional as F
-from minidist.parallel.gpt_3d import GPT3D, stage_blocks
-from minidist.parallel.tensor_parallel_gpt import shard_index
+from minidist.parallel.mesh.gpt_3d import GPT3D, stage_blocks
+from minidist.parallel.tensor.gpt import shard_index
 
 CONFIG = GPTConfig(vocab_size=11, block_size=4, n_layer=2, n_head=2, n_embd=8)
 BATCH, STEPS, TRAIN_STEPS = 4, 4, 2
@@ -86,7 +86,7 @@ def _train(shape, schedule, virtual, sequence_parallel, embedding_sum):
 def _errors():
     """What the mesh-aware Pipeline and GPT3D refuse, each error's text."""
     from minidist import nn
-    from minidist.parallel.pipeline import Pipeline
+    from minidist.parallel.pipeline.executor import Pipeline
 
     mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=("pp", "dp"))
     found = {}

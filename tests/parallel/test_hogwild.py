@@ -11,7 +11,7 @@ import pytest
 import minidist
 import minidist.distributed as dist
 from minidist.data.synthetic import make_sparse_logistic
-from minidist.parallel import hogwild
+from minidist.parallel.parameter_server import hogwild
 from minidist.runtime.segments import PREFIX
 
 # 4000 examples, 100 features, 5 nonzeros each: two updates share a feature with

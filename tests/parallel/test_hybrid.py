@@ -21,8 +21,8 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, optim, trace
 from minidist.data import load_digits
-from minidist.parallel.data_parallel import DistributedDataParallel
-from minidist.parallel.hybrid import (
+from minidist.parallel.data.ddp import DistributedDataParallel
+from minidist.parallel.model.hybrid import (
     DenseModelParallel,
     HybridParallel,
     all_gather_batch,

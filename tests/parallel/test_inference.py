@@ -14,7 +14,7 @@ from rich.console import Console
 
 from minidist.data import load_digits
 from minidist.nn.quantization import quantize
-from minidist.parallel.inference import parallel_predict, predict, shard_bounds
+from minidist.parallel.data.inference import parallel_predict, predict, shard_bounds
 from minidist.runtime.blas_threads import openblas_cores
 from minidist.train import build_model
 
@@ -83,7 +83,7 @@ def _haswell_kernels_here() -> bool:
 _ON_KERNEL = """
 from minidist.data import load_digits
 from minidist.nn.quantization import quantize
-from minidist.parallel.inference import parallel_predict, predict
+from minidist.parallel.data.inference import parallel_predict, predict
 from minidist.runtime.blas_threads import openblas_cores
 from minidist.train import build_model
 x_train, _, x_test, _ = load_digits(flatten=False)

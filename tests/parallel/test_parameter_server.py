@@ -28,7 +28,7 @@ from minidist.examples.parameter_server import (
     train_linear_regression,
     train_mlp_on_digits,
 )
-from minidist.parallel.parameter_server import (
+from minidist.parallel.parameter_server.server import (
     Layout,
     ParameterServer,
     flat_parameters,

@@ -36,7 +36,7 @@ from minidist.parallel.pipeline import (
     peak_live_microbatches,
     simulate_schedule,
 )
-from minidist.parallel.pipeline_schedules import UNIT_NS
+from minidist.parallel.pipeline.schedules import UNIT_NS
 
 BATCH = 13
 STEPS = 2

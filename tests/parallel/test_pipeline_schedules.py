@@ -27,7 +27,7 @@ from minidist.parallel.pipeline import (
     split_microbatches,
     split_model,
 )
-from minidist.parallel.pipeline_schedules import UNIT_NS
+from minidist.parallel.pipeline.schedules import UNIT_NS
 
 # --------------------------------------------------------------------------- hand-written orders
 

@@ -23,7 +23,7 @@ import pytest
 import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, trace
-from minidist.parallel.sync_batchnorm import SyncBatchNorm, sync_batchnorm_bytes
+from minidist.parallel.data.sync_batchnorm import SyncBatchNorm, sync_batchnorm_bytes
 
 WORLD_SIZES = (2, 3, 4)
 STEPS = 2

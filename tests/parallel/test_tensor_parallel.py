@@ -35,8 +35,8 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, optim, trace
 from minidist.data import load_digits
-from minidist.parallel.model_parallel_bytes import STRATEGIES, format_table, split_bytes
-from minidist.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from minidist.parallel.model.costs import STRATEGIES, format_table, split_bytes
+from minidist.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
 
 IN, OUT, BATCH = 12, 24, 5  # 12 and 24 divide by 1, 2, 3 and 4
 HIDDEN = 24
@@ -337,7 +337,7 @@ def test_the_seeds_numbers():
 
 
 def test_split_bytes_ring_formula_with_uneven_chunks():
-    from minidist.parallel.model_parallel_bytes import ring_all_reduce_sent
+    from minidist.distributed.collectives.traffic import ring_all_reduce_sent
 
     # 10 values on 4 ranks: chunks 3, 3, 2, 2; rank r skips chunks r+1 and r+2.
     assert ring_all_reduce_sent(10, 4) == (15, 16, 15, 14)

@@ -40,13 +40,9 @@ from minidist.parallel import (
     RowwiseParallel,
     parallelize_module,
 )
-from minidist.parallel.tensor_parallel_costs import (
-    format_step_bytes,
-    gpt_activation_bytes,
-    gpt_step_bytes,
-)
-from minidist.parallel.tensor_parallel_gpt import qkv_rows, tensor_parallel_gpt
-from minidist.parallel.vocab_parallel import vocab_parallel_cross_entropy, vocab_range
+from minidist.parallel.tensor.costs import format_step_bytes, gpt_activation_bytes, gpt_step_bytes
+from minidist.parallel.tensor.gpt import qkv_rows, tensor_parallel_gpt
+from minidist.parallel.tensor.vocab import vocab_parallel_cross_entropy, vocab_range
 
 CONFIG = GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=4, n_embd=16)
 EVEN = GPTConfig(vocab_size=12, block_size=8, n_layer=1, n_head=4, n_embd=16)
@@ -63,15 +59,6 @@ def _model(config=CONFIG):
 def _batch(step=0, vocab=CONFIG.vocab_size):
     rng = np.random.default_rng(10 + step)
     return rng.integers(0, vocab, (BATCH, STEPS)), rng.integers(0, vocab, (BATCH, STEPS))
-
-
-class _Mesh:
-    """What a 1-D DeviceMesh offers tensor parallelism: ``get_group()``."""
-
-    ndim = 1
-
-    def get_group(self):
-        return dist.world_group()
 
 
 def _grads(module):
@@ -94,7 +81,8 @@ def _run_split(sequence_parallel):
 
 
 def _train(sequence_parallel):
-    shard = tensor_parallel_gpt(_model(), _Mesh(), sequence_parallel=sequence_parallel)
+    shard = tensor_parallel_gpt(_model(), dist.init_device_mesh("cpu", (dist.get_world_size(),)),
+                                sequence_parallel=sequence_parallel)
     optimizer = optim.AdamW(shard.parameters(), lr=1e-2, weight_decay=0.1)
     for step in range(TRAIN_STEPS):
         idx, targets = _batch(step)

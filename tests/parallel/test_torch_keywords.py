@@ -24,8 +24,8 @@ from minidist.parallel import (
     ZeroRedundancyOptimizer,
 )
 from minidist.parallel import SyncBatchNorm as ParallelSyncBatchNorm
-from minidist.parallel import compression as C
-from minidist.parallel.sync_batchnorm import SyncBatchNorm
+from minidist.parallel.data import compression as C
+from minidist.parallel.data.sync_batchnorm import SyncBatchNorm
 
 
 def _nn_refusal() -> str:

@@ -34,13 +34,10 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, optim, trace
 from minidist.data import load_digits
-from minidist.parallel.data_parallel import DistributedDataParallel
-from minidist.parallel.zero import (
-    FullyShardedDataParallel,
-    ZeroRedundancyOptimizer,
-    zero_bytes_per_step,
-    zero_model_state_bytes,
-)
+from minidist.parallel.data.costs import zero_bytes_per_step, zero_model_state_bytes
+from minidist.parallel.data.ddp import DistributedDataParallel
+from minidist.parallel.data.fsdp import FullyShardedDataParallel
+from minidist.parallel.data.zero import ZeroRedundancyOptimizer
 from minidist.train import build_model
 
 STEPS = 6
@@ -291,7 +288,7 @@ def test_model_state_formulas_by_hand():
 
 def test_wrap_refuses_an_unknown_stage():
     from minidist import nn, optim
-    from minidist.parallel import zero
+    from minidist.parallel.data import zero
 
     with pytest.raises(ValueError, match="ZeRO stage must be 0 .plain DDP., 1, 2 or 3, got 4"):
         zero.wrap(nn.Linear(2, 2), 4, optim.Adam)

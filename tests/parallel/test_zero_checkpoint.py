@@ -25,9 +25,10 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, optim
 from minidist.data import load_digits
-from minidist.parallel.checkpoint import load_checkpoint, save_checkpoint
-from minidist.parallel.data_parallel import DistributedDataParallel
-from minidist.parallel.zero import FullyShardedDataParallel, ZeroRedundancyOptimizer
+from minidist.parallel.data.checkpoint_files import load_checkpoint, save_checkpoint
+from minidist.parallel.data.ddp import DistributedDataParallel
+from minidist.parallel.data.fsdp import FullyShardedDataParallel
+from minidist.parallel.data.zero import ZeroRedundancyOptimizer
 from minidist.train import build_model
 
 GLOBAL_BATCH = 12

@@ -27,7 +27,7 @@ What is measured, per rank, stated as the test asserts it:
   - stage 3: at the forward sample, every layer's gathered full weights:
     ``4 * sum(padded)`` bytes, a full-size copy of the parameters. NumPy layers
     keep their weight in the autograd closure, so "freeing" a layer after its
-    forward cannot release it until backward (see ``minidist.parallel.zero``);
+    forward cannot release it until backward (see ``minidist.parallel.data.zero``);
     torch frees it. After backward it is 0.
 
 The cap: with ``limit_bytes`` between stage 3's peak and DDP's, DDP's ledger
@@ -43,12 +43,10 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, memory, nn, optim
 from minidist.data import load_digits
-from minidist.parallel.data_parallel import DistributedDataParallel
-from minidist.parallel.zero import (
-    FullyShardedDataParallel,
-    ZeroRedundancyOptimizer,
-    zero_model_state_bytes,
-)
+from minidist.parallel.data.costs import zero_model_state_bytes
+from minidist.parallel.data.ddp import DistributedDataParallel
+from minidist.parallel.data.fsdp import FullyShardedDataParallel
+from minidist.parallel.data.zero import ZeroRedundancyOptimizer
 from minidist.train import build_model
 
 STEPS = 3

@@ -349,7 +349,7 @@ def test_signals_at_random_times_never_hang_or_leak(transport, tmp_path):
 
 def test_traces_and_checkpoints_never_write_through_a_planted_link(tmp_path):
     from minidist import nn, trace
-    from minidist.parallel.checkpoint import save_checkpoint
+    from minidist.parallel.data.checkpoint_files import save_checkpoint
 
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")

@@ -99,9 +99,9 @@ def _batch(step):
 def train_and_stop_rank_1(pid_dir, strategy):
     """Train with ``strategy``; rank 1 stops at its third step, after the
     forward pass, so the others wait in the strategy's own communication."""
-    from minidist.parallel.data_parallel import DistributedDataParallel
-    from minidist.parallel.pipeline import Pipeline
-    from minidist.parallel.zero import FullyShardedDataParallel
+    from minidist.parallel.data.ddp import DistributedDataParallel
+    from minidist.parallel.data.fsdp import FullyShardedDataParallel
+    from minidist.parallel.pipeline.executor import Pipeline
 
     note_pid(pid_dir)
     loss_fn = nn.CrossEntropyLoss()

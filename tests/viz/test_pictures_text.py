@@ -12,7 +12,8 @@ import pytest
 from matplotlib.figure import Figure
 
 from minidist.experiments import compression
-from minidist.parallel.pipeline_schedules import make_schedule, simulate_schedule
+from minidist.parallel.pipeline.schedules import make_schedule
+from minidist.parallel.pipeline.simulate import simulate_schedule
 from tests.viz.test_pipeline_order import real_pipeline_trace
 from tests.viz.text_layout import text_problems
 from tests.viz.viz_reference import ring_all_reduce_events

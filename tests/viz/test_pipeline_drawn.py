@@ -1,4 +1,4 @@
-"""The pipeline runtime and simulator, drawn: minidist.parallel.pipeline and
+"""The pipeline runtime and simulator, drawn: minidist.parallel.pipeline.executor and
 viz.pipeline_chart together.
 
 For each schedule, the simulator's events (equal costs, backward 2x

@@ -8,11 +8,8 @@ import numpy as np
 import pytest
 
 from minidist import trace
-from minidist.parallel.pipeline_schedules import (
-    make_schedule,
-    schedule_from_order,
-    simulate_schedule,
-)
+from minidist.parallel.pipeline.schedules import make_schedule, schedule_from_order
+from minidist.parallel.pipeline.simulate import simulate_schedule
 from viz.pipeline_chart import (
     bubble_text,
     draw_pipeline_gantt,

@@ -15,8 +15,8 @@ from rich.console import Console
 import minidist
 import minidist.distributed as dist
 from minidist import trace
-from minidist.parallel.context_split import shard_sequence
-from minidist.parallel.ring_attention import ring_attention
+from minidist.parallel.context.ring_attention import ring_attention
+from minidist.parallel.context.split import shard_sequence
 from minidist.tensor import Tensor
 from viz import animate
 from viz.ring_attention_replay import ring_attention_calls, ring_attention_replay

@@ -1,7 +1,7 @@
 """The timeline coloured by mesh dimension, on a traced 3D run.
 
 One traced launch of 8 ranks trains a tiny GPT one step on a pp2 x dp2 x tp2
-mesh (:class:`~minidist.parallel.gpt_3d.GPT3D`, 1F1B); the workers return the
+mesh (:class:`~minidist.parallel.mesh.gpt_3d.GPT3D`, 1F1B); the workers return the
 group id of each of their mesh groups (and of the embedding group, which runs
 along pp). What the timeline infers from the ranks' coordinates alone must
 agree with the groups the messages were really sent in; the figure must draw
@@ -19,8 +19,8 @@ import minidist.distributed as dist
 from minidist import optim, trace
 from minidist.distributed.device_mesh import init_device_mesh, mesh_layout, trace_header
 from minidist.models.gpt import GPT, GPTConfig
-from minidist.parallel.gpt_3d import GPT3D, MESH_DIMS
-from minidist.parallel.pipeline import annotate_trace
+from minidist.parallel.mesh.gpt_3d import GPT3D, MESH_DIMS
+from minidist.parallel.pipeline.executor import annotate_trace
 from viz import timeline
 
 SHAPE = (2, 2, 2)

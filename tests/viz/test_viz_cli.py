@@ -235,7 +235,7 @@ def _ddp_two_steps():
     import numpy as np
 
     from minidist import Tensor, optim
-    from minidist.parallel.data_parallel import DistributedDataParallel
+    from minidist.parallel.data.ddp import DistributedDataParallel
 
     ddp = DistributedDataParallel(_linear(), algorithm="ring")
     optimizer = optim.SGD(ddp.parameters(), lr=0.1)

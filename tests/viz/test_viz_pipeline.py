@@ -379,7 +379,8 @@ def test_viz_animation_of_a_pipeline_trace_says_why_it_cannot(pipeline_trace, tm
 
 
 def test_the_bubble_says_why_it_differs_from_the_formula():
-    from minidist.parallel.pipeline_schedules import one_f_one_b, simulate_schedule
+    from minidist.parallel.pipeline.schedules import one_f_one_b
+    from minidist.parallel.pipeline.simulate import simulate_schedule
     from viz.pipeline_chart import bubble_gap, bubble_text
 
     schedule = one_f_one_b(4, 8)

@@ -5,7 +5,7 @@ function on 2 and 4 real processes inside a mixture-of-experts layer and
 compares what every rank's experts were given, what you return and the
 layer's output with the one-process MoE on the same tokens.
 
-Expert parallelism (built around you, as minidist.parallel.expert_parallel
+Expert parallelism (built around you, as minidist.parallel.expert.dispatch
 builds it). A MoE layer holds E experts; on n ranks rank j holds E / n of
 them, the experts j E/n .. (j+1) E/n - 1. Every rank routes its own N
 tokens: each token chose its k experts (``choices``, (N, k)), and a choice

@@ -5,7 +5,7 @@ runs ring attention on 2 and 4 real processes with your merge inside it,
 and compares every merge, every output and the gradients with full
 attention over the whole sequence.
 
-The ring (built for you, minidist.parallel.ring_attention). A sequence of
+The ring (built for you, minidist.parallel.context.ring_attention). A sequence of
 T positions is cut across n ranks; each rank holds the queries, keys and
 values of its positions. Attention needs every query against every key,
 but no rank ever holds all the keys: in step s rank r holds the K, V block

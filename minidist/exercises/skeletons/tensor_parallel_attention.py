@@ -5,7 +5,7 @@ checker runs your function on 2 and 4 real processes against the whole
 (unsplit) attention block, and reads from the run's trace where your
 collectives went.
 
-The split (built for you, as Megatron and minidist.parallel.tensor_parallel_gpt
+The split (built for you, as Megatron and minidist.parallel.tensor.gpt
 build it). The heads of an attention block are independent of each other
 until c_proj mixes them, so on n ranks each rank keeps n_head / n heads:
 

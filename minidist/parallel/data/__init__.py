@@ -1,0 +1,92 @@
+"""Data parallelism: every rank holds the model (or its shard) and trains on
+its own slice of each batch.
+
+Read in this order:
+
+1. :mod:`.ddp`: the coordinator, then ``DistributedDataParallel`` (buckets of
+   gradients all-reduced as backward produces them);
+2. :mod:`.compression`: DDP's communication hooks that send fewer bytes
+   (fp16, int8, sign, top-k, PowerSGD, with error feedback);
+3. :mod:`.zero`: ZeRO stage 1, the optimizer state sharded;
+4. :mod:`.fsdp`: stages 2 and 3 as ``FullyShardedDataParallel``, gradients
+   and then weights sharded; :mod:`.stages` builds any stage by number;
+5. :mod:`.costs`: what each stage holds and sends, by formula;
+6. :mod:`.sync_batchnorm`: batch statistics over the global batch;
+7. :mod:`.checkpoint_files`: saving and resuming a data-parallel run;
+8. :mod:`.inference`: a data set's predictions split over ranks.
+
+What the other families use from here: nothing (the replicas' glue,
+broadcasting weights and all-reducing gradients, is
+:mod:`minidist.parallel.replicas`).
+"""
+
+from __future__ import annotations
+
+from minidist.parallel.data.checkpoint_files import (  # noqa: F401
+    FORMAT,
+    VERSION,
+    load_checkpoint,
+    save_checkpoint,
+)
+from minidist.parallel.data.compression import (  # noqa: F401
+    HOOKS,
+    ErrorFeedbackState,
+    Int8State,
+    PowerSGDState,
+    RandomKState,
+    ThresholdState,
+    TopKState,
+    allreduce_hook,
+    bf16_compress_hook,
+    compress_randomk,
+    compress_sign,
+    compress_threshold,
+    compress_topk,
+    expand_bf16,
+    fp16_compress_hook,
+    int8_hook,
+    orthogonalize,
+    powersgd_hook,
+    quantize_int8,
+    randomk_hook,
+    sign_hook,
+    threshold_hook,
+    topk_hook,
+    truncate_bf16,
+)
+from minidist.parallel.data.costs import (  # noqa: F401
+    zero_bytes_per_step,
+    zero_model_state_bytes,
+)
+from minidist.parallel.data.ddp import (  # noqa: F401
+    CoordinatorDataParallel,
+    DistributedDataParallel,
+    GradBucket,
+)
+from minidist.parallel.data.fsdp import (  # noqa: F401
+    STRATEGIES,
+    FreedParameter,
+    FullyShardedDataParallel,
+    ShardingStrategy,
+    freed_parameter,
+)
+from minidist.parallel.data.inference import (  # noqa: F401
+    OUTPUTS,
+    parallel_predict,
+    predict,
+    shard_bounds,
+)
+from minidist.parallel.data.stages import (  # noqa: F401
+    STAGES,
+    wrap,
+)
+from minidist.parallel.data.sync_batchnorm import (  # noqa: F401
+    SyncBatchNorm,
+    sync_batch_norm,
+    sync_batchnorm_bytes,
+)
+from minidist.parallel.data.zero import (  # noqa: F401
+    ZeroRedundancyOptimizer,
+)
+
+__all__ = ["CoordinatorDataParallel", "GradBucket", "DistributedDataParallel", "ErrorFeedbackState", "Int8State", "ThresholdState", "TopKState", "RandomKState", "PowerSGDState", "quantize_int8", "truncate_bf16", "expand_bf16", "orthogonalize", "compress_sign", "compress_threshold", "compress_topk", "compress_randomk", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook", "int8_hook", "sign_hook", "threshold_hook", "topk_hook", "randomk_hook", "powersgd_hook", "HOOKS", "ZeroRedundancyOptimizer", "ShardingStrategy", "STRATEGIES", "FreedParameter", "freed_parameter", "FullyShardedDataParallel", "STAGES", "wrap", "zero_model_state_bytes", "zero_bytes_per_step", "SyncBatchNorm", "sync_batch_norm", "sync_batchnorm_bytes", "FORMAT", "VERSION", "save_checkpoint", "load_checkpoint", "parallel_predict", "predict", "shard_bounds", "OUTPUTS"]

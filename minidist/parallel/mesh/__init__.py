@@ -1,0 +1,45 @@
+"""Several parallelisms at once on one device mesh.
+
+Read in this order:
+
+1. :mod:`.gpt_3d`: the GPT on a dp x tp x pp mesh, equal to one process;
+2. :mod:`.plan_3d`: a 3D plan's step time and memory predicted for large
+   meshes, and which dp x tp x pp to choose (``minidist plan``).
+
+From other families, through their faces: the tensor family's GPT pieces
+(:mod:`minidist.parallel.tensor`) and the pipeline family's runtime and
+simulator (:mod:`minidist.parallel.pipeline`).
+"""
+
+from __future__ import annotations
+
+from minidist.parallel.mesh.gpt_3d import (  # noqa: F401
+    GPT3D,
+    MESH_DIMS,
+    GPTStage,
+    gpt_stages,
+    stage_blocks,
+)
+from minidist.parallel.mesh.plan_3d import (  # noqa: F401
+    CLUSTER,
+    DROPOUT_MASK_BYTES,
+    ZERO_COLLECTIVES,
+    CollectiveCost,
+    GPTShape,
+    Machine,
+    Plan,
+    PlanComparison,
+    PlaybookChoice,
+    StepPrediction,
+    compare_plans,
+    factorisations,
+    format_table,
+    parameters_per_rank,
+    peak_live,
+    plan_command,
+    playbook_plan,
+    predict_step,
+    why_not,
+)
+
+__all__ = ["GPT3D", "GPTStage", "gpt_stages", "stage_blocks", "MESH_DIMS", "DROPOUT_MASK_BYTES", "ZERO_COLLECTIVES", "GPTShape", "Machine", "CLUSTER", "Plan", "why_not", "CollectiveCost", "StepPrediction", "parameters_per_rank", "predict_step", "peak_live", "factorisations", "PlanComparison", "format_table", "compare_plans", "PlaybookChoice", "playbook_plan", "plan_command"]

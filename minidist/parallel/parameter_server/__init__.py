@@ -1,0 +1,91 @@
+"""Parameter servers: workers push gradients, servers hold the weights.
+
+Read in this order:
+
+1. :mod:`.server`: synchronous, asynchronous and bounded-delay servers,
+   the weights sharded over several servers;
+2. :mod:`.fault_tolerant`: every key range on two servers, a crashed
+   server's range taken over by its copy;
+3. :mod:`.hogwild`: no server at all, lock-free updates of one shared array;
+4. :mod:`.delayed_proximal`: D2P, delayed proximal gradient on a sparse
+   problem;
+5. :mod:`.straggler`: ranks made slower, to watch the others wait.
+
+What the other families use from here: nothing.
+"""
+
+from __future__ import annotations
+
+from minidist.parallel.parameter_server.delayed_proximal import (  # noqa: F401
+    SERVER,
+    D2PResult,
+    block_bounds,
+    block_order,
+    default_step_size,
+    delayed_proximal_gradient,
+    delayed_proximal_reference,
+    max_delay_schedule,
+    objective,
+    proximal_block_step,
+    shard_block_gradient,
+    shard_rows,
+    significant_positions,
+    soft_threshold,
+    sum_in_worker_order,
+)
+from minidist.parallel.parameter_server.fault_tolerant import (  # noqa: F401
+    CRASH_MOMENTS,
+    FAULT_TOLERANT_MODES,
+    IDENTITY_SIZE,
+    POLL_SECONDS,
+    RANGE_TAG_STRIDE,
+    REQUEST_SIZE,
+    Failover,
+    FaultTolerantParameterServer,
+    FaultTolerantServerResult,
+    FaultTolerantWorkerResult,
+    RangeCopy,
+    RangeReport,
+    ReplicatedShard,
+    ServerCrash,
+    final_weights,
+)
+from minidist.parallel.parameter_server.hogwild import (  # noqa: F401
+    WEIGHTS,
+    WRITES,
+    HogwildResult,
+    SparseRows,
+    example_order,
+    hogwild_worker,
+    learning_rates,
+    logistic_loss,
+    pass_length_of_rank,
+    run_hogwild,
+    serial_sgd,
+    sgd_update,
+    shared_arrays,
+    updates_of_rank,
+)
+from minidist.parallel.parameter_server.server import (  # noqa: F401
+    HEADER_SIZE,
+    MODES,
+    NO_STEP,
+    ORDERS,
+    Layout,
+    ParameterServer,
+    PendingPush,
+    Push,
+    PushRecord,
+    Request,
+    ServerResult,
+    ServerShard,
+    WorkerResult,
+    flat_parameters,
+    load_flat_parameters,
+    shard_ranges,
+)
+from minidist.parallel.parameter_server.straggler import (  # noqa: F401
+    Straggler,
+)
+
+__all__ = ["MODES", "ORDERS", "NO_STEP", "shard_ranges", "Layout", "Request", "HEADER_SIZE", "Push", "PushRecord", "ServerResult", "WorkerResult", "PendingPush", "ServerShard", "flat_parameters", "load_flat_parameters", "ParameterServer", "FAULT_TOLERANT_MODES", "CRASH_MOMENTS", "RANGE_TAG_STRIDE", "POLL_SECONDS", "REQUEST_SIZE", "IDENTITY_SIZE", "ServerCrash", "ReplicatedShard", "RangeCopy", "RangeReport", "FaultTolerantServerResult", "Failover", "FaultTolerantWorkerResult", "final_weights", "FaultTolerantParameterServer", "WEIGHTS", "WRITES", "SparseRows", "logistic_loss", "sgd_update", "example_order", "learning_rates", "serial_sgd", "shared_arrays", "updates_of_rank", "pass_length_of_rank", "hogwild_worker", "HogwildResult", "run_hogwild", "SERVER", "soft_threshold", "block_bounds", "block_order", "shard_rows", "objective", "shard_block_gradient", "significant_positions", "sum_in_worker_order", "proximal_block_step", "default_step_size", "D2PResult", "max_delay_schedule", "delayed_proximal_reference", "delayed_proximal_gradient", "Straggler"]

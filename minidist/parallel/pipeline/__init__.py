@@ -1,0 +1,62 @@
+"""Pipeline parallelism: the model cut into stages, a batch into
+micro-batches that flow through them.
+
+Read in this order:
+
+1. :mod:`.schedules`: the schedules as data (GPipe, 1F1B, interleaved 1F1B),
+   built by pure functions;
+2. :mod:`.simulate`: a schedule on a virtual clock: time, bubble, peak memory;
+3. :mod:`.labels`: the words each action writes into the trace;
+4. :mod:`.executor`: ``Pipeline``, the runtime that runs a schedule's
+   actions on real ranks.
+
+This face is what the mesh family uses (``Pipeline``, the schedules and the
+simulator).
+"""
+
+from __future__ import annotations
+
+from minidist.parallel.pipeline.executor import (  # noqa: F401
+    Pipeline,
+    annotate_trace,
+    balanced_partition,
+    layer_costs,
+    split_microbatches,
+    split_model,
+)
+from minidist.parallel.pipeline.labels import (  # noqa: F401
+    compute_label,
+    compute_text,
+    memory_label,
+    message_label,
+    step_label,
+)
+from minidist.parallel.pipeline.schedules import (  # noqa: F401
+    BACKWARD,
+    FORWARD,
+    KINDS,
+    OPTIMIZER_STEP,
+    PHASES,
+    RECV_ACTIVATION,
+    RECV_GRAD,
+    SCHEDULES,
+    SEND_ACTIVATION,
+    SEND_GRAD,
+    UNIT_NS,
+    Action,
+    Schedule,
+    gpipe,
+    interleaved_one_f_one_b,
+    make_schedule,
+    message_tag,
+    one_f_one_b,
+    schedule_from_order,
+)
+from minidist.parallel.pipeline.simulate import (  # noqa: F401
+    DeadlockError,
+    bubble_fraction,
+    peak_live_microbatches,
+    simulate_schedule,
+)
+
+__all__ = ["FORWARD", "BACKWARD", "SEND_ACTIVATION", "RECV_ACTIVATION", "SEND_GRAD", "RECV_GRAD", "OPTIMIZER_STEP", "KINDS", "PHASES", "UNIT_NS", "Action", "Schedule", "gpipe", "one_f_one_b", "interleaved_one_f_one_b", "schedule_from_order", "SCHEDULES", "make_schedule", "message_tag", "DeadlockError", "simulate_schedule", "bubble_fraction", "peak_live_microbatches", "compute_text", "compute_label", "step_label", "message_label", "memory_label", "balanced_partition", "layer_costs", "split_model", "split_microbatches", "Pipeline", "annotate_trace"]
