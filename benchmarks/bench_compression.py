@@ -38,7 +38,7 @@ MEASURED (two launches of 2 worker processes on shm):
 MODELLED (the slow link; nothing is sent at that bandwidth): a link of
 bandwidth B (bit/s) and latency alpha (``--alpha-us``, default 50 us), full
 duplex, no overlap of communication with computation (minidist has none: see
-``minidist/parallel/data_parallel.py``):
+``minidist/parallel/data/ddp.py``):
 
     t_c(B) = local_c + M_c alpha + 8 S_c / B
     local_c = (measured shm step of c) - M_c alpha_shm - S_c beta_shm

@@ -34,7 +34,7 @@
 # 5. makes one worker slower and measures how every synchronous step waits
 #    for it (stragglers).
 #
-# The library code is `minidist/parallel/data_parallel.py`; its docstrings
+# The library code is `minidist/parallel/data/ddp.py`; its docstrings
 # say the same things in more detail.
 
 # %%
@@ -123,7 +123,7 @@ print("both ranks hold identical bits:", same_on_ranks)
 # The difference is rounding only: the sum is taken in another order. (With
 # shards of *different* sizes a plain average is wrong: the smaller shard
 # would weigh too much. The library weights each rank by its number of
-# examples; see the docstring of `data_parallel.py`.)
+# examples; see the docstring of `minidist/parallel/data/ddp.py`.)
 #
 # ## 2. Training on the digits with 2 workers
 #
@@ -426,7 +426,7 @@ for overlap in (True, False):
 # card, a bigger shard), every worker's step takes as long as that one's.
 #
 # To show it without needing k times more cores, the library's `Straggler`
-# (`minidist/parallel/straggler.py`) times a rank's compute and, on the
+# (`minidist/parallel/parameter_server/straggler.py`) times a rank's compute and, on the
 # ranks it is told are slow, sleeps k - 1 times as long again: the compute
 # region of a k times slower rank lasts k times as long. Sleeping uses no
 # CPU, so 2 cores are enough for this experiment. To make the compute long

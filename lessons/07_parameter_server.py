@@ -37,7 +37,7 @@
 # 5. the MLP on the digits through a sharded PS;
 # 6. how long BSP workers sit idle, read from the trace.
 #
-# The library code is `minidist/parallel/parameter_server.py` (the examples
+# The library code is `minidist/parallel/parameter_server/server.py` (the examples
 # below: `minidist/examples/parameter_server.py`); its
 # docstring says the same things in more detail.
 

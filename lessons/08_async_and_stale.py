@@ -29,7 +29,7 @@
 # 4. D2P, the course's delayed block proximal gradient: what a delay bound
 #    tau costs in objective.
 #
-# The library code: `minidist/parallel/parameter_server.py`, `hogwild.py`
+# The library code: `minidist/parallel/parameter_server/server.py`, `hogwild.py`
 # and `delayed_proximal.py`.
 
 # %%
@@ -319,7 +319,7 @@ for (name, straggler), (server, _) in runs.items():
 # memory, every worker process reads and writes it directly, with no lock.
 # On *sparse* data (each example touches few weights) two updates rarely
 # touch the same weight, and when they do, one of them is lost (see the
-# docstring of `hogwild.py`: a counter next to the weights counts the lost
+# docstring of `minidist/parallel/parameter_server/hogwild.py`: a counter next to the weights counts the lost
 # writes). We train logistic regression on `make_sparse_logistic` (5 of 100
 # features nonzero per example) with the library's update, every worker
 # taking a snapshot of the shared weights every 100 updates so that we can

@@ -33,8 +33,8 @@
 #    again, for more messages;
 # 7. pipeline x data parallel in two lines.
 #
-# The library code is `minidist/parallel/pipeline_schedules.py` (schedules
-# as data, the simulator, the bubble) and `minidist/parallel/pipeline.py`
+# The library code is `minidist/parallel/pipeline/schedules.py` (schedules
+# as data, the simulator, the bubble) and `minidist/parallel/pipeline/executor.py`
 # (the runtime); the drawings are `viz/pipeline_chart.py`.
 
 # %%

@@ -41,9 +41,9 @@
 #    dense layers model parallel, with bytes and step times of the three
 #    strategies at two batch sizes.
 #
-# The library code: `minidist/parallel/tensor_parallel.py` (the split
-# layers), `model_parallel_bytes.py` (the formula), `distbelief.py` and
-# `hybrid.py`.
+# The library code: `minidist/parallel/tensor/layers.py` (the split
+# layers), `minidist/parallel/model/costs.py` (the formula),
+# `minidist/parallel/model/distbelief.py` and `hybrid.py`.
 
 # %%
 import time

@@ -30,8 +30,8 @@
 #    images each, with local BatchNorm, with SyncBatchNorm and on one process
 #    with the whole batch; and the time SyncBatchNorm costs.
 #
-# The library code is `minidist/parallel/conv_parallel.py` and
-# `minidist/parallel/sync_batchnorm.py`; the halo picture is `viz/halo.py`.
+# The library code is `minidist/parallel/model/conv_parallel.py` and
+# `minidist/parallel/data/sync_batchnorm.py`; the halo picture is `viz/halo.py`.
 
 # %%
 import numpy as np

@@ -30,7 +30,7 @@
 #    `CheckpointedSequential`, and the compute it costs;
 # 5. a per-rank memory cap that DDP cannot train under and stage 3 can.
 #
-# Library code: `minidist/memory.py` (the ledger), `minidist/parallel/zero.py`
+# Library code: `minidist/memory.py` (the ledger), `minidist/parallel/data/zero.py`
 # (ZeRO), `minidist/nn/recompute.py` (recomputation).
 
 # %%

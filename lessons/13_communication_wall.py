@@ -41,8 +41,8 @@
 # 8. overlap: the timeline of a step with and without a compressor;
 # 9. when compression pays: the crossover bandwidth.
 #
-# Library code: `minidist/parallel/compression.py` (the hooks, in this
-# order), `minidist/parallel/data_parallel.py` (`register_comm_hook`,
+# Library code: `minidist/parallel/data/compression.py` (the hooks, in this
+# order), `minidist/parallel/data/ddp.py` (`register_comm_hook`,
 # `GradBucket`), `minidist/experiments/compression.py` (the runs of part 6).
 
 # %%

@@ -24,7 +24,7 @@
 # 4. **mobile architectures**: MobileNet's depthwise-separable convolution
 #    does a fraction of a standard convolution's multiply-adds.
 #
-# Library code: `minidist/parallel/inference.py` (`parallel_predict`),
+# Library code: `minidist/parallel/data/inference.py` (`parallel_predict`),
 # `minidist/nn/quantization.py` (`quantize`), `minidist/nn/distillation.py`
 # (`DistillationLoss`, `HintRegressor`) with the experiment in
 # `minidist/experiments/distillation.py`, `minidist/nn/mobile.py`
@@ -115,7 +115,7 @@ print("saved", OUT / "inference_throughput.png")
 # divide), and on any BLAS kernel: every batch is computed in the same shape,
 # at the same place, on one BLAS thread, in one process as on N (on some
 # kernels a row's last bits depend on all three; the module docstring of
-# `minidist/parallel/inference.py` says why). The speed-up stops at the number of cores: 4 workers on 2 cores
+# `minidist/parallel/data/inference.py` says why). The speed-up stops at the number of cores: 4 workers on 2 cores
 # take turns. Each run includes starting the processes, so small data sets
 # gain less; `benchmarks/bench_inference.py` measures throughput with
 # interleaved repeats.

@@ -38,10 +38,10 @@
 #    every factorisation compared, and the Playbook's order of growing them.
 #
 # Library code: `minidist/models/gpt.py` (the GPT),
-# `minidist/parallel/tensor_parallel_gpt.py` (TP and SP on it),
-# `tensor_parallel_costs.py` (the formulas), `minidist/distributed/device_mesh.py`,
-# `minidist/parallel/parallelize.py` and `parallel_styles.py` (torch's face),
-# `minidist/parallel/plan_3d.py` (the planner).
+# `minidist/parallel/tensor/gpt.py` (TP and SP on it),
+# `minidist/parallel/tensor/costs.py` (the formulas), `minidist/distributed/device_mesh.py`,
+# `minidist/parallel/tensor/parallelize.py` and `styles.py` (torch's face),
+# `minidist/parallel/mesh/plan_3d.py` (the planner).
 
 # %%
 import numpy as np
@@ -690,7 +690,7 @@ Console(width=100).print(mesh_text(RUN_SHAPE, MESH_NAMES, color=False))
 # %% [markdown]
 # ## 5. A run on a mesh
 #
-# `GPT3D(model, mesh, schedule, microbatches)` (`minidist/parallel/gpt_3d.py`)
+# `GPT3D(model, mesh, schedule, microbatches)` (`minidist/parallel/mesh/gpt_3d.py`)
 # puts the three together on one `(pp, dp, tp)` mesh: the GPT's layers,
 # `[embeddings, block 0, ..., block L-1, ln_f + lm_head]`, are cut into
 # pipeline stages; each stage is split over its tp group by section 2's

@@ -34,9 +34,9 @@
 # 5. the GPT trained with a context-parallel dimension (CP x DP), equal to
 #    one process.
 #
-# Library code: `minidist/parallel/context_split.py` (the split and its
-# balance), `ring_attention.py`, `ulysses.py`, `context_costs.py` (the
-# bytes), `context_parallel_gpt.py` (the GPT on a CP group),
+# Library code: `minidist/parallel/context/` (read in this order: `split.py`, the split and
+# its balance; `ring_attention.py`; `ulysses.py`; `gpt.py`, the GPT on a CP
+# group; `costs.py`, the bytes),
 # `viz/ring_attention_replay.py` (the replay).
 
 # %%

@@ -41,8 +41,8 @@
 #    process.
 #
 # Library code: `minidist/models/moe.py` (the layer, `MoEGPT`),
-# `minidist/parallel/expert_parallel.py` (the strategy),
-# `expert_parallel_costs.py` (the formulas), `viz/moe_dispatch.py` (the
+# `minidist/parallel/expert/dispatch.py` (the strategy),
+# `minidist/parallel/expert/costs.py` (the formulas), `viz/moe_dispatch.py` (the
 # picture).
 
 # %%

@@ -1,6 +1,7 @@
 """Every cross-reference in minidist's docstrings (``:mod:``, ``:func:``,
 ``:class:``, ``:meth:``, ``:data:``, ``:attr:`` with a full ``minidist.``
-path) names something that exists: a reader who follows one lands on it."""
+path) names something that exists: a reader who follows one lands on it, and
+not on an old path that only forwards to where a module moved."""
 
 import importlib
 import re
@@ -19,6 +20,8 @@ def _resolves(name: str) -> bool:
             found = importlib.import_module(".".join(parts[:cut]))
         except ImportError:
             continue
+        if hasattr(found, "__moved_to__"):
+            return False   # an old path's stand-in: name the module it moved to
         for attribute in parts[cut:]:
             if not hasattr(found, attribute):
                 return False

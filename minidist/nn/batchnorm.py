@@ -11,7 +11,7 @@ backward are in :func:`minidist.nn.functional.batch_norm`.
 Why this matters for the course: the batch statistics are the one place
 where samples of a batch interact, so under data parallelism each rank
 normalises by its *local* batch unless the statistics are all-reduced
-(synchronised batch norm, ``parallel/sync_batchnorm.py``).
+(synchronised batch norm, ``parallel/data/sync_batchnorm.py``).
 """
 
 from __future__ import annotations

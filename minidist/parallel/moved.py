@@ -60,7 +60,8 @@ MOVED = {
     "minidist.parallel.plan_3d": ("minidist.parallel.mesh.plan_3d",),
 }
 
-#: names that did not move but were replaced: old path's name -> what to use
+#: names that were replaced, not moved: (old path, name) -> what stands in
+#: for them now (given, with a warning, for the same release)
 REPLACED = {
     ("minidist.parallel.tensor_parallel_gpt", "group_of"):
         "minidist.distributed.device_mesh.as_group",
@@ -98,7 +99,10 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                 if hasattr(target, name):
                     return getattr(target, name)
             if (old, name) in REPLACED:
-                raise AttributeError(f"{old}.{name} is gone: use {REPLACED[old, name]}")
+                where, _, attribute = REPLACED[old, name].rpartition(".")
+                warnings.warn(f"{old}.{name} is now {REPLACED[old, name]}",
+                              MovedModuleWarning, stacklevel=2)
+                return getattr(importlib.import_module(where), attribute)
             raise AttributeError(f"module {old!r} (now {new[0]}) has no attribute {name!r}")
 
         module.__getattr__ = __getattr__

@@ -51,7 +51,7 @@ from minidist.parallel.context.ring_attention import ring_attention
 from minidist.parallel.context.split import rank_positions, shard_sequence
 from minidist.parallel.context.ulysses import ulysses_attention
 from minidist.parallel.replicas import all_reduce_gradients
-from minidist.parallel.tensor.regions import reduce_from_parallel_region
+from minidist.parallel.tensor import reduce_from_parallel_region
 from minidist.tensor import Tensor
 
 ATTENTIONS = {"ring": ring_attention, "ulysses": ulysses_attention}

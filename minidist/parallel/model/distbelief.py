@@ -97,7 +97,7 @@ from minidist.nn import init
 from minidist.nn.linear import Linear
 from minidist.nn.module import Module
 from minidist.nn.parameter import Parameter
-from minidist.parallel.tensor.regions import gather_from_parallel_region
+from minidist.parallel.tensor import gather_from_parallel_region
 from minidist.tensor import Tensor
 
 #: all_to_all's algorithm for the exchanges (pairwise: (n - 1) pieces sent per worker).

@@ -84,8 +84,11 @@ from minidist.nn.container import Sequential
 from minidist.nn.linear import Linear
 from minidist.nn.module import Module
 from minidist.parallel.replicas import all_reduce_gradients, broadcast_module
-from minidist.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
-from minidist.parallel.tensor.regions import gather_from_parallel_region
+from minidist.parallel.tensor import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    gather_from_parallel_region,
+)
 from minidist.tensor import Tensor, no_grad
 
 DEFAULT_ALGORITHM = "ring"
