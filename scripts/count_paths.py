@@ -152,7 +152,8 @@ def ddp():
     return traced(loss.backward, {
         "to the bytes": (None, ()),
         "the gradient hook to the bucket's all_reduce": (
-            ("minidist/parallel/data/ddp.py",), COLLECTIVES)})
+            # (the second path: a tree from before the families)
+            ("minidist/parallel/data/ddp.py", "minidist/parallel/data_parallel.py"), COLLECTIVES)})
 
 
 def fsdp():
@@ -171,7 +172,8 @@ def fsdp():
         "to the bytes": (None, ()),
         # The layer's own arithmetic is not part of how its weights get there.
         "the hooks that gather and free the weights, to the all_gather": (
-            ("minidist/parallel/data/zero.py",), COLLECTIVES + COMPUTE)})
+            ("minidist/parallel/data/fsdp.py", "minidist/parallel/data/zero.py",
+             "minidist/parallel/zero.py"), COLLECTIVES + COMPUTE)})
 
 
 def pipeline():
