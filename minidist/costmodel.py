@@ -39,13 +39,6 @@ from minidist.alpha_beta import (  # noqa: F401  (the public face of the model)
     parse_time,
 )
 from minidist.distributed.collectives import registry
-
-# For callers from before the registry: the double binary tree's chunk count
-# (the k of its registered cost), from the collectives' chunking, not the algorithm.
-from minidist.distributed.collectives.chunks import (  # noqa: F401
-    DOUBLE_BINARY_TREE_CHUNK_BYTES,
-    double_binary_tree_chunks,
-)
 from minidist.distributed.collectives.registry import (  # noqa: F401
     best,
     formula,
@@ -66,12 +59,3 @@ FORMULAS = {collective: {name: cost.seconds for name, cost in costs.items()}
 #: sends nothing. The test suite compares these with traced runs.
 TRAFFIC = {collective: {name: cost.traffic for name, cost in costs.items()}
            for collective, costs in registry.COSTS.items()}
-
-#: The traffic of the all-to-all family (all_gather, reduce_scatter,
-#: all_to_all; ``count``: the elements of N) and of the double binary tree,
-#: which came with them; no root.
-TRAFFIC_ALL_TO_ALL_FAMILY = {
-    **{collective: TRAFFIC[collective]
-       for collective in ("all_gather", "reduce_scatter", "all_to_all")},
-    "all_reduce": {"double_binary_tree": TRAFFIC["all_reduce"]["double_binary_tree"]},
-}

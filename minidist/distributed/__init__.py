@@ -48,6 +48,7 @@ THREAD_FUNNELED): the progress engine has no locks.
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING
 
 # Imported at once: light (no NumPy), and `shared_array` must be: it is also
@@ -183,7 +184,7 @@ def __getattr__(name):
         # place once CuPy is the array backend; NumPy's calls are the plain ones.
         from minidist.distributed import device_arrays
 
-        device_arrays.stage_when_on_gpu()
+        device_arrays.stage_when_on_gpu(sys.modules[__name__])
     return globals()[name]  # looked up here once: later uses are plain attributes
 
 

@@ -31,7 +31,6 @@ wrapper's first look is one type check.
 from __future__ import annotations
 
 import functools
-import importlib
 
 import numpy as np
 
@@ -154,23 +153,24 @@ _watching = False
 _installed = False
 
 
-def stage_when_on_gpu() -> None:
-    """:func:`install` now if CuPy is the array backend, else the moment it
-    becomes it (``minidist.distributed`` asks this when it first hands out a
-    call that takes arrays)."""
+def stage_when_on_gpu(face) -> None:
+    """:func:`install` into ``face`` (the ``minidist.distributed`` module,
+    which hands itself down when it first hands out a call that takes
+    arrays: this module never imports the package above it) now if CuPy is
+    the array backend, else the moment it becomes it."""
     global _watching
     if not _watching:
         _watching = True
-        backend.when_selected("cupy", install)
+        backend.when_selected("cupy", functools.partial(install, face))
 
 
-def install() -> None:
-    """Replace every call of :data:`WRITES` in ``minidist.distributed`` with its
-    staged form (once; the functions underneath are unchanged)."""
+def install(face) -> None:
+    """Replace every call of :data:`WRITES` in ``face`` (the
+    ``minidist.distributed`` module) with its staged form (once; the
+    functions underneath are unchanged)."""
     global _installed
     if _installed:
         return
     _installed = True
-    face = importlib.import_module("minidist.distributed")  # the package this module is in
     for name in WRITES:
         setattr(face, name, staged(getattr(face, name), name))

@@ -7,6 +7,8 @@ runs in tests/gpu on a machine with a GPU."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 import minidist
@@ -43,7 +45,7 @@ def _ranks():
     from minidist.distributed import device_arrays
 
     # What backend.use("cupy") does on a machine with CuPy (this worker only).
-    device_arrays.install()
+    device_arrays.install(sys.modules["minidist.distributed"])
     rank, n = dist.get_rank(), dist.get_world_size()
     out = {}
     x = FakeDeviceArray(np.arange(4.0) + rank)

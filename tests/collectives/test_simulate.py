@@ -16,7 +16,7 @@ from minidist import trace as _trace
 from minidist.cli import main
 from minidist.distributed import ProcessGroup
 from minidist.distributed.collectives import ALGORITHMS, all_reduce
-from minidist.distributed.collectives.chunks import largest_power_of_two
+from minidist.distributed.collectives.chunks import double_binary_tree_chunks, largest_power_of_two
 from minidist.distributed.simulator import (
     CALLS,
     MEMORY_BUDGET,
@@ -121,7 +121,7 @@ def test_size_dependent_algorithms_are_cut_as_the_big_array_would_be():
     chain = simulate("broadcast", "chain", 4, 100_000_000, trace=True)
     assert chain.messages == 3 * 64
     tree = simulate("all_reduce", "double_binary_tree", 4, 100_000_000)
-    chunks = costmodel.double_binary_tree_chunks(100_000_000)
+    chunks = double_binary_tree_chunks(100_000_000)
     assert tree.messages == 4 * 3 * chunks
     assert chain.byte_scale > 1 and tree.byte_scale > 1
 
