@@ -9,7 +9,7 @@ bytes *after* the source, counted modulo the 4 KiB page (reported as glibc
 bug 30994; whether a given glibc still uses ``rep movsb`` here depends on its
 version and tunables, and the kernel's copy has no such choice).
 In the slow band a copy runs about ten times slower than elsewhere
-(benchmarks/README.md has the table, ``bench_p2p.py`` the measurement),
+(benchmarks/results/p2p.md has the figures, ``bench_p2p.py`` the measurement),
 and it is the *usual* case for a message: a NumPy array from ``malloc``
 starts 16 bytes into a page, a shared-memory slot at the start of one, so a
 receiver copying a piece out of its ring into the user's array hit it on
