@@ -4,8 +4,10 @@ into micro-batches that flow through them.
 The slide's order:
 
 1. **Split** a Sequential model into p contiguous stages of about equal cost
-   (:func:`split_model`: by parameter count, or by measured time).
-2. **Cut** each batch into m micro-batches (:func:`split_microbatches`).
+   (:func:`~minidist.parallel.pipeline.split.split_model`: by parameter count,
+   or by measured time).
+2. **Cut** each batch into m micro-batches
+   (:func:`~minidist.parallel.pipeline.split.split_microbatches`).
 3. **Schedule**: every rank runs its list of actions from a pure schedule
    function (:mod:`~minidist.parallel.pipeline.schedules`: :func:`gpipe`,
    :func:`one_f_one_b`, :func:`interleaved_one_f_one_b`), literally: a
@@ -52,8 +54,6 @@ Usage, the same code on every rank of a ``minidist.launch`` with p x d ranks::
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 import minidist.distributed as dist
@@ -80,102 +80,11 @@ from minidist.parallel.pipeline.schedules import (
     make_schedule,
     message_tag,
 )
+from minidist.parallel.pipeline.split import split_microbatches, split_model
 from minidist.parallel.replicas import all_reduce_gradients, broadcast_module
 from minidist.tensor import Tensor, no_grad
 
-__all__ = ["balanced_partition", "layer_costs", "split_model", "split_microbatches", "Pipeline",
-           "annotate_trace"]
-
-# --------------------------------------------------------------------------- splitting
-
-
-def balanced_partition(costs, parts: int) -> list[range]:
-    """Cut ``costs`` (one per layer, in order) into ``parts`` contiguous,
-    non-empty runs whose largest sum is as small as possible.
-
-    The smallest possible largest sum is found by dynamic programming; the
-    cut then fills each part greedily up to it, so layers that cost nothing
-    (activations) stay with the layer before them."""
-    costs = [float(c) for c in costs]
-    layers = len(costs)
-    if parts < 1:
-        raise ValueError(f"balanced_partition: parts must be >= 1, got {parts}")
-    if layers < parts:
-        raise ValueError(f"cannot cut {layers} layers into {parts} stages: every stage needs "
-                         "at least one layer; use fewer stages or a model with more layers")
-    prefix = np.concatenate([[0.0], np.cumsum(costs)])
-    # best[k][i]: the smallest largest part over cuts of the first i layers into k parts
-    best = np.full((parts + 1, layers + 1), np.inf)
-    best[0][0] = 0.0
-    for k in range(1, parts + 1):
-        for i in range(k, layers + 1):
-            best[k][i] = min(max(best[k - 1][j], prefix[i] - prefix[j]) for j in range(k - 1, i))
-    bound = best[parts][layers]
-    cuts, start = [], 0
-    for part in range(parts):
-        parts_after = parts - part - 1
-        end = start + 1
-        while (end < layers - parts_after
-               and prefix[end + 1] - prefix[start] <= bound * (1 + 1e-12)):
-            end += 1
-        if part == parts - 1:
-            end = layers
-        cuts.append(range(start, end))
-        start = end
-    return cuts
-
-
-def layer_costs(sequential: nn.Sequential, by: str = "parameters", sample=None,
-                repeats: int = 3) -> list[float]:
-    """The cost of each layer: its number of parameters (``by="parameters"``),
-    or its measured forward + backward time in seconds on ``sample``
-    (``by="time"``; the best of ``repeats`` runs, each layer fed the previous
-    layer's output)."""
-    layers = list(sequential)
-    if by == "parameters":
-        return [float(sum(p.data.size for p in layer.parameters())) for layer in layers]
-    if by != "time":
-        raise ValueError(f"split by {by!r}: choose 'parameters' or 'time'")
-    if sample is None:
-        raise ValueError("splitting by time runs the model: pass sample=, a batch of inputs")
-    costs = []
-    current = np.asarray(sample.data if isinstance(sample, Tensor) else sample)
-    for layer in layers:
-        fastest = np.inf
-        for _ in range(repeats):
-            inputs = Tensor(current, requires_grad=True)
-            started = time.perf_counter()
-            output = layer(inputs)
-            output.backward(np.ones_like(output.data))
-            fastest = min(fastest, time.perf_counter() - started)
-        for param in layer.parameters():
-            param.grad = None
-        costs.append(fastest)
-        current = output.data
-    return costs
-
-
-def split_model(sequential: nn.Sequential, stages: int, by: str = "parameters",
-                sample=None) -> list[nn.Sequential]:
-    """Cut ``sequential`` into ``stages`` consecutive Sequentials of balanced
-    cost (:func:`layer_costs`, :func:`balanced_partition`). The pieces share
-    the original's layer objects, so they hold its weights."""
-    if not isinstance(sequential, nn.Sequential):
-        raise TypeError(f"split_model cuts an nn.Sequential, got {type(sequential).__name__}; "
-                        "wrap the layers in nn.Sequential(...) or pass a list of stages")
-    costs = layer_costs(sequential, by, sample)
-    return [sequential[cut.start:cut.stop] for cut in balanced_partition(costs, stages)]
-
-
-def split_microbatches(batch, microbatches: int) -> list[np.ndarray]:
-    """``batch`` cut along its first axis into ``microbatches`` consecutive
-    pieces whose sizes differ by at most one (the first ones larger)."""
-    array = np.asarray(batch.data if isinstance(batch, Tensor) else batch)
-    if len(array) < microbatches:
-        raise ValueError(f"a batch of {len(array)} examples cannot be cut into {microbatches} "
-                         f"micro-batches; use microbatches <= {len(array)}")
-    return np.array_split(array, microbatches)
-
+__all__ = ["Pipeline", "annotate_trace"]
 
 # --------------------------------------------------------------------------- runtime
 
