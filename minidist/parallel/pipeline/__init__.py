@@ -9,11 +9,13 @@ Read in this order:
 3. :mod:`.labels`: the words each action writes into the trace;
 4. :mod:`.split`: the model cut into stages of balanced cost, a batch into
    micro-batches;
-5. :mod:`.held_activations`: what a stage keeps from a micro-batch's forward
+5. :mod:`.grid`: where a rank sits among p stages x d replicas, and its
+   two groups;
+6. :mod:`.held_activations`: what a stage keeps from a micro-batch's forward
    to its backward, with or without recomputation;
-6. :mod:`.ledger`: one batch of one rank in the trace: its regions and its
+7. :mod:`.ledger`: one batch of one rank in the trace: its regions and its
    memory events;
-7. :mod:`.executor`: ``Pipeline``, the runtime that runs a schedule's
+8. :mod:`.executor`: ``Pipeline``, the runtime that runs a schedule's
    actions on real ranks, one short step per kind of action.
 
 This face is what the mesh family uses (``Pipeline``, the schedules and the

@@ -7,7 +7,8 @@ The slide's order:
 1. **Split** a Sequential model into p contiguous stages of about equal
    cost, and each batch into m micro-batches
    (:mod:`~minidist.parallel.pipeline.split`).
-2. **Place** the ranks on a p x d grid: p stages, d data-parallel replicas.
+2. **Place** the ranks on a p x d grid: p stages, d data-parallel replicas
+   (:mod:`~minidist.parallel.pipeline.grid`).
 3. **Run the schedule**: every rank runs its list of actions from a pure
    schedule function (:mod:`~minidist.parallel.pipeline.schedules`:
    :func:`gpipe`, :func:`one_f_one_b`, :func:`interleaved_one_f_one_b`) in
@@ -56,7 +57,7 @@ import numpy as np
 import minidist.distributed as dist
 from minidist import nn
 from minidist import trace as _trace
-from minidist.distributed.device_mesh import as_group
+from minidist.parallel.pipeline.grid import pipeline_grid
 from minidist.parallel.pipeline.held_activations import HeldActivations
 from minidist.parallel.pipeline.labels import message_label
 from minidist.parallel.pipeline.ledger import Ledger
@@ -127,20 +128,9 @@ class Pipeline:
         world_size = dist.get_world_size()
         self.recompute = bool(recompute)
         self.finalize_grads = finalize_grads
-        if pipeline_group is not None or data_parallel_group is not None:
-            self._use_groups(pipeline_group, data_parallel_group, data_parallel)
-        else:
-            data_parallel = 1 if data_parallel is None else data_parallel
-            if isinstance(data_parallel, bool) or not isinstance(data_parallel, int) \
-                    or data_parallel < 1 or world_size % data_parallel:
-                raise ValueError(f"rank {self.global_rank}: data_parallel={data_parallel!r} must "
-                                 f"be a whole number >= 1 that divides the world size "
-                                 f"{world_size}")
-            self.data_parallel = data_parallel
-            self.stages = world_size // data_parallel
-            self.rank = self.global_rank % self.stages          # position in the pipeline
-            self.replica = self.global_rank // self.stages
-            self.pipeline_group, self.data_parallel_group = self._make_groups()
+        (self.stages, self.rank, self.data_parallel, self.replica, self.pipeline_group,
+         self.data_parallel_group) = pipeline_grid(data_parallel, pipeline_group,
+                                                   data_parallel_group)
 
         if isinstance(schedule, Schedule):
             if schedule.stages != self.stages:
@@ -166,45 +156,6 @@ class Pipeline:
         # any order of arrival finds the right receive: this rank's, once.
         self.tags = {action: _tag(self.schedule, self.rank, action)
                      for action in self.schedule.actions[self.rank] if action.kind in _CARGO}
-
-    def _use_groups(self, pipeline_group, data_parallel_group, data_parallel) -> None:
-        """Take the caller's groups (a mesh's "pp" and "dp") instead of making them."""
-        pipeline_group = as_group(pipeline_group, "Pipeline pipeline_group")
-        data_parallel_group = as_group(data_parallel_group, "Pipeline data_parallel_group")
-        replicas = 1 if data_parallel_group is None else dist.get_world_size(data_parallel_group)
-        if pipeline_group is None and replicas > 1:
-            raise ValueError(f"rank {self.global_rank}: a data_parallel_group of {replicas} ranks "
-                             "needs its pipeline_group too (None would be the whole world); pass "
-                             "both, e.g. mesh.get_group('pp') and mesh.get_group('dp')")
-        if data_parallel is not None and data_parallel != replicas:
-            raise ValueError(f"rank {self.global_rank}: data_parallel={data_parallel!r} but the "
-                             f"data_parallel_group has {replicas} ranks; leave data_parallel "
-                             "out when passing the groups")
-        self.data_parallel = replicas
-        self.stages = dist.get_world_size(pipeline_group)
-        self.rank = dist.get_rank(pipeline_group)
-        self.replica = 0 if data_parallel_group is None else dist.get_rank(data_parallel_group)
-        if self.rank < 0 or self.replica < 0:
-            raise ValueError(f"rank {self.global_rank} is not a member of the pipeline_group or "
-                             "data_parallel_group it was given: pass this rank's groups "
-                             "(mesh.get_group('pp'), mesh.get_group('dp'))")
-        self.pipeline_group, self.data_parallel_group = pipeline_group, data_parallel_group
-
-    def _make_groups(self):
-        """Every rank creates every group, in the same order (``new_group``'s rule)."""
-        p, d = self.stages, self.data_parallel
-        if d == 1:
-            return None, None
-        pipeline_group = data_parallel_group = None
-        for replica in range(d):
-            group = dist.new_group([replica * p + stage for stage in range(p)])
-            if replica == self.replica:
-                pipeline_group = group
-        for stage in range(p):
-            group = dist.new_group([replica * p + stage for replica in range(d)])
-            if stage == self.rank:
-                data_parallel_group = group
-        return pipeline_group, data_parallel_group
 
     def _pieces(self, model, split_by, sample) -> list:
         total = self.schedule.total_stages
