@@ -10,7 +10,10 @@ each process measures, on 2 ranks and each transport:
 * a blocking all_reduce of 4 KiB (float32): the mean of 2,000 calls, after
   200 to warm up: the latency path (shared slots, the fast lane);
 * a blocking all_reduce of 64 MiB: the best of 5 calls: the bandwidth path;
-* a 4 KiB ping-pong: one-way time, the mean of 2,000 round trips.
+* a 4 KiB ping-pong: one-way time, the mean of 2,000 round trips;
+* a 1F1B pipeline step, 2 stages x 4 micro-batches of a small MLP (so that
+  the runtime's own work and its 8 messages weigh, not the arithmetic): the
+  mean of 200 steps, after 20.
 
 The table shows each version's best round (the one least disturbed by the
 rest of the machine) and the ratio new / old. Rounds alternate so that a
@@ -71,7 +74,31 @@ CHILD = textwrap.dedent("""
             if record:
                 out["ping-pong 4 KiB one-way (us)"] = \\
                     (time.perf_counter() - start) / rounds / 2 * 1e6
+        out["pipeline 1F1B step (us)"] = pipeline_step()
         return out
+
+    def pipeline_step():
+        from minidist import Tensor, nn, optim
+        from minidist.nn import functional as F
+        from minidist.parallel.pipeline import Pipeline
+        nn.init.manual_seed(0)
+        layers = []
+        for _ in range(4):
+            layers += [nn.Linear(64, 64), nn.Tanh()]
+        pipe = Pipeline(nn.Sequential(*layers), "1f1b", 4)
+        optimizer = optim.SGD(pipe.parameters(), lr=0.01)
+        x, y = np.ones((32, 64), np.float32), np.zeros((32, 64), np.float32)
+
+        def loss_fn(output, target):
+            return F.mse_loss(output, Tensor(target))
+
+        for _ in range(20):
+            pipe.step(x, y, loss_fn, optimizer)
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(200):
+            pipe.step(x, y, loss_fn, optimizer)
+        return (time.perf_counter() - start) / 200 * 1e6
 
     results = {}
     for transport in ("shm", "pipe"):
