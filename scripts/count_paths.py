@@ -152,7 +152,7 @@ def ddp():
     return traced(loss.backward, {
         "to the bytes": (None, ()),
         "the gradient hook to the bucket's all_reduce": (
-            ("minidist/parallel/data_parallel.py",), COLLECTIVES)})
+            ("minidist/parallel/data/ddp.py",), COLLECTIVES)})
 
 
 def fsdp():
@@ -171,7 +171,7 @@ def fsdp():
         "to the bytes": (None, ()),
         # The layer's own arithmetic is not part of how its weights get there.
         "the hooks that gather and free the weights, to the all_gather": (
-            ("minidist/parallel/zero.py",), COLLECTIVES + COMPUTE)})
+            ("minidist/parallel/data/fsdp.py",), COLLECTIVES + COMPUTE)})
 
 
 def pipeline():
