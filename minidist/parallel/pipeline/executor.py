@@ -263,7 +263,7 @@ class _Batch:
         """Receive the input, run the stage, keep what backward needs, send the output."""
         microbatch, chunk, stage = action.microbatch, action.chunk, self._stage(action)
         inputs = self._input(action, stage)
-        if chunk == 0:
+        if chunk == 0:  # once per micro-batch: a replica's gradient is weighed by its examples
             self.examples += len(inputs.data)
         with self.ledger.region(action):
             outputs, loss = self.held.forward((microbatch, chunk), inputs, self._loss_of(stage))
@@ -283,7 +283,7 @@ class _Batch:
         if self.held.recomputing:
             with self.ledger.region(action, "R"):
                 self.held.recompute(key, loss_of)
-        gradient = None
+        gradient = None  # the last stage's backward starts from its loss
         if loss_of is None:
             gradient = self._take("grad", action, "the gradient of its output has not been received")
         held = self.held.pop(key)
