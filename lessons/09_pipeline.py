@@ -33,9 +33,11 @@
 #    again, for more messages;
 # 7. pipeline x data parallel in two lines.
 #
-# The library code is `minidist/parallel/pipeline/schedules.py` (schedules
-# as data, the simulator, the bubble) and `minidist/parallel/pipeline/executor.py`
-# (the runtime); the drawings are `viz/pipeline_chart.py`.
+# The library code is `minidist/parallel/pipeline/`: `schedules.py`
+# (schedules as data), `simulate.py` (the simulator, the bubble) and
+# `executor.py` (the runtime, one short step per kind of action), with
+# `held_activations.py` (what a stage keeps for its backward, recomputation)
+# and `ledger.py` (the memory ledger); the drawings are `viz/pipeline_chart.py`.
 
 # %%
 import os

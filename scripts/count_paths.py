@@ -172,8 +172,7 @@ def fsdp():
         "to the bytes": (None, ()),
         # The layer's own arithmetic is not part of how its weights get there.
         "the hooks that gather and free the weights, to the all_gather": (
-            ("minidist/parallel/data/fsdp.py", "minidist/parallel/data/zero.py",
-             "minidist/parallel/zero.py"), COLLECTIVES + COMPUTE)})
+            ("minidist/parallel/data/fsdp.py", "minidist/parallel/zero.py"), COLLECTIVES + COMPUTE)})
 
 
 def pipeline():

@@ -14,12 +14,12 @@ real run and the simulator's planned schedule are drawn by the same code::
     chart.row_text(0), chart.row_text(1)      # "F0 F1 .. .. B1 B0", ".. F0 F1 B1 B0 .."
     save_pipeline_gantt("run.jsonl", "run.png")
 
-What it reads (the format agreed with minidist/parallel/pipeline/executor.py): compute
-events whose label carries ``pipeline=F|B|R|step``, ``mb``, ``chunk``,
-``stage`` (the global virtual stage) and ``phase``; ``memory`` events with
-``activations`` and ``live_microbatches``; the header's ``schedule``,
-``stages``, ``microbatches`` and ``virtual_stages`` (read from the events
-when there is no header).
+What it reads (the format agreed with minidist/parallel/pipeline/labels.py
+and ledger.py): compute events whose label carries ``pipeline=F|B|R|step``,
+``mb``, ``chunk``, ``stage`` (the global virtual stage) and ``phase``;
+``memory`` events with ``activations`` and ``live_microbatches``; the
+header's ``schedule``, ``stages``, ``microbatches`` and ``virtual_stages``
+(read from the events when there is no header).
 
 Batches. A trace of a training run holds many batches; a rank's batch ends
 with its optimizer step. The chart shows one batch (the last by default: the

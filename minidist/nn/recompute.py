@@ -31,7 +31,8 @@ first:
   second time, so every buffer is saved before the replay and restored after.
 
 The same replay serves the pipeline's ``recompute=True``
-(``minidist/parallel/pipeline/executor.py``), which keeps each stage's input.
+(``minidist/parallel/pipeline/held_activations.py``), which keeps each
+stage's input.
 
 Usage, like ``torch.utils.checkpoint``::
 

@@ -1,7 +1,7 @@
 """The pipeline Gantt chart, its step-through and `minidist viz` on a pipeline trace.
 
 The events are made here, by hand or by a tiny list scheduler, in the trace
-format agreed with minidist/parallel/pipeline/executor.py (see viz/pipeline_chart.py),
+format agreed with minidist/parallel/pipeline/ (see viz/pipeline_chart.py),
 so these tests need neither the runtime nor the simulator.
 """
 

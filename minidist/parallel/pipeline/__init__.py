@@ -7,8 +7,16 @@ Read in this order:
    built by pure functions;
 2. :mod:`.simulate`: a schedule on a virtual clock: time, bubble, peak memory;
 3. :mod:`.labels`: the words each action writes into the trace;
-4. :mod:`.executor`: ``Pipeline``, the runtime that runs a schedule's
-   actions on real ranks.
+4. :mod:`.split`: the model cut into stages of balanced cost, a batch into
+   micro-batches;
+5. :mod:`.grid`: where a rank sits among p stages x d replicas, and its
+   two groups;
+6. :mod:`.held_activations`: what a stage keeps from a micro-batch's forward
+   to its backward, with or without recomputation;
+7. :mod:`.ledger`: one batch of one rank in the trace: its regions and its
+   memory events;
+8. :mod:`.executor`: ``Pipeline``, the runtime that runs a schedule's
+   actions on real ranks, one short step per kind of action.
 
 This face is what the mesh family uses (``Pipeline``, the schedules and the
 simulator).
@@ -19,10 +27,6 @@ from __future__ import annotations
 from minidist.parallel.pipeline.executor import (  # noqa: F401
     Pipeline,
     annotate_trace,
-    balanced_partition,
-    layer_costs,
-    split_microbatches,
-    split_model,
 )
 from minidist.parallel.pipeline.labels import (  # noqa: F401
     compute_label,
@@ -57,6 +61,12 @@ from minidist.parallel.pipeline.simulate import (  # noqa: F401
     bubble_fraction,
     peak_live_microbatches,
     simulate_schedule,
+)
+from minidist.parallel.pipeline.split import (  # noqa: F401
+    balanced_partition,
+    layer_costs,
+    split_microbatches,
+    split_model,
 )
 
 __all__ = ["FORWARD", "BACKWARD", "SEND_ACTIVATION", "RECV_ACTIVATION", "SEND_GRAD", "RECV_GRAD", "OPTIMIZER_STEP", "KINDS", "PHASES", "UNIT_NS", "Action", "Schedule", "gpipe", "one_f_one_b", "interleaved_one_f_one_b", "schedule_from_order", "SCHEDULES", "make_schedule", "message_tag", "DeadlockError", "simulate_schedule", "bubble_fraction", "peak_live_microbatches", "compute_text", "compute_label", "step_label", "message_label", "memory_label", "balanced_partition", "layer_costs", "split_model", "split_microbatches", "Pipeline", "annotate_trace"]

@@ -1,45 +1,45 @@
-"""Pipeline parallelism: the model cut into stages, one per rank, a batch cut
-into micro-batches that flow through them.
+"""The pipeline runtime: :class:`Pipeline` runs a schedule's actions on
+real ranks, one stage of the model per rank, a batch cut into micro-batches
+that flow through them.
 
 The slide's order:
 
-1. **Split** a Sequential model into p contiguous stages of about equal cost
-   (:func:`split_model`: by parameter count, or by measured time).
-2. **Cut** each batch into m micro-batches (:func:`split_microbatches`).
-3. **Schedule**: every rank runs its list of actions from a pure schedule
-   function (:mod:`~minidist.parallel.pipeline.schedules`: :func:`gpipe`,
-   :func:`one_f_one_b`, :func:`interleaved_one_f_one_b`), literally: a
-   forward receives its input activation from the previous stage and sends
-   its output to the next; a backward receives the gradient of its output
-   from the next stage and sends the gradient of its input back.
-4. **Accumulate** gradients over the micro-batches: micro-batch k's loss is
-   scaled by b_k / B (its share of the batch's B examples), so the sum is
-   the whole batch's mean and so is the accumulated gradient.
-5. With **data parallelism** (a p x d grid of ranks), each stage all-reduces
-   its gradient over its d replicas, weighting replica r by its B_r examples.
-6. **One optimizer step** per batch.
+1. **Split** a Sequential model into p contiguous stages of about equal
+   cost, and each batch into m micro-batches
+   (:mod:`~minidist.parallel.pipeline.split`).
+2. **Place** the ranks on a p x d grid: p stages, d data-parallel replicas
+   (:mod:`~minidist.parallel.pipeline.grid`).
+3. **Run the schedule**: every rank runs its list of actions from a pure
+   schedule function (:mod:`~minidist.parallel.pipeline.schedules`:
+   :func:`gpipe`, :func:`one_f_one_b`, :func:`interleaved_one_f_one_b`) in
+   one loop, one short step per kind of action:
+
+   * forward: receive the input, run the stage, keep what backward needs,
+     send the output;
+   * backward: receive the gradient of the output, run the backward, send
+     the gradient of the input. Micro-batch k's loss is scaled by b_k / B
+     (its share of the batch's B examples), so the gradients accumulated
+     over the micro-batches are the whole batch's mean;
+   * send and receive: an activation to the next stage, a gradient to the
+     one before (a send does not wait, a receive does);
+   * optimizer step, once per batch: wait for the sends, all-reduce each
+     stage's gradient over its d replicas (replica r weighted by its B_r
+     examples), one step.
+
+Beside the steps, each in a file of its own: what a stage keeps from a
+forward to its backward, all its layers' outputs or, with
+``recompute=True``, only its input
+(:mod:`~minidist.parallel.pipeline.held_activations`), and the trace's
+record of the batch, its regions and its memory events
+(:mod:`~minidist.parallel.pipeline.ledger`).
 
 Cost per batch, with f and b a stage's forward and backward time for one
 micro-batch: (m + p - 1)(f + b) for GPipe and 1F1B, a bubble of
 (p - 1) / (m + p - 1) of the time; interleaving v chunks per rank cuts it to
-(p - 1) / (v m + p - 1). Messages: each of the p - 1 links carries m
-activations forward and m gradients back (v times as many with
-interleaving), each of one micro-batch's activation size.
-
-**Activation recomputation** (GPipe's re-materialisation, ``recompute=True``):
-a forward keeps only its stage's input; the backward first runs the forward
-again (an "R" region in the trace; replayed by ``nn.recompute.ForwardState``,
-the same Dropout masks, BatchNorm statistics updated once) and then the backward. Memory per held
-micro-batch drops from all the stage's layer outputs to its input, for one
-more forward per micro-batch (about f more per micro-batch and stage).
-
-**What the trace shows** (labels shared with ``viz/``): a compute region per
-forward ``F3``, recomputation ``R3``, backward ``B3`` and optimizer ``step``,
-each with ``pipeline=``, ``mb=``, ``chunk=``, ``stage=``, ``phase=``; each
-activation and gradient message labelled ``act mb=3`` / ``grad mb=3``; and a
-**memory ledger**: a ``memory`` event after every change, with the bytes of
-parameters, gradients, optimizer state and held activations, and the number
-of (micro-batch, chunk) activations held (``live_microbatches``).
+(p - 1) / (v m + p - 1); recomputation adds about f per micro-batch and
+stage. Messages: each of the p - 1 links carries m activations forward and m
+gradients back (v times as many with interleaving), each of one
+micro-batch's activation size.
 
 Usage, the same code on every rank of a ``minidist.launch`` with p x d ranks::
 
@@ -52,21 +52,15 @@ Usage, the same code on every rank of a ``minidist.launch`` with p x d ranks::
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 import minidist.distributed as dist
 from minidist import nn
 from minidist import trace as _trace
-from minidist.distributed.device_mesh import as_group
-from minidist.nn.recompute import ForwardState
-from minidist.parallel.pipeline.labels import (
-    compute_label,
-    memory_label,
-    message_label,
-    step_label,
-)
+from minidist.parallel.pipeline.grid import pipeline_grid
+from minidist.parallel.pipeline.held_activations import HeldActivations
+from minidist.parallel.pipeline.labels import message_label
+from minidist.parallel.pipeline.ledger import Ledger
 from minidist.parallel.pipeline.schedules import (
     BACKWARD,
     FORWARD,
@@ -80,124 +74,11 @@ from minidist.parallel.pipeline.schedules import (
     make_schedule,
     message_tag,
 )
+from minidist.parallel.pipeline.split import split_microbatches, split_model
 from minidist.parallel.replicas import all_reduce_gradients, broadcast_module
 from minidist.tensor import Tensor, no_grad
 
-__all__ = ["balanced_partition", "layer_costs", "split_model", "split_microbatches", "Pipeline",
-           "annotate_trace"]
-
-# --------------------------------------------------------------------------- splitting
-
-
-def balanced_partition(costs, parts: int) -> list[range]:
-    """Cut ``costs`` (one per layer, in order) into ``parts`` contiguous,
-    non-empty runs whose largest sum is as small as possible.
-
-    The smallest possible largest sum is found by dynamic programming; the
-    cut then fills each part greedily up to it, so layers that cost nothing
-    (activations) stay with the layer before them."""
-    costs = [float(c) for c in costs]
-    layers = len(costs)
-    if parts < 1:
-        raise ValueError(f"balanced_partition: parts must be >= 1, got {parts}")
-    if layers < parts:
-        raise ValueError(f"cannot cut {layers} layers into {parts} stages: every stage needs "
-                         "at least one layer; use fewer stages or a model with more layers")
-    prefix = np.concatenate([[0.0], np.cumsum(costs)])
-    # best[k][i]: the smallest largest part over cuts of the first i layers into k parts
-    best = np.full((parts + 1, layers + 1), np.inf)
-    best[0][0] = 0.0
-    for k in range(1, parts + 1):
-        for i in range(k, layers + 1):
-            best[k][i] = min(max(best[k - 1][j], prefix[i] - prefix[j]) for j in range(k - 1, i))
-    bound = best[parts][layers]
-    cuts, start = [], 0
-    for part in range(parts):
-        parts_after = parts - part - 1
-        end = start + 1
-        while (end < layers - parts_after
-               and prefix[end + 1] - prefix[start] <= bound * (1 + 1e-12)):
-            end += 1
-        if part == parts - 1:
-            end = layers
-        cuts.append(range(start, end))
-        start = end
-    return cuts
-
-
-def layer_costs(sequential: nn.Sequential, by: str = "parameters", sample=None,
-                repeats: int = 3) -> list[float]:
-    """The cost of each layer: its number of parameters (``by="parameters"``),
-    or its measured forward + backward time in seconds on ``sample``
-    (``by="time"``; the best of ``repeats`` runs, each layer fed the previous
-    layer's output)."""
-    layers = list(sequential)
-    if by == "parameters":
-        return [float(sum(p.data.size for p in layer.parameters())) for layer in layers]
-    if by != "time":
-        raise ValueError(f"split by {by!r}: choose 'parameters' or 'time'")
-    if sample is None:
-        raise ValueError("splitting by time runs the model: pass sample=, a batch of inputs")
-    costs = []
-    current = np.asarray(sample.data if isinstance(sample, Tensor) else sample)
-    for layer in layers:
-        fastest = np.inf
-        for _ in range(repeats):
-            inputs = Tensor(current, requires_grad=True)
-            started = time.perf_counter()
-            output = layer(inputs)
-            output.backward(np.ones_like(output.data))
-            fastest = min(fastest, time.perf_counter() - started)
-        for param in layer.parameters():
-            param.grad = None
-        costs.append(fastest)
-        current = output.data
-    return costs
-
-
-def split_model(sequential: nn.Sequential, stages: int, by: str = "parameters",
-                sample=None) -> list[nn.Sequential]:
-    """Cut ``sequential`` into ``stages`` consecutive Sequentials of balanced
-    cost (:func:`layer_costs`, :func:`balanced_partition`). The pieces share
-    the original's layer objects, so they hold its weights."""
-    if not isinstance(sequential, nn.Sequential):
-        raise TypeError(f"split_model cuts an nn.Sequential, got {type(sequential).__name__}; "
-                        "wrap the layers in nn.Sequential(...) or pass a list of stages")
-    costs = layer_costs(sequential, by, sample)
-    return [sequential[cut.start:cut.stop] for cut in balanced_partition(costs, stages)]
-
-
-def split_microbatches(batch, microbatches: int) -> list[np.ndarray]:
-    """``batch`` cut along its first axis into ``microbatches`` consecutive
-    pieces whose sizes differ by at most one (the first ones larger)."""
-    array = np.asarray(batch.data if isinstance(batch, Tensor) else batch)
-    if len(array) < microbatches:
-        raise ValueError(f"a batch of {len(array)} examples cannot be cut into {microbatches} "
-                         f"micro-batches; use microbatches <= {len(array)}")
-    return np.array_split(array, microbatches)
-
-
-# --------------------------------------------------------------------------- runtime
-
-
-def _run_layers(module, inputs: Tensor) -> tuple[Tensor, int]:
-    """``module(inputs)`` and the bytes of every layer output the backward keeps."""
-    layers = list(module) if isinstance(module, nn.Sequential) else [module]
-    kept, current = 0, inputs
-    for layer in layers:
-        current = layer(current)
-        kept += current.data.nbytes
-    return current, kept
-
-
-class _Held:
-    """What a forward leaves for its backward."""
-
-    __slots__ = ("inputs", "outputs", "loss", "nbytes", "replay")
-
-    def __init__(self, inputs, outputs, loss, nbytes, replay=None):
-        self.inputs, self.outputs, self.loss, self.nbytes = inputs, outputs, loss, nbytes
-        self.replay = replay  # a ForwardState when recomputing
+__all__ = ["Pipeline", "annotate_trace"]
 
 
 class Pipeline:
@@ -247,20 +128,9 @@ class Pipeline:
         world_size = dist.get_world_size()
         self.recompute = bool(recompute)
         self.finalize_grads = finalize_grads
-        if pipeline_group is not None or data_parallel_group is not None:
-            self._use_groups(pipeline_group, data_parallel_group, data_parallel)
-        else:
-            data_parallel = 1 if data_parallel is None else data_parallel
-            if isinstance(data_parallel, bool) or not isinstance(data_parallel, int) \
-                    or data_parallel < 1 or world_size % data_parallel:
-                raise ValueError(f"rank {self.global_rank}: data_parallel={data_parallel!r} must "
-                                 f"be a whole number >= 1 that divides the world size "
-                                 f"{world_size}")
-            self.data_parallel = data_parallel
-            self.stages = world_size // data_parallel
-            self.rank = self.global_rank % self.stages          # position in the pipeline
-            self.replica = self.global_rank // self.stages
-            self.pipeline_group, self.data_parallel_group = self._make_groups()
+        (self.stages, self.rank, self.data_parallel, self.replica, self.pipeline_group,
+         self.data_parallel_group) = pipeline_grid(data_parallel, pipeline_group,
+                                                   data_parallel_group)
 
         if isinstance(schedule, Schedule):
             if schedule.stages != self.stages:
@@ -282,45 +152,10 @@ class Pipeline:
         if self.data_parallel > 1:
             for chunk in self.chunks:
                 broadcast_module(chunk, group=self.data_parallel_group, group_src=0)
-
-    def _use_groups(self, pipeline_group, data_parallel_group, data_parallel) -> None:
-        """Take the caller's groups (a mesh's "pp" and "dp") instead of making them."""
-        pipeline_group = as_group(pipeline_group, "Pipeline pipeline_group")
-        data_parallel_group = as_group(data_parallel_group, "Pipeline data_parallel_group")
-        replicas = 1 if data_parallel_group is None else dist.get_world_size(data_parallel_group)
-        if pipeline_group is None and replicas > 1:
-            raise ValueError(f"rank {self.global_rank}: a data_parallel_group of {replicas} ranks "
-                             "needs its pipeline_group too (None would be the whole world); pass "
-                             "both, e.g. mesh.get_group('pp') and mesh.get_group('dp')")
-        if data_parallel is not None and data_parallel != replicas:
-            raise ValueError(f"rank {self.global_rank}: data_parallel={data_parallel!r} but the "
-                             f"data_parallel_group has {replicas} ranks; leave data_parallel "
-                             "out when passing the groups")
-        self.data_parallel = replicas
-        self.stages = dist.get_world_size(pipeline_group)
-        self.rank = dist.get_rank(pipeline_group)
-        self.replica = 0 if data_parallel_group is None else dist.get_rank(data_parallel_group)
-        if self.rank < 0 or self.replica < 0:
-            raise ValueError(f"rank {self.global_rank} is not a member of the pipeline_group or "
-                             "data_parallel_group it was given: pass this rank's groups "
-                             "(mesh.get_group('pp'), mesh.get_group('dp'))")
-        self.pipeline_group, self.data_parallel_group = pipeline_group, data_parallel_group
-
-    def _make_groups(self):
-        """Every rank creates every group, in the same order (``new_group``'s rule)."""
-        p, d = self.stages, self.data_parallel
-        if d == 1:
-            return None, None
-        pipeline_group = data_parallel_group = None
-        for replica in range(d):
-            group = dist.new_group([replica * p + stage for stage in range(p)])
-            if replica == self.replica:
-                pipeline_group = group
-        for stage in range(p):
-            group = dist.new_group([replica * p + stage for replica in range(d)])
-            if stage == self.rank:
-                data_parallel_group = group
-        return pipeline_group, data_parallel_group
+        # Both ends of a message compute its tag from the schedule, so that
+        # any order of arrival finds the right receive: this rank's, once.
+        self.tags = {action: _tag(self.schedule, self.rank, action)
+                     for action in self.schedule.actions[self.rank] if action.kind in _CARGO}
 
     def _pieces(self, model, split_by, sample) -> list:
         total = self.schedule.total_stages
@@ -373,7 +208,8 @@ class Pipeline:
 
 
 class _Batch:
-    """One batch's execution on one rank: the schedule's actions, in order."""
+    """One batch on one rank: the schedule's actions in order, each by the
+    step of its kind (:data:`_STEPS`)."""
 
     def __init__(self, pipe: Pipeline, x, y, loss_fn, optimizer):
         self.pipe = pipe
@@ -394,16 +230,18 @@ class _Batch:
                 raise ValueError(f"rank {rank} holds the last stage: pass the targets y")
             self.targets = self._split(y)
             self.batch_size = sum(len(t) for t in self.targets)
-        self.held: dict[tuple[int, int], _Held] = {}
-        self.inbox: dict[tuple[str, int, int], np.ndarray] = {}
+        self.held = HeldActivations(pipe.chunks, pipe.recompute)
+        # The schedule, not the order of arrival, says when a result leaves and
+        # when a message is used: both wait here for their action.
         self.outbox: dict[tuple[str, int, int], np.ndarray] = {}
+        self.inbox: dict[tuple[str, int, int], np.ndarray] = {}
         self.sends = []
         self.examples = 0
         self.loss = 0.0
-        self.tracing = _trace.enabled()
+        self.index = 0  # the action running, for a failure to name
         if optimizer is not None:
             optimizer.zero_grad()
-        self.ledger()
+        self.ledger = Ledger(self.schedule, pipe.rank, pipe._parameters, optimizer, self.held)
 
     def _split(self, batch) -> list[np.ndarray]:
         try:
@@ -411,150 +249,79 @@ class _Batch:
         except ValueError as error:
             raise ValueError(f"rank {self.pipe.global_rank}: {error}") from None
 
-    # ------------------------------------------------------------------ bookkeeping
-
-    def ledger(self) -> None:
-        if not self.tracing:
-            return
-        pipe = self.pipe
-        grads = sum(p.grad.nbytes for p in pipe._parameters if p.grad is not None)
-        state = 0
-        if self.optimizer is not None:
-            for per_parameter in self.optimizer.state.values():
-                state += sum(v.nbytes for v in per_parameter.values()
-                             if isinstance(v, np.ndarray))
-        now = _trace.now()
-        _trace.record("memory", now, now, label=memory_label(
-            self.schedule.stage_of(pipe.rank), sum(p.data.nbytes for p in pipe._parameters),
-            grads, state, sum(h.nbytes for h in self.held.values()), len(self.held)))
-
-    def fail(self, index: int, action: Action, why: str):
-        raise RuntimeError(f"rank {self.pipe.global_rank}, pipeline stage "
-                           f"{self.pipe.rank}: action {index} ({action}) of schedule "
-                           f"{self.schedule.name!r}: {why}")
-
-    def _stage(self, action: Action) -> int:
-        return self.schedule.stage_of(self.pipe.rank, action.chunk)
-
-    # ------------------------------------------------------------------ actions
-
     def execute(self, index: int, action: Action) -> None:
-        kind = action.kind
-        if kind == FORWARD:
-            self.forward(index, action)
-        elif kind == BACKWARD:
-            self.backward(index, action)
-        elif kind in (SEND_ACTIVATION, SEND_GRAD):
-            self.send(index, action)
-        elif kind in (RECV_ACTIVATION, RECV_GRAD):
-            self.receive(action)
-        elif kind == OPTIMIZER_STEP:
-            self.optimizer_step()
-        else:
-            self.fail(index, action, f"unknown action kind {kind!r}")
+        """Action ``index`` of this rank's schedule: the step of its kind."""
+        self.index = index
+        step = _STEPS.get(action.kind)
+        if step is None:
+            self.fail(action, f"unknown action kind {action.kind!r}")
+        step(self, action)
 
-    def forward(self, index: int, action: Action) -> None:
-        mb, chunk, stage = action.microbatch, action.chunk, self._stage(action)
-        last = stage == self.schedule.total_stages - 1
-        if stage == 0:
-            inputs = Tensor(self.inputs[mb])
-        else:
-            received = self.inbox.pop(("act", mb, chunk), None)
-            if received is None:
-                self.fail(index, action, "its input activation has not been received")
-            # A leaf that wants a gradient: what the backward sends to the previous stage.
-            inputs = Tensor(received, requires_grad=True)
-        if chunk == 0:
+    # ------------------------------------------------------------------ the steps
+
+    def forward(self, action: Action) -> None:
+        """Receive the input, run the stage, keep what backward needs, send the output."""
+        microbatch, chunk, stage = action.microbatch, action.chunk, self._stage(action)
+        inputs = self._input(action, stage)
+        if chunk == 0:  # once per micro-batch: a replica's gradient is weighed by its examples
             self.examples += len(inputs.data)
-        with _trace.region(compute_label("F", mb, chunk, stage, action.phase)):
-            replay = None
-            if self.pipe.recompute:
-                replay = ForwardState(self.pipe.chunks[chunk])
-                with no_grad():
-                    outputs, _ = _run_layers(self.pipe.chunks[chunk], inputs)
-                    loss = self._loss(outputs, mb) if last else None
-                kept = inputs.data.nbytes
-            else:
-                outputs, kept = _run_layers(self.pipe.chunks[chunk], inputs)
-                loss = self._loss(outputs, mb) if last else None
-                kept += inputs.data.nbytes
-        if last:
+        with self.ledger.region(action):
+            outputs, loss = self.held.forward((microbatch, chunk), inputs, self._loss_of(stage))
+        if loss is None:
+            self._hand_over("act", microbatch, chunk, outputs.data, chunk + 1)
+        else:
             self.loss += float(loss.item())
-        else:
-            self._hand_over("act", mb, chunk, outputs.data, chunk + 1)
-        self.held[(mb, chunk)] = _Held(inputs, None if self.pipe.recompute else outputs,
-                                       loss, kept, replay)
-        self.ledger()
 
-    def _loss(self, outputs, microbatch):
-        # b_k / B: the micro-batches' losses then add up to the batch's mean.
-        targets = self.targets[microbatch]
-        return self.loss_fn(outputs, targets) * (len(targets) / self.batch_size)
-
-    def _hand_over(self, kind, microbatch, chunk, array, neighbour_chunk) -> None:
-        """A result for the neighbouring stage: queued for its send action, or,
-        with one rank holding every chunk, put straight in this rank's inbox."""
-        if self.schedule.stages > 1:
-            self.outbox[(kind, microbatch, chunk)] = array
-        else:
-            self.inbox[(kind, microbatch, neighbour_chunk)] = array
-
-    def backward(self, index: int, action: Action) -> None:
-        mb, chunk, stage = action.microbatch, action.chunk, self._stage(action)
-        last = stage == self.schedule.total_stages - 1
-        held = self.held.get((mb, chunk))
-        if held is None:
-            self.fail(index, action, "runs before its forward")
-        if self.pipe.recompute:
-            with _trace.region(compute_label("R", mb, chunk, stage, action.phase)):
-                inputs = Tensor(held.inputs.data, requires_grad=stage > 0)
-                # The same Dropout masks, BatchNorm statistics updated once.
-                with held.replay.replay():
-                    outputs, kept = _run_layers(self.pipe.chunks[chunk], inputs)
-                held.inputs, held.outputs = inputs, outputs
-                held.loss = self._loss(outputs, mb) if last else None
-                held.nbytes += kept
-            self.ledger()
-        gradient = None
-        if not last:
-            gradient = self.inbox.pop(("grad", mb, chunk), None)
+    def backward(self, action: Action) -> None:
+        """Receive the gradient of the output, run the backward, send the
+        gradient of the input; a forward that kept only its input is run
+        again first."""
+        key, stage = (action.microbatch, action.chunk), self._stage(action)
+        if key not in self.held:
+            self.fail(action, "runs before its forward")
+        loss_of = self._loss_of(stage)
+        if self.held.recomputing:
+            with self.ledger.region(action, "R"):
+                self.held.recompute(key, loss_of)
+        gradient = None  # the last stage's backward starts from its loss
+        if loss_of is None:
+            gradient = self._take("grad", action, "the gradient of its output has not been received")
+        held = self.held.pop(key)
+        with self.ledger.region(action):
             if gradient is None:
-                self.fail(index, action, "the gradient of its output has not been received")
-        with _trace.region(compute_label("B", mb, chunk, stage, action.phase)):
-            if last:
                 held.loss.backward()
             else:
                 held.outputs.backward(gradient)
         if stage > 0:
-            self._hand_over("grad", mb, chunk, held.inputs.grad, chunk - 1)
-        del self.held[(mb, chunk)]
-        self.ledger()
+            self._hand_over("grad", action.microbatch, action.chunk, held.inputs.grad,
+                            action.chunk - 1)
 
-    def send(self, index: int, action: Action) -> None:
-        kind = "act" if action.kind == SEND_ACTIVATION else "grad"
+    def send(self, action: Action) -> None:
+        """Send what a forward (an activation) or a backward (a gradient) left
+        for the neighbouring stage; the send does not wait, the optimizer
+        step waits for them all."""
+        kind = _CARGO[action.kind]
         array = self.outbox.pop((kind, action.microbatch, action.chunk), None)
         if array is None:
-            self.fail(index, action, f"there is no {kind} of micro-batch {action.microbatch} "
-                                     "to send: its forward/backward has not run")
-        receiver = self._stage(action) + (1 if kind == "act" else -1)
+            self.fail(action, f"there is no {kind} of micro-batch {action.microbatch} to send: "
+                              "its forward/backward has not run")
         self.sends.append(dist.isend(
             array, group_dst=action.peer, group=self.pipe.pipeline_group,
-            tag=message_tag(kind, action.microbatch, receiver, self.schedule.total_stages),
-            label=self._label(kind, action.microbatch)))
-
-    def _label(self, kind: str, microbatch: int) -> str:
-        # A message's label is read by the trace alone: not built when nothing records.
-        return message_label(kind, microbatch) if self.tracing else ""
+            tag=self.pipe.tags[action],
+            label=message_label(kind, action.microbatch) if self.ledger.tracing else ""))
 
     def receive(self, action: Action) -> None:
-        kind = "act" if action.kind == RECV_ACTIVATION else "grad"
+        """Receive an activation (for a forward) or a gradient (for a
+        backward) from the neighbouring stage, waiting for it."""
+        kind = _CARGO[action.kind]
         self.inbox[(kind, action.microbatch, action.chunk)] = dist.recv_array(
             group_src=action.peer, group=self.pipe.pipeline_group,
-            tag=message_tag(kind, action.microbatch, self._stage(action),
-                            self.schedule.total_stages),
-            label=self._label(kind, action.microbatch))
+            tag=self.pipe.tags[action],
+            label=message_label(kind, action.microbatch) if self.ledger.tracing else "")
 
-    def optimizer_step(self) -> None:
+    def optimizer_step(self, action: Action) -> None:
+        """Wait for every send, all-reduce the gradients over the replicas,
+        one step of the optimizer."""
         for request in self.sends:
             request.wait()
         if self.held:
@@ -568,11 +335,71 @@ class _Batch:
                                  weight=self.examples)
         if self.pipe.finalize_grads is not None:
             self.pipe.finalize_grads()
-        with _trace.region(step_label(self.schedule.stage_of(self.pipe.rank))):
+        with self.ledger.region(action):
             if self.optimizer is not None:
                 with no_grad():
                     self.optimizer.step()
-        self.ledger()
+
+    # ------------------------------------------------------------------ what the steps share
+
+    def _stage(self, action: Action) -> int:
+        return self.schedule.stage_of(self.pipe.rank, action.chunk)
+
+    def _input(self, action: Action, stage: int) -> Tensor:
+        """The micro-batch itself on the first stage; elsewhere the activation
+        the stage before sent, as a leaf that wants a gradient: what the
+        backward sends back."""
+        if stage == 0:
+            return Tensor(self.inputs[action.microbatch])
+        return Tensor(self._take("act", action, "its input activation has not been received"),
+                      requires_grad=True)
+
+    def _loss_of(self, stage: int):
+        """On the last stage, the loss of an output and its micro-batch; None before it."""
+        return self._loss if stage == self.schedule.total_stages - 1 else None
+
+    def _loss(self, outputs, microbatch):
+        # b_k / B: the micro-batches' losses then add up to the batch's mean.
+        targets = self.targets[microbatch]
+        return self.loss_fn(outputs, targets) * (len(targets) / self.batch_size)
+
+    def _take(self, kind: str, action: Action, why: str) -> np.ndarray:
+        """What the neighbouring stage sent for ``action`` ("act" or "grad")."""
+        array = self.inbox.pop((kind, action.microbatch, action.chunk), None)
+        if array is None:
+            self.fail(action, why)
+        return array
+
+    def _hand_over(self, kind, microbatch, chunk, array, neighbour_chunk) -> None:
+        """A result for the neighbouring stage: queued for its send action, or,
+        with one rank holding every chunk, put straight in this rank's inbox."""
+        if self.schedule.stages > 1:
+            self.outbox[(kind, microbatch, chunk)] = array
+        else:
+            self.inbox[(kind, microbatch, neighbour_chunk)] = array
+
+    def fail(self, action: Action, why: str):
+        raise RuntimeError(f"rank {self.pipe.global_rank}, pipeline stage "
+                           f"{self.pipe.rank}: action {self.index} ({action}) of schedule "
+                           f"{self.schedule.name!r}: {why}")
+
+
+#: The step of each action kind.
+_STEPS = {FORWARD: _Batch.forward, BACKWARD: _Batch.backward,
+          SEND_ACTIVATION: _Batch.send, SEND_GRAD: _Batch.send,
+          RECV_ACTIVATION: _Batch.receive, RECV_GRAD: _Batch.receive,
+          OPTIMIZER_STEP: _Batch.optimizer_step}
+#: What a message action carries, and where a sent one goes.
+_CARGO = {SEND_ACTIVATION: "act", RECV_ACTIVATION: "act", SEND_GRAD: "grad", RECV_GRAD: "grad"}
+_TOWARDS = {SEND_ACTIVATION: 1, SEND_GRAD: -1}
+
+
+def _tag(schedule: Schedule, rank: int, action: Action) -> int:
+    """The tag of a send's or receive's message (:func:`message_tag`): what it
+    carries, its micro-batch and the stage receiving it (the next for an
+    activation sent, the one before for a gradient, this one for a receive)."""
+    receiver = schedule.stage_of(rank, action.chunk) + _TOWARDS.get(action.kind, 0)
+    return message_tag(_CARGO[action.kind], action.microbatch, receiver, schedule.total_stages)
 
 
 def annotate_trace(path, pipeline_or_schedule) -> None:

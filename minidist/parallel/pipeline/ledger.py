@@ -1,0 +1,94 @@
+"""A pipeline rank's ledger of one batch, in the trace: a region for each
+forward, recomputation, backward and optimizer step, and a ``memory`` event
+after each of them (and one at the batch's start) with what the rank holds.
+
+The regions carry the words of :mod:`~minidist.parallel.pipeline.labels`
+(``F3``, ``R3``, ``B3`` and ``step``, with ``pipeline=``, ``mb=``,
+``chunk=``, ``stage=``, ``phase=``), which the drawings in ``viz/`` read.
+A rank's memory changes only inside those regions: a forward keeps
+activations, a recomputation brings back the rest of them, a backward frees
+them and fills gradients, the step fills the optimizer's state. So an event
+after each region sees every change. Each ``memory`` event carries the bytes
+of the parameters, the gradients, the optimizer's state and the held
+activations, and ``live_microbatches``, the number of (micro-batch, chunk)
+activations held.
+
+Cost: with tracing off, one test per region, and no label is built; with it
+on, each event sums the bytes of every parameter, gradient and state array,
+O(number of parameters) per region, two or three regions per micro-batch and
+stage.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import numpy as np
+
+from minidist import trace as _trace
+from minidist.parallel.pipeline.labels import compute_label, memory_label, step_label
+from minidist.parallel.pipeline.schedules import FORWARD, OPTIMIZER_STEP, Action
+
+_UNTRACED = nullcontext()
+
+
+class Ledger:
+    """The trace of one batch on ``rank`` of ``schedule``; ``held`` is the
+    rank's :class:`~minidist.parallel.pipeline.held_activations.HeldActivations`.
+    Tracing is looked at once, when the batch starts."""
+
+    def __init__(self, schedule, rank: int, parameters, optimizer, held):
+        self.tracing = _trace.enabled()
+        self.schedule, self.rank = schedule, rank
+        self.parameters, self.optimizer, self.held = parameters, optimizer, held
+        self.note()
+
+    def region(self, action: Action, letter: str = ""):
+        """``with ledger.region(action):`` the trace region of a forward
+        ("F"), a backward ("B", or "R" with ``letter``: its recomputation)
+        or the optimizer step, and a memory event when it ends."""
+        if not self.tracing:
+            return _UNTRACED
+        if action.kind == OPTIMIZER_STEP:
+            label = step_label(self.schedule.stage_of(self.rank))
+        else:
+            letter = letter or ("F" if action.kind == FORWARD else "B")
+            label = compute_label(letter, action.microbatch, action.chunk,
+                                  self.schedule.stage_of(self.rank, action.chunk), action.phase)
+        return _NotedRegion(self, label)
+
+    def note(self) -> None:
+        """A ``memory`` event: what the rank holds now."""
+        if not self.tracing:
+            return
+        grads = sum(p.grad.nbytes for p in self.parameters if p.grad is not None)
+        state = 0
+        if self.optimizer is not None:
+            for per_parameter in self.optimizer.state.values():
+                state += sum(v.nbytes for v in per_parameter.values()
+                             if isinstance(v, np.ndarray))
+        now = _trace.now()
+        _trace.record("memory", now, now, label=memory_label(
+            self.schedule.stage_of(self.rank), sum(p.data.nbytes for p in self.parameters),
+            grads, state, self.held.nbytes, len(self.held)))
+
+
+class _NotedRegion:
+    """A trace region that ends with the ledger's memory event (none when
+    the work inside raised)."""
+
+    __slots__ = ("ledger", "region")
+
+    def __init__(self, ledger: Ledger, label: str):
+        self.ledger, self.region = ledger, _trace.region(label)
+
+    def __enter__(self):
+        self.region.__enter__()
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        self.region.__exit__(kind, error, traceback)
+        if kind is None:
+            self.ledger.note()
+        return False
+
