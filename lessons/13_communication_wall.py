@@ -42,8 +42,9 @@
 # 9. when compression pays: the crossover bandwidth.
 #
 # Library code: `minidist/parallel/data/compression.py` (the hooks, in this
-# order), `minidist/parallel/data/ddp.py` (`register_comm_hook`,
-# `GradBucket`), `minidist/experiments/compression.py` (the runs of part 6).
+# order), `minidist/parallel/data/ddp.py` (`register_comm_hook`),
+# `minidist/parallel/data/buckets.py` (`GradBucket`),
+# `minidist/experiments/compression.py` (the runs of part 6).
 
 # %%
 import time

@@ -23,7 +23,11 @@ import warnings
 
 #: old path -> the modules its names went to, the main one first
 MOVED = {
-    "minidist.parallel.data_parallel": ("minidist.parallel.data.ddp", "minidist.parallel.replicas"),
+    "minidist.parallel.data_parallel": ("minidist.parallel.data.ddp",
+                                        "minidist.parallel.data.coordinator",
+                                        "minidist.parallel.data.buckets",
+                                        "minidist.parallel.data.checks",
+                                        "minidist.parallel.replicas"),
     "minidist.parallel.compression": ("minidist.parallel.data.compression",),
     "minidist.parallel.zero": ("minidist.parallel.data.zero", "minidist.parallel.data.fsdp",
                                "minidist.parallel.data.stages", "minidist.parallel.data.costs"),

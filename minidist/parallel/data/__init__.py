@@ -3,17 +3,20 @@ its own slice of each batch.
 
 Read in this order:
 
-1. :mod:`.ddp`: the coordinator, then ``DistributedDataParallel`` (buckets of
-   gradients all-reduced as backward produces them);
-2. :mod:`.compression`: DDP's communication hooks that send fewer bytes
+1. :mod:`.coordinator`: every gradient to one rank, which averages, steps
+   and sends the weights back (the course's before);
+2. :mod:`.ddp`: ``DistributedDataParallel``, the gradients all-reduced as
+   backward produces them, in the buckets of :mod:`.buckets`
+   (:mod:`.checks`: what every data-parallel wrapper refuses);
+3. :mod:`.compression`: DDP's communication hooks that send fewer bytes
    (fp16, int8, sign, top-k, PowerSGD, with error feedback);
-3. :mod:`.zero`: ZeRO stage 1, the optimizer state sharded;
-4. :mod:`.fsdp`: stages 2 and 3 as ``FullyShardedDataParallel``, gradients
+4. :mod:`.zero`: ZeRO stage 1, the optimizer state sharded;
+5. :mod:`.fsdp`: stages 2 and 3 as ``FullyShardedDataParallel``, gradients
    and then weights sharded; :mod:`.stages` builds any stage by number;
-5. :mod:`.costs`: what each stage holds and sends, by formula;
-6. :mod:`.sync_batchnorm`: batch statistics over the global batch;
-7. :mod:`.checkpoint_files`: saving and resuming a data-parallel run;
-8. :mod:`.inference`: a data set's predictions split over ranks.
+6. :mod:`.costs`: what each stage holds and sends, by formula;
+7. :mod:`.sync_batchnorm`: batch statistics over the global batch;
+8. :mod:`.checkpoint_files`: saving and resuming a data-parallel run;
+9. :mod:`.inference`: a data set's predictions split over ranks.
 
 What the other families use from here: nothing (the replicas' glue,
 broadcasting weights and all-reducing gradients, is
@@ -22,6 +25,9 @@ broadcasting weights and all-reducing gradients, is
 
 from __future__ import annotations
 
+from minidist.parallel.data.buckets import (  # noqa: F401
+    GradBucket,
+)
 from minidist.parallel.data.checkpoint_files import (  # noqa: F401
     FORMAT,
     VERSION,
@@ -54,14 +60,15 @@ from minidist.parallel.data.compression import (  # noqa: F401
     topk_hook,
     truncate_bf16,
 )
+from minidist.parallel.data.coordinator import (  # noqa: F401
+    CoordinatorDataParallel,
+)
 from minidist.parallel.data.costs import (  # noqa: F401
     zero_bytes_per_step,
     zero_model_state_bytes,
 )
 from minidist.parallel.data.ddp import (  # noqa: F401
-    CoordinatorDataParallel,
     DistributedDataParallel,
-    GradBucket,
 )
 from minidist.parallel.data.fsdp import (  # noqa: F401
     STRATEGIES,

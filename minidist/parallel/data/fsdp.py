@@ -48,12 +48,9 @@ import numpy as np
 import minidist.distributed as dist
 from minidist import nn
 from minidist.distributed.device_mesh import as_group
-from minidist.parallel.data.ddp import (
-    _check_model,
-    _local_count,
-    broadcast_module,
-)
+from minidist.parallel.data.checks import _check_model, _local_count
 from minidist.parallel.data.zero import _FlatShard
+from minidist.parallel.replicas import broadcast_module
 from minidist.tensor import Tensor
 
 
