@@ -8,15 +8,18 @@ Read in this order:
 2. :mod:`.ddp`: ``DistributedDataParallel``, the gradients all-reduced as
    backward produces them, in the buckets of :mod:`.buckets`
    (:mod:`.checks`: what every data-parallel wrapper refuses);
-3. :mod:`.compression`: DDP's communication hooks that send fewer bytes
-   (fp16, int8, sign, top-k, PowerSGD, with error feedback);
-4. :mod:`.zero`: ZeRO stage 1, the optimizer state sharded;
-5. :mod:`.fsdp`: stages 2 and 3 as ``FullyShardedDataParallel``, gradients
+3. :mod:`.compression`: DDP's communication hooks that send fewer bits or
+   fewer values (fp16, bf16, int8, sign, threshold, top-k, random-k), with
+   error feedback;
+4. :mod:`.powersgd`: the low-rank hook, PowerSGD; :mod:`.hooks` names every
+   hook;
+5. :mod:`.zero`: ZeRO stage 1, the optimizer state sharded;
+6. :mod:`.fsdp`: stages 2 and 3 as ``FullyShardedDataParallel``, gradients
    and then weights sharded; :mod:`.stages` builds any stage by number;
-6. :mod:`.costs`: what each stage holds and sends, by formula;
-7. :mod:`.sync_batchnorm`: batch statistics over the global batch;
-8. :mod:`.checkpoint_files`: saving and resuming a data-parallel run;
-9. :mod:`.inference`: a data set's predictions split over ranks.
+7. :mod:`.costs`: what each stage holds and sends, by formula;
+8. :mod:`.sync_batchnorm`: batch statistics over the global batch;
+9. :mod:`.checkpoint_files`: saving and resuming a data-parallel run;
+10. :mod:`.inference`: a data set's predictions split over ranks.
 
 What the other families use from here: nothing (the replicas' glue,
 broadcasting weights and all-reducing gradients, is
@@ -35,10 +38,8 @@ from minidist.parallel.data.checkpoint_files import (  # noqa: F401
     save_checkpoint,
 )
 from minidist.parallel.data.compression import (  # noqa: F401
-    HOOKS,
     ErrorFeedbackState,
     Int8State,
-    PowerSGDState,
     RandomKState,
     ThresholdState,
     TopKState,
@@ -51,8 +52,6 @@ from minidist.parallel.data.compression import (  # noqa: F401
     expand_bf16,
     fp16_compress_hook,
     int8_hook,
-    orthogonalize,
-    powersgd_hook,
     quantize_int8,
     randomk_hook,
     sign_hook,
@@ -77,11 +76,19 @@ from minidist.parallel.data.fsdp import (  # noqa: F401
     ShardingStrategy,
     freed_parameter,
 )
+from minidist.parallel.data.hooks import (  # noqa: F401
+    HOOKS,
+)
 from minidist.parallel.data.inference import (  # noqa: F401
     OUTPUTS,
     parallel_predict,
     predict,
     shard_bounds,
+)
+from minidist.parallel.data.powersgd import (  # noqa: F401
+    PowerSGDState,
+    orthogonalize,
+    powersgd_hook,
 )
 from minidist.parallel.data.stages import (  # noqa: F401
     STAGES,

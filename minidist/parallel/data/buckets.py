@@ -11,7 +11,8 @@ parameter, for the same ``2 (N - 1) / N P`` bytes per rank on a ring.
 :class:`GradBucket` is what a communication hook sees of one bucket (torch's
 ``torch.distributed.GradBucket``): the flat buffer to send and the number
 the average divides by. Read with :mod:`.ddp`, which fills the buckets
-during backward; the hooks of :mod:`.compression` send fewer bytes.
+during backward; the hooks of :mod:`.compression` and :mod:`.powersgd`
+send fewer bytes.
 
 Cost: no byte beside the gradients (the gradients *are* the buckets' views),
 one copy into the bucket for a gradient that arrives as a fresh array.

@@ -134,7 +134,8 @@ class DistributedDataParallel(nn.Module):
         returns the averaged gradient, ``sum_r buffer_r / bucket.divisor()``
         or an approximation of it (compression), a NumPy array of the
         buffer's shape and dtype that DDP writes back into the gradients.
-        The hooks of :mod:`minidist.parallel.data.compression` are examples.
+        The hooks of :mod:`minidist.parallel.data.compression` and
+        :mod:`minidist.parallel.data.powersgd` are examples.
 
         It runs where the bucket's all-reduce would start: with
         ``overlap=True`` as soon as the bucket is full, during backward (the
