@@ -43,7 +43,7 @@ from minidist.parallel.parameter_server.fault_tolerant import (
     ReplicatedShard,
     final_weights,
 )
-from minidist.parallel.parameter_server.server import Push
+from minidist.parallel.parameter_server.messages import Push
 from minidist.runtime.errors import WorkerError
 from tests.runtime.test_failures import no_leaked_segments  # noqa: F401  (autouse fixture)
 

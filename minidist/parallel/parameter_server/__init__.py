@@ -2,14 +2,19 @@
 
 Read in this order:
 
-1. :mod:`.server`: synchronous, asynchronous and bounded-delay servers,
-   the weights sharded over several servers;
-2. :mod:`.fault_tolerant`: every key range on two servers, a crashed
+1. :mod:`.layout`: which ranks serve and which work, which keys each
+   server owns (the weights as one flat vector, sharded);
+2. :mod:`.messages`: a worker's request (push, pull) and a server's reply;
+3. :mod:`.shard`: one server's key range and the consistency modes
+   (bulk synchronous, stale synchronous, asynchronous, dropping stale
+   pushes): when a push is applied;
+4. :mod:`.server`: ``ParameterServer``, the servers' and the workers' loops;
+5. :mod:`.fault_tolerant`: every key range on two servers, a crashed
    server's range taken over by its copy;
-3. :mod:`.hogwild`: no server at all, lock-free updates of one shared array;
-4. :mod:`.delayed_proximal`: D2P, delayed proximal gradient on a sparse
+6. :mod:`.hogwild`: no server at all, lock-free updates of one shared array;
+7. :mod:`.delayed_proximal`: D2P, delayed proximal gradient on a sparse
    problem;
-5. :mod:`.straggler`: ranks made slower, to watch the others wait.
+8. :mod:`.straggler`: ranks made slower, to watch the others wait.
 
 What the other families use from here: nothing.
 """
@@ -66,23 +71,29 @@ from minidist.parallel.parameter_server.hogwild import (  # noqa: F401
     shared_arrays,
     updates_of_rank,
 )
-from minidist.parallel.parameter_server.server import (  # noqa: F401
-    HEADER_SIZE,
-    MODES,
-    NO_STEP,
-    ORDERS,
+from minidist.parallel.parameter_server.layout import (  # noqa: F401
     Layout,
-    ParameterServer,
-    PendingPush,
-    Push,
-    PushRecord,
-    Request,
-    ServerResult,
-    ServerShard,
-    WorkerResult,
     flat_parameters,
     load_flat_parameters,
     shard_ranges,
+)
+from minidist.parallel.parameter_server.messages import (  # noqa: F401
+    HEADER_SIZE,
+    NO_STEP,
+    PendingPush,
+    Push,
+    Request,
+)
+from minidist.parallel.parameter_server.server import (  # noqa: F401
+    ORDERS,
+    ParameterServer,
+    ServerResult,
+    WorkerResult,
+)
+from minidist.parallel.parameter_server.shard import (  # noqa: F401
+    MODES,
+    PushRecord,
+    ServerShard,
 )
 from minidist.parallel.parameter_server.straggler import (  # noqa: F401
     Straggler,

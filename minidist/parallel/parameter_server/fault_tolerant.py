@@ -105,17 +105,9 @@ import numpy as np
 
 import minidist.distributed as dist
 from minidist import trace
-from minidist.parallel.parameter_server.server import (
-    NO_STEP,
-    ParameterServer,
-    PendingPush,
-    Push,
-    PushRecord,
-    ServerShard,
-    WorkerResult,
-    _check_whole,
-    _push_label,
-)
+from minidist.parallel.parameter_server.messages import NO_STEP, PendingPush, Push, _push_label
+from minidist.parallel.parameter_server.server import ParameterServer, WorkerResult, _check_whole
+from minidist.parallel.parameter_server.shard import PushRecord, ServerShard
 
 logger = logging.getLogger("minidist")
 
