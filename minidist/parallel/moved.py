@@ -36,7 +36,11 @@ MOVED = {
     "minidist.parallel.sync_batchnorm": ("minidist.parallel.data.sync_batchnorm",),
     "minidist.parallel.checkpoint": ("minidist.parallel.data.checkpoint_files",),
     "minidist.parallel.inference": ("minidist.parallel.data.inference",),
-    "minidist.parallel.fault_tolerant_server": ("minidist.parallel.parameter_server.fault_tolerant",),
+    "minidist.parallel.fault_tolerant_server": (
+        "minidist.parallel.parameter_server.fault_tolerant",
+        "minidist.parallel.parameter_server.replication",
+        "minidist.parallel.parameter_server.replicated_shard",
+        "minidist.parallel.parameter_server.failures"),
     "minidist.parallel.hogwild": ("minidist.parallel.parameter_server.hogwild",),
     "minidist.parallel.delayed_proximal": ("minidist.parallel.parameter_server.delayed_proximal",),
     "minidist.parallel.straggler": ("minidist.parallel.parameter_server.straggler",),

@@ -10,7 +10,11 @@ Read in this order:
    pushes): when a push is applied;
 4. :mod:`.server`: ``ParameterServer``, the servers' and the workers' loops;
 5. :mod:`.fault_tolerant`: every key range on two servers, a crashed
-   server's range taken over by its copy;
+   server's range taken over by its copy (the overview, and the workers'
+   side), then :mod:`.failures` (crashes made on purpose, faults reported),
+   :mod:`.replicated_shard` (a range's copy: each push applied once) and
+   :mod:`.replication` (a server rank's loop: forward, acknowledge, take
+   over);
 6. :mod:`.hogwild`: no server at all, lock-free updates of one shared array;
 7. :mod:`.delayed_proximal`: D2P, delayed proximal gradient on a sparse
    problem;
@@ -38,21 +42,15 @@ from minidist.parallel.parameter_server.delayed_proximal import (  # noqa: F401
     soft_threshold,
     sum_in_worker_order,
 )
-from minidist.parallel.parameter_server.fault_tolerant import (  # noqa: F401
+from minidist.parallel.parameter_server.failures import (  # noqa: F401
     CRASH_MOMENTS,
+    ServerCrash,
+)
+from minidist.parallel.parameter_server.fault_tolerant import (  # noqa: F401
     FAULT_TOLERANT_MODES,
-    IDENTITY_SIZE,
-    POLL_SECONDS,
-    RANGE_TAG_STRIDE,
-    REQUEST_SIZE,
     Failover,
     FaultTolerantParameterServer,
-    FaultTolerantServerResult,
     FaultTolerantWorkerResult,
-    RangeCopy,
-    RangeReport,
-    ReplicatedShard,
-    ServerCrash,
     final_weights,
 )
 from minidist.parallel.parameter_server.hogwild import (  # noqa: F401
@@ -83,6 +81,18 @@ from minidist.parallel.parameter_server.messages import (  # noqa: F401
     PendingPush,
     Push,
     Request,
+)
+from minidist.parallel.parameter_server.replicated_shard import (  # noqa: F401
+    RangeCopy,
+    RangeReport,
+    ReplicatedShard,
+)
+from minidist.parallel.parameter_server.replication import (  # noqa: F401
+    IDENTITY_SIZE,
+    POLL_SECONDS,
+    RANGE_TAG_STRIDE,
+    REQUEST_SIZE,
+    FaultTolerantServerResult,
 )
 from minidist.parallel.parameter_server.server import (  # noqa: F401
     ORDERS,

@@ -30,7 +30,7 @@ on``: 0 in BSP, at most ``tau`` in SSP, W - 1 for async workers served in
 turn. Every push, applied or dropped, is logged (:class:`PushRecord`) and
 traced, the update's region labelled with ``staleness`` and ``accepted``.
 
-What a fault-tolerance layer hooks into (:mod:`.fault_tolerant` does):
+What a fault-tolerance layer hooks into (:mod:`.replicated_shard` does):
 :meth:`ServerShard.apply_update` is the one place weights change; every push
 has the identity ``(worker, step)`` and :attr:`ServerShard.clock` holds, per
 worker, the last step pushed; :meth:`ServerShard.step_is_complete` says when a
