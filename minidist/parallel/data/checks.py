@@ -9,7 +9,9 @@ the wrappers refuse them at once, with the same words:
 * :func:`_check_model`: a ``minidist.nn.Module`` with at least one
   parameter to train, all of one dtype (the gradients travel as one flat
   array of that dtype);
-* :func:`_local_count`: a non-negative whole number of examples.
+* :func:`_local_count`: a non-negative whole number of examples;
+  :func:`_examples_in` reads it from a forward's arguments (the batch's
+  length, or ``batch_size=``).
 
 Cost: one pass over the parameters when a wrapper is built; nothing per step.
 """
@@ -41,3 +43,14 @@ def _local_count(batch_size, rank: int, who: str) -> int:
         raise ValueError(f"rank {rank}: {who} needs this rank's number of examples as a "
                          f"non-negative int, got {batch_size!r}")
     return int(batch_size)
+
+
+def _examples_in(args, batch_size, rank: int, who: str) -> int:
+    """This rank's number of examples in a forward: ``batch_size`` when given,
+    else the length of the first argument (the batch)."""
+    if batch_size is None:
+        if not args or not hasattr(args[0], "shape") or len(args[0].shape) == 0:
+            raise ValueError(f"rank {rank}: {who} could not read the batch size from the "
+                             "first argument; pass batch_size=")
+        batch_size = args[0].shape[0]
+    return _local_count(batch_size, rank, who)

@@ -37,7 +37,7 @@ import minidist.distributed as dist
 from minidist import nn
 from minidist.distributed.device_mesh import as_group
 from minidist.parallel.data.buckets import GradBucket, _Bucket, _make_buckets
-from minidist.parallel.data.checks import _check_model, _local_count
+from minidist.parallel.data.checks import _check_model, _examples_in
 from minidist.parallel.replicas import broadcast_module
 
 
@@ -183,12 +183,7 @@ class DistributedDataParallel(nn.Module):
     # -- forward --------------------------------------------------------
     def forward(self, *args, batch_size: int | None = None, **kwargs):
         self._check_previous_backward()
-        if batch_size is None:
-            if not args or not hasattr(args[0], "shape") or len(args[0].shape) == 0:
-                raise ValueError(f"rank {self._rank}: DistributedDataParallel could not read the "
-                                 "batch size from the first argument; pass batch_size=")
-            batch_size = args[0].shape[0]
-        self._examples += _local_count(batch_size, self._rank, "DistributedDataParallel")
+        self._examples += _examples_in(args, batch_size, self._rank, "DistributedDataParallel")
         return self.module(*args, **kwargs)
 
     def _check_previous_backward(self) -> None:
