@@ -112,7 +112,8 @@ def minidist_model(name: str):
 def minidist_worker(model_name: str, flavour: str, warmup: int, windows: int, steps: int):
     import minidist.distributed as dist
     from minidist import Tensor, nn, optim
-    from minidist.parallel.data.ddp import CoordinatorDataParallel, DistributedDataParallel
+    from minidist.parallel.data.coordinator import CoordinatorDataParallel
+    from minidist.parallel.data.ddp import DistributedDataParallel
     from minidist.runtime.blas_threads import set_blas_threads
 
     set_blas_threads(1)  # launch gives a lone worker every core; one thread each, always

@@ -34,8 +34,9 @@
 # 5. makes one worker slower and measures how every synchronous step waits
 #    for it (stragglers).
 #
-# The library code is `minidist/parallel/data/ddp.py`; its docstrings
-# say the same things in more detail.
+# The library code is `minidist/parallel/data/coordinator.py` and
+# `minidist/parallel/data/ddp.py`; their docstrings say the same things in
+# more detail.
 
 # %%
 import time
@@ -47,12 +48,10 @@ import minidist.distributed as dist
 from minidist import Tensor, nn, optim, trace
 from minidist.data import DistributedSampler, load_digits
 from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
-from minidist.parallel.data.ddp import (
-    CoordinatorDataParallel,
-    DistributedDataParallel,
-    broadcast_module,
-)
+from minidist.parallel.data.coordinator import CoordinatorDataParallel
+from minidist.parallel.data.ddp import DistributedDataParallel
 from minidist.parallel.parameter_server.straggler import Straggler
+from minidist.parallel.replicas import broadcast_module
 from minidist.tensor import no_grad
 
 narrate()  # run as a script: the text below is printed between the outputs
@@ -123,7 +122,7 @@ print("both ranks hold identical bits:", same_on_ranks)
 # The difference is rounding only: the sum is taken in another order. (With
 # shards of *different* sizes a plain average is wrong: the smaller shard
 # would weigh too much. The library weights each rank by its number of
-# examples; see the docstring of `minidist/parallel/data/ddp.py`.)
+# examples; see the docstring of `minidist/parallel/data/coordinator.py`.)
 #
 # ## 2. Training on the digits with 2 workers
 #

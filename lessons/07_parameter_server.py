@@ -37,9 +37,11 @@
 # 5. the MLP on the digits through a sharded PS;
 # 6. how long BSP workers sit idle, read from the trace.
 #
-# The library code is `minidist/parallel/parameter_server/server.py` (the examples
-# below: `minidist/examples/parameter_server.py`); its
-# docstring says the same things in more detail.
+# The library code is `minidist/parallel/parameter_server/server.py`, with
+# the roles and key ranges in `layout.py`, the messages in `messages.py` and
+# the consistency modes in `shard.py` beside it (the examples below:
+# `minidist/examples/parameter_server.py`); their docstrings say the same
+# things in more detail.
 
 # %%
 import time
@@ -60,7 +62,7 @@ from minidist.examples.parameter_server import (
 )
 from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
 from minidist.lesson_timing import Load
-from minidist.parallel.parameter_server.server import (
+from minidist.parallel.parameter_server.layout import (
     flat_parameters,
     load_flat_parameters,
     shard_ranges,

@@ -29,8 +29,8 @@
 # 4. D2P, the course's delayed block proximal gradient: what a delay bound
 #    tau costs in objective.
 #
-# The library code: `minidist/parallel/parameter_server/server.py`, `hogwild.py`
-# and `delayed_proximal.py`.
+# The library code: `minidist/parallel/parameter_server/shard.py` (the
+# consistency modes), `server.py`, `hogwild.py` and `delayed_proximal.py`.
 
 # %%
 import time
@@ -45,11 +45,8 @@ from minidist.examples.parameter_server import digits_accuracy, digits_mlp, spli
 from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
 from minidist.parallel.parameter_server import delayed_proximal as d2p
 from minidist.parallel.parameter_server import hogwild
-from minidist.parallel.parameter_server.server import (
-    ParameterServer,
-    flat_parameters,
-    load_flat_parameters,
-)
+from minidist.parallel.parameter_server.layout import flat_parameters, load_flat_parameters
+from minidist.parallel.parameter_server.server import ParameterServer
 from minidist.runtime.blas_threads import set_blas_threads
 from minidist.tensor import no_grad
 

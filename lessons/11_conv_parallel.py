@@ -30,8 +30,10 @@
 #    images each, with local BatchNorm, with SyncBatchNorm and on one process
 #    with the whole batch; and the time SyncBatchNorm costs.
 #
-# The library code is `minidist/parallel/model/conv_parallel.py` and
-# `minidist/parallel/data/sync_batchnorm.py`; the halo picture is `viz/halo.py`.
+# The library code is `minidist/parallel/model/split_conv.py` (what the two
+# splits share), `channel_parallel.py` and `spatial_parallel.py` beside it,
+# and `minidist/parallel/data/sync_batchnorm.py`; the halo picture is
+# `viz/halo.py`.
 
 # %%
 import numpy as np
@@ -44,12 +46,9 @@ from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
 from minidist.lesson_timing import Load, timed
 from minidist.parallel.data.ddp import DistributedDataParallel
 from minidist.parallel.data.sync_batchnorm import SyncBatchNorm
-from minidist.parallel.model.conv_parallel import (
-    ChannelParallelConv2d,
-    SpatialParallelConv2d,
-    band,
-    halo_plan,
-)
+from minidist.parallel.model.channel_parallel import ChannelParallelConv2d
+from minidist.parallel.model.spatial_parallel import SpatialParallelConv2d, halo_plan
+from minidist.parallel.model.split_conv import band
 from minidist.runtime.blas_threads import set_blas_threads
 from minidist.tensor import no_grad
 

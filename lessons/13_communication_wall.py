@@ -42,8 +42,11 @@
 # 9. when compression pays: the crossover bandwidth.
 #
 # Library code: `minidist/parallel/data/compression.py` (the hooks, in this
-# order), `minidist/parallel/data/ddp.py` (`register_comm_hook`,
-# `GradBucket`), `minidist/experiments/compression.py` (the runs of part 6).
+# order), `minidist/parallel/data/powersgd.py` (PowerSGD's low rank),
+# `minidist/parallel/data/hooks.py` (all of them by name),
+# `minidist/parallel/data/ddp.py` (`register_comm_hook`),
+# `minidist/parallel/data/buckets.py` (`GradBucket`),
+# `minidist/experiments/compression.py` (the runs of part 6).
 
 # %%
 import time
@@ -58,6 +61,8 @@ from minidist.experiments import compression as experiment
 from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
 from minidist.parallel.data import compression as C
 from minidist.parallel.data.ddp import DistributedDataParallel
+from minidist.parallel.data.hooks import HOOKS
+from minidist.parallel.data.powersgd import PowerSGDState
 from minidist.runtime.blas_threads import set_blas_threads
 from minidist.train import build_model
 
@@ -151,7 +156,7 @@ def few_steps(hook_name, steps=5):
     rank, world = dist.get_rank(), dist.get_world_size()
     ddp = DistributedDataParallel(build_model("mlp", seed=0), algorithm="ring")
     if hook_name is not None:
-        ddp.register_comm_hook(None, C.HOOKS[hook_name])
+        ddp.register_comm_hook(None, HOOKS[hook_name])
     optimizer = optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     for step in range(steps):
         mine = slice((step * world + rank) * 32, (step * world + rank + 1) * 32)
@@ -278,7 +283,7 @@ for name, (indices, values) in {
 # = 384 values instead of 8,192.
 
 # %%
-state = C.PowerSGDState(matrix_approximation_rank=2)
+state = PowerSGDState(matrix_approximation_rank=2)
 shapes = experiment.parameter_shapes("mlp")
 for (_offset, size, n_rows, n_cols, r), shape in zip(state.layout(shapes), shapes):
     sent = r * (n_rows + n_cols) if r else size

@@ -43,7 +43,8 @@ from minidist.examples.parameter_server import (
     split_rows,
     train_mlp_on_digits,
 )
-from minidist.parallel.parameter_server.server import MODES, Layout, flat_parameters, shard_ranges
+from minidist.parallel.parameter_server.layout import Layout, flat_parameters, shard_ranges
+from minidist.parallel.parameter_server.shard import MODES
 
 #: At most this many epochs (the demo parser's default, 20, is the tour's).
 MAX_EPOCHS = 10

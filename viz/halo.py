@@ -1,6 +1,6 @@
 """The halo exchange of a spatial-parallel convolution, drawn row by row.
 
-A :class:`~minidist.parallel.model.conv_parallel.SpatialParallelConv2d` splits the
+A :class:`~minidist.parallel.model.spatial_parallel.SpatialParallelConv2d` splits the
 image's rows into bands, one per rank; before its convolution each rank
 receives the few border rows (the *halo*) its kernel reads from its
 neighbours, and backward sends the gradients of those rows back to their
@@ -9,7 +9,7 @@ owners. This module reads which rows moved, either
 * from a real run's trace: every halo message is labelled
   ``"halo rows a:b to rank d #halo=forward rows=a:b height=H layer=..."``
   (``halo=backward`` for the gradients), or
-* from a :class:`~minidist.parallel.model.conv_parallel.HaloPlan`, the plan the
+* from a :class:`~minidist.parallel.model.spatial_parallel.HaloPlan`, the plan the
   layer follows (``layer.last_plan``),
 
 into a :class:`HaloPicture` (plain data, tested), and draws it: one column of
@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 from minidist import trace as _trace
 from minidist.atomic_file import atomic_path
-from minidist.parallel.model.conv_parallel import HaloPlan, band
+from minidist.parallel.model.spatial_parallel import HaloPlan
+from minidist.parallel.model.split_conv import band
 from viz.animate import PALETTE
 
 #: Rows drawn either side of every band border when an image is shortened.

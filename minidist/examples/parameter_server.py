@@ -19,11 +19,8 @@ import numpy as np
 
 import minidist.distributed as dist
 from minidist import Tensor, nn
-from minidist.parallel.parameter_server.server import (
-    ParameterServer,
-    load_flat_parameters,
-    shard_ranges,
-)
+from minidist.parallel.parameter_server.layout import load_flat_parameters, shard_ranges
+from minidist.parallel.parameter_server.server import ParameterServer
 from minidist.tensor import no_grad
 
 

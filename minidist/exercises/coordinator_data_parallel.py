@@ -5,7 +5,7 @@ over its ``batch_size`` examples). One step: rank 0, the coordinator,
 gathers every rank's gradient and example count, averages the gradients
 weighted by the counts (what one process would compute on the whole batch),
 takes an SGD step, and sends the new weights back to everyone
-(:class:`minidist.parallel.data.ddp.CoordinatorDataParallel`, with the
+(:class:`minidist.parallel.data.coordinator.CoordinatorDataParallel`, with the
 model as one flat array).
 
 Checked on real processes, world sizes 1..4, with uneven shards (one rank

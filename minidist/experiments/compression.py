@@ -35,6 +35,7 @@ from minidist.data import load_digits
 from minidist.experiments.arguments import experiment_parser
 from minidist.parallel.data import compression as C
 from minidist.parallel.data.ddp import DistributedDataParallel
+from minidist.parallel.data.powersgd import PowerSGDState, powersgd_hook
 from minidist.train import build_model, evaluate
 
 
@@ -70,13 +71,13 @@ COMPRESSORS = {c.name: c for c in [
                "values", True),
     Compressor("random-k 1%, no EF", C.randomk_hook,
                lambda s: C.RandomKState(0.01, seed=s, use_error_feedback=False), "values", False),
-    Compressor("PowerSGD r2", C.powersgd_hook,
-               lambda s: C.PowerSGDState(matrix_approximation_rank=2, random_seed=s,
-                                         start_powerSGD_iter=2),
+    Compressor("PowerSGD r2", powersgd_hook,
+               lambda s: PowerSGDState(matrix_approximation_rank=2, random_seed=s,
+                                       start_powerSGD_iter=2),
                "low rank", True),
-    Compressor("PowerSGD r2, no EF", C.powersgd_hook,
-               lambda s: C.PowerSGDState(matrix_approximation_rank=2, random_seed=s,
-                                         start_powerSGD_iter=2, use_error_feedback=False),
+    Compressor("PowerSGD r2, no EF", powersgd_hook,
+               lambda s: PowerSGDState(matrix_approximation_rank=2, random_seed=s,
+                                       start_powerSGD_iter=2, use_error_feedback=False),
                "low rank", False),
 ]}
 
@@ -238,7 +239,7 @@ def formula_bytes(name: str, parameter_shapes, world_size: int) -> float | None:
     elif base in ("top-k 1%", "random-k 1%"):
         body = others * (8 + C.TopKState(0.01).k(n) * (4 + 4))
     elif base == "PowerSGD r2":
-        layout = C.PowerSGDState(matrix_approximation_rank=2).layout(parameter_shapes)
+        layout = PowerSGDState(matrix_approximation_rank=2).layout(parameter_shapes)
         values = sum(r * (nn_ + m) if r else size for (_, size, nn_, m, r) in layout)
         body = dense_bytes(values, world_size)
     else:

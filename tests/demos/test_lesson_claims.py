@@ -178,7 +178,7 @@ def _stale_bsp_losses(steps, delay, lr=0.3, workers=4):
     allows, on fixed data, as a deterministic stand-in for the real run."""
     from minidist.data import load_digits
     from minidist.examples.parameter_server import digits_mlp, split_rows
-    from minidist.parallel.parameter_server.server import flat_parameters, load_flat_parameters
+    from minidist.parallel.parameter_server.layout import flat_parameters, load_flat_parameters
     from minidist.tensor import no_grad
 
     x, y, _, _ = load_digits()

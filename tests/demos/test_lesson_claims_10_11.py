@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from minidist.parallel.model.conv_parallel import channel_parallel_bytes, halo_plan
+from minidist.parallel.model.channel_parallel import channel_parallel_bytes
 from minidist.parallel.model.costs import split_bytes
 from minidist.parallel.model.hybrid import strategy_bytes
+from minidist.parallel.model.spatial_parallel import halo_plan
 from minidist.train import build_model
 
 # -------------------------------------------------------------- lesson 10

@@ -1,4 +1,4 @@
-"""Gradient compression hooks (minidist.parallel.data.compression).
+"""Gradient compression hooks (minidist.parallel.data.compression, .powersgd, .hooks).
 
 Unit tests of the compressors without processes, then one launch per world
 size: the identity hook equals plain DDP bit for bit, every hook trains the
@@ -17,6 +17,8 @@ from minidist import Tensor, nn, optim, trace
 from minidist.data import load_digits
 from minidist.parallel.data import compression as C
 from minidist.parallel.data.ddp import DistributedDataParallel
+from minidist.parallel.data.hooks import HOOKS
+from minidist.parallel.data.powersgd import PowerSGDState, orthogonalize, powersgd_hook
 
 # --------------------------------------------------------------------------- units
 
@@ -91,26 +93,26 @@ def test_bf16_truncation_error_bound():
 
 
 def test_powersgd_layout_compresses_only_what_pays():
-    state = C.PowerSGDState(matrix_approximation_rank=2)
+    state = PowerSGDState(matrix_approximation_rank=2)
     layout = state.layout([(64, 128), (128,), (16, 1, 3, 3), (3, 2)])
     assert layout[0] == (0, 8192, 64, 128, 2)          # 8192 >= 2 * (64 + 128) * 2
     assert layout[1] == (8192, 128, 128, 1, 0)          # a vector goes whole
     assert layout[2] == (8320, 144, 16, 9, 2)           # conv: out x (in kh kw)
     assert layout[3][-1] == 0                           # 6 < 2 * (3 + 2) * 2: whole
-    assert C.PowerSGDState(matrix_approximation_rank=5).layout([(3, 4)])[0][-1] == 0
-    q = C.orthogonalize(np.random.default_rng(0).standard_normal((10, 3)))
+    assert PowerSGDState(matrix_approximation_rank=5).layout([(3, 4)])[0][-1] == 0
+    q = orthogonalize(np.random.default_rng(0).standard_normal((10, 3)))
     np.testing.assert_allclose(q.T @ q, np.eye(3), atol=1e-12)
     with pytest.raises(ValueError, match="matrix_approximation_rank"):
-        C.PowerSGDState(None, 0)
+        PowerSGDState(None, 0)
     with pytest.raises(ValueError, match="start_powerSGD_iter"):
-        C.PowerSGDState(None, 1, start_powerSGD_iter=-1)
+        PowerSGDState(None, 1, start_powerSGD_iter=-1)
     # torch: "Expect `start_powerSGD_iter` > 1 if `use_error_feedback` or `warm_start`"
     for start in (0, 1):
         with pytest.raises(ValueError, match="expect start_powerSGD_iter > 1, as torch"):
-            C.PowerSGDState(None, 1, start_powerSGD_iter=start)
+            PowerSGDState(None, 1, start_powerSGD_iter=start)
         with pytest.raises(ValueError, match="expect start_powerSGD_iter > 1"):
-            C.PowerSGDState(None, 1, start_powerSGD_iter=start, use_error_feedback=False)
-        assert C.PowerSGDState(None, 1, start_powerSGD_iter=start, use_error_feedback=False,
+            PowerSGDState(None, 1, start_powerSGD_iter=start, use_error_feedback=False)
+        assert PowerSGDState(None, 1, start_powerSGD_iter=start, use_error_feedback=False,
                                warm_start=False).start_powerSGD_iter == start
 
 
@@ -165,7 +167,7 @@ def _state(name):
     return {"allreduce": None, "fp16": None, "bf16": None, "int8": C.Int8State(seed=1),
             "sign": C.ErrorFeedbackState(), "threshold": C.ThresholdState(1e-3),
             "topk": C.TopKState(0.1), "randomk": C.RandomKState(0.1, seed=1),
-            "powersgd": C.PowerSGDState(matrix_approximation_rank=2, random_seed=1,
+            "powersgd": PowerSGDState(matrix_approximation_rank=2, random_seed=1,
                                         start_powerSGD_iter=2)}[name]
 
 
@@ -174,7 +176,7 @@ def _train(hook_name, overlap=True):
     model = _model(seed=rank)
     ddp = DistributedDataParallel(model, bucket_cap_mb=0.002, overlap=overlap)
     if hook_name is not None:
-        ddp.register_comm_hook(_state(hook_name), C.HOOKS[hook_name])
+        ddp.register_comm_hook(_state(hook_name), HOOKS[hook_name])
     optimizer = optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     x, y = load_digits()[:2]
@@ -251,17 +253,17 @@ def _powersgd_checks():
                           rng.standard_normal(10)])
     exact = low.copy()
     dist.all_reduce(exact)
-    state = C.PowerSGDState(matrix_approximation_rank=4, random_seed=3, start_powerSGD_iter=0,
+    state = PowerSGDState(matrix_approximation_rank=4, random_seed=3, start_powerSGD_iter=0,
                             use_error_feedback=False, warm_start=False)
-    got = C.powersgd_hook(state, _FakeBucket(low.copy(), 1, shapes))
+    got = powersgd_hook(state, _FakeBucket(low.copy(), 1, shapes))
     exact_error = float(np.max(np.abs(got - exact)))
     # (2) rank 2 of random gradients, 6 steps
-    state = C.PowerSGDState(matrix_approximation_rank=2, random_seed=3, start_powerSGD_iter=2)
+    state = PowerSGDState(matrix_approximation_rank=2, random_seed=3, start_powerSGD_iter=2)
     sent, given = np.zeros(130), np.zeros(130)
     for _ in range(8):                 # 2 plain all-reduces (torch's warm-up), 6 compressed
         c = rng.standard_normal(130)
         given += c
-        sent += C.powersgd_hook(state, _FakeBucket(c.copy(), 1, shapes))
+        sent += powersgd_hook(state, _FakeBucket(c.copy(), 1, shapes))
     dist.all_reduce(given)
     residuals = state.residuals[0].copy()
     dist.all_reduce(residuals)
@@ -271,7 +273,7 @@ def _powersgd_checks():
 
 def _worker():
     plain = [_train(None, overlap) for overlap in (True, False)]
-    hooked = {name: _train(name) for name in C.HOOKS}
+    hooked = {name: _train(name) for name in HOOKS}
     identity_no_overlap = _train("allreduce", overlap=False)
     again = {name: _train(name) for name in ("int8", "randomk", "powersgd")}
     return (plain, hooked, identity_no_overlap, _wrong_output_message(), _fp16_error(),
@@ -297,7 +299,7 @@ def test_hooks_in_ddp(world_size):
         assert fp16_error < world_size * 2.0**-10
         exact_error, feedback_error = powersgd
         assert exact_error < 1e-10 and feedback_error < 1e-10, powersgd
-    for name in C.HOOKS:   # every rank ends with identical weights
+    for name in HOOKS:   # every rank ends with identical weights
         for rank_result in results[1:]:
             np.testing.assert_array_equal(rank_result[1][name][0], results[0][1][name][0],
                                           err_msg=name)
@@ -308,9 +310,9 @@ def test_hooks_in_ddp(world_size):
 
 def _traced_worker():
     sizes = None
-    for name in C.HOOKS:
+    for name in HOOKS:
         ddp = DistributedDataParallel(_model(0), bucket_cap_mb=0.002, algorithm="ring")
-        ddp.register_comm_hook(_state(name), C.HOOKS[name])
+        ddp.register_comm_hook(_state(name), HOOKS[name])
         sizes = [[p.data.shape for p in bucket] for bucket in ddp.buckets]
         x, y = load_digits()[:2]
         start = dist.get_rank() * BATCH
@@ -327,7 +329,7 @@ def _traced_worker():
 
 
 def _powersgd_values(shapes):
-    layout = C.PowerSGDState(matrix_approximation_rank=2).layout(shapes)
+    layout = PowerSGDState(matrix_approximation_rank=2).layout(shapes)
     return sum(r * (n + m) if r else size for (_, size, n, m, r) in layout)
 
 
@@ -372,4 +374,4 @@ def test_bytes_per_step_from_the_trace_match_the_formulas(tmp_path):
                 assert 0 < sent < dense, (name, sent, dense)
             else:
                 assert sent == pytest.approx(_formula(name, sizes, world_size)), (name, rank)
-        assert len(regions) == len(C.HOOKS)
+        assert len(regions) == len(HOOKS)

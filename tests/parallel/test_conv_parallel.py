@@ -21,13 +21,9 @@ import pytest
 import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, trace
-from minidist.parallel.model.conv_parallel import (
-    ChannelParallelConv2d,
-    SpatialParallelConv2d,
-    band,
-    channel_parallel_bytes,
-    halo_plan,
-)
+from minidist.parallel.model.channel_parallel import ChannelParallelConv2d, channel_parallel_bytes
+from minidist.parallel.model.spatial_parallel import SpatialParallelConv2d, halo_plan
+from minidist.parallel.model.split_conv import band
 
 WORLD_SIZES = (1, 2, 3, 4)
 N, C_IN = 2, 3
@@ -314,7 +310,7 @@ def _user_message_with_the_halo_tag_in_flight():
     tag before a spatial conv and receives it after: the halo runs in its own
     context, so neither side takes the other's message."""
     from minidist.distributed.process_group import channel_id
-    from minidist.parallel.model.conv_parallel import HALO_CONTEXT, HALO_GRAD_TAG, HALO_TAG
+    from minidist.parallel.model.spatial_parallel import HALO_CONTEXT, HALO_GRAD_TAG, HALO_TAG
 
     rank, world = dist.get_rank(), dist.get_world_size()
     recorder = trace.current()
@@ -342,7 +338,7 @@ def _user_message_with_the_halo_tag_in_flight():
 
 
 def test_halo_messages_do_not_mix_with_user_messages_of_the_same_tag(tmp_path):
-    from minidist.parallel.model.conv_parallel import HALO_GRAD_TAG, HALO_TAG
+    from minidist.parallel.model.spatial_parallel import HALO_GRAD_TAG, HALO_TAG
 
     world = 3
     results = minidist.launch(_user_message_with_the_halo_tag_in_flight, world_size=world,
@@ -364,7 +360,8 @@ def test_halo_messages_do_not_mix_with_user_messages_of_the_same_tag(tmp_path):
 
 
 def test_grouped_convolutions_are_refused_by_name():
-    from minidist.parallel.model.conv_parallel import ChannelParallelConv2d, SpatialParallelConv2d
+    from minidist.parallel.model.channel_parallel import ChannelParallelConv2d
+    from minidist.parallel.model.spatial_parallel import SpatialParallelConv2d
 
     depthwise = nn.Conv2d(4, 4, 3, padding=1, groups=4)
     for cls in (ChannelParallelConv2d, SpatialParallelConv2d):

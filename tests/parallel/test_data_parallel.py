@@ -19,7 +19,8 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, optim
 from minidist.data import load_digits
-from minidist.parallel.data.ddp import CoordinatorDataParallel, DistributedDataParallel
+from minidist.parallel.data.coordinator import CoordinatorDataParallel
+from minidist.parallel.data.ddp import DistributedDataParallel
 
 STEPS = 20
 BATCH_PER_RANK = 6

@@ -17,7 +17,8 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, optim, trace
 from minidist.data import load_digits
-from minidist.parallel.data.ddp import CoordinatorDataParallel, DistributedDataParallel
+from minidist.parallel.data.coordinator import CoordinatorDataParallel
+from minidist.parallel.data.ddp import DistributedDataParallel
 
 STEPS = 3
 

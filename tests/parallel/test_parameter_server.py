@@ -28,12 +28,8 @@ from minidist.examples.parameter_server import (
     train_linear_regression,
     train_mlp_on_digits,
 )
-from minidist.parallel.parameter_server.server import (
-    Layout,
-    ParameterServer,
-    flat_parameters,
-    shard_ranges,
-)
+from minidist.parallel.parameter_server.layout import Layout, flat_parameters, shard_ranges
+from minidist.parallel.parameter_server.server import ParameterServer
 
 STEPS = 12
 LR = 0.05

@@ -38,12 +38,12 @@ from minidist.data import make_linear_regression
 from minidist.examples.parameter_server import linear_regression_gradient
 from minidist.parallel.parameter_server.fault_tolerant import (
     FaultTolerantParameterServer,
-    FaultTolerantServerResult,
     FaultTolerantWorkerResult,
-    ReplicatedShard,
     final_weights,
 )
-from minidist.parallel.parameter_server.server import Push
+from minidist.parallel.parameter_server.messages import Push
+from minidist.parallel.parameter_server.replicated_shard import ReplicatedShard
+from minidist.parallel.parameter_server.replication import FaultTolerantServerResult
 from minidist.runtime.errors import WorkerError
 from tests.runtime.test_failures import no_leaked_segments  # noqa: F401  (autouse fixture)
 
@@ -437,7 +437,7 @@ def test_a_dropped_worker_no_longer_holds_the_step_back():
 
 
 def test_final_weights_says_which_range_was_lost():
-    from minidist.parallel.parameter_server.fault_tolerant import RangeReport
+    from minidist.parallel.parameter_server.replicated_shard import RangeReport
 
     def server(index, key_range, role):
         report = RangeReport(index, key_range, role, np.full(key_range[1] - key_range[0],
@@ -454,7 +454,7 @@ def test_final_weights_says_which_range_was_lost():
 def test_final_weights_counts_a_lost_last_range():
     """Before, only gaps were seen: a run whose last range was lost returned
     the first ranges as if they were all the weights."""
-    from minidist.parallel.parameter_server.fault_tolerant import RangeReport
+    from minidist.parallel.parameter_server.replicated_shard import RangeReport
 
     report = RangeReport(0, (0, 2), "primary", np.zeros(2), 1, [], [], [])
     alone = FaultTolerantServerResult("server", 0, {0: report}, [], [], [], servers=2)
@@ -466,7 +466,7 @@ def test_final_weights_takes_a_backup_copy_for_a_primary_killed_at_the_end():
     """A primary killed after its last reply: no server took its range over,
     and the backup's copy, which acknowledged every version the workers
     saw, stands in for it."""
-    from minidist.parallel.parameter_server.fault_tolerant import RangeReport
+    from minidist.parallel.parameter_server.replicated_shard import RangeReport
 
     def report(index, role, value):
         return RangeReport(index, (2 * index, 2 * index + 2), role, np.full(2, value), 1, [],

@@ -24,7 +24,7 @@ from minidist.parallel import (
     ZeroRedundancyOptimizer,
 )
 from minidist.parallel import SyncBatchNorm as ParallelSyncBatchNorm
-from minidist.parallel.data import compression as C
+from minidist.parallel.data.powersgd import PowerSGDState, powersgd_hook
 from minidist.parallel.data.sync_batchnorm import SyncBatchNorm
 
 
@@ -96,16 +96,16 @@ def _script():
     def powersgd(state):
         def wrap(model):
             ddp = DistributedDataParallel(model, process_group=world)
-            ddp.register_comm_hook(state, C.powersgd_hook)
+            ddp.register_comm_hook(state, powersgd_hook)
             return ddp
         return wrap
 
-    out["powersgd default start"] = _train(powersgd(C.PowerSGDState(world)))
-    out["powersgd start 2"] = _train(powersgd(C.PowerSGDState(
+    out["powersgd default start"] = _train(powersgd(PowerSGDState(world)))
+    out["powersgd start 2"] = _train(powersgd(PowerSGDState(
         process_group=world, matrix_approximation_rank=1, start_powerSGD_iter=2)))
-    state = C.PowerSGDState(None, 1, 2)
+    state = PowerSGDState(None, 1, 2)
     out["powersgd positional"] = (state.process_group, state.matrix_approximation_rank,
-                                  state.start_powerSGD_iter, C.PowerSGDState().start_powerSGD_iter)
+                                  state.start_powerSGD_iter, PowerSGDState().start_powerSGD_iter)
     model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
     converted = ParallelSyncBatchNorm.convert_sync_batchnorm(model, process_group=world)
     out["sync bn"] = (type(converted[1]).__name__, converted[1].process_group is world,
@@ -117,7 +117,7 @@ def _script():
         "hybrid": _error(lambda: FullyShardedDataParallel(
             _model(), sharding_strategy=ShardingStrategy.HYBRID_SHARD)),
         "unknown": _error(lambda: FullyShardedDataParallel(_model(), sharding_strategy="ZERO9")),
-        "powersgd int first": _error(lambda: C.PowerSGDState(5)),
+        "powersgd int first": _error(lambda: PowerSGDState(5)),
         "ddp bucket_mb": _error(lambda: DistributedDataParallel(_model(), bucket_mb=1)),
         "ddp cap 0": _error(lambda: DistributedDataParallel(_model(), bucket_cap_mb=0)),
     }

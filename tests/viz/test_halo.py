@@ -17,7 +17,8 @@ from PIL import Image
 import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, trace
-from minidist.parallel.model.conv_parallel import SpatialParallelConv2d, band, halo_plan
+from minidist.parallel.model.spatial_parallel import SpatialParallelConv2d, halo_plan
+from minidist.parallel.model.split_conv import band
 from viz.halo import draw_halo, halo_picture, shown_rows
 
 N, C_IN, WIDTH = 2, 3, 5

@@ -3,17 +3,23 @@ its own slice of each batch.
 
 Read in this order:
 
-1. :mod:`.ddp`: the coordinator, then ``DistributedDataParallel`` (buckets of
-   gradients all-reduced as backward produces them);
-2. :mod:`.compression`: DDP's communication hooks that send fewer bytes
-   (fp16, int8, sign, top-k, PowerSGD, with error feedback);
-3. :mod:`.zero`: ZeRO stage 1, the optimizer state sharded;
-4. :mod:`.fsdp`: stages 2 and 3 as ``FullyShardedDataParallel``, gradients
+1. :mod:`.coordinator`: every gradient to one rank, which averages, steps
+   and sends the weights back (the course's before);
+2. :mod:`.ddp`: ``DistributedDataParallel``, the gradients all-reduced as
+   backward produces them, in the buckets of :mod:`.buckets`
+   (:mod:`.checks`: what every data-parallel wrapper refuses);
+3. :mod:`.compression`: DDP's communication hooks that send fewer bits or
+   fewer values (fp16, bf16, int8, sign, threshold, top-k, random-k), with
+   error feedback;
+4. :mod:`.powersgd`: the low-rank hook, PowerSGD; :mod:`.hooks` names every
+   hook;
+5. :mod:`.zero`: ZeRO stage 1, the optimizer state sharded;
+6. :mod:`.fsdp`: stages 2 and 3 as ``FullyShardedDataParallel``, gradients
    and then weights sharded; :mod:`.stages` builds any stage by number;
-5. :mod:`.costs`: what each stage holds and sends, by formula;
-6. :mod:`.sync_batchnorm`: batch statistics over the global batch;
-7. :mod:`.checkpoint_files`: saving and resuming a data-parallel run;
-8. :mod:`.inference`: a data set's predictions split over ranks.
+7. :mod:`.costs`: what each stage holds and sends, by formula;
+8. :mod:`.sync_batchnorm`: batch statistics over the global batch;
+9. :mod:`.checkpoint_files`: saving and resuming a data-parallel run;
+10. :mod:`.inference`: a data set's predictions split over ranks.
 
 What the other families use from here: nothing (the replicas' glue,
 broadcasting weights and all-reducing gradients, is
@@ -22,6 +28,9 @@ broadcasting weights and all-reducing gradients, is
 
 from __future__ import annotations
 
+from minidist.parallel.data.buckets import (  # noqa: F401
+    GradBucket,
+)
 from minidist.parallel.data.checkpoint_files import (  # noqa: F401
     FORMAT,
     VERSION,
@@ -29,10 +38,8 @@ from minidist.parallel.data.checkpoint_files import (  # noqa: F401
     save_checkpoint,
 )
 from minidist.parallel.data.compression import (  # noqa: F401
-    HOOKS,
     ErrorFeedbackState,
     Int8State,
-    PowerSGDState,
     RandomKState,
     ThresholdState,
     TopKState,
@@ -45,8 +52,6 @@ from minidist.parallel.data.compression import (  # noqa: F401
     expand_bf16,
     fp16_compress_hook,
     int8_hook,
-    orthogonalize,
-    powersgd_hook,
     quantize_int8,
     randomk_hook,
     sign_hook,
@@ -54,14 +59,15 @@ from minidist.parallel.data.compression import (  # noqa: F401
     topk_hook,
     truncate_bf16,
 )
+from minidist.parallel.data.coordinator import (  # noqa: F401
+    CoordinatorDataParallel,
+)
 from minidist.parallel.data.costs import (  # noqa: F401
     zero_bytes_per_step,
     zero_model_state_bytes,
 )
 from minidist.parallel.data.ddp import (  # noqa: F401
-    CoordinatorDataParallel,
     DistributedDataParallel,
-    GradBucket,
 )
 from minidist.parallel.data.fsdp import (  # noqa: F401
     STRATEGIES,
@@ -70,11 +76,19 @@ from minidist.parallel.data.fsdp import (  # noqa: F401
     ShardingStrategy,
     freed_parameter,
 )
+from minidist.parallel.data.hooks import (  # noqa: F401
+    HOOKS,
+)
 from minidist.parallel.data.inference import (  # noqa: F401
     OUTPUTS,
     parallel_predict,
     predict,
     shard_bounds,
+)
+from minidist.parallel.data.powersgd import (  # noqa: F401
+    PowerSGDState,
+    orthogonalize,
+    powersgd_hook,
 )
 from minidist.parallel.data.stages import (  # noqa: F401
     STAGES,

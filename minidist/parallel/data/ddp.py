@@ -1,28 +1,17 @@
-"""Data parallelism: every rank holds the whole model and trains on its own shard of each batch.
+"""DistributedDataParallel: every rank all-reduces the gradients and takes the same step.
 
-Each rank runs forward and backward on its shard; the ranks then agree on
-one gradient, the one a single process would have computed on the whole
-batch, and every rank applies the same update, so the replicas never drift
-apart. Two ways to agree, the course's before and after:
+Every rank holds the whole model and trains on its own shard of each batch;
+after backward the ranks agree on one gradient, the one a single process
+would have computed on the whole batch, and every rank applies the same
+update itself. Read after :mod:`.coordinator`, which sends every gradient
+to one rank: here no rank is special. A bandwidth-optimal all-reduce (the
+ring) sends and receives 2 (N - 1) / N P per rank, P the model's bytes and
+N the ranks, about 2P whatever N is. Two refinements make it fast:
 
-**Coordinator** (:class:`CoordinatorDataParallel`): every worker sends its
-gradient to one coordinator, which averages, updates, and sends the new
-weights back. With P the model's size in bytes and N ranks, per step:
-
-    coordinator receives (N - 1) P and sends (N - 1) P      alpha: 2 (N - 1) messages
-    every other worker sends P and receives P
-
-The coordinator's link carries N times what a worker's does: it is the
-bottleneck as N grows.
-
-**All-reduce** (:class:`DistributedDataParallel`): every rank all-reduces the
-gradients and runs the same optimizer step itself. A bandwidth-optimal
-all-reduce (the ring) sends and receives 2 (N - 1) / N P per rank, about 2P
-whatever N is, and no rank is special. Two refinements make it fast:
-
-* *buckets*: gradients are packed into flat buffers of about ``bucket_cap_mb``
-  megabytes (torch's name and default, 25), one all-reduce per bucket instead of one per parameter (fewer
-  alpha terms), grouped in the order backward produces them;
+* *buckets* (:mod:`.buckets`): gradients are packed into flat buffers of
+  about ``bucket_cap_mb`` megabytes, one all-reduce per bucket instead of
+  one per parameter (fewer alpha terms), grouped in the order backward
+  produces them;
 * *overlap*: backward produces the last layer's gradients first, so a
   bucket is full long before backward ends. Its all-reduce starts at once
   (``async_op=True``) and is advanced with ``Work.test()`` each time another
@@ -30,12 +19,12 @@ whatever N is, and no rank is special. Two refinements make it fast:
   in the background, so communication moves only at those moments; the
   all-reduces run one after the other, in bucket order.
 
-Exact averaging with uneven shards: each rank's loss is a mean over its own
-``b_r`` examples, so its gradient is ``g_r = (1 / b_r) sum of its examples'
-gradients``. The full batch's mean gradient is ``sum_r b_r g_r / sum_r b_r``:
-every rank multiplies its gradient by ``b_r``, the ranks sum, and divide by
-the summed count. A plain average over ranks would give the last, smaller
-shard too much weight.
+Exact averaging with uneven shards, as the coordinator's: each rank's
+gradient ``g_r`` is a mean over its own ``b_r`` examples, so every rank
+multiplies its buckets by ``b_r``, the ranks sum, and divide by the summed
+count (one more all-reduce, of one integer, ahead of the first bucket's).
+The result is the full batch's mean gradient ``sum_r b_r g_r / sum_r b_r``,
+bit-identical on every rank.
 """
 
 from __future__ import annotations
@@ -45,214 +34,11 @@ import collections
 import numpy as np
 
 import minidist.distributed as dist
-from minidist import backend, nn
+from minidist import nn
 from minidist.distributed.device_mesh import as_group
+from minidist.parallel.data.buckets import GradBucket, _Bucket, _make_buckets
+from minidist.parallel.data.checks import _check_model, _examples_in
 from minidist.parallel.replicas import broadcast_module
-from minidist.tensor import no_grad
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _pack(arrays, out: np.ndarray) -> np.ndarray:
-    """Copy ``arrays`` one after the other into the flat ``out``."""
-    offset = 0
-    for array in arrays:
-        out[offset:offset + array.size] = array.reshape(-1)
-        offset += array.size
-    return out
-
-
-def _unpack(flat: np.ndarray, arrays) -> None:
-    """Copy consecutive pieces of ``flat`` back into ``arrays``, in place."""
-    offset = 0
-    for array in arrays:
-        array[...] = flat[offset:offset + array.size].reshape(array.shape)
-        offset += array.size
-
-
-def _check_model(model, who: str) -> list:
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"{who} wraps a minidist.nn.Module, got {type(model).__name__}")
-    parameters = [p for p in model.parameters() if p.requires_grad]
-    if not parameters:
-        raise ValueError(f"{who}: the model has no parameter that requires a gradient, "
-                         "so there is nothing to train in parallel")
-    dtypes = {p.data.dtype for p in parameters}
-    if len(dtypes) > 1:
-        raise TypeError(f"{who}: the parameters have several dtypes ({sorted(map(str, dtypes))}); "
-                        "convert the model to one, e.g. model.to(numpy.float32)")
-    return parameters
-
-
-def _local_count(batch_size, rank: int, who: str) -> int:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
-            or batch_size < 0:
-        raise ValueError(f"rank {rank}: {who} needs this rank's number of examples as a "
-                         f"non-negative int, got {batch_size!r}")
-    return int(batch_size)
-
-
-# --------------------------------------------------------------------------- coordinator
-
-
-class CoordinatorDataParallel:
-    """Data parallelism through one coordinator (the parameter-server idea,
-    synchronous): after every rank's backward,
-
-    1. every rank packs its gradient and its number of examples ``b_r`` into
-       one flat array, and the coordinator gathers them (``dist.gather``);
-    2. the coordinator averages, weighting rank r by ``b_r / sum b``, and
-       runs ``optimizer.step()``;
-    3. the coordinator broadcasts the new weights (``dist.broadcast``), which
-       every rank copies into its model.
-
-    Usage, the same code on every rank::
-
-        model = build_model()
-        optimizer = optim.SGD(model.parameters(), lr=0.1)
-        coordinated = CoordinatorDataParallel(model, optimizer)
-        for x, y in my_shard_batches:
-            optimizer.zero_grad()
-            loss_fn(model(Tensor(x)), y).backward()
-            coordinated.step(batch_size=len(x))
-
-    ``coordinator`` is a rank of ``group`` (0..size-1; the group's own
-    numbering, as a torch strategy's ranks are). Only the coordinator's
-    optimizer updates anything (its state, e.g. Adam's moments, lives there
-    alone). The defaults, ``linear`` gather and
-    broadcast, are the textbook picture: the coordinator talks to every
-    worker itself, (N - 1) P in and (N - 1) P out per step.
-    """
-
-    def __init__(self, model: nn.Module, optimizer, coordinator: int = 0, group=None,
-                 gather_algorithm: str = "linear", broadcast_algorithm: str = "linear"):
-        self.parameters = _check_model(model, "CoordinatorDataParallel")
-        self.model = model
-        self.optimizer = optimizer
-        self.group = group
-        self.coordinator = coordinator
-        self.gather_algorithm = gather_algorithm
-        self.broadcast_algorithm = broadcast_algorithm
-        self.rank = dist.get_rank() if group is None else group.rank
-        self.world_size = dist.get_world_size() if group is None else group.size
-        self.dtype = self.parameters[0].data.dtype
-        self.size = sum(p.data.size for p in self.parameters)
-        broadcast_module(model, group=group, group_src=coordinator)
-
-    @property
-    def is_coordinator(self) -> bool:
-        return self.rank == self.coordinator
-
-    def step(self, batch_size: int) -> None:
-        """Send this rank's gradients (from a loss that is a mean over its
-        ``batch_size`` examples) to the coordinator; return once this rank's
-        model holds the updated weights."""
-        count = _local_count(batch_size, self.rank, "CoordinatorDataParallel.step")
-        message = np.zeros(self.size + 1, self.dtype)
-        for param in self.parameters:
-            if param.grad is None and count > 0:
-                raise RuntimeError(
-                    f"rank {self.rank}: a parameter of shape {param.data.shape} has no gradient; "
-                    "call loss.backward() before step(), and use every parameter in forward")
-        _pack([p.grad if p.grad is not None else np.zeros_like(p.data)
-               for p in self.parameters], message[:-1])
-        message[-1] = count
-        received = ([np.empty_like(message) for _ in range(self.world_size)]
-                    if self.is_coordinator else None)
-        dist.gather(message, received, group=self.group, group_dst=self.coordinator,
-                    algorithm=self.gather_algorithm)
-
-        weights = np.empty(self.size, self.dtype)
-        if self.is_coordinator:
-            total = sum(int(m[-1]) for m in received)
-            if total == 0:
-                raise ValueError("CoordinatorDataParallel.step: every rank passed batch_size=0; "
-                                 "at least one rank needs examples to average over")
-            average = sum(m[:-1] * m[-1] for m in received) / self.dtype.type(total)
-            offset = 0
-            for param in self.parameters:
-                param.grad = average[offset:offset + param.data.size].reshape(param.data.shape)
-                offset += param.data.size
-            with no_grad():
-                self.optimizer.step()
-            _pack([p.data for p in self.parameters], weights)
-        dist.broadcast(weights, group=self.group, group_src=self.coordinator,
-                       algorithm=self.broadcast_algorithm)
-        if not self.is_coordinator:
-            _unpack(weights, [p.data for p in self.parameters])
-
-
-# --------------------------------------------------------------------------- all-reduce
-
-
-class _Bucket:
-    """Consecutive parameters (in backward's order) whose gradients are
-    views into one flat buffer, all-reduced as one message."""
-
-    def __init__(self, parameters, dtype):
-        self.parameters = parameters
-        # On the parameters' device (NumPy, or CuPy on a GPU: the all-reduce
-        # stages it through host memory, see distributed/device_arrays.py).
-        xp = backend.of(parameters[0].data)
-        self.flat = xp.zeros(sum(p.data.size for p in parameters), dtype)
-        self.views = {}
-        offset = 0
-        for param in parameters:
-            size = param.data.size
-            self.views[id(param)] = self.flat[offset:offset + size].reshape(param.data.shape)
-            offset += size
-        self.pending = len(parameters)
-        self.queued = False
-        self.hooked = False     # a comm hook wrote the averaged gradient this step
-
-
-class GradBucket:
-    """What a communication hook receives: one bucket of DDP, as in
-    ``torch.distributed.GradBucket``.
-
-    * ``buffer()``: the flat gradient of the bucket, this rank's gradient
-      multiplied by its number of examples (b_r g_r), the array an all-reduce
-      would sum. The hook may change it in place.
-    * ``divisor()``: the examples of all ranks (sum of b_r); the average is
-      ``sum_r buffer_r / divisor()``, the whole batch's mean gradient (with
-      equal shards, ``divisor() == world_size * b``).
-    * ``index()``, ``is_last()``, ``parameters()``, ``gradients()``, ``group``,
-      ``world_size``, ``rank``, ``algorithm`` (DDP's all-reduce algorithm).
-    """
-
-    def __init__(self, bucket: _Bucket, index: int, count: int, ddp):
-        self._bucket = bucket
-        self._index = index
-        self._count = count
-        self._last = index == len(ddp._buckets) - 1
-        self.group = ddp._group
-        self.world_size = ddp._world_size
-        self.rank = ddp._rank
-        self.algorithm = ddp._algorithm
-
-    def buffer(self) -> np.ndarray:
-        return self._bucket.flat
-
-    def divisor(self) -> int:
-        return self._count
-
-    def index(self) -> int:
-        return self._index
-
-    def is_last(self) -> bool:
-        return self._last
-
-    def parameters(self) -> list:
-        """The bucket's parameters, in the order their gradients sit in ``buffer()``."""
-        return list(self._bucket.parameters)
-
-    def gradients(self) -> list[np.ndarray]:
-        """Each parameter's gradient: views into ``buffer()``, shaped as the parameter."""
-        return [self._bucket.views[id(p)] for p in self._bucket.parameters]
-
-    def __repr__(self):
-        return (f"GradBucket(index={self._index}, size={self._bucket.flat.size}, "
-                f"dtype={self._bucket.flat.dtype})")
 
 
 class DistributedDataParallel(nn.Module):
@@ -313,7 +99,7 @@ class DistributedDataParallel(nn.Module):
         self._rank = dist.get_rank() if group is None else group.rank
         self._world_size = dist.get_world_size() if group is None else group.size
         self._dtype = parameters[0].data.dtype
-        self._buckets = self._make_buckets(parameters[::-1], int(bucket_cap_mb * 2**20))
+        self._buckets = _make_buckets(parameters[::-1], int(bucket_cap_mb * 2**20), self._dtype)
         self._bucket_of = {id(p): bucket for bucket in self._buckets for p in bucket.parameters}
         self._syncing = True
         self._examples = 0          # this rank's examples since the last synchronization
@@ -348,7 +134,8 @@ class DistributedDataParallel(nn.Module):
         returns the averaged gradient, ``sum_r buffer_r / bucket.divisor()``
         or an approximation of it (compression), a NumPy array of the
         buffer's shape and dtype that DDP writes back into the gradients.
-        The hooks of :mod:`minidist.parallel.data.compression` are examples.
+        The hooks of :mod:`minidist.parallel.data.compression` and
+        :mod:`minidist.parallel.data.powersgd` are examples.
 
         It runs where the bucket's all-reduce would start: with
         ``overlap=True`` as soon as the bucket is full, during backward (the
@@ -370,7 +157,10 @@ class DistributedDataParallel(nn.Module):
         if int(self._count[0]) == 0:
             raise ValueError("DistributedDataParallel: no rank had any example in this step; "
                              "at least one rank needs examples to average over")
-        grad_bucket = GradBucket(bucket, index, int(self._count[0]), self)
+        grad_bucket = GradBucket(bucket, index, int(self._count[0]),
+                                 last=index == len(self._buckets) - 1, group=self._group,
+                                 world_size=self._world_size, rank=self._rank,
+                                 algorithm=self._algorithm)
         name = getattr(hook, "__qualname__", None) or type(hook).__name__
         out = hook(state, grad_bucket)
         if not isinstance(out, np.ndarray) or out.shape != bucket.flat.shape \
@@ -390,26 +180,10 @@ class DistributedDataParallel(nn.Module):
         """The parameters of every bucket, in the order they are all-reduced."""
         return [list(bucket.parameters) for bucket in self._buckets]
 
-    def _make_buckets(self, parameters, bucket_bytes: int) -> list[_Bucket]:
-        buckets, current, current_bytes = [], [], 0
-        for param in parameters:
-            if current and current_bytes + param.data.nbytes > bucket_bytes:
-                buckets.append(_Bucket(current, self._dtype))
-                current, current_bytes = [], 0
-            current.append(param)
-            current_bytes += param.data.nbytes
-        buckets.append(_Bucket(current, self._dtype))
-        return buckets
-
     # -- forward --------------------------------------------------------
     def forward(self, *args, batch_size: int | None = None, **kwargs):
         self._check_previous_backward()
-        if batch_size is None:
-            if not args or not hasattr(args[0], "shape") or len(args[0].shape) == 0:
-                raise ValueError(f"rank {self._rank}: DistributedDataParallel could not read the "
-                                 "batch size from the first argument; pass batch_size=")
-            batch_size = args[0].shape[0]
-        self._examples += _local_count(batch_size, self._rank, "DistributedDataParallel")
+        self._examples += _examples_in(args, batch_size, self._rank, "DistributedDataParallel")
         return self.module(*args, **kwargs)
 
     def _check_previous_backward(self) -> None:

@@ -48,12 +48,9 @@ import numpy as np
 import minidist.distributed as dist
 from minidist import nn
 from minidist.distributed.device_mesh import as_group
-from minidist.parallel.data.ddp import (
-    _check_model,
-    _local_count,
-    broadcast_module,
-)
+from minidist.parallel.data.checks import _check_model, _examples_in
 from minidist.parallel.data.zero import _FlatShard
+from minidist.parallel.replicas import broadcast_module
 from minidist.tensor import Tensor
 
 
@@ -320,12 +317,7 @@ class FullyShardedDataParallel(nn.Module):
 
     # -- forward ----------------------------------------------------------
     def forward(self, *args, batch_size: int | None = None, **kwargs):
-        if batch_size is None:
-            if not args or not hasattr(args[0], "shape") or len(args[0].shape) == 0:
-                raise ValueError(f"rank {self._rank}: FullyShardedDataParallel could not read "
-                                 "the batch size from the first argument; pass batch_size=")
-            batch_size = args[0].shape[0]
-        count = _local_count(batch_size, self._rank, "FullyShardedDataParallel")
+        count = _examples_in(args, batch_size, self._rank, "FullyShardedDataParallel")
         total = np.array([count], np.int64)
         dist.all_reduce(total, group=self._group)
         if int(total[0]) == 0:

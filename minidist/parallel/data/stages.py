@@ -11,9 +11,7 @@ same way, so a lesson, a demo or a benchmark compares the four with one loop.
 from __future__ import annotations
 
 from minidist.distributed.device_mesh import as_group
-from minidist.parallel.data.ddp import (
-    DistributedDataParallel,
-)
+from minidist.parallel.data.ddp import DistributedDataParallel
 from minidist.parallel.data.fsdp import FullyShardedDataParallel, ShardingStrategy
 from minidist.parallel.data.zero import ZeroRedundancyOptimizer
 

@@ -7,8 +7,10 @@ Read in this order:
    exchanged between layers (DistBelief);
 2. :mod:`.hybrid`: Krizhevsky's hybrid, the convolutions data parallel and
    the dense layers model parallel;
-3. :mod:`.conv_parallel`: one convolution split by output channel or by
-   image rows (with the halo exchange);
+3. :mod:`.split_conv`: one convolution split across ranks, what the two
+   splits share (the band rule); :mod:`.channel_parallel`, split by output
+   channel; :mod:`.spatial_parallel`, split by image rows, with the halo
+   exchange;
 4. :mod:`.costs`: a dense layer's bytes, data parallel against the two
    splits (Dettmers' 1000 x 500 layer).
 
@@ -18,14 +20,9 @@ communication regions, through its face :mod:`minidist.parallel.tensor`.
 
 from __future__ import annotations
 
-from minidist.parallel.model.conv_parallel import (  # noqa: F401
+from minidist.parallel.model.channel_parallel import (  # noqa: F401
     ChannelParallelConv2d,
-    HaloPlan,
-    SpatialParallelConv2d,
-    band,
     channel_parallel_bytes,
-    halo_context,
-    halo_plan,
 )
 from minidist.parallel.model.costs import (  # noqa: F401
     STRATEGIES,
@@ -55,6 +52,15 @@ from minidist.parallel.model.hybrid import (  # noqa: F401
     gather_batch,
     split_at_first_linear,
     strategy_bytes,
+)
+from minidist.parallel.model.spatial_parallel import (  # noqa: F401
+    HaloPlan,
+    SpatialParallelConv2d,
+    halo_context,
+    halo_plan,
+)
+from minidist.parallel.model.split_conv import (  # noqa: F401
+    band,
 )
 
 __all__ = ["DEFAULT_EXCHANGE_ALGORITHM", "DEFAULT_GATHER_ALGORITHM", "exchange_activations", "PartitionedLinear", "DistBeliefMLP", "DistBeliefTraffic", "distbelief_bytes", "DEFAULT_ALGORITHM", "all_gather_batch", "gather_batch", "split_at_first_linear", "HybridParallel", "DenseModelParallel", "LayerTraffic", "StrategyBytes", "STRATEGY_NAMES", "strategy_bytes", "format_strategy_table", "ChannelParallelConv2d", "SpatialParallelConv2d", "band", "halo_plan", "HaloPlan", "halo_context", "channel_parallel_bytes", "STRATEGIES", "Traffic", "SplitBytes", "split_bytes", "format_table"]

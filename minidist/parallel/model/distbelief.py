@@ -1,8 +1,8 @@
 """DistBelief-style model parallelism: every layer's units partitioned across
 workers, activations and gradients exchanged with all_to_all (course topic 14).
 
-DistBelief (Dean et al., 2012; seed 000's "model-parallel in DistBelief",
-seed 003's "each processing unit holds a piece of the model ... all train
+DistBelief (Dean et al., 2012; the slides' "model-parallel in DistBelief"
+and "each processing unit holds a piece of the model ... all train
 their piece at the same time on the same mini-batch ... all-to-all
 communication is needed to exchange [activations] where neurons are
 connected") cuts the *network*, not the batch: worker r of n owns a slice
@@ -62,7 +62,7 @@ collectives of n - 1 messages each (alpha: (2L - 1)(n - 1) messages).
 Activations, not weights: data parallel on the same net would send
 2 (n-1)/n (d_0 d_1 + d_1 d_2 + ...) weight-gradient values; model parallel
 wins when the layers are wide and the batch small (weights per layer >
-activations per layer: d_{l-1} d_l > B d_l, i.e. d_{l-1} > B) -- seed 004's
+activations per layer: d_{l-1} d_l > B d_l, i.e. d_{l-1} > B) -- the slides'
 argument. And it cannot overlap: a worker cannot start layer l + 1 until
 every partition of layer l has arrived.
 :func:`distbelief_bytes` gives the counts; the tests compare them with the

@@ -1,6 +1,6 @@
 """Krizhevsky's hybrid: convolutions data parallel, dense layers model parallel
 (course topic 16; "One weird trick for parallelizing convolutional neural
-networks", 2014; seed 004's last paragraph).
+networks", 2014, which the slides close with).
 
 Why: per layer, compare what data parallelism must send (the layer's
 *weights'* gradient) with what model parallelism must send (the layer's

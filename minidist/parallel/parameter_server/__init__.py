@@ -2,14 +2,23 @@
 
 Read in this order:
 
-1. :mod:`.server`: synchronous, asynchronous and bounded-delay servers,
-   the weights sharded over several servers;
-2. :mod:`.fault_tolerant`: every key range on two servers, a crashed
-   server's range taken over by its copy;
-3. :mod:`.hogwild`: no server at all, lock-free updates of one shared array;
-4. :mod:`.delayed_proximal`: D2P, delayed proximal gradient on a sparse
+1. :mod:`.layout`: which ranks serve and which work, which keys each
+   server owns (the weights as one flat vector, sharded);
+2. :mod:`.messages`: a worker's request (push, pull) and a server's reply;
+3. :mod:`.shard`: one server's key range and the consistency modes
+   (bulk synchronous, stale synchronous, asynchronous, dropping stale
+   pushes): when a push is applied;
+4. :mod:`.server`: ``ParameterServer``, the servers' and the workers' loops;
+5. :mod:`.fault_tolerant`: every key range on two servers, a crashed
+   server's range taken over by its copy (the overview, and the workers'
+   side), then :mod:`.failures` (crashes made on purpose, faults reported),
+   :mod:`.replicated_shard` (a range's copy: each push applied once) and
+   :mod:`.replication` (a server rank's loop: forward, acknowledge, take
+   over);
+6. :mod:`.hogwild`: no server at all, lock-free updates of one shared array;
+7. :mod:`.delayed_proximal`: D2P, delayed proximal gradient on a sparse
    problem;
-5. :mod:`.straggler`: ranks made slower, to watch the others wait.
+8. :mod:`.straggler`: ranks made slower, to watch the others wait.
 
 What the other families use from here: nothing.
 """
@@ -33,21 +42,15 @@ from minidist.parallel.parameter_server.delayed_proximal import (  # noqa: F401
     soft_threshold,
     sum_in_worker_order,
 )
-from minidist.parallel.parameter_server.fault_tolerant import (  # noqa: F401
+from minidist.parallel.parameter_server.failures import (  # noqa: F401
     CRASH_MOMENTS,
+    ServerCrash,
+)
+from minidist.parallel.parameter_server.fault_tolerant import (  # noqa: F401
     FAULT_TOLERANT_MODES,
-    IDENTITY_SIZE,
-    POLL_SECONDS,
-    RANGE_TAG_STRIDE,
-    REQUEST_SIZE,
     Failover,
     FaultTolerantParameterServer,
-    FaultTolerantServerResult,
     FaultTolerantWorkerResult,
-    RangeCopy,
-    RangeReport,
-    ReplicatedShard,
-    ServerCrash,
     final_weights,
 )
 from minidist.parallel.parameter_server.hogwild import (  # noqa: F401
@@ -66,23 +69,41 @@ from minidist.parallel.parameter_server.hogwild import (  # noqa: F401
     shared_arrays,
     updates_of_rank,
 )
-from minidist.parallel.parameter_server.server import (  # noqa: F401
-    HEADER_SIZE,
-    MODES,
-    NO_STEP,
-    ORDERS,
+from minidist.parallel.parameter_server.layout import (  # noqa: F401
     Layout,
-    ParameterServer,
-    PendingPush,
-    Push,
-    PushRecord,
-    Request,
-    ServerResult,
-    ServerShard,
-    WorkerResult,
     flat_parameters,
     load_flat_parameters,
     shard_ranges,
+)
+from minidist.parallel.parameter_server.messages import (  # noqa: F401
+    HEADER_SIZE,
+    NO_STEP,
+    PendingPush,
+    Push,
+    Request,
+)
+from minidist.parallel.parameter_server.replicated_shard import (  # noqa: F401
+    RangeCopy,
+    RangeReport,
+    ReplicatedShard,
+)
+from minidist.parallel.parameter_server.replication import (  # noqa: F401
+    IDENTITY_SIZE,
+    POLL_SECONDS,
+    RANGE_TAG_STRIDE,
+    REQUEST_SIZE,
+    FaultTolerantServerResult,
+)
+from minidist.parallel.parameter_server.server import (  # noqa: F401
+    ORDERS,
+    ParameterServer,
+    ServerResult,
+    WorkerResult,
+)
+from minidist.parallel.parameter_server.shard import (  # noqa: F401
+    MODES,
+    PushRecord,
+    ServerShard,
 )
 from minidist.parallel.parameter_server.straggler import (  # noqa: F401
     Straggler,

@@ -1,4 +1,4 @@
-"""D2P, distributed delayed proximal gradient (seed 000; Li, Andersen and Smola, 2013).
+"""D2P, distributed delayed proximal gradient (Li, Andersen and Smola, 2013).
 
 The slide's setting: L1-regularised logistic regression (any smooth loss
 plus an L1 penalty), data split over W workers, weights held by a parameter

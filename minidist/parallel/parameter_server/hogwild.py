@@ -1,6 +1,6 @@
 """Hogwild!: SGD whose weights sit in one shared array that every worker updates without locks.
 
-Seed 001 lists, among the troubles of asynchronous updates, that "reading the
+The slides list, among the troubles of asynchronous updates, that "reading the
 parameters takes no lock, so a worker may read parameters that are half
 updated". Hogwild (Niu, Recht, Re and Wright, 2011) turns that into the
 method: no server, no messages, no locks.

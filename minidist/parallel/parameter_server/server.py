@@ -1,6 +1,6 @@
 """Parameter server: workers push gradients, servers update, workers pull weights.
 
-The slide's picture, on linear regression (seed 000):
+The slide's picture, on linear regression:
 
 1. every worker reads its own part of the data and computes a gradient ``g``
    on the weights it holds;
@@ -8,64 +8,23 @@ The slide's picture, on linear regression (seed 000):
 3. the server updates its weights ``w`` from the pushes it receives;
 4. the worker **pulls** the updated ``w`` and goes on with the next step.
 
-Roles. The ranks of the group are split by :class:`Layout`: ranks
-``0 .. S-1`` are the servers, ranks ``S .. S+W-1`` the workers (worker ``k``
-is rank ``S + k``). Every rank runs the same program; :meth:`ParameterServer.run`
-sends each one down its role.
+Read in this order: :mod:`.layout` (which ranks serve, which keys each
+server owns), :mod:`.messages` (a worker's request and a server's reply),
+:mod:`.shard` (one server's range and the consistency modes, ``"bsp"``,
+``"ssp"``, ``"async"``, ``"drop"``: when a push is applied), then this
+file: :class:`ParameterServer`, the server's loop (answer requests until
+every worker is done) and the worker's (compute, push, pull).
 
-Sharding. The parameters are one flat vector of P numbers (a model's
-parameters one after the other). Server ``s`` owns the contiguous key range
-``shard_ranges(P, S)[s]``: the ranges are as even as possible, the first
-``P % S`` of them one key longer. A worker pulls every range from its server
-and pushes each server only its slice of the gradient; a server keeps its
-slice of the weights, its slice of the optimizer state, and its own version
-number, and never sees the rest.
-
-Consistency, chosen by name (``mode=``):
-
-* ``"bsp"``, bulk synchronous: a server waits for the pushes of all W workers
-  for step t, averages them weighted by their number of examples (exact with
-  uneven data), and applies one update. A worker's pull for step t + 1 is
-  answered only then, so workers idle while the slowest one computes; the
-  idle time is the long ``recv`` of the pull reply in the trace. Equals
-  single-process SGD on the whole batch.
-* ``"ssp"``, stale synchronous (bounded delay) with ``tau``: updates are
-  still the averaged steps of BSP, but a worker may start step t once step
-  ``t - tau - 1`` is applied, that is run at most ``tau`` steps ahead of the
-  slowest worker, on weights at most ``tau`` versions old. ``tau=0`` is BSP,
-  bit for bit.
-* ``"async"``, Downpour (DistBelief): every push is applied the moment it
-  arrives, ``w -= lr * g``, whatever weights it was computed on. A worker
-  pulls every ``n_fetch`` steps and pushes the sum of its gradients every
-  ``n_push`` steps. ``warmup_steps`` synchronous (BSP) steps may come first:
-  DistBelief only went asynchronous after a first synchronous epoch, because
-  stale gradients on the rough start diverge.
-* ``"drop"``: as async, but a push computed on weights more than ``tau``
-  versions old is dropped (counted, never applied): "throw away the
-  gradients that lag behind" (seed 001).
-
-Versions and staleness. Each server's version counts the updates it applied
-to its range (one per step in BSP and SSP, one per accepted push in async).
-A pull returns the weights with their version; a push carries the version it
-was computed on (with ``n_push > 1``, that of its oldest gradient). At apply
-time, ``staleness = version now - version computed on``: 0 in BSP, at most
-``tau`` in SSP, W - 1 for async workers served in turn. Every push, applied
-or dropped, is logged with its identity ``(worker, step)`` (``step``: the
-worker's last step in it) in :attr:`ServerResult.pushes` and in the trace.
+A worker pulls before every step and pushes after it, except in the
+asynchronous modes: there it pulls every ``n_fetch`` steps and pushes the
+sum of its gradients every ``n_push`` steps.
 
 Order. ``order="arrival"`` serves whichever worker's request comes first
 (the real thing, not repeatable in async). ``order="round_robin"`` serves
 the workers in turn, one request each, skipping those waiting for a pull
 reply: every run makes the same updates in the same order, so tests can
-predict them.
-
-Messages. A worker's request to a server is a small header (push step,
-version, examples, pull step, done) followed, when it pushes, by the
-gradient slice; a pull is answered by a header (version, step) and the
-weight slice. Everything travels in its own context ("parameter server"),
-labelled for the trace with ``kind=push|pull|update``, ``worker``, ``step``,
-``version`` and, on the server's update region, ``staleness`` and
-``accepted`` (read them back with :func:`minidist.trace.label_info`).
+predict them. Every push, applied or dropped, is logged with its identity
+``(worker, step)`` in :attr:`ServerResult.pushes` and in the trace.
 
 Cost per step, P the parameters' bytes, W workers, S servers: every worker
 sends P and receives P (plus 2S small headers); the servers together receive
@@ -73,12 +32,6 @@ W P and send W P, each server W P / S. With one server, its link carries W
 times a worker's: the bottleneck as W grows, which sharding divides by S.
 An all-reduce (ring) moves about 2P per rank whatever W is, and no rank is
 special. Alpha terms: 2S to 4S messages per worker per step.
-
-What a fault-tolerance layer hooks into (:mod:`.fault_tolerant_server` does):
-:meth:`ServerShard.apply_update` is the one place weights change; every push
-has the identity ``(worker, step)`` and :attr:`ServerShard.clock` holds, per
-worker, the last step pushed; :meth:`ServerShard.step_is_complete` says when a
-synchronous step has all the pushes it waits for.
 """
 
 from __future__ import annotations
@@ -88,127 +41,23 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import minidist.distributed as dist
-from minidist import Tensor, nn, optim, trace
-from minidist.tensor import no_grad
+from minidist import nn, trace
+from minidist.parallel.parameter_server.layout import Layout, flat_parameters, shard_ranges
+from minidist.parallel.parameter_server.messages import (
+    GRADIENT_TAG,
+    HEADER_SIZE,
+    NO_STEP,
+    REPLY_TAG,
+    REQUEST_TAG,
+    WEIGHTS_TAG,
+    PendingPush,
+    Push,
+    Request,
+    _push_label,
+)
+from minidist.parallel.parameter_server.shard import MODES, PushRecord, ServerShard, _synchronous
 
-MODES = ("bsp", "ssp", "async", "drop")
 ORDERS = ("arrival", "round_robin")
-
-REQUEST_TAG, GRADIENT_TAG, REPLY_TAG, WEIGHTS_TAG = 1, 2, 3, 4
-NO_STEP = -1
-
-
-# --------------------------------------------------------------------------- layout
-
-
-def shard_ranges(size: int, shards: int) -> list[tuple[int, int]]:
-    """Split keys ``0 .. size-1`` into ``shards`` contiguous ranges ``(start, stop)``,
-    as even as possible: the first ``size % shards`` ranges are one key longer."""
-    if shards < 1:
-        raise ValueError(f"need at least one shard, got {shards}")
-    lengths = [size // shards + (1 if index < size % shards else 0) for index in range(shards)]
-    bounds = np.concatenate([[0], np.cumsum(lengths)]).astype(int)
-    return [(int(start), int(stop)) for start, stop in zip(bounds[:-1], bounds[1:])]
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Who does what: ranks ``0 .. servers-1`` are servers, the rest workers.
-
-    Ranks are group ranks (world ranks when there is no group)."""
-
-    servers: int
-    workers: int
-
-    @classmethod
-    def for_world(cls, world_size: int, servers: int, rank: int = 0) -> Layout:
-        if isinstance(servers, bool) or not isinstance(servers, (int, np.integer)) or servers < 1:
-            raise ValueError(f"rank {rank}: servers must be a whole number >= 1, got {servers!r}")
-        if servers >= world_size:
-            raise ValueError(
-                f"rank {rank}: {servers} server(s) in a world of {world_size} rank(s) leaves no "
-                f"worker; launch at least {servers + 1} ranks, or use servers <= "
-                f"{max(world_size - 1, 1)}")
-        return cls(int(servers), int(world_size - servers))
-
-    @property
-    def size(self) -> int:
-        return self.servers + self.workers
-
-    def is_server(self, rank: int) -> bool:
-        return rank < self.servers
-
-    def role(self, rank: int) -> str:
-        return "server" if self.is_server(rank) else "worker"
-
-    def server_rank(self, server: int) -> int:
-        return server
-
-    def worker_rank(self, worker: int) -> int:
-        return self.servers + worker
-
-    def worker_of(self, rank: int) -> int:
-        return rank - self.servers
-
-
-# --------------------------------------------------------------------------- messages
-
-
-@dataclass(frozen=True)
-class Request:
-    """What a worker asks of one server in one message: push a gradient
-    (``push_step >= 0``), send weights for a step (``pull_step >= 0``),
-    or both; ``done`` says it is the worker's last request."""
-
-    push_step: int = NO_STEP
-    base_version: int = NO_STEP
-    examples: int = 0
-    pull_step: int = NO_STEP
-    done: bool = False
-
-    def encode(self) -> np.ndarray:
-        return np.array([self.push_step, self.base_version, self.examples, self.pull_step,
-                         int(self.done)], np.int64)
-
-    @classmethod
-    def decode(cls, header: np.ndarray) -> Request:
-        push_step, base_version, examples, pull_step, done = (int(v) for v in header)
-        return cls(push_step, base_version, examples, pull_step, bool(done))
-
-
-HEADER_SIZE = 5
-
-
-@dataclass
-class Push:
-    """One gradient pushed by ``worker`` after its step ``step``: its identity
-    is ``(worker, step)``."""
-
-    worker: int
-    step: int
-    base_version: int
-    examples: int
-    gradient: np.ndarray
-
-    @property
-    def identity(self) -> tuple[int, int]:
-        return (self.worker, self.step)
-
-
-@dataclass(frozen=True)
-class PushRecord:
-    """What a server did with one push."""
-
-    worker: int
-    step: int
-    base_version: int
-    version: int          # the server's version when the push was applied or dropped
-    staleness: int        # version - base_version
-    accepted: bool
-    examples: int
-
-
-# --------------------------------------------------------------------------- results
 
 
 @dataclass
@@ -241,157 +90,11 @@ class WorkerResult:
     losses: list[tuple[int, int, float]] = field(default_factory=list)  # (step, time ns, loss)
 
 
-# --------------------------------------------------------------------------- the server's shard
-
-
-class PendingPush:
-    """The gradients a worker has summed since its last push (``n_push`` steps
-    of them in async), their examples, and the versions the first was computed on."""
-
-    def __init__(self):
-        self.clear()
-
-    def clear(self) -> None:
-        self.summed, self.examples, self.base_versions = None, 0, None
-
-    def add(self, gradient: np.ndarray, examples: int, versions) -> None:
-        if self.summed is None:
-            self.summed, self.base_versions = np.array(gradient, copy=True), list(versions)
-        else:
-            self.summed += gradient
-        self.examples += examples
-
-
-class ServerShard:
-    """One server's key range: its weights, optimizer, version and log.
-
-    ``receive_push`` decides what a push does (wait for the rest of its step,
-    be applied, or be dropped); ``apply_update`` is the only place the
-    weights change."""
-
-    def __init__(self, weights: np.ndarray, key_range: tuple[int, int], *, workers: int,
-                 mode: str, tau: int, warmup_steps: int, lr: float, momentum: float,
-                 keep_gradients: bool):
-        self.key_range = key_range
-        self.parameter = Tensor(np.array(weights[key_range[0]:key_range[1]], copy=True),
-                                requires_grad=True)
-        self.optimizer = optim.SGD([self.parameter], lr=lr, momentum=momentum)
-        self.workers = workers
-        self.mode = mode
-        self.tau = tau
-        self.warmup_steps = warmup_steps
-        self.version = 0
-        self.completed_steps = 0   # synchronous steps applied
-        self.clock = {worker: NO_STEP for worker in range(workers)}
-        self.pending: dict[int, dict[int, Push]] = {}   # step -> worker -> push
-        self.pushes: list[PushRecord] = []
-        self.keep_gradients = keep_gradients
-        self.applied_gradients: list[np.ndarray] = []
-
-    @property
-    def weights(self) -> np.ndarray:
-        return self.parameter.data
-
-    def synchronous(self, step: int) -> bool:
-        return self.mode in ("bsp", "ssp") or step < self.warmup_steps
-
-    def can_answer_pull(self, step: int) -> bool:
-        """A worker may compute ``step`` once the synchronous steps it depends
-        on are applied: ``step - tau`` of them in SSP (tau = 0: BSP and the
-        warm-up); after the warm-up, all of the warm-up."""
-        if self.synchronous(step):
-            bound = self.tau if self.mode == "ssp" else 0
-            return self.completed_steps >= step - bound
-        return self.completed_steps >= self.warmup_steps
-
-    def receive_push(self, push: Push) -> None:
-        self.clock[push.worker] = push.step
-        if self.synchronous(push.step):
-            self.pending.setdefault(push.step, {})[push.worker] = push
-            self.apply_complete_steps()
-            return
-        staleness = self.version - push.base_version
-        if self.mode == "drop" and staleness > self.tau:
-            self._log(push, accepted=False)
-            moment = trace.now()
-            trace.record("compute", moment, moment, label=_update_label(
-                push.worker, push.step, self.version, staleness, accepted=False))
-            return
-        self.apply_update(push.gradient, [push])
-
-    def apply_complete_steps(self) -> None:
-        """Apply the synchronous steps whose pushes are all in, in step order."""
-        while self.step_is_complete(self.completed_steps):
-            self._apply_synchronous_step(self.pending.pop(self.completed_steps))
-
-    def step_is_complete(self, step: int) -> bool:
-        return len(self.pending.get(step, ())) == self.workers
-
-    def _apply_synchronous_step(self, pushes: dict[int, Push]) -> None:
-        """Average the step's gradients weighted by examples: the gradient of
-        the mean loss over all the step's examples, in worker order so the
-        sum is the same whatever order the pushes arrived in."""
-        ordered = [pushes[worker] for worker in sorted(pushes)]
-        total = sum(push.examples for push in ordered)
-        if total == 0:
-            raise ValueError(f"parameter server: no worker had any example in step "
-                             f"{ordered[0].step}; at least one needs examples to average over")
-        dtype = self.weights.dtype.type
-        average = np.zeros_like(self.weights)
-        for push in ordered:
-            average += push.gradient * dtype(push.examples)
-        average /= dtype(total)
-        self.apply_update(average, ordered)
-        self.completed_steps += 1
-
-    def apply_update(self, gradient: np.ndarray, pushes: list[Push]) -> None:
-        """One optimizer step on this range with ``gradient``, made of
-        ``pushes``; the version moves on by one."""
-        label = _update_label(pushes[0].worker if len(pushes) == 1 else "all", pushes[0].step,
-                              self.version, max(self.version - p.base_version for p in pushes),
-                              accepted=True)
-        with trace.region(label):
-            for push in pushes:
-                self._log(push, accepted=True)
-            self.parameter.grad = gradient
-            with no_grad():
-                self.optimizer.step()
-            self.parameter.grad = None
-            if self.keep_gradients:
-                self.applied_gradients.append(np.array(gradient, copy=True))
-            self.version += 1
-
-    def _log(self, push: Push, accepted: bool) -> None:
-        self.pushes.append(PushRecord(push.worker, push.step, push.base_version, self.version,
-                                      self.version - push.base_version, accepted, push.examples))
-
-
-def _update_label(worker, step, version, staleness, accepted) -> str:
-    return trace.with_info("update", kind="update", worker=worker, step=step, version=version,
-                           staleness=staleness, accepted=int(accepted))
-
-
-# --------------------------------------------------------------------------- the strategy
-
-
 def _check_whole(name: str, value, minimum: int, rank: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise ValueError(f"rank {rank}: {name} must be a whole number >= {minimum}, "
                          f"got {value!r}")
     return int(value)
-
-
-def flat_parameters(model: nn.Module) -> np.ndarray:
-    """The model's trainable parameters, one after the other, as one new flat array."""
-    return np.concatenate([p.data.reshape(-1) for p in model.parameters() if p.requires_grad])
-
-
-def load_flat_parameters(model: nn.Module, weights: np.ndarray) -> None:
-    """Copy consecutive pieces of ``weights`` into the model's parameters, in place."""
-    offset = 0
-    for param in (p for p in model.parameters() if p.requires_grad):
-        param.data[...] = weights[offset:offset + param.data.size].reshape(param.data.shape)
-        offset += param.data.size
 
 
 class ParameterServer:
@@ -573,7 +276,7 @@ class ParameterServer:
     # -- the worker ------------------------------------------------------
 
     def _synchronous(self, step: int) -> bool:
-        return self.mode in ("bsp", "ssp") or step < self.warmup_steps
+        return _synchronous(self.mode, self.warmup_steps, step)
 
     def _pulls_before(self, step: int) -> bool:
         """Does the worker fetch fresh weights before computing ``step``?"""
@@ -665,6 +368,3 @@ class ParameterServer:
             self.messages.recv(weights[start:stop], src=source, tag=WEIGHTS_TAG, label=label)
             versions[server] = int(reply[0])
 
-
-def _push_label(worker: int, step: int, version: int) -> str:
-    return trace.with_info("push", kind="push", worker=worker, step=step, version=version)
