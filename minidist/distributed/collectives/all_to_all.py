@@ -279,7 +279,6 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     return _exchange(group, flat_source, flat, async_op, algorithm, finish)
 
 
-
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool = False,
                algorithm: str = "auto"):
     """Send ``input_tensor_list[j]`` to group rank j; ``output_tensor_list[i]``

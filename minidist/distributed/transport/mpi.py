@@ -94,7 +94,6 @@ INSTALL_HINT = ("the 'mpi' transport needs mpi4py and an MPI library: pip instal
                 "`pip install mpi4py` over a system MPICH / Open MPI")
 
 
-
 def load_mpi():
     """mpi4py's MPI module (initializing MPI), or an ImportError that says how to install it."""
     try:

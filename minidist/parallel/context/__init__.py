@@ -51,4 +51,8 @@ from minidist.parallel.context.ulysses import (  # noqa: F401
     ulysses_attention,
 )
 
-__all__ = ["LAYOUTS", "FULL", "DIAGONAL", "SKIP", "rank_chunks", "rank_positions", "shard_sequence", "pair_kind", "block_work", "ring_attention", "merge", "KV_TAG", "GRAD_TAG", "ulysses_attention", "sequence_to_heads", "heads_to_sequence", "ALGORITHM", "ContextParallelGPT", "context_parallel_gpt", "ATTENTIONS", "AttentionBytes", "ring_attention_bytes", "ulysses_bytes", "format_attention_bytes"]
+__all__ = ["LAYOUTS", "FULL", "DIAGONAL", "SKIP", "rank_chunks", "rank_positions",
+           "shard_sequence", "pair_kind", "block_work", "ring_attention", "merge", "KV_TAG",
+           "GRAD_TAG", "ulysses_attention", "sequence_to_heads", "heads_to_sequence", "ALGORITHM",
+           "ContextParallelGPT", "context_parallel_gpt", "ATTENTIONS", "AttentionBytes",
+           "ring_attention_bytes", "ulysses_bytes", "format_attention_bytes"]

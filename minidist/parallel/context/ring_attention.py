@@ -78,8 +78,6 @@ def _tensor(value) -> Tensor:
     return value if isinstance(value, Tensor) else Tensor(value)
 
 
-
-
 class _Ring:
     """One call's geometry: who the neighbours are, every rank's chunks and
     where each chunk sits in its rank's storage order."""

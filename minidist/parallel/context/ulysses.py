@@ -105,24 +105,23 @@ def _to_sequence(y, split):
     return np.ascontiguousarray(mine.reshape(batch, n * hn, length, width))
 
 
+def _swap(input, there, back, split: _Split, op: str) -> Tensor:
+    """One all_to_all as an autograd node: ``there`` forward, ``back`` backward."""
+    input = _tensor(input)
+    return Tensor._make(backend.from_numpy(there(backend.to_numpy(input.data), split)), (input,),
+                        lambda grad: (backend.from_numpy(back(backend.to_numpy(grad), split)),), op)
 
 
 def sequence_to_heads(input, split: _Split) -> Tensor:
     """Forward: all_to_all from this rank's positions of every head to every
     position of its head group. Backward: the all_to_all back."""
-    input = _tensor(input)
-    return Tensor._make(backend.from_numpy(_to_heads(backend.to_numpy(input.data), split)), (input,),
-                        lambda grad: (backend.from_numpy(_to_sequence(backend.to_numpy(grad), split)),),
-                        "sequence_to_heads")
+    return _swap(input, _to_heads, _to_sequence, split, "sequence_to_heads")
 
 
 def heads_to_sequence(input, split: _Split) -> Tensor:
     """Forward: all_to_all from every position of this rank's head group to
     every head of its positions. Backward: the all_to_all back."""
-    input = _tensor(input)
-    return Tensor._make(backend.from_numpy(_to_sequence(backend.to_numpy(input.data), split)), (input,),
-                        lambda grad: (backend.from_numpy(_to_heads(backend.to_numpy(grad), split)),),
-                        "heads_to_sequence")
+    return _swap(input, _to_sequence, _to_heads, split, "heads_to_sequence")
 
 
 def ulysses_attention(query, key, value, seq_len: int, group=None, is_causal: bool = False,

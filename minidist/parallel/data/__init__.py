@@ -103,4 +103,14 @@ from minidist.parallel.data.zero import (  # noqa: F401
     ZeroRedundancyOptimizer,
 )
 
-__all__ = ["CoordinatorDataParallel", "GradBucket", "DistributedDataParallel", "ErrorFeedbackState", "Int8State", "ThresholdState", "TopKState", "RandomKState", "PowerSGDState", "quantize_int8", "truncate_bf16", "expand_bf16", "orthogonalize", "compress_sign", "compress_threshold", "compress_topk", "compress_randomk", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook", "int8_hook", "sign_hook", "threshold_hook", "topk_hook", "randomk_hook", "powersgd_hook", "HOOKS", "ZeroRedundancyOptimizer", "ShardingStrategy", "STRATEGIES", "FreedParameter", "freed_parameter", "FullyShardedDataParallel", "STAGES", "wrap", "zero_model_state_bytes", "zero_bytes_per_step", "SyncBatchNorm", "sync_batch_norm", "sync_batchnorm_bytes", "FORMAT", "VERSION", "save_checkpoint", "load_checkpoint", "parallel_predict", "predict", "shard_bounds", "OUTPUTS"]
+__all__ = ["CoordinatorDataParallel", "GradBucket", "DistributedDataParallel",
+           "ErrorFeedbackState", "Int8State", "ThresholdState", "TopKState", "RandomKState",
+           "PowerSGDState", "quantize_int8", "truncate_bf16", "expand_bf16", "orthogonalize",
+           "compress_sign", "compress_threshold", "compress_topk", "compress_randomk",
+           "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook", "int8_hook", "sign_hook",
+           "threshold_hook", "topk_hook", "randomk_hook", "powersgd_hook", "HOOKS",
+           "ZeroRedundancyOptimizer", "ShardingStrategy", "STRATEGIES", "FreedParameter",
+           "freed_parameter", "FullyShardedDataParallel", "STAGES", "wrap",
+           "zero_model_state_bytes", "zero_bytes_per_step", "SyncBatchNorm", "sync_batch_norm",
+           "sync_batchnorm_bytes", "FORMAT", "VERSION", "save_checkpoint", "load_checkpoint",
+           "parallel_predict", "predict", "shard_bounds", "OUTPUTS"]

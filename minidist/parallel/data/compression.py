@@ -142,7 +142,6 @@ def expand_bf16(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
-
 def compress_sign(p: np.ndarray):
     """1-bit sign compression (EF-signSGD): ``sent = mean |p| * sign(p)``
     (a zero counts as +). Returns (packed bits, scale, sent)."""

@@ -118,7 +118,6 @@ class PowerSGDState(ErrorFeedbackState):
         return self._rng.standard_normal((m, r)).astype(dtype)
 
 
-
 def orthogonalize(p: np.ndarray) -> np.ndarray:
     """An orthonormal basis of P's columns (reduced QR). Every rank holds the
     same all-reduced P, so every rank computes the same bits."""

@@ -32,4 +32,7 @@ from minidist.parallel.expert.dispatch import (  # noqa: F401
     expert_range,
 )
 
-__all__ = ["ExpertParallelMoE", "Dispatch", "all_to_all_rows", "exchange_counts", "expert_range", "expert_parallel_gpt", "allreduce_moe_grads", "expert_parameters", "dispatch_matrix", "dispatch_bytes", "DispatchBytes", "balanced_dispatch_bytes", "dense_mlp_all_reduce_bytes", "COUNT_BYTES"]
+__all__ = ["ExpertParallelMoE", "Dispatch", "all_to_all_rows", "exchange_counts", "expert_range",
+           "expert_parallel_gpt", "allreduce_moe_grads", "expert_parameters", "dispatch_matrix",
+           "dispatch_bytes", "DispatchBytes", "balanced_dispatch_bytes",
+           "dense_mlp_all_reduce_bytes", "COUNT_BYTES"]

@@ -72,8 +72,6 @@ ALL_TO_ALL = "pairwise"
 ALL_REDUCE = "ring"
 
 
-
-
 def all_to_all_rows(x: Tensor, send_rows, receive_rows, group=None,
                     algorithm: str = ALL_TO_ALL) -> Tensor:
     """Rows ``x[...send_rows[0]]`` to group rank 0, the next ``send_rows[1]``

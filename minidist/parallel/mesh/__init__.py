@@ -42,4 +42,8 @@ from minidist.parallel.mesh.plan_3d import (  # noqa: F401
     why_not,
 )
 
-__all__ = ["GPT3D", "GPTStage", "gpt_stages", "stage_blocks", "MESH_DIMS", "DROPOUT_MASK_BYTES", "ZERO_COLLECTIVES", "GPTShape", "Machine", "CLUSTER", "Plan", "why_not", "CollectiveCost", "StepPrediction", "parameters_per_rank", "predict_step", "peak_live", "factorisations", "PlanComparison", "format_table", "compare_plans", "PlaybookChoice", "playbook_plan", "plan_command"]
+__all__ = ["GPT3D", "GPTStage", "gpt_stages", "stage_blocks", "MESH_DIMS", "DROPOUT_MASK_BYTES",
+           "ZERO_COLLECTIVES", "GPTShape", "Machine", "CLUSTER", "Plan", "why_not",
+           "CollectiveCost", "StepPrediction", "parameters_per_rank", "predict_step", "peak_live",
+           "factorisations", "PlanComparison", "format_table", "compare_plans", "PlaybookChoice",
+           "playbook_plan", "plan_command"]

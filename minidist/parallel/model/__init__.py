@@ -63,4 +63,11 @@ from minidist.parallel.model.split_conv import (  # noqa: F401
     band,
 )
 
-__all__ = ["DEFAULT_EXCHANGE_ALGORITHM", "DEFAULT_GATHER_ALGORITHM", "exchange_activations", "PartitionedLinear", "DistBeliefMLP", "DistBeliefTraffic", "distbelief_bytes", "DEFAULT_ALGORITHM", "all_gather_batch", "gather_batch", "split_at_first_linear", "HybridParallel", "DenseModelParallel", "LayerTraffic", "StrategyBytes", "STRATEGY_NAMES", "strategy_bytes", "format_strategy_table", "ChannelParallelConv2d", "SpatialParallelConv2d", "band", "halo_plan", "HaloPlan", "halo_context", "channel_parallel_bytes", "STRATEGIES", "Traffic", "SplitBytes", "split_bytes", "format_table"]
+__all__ = ["DEFAULT_EXCHANGE_ALGORITHM", "DEFAULT_GATHER_ALGORITHM", "exchange_activations",
+           "PartitionedLinear", "DistBeliefMLP", "DistBeliefTraffic", "distbelief_bytes",
+           "DEFAULT_ALGORITHM", "all_gather_batch", "gather_batch", "split_at_first_linear",
+           "HybridParallel", "DenseModelParallel", "LayerTraffic", "StrategyBytes",
+           "STRATEGY_NAMES", "strategy_bytes", "format_strategy_table", "ChannelParallelConv2d",
+           "SpatialParallelConv2d", "band", "halo_plan", "HaloPlan", "halo_context",
+           "channel_parallel_bytes", "STRATEGIES", "Traffic", "SplitBytes", "split_bytes",
+           "format_table"]

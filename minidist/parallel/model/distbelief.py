@@ -106,8 +106,6 @@ DEFAULT_EXCHANGE_ALGORITHM = "pairwise"
 DEFAULT_GATHER_ALGORITHM = "ring"
 
 
-
-
 def _all_to_all_pieces(pieces: np.ndarray, group, algorithm: str) -> np.ndarray:
     """``pieces`` (n, ...) with piece s for worker s; returns (n, ...) with
     piece i from worker i."""

@@ -94,8 +94,6 @@ from minidist.tensor import Tensor, no_grad
 DEFAULT_ALGORITHM = "ring"
 
 
-
-
 def all_gather_batch(array, group=None, algorithm: str = DEFAULT_ALGORITHM) -> np.ndarray:
     """Every rank's ``array`` (b, ...) stacked along the batch axis in rank
     order: (n b, ...). No gradient (for labels)."""

@@ -109,4 +109,16 @@ from minidist.parallel.parameter_server.straggler import (  # noqa: F401
     Straggler,
 )
 
-__all__ = ["MODES", "ORDERS", "NO_STEP", "shard_ranges", "Layout", "Request", "HEADER_SIZE", "Push", "PushRecord", "ServerResult", "WorkerResult", "PendingPush", "ServerShard", "flat_parameters", "load_flat_parameters", "ParameterServer", "FAULT_TOLERANT_MODES", "CRASH_MOMENTS", "RANGE_TAG_STRIDE", "POLL_SECONDS", "REQUEST_SIZE", "IDENTITY_SIZE", "ServerCrash", "ReplicatedShard", "RangeCopy", "RangeReport", "FaultTolerantServerResult", "Failover", "FaultTolerantWorkerResult", "final_weights", "FaultTolerantParameterServer", "WEIGHTS", "WRITES", "SparseRows", "logistic_loss", "sgd_update", "example_order", "learning_rates", "serial_sgd", "shared_arrays", "updates_of_rank", "pass_length_of_rank", "hogwild_worker", "HogwildResult", "run_hogwild", "SERVER", "soft_threshold", "block_bounds", "block_order", "shard_rows", "objective", "shard_block_gradient", "significant_positions", "sum_in_worker_order", "proximal_block_step", "default_step_size", "D2PResult", "max_delay_schedule", "delayed_proximal_reference", "delayed_proximal_gradient", "Straggler"]
+__all__ = ["MODES", "ORDERS", "NO_STEP", "shard_ranges", "Layout", "Request", "HEADER_SIZE",
+           "Push", "PushRecord", "ServerResult", "WorkerResult", "PendingPush", "ServerShard",
+           "flat_parameters", "load_flat_parameters", "ParameterServer", "FAULT_TOLERANT_MODES",
+           "CRASH_MOMENTS", "RANGE_TAG_STRIDE", "POLL_SECONDS", "REQUEST_SIZE", "IDENTITY_SIZE",
+           "ServerCrash", "ReplicatedShard", "RangeCopy", "RangeReport",
+           "FaultTolerantServerResult", "Failover", "FaultTolerantWorkerResult", "final_weights",
+           "FaultTolerantParameterServer", "WEIGHTS", "WRITES", "SparseRows", "logistic_loss",
+           "sgd_update", "example_order", "learning_rates", "serial_sgd", "shared_arrays",
+           "updates_of_rank", "pass_length_of_rank", "hogwild_worker", "HogwildResult",
+           "run_hogwild", "SERVER", "soft_threshold", "block_bounds", "block_order", "shard_rows",
+           "objective", "shard_block_gradient", "significant_positions", "sum_in_worker_order",
+           "proximal_block_step", "default_step_size", "D2PResult", "max_delay_schedule",
+           "delayed_proximal_reference", "delayed_proximal_gradient", "Straggler"]

@@ -69,4 +69,10 @@ from minidist.parallel.pipeline.split import (  # noqa: F401
     split_model,
 )
 
-__all__ = ["FORWARD", "BACKWARD", "SEND_ACTIVATION", "RECV_ACTIVATION", "SEND_GRAD", "RECV_GRAD", "OPTIMIZER_STEP", "KINDS", "PHASES", "UNIT_NS", "Action", "Schedule", "gpipe", "one_f_one_b", "interleaved_one_f_one_b", "schedule_from_order", "SCHEDULES", "make_schedule", "message_tag", "DeadlockError", "simulate_schedule", "bubble_fraction", "peak_live_microbatches", "compute_text", "compute_label", "step_label", "message_label", "memory_label", "balanced_partition", "layer_costs", "split_model", "split_microbatches", "Pipeline", "annotate_trace"]
+__all__ = ["FORWARD", "BACKWARD", "SEND_ACTIVATION", "RECV_ACTIVATION", "SEND_GRAD", "RECV_GRAD",
+           "OPTIMIZER_STEP", "KINDS", "PHASES", "UNIT_NS", "Action", "Schedule", "gpipe",
+           "one_f_one_b", "interleaved_one_f_one_b", "schedule_from_order", "SCHEDULES",
+           "make_schedule", "message_tag", "DeadlockError", "simulate_schedule", "bubble_fraction",
+           "peak_live_microbatches", "compute_text", "compute_label", "step_label",
+           "message_label", "memory_label", "balanced_partition", "layer_costs", "split_model",
+           "split_microbatches", "Pipeline", "annotate_trace"]

@@ -69,4 +69,13 @@ from minidist.parallel.tensor.vocab import (  # noqa: F401
     vocab_range,
 )
 
-__all__ = ["DEFAULT_ALGORITHM", "copy_to_parallel_region", "reduce_from_parallel_region", "gather_from_parallel_region", "scatter_to_parallel_region", "gather_from_sequence_parallel_region", "reduce_scatter_to_sequence_parallel_region", "packed_rows", "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "vocab_parallel_cross_entropy", "vocab_range", "TensorParallelGPT", "tensor_parallel_gpt", "qkv_rows", "sequence_parallel_parameters", "shard_block", "embed_tokens", "shard_index", "ParallelStyle", "ColwiseParallel", "RowwiseParallel", "PackedColwiseParallel", "parallelize_module", "gpt_step_bytes", "gpt_activation_bytes", "format_step_bytes", "StepBytes", "ActivationBytes", "ring_reduce_scatter_sent", "sequence_parallel_values"]
+__all__ = ["DEFAULT_ALGORITHM", "copy_to_parallel_region", "reduce_from_parallel_region",
+           "gather_from_parallel_region", "scatter_to_parallel_region",
+           "gather_from_sequence_parallel_region", "reduce_scatter_to_sequence_parallel_region",
+           "packed_rows", "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding",
+           "vocab_parallel_cross_entropy", "vocab_range", "TensorParallelGPT",
+           "tensor_parallel_gpt", "qkv_rows", "sequence_parallel_parameters", "shard_block",
+           "embed_tokens", "shard_index", "ParallelStyle", "ColwiseParallel", "RowwiseParallel",
+           "PackedColwiseParallel", "parallelize_module", "gpt_step_bytes", "gpt_activation_bytes",
+           "format_step_bytes", "StepBytes", "ActivationBytes", "ring_reduce_scatter_sent",
+           "sequence_parallel_values"]
