@@ -57,7 +57,10 @@ MOVED = {
                                              "minidist.parallel.pipeline.simulate",
                                              "minidist.parallel.pipeline.labels"),
     "minidist.parallel.gpt_3d": ("minidist.parallel.mesh.gpt_3d",),
-    "minidist.parallel.plan_3d": ("minidist.parallel.mesh.plan_3d",),
+    "minidist.parallel.plan_3d": ("minidist.parallel.mesh.plan_3d",
+                                  "minidist.parallel.mesh.plan_inputs",
+                                  "minidist.parallel.mesh.choose_plan",
+                                  "minidist.parallel.mesh.plan_command"),
 }
 
 #: names that did not move but were replaced: old path's name -> what to use
