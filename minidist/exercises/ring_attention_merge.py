@@ -277,7 +277,9 @@ def _replay(n, events, index, step, failure):
     student, reference = ([e for i, e in zip(info, events) if i.get("phase") == "forward"
                            and i.get("ring_attention") == calls[k]]
                           for k in (index, len(CASES) + index))
-    block = next((e["bytes"] for e in student if e["kind"] == "send"), 0)
+    # rank 0's block: with uneven chunks the ranks' blocks differ, and the
+    # trace lists the sends as they happened to start
+    block = next((e["bytes"] for e in student if e["kind"] == "send" and e["rank"] == 0), 0)
     return replay(n, int(block) // 8, student, reference, step,
                   f"rank {failure.rank}, ring step {step}: the first wrong merge "
                   f"({failure.kind}); the messages are the reference's, the values merged "
