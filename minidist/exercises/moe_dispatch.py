@@ -19,14 +19,14 @@ outputs come back:
 
 The student writes ``moe_dispatch(x, choices, kept, n_expert, experts)``,
 steps 1 to 5; the router, the capacity, the experts and the gating around
-it are the layer's own (an :class:`~minidist.parallel.expert.dispatch.ExpertParallelMoE`
-whose ``experts_on`` calls it). Checked on real processes (2 and 4 ranks,
-shared memory, float64, one launch per world size with both cases inside:
-top-1 and top-2 routing, capacity tight enough that choices are dropped)
-against the one-process MoE on each rank's tokens: what each rank's experts
-were given (which rows, through which expert), what the student returns
-(every kept choice's expert output, zeros for a dropped one) and the
-layer's output. The outputs only: the function works on arrays, so no
+it are the layer's own (:class:`~.dispatch_layer.StudentDispatch`). Checked
+on real processes (2 and 4 ranks, float64:
+:func:`~.process_check.check_beside_reference`; top-1 and top-2 routing,
+capacity tight enough that choices are dropped) against the one-process MoE
+on each rank's tokens (:func:`~.dispatch_layer.one_process`): what each
+rank's experts were given (which rows, through which expert), what the
+student returns (every kept choice's expert output, zeros for a dropped
+one) and the layer's output. The outputs only: the function works on arrays, so no
 gradient flows through it (the backward is the same two all_to_alls
 transposed, :func:`~minidist.parallel.expert.dispatch.all_to_all_rows`).
 A wrong split size, rows in routing order, a missing combine, split sizes

@@ -13,6 +13,9 @@ merge, expert parallelism's dispatch) share one loop more
 the same launch, so that the trace holds both runs' messages, and a wrong
 case comes with the side-by-side replay of the student's call beside the
 reference's (:func:`traced_calls`, :func:`replay_of_calls`, :func:`replay`).
+
+Costs: one launch per world size, every case inside it; with a trace, the
+trace file written by the launch and read back once.
 """
 
 from __future__ import annotations
@@ -134,12 +137,11 @@ def check_beside_reference(name: str, run, function, reference, what: str, judge
     for each case (in the trace region "case 0", ...), all in the region
     "yours", then the same with ``reference`` in "reference", for the
     reference's messages in the same trace (the replay draws them beside
-    the student's). ``judge(n, case, the
-    student's result of the case on every rank, the trace's events)`` says
-    None or (Failure, replay or None). The report holds the first failure:
-    of a run (told by ``explain(failure)`` when given) or of a case; else it
-    passes with ``passed``, its first line after the words that say where
-    it ran."""
+    the student's). ``judge(n, case, the student's result of the case on
+    every rank, the trace's events)`` says None or (Failure, replay or
+    None). The report holds the first failure: of a run (told by
+    ``explain(failure)`` when given) or of a case; else it passes with
+    ``passed``, its first line after the words that say where it ran."""
     def each_case(solution):
         found = []
         for case in range(cases):

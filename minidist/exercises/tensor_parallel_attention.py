@@ -18,10 +18,11 @@ conjugate operators f and g of Megatron's paper (Shoeybi et al., 2019, §3)::
   all_reduce (c_proj's product over my heads' columns is one term of y);
   backward, the identity (y's gradient is whole on every rank).
 
-The student writes the function the shard (:class:`~.attention_shard.AttentionShard`)
-calls at the four points (f and g, forward and backward). Checked on real
-processes (2 and 4 ranks, float64: :func:`~.process_check.check_beside_reference`)
-against the unsplit :class:`~minidist.models.gpt.CausalSelfAttention`: every rank's output and
+The student writes the function the shard calls at the four points (f
+and g, forward and backward: :class:`~.attention_shard.AttentionShard`).
+Checked on real processes (2 and 4 ranks, float64:
+:func:`~.process_check.check_beside_reference`) against the unsplit
+:class:`~minidist.models.gpt.CausalSelfAttention`: every rank's output and
 input gradient and its shards' weight gradients equal the whole block's to
 float rounding; then, from the run's trace, the collectives at each point:
 one all_reduce of B T C values in each pass, no more. A wrong answer is
