@@ -26,7 +26,7 @@ Next to the trace's bytes, :func:`formula_bytes` (``gpt_step_bytes`` for tp
 and sp, the dp all_reduce's traffic, the pipeline's activations and the tied
 embedding's sum for pp); the script exits with an error if any differ.
 Next to the time, ``plan_3d.predict_step`` on a model of this machine
-(:func:`local_machine`). Then ``predict_step`` on ``plan_3d.CLUSTER`` for
+(:func:`local_machine`). Then ``predict_step`` on ``plan_inputs.CLUSTER`` for
 meshes of 1,024 ranks (:data:`LARGE_PLANS`: DP, TP, TP + SP, PP and their
 products, 8 x 8 x 16 among them) of a 32-layer, width-4096 GPT.
 
@@ -194,14 +194,14 @@ def formula_bytes(world, name, config, batch, held, transport):
 
 
 def local_machine(config, batch, transport):
-    """plan_3d's Machine for this computer: one rank's FLOP/s on the model's
+    """plan_inputs.Machine for this computer: one rank's FLOP/s on the model's
     MLP product of one micro-batch, (b T, C) @ (C, 4C) in float32 on one BLAS
     thread (the product that dominates a block), the transport's alpha and
     beta for every link."""
     import numpy as np
 
     from minidist.alpha_beta import PARAMS
-    from minidist.parallel.mesh.plan_3d import Machine
+    from minidist.parallel.mesh.plan_inputs import Machine
     from minidist.runtime.blas_threads import set_blas_threads
 
     set_blas_threads(1)
@@ -224,7 +224,8 @@ def predicted_step(world, name, config, batch, machine):
     """plan_3d.predict_step of one measured configuration on ``machine``;
     None where the plan's model cannot take it (its stages must hold equal
     numbers of blocks, GPT3D's need not)."""
-    from minidist.parallel.mesh.plan_3d import GPTShape, Plan, predict_step, why_not
+    from minidist.parallel.mesh.plan_3d import predict_step
+    from minidist.parallel.mesh.plan_inputs import GPTShape, Plan, why_not
 
     (pp, dp, tp), schedule, virtual, sp = CONFIGS[world][name]
     shape = GPTShape.from_config(config, batch, micro_batch=batch // (dp * MICROBATCHES))
@@ -236,7 +237,7 @@ def predicted_step(world, name, config, batch, machine):
 
 
 #: The large mesh: the 32-layer, width-4096 GPT of plan_3d's docstring, 1,024
-#: sequences of 4,096 tokens a step, on plan_3d.CLUSTER, meshes of 1,024 ranks.
+#: sequences of 4,096 tokens a step, on plan_inputs.CLUSTER, meshes of 1,024 ranks.
 LARGE = dict(n_layer=32, n_embd=4096, n_head=32, vocab_size=50304, seq_len=4096,
              global_batch=1024, micro_batch=1)
 #: name -> (dp, tp, pp, schedule, virtual_stages, sequence_parallel)
@@ -250,8 +251,9 @@ LARGE_PLANS = {"DP 1024": (1024, 1, 1, "1f1b", 1, False),
 
 
 def large_mesh_rows():
-    """{name: plan_3d.predict_step} for :data:`LARGE_PLANS` on plan_3d.CLUSTER."""
-    from minidist.parallel.mesh.plan_3d import CLUSTER, GPTShape, Plan, predict_step
+    """{name: plan_3d.predict_step} for :data:`LARGE_PLANS` on plan_inputs.CLUSTER."""
+    from minidist.parallel.mesh.plan_3d import predict_step
+    from minidist.parallel.mesh.plan_inputs import CLUSTER, GPTShape, Plan
 
     model = GPTShape(**LARGE)
     return {name: predict_step(model, Plan(dp=dp, tp=tp, pp=pp, schedule=schedule,
@@ -327,7 +329,7 @@ def main():
           f"load average after {load_after:.1f})")
 
     large = large_mesh_rows()
-    print(f"\npredicted at large meshes (plan_3d.predict_step on plan_3d.CLUSTER): GPT "
+    print(f"\npredicted at large meshes (plan_3d.predict_step on plan_inputs.CLUSTER): GPT "
           f"{LARGE['n_layer']} layers x width {LARGE['n_embd']}, {LARGE['n_head']} heads, "
           f"vocabulary {LARGE['vocab_size']}, {LARGE['global_batch']} sequences of "
           f"{LARGE['seq_len']} tokens, micro-batch {LARGE['micro_batch']}, bf16")

@@ -41,7 +41,8 @@
 # `minidist/parallel/tensor/gpt.py` (TP and SP on it),
 # `minidist/parallel/tensor/costs.py` (the formulas), `minidist/distributed/device_mesh.py`,
 # `minidist/parallel/tensor/parallelize.py` and `styles.py` (torch's face),
-# `minidist/parallel/mesh/plan_3d.py` (the planner).
+# `minidist/parallel/mesh/plan_3d.py` (a step predicted) and `choose_plan.py`
+# (the plans compared).
 
 # %%
 import numpy as np
@@ -61,7 +62,7 @@ from minidist.parallel import (
     RowwiseParallel,
     parallelize_module,
 )
-from minidist.parallel.mesh import plan_3d
+from minidist.parallel.mesh import choose_plan, plan_3d, plan_inputs
 from minidist.parallel.mesh.gpt_3d import GPT3D
 from minidist.parallel.model.costs import format_table, split_bytes
 from minidist.parallel.tensor.costs import format_step_bytes, gpt_activation_bytes, gpt_step_bytes
@@ -128,8 +129,8 @@ def calls(events, rank, label):
 # on a GPU of 80 GB:
 
 # %%
-BIG = plan_3d.GPTShape(n_layer=32, n_embd=4096, n_head=32, vocab_size=50304, seq_len=4096,
-                       global_batch=1024, micro_batch=1)
+BIG = plan_inputs.GPTShape(n_layer=32, n_embd=4096, n_head=32, vocab_size=50304, seq_len=4096,
+                           global_batch=1024, micro_batch=1)
 RANK_MEMORY = 80e9
 layer_states = 16 * BIG.block_parameters()
 layer_activations = BIG.layer_activation_bytes()
@@ -855,18 +856,18 @@ timeline  # noqa: B018 - the notebook shows the last one: the 3D run's in the fu
 # 4,096 tokens? No laptop runs that, but its step can be *predicted* from the
 # pieces the course already has: the model's FLOPs, the cost model's time of
 # every collective on a cluster's links (8 ranks a node, NVLink-like inside,
-# InfiniBand-like between: `plan_3d.CLUSTER`), the pipeline schedule run on
+# InfiniBand-like between: `plan_inputs.CLUSTER`), the pipeline schedule run on
 # its virtual clock (lesson 9), and ZeRO's byte counts (lesson 12).
 # `compare_plans` predicts every dp x tp x pp of 1,024 (tp within a node),
 # keeps those whose fullest rank fits in 80 GB, and ranks them by step time:
 
 # %%
 RANKS = 1024
-comparison = plan_3d.compare_plans(BIG, RANKS, memory_limit=RANK_MEMORY)
+comparison = choose_plan.compare_plans(BIG, RANKS, memory_limit=RANK_MEMORY)
 shown = comparison.ranked[:8]
 print(f"{RANKS} ranks: {len(comparison.ranked)} plans fit in {RANK_MEMORY / 1e9:.0f} GB a rank, "
       f"{len(comparison.too_big)} do not, {len(comparison.impossible)} cannot split the model")
-print(plan_3d.format_table(shown))
+print(choose_plan.format_table(shown))
 print("too big: " + ", ".join(f"{p.plan} ({p.memory_total / 1e9:.0f} GB)"
                               for p in comparison.too_big[:6])
       + (", ..." if len(comparison.too_big) > 6 else ""))
@@ -879,7 +880,7 @@ print("too big: " + ", ".join(f"{p.plan} ({p.memory_total / 1e9:.0f} GB)"
 # `playbook_plan` follows it, step by step:
 
 # %%
-playbook = plan_3d.playbook_plan(BIG, RANKS, memory_limit=RANK_MEMORY)
+playbook = choose_plan.playbook_plan(BIG, RANKS, memory_limit=RANK_MEMORY)
 for decision in playbook.decisions:
     print("  " + decision)
 best = comparison.best
@@ -960,7 +961,7 @@ print("saved", draw_plans(OUT / "plans_1024.png", pictured, playbook.step))
 # 8x8x16`):
 
 # %%
-print(plan_3d.predict_step(BIG, plan_3d.Plan(dp=8, tp=8, pp=16)))
+print(plan_3d.predict_step(BIG, plan_inputs.Plan(dp=8, tp=8, pp=16)))
 
 # %% [markdown]
 # **Exercise.** Write the two communications of an attention split by heads

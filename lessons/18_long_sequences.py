@@ -62,7 +62,7 @@ from minidist.parallel.context.gpt import context_parallel_gpt
 from minidist.parallel.context.ring_attention import merge, ring_attention
 from minidist.parallel.context.split import block_work, rank_chunks, rank_positions, shard_sequence
 from minidist.parallel.context.ulysses import ulysses_attention
-from minidist.parallel.mesh import plan_3d
+from minidist.parallel.mesh import plan_inputs
 
 narrate()  # run as a script: the text below is printed between the outputs
 use_headless_matplotlib()
@@ -134,8 +134,8 @@ for shorter, longer in zip(rows, rows[1:]):             # each T double the one 
 # sequence, 2-byte activations, by the formula:
 
 # %%
-BIG = plan_3d.GPTShape(n_layer=32, n_embd=4096, n_head=32, vocab_size=50304, seq_len=4096,
-                       global_batch=1, micro_batch=1)
+BIG = plan_inputs.GPTShape(n_layer=32, n_embd=4096, n_head=32, vocab_size=50304, seq_len=4096,
+                           global_batch=1, micro_batch=1)
 RANK_MEMORY = 80e9
 CONTEXTS = (4096, 16384, 32768, 65536, 131072)
 P_KEY = "attention: probabilities P (B H T T)"
@@ -593,7 +593,7 @@ for scheme, seconds in comm.items():
 #
 # **Beyond this machine.** A long-context layer: one sequence of 128k
 # tokens, 32 heads of 128, 2-byte values, on section 1's cluster of lesson
-# 17 (`plan_3d.CLUSTER`: 400 TFLOP/s a rank, NVLink within a node of 8,
+# 17 (`plan_inputs.CLUSTER`: 400 TFLOP/s a rank, NVLink within a node of 8,
 # InfiniBand between nodes). The messages' time comes from the simulator:
 # ring attention's forward messages are exactly a ring all_gather's (n - 1
 # steps, each rank passing a block to its right), Ulysses' forward four
@@ -605,7 +605,7 @@ for scheme, seconds in comm.items():
 # %%
 LONG = dict(batch=1, heads=32, seq_len=131072, head_dim=128, itemsize=2)
 SIM_WORLDS = (2, 4, 8, 16, 32, 64)
-machine = plan_3d.CLUSTER
+machine = plan_inputs.CLUSTER
 flops_rank = 2 * LONG["batch"] * LONG["heads"] * LONG["seq_len"] ** 2 * LONG["head_dim"]
 predictions = []
 print(f"{'n':>3} {'link':>10} {'ring MB':>8} {'Ulysses MB':>10} {'compute ms':>10} "

@@ -68,7 +68,7 @@ from minidist.parallel.expert.dispatch import (
     allreduce_moe_grads,
     expert_parallel_gpt,
 )
-from minidist.parallel.mesh.plan_3d import CLUSTER
+from minidist.parallel.mesh.plan_inputs import CLUSTER
 from minidist.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
 
 narrate()  # run as a script: the text below is printed between the outputs
@@ -634,7 +634,7 @@ for top_k in CASES:   # what the text below says of this run
 # pairwise all_to_all twice (dispatch and combine; the counts' few bytes
 # left out) against the ring all_reduce once, for one pass of one layer.
 # The shapes of a large model: width 4096, 4096 tokens a rank, 2-byte
-# values, on the links between nodes of `plan_3d.CLUSTER` (10 us a message,
+# values, on the links between nodes of `plan_inputs.CLUSTER` (10 us a message,
 # 25 GB/s):
 
 # %%

@@ -255,7 +255,7 @@ def _cmd_predict(args) -> int:
 
 
 def _cmd_plan(args) -> int:
-    from minidist.parallel.mesh.plan_3d import plan_command
+    from minidist.parallel.mesh.plan_command import plan_command
 
     return plan_command(args)
 

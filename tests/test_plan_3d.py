@@ -14,8 +14,9 @@ from minidist.alpha_beta import Params
 from minidist.distributed.simulator import simulate
 from minidist.models.gpt import GPT, GPTConfig
 from minidist.parallel.data.costs import zero_bytes_per_step, zero_model_state_bytes
-from minidist.parallel.mesh import plan_3d
-from minidist.parallel.mesh.plan_3d import CLUSTER, GPTShape, Machine, Plan, predict_step
+from minidist.parallel.mesh import choose_plan, plan_3d
+from minidist.parallel.mesh.plan_3d import predict_step
+from minidist.parallel.mesh.plan_inputs import CLUSTER, GPTShape, Machine, Plan
 from minidist.parallel.pipeline.schedules import UNIT_NS, make_schedule
 from minidist.parallel.pipeline.simulate import (
     bubble_fraction,
@@ -218,18 +219,18 @@ def replace_node(machine: Machine, node_size: int) -> Machine:
 
 
 def test_factorisations():
-    found = plan_3d.factorisations(16, node_size=4)
+    found = choose_plan.factorisations(16, node_size=4)
     assert all(dp * tp * pp == 16 and 4 % tp == 0 for dp, tp, pp in found)
     # tp 1: pp in 1, 2, 4, 8, 16; tp 2: 1, 2, 4, 8; tp 4: 1, 2, 4.
     assert len(found) == len(set(found)) == 12
 
 
 def test_compare_plans_filters_by_memory_and_ranks_by_time():
-    everything = plan_3d.compare_plans(SMALL, 16, MACHINE)
+    everything = choose_plan.compare_plans(SMALL, 16, MACHINE)
     assert not everything.too_big
     memories = sorted(step.memory_total for step in everything.ranked)
     limit = memories[len(memories) // 2]
-    compared = plan_3d.compare_plans(SMALL, 16, MACHINE, memory_limit=limit)
+    compared = choose_plan.compare_plans(SMALL, 16, MACHINE, memory_limit=limit)
     assert compared.ranked and compared.too_big
     assert all(step.memory_total <= limit for step in compared.ranked)
     assert all(step.memory_total > limit for step in compared.too_big)
@@ -249,12 +250,12 @@ def test_playbook_grows_tp_within_the_node_then_pp():
     # Just under what tp 4 needs: the Playbook must go on to pipeline stages.
     limit = (memory[(4, 1)] + memory[(4, 2)]) / 2
     assert memory[(4, 2)] <= limit < memory[(4, 1)]
-    choice = plan_3d.playbook_plan(model, 16, MACHINE, memory_limit=limit)
+    choice = choose_plan.playbook_plan(model, 16, MACHINE, memory_limit=limit)
     assert (choice.step.plan.dp, choice.step.plan.tp, choice.step.plan.pp) == (2, 4, 2)
     assert [d.split(":")[0] for d in choice.decisions if d.startswith("grow")] == [
         "grow tensor parallelism within the node", "grow tensor parallelism within the node",
         "grow pipeline stages across nodes (tp is at the node's size)"]
-    nothing = plan_3d.playbook_plan(model, 16, MACHINE, memory_limit=1.0)
+    nothing = choose_plan.playbook_plan(model, 16, MACHINE, memory_limit=1.0)
     assert nothing.step is None and "nothing fits" in nothing.decisions[-1]
 
 

@@ -8,10 +8,14 @@ Each exercise is one module here holding its reference solution and how to
 check a student's version (:class:`~.exercise.Exercise`); its skeleton is
 ``skeletons/NAME.py``. The checkers: :mod:`.collective_check` for the
 collectives (simulator, real processes, traffic against the cost formula,
-deadlocks as a wait-for chain), :mod:`.schedule_check` for pipeline
-schedules, and the exercise modules themselves for the rest. The command
-runs a check in a supervised child process (:mod:`.supervised`), so that
-the student's code can neither end it with a false pass nor hold it.
+deadlocks as a wait-for chain), :mod:`.process_check` for the rest that
+runs on real processes (a strategy's step, a split layer, and the
+transformer exercises, whose student's function runs inside a layer of its
+own module: :mod:`.attention_shard`, :mod:`.dispatch_layer`,
+:mod:`.merge_recorder`), the pipeline simulator for a schedule
+(:mod:`.one_f_one_b`). The command runs a check in a supervised child
+process (:mod:`.supervised`), so that the student's code can neither end
+it with a false pass nor hold it.
 """
 
 from __future__ import annotations

@@ -19,14 +19,14 @@ outputs come back:
 
 The student writes ``moe_dispatch(x, choices, kept, n_expert, experts)``,
 steps 1 to 5; the router, the capacity, the experts and the gating around
-it are the layer's own (an :class:`~minidist.parallel.expert.dispatch.ExpertParallelMoE`
-whose ``experts_on`` calls it). Checked on real processes (2 and 4 ranks,
-shared memory, float64, one launch per world size with both cases inside:
-top-1 and top-2 routing, capacity tight enough that choices are dropped)
-against the one-process MoE on each rank's tokens: what each rank's experts
-were given (which rows, through which expert), what the student returns
-(every kept choice's expert output, zeros for a dropped one) and the
-layer's output. The outputs only: the function works on arrays, so no
+it are the layer's own (:class:`~.dispatch_layer.StudentDispatch`). Checked
+on real processes (2 and 4 ranks, float64:
+:func:`~.process_check.check_beside_reference`; top-1 and top-2 routing,
+capacity tight enough that choices are dropped) against the one-process MoE
+on each rank's tokens (:func:`~.dispatch_layer.one_process`): what each
+rank's experts were given (which rows, through which expert), what the
+student returns (every kept choice's expert output, zeros for a dropped
+one) and the layer's output. The outputs only: the function works on arrays, so no
 gradient flows through it (the backward is the same two all_to_alls
 transposed, :func:`~minidist.parallel.expert.dispatch.all_to_all_rows`).
 A wrong split size, rows in routing order, a missing combine, split sizes
@@ -41,26 +41,27 @@ import re
 import numpy as np
 
 import minidist.distributed as dist
-from minidist import trace
-from minidist.exercises.exercise import (
-    CheckResult,
-    Exercise,
-    Failure,
-    NotWrittenYet,
-    describe_error,
+from minidist.exercises.dispatch_layer import StudentDispatch, one_process, whose_row
+from minidist.exercises.exercise import Exercise, Failure
+from minidist.exercises.process_check import (
+    check_beside_reference,
+    replay_of_calls,
+    same,
+    traced_calls,
 )
-from minidist.exercises.process_check import launch_checked
 from minidist.models.gpt import GPTConfig
-from minidist.models.moe import MoE, route, run_experts
-from minidist.parallel.expert.dispatch import ExpertParallelMoE
-from minidist.tensor import Tensor, no_grad
+from minidist.models.moe import MoE
+from minidist.tensor import Tensor
 
-WORLD_SIZES = (2, 4)
-TRANSPORT = "shm"
 #: E experts of width C, N tokens per rank; (top_k, capacity_factor) per case
 EXPERTS, WIDTH, TOKENS = 8, 8, 12
 CASES = ((1, 1.0), (2, 1.0))
 SEED = 19
+#: what a check that passes has held
+PASSED = (f", {EXPERTS} experts, top-1 and top-2 with dropped choices: every rank's experts got "
+          "exactly their tokens' rows",
+          "every kept choice got its expert's output back (zeros for the dropped), and every "
+          "rank's layer output equals the one-process MoE's")
 
 
 def moe_dispatch(x, choices, kept, n_expert, experts):
@@ -91,7 +92,7 @@ def moe_dispatch(x, choices, kept, n_expert, experts):
     return out
 
 
-# --------------------------------------------------------------------------- the layer
+# --------------------------------------------------------------------------- the cases
 
 
 def _problem(case: int, rank: int):
@@ -105,101 +106,35 @@ def _problem(case: int, rank: int):
     return moe, tokens
 
 
-class _StudentDispatch(ExpertParallelMoE):
-    """This rank's share of the MoE, whose dispatch and combine are the
-    student's function: it gets the routing and the rows, and an
-    ``experts(rows, local_expert)`` that runs this rank's experts (and
-    records what they were given, for the checker)."""
-
-    def __init__(self, moe, function):
-        super().__init__(moe)
-        self.function, self.arrivals, self.answer, self.ran = function, [], None, False
-
-    def forward(self, x):
-        self.tokens = np.array(x.data if isinstance(x, Tensor) else x, dtype=np.float64)
-        return super().forward(x)
-
-    def run_local(self, rows, local_expert):
-        local = self.expert_stop - self.expert_start
-        rows = np.asarray(rows)
-        local_expert = np.asarray(local_expert)
-        if rows.ndim != 2 or rows.shape[1] != self.tokens.shape[1]:
-            raise ValueError(f"experts(rows, local_expert) needs rows of shape (M, "
-                             f"{self.tokens.shape[1]}), the rows that arrived here; got "
-                             f"{rows.shape}")
-        if local_expert.shape != (rows.shape[0],) or local_expert.size and (
-                not np.issubdtype(local_expert.dtype, np.integer)
-                or local_expert.min() < 0 or local_expert.max() >= local):
-            raise ValueError(f"experts(rows, local_expert) needs one int per row, 0 to "
-                             f"{local - 1}: this rank's experts {self.expert_start}.."
-                             f"{self.expert_stop - 1} counted from 0; got {local_expert!r:.80}")
-        with no_grad():
-            outputs = np.array(run_experts(self.experts, Tensor(rows.astype(np.float64)),
-                                           local_expert).data)
-        self.arrivals.append((rows.copy(), local_expert.copy(), outputs.copy()))
-        self.ran = True
-        return outputs
-
-    def experts_on(self, rows, expert):
-        probs = self.router(Tensor(self.tokens)).softmax(axis=-1).data
-        routing = route(probs, self.top_k, self.capacity_factor)   # the forward's own routing
-        try:
-            answer = self.function(self.tokens.copy(), routing.choices.copy(),
-                                   routing.kept.copy(), self.n_expert, self.run_local)
-        except NotWrittenYet:
-            raise
-        except Exception as error:
-            stage = ("in the combine (after your experts ran)" if self.ran
-                     else "in the dispatch (before your experts ran)")
-            raise RuntimeError(f"{stage}: {describe_error(error)}") from error
-        self.answer = None if answer is None else np.array(answer, dtype=np.float64)
-        token, which = routing.order()
-        wanted = routing.choices.shape + (self.tokens.shape[1],)
-        if self.answer is None or self.answer.shape != wanted:
-            return Tensor(np.zeros((token.size, self.tokens.shape[1])))  # told by the checker
-        return Tensor(self.answer[token, which])
-
-
-def _worker(function):
-    rank = dist.get_rank()
-    results = []
-    for run, solution in (("yours", function), ("reference", moe_dispatch)):
-        with trace.region(run):   # the reference in the same launch: its trace, for the replay
-            for case in range(len(CASES)):
-                moe, tokens = _problem(case, rank)
-                layer = _StudentDispatch(moe, solution)
-                with trace.region(f"case {case}"):
-                    y = layer(Tensor(tokens))
-                if run == "yours":
-                    results.append((np.array(y.data), layer.answer, layer.arrivals))
-    return results
+def _run(solution, case):
+    """This rank's (layer output, what the solution returned, what its experts were given)."""
+    moe, tokens = _problem(case, dist.get_rank())
+    layer = StudentDispatch(moe, solution)
+    y = layer(Tensor(tokens))
+    return np.array(y.data), layer.answer, layer.arrivals
 
 
 # --------------------------------------------------------------------------- the check
 
 
-def check(function, **options) -> CheckResult:
-    report = CheckResult("moe_dispatch")
-    for n in WORLD_SIZES:
-        run, failure = launch_checked(_worker, n, (function,), "moe_dispatch",
-                                      transport=TRANSPORT, events=True)
-        if failure is not None:
-            report.failure = _explain(failure)
-            return report
-        results, events = run
-        for case in range(len(CASES)):
-            failure, call = _compare(n, case, [result[case] for result in results])
-            if failure is not None:
-                report.failure = failure
-                report.replay = _replay(n, events, case, call, failure)
-                return report
-    report.passed.append(
-        f"real processes ({TRANSPORT}, float64), {' and '.join(map(str, WORLD_SIZES))} ranks, "
-        f"{EXPERTS} experts, top-1 and top-2 with dropped choices: every rank's experts got "
-        "exactly their tokens' rows")
-    report.passed.append("every kept choice got its expert's output back (zeros for the "
-                         "dropped), and every rank's layer output equals the one-process MoE's")
-    return report
+def check(function, **options):
+    return check_beside_reference("moe_dispatch", _run, function, moe_dispatch, "moe_dispatch",
+                                  _judge, PASSED, cases=len(CASES), explain=_explain)
+
+
+def _judge(n, case, results, events):
+    """The first thing wrong, and the replay of the student's all_to_all it
+    points at (call 1: the rows, 2: the rows back) beside the reference's."""
+    failure, call = _compare(n, case, results)
+    if failure is None or call is None:
+        return None if failure is None else (failure, None)
+    mine, theirs = (traced_calls(events, run, f"case {case}") for run in ("yours", "reference"))
+    if call >= min(len(mine), len(theirs)):
+        return failure, None
+    what = ("the dispatch (the rows to their experts' ranks)" if call == 1
+            else "the combine (the outputs back)")
+    return failure, replay_of_calls(n, events, mine[call], theirs[call], 1,
+                                    f"your all_to_all {call + 1}, {what}: {failure.kind}")
 
 
 _SPLITS = re.compile(r"(input|output)_split_sizes=\[([\d, ]*)\] sum to (\d+) rows, but dim 0 "
@@ -232,31 +167,6 @@ def _explain(failure: Failure) -> Failure:
         "each summing to its array's rows. " + text), rank=failure.rank)
 
 
-def _one_process(case: int, n: int):
-    """Per rank: (tokens, routing, the layer's output, each choice's expert output)."""
-    found = []
-    for rank in range(n):
-        moe, tokens = _problem(case, rank)
-        with no_grad():
-            y = np.array(moe(Tensor(tokens)).data)
-            routing = moe.routing
-            outputs = np.zeros(routing.choices.shape + (WIDTH,))
-            for t, w in zip(*np.nonzero(routing.kept)):
-                expert = moe.experts[int(routing.choices[t, w])]
-                outputs[t, w] = expert(Tensor(tokens[t:t + 1])).data[0]
-        found.append((tokens, routing, y, outputs))
-    return found
-
-
-def _whose(row, wanted):
-    """(rank, token) of the token whose row ``row`` is, or None."""
-    for rank, (tokens, *_) in enumerate(wanted):
-        hit = np.flatnonzero(np.all(tokens == row, axis=1))
-        if hit.size:
-            return rank, int(hit[0])
-    return None
-
-
 def _sorted_rows(rows):
     return rows[np.lexsort(rows.T[::-1])] if len(rows) else rows
 
@@ -264,7 +174,9 @@ def _sorted_rows(rows):
 def _compare(n, case, results):
     """The first thing wrong, stage by stage; (Failure, the student's call to replay)."""
     top_k, factor = CASES[case]
-    wanted = _one_process(case, n)
+    # per rank: (tokens, routing, the layer's output, each choice's expert output)
+    wanted = [(tokens, *one_process(moe, tokens))
+              for moe, tokens in (_problem(case, rank) for rank in range(n))]
     local = EXPERTS // n
     what = f"on {n} ranks (top-{top_k}, capacity factor {factor})"
     for rank, (_, _, arrivals) in enumerate(results):
@@ -273,43 +185,28 @@ def _compare(n, case, results):
                 f"{what}: rank {rank} called experts(rows, local_expert) {len(arrivals)} times: "
                 "call it once, on every row that arrived"), rank=rank), None
         rows, local_expert, _ = arrivals[0]
-        expected = {e: [] for e in range(local)}
-        for tokens, routing, _, _ in wanted:
-            for t, w in zip(*np.nonzero(routing.kept)):
-                e = int(routing.choices[t, w])
-                if e // local == rank:
-                    expected[e % local].append(tokens[t])
-        all_expected = np.array([row for e in range(local) for row in expected[e]]).reshape(-1,
-                                                                                          WIDTH)
-        if rows.shape[0] != all_expected.shape[0]:
+        expected = [np.array([tokens[t] for tokens, routing, _, _ in wanted
+                              for t, w in zip(*np.nonzero(routing.kept))
+                              if routing.choices[t, w] == rank * local + e]).reshape(-1, WIDTH)
+                    for e in range(local)]
+        every = np.concatenate(expected)
+        if rows.shape[0] != every.shape[0]:
             return Failure("wrong rows", (
                 f"{what}: rank {rank}'s experts were given {rows.shape[0]} rows, but "
-                f"{all_expected.shape[0]} kept choices name its experts "
+                f"{every.shape[0]} kept choices name its experts "
                 f"{rank * local}..{rank * local + local - 1}"), rank=rank), 1
-        same_set = np.array_equal(_sorted_rows(rows), _sorted_rows(all_expected))
-        for e in range(local):
-            mine = rows[local_expert == e]
-            want = np.array(expected[e]).reshape(-1, WIDTH)
+        for e, want in enumerate(expected):
+            mine, expert = rows[local_expert == e], rank * local + e
             if mine.shape == want.shape and np.array_equal(_sorted_rows(mine), _sorted_rows(want)):
                 continue
-            expert = rank * local + e
             stray = next((row for row in mine if not any(np.array_equal(row, w) for w in want)),
                          None)
             if stray is None:
                 return Failure("wrong rows", (
                     f"{what}: rank {rank} ran {len(mine)} rows through expert {expert}, but "
                     f"{len(want)} kept choices name it"), rank=rank), 1
-            owner = _whose(stray, wanted)
-            if owner is None:
-                told = "one of them is no token's row at all"
-            else:
-                source, token = owner
-                routing = wanted[source][1]
-                kept = [int(c) for c, k in zip(routing.choices[token], routing.kept[token]) if k]
-                told = (f"one of them is token {token} of rank {source}, which rank {source} "
-                        f"routed to expert{'s' if len(kept) != 1 else ''} "
-                        f"{', '.join(map(str, kept)) or 'none (all its choices dropped)'}")
-            if same_set:
+            told = _told_whose(stray, wanted)
+            if np.array_equal(_sorted_rows(rows), _sorted_rows(every)):
                 return Failure("wrong expert", (
                     f"{what}: rank {rank} received the right rows but ran some through the wrong "
                     f"expert: of the rows it ran through expert {expert}, {told}. The rows "
@@ -322,89 +219,77 @@ def _compare(n, case, results):
                 "0, the next input_split_sizes[1] to rank 1, and so on: group the rows by "
                 "destination (sort the kept choices by expert, stably) before sending, not in "
                 "routing order"), rank=rank), 1
-    for rank, (y, answer, arrivals) in enumerate(results):
-        tokens, routing, y_want, outputs = wanted[rank]
-        rows, _, computed = arrivals[0]
-        if answer is None or answer.shape != outputs.shape:
-            got = "None" if answer is None else f"shape {answer.shape}"
-            if answer is not None and answer.shape == computed.shape and \
-                    np.array_equal(answer, computed):
-                return Failure("missing combine", (
-                    f"{what}: rank {rank} returned {got}, the outputs of its own experts for "
-                    f"the {computed.shape[0]} rows that arrived here (from every rank), not its "
-                    "tokens' outputs: the combine is missing. Send them back to where they came "
-                    "from, an all_to_all_single with the split sizes swapped, and put each row "
-                    f"back at its (token, choice): an array of shape {outputs.shape}"),
-                    rank=rank), None
-            return Failure("wrong shape", (
-                f"{what}: rank {rank} returned {got}, expected shape {outputs.shape}: "
-                "(tokens, k, C), each kept choice's expert output, zeros for a dropped one"),
-                rank=rank), None
-        for t, w in np.ndindex(routing.choices.shape):
-            got, want = answer[t, w], outputs[t, w]
-            if np.allclose(got, want, rtol=1e-9, atol=1e-12):
-                continue
-            if not routing.kept[t, w]:
-                return Failure("wrong result", (
-                    f"{what}: rank {rank}'s choice {w} of token {t} was dropped (its expert "
-                    "was full), but you return an output for it: a dropped choice is not sent, "
-                    "and gets zeros"), rank=rank), 2
-            if any(np.allclose(got, row, rtol=1e-9, atol=1e-12)
-                   for row in outputs.reshape(-1, WIDTH)):
-                return Failure("wrong place", (
-                    f"{what}: rank {rank}'s token {t}, choice {w} holds the output of another "
-                    "of its choices: the outputs come back in the order you sent the rows "
-                    "(grouped by destination); put row a back at the choice you sent as row a "
-                    "(undo the grouping)"), rank=rank), 2
-            if any(np.allclose(got, row, rtol=1e-9, atol=1e-12) for row, given in zip(computed, rows)
-                   if (_whose(given, wanted) or (rank,))[0] != rank):
-                return Failure("missing combine", (
-                    f"{what}: rank {rank}'s token {t}, choice {w} (expert "
-                    f"{routing.choices[t, w]}) holds an output its own experts computed for a "
-                    "row that arrived here: the combine is missing. The outputs go back to "
-                    "their sources, an all_to_all_single with the split sizes swapped"),
-                    rank=rank), 2
-            return Failure("wrong result", (
-                f"{what}: rank {rank}'s token {t}, choice {w} (expert "
-                f"{routing.choices[t, w]}): element 0 is {got[0]:.6g}, expected "
-                f"{want[0]:.6g}"), rank=rank), 2
-        if not np.allclose(y, y_want, rtol=1e-9, atol=1e-12):
-            return Failure("wrong result", (
-                f"{what}: rank {rank}'s layer output differs from the one-process MoE's on "
-                "its tokens"), rank=rank), None
+    for rank, result in enumerate(results):
+        failure, call = _check_answer(what, rank, result, wanted)
+        if failure is not None:
+            return failure, call
     return None, None
 
 
-def _collectives(events, run: str, case: int) -> list[dict]:
-    """Rank 0's collective events of ``run``'s case ``case``, in order."""
-    own = sorted((e for e in events if e["rank"] == 0), key=lambda e: e["start"])
-    outer = next(e for e in own if e["kind"] == "compute" and e["label"] == run)
-    inner = next(e for e in own if e["kind"] == "compute" and e["label"] == f"case {case}"
-                 and outer["start"] <= e["start"] <= outer["end"])
-    return [e for e in own if e["kind"] == "collective"
-            and inner["start"] <= e["start"] and e["end"] <= inner["end"]]
+def _told_whose(row, wanted) -> str:
+    owner = whose_row(row, [tokens for tokens, *_ in wanted])
+    if owner is None:
+        return "one of them is no token's row at all"
+    source, token = owner
+    routing = wanted[source][1]
+    kept = [int(c) for c, k in zip(routing.choices[token], routing.kept[token]) if k]
+    return (f"one of them is token {token} of rank {source}, which rank {source} "
+            f"routed to expert{'s' if len(kept) != 1 else ''} "
+            f"{', '.join(map(str, kept)) or 'none (all its choices dropped)'}")
 
 
-def _call_events(events, call: int) -> list[dict]:
-    return [e for e in events if e.get("group", 0) == 0 and e["kind"] != "compute"
-            and trace.label_info(e.get("label") or "").get("call") == call]
-
-
-def _replay(n, events, case, index, failure):
-    """The student's ``index``-th all_to_all (1: the rows, 2: the rows back)
-    beside the reference's; None without one."""
-    if index is None:
-        return None
-    mine, theirs = _collectives(events, "yours", case), _collectives(events, "reference", case)
-    if index >= len(mine) or index >= len(theirs):
-        return None
-    yours, reference = (trace.label_info(calls[index]["label"]) for calls in (mine, theirs))
-    what = ("the dispatch (the rows to their experts' ranks)" if index == 1
-            else "the combine (the outputs back)")
-    return {"world_size": n, "count": int(yours.get("count", 0)),
-            "student": _call_events(events, yours["call"]),
-            "reference": _call_events(events, reference["call"]), "first_difference": 1,
-            "difference": f"your all_to_all {index + 1}, {what}: {failure.kind}"}
+def _check_answer(what, rank, result, wanted):
+    """What rank ``rank``'s solution returned, and its layer's output; (Failure, call)."""
+    y, answer, arrivals = result
+    tokens, routing, y_want, outputs = wanted[rank]
+    rows, _, computed = arrivals[0]
+    if answer is None or answer.shape != outputs.shape:
+        got = "None" if answer is None else f"shape {answer.shape}"
+        if answer is not None and answer.shape == computed.shape and \
+                np.array_equal(answer, computed):
+            return Failure("missing combine", (
+                f"{what}: rank {rank} returned {got}, the outputs of its own experts for "
+                f"the {computed.shape[0]} rows that arrived here (from every rank), not its "
+                "tokens' outputs: the combine is missing. Send them back to where they came "
+                "from, an all_to_all_single with the split sizes swapped, and put each row "
+                f"back at its (token, choice): an array of shape {outputs.shape}"),
+                rank=rank), None
+        return Failure("wrong shape", (
+            f"{what}: rank {rank} returned {got}, expected shape {outputs.shape}: "
+            "(tokens, k, C), each kept choice's expert output, zeros for a dropped one"),
+            rank=rank), None
+    for t, w in np.ndindex(routing.choices.shape):
+        got, want = answer[t, w], outputs[t, w]
+        if same(got, want):
+            continue
+        if not routing.kept[t, w]:
+            return Failure("wrong result", (
+                f"{what}: rank {rank}'s choice {w} of token {t} was dropped (its expert "
+                "was full), but you return an output for it: a dropped choice is not sent, "
+                "and gets zeros"), rank=rank), 2
+        if any(same(got, row) for row in outputs.reshape(-1, WIDTH)):
+            return Failure("wrong place", (
+                f"{what}: rank {rank}'s token {t}, choice {w} holds the output of another "
+                "of its choices: the outputs come back in the order you sent the rows "
+                "(grouped by destination); put row a back at the choice you sent as row a "
+                "(undo the grouping)"), rank=rank), 2
+        if any(same(got, row) for row, given in zip(computed, rows)
+               if (whose_row(given, [tokens for tokens, *_ in wanted]) or (rank,))[0] != rank):
+            return Failure("missing combine", (
+                f"{what}: rank {rank}'s token {t}, choice {w} (expert "
+                f"{routing.choices[t, w]}) holds an output its own experts computed for a "
+                "row that arrived here: the combine is missing. The outputs go back to "
+                "their sources, an all_to_all_single with the split sizes swapped"),
+                rank=rank), 2
+        return Failure("wrong result", (
+            f"{what}: rank {rank}'s token {t}, choice {w} (expert "
+            f"{routing.choices[t, w]}): element 0 is {got[0]:.6g}, expected "
+            f"{want[0]:.6g}"), rank=rank), 2
+    if not same(y, y_want):
+        return Failure("wrong result", (
+            f"{what}: rank {rank}'s layer output differs from the one-process MoE's on "
+            "its tokens"), rank=rank), None
+    return None, None
 
 
 EXERCISE = Exercise(

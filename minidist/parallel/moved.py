@@ -69,7 +69,10 @@ MOVED = {
                                              "minidist.parallel.pipeline.simulate",
                                              "minidist.parallel.pipeline.labels"),
     "minidist.parallel.gpt_3d": ("minidist.parallel.mesh.gpt_3d",),
-    "minidist.parallel.plan_3d": ("minidist.parallel.mesh.plan_3d",),
+    "minidist.parallel.plan_3d": ("minidist.parallel.mesh.plan_3d",
+                                  "minidist.parallel.mesh.plan_inputs",
+                                  "minidist.parallel.mesh.choose_plan",
+                                  "minidist.parallel.mesh.plan_command"),
 }
 
 #: names that were replaced, not moved: (old path, name) -> what stands in

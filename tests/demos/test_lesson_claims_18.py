@@ -13,7 +13,7 @@ import pytest
 from minidist.parallel.context.costs import ring_attention_bytes, ulysses_bytes
 from minidist.parallel.context.ring_attention import merge
 from minidist.parallel.context.split import block_work
-from minidist.parallel.mesh import plan_3d
+from minidist.parallel.mesh import plan_inputs
 
 
 def _softmax_attention(scores, values):
@@ -91,7 +91,7 @@ def test_a_ring_step_hides_its_message_from_a_block_of_f_s_beta_positions(link):
     """Section 4: a ring step's arithmetic (causal, zig-zag: 2 B H T^2 D / n^2
     flops) outlasts its message (2 B H (T/n) D s bytes, beta alone) exactly
     when T/n >= F s beta; a shorter context stops hiding at fewer ranks."""
-    machine = plan_3d.CLUSTER
+    machine = plan_inputs.CLUSTER
     beta = getattr(machine, link).beta
     B, H, D, s = 1, 32, 128, 2
     threshold = machine.flops * s * beta

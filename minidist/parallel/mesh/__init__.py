@@ -3,8 +3,12 @@
 Read in this order:
 
 1. :mod:`.gpt_3d`: the GPT on a dp x tp x pp mesh, equal to one process;
-2. :mod:`.plan_3d`: a 3D plan's step time and memory predicted for large
-   meshes, and which dp x tp x pp to choose (``minidist plan``).
+2. :mod:`.plan_inputs`: what a 3D plan's prediction is given: the GPT's
+   shape, the machine, the plan;
+3. :mod:`.plan_3d`: one step's time and memory predicted for large meshes;
+4. :mod:`.choose_plan`: which dp x tp x pp to choose: every one compared,
+   or the Ultra-Scale Playbook's order;
+5. :mod:`.plan_command`: ``minidist plan``, which prints them.
 
 From other families, through their faces: the tensor family's GPT pieces
 (:mod:`minidist.parallel.tensor`) and the pipeline family's runtime and
@@ -13,6 +17,14 @@ simulator (:mod:`minidist.parallel.pipeline`).
 
 from __future__ import annotations
 
+from minidist.parallel.mesh.choose_plan import (  # noqa: F401
+    PlanComparison,
+    PlaybookChoice,
+    compare_plans,
+    factorisations,
+    format_table,
+    playbook_plan,
+)
 from minidist.parallel.mesh.gpt_3d import (  # noqa: F401
     GPT3D,
     MESH_DIMS,
@@ -21,24 +33,20 @@ from minidist.parallel.mesh.gpt_3d import (  # noqa: F401
     stage_blocks,
 )
 from minidist.parallel.mesh.plan_3d import (  # noqa: F401
+    CollectiveCost,
+    StepPrediction,
+    parameters_per_rank,
+    peak_live,
+    predict_step,
+)
+from minidist.parallel.mesh.plan_command import plan_command  # noqa: F401
+from minidist.parallel.mesh.plan_inputs import (  # noqa: F401
     CLUSTER,
     DROPOUT_MASK_BYTES,
     ZERO_COLLECTIVES,
-    CollectiveCost,
     GPTShape,
     Machine,
     Plan,
-    PlanComparison,
-    PlaybookChoice,
-    StepPrediction,
-    compare_plans,
-    factorisations,
-    format_table,
-    parameters_per_rank,
-    peak_live,
-    plan_command,
-    playbook_plan,
-    predict_step,
     why_not,
 )
 

@@ -5,19 +5,18 @@ predicted from the pieces the course already has: the FLOPs of the model,
 the cost model's formula of each collective (:mod:`minidist.costmodel`), the
 pipeline schedule run on its virtual clock
 (:func:`~minidist.parallel.pipeline.simulate.simulate_schedule`) and ZeRO's
-byte counts (:mod:`minidist.parallel.data.zero`). ::
+byte counts (:mod:`minidist.parallel.data.zero`). The model, the machine
+and the plan it is given are :mod:`.plan_inputs`'s shapes; choosing among
+plans is :mod:`.choose_plan`'s. ::
 
-    from minidist.parallel import plan_3d
-    gpt = plan_3d.GPTShape(n_layer=32, n_embd=4096, n_head=32, vocab_size=50304,
-                           seq_len=4096, global_batch=1024, micro_batch=1)
-    step = plan_3d.predict_step(gpt, plan_3d.Plan(dp=8, tp=8, pp=16))
+    from minidist.parallel.mesh import GPTShape, Plan, predict_step
+    gpt = GPTShape(n_layer=32, n_embd=4096, n_head=32, vocab_size=50304,
+                   seq_len=4096, global_batch=1024, micro_batch=1)
+    step = predict_step(gpt, Plan(dp=8, tp=8, pp=16))
     print(step)                                    # the breakdown, and memory per rank
-    plans = plan_3d.compare_plans(gpt, 1024, memory_limit=80e9)
-    print(plans)                                   # every dp x tp x pp that fits, fastest first
-    print(plan_3d.playbook_plan(gpt, 1024, memory_limit=80e9))  # the Playbook's order
 
-or ``minidist plan --ranks 1024 --memory 80GB`` (``--mesh 8x8x16``: one plan's
-breakdown).
+or ``minidist plan --mesh 8x8x16`` (``--ranks 1024 --memory 80GB``: every
+plan compared).
 
 The mesh is laid out as torch's ``init_device_mesh(..., (pp, dp, tp))``
 (row-major, tp the fastest index, as Megatron-LM and torchtitan place it),
@@ -103,8 +102,7 @@ step is ``makespan + dp_comm`` (the optimizer's update left out).
 never stops its rank): TP's and DP's collectives add to the step.
 
 Costs: one :func:`predict_step` runs the schedule's 2 m p computations and
-2 m (p v - 1) messages on the clock, and a formula per collective;
-:func:`compare_plans` one prediction per factorisation of the ranks.
+2 m (p v - 1) messages on the clock, and a formula per collective.
 """
 
 from __future__ import annotations
@@ -112,205 +110,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from minidist import costmodel
-from minidist.alpha_beta import Params, parse_bandwidth, parse_size
-from minidist.parallel.pipeline.schedules import BACKWARD, FORWARD, UNIT_NS, make_schedule
-from minidist.parallel.pipeline.simulate import simulate_schedule
-
-#: Bytes of one dropout mask entry (a byte per element, as Megatron keeps them).
-DROPOUT_MASK_BYTES = 1
-
-#: ZeRO's collectives on the dp group, per stage, as :mod:`minidist.parallel.data.zero` makes them.
-ZERO_COLLECTIVES = {
-    0: ("all_reduce",),
-    1: ("all_reduce", "all_gather"),
-    2: ("reduce_scatter", "all_gather"),
-    3: ("reduce_scatter", "all_gather", "all_gather"),
-}
-
-
-# --------------------------------------------------------------------------- the model
-
-
-@dataclass(frozen=True)
-class GPTShape:
-    """What the prediction needs of a GPT (:class:`minidist.models.gpt.GPT`'s
-    shape) and of its batch: ``global_batch`` sequences of ``seq_len``
-    tokens per step, ``micro_batch`` sequences per pipeline micro-batch;
-    ``block_size`` rows of position embedding (default: ``seq_len``)."""
-
-    n_layer: int
-    n_embd: int
-    n_head: int
-    vocab_size: int
-    seq_len: int
-    global_batch: int
-    micro_batch: int = 1
-    bias: bool = True
-    block_size: int | None = None
-
-    def __post_init__(self):
-        for name in ("n_layer", "n_embd", "n_head", "vocab_size", "seq_len", "global_batch",
-                     "micro_batch"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"GPTShape: {name} must be a positive int, got {value!r}")
-        if self.block_size is not None and not (
-                isinstance(self.block_size, int) and self.block_size >= self.seq_len):
-            raise ValueError(f"GPTShape: block_size must be an int >= seq_len={self.seq_len} "
-                             f"(the positions a sequence uses), got {self.block_size!r}")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"GPTShape: n_embd={self.n_embd} must be a multiple of "
-                             f"n_head={self.n_head}")
-
-    @classmethod
-    def from_config(cls, config, global_batch: int, micro_batch: int = 1,
-                    seq_len: int | None = None) -> GPTShape:
-        """The shape of a :class:`~minidist.models.gpt.GPTConfig`'s model, trained
-        on windows of ``seq_len`` tokens (default: its ``block_size``)."""
-        return cls(config.n_layer, config.n_embd, config.n_head, config.vocab_size,
-                   seq_len or config.block_size, global_batch, micro_batch, config.bias,
-                   config.block_size)
-
-    @property
-    def positions(self) -> int:
-        """Rows of the position embedding."""
-        return self.seq_len if self.block_size is None else self.block_size
-
-    def block_parameters(self, tp: int = 1) -> int:
-        """One block's parameters on one of ``tp`` ranks: 12 h^2 / t + 7 h / t + 6 h
-        with biases (c_attn's and c_fc's weights and biases, c_proj's weights
-        split; the c_proj biases and the two LayerNorms whole); 12 h^2 / t + 2 h
-        without."""
-        h = self.n_embd
-        if self.bias:
-            return (12 * h * h + 7 * h) // tp + 6 * h
-        return 12 * h * h // tp + 2 * h
-
-    def parameters(self) -> int:
-        """All parameters, the tied embedding once (``GPT.num_parameters()``)."""
-        h = self.n_embd
-        final_norm = 2 * h if self.bias else h
-        return (self.n_layer * self.block_parameters() + self.vocab_size * h
-                + self.positions * h + final_norm)
-
-    def matmul_parameters(self) -> int:
-        """N_mm = 12 L h^2 + V h: the weights that multiply every token."""
-        return 12 * self.n_layer * self.n_embd ** 2 + self.vocab_size * self.n_embd
-
-    def forward_flops_per_token(self) -> float:
-        """2 N_mm + 4 L s h."""
-        return 2 * self.matmul_parameters() + 4 * self.n_layer * self.seq_len * self.n_embd
-
-    def step_flops(self, recompute: bool = False) -> float:
-        """FLOPs of one step on the whole global batch: 3 (4 with
-        recomputation) forwards' worth per token."""
-        passes = 4 if recompute else 3
-        return passes * self.forward_flops_per_token() * self.global_batch * self.seq_len
-
-    def layer_activation_bytes(self, tp: int = 1, sequence_parallel: bool = False,
-                               recompute: bool = False, itemsize: int = 2,
-                               dropout: bool = False) -> float:
-        """Bytes one layer keeps for backward on one micro-batch (the module's
-        formulas); with ``recompute``, only its input."""
-        s, b, h, a, e, t = (self.seq_len, self.micro_batch, self.n_embd, self.n_head,
-                            itemsize, tp)
-        k = DROPOUT_MASK_BYTES if dropout else 0
-        sbh = s * b * h
-        if recompute:
-            return e * sbh / t if sequence_parallel else e * sbh
-        scores = a * s * s * b * (e + k * (e + 1)) / t
-        if sequence_parallel:
-            return sbh * (16 * e + 2 * k) / t + scores
-        return sbh * (4 * e + 2 * k) + 12 * e * sbh / t + scores
-
-
-# --------------------------------------------------------------------------- the machine
-
-
-@dataclass(frozen=True)
-class Machine:
-    """``flops``: FLOP/s one rank sustains on the model's matrix products;
-    ``intra``: the link between ranks of one node; ``inter``: between nodes;
-    ``node_size`` ranks per node."""
-
-    flops: float
-    intra: Params
-    inter: Params
-    node_size: int = 8
-
-    def link(self, span: int) -> Params:
-        """The link of a group whose ranks lie within ``span`` consecutive ranks."""
-        return self.intra if span <= self.node_size else self.inter
-
-    def link_name(self, span: int) -> str:
-        return "intra-node" if span <= self.node_size else "inter-node"
-
-
-#: A GPU cluster of today, its constants chosen, not measured (they are the
-#: arguments below): a rank sustains an H100's bf16 at about 40 % of its
-#: peak; NVLink joins the 8 ranks of a node, one InfiniBand port per GPU the
-#: nodes; links full duplex; reductions free (gamma 0: a GPU adds faster than
-#: a link brings the bytes).
-CLUSTER = Machine(flops=400e12,
-                  intra=Params(alpha=5e-6, beta=1 / 200e9),
-                  inter=Params(alpha=10e-6, beta=1 / 25e9),
-                  node_size=8)
-
-
-# --------------------------------------------------------------------------- a plan
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A mesh ``dp x tp x pp`` and how it runs: the pipeline ``schedule``
-    ("1f1b", "gpipe", "interleaved_1f1b") with ``virtual_stages`` chunks,
-    Megatron's ``sequence_parallel``, ZeRO's ``zero_stage`` on dp, full
-    activation ``recompute``."""
-
-    dp: int
-    tp: int
-    pp: int
-    schedule: str = "1f1b"
-    virtual_stages: int = 1
-    sequence_parallel: bool = False
-    zero_stage: int = 0
-    recompute: bool = False
-
-    @property
-    def ranks(self) -> int:
-        return self.dp * self.tp * self.pp
-
-    def __str__(self) -> str:
-        extras = [name for name, on in (("sp", self.sequence_parallel),
-                                         (f"zero{self.zero_stage}", self.zero_stage),
-                                         ("recompute", self.recompute),
-                                         (f"v{self.virtual_stages}", self.virtual_stages > 1))
-                  if on]
-        return f"dp{self.dp} tp{self.tp} pp{self.pp}" + "".join(f" {x}" for x in extras)
-
-
-def why_not(model: GPTShape, plan: Plan) -> str | None:
-    """Why ``plan`` cannot split ``model`` (None when it can)."""
-    for name in ("dp", "tp", "pp", "virtual_stages"):
-        value = getattr(plan, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            return f"{name} must be a positive int, got {value!r}"
-    if plan.zero_stage not in ZERO_COLLECTIVES:
-        return f"zero_stage must be 0, 1, 2 or 3, got {plan.zero_stage!r}"
-    if model.n_head % plan.tp:
-        return f"tp={plan.tp} does not divide the {model.n_head} heads"
-    if plan.sequence_parallel and model.seq_len % plan.tp:
-        return f"sequence parallelism: tp={plan.tp} does not divide seq_len={model.seq_len}"
-    pieces = plan.pp * plan.virtual_stages
-    if model.n_layer % pieces:
-        return f"pp x virtual_stages = {pieces} does not divide the {model.n_layer} layers"
-    if model.global_batch % (plan.dp * model.micro_batch):
-        return (f"dp x micro_batch = {plan.dp} x {model.micro_batch} does not divide the "
-                f"global batch of {model.global_batch} sequences")
-    return None
-
-
-# --------------------------------------------------------------------------- the prediction
+from minidist.parallel.mesh.plan_inputs import (
+    CLUSTER,
+    ZERO_COLLECTIVES,
+    GPTShape,
+    Machine,
+    Plan,
+    why_not,
+)
+from minidist.parallel.pipeline import (
+    BACKWARD,
+    FORWARD,
+    UNIT_NS,
+    make_schedule,
+    simulate_schedule,
+)
 
 
 @dataclass(frozen=True)
@@ -522,183 +336,3 @@ def _model_states(parameters: int, dp: int, zero_stage: int) -> dict:
     return {"parameters": 4 * parameters / shard["parameters"],
             "gradients": 4 * parameters / shard["gradients"],
             "optimizer_state": 8 * parameters / shard["optimizer_state"]}
-
-
-# --------------------------------------------------------------------------- comparing plans
-
-
-def factorisations(ranks: int, node_size: int = 8) -> list[tuple[int, int, int]]:
-    """Every (dp, tp, pp) with dp tp pp = ``ranks`` and tp within a node
-    (tp divides ``node_size``), tp then pp ascending."""
-    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
-        raise ValueError(f"factorisations: ranks must be a positive int, got {ranks!r}")
-    found = []
-    for tp in range(1, node_size + 1):
-        if node_size % tp or ranks % tp:
-            continue
-        for pp in range(1, ranks // tp + 1):
-            if (ranks // tp) % pp == 0:
-                found.append((ranks // (tp * pp), tp, pp))
-    return found
-
-
-@dataclass(frozen=True)
-class PlanComparison:
-    """What :func:`compare_plans` found: ``ranked`` (the plans that fit, fastest
-    first), ``too_big`` (those over the memory limit, smallest first),
-    ``impossible`` ((plan, why) for factorisations the model cannot take)."""
-
-    ranks: int
-    memory_limit: float | None
-    ranked: list
-    too_big: list
-    impossible: list
-
-    @property
-    def best(self) -> StepPrediction | None:
-        return self.ranked[0] if self.ranked else None
-
-    def __str__(self) -> str:
-        limit = "no limit" if self.memory_limit is None else f"{_gb(self.memory_limit)} a rank"
-        lines = [f"{self.ranks} ranks, {limit}: {len(self.ranked)} plans fit, "
-                 f"{len(self.too_big)} do not, {len(self.impossible)} cannot split the model"]
-        if self.ranked:
-            lines.append(format_table(self.ranked))
-        if self.too_big:
-            lines.append("over the memory limit: " + ", ".join(
-                f"{p.plan} ({_gb(p.memory_total)})" for p in self.too_big))
-        return "\n".join(lines)
-
-
-def format_table(predictions) -> str:
-    """A table of predictions: the plan, the step and its parts (ms), the memory."""
-    columns = ("plan", "step ms", "compute", "tp comm", "pp bubble", "dp comm", "GB a rank")
-    rows = [(str(p.plan), *(f"{getattr(p, name) * 1e3:,.1f}"
-                            for name in ("total", "compute", "tp_comm", "pp_bubble", "dp_comm")),
-             f"{p.memory_total / 1e9:,.1f}") for p in predictions]
-    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
-
-    def render(cells):
-        return "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
-                         for i, (cell, w) in enumerate(zip(cells, widths)))
-
-    return "\n".join([render(columns), render(["-" * w for w in widths])]
-                     + [render(r) for r in rows])
-
-
-def compare_plans(model: GPTShape, ranks: int, machine: Machine = CLUSTER,
-                  memory_limit: float | None = None, **options) -> PlanComparison:
-    """Predict every (dp, tp, pp) of :func:`factorisations` on ``machine``,
-    keep those whose fullest rank fits in ``memory_limit`` bytes, and rank
-    them by step time. ``options``: the rest of :class:`Plan`
-    (``schedule``, ``sequence_parallel``, ``zero_stage``, ...) for every plan,
-    and ``algorithm``, ``itemsize``, ``dropout`` of :func:`predict_step`."""
-    predict_options = {key: options.pop(key) for key in ("algorithm", "itemsize", "dropout")
-                       if key in options}
-    fitting, too_big, impossible = [], [], []
-    for dp, tp, pp in factorisations(ranks, machine.node_size):
-        plan = Plan(dp, tp, pp, **options)
-        why = why_not(model, plan)
-        if why is not None:
-            impossible.append((plan, why))
-            continue
-        step = predict_step(model, plan, machine, **predict_options)
-        (fitting if step.fits(memory_limit) else too_big).append(step)
-    fitting.sort(key=lambda p: p.total)
-    too_big.sort(key=lambda p: p.memory_total)
-    return PlanComparison(ranks, memory_limit, fitting, too_big, impossible)
-
-
-@dataclass(frozen=True)
-class PlaybookChoice:
-    """The plan :func:`playbook_plan` reached, and the decisions on the way."""
-
-    step: StepPrediction | None
-    decisions: list
-
-    def __str__(self) -> str:
-        return "\n".join(["the Playbook's order:"] + [f"  {d}" for d in self.decisions]
-                         + ([str(self.step)] if self.step else []))
-
-
-def playbook_plan(model: GPTShape, ranks: int, machine: Machine = CLUSTER,
-                  memory_limit: float | None = None, **options) -> PlaybookChoice:
-    """The Ultra-Scale Playbook's decision tree, in its order: first make a
-    step fit, with tensor parallelism within a node (tp doubled up to
-    ``node_size``), then with pipeline stages across nodes (pp doubled);
-    every rank left over goes to data parallelism, which grows the batch a
-    step processes at once. ``options`` as :func:`compare_plans`'s."""
-    predict_options = {key: options.pop(key) for key in ("algorithm", "itemsize", "dropout")
-                       if key in options}
-    decisions = []
-
-    def attempt(tp, pp):
-        if ranks % (tp * pp):
-            return None, f"tp{tp} pp{pp} does not divide {ranks} ranks"
-        plan = Plan(ranks // (tp * pp), tp, pp, **options)
-        why = why_not(model, plan)
-        if why is not None:
-            return None, f"{plan}: {why}"
-        step = predict_step(model, plan, machine, **predict_options)
-        if not step.fits(memory_limit):
-            return None, f"{plan}: {_gb(step.memory_total)} a rank, over the limit"
-        return step, f"{plan}: fits in {_gb(step.memory_total)} a rank"
-
-    tp, pp = 1, 1
-    while True:
-        step, said = attempt(tp, pp)
-        decisions.append(said)
-        if step is not None:
-            decisions.append(f"the remaining factor goes to data parallelism: dp{step.plan.dp}")
-            return PlaybookChoice(step, decisions)
-        if tp * 2 <= machine.node_size and ranks % (tp * 2 * pp) == 0 \
-                and model.n_head % (tp * 2) == 0:
-            tp *= 2
-            decisions.append(f"grow tensor parallelism within the node: tp{tp}")
-        elif ranks % (tp * pp * 2) == 0 and model.n_layer % (pp * 2) == 0:
-            pp *= 2
-            decisions.append(f"grow pipeline stages across nodes (tp is at the node's "
-                             f"size): pp{pp}")
-        else:
-            decisions.append("no more tp or pp to add: nothing fits")
-            return PlaybookChoice(None, decisions)
-
-
-# --------------------------------------------------------------------------- minidist plan
-
-
-def plan_command(args) -> int:
-    """``minidist plan``: with ``--mesh DPxTPxPP`` the breakdown of that plan;
-    otherwise every plan of ``--ranks`` compared, and the Playbook's choice
-    beside the best (the arguments: :mod:`minidist.cli`)."""
-    model = GPTShape(args.n_layer, args.n_embd, args.n_head, args.vocab, args.seq_len,
-                     args.global_batch, args.micro_batch)
-    machine = Machine(flops=args.tflops * 1e12,
-                      intra=Params(CLUSTER.intra.alpha, 1 / parse_bandwidth(args.intra)),
-                      inter=Params(CLUSTER.inter.alpha, 1 / parse_bandwidth(args.inter)),
-                      node_size=args.node_size)
-    options = {"schedule": args.schedule, "virtual_stages": args.virtual_stages,
-               "sequence_parallel": args.sequence_parallel, "recompute": args.recompute,
-               "zero_stage": args.zero_stage}
-    print(f"GPT of {model.parameters() / 1e9:.2f} B parameters: {model.n_layer} layers, "
-          f"h {model.n_embd}, {model.n_head} heads, vocabulary {model.vocab_size}, "
-          f"{model.global_batch} sequences of {model.seq_len} tokens a step, "
-          f"{model.micro_batch} a micro-batch")
-    print(f"machine: {args.tflops:g} TFLOP/s a rank, {machine.node_size} ranks a node, "
-          f"{args.intra} within a node, {args.inter} between nodes")
-    if args.mesh:
-        try:
-            dp, tp, pp = (int(part) for part in args.mesh.lower().split("x"))
-        except ValueError:
-            raise SystemExit(f"minidist plan: --mesh {args.mesh!r} is not DPxTPxPP, "
-                             "e.g. 8x8x16") from None
-        plan = Plan(dp, tp, pp, **options)
-        why = why_not(model, plan)
-        if why is not None:
-            raise SystemExit(f"minidist plan: {plan} cannot split this model: {why}")
-        print(predict_step(model, plan, machine))
-        return 0
-    limit = parse_size(args.memory)
-    print(compare_plans(model, args.ranks, machine, memory_limit=limit, **options))
-    print(playbook_plan(model, args.ranks, machine, memory_limit=limit, **options))
-    return 0
