@@ -439,7 +439,7 @@ def test_wasteful_strategies_are_told_from_the_trace(name, function, words):
         assert word in result.failure.message, result.failure.message
 
 
-# --------------------------------------------------------------------------- issue 37
+# --------------------------------------------------------------------------- the transformer exercises
 
 
 def _old_not_rescaled(out, lse, block_out, block_lse):
