@@ -46,9 +46,9 @@ GOAL = 1.2
 
 def _build(stage, model):
     from minidist import memory, optim
-    from minidist.parallel.data import stages
+    from minidist.parallel.data import zero_stages
 
-    wrapped, optimizer = stages.wrap(model, stage, optim.Adam, algorithm="ring", lr=LR)
+    wrapped, optimizer = zero_stages.wrap(model, stage, optim.Adam, algorithm="ring", lr=LR)
     if stage in (0, 1):
         return wrapped, optimizer, memory.Ledger(wrapped, optimizer)
     return wrapped, optimizer, memory.Ledger(list(wrapped.shards) + list(model.parameters()),

@@ -43,7 +43,7 @@ from minidist.data import load_digits
 from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
 from minidist.lesson_timing import timed
 from minidist.nn.recompute import CheckpointedSequential, kept_for_backward
-from minidist.parallel.data import stages
+from minidist.parallel.data import zero_stages
 from minidist.parallel.data.costs import zero_bytes_per_step, zero_model_state_bytes
 
 narrate()  # run as a script: the text below is printed between the outputs
@@ -94,7 +94,7 @@ STAGE_OF = {"DDP": 0, "stage 1": 1, "stage 2": 2, "stage 3": 3}
 
 def wrap(method, model):
     """(the module to call, the optimizer, extra buffers to track) for a method."""
-    wrapped, optimizer = stages.wrap(model, STAGE_OF[method], optim.Adam, algorithm="ring",
+    wrapped, optimizer = zero_stages.wrap(model, STAGE_OF[method], optim.Adam, algorithm="ring",
                                    lr=1e-3)
     if method == "stage 1":
         return wrapped, optimizer, [optimizer.shard.grad]   # its slice's gradient scratch

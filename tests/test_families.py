@@ -149,3 +149,25 @@ def test_every_old_path_leads_to_modules_that_exist():
         assert not (ROOT / (old.replace(".", "/") + ".py")).exists(), f"{old} is still a file"
         for module in new:
             assert (ROOT / (module.replace(".", "/") + ".py")).exists(), f"{old} -> {module}"
+
+
+def test_every_file_the_readme_names_for_a_strategy_exists():
+    """The README's "Where each strategy is": each `family/file.py` (and each
+    bare `file.py` after it in the same cell, in that family) is a file."""
+    text = (ROOT / "README.md").read_text().split("## Where each strategy is", 1)[1]
+    table = text.split("\n## ", 1)[0]
+    missing = []
+    for row in table.splitlines():
+        if not row.startswith("| ") or row.startswith("| to read"):
+            continue
+        cell = row.rstrip(" |").rsplit("|", 1)[1]
+        family = None
+        for name in re.findall(r"`([\w/]+\.py)`", cell):
+            if "/" in name:
+                family = name.split("/")[0]
+                path = PARALLEL / name
+            else:
+                path = PARALLEL / family / name if family else PARALLEL / name
+            if not path.exists():
+                missing.append(f"{name} (in the row {row[:40]!r}...)")
+    assert not missing, "the README names files that do not exist: " + ", ".join(missing)

@@ -35,7 +35,7 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, memory, nn, optim, trace
 from minidist.data import load_digits
-from minidist.parallel.data import stages
+from minidist.parallel.data import zero_stages
 from minidist.parallel.data.costs import zero_model_state_bytes
 from minidist.train import build_model
 from minidist.units import format_bytes
@@ -54,7 +54,7 @@ SHORT = {"parameters": "params", "gradients": "grads", "optimizer_state": "optim
 def build(stage: int, model):
     """(the wrapped model, its optimizer, a Ledger of this rank) for a ZeRO
     ``stage`` (0: DDP), Adam, ring collectives."""
-    wrapped, optimizer = stages.wrap(model, stage, optim.Adam, algorithm="ring", lr=LR)
+    wrapped, optimizer = zero_stages.wrap(model, stage, optim.Adam, algorithm="ring", lr=LR)
     if stage in (0, 1):
         ledger = memory.Ledger(wrapped, optimizer)
         if stage == 1:   # the slice's gradient the inner Adam reads: scratch, not model state

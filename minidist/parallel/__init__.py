@@ -4,9 +4,9 @@
 family                    what it splits, and where to start reading
 ========================  ==============================================================
 ``data/``                 the batch: DDP, compression hooks, ZeRO, FSDP, SyncBatchNorm,
-                          checkpoint files, batch inference (start: ``ddp.py``)
+                          checkpoint files, batch inference (start: ``coordinator.py``)
 ``parameter_server/``     the weights onto servers: synchronous and asynchronous servers,
-                          fault-tolerant servers, Hogwild, D2P, stragglers (``server.py``)
+                          fault-tolerant servers, Hogwild, D2P, stragglers (``layout.py``)
 ``model/``                the course's model parallelism: DistBelief, the conv/dense
                           hybrid, conv splits, a dense layer's bytes (``distbelief.py``)
 ``tensor/``               one layer's weight matrix (Megatron): regions, split layers,

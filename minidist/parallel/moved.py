@@ -32,7 +32,7 @@ MOVED = {
                                       "minidist.parallel.data.powersgd",
                                       "minidist.parallel.data.hooks"),
     "minidist.parallel.zero": ("minidist.parallel.data.zero", "minidist.parallel.data.fsdp",
-                               "minidist.parallel.data.stages", "minidist.parallel.data.costs"),
+                               "minidist.parallel.data.zero_stages", "minidist.parallel.data.costs"),
     "minidist.parallel.sync_batchnorm": ("minidist.parallel.data.sync_batchnorm",),
     "minidist.parallel.checkpoint": ("minidist.parallel.data.checkpoint_files",),
     "minidist.parallel.inference": ("minidist.parallel.data.inference",),

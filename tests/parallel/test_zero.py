@@ -288,10 +288,10 @@ def test_model_state_formulas_by_hand():
 
 def test_wrap_refuses_an_unknown_stage():
     from minidist import nn, optim
-    from minidist.parallel.data import stages
+    from minidist.parallel.data import zero_stages
 
     with pytest.raises(ValueError, match="ZeRO stage must be 0 .plain DDP., 1, 2 or 3, got 4"):
-        stages.wrap(nn.Linear(2, 2), 4, optim.Adam)
+        zero_stages.wrap(nn.Linear(2, 2), 4, optim.Adam)
 
 
 # --------------------------------------------------------------------------- param groups

@@ -15,7 +15,7 @@ Read in this order:
    hook;
 5. :mod:`.zero`: ZeRO stage 1, the optimizer state sharded;
 6. :mod:`.fsdp`: stages 2 and 3 as ``FullyShardedDataParallel``, gradients
-   and then weights sharded; :mod:`.stages` builds any stage by number;
+   and then weights sharded; :mod:`.zero_stages` builds any stage by number;
 7. :mod:`.costs`: what each stage holds and sends, by formula;
 8. :mod:`.sync_batchnorm`: batch statistics over the global batch;
 9. :mod:`.checkpoint_files`: saving and resuming a data-parallel run;
@@ -90,10 +90,6 @@ from minidist.parallel.data.powersgd import (  # noqa: F401
     orthogonalize,
     powersgd_hook,
 )
-from minidist.parallel.data.stages import (  # noqa: F401
-    STAGES,
-    wrap,
-)
 from minidist.parallel.data.sync_batchnorm import (  # noqa: F401
     SyncBatchNorm,
     sync_batch_norm,
@@ -101,6 +97,10 @@ from minidist.parallel.data.sync_batchnorm import (  # noqa: F401
 )
 from minidist.parallel.data.zero import (  # noqa: F401
     ZeroRedundancyOptimizer,
+)
+from minidist.parallel.data.zero_stages import (  # noqa: F401
+    STAGES,
+    wrap,
 )
 
 __all__ = ["CoordinatorDataParallel", "GradBucket", "DistributedDataParallel",

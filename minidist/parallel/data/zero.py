@@ -25,7 +25,7 @@ only (so its state, e.g. Adam's moments, covers one N-th), updates that
 slice after DDP's all_reduce, and all_gathers the buffer so every replica
 holds the new weights. Stages 2 and 3 shard the gradients and the weights
 too: :mod:`minidist.parallel.data.fsdp`, on the same flat shard
-(``_FlatShard``), one per layer; :mod:`minidist.parallel.data.stages`
+(``_FlatShard``), one per layer; :mod:`minidist.parallel.data.zero_stages`
 builds any stage by number; :mod:`minidist.parallel.data.costs` has the
 formulas.
 

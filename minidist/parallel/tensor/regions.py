@@ -5,8 +5,8 @@ and g, and sequence parallelism's pair).
 ==========================================  ======================  =====================
 function                                    forward                 backward
 ==========================================  ======================  =====================
-copy_to_parallel_region                     identity                all_reduce (sum)
-reduce_from_parallel_region                 all_reduce (sum)        identity
+copy_to_parallel_region (Megatron's f)      identity                all_reduce (sum)
+reduce_from_parallel_region (Megatron's g)  all_reduce (sum)        identity
 gather_from_parallel_region                 all_gather, stack       take own slice
 scatter_to_parallel_region                  take own slice          all_gather, stack
 gather_from_sequence_parallel_region        all_gather along T      reduce_scatter
