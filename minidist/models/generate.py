@@ -23,6 +23,9 @@ inference servers do.
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import numpy as np
 
 from minidist import backend, no_grad
@@ -39,15 +42,7 @@ def generate(model, idx, max_new_tokens: int, temperature: float = 1.0, top_k: i
     context. ``seed`` (an int or a Generator) makes the draws repeatable.
     ``use_cache``: keep each layer's keys and values between tokens (a
     :class:`~minidist.models.gpt.GPT`, whose ``forward`` takes a cache)."""
-    if max_new_tokens < 0:
-        raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
-    if not temperature > 0:
-        raise ValueError(
-            f"generate: temperature must be > 0, got {temperature} (for the most likely token every "
-            "time, pass top_k=1)"
-        )
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"generate: top_k must be None or >= 1, got {top_k}")
+    check_sampling(max_new_tokens, temperature, top_k)
     context = np.asarray(idx, dtype=np.int64)
     one_sequence = context.ndim == 1
     if one_sequence:
@@ -80,6 +75,35 @@ def generate(model, idx, max_new_tokens: int, temperature: float = 1.0, top_k: i
     finally:
         model.train(was_training)
     return context[0] if one_sequence else context
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_sampling(max_new_tokens, temperature, top_k) -> None:
+    """Refuse, before any forward pass, sampling settings that cannot work,
+    each in one line that names the argument (a float token count or top_k
+    would otherwise fail deep inside NumPy, a string temperature at a
+    comparison): a TypeError for the wrong kind of value, a ValueError for
+    one out of range, as torch's checks do."""
+    if not _is_int(max_new_tokens):
+        raise TypeError(f"generate: max_new_tokens must be an int (how many tokens to add), got "
+                        f"{max_new_tokens!r} of type {type(max_new_tokens).__name__}")
+    if max_new_tokens < 0:
+        raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
+    if not isinstance(temperature, numbers.Real) or isinstance(temperature, bool):
+        raise TypeError(f"generate: temperature must be a number (the logits are divided by it), "
+                        f"got {temperature!r} of type {type(temperature).__name__}")
+    if not 0 < temperature < math.inf:
+        raise ValueError(
+            f"generate: temperature must be > 0 and finite, got {temperature} (for the most likely "
+            "token every time, pass top_k=1)")
+    if top_k is not None and not _is_int(top_k):
+        raise TypeError(f"generate: top_k must be None or an int (how many of the likeliest tokens "
+                        f"to draw from), got {top_k!r} of type {type(top_k).__name__}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"generate: top_k must be None or >= 1, got {top_k}")
 
 
 def _next_logits(model, context, block_size: int, cache):
