@@ -42,17 +42,29 @@ so the arguments are those of ``torch.cuda.amp.GradScaler``; no support for
 optimizers with their own scale handling (torch's
 ``_step_supports_amp_scaling``) or for sparse gradients; misuse raises a
 ValueError or RuntimeError that says what to do where torch raises
-AssertionError.
+AssertionError. torch asserts only ``growth_factor > 1`` and
+``backoff_factor < 1``; it takes ``init_scale=0`` (every gradient zero, then
+the weights NaN after the first step's division by 0), a NaN or infinite
+``init_scale`` (every step skipped, silently, for ever), a backoff of 0 or
+less and a growth interval below 1. None of those can train, so this
+scaler refuses each with one line when ``enabled``.
 """
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy
 
 from minidist import backend
 from minidist.tensor import Tensor, no_grad
+
+
+def _is_real(value) -> bool:
+    """A real number (a bool is not one here: True would pass as 1.0)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
 
 # An optimizer's stage in the current step, torch's OptState.
 _READY, _UNSCALED, _STEPPED = "ready", "unscaled", "stepped"
@@ -89,10 +101,13 @@ class GradScaler:
     ):
         self._enabled = bool(enabled)
         if self._enabled:
-            if not growth_factor > 1.0:
-                raise ValueError(f"GradScaler: growth_factor must be > 1.0 (the scale grows "
-                                 f"after good steps), got {growth_factor!r}")
-            if not 0.0 < backoff_factor < 1.0:
+            if not (_is_real(init_scale) and 0.0 < init_scale < math.inf):
+                raise ValueError(f"GradScaler: init_scale must be a positive finite number (the "
+                                 f"first loss scale; 2.0**16 is the usual start), got {init_scale!r}")
+            if not (_is_real(growth_factor) and 1.0 < growth_factor < math.inf):
+                raise ValueError(f"GradScaler: growth_factor must be a finite number > 1.0 (the "
+                                 f"scale grows after good steps), got {growth_factor!r}")
+            if not (_is_real(backoff_factor) and 0.0 < backoff_factor < 1.0):
                 raise ValueError(f"GradScaler: backoff_factor must be in (0, 1) (the scale "
                                  f"shrinks after an overflow), got {backoff_factor!r}")
             if not (isinstance(growth_interval, numbers.Integral) and growth_interval >= 1):

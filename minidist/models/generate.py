@@ -23,10 +23,13 @@ inference servers do.
 
 from __future__ import annotations
 
+import inspect
+import math
+import numbers
+
 import numpy as np
 
 from minidist import backend, no_grad
-from minidist.models.gpt import GPT
 from minidist.models.kv_cache import KVCache
 
 
@@ -38,25 +41,25 @@ def generate(model, idx, max_new_tokens: int, temperature: float = 1.0, top_k: i
     logits (B, T, vocab) and ``model.config.block_size`` give its longest
     context. ``seed`` (an int or a Generator) makes the draws repeatable.
     ``use_cache``: keep each layer's keys and values between tokens (a
-    :class:`~minidist.models.gpt.GPT`, whose ``forward`` takes a cache)."""
-    if max_new_tokens < 0:
-        raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
-    if not temperature > 0:
-        raise ValueError(
-            f"generate: temperature must be > 0, got {temperature} (for the most likely token every "
-            "time, pass top_k=1)"
-        )
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"generate: top_k must be None or >= 1, got {top_k}")
+    model whose ``forward`` takes a cache, as the
+    :class:`~minidist.models.gpt.GPT`'s does).
+
+    A tensor-parallel shard (:func:`~minidist.parallel.tensor.gpt.tensor_parallel_gpt`)
+    makes the logits of its own words only: generate gathers the last
+    position's over the group (the model's ``gather_vocabulary``), so every
+    rank, given the same seed, draws the same tokens, those one process
+    draws from the whole model (up to the rounding of the ranks' sums)."""
+    check_sampling(max_new_tokens, temperature, top_k)
     context = np.asarray(idx, dtype=np.int64)
     one_sequence = context.ndim == 1
     if one_sequence:
         context = context[None, :]
     if context.ndim != 2 or context.shape[1] < 1:
         raise ValueError(f"generate: idx must hold at least one token, shape (batch, time); got {np.shape(idx)}")
-    if use_cache and type(model).forward is not GPT.forward:
-        raise TypeError(f"generate(use_cache=True) needs a minidist GPT, whose forward takes the "
-                        f"cache; {type(model).__name__}'s forward does not: pass use_cache=False")
+    if use_cache and "cache" not in inspect.signature(model.forward).parameters:
+        raise TypeError(f"generate(use_cache=True) needs a model whose forward takes the cache (a "
+                        f"minidist GPT, or its tensor-parallel shard); {type(model).__name__}'s "
+                        "forward does not: pass use_cache=False")
     rng = np.random.default_rng(seed)
     block_size = model.config.block_size
     cache = KVCache(model.config.n_layer, block_size) if use_cache else None
@@ -66,7 +69,7 @@ def generate(model, idx, max_new_tokens: int, temperature: float = 1.0, top_k: i
         with no_grad():
             for _ in range(max_new_tokens):
                 logits = _next_logits(model, context, block_size, cache)
-                last = backend.to_numpy(logits.data[:, -1, :]).astype(np.float64) / temperature
+                last = _whole_vocabulary(model, logits.data[:, -1, :]).astype(np.float64) / temperature
                 if top_k is not None and top_k < last.shape[-1]:
                     kth = np.partition(last, -top_k, axis=-1)[:, -top_k][:, None]
                     last = np.where(last < kth, -np.inf, last)
@@ -80,6 +83,52 @@ def generate(model, idx, max_new_tokens: int, temperature: float = 1.0, top_k: i
     finally:
         model.train(was_training)
     return context[0] if one_sequence else context
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_sampling(max_new_tokens, temperature, top_k) -> None:
+    """Refuse, before any forward pass, sampling settings that cannot work,
+    each in one line that names the argument (a float token count or top_k
+    would otherwise fail deep inside NumPy, a string temperature at a
+    comparison): a TypeError for the wrong kind of value, a ValueError for
+    one out of range, as torch's checks do."""
+    if not _is_int(max_new_tokens):
+        raise TypeError(f"generate: max_new_tokens must be an int (how many tokens to add), got "
+                        f"{max_new_tokens!r} of type {type(max_new_tokens).__name__}")
+    if max_new_tokens < 0:
+        raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
+    if not isinstance(temperature, numbers.Real) or isinstance(temperature, bool):
+        raise TypeError(f"generate: temperature must be a number (the logits are divided by it), "
+                        f"got {temperature!r} of type {type(temperature).__name__}")
+    if not 0 < temperature < math.inf:
+        raise ValueError(
+            f"generate: temperature must be > 0 and finite, got {temperature} (for the most likely "
+            "token every time, pass top_k=1)")
+    if top_k is not None and not _is_int(top_k):
+        raise TypeError(f"generate: top_k must be None or an int (how many of the likeliest tokens "
+                        f"to draw from), got {top_k!r} of type {type(top_k).__name__}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"generate: top_k must be None or >= 1, got {top_k}")
+
+
+def _whole_vocabulary(model, last) -> np.ndarray:
+    """The last position's logits over the whole vocabulary (B, vocab). A
+    model that holds a share of the vocabulary (a tensor-parallel shard,
+    whose logits are its own words only) gathers them with its
+    ``gather_vocabulary``: sampling from a share would draw from the wrong
+    distribution, a different one on every rank."""
+    gather = getattr(model, "gather_vocabulary", None)
+    last = gather(last) if gather is not None else backend.to_numpy(last)
+    vocab_size = getattr(model.config, "vocab_size", last.shape[-1])
+    if last.shape[-1] != vocab_size:
+        raise ValueError(
+            f"generate: the model's logits have {last.shape[-1]} words but its config's vocab_size "
+            f"is {vocab_size}; a model that holds a share of the vocabulary needs a "
+            "gather_vocabulary(logits) method that returns the whole vocabulary's logits")
+    return last
 
 
 def _next_logits(model, context, block_size: int, cache):

@@ -222,6 +222,8 @@ class GPT(Module):
                 f"crop it to its last {self.config.block_size} tokens (as generate() does)"
             )
         t = self.transformer
+        if cache is not None:
+            cache.check_model(len(t.h), self.config.block_size)
         start = 0 if cache is None else cache.check_feed(steps)
         x = t.wte(idx) + t.wpe(numpy.arange(start, start + steps))  # (B, T, C) + (T, C)
         for index, block in enumerate(t.h):

@@ -42,7 +42,12 @@ class KVCache:
     them, and it refuses to run while gradients are recorded."""
 
     def __init__(self, n_layer: int, block_size: int):
-        self.block_size = block_size
+        for name, value in (("n_layer", n_layer), ("block_size", block_size)):
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"KVCache: {name} must be a positive int, got {value!r}; make "
+                                 "it with KVCache(model.config.n_layer, model.config.block_size)")
+        self.n_layer = int(n_layer)
+        self.block_size = int(block_size)
         self.length = 0  # positions held
         self._keys: list[np.ndarray | None] = [None] * n_layer
         self._values: list[np.ndarray | None] = [None] * n_layer
@@ -50,6 +55,20 @@ class KVCache:
     def layer(self, index: int) -> _LayerCache:
         """What block ``index``'s attention reads and extends."""
         return _LayerCache(self, index)
+
+    def check_model(self, n_layer: int, block_size: int) -> None:
+        """Refuse a cache made for another model: one with another number of
+        layers (a block would find no keys of its own, or some would be left
+        unused), or one that would hold positions past the model's position
+        table (``block_size`` rows)."""
+        remedy = "make it with KVCache(model.config.n_layer, model.config.block_size)"
+        if self.n_layer != n_layer:
+            raise ValueError(f"KVCache: the cache has {self.n_layer} layers and the model "
+                             f"{n_layer}; {remedy}")
+        if self.block_size > block_size:
+            raise ValueError(f"KVCache: the cache holds up to {self.block_size} positions, more "
+                             f"than the model's block_size={block_size} (the rows of its position "
+                             f"table, not its vocabulary); {remedy}")
 
     def check_feed(self, steps: int) -> int:
         """The first position of ``steps`` new tokens; refuses a feed the

@@ -22,7 +22,9 @@ For the N tokens of one call (the rows of x, (N, C)):
    first, in token order, then second choices (GShard's priority); a choice
    that finds its expert full is *dropped*. A token with every choice
    dropped gets nothing from the layer: in the block, ``x + moe(ln_2(x))``,
-   its output is the residual alone. ``capacity_factor=None``: no limit.
+   its output is the residual alone. ``capacity_factor=None``: no limit
+   (the one way to say it: an infinite factor is refused, as are 0, NaN and
+   negative ones).
 4. **Experts**: each expert runs on the rows of its kept choices (an empty
    set of rows too: its gradient is then zero, as an idle replica's).
 5. **Combine**: ``y[t] = sum over t's kept choices of gate * expert(x[t])``,
@@ -91,9 +93,14 @@ def check_moe_shape(n_expert, top_k, capacity_factor) -> None:
     if not isinstance(top_k, (int, numpy.integer)) or not 1 <= top_k <= n_expert:
         raise ValueError(f"MoE: top_k must be an int from 1 to n_expert={n_expert} (the experts "
                          f"each token goes to), got {top_k!r}")
-    if capacity_factor is not None and not capacity_factor > 0:
-        raise ValueError(f"MoE: capacity_factor must be positive (or None for no limit), got "
-                         f"{capacity_factor!r}; 1.0 gives each expert its even share of tokens")
+    # One spelling of "no limit": None. An infinite factor would make an
+    # infinite capacity, which ceil() cannot turn into a count of places.
+    real = isinstance(capacity_factor, (int, float, numpy.integer, numpy.floating)) \
+        and not isinstance(capacity_factor, bool)
+    if capacity_factor is not None and not (real and 0 < capacity_factor < math.inf):
+        raise ValueError(f"MoE: capacity_factor must be a positive finite number, or None for no "
+                         f"limit, got {capacity_factor!r}; 1.0 gives each expert its even share "
+                         "of tokens")
 
 
 def expert_capacity(tokens: int, n_expert: int, top_k: int, capacity_factor) -> int:

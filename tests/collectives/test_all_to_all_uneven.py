@@ -158,6 +158,10 @@ def _local_errors():
                                                    [2, 2], [5, -1]),
         "list dtype": lambda: dist.all_to_all([np.zeros(1, np.float64)] * n,
                                               [np.zeros(1, np.float32)] * n),
+        "float input": lambda: dist.all_to_all_single(np.zeros((4, 2), np.float32), x,
+                                                      input_split_sizes=[2, 2.0]),
+        "float output": lambda: dist.all_to_all_single(np.zeros((4, 2), np.float32), x,
+                                                       output_split_sizes=np.array([1.5, 2.5])),
     }.items():
         try:
             call()
@@ -174,7 +178,12 @@ def test_errors_a_rank_finds_alone():
         assert (f"input_split_sizes[{rank}] = {sent} rows and output_split_sizes[{rank}] = "
                 f"{received}") in messages["self piece"]
         assert "one row shape" in messages["row shape"]
-        assert "non-negative ints" in messages["negative"]
+        assert "input_split_sizes[1] is -1, but split sizes are non-negative ints" in \
+            messages["negative"]
+        assert ("input_split_sizes[1] is 2.0, but split sizes are non-negative ints, whole "
+                "numbers of rows") in messages["float input"]
+        assert "output_split_sizes[0] is " in messages["float output"]
+        assert "1.5" in messages["float output"]
         assert "input_tensor_list[0]'s float32" in messages["list dtype"]
         for text in messages.values():
             assert text.startswith(f"rank {rank}: "), text

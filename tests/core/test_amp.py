@@ -248,6 +248,27 @@ def test_grad_scaler_misuse_raises_as_torchs_does():
             amp.GradScaler(**bad)
 
 
+@pytest.mark.parametrize(("bad", "words"), [
+    (dict(init_scale=0.0), "init_scale must be a positive finite number"),
+    (dict(init_scale=-2.0), "init_scale must be a positive finite number"),
+    (dict(init_scale=float("nan")), "init_scale must be a positive finite number"),
+    (dict(init_scale=float("inf")), "init_scale must be a positive finite number"),
+    (dict(growth_factor=float("inf")), "growth_factor must be a finite number > 1.0"),
+    (dict(growth_factor=float("nan")), "growth_factor must be a finite number > 1.0"),
+    (dict(backoff_factor=0.0), r"backoff_factor must be in \(0, 1\)"),
+    (dict(backoff_factor=float("nan")), r"backoff_factor must be in \(0, 1\)"),
+    (dict(growth_interval=2.5), "growth_interval must be an int >= 1"),
+])
+def test_grad_scaler_refuses_settings_that_cannot_train(bad, words):
+    """torch takes these (all but growth_factor <= 1 and backoff_factor >= 1);
+    a scale of 0 makes NaN weights after one step and a NaN or infinite one
+    skips every step, so they are refused in one line that names the setting."""
+    with pytest.raises(ValueError, match=words) as caught:
+        amp.GradScaler(**bad)
+    assert "\n" not in str(caught.value)
+    amp.GradScaler(enabled=False, **bad)   # a disabled scaler reads none of them, as torch's
+
+
 def test_grad_scaler_refuses_float16_gradients():
     half = nn.Parameter(np.ones(3, np.float16))
     optimizer = optim.SGD([half], lr=0.1)

@@ -281,3 +281,39 @@ def test_mistakes_are_named():
         GPTConfig(vocab_size=0)
     with pytest.raises(ValueError, match="temperature must be > 0"):
         generate(tiny(), tokens(1, 2), 3, temperature=0)
+
+
+@pytest.mark.parametrize(("arguments", "error", "words"), [
+    (dict(temperature="hot"), TypeError, "temperature must be a number .* got 'hot' of type str"),
+    (dict(temperature=float("inf")), ValueError, "temperature must be > 0 and finite, got inf"),
+    (dict(temperature=float("nan")), ValueError, "temperature must be > 0 and finite, got nan"),
+    (dict(top_k=2.5), TypeError, "top_k must be None or an int .* got 2.5 of type float"),
+    (dict(top_k=0), ValueError, "top_k must be None or >= 1, got 0"),
+    (dict(max_new_tokens=2.5), TypeError, "max_new_tokens must be an int .* got 2.5 of type float"),
+    (dict(max_new_tokens=-1), ValueError, "max_new_tokens must be >= 0, got -1"),
+])
+def test_generate_refuses_sampling_settings_up_front_naming_the_argument(arguments, error, words):
+    model = tiny()
+    settings = dict(max_new_tokens=3)
+    settings.update(arguments)
+    with pytest.raises(error, match=words) as caught:
+        generate(model, tokens(1, 2), **settings)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_kv_cache_made_for_another_model_is_refused_before_it_is_read():
+    model = tiny(np.float64)   # 2 layers, block_size 6
+    with no_grad():
+        for cache, words in ((KVCache(1, 6), "the cache has 1 layers and the model 2"),
+                             (KVCache(3, 6), "the cache has 3 layers and the model 2"),
+                             (KVCache(2, 100), "holds up to 100 positions, more than the model's "
+                                               "block_size=6 .*position table, not its vocabulary")):
+            with pytest.raises(ValueError, match=words):
+                model(tokens(1, 3), cache=cache)
+            assert cache.length == 0
+        shorter = KVCache(2, 4)    # fewer positions than the model has: usable, up to its own 4
+        model(tokens(1, 4), cache=shorter)
+        assert shorter.length == 4
+    for n_layer, block_size in ((0, 6), (2, 2.5), (True, 6)):
+        with pytest.raises(ValueError, match="must be a positive int"):
+            KVCache(n_layer, block_size)

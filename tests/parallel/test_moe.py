@@ -177,10 +177,17 @@ def test_moe_gpt_adds_the_weighted_aux_loss_and_draws_the_same_model_from_a_seed
 @pytest.mark.parametrize(("fields", "words"), [
     (dict(n_expert=0), "n_expert must be a positive int"),
     (dict(top_k=5), "top_k must be an int from 1 to n_expert=4"),
-    (dict(capacity_factor=0.0), "capacity_factor must be positive"),
+    (dict(capacity_factor=0.0), "capacity_factor must be a positive finite number"),
+    (dict(capacity_factor=float("inf")), "positive finite number, or None for no limit"),
+    (dict(capacity_factor=float("nan")), "positive finite number, or None for no limit"),
+    (dict(capacity_factor="1.25"), "positive finite number, or None for no limit"),
 ])
 def test_a_config_that_cannot_route_says_why(fields, words):
     with pytest.raises(ValueError, match=words):
         MoEGPTConfig(vocab_size=11, **fields)
+    layer = dict(n_expert=4, top_k=1, capacity_factor=1.25)
+    layer.update(fields)
+    with pytest.raises(ValueError, match=words):   # the layer alone, at construction
+        MoE(GPTConfig(vocab_size=11, n_embd=8, n_head=2), **layer)
     with pytest.raises(TypeError, match="MoEGPTConfig"):
         MoEGPT(GPTConfig(vocab_size=11))

@@ -200,10 +200,11 @@ def _split_rows(splits, rows: int, n: int, name: str, rank: int) -> list[int]:
         raise ValueError(f"rank {rank}: all_to_all_single needs {name} to have one size per "
                          f"rank, {n}, got {len(splits)}.")
     checked = []
-    for size in splits:
+    for index, size in enumerate(splits):
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0:
-            raise ValueError(f"rank {rank}: all_to_all_single needs {name} of non-negative "
-                             f"ints (rows of dim 0 per rank), got {list(splits)}.")
+            raise ValueError(f"rank {rank}: all_to_all_single's {name}[{index}] is {size!r}, "
+                             f"but split sizes are non-negative ints, whole numbers of rows of "
+                             f"dim 0 (one per rank); got {name}={list(splits)}.")
         checked.append(int(size))
     if sum(checked) != rows:
         raise ValueError(f"rank {rank}: all_to_all_single's {name}={checked} sum to "

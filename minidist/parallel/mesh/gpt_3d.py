@@ -132,7 +132,7 @@ class GPTStage(Module):
     def loss(self, logits, targets):
         """The vocab-parallel cross-entropy (the last stage's), the same scalar on every tp rank."""
         return vocab_parallel_cross_entropy(logits, targets, self.vocab_start, self.group,
-                                            self.algorithm)
+                                            self.algorithm, vocab_size=self.config.vocab_size)
 
     def extra_repr(self) -> str:
         held = (["embeddings"] if self.first else []) + [f"blocks {self.blocks.start}:"

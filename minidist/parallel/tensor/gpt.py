@@ -123,12 +123,13 @@ def shard_block(block, source, config, rank: int, world_size: int, **split) -> N
 
 
 def embed_tokens(wte, wpe, idx, block_size: int, rank: int, world_size: int,
-                 sequence_parallel: bool, who: str = "TensorParallelGPT"):
+                 sequence_parallel: bool, who: str = "TensorParallelGPT", start: int = 0):
     """The residual stream's start, ``wte(idx) + wpe(positions)``: (B, T, C),
     or this rank's T / world_size positions, (B, T / world_size, C), with
     sequence parallelism (``wte`` a :class:`VocabParallelEmbedding` that
-    reduce-scatters then). ``idx``: token ids (B, T), an array or a Tensor;
-    ``who`` names the caller in the errors."""
+    reduce-scatters then). ``idx``: token ids (B, T), an array or a Tensor,
+    at positions ``start`` .. ``start + T - 1`` (``start`` > 0 after a KV
+    cache's positions); ``who`` names the caller in the errors."""
     idx = np.asarray(backend.to_numpy(idx.data if isinstance(idx, Tensor) else idx))
     if idx.ndim != 2:
         raise ValueError(f"{who}: expected token ids of shape (batch, time), "
@@ -137,7 +138,7 @@ def embed_tokens(wte, wpe, idx, block_size: int, rank: int, world_size: int,
     if steps > block_size:
         raise ValueError(f"{who}: a sequence of {steps} tokens is longer than "
                          f"block_size={block_size}")
-    positions = np.arange(steps)
+    positions = np.arange(start, start + steps)
     if sequence_parallel:
         if steps % world_size:
             raise ValueError(
@@ -175,7 +176,12 @@ class TensorParallelGPT(Module):
     ``transformer.h.0.attn.c_attn``, ..., ``lm_head``), each holding its
     shard. ``forward(idx)`` maps token ids (B, T) to this rank's columns of
     the logits, (B, T, vocab_end - vocab_start); :meth:`loss` turns them into
-    the mean cross-entropy, the same scalar on every rank.
+    the mean cross-entropy, the same scalar on every rank. Token ids and
+    targets outside the vocabulary are refused on the rank that got them,
+    as the GPT's ``nn.Embedding`` and ``F.cross_entropy`` refuse them.
+    :func:`~minidist.models.generate.generate` samples from it (with a KV
+    cache too, without sequence parallelism): :meth:`gather_vocabulary`
+    gives it the whole vocabulary's logits of the last position.
     """
 
     def __init__(self, model: GPT, group=None, sequence_parallel: bool = False,
@@ -203,19 +209,56 @@ class TensorParallelGPT(Module):
             model.lm_head, rows=slice(self.vocab_start, self.vocab_end), **split)
         self.lm_head.weight = wte.weight   # tied, as in the GPT: one shard, two uses
 
-    def forward(self, idx):
+    def forward(self, idx, cache=None):
+        """``cache``: a :class:`~minidist.models.kv_cache.KVCache` (generation),
+        as the GPT's: each rank's cache holds the keys and values of its own
+        heads. Not with sequence parallelism, which cannot cut one new token
+        over the ranks."""
         t = self.transformer
+        start = 0
+        if cache is not None:
+            if self.sequence_parallel:
+                raise ValueError(
+                    f"rank {dist.get_rank()}: TensorParallelGPT: a KV cache feeds one token at a "
+                    f"time, which sequence parallelism cannot cut over {self.world_size} ranks; "
+                    "generate with use_cache=False, or from a shard made with "
+                    "sequence_parallel=False")
+            cache.check_model(len(t.h), self.config.block_size)
+            start = cache.check_feed(np.shape(idx)[-1])
         x = embed_tokens(t.wte, t.wpe, idx, self.config.block_size, self.rank, self.world_size,
-                         self.sequence_parallel, "TensorParallelGPT")
-        for block in t.h:
-            x = block(x)
+                         self.sequence_parallel, "TensorParallelGPT", start)
+        for index, block in enumerate(t.h):
+            x = block(x) if cache is None else block(x, cache.layer(index))
+        if cache is not None:
+            cache.advance(np.shape(idx)[-1])
         return self.lm_head(t.ln_f(x))      # (B, T, V_r): this rank's words
+
+    def gather_vocabulary(self, logits) -> np.ndarray:
+        """The whole vocabulary's logits (..., V) from this rank's columns
+        (..., V_r), the same array on every rank: one all_gather over the
+        group, each share padded to the largest (the first V mod n ranks
+        hold one word more) and trimmed after. What
+        :func:`~minidist.models.generate.generate` calls on the last
+        position's logits, so that every rank draws the same token from
+        the whole distribution. Cost: (n - 1) / n of n ceil(V / n) values
+        per row received; the (B, T, V) logits of training are never made."""
+        local = np.asarray(backend.to_numpy(logits.data if isinstance(logits, Tensor) else logits))
+        widest = vocab_range(self.config.vocab_size, 0, self.world_size)[1]
+        padded = np.zeros(local.shape[:-1] + (widest,), dtype=local.dtype)
+        padded[..., :local.shape[-1]] = local
+        if self.world_size == 1:
+            return padded
+        shares = [np.empty_like(padded) for _ in range(self.world_size)]
+        dist.all_gather(shares, padded, group=self.group, algorithm=self.algorithm)
+        return np.concatenate([share[..., :stop - start] for share, (start, stop) in zip(
+            shares, (vocab_range(self.config.vocab_size, r, self.world_size)
+                     for r in range(self.world_size)))], axis=-1)
 
     def loss(self, logits, targets) -> Tensor:
         """The mean cross-entropy of ``targets`` (B, T) under the logits this
         rank's :meth:`forward` made: :func:`~minidist.parallel.tensor.vocab.vocab_parallel_cross_entropy`."""
         return vocab_parallel_cross_entropy(logits, targets, self.vocab_start, self.group,
-                                            self.algorithm)
+                                            self.algorithm, vocab_size=self.config.vocab_size)
 
     def sequence_parallel_parameters(self) -> list[tuple[str, object]]:
         """(name, parameter) of the replicated parameters used on this rank's

@@ -72,6 +72,44 @@ def _all_reduce(array, op, group, algorithm):
     return backend.from_numpy(out)
 
 
+def check_token_ids(idx: np.ndarray, vocab_size: int, who: str) -> None:
+    """Refuse token ids that are not integers in [0, vocab_size), as
+    ``nn.Embedding`` does on one process. Every rank checks the whole
+    ``idx``, before any message: the masked lookup would otherwise give an
+    id no rank holds a row of zeros, and the model would run on silently."""
+    if not np.issubdtype(idx.dtype, np.integer):
+        raise TypeError(f"rank {dist.get_rank()}: {who}: token ids must be integers, got dtype "
+                        f"{idx.dtype}; convert them with idx.astype(numpy.int64)")
+    if idx.size:
+        low, high = int(idx.min()), int(idx.max())
+        if low < 0 or high >= vocab_size:
+            raise IndexError(
+                f"rank {dist.get_rank()}: {who}: token id {low if low < 0 else high} is out of "
+                f"range for a vocabulary of {vocab_size} words (valid ids are 0..{vocab_size - 1}); "
+                f"check the tokenizer's vocabulary size against the model's vocab_size={vocab_size}")
+
+
+def check_targets(target: np.ndarray, vocab_size: int | None, ignore_index: int) -> None:
+    """Refuse targets that are not word ids in [0, vocab_size) or
+    ``ignore_index``, as ``F.cross_entropy`` does on one process: a target
+    no rank holds would add a logit of 0 in place of its own, silently.
+    Without ``vocab_size`` only negative targets can be told."""
+    who = "vocab_parallel_cross_entropy"
+    if not np.issubdtype(target.dtype, np.integer):
+        raise TypeError(f"rank {dist.get_rank()}: {who}: targets must be integer word ids, got "
+                        f"dtype {target.dtype}; convert them with targets.astype(numpy.int64)")
+    counted = target[target != ignore_index]
+    if not counted.size:
+        return
+    low, high = int(counted.min()), int(counted.max())
+    if low < 0 or vocab_size is not None and high >= vocab_size:
+        valid = "0 or more" if vocab_size is None else f"0..{vocab_size - 1}"
+        raise ValueError(
+            f"rank {dist.get_rank()}: {who}: target {low if low < 0 else high} is out of range "
+            f"for the vocabulary (valid targets are {valid}, and ignore_index={ignore_index} for "
+            "positions that count for nothing); check the targets against the model's vocab_size")
+
+
 class VocabParallelEmbedding(Module):
     """``VocabParallelEmbedding.from_embedding(embedding, group=None,
     algorithm="ring", sequence_parallel=False)``: this rank's rows
@@ -103,6 +141,7 @@ class VocabParallelEmbedding(Module):
 
     def forward(self, idx):
         idx = np.asarray(backend.to_numpy(idx.data if isinstance(idx, Tensor) else idx))
+        check_token_ids(idx, self.num_embeddings, "VocabParallelEmbedding")
         outside = (idx < self.vocab_start) | (idx >= self.vocab_end)
         local = np.where(outside, 0, idx - self.vocab_start)   # row 0 stands in, then zeroed
         rows = F.embedding(local, self.weight)
@@ -119,7 +158,7 @@ class VocabParallelEmbedding(Module):
 
 def vocab_parallel_cross_entropy(logits, target, vocab_start: int | None = None, group=None,
                                  algorithm: str = DEFAULT_ALGORITHM,
-                                 ignore_index: int = -100) -> Tensor:
+                                 ignore_index: int = -100, vocab_size: int | None = None) -> Tensor:
     """The mean cross-entropy of the tokens, from this rank's columns of the
     logits (..., V_r) (a vocabulary split over the group) and the whole
     ``target`` (...) of word ids: the same scalar on every rank, equal to
@@ -136,6 +175,12 @@ def vocab_parallel_cross_entropy(logits, target, vocab_start: int | None = None,
     padding is labelled with): such tokens add nothing to the loss or the
     gradient, and the mean is over the others (NaN if every token is
     ignored, as torch's).
+
+    ``vocab_size``: the whole vocabulary's, to refuse a target past it (as
+    ``F.cross_entropy`` refuses a label past its classes) before any
+    message; by default ``n * V_r`` for the even split, unknown for an
+    uneven one (then only negative targets are refused; the GPT's
+    :meth:`~minidist.parallel.tensor.gpt.TensorParallelGPT.loss` passes it).
     """
     logits = logits if isinstance(logits, Tensor) else Tensor(logits)
     z = logits.data
@@ -143,10 +188,12 @@ def vocab_parallel_cross_entropy(logits, target, vocab_start: int | None = None,
     width = z.shape[-1]
     if vocab_start is None:
         vocab_start = dist.get_rank(group) * width
+        vocab_size = dist.get_world_size(group) * width if vocab_size is None else vocab_size
     target = np.asarray(backend.to_numpy(target.data if isinstance(target, Tensor) else target))
     if target.shape != z.shape[:-1]:
         raise ValueError(f"vocab_parallel_cross_entropy: target shape {target.shape} must be the "
                          f"logits' shape {z.shape} without its last (vocabulary) axis")
+    check_targets(target, vocab_size, ignore_index)
     target = xp.asarray(target) if xp is not np else target
     top = _all_reduce(z.max(axis=-1), dist.ReduceOp.MAX, group, algorithm)
     shifted = z - top[..., None]
@@ -180,4 +227,5 @@ def vocab_parallel_cross_entropy(logits, target, vocab_start: int | None = None,
                         "vocab_parallel_cross_entropy")
 
 
-__all__ = ["VocabParallelEmbedding", "vocab_parallel_cross_entropy", "vocab_range"]
+__all__ = ["VocabParallelEmbedding", "vocab_parallel_cross_entropy", "vocab_range", "check_token_ids",
+           "check_targets"]
