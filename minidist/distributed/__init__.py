@@ -20,6 +20,8 @@ Where things are:
   the control block, errors, signals, console); :mod:`.worker` a forked worker's life
 * :mod:`.world`          init / destroy, rank, world size, ``new_group``
 * :mod:`.process_group`  ``ProcessGroup``: ranks, contexts, point-to-point calls
+* :mod:`.agreement`      ``agree``: ranks check that they pass the same value (a mesh's
+  shape, a pipeline's schedule); the odd rank is named
 * :mod:`.device_mesh`    ``init_device_mesh``, ``DeviceMesh``: the ranks as an n-D array,
   a group per slice along each dimension (torch's ``torch.distributed.device_mesh``)
 * :mod:`.torch_names`    torch's ``group.WORLD``, ``GroupMember``, ``Backend``,
@@ -106,6 +108,7 @@ _LAZY.update({
     "SimulationResult": ("minidist.distributed.simulator", "SimulationResult"),
     "DeviceMesh": ("minidist.distributed.device_mesh", "DeviceMesh"),
     "init_device_mesh": ("minidist.distributed.device_mesh", "init_device_mesh"),
+    "agree": ("minidist.distributed.agreement", "agree"),
 })
 _LAZY.update({name: ("minidist.distributed.torch_names", name) for name in (
     "Backend", "GroupMember", "get_process_group_ranks", "group", "is_available",
@@ -134,6 +137,7 @@ if TYPE_CHECKING:
     )
     from minidist.distributed.collectives.registry import ALGORITHMS
     from minidist.distributed.collectives.scatter import scatter
+    from minidist.distributed.agreement import agree
     from minidist.distributed.device_mesh import DeviceMesh, init_device_mesh
     from minidist.distributed.point_to_point import (
         P2POp,
@@ -218,4 +222,4 @@ __all__ += ["all_gather_object", "broadcast_object_list", "gather_object", "moni
             "scatter_object_list", "send_object_list", "recv_object_list"]
 __all__ += ["Backend", "GroupMember", "get_process_group_ranks", "group", "is_available",
             "is_torchelastic_launched", "new_subgroups", "new_subgroups_by_enumeration"]
-__all__ += ["DeviceMesh", "init_device_mesh"]
+__all__ += ["DeviceMesh", "init_device_mesh", "agree"]
