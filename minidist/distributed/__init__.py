@@ -118,6 +118,7 @@ if TYPE_CHECKING:
     # The same names, where they are written: what an editor's go-to-definition
     # and a type checker read (never run; tests/runtime/test_lazy_imports.py
     # holds them to _LAZY).
+    from minidist.distributed.agreement import agree
     from minidist.distributed.collectives.all_gather import all_gather, all_gather_into_tensor
     from minidist.distributed.collectives.all_reduce import all_reduce
     from minidist.distributed.collectives.all_to_all import all_to_all, all_to_all_single
@@ -137,7 +138,6 @@ if TYPE_CHECKING:
     )
     from minidist.distributed.collectives.registry import ALGORITHMS
     from minidist.distributed.collectives.scatter import scatter
-    from minidist.distributed.agreement import agree
     from minidist.distributed.device_mesh import DeviceMesh, init_device_mesh
     from minidist.distributed.point_to_point import (
         P2POp,
