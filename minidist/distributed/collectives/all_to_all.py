@@ -59,8 +59,8 @@ import numpy as np
 from minidist.alpha_beta import bruck_pieces, ceil_log2
 from minidist.distributed.collectives import call
 from minidist.distributed.collectives.chunks import split
-from minidist.distributed.collectives.split_sizes import check_split_sizes
 from minidist.distributed.collectives.registry import cost, register
+from minidist.distributed.collectives.split_sizes import check_split_sizes
 
 
 @cost("(n - 1) (alpha + N/n xbeta)",
