@@ -20,6 +20,8 @@ Where things are:
   the control block, errors, signals, console); :mod:`.worker` a forked worker's life
 * :mod:`.world`          init / destroy, rank, world size, ``new_group``
 * :mod:`.process_group`  ``ProcessGroup``: ranks, contexts, point-to-point calls
+* :mod:`.agreement`      ``agree``: ranks check that they pass the same value (a mesh's
+  shape, a pipeline's schedule); the odd rank is named
 * :mod:`.device_mesh`    ``init_device_mesh``, ``DeviceMesh``: the ranks as an n-D array,
   a group per slice along each dimension (torch's ``torch.distributed.device_mesh``)
 * :mod:`.torch_names`    torch's ``group.WORLD``, ``GroupMember``, ``Backend``,
@@ -106,6 +108,7 @@ _LAZY.update({
     "SimulationResult": ("minidist.distributed.simulator", "SimulationResult"),
     "DeviceMesh": ("minidist.distributed.device_mesh", "DeviceMesh"),
     "init_device_mesh": ("minidist.distributed.device_mesh", "init_device_mesh"),
+    "agree": ("minidist.distributed.agreement", "agree"),
 })
 _LAZY.update({name: ("minidist.distributed.torch_names", name) for name in (
     "Backend", "GroupMember", "get_process_group_ranks", "group", "is_available",
@@ -115,6 +118,7 @@ if TYPE_CHECKING:
     # The same names, where they are written: what an editor's go-to-definition
     # and a type checker read (never run; tests/runtime/test_lazy_imports.py
     # holds them to _LAZY).
+    from minidist.distributed.agreement import agree
     from minidist.distributed.collectives.all_gather import all_gather, all_gather_into_tensor
     from minidist.distributed.collectives.all_reduce import all_reduce
     from minidist.distributed.collectives.all_to_all import all_to_all, all_to_all_single
@@ -218,4 +222,4 @@ __all__ += ["all_gather_object", "broadcast_object_list", "gather_object", "moni
             "scatter_object_list", "send_object_list", "recv_object_list"]
 __all__ += ["Backend", "GroupMember", "get_process_group_ranks", "group", "is_available",
             "is_torchelastic_launched", "new_subgroups", "new_subgroups_by_enumeration"]
-__all__ += ["DeviceMesh", "init_device_mesh"]
+__all__ += ["DeviceMesh", "init_device_mesh", "agree"]

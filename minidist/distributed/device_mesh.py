@@ -19,6 +19,9 @@ dimension, the slices in row-major order of the other coordinates), and keeps
 those it belongs to. A dimension as large as the world is the world's own
 group, as torch's is on the CPU. Making a mesh of shape ``(n0, ..., nk)`` costs
 ``sum(size / n_d)`` calls to ``new_group``, no message: a group is a number.
+Before them the ranks agree on the shape and names (:mod:`.agreement`, 2 (n - 1)
+small messages): a rank that passes others is named at once, instead of
+waiting later on a group the others never made.
 
 Slicing (``mesh["dp", "tp"]``) makes no group: the sub-mesh keeps the groups
 of the dimensions it names, and holds the slice of the ranks that contains
@@ -46,6 +49,7 @@ from __future__ import annotations
 import numpy as np
 
 from minidist.distributed import world as _world
+from minidist.distributed.agreement import agree
 
 _DEVICE_TYPES = ("cpu", "cuda")
 
@@ -332,7 +336,16 @@ def init_device_mesh(device_type: str, mesh_shape, *, mesh_dim_names=None) -> De
             f"Make the product of mesh_shape equal {world_size}, or start "
             f"{int(np.prod(shape))} ranks. (torch lets a mesh be smaller than the world; "
             "minidist's mesh holds every rank.)")
+    # A rank with another shape or other names would make other groups and
+    # wait on one the others never joined: agree first, the odd rank named.
+    agree("init_device_mesh", (shape, names), describe=_mesh_words,
+          hint="A mesh is made by every rank of the world from the same shape and names.")
     return DeviceMesh(device_type, mesh_layout(shape), mesh_dim_names=names)
+
+
+def _mesh_words(value) -> str:
+    shape, names = value
+    return f"mesh_shape {shape}" + (f", mesh_dim_names {names}" if names else "")
 
 
 def trace_header(mesh_shape, mesh_dim_names=None) -> dict:

@@ -71,9 +71,13 @@ def worker_main(rank, world_size, fn, args, kwargs, resources, control, result_p
         else:
             kind = "exception"
         # A PeerGoneError names the rank it waited for: the launcher follows
-        # these back to the rank that really caused the failure.
+        # these back to the rank that really caused the failure. A
+        # CollectiveMismatchError names the rank whose call differs from the
+        # majority's: the launcher names it, whoever noticed.
+        odd = getattr(error, "odd", ())
+        blamed = odd[0] if odd else getattr(error, "peer", None)
         outcome = ("error", rank, kind, type(error).__name__, str(error), traceback.format_exc(),
-                   _trace.stop_recording(), getattr(error, "peer", None), failed_at)
+                   _trace.stop_recording(), blamed, failed_at)
         payload = pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
     try:
         logs.send_last(payload)  # after every record: the parent prints them first

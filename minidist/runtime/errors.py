@@ -70,7 +70,22 @@ class MessageMismatchError(DistributedError, ValueError):
 
 class CollectiveMismatchError(DistributedError, ValueError):
     """Ranks of one group called different collectives, or the same one with
-    different arguments (dtype, element count, root, op, algorithm)."""
+    different arguments (dtype, element count, root, op, algorithm).
+
+    ``odd`` lists the global ranks whose call differs from the majority's
+    (empty when the rank that raised could not tell): the launcher names the
+    first of them as the cause, whichever rank noticed first."""
+
+    def __init__(self, message: str, *, odd=()):
+        super().__init__(message)
+        self.odd = tuple(int(rank) for rank in odd)
+
+    def __reduce__(self):
+        return (_rebuild_mismatch, (str(self), self.odd))
+
+
+def _rebuild_mismatch(message, odd):
+    return CollectiveMismatchError(message, odd=odd)
 
 
 class AbortedError(DistributedError):
@@ -87,7 +102,8 @@ class WorkerError(DistributedError):
     Attributes: ``rank`` (the root cause: the rank whose failure, death or
     early return explains the others'); ``kind`` ("exception", "timeout",
     "died", "exited", "returned": it returned from its function while others
-    still waited for it, "frozen": its process was stopped, by a signal or a
+    still waited for it, "mismatch": its collective call differs from the
+    other ranks' (the first line says how), "frozen": its process was stopped, by a signal or a
     debugger, while others waited for it); ``remote_type`` (the exception class name in the
     worker, if any); ``remote_message``; ``remote_traceback`` (the worker's
     traceback as text); ``exitcode``; ``noticed_by`` (where the root cause

@@ -56,7 +56,7 @@ SETTLE_SECONDS = 0.1  # after a first failure, how long to look for its real cau
 
 # Which failure explains a run best: a rank that raised or died is the cause;
 # a rank whose peer vanished or that was told to stop is a consequence.
-_PRIORITY = {"exception": 0, "timeout": 0, "died": 0, "exited": 0, "frozen": 0,
+_PRIORITY = {"exception": 0, "mismatch": 0, "timeout": 0, "died": 0, "exited": 0, "frozen": 0,
              "peer_gone": 1, "aborted": 2, "stopped": 3}
 # The failures a stopped rank causes in the others: when every failure is
 # one of these, a rank found stopped is the cause.
@@ -125,6 +125,8 @@ class Supervisor:
                 _, rank, kind, type_name, text, tb, events, blamed, failed_at = message
                 if type_name == "PeerGoneError":
                     kind = "peer_gone"
+                elif type_name == "CollectiveMismatchError" and blamed is not None:
+                    kind = "mismatch"  # blamed: the rank whose call differs from the majority
                 self._fail(rank, kind, type_name=type_name, message=text, traceback=tb,
                            peer=blamed, at=failed_at)
                 self.events.extend(events)
@@ -401,6 +403,18 @@ class Supervisor:
                                remote_traceback=noticer.get("traceback", "") or "",
                                other_failures=others, noticed_by=noticed_by)
         failure = self.failures[cause]
+        if failure["kind"] == "mismatch":
+            # Every rank that noticed judged the same calls: the odd rank is
+            # the cause, the first to notice only the messenger.
+            odd, text = failure["peer"], failure.get("message", "")
+            prefix = f"rank {cause}: "
+            text = text[len(prefix):] if text.startswith(prefix) else text
+            return WorkerError(odd, "mismatch", text.split("\n")[0],
+                               remote_type=failure.get("type_name", ""),
+                               remote_message=failure.get("message", ""),
+                               remote_traceback=failure.get("traceback", "") or "",
+                               other_failures=[item for item in others if item[0] != odd],
+                               noticed_by=cause)
         return WorkerError(cause, failure["kind"], f"rank {cause} {self._summary(cause)}",
                            remote_type=failure.get("type_name", ""),
                            remote_message=failure.get("message", ""),

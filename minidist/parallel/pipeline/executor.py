@@ -142,6 +142,13 @@ class Pipeline:
             self.schedule = make_schedule(schedule, self.stages, microbatches, virtual_stages)
         self.microbatches = self.schedule.microbatches
         self.virtual_stages = self.schedule.virtual_stages
+        # A rank on another schedule would exchange other messages, or the
+        # same ones in another order, and may train to other weights without
+        # an error: every rank of the world builds its Pipeline, so all agree
+        # on the schedule first, and the odd rank is named.
+        dist.agree("Pipeline", _schedule_key(self.schedule), describe=_schedule_words,
+                   hint="Build every rank's Pipeline with the same schedule, micro-batches "
+                        "and virtual stages.")
 
         pieces = self._pieces(model, split_by, sample)
         self.chunks = [pieces[self.schedule.stage_of(self.rank, chunk)]
@@ -392,6 +399,18 @@ _STEPS = {FORWARD: _Batch.forward, BACKWARD: _Batch.backward,
 #: What a message action carries, and where a sent one goes.
 _CARGO = {SEND_ACTIVATION: "act", RECV_ACTIVATION: "act", SEND_GRAD: "grad", RECV_GRAD: "grad"}
 _TOWARDS = {SEND_ACTIVATION: 1, SEND_GRAD: -1}
+
+
+def _schedule_key(schedule: Schedule) -> tuple:
+    """What every rank's schedule must share: its name, stages, micro-batches
+    and chunks per rank."""
+    return (schedule.name, schedule.stages, schedule.microbatches, schedule.virtual_stages)
+
+
+def _schedule_words(key: tuple) -> str:
+    name, stages, microbatches, virtual = key
+    return (f"schedule {name!r} ({stages} stages, {microbatches} micro-batches, {virtual} "
+            f"chunk{'s' if virtual != 1 else ''} per rank)")
 
 
 def _tag(schedule: Schedule, rank: int, action: Action) -> int:
