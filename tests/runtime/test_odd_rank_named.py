@@ -60,9 +60,8 @@ CASES = {
     "mesh names": (_mesh_names, "rank 1 called init_device_mesh with mesh_shape (2, 2), "
                    "mesh_dim_names ('tp', 'dp') where ranks 0, 2 and 3 call it with "
                    "mesh_shape (2, 2), mesh_dim_names ('dp', 'tp')"),
-    "schedule": (_schedule, "rank 1 called Pipeline with schedule 'gpipe' (2 stages, 2 "
-                 "micro-batches, 1 chunk per rank) where ranks 0, 2 and 3 call it with "
-                 "schedule '1f1b'"),
+    "schedule": (_schedule, "rank 1 called GPT3D with schedule 'gpipe', 2 micro-batches, 1 "
+                 "virtual stage where ranks 0, 2 and 3 call it with schedule '1f1b'"),
     "input splits": (_input_splits, "rank 1 called all_to_all_single with input_split_sizes "
                      "[3, 2, 1, 2] where ranks 0, 2 and 3 expect [2, 2, 2, 2]"),
     "output splits": (_output_splits, "rank 1 called all_to_all_single with "

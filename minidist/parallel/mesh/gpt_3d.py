@@ -169,6 +169,12 @@ def _mesh_axes(mesh) -> np.ndarray:
     return np.moveaxis(mesh.mesh, [names.index(n) for n in MESH_DIMS], [0, 1, 2])
 
 
+def _pipeline_words(key: tuple) -> str:
+    schedule, microbatches, virtual = key
+    return (f"schedule {schedule!r}, {microbatches} micro-batches, {virtual} virtual "
+            f"stage{'s' if virtual != 1 else ''}")
+
+
 class GPT3D:
     """A GPT trained on a DP x TP x PP device mesh (see the module docstring).
 
@@ -182,6 +188,16 @@ class GPT3D:
                  virtual_stages: int = 1, sequence_parallel: bool = False,
                  algorithm: str = DEFAULT_ALGORITHM):
         axes = _mesh_axes(mesh)
+        # Every rank of the mesh builds its stage now: all must run one
+        # schedule, or they would exchange other messages (or train to other
+        # weights). Agreed over the world when the mesh is the world, so that
+        # a majority names the odd rank even where a pipeline has two stages
+        # (a mesh of part of the world: over its pipeline group).
+        whole = mesh.size() == dist.get_world_size()
+        dist.agree("GPT3D", (str(schedule), int(microbatches), int(virtual_stages)),
+                   group=None if whole else mesh.get_group("pp"), describe=_pipeline_words,
+                   hint="Build every rank's GPT3D with the same schedule, micro-batches and "
+                        "virtual stages.")
         self.mesh = mesh
         self.pp, self.dp, self.tp = (mesh.size(name) for name in MESH_DIMS)
         self.tp_group = mesh.get_group("tp")

@@ -128,6 +128,7 @@ class Pipeline:
         world_size = dist.get_world_size()
         self.recompute = bool(recompute)
         self.finalize_grads = finalize_grads
+        given_groups = pipeline_group is not None or data_parallel_group is not None
         (self.stages, self.rank, self.data_parallel, self.replica, self.pipeline_group,
          self.data_parallel_group) = pipeline_grid(data_parallel, pipeline_group,
                                                    data_parallel_group)
@@ -144,9 +145,12 @@ class Pipeline:
         self.virtual_stages = self.schedule.virtual_stages
         # A rank on another schedule would exchange other messages, or the
         # same ones in another order, and may train to other weights without
-        # an error: every rank of the world builds its Pipeline, so all agree
-        # on the schedule first, and the odd rank is named.
+        # an error: the ranks agree on the schedule first, and the odd rank
+        # is named. Over the launch's grid, or over the pipeline group given
+        # (a mesh's "pp": whoever built the mesh agrees over all of it first,
+        # as GPT3D does, where a majority names the odd rank).
         dist.agree("Pipeline", _schedule_key(self.schedule), describe=_schedule_words,
+                   group=self.pipeline_group if given_groups else None,
                    hint="Build every rank's Pipeline with the same schedule, micro-batches "
                         "and virtual stages.")
 
