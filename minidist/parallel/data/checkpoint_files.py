@@ -108,8 +108,7 @@ def _full_state(model, optimizer, group):
     index_of = {id(param): index for index, param in enumerate(parameters)}
     if isinstance(model, FullyShardedDataParallel):
         # Not module.state_dict(): FULL_SHARD's layers hold no full weights now.
-        gathered = dict(zip((id(p) for unit in model._units for p in unit.layout.parameters),
-                            model.full_weights()))
+        gathered = model._gathered_weights()
         model_state = OrderedDict(
             (name, gathered[id(tensor)] if id(tensor) in gathered else tensor.data.copy())
             for name, tensor in module._state_tensors().items())
