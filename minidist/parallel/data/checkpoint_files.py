@@ -174,8 +174,12 @@ def _load_sharded(model, optimizer, model_state, optimizer_state) -> bool:
             unit.shard.data[...] = full[unit.layout.lo:unit.layout.hi]
             if unit.full is not None:
                 unit.full[...] = full
+        # By identity, not name: a tied parameter has a second name (a GPT's
+        # lm_head.weight), loaded above under its first.
+        in_units = {id(p) for unit in model._units for p in unit.layout.parameters}
+        tensors = module._state_tensors()
         rest = {name: value for name, value in model_state.items()
-                if name not in set(names.values())}
+                if id(tensors.get(name)) not in in_units}
         if rest:
             module.load_state_dict(rest, strict=False)
     else:
