@@ -9,7 +9,10 @@ reference of its own result without asking anyone. Sizes: 0, 1, fewer
 elements than ranks, not divisible by the world, and one large enough
 (~1 MiB) that MPI switches from eager sends to rendezvous; dtypes float64
 and int32; ops sum and max (and avg for all_reduce); roots 0 and the last
-rank. A few point-to-point checks of the transport contract come first.
+rank. A few point-to-point checks of the transport contract come first;
+last, one strategy on top of them: FSDP of a GPT whose token embedding is
+its output layer (one Parameter in two layers), each sharding strategy,
+against one process's training (atol 1e-6, as tests/parallel/test_fsdp_tied.py).
 Exits 1 (after every case ran) when any result is wrong; an exception in a
 rank ends the job through MPI_Abort, with that rank named.
 """
@@ -22,8 +25,11 @@ import time
 import numpy as np
 
 import minidist.distributed as dist
+from minidist import Tensor, nn, optim
 from minidist.distributed import world as _world
 from minidist.distributed.collectives.registry import ALGORITHMS
+from minidist.models.gpt import GPT, GPTConfig
+from minidist.parallel.data.fsdp import STRATEGIES, FullyShardedDataParallel
 
 DTYPES = ("float64", "int32")
 OPS = ("sum", "max")
@@ -219,6 +225,41 @@ def native_extras(c: Checker) -> None:
     c.check("ring and native agree", ring, mpis, "float64")
 
 
+def fsdp_tied_gpt(c: Checker) -> None:
+    """FSDP(GPT) with its tied embedding, each strategy: the weights of one
+    process's training on the whole batch (every rank trains it, to compare),
+    and the tie kept."""
+    config = GPTConfig(vocab_size=13, block_size=8, n_layer=2, n_head=2, n_embd=8)
+    tokens = np.random.default_rng(7).integers(0, config.vocab_size, (3, 2 * c.n, 9))
+
+    def train(wrap, rows):
+        model = GPT(config, rng=0)
+        wrapped = wrap(model)
+        optimizer = optim.SGD(wrapped.parameters(), lr=0.1, momentum=0.9)
+        for batch in tokens[:, rows]:
+            optimizer.zero_grad()
+            logits = wrapped(Tensor(batch[:, :-1]))
+            nn.CrossEntropyLoss()(logits.reshape(-1, config.vocab_size),
+                                  batch[:, 1:].reshape(-1)).backward()
+            optimizer.step()
+        return model, wrapped
+
+    reference, _ = train(lambda model: model, slice(None))
+    expected = [p.data for p in reference.parameters()]
+    for strategy in STRATEGIES:
+        model, fsdp = train(lambda m, s=strategy: FullyShardedDataParallel(m, sharding_strategy=s),
+                            slice(2 * c.rank, 2 * c.rank + 2))
+        got = fsdp.full_weights()
+        c.cases += 1
+        if model.lm_head.weight is not model.transformer.wte.weight or len(got) != len(expected):
+            c.failures.append(f"fsdp {strategy} tied GPT: the tie or the parameters were lost")
+            continue
+        worst = max(float(np.abs(a - b).max()) for a, b in zip(got, expected))
+        if worst > 1e-6:
+            c.failures.append(f"fsdp {strategy} tied GPT: weights {worst:.2e} from one "
+                              "process's training (atol 1e-6)")
+
+
 def main() -> int:
     start = time.perf_counter()
     dist.init_process_group()
@@ -231,6 +272,7 @@ def main() -> int:
     point_to_point(checker)
     collectives(checker)
     native_extras(checker)
+    fsdp_tied_gpt(checker)
     algorithms = sum(len(names) for names in ALGORITHMS.values())
     for failure in checker.failures[:20]:
         print(f"rank {rank}: FAIL {failure}", flush=True)

@@ -1,8 +1,9 @@
 """The mpi transport under a real mpiexec (issue 22).
 
 * the collectives suite (tests/mpi/collectives_under_mpi.py: every collective
-  x algorithm, several sizes, two dtypes) in one mpiexec launch per world
-  size, 2, 3 and 4 ranks;
+  x algorithm, several sizes, two dtypes; then FSDP of a GPT with a tied
+  embedding, each sharding strategy) in one mpiexec launch per world size, 2,
+  3 and 4 ranks;
 * a rank that raises ends the whole job within seconds, its rank and error
   named, while the others wait for it (MPI_Abort, no hang);
 * without mpiexec: choosing the mpi transport anywhere else says what to do.

@@ -15,7 +15,9 @@ Read in this order:
    hook;
 5. :mod:`.zero`: ZeRO stage 1, the optimizer state sharded;
 6. :mod:`.fsdp`: stages 2 and 3 as ``FullyShardedDataParallel``, gradients
-   and then weights sharded; :mod:`.zero_stages` builds any stage by number;
+   and then weights sharded, one layer (a unit) at a time; :mod:`.fsdp_units`:
+   which unit holds each parameter, a tied one included; :mod:`.zero_stages`
+   builds any stage by number;
 7. :mod:`.costs`: what each stage holds and sends, by formula;
 8. :mod:`.sync_batchnorm`: batch statistics over the global batch;
 9. :mod:`.checkpoint_files`: saving and resuming a data-parallel run;

@@ -108,8 +108,7 @@ def _full_state(model, optimizer, group):
     index_of = {id(param): index for index, param in enumerate(parameters)}
     if isinstance(model, FullyShardedDataParallel):
         # Not module.state_dict(): FULL_SHARD's layers hold no full weights now.
-        gathered = dict(zip((id(p) for unit in model._units for p in unit.layout.parameters),
-                            model.full_weights()))
+        gathered = model._gathered_weights()
         model_state = OrderedDict(
             (name, gathered[id(tensor)] if id(tensor) in gathered else tensor.data.copy())
             for name, tensor in module._state_tensors().items())
@@ -175,8 +174,12 @@ def _load_sharded(model, optimizer, model_state, optimizer_state) -> bool:
             unit.shard.data[...] = full[unit.layout.lo:unit.layout.hi]
             if unit.full is not None:
                 unit.full[...] = full
+        # By identity, not name: a tied parameter has a second name (a GPT's
+        # lm_head.weight), loaded above under its first.
+        in_units = {id(p) for unit in model._units for p in unit.layout.parameters}
+        tensors = module._state_tensors()
         rest = {name: value for name, value in model_state.items()
-                if name not in set(names.values())}
+                if id(tensors.get(name)) not in in_units}
         if rest:
             module.load_state_dict(rest, strict=False)
     else:

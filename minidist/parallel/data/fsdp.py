@@ -1,7 +1,9 @@
 """FSDP: ZeRO stages 2 and 3 as torch's ``FullyShardedDataParallel`` (course topic 20).
 
 Read :mod:`minidist.parallel.data.zero` first: stage 1 and the flat, padded
-shard (``_FlatShard``) this module builds on, one per layer here.
+shard (``_FlatShard``) this module builds on, one per layer here (a
+parameter tied between layers in one of them only:
+:mod:`minidist.parallel.data.fsdp_units`).
 
 * ``FullyShardedDataParallel(..., sharding_strategy="SHARD_GRAD_OP")`` (stage
   2): ``fsdp.parameters()`` are the *shards* (one flat slice per layer), the
@@ -49,6 +51,7 @@ import minidist.distributed as dist
 from minidist import nn
 from minidist.distributed.device_mesh import as_group
 from minidist.parallel.data.checks import _check_model, _examples_in
+from minidist.parallel.data.fsdp_units import units_of
 from minidist.parallel.data.zero import _FlatShard
 from minidist.parallel.replicas import broadcast_module
 from minidist.tensor import Tensor
@@ -133,9 +136,10 @@ def freed_parameter(what: str, dtype) -> FreedParameter:
 
 
 class _Unit:
-    """One layer's (a module owning parameters) flat buffer and shard."""
+    """One unit's flat buffer and shard: a layer (a module owning parameters), or the
+    module around the layers that share a tied parameter (:mod:`.fsdp_units`)."""
 
-    def __init__(self, module, parameters, rank, world_size, keep_full: bool):
+    def __init__(self, module, parameters, names, rank, world_size, keep_full: bool):
         self.module = module
         self.layout = _FlatShard(parameters, rank, world_size)
         full = self.layout.pack([p.data for p in parameters],
@@ -145,8 +149,7 @@ class _Unit:
         # (gathered in place). FULL_SHARD keeps the shard alone.
         self.shard = Tensor(mine if keep_full else mine.copy(), requires_grad=True)
         self.full = full if keep_full else None     # the gathered weights, while they exist
-        names = {id(p): name for name, p in module.named_parameters(recurse=False)}
-        self.names = [f"{type(module).__name__}.{names[id(p)]}" for p in parameters]
+        self.names = names
         self.pending = len(parameters)
 
 
@@ -163,8 +166,11 @@ class FullyShardedDataParallel(nn.Module):
             optimizer.step()
 
     Every module that owns parameters (a layer) is one unit with its own flat
-    buffer, padded to a multiple of N; ``parameters()`` gives one shard per
-    unit, this rank's slice, and the optimizer's state covers the shards only.
+    buffer, padded to a multiple of N; a parameter tied between layers (a
+    GPT's ``lm_head.weight`` is ``wte.weight``) belongs to the module that
+    contains them all (:mod:`minidist.parallel.data.fsdp_units`).
+    ``parameters()`` gives one shard per unit, this rank's slice, and the
+    optimizer's state covers the shards only.
     Rank 0's weights are broadcast at construction, then sharded.
 
     * forward of a unit (its forward pre-hook): all_gather its weights from
@@ -204,12 +210,10 @@ class FullyShardedDataParallel(nn.Module):
         broadcast_module(module, src=0, group=process_group)
         # NO_SHARD: one "shard" per unit, the whole buffer (a world of one's layout).
         rank, shards = (self._rank, self._world_size) if self.sharded else (0, 1)
-        self._units = []
-        for layer in module.modules():
-            own = [p for p in layer.parameters(recurse=False) if p.requires_grad]
-            if own:
-                self._units.append(_Unit(layer, own, rank, shards,
-                                         keep_full=not self.reshard_after_forward))
+        # A tied parameter belongs to one unit, the module around all its uses.
+        self._units = [_Unit(layer, own, names, rank, shards,
+                             keep_full=not self.reshard_after_forward)
+                       for layer, own, names in units_of(module, self._rank)]
         for unit in self._units:
             unit.module.register_forward_pre_hook(
                 lambda layer, args, unit=unit: self._gather(unit))
@@ -271,16 +275,24 @@ class FullyShardedDataParallel(nn.Module):
             yield f"{prefix}{'.' if prefix else ''}shard{index}", shard
 
     def full_weights(self) -> list:
-        """Every parameter of the module, gathered (a collective: all ranks call it)."""
-        out = []
+        """Every parameter of the module that trains, gathered, in the order of
+        ``module.parameters()`` (a tied one once). A collective: all ranks call it."""
+        gathered = self._gathered_weights()
+        return [gathered[id(p)] for p in self.module.parameters() if id(p) in gathered]
+
+    def _gathered_weights(self) -> dict:
+        """``{id(parameter): its full weights}`` for every unit's parameters (a
+        unit holds a tied parameter out of the module's order)."""
+        out = {}
         for unit in self._units:
             if not self.sharded:
-                out.extend(view.copy() for view in unit.layout.views(unit.shard.data))
-                continue
-            full = np.empty(unit.layout.padded, unit.layout.dtype)
-            dist.all_gather_into_tensor(full, unit.shard.data, group=self._group,
-                                        algorithm=self._algorithm)
-            out.extend(view.copy() for view in unit.layout.views(full))
+                full = unit.shard.data
+            else:
+                full = np.empty(unit.layout.padded, unit.layout.dtype)
+                dist.all_gather_into_tensor(full, unit.shard.data, group=self._group,
+                                            algorithm=self._algorithm)
+            for param, view in zip(unit.layout.parameters, unit.layout.views(full)):
+                out[id(param)] = view.copy()
         return out
 
     # -- gathering and freeing (the hooks) ----------------------------------
