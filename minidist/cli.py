@@ -462,7 +462,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "show the plan the Ultra-Scale Playbook's order reaches. The defaults: "
                     "a 6.7 B GPT on 1,024 ranks of a GPU cluster (chosen, not measured).",
     )
-    plan.add_argument("--ranks", type=_positive_int, default=1024, help="ranks (default 1024)")
+    plan.add_argument("--ranks", type=_positive_int, default=None,
+                      help="ranks (default 1024; with --mesh, the mesh's)")
     plan.add_argument("--mesh", default=None, metavar="DPxTPxPP",
                       help="only this plan's breakdown, e.g. 8x8x16")
     plan.add_argument("--memory", default="80GB", help="memory a rank (default 80GB)")

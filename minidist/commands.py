@@ -25,9 +25,10 @@ import numpy as np
 from minidist import costmodel
 from minidist.distributed.collectives import ALGORITHMS
 from minidist.distributed.launch import warn_if_oversubscribed
-from minidist.distributed.simulator import CALLS, SYMMETRIC, estimate, memory_available, simulate
+from minidist.distributed.simulator import CALLS, SYMMETRIC, estimate, simulate
 from minidist.distributed.transport import check_name
 from minidist.model_gap import RunFacts, explain, ratio_text
+from minidist.runtime.machine_memory import MEMORY_SHARE, memory_available
 from minidist.units import format_bytes
 
 # --------------------------------------------------------------------------- minidist simulate
@@ -74,8 +75,6 @@ def _progress_bar(quiet: bool):
 REFUSE_SECONDS = 300.0
 #: ... and one longer than this is warned about (on stderr) before it starts.
 WARN_SECONDS = 30.0
-#: The share of the machine's available memory a simulation may be estimated to take.
-MEMORY_SHARE = 0.5
 
 
 def _check_cost(collective, algorithms, args, nbytes, dtype) -> None:

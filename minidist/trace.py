@@ -258,7 +258,10 @@ def write_jsonl(path, events: Iterable[dict], header: dict | None = None) -> int
 
 def read_jsonl(path) -> Trace:
     """Read a trace written by :func:`write_jsonl`. A file that is not one
-    raises ValueError saying which line is wrong and why."""
+    raises ValueError saying which line is wrong and why; an event that
+    cannot be (a rank or peer outside the header's world, a negative size)
+    raises :class:`WrongEvent`, a ValueError. A file cut short reads: see
+    :func:`missing_events`."""
     not_a_trace = f"{path} is not a minidist trace:"  # every message about the header
     with open(path, encoding="utf-8") as file:
         lines = iter(file)
@@ -296,11 +299,112 @@ def read_jsonl(path) -> Trace:
             if not isinstance(event, dict) or not _REQUIRED.issubset(event):
                 raise ValueError(f"{path}, line {number}: not a trace event (an event is an "
                                  f"object with at least {sorted(_REQUIRED)})")
+            wrong = _wrong_numbers(event, header.get("world_size"))
+            if wrong:
+                raise WrongEvent(f"{path}, line {number}: {wrong}")
             events.append(event)
     return Trace(header, events)
 
 
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _wrong_numbers(event: dict, world_size) -> str | None:
+    """What is wrong with an event's rank, peer or bytes (None: nothing): a
+    rank or peer outside the header's world, a negative size. Every picture
+    indexes its rows by rank and sums the bytes, so such an event would
+    break them or draw a lie."""
+    world = world_size if _whole(world_size) and world_size > 0 else None
+    for key in ("rank", "peer"):
+        value = event.get(key)
+        if not _whole(value):
+            continue  # a rank that is no number is the visualiser's to name
+        if value < 0 or (world is not None and value >= world):
+            ranks = f"ranks 0 to {world - 1}" if world is not None else "ranks count from 0"
+            whose = f"a rank of this {world}-rank trace" if world is not None else "a rank"
+            return f"{key} {value} is not {whose} ({ranks})"
+    nbytes = event.get("bytes")
+    if nbytes is not None and not (_whole(nbytes) and nbytes >= 0):
+        return f"bytes {nbytes!r}: a message's size is a whole number of bytes, 0 or more"
+    return None
+
+
+def missing_events(trace: Trace) -> str | None:
+    """None when ``trace`` holds the events its header counts (or the header
+    counts none); else, in words, how many are missing and which collective
+    calls, or which ranks' messages, lost events. A file cut short (a copy
+    stopped, a full disk) keeps its header, which :func:`write_jsonl` wrote
+    with the count, and loses its last lines: the events that started last."""
+    counted = trace.header.get("events")
+    if not _whole(counted) or counted == len(trace.events):
+        return None
+    held = len(trace.events)
+    if held > counted:
+        return f"its header counts {counted:,} events, but the file holds {held:,}"
+    words = f"its header counts {counted:,} events, the file holds {held:,} ({counted - held:,} missing)"
+    incomplete = _incomplete(trace.events)
+    return f"{words}; {incomplete}" if incomplete else words
+
+
+def _incomplete(events: list[dict]) -> str:
+    """Which collective calls (or, outside any call, which ranks) lost events:
+    a message with one end only, a rank without its record of the call."""
+    calls: dict[tuple, dict] = {}  # (group, call) -> what the call's events say
+    for event in events:
+        if event.get("kind") == "collective":
+            info = label_info(event.get("label") or "")
+            if "call" in info:
+                found = calls.setdefault((info.get("group", event.get("group", 0)), info["call"]),
+                                         {"ranks": set(), "ends": set()})
+                found["ranks"].add(event.get("rank"))
+                found.update(name=f"{info.get('collective', '?')} {info.get('algorithm', '')}".strip(),
+                             world=info.get("world"))
+    ends: dict[tuple, list[dict]] = {}
+    for event in events:
+        if event.get("kind") in ("send", "recv") and event.get("seq") is not None:
+            me, peer = (event["rank"], event.get("peer")) if event["kind"] == "send" \
+                else (event.get("peer"), event["rank"])
+            ends.setdefault((me, peer, event["seq"]), []).append(event)
+    loose_ranks = set()
+    for pair in ends.values():
+        if {end["kind"] for end in pair} == {"send", "recv"}:
+            continue
+        event = pair[0]
+        info = label_info(event.get("label") or "")
+        key = (event.get("group", 0), info.get("call"))
+        if "call" in info and key in calls:
+            calls[key]["ends"].add(event["rank"])
+        else:
+            loose_ranks.add(event["rank"])
+    told = []
+    for (group, number), found in sorted(calls.items(), key=lambda item: item[0][1]):
+        world = found.get("world")
+        absent = sorted(set(range(world)) - found["ranks"]) if _whole(world) and group == 0 else []
+        if not (absent or found["ends"]):
+            continue
+        why = []
+        if found["ends"]:
+            why.append(f"messages of {_ranks(found['ends'])} without their other end")
+        if absent:
+            why.append(f"no record of the call from {_ranks(absent)}")
+        told.append(f"call {number} ({found['name']}: {'; '.join(why)})")
+    if loose_ranks:
+        told.append(f"messages of {_ranks(loose_ranks)} without their other end")
+    return ("incomplete: " + ", ".join(told)) if told else ""
+
+
+def _ranks(ranks) -> str:
+    ranks = sorted(ranks)
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
 _REQUIRED = frozenset(("rank", "kind", "start", "end"))
+
+
+class WrongEvent(ValueError):
+    """A line of a trace is an event, but one that cannot be: its message says
+    which line and why (a peer outside the world, a negative size)."""
 
 
 def _text_lines(lines, path):

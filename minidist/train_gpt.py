@@ -17,6 +17,12 @@ the loss is measured on the same fixed windows of both parts (so two
 measurements differ because the model changed, not the windows), and at the
 end the model writes a sample.
 
+Before anything is built, :func:`check_run` refuses a run that cannot
+start: a context longer than the validation text holds, or a step whose
+bytes (:func:`training_bytes`: the parameters and their state, the
+activations, attention's B H T^2 probabilities among them) would outgrow
+the share of this machine's memory a run may take.
+
 What to expect: a model that knows nothing predicts every one of the 62
 characters with the same probability, a loss of ln 62 = 4.13 nats. The
 characters' frequencies alone give 3.32 on the validation text, the
@@ -35,10 +41,13 @@ import numpy as np
 
 from minidist import backend, no_grad, optim
 from minidist.data import CharTokenizer, RandomWindows, load_shakespeare, split_tokens
+from minidist.memory import transformer_block_activation_bytes
 from minidist.models import GPT, GPTConfig, generate
 from minidist.nn import functional as F
 from minidist.runtime.allocator import keep_freed_memory
 from minidist.runtime.blas_threads import blas_threads, set_blas_threads
+from minidist.runtime.machine_memory import MEMORY_SHARE, memory_available
+from minidist.units import format_bytes
 
 #: The default run: nanoGPT's CPU configuration for character-level
 #: Shakespeare (4 layers, 4 heads, width 128, context 64, batch 12, AdamW at
@@ -73,6 +82,97 @@ def build_gpt(vocab_size: int | None = None, n_layer: int = GPT_DEFAULTS["n_laye
     config = GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_head=n_head,
                        n_embd=n_embd)
     return GPT(config, rng=np.random.default_rng(seed), dtype=dtype)
+
+
+def gpt_parameters(vocab_size: int, n_layer: int, n_embd: int, block_size: int) -> int:
+    """The parameters of :func:`build_gpt`'s model, counted without building
+    it: per block 12 h^2 + 13 h (the four Linear layers' weights and biases,
+    the two LayerNorms), the token embedding (tied to the output layer, so
+    counted once) V h, the positions T h, the final LayerNorm 2 h."""
+    h = n_embd
+    return n_layer * (12 * h * h + 13 * h) + vocab_size * h + block_size * h + 2 * h
+
+
+def training_bytes(vocab_size: int, n_layer: int, n_head: int, n_embd: int, block_size: int,
+                   batch_size: int, itemsize: int = 4) -> dict[str, int]:
+    """The bytes one training step holds at its peak, by what they are for
+    (the float32 arrays this module trains with; ``sum(...values())`` is
+    the whole):
+
+    * the parameters, their gradients and AdamW's two moments: 4 arrays of
+      :func:`gpt_parameters` numbers;
+    * the activations the graph keeps for the backward: each block's
+      (:func:`minidist.memory.transformer_block_activation_terms`, the B H T^2
+      attention probabilities among them), the embeddings' and the final
+      LayerNorm's (B, T, h) arrays, and the logits with their softmax (B, T, V);
+    * the backward's largest temporaries: one block's gradients of the
+      probabilities and of the scores (B H T^2 each) and the logits' gradient.
+
+    Measured against a step's peak (tracemalloc), it is over by a tenth to a
+    fifth: a bound to refuse a run by, not an account to the byte
+    (:class:`minidist.memory.Ledger` measures one)."""
+    b, t, h, v = batch_size, block_size, n_embd, vocab_size
+    s = b * t * h * itemsize  # one (B, T, h) array
+    logits = b * t * v * itemsize
+    scores = b * n_head * t * t * itemsize
+    return {
+        "parameters, gradients and AdamW's moments":
+            4 * gpt_parameters(v, n_layer, h, t) * itemsize,
+        "activations": (n_layer * transformer_block_activation_bytes(b, t, h, n_head, itemsize)
+                        + 4 * s + t * h * itemsize + b * t * itemsize + 3 * logits),
+        "the backward's temporaries": 2 * scores + logits,
+    }
+
+
+def _longest_context_that_fits(budget: float, vocab_size, n_layer, n_head, n_embd, block_size,
+                               batch_size) -> int:
+    """The largest context below ``block_size`` whose step fits ``budget`` (0: none),
+    by bisection: the bytes grow with the context."""
+    low, high = 0, block_size - 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        need = sum(training_bytes(vocab_size, n_layer, n_head, n_embd, middle,
+                                  batch_size).values())
+        low, high = (middle, high) if need <= budget else (low, middle - 1)
+    return low
+
+
+def check_run(settings: dict, vocab_size: int, train_tokens: int, val_tokens: int) -> None:
+    """Refuse, in one line (ValueError), a run that cannot start: a context
+    longer than a part of the text holds (a window is context + 1 tokens),
+    or a step estimated (:func:`training_bytes`) over the share of this
+    machine's memory a run may take (:mod:`minidist.runtime.machine_memory`), saying
+    what to lower. Before anything is built: a step too big for the machine
+    would otherwise be stopped by the kernel partway into the first one."""
+    block = settings["block_size"]
+    shortest = min(train_tokens, val_tokens)
+    if block + 1 > shortest:
+        part = "validation" if val_tokens <= train_tokens else "training"
+        raise ValueError(
+            f"a context (--context, block_size) of {block:,} is longer than the text can give: "
+            f"a window is context + 1 characters and the {part} part holds {shortest:,} "
+            f"(of {train_tokens + val_tokens:,}); choose a context of at most {shortest - 1:,}")
+    shape = (vocab_size, settings["n_layer"], settings["n_head"], settings["n_embd"])
+    need = training_bytes(*shape, block, settings["batch_size"])
+    available = memory_available()
+    budget = MEMORY_SHARE * available
+    if sum(need.values()) <= budget:
+        return
+    terms = ", ".join(f"{name} {format_bytes(value)}" for name, value in need.items())
+    if need["parameters, gradients and AdamW's moments"] > budget:
+        lower = "--width or --layers: the parameters grow with layers x width^2"
+    else:
+        fits = _longest_context_that_fits(budget, *shape, block, settings["batch_size"])
+        context = f"--context (to {fits:,} or less, the rest unchanged)" if fits else "--context"
+        lower = (f"{context}, --batch-size, --heads or --layers: the attention's probabilities "
+                 "grow with batch x heads x context^2, a block's other activations with batch x "
+                 "context x width")
+    raise ValueError(
+        f"this GPT (context {block:,}, batch {settings['batch_size']}, {settings['n_layer']} "
+        f"layers of width {settings['n_embd']} and {settings['n_head']} heads) would need "
+        f"about {format_bytes(sum(need.values()))} a step ({terms}); this machine has "
+        f"{format_bytes(available)} available and a run may take {MEMORY_SHARE:.0%} of it. "
+        f"Lower {lower}")
 
 
 def language_model_loss(model, x, y):
@@ -180,6 +280,7 @@ def _train(s, seed, sample_chars, eval_batches, progress, console, text) -> dict
 
     tokenizer = CharTokenizer(text)
     train_tokens, val_tokens = split_tokens(tokenizer.encode(text), VAL_FRACTION)
+    check_run(s, tokenizer.vocab_size, len(train_tokens), len(val_tokens))
     block, batch = s["block_size"], s["batch_size"]
     windows = RandomWindows(train_tokens, block, batch, seed=seed)
     model = build_gpt(tokenizer.vocab_size, s["n_layer"], s["n_head"], s["n_embd"], block, seed=seed)
@@ -246,4 +347,5 @@ def _train(s, seed, sample_chars, eval_batches, progress, console, text) -> dict
     }
 
 
-__all__ = ["GPT_DEFAULTS", "build_gpt", "estimate_loss", "language_model_loss", "train_gpt"]
+__all__ = ["GPT_DEFAULTS", "build_gpt", "check_run", "estimate_loss", "gpt_parameters",
+           "language_model_loss", "train_gpt", "training_bytes"]

@@ -292,6 +292,39 @@ def test_minidist_plan_prints_the_comparison_and_the_playbook(capsys):
     assert "is not DPxTPxPP" in capsys.readouterr().err
 
 
+PLAN_MISTAKES = [
+    # (arguments, words the one line must contain)
+    (["--memory", "abc"], "--memory 'abc': cannot read 'abc'"),
+    (["--memory=-5GB"], "--memory '-5GB' must be above 0"),
+    (["--memory", "1e400GB"], "--memory '1e400GB' must be above 0"),
+    (["--inter", "abc"], "--inter 'abc': cannot read 'abc'"),
+    (["--intra", "0GB/s"], "--intra '0GB/s' must be above 0"),
+    (["--n-head", "7"], "--n-head 7 does not divide --n-embd 4096"),
+    (["--mesh", "8x8x16", "--ranks", "3"], "--mesh 8x8x16 is 1,024 ranks, but --ranks is 3"),
+    (["--mesh", "8x8"], "is not DPxTPxPP"),
+]
+
+
+@pytest.mark.parametrize("arguments, words", PLAN_MISTAKES,
+                         ids=[" ".join(a) for a, _ in PLAN_MISTAKES])
+def test_a_mistake_in_minidist_plan_is_one_line_and_status_2(arguments, words, capsys):
+    assert cli.main(["plan", *arguments]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # refused before anything is printed
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], captured.err
+
+
+def test_one_plan_is_told_against_memory_and_its_own_ranks(capsys):
+    model = ["--n-layer", "8", "--n-embd", "256", "--n-head", "16", "--vocab", "512",
+             "--seq-len", "128", "--global-batch", "64"]
+    assert cli.main(["plan", "--mesh", "2x4x2", "--ranks", "16", "--memory", "1GB",
+                     *model]) == 0
+    assert "fits in --memory 1GB a rank" in capsys.readouterr().out
+    assert cli.main(["plan", "--mesh", "2x4x2", "--memory", "1MB", *model]) == 0
+    assert "does NOT fit in --memory 1MB a rank" in capsys.readouterr().out
+
+
 def test_auto_takes_the_cost_models_fastest_algorithm_for_each_call():
     plan = Plan(dp=4, tp=4, pp=1)
     ring = predict_step(SMALL, plan, MACHINE)

@@ -356,9 +356,8 @@ class _Painter:
     """Draws any frame of one replay on one figure (the animation redraws per frame)."""
 
     def __init__(self, replay, figure: Figure | None = None):
-        if not replay.steps:
-            raise ValueError(f"{replay.collective} {replay.algorithm} (call {replay.call}) "
-                             "has no steps to draw")
+        # A replay of no step (one rank; a student's run that yielded only
+        # empty steps) is drawn too: its one frame, the state before any message.
         self.replay = replay
         size = FIGURE_SIZE if replay.world_size <= 8 or replay.summary else LARGE_FIGURE_SIZE
         self.figure = figure or Figure(figsize=size, dpi=DPI)

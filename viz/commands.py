@@ -76,6 +76,8 @@ def _load_trace(path) -> _trace.Trace:
         trace = _trace.read_jsonl(path)
     except OSError as error:
         raise VizError(f"cannot read {path}: {error.strerror or error}") from None
+    except _trace.WrongEvent as error:  # a trace, with one impossible event: name its line
+        raise VizError(str(error)) from None
     except _NOT_A_TRACE as error:
         if "this minidist reads" in str(error):  # a newer trace: update minidist
             raise VizError(str(error)) from None
@@ -92,6 +94,11 @@ def _load_trace(path) -> _trace.Trace:
             if not isinstance(event.get(key), kind) or isinstance(event.get(key), bool):
                 raise _not_a_trace(path, f"event {number - 1} has no valid {key!r} "
                                          f"({event.get(key)!r})")
+    missing = _trace.missing_events(trace)
+    if missing:
+        # Drawn, a cut trace shows calls with empty steps as if the run had done that.
+        raise VizError(f"{path} looks truncated: {missing}. Nothing is drawn from it: copy "
+                       "the whole file, or record the run again")
     return trace
 
 
@@ -166,6 +173,10 @@ def show(path, *, call: int | None = None, play: bool = False, speed: float = 2.
     console = console or Console(no_color=not color, highlight=False)
     trace = _load_trace(path)
     pipeline = is_pipeline_trace(trace.header)
+    if not trace.events and not pipeline:  # a pipeline's header: its chart says what is missing
+        raise VizError(f"{path} holds no events, only its header: nothing to draw (the run "
+                       "it records sent no message and marked no region), so nothing is "
+                       "written")
     replays = replays_of(trace) if (gif or html or not pipeline) else []
     if not replays and not pipeline:
         replays = _ring_attention_replays(trace)

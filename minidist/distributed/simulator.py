@@ -385,21 +385,6 @@ def estimate(collective: str, algorithm: str, world_size: int, nbytes: int, *,
     return Estimate(seconds, memory, messages, symmetric)
 
 
-def memory_available() -> float:
-    """Bytes this machine can still give (MemAvailable of /proc/meminfo)."""
-    try:
-        with open("/proc/meminfo") as file:
-            for line in file:
-                if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (OSError, ValueError, AttributeError):
-        return math.inf
-
-
 # --------------------------------------------------------------------------- the driver
 
 

@@ -16,7 +16,8 @@ What is checked, in order, stopping at the first failure:
    not divisible by them, divisible, and some roots, on the simulator:
    the result on every rank against NumPy (the first wrong rank and element
    are named, and the first step where the student's messages differ from
-   the reference's); a hang (some rank waits for a message nobody sends) is
+   the reference's, or first the empty step, a yield of no requests, if a
+   rank made one); a hang (some rank waits for a message nobody sends) is
    told as the wait-for chain, "rank 0 waits for rank 1 (...), rank 1 waits
    for rank 0 (...)", at once, not after a timeout;
 2. the messages and bytes, summed over ranks, against the algorithm's
@@ -111,6 +112,7 @@ class RecordingComm:
         self.labels: dict = {}  # id(receive) -> (source, the student's label)
         self.steps = 0          # steps finished; the current one is steps + 1
         self.finished = False
+        self.empty_steps: list[int] = []  # the steps that yielded no request
 
     @property
     def sends(self) -> list[Action]:
@@ -204,6 +206,8 @@ class RecordingComm:
             if isinstance(requests, (list, tuple)) and all(
                     hasattr(request, "test") and hasattr(request, "wait")
                     for request in requests):
+                if not requests:
+                    self.empty_steps.append(self.steps + 1)
                 self.current = list(requests)
                 yield list(requests)
                 self.steps += 1
@@ -356,10 +360,40 @@ def _sizes(error: MessageMismatchError) -> str:
 
 
 def judge_call(spec: CollectiveSpec, function, n: int, count: int, root: int):
-    """(None, the call) if ``function`` gives the right result on this case; else a Failure."""
+    """(None, the call) if ``function`` gives the right result on this case; else a
+    Failure, told as an empty step's when a rank yielded one (see :func:`_empty_step`)."""
+    result = simulate_call(spec, function, n, count, root)
+    judged = _judge_result(spec, result, n, count, root)
+    if isinstance(judged, Failure):
+        return _empty_step(result, judged) or judged
+    return judged
+
+
+def _empty_step(result: SimulatedCall, failure: Failure) -> Failure | None:
+    """The failure of a call in which a rank yielded an empty step, told that
+    mistake first: nothing moves in that step, so every step after it is one
+    behind the algorithm's (the messages then look wrong from there on, and
+    the replay of a run of empty steps has nothing to draw). None when no
+    rank yielded one."""
+    empty = [(comm.empty_steps[0], comm.rank) for comm in result.comms if comm.empty_steps]
+    if failure.kind in ("not written", "not a generator") or not empty:
+        return None
+    step, rank = min(empty)
+    ranks = sorted(rank for _, rank in empty)
+    others = (f" (so did rank{'s' if len(ranks) > 2 else ''} "
+              f"{', '.join(str(r) for r in ranks if r != rank)})" if len(ranks) > 1 else "")
+    return Failure("empty step", (
+        f"rank {rank}, step {step}: your generator yielded an empty step, a list of no "
+        f"requests{others}: nothing is sent or received in it, and the algorithm's steps "
+        "after it come one step late. Each yield is one step, its sends and receives "
+        "together, [comm.isend(...), comm.irecv(...)]: yield only when there is something "
+        f"to post. What followed: {failure.message}"),
+        rank=rank, element=failure.element, step=step, case=failure.case)
+
+
+def _judge_result(spec: CollectiveSpec, result: SimulatedCall, n: int, count: int, root: int):
     case = f"{n} ranks, {count} elements" + (f", root {root}" if spec.rooted else "")
     key = (n, count, root)
-    result = simulate_call(spec, function, n, count, root)
     if result.error is not None:
         error = _root_error(result.error)
         if isinstance(error, NotWrittenYet):

@@ -43,7 +43,7 @@ class ExerciseTimeout(Exception):
 class Failure:
     """Why a check failed: ``kind`` is one word tests can match ("wrong result",
     "deadlock", "raised", "wasteful", "wrong shape", "hang", "not written",
-    "not a generator", "invalid schedule", ...), ``message`` the paragraph a
+    "not a generator", "empty step", "invalid schedule", ...), ``message`` the paragraph a
     student reads."""
 
     kind: str

@@ -16,6 +16,7 @@ nothing here imports from above (a test holds it to that: tests/test_layers.py).
 * :mod:`.process_setup` a worker's first steps: die with the parent, signals;
 * :mod:`.blas_threads`  one BLAS thread pool size per worker, so ranks share cores;
 * :mod:`.allocator`     keep freed memory, so each training step does not page it in again;
+* :mod:`.machine_memory` the memory this machine can give, and the share one run may take;
 * :mod:`.console`       workers' logs routed to the parent, rank-0 printing.
 
 ``minidist.launch`` (in :mod:`minidist.distributed.launch`) joins these to the

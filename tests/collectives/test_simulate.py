@@ -22,13 +22,13 @@ from minidist.distributed.simulator import (
     MEMORY_BUDGET,
     drive,
     estimate,
-    memory_available,
     plan_elements,
     sample_values,
     simulate,
 )
 from minidist.distributed.transport.sim import SimNetwork, SimulationStallError
 from minidist.runtime.errors import CollectiveMismatchError
+from minidist.runtime.machine_memory import memory_available
 
 PARAMS = [costmodel.Params(alpha=5e-6, beta=1e-10, gamma=1e-10),
           costmodel.Params(alpha=2e-6, beta=4e-10, gamma=0.0),

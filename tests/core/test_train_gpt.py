@@ -88,3 +88,66 @@ def test_cli_mistakes_are_one_line(args, message):
     done = run_cli("train", *args, "--no-progress")
     assert done.returncode == 2 and message in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_the_step_estimate_counts_the_gpt_and_bounds_a_measured_step():
+    """training_bytes is a bound a little above a step's measured peak, and
+    its parameters are the model's own count."""
+    import tracemalloc
+
+    import numpy as np
+
+    from minidist.data import RandomWindows
+    from minidist.train_gpt import (
+        _optimizer,
+        build_gpt,
+        gpt_parameters,
+        language_model_loss,
+        training_bytes,
+    )
+
+    for vocab, layers, heads, width, context in ((62, 4, 4, 128, 64), (500, 1, 2, 32, 256)):
+        model = build_gpt(vocab, layers, heads, width, context)
+        assert gpt_parameters(vocab, layers, width, context) == model.num_parameters()
+    vocab, layers, heads, width, context, batch = 62, 1, 2, 32, 256, 4
+    model = build_gpt(vocab, layers, heads, width, context)
+    optimizer = _optimizer(model, 1e-3)
+    windows = RandomWindows(np.arange(4 * context) % vocab, context, batch)
+    tracemalloc.start()
+    try:
+        for _ in range(2):  # the second step holds AdamW's moments from the first
+            loss = language_model_loss(model, *windows.sample())
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            del loss
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    peak += 4 * model.num_parameters()  # the weights, made before tracing began
+    estimate = sum(training_bytes(vocab, layers, heads, width, context, batch).values())
+    assert peak <= estimate <= 1.5 * peak, (peak, estimate)
+
+
+def test_cli_refuses_a_gpt_the_text_or_the_machine_cannot_hold(capsys, monkeypatch):
+    """Before anything is built or printed: one line, status 2, the estimate
+    and what to lower."""
+    from minidist import cli
+    from minidist import train_gpt as module
+
+    monkeypatch.setattr(module, "memory_available", lambda: 8.0 * 2**30)
+    cases = [
+        (["--context", "100000"], ["longer than the text can give", "validation part holds 25,553",
+                                   "at most 25,552"]),
+        (["--context", "5000"], ["would need about 29.9 GiB a step", "8 GiB available",
+                                 "Lower --context (to 1,664 or less"]),
+        (["--width", "100000"], ["would need about 7.0 TiB", "Lower --width or --layers"]),
+    ]
+    for args, words in cases:
+        assert cli.main(["train", "--model", "gpt", *args, "--steps", "1", "--no-progress"]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "", captured.out
+        lines = captured.err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("minidist train: error:"), captured.err
+        for word in words:
+            assert word in lines[0], (word, lines[0])

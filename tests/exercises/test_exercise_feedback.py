@@ -46,6 +46,11 @@ MISTAKES = [
      "rank 0, step 1: you send the whole buffer to rank 2; the reference sends it to rank 1"),
     ("recursive_doubling_allreduce", "doubling_forgets_combine", "wrong values",
      "rank 0, step 2: you send the whole buffer to rank 2 with other values"),
+    ("ring_allreduce", "ring_only_empty_steps", "empty step",
+     "rank 0, step 1: your generator yielded an empty step, a list of no requests (so did "
+     "ranks 1, 2, 3)"),
+    ("ring_allreduce", "ring_empty_step", "empty step",
+     "rank 0, step 4: your generator yielded an empty step"),
 ]
 
 
@@ -92,6 +97,7 @@ def test_a_message_that_does_not_fit_is_told_as_a_wrong_chunk():
 @pytest.mark.parametrize("name,file,kind", [
     ("ring_allreduce", "ring_receive_off_by_one", "wrong chunk"),
     ("tree_broadcast", "tree_deadlock", "deadlock"),
+    ("ring_allreduce", "ring_only_empty_steps", "empty step"),  # a run with no step to draw
 ])
 def test_the_command_says_where_the_replay_is(tmp_path, capsys, name, file, kind):
     assert main(["exercise", "check", name, str(WRONG / f"{file}.py"), "--no-processes",

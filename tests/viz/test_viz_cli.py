@@ -287,3 +287,41 @@ def test_viz_says_not_a_trace_once(tmp_path, content, why, capsys):
     path.write_bytes(content)
     assert main(["viz", str(path)]) == 2
     assert _one_line_error(capsys, "viz") == f"minidist viz: {path} is not a minidist trace: {why}"
+
+
+def _damaged(lines: list[str], damage: str) -> list[str]:
+    """The lines of a whole trace, damaged one way."""
+    if damage == "cut":
+        return lines[:30]  # at a line's end: every line left is whole
+    if damage == "header only":
+        return lines[:1]
+    if damage == "no events":
+        return [json.dumps({**json.loads(lines[0]), "events": 0})]
+    first_send = next(number for number, line in enumerate(lines)
+                      if json.loads(line).get("kind") == "send")
+    event = json.loads(lines[first_send])
+    event.update({"peer": 99} if damage == "peer 99" else {"bytes": -64})
+    return lines[:first_send] + [json.dumps(event)] + lines[first_send + 1:]
+
+
+@pytest.mark.parametrize("damage, words", [
+    ("cut", ["looks truncated: its header counts 52 events, the file holds 29 (23 missing); "
+             "incomplete: call 0 (all_reduce ring: messages of rank 0 without their other "
+             "end)", "Nothing is drawn from it"]),
+    ("header only", ["looks truncated: its header counts 52 events, the file holds 0"]),
+    ("no events", ["holds no events, only its header: nothing to draw"]),
+    ("peer 99", ["damaged.jsonl, line 3: peer 99 is not a rank of this 4-rank trace (ranks 0 to 3)"]),
+    ("bytes -64", ["damaged.jsonl, line 3: bytes -64: a message's size is a whole number of bytes"]),
+])
+def test_viz_of_a_damaged_trace_says_what_is_wrong_and_draws_nothing(ring_trace, tmp_path,
+                                                                       damage, words, capsys):
+    path = tmp_path / "damaged.jsonl"
+    path.write_text("\n".join(_damaged(ring_trace.read_text().splitlines(), damage)) + "\n")
+    outputs = ["--gif", str(tmp_path / "a.gif"), "--timeline", str(tmp_path / "t.png"),
+               "--chrome", str(tmp_path / "c.json")]
+    for options in ([], ["--no-color"], outputs):
+        assert main(["viz", str(path), *options]) == 2
+        error = _one_line_error(capsys, "viz")
+        for word in words:
+            assert word in error, error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["damaged.jsonl", "ring.jsonl"]

@@ -5,50 +5,112 @@ build the :class:`~.plan_inputs.GPTShape` and the
 :class:`~.plan_inputs.Machine` they describe (the links' alphas those of
 :data:`~.plan_inputs.CLUSTER`, their bandwidths given), then print either
 one plan's breakdown (``--mesh DPxTPxPP``: :func:`~.plan_3d.predict_step`)
-or every plan of ``--ranks`` compared and the Playbook's choice
-(:mod:`.choose_plan`). Costs: those of the predictions it prints.
+and whether it fits in ``--memory``, or every plan of ``--ranks`` compared
+and the Playbook's choice (:mod:`.choose_plan`). A mistake in the
+arguments (a size or bandwidth it cannot read, heads that do not divide the
+width, a mesh of other than ``--ranks`` ranks) is one line and exit status
+2, before anything is printed. Costs: those of the predictions it prints.
 """
 
 from __future__ import annotations
+
+import math
 
 from minidist.alpha_beta import Params, parse_bandwidth, parse_size
 from minidist.parallel.mesh.choose_plan import compare_plans, playbook_plan
 from minidist.parallel.mesh.plan_3d import predict_step
 from minidist.parallel.mesh.plan_inputs import CLUSTER, GPTShape, Machine, Plan, why_not
 
+#: The ranks compared when ``--ranks`` is not given (with ``--mesh``, the mesh's own).
+DEFAULT_RANKS = 1024
+
+
+def _refuse(what: str) -> SystemExit:
+    """One line and exit status 2, as argparse says a mistake (see :mod:`minidist.cli`)."""
+    return SystemExit(f"minidist plan: error: {what} (see `minidist plan --help`)")
+
+
+def _amount(flag: str, text: str, parse, unit: str) -> float:
+    """``text`` read by ``parse`` (a size, a bandwidth): a positive, finite number,
+    or a one-line refusal naming the flag."""
+    try:
+        value = parse(text)
+    except ValueError as error:
+        raise _refuse(f"{flag} {text!r}: {error}; give a number with a unit, such as "
+                      f"{unit}") from None
+    except OverflowError:  # int() of an infinite float: "1e400GB"
+        value = float("inf")
+    if not 0 < value < float("inf"):
+        raise _refuse(f"{flag} {text!r} must be above 0, such as {unit}")
+    return value
+
+
+def _mesh(text: str) -> tuple[int, int, int]:
+    try:
+        dp, tp, pp = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise _refuse(f"--mesh {text!r} is not DPxTPxPP, e.g. 8x8x16") from None
+    return dp, tp, pp
+
 
 def plan_command(args) -> int:
     """``minidist plan``: with ``--mesh DPxTPxPP`` the breakdown of that plan;
     otherwise every plan of ``--ranks`` compared, and the Playbook's choice
-    beside the best (the arguments: :mod:`minidist.cli`)."""
+    beside the best (the arguments: :mod:`minidist.cli`). Every argument is
+    checked before anything is printed."""
+    limit = _amount("--memory", args.memory, parse_size, "80GB")
+    intra = _amount("--intra", args.intra, parse_bandwidth, "200GB/s")
+    inter = _amount("--inter", args.inter, parse_bandwidth, "25GB/s")
+    if args.n_embd % args.n_head:
+        raise _refuse(f"--n-head {args.n_head} does not divide --n-embd {args.n_embd}: each "
+                      "head takes an equal share of the width; choose heads that divide it "
+                      f"(such as {_divisor_near(args.n_embd, args.n_head)})")
+    mesh = _mesh(args.mesh) if args.mesh else None
+    if mesh is not None and args.ranks is not None and args.ranks != _product(mesh):
+        raise _refuse(f"--mesh {args.mesh} is {_product(mesh):,} ranks, but --ranks is "
+                      f"{args.ranks:,}: a mesh fixes the ranks, so give --mesh alone (one "
+                      "plan) or --ranks alone (every plan of that many ranks)")
+    ranks = DEFAULT_RANKS if args.ranks is None else args.ranks
+
     model = GPTShape(args.n_layer, args.n_embd, args.n_head, args.vocab, args.seq_len,
                      args.global_batch, args.micro_batch)
     machine = Machine(flops=args.tflops * 1e12,
-                      intra=Params(CLUSTER.intra.alpha, 1 / parse_bandwidth(args.intra)),
-                      inter=Params(CLUSTER.inter.alpha, 1 / parse_bandwidth(args.inter)),
+                      intra=Params(CLUSTER.intra.alpha, 1 / intra),
+                      inter=Params(CLUSTER.inter.alpha, 1 / inter),
                       node_size=args.node_size)
     options = {"schedule": args.schedule, "virtual_stages": args.virtual_stages,
                "sequence_parallel": args.sequence_parallel, "recompute": args.recompute,
                "zero_stage": args.zero_stage}
+    plan = None
+    if mesh is not None:
+        plan = Plan(*mesh, **options)
+        why = why_not(model, plan)
+        if why is not None:
+            raise SystemExit(f"minidist plan: {plan} cannot split this model: {why}")
     print(f"GPT of {model.parameters() / 1e9:.2f} B parameters: {model.n_layer} layers, "
           f"h {model.n_embd}, {model.n_head} heads, vocabulary {model.vocab_size}, "
           f"{model.global_batch} sequences of {model.seq_len} tokens a step, "
           f"{model.micro_batch} a micro-batch")
     print(f"machine: {args.tflops:g} TFLOP/s a rank, {machine.node_size} ranks a node, "
           f"{args.intra} within a node, {args.inter} between nodes")
-    if args.mesh:
-        try:
-            dp, tp, pp = (int(part) for part in args.mesh.lower().split("x"))
-        except ValueError:
-            raise SystemExit(f"minidist plan: --mesh {args.mesh!r} is not DPxTPxPP, "
-                             "e.g. 8x8x16") from None
-        plan = Plan(dp, tp, pp, **options)
-        why = why_not(model, plan)
-        if why is not None:
-            raise SystemExit(f"minidist plan: {plan} cannot split this model: {why}")
-        print(predict_step(model, plan, machine))
+    if plan is not None:
+        step = predict_step(model, plan, machine)
+        print(step)
+        # --memory is the budget of the comparison; one plan is told against it too.
+        print(f"  {'fits' if step.fits(limit) else 'does NOT fit'} in --memory {args.memory} "
+              "a rank")
         return 0
-    limit = parse_size(args.memory)
-    print(compare_plans(model, args.ranks, machine, memory_limit=limit, **options))
-    print(playbook_plan(model, args.ranks, machine, memory_limit=limit, **options))
+    print(compare_plans(model, ranks, machine, memory_limit=limit, **options))
+    print(playbook_plan(model, ranks, machine, memory_limit=limit, **options))
     return 0
+
+
+def _product(mesh) -> int:
+    dp, tp, pp = mesh
+    return dp * tp * pp
+
+
+def _divisor_near(width: int, heads: int) -> int:
+    """The divisor of ``width`` nearest ``heads`` (the smaller on a tie)."""
+    small = [d for d in range(1, math.isqrt(width) + 1) if width % d == 0]
+    return min(small + [width // d for d in small], key=lambda d: (abs(d - heads), d))
