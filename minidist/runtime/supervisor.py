@@ -16,6 +16,11 @@ process states (:mod:`.stopped_ranks`): a rank stopped for a few seconds
 while the others wait for it is named as the cause and the run ends then;
 at a timeout, a rank found stopped is named as the reason the others waited.
 
+Another ends with status 0, which for a script (``minidist run``) is a
+success, but without leaving the run (``os._exit`` skips the exit work that
+tells its peers): it becomes the cause as soon as a live rank waits for it
+(:mod:`.early_exits`).
+
 Stopping, in order, fast enough that every worker is gone within a few
 seconds of the failure:
 
@@ -43,7 +48,7 @@ import signal
 import time
 from multiprocessing.connection import wait
 
-from minidist.runtime import console, stopped_ranks
+from minidist.runtime import console, early_exits, stopped_ranks
 from minidist.runtime import control as ctl
 from minidist.runtime.errors import WorkerError, name_ranks
 from minidist.runtime.workers import ForkedWorker, ProgramWorker  # noqa: F401 - re-exported
@@ -93,6 +98,7 @@ class Supervisor:
         self._order = 0
         self.stopped = False
         self.stop_watch = stopped_ranks.StopWatch()
+        self.early_exits = early_exits.EarlyExits()
 
     # ---------------------------------------------------------------- messages
 
@@ -161,6 +167,8 @@ class Supervisor:
         code = worker.exitcode()
         if code == 0 and isinstance(worker, ProgramWorker):
             self.results[rank] = None
+            if not self.stopped and early_exits.left_without_finishing(self.control, rank):
+                self.early_exits.note(rank, time.monotonic())
             return
         details = self._error_file(rank)
         if details:
@@ -254,6 +262,33 @@ class Supervisor:
                    description=description)
         worker.kill()  # it cannot see the abort flag; SIGKILL ends a stopped process
 
+    # ---------------------------------------------------------------- early exits
+
+    def _watch_early_exits(self) -> None:
+        """A rank whose process ended with status 0 without leaving the run
+        fails the run once a live rank waits for it: nothing else ends that wait."""
+        if not self.early_exits.since:
+            return
+        live = [worker.rank for worker in self._pending()]
+        for rank, waiting, waited_in in self.early_exits.waited_for(self.control, live):
+            self._fail_early_exit(rank, waiting, waited_in)
+
+    def _blame_early_exits(self) -> None:
+        """The run is failing because ranks waited (a timeout, a vanished
+        peer): one that left without finishing is why."""
+        kinds = {self.failures[rank]["kind"] for rank in self._fatal_failures()}
+        if not self.early_exits.since or not kinds <= set(_WAITED):
+            return
+        waited = sorted(self.failures)
+        for rank in list(self.early_exits.since):
+            self._fail_early_exit(rank, waited, "")
+
+    def _fail_early_exit(self, rank, waiting, waited_in) -> None:
+        del self.results[rank]
+        # `at`: when its end was seen, which orders it before what it caused.
+        self._fail(rank, "exited", exitcode=0, at=self.early_exits.forget(rank),
+                   waiting=waiting, waited_in=waited_in)
+
     def run(self):
         """Block until every worker succeeded (returns {rank: result}) or stop
         all and raise :class:`WorkerError` for the failure that caused it."""
@@ -261,11 +296,13 @@ class Supervisor:
             while self._pending() and not self._fatal():
                 self._wait_round(0.25)
                 self._watch_stopped()
+                self._watch_early_exits()
             if self._fatal():
                 settle = time.monotonic() + SETTLE_SECONDS
                 while self._pending() and time.monotonic() < settle:
                     self._wait_round(max(settle - time.monotonic(), 0.001))
                 self._blame_stopped()
+                self._blame_early_exits()
                 self.stop()
                 raise self.error()
             return self.results
@@ -335,6 +372,11 @@ class Supervisor:
         """What happened to ``rank``, as a sentence without its subject."""
         failure = self.failures[rank]
         kind = failure["kind"]
+        if kind == "exited" and "waiting" in failure:
+            where = f" in {failure['waited_in']}" if failure["waited_in"] else ""
+            return (f"exited (status {failure['exitcode']}) while {name_ranks(failure['waiting'])} "
+                    f"waited for it{where}: its process ended in the middle of the run, "
+                    "without leaving it (os._exit skips the exit work that tells the others)")
         if kind in ("died", "exited"):
             return f"{describe_exit(failure['exitcode'])} before returning a result"
         if kind == "stopped":
@@ -383,6 +425,14 @@ class Supervisor:
                 return rank, noticed_by  # stopped by the abort: a consequence, not a cause
             rank, noticed_by = blamed, None
 
+    def _witness(self, cause):
+        """Of the ranks that waited for ``cause`` (a rank that left without
+        finishing), the first whose failure has a traceback; else None."""
+        for rank in self.failures[cause].get("waiting") or ():
+            if self.failures.get(rank, {}).get("traceback"):
+                return rank
+        return None
+
     def error(self) -> WorkerError:
         cause, noticed_by = self.root_cause()
         others = [(rank, self._summary(rank).split("\n")[0])
@@ -401,6 +451,16 @@ class Supervisor:
                                remote_traceback=noticer.get("traceback", "") or "",
                                other_failures=others, noticed_by=noticed_by)
         failure = self.failures[cause]
+        witness = self._witness(cause)
+        if witness is not None:
+            # It raised nothing itself: where a rank waited for it says more
+            # (the line of the script that waited, the collective it was in).
+            seen = self.failures[witness]
+            return WorkerError(cause, failure["kind"], f"rank {cause} {self._summary(cause)}",
+                               remote_type=seen.get("type_name", ""),
+                               remote_message=seen.get("message", ""),
+                               remote_traceback=seen["traceback"], exitcode=failure["exitcode"],
+                               other_failures=others, noticed_by=witness)
         return WorkerError(cause, failure["kind"], f"rank {cause} {self._summary(cause)}",
                            remote_type=failure.get("type_name", ""),
                            remote_message=failure.get("message", ""),
