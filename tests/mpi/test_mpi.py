@@ -523,6 +523,33 @@ def test_a_frozen_rank_under_mpi_is_named_first(launcher, tmp_path):
 
 @needs_mpi
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("launcher", ["mpiexec", "minidist run"])
+def test_a_stopped_rank_under_mpi_is_named_long_before_the_timeout(launcher, tmp_path):
+    """Rank 1 stops itself (SIGSTOP) with a timeout of 60 s: the ranks of its
+    machine waiting for it see its process state (T) for a few seconds
+    (STOPPED_SECONDS, as on shared memory) and end the job then, naming it."""
+    from minidist.runtime.stopped_ranks import STOPPED_SECONDS
+
+    script = tmp_path / "stops.py"
+    script.write_text(_FAULTY_LOOP.format(timeout=60,
+                                          fault="os.kill(os.getpid(), signal.SIGSTOP)"))
+    before = segments_now()
+    if launcher == "mpiexec":
+        result, seconds = _run(script, 3, timeout=100)
+    else:
+        result, seconds = _minidist_run(script, 3, timeout=100)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    first = _first_report(result.stderr)
+    assert first.startswith("minidist: rank 1 is stopped (its process") and \
+        "has not progressed for" in first, output
+    assert seconds < STOPPED_SECONDS + 20, f"{seconds:.1f} s (the timeout is 60 s):\n{output}"
+    assert _leftover(before) == set()
+    _no_ranks_left(str(script))
+
+
+@needs_mpi
+@pytest.mark.timeout(120)
 def test_cleaning_up_after_a_failed_run_spares_another_jobs_segments(tmp_path):
     """Another mpiexec job starts while a `minidist run --transport mpi` runs;
     the run fails (MPI_Abort leaves its segments): its clean-up removes its
