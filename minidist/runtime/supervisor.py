@@ -273,16 +273,6 @@ class Supervisor:
         for rank, waiting, waited_in in self.early_exits.waited_for(self.control, live):
             self._fail_early_exit(rank, waiting, waited_in)
 
-    def _blame_early_exits(self) -> None:
-        """The run is failing because ranks waited (a timeout, a vanished
-        peer): one that left without finishing is why."""
-        kinds = {self.failures[rank]["kind"] for rank in self._fatal_failures()}
-        if not self.early_exits.since or not kinds <= set(_WAITED):
-            return
-        waited = sorted(self.failures)
-        for rank in list(self.early_exits.since):
-            self._fail_early_exit(rank, waited, "")
-
     def _fail_early_exit(self, rank, waiting, waited_in) -> None:
         del self.results[rank]
         # `at`: when its end was seen, which orders it before what it caused.
@@ -302,7 +292,6 @@ class Supervisor:
                 while self._pending() and time.monotonic() < settle:
                     self._wait_round(max(settle - time.monotonic(), 0.001))
                 self._blame_stopped()
-                self._blame_early_exits()
                 self.stop()
                 raise self.error()
             return self.results
@@ -373,10 +362,10 @@ class Supervisor:
         failure = self.failures[rank]
         kind = failure["kind"]
         if kind == "exited" and "waiting" in failure:
-            where = f" in {failure['waited_in']}" if failure["waited_in"] else ""
             return (f"exited (status {failure['exitcode']}) while {name_ranks(failure['waiting'])} "
-                    f"waited for it{where}: its process ended in the middle of the run, "
-                    "without leaving it (os._exit skips the exit work that tells the others)")
+                    f"waited for it in {failure['waited_in']}: its process ended in the middle "
+                    "of the run, without leaving it (os._exit skips the exit work that tells "
+                    "the others)")
         if kind in ("died", "exited"):
             return f"{describe_exit(failure['exitcode'])} before returning a result"
         if kind == "stopped":
