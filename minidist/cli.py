@@ -529,6 +529,11 @@ def main(argv=None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except SystemExit as stop:
+        from minidist.runtime.signals import Terminated
+
+        if isinstance(stop, Terminated):  # SIGTERM, after the run's clean-up
+            print("terminated", file=sys.stderr)
+            return stop.code
         if not isinstance(stop.code, str):
             raise
         # A command found a mistake in what it was given (a missing file, a

@@ -254,10 +254,11 @@ def _run_under_mpiexec(args, world_size: int) -> int:
     0) fails with status 1 (see :class:`_RankLines`), the first line naming
     that rank. MPICH leaves its shared-memory segments behind when a job ends
     badly; this parent removes those of this job, and only those
-    (:class:`minidist.runtime.job_segments.JobSegments`)."""
+    (:class:`minidist.runtime.job_segments.JobSegments`). Ctrl-C and SIGTERM
+    end the job the same way (the exception goes on to the command, which
+    says one line), and its folder (the ranks' socket) goes on every end;
+    after a SIGKILL, with the next run (:mod:`minidist.runtime.launcher_folders`)."""
     import importlib.util
-
-    from minidist.runtime.job_segments import JobSegments
 
     if not os.path.isfile(args.script):
         raise SystemExit(f"minidist run: error: no such script: {args.script}")
@@ -283,69 +284,94 @@ def _run_under_mpiexec(args, world_size: int) -> int:
            if not key.startswith(("MINIDIST_RANK", "MINIDIST_WORLD_SIZE", "MINIDIST_RUN",
                                   "MINIDIST_TRANSPORT"))}
     warn_if_oversubscribed(world_size)
-    with tempfile.TemporaryDirectory(prefix="minidist-mpi-") as folder:
-        process = segments = None
-        ending = ""
+    from minidist.runtime import launcher_folders, signals
 
-        def vanished(rank: int, pid: int) -> None:
-            # Said at once, before anything the dying job prints: the cause first.
-            print(f"minidist: rank {rank} (pid {pid}) exited in the middle of the run, without "
-                  "finishing its script (os._exit, a signal or a crash): ending the job.",
-                  file=sys.stderr, flush=True)
-            if segments is not None:
-                segments.look()  # the others still map the job's segments: note them
-            _end_job_soon(process)
-
-        watcher = _RankLines(os.path.join(folder, "ranks"), vanished)
-        env["MINIDIST_MPI_WATCH"] = watcher.path
+    # Those of launchers killed outright (SIGKILL: no end of their own to clean up).
+    launcher_folders.remove_orphans("mpi", tempfile.gettempdir())
+    folder = None
+    with signals.as_exceptions() as guard:
         try:
-            from minidist.runtime.process_setup import end_job_with_parent
+            with guard.deferred():  # made and remembered, or not made
+                folder = tempfile.mkdtemp(prefix=launcher_folders.prefix("mpi", os.getpid()))
+            return _run_job(command, args.script, script_args, env, world_size, folder, guard)
+        finally:
+            if folder is not None:
+                with guard.deferred():
+                    shutil.rmtree(folder, ignore_errors=True)
 
-            process = subprocess.Popen(command + [sys.executable, args.script, *script_args],
+
+def _run_job(command, script, script_args, env, world_size, folder, guard) -> int:
+    """mpiexec's job, watched through the ranks' lines in ``folder``: its status."""
+    from minidist.runtime.job_segments import JobSegments
+
+    process = segments = watcher = None
+    ending = ""
+
+    def vanished(rank: int, pid: int) -> None:
+        # Said at once, before anything the dying job prints: the cause first.
+        print(f"minidist: rank {rank} (pid {pid}) exited in the middle of the run, without "
+              "finishing its script (os._exit, a signal or a crash): ending the job.",
+              file=sys.stderr, flush=True)
+        if segments is not None:
+            segments.look()  # the others still map the job's segments: note them
+        _end_job_soon(process)
+
+    try:
+        from minidist.runtime.process_setup import end_job_with_parent
+
+        with guard.deferred():
+            watcher = _RankLines(os.path.join(folder, "ranks"), vanished)
+        env["MINIDIST_MPI_WATCH"] = watcher.path
+        with guard.deferred():  # a started job is always in `process` (fork: see signals.py)
+            process = subprocess.Popen(command + [sys.executable, script, *script_args],
                                        env=env, stdout=subprocess.PIPE, text=True, bufsize=1,
                                        preexec_fn=end_job_with_parent)
             segments = JobSegments(process.pid)
-            for line in process.stdout:
-                sys.stdout.write(line)
-                sys.stdout.flush()
-                if "EXIT STRING:" in line:  # MPICH's words for how the job ended
-                    ending = line.split("EXIT STRING:", 1)[1].strip()
-            status = process.wait()
-        finally:
-            watcher.close()
+        for line in process.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            if "EXIT STRING:" in line:  # MPICH's words for how the job ended
+                ending = line.split("EXIT STRING:", 1)[1].strip()
+        status = process.wait()
+    finally:
+        with guard.deferred():  # a second Ctrl-C or SIGTERM does not cut the clean-up short
             if process is not None and process.poll() is None:
+                if watcher is not None:
+                    watcher.ending_the_job()
                 process.kill()  # the launcher itself was interrupted
                 process.wait()
+            if watcher is not None:
+                watcher.close()  # after the job: it reads the lines to their ends
             if segments is not None:
                 unfinished = watcher.greeted and len(watcher.finished) < world_size
                 if process.returncode != 0 or watcher.culprit is not None or unfinished:
                     segments.remove()  # a clean MPICH exit removes its own
                 else:
                     segments.stop()
-        missing = [rank for rank in range(world_size) if rank not in watcher.finished]
-        if status == 0 and watcher.culprit is None and watcher.greeted and missing:
-            # A rank's report of the vanished one may have been cut short by
-            # the job's end: name the first line that ended with neither word.
-            rank, pid = watcher.vanished[0] if watcher.vanished else (missing[0], None)
-            which = f"rank {rank}" + (f" (pid {pid})" if pid else "")
-            print(f"minidist: {which} exited in the middle of the run, without finishing its "
-                  "script (os._exit, a signal or a crash); mpiexec returned 0, but the run "
-                  "failed (status 1).", file=sys.stderr)
+    missing = [rank for rank in range(world_size) if rank not in watcher.finished]
+    if status == 0 and watcher.culprit is None and watcher.greeted and missing:
+        # A rank's report of the vanished one may have been cut short by
+        # the job's end: name the first line that ended with neither word.
+        rank, pid = watcher.vanished[0] if watcher.vanished else (missing[0], None)
+        which = f"rank {rank}" + (f" (pid {pid})" if pid else "")
+        print(f"minidist: {which} exited in the middle of the run, without finishing its "
+              "script (os._exit, a signal or a crash); mpiexec returned 0, but the run "
+              "failed (status 1).", file=sys.stderr)
+        return 1
+    if watcher.culprit is None and watcher.reports and status != 0:
+        # The failed rank printed its report through mpiexec, whose
+        # teardown (SIGKILL to the job) can cut it short: say its first
+        # line again, so that a failed run never ends unexplained.
+        print(f"minidist: {watcher.reports[0]} (the failed rank's report, repeated: "
+              f"mpiexec ended the job, status {status})", file=sys.stderr)
+    if watcher.culprit is not None:
+        rank, _ = watcher.culprit
+        if status == 0:
+            print(f"minidist: mpiexec returned 0, but rank {rank} never finished its "
+                  "script: the run failed (status 1).", file=sys.stderr)
             return 1
-        if watcher.culprit is None and watcher.reports and status != 0:
-            # The failed rank printed its report through mpiexec, whose
-            # teardown (SIGKILL to the job) can cut it short: say its first
-            # line again, so that a failed run never ends unexplained.
-            print(f"minidist: {watcher.reports[0]} (the failed rank's report, repeated: "
-                  f"mpiexec ended the job, status {status})", file=sys.stderr)
-        if watcher.culprit is not None:
-            rank, _ = watcher.culprit
-            if status == 0:
-                print(f"minidist: mpiexec returned 0, but rank {rank} never finished its "
-                      "script: the run failed (status 1).", file=sys.stderr)
-                return 1
-            print(f"minidist: mpiexec ended the job (status {status}"
-                  f"{': ' + ending if ending else ''}).", file=sys.stderr)
+        print(f"minidist: mpiexec ended the job (status {status}"
+              f"{': ' + ending if ending else ''}).", file=sys.stderr)
     return status
 
 
@@ -455,6 +481,11 @@ class _RankLines(threading.Thread):
             self._trouble = True
             self.culprit = (int(words[1]), int(words[2]))
             self._on_vanished(*self.culprit)
+
+    def ending_the_job(self) -> None:
+        """The launcher ends the job itself (Ctrl-C, SIGTERM): the lines that
+        end now are its doing, not a rank's."""
+        self._trouble = True
 
     def close(self) -> None:
         """mpiexec has ended: read what the lines still hold (a rank's end may

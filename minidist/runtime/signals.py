@@ -1,8 +1,9 @@
 """Ctrl-C and SIGTERM in the launching process: clean exits, never half-done steps.
 
-While a run is in progress the launcher turns SIGTERM into ``SystemExit(143)``
-and Ctrl-C (SIGINT) into ``KeyboardInterrupt``, so that its ``finally`` blocks
-stop the workers and unlink the shared memory. But an exception raised by a
+While a run is in progress the launcher turns SIGTERM into ``Terminated(143)``
+(a ``SystemExit``) and Ctrl-C (SIGINT) into ``KeyboardInterrupt``, so that its
+``finally`` blocks stop the workers and unlink the shared memory (and the
+``minidist`` command says one line). But an exception raised by a
 signal handler lands wherever the main thread happens to be, and some places
 must not be cut in two:
 
@@ -38,10 +39,16 @@ _SIGINT, _SIGTERM = int(signal.SIGINT), int(signal.SIGTERM)
 _SIG_IGN, _SIG_DFL = int(signal.SIG_IGN), int(signal.SIG_DFL)
 
 
+class Terminated(SystemExit):
+    """What SIGTERM raises in a launcher: a SystemExit with status 143 (what a
+    shell shows for a process SIGTERM ended), by a name of its own, which the
+    ``minidist`` command tells apart from a mistake it reports."""
+
+
 def _raise_for(signum: int) -> None:
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
-    raise SystemExit(_EXIT_CODE_OF_SIGTERM)
+    raise Terminated(_EXIT_CODE_OF_SIGTERM)
 
 
 class SignalGuard:
@@ -85,7 +92,7 @@ _active: SignalGuard | None = None
 
 @contextlib.contextmanager
 def as_exceptions():
-    """For the length of a run: SIGTERM raises SystemExit(143), and SIGINT raises
+    """For the length of a run: SIGTERM raises Terminated(143), and SIGINT raises
     KeyboardInterrupt (if the program left Ctrl-C to Python's default), each
     held back inside the guard's deferred sections. Previous handlers come back
     at the end."""

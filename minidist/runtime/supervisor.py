@@ -16,6 +16,11 @@ process states (:mod:`.stopped_ranks`): a rank stopped for a few seconds
 while the others wait for it is named as the cause and the run ends then;
 at a timeout, a rank found stopped is named as the reason the others waited.
 
+Another ends with status 0, which for a script (``minidist run``) is a
+success, but without leaving the run (``os._exit`` skips the exit work that
+tells its peers): it becomes the cause as soon as a live rank waits for it
+(:mod:`.early_exits`).
+
 Stopping, in order, fast enough that every worker is gone within a few
 seconds of the failure:
 
@@ -43,7 +48,7 @@ import signal
 import time
 from multiprocessing.connection import wait
 
-from minidist.runtime import console, stopped_ranks
+from minidist.runtime import console, early_exits, stopped_ranks
 from minidist.runtime import control as ctl
 from minidist.runtime.errors import WorkerError, name_ranks
 from minidist.runtime.workers import ForkedWorker, ProgramWorker  # noqa: F401 - re-exported
@@ -93,6 +98,7 @@ class Supervisor:
         self._order = 0
         self.stopped = False
         self.stop_watch = stopped_ranks.StopWatch()
+        self.early_exits = early_exits.EarlyExits()
 
     # ---------------------------------------------------------------- messages
 
@@ -163,6 +169,8 @@ class Supervisor:
         code = worker.exitcode()
         if code == 0 and isinstance(worker, ProgramWorker):
             self.results[rank] = None
+            if not self.stopped and early_exits.left_without_finishing(self.control, rank):
+                self.early_exits.note(rank, time.monotonic())
             return
         details = self._error_file(rank)
         if details:
@@ -256,6 +264,23 @@ class Supervisor:
                    description=description)
         worker.kill()  # it cannot see the abort flag; SIGKILL ends a stopped process
 
+    # ---------------------------------------------------------------- early exits
+
+    def _watch_early_exits(self) -> None:
+        """A rank whose process ended with status 0 without leaving the run
+        fails the run once a live rank waits for it: nothing else ends that wait."""
+        if not self.early_exits.since:
+            return
+        live = [worker.rank for worker in self._pending()]
+        for rank, waiting, waited_in in self.early_exits.waited_for(self.control, live):
+            self._fail_early_exit(rank, waiting, waited_in)
+
+    def _fail_early_exit(self, rank, waiting, waited_in) -> None:
+        del self.results[rank]
+        # `at`: when its end was seen, which orders it before what it caused.
+        self._fail(rank, "exited", exitcode=0, at=self.early_exits.forget(rank),
+                   waiting=waiting, waited_in=waited_in)
+
     def run(self):
         """Block until every worker succeeded (returns {rank: result}) or stop
         all and raise :class:`WorkerError` for the failure that caused it."""
@@ -263,6 +288,7 @@ class Supervisor:
             while self._pending() and not self._fatal():
                 self._wait_round(0.25)
                 self._watch_stopped()
+                self._watch_early_exits()
             if self._fatal():
                 settle = time.monotonic() + SETTLE_SECONDS
                 while self._pending() and time.monotonic() < settle:
@@ -337,6 +363,11 @@ class Supervisor:
         """What happened to ``rank``, as a sentence without its subject."""
         failure = self.failures[rank]
         kind = failure["kind"]
+        if kind == "exited" and "waiting" in failure:
+            return (f"exited (status {failure['exitcode']}) while {name_ranks(failure['waiting'])} "
+                    f"waited for it in {failure['waited_in']}: its process ended in the middle "
+                    "of the run, without leaving it (os._exit skips the exit work that tells "
+                    "the others)")
         if kind in ("died", "exited"):
             return f"{describe_exit(failure['exitcode'])} before returning a result"
         if kind == "stopped":
@@ -385,6 +416,14 @@ class Supervisor:
                 return rank, noticed_by  # stopped by the abort: a consequence, not a cause
             rank, noticed_by = blamed, None
 
+    def _witness(self, cause):
+        """Of the ranks that waited for ``cause`` (a rank that left without
+        finishing), the first whose failure has a traceback; else None."""
+        for rank in self.failures[cause].get("waiting") or ():
+            if self.failures.get(rank, {}).get("traceback"):
+                return rank
+        return None
+
     def error(self) -> WorkerError:
         cause, noticed_by = self.root_cause()
         others = [(rank, self._summary(rank).split("\n")[0])
@@ -415,6 +454,16 @@ class Supervisor:
                                remote_traceback=failure.get("traceback", "") or "",
                                other_failures=[item for item in others if item[0] != odd],
                                noticed_by=cause)
+        witness = self._witness(cause)
+        if witness is not None:
+            # It raised nothing itself: where a rank waited for it says more
+            # (the line of the script that waited, the collective it was in).
+            seen = self.failures[witness]
+            return WorkerError(cause, failure["kind"], f"rank {cause} {self._summary(cause)}",
+                               remote_type=seen.get("type_name", ""),
+                               remote_message=seen.get("message", ""),
+                               remote_traceback=seen["traceback"], exitcode=failure["exitcode"],
+                               other_failures=others, noticed_by=witness)
         return WorkerError(cause, failure["kind"], f"rank {cause} {self._summary(cause)}",
                            remote_type=failure.get("type_name", ""),
                            remote_message=failure.get("message", ""),

@@ -524,6 +524,33 @@ def test_a_frozen_rank_under_mpi_is_named_first(launcher, tmp_path):
 
 @needs_mpi
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("launcher", ["mpiexec", "minidist run"])
+def test_a_stopped_rank_under_mpi_is_named_long_before_the_timeout(launcher, tmp_path):
+    """Rank 1 stops itself (SIGSTOP) with a timeout of 60 s: the ranks of its
+    machine waiting for it see its process state (T) for a few seconds
+    (STOPPED_SECONDS, as on shared memory) and end the job then, naming it."""
+    from minidist.runtime.stopped_ranks import STOPPED_SECONDS
+
+    script = tmp_path / "stops.py"
+    script.write_text(_FAULTY_LOOP.format(timeout=60,
+                                          fault="os.kill(os.getpid(), signal.SIGSTOP)"))
+    before = segments_now()
+    if launcher == "mpiexec":
+        result, seconds = _run(script, 3, timeout=100)
+    else:
+        result, seconds = _minidist_run(script, 3, timeout=100)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    first = _first_report(result.stderr)
+    assert first.startswith("minidist: rank 1 is stopped (its process") and \
+        "has not progressed for" in first, output
+    assert seconds < STOPPED_SECONDS + 20, f"{seconds:.1f} s (the timeout is 60 s):\n{output}"
+    assert _leftover(before) == set()
+    _no_ranks_left(str(script))
+
+
+@needs_mpi
+@pytest.mark.timeout(120)
 def test_cleaning_up_after_a_failed_run_spares_another_jobs_segments(tmp_path):
     """Another mpiexec job starts while a `minidist run --transport mpi` runs;
     the run fails (MPI_Abort leaves its segments): its clean-up removes its
@@ -630,6 +657,58 @@ def test_a_sigkilled_minidist_run_takes_its_mpi_job_with_it(tmp_path):
     while _leftover(before) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _leftover(before), "the SIGTERMed ranks left MPICH's shared memory behind"
+
+
+@needs_mpi
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+def test_a_signalled_minidist_run_leaves_no_folder_behind(tmp_path, how):
+    """SIGTERM to ``minidist run --transport mpi`` ends the job and cleans up
+    as Ctrl-C does: its folder (the ranks' socket) removed, status 143, one
+    line. A SIGKILLed one cannot; its folder is named after it, so the next
+    run sees its launcher is dead and removes it."""
+    import glob
+    import tempfile
+
+    before = segments_now()
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    script = tmp_path / "sleeps.py"
+    script.write_text("import os, time\nimport minidist.distributed as dist\n"
+                      "dist.init_process_group()\n"
+                      f"open(os.path.join({str(pids)!r}, str(os.getpid())), 'w').close()\n"
+                      "time.sleep(120)\n")
+    launcher = subprocess.Popen([sys.executable, "-m", "minidist.cli", "run", "--transport",
+                                 "mpi", "-n", "2", str(script)], env=_cli_env(), cwd=ROOT,
+                                start_new_session=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 40
+    while len(os.listdir(pids)) < 2:
+        assert time.monotonic() < deadline and launcher.poll() is None, launcher.communicate()
+        time.sleep(0.05)
+    folders = os.path.join(tempfile.gettempdir(), f"minidist-mpi-{launcher.pid}-*")
+    assert glob.glob(folders), "the run's folder carries the launcher's pid"
+    launcher.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
+    _, stderr = launcher.communicate(timeout=20)
+    if how == "sigterm":
+        assert launcher.returncode == 143, stderr
+        assert [line for line in stderr.splitlines() if line.strip()] == ["terminated"], stderr
+        assert not glob.glob(folders)
+    else:
+        assert launcher.returncode == -signal.SIGKILL
+        assert glob.glob(folders)  # nobody could remove it yet
+        hello = tmp_path / "hello.py"
+        hello.write_text("import minidist.distributed as dist\ndist.init_process_group()\n")
+        after = subprocess.run([sys.executable, "-m", "minidist.cli", "run", "--transport",
+                                "mpi", "-n", "1", str(hello)], env=_cli_env(), cwd=ROOT,
+                               capture_output=True, text=True, timeout=60)
+        assert after.returncode == 0, after.stdout + after.stderr
+        assert not glob.glob(folders), "the next run left the dead launcher's folder"
+    _no_ranks_left(str(script))
+    deadline = time.monotonic() + 5  # mpiexec's own processes end after the ranks
+    while _leftover(before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _leftover(before)
 
 
 @needs_mpi

@@ -257,6 +257,9 @@ def test_interrupting_minidist_run_stops_every_rank(tmp_path, how):
     _, stderr = parent.communicate(timeout=10)
     assert time.monotonic() - start < 5.0
     assert parent.returncode == {"ctrl-c": 130, "sigterm": 143, "sigkill": -9}[how], stderr
+    if how != "sigkill":  # one line says why it ended
+        said = {"ctrl-c": "interrupted", "sigterm": "terminated"}[how]
+        assert [line for line in stderr.splitlines() if line.strip()][-1:] == [said], stderr
     # A stopped launcher reaped its ranks before it returned; a SIGKILLed one
     # did not: the kernel's death signal reaches them as it dies, and their
     # own exit takes a moment more.

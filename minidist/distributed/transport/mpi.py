@@ -46,7 +46,8 @@ shared by the ranks of one machine only (see :mod:`.mpi_node`). A rank that
 raises reports its rank and error on stderr, then calls ``MPI_Abort``, which
 ends every rank of the job (see :func:`minidist.distributed.world.init_process_group`).
 A waiting rank names, first, a peer of its machine that finished without
-entering its call, whose process is gone, or that is stopped; MPICH ends the
+entering its call, whose process is gone, or that is stopped (state T for a
+few seconds ends the wait then, not at the timeout); MPICH ends the
 job when a process exits without MPI_Finalize, sometimes with status 0,
 which ``minidist run --transport mpi`` catches (:func:`tell_launcher`).
 """
@@ -559,6 +560,9 @@ class MpiTransport(SpinBeforeSleep, Transport):
                 peer=culprit)
             error.culprit = culprit  # the first line names it (report_failure_and_abort)
             raise error
+        stalled = self._node.stalled()
+        if stalled is not None:
+            raise self._stopped_error(op, peer, tag, context, *stalled)
         if request is not None and not request.done and peer != ANY_SOURCE \
                 and self._control.state_of(peer) == ctl.FINISHED and self._in_flight(request):
             return  # its message was on its way: it has arrived
@@ -584,6 +588,21 @@ class MpiTransport(SpinBeforeSleep, Transport):
                 return True
             time.sleep(0.001)
         return False
+
+    def _stopped_error(self, op, peer, tag, context, culprit, pid, seconds):
+        """A peer of this machine stopped by a signal (state T) while this rank
+        waits: nothing in the job will continue it, so this rank stops waiting
+        now rather than at its timeout, and names it."""
+        from minidist.runtime.errors import CommTimeoutError
+
+        what = self._describe(op, peer, tag, context)
+        error = CommTimeoutError(
+            f"rank {culprit} is stopped (its process, pid {pid}, is in state T: SIGSTOP or "
+            f"Ctrl-Z) and has not progressed for {seconds:.1f} s while rank {self.rank} waits "
+            f"in {what}; only SIGCONT resumes a stopped process, so the job is ended.",
+            operation=what, peer=peer, tag=tag, report="")
+        error.culprit = culprit
+        return error
 
     def _timeout_error(self, op, peer, tag, context, timeout, current):
         # The ranks of this machine share a control block (mpi_node.py): the

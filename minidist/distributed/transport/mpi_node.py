@@ -20,6 +20,11 @@ launcher made, perhaps on several machines. What can be had:
   is in, and the peer's pid, from which :class:`NodeWatch` reads whether
   the process still exists (``/proc/<pid>``) and whether it is stopped
   (state T or t in ``/proc/<pid>/stat``: SIGSTOP, Ctrl-Z, a debugger).
+  A peer seen in state T for ``STOPPED_SECONDS`` while this rank waits is
+  named and the job ended then, as ``minidist run``'s supervisor does on
+  shared memory (:mod:`minidist.runtime.stopped_ranks`): nothing in a job
+  ever continues it, and its peers would wait out their timeout. A peer in
+  ``t`` (a debugger) is only named if the wait times out.
 
 Across machines nothing of this holds: a peer on another machine is
 visible only through MPI, which says nothing until its messages come.
@@ -31,9 +36,13 @@ import os
 import time
 
 from minidist.runtime import control as ctl
+from minidist.runtime.stopped_ranks import STOPPED, STOPPED_SECONDS
 
 #: How often a waiting rank looks whether its machine's peers still exist (seconds).
 LOOK_EVERY = 0.25
+#: Looks further apart than this (this rank computed, or was stopped itself)
+#: start the count of a peer's stopped seconds again: they must be seen.
+SEEN_GAP = 1.0
 
 
 def node_control_block(MPI, comm) -> tuple[ctl.ControlBlock, list[int]]:
@@ -87,6 +96,8 @@ class NodeWatch:
         self.control = control
         self.peers = [peer for peer in node_ranks if peer != rank]
         self._next_look = 0.0
+        self._next_stop_look = 0.0
+        self._stopped_since: dict[int, float] = {}  # peer -> first seen in state T
 
     def _live_peers(self):
         """(rank, pid, state letter) of each peer that has started and not
@@ -121,6 +132,27 @@ class NodeWatch:
                 since = self.control.status(peer).since_ns
                 found.append((peer, pid, max(now_ns - since, 0) / 1e9 if since else 0.0))
         return found
+
+    def stalled(self) -> tuple[int, int, float] | None:
+        """(rank, pid, seconds) of a peer seen stopped by a signal (state T)
+        for STOPPED_SECONDS or more of this rank's waits. Looks at most every
+        LOOK_EVERY s; a gap longer than SEEN_GAP between looks starts over."""
+        now = time.monotonic()
+        if now < self._next_stop_look:
+            return None
+        if now > self._next_stop_look + SEEN_GAP:
+            self._stopped_since.clear()
+        self._next_stop_look = now + LOOK_EVERY
+        stopped = set()
+        for peer, pid, state in self._live_peers():
+            if state == STOPPED:
+                stopped.add(peer)
+                since = self._stopped_since.setdefault(peer, now)
+                if now - since >= STOPPED_SECONDS:
+                    return peer, pid, now - since
+        for peer in set(self._stopped_since) - stopped:
+            del self._stopped_since[peer]
+        return None
 
     def any_failed(self) -> bool:
         """Has a peer of this machine failed? It reports itself and ends the job
