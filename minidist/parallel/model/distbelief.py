@@ -1,5 +1,5 @@
 """DistBelief-style model parallelism: every layer's units partitioned across
-workers, activations and gradients exchanged with all_to_all (course topic 14).
+workers, activations and gradients exchanged with all_to_all (lesson 10).
 
 DistBelief (Dean et al., 2012; the slides' "model-parallel in DistBelief"
 and "each processing unit holds a piece of the model ... all train
