@@ -18,7 +18,7 @@ optimizer state per rank, next to ``zero_model_state_bytes``; ZeRO-1's slice
 gradient is a buffer, not counted there), then ``--windows`` rounds; in each
 round every strategy runs ``--steps`` steps (after a barrier, the order
 rotating from round to round), and the table gives the median over rounds of
-the slowest rank's time per step and its ratio to DDP's. The issue's goal:
+the slowest rank's time per step and its ratio to DDP's. The target:
 stages 1 and 2 within 1.2x DDP's step time.
 
 Usage:  python benchmarks/bench_zero.py [--models mlp,cnn --steps 20 --windows 9]
