@@ -173,7 +173,7 @@ print("saved", draw_push_pull(events, range(1, 3), OUT / "ps_push_pull.png",
                               "BSP steps 1 and 2 of linear regression, from the trace"))
 
 # %% [markdown]
-# In `ps_push_pull.png` the four steps of the slide follow each other: each
+# In `ps_push_pull.png` the four steps of the LSML slide follow each other: each
 # worker computes (green), pushes (red arrows into the server's row); the
 # server's update (orange) starts only after the *last* push of the step has
 # arrived; then the server answers the waiting pulls (blue). Thin arrows are
