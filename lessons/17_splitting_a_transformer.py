@@ -865,8 +865,12 @@ timeline  # noqa: B018 - the notebook shows the last one: the 3D run's in the fu
 RANKS = 1024
 comparison = choose_plan.compare_plans(BIG, RANKS, memory_limit=RANK_MEMORY)
 shown = comparison.ranked[:8]
-print(f"{RANKS} ranks: {len(comparison.ranked)} plans fit in {RANK_MEMORY / 1e9:.0f} GB a rank, "
-      f"{len(comparison.too_big)} do not, {len(comparison.impossible)} cannot split the model")
+tried = len(comparison.ranked) + len(comparison.too_big) + len(comparison.impossible)
+print(f"{RANKS} ranks: {tried} plans dp x tp x pp (tp within a node); "
+      f"{len(comparison.ranked)} fit in {RANK_MEMORY / 1e9:.0f} GB a rank, "
+      f"{len(comparison.too_big)} do not, {len(comparison.impossible)} cannot split the model:")
+for why, plans in choose_plan.why_impossible(comparison.impossible).items():
+    print(f"  {len(plans)} where {why} ({plans[0]}, ...)")
 print(choose_plan.format_table(shown))
 print("too big: " + ", ".join(f"{p.plan} ({p.memory_total / 1e9:.0f} GB)"
                               for p in comparison.too_big[:6])
