@@ -8,8 +8,8 @@ one BLAS thread per process:
   cnn      ``build_model("cnn")``: two convolutions, 38,282 parameters, digits,
            32 examples per rank
   mlp1000  an MLP 1000-500-10 (505,510 parameters, 2 MB of float32 gradient:
-           seed 004's dense layer), random normal data, 64 examples per rank
-           (128 global)
+           the dense layer of Dettmers' "Model Parallelism in Deep Learning"),
+           random normal data, 64 examples per rank (128 global)
 
 MEASURED (two launches of 2 worker processes on shm):
 

@@ -4,8 +4,9 @@
 
 All in one run, interleaved (NumPy, CuPy, NumPy, ...) and repeated; medians:
 
-* a training step (forward, backward, SGD) of seed 004's layer, 1000 -> 500,
-  at batch 128, and of an MLP 1000-2048-2048-10 at batch 512;
+* a training step (forward, backward, SGD) of Dettmers' layer ("Model
+  Parallelism in Deep Learning", 2014), 1000 -> 500, at batch 128, and of
+  an MLP 1000-2048-2048-10 at batch 512;
 * a training step of the digits CNN at batch 64 (tiny: kernel launches
   dominate), and of a wider CNN (3x32x32 inputs, 64 channels) at batch 128;
 * an all_reduce of 64 MiB between 2 ranks on shm, of a NumPy array and of a
@@ -130,7 +131,7 @@ def main() -> int:
     results["ddp_digits_cnn_epoch_2ranks_s"] = {k: statistics.median(v)
                                                 for k, v in ddp_times.items()}
     cases = {
-        "seed 004 layer 1000->500, batch 128": (lambda: nn.Linear(1000, 500), (128, 1000), 500),
+        "Dettmers' layer 1000->500, batch 128": (lambda: nn.Linear(1000, 500), (128, 1000), 500),
         "MLP 1000-2048-2048-10, batch 512": (
             lambda: nn.Sequential(nn.Linear(1000, 2048), nn.ReLU(), nn.Linear(2048, 2048),
                                   nn.ReLU(), nn.Linear(2048, 10)), (512, 1000), 10),

@@ -6,7 +6,7 @@
     .venv/bin/python benchmarks/bench_simulator.py --quick         # n = 256 and 1,024 only
     .venv/bin/python benchmarks/bench_simulator.py --floor         # the double binary tree's floor
 
-The cases (issue 23): every all_reduce algorithm at n = 1,024 and 4,096, and
+The cases: every all_reduce algorithm at n = 1,024 and 4,096, and
 the ring at 16,384 and 65,536. Each case runs in a fresh process per version
 (so that the peak resident memory, ``ru_maxrss``, is that case's alone),
 the two versions one after the other in alternating order, under a time

@@ -7,7 +7,8 @@
    one process, and with the hidden layer split over the ranks (a
    ColumnParallelLinear, ReLU, then a RowParallelLinear). Same data on every
    rank, each holding 1/n of each weight matrix; the accuracies agree.
-2. Runs the seed's dense layer (1000 -> 500, batch 128) once per strategy
+2. Runs the dense layer of Tim Dettmers' "Model Parallelism in Deep Learning"
+   (2014; 1000 -> 500, batch 128) once per strategy
    with tracing on and prints the bytes each rank sent, counted from the
    trace, next to :func:`split_bytes`' formula.
 """
@@ -28,7 +29,7 @@ from minidist.parallel.model.costs import STRATEGIES, format_table, split_bytes
 from minidist.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
 
 HIDDEN, EPOCHS, BATCH, LR = 32, 10, 64, 0.3
-LAYER = (1000, 500, 128)  # in_features, out_features, batch: the seed's example
+LAYER = (1000, 500, 128)  # in_features, out_features, batch: Dettmers' example
 
 
 def unsplit_layers():

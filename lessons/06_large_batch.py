@@ -17,10 +17,12 @@
 # exactly like one process with batch n b. Read it the other way round and
 # it is a problem. Adding workers *is* enlarging the batch, and "it all
 # comes down to the batch size: will it still converge with a large one?"
-# (the course's first deck). Small batches are no answer either: they leave
+# (the LSML lecture "Распараллеливание нейросетей", Large Scale Machine
+# Learning, lecture 7). Small batches are no answer either: they leave
 # the hardware idle and allow few workers. Large ones change training: over
 # a fixed number of epochs a batch k times larger makes k times fewer
-# updates. With no other change, accuracy drops. The fixes the course names:
+# updates. With no other change, accuracy drops. The fixes that Hideki
+# Tsunashima's slides (分散学習のあれこれ, 2019) name, with the papers they cite:
 # scale the learning rate with the batch (linear scaling plus warm-up),
 # give every layer its own rate (LARS), or grow the batch during training
 # in place of decaying the rate. With these, Preferred Networks trained

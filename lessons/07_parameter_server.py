@@ -15,7 +15,8 @@
 #
 # Lesson 5's coordinator did two jobs: it collected the gradients and it held
 # the weights. A **parameter server** (PS) makes that second job a role of
-# its own. The course's slide, on linear regression:
+# its own. The LSML lecture's slide ("Распараллеливание нейросетей", Large
+# Scale Machine Learning, lecture 7), on linear regression:
 #
 # 1. every worker reads its own part of the data and computes a gradient g;
 # 2. it **pushes** g to the parameter server;
@@ -28,7 +29,7 @@
 # (lesson 8). This chapter stays synchronous (BSP, "bulk synchronous
 # parallel"):
 #
-# 1. the course's example, linear regression with known true weights, and
+# 1. the LSML lecture's example, linear regression with known true weights, and
 #    the push/pull picture drawn from a real trace;
 # 2. BSP is exactly full-batch SGD, checked to the last bits;
 # 3. sharding: who owns which keys, and what each server receives;
@@ -91,7 +92,7 @@ def paired_messages(events):
 
 
 # %% [markdown]
-# ## 1. The course's example: linear regression
+# ## 1. The LSML lecture's example: linear regression
 #
 # `make_linear_regression` draws `x`, true weights `w*` and a true bias
 # `b*`, and sets `y = x w* + b* + noise`. Three workers each hold a third of
@@ -172,7 +173,7 @@ print("saved", draw_push_pull(events, range(1, 3), OUT / "ps_push_pull.png",
                               "BSP steps 1 and 2 of linear regression, from the trace"))
 
 # %% [markdown]
-# In `ps_push_pull.png` the four steps of the slide follow each other: each
+# In `ps_push_pull.png` the four steps of the LSML slide follow each other: each
 # worker computes (green), pushes (red arrows into the server's row); the
 # server's update (orange) starts only after the *last* push of the step has
 # arrived; then the server answers the waiting pulls (blue). Thin arrows are
@@ -375,7 +376,7 @@ if load.busy:
 print("saved", draw_ps_bandwidth(traffic, P_BYTES, TRAFFIC_STEPS, OUT / "ps_bandwidth.png"))
 
 # %% [markdown]
-# This is the second reason the course gives for sharding ("the PS may be
+# This is the second reason the LSML lecture gives for sharding ("the PS may be
 # many machines"), after memory: with S = W servers, each of them receives
 # P per step, like a worker. It is also why data-parallel training on GPUs
 # moved from parameter servers to all_reduce: no rank is special, and the

@@ -14,8 +14,9 @@
 # # Lesson 8: asynchronous and stale updates
 #
 # Lesson 7 ended with idle workers: in BSP every step waits for the slowest
-# one. The course's answer: "vary the consistency of the parameters, so that
-# the computation can run asynchronously". A worker that does not wait
+# one. The answer of the LSML lecture ("Распараллеливание нейросетей",
+# Large Scale Machine Learning, lecture 7): "vary the consistency of the
+# parameters, so that the computation can run asynchronously". A worker that does not wait
 # computes its next gradient on weights that other workers have since
 # changed: its gradient is **stale**. This chapter measures the trade:
 #
@@ -26,7 +27,7 @@
 # 2. the staleness of every push, from the server's log;
 # 3. Hogwild: no server at all, one shared array, no locks; its loss
 #    against serial SGD, and the updates lost to races, counted;
-# 4. D2P, the course's delayed block proximal gradient: what a delay bound
+# 4. D2P, the LSML lecture's delayed block proximal gradient: what a delay bound
 #    tau costs in objective.
 #
 # The library code: `minidist/parallel/parameter_server/shard.py` (the
@@ -74,7 +75,8 @@ x_train, y_train, x_test, y_test = load_digits()
 # * **async** (Downpour): every push is applied the moment it arrives,
 #   whatever weights it was computed on;
 # * **drop(tau)**: as async, but a push more than tau versions stale is
-#   thrown away ("throw away the gradients that lag behind", seed 001).
+#   thrown away ("throw away the gradients that lag behind", as the zhihu
+#   article on distributed training puts it).
 #
 # To see the algorithms and not the 2 cores of this machine, a worker's
 # compute is made to last: each one sleeps 4 ms per gradient, as if the
@@ -424,7 +426,7 @@ print("saved", OUT / "hogwild_loss.png")
 #
 # ## 4. D2P: what a delay bound costs
 #
-# The course's D2P (delayed block proximal gradient) is L1-regularised
+# The LSML lecture's D2P (delayed block proximal gradient) is L1-regularised
 # logistic regression on a PS: the coordinates are split into B blocks,
 # step t updates block t mod B, and a worker may compute on weights up to
 # tau steps old. `delayed_proximal_reference` runs it in one process with
@@ -468,7 +470,7 @@ print("saved", OUT / "d2p_delay.png")
 # within a few hundredths of a percent (the printout), and in the middle
 # the delayed ones are not even behind: on this problem a block's gradient
 # hardly depends on the latest updates of the other blocks, and the step
-# size is half the safe one. The slide's promise, "tau times fewer
+# size is half the safe one. The LSML lecture's promise, "tau times fewer
 # synchronisations; the slower convergence is paid back by faster steps",
 # is the trade: on real processes a worker waits only when it is more than
 # tau steps ahead, and the delays printed show that the workers did run

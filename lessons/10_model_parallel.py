@@ -15,8 +15,8 @@
 #
 # Data parallelism gives every worker the whole model and a slice of the
 # batch. Model parallelism does the opposite: every worker gets the **whole
-# batch** and a **slice of the model**. The course's example (seed 004, after
-# Tim Dettmers, "Model Parallelism in Deep Learning", 2014): on 4 workers, a
+# batch** and a **slice of the model**. The course's example (Tim Dettmers,
+# "Model Parallelism in Deep Learning", 2014): on 4 workers, a
 # 1000 x 1000 weight matrix becomes four 1000 x 250 blocks. Each worker now
 # holds a quarter of the weights, so a layer too big for one memory fits on
 # four, but after every matrix product the workers must put their partial
@@ -26,7 +26,7 @@
 #
 # 1. splits the 1000 x 1000 matrix into four blocks by columns and by rows,
 #    on 4 real processes, and checks both against the unsplit layer;
-# 2. runs the seed's 1000 x 500 layer at batch 128 on 2 processes and prints
+# 2. runs Dettmers' 1000 x 500 layer at batch 128 on 2 processes and prints
 #    the shapes of every product: the row split *adds* partial results, the
 #    column split *stacks* pieces, and in backward the two swap;
 # 3. counts the bytes: data parallel sends the 500,000-value weight
@@ -109,10 +109,10 @@ def relative_error(actual, wanted):
 
 
 # %% [markdown]
-# ## 1. The seed's picture: a 1000 x 1000 matrix on 4 workers
+# ## 1. Dettmers' picture: a 1000 x 1000 matrix on 4 workers
 #
 # Write a dense layer as Y = X A, with X the batch (B x in) and A the weight
-# (in x out), as the seed and Megatron-LM do. (minidist's `nn.Linear`, like
+# (in x out), as Dettmers and Megatron-LM do. (minidist's `nn.Linear`, like
 # PyTorch's, stores W = A transposed, out x in.) Two ways to cut A into 4:
 #
 # * **by columns**: worker r holds the columns 250 r .. 250 r + 249, a
@@ -184,7 +184,7 @@ for name, axis, what in (("column", 0, "columns"), ("row", 1, "rows")):
     assert relative_error(w_grad, reference.weight.grad) < 1e-4
 
 # %% [markdown]
-# The column split's blocks are the seed's 1000 x 250; the row split's are
+# The column split's blocks are Dettmers' 1000 x 250; the row split's are
 # 250 x 1000. Every rank ends with the whole Y and the whole dX, equal to the
 # unsplit layer's up to float32 rounding (the sums are taken in another
 # order), and the four weight gradients put side by side are the unsplit
@@ -229,7 +229,7 @@ def draw_split(path):
 print("saved", draw_split(OUT / "model_parallel_split.png"))
 
 # %% [markdown]
-# ## 2. The seed's layer, 1000 x 500 at batch 128: forward adds, backward stacks
+# ## 2. Dettmers' layer, 1000 x 500 at batch 128: forward adds, backward stacks
 #
 # Backward needs the gradient of the layer's input, dX = dY A^T, to carry on
 # into the layers below. With A split, this product is split too, and the
@@ -241,7 +241,7 @@ print("saved", draw_split(OUT / "model_parallel_split.png"))
 # * the **column** split's forward stacks, but its backward
 #   dY_r A_r^T is a whole 128 x 1000 *partial* dX: **added**.
 #
-# Two processes run both splits of the seed's layer (in = 1000, out = 500,
+# Two processes run both splits of Dettmers' layer (in = 1000, out = 500,
 # batch 128). Each prints the shapes of its own products, read from the
 # tensors it computed:
 
@@ -327,7 +327,7 @@ for name, word_forward, word_backward in (("row", "add", "stack"), ("column", "s
              "an all_gather)"))
 
 # %% [markdown]
-# These are the seed's six lines, measured: the row split multiplies
+# These are Dettmers' six lines, measured: the row split multiplies
 # 128 x 500 by 500 x 500 forward (partial sums, added) and backward (pieces
 # of dX, stacked); the column split 128 x 1000 by 1000 x 250 forward
 # (pieces, stacked) and 128 x 250 by 250 x 1000 backward (partial dX, added).
@@ -338,7 +338,7 @@ for name, word_forward, word_backward in (("row", "add", "stack"), ("column", "s
 # step: 1000 x 500 = **500,000** values. A split sends activations, forward
 # and backward: the row split 128 x 500 (Y) + 128 x 500 (its half of dX) =
 # **128,000**; the column split 128 x 250 (its half of Y) + 128 x 1000 (the
-# partial dX) = **160,000**. "About 4 times less", says the seed.
+# partial dX) = **160,000**. "About 4 times less", says Dettmers.
 #
 # What a worker actually sends depends on the collective's algorithm; with
 # the ring, on 2 ranks, each sends exactly the values it contributes.
@@ -390,7 +390,7 @@ for name, crossing in (("column", 400), ("row", 500)):
                   xytext=(crossing + 15, 0.9 if name == "row" else 3.0), fontsize=9,
                   arrowprops=dict(arrowstyle="->", alpha=0.5))
 axis.axvline(LAYER_BATCH, color="grey", linestyle="-.", alpha=0.5)
-axis.text(LAYER_BATCH + 10, 1.3, "the seed's\nbatch 128", fontsize=9)
+axis.text(LAYER_BATCH + 10, 1.3, "Dettmers'\nbatch 128", fontsize=9)
 axis.set_xlabel("batch B")
 axis.set_ylabel("MB sent per rank per step")
 axis.set_title("the 1000 x 500 layer on 2 ranks: lines formula, dots the trace")
@@ -406,7 +406,7 @@ print("saved", OUT / "model_parallel_bytes.png")
 # does. For a dense layer the rule is: weights per layer (in x out) against
 # activations per layer (B x in plus B x out): **wide layers and small
 # batches favour model parallel, small layers and large batches data
-# parallel**, or in the seed's words, data parallel suits small networks and
+# parallel**, or in Dettmers' words, data parallel suits small networks and
 # model parallel large ones.
 #
 # Bytes are not the whole story. Data parallel sends once per step, after
@@ -534,10 +534,10 @@ print(f"digits MLP, {EPOCHS} epochs: test accuracy {alone:.4f} in one process, "
 #
 # ## 5. DistBelief: every layer partitioned, all_to_all between layers
 #
-# DistBelief (Dean et al., 2012; the course's topic 14) cuts the *network*:
-# worker r owns a slice of the units of every layer with their incoming
-# weights, sees the whole batch, and sends its units' activations to the
-# workers whose units read them. In a fully connected net every unit of the
+# DistBelief (Dean et al., 2012; the LSML lecture's "model-parallel in
+# DistBelief") cuts the *network*: worker r owns a slice of the units of
+# every layer with their incoming weights, sees the whole batch, and sends
+# its units' activations to the workers whose units read them. In a fully connected net every unit of the
 # next layer reads every unit of this one, so after each layer the workers
 # exchange their activations with an **all_to_all**; backward, each
 # worker's partial gradient of the previous layer is cut by owner and sent
@@ -835,7 +835,7 @@ print("saved", OUT / "model_parallel_hybrid.png")
 #   row split adds partial outputs and stacks input-gradient pieces.
 # * It sends activations, data parallel sends gradients. Wide layers and
 #   small batches favour the split; small layers and large batches data
-#   parallel. The seed's 1000 x 500 layer at batch 128: 500,000 values
+#   parallel. Dettmers' 1000 x 500 layer at batch 128: 500,000 values
 #   against 128,000 or 160,000.
 # * Its messages sit between products and cannot be hidden behind compute.
 # * Pair a column split with a row split and the block costs one all_reduce

@@ -13,9 +13,11 @@
 # %% [markdown]
 # # Lesson 11: splitting a convolution, and batch norm across workers
 #
-# Seed 002 lists four ways to cut a convolutional network over devices: by
-# node (data parallel), by layer (the pipeline), **by channel** and **by
-# space**. This chapter runs the last two on real processes, and then the
+# Hideki Tsunashima's slides, "分散学習のあれこれ~データパラレルからモデルパラレルまで~"
+# (distributed training from data parallel to model parallel, with Chainer
+# and ChainerMN, 2019), list four ways to cut a convolutional network over
+# devices: by node (data parallel), by layer (the pipeline), **by channel**
+# and **by space**. This chapter runs the last two on real processes, and then the
 # layer that breaks when each worker sees only a small batch, batch
 # normalisation:
 #
@@ -158,7 +160,7 @@ for world in (2,) if QUICK else (2, 4):
     print(f"      (fastest of {REPEATS} interleaved repeats, one BLAS thread per process; "
           f"{load.describe()})")
     busy = load.note("the bytes on the next line are counts and hold: each split step "
-                     "moves about the activations, which seed 002 measured 2-3x slower")
+                     "moves about the activations, which Tsunashima's slides measured 2-3x slower")
     if busy:
         print("      " + busy)
     print(f"      rank 0 sends per step: all_gather {gathered / 1e3:7.1f} kB "
@@ -179,7 +181,7 @@ for world in (2,) if QUICK else (2, 4):
 # have a core at the same moment (4 ranks on 2 cores take turns, which the
 # full run's P = 4 figure includes). When the line under the figure says
 # the machine was busy, go by the bytes, not the times.
-# Seed 002 measured the same thing on GPUs, where the compute is fast and
+# Tsunashima's slides measured the same thing on GPUs, where the compute is fast and
 # the messages cross PCIe or a network: channel-wise model parallelism on 4
 # GPUs ran about **2x slower (DCGAN) and 3x slower (VGG-16)** than one GPU,
 # because every output must be gathered. It is for a model whose layers do
@@ -321,7 +323,7 @@ plt.show() if "inline" in plt.get_backend() else plt.close(figure)
 # The halo is a fixed number of rows (2 (P - 1) in all for a 3x3 kernel), so
 # its share of the image falls as 1/H: from a few per cent of a 32x32 image
 # to a fraction of a per cent at 512x512, while the conv's work grows with
-# every pixel. That is seed 002's point: the spatial split pays off most on
+# every pixel. That is Tsunashima's point: the spatial split pays off most on
 # large images (it quotes 1024x1024), where one image's activations may not
 # even fit on one device and the border rows cost almost nothing. Compare
 # the channel split, which moves the whole activation every layer.
@@ -494,7 +496,7 @@ median = {name: max(middle[name] for _, middle in timings) for name in timings[0
 print(f"fastest step: local BN {fastest['local BN'] * 1e3:.2f} ms, SyncBN "
       f"{fastest['SyncBN'] * 1e3:.2f} ms -> SyncBN {fastest['SyncBN'] / fastest['local BN'] - 1:+.0%}"
       f" (median step: {median['local BN'] * 1e3:.2f} and {median['SyncBN'] * 1e3:.2f} ms, "
-      f"{median['SyncBN'] / median['local BN'] - 1:+.0%}); seed 002: about +10 %")
+      f"{median['SyncBN'] / median['local BN'] - 1:+.0%}); Tsunashima's slides: about +10 %")
 print(f"({STEPS_TIMED} steps each, taking turns, one BLAS thread per process; {load.describe()})")
 busy = load.note("what holds is the count: 2 all-reduces per BN layer and step, "
                  "2C + 1 and 2C values, a latency each")
@@ -502,7 +504,7 @@ if busy:
     print(busy)
 
 # %% [markdown]
-# Seed 002 measured about **10 %** more time for DCGAN. Here one step of the
+# Tsunashima's slides measured about **10 %** more time for DCGAN. Here one step of the
 # tiny CNN takes about half a millisecond, so two extra messages between
 # processes are a visible share of it. The fastest steps are steady: in our
 # runs at load 4.4 on 2 cores they gave SyncBN +15 % to +21 %, while the
@@ -515,11 +517,11 @@ if busy:
 #
 # * The channel split gathers every output and all-reduces every input
 #   gradient: messages as large as the activations, on the critical path.
-#   Slower than one device (seed 002: 2-3x on 4 GPUs); use it when a layer
+#   Slower than one device (Tsunashima: 2-3x on 4 GPUs); use it when a layer
 #   does not fit.
 # * The spatial split moves only the rows the kernel reads across a border:
 #   a constant number of rows, a share of the image that falls as 1/H. It
 #   pays on large images.
 # * Batch norm under data parallelism normalises by the shard unless told
 #   otherwise; SyncBatchNorm restores the global batch's statistics for two
-#   small all-reduces per layer (seed 002: about 10 % more time).
+#   small all-reduces per layer (Tsunashima: about 10 % more time).

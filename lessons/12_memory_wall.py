@@ -13,11 +13,12 @@
 # %% [markdown]
 # # Lesson 12: the memory wall
 #
-# Seed 001 names three walls a training run hits: **compute**, **memory** and
-# **communication**. Data parallelism answers the compute wall: more workers,
+# The zhihu article "深度模型常见加速训练策略架构篇(一)---分布式训练介绍" (an
+# introduction to distributed training, zhuanlan.zhihu.com) names three
+# walls a training run hits: **compute**, **memory** and **communication**. Data parallelism answers the compute wall: more workers,
 # more examples per second. It does nothing for memory: every worker keeps a
 # whole copy of the *model states*, and, for its own batch, the *activations*
-# the backward needs. The seed names the problem only; this chapter measures
+# the backward needs. The article names the problem only; this chapter measures
 # it and runs the two answers of the DeepSpeed/FSDP literature:
 #
 # 1. the bytes one rank holds, by category, for DDP and ZeRO stages 1, 2, 3

@@ -13,18 +13,21 @@
 # %% [markdown]
 # # Lesson 13: the communication wall
 #
-# Seed 001 names the wall: training is split across nodes, but it is still
+# The zhihu article on distributed training ("深度模型常见加速训练策略架构篇(一)",
+# zhuanlan.zhihu.com) names the wall: training is split across nodes, but it is still
 # one task, so the pieces must be aggregated, and *iterative training
 # updates so often that the network cannot keep up with the accelerators*.
-# Can we just buy more bandwidth? The seed says no: the protocol stack eats
-# part of it. Seed 003 gives the two remedies, both about the *messages*:
+# Can we just buy more bandwidth? The article says no: the protocol stack eats
+# part of it. The Greek course slides ("Παράλληλη και κατανεμημένη εκπαίδευση
+# βαθιών νευρωνικών δικτύων", Data Science and Machine Learning, 2019-20)
+# give the two remedies, both about the *messages*:
 #
 # * **quantisation**: fewer bits for each value (less storage per
 #   parameter, less precision);
 # * **sparsification**: fewer values, "some parameters are not exchanged
 #   when their change is not significant (does not exceed a threshold)";
 #
-# and seed 001 adds a third lever, **overlapping communication with
+# and the zhihu article adds a third lever, **overlapping communication with
 # computation**. This chapter builds each compressor as a DDP
 # *communication hook* (torch's `register_comm_hook`), trains the digits with
 # every one of them, and measures what they buy (bytes, from the trace) and
@@ -83,8 +86,9 @@ OUT = output_dir()
 #
 # A data-parallel step all-reduces the whole gradient. With the ring, each
 # rank sends `2 (N - 1) / N * P` bytes for a model of P bytes: about 2P,
-# whatever N is. Seed 004's dense layer (1000 inputs, 500 outputs) has
-# 500,500 parameters, 2 MB in float32; the digits MLP 9,610 (38 KB).
+# whatever N is. The dense layer of Dettmers' "Model Parallelism in Deep
+# Learning" (2014; 1000 inputs, 500 outputs) has 500,500 parameters, 2 MB
+# in float32; the digits MLP 9,610 (38 KB).
 # Time on a link of bandwidth B is `bytes / B`, next to the compute time of
 # one step, measured here:
 
@@ -109,14 +113,14 @@ def dense_step_seconds(layer_in, layer_out, batch, repeats=5):
 print(f"{'model':<28} {'params':>9} {'compute/step':>13} {'ring bytes (N=8)':>17} "
       f"{'1 Gbit/s':>9} {'10 Gbit/s':>10}")
 for label, (d_in, d_out, batch) in {"digits MLP 64-128-10, b=32": (64, 128, 32),
-                                    "seed 004: 1000x500, b=128": (1000, 500, 128)}.items():
+                                    "Dettmers' 1000x500, b=128": (1000, 500, 128)}.items():
     seconds, params = dense_step_seconds(d_in, d_out, batch)
     ring = experiment.dense_bytes(params, 8)
     print(f"{label:<28} {params:>9,} {1e3 * seconds:>10.2f} ms {ring:>17,.0f} "
           f"{1e3 * ring * 8 / 1e9:>6.2f} ms {1e3 * ring * 8 / 1e10:>7.2f} ms")
 
 # %% [markdown]
-# On this machine one step of seed 004's layer computes in a few
+# On this machine one step of Dettmers' layer computes in a few
 # milliseconds; sending its gradient over a 1 Gbit/s link takes longer than
 # that. Faster accelerators shrink the compute column, not the bytes: that
 # is the wall. (On one machine, ranks talk through shared memory at
@@ -227,7 +231,7 @@ print(f"int8, mean of 200 draws: relative error {np.linalg.norm(draws - g) / np.
 # %% [markdown]
 # ## 4. Fewer values
 #
-# The seed's own remedy: skip the parameters whose change is not
+# The Greek slides' own remedy: skip the parameters whose change is not
 # significant. Three ways to choose what to send:
 #
 # * **threshold** (Strom, 2015): the entries whose *accumulated* change
@@ -462,7 +466,7 @@ for hook_name in (None, "PowerSGD r2"):
 # time is measured on one process (world size 1: the hook runs, its
 # collectives have nobody to talk to), the median of many calls on a bucket
 # of the model's shapes; the bytes saved are the formulas' at N = 2 (which
-# part 6 measured equal to the trace). For the digits MLP and for seed 004's
+# part 6 measured equal to the trace). For the digits MLP and for Dettmers'
 # layer:
 
 # %%
@@ -506,8 +510,8 @@ def codec_seconds(shapes, names, repeats):
     return {name: out[name] - out["none"] for name in names}
 
 
-SEED_004 = [(10,), (10, 500), (500,), (500, 1000)]      # 1000 -> 500 -> 10, bucket order
-MODELS = {"digits MLP": experiment.parameter_shapes("mlp"), "seed 004 1000x500": SEED_004}
+DETTMERS_LAYER = [(10,), (10, 500), (500,), (500, 1000)]  # 1000 -> 500 -> 10, bucket order
+MODELS = {"digits MLP": experiment.parameter_shapes("mlp"), "Dettmers' 1000x500": DETTMERS_LAYER}
 CODECS = ["fp16", "bf16", "int8", "sign", "top-k 1%", "random-k 1%", "PowerSGD r2"]
 codecs = minidist.launch(lambda: {m: codec_seconds(s, CODECS, 20 if QUICK else 100)
                                   for m, s in MODELS.items()}, world_size=1)[0]

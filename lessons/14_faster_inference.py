@@ -13,8 +13,9 @@
 # %% [markdown]
 # # Lesson 14: faster inference
 #
-# Seed 000 opens with the question every trained network meets: how to make
-# its predictions fast. Four answers, each run and measured here:
+# The LSML lecture "Распараллеливание нейросетей" (Large Scale Machine
+# Learning, lecture 7) opens with the question every trained network meets:
+# how to make its predictions fast. Four answers, each run and measured here:
 #
 # 1. **batch prediction is embarrassingly parallel**: split the examples
 #    across worker processes, predict, gather in order;

@@ -13,13 +13,14 @@
 # %% [markdown]
 # # Lesson 15: parallel hyper-parameter search
 #
-# Seed 002 ends its tour of distributed training (ChainerMN's data and model
+# Hideki Tsunashima's slides ("分散学習のあれこれ~データパラレルからモデルパラレルまで~")
+# end their tour of distributed training (ChainerMN's data and model
 # parallelism, from the 2019 Tokyo Tech distributed deep learning hackathon)
 # with Optuna: the search for a learning rate, a width, a weight decay, run
-# on many GPUs at once. Its author did not get it running in time and left
+# on many GPUs at once. Tsunashima did not get it running in time and left
 # the links. This chapter runs it.
 #
-# There are two ways to spend N workers on a search. The seed's Optuna
+# There are two ways to spend N workers on a search. Tsunashima's Optuna
 # example makes each *trial* data-parallel (the workers train one model
 # together and aggregate its loss), which needs every collective of the
 # earlier chapters. The other way needs none: run N *trials* at once, one per

@@ -14,7 +14,7 @@
 # # Lesson 17: splitting a transformer
 #
 # Lesson 10 split one dense layer's weight matrix over workers, by rows and
-# by columns (seed 004's 1000 x 500 layer), and paired a column split with a
+# by columns (Dettmers' 1000 x 500 layer), and paired a column split with a
 # row split so that an MLP needs one all_reduce per pass. Every large model
 # today is a transformer, trained with exactly that idea applied to each
 # block (Megatron-LM: Shoeybi et al., 2019), then with the activations cut
@@ -22,7 +22,7 @@
 # pipeline parallelism on top: a **3D** mesh of ranks. This chapter:
 #
 # 1. why split: the memory of one GPT layer against the memory of a rank,
-#    and the column / row recap on the seed's layer;
+#    and the column / row recap on Dettmers' layer;
 # 2. tensor parallelism (TP) on one block, step by step: which rows of the
 #    attention's q, k, v projection each rank holds (its heads), the MLP's
 #    column then row split, the **two all_reduces per pass** and why there
@@ -160,7 +160,7 @@ assert whole_model > RANK_MEMORY
 # (section 3) cuts. Activations are also what pipeline stages and
 # recomputation (lessons 9, 12) attack; section 6 puts them together.
 #
-# **The recap.** Lesson 10 ran both splits of seed 004's 1000 x 500 layer at
+# **The recap.** Lesson 10 ran both splits of Dettmers' 1000 x 500 layer at
 # batch 128 on 2 processes. The column split (each rank 250 of the 500
 # outputs) stacks its pieces forward and adds partial input gradients
 # backward; the row split (each rank 500 of the 1000 inputs) adds partial
@@ -865,8 +865,12 @@ timeline  # noqa: B018 - the notebook shows the last one: the 3D run's in the fu
 RANKS = 1024
 comparison = choose_plan.compare_plans(BIG, RANKS, memory_limit=RANK_MEMORY)
 shown = comparison.ranked[:8]
-print(f"{RANKS} ranks: {len(comparison.ranked)} plans fit in {RANK_MEMORY / 1e9:.0f} GB a rank, "
-      f"{len(comparison.too_big)} do not, {len(comparison.impossible)} cannot split the model")
+tried = len(comparison.ranked) + len(comparison.too_big) + len(comparison.impossible)
+print(f"{RANKS} ranks: {tried} plans dp x tp x pp (tp within a node); "
+      f"{len(comparison.ranked)} fit in {RANK_MEMORY / 1e9:.0f} GB a rank, "
+      f"{len(comparison.too_big)} do not, {len(comparison.impossible)} cannot split the model:")
+for why, plans in choose_plan.why_impossible(comparison.impossible).items():
+    print(f"  {len(plans)} where {why} ({plans[0]}, ...)")
 print(choose_plan.format_table(shown))
 print("too big: " + ", ".join(f"{p.plan} ({p.memory_total / 1e9:.0f} GB)"
                               for p in comparison.too_big[:6])

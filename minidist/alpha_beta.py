@@ -186,10 +186,17 @@ EXCHANGE_BETA_LEGEND = ("βₓ: β of a step in which a rank sends and receives 
                         "on one machine, whose CPU copies both ways; β on a full-duplex link")
 
 
+#: What the shared slots' latency means, for wherever a formula that uses it is shown.
+SLOTS_ALPHA_LEGEND = ("αₛ: the latency of the shared slots, through which the one-shot "
+                      "all_reduce adds small arrays without messages (shm only)")
+
+
 def in_symbols(formula: str) -> str:
     """A cost formula in the lessons' notation: ``alpha`` -> α, ``beta`` -> β,
-    ``gamma`` -> γ, ``xbeta`` (the exchange's beta) -> βₓ."""
+    ``gamma`` -> γ, ``xbeta`` (the exchange's beta) -> βₓ, ``slots_alpha`` (the
+    shared slots' latency) -> αₛ."""
     import re
 
-    names = {"xbeta": "βₓ", "alpha": "α", "beta": "β", "gamma": "γ"}
-    return re.sub(r"\b(xbeta|alpha|beta|gamma)\b", lambda match: names[match.group(1)], formula)
+    names = {"slots_alpha": "αₛ", "xbeta": "βₓ", "alpha": "α", "beta": "β", "gamma": "γ"}
+    return re.sub(r"\b(slots_alpha|xbeta|alpha|beta|gamma)\b",
+                  lambda match: names[match.group(1)], formula)

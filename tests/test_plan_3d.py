@@ -242,6 +242,27 @@ def test_compare_plans_filters_by_memory_and_ranks_by_time():
     assert "dp" in str(compared)
 
 
+def test_the_comparison_says_what_its_counts_are_of_and_why_plans_cannot_split():
+    """The first line counts plans out of the factorisations tried, and every
+    plan the model cannot take is listed under its reason."""
+    compared = choose_plan.compare_plans(SMALL, 16, MACHINE)
+    text = str(compared)
+    first = text.splitlines()[0]
+    tried = len(compared.ranked) + len(compared.too_big) + len(compared.impossible)
+    assert tried == len(choose_plan.factorisations(16, MACHINE.node_size))
+    assert first.startswith(f"16 ranks: {tried} plans dp x tp x pp (tp within a node of "
+                            f"{MACHINE.node_size}); {len(compared.ranked)} fit (no memory limit)")
+    assert f"{len(compared.impossible)} cannot split this model (why: below)" in first
+    grouped = choose_plan.why_impossible(compared.impossible)
+    assert sum(len(plans) for plans in grouped.values()) == len(compared.impossible)
+    assert "pp x virtual_stages does not divide the 8 layers" in grouped
+    for why, plans in grouped.items():
+        assert f"cannot split this model, {why}: {', '.join(plans)}" in text
+    assert choose_plan.why_impossible([(Plan(1, 3, 1), "tp=3 does not divide the 8 heads"),
+                                       (Plan(1, 6, 1), "tp=6 does not divide the 8 heads")]) == {
+        "tp does not divide the 8 heads": ["dp1 tp3 pp1", "dp1 tp6 pp1"]}
+
+
 def test_playbook_grows_tp_within_the_node_then_pp():
     model = GPTShape(n_layer=8, n_embd=256, n_head=16, vocab_size=512, seq_len=128,
                      global_batch=64, micro_batch=1)
@@ -283,7 +304,8 @@ def test_minidist_plan_prints_the_comparison_and_the_playbook(capsys):
              "--seq-len", "128", "--global-batch", "64"]
     assert cli.main(["plan", "--ranks", "16", "--memory", "1GB", *model]) == 0
     out = capsys.readouterr().out
-    assert "plans fit" in out and "the Playbook's order" in out
+    assert "plans dp x tp x pp" in out and "the Playbook's order" in out
+    assert "cannot split this model" in out
     assert cli.main(["plan", "--mesh", "2x4x2", *model]) == 0
     assert "dp2 tp4 pp2" in capsys.readouterr().out
     assert cli.main(["plan", "--mesh", "2x3x2", *model]) == 2

@@ -337,7 +337,9 @@ def header_lines(replay, frame) -> list[str]:
         f"{replay.collective} · {replay.algorithm} · {replay.world_size} ranks · "
         f"{replay.count} elements ({size}){root}",
         f"{step_words(replay, frame)}: {frame.phase}" if frame.phase else step_words(replay, frame),
-        f"cost: {replay.formula}" if replay.formula else "cost: (no formula)",
+        (f"cost: {replay.formula}" + ("   (αₛ: the shared slots' latency)"
+                                      if "αₛ" in replay.formula else ""))
+        if replay.formula else "cost: (no formula)",
         f"measured {format_seconds(frame.elapsed_ns / 1e9)} so far of "
         f"{format_seconds(replay.measured_s)} (from the first rank's entry) · {predicted}",
         f"measured / model = {gap}" if gap else "",

@@ -42,7 +42,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from minidist.alpha_beta import EXCHANGE_BETA_LEGEND
+from minidist.alpha_beta import EXCHANGE_BETA_LEGEND, SLOTS_ALPHA_LEGEND
 from minidist.units import format_bytes
 from viz.replay import Frame, Replay, model_gap, step_words
 
@@ -159,8 +159,9 @@ def _costs(replay: Replay, frame: Frame, color: bool) -> Text:
     if replay.formula:
         text.append("cost  ", style="bold" if color else "")
         text.append(f"{replay.formula}\n")
-        if "βₓ" in replay.formula:
-            text.append(f"      {EXCHANGE_BETA_LEGEND}\n", style="dim" if color else "")
+        for symbol, legend in (("βₓ", EXCHANGE_BETA_LEGEND), ("αₛ", SLOTS_ALPHA_LEGEND)):
+            if symbol in replay.formula:
+                text.append(f"      {legend}\n", style="dim" if color else "")
     clock = " (simulated)" if replay.transport == "sim" else ""
     text.append(f"time  measured {format_seconds(frame.elapsed_ns / 1e9)} so far of "
                 f"{format_seconds(replay.measured_s)}{clock}")

@@ -69,9 +69,9 @@ class Timing:
 
 
 FULL = Timing()
-#: --quick: short, but still the fastest of 3 blocks, as the goals are judged
+#: --quick: short, but still the fastest of 3 blocks, as the targets are judged
 #: on it (with one block, a single stall of a shared machine can make a 4 KiB
-#: all_reduce look many times slower than it is and its goal "not met").
+#: all_reduce look many times slower than it is, and slower than its target).
 QUICK = Timing(target_seconds=0.02, blocks=3, min_iterations=1, max_iterations=100)
 
 

@@ -1,6 +1,6 @@
 """Exercise: the ring all_reduce (lesson 4).
 
-The reference solution, written as the slides say it: reduce-scatter for
+The reference solution, written as lesson 4 teaches it: reduce-scatter for
 n - 1 steps, then allgather for n - 1 steps. The student's version is
 checked against it and against the registry's ``ring``: its traffic
 formula, 2 n (n - 1) messages and 2 (n - 1) N bytes summed over ranks.

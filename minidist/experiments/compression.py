@@ -53,7 +53,7 @@ class Compressor:
         return None if self.make_state is None else self.make_state(seed)
 
 
-#: The configurations of the lesson, in the slide's order.
+#: The configurations of lesson 13, in the order it teaches them.
 COMPRESSORS = {c.name: c for c in [
     Compressor("none", C.allreduce_hook),
     Compressor("fp16", C.fp16_compress_hook, family="bits"),

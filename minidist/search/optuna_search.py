@@ -6,7 +6,8 @@ Optuna is an optional extra (``pip install -e '.[search]'``, or
 absence is a clear ImportError naming that command.
 
 **How the workers share one study** (the pattern of Optuna's "distributed
-optimization" tutorial, and of seed 002's ChainerMN hackathon, with processes
+optimization" tutorial, and of the ChainerMN hackathon in Hideki Tsunashima's
+slides "分散学習のあれこれ~データパラレルからモデルパラレルまで~", with processes
 here where they had nodes): the parent creates the study in a *storage*
 every process can open, a journal file (``JournalStorage`` over
 ``JournalFileBackend``: an append-only log of operations, locked per write)

@@ -19,6 +19,7 @@ from minidist.bench.collectives import (
     goals,
     minidist_algorithms,
     plan,
+    print_goals,
     print_report,
     run,
 )
@@ -92,7 +93,7 @@ def test_command_prints_a_table_per_collective_and_writes_every_row(tmp_path, ca
     for algorithm in {a for c in MEASURED for a in ALGORITHMS[c]}:
         assert algorithm in printed
     assert "MPICH: skipped (--no-mpich)" in printed
-    assert "goals" in printed
+    assert "targets" in printed
     # Under each table, its largest measured / model gap and this run's why.
     flat = " ".join(printed.split())
     assert flat.count("largest gap, ") == len(MEASURED)
@@ -154,7 +155,7 @@ def test_quick_without_mpich_and_torch_names_their_install_and_judges_nothing(mo
     assert code == 0, printed
     assert "pip install -e '.[bench]'" in printed
     assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in printed
-    assert "not met" not in printed and " met " not in printed
+    assert "slower than the target" not in printed and "within the target" not in printed
     assert printed.count("not measured") >= 3  # each goal, without a verdict
     assert "MPICH not run: mpi4py is not installed" in printed
 
@@ -186,6 +187,32 @@ def test_goals_read_the_rows():
     third = goals(report)[2]
     assert third["met"] is True
     assert "n=8: worst 3.00 (oversubscribed: shown, not judged)" in third["measured"]
+
+
+def test_a_target_is_judged_on_the_ratio_as_printed():
+    """0.504 prints "0.50 x" and so meets "<= 0.5"; 0.506 prints "0.51 x" and is
+    slower than the target. The ring's 1.254 prints 1.25: within 0.75 .. 1.25."""
+    def row(world_size, size, seconds, mpich, predicted):
+        return {"transport": "shm", "collective": "all_reduce", "algorithm": "ring",
+                "world_size": world_size, "size": size, "bytes": size, "seconds": seconds,
+                "mpich_seconds": mpich, "over_mpich": seconds / mpich,
+                "measured_over_predicted": seconds / predicted, "oversubscribed": False}
+
+    mib = 1 << 20
+    rows = [row(4, 64 * mib, 5.04e-3, 10e-3, 5.04e-3 / 1.254),
+            row(2, 4096, 20e-6, 10e-6, 20e-6)]
+    first, _, third = goals({"rows": [row(2, 64 * mib, 5.04e-3, 10e-3, 5.04e-3), *rows]})
+    assert "= 0.50 x" in first["measured"] and first["met"] is True
+    assert "worst 1.25" in third["measured"] and third["met"] is True
+    first, _, _ = goals({"rows": [row(2, 64 * mib, 5.06e-3, 10e-3, 5.06e-3), *rows]})
+    assert "= 0.51 x" in first["measured"] and first["met"] is False
+    assert first["missed"] == "slower than the target"
+
+    console = Console(record=True, width=300, color_system=None)
+    print_goals({"goals": [first, third]}, console)
+    text = console.export_text()
+    assert "slower than the target  best shm all_reduce of 64 MiB <= 0.5 x MPICH" in text
+    assert "within the target  ring measured / predicted" in text
 
 
 @pytest.mark.timeout(120)

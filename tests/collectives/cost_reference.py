@@ -1,4 +1,4 @@
-"""Predictions of the cost model before the algorithm registry (issue 17),
+"""Predictions of the cost model from before the algorithm registry,
 frozen: test_cost_registry.py checks that the registered formulas give the
 very same numbers. Generated once from the former minidist/costmodel.py
 (its FORMULAS table); do not edit by hand."""

@@ -396,9 +396,10 @@ def test_mismatched_rooted_calls_fail_at_once_naming_both():
 
 
 def _roots_disagree(collective, algorithm):
-    """Rank 1 says the root is rank 1, ranks 0 and 2 say rank 0 (issue 32).
+    """Rank 1 says the root is rank 1, ranks 0 and 2 say rank 0.
     A broadcast or scatter then completes on every rank, each root's
-    messages left unread by the other side: it returned [0, 10, 0]."""
+    messages left unread by the other side: before the fix it returned
+    [0, 10, 0]."""
     rank = dist.get_rank()
     root = rank % 2
     x = np.full(3, 10.0 * rank, np.float32)

@@ -515,7 +515,7 @@ def test_cli_says_where_simulation_and_formula_part(capsys, wide):
     (["all_reduce", "-n", "100000", "--size", "1GB"], "coordinator about"),
 ], ids=["1e30B", "ring-1e7-ranks", "1e5-ranks-1GB"])
 def test_cli_refuses_a_simulation_too_big_for_the_machine(capsys, argv, refused):
-    """Issue 32: these ran for minutes and gigabytes (the last grew to 23.6 GB
+    """Before the fix these ran for minutes and gigabytes (the last grew to 23.6 GB
     and was killed). Refused at once, in one line, with the estimate and
     what to run instead; exit status 2."""
     import time

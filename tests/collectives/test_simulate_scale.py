@@ -1,4 +1,4 @@
-"""The simulator at scale (issue 23): one rank standing for all in symmetric
+"""The simulator at scale: one rank standing for all in symmetric
 algorithms gives the full simulation's numbers exactly, memory does not grow
 with the square of the ranks, and long runs report their progress."""
 

@@ -38,7 +38,8 @@ def _ported_script():
     three = dist.new_group([1, 2, 3])
     low_high = dist.new_group([0, 2])
 
-    # The issue's example: torch broadcasts global rank 1's data.
+    # The example of torch's group semantics: src is the global rank 1, whose
+    # data is broadcast.
     if rank in (1, 2):
         x = np.full(3, 10.0 * rank)
         dist.broadcast(x, src=1, group=pair)

@@ -15,11 +15,11 @@ from minidist.train import build_model
 
 # -------------------------------------------------------------- lesson 10
 
-SEED_IN, SEED_OUT = 1000, 500  # the seed's layer (lesson 10, section 2)
+LAYER_IN, LAYER_OUT = 1000, 500  # Dettmers' layer (lesson 10, section 2)
 
 
-def test_lesson10_the_seeds_layer_at_batch_128_splits_send_about_4_times_less():
-    table = split_bytes(SEED_IN, SEED_OUT, 128, world_size=2)
+def test_lesson10_dettmers_layer_at_batch_128_splits_send_about_4_times_less():
+    table = split_bytes(LAYER_IN, LAYER_OUT, 128, world_size=2)
     assert table["data_parallel"].payload == 500_000
     assert table["row"].payload == 128_000
     assert table["column"].payload == 160_000
@@ -32,7 +32,7 @@ def test_lesson10_data_parallel_becomes_cheaper_past_the_stated_batch(split, cro
     """'they cross data parallel's 500,000 at B = 500 and B = 400': below the
     crossing the split sends less, above it more."""
     def payload(name, batch):
-        return split_bytes(SEED_IN, SEED_OUT, batch, 2)[name].payload
+        return split_bytes(LAYER_IN, LAYER_OUT, batch, 2)[name].payload
 
     assert payload(split, crossing) == payload("data_parallel", crossing)
     assert payload(split, crossing - 8) < payload("data_parallel", crossing - 8)
@@ -42,10 +42,10 @@ def test_lesson10_data_parallel_becomes_cheaper_past_the_stated_batch(split, cro
 def test_lesson10_stacking_each_layer_sends_a_quarter_more_than_megatrons_pair():
     """Section 4: the block 1000 -> 500 -> 1000 at batch 128 on 2 ranks; the
     pair sends 512,000 bytes a pass, stacking each layer 640,000."""
-    paired = (split_bytes(SEED_IN, SEED_OUT, 128, 2)["column_split_output"].bytes_per_rank[0]
-              + split_bytes(SEED_OUT, SEED_IN, 128, 2)["row_split_input"].bytes_per_rank[0])
-    stacked = (split_bytes(SEED_IN, SEED_OUT, 128, 2)["column"].bytes_per_rank[0]
-               + split_bytes(SEED_OUT, SEED_IN, 128, 2)["row"].bytes_per_rank[0])
+    paired = (split_bytes(LAYER_IN, LAYER_OUT, 128, 2)["column_split_output"].bytes_per_rank[0]
+              + split_bytes(LAYER_OUT, LAYER_IN, 128, 2)["row_split_input"].bytes_per_rank[0])
+    stacked = (split_bytes(LAYER_IN, LAYER_OUT, 128, 2)["column"].bytes_per_rank[0]
+               + split_bytes(LAYER_OUT, LAYER_IN, 128, 2)["row"].bytes_per_rank[0])
     assert (paired, stacked) == (1_024_000, 1_280_000)
     assert stacked == paired * 5 // 4
 

@@ -1,9 +1,10 @@
-"""CuPy end to end across processes (issue 22): collectives on GPU arrays
+"""CuPy end to end across processes: collectives on GPU arrays
 staged through host memory (pipe and shm, 2 and 3 ranks), and DDP training
 of the digits CNN on the GPU, equal to the NumPy run. See gpu_ranks.py.
 
 Skipped, saying why, on a machine without CuPy or a CUDA device (CI has
-neither; the closing note of issue 22 has the run on an H100)."""
+neither; benchmarks/results/gpu.md and results/gpu_h100.json record the
+GPU backend measured on an H100)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The mpi transport under a real mpiexec (issue 22).
+"""The mpi transport under a real mpiexec.
 
 * the collectives suite (tests/mpi/collectives_under_mpi.py: every collective
   x algorithm, several sizes, two dtypes; then FSDP of a GPT with a tied
@@ -409,7 +409,7 @@ def test_a_collective_mismatch_is_named_under_mpiexec(tmp_path):
     assert seconds < 30, f"{seconds:.1f} s:\n{output}"
 
 
-# --------------------------------------------------------------------------- the culprit first (issue 32)
+# --------------------------------------------------------------------------- the culprit first
 
 
 def _first_report(stderr: str) -> str:

@@ -1,4 +1,4 @@
-"""Compression against accuracy, on real runs (issue 20's targets).
+"""Compression against accuracy, on real runs: the targets below.
 
 The digits MLP and CNN train data parallel with each compressor as DDP's
 communication hook (:mod:`minidist.experiments.compression`, the same runs

@@ -1,4 +1,4 @@
-"""Context parallelism (issue 37): ring attention and Ulysses must compute
+"""Context parallelism: ring attention and Ulysses must compute
 what attention on the whole sequence computes, send the bytes of their
 formulas, and train the GPT to the weights of one process.
 

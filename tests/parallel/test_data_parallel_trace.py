@@ -1,4 +1,4 @@
-"""What the trace of data-parallel training shows (course topics 6 and 7):
+"""What the trace of data-parallel training shows (lesson 5):
 
 * DDP overlaps communication with backward: a bucket's all_reduce starts
   before the backward pass that produced it has ended;

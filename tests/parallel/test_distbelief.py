@@ -1,4 +1,4 @@
-"""DistBelief-style model parallel (course topic 14): every layer's units
+"""DistBelief-style model parallel (lesson 10): every layer's units
 partitioned over the workers, activations and gradients exchanged with
 all_to_all, must compute what the unsplit net computes, and send exactly
 the bytes :func:`distbelief_bytes` says.

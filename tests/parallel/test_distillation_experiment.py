@@ -1,5 +1,5 @@
 """The distillation experiment (minidist.experiments.distillation), quick form:
-the issue's "done when": a student at least 4x smaller than its teacher that
+what it must show: a student at least 4x smaller than its teacher that
 beats the same student trained on hard labels alone, same seeds, on the mean
 of several seeds. Plus the table and the plot."""
 

@@ -1,7 +1,7 @@
 """Expert parallelism (minidist/parallel/expert/dispatch.py) must compute what
 the whole mixture of experts computes on one process, train the MoE GPT to
 the same weights over a dp x ep mesh, and send the bytes of the formula
-given the routing (minidist/parallel/expert/costs.py) (issue 37).
+given the routing (minidist/parallel/expert/costs.py).
 
 One traced launch per world size (2 and 4 ranks, shm, float64) runs every
 case inside the workers:

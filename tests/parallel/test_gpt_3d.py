@@ -1,5 +1,5 @@
 """The GPT trained on a DP x TP x PP device mesh must end with the weights of
-one process trained on the same batches (issue 36, "3D").
+one process trained on the same batches (the "3D" of lesson 17).
 
 One launch per world size runs every mesh shape of that size inside the
 workers, each from its own ``init_device_mesh("cpu", (pp, dp, tp),

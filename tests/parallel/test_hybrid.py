@@ -1,4 +1,4 @@
-"""Krizhevsky's hybrid (course topic 16): convolutions data parallel, dense
+"""Krizhevsky's hybrid (lesson 10): convolutions data parallel, dense
 layers model parallel, on the digits CNN of ``minidist.train``.
 
 One launch per world size (1, 2, 4), tracing on, runs every case in the

@@ -1,5 +1,5 @@
 """Tensor parallel layers must compute what the unsplit layer computes, and send
-exactly the bytes the formula says (course topics 14 and 15).
+exactly the bytes the formula says (lessons 10 and 17).
 
 One launch per world size (1, 2, 3, 4; and 2 on the pipe transport), with
 tracing on, runs every case inside the workers:
@@ -11,7 +11,7 @@ tracing on, runs every case inside the workers:
   ranks' shards and compares them with the unsplit layer;
 * the MLP block (column, ReLU, row) against the unsplit 2-layer MLP, and
   its messages: one all_reduce in forward, one in backward;
-* the bytes: the seed's 1000 -> 500 layer at batch 128 (999 -> 501 on 3
+* the bytes: Dettmers' 1000 -> 500 layer at batch 128 (999 -> 501 on 3
   ranks, which must divide both) for data parallel and each split, each
   pass in a trace region; the bytes of each rank's send events in the
   region must equal :func:`split_bytes` exactly;
@@ -314,8 +314,8 @@ def test_bytes_in_the_trace_equal_the_formula(runs, world, transport):
     assert "bytes in trace" in text and "data parallel" in text
 
 
-def test_the_seeds_numbers():
-    """The seed: 1000 x 500 weight, batch 128, 2 workers: data parallel moves the
+def test_dettmers_numbers():
+    """Dettmers' example: 1000 x 500 weight, batch 128, 2 workers: data parallel moves the
     500,000-value gradient, the row split 128,000 values, the column split
     160,000; on 2 ranks the ring collectives send exactly those per rank."""
     table = split_bytes(1000, 500, 128, world_size=2)

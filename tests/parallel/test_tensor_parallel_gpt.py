@@ -1,6 +1,6 @@
 """The GPT split by tensor (and sequence) parallelism must compute what the
 whole GPT computes, train to the same weights, send the bytes of the
-formula and keep the activation bytes of the formula (issue 36).
+formula and keep the activation bytes of the formula.
 
 One traced launch per world size (2 and 4 ranks, shm, float64) runs every
 case inside the workers:

@@ -298,8 +298,8 @@ def test_wrap_refuses_an_unknown_stage():
 
 
 def _with_groups(method):
-    """Two param groups with their own lr, momentum and weight decay (issue 32:
-    ZeroRedundancyOptimizer took only Tensors, "'dict' object has no
+    """Two param groups with their own lr, momentum and weight decay (before the
+    fix ZeroRedundancyOptimizer took only Tensors, "'dict' object has no
     attribute 'requires_grad'"). Returns the weights and the inner groups' lr."""
     rank = dist.get_rank()
     model = _model(rank)

@@ -1,8 +1,8 @@
 """Every failure detected on every transport, fast, with the culprit named first.
 
-Each case here was found by a chaos harness and failed before the fix (see
-issue 16): a rank that returns early and ranks in different collectives
-waited out the whole timeout on shm; a cascade of PeerGoneErrors blamed a
+Each case here was found by a chaos harness and failed before the fix: a
+rank that returns early and ranks in different collectives waited out the
+whole timeout on shm; a cascade of PeerGoneErrors blamed a
 rank that had only seen another vanish; signals to the launcher could hang
 it or leak its control segment; traces followed a planted symlink; a big
 world's report ran to thousands of lines.

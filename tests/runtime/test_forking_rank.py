@@ -1,4 +1,4 @@
-"""A rank that forked a child and then died (issue 32).
+"""A rank that forked a child and then died.
 
 The child inherits the worker's pipes (its result, log and transport
 pipes). Before the fix, ``launch`` watched the worker through a pipe the

@@ -1,4 +1,4 @@
-"""A rank stopped by SIGSTOP while the others wait for it (issue 32).
+"""A rank stopped by SIGSTOP while the others wait for it.
 
 Before the fix the run ended only at the timeout, and its first line named
 a rank that had waited; the stopped one came later in a hint. Now the

@@ -203,7 +203,7 @@ def _a_send_to_the_dead_and_a_receive_from_the_living():
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_dead_peers_error_surfaces_only_on_a_call_to_that_peer(transport):
-    """Issue 16, case 5: over pipes the broken pipe to a dead rank was raised
+    """Before the fix, over pipes, the broken pipe to a dead rank was raised
     from whatever wait moved the send, here the receive from live rank 1, and
     then again from every later wait."""
     results = minidist.launch(_a_send_to_the_dead_and_a_receive_from_the_living, world_size=3,

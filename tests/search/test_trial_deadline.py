@@ -1,4 +1,4 @@
-"""A trial's deadline (issue 32): a search's workers are launched with no
+"""A trial's deadline: a search's workers are launched with no
 timeout (they never wait for each other's messages), so before the
 deadline one frozen worker (SIGSTOP) or one endless trial held the whole
 search for ever. Now a worker still in a trial after ``trial_timeout``

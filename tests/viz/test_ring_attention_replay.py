@@ -1,4 +1,4 @@
-"""Ring attention's replay (issue 37), frame-tested as the ring all_reduce's
+"""Ring attention's replay (lesson 18), frame-tested as the ring all_reduce's
 is: one traced run of ring attention on 4 ranks (causal, zig-zag split, and
 one without the mask), replayed from the trace, and its terminal frames, GIF
 and browser player checked against what the algorithm does."""

@@ -282,7 +282,8 @@ def test_viz_of_a_ddp_trace_animates_the_first_gradient_all_reduce(tmp_path, cap
     (b"hello\n", "its first line is not JSON (Expecting value)"),
 ], ids=["empty", "json-not-a-trace", "binary", "text"])
 def test_viz_says_not_a_trace_once(tmp_path, content, why, capsys):
-    """Issue 32: the message said "is not a minidist trace: is not a minidist trace"."""
+    """Before the fix the message said "is not a minidist trace: is not a minidist
+    trace": the reason once, not twice."""
     path = tmp_path / "bad.jsonl"
     path.write_bytes(content)
     assert main(["viz", str(path)]) == 2

@@ -36,6 +36,25 @@ def ring8():
     return replay(ring_all_reduce_events(8, 1024, itemsize=4))
 
 
+def test_the_shared_slots_latency_is_a_symbol_with_its_meaning(ring4):
+    """The one-shot all_reduce's cost names the shared slots' latency: a
+    replay shows it as αₛ, said in words under the formula, never as the
+    code's name slots_alpha (terminal, and the GIF's and player's header)."""
+    import dataclasses
+
+    from viz import animate
+    from viz.replay import formula_of
+
+    formula = formula_of("all_reduce", "one_shot")
+    assert formula.startswith("αₛ + N β") and "slots_alpha" not in formula
+    one_shot = dataclasses.replace(ring4, formula=formula)
+    text = _text(render_frame(one_shot, 1))
+    assert "slots_alpha" not in text and "αₛ + N β" in text
+    assert "αₛ: the latency of the shared slots" in " ".join(text.split())
+    header = animate.header_lines(one_shot, one_shot.frames[1])
+    assert header[2] == f"cost: {formula}   (αₛ: the shared slots' latency)"
+
+
 def test_header_phase_messages_and_formula(ring4):
     text = _text(render_frame(ring4, 3))
     assert "all_reduce · ring" in text

@@ -69,7 +69,7 @@ from minidist.distributed.transport import shared_slots
 @cost("2 (n - 1) (alpha + N beta) + (n - 1) N gamma",
       traffic=whole_arrays(lambda n: 2 * (n - 1)))
 def coordinator(comm, buffer):
-    """The slides' "coordinator": everyone sends to rank 0, rank 0 adds them up
+    """The LSML lecture's "coordinator": everyone sends to rank 0, rank 0 adds them up
     one by one and sends the sum back to everyone. Rank 0's link carries
     2 (n - 1) full arrays, so it is the bottleneck as n grows.
     Cost: 2 (n - 1) (alpha + N beta) + (n - 1) N gamma."""

@@ -37,8 +37,8 @@ from minidist.distributed.collectives.registry import cost, register, whole_arra
 @cost("(n - 1) (alpha + N beta + N gamma)", traffic=whole_arrays(lambda n: n - 1))
 def linear(comm, buffer, root, first_step=0):
     """Every rank sends its array to the root, which combines them one after
-    another (the "coordinator" of the slides: its link and its adder do all the
-    work). Cost: (n - 1) (alpha + N beta + N gamma)."""
+    another (the "coordinator" of the LSML lecture: its link and its adder do
+    all the work). Cost: (n - 1) (alpha + N beta + N gamma)."""
     comm.at(first_step, "reduce")
     if comm.rank == root:
         for peer in range(comm.size):

@@ -1,7 +1,8 @@
 """The algorithm registry: every collective algorithm once, with its cost.
 
 An algorithm module states each algorithm's cost right above its code, in
-the notation of the slides, and lists its algorithms in one table::
+the lessons' notation (lesson 2's t = alpha + n beta, grown into lesson 3's
+costs), and lists its algorithms in one table::
 
     @cost("2 (n - 1) alpha + 2 (n-1)/n N xbeta + (n-1)/n N gamma",
           traffic=lambda n, count, itemsize, root=0: (2 * n * (n - 1),
@@ -58,7 +59,7 @@ COSTS: dict[str, dict[str, Cost]] = {}
 class Cost:
     """One algorithm's cost: the formula as written, and what it computes."""
 
-    #: the formula in the slides' notation (also in the algorithm's docstring)
+    #: the formula in the lessons' notation (also in the algorithm's docstring)
     text: str
     #: (n ranks, N bytes, Params) -> seconds
     seconds: Callable
@@ -104,7 +105,7 @@ def formula(collective: str, algorithm: str) -> Callable:
 
 
 def text(collective: str, algorithm: str) -> str:
-    """The cost formula of one algorithm, as the slides write it."""
+    """The cost formula of one algorithm, as the lessons write it."""
     return _cost(collective, algorithm).text
 
 

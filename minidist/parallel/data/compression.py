@@ -2,7 +2,8 @@
 
 The communication wall: a data-parallel step all-reduces the whole gradient,
 about 2 P bytes per rank whatever the number of ranks. Two ways to send less,
-in the slide's order: *fewer bits* per value (float16, int8, one bit) and
+in the order of the Greek course slides (Parallel and distributed training
+of deep neural networks, 2019-20): *fewer bits* per value (float16, int8, one bit) and
 *fewer values* (skip the changes under a threshold, the k largest, k at
 random); a third, *low rank*, is :mod:`.powersgd`, read next (it reuses this
 file's error feedback), and :mod:`.hooks` names them all. Read after

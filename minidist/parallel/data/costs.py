@@ -1,4 +1,4 @@
-"""What ZeRO's stages hold and send, by formula (course topic 20).
+"""What ZeRO's stages hold and send, by formula (lesson 12).
 
 Per rank, fp32 training with Adam, a model of P parameters on N ranks
 (bytes per parameter: 4 weights, 4 gradient, 8 Adam's two moments):

@@ -1,4 +1,4 @@
-"""FSDP: ZeRO stages 2 and 3 as torch's ``FullyShardedDataParallel`` (course topic 20).
+"""FSDP: ZeRO stages 2 and 3 as torch's ``FullyShardedDataParallel`` (lesson 12).
 
 Read :mod:`minidist.parallel.data.zero` first: stage 1 and the flat, padded
 shard (``_FlatShard``) this module builds on, one per layer here (a

@@ -4,7 +4,8 @@ Under data parallelism each rank sees only its shard of the batch. A plain
 :class:`~minidist.nn.BatchNorm2d` then normalises by the mean and variance of
 that shard: with 4 ranks of 8 images each, every rank normalises by its own 8
 images, not by the 32 the step is about. Small shards give noisy statistics
-(and different ranks different ones), which is what the slides call out and
+(and different ranks different ones), which is what Hideki Tsunashima's
+slides on ChainerMN (分散学習のあれこれ, 2019) call out and
 what ChainerMN's ``MultiNodeBatchNormalization`` (PyTorch's
 ``SyncBatchNorm``) fixes: the ranks agree on the statistics of the whole
 batch before normalising.
@@ -33,7 +34,8 @@ single-process gradient on the global batch.
 Cost per layer and step: two all-reduces of about 2C numbers, so the
 bandwidth term is tiny and the price is latency, 2 alpha log P (tree) or
 2 * 2 (P - 1) alpha (ring), paid in the middle of forward and of backward
-where nothing overlaps it. The slides report about 10 % more time on DCGAN.
+where nothing overlaps it. Tsunashima's slides report about 10 % more time
+on DCGAN.
 Both all-reduces run with a fixed ``algorithm`` (``"ring"`` by default,
 :data:`DEFAULT_ALGORITHM`), so the bytes each rank sends are deterministic:
 :func:`sync_batchnorm_bytes` gives them and the tests compare with the trace.

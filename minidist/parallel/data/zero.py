@@ -1,4 +1,4 @@
-"""ZeRO: shard the model states over the data-parallel ranks (course topic 20).
+"""ZeRO: shard the model states over the data-parallel ranks (lesson 12).
 
 Plain data parallelism keeps on every rank a full copy of everything the
 optimizer touches. For fp32 training with Adam, per parameter:

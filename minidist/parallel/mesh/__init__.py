@@ -24,6 +24,7 @@ from minidist.parallel.mesh.choose_plan import (  # noqa: F401
     factorisations,
     format_table,
     playbook_plan,
+    why_impossible,
 )
 from minidist.parallel.mesh.gpt_3d import (  # noqa: F401
     GPT3D,
@@ -54,4 +55,4 @@ __all__ = ["GPT3D", "GPTStage", "gpt_stages", "stage_blocks", "MESH_DIMS", "DROP
            "ZERO_COLLECTIVES", "GPTShape", "Machine", "CLUSTER", "Plan", "why_not",
            "CollectiveCost", "StepPrediction", "parameters_per_rank", "predict_step", "peak_live",
            "factorisations", "PlanComparison", "format_table", "compare_plans", "PlaybookChoice",
-           "playbook_plan", "plan_command"]
+           "playbook_plan", "why_impossible", "plan_command"]

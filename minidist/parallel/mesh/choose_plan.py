@@ -27,6 +27,7 @@ doubling it tries, at most 1 + log2(ranks).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from minidist.parallel.mesh.plan_3d import StepPrediction, _gb, predict_step
@@ -52,28 +53,52 @@ def factorisations(ranks: int, node_size: int = 8) -> list[tuple[int, int, int]]
 class PlanComparison:
     """What :func:`compare_plans` found: ``ranked`` (the plans that fit, fastest
     first), ``too_big`` (those over the memory limit, smallest first),
-    ``impossible`` ((plan, why) for factorisations the model cannot take)."""
+    ``impossible`` ((plan, why) for factorisations the model cannot take);
+    ``node_size``: the ranks of a node, which tp stays within."""
 
     ranks: int
     memory_limit: float | None
     ranked: list
     too_big: list
     impossible: list
+    node_size: int | None = None
 
     @property
     def best(self) -> StepPrediction | None:
         return self.ranked[0] if self.ranked else None
 
     def __str__(self) -> str:
-        limit = "no limit" if self.memory_limit is None else f"{_gb(self.memory_limit)} a rank"
-        lines = [f"{self.ranks} ranks, {limit}: {len(self.ranked)} plans fit, "
-                 f"{len(self.too_big)} do not, {len(self.impossible)} cannot split the model"]
+        tried = len(self.ranked) + len(self.too_big) + len(self.impossible)
+        within = "" if self.node_size is None else f" (tp within a node of {self.node_size})"
+        fit = (f"{len(self.ranked)} fit (no memory limit)" if self.memory_limit is None
+               else f"{len(self.ranked)} fit in {_gb(self.memory_limit)} a rank, "
+                    f"{len(self.too_big)} do not")
+        lines = [f"{self.ranks} ranks: {tried} plans dp x tp x pp{within}; {fit}, "
+                 f"{len(self.impossible)} cannot split this model"
+                 + (" (why: below)" if self.impossible else "")]
         if self.ranked:
             lines.append(format_table(self.ranked))
         if self.too_big:
             lines.append("over the memory limit: " + ", ".join(
                 f"{p.plan} ({_gb(p.memory_total)})" for p in self.too_big))
+        lines += [f"cannot split this model, {why}: {', '.join(plans)}"
+                  for why, plans in why_impossible(self.impossible).items()]
         return "\n".join(lines)
+
+
+#: The plan's own number in a reason ("tp=3", "pp x virtual_stages = 64"),
+#: dropped so that the plans refused for the same reason are listed together.
+_PLANS_NUMBER = re.compile(r"\b(tp|pp x virtual_stages|dp x micro_batch)\s*=\s*\d+(?: x \d+)?")
+
+
+def why_impossible(impossible) -> dict[str, list[str]]:
+    """The plans the model cannot take, grouped by the reason: reason ->
+    the plans' names (``impossible`` as :class:`PlanComparison`'s), e.g.
+    ``{"pp x virtual_stages does not divide the 32 layers": ["dp16 tp1 pp64", ...]}``."""
+    grouped: dict[str, list[str]] = {}
+    for plan, why in impossible:
+        grouped.setdefault(_PLANS_NUMBER.sub(r"\1", why), []).append(str(plan))
+    return grouped
 
 
 def format_table(predictions) -> str:
@@ -112,7 +137,8 @@ def compare_plans(model: GPTShape, ranks: int, machine: Machine = CLUSTER,
         (fitting if step.fits(memory_limit) else too_big).append(step)
     fitting.sort(key=lambda p: p.total)
     too_big.sort(key=lambda p: p.memory_total)
-    return PlanComparison(ranks, memory_limit, fitting, too_big, impossible)
+    return PlanComparison(ranks, memory_limit, fitting, too_big, impossible,
+                          machine.node_size)
 
 
 @dataclass(frozen=True)

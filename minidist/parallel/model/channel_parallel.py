@@ -64,8 +64,8 @@ class ChannelParallelConv2d(_SplitConv2d):
     about the activation's size each way whatever P is, while the compute
     only shrinks by P. The messages sit on the critical path (nothing else
     can run while the next layer waits for its input), so unlike data
-    parallelism nothing hides them. The slides report channel-wise model
-    parallelism on 4 GPUs about 2x (DCGAN) and 3x (VGG-16) *slower* than one
+    parallelism nothing hides them. Hideki Tsunashima's slides on ChainerMN
+    (2019) report channel-wise model parallelism on 4 GPUs about 2x (DCGAN) and 3x (VGG-16) *slower* than one
     GPU on CIFAR-10: it is for a model that does not fit, not for speed.
 
     When out_channels does not divide by P the slices differ by one channel;

@@ -1,6 +1,6 @@
-"""Bytes moved for one dense layer: data parallel vs the two model splits (course topic 15).
+"""Bytes moved for one dense layer: data parallel vs the two model splits (lesson 10).
 
-The seed's worked example (Dettmers, "Model Parallelism in Deep Learning"):
+The worked example of Tim Dettmers' "Model Parallelism in Deep Learning" (2014):
 a dense layer with a 1000 x 500 weight matrix (in_features=1000,
 out_features=500), batch 128, two workers.
 
@@ -27,7 +27,7 @@ and its algorithm; with the ring algorithms the layers of
 * ring all_gather of n pieces of P values each: every rank sends the n - 1
   pieces it does not own, (n - 1) P values. On 2 ranks: P.
 
-So on 2 ranks the values each rank sends are exactly the seed's counts.
+So on 2 ranks the values each rank sends are exactly Dettmers' counts.
 
 What :func:`split_bytes` counts, per rank and per training step of one layer
 (one forward and one backward pass), in values and bytes (``itemsize`` bytes
@@ -53,8 +53,8 @@ The counted bytes are the ``bytes`` of the rank's ``send`` events in the
 trace (the transport's messages of the collectives; receives are the mirror
 image), per rank: the tests run each split with tracing on and compare
 exactly. Not counted: the bias (data parallel's bias gradient, out values,
-is left out as in the seed; a split's bias needs no message). Assumed, as in
-the seed: the layer's input needs a gradient (there is a layer below it);
+is left out as by Dettmers; a split's bias needs no message). Assumed, as
+by Dettmers: the layer's input needs a gradient (there is a layer below it);
 for a first layer fed with data the backward collective of dX does not run
 and its backward sends nothing.
 """
@@ -82,7 +82,7 @@ class Traffic:
     """One row: what one strategy sends for one layer in one step.
 
     ``forward_values`` and ``backward_values`` hold the values each rank
-    sends (one entry per rank, rank order); ``payload`` is the seed's count,
+    sends (one entry per rank, rank order); ``payload`` is Dettmers' count,
     the size of the matrices one rank contributes (forward + backward)."""
 
     name: str
@@ -208,7 +208,7 @@ def format_table(table: SplitBytes, measured: dict | None = None) -> str:
               f"(weight {table.in_features} x {table.out_features}), batch {table.batch}, "
               f"{table.world_size} ranks, {table.itemsize}-byte values, ring collectives; "
               "sent per rank per step (contributed: values of the matrices one rank puts "
-              "into the collectives, the seed's count)")
+              "into the collectives, Dettmers' count)")
     columns = ["strategy", "forward", "backward", "contributed", "values sent", "bytes sent"]
     if measured is not None:
         columns.append("bytes in trace")

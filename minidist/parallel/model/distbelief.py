@@ -1,18 +1,18 @@
 """DistBelief-style model parallelism: every layer's units partitioned across
-workers, activations and gradients exchanged with all_to_all (course topic 14).
+workers, activations and gradients exchanged with all_to_all (lesson 10).
 
-DistBelief (Dean et al., 2012; the slides' "model-parallel in DistBelief"
-and "each processing unit holds a piece of the model ... all train
-their piece at the same time on the same mini-batch ... all-to-all
-communication is needed to exchange [activations] where neurons are
-connected") cuts the *network*, not the batch: worker r of n owns a slice
+DistBelief (Dean et al., 2012; the LSML lecture's "model-parallel in
+DistBelief", and the Greek course slides' "each processing unit holds a
+piece of the model ... all train their piece at the same time on the same
+mini-batch ... all-to-all communication is needed to exchange
+[activations] where neurons are connected") cuts the *network*, not the batch: worker r of n owns a slice
 of the units of every layer -- its *partition* -- with their incoming
 weights and biases, and every worker sees the whole mini-batch. Where a
 connection crosses a partition boundary, the activation (forward) or the
 gradient (backward) crossing it must be sent.
 
 For a fully connected MLP (``sizes = [d_0, d_1, ..., d_L]``, layer l maps
-d_{l-1} -> d_l), on n workers, batch B, one step in the slide's order:
+d_{l-1} -> d_l), on n workers, batch B, one step in order:
 
 Forward, for each layer l = 1 .. L:
 
@@ -62,8 +62,8 @@ collectives of n - 1 messages each (alpha: (2L - 1)(n - 1) messages).
 Activations, not weights: data parallel on the same net would send
 2 (n-1)/n (d_0 d_1 + d_1 d_2 + ...) weight-gradient values; model parallel
 wins when the layers are wide and the batch small (weights per layer >
-activations per layer: d_{l-1} d_l > B d_l, i.e. d_{l-1} > B) -- the slides'
-argument. And it cannot overlap: a worker cannot start layer l + 1 until
+activations per layer: d_{l-1} d_l > B d_l, i.e. d_{l-1} > B) -- Dettmers'
+argument in "Model Parallelism in Deep Learning" (2014). And it cannot overlap: a worker cannot start layer l + 1 until
 every partition of layer l has arrived.
 :func:`distbelief_bytes` gives the counts; the tests compare them with the
 trace exactly.

@@ -1,6 +1,7 @@
 """Krizhevsky's hybrid: convolutions data parallel, dense layers model parallel
-(course topic 16; "One weird trick for parallelizing convolutional neural
-networks", 2014, which the slides close with).
+(lesson 10; "One weird trick for parallelizing convolutional neural
+networks", 2014, which Dettmers' "Model Parallelism in Deep Learning"
+closes with).
 
 Why: per layer, compare what data parallelism must send (the layer's
 *weights'* gradient) with what model parallelism must send (the layer's
@@ -13,7 +14,7 @@ the batch is small: model parallel. Krizhevsky's rule: data parallel where
 weights < activations, model parallel where weights > activations.
 
 One step of :class:`HybridParallel` on n ranks, batch B, each rank holding
-b = B/n examples, in the slide's order:
+b = B/n examples, step by step:
 
 1. **convolutions, data parallel**: every rank runs the (replicated)
    convolutional part on its own b examples: features f_r, b x d;

@@ -14,7 +14,7 @@ neighbour, whatever the image's size: per layer and step each rank sends at
 most 2 rows of N * C * W values forward and as many backward, plus the
 all_reduce of the weight's gradient, against 1 / P of the convolution's
 work. The messages stay small while the compute grows with the image
-(worthwhile, the slides say, on 1024x1024 images).
+(worthwhile, Tsunashima's slides say, on 1024x1024 images).
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """Splitting one convolution across ranks: what the two splits share.
 
-Two of the four ways the slides list to split a convolutional network (by
-node, by layer, by channel, by space); the other two are data parallelism
-and the pipeline, elsewhere in :mod:`minidist.parallel`. Read this first,
-then :mod:`.channel_parallel` (every rank a slice of the output channels,
-the output all-gathered) and :mod:`.spatial_parallel` (every rank a band of
-image rows, the border rows swapped with the neighbours: the halo). Both
-layers are built from an ordinary :class:`~minidist.nn.Conv2d` with
+Two of the four ways to split a convolutional network (by node, by layer, by
+channel, by space) that Hideki Tsunashima's slides list
+("分散学習のあれこれ~データパラレルからモデルパラレルまで~", 2019); the other two
+are data parallelism and the pipeline, elsewhere in :mod:`minidist.parallel`.
+Read this first, then :mod:`.channel_parallel` (every rank a slice of the
+output channels, the output all-gathered) and :mod:`.spatial_parallel`
+(every rank a band of image rows, the border rows swapped with the
+neighbours: the halo). Both layers are built from an ordinary :class:`~minidist.nn.Conv2d` with
 ``from_conv`` and, on any world size the shapes allow, give the same
 outputs and gradients as that unsplit layer (up to float32 round-off).
 

@@ -1,10 +1,11 @@
 """D2P, distributed delayed proximal gradient (Li, Andersen and Smola, 2013).
 
-The slide's setting: L1-regularised logistic regression (any smooth loss
+The paper's setting: L1-regularised logistic regression (any smooth loss
 plus an L1 penalty), data split over W workers, weights held by a parameter
 server. Minimise ``F(w) = (1/n) sum_i loss(x_i . w, y_i) + l1 ||w||_1``.
 
-The algorithm, in the slide's order:
+The algorithm, in the order the LSML lecture ("Распараллеливание нейросетей",
+Large Scale Machine Learning, lecture 7) quotes it from the paper:
 
 1. divide the coordinates into B blocks; fix the order ``b(0), ..., b(T-1)``
    in which blocks are updated (cyclic here: ``b(t) = t mod B``) and the

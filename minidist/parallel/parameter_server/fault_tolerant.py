@@ -1,7 +1,8 @@
 """Fault-tolerant parameter server: every key range on two servers.
 
-A parameter server's strength, the slide says, is fault tolerance: "set up
-several servers". This is the parameter server of
+A parameter server's strength, says the zhihu article on distributed training
+("深度模型常见加速训练策略架构篇(一)"), is fault tolerance: "set up several
+servers". This is the parameter server of
 :mod:`minidist.parallel.parameter_server.server` (read it first) made to survive a
 server dying mid run, and workers dying, with no update lost.
 

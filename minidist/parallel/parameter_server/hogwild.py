@@ -1,11 +1,12 @@
 """Hogwild!: SGD whose weights sit in one shared array that every worker updates without locks.
 
-The slides list, among the troubles of asynchronous updates, that "reading the
+The zhihu article on distributed training ("深度模型常见加速训练策略架构篇(一)")
+lists, among the troubles of asynchronous updates, that "reading the
 parameters takes no lock, so a worker may read parameters that are half
 updated". Hogwild (Niu, Recht, Re and Wright, 2011) turns that into the
 method: no server, no messages, no locks.
 
-The algorithm, in the slide's order:
+The algorithm, step by step:
 
 1. the weights live in one array that every worker process maps
    (``dist.shared_array``, declared at launch by :func:`shared_arrays`);

@@ -1,6 +1,7 @@
 """Parameter server: workers push gradients, servers update, workers pull weights.
 
-The slide's picture, on linear regression:
+The LSML lecture's picture ("Распараллеливание нейросетей", Large Scale
+Machine Learning, lecture 7), on linear regression:
 
 1. every worker reads its own part of the data and computes a gradient ``g``
    on the weights it holds;

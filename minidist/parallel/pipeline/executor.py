@@ -2,7 +2,7 @@
 real ranks, one stage of the model per rank, a batch cut into micro-batches
 that flow through them.
 
-The slide's order:
+In the order it is taught (lesson 9):
 
 1. **Split** a Sequential model into p contiguous stages of about equal
    cost, and each batch into m micro-batches

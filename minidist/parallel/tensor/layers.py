@@ -1,11 +1,12 @@
 """Tensor parallelism: one dense layer's weight matrix split across ranks
-(course topics 14 and 15; Megatron-LM's ColumnParallelLinear and RowParallelLinear).
+(lessons 10 and 17; Megatron-LM's ColumnParallelLinear and RowParallelLinear).
 
 Data parallelism gives every rank the whole model and a slice of the batch;
 model parallelism gives every rank the whole batch and a slice of the model.
 Here the slice is a block of one Linear layer's weight. Write the layer as
-Y = X A with A = W^T of shape (in_features, out_features), as Megatron and the
-course's slides do, and split A over n ranks one of two ways:
+Y = X A with A = W^T of shape (in_features, out_features), as Megatron and
+Dettmers' "Model Parallelism in Deep Learning" (2014) do, and split A over
+n ranks one of two ways:
 
 * **by columns** (:class:`ColumnParallelLinear`): rank r holds the columns
   ``r*out/n : (r+1)*out/n`` of A (in PyTorch's (out, in) layout: those *rows*
@@ -21,7 +22,7 @@ course's slides do, and split A over n ranks one of two ways:
   then the whole bias is added once. Backward: dY is whole on every rank and
   dX_r = dY A_r^T is rank r's slice of dX -- the pieces are *stacked*.
 
-In backward the roles of "add" and "stack" swap, as in the seed's worked
+In backward the roles of "add" and "stack" swap, as in Dettmers' worked
 example (1000x500 weight, batch 128). The communication is written as four
 autograd functions, each a collective in one pass and its transpose in the
 other (Megatron's names):
