@@ -119,7 +119,8 @@ class CollectiveHooks:
         why = record.stray(header.tag, self.rank, source)
         if why is None:
             return
-        record.error = CollectiveMismatchError(f"rank {self.rank}: {why}")
+        record.error = self._judged(header.context, record.mine_like(header.tag),
+                                    {source: header.tag}, why)
         for request in [r for r in self._posted if r.context == header.context]:
             request._fail(copy.copy(record.error))
             self._posted.remove(request)
@@ -128,7 +129,28 @@ class CollectiveHooks:
         explain = self.strict_contexts[header.context]
         why = explain(request.tag, header.tag, self.rank, source)
         if why is not None:
-            request._fail(CollectiveMismatchError(f"rank {self.rank}: {why}"))
+            request._fail(self._judged(header.context, request.tag, {source: header.tag}, why))
+
+    def _judged(self, context: int, tag: int, known: dict, why: str) -> CollectiveMismatchError:
+        """The error of a mismatch this rank saw in its call tagged ``tag``
+        (``why``: what it saw; ``known``: rank -> the tag of its message).
+        Which rank sees the odd message first is chance, so the first line is
+        the group's verdict where the records tell one: the ranks whose call
+        differs from the majority's (the collectives' ``CallRecord.verdict``)."""
+        record = self.collective_groups.get(context)
+        verdict = None
+        if record is not None and self.shares_records(record.ranks):
+            verdict = record.verdict(self._control, self.rank, tag, known)
+        if verdict is None:
+            return CollectiveMismatchError(f"rank {self.rank}: {why}")
+        odd, line = verdict
+        return CollectiveMismatchError(f"{line}.\nrank {self.rank}: {why}", odd=odd)
+
+    def shares_records(self, ranks) -> bool:
+        """Whether this rank can read the status records of all ``ranks``: the
+        ranks of one run on one machine share its control block (under MPI
+        across machines, only those of a machine do: see mpi.py)."""
+        return True
 
     def check_collectives_ended(self) -> None:
         """Raise the collective mismatch found in a message no receive asked
