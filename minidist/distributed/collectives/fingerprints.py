@@ -432,6 +432,29 @@ class CallRecord:
                      + f"; {name_ranks(returned, most=8)} returned from their function "
                      f"{after} in {self._where()}, without making it (most ranks)")
 
+    def returned_mismatch(self, control, me: int, tag: int, seen: str):
+        """The CollectiveMismatchError that names the members in the call
+        tagged ``tag`` as odd, when more members returned without it than
+        sleep in it (see :meth:`returned_verdict`); else None. ``seen``: what
+        this rank saw, said after the verdict."""
+        seq, number = (tag >> SEQ_SHIFT) & 0xFF, self._call_number(tag)
+        returned = in_it = elsewhere = 0
+        for rank in self.ranks:
+            status = control.status(rank) if rank != me else None
+            if status is None or self._asleep_in(status, seq) and status.tag == tag:
+                in_it += 1
+            elif status.state == ctl.FINISHED:
+                made = control.calls_of(rank, self.context)
+                returned += made is not None and made <= number
+            elif status.state != ctl.FAILED:
+                elsewhere += 1  # may still return, or come
+        if not returned or returned + elsewhere <= in_it:
+            return None  # fewer ranks returned early than are here: the caller names them
+        verdict = self.returned_verdict(control, me, tag)
+        if verdict is None:
+            return None
+        return CollectiveMismatchError(f"{verdict[1]}.\n{seen}", odd=verdict[0])
+
     def _odd_in(self, odd, tag: int) -> str:
         who = "is the odd rank" if len(odd) == 1 else "are the odd ranks"
         return f"{name_ranks(odd, most=8)} {who} in call {self._call_number(tag)} of {self._where()}"
@@ -479,11 +502,9 @@ class CallRecord:
                     f"call{'s' if made != 1 else ''} in {self._where()}, without entering "
                     "this one. Every rank of a group must make the same collective calls, in "
                     "the same order.")
-            # More members returned than are here: perhaps this rank is the odd one.
-            verdict = self.returned_verdict(control, me, tag) \
-                if judge and len(finished) > len(in_call[tag]) else None
-            if verdict is not None:
-                raise CollectiveMismatchError(f"{verdict[1]}.\n{seen}", odd=verdict[0])
+            mismatch = self.returned_mismatch(control, me, tag, seen) if judge else None
+            if mismatch is not None:
+                raise mismatch
             raise PeerGoneError(seen, peer=rank)
         suspects = frozenset(suspects)
         confirmed = bool(suspects) and suspects == self._suspects

@@ -73,8 +73,12 @@ class FailureDiagnosis:
         record = self.collective_groups.get(request.context)
         if record is None or self._control.state_of(dst) != ctl.FINISHED:
             return error
+        judge = self.shares_records(record.ranks)
         mismatch = record.went_through(self._control, self.rank, request.tag, dst, sending=True,
-                                       judge=self.shares_records(record.ranks))
+                                       judge=judge)
+        if mismatch is None and judge:  # most of the group returned before this call?
+            mismatch = record.returned_mismatch(self._control, self.rank, request.tag,
+                                                str(error))
         return error if mismatch is None else mismatch
 
     def _check_peer(self, op, peer, tag, context, request) -> None:
@@ -108,21 +112,27 @@ class FailureDiagnosis:
         if peer != ANY_SOURCE and control.state_of(peer) != ctl.FINISHED:
             raise PeerGoneError(f"rank {self.rank}: {what} cannot complete: rank {peer} has "
                                 "exited (its end of the pipe is closed).", peer=blamed)
-        record = self.collective_groups.get(context)
-        if record is not None and peer != ANY_SOURCE and control.state_of(peer) == ctl.FINISHED:
-            mismatch = record.went_through(control, self.rank, tag, peer,
-                                           sending=op == ctl.OP_SEND,
-                                           judge=self.shares_records(record.ranks))
-            if mismatch is not None:
-                raise mismatch
         if op == ctl.OP_SEND:
-            raise PeerGoneError(
+            gone = PeerGoneError(
                 f"rank {self.rank}: {what} cannot complete: {who} finished without receiving "
                 "it. Every send needs a matching recv on the other side.", peer=blamed)
-        raise PeerGoneError(
-            f"rank {self.rank}: {what} will never complete: {who} finished without sending "
-            "a matching message. Check that both sides agree on the source, tag and group "
-            "of every message.", peer=blamed)
+        else:
+            gone = PeerGoneError(
+                f"rank {self.rank}: {what} will never complete: {who} finished without sending "
+                "a matching message. Check that both sides agree on the source, tag and group "
+                "of every message.", peer=blamed)
+        record = self.collective_groups.get(context)
+        if record is not None and peer != ANY_SOURCE and control.state_of(peer) == ctl.FINISHED:
+            judge = self.shares_records(record.ranks)
+            mismatch = record.went_through(control, self.rank, tag, peer,
+                                           sending=op == ctl.OP_SEND, judge=judge)
+            if mismatch is None and judge:
+                # The peer returned before this call: so did most of the
+                # group, perhaps, and then this rank's call is the odd one.
+                mismatch = record.returned_mismatch(control, self.rank, tag, str(gone))
+            if mismatch is not None:
+                raise mismatch
+        raise gone
 
     def _group_check(self, context: int, tag: int, start: int):
         """For a wait in a collective's context: a function of the time now
