@@ -17,7 +17,9 @@ collectives. The collectives' layer (:mod:`minidist.distributed.collectives`,
   wait in :mod:`.failures`); a
   message no receive asked for is checked against it (:meth:`_check_strict`),
   and the rank's last word (:meth:`check_collectives_ended`) raises what was
-  found.
+  found. Whoever notices a mismatch, the error leads with the group's
+  verdict (:meth:`CollectiveHooks._judged` asks the record, which reads the
+  members' status records): the ranks whose call differs from the majority's.
 
 And the questions every transport answers for the collectives' cost
 accounting: ``tracing``, ``now_ns``, ``record_event``, ``charge_combine``,
