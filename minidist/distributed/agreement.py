@@ -9,7 +9,7 @@ list back, and every rank then judges the same list the same way:
 
 * the **reference** is the value most ranks hold (with two ranks, or a tie,
   the value of the lowest rank among the tied: the rule a student can
-  predict);
+  predict, :func:`~minidist.runtime.majority.odd_ones`);
 * every rank holding another value is **odd**, and the error names it first:
   "rank 1 called init_device_mesh with mesh_shape (4, 1) where ranks 0, 2 and
   3 call it with (2, 2)".
@@ -27,27 +27,7 @@ from __future__ import annotations
 
 from minidist.distributed.world import group_or_world
 from minidist.runtime.errors import CollectiveMismatchError, name_ranks
-
-
-def odd_ones(values) -> tuple[object, list[int], list[int]]:
-    """(the reference value, the ranks that hold it, the odd ranks) of
-    ``values``, one per rank in rank order (a list, or a dict rank -> value).
-
-    The reference is the value most ranks hold; a tie goes to the value of
-    the lowest tied rank (with two ranks: the lower rank's value)."""
-    items = sorted(values.items()) if isinstance(values, dict) else list(enumerate(values))
-    holders: dict = {}
-    for rank, value in items:
-        holders.setdefault(_key(value), []).append(rank)
-    # Most holders first; among equals, the value whose lowest holder is lowest.
-    best = min(holders.values(), key=lambda ranks: (-len(ranks), ranks[0]))
-    reference = dict(items)[best[0]]
-    odd = [rank for rank, value in items if _key(value) != _key(reference)]
-    return reference, best, odd
-
-
-def _key(value):
-    return repr(value)  # lists, tuples and numbers compare by what they print
+from minidist.runtime.majority import odd_ones  # the rule; also the collectives'
 
 
 def disagreement(what: str, values, describe=repr) -> str | None:

@@ -23,6 +23,17 @@ reads its peers' status records in the control block
 another fingerprint, or a peer that finished without making this call, ends
 the wait at once with an error that names both.
 
+Who is wrong. The rank that notices a mismatch is often not the one that
+made the wrong call: which rank receives the odd message first is chance.
+So before it raises, the noticing rank reads the group's status records
+(:meth:`CallRecord.verdict`): each member's call of this number and its
+fingerprint are there, written as the member falls asleep in it. The call
+most ranks are in is the reference (a tie: the call of the lowest rank, the
+rule of :mod:`minidist.runtime.majority`), and the error's first line names
+the others, the same line whichever rank noticed; its ``odd`` lets the
+launcher name them. Where the records are not shared (MPI across machines)
+or do not settle, the error says only what the noticing rank saw.
+
 One :class:`CallRecord` per group and context counts the calls and keeps
 the last ones' fingerprints; the transport asks it (``collective_groups``)
 whenever a message or a peer's record looks wrong.
@@ -30,6 +41,7 @@ whenever a message or a peer's record looks wrong.
 
 from __future__ import annotations
 
+import time
 import zlib
 
 import numpy as np
@@ -37,6 +49,8 @@ import numpy as np
 from minidist.distributed.reduce_op import ReduceOp
 from minidist.runtime import control as ctl
 from minidist.runtime.errors import CollectiveMismatchError, PeerGoneError, name_ranks
+from minidist.runtime.majority import odd_ones
+from minidist.trace import now as _now
 
 COLLECTIVES = ("broadcast", "reduce", "all_reduce", "gather", "scatter", "all_gather",
                "reduce_scatter", "all_to_all", "barrier")
@@ -210,6 +224,11 @@ class CallRecord:
                 "asked for it). Every rank of a group must make the same collective calls, "
                 "in the same order, with the same count, dtype, root, op and algorithm.")
 
+    def mine_like(self, tag: int) -> int:
+        """The tag of this rank's call numbered like ``tag`` (one of its last
+        calls: see :meth:`stray`)."""
+        return self.recent[(tag >> SEQ_SHIFT) & 0xFF][1]
+
     def _count(self, tag: int) -> int | None:
         """The element count of this rank's call numbered like ``tag``, if known."""
         entry = self.recent[(tag >> SEQ_SHIFT) & 0xFF]
@@ -224,10 +243,11 @@ class CallRecord:
         return text if with_call else text.rsplit(", call ", 1)[0]
 
     def went_through(self, control, me: int, tag: int, peer: int,
-                     sending: bool = False) -> str | None:
-        """Why rank ``me``, waiting in the call tagged ``tag`` on ``peer`` (which
-        finished; ``sending``: to ``peer``), is in a mismatched call; None when ``peer`` finished before
-        making this call (an early return, said elsewhere).
+                     sending: bool = False, judge: bool = False):
+        """The CollectiveMismatchError of rank ``me``, waiting in the call tagged
+        ``tag`` on ``peer`` (which finished; ``sending``: to ``peer``); None when
+        ``peer`` finished before making this call (an early return, said
+        elsewhere). ``judge``: the odd ranks may be named (see :meth:`verdict`).
 
         A peer that made this call and returned never sent (or took) the
         message this rank waits for: the two made the call with different
@@ -245,11 +265,15 @@ class CallRecord:
                  for what, ranks in self._calls_in(control, me, tag, {peer: theirs})]
         missed = (f"taking the message rank {me} sends it" if sending
                   else f"the message rank {me} waits for")
-        return (f"rank {me}: collective mismatch in call {number} of {self._where()}: "
+        seen = (f"rank {me}: collective mismatch in call {number} of {self._where()}: "
                 + "; ".join(parts) + f"; rank {peer} made the call and returned without "
                 f"{missed}. Every rank of a group must make the same "
                 "collective calls, in the same order, with the same count, dtype, root, op "
                 "and algorithm.")
+        verdict = self.verdict(control, me, tag, {peer: theirs}) if judge else None
+        if verdict is None:
+            return CollectiveMismatchError(seen)
+        return CollectiveMismatchError(f"{verdict[1]}.\n{seen}", odd=verdict[0])
 
     def _calls_in(self, control, me: int, tag: int, known=None) -> list:
         """[(the call, [ranks])] of this rank and the members asleep in the same
@@ -284,9 +308,162 @@ class CallRecord:
             out.append((what, sorted(ranks)))
         return out
 
-    def check_group(self, control, me: int, tag: int) -> None:
+    # ---------------------------------------------------------------- the odd rank
+
+    #: A rank that saw a mismatch reads the group's records for at most this
+    #: long, so that members still computing can fall asleep in the call.
+    VERDICT_SECONDS = 3.0
+    #: A member asleep in another wait this long is not coming to this call:
+    #: it waits, in another group or for a message, on a rank that is here.
+    ELSEWHERE_SECONDS = 0.5
+    VERDICT_POLL = 0.005
+
+    def votes(self, control, me: int, tag: int, known=None) -> tuple[dict, bool]:
+        """({member: its call numbered like ``tag``}, settled).
+
+        A member's call is a tag (this rank's is ``tag``; ``known``, a dict
+        rank -> tag, holds those seen in messages; the others' are read from
+        their status records as they sleep in the call), or ``("returned",
+        calls)`` for a member that returned from its function after fewer
+        calls. Settled: every member has voted or is not coming (failed,
+        finished without a record of this call, asleep elsewhere for
+        ELSEWHERE_SECONDS). Read until settled, for at most VERDICT_SECONDS,
+        less if the run is aborted. While it reads, this rank's own record
+        shows its call, so that members judging at the same moment count it."""
+        seq, number = (tag >> SEQ_SHIFT) & 0xFF, self._call_number(tag)
+        votes = {me: tag}
+        votes.update({rank: theirs for rank, theirs in (known or {}).items()
+                      if theirs is not None})
+        shown = control.status(me)
+        shows_mine = self._asleep_in(shown, seq) and shown.tag == tag
+        if not shows_mine:
+            control.set_waiting(me, ctl.OP_WAIT_MANY, None, tag, self.context, 0, _now())
+        away: dict = {}  # member -> when it was first seen asleep elsewhere
+        deadline = time.monotonic() + self.VERDICT_SECONDS
+        while True:
+            pending = False
+            for rank in self.ranks:
+                if rank not in votes:
+                    vote, coming = self._vote(control, rank, seq, number, away)
+                    if vote is not None:
+                        votes[rank] = vote
+                    pending = pending or coming
+            if not pending or control.aborted or time.monotonic() >= deadline:
+                break
+            time.sleep(self.VERDICT_POLL)
+        if not shows_mine:
+            control.set_running(me, _now())
+        return votes, not pending
+
+    def _vote(self, control, rank: int, seq: int, number: int, away: dict):
+        """(the member's call numbered ``number``, or None; whether it may
+        still show one)."""
+        status = control.status(rank)
+        if status.state == ctl.FINISHED:
+            made = control.calls_of(rank, self.context)
+            if made is not None and made <= number:
+                return ("returned", made), False
+            last = control.last_call_of(rank, self.context)
+            if made == number + 1 and last is not None and (last >> SEQ_SHIFT) & 0xFF == seq:
+                return last, False
+            return None, False
+        if status.state == ctl.FAILED:
+            return None, False
+        if self._asleep_in(status, seq):
+            # Records are read without a lock: believe one only if read twice alike.
+            return (status.tag, False) if control.status(rank) == status else (None, True)
+        if status.state == ctl.WAITING:
+            first = away.setdefault(rank, time.monotonic())
+            return None, time.monotonic() - first < self.ELSEWHERE_SECONDS
+        away.pop(rank, None)
+        return None, True  # running its own code: on its way, perhaps
+
+    def verdict(self, control, me: int, tag: int, known=None) -> tuple[list, str] | None:
+        """(the odd members, the line that names them) of the call tagged
+        ``tag`` in which this rank saw a mismatch; None when the group's
+        records do not tell (they did not settle, and no call holds a
+        majority of the members).
+
+        The call most members are in is the reference (a tie: the call of
+        the lowest rank among the tied); every member in another is odd.
+        Members that never come (returned, asleep elsewhere) do not vote."""
+        votes, settled = self.votes(control, me, tag, known)
+        calls = {rank: vote for rank, vote in votes.items() if isinstance(vote, int)}
+        reference, holders, odd = odd_ones(calls)
+        if not odd or not (settled or 2 * len(holders) > len(self.ranks)):
+            return None
+        by_call: dict = {}
+        for rank in odd:
+            by_call.setdefault(calls[rank], []).append(rank)
+        theirs = self._what(reference)
+        parts = []
+        for each, ranks in by_call.items():
+            what = self._what(each)
+            if what == theirs:
+                what += " with a different element count or root"
+            parts.append(f"{what} on {name_ranks(ranks, most=8)}")
+        most = len(holders) > max(len(ranks) for ranks in by_call.values())
+        parts.append(f"{theirs} on {name_ranks(holders, most=8)} "
+                     + ("(most ranks)" if most else "(a tie: the lowest rank's call)"))
+        return odd, f"{self._odd_in(odd, tag)}: " + "; ".join(parts)
+
+    def returned_verdict(self, control, me: int, tag: int) -> tuple[list, str] | None:
+        """(the odd members, the line that names them) when more members
+        returned from their function without making the call tagged ``tag``
+        than are in any one call of that number: then the members in it are
+        odd (they call in a group the others never used). None otherwise,
+        and while members are on their way: a rank that returned early is
+        named as such (PeerGoneError) by the caller."""
+        votes, settled = self.votes(control, me, tag)
+        calls = {rank: vote for rank, vote in votes.items() if isinstance(vote, int)}
+        returned = sorted(rank for rank in votes if rank not in calls)
+        in_call: dict = {}
+        for rank, vote in calls.items():
+            in_call.setdefault(vote, []).append(rank)
+        if not settled or len(returned) <= max(len(ranks) for ranks in in_call.values()):
+            return None
+        odd = sorted(calls)
+        made = sorted({votes[rank][1] for rank in returned})
+        after = (f"after {made[0]} collective call{'s' if made[0] != 1 else ''}"
+                 if len(made) == 1 else "after fewer collective calls")
+        parts = [f"{what} on {name_ranks(ranks, most=8)}"
+                 for what, ranks in self._name_calls(in_call, tag)]
+        return odd, (f"{self._odd_in(odd, tag)}: " + "; ".join(parts)
+                     + f"; {name_ranks(returned, most=8)} returned from their function "
+                     f"{after} in {self._where()}, without making it (most ranks)")
+
+    def returned_mismatch(self, control, me: int, tag: int, seen: str):
+        """The CollectiveMismatchError that names the members in the call
+        tagged ``tag`` as odd, when more members returned without it than
+        sleep in it (see :meth:`returned_verdict`); else None. ``seen``: what
+        this rank saw, said after the verdict."""
+        seq, number = (tag >> SEQ_SHIFT) & 0xFF, self._call_number(tag)
+        returned = in_it = elsewhere = 0
+        for rank in self.ranks:
+            status = control.status(rank) if rank != me else None
+            if status is None or self._asleep_in(status, seq) and status.tag == tag:
+                in_it += 1
+            elif status.state == ctl.FINISHED:
+                made = control.calls_of(rank, self.context)
+                returned += made is not None and made <= number
+            elif status.state != ctl.FAILED:
+                elsewhere += 1  # may still return, or come
+        if not returned or returned + elsewhere <= in_it:
+            return None  # fewer ranks returned early than are here: the caller names them
+        verdict = self.returned_verdict(control, me, tag)
+        if verdict is None:
+            return None
+        return CollectiveMismatchError(f"{verdict[1]}.\n{seen}", odd=verdict[0])
+
+    def _odd_in(self, odd, tag: int) -> str:
+        who = "is the odd rank" if len(odd) == 1 else "are the odd ranks"
+        return f"{name_ranks(odd, most=8)} {who} in call {self._call_number(tag)} of {self._where()}"
+
+    def check_group(self, control, me: int, tag: int, judge: bool = False) -> None:
         """Raise if the call tagged ``tag`` that rank ``me`` sleeps in can never
-        complete, judging by the other members' status records:
+        complete, judging by the other members' status records (``judge``:
+        every member's record is readable here, so the error may name the
+        odd ranks, see :meth:`verdict`):
 
         * a member that finished (returned from its function) after fewer
           calls in this group than this one's number: :class:`PeerGoneError`
@@ -320,12 +497,15 @@ class CallRecord:
         if finished:
             rank, made = finished[0]
             who = "rank " + ", ".join(str(rank) for rank, _ in finished)
-            raise PeerGoneError(
-                f"rank {me}: {self._what(tag)}, call {number} of {self._where()}, cannot "
-                f"complete: {who} returned from its function after {made} collective "
-                f"call{'s' if made != 1 else ''} in {self._where()}, without entering this "
-                "one. Every rank of a group must make the same collective calls, in the "
-                "same order.", peer=rank)
+            seen = (f"rank {me}: {self._what(tag)}, call {number} of {self._where()}, cannot "
+                    f"complete: {who} returned from its function after {made} collective "
+                    f"call{'s' if made != 1 else ''} in {self._where()}, without entering "
+                    "this one. Every rank of a group must make the same collective calls, in "
+                    "the same order.")
+            mismatch = self.returned_mismatch(control, me, tag, seen) if judge else None
+            if mismatch is not None:
+                raise mismatch
+            raise PeerGoneError(seen, peer=rank)
         suspects = frozenset(suspects)
         confirmed = bool(suspects) and suspects == self._suspects
         self._suspects = suspects or None
@@ -341,7 +521,11 @@ class CallRecord:
         parts = [f"{what} on {name_ranks(ranks, most=8)}"
                  for what, ranks in sorted(self._name_calls(in_call, tag),
                                            key=lambda item: item[1][0])]
-        raise CollectiveMismatchError(
-            f"rank {me}: collective mismatch in call {number} of {self._where()}: "
-            + "; ".join(parts) + ". Every rank of a group must make the same collective calls, "
-            "in the same order, with the same count, dtype, root, op and algorithm.")
+        seen = (f"rank {me}: collective mismatch in call {number} of {self._where()}: "
+                + "; ".join(parts) + ". Every rank of a group must make the same collective "
+                "calls, in the same order, with the same count, dtype, root, op and algorithm.")
+        known = {rank: theirs for rank, theirs, _ in suspects}
+        verdict = self.verdict(control, me, tag, known) if judge else None
+        if verdict is not None:
+            raise CollectiveMismatchError(f"{verdict[1]}.\n{seen}", odd=verdict[0])
+        raise CollectiveMismatchError(seen)

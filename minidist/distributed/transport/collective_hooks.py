@@ -17,7 +17,9 @@ collectives. The collectives' layer (:mod:`minidist.distributed.collectives`,
   wait in :mod:`.failures`); a
   message no receive asked for is checked against it (:meth:`_check_strict`),
   and the rank's last word (:meth:`check_collectives_ended`) raises what was
-  found.
+  found. Whoever notices a mismatch, the error leads with the group's
+  verdict (:meth:`CollectiveHooks._judged` asks the record, which reads the
+  members' status records): the ranks whose call differs from the majority's.
 
 And the questions every transport answers for the collectives' cost
 accounting: ``tracing``, ``now_ns``, ``record_event``, ``charge_combine``,
@@ -119,7 +121,8 @@ class CollectiveHooks:
         why = record.stray(header.tag, self.rank, source)
         if why is None:
             return
-        record.error = CollectiveMismatchError(f"rank {self.rank}: {why}")
+        record.error = self._judged(header.context, record.mine_like(header.tag),
+                                    {source: header.tag}, why)
         for request in [r for r in self._posted if r.context == header.context]:
             request._fail(copy.copy(record.error))
             self._posted.remove(request)
@@ -128,7 +131,28 @@ class CollectiveHooks:
         explain = self.strict_contexts[header.context]
         why = explain(request.tag, header.tag, self.rank, source)
         if why is not None:
-            request._fail(CollectiveMismatchError(f"rank {self.rank}: {why}"))
+            request._fail(self._judged(header.context, request.tag, {source: header.tag}, why))
+
+    def _judged(self, context: int, tag: int, known: dict, why: str) -> CollectiveMismatchError:
+        """The error of a mismatch this rank saw in its call tagged ``tag``
+        (``why``: what it saw; ``known``: rank -> the tag of its message).
+        Which rank sees the odd message first is chance, so the first line is
+        the group's verdict where the records tell one: the ranks whose call
+        differs from the majority's (the collectives' ``CallRecord.verdict``)."""
+        record = self.collective_groups.get(context)
+        verdict = None
+        if record is not None and self.shares_records(record.ranks):
+            verdict = record.verdict(self._control, self.rank, tag, known)
+        if verdict is None:
+            return CollectiveMismatchError(f"rank {self.rank}: {why}")
+        odd, line = verdict
+        return CollectiveMismatchError(f"{line}.\nrank {self.rank}: {why}", odd=odd)
+
+    def shares_records(self, ranks) -> bool:
+        """Whether this rank can read the status records of all ``ranks``: the
+        ranks of one run on one machine share its control block (under MPI
+        across machines, only those of a machine do: see mpi.py)."""
+        return True
 
     def check_collectives_ended(self) -> None:
         """Raise the collective mismatch found in a message no receive asked

@@ -15,7 +15,9 @@ sense it asks this module what to raise:
 * a message does not fit the receive's buffer: :class:`MessageMismatchError`;
 * asleep in a collective, the group's other ranks are in another call
   (:meth:`FailureDiagnosis._group_check` asks the collectives' record of the
-  group, now and then): :class:`CollectiveMismatchError`.
+  group, now and then): :class:`CollectiveMismatchError`, naming first the
+  ranks whose call differs from the majority's where every member's status
+  record can be read here (:meth:`~.collective_hooks.CollectiveHooks.shares_records`).
 
 :class:`FailureDiagnosis` is a mixin of :class:`~.base.Transport`: its
 methods read the engine's queues but change nothing in them. The words of
@@ -31,7 +33,6 @@ from minidist.distributed.transport.message import ANY_SOURCE, ANY_TAG
 from minidist.runtime import control as ctl
 from minidist.runtime.errors import (
     AbortedError,
-    CollectiveMismatchError,
     CommTimeoutError,
     MessageMismatchError,
     PeerGoneError,
@@ -72,8 +73,13 @@ class FailureDiagnosis:
         record = self.collective_groups.get(request.context)
         if record is None or self._control.state_of(dst) != ctl.FINISHED:
             return error
-        why = record.went_through(self._control, self.rank, request.tag, dst, sending=True)
-        return error if why is None else CollectiveMismatchError(why)
+        judge = self.shares_records(record.ranks)
+        mismatch = record.went_through(self._control, self.rank, request.tag, dst, sending=True,
+                                       judge=judge)
+        if mismatch is None and judge:  # most of the group returned before this call?
+            mismatch = record.returned_mismatch(self._control, self.rank, request.tag,
+                                                str(error))
+        return error if mismatch is None else mismatch
 
     def _check_peer(self, op, peer, tag, context, request) -> None:
         """Raise PeerGoneError when the awaited peer(s) can never act again."""
@@ -106,19 +112,27 @@ class FailureDiagnosis:
         if peer != ANY_SOURCE and control.state_of(peer) != ctl.FINISHED:
             raise PeerGoneError(f"rank {self.rank}: {what} cannot complete: rank {peer} has "
                                 "exited (its end of the pipe is closed).", peer=blamed)
-        record = self.collective_groups.get(context)
-        if record is not None and peer != ANY_SOURCE and control.state_of(peer) == ctl.FINISHED:
-            why = record.went_through(control, self.rank, tag, peer, sending=op == ctl.OP_SEND)
-            if why is not None:
-                raise CollectiveMismatchError(why)
         if op == ctl.OP_SEND:
-            raise PeerGoneError(
+            gone = PeerGoneError(
                 f"rank {self.rank}: {what} cannot complete: {who} finished without receiving "
                 "it. Every send needs a matching recv on the other side.", peer=blamed)
-        raise PeerGoneError(
-            f"rank {self.rank}: {what} will never complete: {who} finished without sending "
-            "a matching message. Check that both sides agree on the source, tag and group "
-            "of every message.", peer=blamed)
+        else:
+            gone = PeerGoneError(
+                f"rank {self.rank}: {what} will never complete: {who} finished without sending "
+                "a matching message. Check that both sides agree on the source, tag and group "
+                "of every message.", peer=blamed)
+        record = self.collective_groups.get(context)
+        if record is not None and peer != ANY_SOURCE and control.state_of(peer) == ctl.FINISHED:
+            judge = self.shares_records(record.ranks)
+            mismatch = record.went_through(control, self.rank, tag, peer,
+                                           sending=op == ctl.OP_SEND, judge=judge)
+            if mismatch is None and judge:
+                # The peer returned before this call: so did most of the
+                # group, perhaps, and then this rank's call is the odd one.
+                mismatch = record.returned_mismatch(control, self.rank, tag, str(gone))
+            if mismatch is not None:
+                raise mismatch
+        raise gone
 
     def _group_check(self, context: int, tag: int, start: int):
         """For a wait in a collective's context: a function of the time now
@@ -130,11 +144,12 @@ class FailureDiagnosis:
             return None
         control, rank = self._control, self.rank
         next_check = start + group.check_interval_ns
+        judge = self.shares_records(group.ranks)  # may the error name the odd ranks?
 
         def check(now: int) -> None:
             nonlocal next_check
             if now >= next_check:
-                group.check_group(control, rank, tag)
+                group.check_group(control, rank, tag, judge)
                 next_check = now + group.check_interval_ns
 
         return check

@@ -604,6 +604,11 @@ class MpiTransport(SpinBeforeSleep, Transport):
         error.culprit = culprit
         return error
 
+    def shares_records(self, ranks) -> bool:
+        # Only the ranks of this machine share its control block: a group that
+        # spans machines is judged by what this rank saw, not by the majority.
+        return set(ranks) <= set(self._node.peers) | {self.rank}
+
     def _timeout_error(self, op, peer, tag, context, timeout, current):
         # The ranks of this machine share a control block (mpi_node.py): the
         # report shows their records; the others' are not visible from here.

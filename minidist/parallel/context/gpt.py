@@ -96,6 +96,12 @@ class ContextParallelGPT(Module):
         """Logits (B, L_r, V) of this rank's ``tokens`` (B, L_r), its positions
         of sequences of ``seq_len`` (every rank of the group calls it)."""
         tokens = np.asarray(backend.to_numpy(tokens.data if isinstance(tokens, Tensor) else tokens))
+        # A rank with another length cuts other blocks, which the ring shows
+        # only as a block that does not fit, on one neighbour or the other:
+        # agreeing first names the odd rank (2 (n - 1) small messages a
+        # forward, for all the layers' attentions).
+        dist.agree("ContextParallelGPT.forward", (int(seq_len), len(tokens)), group=self.group,
+                   describe=lambda value: f"seq_len {value[0]}, {value[1]} sequences")
         if seq_len > self.config.block_size:
             raise ValueError(f"ContextParallelGPT: a sequence of {seq_len} tokens is longer than "
                              f"block_size={self.config.block_size}")

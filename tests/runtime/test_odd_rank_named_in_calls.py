@@ -1,0 +1,186 @@
+"""Ranks whose collective calls disagree: the odd rank is named, the same one every run.
+
+Each case makes rank 1 of four differ from ranks 0, 2 and 3 in what it
+calls, not in an argument agreed beforehand: only rank 1 passes split sizes
+to all_to_all_single (an all_gather of the sizes where the others exchange
+at once), rank 1 skips one all_reduce of the tensor-parallel GPT, its MoE
+has other expert counts, it shards the tensor-parallel GPT over the world
+where the others use mesh["tp"], its context-parallel GPT or Ulysses
+attention another sequence length, its GPT3D other micro-batches. Which
+rank notices first is chance (the rank that receives the odd message, or
+sleeps next to the odd call); the noticing rank reads the group's status
+records and names the rank whose call differs from the majority's, so the
+launcher names rank 1, kind "mismatch", with the same first line every run.
+
+A mismatched call leaves the group's ranks in different calls, some asleep
+for good: no rank can catch the error and go on. So each run is a launch of
+its own, three per case and transport (a launch takes a fraction of a
+second).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import minidist
+import minidist.distributed as dist
+from minidist.runtime.errors import WorkerError
+from minidist.tensor import Tensor
+
+TRANSPORTS = ["pipe", "shm"]
+REPEATS = 3
+
+
+def _only_rank_1_passes_split_sizes():
+    sizes = dict(output_split_sizes=[2, 2, 2, 2], input_split_sizes=[2, 2, 2, 2])
+    dist.all_to_all_single(np.zeros(8, np.float32), np.ones(8, np.float32),
+                           **(sizes if dist.get_rank() == 1 else {}))
+
+
+def _tensor_parallel_gpt(group=None):
+    from minidist.models.gpt import GPT, GPTConfig
+    from minidist.parallel.tensor.gpt import tensor_parallel_gpt
+
+    config = GPTConfig(vocab_size=12, block_size=8, n_layer=1, n_head=4, n_embd=16)
+    shard = tensor_parallel_gpt(GPT(config, rng=0), group)
+    idx = np.random.default_rng(0).integers(0, 12, (2, 8))
+    shard.loss(shard(idx), idx).backward()
+
+
+def _rank_1_skips_an_all_reduce():
+    from minidist.parallel.tensor import regions
+
+    if dist.get_rank() == 1:
+        real, calls = regions._all_reduce_sum, []
+
+        def skipping_the_second(array, group, algorithm):
+            calls.append(1)
+            return array.copy() if len(calls) == 2 else real(array, group, algorithm)
+
+        regions._all_reduce_sum = skipping_the_second
+    _tensor_parallel_gpt()
+
+
+def _rank_1_shards_over_the_world():
+    mesh = dist.init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    _tensor_parallel_gpt(None if dist.get_rank() == 1 else mesh["tp"])
+
+
+def _rank_1_has_other_experts():
+    from minidist.models.moe import MoEGPT, MoEGPTConfig
+    from minidist.parallel.expert.dispatch import expert_parallel_gpt
+
+    config = MoEGPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8,
+                          n_expert=8 if dist.get_rank() == 1 else 4, top_k=2,
+                          capacity_factor=1.0, aux_loss_coef=0.01)
+    model = expert_parallel_gpt(MoEGPT(config, rng=0))
+    idx = np.random.default_rng(0).integers(0, 11, (2, 8))
+    model.loss(model(idx), idx).backward()
+
+
+def _length():
+    return 13 if dist.get_rank() == 1 else 16
+
+
+def _rank_1_has_another_context_length():
+    from minidist.models.gpt import GPT, GPTConfig
+    from minidist.parallel.context.gpt import context_parallel_gpt
+
+    config = GPTConfig(vocab_size=13, block_size=16, n_layer=1, n_head=4, n_embd=16)
+    shard = context_parallel_gpt(GPT(config, rng=0))
+    idx = np.random.default_rng(0).integers(0, 13, (2, _length()))
+    shard.loss(shard(shard.shard(idx), _length()), shard.shard(idx), _length()).backward()
+
+
+def _rank_1_has_another_ulysses_length():
+    from minidist.parallel.context.split import shard_sequence
+    from minidist.parallel.context.ulysses import ulysses_attention
+
+    x = np.random.default_rng(0).standard_normal((1, 4, _length(), 3))
+    q = Tensor(shard_sequence(x, _length(), 4, dist.get_rank(), axis=2), requires_grad=True)
+    ulysses_attention(q, q, q, _length(), is_causal=True).sum().backward()
+
+
+def _rank_1_has_other_micro_batches():
+    from minidist.models.gpt import GPT, GPTConfig
+    from minidist.parallel.mesh import GPT3D
+
+    config = GPTConfig(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=8)
+    mesh = dist.init_device_mesh("cpu", (2, 1, 2), mesh_dim_names=("pp", "dp", "tp"))
+    GPT3D(GPT(config), mesh, "1f1b", microbatches=4 if dist.get_rank() == 1 else 2)
+
+
+#: case -> (what rank 1 does, how the first line begins)
+CASES = {
+    "split sizes on one rank": (
+        _only_rank_1_passes_split_sizes,
+        "rank 1 is the odd rank in call 0 of the world: all_gather (recursive_doubling, "
+        "int64) on rank 1; all_to_all (bruck, float32) on ranks 0, 2 and 3 (most ranks)"),
+    "a skipped all_reduce": (
+        _rank_1_skips_an_all_reduce,
+        "rank 1 is the odd rank in call 2 of the world: all_reduce (ring, MAX, float32) on "
+        "rank 1; all_reduce (ring, SUM, float32) on ranks 0, 2 and 3 (most ranks)"),
+    "the world for mesh['tp']": (
+        _rank_1_shards_over_the_world,
+        "rank 1 is the odd rank in call 0 of the world: all_reduce (ring, SUM, float32) on "
+        "rank 1; ranks 2 and 3 returned from their function after 0 collective calls in the "
+        "world, without making it (most ranks)"),
+    "other expert counts": (
+        _rank_1_has_other_experts,
+        "rank 1 is the odd rank in call 0 of the world: all_to_all (pairwise, int64) with a "
+        "different element count or root on rank 1; all_to_all (pairwise, int64) on ranks 0, "
+        "2 and 3 (most ranks)"),
+    "a context-parallel length": (
+        _rank_1_has_another_context_length,
+        "rank 1 called ContextParallelGPT.forward with seq_len 13, 2 sequences where ranks 0, "
+        "2 and 3 call it with seq_len 16, 2 sequences"),
+    "a Ulysses length": (
+        _rank_1_has_another_ulysses_length,
+        "rank 1 called all_to_all_single with input_split_sizes"),
+    "micro-batches": (
+        _rank_1_has_other_micro_batches,
+        "rank 1 called GPT3D with schedule '1f1b', 4 micro-batches"),
+}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_launcher_names_the_rank_whose_call_differs_every_time(case, transport):
+    function, expected = CASES[case]
+    for _ in range(REPEATS):
+        with pytest.raises(WorkerError) as caught:
+            minidist.launch(function, world_size=4, transport=transport, timeout=60)
+        first = str(caught.value).splitlines()[0]
+        assert (caught.value.rank, caught.value.kind) == (1, "mismatch"), first
+        assert first.startswith(expected), first
+
+
+def test_the_records_name_the_majority_and_wait_for_ranks_on_their_way():
+    """One rank's view of the group's status records: rank 2 still computing
+    is waited for; then the call most ranks are in is the reference."""
+    from minidist.distributed.collectives.call import ALGORITHMS
+    from minidist.distributed.collectives.fingerprints import CallRecord, fingerprint
+    from minidist.runtime import control as ctl
+
+    ours = fingerprint("all_reduce", 0, dist.ReduceOp.SUM, np.float32, 10, 0, 0)
+    other = fingerprint("broadcast", 0, None, np.float32, 10, 0, 0)
+    block = ctl.ControlBlock.local(4)
+    try:
+        calls = CallRecord(ALGORITHMS, ranks=(0, 1, 2, 3), context=5)
+        calls.seq = 1
+        calls.record(0, ours, 10)
+        block.set_waiting(3, ctl.OP_RECV, 0, ours, 5, 0, 1)
+        block.set_running(2, 1)  # on its way: the verdict waits for it ...
+        calls.VERDICT_SECONDS = 0.05
+        assert calls.verdict(block, 0, ours, {1: other}) is None  # ... and gives up, unsure
+        block.set_waiting(2, ctl.OP_RECV, 1, ours, 5, 0, 1)
+        odd, line = calls.verdict(block, 0, ours, {1: other})
+        assert odd == [1]
+        assert line.startswith("rank 1 is the odd rank in call 0 of the world: broadcast (")
+        assert line.endswith("all_reduce (coordinator, SUM, float32) on ranks 0, 2 and 3 (most ranks)")
+        # Seen from the odd rank itself: the same verdict.
+        assert calls.verdict(block, 1, other, {0: ours})[0] == [1]
+    finally:
+        block.close()
