@@ -1,7 +1,7 @@
 """Ranks that disagree: the odd rank is named first, the same one every run.
 
 Each case gives rank 1 another argument than ranks 0, 2 and 3: a mesh's
-shape, a mesh's names, a pipeline's schedule, all_to_all_single's split
+shape, a mesh's names, a pipeline's schedule
 sizes. Every rank judges the same values the same way, so every rank
 raises the same error, naming rank 1, whichever notices first: the cases run
 three times each inside one launch per transport (each rank catches the
@@ -11,7 +11,6 @@ the launcher name rank 1 too.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import minidist
@@ -41,18 +40,6 @@ def _schedule():
     GPT3D(GPT(config), mesh, "gpipe" if dist.get_rank() == 1 else "1f1b", microbatches=2)
 
 
-def _input_splits():
-    sent = [3, 2, 1, 2] if dist.get_rank() == 1 else [2, 2, 2, 2]
-    dist.all_to_all_single(np.zeros(8, np.float32), np.ones(8, np.float32),
-                           output_split_sizes=[2, 2, 2, 2], input_split_sizes=sent)
-
-
-def _output_splits():
-    expected = [3, 2, 1, 2] if dist.get_rank() == 1 else [2, 2, 2, 2]
-    dist.all_to_all_single(np.zeros(8, np.float32), np.ones(8, np.float32),
-                           output_split_sizes=expected, input_split_sizes=[2, 2, 2, 2])
-
-
 CASES = {
     "mesh shape": (_mesh_shape, "rank 1 called init_device_mesh with mesh_shape (4, 1), "
                    "mesh_dim_names ('dp', 'tp') where ranks 0, 2 and 3 call it with "
@@ -62,11 +49,6 @@ CASES = {
                    "mesh_shape (2, 2), mesh_dim_names ('dp', 'tp')"),
     "schedule": (_schedule, "rank 1 called GPT3D with schedule 'gpipe', 2 micro-batches, 1 "
                  "virtual stage where ranks 0, 2 and 3 call it with schedule '1f1b'"),
-    "input splits": (_input_splits, "rank 1 called all_to_all_single with input_split_sizes "
-                     "[3, 2, 1, 2] where ranks 0, 2 and 3 expect [2, 2, 2, 2]"),
-    "output splits": (_output_splits, "rank 1 called all_to_all_single with "
-                      "output_split_sizes [3, 2, 1, 2] where ranks 0, 2 and 3 send "
-                      "[2, 2, 2, 2]"),
 }
 
 

@@ -60,7 +60,6 @@ from minidist.alpha_beta import bruck_pieces, ceil_log2
 from minidist.distributed.collectives import call
 from minidist.distributed.collectives.chunks import split
 from minidist.distributed.collectives.registry import cost, register
-from minidist.distributed.collectives.split_sizes import check_split_sizes
 
 
 @cost("(n - 1) (alpha + N/n xbeta)",
@@ -231,8 +230,6 @@ def _uneven_counts(source, result, input_split_sizes, output_split_sizes, group)
         raise ValueError(f"rank {rank}: all_to_all_single keeps its own piece, but "
                          f"input_split_sizes[{me}] = {sent[me]} rows and output_split_sizes"
                          f"[{me}] = {received[me]}; they must be equal.")
-    # A receiver alone cannot tell who is wrong: agree on every rank's sizes.
-    check_split_sizes(group, sent, received)
     return [count * row for count in sent], [count * row for count in received]
 
 
@@ -247,9 +244,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     sent to each rank) and ``output_split_sizes`` (rows received from each
     rank), as torch: each must add up to its array's dim 0, either may be
     left out for equal parts, and ``output_split_sizes[i]`` must be what rank
-    i sends here: the ranks agree on their sizes first (one small all_gather,
-    :mod:`.split_sizes`), and a CollectiveMismatchError names the odd rank.
-    Uneven pieces run the pairwise exchange. With ``async_op=True`` returns a Work.
+    i sends here (else a MessageMismatchError). Uneven pieces run the pairwise
+    exchange. With ``async_op=True`` returns a Work.
     """
     group = call.group_of(group)
     rank, n = group._global_rank, group.size
