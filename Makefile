@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-quick lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The edit-run loop: the suite without its long end-to-end runs (tests/conftest.py).
+test-quick: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check minidist viz tests benchmarks lessons scripts examples
