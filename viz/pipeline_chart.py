@@ -177,7 +177,7 @@ class PipelineChart:
     expected: BubbleFormula
     batch: int               # which batch of the trace, from 0
     batches: int
-    simulated: bool          # the simulator's virtual clock (ns too: 1 ms per unit of cost)
+    simulated: bool          # the simulator's virtual clock (in nanoseconds too: a unit of cost is 10**6 of them)
     #: The measured bubble, 1 - busy / (ranks x makespan): the runtime's own
     #: :func:`minidist.parallel.pipeline.simulate.bubble_fraction` of the batch's events.
     bubble: float
