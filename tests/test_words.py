@@ -3,16 +3,16 @@
 Every tracked text file (``git ls-files``: .py, .md, .toml, .json, .txt)
 is read for two kinds of words that point to something outside it:
 
-* an issue number ("issue 12", "Issue #12", "issues 3 and 4"): the tracker
+* an issue number ("issue N", "Issue #N", "issues N and M"): the tracker
   is not part of the course; say what the thing is instead, and point a
   measurement to benchmarks/results/ or to its section of
   benchmarks/README.md;
 * a seed file, the name the course documents had while the project was
-  built ("seed 003", "SEED_004", "the seed's layer", "/seeds/"): cite the
+  built ("seed 00N", "SEED_00N", "the seed's layer", "/seeds/"): cite the
   source itself, by its authors and title ("Tsunashima's slides",
   "Dettmers, Model Parallelism in Deep Learning, 2014"; README.md, "The
   sources the lessons cite");
-* a course topic number ("course topic 20"), from a list that is not in the
+* a course topic number ("course topic N"), from a list that is not in the
   repository: name the lesson that teaches it.
 
 Random seeds are not flagged: "seed=0", "seed 0", "a seed of 7", "seeds 1
@@ -21,7 +21,10 @@ strings below). A seed file's number has three digits with a leading zero,
 as the documents were numbered; a random seed's possessive ("each seed's
 run") reads better as "the run of each seed" and is flagged too.
 
-This file is left out of the scan: it spells the patterns out.
+This file is left out of the scan: it spells the patterns out. Its own
+examples are written with "~" for the space ("issue~23"), put back when a
+test reads them, so that no other scan of the repository mistakes them for
+the real thing.
 """
 
 from __future__ import annotations
@@ -38,10 +41,10 @@ SUFFIXES = (".py", ".md", ".toml", ".json", ".txt")
 LEFT_OUT_FOLDERS = ("shared/",)
 THIS_FILE = Path(__file__).resolve().relative_to(ROOT).as_posix()
 
-#: "issue 12", "Issue #12", "issues 3 and 4", "issue # 7" (but not "issued
-#: 12" or "an issue in 12 ranks").
+#: "issue N", "Issue #N", "issues N and M", "issue # N" (but not "issued N"
+#: or "an issue in N ranks").
 ISSUE = re.compile(r"\bissues?\s*#\s*\d+|\bissues?\s+\d+\b", re.IGNORECASE)
-#: "seed 003", "Seed 002's", "seeds 001", "SEED_004", "seed-004", "/seeds/",
+#: "seed 00N", "Seed 00N's", "seeds 00N", "SEED_00N", "seed-00N", "/seeds/",
 #: "the seed's", "the seeds'".
 SEED_FILE = re.compile(r"\bseeds?[ _-]?0\d\d\b|\bseed's\b|\bseeds'(?!\w)|/seeds/",
                        re.IGNORECASE)
@@ -72,25 +75,25 @@ def offending_lines(text: str) -> list[tuple[int, str, str]]:
 
 
 @pytest.mark.parametrize("text", [
-    "the simulator at scale (issue 23)", "Issue 32: these ran for minutes",
-    "see issue #12", "issues 3 and 4", "issue 20's targets", "ISSUE 7",
+    "the simulator at scale (issue~23)", "Issue~32: these ran for minutes",
+    "see issue~#12", "issues~3 and 4", "issue~20's targets", "ISSUE~7",
 ])
 def test_an_issue_number_is_found(text):
-    assert [kind for _, kind, _ in offending_lines(text)] == ["an issue number"]
+    assert [kind for _, kind, _ in offending_lines(text.replace("~", " "))] == ["an issue number"]
 
 
 @pytest.mark.parametrize("text", [
-    "seed 004's 1000x500 layer", "Seed 002 measured 2-3x slower", "seed 003",
+    "seed~004's 1000x500 layer", "Seed~002 measured 2-3x slower", "seed~003",
     "SEED_004 = [(10,), (10, 500)]", "the seed's picture", "in the seeds' words",
-    "/work/shared/seeds/000_7c66619e4fc72389.txt", "seeds 001 and 003",
+    "/work/shared/seeds/000_7c66619e4fc72389.txt", "seeds~001 and 003",
 ])
 def test_a_seed_file_is_found(text):
-    assert [kind for _, kind, _ in offending_lines(text)] == ["a seed file"]
+    assert [kind for _, kind, _ in offending_lines(text.replace("~", " "))] == ["a seed file"]
 
 
-@pytest.mark.parametrize("text", ["(course topic 20)", "course topics 14 and 15"])
+@pytest.mark.parametrize("text", ["(course topic~20)", "course topics~14 and 15"])
 def test_a_course_topic_number_is_found(text):
-    assert [kind for _, kind, _ in offending_lines(text)] == ["a course topic number"]
+    assert [kind for _, kind, _ in offending_lines(text.replace("~", " "))] == ["a course topic number"]
 
 
 @pytest.mark.parametrize("text", [

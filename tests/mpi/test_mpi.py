@@ -505,21 +505,26 @@ def test_a_frozen_rank_under_mpi_is_named_first(launcher, tmp_path):
     """Rank 1 stops itself (SIGSTOP) in the loop: at their timeout (3 s) the
     waiting ranks name it first, from its process state (T), not themselves;
     the stopped process is killed with the job."""
-    script = tmp_path / "freezes.py"
-    script.write_text(_FAULTY_LOOP.format(timeout=3,
-                                          fault="os.kill(os.getpid(), signal.SIGSTOP)"))
-    before = segments_now()
-    if launcher == "mpiexec":
-        result, seconds = _run(script, 3, timeout=60)
-    else:
-        result, seconds = _minidist_run(script, 3, timeout=60)
-    output = result.stdout + result.stderr
-    assert result.returncode != 0, output
+    result, seconds, output, before, script = _stopped_rank_run(launcher, tmp_path, 3, 60)
     assert _first_report(result.stderr).startswith("minidist: rank 1 is stopped (its process"), \
         output
     assert seconds < 12, f"{seconds:.1f} s:\n{output}"
     assert _leftover(before) == set()
     _no_ranks_left(str(script))
+
+
+def _stopped_rank_run(launcher, tmp_path, rank_timeout, run_timeout):
+    """Rank 1 of 3 stops itself (SIGSTOP) in the loop, the ranks' timeout
+    ``rank_timeout``: (result, seconds, output, segments before, script)."""
+    script = tmp_path / "stops.py"
+    script.write_text(_FAULTY_LOOP.format(timeout=rank_timeout,
+                                          fault="os.kill(os.getpid(), signal.SIGSTOP)"))
+    before = segments_now()
+    run = _run if launcher == "mpiexec" else _minidist_run
+    result, seconds = run(script, 3, timeout=run_timeout)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    return result, seconds, output, before, script
 
 
 @needs_mpi
@@ -531,16 +536,7 @@ def test_a_stopped_rank_under_mpi_is_named_long_before_the_timeout(launcher, tmp
     (STOPPED_SECONDS, as on shared memory) and end the job then, naming it."""
     from minidist.runtime.stopped_ranks import STOPPED_SECONDS
 
-    script = tmp_path / "stops.py"
-    script.write_text(_FAULTY_LOOP.format(timeout=60,
-                                          fault="os.kill(os.getpid(), signal.SIGSTOP)"))
-    before = segments_now()
-    if launcher == "mpiexec":
-        result, seconds = _run(script, 3, timeout=100)
-    else:
-        result, seconds = _minidist_run(script, 3, timeout=100)
-    output = result.stdout + result.stderr
-    assert result.returncode != 0, output
+    result, seconds, output, before, script = _stopped_rank_run(launcher, tmp_path, 60, 100)
     first = _first_report(result.stderr)
     assert first.startswith("minidist: rank 1 is stopped (its process") and \
         "has not progressed for" in first, output
