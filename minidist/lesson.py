@@ -9,19 +9,31 @@ variables let the test-suite run every lesson end to end in CI:
 * ``MINIDIST_LESSON_QUIET=1``: outputs only, without the text between them
   (:mod:`minidist.narration`).
 
+Prose that cites a number the lesson computed is not written by hand: the
+value is *glued* once under a name (:func:`glue`, the idea of MyST-NB's
+``glue``) and the sentence that cites it is shown by :func:`say`, as
+rendered Markdown in the notebook and in the terminal narration alike, so
+the text can never disagree with the run. Every glued value is also kept in
+``glued.json`` in the lesson's output folder, where the claims tests read
+what the lesson found. A picture is shown where the text points at it
+(:func:`show_figure`, :func:`show_file`): inline in a notebook, its file
+named in the terminal.
+
 ``minidist lesson`` lists the lessons and ``minidist lesson N`` runs one
 (:func:`find_lessons`, :func:`lesson_command`).
 """
 
 from __future__ import annotations
 
+import json
+import numbers
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-from minidist.narration import QUIET, narrate  # noqa: F401 - the lessons' import
+from minidist.narration import QUIET, narrate, show_markdown, speaks  # noqa: F401 - the lessons' import
 
 
 def quick() -> bool:
@@ -87,6 +99,130 @@ def use_headless_matplotlib():
 
     if "inline" not in matplotlib.get_backend().lower():
         matplotlib.use("Agg")
+
+
+# ----------------------------------------------------------- computed values in prose
+
+#: name -> (the value as computed, its text as the prose shows it)
+_GLUED: dict[str, tuple[object, str]] = {}
+_REFERENCE = re.compile(r"\{glue\}`([A-Za-z_][A-Za-z0-9_]*)`")
+
+
+def glue(name: str, value, spec: str = "") -> str:
+    """Keep ``value`` under ``name`` for the prose, formatted once:
+    ``format(value, spec)``, or ``spec.format(value)`` when ``spec`` holds
+    ``{}`` ("{:.1f} ms"). Returns the text, so that a print can show the
+    same characters the prose will. The value and its text are written to
+    ``glued.json`` in the lesson's output folder."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name or ""):
+        raise ValueError(f"glue: the name {name!r} is not an identifier; name a value like "
+                         "ring_ms or busiest_share")
+    text = spec.format(value) if "{" in spec else format(value, spec)
+    _GLUED[name] = (value, text)
+    _write_glued()
+    return text
+
+
+def glued(name: str) -> str:
+    """The text :func:`glue` made for ``name``."""
+    if name not in _GLUED:
+        known = ", ".join(sorted(_GLUED)) or "none yet"
+        raise KeyError(f"no value is glued as {name!r}: glue(name, value, spec) it in a cell "
+                       f"above the prose that cites it (glued so far: {known})")
+    return _GLUED[name][1]
+
+
+def fill(markdown: str) -> str:
+    """``markdown`` with every ``{glue}`name``` replaced by the glued text."""
+    return _REFERENCE.sub(lambda match: glued(match.group(1)), markdown)
+
+
+def say(markdown: str) -> None:
+    """Show prose that cites computed values: ``{glue}`name``` references
+    (and any f-string's values) in Markdown, rendered inline in a notebook
+    and printed like a Markdown cell in the terminal; nothing under
+    ``--quiet`` or in an MPI rank other than 0. In the lesson's source the
+    call sits in a code cell whose input a notebook keeps folded
+    (``# %% jupyter={"source_hidden": true}``), so a student reads the
+    rendered text, not the call."""
+    import textwrap
+
+    text = fill(textwrap.dedent(markdown).strip("\n"))
+    if not speaks():
+        return
+    if in_notebook():
+        from IPython.display import Markdown, display
+
+        display(Markdown(text))
+    else:
+        show_markdown(text)
+
+
+def _plain(value):
+    if isinstance(value, (bool, str)) or value is None:
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return str(value)
+
+
+def _write_glued() -> None:
+    from minidist.atomic_file import atomic_path
+
+    record = {name: {"value": _plain(value), "text": text} for name, (value, text) in _GLUED.items()}
+    path = output_dir() / "glued.json"
+    with atomic_path(path) as name:
+        Path(name).write_text(json.dumps(record, indent=1, sort_keys=True), encoding="utf-8")
+
+
+# ------------------------------------------------------------ pictures where they are read
+
+def _shown_path(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def show_file(path, caption: str = "") -> None:
+    """Show a picture the lesson wrote (PNG or GIF): inline in a notebook;
+    in the terminal one line naming the file, so that the text's "the
+    picture below" has a place to look. (Returns nothing, so that a cell
+    ending with it shows no stray value.)"""
+    path = Path(path)
+    if in_notebook():
+        from IPython.display import Image, display
+
+        display(Image(filename=str(path)))
+        if caption and speaks():
+            display(_markdown(f"*{caption}*"))
+    elif _mpi_rank() == 0:
+        line = f"[picture: {_shown_path(path)}]"
+        print(f"{line} {caption}" if caption else line, flush=True)
+
+
+def _markdown(text):
+    from IPython.display import Markdown
+
+    return Markdown(text)
+
+
+def show_figure(figure, name: str, caption: str = "", dpi: int = 100) -> None:
+    """Save a pyplot ``figure`` as ``name`` in the lesson's output folder
+    (whole or not at all), close it, and :func:`show_file` it there."""
+    import matplotlib.pyplot as plt
+
+    from minidist.atomic_file import atomic_path
+
+    path = output_dir() / name
+    with atomic_path(path) as temporary:
+        figure.savefig(temporary, dpi=dpi, format=path.suffix.lstrip(".") or "png")
+    plt.close(figure)
+    show_file(path, caption)
 
 
 # ----------------------------------------------------------------- minidist lesson

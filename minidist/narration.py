@@ -170,6 +170,22 @@ def _in_ipython() -> bool:
     return get_ipython() is not None
 
 
+def speaks() -> bool:
+    """True where a lesson's prose is shown: not under ``--quiet``
+    (MINIDIST_LESSON_QUIET=1) and not in an MPI rank other than 0."""
+    if os.environ.get(QUIET, "") not in ("", "0"):
+        return False
+    return all(os.environ.get(name, "0") == "0"
+               for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"))
+
+
+def show_markdown(markdown: str) -> None:
+    """Print one piece of Markdown prose rendered for a terminal, formulas as
+    readable text: how :func:`narrate` prints a Markdown cell, and how
+    :func:`minidist.lesson.say` prints prose written with computed values."""
+    _printer()(markdown)
+
+
 def _printer():
     from rich.console import Console
     from rich.markdown import Markdown

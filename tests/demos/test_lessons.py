@@ -2,10 +2,16 @@
 notebook (converted from its Jupytext percent format and executed by a real
 Jupyter kernel, the way a student opens it).
 
+Every picture a lesson writes is shown where the text points at it: named
+in the script's output (``[picture: ...]``) and inline in the notebook (an
+image, or for an animation its player), one shown for each file written.
+
 Lessons look at ``MINIDIST_LESSON_QUICK``: set here, it selects the reduced
 form of any long experiment, so the whole chapter still runs end to end in CI.
 """
 
+import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -23,6 +29,43 @@ def lesson_env(tmp_path):
     env["MPLBACKEND"] = "Agg"
     env["MINIDIST_LESSON_OUTPUT"] = str(tmp_path)
     return env
+
+
+PICTURES = (".png", ".gif", ".html")
+
+
+def pictures_written(folder):
+    """The picture files a lesson wrote under ``folder`` (not other ranks')."""
+    return sorted(path for path in folder.rglob("*") if path.suffix in PICTURES
+                  and not any(part.startswith("rank") for part in path.relative_to(folder).parts))
+
+
+def shown_inline(notebook):
+    """How many pictures the executed notebook shows: images, and players
+    (HTML with an animation or a picture in it)."""
+    count = 0
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if any(kind.startswith("image/") for kind in data):
+                count += 1
+            elif "text/html" in data and any(word in str(data["text/html"]) for word in
+                                            ("<img", "Animation", "<svg", "<canvas")):
+                count += 1
+    return count
+
+
+def check_glued_claims(lesson, glued_file):
+    """What the lesson's prose said of the values it glued holds for them:
+    glued_claims/<lesson>.py's check(glued), where there is one."""
+    checker = Path(__file__).parent / "glued_claims" / f"{lesson.stem}.py"
+    if not checker.exists():
+        return
+    assert glued_file.exists(), f"{lesson.name} glued nothing, and {checker.name} checks its values"
+    spec = importlib.util.spec_from_file_location(f"glued_claims_{lesson.stem}", checker)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.check(json.loads(glued_file.read_text()))
 
 
 def test_there_are_lessons():
@@ -55,6 +98,10 @@ def test_lesson_runs_as_a_script(lesson, tmp_path):
     assert "OversubscriptionWarning:" not in result.stderr, result.stderr[-2000:]
     problems = pictures.read_text().splitlines() if pictures.exists() else []
     assert not problems, "text that overlaps or leaves the picture:\n" + "\n".join(problems)
+    check_glued_claims(lesson, tmp_path / lesson.stem / "glued.json")
+    unnamed = [path.name for path in pictures_written(tmp_path) if path.name not in result.stdout]
+    assert not unnamed, (f"{lesson.name} writes pictures its terminal output never names "
+                         f"(show them with minidist.lesson.show_figure / show_file): {unnamed}")
 
 
 @pytest.mark.timeout(600)
@@ -78,3 +125,8 @@ def test_lesson_runs_as_a_notebook(lesson, tmp_path, monkeypatch):
         if output.get("output_type") == "error"
     ]
     assert not errors, errors
+    written = pictures_written(tmp_path)
+    inline = shown_inline(notebook)
+    assert inline >= len(written), (
+        f"{lesson.name} writes {len(written)} pictures and its notebook shows {inline} inline "
+        f"({[path.name for path in written]}): show each with minidist.lesson.show_figure / show_file")
