@@ -99,6 +99,11 @@ def _train(schedule_name, virtual_stages, microbatches, epochs):
             "weights": {names[id(p)]: p.data for p in pipe.parameters()}}
 
 
+def _count(number: int, one: str, many: str | None = None) -> str:
+    """"1 process", "4 processes"."""
+    return f"{number} {one if number == 1 else many or one + 's'}"
+
+
 def _show(chart, console: Console, args) -> None:
     from viz.pipeline_chart import (
         bubble_text,
@@ -127,7 +132,8 @@ def _simulate(schedule, console: Console, args) -> int:
     events = simulate_schedule(schedule, FORWARD_COST / v, BACKWARD_COST / v)
     header = trace.make_header(schedule.stages, transport="sim", **schedule.header())
     console.print(f"[bold]minidist demo pipeline --simulate[/bold]: {schedule.name}, "
-                  f"{schedule.stages} stages, {schedule.microbatches} micro-batches"
+                  f"{_count(schedule.stages, 'stage')}, "
+                  f"{_count(schedule.microbatches, 'micro-batch', 'micro-batches')}"
                   + (f", {v} chunks per rank (each 1/{v} of the cost)" if v > 1 else "")
                   + f"; no processes, a virtual clock: forward {FORWARD_COST:g} ms, backward "
                     f"{BACKWARD_COST:g} ms per stage and micro-batch, messages free")
@@ -166,9 +172,10 @@ def main(args) -> int:
         return 2
     trace_path = args.trace or DEFAULT_TRACE
     v = schedule.virtual_stages
-    console.print(f"[bold]minidist demo pipeline[/bold]: {schedule.name} on {stages} processes, "
-                  f"an MLP of {stages * v} Linear layers ({v} per process) on the 8x8 digits, "
-                  f"batches of {BATCH} in {microbatches} micro-batches, SGD lr {LR} momentum "
+    console.print(f"[bold]minidist demo pipeline[/bold]: {schedule.name} on "
+                  f"{_count(stages, 'process', 'processes')}, an MLP of {stages * v} Linear "
+                  f"layers ({v} per process) on the 8x8 digits, batches of {BATCH} in "
+                  f"{_count(microbatches, 'micro-batch', 'micro-batches')}, SGD lr {LR} momentum "
                   f"0.9, {epochs} epoch{'s' if epochs > 1 else ''}"
                   + (f" (at most {MAX_EPOCHS} in this demo)" if args.epochs > MAX_EPOCHS else ""))
     results = minidist.launch(_train, world_size=stages, transport="shm",
@@ -189,7 +196,8 @@ def main(args) -> int:
     chart = pipeline_chart(trace_path)
     cores = os.cpu_count() or 1
     # Why the bubble differs from the formula is said beside it (bubble_text).
-    console.print(f"the last batch of {chart.batches}, as it ran on {stages} processes and "
+    console.print(f"the last batch of {chart.batches}, as it ran on "
+                  f"{_count(stages, 'process', 'processes')} and "
                   f"{cores} core{'s' if cores > 1 else ''}")
     _show(chart, console, args)
     return 0

@@ -549,9 +549,15 @@ def schedule_order_chart(chart: PipelineChart) -> PipelineChart | None:
 # --------------------------------------------------------------------------- words
 
 
+def _count(number: int, one: str, many: str | None = None) -> str:
+    """"1 stage", "4 stages"."""
+    return f"{number} {one if number == 1 else many or one + 's'}"
+
+
 def describe(chart: PipelineChart) -> str:
     """"1f1b · 4 stages · 8 micro-batches" (and "· v=2" when interleaved)."""
-    words = f"{chart.schedule} · {chart.stages} stages · {chart.microbatches} micro-batches"
+    words = (f"{chart.schedule} · {_count(chart.stages, 'stage')} · "
+             f"{_count(chart.microbatches, 'micro-batch', 'micro-batches')}")
     if chart.virtual_stages > 1:
         words += f" · v={chart.virtual_stages} chunks per rank"
     return words
@@ -664,8 +670,10 @@ def render_pipeline_frame(chart: PipelineChart, index: int, *, color: bool = Tru
     header.append("\n")
     header.append(f"slot {index + 1} of {chart.slots}", style="bold reverse" if color else "")
     clock = " (simulated)" if chart.simulated else ""
+    # The slot's start against the batch's end, the optimizer step included: the
+    # makespan stops at the last backward, and the step's slot starts after it.
     header.append(f" · time {chart.time_text(column.start)} of "
-                  f"{chart.time_text(chart.makespan)}{clock}\n")
+                  f"{chart.time_text(chart.end)}{clock}\n")
     header.append("started: ")
     header.append(" · ".join(
         f"{chart.rows[_row_of(chart, box.rank)].label} {box.text}"

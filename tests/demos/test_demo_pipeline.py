@@ -4,6 +4,8 @@ here, so the step-through prints every frame."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from PIL import Image
 
@@ -14,6 +16,21 @@ from viz.pipeline_chart import pipeline_chart
 
 def _printed(capsys) -> str:
     return " ".join(capsys.readouterr().out.split())
+
+
+_UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
+_TIME_OF = re.compile(r"time ([\d.]+) (ns|us|µs|ms|s) of ([\d.]+) (ns|us|µs|ms|s)")
+
+
+def assert_no_part_exceeds_its_whole(out: str) -> None:
+    """Every frame's "time T of E": the slot starts within the batch, the
+    optimizer step's slot too (it starts after the last backward, the end of
+    the makespan, so the whole is the batch's end)."""
+    found = _TIME_OF.findall(out)
+    assert found, "no frame said its time"
+    for part, part_unit, whole, whole_unit in found:
+        assert float(part) * _UNIT[part_unit] <= float(whole) * _UNIT[whole_unit], \
+            f"time {part} {part_unit} of {whole} {whole_unit}"
 
 
 @pytest.mark.timeout(120)
@@ -33,6 +50,10 @@ def test_demo_pipeline_trains_writes_the_trace_and_draws_it(tmp_path, capsys):
     # one epoch over the digits: every batch of the run is in the trace
     assert chart.batches > 10 and f"batch {chart.batches} of {chart.batches}" in out
     assert f"slot {chart.slots} of {chart.slots}" in out  # every frame printed
+    assert_no_part_exceeds_its_whole(out)
+    # the last slot is the optimizer step's, after the makespan's end
+    assert chart.columns[-1].start > chart.makespan
+    assert chart.columns[-1].start <= chart.end
     assert f"bubble: measured {chart.bubble:.3f}" in out
     assert "expected (p-1)/(m+p-1) = 1/3 = 0.333" in out
     assert 0 < chart.bubble < 1
@@ -49,6 +70,8 @@ def test_demo_pipeline_simulate_draws_the_planned_schedule(tmp_path, capsys):
     out = _printed(capsys)
     assert "no processes" in out and "(simulated)" in out
     assert "slot 1 of" in out and "simulated 0.333" in out and "1/3 = 0.333" in out
+    assert_no_part_exceeds_its_whole(out)
+    assert "gpipe · 2 stages · 2 micro-batches" in out
     assert pipeline_chart(path).row_text(0).startswith("F0 F1")
     with Image.open(png) as image:
         assert image.size[0] == 1200
@@ -56,6 +79,11 @@ def test_demo_pipeline_simulate_draws_the_planned_schedule(tmp_path, capsys):
                  "2", "--microbatches", "4", "--no-color"]) == 0
     # two chunks per rank, each half a stage's cost: (p-1)/(v m+p-1) = 1/9
     assert "simulated 0.111" in _printed(capsys)
+    assert main(["demo", "pipeline", "--simulate", "--schedule", "gpipe", "--stages", "1",
+                 "--microbatches", "1", "--no-color"]) == 0
+    out = _printed(capsys)
+    assert "gpipe · 1 stage · 1 micro-batch " in out and "gpipe, 1 stage, 1 micro-batch;" in out
+    assert "1 micro-batches" not in out and "1 stages" not in out
 
 
 def test_demo_pipeline_bad_input(capsys):

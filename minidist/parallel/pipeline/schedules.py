@@ -119,7 +119,8 @@ class Schedule:
                 "microbatches": self.microbatches, "virtual_stages": self.virtual_stages}
 
     def __str__(self) -> str:
-        rows = [f"{self.name}: {self.stages} stages, {self.microbatches} micro-batches"
+        rows = [f"{self.name}: {self.stages} stage{'s' if self.stages != 1 else ''}, "
+                f"{self.microbatches} micro-batch{'es' if self.microbatches != 1 else ''}"
                 + (f", {self.virtual_stages} virtual stages per rank"
                    if self.virtual_stages > 1 else "")]
         for rank, actions in enumerate(self.actions):
