@@ -25,7 +25,7 @@
 # 3. ... and measured on a real run of 2 processes;
 # 4. GPipe (all forwards, then all backwards) and 1F1B (one forward, one
 #    backward) have the same bubble, but GPipe holds the activations of all
-#    m micro-batches and 1F1B at most p - s at stage s, read from the
+#    m micro-batches and 1F1B at most p - i at stage i, read from the
 #    runtime's memory ledger;
 # 5. recomputation keeps only each stage's input and recomputes the rest
 #    during backward: memory for compute, both measured;
@@ -49,7 +49,15 @@ from rich.console import Console
 import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, optim, trace
-from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
+from minidist.lesson import (
+    glue,
+    narrate,
+    output_dir,
+    quick,
+    say,
+    show_file,
+    use_headless_matplotlib,
+)
 from minidist.lesson_timing import Load, machine_load
 from minidist.model_gap import RunFacts, compare
 from minidist.parallel.pipeline import (
@@ -145,10 +153,13 @@ for m in (1, 2, 4, 8, 16, 32):
 planned = make_schedule("1f1b", 4, 8)
 planned_chart = pipeline_chart(simulate_schedule(planned))
 show_last_frame(planned_chart)
-print("saved", save_pipeline_gantt(planned_chart, OUT / "pipeline_1f1b_planned.png"))
+show_file(save_pipeline_gantt(planned_chart, OUT / "pipeline_1f1b_planned.png"),
+          "1F1B, p = 4, m = 8, planned on the simulator's clock")
 
 # %% [markdown]
-# Equal to the formula for every m, both schedules. More micro-batches
+# Equal to the formula for every m, both schedules. (Above, the last frame
+# of the terminal step-through of 1F1B with m = 8, and the same batch as a
+# Gantt chart: one bar per forward and backward on the simulator's clock.) More micro-batches
 # shrink the bubble, but each is smaller: on a real machine a small matrix
 # product runs less efficiently, and every micro-batch costs two messages per
 # link. GPipe's paper takes m >= 4p as the rule of thumb.
@@ -245,7 +256,7 @@ p2_load = Load(p2_header.get("load") or machine_load(), machine_load(),
                len(os.sched_getaffinity(0)))
 
 print(f"{'m':>3}  {'formula':>8}  {'replay':>8}  {'measured':>9}  {'measured - formula':>19}")
-gaps = {}
+gaps, replays, bubbles = {}, {}, {}
 for m in MICROBATCHES:
     case = ("1f1b", m, False)
     schedule = make_schedule("1f1b", 2, m)
@@ -253,6 +264,7 @@ for m in MICROBATCHES:
     measured = float(np.median([bubble_fraction(events, 2) for events in steps]))
     replay = float(np.median([replayed_bubble(schedule, events) for events in steps]))
     gaps[m] = measured - float(formula(2, m))
+    replays[m], bubbles[m] = replay, measured
     print(f"{m:>3}  {float(formula(2, m)):>8.3f}  {replay:>8.3f}  {measured:>9.3f}  "
           f"{gaps[m]:>+19.3f}")
 print(f"({p2_load.describe()})")
@@ -268,31 +280,48 @@ run_header = trace.make_header(2, transport="shm", cores=p2_load.cores,
 real_events = step_events(results_p2, ("1f1b", 4, False), STEPS - 1)
 real_chart = pipeline_chart((run_header, real_events))
 show_last_frame(real_chart)
-print("saved", save_pipeline_gantt(real_chart, OUT / "pipeline_1f1b_real_p2.png"))
+show_file(save_pipeline_gantt(real_chart, OUT / "pipeline_1f1b_real_p2.png"),
+          "the last step of 1F1B with m = 4 on 2 processes, as it ran")
+
+# %% jupyter={"source_hidden": true}
+small_m = [m for m in MICROBATCHES if m <= 2]
+last_m = MICROBATCHES[-1]
+glue("p2_load", p2_load.describe())
+glue("small_gap", max(abs(gaps[m]) for m in small_m), ".3f")
+glue("last_m", last_m, "d")
+glue("last_gap", gaps[last_m], "+.3f")
+glue("replay_off", max(abs(replays[m] - float(formula(2, m))) for m in MICROBATCHES), ".3f")
+glue("extra_first", bubbles[1] - replays[1], "+.3f")
+glue("extra_last", bubbles[last_m] - replays[last_m], "+.3f")
+extra_grew = bubbles[last_m] - replays[last_m] > bubbles[1] - replays[1]
+glue("extra_trend", "grew, as these fixed costs predict" if extra_grew else
+     "did not grow: in this run something else (a wait for a core, most likely) decided")
+glue("p2_busy", "was busy: the load above was over the cores, and the measured column also "
+     "counts the stages' waits for a core; only the formula and the replay describe the "
+     "schedule" if p2_load.busy else
+     "was not busy (the load above stayed within the cores), so the measured column is the "
+     "schedule's bubble plus the messages")
+say("""
+In this run ({glue}`p2_load`) the measured bubble was within {glue}`small_gap` of
+the formula at m = 1 and 2, and {glue}`last_gap` off it at m = {glue}`last_m` (the
+table above). Two reasons, which the replay column separates:
+
+* the stages do not cost exactly the same (the last one also computes the
+  loss, and a micro-batch's time varies from one to the next): the replay
+  already sits up to {glue}`replay_off` off the formula;
+* the rest, measured minus replay, is what the formula leaves out: every
+  micro-batch's activation and gradient cross between processes, and a
+  process waiting in `recv` still has to be woken and scheduled. With more
+  micro-batches each one computes for less time, so these fixed costs weigh
+  more. Here measured minus replay went from {glue}`extra_first` at m = 1 to
+  {glue}`extra_last` at m = {glue}`last_m`: it {glue}`extra_trend`.
+
+So the tolerance to expect is not a fixed number: a few hundredths when
+compute per micro-batch is large next to a message, growing as it shrinks.
+The machine {glue}`p2_busy`.
+""")
 
 # %% [markdown]
-# What our runs showed (four runs on a 2-core machine, other jobs running
-# beside it): with m = 1 and 2 the measured bubble was within 0.03 of the
-# formula; at m = 4 it was 0.02 to 0.06 above it, at m = 8 0.08 to 0.13
-# above (your numbers are printed above). Two reasons, which the replay
-# column separates:
-#
-# * the stages do not cost exactly the same (the last one also computes the
-#   loss, and a micro-batch's time varies from one to the next): the replay
-#   already sits a little off the formula;
-# * the rest, measured minus replay, is what the formula leaves out: every
-#   micro-batch's activation and gradient cross between processes, and a
-#   process waiting in `recv` still has to be woken and scheduled. With more
-#   micro-batches each one computes for less time, so these fixed costs
-#   weigh more.
-#
-# So the tolerance to expect is not a fixed number: a few hundredths when
-# compute per micro-batch is large next to a message, growing as it shrinks.
-# On a busy machine (load above the cores, printed under the table) the
-# measured column also counts the stages' waits for a core, and at a load of
-# 10 on 2 cores it was 0.1 to 0.3 above the formula at m = 2 to 8: then only
-# the formula and the replay describe the schedule, and the lesson says so.
-#
 # **Why use p = 2 here.** On a machine with 2 cores, p > 2 processes share the
 # cores: while stage 2 computes, stage 0 may be ready but not running, and
 # its time shows up as idle on top of the bubble of the schedule. Section 4
@@ -303,9 +332,9 @@ print("saved", save_pipeline_gantt(real_chart, OUT / "pipeline_1f1b_real_p2.png"
 # A forward must keep its activations until the backward of the same
 # micro-batch has used them. GPipe forwards all m micro-batches before the
 # first backward, so every stage holds m of them at the turn. 1F1B starts
-# backwards as soon as the last stage has a micro-batch: stage s runs
-# p - s - 1 warm-up forwards, then alternates one forward and one backward,
-# so it never holds more than p - s. The runtime writes a **memory ledger**
+# backwards as soon as the last stage has a micro-batch: stage i (counted
+# from 0) runs p - i - 1 warm-up forwards, then alternates one forward and
+# one backward, so it never holds more than p - i. The runtime writes a **memory ledger**
 # in the trace (bytes of parameters, gradients, optimizer state and held
 # activations, and how many micro-batches they belong to) after every
 # change; here is its peak per stage, for p = 4, m = 8, on 4 processes.
@@ -348,7 +377,7 @@ def peak_activation_bytes(events):
 
 
 print(f"{'stage':>5}  {'gpipe: live mb':>14}  {'bytes':>9}  {'1f1b: live mb':>13}  "
-      f"{'bytes':>9}  {'p - s':>5}")
+      f"{'bytes':>9}  {'p - i':>5}")
 ledger = {}
 for name, m, recompute in cases_p4:
     events = step_events(results_p4, (name, m, recompute), 1)
@@ -373,12 +402,27 @@ print(f"\n1f1b on 4 processes and {cores} cores: bubble " + compare(
 # still holds p micro-batches, so its memory grows with the depth of the
 # pipeline, not with m: m can grow to shrink the bubble without running out
 # of memory. That is why 1F1B, "PipeDream-flush", replaced GPipe's order.)
-#
-# The measured bubble on 4 processes is far above the formula in our runs
-# (0.60 to 0.69, for 0.27): four processes on two cores means that at
-# most two stages run at once, whatever the schedule says. That is idle time
-# of the machine, not of the schedule, which is why section 3 used p = 2.
-#
+
+# %% jupyter={"source_hidden": true}
+glue("p4_bubble", p4_bubble, ".3f")
+glue("p4_formula", float(formula(4, MEMORY_M)), ".3f")
+glue("p4_cores", cores, "d")
+glue("p4_over", p4_bubble - float(formula(4, MEMORY_M)), "+.3f")
+if cores < 4:
+    glue("p4_why", f"four processes on {cores} core{'s' if cores != 1 else ''} means that at "
+         f"most {cores} stage{'s' if cores != 1 else ''} run at once, whatever the schedule "
+         "says. That is idle time of the machine, not of the schedule, which is why section 3 "
+         "used p = 2")
+else:
+    glue("p4_why", f"this machine has {cores} cores, one for every stage, so what is left "
+         "above the formula is the messages and the machine's other work (its load is in "
+         "the line above)")
+say('''
+The measured bubble on 4 processes was {glue}`p4_bubble`, {glue}`p4_over` against the
+formula's {glue}`p4_formula`: {glue}`p4_why`.
+''')
+
+# %% [markdown]
 # ## 5. Recomputation: compute for memory
 #
 # The activations a stage keeps are every layer's output for every held
@@ -393,6 +437,7 @@ print(f"\n1f1b on 4 processes and {cores} cores: bubble " + compare(
 lean_case, full_case = ("gpipe", RECOMPUTE_M, True), ("gpipe", RECOMPUTE_M, False)
 print(f"{'stage':>5}  {'peak activations':>16}  {'with recompute':>14}  {'saved':>6}  "
       f"{'R / F time':>10}  {'R / (F+B) time':>14}")
+recompute_rows = []   # per stage: (share of the bytes saved, R / F, R / (F+B), B / F)
 for rank in range(2):
     full_peak, lean_peak = [], []
     # Each letter's fastest box over the steps and micro-batches: a box the
@@ -407,6 +452,7 @@ for rank in range(2):
             if stage == rank:
                 fastest[letter].append(seconds)
     f, b, r = (min(fastest[letter]) for letter in "FBR")
+    recompute_rows.append((1 - max(lean_peak) / max(full_peak), r / f, r / (f + b), b / f))
     print(f"{rank:>5}  {max(full_peak):>16,}  {max(lean_peak):>14,}  "
           f"{1 - max(lean_peak) / max(full_peak):>6.0%}  {r / f:>10.2f}  {r / (f + b):>14.2f}")
 print("(times: each box's fastest over the steps and micro-batches)")
@@ -416,26 +462,52 @@ if p2_load.busy:
 lean_chart = pipeline_chart(({**run_header, **make_schedule("gpipe", 2, RECOMPUTE_M).header()},
                              step_events(results_p2, lean_case, STEPS - 1)))
 show_last_frame(lean_chart)
-print("saved", save_pipeline_gantt(lean_chart, OUT / "pipeline_recompute.png"))
+show_file(save_pipeline_gantt(lean_chart, OUT / "pipeline_recompute.png"),
+          "GPipe with recomputation, m = 4 on 2 processes: an R before each B")
+
+# %% jupyter={"source_hidden": true}
+saved, r_over_f, r_share, b_over_f = zip(*recompute_rows)
+glue("saved_first", saved[0], ".0%")
+glue("saved_last", saved[1], ".0%")
+glue("r_over_f_low", min(r_over_f), ".2f")
+glue("r_over_f_high", max(r_over_f), ".2f")
+glue("r_share_low", min(r_share), ".2f")
+glue("r_share_high", max(r_share), ".2f")
+glue("more_low", min(r_share), ".0%")
+glue("more_high", max(r_share), ".0%")
+glue("b_over_f_low", min(b_over_f), ".2f")
+glue("b_over_f_high", max(b_over_f), ".2f")
+glue("r_against_f", "no less than a forward on both stages, as it should be: the forward "
+     "of a recomputing stage runs without building the autograd graph, R builds it"
+     if min(r_over_f) >= 1 else
+     "less than a forward on a stage, though R does the same work and builds the autograd "
+     "graph as well: in this run that stage's forwards were all slower than its fastest R")
+glue("b_against_2f", "less than" if max(b_over_f) < 2 else "more than" if min(b_over_f) > 2
+     else "about")
+glue("r_against_third", "more than" if min(r_share) > 1 / 3 else "less than"
+     if max(r_share) < 1 / 3 else "about")
+say("""
+Here recomputation saved {glue}`saved_first` of stage 0's activation bytes at the
+peak and {glue}`saved_last` of stage 1's. Without it a stage of 2 layers keeps 5
+arrays per micro-batch (its input and the outputs of its Linear, ReLU, Linear
+and ReLU), 4 micro-batches at GPipe's turn: 20 arrays. With it, 4 inputs plus
+the outputs of the one micro-batch being recomputed: 8. (The last stage has
+no ReLU after its last Linear: 16 arrays against 7.) The deeper the stage,
+the larger the saving, since only the inputs stay.
+
+The cost (each box's fastest run, so that a box the operating system
+interrupted does not count): R took {glue}`r_over_f_low` to {glue}`r_over_f_high` times a
+forward, {glue}`r_against_f`; and {glue}`r_share_low` to {glue}`r_share_high` of the
+F + B time: {glue}`more_low` to {glue}`more_high` more compute per stage for that
+memory. With a backward costing twice a forward the textbook figure is a
+third; here a backward cost {glue}`b_over_f_low` to {glue}`b_over_f_high` times a
+forward ({glue}`b_against_2f` twice), and R came to {glue}`r_against_third` a third of
+F + B. With 1F1B the saving is smaller: the last stage
+holds one micro-batch at a time, the one being backpropagated, so there is
+nothing to save there.
+""")
 
 # %% [markdown]
-# In our runs recomputation saved 56 to 60 % of the activation bytes at the
-# peak. Without it a stage of 2 layers keeps 5 arrays per micro-batch (its
-# input and the outputs of its Linear, ReLU, Linear and ReLU), 4 micro-batches
-# at GPipe's turn: 20 arrays. With it, 4 inputs plus the outputs of the one
-# micro-batch being recomputed: 8. The deeper the stage, the larger the
-# saving, since only the inputs stay.
-#
-# The cost (each box's fastest run, so that a box the operating system
-# interrupted does not count): R took 1.0 to 1.3 times a forward (the forward of a
-# recomputing stage runs without building the autograd graph, so it is a
-# little cheaper than R, which builds it) and about 0.35 to 0.45 of the F + B
-# time: roughly 35 to 45 % more compute per stage for that memory. (With a
-# backward costing twice a forward the textbook figure is a third; here a
-# backward cost less than twice a forward.) With 1F1B the saving is smaller:
-# the last stage holds one micro-batch at a time, the one being
-# backpropagated, so there is nothing to save there.
-#
 # ## 6. Interleaving: several chunks per process
 #
 # Interleaved 1F1B (Megatron-LM) gives each process v non-consecutive
@@ -448,6 +520,7 @@ print("saved", save_pipeline_gantt(lean_chart, OUT / "pipeline_recompute.png"))
 # %%
 print(f"{'v':>2}  {'bubble':>7}  {'(p-1)/(vm+p-1)':>15}  {'messages':>8}  "
       f"{'stage 0 holds at most':>21}")
+interleaved = {}   # v -> (messages, stages' worth stage 0 holds at most)
 for v in (1, 2, 4):
     # v = 1 is plain 1F1B; a piece is 1/v of a stage, so it costs 1/v
     schedule = make_schedule("interleaved_1f1b" if v > 1 else "1f1b", 4, 8, v)
@@ -456,21 +529,28 @@ for v in (1, 2, 4):
     assert bubble == float(formula(4, 8, v))
     messages = sum(event["kind"] == "send" for event in events)
     pieces = peak_live_microbatches(events)[0]
+    interleaved[v] = (messages, pieces / v)
     print(f"{v:>2}  {bubble:>7.3f}  {str(formula(4, 8, v)):>8} = {float(formula(4, 8, v)):.3f}"
           f"  {messages:>8}  {pieces:>3} pieces = {pieces / v:.2f} stages' worth")
 
-comparison = draw_planned_comparison(OUT / "pipeline_schedules.png")
-print("saved", comparison)
+show_file(draw_planned_comparison(OUT / "pipeline_schedules.png"),
+          "GPipe vs 1F1B vs interleaved 1F1B (v = 2), p = 4, m = 8, planned")
+
+# %% jupyter={"source_hidden": true}
+glue("messages_v2", interleaved[2][0] / interleaved[1][0], "{:.2g}")
+glue("messages_v4", interleaved[4][0] / interleaved[1][0], "{:.2g}")
+glue("worth_v1", interleaved[1][1], "{:g}")
+glue("worth_v2", interleaved[2][1], "{:g}")
+glue("worth_v4", interleaved[4][1], "{:g}")
+say('''
+The table: v = 2 and 4 cut the bubble as the formula says, exactly on the
+simulator, for {glue}`messages_v2` and {glue}`messages_v4` times the messages of 1F1B
+((p v - 1) links' worth instead of p - 1); stage 0 holds more pieces,
+{glue}`worth_v2` and {glue}`worth_v4` stages' worth instead of {glue}`worth_v1`.
+''')
 
 # %% [markdown]
-# ![GPipe vs 1F1B vs interleaved](../docs/pipeline_schedules.png)
-#
-# The table: v = 2 and 4 cut the bubble as the formula says, exactly on
-# the simulator, for 2.3 and 5 times the messages of 1F1B ((p v - 1) links'
-# worth instead of p - 1); stage 0 holds more pieces, 5.5 and 4.75 stages'
-# worth instead of 4.
-#
-# The picture (also `docs/pipeline_schedules.png`) puts the three
+# The picture above (also `docs/pipeline_schedules.png`) puts the three
 # schedules on one time axis for p = 4, m = 8: GPipe and 1F1B take the same
 # time, 1F1B with far fewer activations held; interleaving with v = 2 ends
 # earlier, holding more pieces (each half a stage's activations). With
@@ -505,8 +585,8 @@ print(f"2 stages x 2 replicas vs one process: largest weight difference {differe
 #   time with equal stage costs and free messages: more micro-batches, less
 #   bubble. Real runs add the cost of every message and of waiting for a
 #   core; on a small machine keep p at most the number of cores.
-# * GPipe and 1F1B have the same bubble; 1F1B holds at most p - s
-#   micro-batches' activations at stage s instead of m.
+# * GPipe and 1F1B have the same bubble; 1F1B holds at most p - i
+#   micro-batches' activations at stage i instead of m.
 # * Recomputation trades about one more forward per micro-batch for
 #   keeping only the stage's input.
 # * Interleaving v chunks per process divides the fill and drain by v, for

@@ -56,6 +56,40 @@ def test_lesson9_interleaving_cuts_the_bubble_for_more_messages():
     assert [n for _, n in found] == sorted(n for _, n in found)
 
 
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_lesson9_a_frame_s_time_is_a_part_of_the_batch(schedule):
+    """"slot k of K · time T of E": the optimizer step's slot starts after the
+    last backward (the makespan's end), so E is the batch's end, step included;
+    no frame's T passes it."""
+    import io
+    import re
+
+    from rich.console import Console
+
+    from viz.pipeline_chart import pipeline_chart, render_pipeline_frame
+
+    def render_text(frame):
+        console = Console(file=io.StringIO(), width=110, color_system=None)
+        console.print(frame)
+        return console.file.getvalue()
+
+    from minidist import trace
+
+    events = simulate_schedule(make_schedule(schedule, 2, 4), optimizer_time=0.5)
+    for event in events:  # a real step starts a little after its rank's last backward
+        if trace.label_info(event.get("label") or "").get("pipeline") == "step":
+            event["start"] += 100_000
+            event["end"] += 100_000
+    chart = pipeline_chart(events)
+    assert chart.columns[-1].start > chart.makespan and chart.end > chart.makespan
+    for index in range(chart.slots):
+        text = render_text(render_pipeline_frame(chart, index, color=False))
+        unit = {"us": 1e3, "µs": 1e3, "ms": 1e6}
+        part, part_unit, whole = re.search(r"time ([\d.]+) (us|µs|ms) of ([\d.]+) ms",
+                                           text).groups()
+        assert float(part) * unit[part_unit] <= float(whole) * 1e6 == chart.end
+
+
 # -------------------------------------------------------------- lesson 12
 
 

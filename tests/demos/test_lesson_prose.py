@@ -30,6 +30,9 @@ MEASURED = re.compile(
 #: the lesson's own code sets them or a cited source published them (the
 #: constant or the source named after each)
 GIVEN: dict[str, dict[str, str]] = {
+    "09_pipeline": {"1 ms": "simulate_schedule(forward_time=1.0): a unit of the simulator's "
+                            "clock is 1 ms (schedules.UNIT_NS)",
+                    "2 ms": "simulate_schedule(backward_time=2.0)"},
 }
 
 

@@ -1,0 +1,35 @@
+"""Lesson 9's prose chose its words from its numbers: each verdict agrees
+with the values it was chosen from."""
+
+
+def _value(glued, name):
+    return glued[name]["value"]
+
+
+def check(glued):
+    # section 3: measured minus replay, at the first and the last m
+    grew = _value(glued, "extra_last") > _value(glued, "extra_first")
+    assert glued["extra_trend"]["text"].startswith("grew" if grew else "did not grow")
+    assert _value(glued, "small_gap") >= 0 and _value(glued, "replay_off") >= 0
+
+    # section 4: the 4-process bubble against the formula, and why
+    over = _value(glued, "p4_bubble") - _value(glued, "p4_formula")
+    assert abs(_value(glued, "p4_over") - over) < 1e-12
+    few_cores = _value(glued, "p4_cores") < 4
+    assert glued["p4_why"]["text"].startswith("four processes on") == few_cores
+
+    # section 5: recomputation's cost
+    assert glued["r_against_f"]["text"].startswith("no less") == \
+        (_value(glued, "r_over_f_low") >= 1)
+    low, high = _value(glued, "b_over_f_low"), _value(glued, "b_over_f_high")
+    assert glued["b_against_2f"]["text"] == ("less than" if high < 2 else
+                                             "more than" if low > 2 else "about")
+    low, high = _value(glued, "r_share_low"), _value(glued, "r_share_high")
+    assert glued["r_against_third"]["text"] == ("more than" if low > 1 / 3 else
+                                                "less than" if high < 1 / 3 else "about")
+    assert 0 < _value(glued, "saved_last") <= _value(glued, "saved_first") < 1
+
+    # section 6: interleaving, more messages and more pieces held on stage 0
+    assert 1 < _value(glued, "messages_v2") < _value(glued, "messages_v4")
+    assert _value(glued, "worth_v1") < min(_value(glued, "worth_v2"),
+                                            _value(glued, "worth_v4"))
