@@ -162,7 +162,9 @@ show_file(save_pipeline_gantt(planned_chart, OUT / "pipeline_1f1b_planned.png"),
 # Gantt chart: one bar per forward and backward on the simulator's clock.) More micro-batches
 # shrink the bubble, but each is smaller: on a real machine a small matrix
 # product runs less efficiently, and every micro-batch costs two messages per
-# link. GPipe's paper takes m >= 4p as the rule of thumb.
+# link. GPipe's paper (Huang et al., "GPipe: Efficient Training of Giant
+# Neural Networks using Pipeline Parallelism", 2019) takes m >= 4p as the
+# rule of thumb.
 #
 # ## 3. The bubble of a real run
 #
@@ -401,7 +403,9 @@ print(f"\n1f1b on 4 processes and {cores} cores: bubble " + compare(
 # saves memory at no cost in bubble: same (p-1)/(m+p-1). (Stage 0 of 1F1B
 # still holds p micro-batches, so its memory grows with the depth of the
 # pipeline, not with m: m can grow to shrink the bubble without running out
-# of memory. That is why 1F1B, "PipeDream-flush", replaced GPipe's order.)
+# of memory. That is why 1F1B, "PipeDream-flush" (Narayanan et al.,
+# "Memory-Efficient Pipeline-Parallel DNN Training", 2021), replaced GPipe's
+# order.)
 
 # %% jupyter={"source_hidden": true}
 glue("p4_bubble", p4_bubble, ".3f")
@@ -510,7 +514,8 @@ nothing to save there.
 # %% [markdown]
 # ## 6. Interleaving: several chunks per process
 #
-# Interleaved 1F1B (Megatron-LM) gives each process v non-consecutive
+# Interleaved 1F1B (Narayanan et al., "Efficient Large-Scale Language Model
+# Training on GPU Clusters Using Megatron-LM", 2021) gives each process v non-consecutive
 # pieces of the model: with 4 processes and v = 2, process 0 holds pieces 0
 # and 4, process 1 pieces 1 and 5, ... A micro-batch goes round the ranks v
 # times, each pass 1/v of a stage's work, so filling and draining take 1/v as

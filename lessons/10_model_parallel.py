@@ -54,7 +54,15 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, optim, trace
 from minidist.data import load_digits
-from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
+from minidist.lesson import (
+    glue,
+    narrate,
+    output_dir,
+    quick,
+    say,
+    show_figure,
+    use_headless_matplotlib,
+)
 from minidist.lesson_timing import Load
 from minidist.parallel.data.ddp import DistributedDataParallel
 from minidist.parallel.model.costs import STRATEGIES, format_table, split_bytes
@@ -192,10 +200,10 @@ for name, axis, what in (("column", 0, "columns"), ("row", 1, "rows")):
 # never needs anyone else's. That is the first difference from data
 # parallelism: there is **no gradient to all-reduce**.
 #
-# The picture of the two splits (saved as `model_parallel_split.png`):
+# The picture of the two splits:
 
 # %%
-def draw_split(path):
+def draw_split():
     figure, axes = plt.subplots(1, 2, figsize=(9, 4.2))
     for axis, name in zip(axes, ("column", "row")):
         for rank in range(4):
@@ -221,12 +229,10 @@ def draw_split(path):
                        fontsize=10)
     figure.suptitle("a 1000 x 1000 weight matrix A on 4 workers (Y = X A)")
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+    return figure
 
 
-print("saved", draw_split(OUT / "model_parallel_split.png"))
+show_figure(draw_split(), "model_parallel_split.png")
 
 # %% [markdown]
 # ## 2. Dettmers' layer, 1000 x 500 at batch 128: forward adds, backward stacks
@@ -338,7 +344,7 @@ for name, word_forward, word_backward in (("row", "add", "stack"), ("column", "s
 # step: 1000 x 500 = **500,000** values. A split sends activations, forward
 # and backward: the row split 128 x 500 (Y) + 128 x 500 (its half of dX) =
 # **128,000**; the column split 128 x 250 (its half of Y) + 128 x 1000 (the
-# partial dX) = **160,000**. "About 4 times less", says Dettmers.
+# partial dX) = **160,000**.
 #
 # What a worker actually sends depends on the collective's algorithm; with
 # the ring, on 2 ranks, each sends exactly the values it contributes.
@@ -360,22 +366,43 @@ print(format_table(layer_table, measured))
 for row in layer_table.rows:
     assert tuple(measured[row.name]) == row.bytes_per_rank, row.name
 print("\nthe trace equals the formula on every rank, for every strategy")
-print(f"data parallel / row split: {layer_table['data_parallel'].payload / layer_table['row'].payload:.1f}x, "
-      f"data parallel / column split: "
-      f"{layer_table['data_parallel'].payload / layer_table['column'].payload:.1f}x")
+dp_over_row = glue("dp_over_row", layer_table["data_parallel"].payload
+                   / layer_table["row"].payload, ".1f")
+dp_over_column = glue("dp_over_column", layer_table["data_parallel"].payload
+                      / layer_table["column"].payload, ".1f")
+print(f"data parallel / row split: {dp_over_row} times the values, data parallel / column "
+      f"split: {dp_over_column} times")
+
+# %% jupyter={"source_hidden": true}
+glue("column_lean", layer_table["column_split_output"].payload, ",")
+glue("row_lean", layer_table["row_split_input"].payload, ",")
+say('''
+Formula and trace agree to the byte: data parallel sends {glue}`dp_over_row` times
+the row split's values and {glue}`dp_over_column` times the column split's,
+Dettmers' "about 4 times less". (Megatron-LM's defaults, `gather_output=False`
+and `input_is_parallel=True`, send less still, {glue}`column_lean` and
+{glue}`row_lean` values, for the price of an output or an input left split:
+section 4 pairs them.)
+''')
 
 # %% [markdown]
-# Formula and trace agree to the byte. (Megatron-LM's defaults,
-# `gather_output=False` and `input_is_parallel=True`, send half: section 4.)
-#
 # But the split's bytes grow with the batch and data parallel's do not:
 # the weight gradient is 1000 x 500 whatever the batch. The row split sends
 # B (500 + 500) values, the column split B (250 + 1000); they cross data
 # parallel's 500,000 at B = 500 and B = 400. The same run measured batches
-# 32 and 512 too (dots):
+# 32 and 512 too (dots in the picture below):
 
 # %%
 batches = np.arange(8, 1025, 8)
+
+
+def crossing_batch(name):
+    """The batch at which the split's values reach data parallel's (split_bytes)."""
+    return next(b for b in range(1, 4097) if split_bytes(LAYER_IN, LAYER_OUT, b, 2)[name].payload
+                >= split_bytes(LAYER_IN, LAYER_OUT, b, 2)["data_parallel"].payload)
+
+
+
 figure, axis = plt.subplots(figsize=(7.5, 4.2))
 styles = {"data_parallel": ("-", "o"), "column": ("--", "s"), "row": (":", "^")}
 for name, (line, marker) in styles.items():
@@ -384,7 +411,7 @@ for name, (line, marker) in styles.items():
     axis.plot(batches, formula, line, label=split_bytes(8, 8, 8, 2)[name].description)
     traced = [traced_bytes(b)[name][0] / 1e6 for b in BYTES_BATCHES]
     axis.plot(BYTES_BATCHES, traced, marker, color=axis.lines[-1].get_color())
-for name, crossing in (("column", 400), ("row", 500)):
+for name, crossing in (("column", crossing_batch("column")), ("row", crossing_batch("row"))):
     axis.axvline(crossing, color="black", alpha=0.3)
     axis.annotate(f"{name} = DP at B = {crossing}", (crossing, 2.0),
                   xytext=(crossing + 15, 0.9 if name == "row" else 3.0), fontsize=9,
@@ -397,9 +424,7 @@ axis.set_title("the 1000 x 500 layer on 2 ranks: lines formula, dots the trace")
 axis.grid(alpha=0.3)
 axis.legend(fontsize=8, loc="upper left")
 figure.tight_layout()
-figure.savefig(OUT / "model_parallel_bytes.png", dpi=100)
-plt.close(figure)
-print("saved", OUT / "model_parallel_bytes.png")
+show_figure(figure, "model_parallel_bytes.png")
 
 # %% [markdown]
 # Below the crossing, model parallel moves less; above it, data parallel
@@ -615,17 +640,28 @@ assert db_sent == db_formula.bytes
 
 # %%
 CNN_INPUT = (1, 8, 8)
-print(strategy_bytes(build_model("cnn"), CNN_INPUT, 64, 2))
+cnn_table = strategy_bytes(build_model("cnn"), CNN_INPUT, 64, 2)
+print(cnn_table)
+
+# %% jupyter={"source_hidden": true}
+convs = [layer for layer in cnn_table.layers if layer.kind == "conv"]
+dense = [layer for layer in cnn_table.layers if layer.kind == "dense"]
+glue("conv_ratios", " and ".join(f"{layer.weights / layer.activations:.2f}" for layer in convs))
+glue("dense_big_ratio", dense[0].weights / dense[0].activations, ".2f")
+glue("dense_last_ratio", dense[-1].weights / dense[-1].activations, ".2f")
+glue("dense_big_share", dense[0].weights / sum(layer.weights for layer in cnn_table.layers),
+     ".0%")
+say('''
+The ratio column says it: the convolutions have {glue}`conv_ratios` weights per
+activation, the 512 -> 64 dense layer {glue}`dense_big_ratio` and the last one
+{glue}`dense_last_ratio` at this batch. Data parallel sends every weight's gradient
+(the dense 512 -> 64 layer is {glue}`dense_big_share` of them); pure model parallel
+(`DenseModelParallel`: the convolutions replicated, every rank running them
+on the whole batch) sends activations only; the hybrid (`HybridParallel`)
+sends the convolutions' small gradients and the dense layers' activations.
+''')
 
 # %% [markdown]
-# The ratio column says it: the convolutions have 0.04 and 0.07 weights per
-# activation, the 512 -> 64 dense layer 1.00 and the last one 0.16 at this
-# batch. Data parallel sends every weight's gradient (the dense 512 -> 64
-# layer is 86 % of them); pure model parallel (`DenseModelParallel`: the
-# convolutions replicated, every rank running them on the whole batch)
-# sends activations only; the hybrid (`HybridParallel`) sends the
-# convolutions' small gradients and the dense layers' activations.
-#
 # Now the measured experiment: the three strategies trained on the digits
 # for a few steps on 2 processes, at batch 16 and 128 (below and above the
 # batch where model parallel's activations outgrow data parallel's
@@ -786,42 +822,98 @@ right.set_ylabel("step time (ms): fastest window, slower rank")
 right.set_title(f"measured on this machine, 2 processes\n{cnn_load.describe()}", fontsize=10)
 right.legend()
 figure.tight_layout()
-figure.savefig(OUT / "model_parallel_hybrid.png", dpi=100)
-plt.close(figure)
 print(f"model parallel's bytes pass data parallel's at batch {crossing}")
-print("saved", OUT / "model_parallel_hybrid.png")
+show_figure(figure, "model_parallel_hybrid.png",
+            "left: bytes sent per rank and step; right: the step times of this run")
+
+# %% jupyter={"source_hidden": true}
+small_batch, large_batch = CNN_BATCHES
+small_bytes, large_bytes = (strategy_bytes(build_model("cnn"), CNN_INPUT, b, 2)
+                            for b in CNN_BATCHES)
+glue("bytes_dp_small", small_bytes.bytes("data_parallel"), ",")
+glue("bytes_hybrid_small", small_bytes.bytes("hybrid"), ",")
+glue("bytes_mp_small", small_bytes.bytes("model_parallel"), ",")
+glue("hybrid_share_small", small_bytes.bytes("hybrid") / small_bytes.bytes("data_parallel"),
+     ".2f")
+glue("mp_share_small", small_bytes.bytes("model_parallel") / small_bytes.bytes("data_parallel"),
+     ".2f")
+glue("mp_share_large", large_bytes.bytes("model_parallel") / large_bytes.bytes("data_parallel"),
+     ".2f")
+glue("hybrid_share_large", large_bytes.bytes("hybrid") / large_bytes.bytes("data_parallel"),
+     ".2f")
+glue("cnn_crossing", crossing, "d")
+glue("small_batch", small_batch, "d")
+glue("large_batch", large_batch, "d")
+# Krizhevsky's dense layers, 4096 x 4096: where a split of one stops sending less
+glue("wide_crossing", next(b for b in range(1, 100_000) if split_bytes(4096, 4096, b, 2)["row"]
+                           .payload >= split_bytes(4096, 4096, b, 2)["data_parallel"].payload),
+     ",")
+say("""
+What the tables show, every time (they are counts, and the trace equals the
+formula): at batch {glue}`small_batch` the hybrid sends {glue}`hybrid_share_small` of data
+parallel's bytes ({glue}`bytes_hybrid_small` against {glue}`bytes_dp_small`) and pure model
+parallel {glue}`mp_share_small` ({glue}`bytes_mp_small`); at batch {glue}`large_batch` the dense
+part's activations have outgrown its weights (model parallel passes data
+parallel at batch {glue}`cnn_crossing` on 2 ranks), and model parallel and the hybrid
+send {glue}`mp_share_large` and {glue}`hybrid_share_large` times data parallel's bytes. On
+this small CNN the hybrid only pays at small batches; Krizhevsky's networks
+had dense layers of 4096 x 4096, and `split_bytes` says a split of one such
+layer on 2 ranks sends less than data parallel up to batch {glue}`wide_crossing`.
+""")
+
+# %% jupyter={"source_hidden": true}
+step_times = {batch: cnn_measured[batch][0] for batch in CNN_BATCHES}
+
+
+def against_dp(batch, name):
+    return step_times[batch][name] / step_times[batch]["data_parallel"]
+
+
+glue("cnn_load", cnn_load.describe())
+glue("mp_time_small", against_dp(small_batch, "model_parallel"), ".2f")
+glue("mp_time_large", against_dp(large_batch, "model_parallel"), ".2f")
+glue("hybrid_time_small", against_dp(small_batch, "hybrid"), ".2f")
+glue("hybrid_time_large", against_dp(large_batch, "hybrid"), ".2f")
+WORDS = {"data_parallel": "data parallel", "model_parallel": "pure model parallel",
+         "hybrid": "the hybrid"}
+fastest = {batch: min(STRATEGY_NAMES, key=lambda name: step_times[batch][name])
+           for batch in CNN_BATCHES}
+dp_fastest = all(name == "data_parallel" for name in fastest.values())
+glue("fastest_verdict", "data parallel was the fastest at both batches" if dp_fastest else
+     "the fastest was " + " and ".join(f"{WORDS[fastest[b]]} at batch {b}" for b in CNN_BATCHES)
+     + (", not data parallel as the model below expects"))
+glue("busy_verdict", "The machine was busy (more programs than cores, the line under the "
+     "table): go by the model that follows, not by the ratios." if cnn_load.busy else
+     "The machine was not busy (the load stayed within the cores).")
+mp_grew = against_dp(large_batch, "model_parallel") > against_dp(small_batch, "model_parallel")
+glue("mp_verdict", f"which is what shows at batch {large_batch}, where the convolutions "
+     "dominate" if mp_grew else
+     f"which should show most at batch {large_batch}, where the convolutions dominate; "
+     "in this run its ratio was no larger there")
+hybrid_fell = against_dp(small_batch, "hybrid") > against_dp(large_batch, "hybrid")
+glue("hybrid_verdict", f"which weighs most on the short steps of batch {small_batch}, as "
+     "here" if hybrid_fell else
+     f"which should weigh most on the short steps of batch {small_batch}; in this run "
+     "it did not")
+say("""
+What the step times show depends on the machine, and the numbers printed above
+are this run's ({glue}`cnn_load`, each strategy keeping its fastest window):
+{glue}`fastest_verdict`. Pure model parallel took {glue}`mp_time_small` times data
+parallel's step at batch {glue}`small_batch` and {glue}`mp_time_large` times at batch
+{glue}`large_batch`; the hybrid {glue}`hybrid_time_small` and {glue}`hybrid_time_large` times.
+{glue}`busy_verdict` (A median of the windows would be worse: one window that
+waited for a core can decide a median, and the fastest window is the one that
+waited least.) A step here sends well under a
+megabyte through shared memory, so its time is compute and the number of
+collectives, not bytes. Pure model parallel runs the convolutions on the whole
+batch on *both* ranks (twice the convolution work in all), {glue}`mp_verdict`.
+The hybrid splits that work like data parallel, but makes five collectives a
+step (convolution gradients, features, partial outputs, feature gradients,
+labels) to data parallel's two, each of them blocking (section 3): a fixed
+cost, {glue}`hybrid_verdict`.
+""")
 
 # %% [markdown]
-# What the tables show, every time (they are counts, and the trace equals
-# the formula): at batch 16 the hybrid sends about a third of data
-# parallel's bytes (52,608 against 153,128) and pure model parallel a fifth
-# (33,408); at batch 128 the dense part's activations have outgrown its
-# weights (model parallel passes data parallel at batch 74 on 2 ranks), and
-# model parallel and the hybrid send 1.75 and 1.87 times data parallel's
-# bytes. On this small CNN the hybrid only pays at small batches; Krizhevsky's
-# networks had dense layers of 4096 x 4096, where it pays up to batches in
-# the thousands.
-#
-# What the step times show depends on the machine, and the numbers printed
-# above are this run's. In our runs of the quick form on 2 cores shared with
-# other jobs (load 3.6 to 4.5), each strategy keeping its fastest window,
-# data parallel was the fastest in every run: pure model parallel took 1.3
-# to 1.45 times data parallel's step at batch 16 and 1.6 to 2 times at
-# batch 128; the hybrid 1.3 to 1.8 times at batch 16 and 1.35 times at
-# batch 128. (The median of 3 windows, which this lesson printed before,
-# once showed the hybrid faster than data parallel at batch 128 at load
-# 5.5: a window that waited for a core decides a median. When the line
-# under the table says the machine was busy, go by the model that follows,
-# not by the ratios.) A step here sends well under a megabyte
-# through shared memory, so its time is compute and the number of
-# collectives, not bytes. Pure model parallel runs the convolutions on the
-# whole batch on *both* ranks (twice the convolution work in all), which is
-# what shows at batch 128, where the convolutions dominate. The hybrid splits
-# that work like data parallel, but makes five collectives a step
-# (convolution gradients, features, partial outputs, feature gradients,
-# labels) to data parallel's two, each of them blocking (section 3): a fixed
-# cost, which weighs most on the short steps of batch 16.
-#
 # The hybrid's saving in bytes pays where bytes are
 # what is scarce: between machines, with a large dense layer and a small
 # per-worker batch, as in Krizhevsky's 2014 runs on 8 GPUs.

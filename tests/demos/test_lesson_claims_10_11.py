@@ -68,6 +68,34 @@ def test_lesson10_the_cnn_hybrid_pays_at_batch_16_and_not_at_128():
     assert table(72).bytes("model_parallel") <= dp < table(74).bytes("model_parallel")
 
 
+def test_lesson10_megatrons_defaults_send_less_not_half_each():
+    """Section 3: gather_output=False and input_is_parallel=True send less
+    still (128,000 and 64,000 values against 160,000 and 128,000): the row
+    split's half, the column split's four fifths."""
+    table = split_bytes(LAYER_IN, LAYER_OUT, 128, world_size=2)
+    assert table["column_split_output"].payload == 128_000 < table["column"].payload
+    assert table["row_split_input"].payload == 64_000 == table["row"].payload // 2
+    assert table["column_split_output"].payload * 5 == table["column"].payload * 4
+
+
+def test_lesson10_krizhevskys_wide_layer_favours_the_split_up_to_thousands():
+    """Section 6: a 4096 x 4096 dense layer split on 2 ranks sends less than
+    data parallel up to a batch in the thousands (2,731)."""
+    def less(batch):
+        table = split_bytes(4096, 4096, batch, 2)
+        return table["row"].payload < table["data_parallel"].payload
+
+    assert less(2730) and not less(2731)
+
+
+def test_lesson10_convolutions_have_few_weights_per_activation_dense_layers_many():
+    table = strategy_bytes(build_model("cnn"), (1, 8, 8), 64, 2)
+    ratio = {layer.name: layer.weights / layer.activations for layer in table.layers}
+    conv = [ratio[layer.name] for layer in table.layers if layer.kind == "conv"]
+    dense = [ratio[layer.name] for layer in table.layers if layer.kind == "dense"]
+    assert max(conv) < min(dense)
+
+
 # -------------------------------------------------------------- lesson 11
 
 
