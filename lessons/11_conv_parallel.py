@@ -44,7 +44,17 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, optim, trace
 from minidist.data import load_digits
-from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
+from minidist.lesson import (
+    glue,
+    glued,
+    narrate,
+    output_dir,
+    quick,
+    say,
+    show_figure,
+    show_file,
+    use_headless_matplotlib,
+)
 from minidist.lesson_timing import Load, timed
 from minidist.parallel.data.ddp import DistributedDataParallel
 from minidist.parallel.data.sync_batchnorm import SyncBatchNorm
@@ -80,18 +90,19 @@ def sent_bytes(events, rank, collective):
 # ## 1. By channel: every output is gathered
 #
 # `ChannelParallelConv2d.from_conv(conv)` gives rank r the slice
-# `band(out_channels, P, r)` of the weight's output channels. Each rank
+# `band(out_channels, n, r)` of the weight's output channels, n the number
+# of ranks. Each rank
 # takes the *whole* input, computes its channels, and an **all_gather**
 # assembles the whole output on every rank: the next layer mixes all the
 # channels into each of its outputs, so no rank can go on with its quarter.
 # Backward each rank computes a part of the input gradient, and an
 # **all_reduce** sums the parts. Per rank and step, with a ring, that is
 #
-#     forward:  (P - 1)/P * A   (A = bytes of the output)
-#     backward: 2 (P - 1)/P * X (X = bytes of the input)
+#     forward:  (n - 1)/n * N_out   (N_out = bytes of the output)
+#     backward: 2 (n - 1)/n * N_in  (N_in = bytes of the input)
 #
-# about the size of the activations each way, whatever P, while the compute
-# only shrinks by P, and nothing overlaps the messages: the next layer waits
+# about the size of the activations each way, whatever n, while the compute
+# only shrinks by n, and nothing overlaps the messages: the next layer waits
 # for them. One step (forward + backward of one conv layer) unsplit and
 # split by channel on 2 processes, timed in the same run: the two take
 # turns, repeat after repeat (rank 0 runs the unsplit layer while the other
@@ -137,7 +148,7 @@ def channel_split_run(repeats):
 
 
 reference_y, reference_x = one_step(conv, images)
-channel_times = {}
+channel_times, channel_loads = {}, {}
 for world in (2,) if QUICK else (2, 4):
     path = OUT / f"channel{world}.trace.jsonl"
     load = Load.start()
@@ -151,10 +162,10 @@ for world in (2,) if QUICK else (2, 4):
     error = max(float(np.abs(r[1] - reference_y.data).max()) for r in results)
     error = max(error, max(float(np.abs(r[2] - reference_x.grad).max()) for r in results))
     best = results[0][0]
-    channel_times[world] = best
-    A = BATCH * C_OUT * SIDE * SIDE * 4
-    X = BATCH * C_IN * SIDE * SIDE * 4
-    print(f"P={world}: step {best['split'] * 1e3:6.2f} ms vs unsplit "
+    channel_times[world], channel_loads[world] = best, load
+    n_out = BATCH * C_OUT * SIDE * SIDE * 4   # N_out, the output's bytes
+    n_in = BATCH * C_IN * SIDE * SIDE * 4     # N_in, the input's bytes
+    print(f"n={world}: step {best['split'] * 1e3:6.2f} ms vs unsplit "
           f"{best['unsplit'] * 1e3:6.2f} ms ({best['split'] / best['unsplit']:.1f}x); "
           f"max error vs unsplit {error:.1e}")
     print(f"      (fastest of {REPEATS} interleaved repeats, one BLAS thread per process; "
@@ -164,23 +175,39 @@ for world in (2,) if QUICK else (2, 4):
     if busy:
         print("      " + busy)
     print(f"      rank 0 sends per step: all_gather {gathered / 1e3:7.1f} kB "
-          f"(ring (P-1)/P A = {(world - 1) / world * A / 1e3:7.1f} kB), all_reduce "
-          f"{reduced / 1e3:7.1f} kB (ring 2(P-1)/P X = {2 * (world - 1) / world * X / 1e3:7.1f} kB)"
-          f"; the whole output A = {A / 1e3:.1f} kB")
+          f"(ring (n-1)/n N_out = {(world - 1) / world * n_out / 1e3:7.1f} kB), all_reduce "
+          f"{reduced / 1e3:7.1f} kB (ring 2(n-1)/n N_in = "
+          f"{2 * (world - 1) / world * n_in / 1e3:7.1f} kB); the whole output N_out = "
+          f"{n_out / 1e3:.1f} kB")
+
+# %% jupyter={"source_hidden": true}
+ratios = {world: best["split"] / best["unsplit"] for world, best in channel_times.items()}
+glue("channel_ratio_2", ratios[2], ".2f")
+if 4 in ratios:
+    glue("channel_ratio_4", ratios[4], ".2f")
+took = (f"its fastest step took {glued('channel_ratio_2')} times the unsplit one on 2 ranks"
+        + (f", {glued('channel_ratio_4')} times on 4" if 4 in ratios else "")
+        + f" ({channel_loads[2].describe()})")
+glue("channel_halved", "yet halving the conv's work does not halve the step: " + took
+     + ", because the gather and the all_reduce sit between the conv and the next layer and "
+     "both ranks must have a core at the same moment (4 ranks on 2 cores take turns, which "
+     "the full form's 4-rank line includes)" if ratios[2] > 0.5 else
+     "and here halving the conv's work did halve the step: " + took + "; the gather and the "
+     "all_reduce, which sit between the conv and the next layer, cost less than the half of "
+     "the conv each rank saved")
+glue("channel_busy", "This machine was busy (the line under the numbers says so): the "
+     "times include waiting for a core, so go by the bytes, not the times."
+     if any(load.busy for load in channel_loads.values()) else
+     "The machine was not busy (the load stayed within the cores).")
+say("""
+The split layer gives the unsplit layer's output and input gradient on every
+rank (up to float32 round-off), and each rank sends about the size of the
+output forward and twice the input backward on every step, which is as much as
+the activations themselves. On the shared-memory transport of one machine
+those bytes are cheap, {glue}`channel_halved`. {glue}`channel_busy`
+""")
 
 # %% [markdown]
-# The split layer gives the unsplit layer's output and input gradient on
-# every rank (up to float32 round-off), and each rank sends about the size
-# of the output forward and twice the input backward on every step, which
-# is as much as the activations themselves. On the shared-memory transport
-# of one machine those bytes are cheap, and yet the split does not give the
-# 2x that halving the conv's work would: in our runs of the quick form on 2
-# cores shared with other jobs (load about 4.5) its fastest step took from
-# 0.9 to 4 times the unsplit one, never less, because the gather and the
-# all_reduce sit between the conv and the next layer and both ranks must
-# have a core at the same moment (4 ranks on 2 cores take turns, which the
-# full run's P = 4 figure includes). When the line under the figure says
-# the machine was busy, go by the bytes, not the times.
 # Tsunashima's slides measured the same thing on GPUs, where the compute is fast and
 # the messages cross PCIe or a network: channel-wise model parallelism on 4
 # GPUs ran about **2x slower (DCGAN) and 3x slower (VGG-16)** than one GPU,
@@ -190,7 +217,7 @@ for world in (2,) if QUICK else (2, 4):
 # ## 2. By space: only the border rows move
 #
 # `SpatialParallelConv2d` keeps the whole weight on every rank and splits
-# the *image* into bands of rows, `band(H, P, r)`. An output row of a 3x3
+# the *image* into bands of rows, `band(height, n, r)`. An output row of a 3x3
 # conv reads 3 input rows, so the first and last output rows of a band need
 # one row that lives on the neighbour: the halo. Before the conv the ranks
 # swap just those rows; backward sends the halo rows' gradients back to
@@ -233,22 +260,19 @@ print("rows the trace shows moving forward:          ", picture.forward)
 assert picture.forward == tuple(sorted(plan.transfers))
 print(f"halo bytes from the trace: {picture.forward_bytes} forward, {picture.backward_bytes} back")
 draw_halo(path, OUT / "halo_exchange.png")
-print("saved", OUT / "halo_exchange.png")
+show_file(OUT / "halo_exchange.png", "the halo exchange of the run above")
 
 # %% [markdown]
-# ![the halo exchange of the run above](../docs/halo_exchange.png)
-#
-# (`docs/halo_exchange.png`, drawn by `viz.halo.draw_halo` from this run's
-# trace; the lesson writes it again to its output folder.)
-#
-# Each column is a rank's band of rows (its own rows solid, the halo rows
+# The picture above is drawn by `viz.halo.draw_halo` from this run's trace
+# (`docs/halo_exchange.png` is the same picture). Each column is a rank's band of rows (its own rows solid, the halo rows
 # it receives hatched, in the owner's colour). Forward, each rank sends its
-# last row down and its first row up: 2 (P - 1) = 6 messages of one row.
+# last row down and its first row up: 2 (n - 1) = 6 messages of one row.
 # Backward the gradients of exactly those rows travel back. The picture is
 # read from the trace of the run, not from the plan; the two agree.
 #
-# How much is that? One row of N x C x W values per border, whatever the
-# image's height, while a rank's share of the image is H / P rows. Measured
+# How much is that? One row of B x C x (the image's width) values per border
+# (B images of C channels), whatever the image's height, while a rank's share
+# of the image is 1/n of its rows. Measured
 # on 2 ranks from the trace as the image grows, together with the time the
 # halo exchange and the local conv took on rank 0 (trace regions):
 
@@ -300,10 +324,10 @@ for side in SIDES:
 
 figure, (left, right) = plt.subplots(1, 2, figsize=(9, 3.2))
 left.loglog(SIDES, shares, "o-", label="measured (trace)")
-left.loglog(SIDES, [2 / s for s in SIDES], "k:", label="2 (P - 1) / H, P = 2")
+left.loglog(SIDES, [2 / s for s in SIDES], "k:", label="2 (n - 1) / height, n = 2")
 left.set_xlabel("image side (pixels)")
 left.set_ylabel("halo bytes / image bytes")
-left.set_title("the halo's share falls as 1/H")
+left.set_title("the halo's share falls as 1 / height")
 left.legend(fontsize=8)
 right.plot(SIDES, [t[0] for t in times], "o-", label="halo exchange")
 right.plot(SIDES, [t[1] for t in times], "s-", label="local conv")
@@ -311,19 +335,39 @@ right.set_xscale("log", base=2)
 right.set_yscale("log")
 right.set_xlabel("image side (pixels)")
 right.set_ylabel("ms, rank 0, fastest of 5 forwards")
-right.set_title("compute grows as H x W, the halo as W")
+right.set_title("compute grows as height x width, the halo as width")
 right.legend(fontsize=8)
 figure.tight_layout()
-figure.savefig(OUT / "halo_share.png", dpi=90)
-plt.show() if "inline" in plt.get_backend() else plt.close(figure)
+show_figure(figure, "halo_share.png", dpi=90)
+
+# %% jupyter={"source_hidden": true}
+glue("halo_first_side", SIDES[0], "d")
+glue("halo_last_side", SIDES[-1], "d")
+glue("halo_first_share", shares[0], ".2%")
+glue("halo_last_share", shares[-1], ".2%")
+glue("halo_share_fell", "fell" if all(a > b for a, b in zip(shares, shares[1:])) else
+     "did not fall at every step")
+conv_grew = times[-1][1] > times[0][1]
+halo_growth = times[-1][0] / times[0][0]
+conv_growth = times[-1][1] / times[0][1]
+glue("halo_growth", halo_growth, ".1f")
+glue("conv_growth", conv_growth, ".1f")
+glue("time_verdict", "the conv's time grew more than the exchange's, as the picture's title "
+     "says" if conv_growth > halo_growth else
+     "here the exchange's time grew as much as the conv's: at these sizes both are a fraction "
+     "of a millisecond, and a message's fixed cost (and a wait for the neighbour) decides, not "
+     "its rows")
+say('''
+The halo is a fixed number of rows (2 (n - 1) in all for a 3x3 kernel), so its
+share of the image falls as one over the image's height: here it
+{glue}`halo_share_fell` from {glue}`halo_first_share` of a {glue}`halo_first_side`-pixel image to
+{glue}`halo_last_share` at {glue}`halo_last_side`, while the conv's work grows with every
+pixel. From the smallest image to the largest, rank 0's exchange took
+{glue}`halo_growth` times as long and its conv {glue}`conv_growth` times: {glue}`time_verdict`.
+''')
 
 # %% [markdown]
-# (The figure above is also saved as `halo_share.png` in the output folder.)
-#
-# The halo is a fixed number of rows (2 (P - 1) in all for a 3x3 kernel), so
-# its share of the image falls as 1/H: from a few per cent of a 32x32 image
-# to a fraction of a per cent at 512x512, while the conv's work grows with
-# every pixel. That is Tsunashima's point: the spatial split pays off most on
+# That is Tsunashima's point: the spatial split pays off most on
 # large images (it quotes 1024x1024), where one image's activations may not
 # even fit on one device and the border rows cost almost nothing. Compare
 # the channel split, which moves the whole activation every layer.
@@ -432,21 +476,34 @@ right.set_ylabel("|loss - one-process loss|")
 right.set_title("distance from one process on the global batch")
 right.legend(fontsize=7)
 figure.tight_layout()
-figure.savefig(OUT / "sync_batchnorm.png", dpi=90)
-plt.show() if "inline" in plt.get_backend() else plt.close(figure)
+show_figure(figure, "sync_batchnorm.png", dpi=90)
 
-# %% [markdown]
-# (Saved as `sync_batchnorm.png` in the output folder.)
-#
-# With SyncBatchNorm the two workers follow the single process step for
-# step: the distance stays at float32 round-off (the sums are taken in
-# float64; the remaining difference is the order of additions). With local
-# BatchNorm each worker normalises its 4 images by their own mean and
-# variance, and from the very first step the loss is a different one: the
-# model trained is a different model (here it still learns, the digits are
-# easy, but the gap is the kind that hurts with batch sizes of 1-2 images
-# per GPU, common for large images and detection networks).
-#
+# %% jupyter={"source_hidden": true}
+sync_gap = np.abs(runs["SyncBN"][0] - single_losses)
+local_gap = np.abs(runs["local BN"][0] - single_losses)
+glue("sync_gap", float(sync_gap.max()), ".1e")
+glue("local_first_gap", float(local_gap[0]), ".1e")
+glue("local_gap", float(local_gap.max()), ".1e")
+glue("local_accuracy", runs["local BN"][1], ".3f")
+glue("sync_accuracy", runs["SyncBN"][1], ".3f")
+glue("single_accuracy", single_accuracy, ".3f")
+chance = 0.1  # ten digits
+glue("local_learns", "it still learns" if runs["local BN"][1] > 2 * chance else
+     "in this short run it has not learned yet")
+say('''
+With SyncBatchNorm the two workers follow the single process step for step:
+the distance stays at float32 round-off, at most {glue}`sync_gap` (the sums are
+taken in float64; the remaining difference is the order of additions). With
+local BatchNorm each worker normalises its 4 images by their own mean and
+variance, and from the very first step the loss is a different one
+({glue}`local_first_gap` apart at step 0, up to {glue}`local_gap` later): the model
+trained is a different model. Here {glue}`local_learns` (test accuracy
+{glue}`local_accuracy`, against {glue}`sync_accuracy` with SyncBN and {glue}`single_accuracy` on
+one process; the digits are easy), but the gap is the kind that hurts with
+batch sizes of 1-2 images per GPU, common for large images and detection
+networks.
+''')
+
 # %% [markdown]
 # ## 4. What SyncBN costs
 #
@@ -496,23 +553,38 @@ median = {name: max(middle[name] for _, middle in timings) for name in timings[0
 print(f"fastest step: local BN {fastest['local BN'] * 1e3:.2f} ms, SyncBN "
       f"{fastest['SyncBN'] * 1e3:.2f} ms -> SyncBN {fastest['SyncBN'] / fastest['local BN'] - 1:+.0%}"
       f" (median step: {median['local BN'] * 1e3:.2f} and {median['SyncBN'] * 1e3:.2f} ms, "
-      f"{median['SyncBN'] / median['local BN'] - 1:+.0%}); Tsunashima's slides: about +10 %")
+      f"{median['SyncBN'] / median['local BN'] - 1:+.0%}); Tsunashima's slides: about +10%")
 print(f"({STEPS_TIMED} steps each, taking turns, one BLAS thread per process; {load.describe()})")
 busy = load.note("what holds is the count: 2 all-reduces per BN layer and step, "
                  "2C + 1 and 2C values, a latency each")
 if busy:
     print(busy)
 
+# %% jupyter={"source_hidden": true}
+fastest_cost = fastest["SyncBN"] / fastest["local BN"] - 1
+median_cost = median["SyncBN"] / median["local BN"] - 1
+glue("local_step", fastest["local BN"] * 1e3, "{:.2f} ms")
+glue("fastest_cost", fastest_cost, "+.0%")
+glue("median_cost", median_cost, "+.0%")
+glue("bn_load", load.describe())
+glue("median_verdict", "the medians differ more than the fastest steps: a median step this "
+     "short includes the scheduler's interruptions, the fastest one does not"
+     if abs(median_cost) > abs(fastest_cost) else
+     "here the fastest steps differ more than the medians: " + (
+         "the machine was busy, and even SyncBN's fastest step waited for a core, since both "
+         "ranks must be running to finish an all-reduce" if load.busy else
+         "in this run neither figure is steady"))
+say("""
+Tsunashima's slides measured about **10 %** more time for DCGAN. Here the
+fastest step of the tiny CNN takes {glue}`local_step` with local BN, so two extra
+messages between processes are a visible share of it: in this run
+({glue}`bn_load`) the fastest steps gave SyncBN {glue}`fastest_cost` and the medians
+{glue}`median_cost`; {glue}`median_verdict`. The cost is per BN layer and per step,
+whatever the batch: next to the long steps of a real network the same two
+small messages are a few per cent.
+""")
+
 # %% [markdown]
-# Tsunashima's slides measured about **10 %** more time for DCGAN. Here one step of the
-# tiny CNN takes about half a millisecond, so two extra messages between
-# processes are a visible share of it. The fastest steps are steady: in our
-# runs at load 4.4 on 2 cores they gave SyncBN +15 % to +21 %, while the
-# medians of the same runs moved from +25 % to +105 % (a median step this
-# short includes the scheduler's interruptions, the fastest one does not). The cost is per BN layer and per step, whatever the batch:
-# next to the long steps of a real network the same two small messages are a
-# few per cent.
-#
 # ## What to remember
 #
 # * The channel split gathers every output and all-reduces every input
@@ -520,7 +592,8 @@ if busy:
 #   Slower than one device (Tsunashima: 2-3x on 4 GPUs); use it when a layer
 #   does not fit.
 # * The spatial split moves only the rows the kernel reads across a border:
-#   a constant number of rows, a share of the image that falls as 1/H. It
+#   a constant number of rows, a share of the image that falls as one over
+#   its height. It
 #   pays on large images.
 # * Batch norm under data parallelism normalises by the shard unless told
 #   otherwise; SyncBatchNorm restores the global batch's statistics for two

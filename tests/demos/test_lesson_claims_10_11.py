@@ -125,3 +125,24 @@ def test_lesson11_the_channel_split_moves_about_the_activations_whatever_p(world
     assert forward[0] == (world - 1) * output_bytes // world
     assert backward[0] == 2 * (world - 1) * input_bytes // world
     assert forward[0] + backward[0] >= output_bytes // 2 + input_bytes
+
+
+def test_lesson11_local_batchnorm_gives_another_loss_from_the_first_step():
+    """Section 3: 2 workers of 4 images, each normalising by its own shard,
+    see another loss than one process on the 8 images, at the very first
+    step (the same weights), by far more than float32 round-off."""
+    import numpy as np
+
+    from minidist import Tensor, nn
+    from minidist.data import load_digits
+
+    nn.init.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8 * 4 * 4, 10))
+    x, y = load_digits(flatten=False)[:2]
+    rows = np.random.default_rng(0).permutation(len(x))[:8]
+    loss = nn.CrossEntropyLoss()
+    whole = float(loss(model(Tensor(x[rows])), y[rows]).data)
+    shards = np.mean([float(loss(model(Tensor(x[part])), y[part]).data)
+                      for part in (rows[:4], rows[4:])])
+    assert abs(shards - whole) > 1e-4

@@ -33,6 +33,11 @@ GIVEN: dict[str, dict[str, str]] = {
     "09_pipeline": {"1 ms": "simulate_schedule(forward_time=1.0): a unit of the simulator's "
                             "clock is 1 ms (schedules.UNIT_NS)",
                     "2 ms": "simulate_schedule(backward_time=2.0)"},
+    "11_conv_parallel": {
+        "2x": "Tsunashima, \"分散学習のあれこれ\" (2019): channel-wise model parallelism "
+              "on 4 GPUs about 2x slower than one GPU (DCGAN)",
+        "3x": "Tsunashima (2019): about 3x slower (VGG-16)",
+        "10 %": "Tsunashima (2019): SyncBN about 10 % more time (DCGAN)"},
 }
 
 
