@@ -551,12 +551,18 @@ split = minidist.launch(train_split_mlp, world_size=2, transport="shm")
 print(f"digits MLP, {EPOCHS} epochs: test accuracy {alone:.4f} in one process, "
       f"{split[0]:.4f} and {split[1]:.4f} on the 2 ranks of the split")
 
+# %% jupyter={"source_hidden": true}
+glue("same_accuracy", "The same accuracy" if alone == split[0] == split[1] else
+     "Not quite the same accuracy (a sum taken in another order moved a prediction "
+     "across a boundary)")
+say('''
+{glue}`same_accuracy`: the split computes the same function, up to the order of
+float32 sums. (`minidist demo model-parallel` runs this training, prints its
+bytes per step next to the formula and steps through the messages of its last
+step.)
+''')
+
 # %% [markdown]
-# The same accuracy: the split computes the same function, up to the order
-# of float32 sums. (`minidist demo model-parallel` runs this training,
-# prints its bytes per step next to the formula and steps through the
-# messages of its last step.)
-#
 # ## 5. DistBelief: every layer partitioned, all_to_all between layers
 #
 # DistBelief (Dean et al., 2012; the LSML lecture's "model-parallel in
@@ -616,15 +622,24 @@ print(f"bytes per worker per step: trace {db_sent:,}, distbelief_bytes {db_formu
       f"data parallel on the same net would send {db_formula.data_parallel_values * 4:,}")
 assert db_sent == db_formula.bytes
 
+# %% jupyter={"source_hidden": true}
+glue("db_weights", db_formula.data_parallel_values, ",")
+glue("db_hidden", DB_BATCH * sum(SIZES[1:-1]), ",")
+glue("db_sent", db_sent, ",")
+glue("db_dp_bytes", db_formula.data_parallel_values * 4, ",")
+glue("db_verdict", "less than" if db_sent < db_formula.data_parallel_values * 4 else
+     "no less than")
+say('''
+Four all_to_alls (two hidden layers, forward and backward) and one all_gather
+of the logits; the bytes are the formula's. At batch 64 this net's
+{glue}`db_weights` weights and biases outnumber its {glue}`db_hidden` hidden activations
+(64 x 256), so DistBelief sends {glue}`db_verdict` data parallel would
+({glue}`db_sent` bytes against {glue}`db_dp_bytes`), the same trade as in section 3.
+Compared with Megatron's pair it exchanges after every layer, not every second
+one; what it buys is that no layer has to be paired with another.
+''')
+
 # %% [markdown]
-# Four all_to_alls (two hidden layers, forward and backward) and one
-# all_gather of the logits; the bytes are the formula's. At batch 64 this
-# net's weights (about 26,000) outnumber its hidden activations
-# (64 x 256), so DistBelief sends less than data parallel would, the same
-# trade as in section 3. Compared with Megatron's pair it exchanges after
-# every layer, not every second one; what it buys is that no layer has to
-# be paired with another.
-#
 # ## 6. The hybrid: convolutions data parallel, dense layers model parallel
 #
 # Krizhevsky ("One weird trick for parallelizing convolutional neural

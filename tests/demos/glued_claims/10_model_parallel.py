@@ -32,3 +32,8 @@ def check(glued):
         (_value(glued, "mp_time_large") > _value(glued, "mp_time_small"))
     assert glued["hybrid_verdict"]["text"].endswith("as here") == \
         (_value(glued, "hybrid_time_small") > _value(glued, "hybrid_time_large"))
+
+    # sections 4 and 5: the split MLP's accuracy, DistBelief's bytes
+    assert glued["db_verdict"]["text"] == ("less than" if _value(glued, "db_sent")
+                                           < _value(glued, "db_dp_bytes") else "no less than")
+    assert _value(glued, "db_weights") > _value(glued, "db_hidden")
