@@ -341,8 +341,8 @@ figure.tight_layout()
 show_figure(figure, "halo_share.png", dpi=90)
 
 # %% jupyter={"source_hidden": true}
-glue("halo_first_side", SIDES[0], "d")
-glue("halo_last_side", SIDES[-1], "d")
+glue("halo_first_side", SIDES[0], "{0}x{0}")
+glue("halo_last_side", SIDES[-1], "{0}x{0}")
 glue("halo_first_share", shares[0], ".2%")
 glue("halo_last_share", shares[-1], ".2%")
 glue("halo_share_fell", "fell" if all(a > b for a, b in zip(shares, shares[1:])) else
@@ -360,7 +360,7 @@ glue("time_verdict", "the conv's time grew more than the exchange's, as the pict
 say('''
 The halo is a fixed number of rows (2 (n - 1) in all for a 3x3 kernel), so its
 share of the image falls as one over the image's height: here it
-{glue}`halo_share_fell` from {glue}`halo_first_share` of a {glue}`halo_first_side`-pixel image to
+{glue}`halo_share_fell` from {glue}`halo_first_share` of a {glue}`halo_first_side` image to
 {glue}`halo_last_share` at {glue}`halo_last_side`, while the conv's work grows with every
 pixel. From the smallest image to the largest, rank 0's exchange took
 {glue}`halo_growth` times as long and its conv {glue}`conv_growth` times: {glue}`time_verdict`.
