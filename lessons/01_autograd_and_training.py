@@ -164,7 +164,7 @@ glue("mini_verdict", "sit in between on both counts" if between
      else "do not sit in between on both counts in this run")
 
 # %% jupyter={"source_hidden": true}
-say("""
+say(r"""
 Every method finds weights close to $w^*$ (at most {glue}`farthest_w` away; the
 noise sets the floor of the loss at about $0.1^2 = 0.01$). Counted in
 *updates*, batch GD is {glue}`updates_verdict`: its gradient is exact, so it
@@ -253,7 +253,7 @@ else:
 glue("steps", steps)
 
 # %% jupyter={"source_hidden": true}
-say("""
+say(r"""
 On this run the time per example {glue}`batch_verdict` from {glue}`per_example_1` at
 batch 1 to {glue}`per_example_256` at batch 256: {glue}`batch_change`. {glue}`steps`
 """)
