@@ -34,6 +34,9 @@ GIVEN: dict[str, dict[str, str]] = {
         "690 us": "benchmarks/results/p2p.md, Why: a 1 MiB ping-pong before memcopy.py (440-690 us)",
         "172 us": "benchmarks/results/p2p.md, Why: the same ping-pong after it (137-172 us)",
     },
+    "03_collectives": {
+        "5 us": "the simulator's alpha=5e-6 in section 4",
+    },
 }
 
 
