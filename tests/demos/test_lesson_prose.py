@@ -37,6 +37,9 @@ GIVEN: dict[str, dict[str, str]] = {
     "03_collectives": {
         "5 us": "the simulator's alpha=5e-6 in section 4",
     },
+    "04_ring_allreduce": {
+        "5 us": "the simulator's ALPHA = 5e-6 in section 3",
+    },
 }
 
 
