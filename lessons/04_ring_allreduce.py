@@ -96,7 +96,8 @@ print(f"{ring.collective} {ring.algorithm}: {ring.steps} steps = 2 (n - 1), "
 # at full speed, so there $\beta_x = \beta$; on one machine each rank's own CPU
 # copies the bytes out and in, so a step costs about twice a one-way message:
 # $\beta_x \approx 2\beta$. (Lesson 2's ping-pong measures $\beta$, one message
-# at a time; the simulator below has full-duplex links, $\beta_x = \beta$.)
+# at a time; `benchmarks/bench_p2p.py` measures $\beta_x$ as well. The
+# simulator below has full-duplex links: $\beta_x = \beta$.)
 
 # %%
 console = Console(width=80, color_system=None)
