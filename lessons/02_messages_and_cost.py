@@ -189,10 +189,10 @@ peak = max(bandwidth, key=bandwidth.get)
 glue("peak_bandwidth", bandwidth[peak] / 1e9, "{:.2f} GB/s")
 glue("peak_size", peak / KIB, "{:,.0f} KiB")
 glue("last_bandwidth", bandwidth[largest] / 1e9, "{:.2f} GB/s")
-moved = f" or as the machine's load moved ({load.describe()})" if load.busy else ""
+moved = f"; on this busy machine ({load.describe()}) the load moves it too" if load.busy else ""
 glue("bandwidth_verdict", "levels off near it" if bandwidth[largest] >= 0.75 * bandwidth[peak]
-     else f"falls again after it, as the messages outgrow the processor's caches{moved} "
-          "(more on that below)")
+     else "falls again after it, as the messages outgrow the processor's caches (more on that "
+          f"below){moved}")
 
 # %% jupyter={"source_hidden": true}
 say(r"""
