@@ -34,8 +34,15 @@ import numpy as np
 import minidist
 from minidist import Tensor, nn, optim
 from minidist.data import DataLoader, load_digits, make_linear_regression
-from minidist.lesson import (glue, glued, narrate, output_dir, quick, say, show_figure,
-                             use_headless_matplotlib)
+from minidist.lesson import (
+    glue,
+    narrate,
+    output_dir,
+    quick,
+    say,
+    show_figure,
+    use_headless_matplotlib,
+)
 from minidist.lesson_timing import timed
 
 narrate()  # run as a script: the text below is printed between the outputs

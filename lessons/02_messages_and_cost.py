@@ -50,7 +50,15 @@ import numpy as np
 import minidist
 import minidist.distributed as dist
 from minidist import costmodel
-from minidist.lesson import glue, narrate, output_dir, quick, say, show_figure, use_headless_matplotlib
+from minidist.lesson import (
+    glue,
+    narrate,
+    output_dir,
+    quick,
+    say,
+    show_figure,
+    use_headless_matplotlib,
+)
 from minidist.lesson_timing import Load, timed
 from minidist.model_gap import RunFacts, explain
 
@@ -171,11 +179,12 @@ if load.busy:
 shm_times = measured["shm"]
 glue("shm_pingpong", [[size, seconds] for size, seconds in sorted(shm_times.items())])
 small, kib = SIZES[0], 1 * KIB
-glue("small_size", small, "{:,} bytes")
-glue("shm_small", shm_times[small] * 1e6, "{:.1f} us")
-glue("shm_kib", shm_times[kib] * 1e6, "{:.1f} us")
-glue("floor_verdict", "hardly changes" if shm_times[kib] < 1.5 * shm_times[small]
-     else "already grows")
+both = (f"on shm, {shm_times[small] * 1e6:.1f} us at {small:,} bytes, "
+        f"{shm_times[kib] * 1e6:.1f} us at 1 KiB")
+glue("floor_verdict", f"hardly changes with the size ({both}: that floor is the latency)"
+     if shm_times[kib] < 1.5 * shm_times[small] else
+     f"already grows with the size on this run ({both}), where an undisturbed run shows a "
+     "floor, the latency: a 1 KiB message costs little more than an 8-byte one")
 # The two largest sizes: does the time grow in proportion to the size?
 before, largest = SIZES[-2], SIZES[-1]
 growth = shm_times[largest] / shm_times[before]
@@ -188,22 +197,24 @@ bandwidth = {size: size / seconds for size, seconds in shm_times.items()}
 peak = max(bandwidth, key=bandwidth.get)
 glue("peak_bandwidth", bandwidth[peak] / 1e9, "{:.2f} GB/s")
 glue("peak_size", peak / KIB, "{:,.0f} KiB")
-glue("last_bandwidth", bandwidth[largest] / 1e9, "{:.2f} GB/s")
+last = glue("last_bandwidth", bandwidth[largest] / 1e9, "{:.2f} GB/s")
 moved = f"; on this busy machine ({load.describe()}) the load moves it too" if load.busy else ""
-glue("bandwidth_verdict", "levels off near it" if bandwidth[largest] >= 0.75 * bandwidth[peak]
-     else "falls again after it, as the messages outgrow the processor's caches (more on that "
-          f"below){moved}")
+if peak == largest:
+    glue("bandwidth_verdict", "at the largest size: it has not levelled off yet")
+elif bandwidth[largest] >= 0.75 * bandwidth[peak]:
+    glue("bandwidth_verdict", f"and levels off near it: at the largest size it is {last}")
+else:
+    glue("bandwidth_verdict", "and falls again after it, as the messages outgrow the processor's "
+                              f"caches (more on that below){moved}: at the largest size it is {last}")
 
 # %% jupyter={"source_hidden": true}
 say(r"""
-Read the table from the top: for small messages the time {glue}`floor_verdict`
-with the size (on shm, {glue}`shm_small` at {glue}`small_size`, {glue}`shm_kib`
-at 1 KiB: that floor is the latency), and the bandwidth column is tiny. For
+Read the table from the top: for small messages the time {glue}`floor_verdict`;
+and the bandwidth column is tiny. For
 large messages the time grows with the size: the largest message,
 {glue}`largest_size`, is {glue}`size_step` the one before it and took
 {glue}`time_step` as long on shm, {glue}`proportion_verdict`. The bandwidth
-climbs to {glue}`peak_bandwidth` (at {glue}`peak_size`) and
-{glue}`bandwidth_verdict`: at the largest size it is {glue}`last_bandwidth`.
+climbs to {glue}`peak_bandwidth` (at {glue}`peak_size`) {glue}`bandwidth_verdict`.
 """)
 
 # %% [markdown]

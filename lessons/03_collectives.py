@@ -49,7 +49,15 @@ import numpy as np
 import minidist
 import minidist.distributed as dist
 from minidist import costmodel
-from minidist.lesson import glue, narrate, output_dir, quick, say, show_figure, use_headless_matplotlib
+from minidist.lesson import (
+    glue,
+    narrate,
+    output_dir,
+    quick,
+    say,
+    show_figure,
+    use_headless_matplotlib,
+)
 from minidist.lesson_timing import Load, timed
 from minidist.model_gap import RunFacts, compare
 

@@ -41,8 +41,17 @@ from rich.console import Console
 import minidist
 import minidist.distributed as dist
 from minidist.distributed import simulate
-from minidist.lesson import (glue, in_notebook, narrate, output_dir, quick, say, show_figure,
-                             show_file, use_headless_matplotlib)
+from minidist.lesson import (
+    glue,
+    in_notebook,
+    narrate,
+    output_dir,
+    quick,
+    say,
+    show_figure,
+    show_file,
+    use_headless_matplotlib,
+)
 from minidist.lesson_timing import Load
 
 narrate()  # run as a script: the text below is printed between the outputs
