@@ -34,7 +34,15 @@ import numpy as np
 import minidist
 from minidist import Tensor, nn, optim
 from minidist.data import DataLoader, load_digits, make_linear_regression
-from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
+from minidist.lesson import (
+    glue,
+    narrate,
+    output_dir,
+    quick,
+    say,
+    show_figure,
+    use_headless_matplotlib,
+)
 from minidist.lesson_timing import timed
 
 narrate()  # run as a script: the text below is printed between the outputs
@@ -89,13 +97,14 @@ assert np.allclose(a.grad, numeric, atol=1e-6)
 #
 # Linear regression: $y = x\,w^* + b^* + \text{noise}$, with true weights $w^*$
 # we know. The loss is the mean squared error
-# $L(w, b) = \frac{1}{N}\sum_i (x_i w + b - y_i)^2$, and gradient descent repeats
-# $w \leftarrow w - \eta\,\nabla_w L$.
+# $L(w, b) = \frac{1}{B}\sum_i (x_i w + b - y_i)^2$ over the $B$ examples
+# $x_i$ of a batch, and gradient descent repeats $w \leftarrow w - \eta\,\nabla_w L$.
 #
-# Three ways to choose *which* examples the gradient is computed on:
+# Three ways to choose *which* examples the gradient is computed on, out of
+# the 512 of the data set:
 #
-# * **batch gradient descent**: all $N$ examples per update: exact gradient, one update per pass over the data;
-# * **stochastic gradient descent (SGD)**: one example per update: $N$ noisy updates per pass;
+# * **batch gradient descent**: all of them per update ($B$ = 512): exact gradient, one update per pass over the data;
+# * **stochastic gradient descent (SGD)**: one example per update ($B$ = 1): 512 noisy updates per pass;
 # * **mini-batch SGD**: $B$ examples per update, in between, and what everyone uses.
 
 # %%
@@ -139,21 +148,40 @@ def first_below(history, target=TARGET):
     return next(step for step, loss in enumerate(history, start=1) if loss <= target)
 
 
+reached = {}  # name -> (updates, examples read) until the loss was first <= TARGET
 for name, (_, history) in runs.items():
     batch = int(name.split("= ")[1].rstrip(")"))
     updates = first_below(history)
+    reached[name] = (updates, updates * batch)
     print(f"{name:22s} loss <= {TARGET} after {updates:4d} updates, "
           f"{updates * batch:5d} examples read")
 
-# %% [markdown]
-# Every method finds weights close to $w^*$ (the noise sets the floor of the
-# loss at about $0.1^2 = 0.01$). Counted in *updates*, batch GD is the fastest:
-# its gradient is exact, so it reaches twice the floor in about 15 updates,
-# where SGD needs about 180. But each of batch GD's updates reads all 512
-# examples: counted in *examples read*, the work a computer does, SGD gets
-# there some forty times sooner, on a noisy path. Mini-batches sit in
-# between on both counts. In the picture (against updates) batch GD's curve
-# is the smooth one that drops first.
+(gd_updates, gd_read), (mini_updates, mini_read), (sgd_updates, sgd_read) = reached.values()
+glue("reached", [[name, *counts] for name, counts in reached.items()])
+glue("farthest_w", max(np.linalg.norm(w.data - w_true) for w, _ in runs.values()), ".3f")
+glue("gd_updates", gd_updates, "d")
+glue("sgd_updates", sgd_updates, "d")
+glue("updates_verdict", "the fastest" if gd_updates < min(mini_updates, sgd_updates)
+     else "not the fastest here")
+glue("read_ratio", gd_read / sgd_read, "{:.0f} times")
+glue("read_verdict", "sooner" if sgd_read < min(gd_read, mini_read) else "not sooner here")
+between = (min(gd_updates, sgd_updates) <= mini_updates <= max(gd_updates, sgd_updates)
+           and min(gd_read, sgd_read) <= mini_read <= max(gd_read, sgd_read))
+glue("mini_verdict", "sit in between on both counts" if between
+     else "do not sit in between on both counts in this run")
+
+# %% jupyter={"source_hidden": true}
+say(r"""
+Every method finds weights close to $w^*$ (at most {glue}`farthest_w` away; the
+noise sets the floor of the loss at about $0.1^2 = 0.01$). Counted in
+*updates*, batch GD is {glue}`updates_verdict`: its gradient is exact, so it
+reaches twice the floor in {glue}`gd_updates` updates, where SGD needs
+{glue}`sgd_updates`. But each of batch GD's updates reads all 512 examples:
+counted in *examples read*, the work a computer does, SGD gets there
+{glue}`read_ratio` {glue}`read_verdict`, on a noisy path. Mini-batches
+{glue}`mini_verdict`. In the picture below (against updates) batch GD's
+curve is the smooth one that drops first.
+""")
 
 # %%
 fig, ax = plt.subplots(figsize=(7, 4))
@@ -166,16 +194,17 @@ ax.set_ylabel("mean squared error on all data")
 ax.set_title("Batch GD vs mini-batch vs SGD on linear regression")
 ax.legend()
 fig.tight_layout()
-fig.savefig(OUT / "01_gd_vs_sgd.png", dpi=100)
-print("saved", OUT / "01_gd_vs_sgd.png")
+show_figure(fig, "01_gd_vs_sgd.png")
 
 # %% [markdown]
 # ### Why not always batch size 1? The hardware.
 #
 # A processor does a matrix product of 256 rows far faster than 256 products
-# of one row. Time per example falls as the batch grows, until the hardware is
-# busy. This is the first reason for mini-batches, and later the reason data
-# parallel training wants a *large global* batch (lesson 5 shows the price).
+# of one row: it loads each weight once for all the rows, and its vector
+# units work on many at a time. So we expect the time per example to fall as
+# the batch grows, until the hardware is busy. This is the first reason for
+# mini-batches, and later the reason data parallel training wants a *large
+# global* batch (lesson 6 shows its price, and the rules that pay it).
 
 #
 # The batches are timed the way lesson 2 explains: taking turns, many short
@@ -191,14 +220,50 @@ for batch in BATCHES:
     inputs = Tensor(rng.standard_normal((batch, 64)).astype(np.float32))
     steps[batch] = lambda inputs=inputs: layer(inputs).relu().sum().backward()
 timing = timed(steps, repeats=50 if QUICK else 200)
+per_example = {batch: timing.best[batch] / batch for batch in BATCHES}
 for batch in BATCHES:
-    print(f"batch {batch:4d}: {1e6 * timing.best[batch] / batch:8.2f} microseconds per example")
-print(f"batch 256 spends {timing.best[1] * 256 / timing.best[256]:.0f}x less time per example "
+    print(f"batch {batch:4d}: {1e6 * per_example[batch]:8.2f} microseconds per example")
+print(f"batch 256 spends {per_example[1] / per_example[256]:.0f}x less time per example "
       f"than batch 1 ({timing.load.describe()})")
 note = timing.load.note("each number is the fastest of its repeats, so the comparison holds "
                         "if one repeat of each ran undisturbed")
 if note:
     print(note)
+
+smallest, largest = BATCHES[0], BATCHES[-1]
+glue("per_example_us", [[batch, 1e6 * per_example[batch]] for batch in BATCHES])
+glue("per_example_1", 1e6 * per_example[smallest], "{:.2f} us")
+glue("per_example_256", 1e6 * per_example[largest], "{:.2f} us")
+fell = per_example[largest] < per_example[smallest]
+glue("batch_verdict", "fell" if fell else "rose")
+glue("batch_change", per_example[smallest] / per_example[largest] if fell
+     else per_example[largest] / per_example[smallest], "{:.0f} times less" if fell
+     else "{:.1f} times more")
+# Where a larger batch was *slower* per example than the one before it.
+reversals = [(small, large) for small, large in zip(BATCHES, BATCHES[1:])
+             if per_example[large] >= per_example[small]]
+glue("reversals", [list(pair) for pair in reversals])
+if not reversals:
+    steps = "It fell at every step, from each batch size to the next."
+else:
+    slower = "; ".join(f"batch {large} took {1e6 * per_example[large]:.2f} us per example "
+                       f"against {1e6 * per_example[small]:.2f} us at batch {small}"
+                       for small, large in reversals)
+    steps = (f"It did not fall at every step: {slower}. "
+             "A larger batch can be slower per example on a given machine: "
+             "its arrays may no longer fit in the processor's cache, "
+             "the BLAS library may switch to another kernel for the larger shape, "
+             f"or another program may have taken the core during its repeats "
+             f"({timing.load.describe()}). "
+             "The trend over the whole range is what the hardware gives; "
+             "one step of it depends on the machine and the moment.")
+glue("steps", steps)
+
+# %% jupyter={"source_hidden": true}
+say(r"""
+On this run the time per example {glue}`batch_verdict` from {glue}`per_example_1` at
+batch 1 to {glue}`per_example_256` at batch 256: {glue}`batch_change`. {glue}`steps`
+""")
 
 # %% [markdown]
 # ## 3. One training loop, written out
@@ -244,8 +309,8 @@ assert final > 0.9, final
 # %% [markdown]
 # ## What to take away
 #
-# * The training step is forward, backward, update. Backward costs about twice
-#   the forward (two matrix products per layer instead of one).
+# * The training step is forward, backward, update. Backward does about twice
+#   the forward's arithmetic (two matrix products per layer instead of one).
 # * Mini-batches trade the exactness of batch GD for many cheap updates, and
 #   keep the hardware busy.
 # * The gradient of a mini-batch is an *average over examples*. That is the

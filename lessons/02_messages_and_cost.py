@@ -20,12 +20,13 @@
 #
 # The model the whole course uses is the simplest one that works:
 #
-# $$ t(n) = \alpha + n\,\beta $$
+# $$ t(N) = \alpha + N\beta $$
 #
 # In words: **time = latency + size / bandwidth.** Every message pays a fixed
 # price $\alpha$ (the latency: waking the receiver, handing over a header,
 # checking what arrived), then a price per byte $\beta$ (one over the
-# bandwidth: how fast the bytes themselves move). Small messages are ruled by
+# bandwidth: how fast the bytes themselves move), $N$ times for a message of
+# $N$ bytes. Small messages are ruled by
 # $\alpha$, large ones by $\beta$; the size where both parts are equal,
 # $n_{1/2} = \alpha / \beta$, is where one turns into the other.
 #
@@ -49,7 +50,15 @@ import numpy as np
 import minidist
 import minidist.distributed as dist
 from minidist import costmodel
-from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
+from minidist.lesson import (
+    glue,
+    narrate,
+    output_dir,
+    quick,
+    say,
+    show_figure,
+    use_headless_matplotlib,
+)
 from minidist.lesson_timing import Load, timed
 from minidist.model_gap import RunFacts, explain
 
@@ -95,7 +104,7 @@ print(minidist.launch(hello, world_size=2, transport="shm"))
 #
 # A single message is too short to time on its own, and the two processes have
 # no common "start" moment. The classic answer is a **ping-pong**: rank 0
-# sends $n$ bytes, rank 1 sends them back, many times over. Rank 0's clock
+# sends $N$ bytes, rank 1 sends them back, many times over. Rank 0's clock
 # measures whole round trips, so the time of one message is
 # round trip / 2.
 #
@@ -107,7 +116,7 @@ print(minidist.launch(hello, world_size=2, transport="shm"))
 # the least disturbed). Rank 0 decides when it has enough, by count or by
 # time, and tells rank 1 in the first byte of its message: on a busy
 # machine a round trip can take milliseconds instead of microseconds, and a
-# fixed count of 2,000 of them would take minutes.
+# fixed count of a thousand round trips for every size would take minutes.
 
 # %%
 KIB, MIB = 1 << 10, 1 << 20
@@ -167,18 +176,52 @@ for size in SIZES:
 if load.busy:
     print(load.note("even the fastest of many round trips may have waited"))
 
-# %% [markdown]
-# Read the table from the top: for small messages the time hardly changes with
-# the size (that floor is the latency), and the bandwidth column is tiny. For
-# large messages the time grows in proportion to the size and the bandwidth
-# levels off. The pipe pays more on both counts: each message crosses into
-# the kernel and back, and its bytes are copied twice.
+shm_times = measured["shm"]
+glue("shm_pingpong", [[size, seconds] for size, seconds in sorted(shm_times.items())])
+small, kib = SIZES[0], 1 * KIB
+both = (f"on shm, {shm_times[small] * 1e6:.1f} us at {small:,} bytes, "
+        f"{shm_times[kib] * 1e6:.1f} us at 1 KiB")
+glue("floor_verdict", f"hardly changes with the size ({both}: that floor is the latency)"
+     if shm_times[kib] < 1.5 * shm_times[small] else
+     f"already grows with the size on this run ({both}), where an undisturbed run shows a "
+     "floor, the latency: a 1 KiB message costs little more than an 8-byte one")
+# The two largest sizes: does the time grow in proportion to the size?
+before, largest = SIZES[-2], SIZES[-1]
+growth = shm_times[largest] / shm_times[before]
+glue("size_step", largest / before, "{:.0f} times")
+glue("largest_size", largest / MIB, "{:.0f} MiB")
+glue("time_step", growth, "{:.1f} times")
+glue("proportion_verdict", "about in proportion to the size"
+     if 0.7 < growth / (largest / before) < 1.4 else "not in proportion to the size")
+bandwidth = {size: size / seconds for size, seconds in shm_times.items()}
+peak = max(bandwidth, key=bandwidth.get)
+glue("peak_bandwidth", bandwidth[peak] / 1e9, "{:.2f} GB/s")
+glue("peak_size", peak / KIB, "{:,.0f} KiB")
+last = glue("last_bandwidth", bandwidth[largest] / 1e9, "{:.2f} GB/s")
+moved = f"; on this busy machine ({load.describe()}) the load moves it too" if load.busy else ""
+if peak == largest:
+    glue("bandwidth_verdict", "at the largest size: it has not levelled off yet")
+elif bandwidth[largest] >= 0.75 * bandwidth[peak]:
+    glue("bandwidth_verdict", f"and levels off near it: at the largest size it is {last}")
+else:
+    glue("bandwidth_verdict", "and falls again after it, as the messages outgrow the processor's "
+                              f"caches (more on that below){moved}: at the largest size it is {last}")
+
+# %% jupyter={"source_hidden": true}
+say(r"""
+Read the table from the top: for small messages the time {glue}`floor_verdict`;
+and the bandwidth column is tiny. For
+large messages the time grows with the size: the largest message,
+{glue}`largest_size`, is {glue}`size_step` the one before it and took
+{glue}`time_step` as long on shm, {glue}`proportion_verdict`. The bandwidth
+climbs to {glue}`peak_bandwidth` (at {glue}`peak_size`) {glue}`bandwidth_verdict`.
+""")
 
 # %% [markdown]
 # ## 3. Fitting alpha and beta
 #
 # `costmodel.fit(sizes, seconds)` finds the $\alpha$ and $\beta$ for which
-# $\alpha + n\beta$ is closest to the measurements (least squares, weighted so
+# $\alpha + N\beta$ is closest to the measurements (least squares, weighted so
 # that the small messages count as much as the large ones, or $\alpha$ would be
 # lost in the noise of the big ones).
 
@@ -199,23 +242,33 @@ if load.busy:
                     f"shm at alpha = {idle.alpha * 1e6:.1f} us and "
                     f"{idle.bandwidth / 1e9:.1f} GB/s (costmodel.PARAMS)"))
 
+glue("fits", [[name, fit.alpha, fit.beta] for name, fit in fitted.items()])
+glue("shm_alpha", fitted["shm"].alpha * 1e6, "{:.1f} us")
+glue("shm_bandwidth", fitted["shm"].bandwidth / 1e9, "{:.2f} GB/s")
+glue("pipe_alpha", fitted["pipe"].alpha * 1e6, "{:.1f} us")
+glue("pipe_bandwidth", fitted["pipe"].bandwidth / 1e9, "{:.2f} GB/s")
+pipe_dearer = (fitted["pipe"].alpha > fitted["shm"].alpha, fitted["pipe"].beta > fitted["shm"].beta)
+why_pipe = "each of its messages crosses into the kernel and back, and its bytes are copied twice"
+if all(pipe_dearer):
+    glue("pipe_verdict", f"The pipe pays more on both counts: {why_pipe}.")
+else:
+    paid = {(True, False): "more latency, but not more per byte",
+            (False, True): "more per byte, but not more latency",
+            (False, False): "no more than shared memory on either count"}[pipe_dearer]
+    glue("pipe_verdict", f"On this run the pipe paid {paid}, against the expectation that it "
+                         f"pays more on both counts ({why_pipe}): a fit on a busy machine "
+                         f"measures its waits for a core too ({load.describe()}).")
+
+# %% jupyter={"source_hidden": true}
+say(r"""
+Shared memory: $\alpha$ = {glue}`shm_alpha` and {glue}`shm_bandwidth`; the pipe:
+$\alpha$ = {glue}`pipe_alpha` and {glue}`pipe_bandwidth`. {glue}`pipe_verdict`
+""")
+
 # %% [markdown]
 # On a log-log plot the model is a flat line (latency) that bends into a line
-# of slope one (bandwidth) around $n_{1/2}$. The dots are the measurements.
-#
-# Real dots wander off the line, and for reasons worth knowing. Messages that
-# fit in a core's cache move faster than ones that spill to memory. Messages
-# bigger than the shared-memory ring change protocol (*rendezvous*: the
-# receiver reads straight out of the sender's memory, one copy instead of
-# two), as MPI libraries switch from *eager* to rendezvous. And the CPU itself
-# has moods: on AMD Zen processors the copy instruction glibc uses runs ten
-# times slower when the destination starts a few bytes after the source,
-# modulo 4 KiB. A NumPy array starts 16 bytes into a page, so minidist's
-# receives hit that case on every piece until
-# `minidist/distributed/transport/memcopy.py` stepped around it (a 1 MiB
-# ping-pong went from 440-690 us to 137-172 us on the course's machine). Two
-# numbers describe a transport well, never perfectly. Fit them on the machine
-# as it is today, because a shared machine's speed drifts from hour to hour.
+# of slope one (bandwidth) around $n_{1/2}$. The dots in the picture below are
+# the measurements.
 
 # %%
 fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -226,21 +279,36 @@ for transport, marker, line, color in (("shm", "o", "-", "C0"), ("pipe", "s", "-
             label=f"{transport} measured")
     params = fitted[transport]
     ax.plot(smooth, (params.alpha + smooth * params.beta) * 1e6, line, color=color,
-            label=f"{transport} fit: {params.alpha * 1e6:.1f} us + n / {params.bandwidth / 1e9:.1f} GB/s")
+            label=f"{transport} fit: {params.alpha * 1e6:.1f} us + N / {params.bandwidth / 1e9:.1f} GB/s")
 ax.set_xscale("log")
 ax.set_yscale("log")
-ax.set_xlabel("message size (bytes)")
+ax.set_xlabel("message size N (bytes)")
 ax.set_ylabel("one-way time (microseconds)")
-ax.set_title("t(n) = alpha + n beta: measured ping-pong and the fit")
+ax.set_title("t(N) = alpha + N beta: measured ping-pong and the fit")
 ax.legend(fontsize=8)
 fig.tight_layout()
-fig.savefig(OUT / "02_pingpong_fit.png", dpi=100)
-print("saved", OUT / "02_pingpong_fit.png")
+show_figure(fig, "02_pingpong_fit.png")
+
+# %% [markdown]
+# Real dots wander off the line, and for reasons worth knowing. Messages that
+# fit in a core's cache move faster than ones that spill to memory. Messages
+# bigger than the shared-memory ring change protocol (*rendezvous*: the
+# receiver reads straight out of the sender's memory, one copy instead of
+# two), as MPI libraries switch from *eager* to rendezvous. And the CPU itself
+# has moods: on AMD Zen processors the copy instruction glibc uses runs ten
+# times slower when the destination starts a few bytes after the source,
+# modulo 4 KiB. A NumPy array starts 16 bytes into a page, so minidist's
+# receives hit that case on every piece until
+# `minidist/distributed/transport/memcopy.py` stepped around it
+# (`benchmarks/results/p2p.md` gives the figures of the course's 2-core EPYC
+# machine: a 1 MiB ping-pong went from 440-690 us to 137-172 us). Two
+# numbers describe a transport well, never perfectly. Fit them on the machine
+# as it is today, because a shared machine's speed drifts from hour to hour.
 
 # %% [markdown]
 # ## 4. From one message to an algorithm: predicting the ring all-reduce
 #
-# The ring all-reduce (lesson 3 takes it apart) cuts the array of $N$ bytes
+# The ring all-reduce (lesson 4 takes it apart) cuts the array of $N$ bytes
 # into $n$ chunks, one per rank, and runs $2(n-1)$ steps; in each step every
 # rank sends one chunk of $N/n$ bytes to its right neighbour and receives one
 # from its left. In the first $n-1$ steps the received chunk is also *added*
@@ -317,6 +385,25 @@ for world_size in RING_WORLDS:
                           for size in RING_SIZES)
         print(load.note(f"the course machine's idle alpha and beta predict {model}"))
 
+ratios = {world_size: [measured_seconds / predicted
+                       for world, _, predicted, measured_seconds in comparison if world == world_size]
+          for world_size in RING_WORLDS}
+glue("ring_ratios", [[world, size, seconds / predicted]
+                     for world, size, predicted, seconds in comparison])
+spans = []
+for world_size, values in ratios.items():
+    low = glue(f"ratio_low_{world_size}", min(values), "{:.2g}x")
+    high = glue(f"ratio_high_{world_size}", max(values), "{:.2g}x")
+    spans.append(f"from {low} to {high} on {world_size} ranks")
+glue("ratio_spans", " and ".join(spans))
+if len(RING_WORLDS) > 1:
+    first, last = RING_WORLDS[0], RING_WORLDS[-1]
+    grew = np.median(ratios[last]) > np.median(ratios[first])
+    glue("ratio_verdict", f": it {'grew' if grew else 'did not grow'} with the number of "
+                          f"ranks, on {CORES} cores")
+else:
+    glue("ratio_verdict", f" (the full form adds 4 ranks, on this machine's {CORES} cores)")
+
 # %% [markdown]
 # How close is it? The model assumes that every link works at full speed at
 # the same time. On one machine the "links" are copies through the same
@@ -325,9 +412,16 @@ for world_size in RING_WORLDS:
 # give each rank its turn. Measured / predicted near 1 says the algorithm
 # does what its formula says; a ratio that grows with the number of ranks is
 # the shared memory bus (or the shared cores) showing through.
-#
-# Three formulas from the same $\alpha$, $\beta$, $\gamma$ already tell us
-# which all-reduce to pick (the `"auto"` algorithm asks exactly this):
+
+# %% jupyter={"source_hidden": true}
+say(r"""
+On this run measured / predicted went {glue}`ratio_spans`{glue}`ratio_verdict`.
+""")
+
+# %% [markdown]
+# The same three numbers, $\alpha$, $\beta$ and $\gamma$, put into each
+# algorithm's formula, already tell us which all-reduce to pick (the `"auto"`
+# algorithm asks exactly this):
 
 # %%
 for size in (4 * KIB, 64 * KIB, 1 * MIB, 64 * MIB):
@@ -339,13 +433,14 @@ for size in (4 * KIB, 64 * KIB, 1 * MIB, 64 * MIB):
 # %% [markdown]
 # ## What to take away
 #
-# * A message costs **latency + size / bandwidth**: $t = \alpha + n\beta$.
+# * A message costs **latency + size / bandwidth**: $t = \alpha + N\beta$.
 #   Two numbers, measured once with a ping-pong, describe a transport.
 # * Small messages are latency-bound: sending fewer of them matters more than
 #   sending fewer bytes. Large ones are bandwidth-bound: the opposite.
 # * An algorithm's cost is the sum over its steps, so the same two numbers
-#   predict every collective; that is how algorithms are compared on paper and
-#   how `algorithm="auto"` chooses.
+#   (and $\gamma$, for the additions of a reduction) predict every collective;
+#   that is how algorithms are compared on paper and how `algorithm="auto"`
+#   chooses.
 #
 # **Try it:** run `minidist bench collectives --quick` to see every algorithm
 # measured next to its prediction and next to MPICH; change the ring sizes

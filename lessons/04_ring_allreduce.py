@@ -28,7 +28,9 @@
 # to its own copy of that chunk. After n - 1 steps every rank holds one
 # chunk summed over all ranks. **Allgather**, n - 1 steps: the finished
 # chunks travel around the ring once more, copied this time. Every rank sends
-# 2 (n - 1) messages of N / n bytes: about 2N bytes, whatever n is.
+# $2(n-1)$ messages of $N/n$ bytes, $2\frac{n-1}{n}N$ bytes in all: less than
+# $2N$, whatever $n$ is. It receives as many, and adds $\frac{n-1}{n}N$ of
+# them into its own array.
 
 # %%
 import time
@@ -39,7 +41,17 @@ from rich.console import Console
 import minidist
 import minidist.distributed as dist
 from minidist.distributed import simulate
-from minidist.lesson import in_notebook, narrate, output_dir, quick, use_headless_matplotlib
+from minidist.lesson import (
+    glue,
+    in_notebook,
+    narrate,
+    output_dir,
+    quick,
+    say,
+    show_figure,
+    show_file,
+    use_headless_matplotlib,
+)
 from minidist.lesson_timing import Load
 
 narrate()  # run as a script: the text below is printed between the outputs
@@ -86,13 +98,15 @@ print(f"{ring.collective} {ring.algorithm}: {ring.steps} steps = 2 (n - 1), "
 # (`combine`) or just copies them (`copy`). In a terminal,
 # `minidist viz ring_allreduce.trace.jsonl` lets you move with the keys.
 #
-# The `cost` line is lesson 3's formula in its symbols: $\alpha$ per message,
-# $\beta$ per byte sent, $\gamma$ per byte added. One more appears, $\beta_x$
-# (printed βₓ): the price per byte of a step in which every rank sends *and*
+# The `cost` line is lesson 2's formula for the ring: $\alpha$ per message,
+# $\beta$ per byte sent, $\gamma$ per byte added. One more symbol appears,
+# $\beta_x$: the price per byte of a step in which every rank sends *and*
 # receives at once, which is every step of the ring. A network card does both
 # at full speed, so there $\beta_x = \beta$; on one machine each rank's own CPU
 # copies the bytes out and in, so a step costs about twice a one-way message:
-# $\beta_x \approx 2\beta$ (lesson 2 fits both).
+# $\beta_x \approx 2\beta$. (Lesson 2's ping-pong measures $\beta$, one message
+# at a time; `benchmarks/bench_p2p.py` measures $\beta_x$ as well. The
+# simulator below has full-duplex links: $\beta_x = \beta$.)
 
 # %%
 console = Console(width=80, color_system=None)
@@ -112,17 +126,23 @@ for index in range(len(ring.frames)):
 
 # %%
 gif = save_gif(ring, OUT / "ring_allreduce.gif", fps=1)
-print("saved", gif)
 if in_notebook():  # the player, inline; a script has the GIF
     display(animate(ring))  # noqa: F821 - IPython's, in a notebook
+    print("saved", gif)
+else:
+    show_file(gif, "the ring all_reduce, one frame per step")
 
 # %% [markdown]
 # ## 3. Does the time stay flat? Measured, then simulated
 #
 # On this machine we can run 2, 3 and 4 processes. The ring's formula,
-# $2(n-1)\alpha + 2\frac{n-1}{n}N\beta$, grows from $N\beta$ at n = 2 to
-# $1.5 N\beta$ at n = 4 and never passes $2N\beta$: nearly flat. Reduce +
-# broadcast sends the whole array log2(n) times up and log2(n) times down.
+# $2(n-1)\alpha + 2\frac{n-1}{n}N\beta + \frac{n-1}{n}N\gamma$, is nearly flat:
+# its bytes grow from $N\beta$ at n = 2 to $1.5 N\beta$ at n = 4 and never
+# pass $2N\beta$; its additions grow from $N\gamma / 2$ to $0.75 N\gamma$ and
+# never pass $N\gamma$; only its latencies, $2(n-1)\alpha$, keep growing.
+# Reduce + broadcast sends the whole array $\lceil\log_2 n\rceil$ times up,
+# adding it each time, and as many times down:
+# $2\lceil\log_2 n\rceil(\alpha + N\beta) + \lceil\log_2 n\rceil N\gamma$.
 #
 # An honest caveat: with more ranks than CPU cores the processes take turns
 # on the CPU, and a rank that is not running cannot answer its neighbour, so
@@ -171,27 +191,58 @@ if load.busy:
     print(load.note("which algorithm wins here may change from run to run; the simulation "
                     "below shows the trend the formulas give"))
 
+glue("measured", [[n, measured[n]["ring"], measured[n]["reduce_broadcast"]] for n in worlds])
+glue("ring_first", measured[worlds[0]]["ring"] * 1e3, "{:.2f} ms")
+glue("ring_final", measured[worlds[-1]]["ring"] * 1e3, "{:.2f} ms")
+ring_grew = all(measured[large]["ring"] > measured[small]["ring"]
+                for small, large in zip(worlds, worlds[1:]))
+glue("ring_trend", "it grew with every process added, as the caveat above expects"
+     if ring_grew else "it did not grow with every process added (the machine's load "
+                       "moved more than the ranks did)")
+won = [n for n in worlds if measured[n]["ring"] < measured[n]["reduce_broadcast"]]
+lost = [n for n in worlds if n not in won]
+
+
+def processes(ns):
+    return " and ".join(str(n) for n in ns) + " processes"
+
+
+glue("ring_wins", "the ring was faster than reduce + broadcast on every world here"
+     if not lost else "reduce + broadcast was as fast or faster on every world here"
+     if not won else f"the ring was faster on {processes(won)}, reduce + broadcast as fast "
+                     f"or faster on {processes(lost)}")
+
 # %% [markdown]
 # Look at the numbers before trusting the formula. At 2 to 4 ranks log2(n)
 # is small, so reduce + broadcast sends little more than the ring, in fewer
 # steps; and each ring step here pays for processes being scheduled onto
 # the cores, several times per call. Whether the ring wins on this machine
-# is a measurement, not a given. What a few cores cannot show is the trend
-# at scale: for that, the simulator.
-#
-# Now the simulator: the same algorithm code on up to 1,024 ranks in one
-# process, on a virtual clock (5 us per message, 10 GB/s links, a 100 MB
-# array), as in lesson 3.
+# is a measurement, not a given.
+
+# %% jupyter={"source_hidden": true}
+say(r"""
+On this run the ring took {glue}`ring_first` on 2 processes and
+{glue}`ring_final` on 4: {glue}`ring_trend`; {glue}`ring_wins`.
+""")
+
+# %% [markdown]
+# What a few cores cannot show is the trend at scale: for that, the
+# simulator, the same algorithm code on up to 1,024 ranks in one process, on
+# a virtual clock, as in lesson 3: 5 us per message ($\alpha$), 10 GB/s
+# links ($\beta$ = 1 / 10 GB/s, full duplex), ranks that add at 10 GB/s
+# ($\gamma$ = 1 / 10 GB/s), a 100 MB array.
 
 # %%
 NBYTES = 100_000_000
+ALPHA, BETA, GAMMA = 5e-6, 1e-10, 1e-10   # 5 us, 10 GB/s links, adding at 10 GB/s
 sim_worlds = [2, 4, 8, 16, 32, 64, 128] + ([] if QUICK else [256, 512, 1024])
-simulated = {algorithm: [simulate("all_reduce", algorithm, world_size=n, nbytes=NBYTES,
-                                  alpha=5e-6, beta=1e-10, gamma=1e-10).time
-                         for n in sim_worlds]
-             for algorithm in ("ring", "reduce_broadcast")}
+results = {algorithm: [simulate("all_reduce", algorithm, world_size=n, nbytes=NBYTES,
+                                alpha=ALPHA, beta=BETA, gamma=GAMMA)
+                       for n in sim_worlds]
+           for algorithm in ("ring", "reduce_broadcast")}
+simulated = {algorithm: [result.time for result in runs] for algorithm, runs in results.items()}
 for algorithm, times in simulated.items():
-    print(f"{algorithm:>17}: " + ", ".join(f"n={n}: {t * 1e3:.0f} ms"
+    print(f"{algorithm:>17}: " + ", ".join(f"n={n}: {t * 1e3:.1f} ms"
                                           for n, t in zip(sim_worlds, times)))
 
 figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
@@ -211,17 +262,68 @@ for axis in (left, right):
     axis.grid(alpha=0.3)
     axis.legend()
 figure.tight_layout()
-figure.savefig(OUT / "ring_flat.png", dpi=100)
-print("saved", OUT / "ring_flat.png")
+show_figure(figure, "ring_flat.png")
+
+
+def ring_terms(n):
+    """The ring's formula, term by term: latencies, bytes, additions (seconds)."""
+    return (2 * (n - 1) * ALPHA, 2 * (n - 1) / n * NBYTES * BETA, (n - 1) / n * NBYTES * GAMMA)
+
+
+last = sim_worlds[-1]
+ring_sim = dict(zip(sim_worlds, simulated["ring"]))
+(alpha_8, beta_8, gamma_8), (alpha_last, beta_last, gamma_last) = ring_terms(8), ring_terms(last)
+glue("ring_sim_8", ring_sim[8] * 1e3, "{:.1f} ms")
+glue("ring_alpha_8", alpha_8 * 1e3, "{:.2f} ms")
+glue("ring_beta_8", beta_8 * 1e3, "{:.1f} ms")
+glue("ring_gamma_8", gamma_8 * 1e3, "{:.1f} ms")
+glue("ring_model_8", sum(ring_terms(8)) * 1e3, "{:.1f} ms")
+glue("ring_sim_last", ring_sim[last] * 1e3, "{:.1f} ms")
+glue("ring_alpha_last", alpha_last * 1e3, "{:.2f} ms")
+glue("ring_beta_last", beta_last * 1e3, "{:.1f} ms")
+glue("ring_gamma_last", gamma_last * 1e3, "{:.1f} ms")
+glue("ring_model_last", sum(ring_terms(last)) * 1e3, "{:.1f} ms")
+glue("gamma_share_8", gamma_8 / ring_sim[8], ".0%")
+glue("gamma_share_last", gamma_last / ring_sim[last], ".0%")
+glue("alpha_share_last", alpha_last / ring_sim[last], ".0%")
+glue("last_n", last, "{:,}")
+glue("two_n_beta", 2 * NBYTES * BETA * 1e3, "{:.0f} ms")
+gap = max(abs(result.time - result.predicted) / result.predicted
+          for runs in results.values() for result in runs)
+glue("sim_model_gap", gap, ".1e")
+glue("sim_verdict", "the simulator charges exactly the formula" if gap < 1e-9
+     else f"the simulator and the formula differ by up to {gap:.1%}")
+steps = np.diff(simulated["reduce_broadcast"])   # one per doubling of the world
+low, high = (f"{step * 1e3:.1f} ms" for step in (steps.min(), steps.max()))
+glue("rb_step", low if low == high else f"{low} to {high}")
+glue("rb_step_model", (2 * (ALPHA + NBYTES * BETA) + NBYTES * GAMMA) * 1e3, "{:.1f} ms")
+glue("rb_last", simulated["reduce_broadcast"][-1] * 1e3, "{:.0f} ms")
+
+# %% jupyter={"source_hidden": true}
+say(r"""
+In the picture above (right), the simulated ring took {glue}`ring_sim_8` at 8
+ranks and {glue}`ring_sim_last` at {glue}`last_n`. Its formula,
+$2(n-1)\alpha + 2\frac{n-1}{n}N\beta + \frac{n-1}{n}N\gamma$, gives
+{glue}`ring_alpha_8` + {glue}`ring_beta_8` + {glue}`ring_gamma_8` =
+{glue}`ring_model_8` at 8 ranks and {glue}`ring_alpha_last` +
+{glue}`ring_beta_last` + {glue}`ring_gamma_last` = {glue}`ring_model_last` at
+{glue}`last_n`: {glue}`sim_verdict`. So the ring is not $2N\beta$ =
+{glue}`two_n_beta`: its additions, $\frac{n-1}{n}N\gamma$ (each rank adds
+almost a whole array), are {glue}`gamma_share_8` of its time at 8 ranks and
+{glue}`gamma_share_last` at {glue}`last_n`, and its latencies,
+{glue}`alpha_share_last` at {glue}`last_n`, grow with $n$. What stays nearly
+flat is the bytes and the additions: below $2N\beta + N\gamma$, whatever the
+world. Reduce + broadcast climbs by {glue}`rb_step` every time
+the world doubles, $2(\alpha + N\beta) + N\gamma$ = {glue}`rb_step_model`,
+to {glue}`rb_last` at {glue}`last_n` ranks.
+""")
 
 # %% [markdown]
-# The simulated ring stays within a few percent of $2N\beta$ from 8 ranks
-# on, while reduce + broadcast climbs by $2N\beta$ every time the world
-# doubles. That is why data-parallel training uses ring (or tree-of-rings)
+# That is why data-parallel training uses ring (or tree-of-rings)
 # all-reduce for big gradients. Its weakness is the $2(n-1)\alpha$ term: on
-# small arrays and many ranks the latency of 2(n - 1) steps dominates, which
-# is where recursive doubling and trees win (try `minidist simulate
-# all_reduce -n 1024 --size 4KB`).
+# small arrays and many ranks the latency of $2(n-1)$ steps dominates, which
+# is where recursive doubling and trees win (try
+# `minidist simulate all_reduce -n 1024 --size 4KB`).
 #
 # Try: `minidist demo ring-allreduce -n 4` steps through a fresh run in the
 # terminal; `minidist demo all_reduce --algorithm ring -n 64 --simulate`

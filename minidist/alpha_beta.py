@@ -1,8 +1,8 @@
-"""The cost of a message: alpha + n beta (and n gamma to combine n bytes).
+"""The cost of a message: alpha + N beta (and N gamma to combine N bytes).
 
-A message of n bytes takes ``t = alpha + n * beta``: a fixed latency alpha
+A message of N bytes takes ``t = alpha + N * beta``: a fixed latency alpha
 (seconds) and a time per byte beta (seconds per byte, 1 / bandwidth).
-Combining n bytes with a reduction takes ``n * gamma``. Every collective
+Combining N bytes with a reduction takes ``N * gamma``. Every collective
 algorithm is a pattern of such messages, so its time is a formula in alpha,
 beta, gamma, the number of ranks n and the array size N (bytes): each
 algorithm states its own next to its code (see
@@ -87,10 +87,12 @@ def params_for(transport: str | None) -> Params:
 
 
 def fit(sizes, seconds) -> Params:
-    """Least-squares fit of ``t = alpha + n * beta`` to measured one-way times.
+    """Least-squares fit of ``t = alpha + N * beta`` to measured one-way times
+    of messages of N bytes (``sizes``).
 
-    Fitted on absolute errors, large messages dominate beta and small ones
-    alpha, which is what the predictions need. Negative results (noise on a
+    Each error is weighted by 1 / t (relative errors), so that the latency of
+    the small messages is not drowned out by the large ones, which still
+    decide beta. Negative results (noise on a
     tiny alpha) are clipped to zero.
     """
     sizes = np.asarray(sizes, np.float64)

@@ -145,6 +145,7 @@ def _tour(args) -> int:
     from rich.rule import Rule
     from rich.table import Table
 
+    from minidist.alpha_beta import PARAMS
     from minidist.distributed import simulate
     from minidist.model_gap import RunFacts, explain
     from minidist.train import train_digits
@@ -165,15 +166,20 @@ def _tour(args) -> int:
     console.print()
 
     console.print(Rule("3. the same algorithms on 256 simulated ranks"))
-    table = Table(title="all_reduce of 100 MB: 5 us latency, 10 GB/s links")
+    n, nbytes, sim = 256, 100_000_000, PARAMS["sim"]
+    table = Table(title=f"all_reduce of {nbytes / 1e6:.0f} MB: α {sim.alpha * 1e6:.0f} us, "
+                        f"β {sim.bandwidth / 1e9:.0f} GB/s links, γ {1 / sim.gamma / 1e9:.0f} GB/s "
+                        "adding")
     algorithms = ("ring", "rabenseifner", "reduce_broadcast", "recursive_doubling")
     table.add_column("algorithm", no_wrap=True, min_width=max(map(len, algorithms)))
     for column in ("simulated", "cost model", "messages", "sim / model"):
         table.add_column(column, justify="right")
     gaps = []
+    ring = None
     for algorithm in algorithms:
-        result = simulate("all_reduce", algorithm, world_size=256, nbytes=100_000_000)
-        why = explain(result.time, result.predicted, RunFacts(256, simulated=True))
+        result = simulate("all_reduce", algorithm, world_size=n, nbytes=nbytes)
+        ring = result if algorithm == "ring" else ring
+        why = explain(result.time, result.predicted, RunFacts(n, simulated=True))
         table.add_row(algorithm, f"{result.time * 1e3:.1f} ms",
                       f"{result.predicted * 1e3:.1f} ms", f"{result.messages:,}",
                       why.split(":")[0])
@@ -182,6 +188,18 @@ def _tour(args) -> int:
     console.print(table)
     for line in gaps:
         console.print(line)
+    # Where the ring's time goes: its three terms, which the simulator charges.
+    latency = 2 * (n - 1) * sim.alpha
+    sending = 2 * (n - 1) / n * nbytes * sim.beta
+    adding = (n - 1) / n * nbytes * sim.gamma
+    console.print(
+        f"Where the ring's {ring.time * 1e3:.1f} ms goes (n = {n} ranks, N = {nbytes / 1e6:.0f} MB): "
+        f"2(n-1)α = {2 * (n - 1)} messages a rank "
+        f"x {sim.alpha * 1e6:.0f} us = {latency * 1e3:.1f} ms of latency; 2(n-1)/n Nβ = "
+        f"{sending * 1e3:.1f} ms to send almost twice the {nbytes / 1e6:.0f} MB at "
+        f"{sim.bandwidth / 1e9:.0f} GB/s; (n-1)/n Nγ = {adding * 1e3:.1f} ms to add the chunks "
+        f"it receives in the reduce-scatter into its own. The bytes alone, 2Nβ = {2 * nbytes * sim.beta * 1e3:.0f} ms, "
+        "are the ring's limit only where the additions and latencies are free.")
     console.print("Next: `minidist demo ring-allreduce -n 4` to step through it yourself, "
                   "`minidist demo --help` for every collective and algorithm, "
                   "`minidist simulate all_reduce -n 1024 --size 100MB`, and the lessons in "

@@ -1,7 +1,7 @@
 """The cost of a message, and of every collective algorithm built from messages.
 
-A message of n bytes takes ``t = alpha + n * beta``; combining n bytes with a
-reduction ``n * gamma`` (the model: :mod:`minidist.alpha_beta`). Every
+A message of N bytes takes ``t = alpha + N * beta``; combining N bytes with a
+reduction ``N * gamma`` (the model: :mod:`minidist.alpha_beta`). Every
 algorithm of :mod:`minidist.distributed.collectives` is a pattern of such
 messages, and states its time as a formula in alpha, beta, gamma, the number
 of ranks n and the array size N (bytes) where it is written (see

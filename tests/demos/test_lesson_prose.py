@@ -38,6 +38,16 @@ GIVEN: dict[str, dict[str, str]] = {
               "on 4 GPUs about 2x slower than one GPU (DCGAN)",
         "3x": "Tsunashima (2019): about 3x slower (VGG-16)",
         "10 %": "Tsunashima (2019): SyncBN about 10 % more time (DCGAN)"},
+    "02_messages_and_cost": {
+        "690 us": "benchmarks/results/p2p.md, Why: a 1 MiB ping-pong before memcopy.py (440-690 us)",
+        "172 us": "benchmarks/results/p2p.md, Why: the same ping-pong after it (137-172 us)",
+    },
+    "03_collectives": {
+        "5 us": "the simulator's alpha=5e-6 in section 4",
+    },
+    "04_ring_allreduce": {
+        "5 us": "the simulator's ALPHA = 5e-6 in section 3",
+    },
 }
 
 
