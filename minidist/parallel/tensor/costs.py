@@ -29,33 +29,17 @@ block_size C values with biases.
 **Activations** (:func:`gpt_activation_bytes`): what the ledger of
 :mod:`minidist.memory` counts after the forward pass and the loss, the
 arrays the autograd graph keeps alive (every node's output and what each
-local backward captured, each byte once). Per block, from what minidist's
-ops keep:
+local backward captured, each byte once). Per block it is the course's one
+count, :func:`minidist.memory.transformer_block_activation_terms` (its
+docstring gives it term by term): in values, tensor parallel
 
-* LayerNorm: its output and x_hat (2 BTC), rstd (BT);
-* the column layers' outputs: q, k, v (3 BTC/n), c_fc (4 BTC/n);
-* attention: its output (BTC/n) and the weights P (B H T^2 / n), and the
-  heads put side by side again, a copy (BTC/n; none when a rank has one
-  head: then the reshape is a view);
-* GELU: its output and Phi(x) (8 BTC/n);
-* a row layer: its partial product (BTC), the summed copy (BTC), the bias
-  added (BTC), the residual sum (BTC).
+    B T C (12 + 17/n) + 2 B T + B H T^2 / n
 
-In values: per block, tensor parallel
+and with sequence parallelism (n >= 2)
 
-    BTC (12 + 17/n) + 2 BT + B H T^2 / n
+    B T C (4 + 27/n) + 2 B T / n + B H T^2 / n
 
-(Korthikanti et al.'s 34 s b h + 5 a s^2 b, or s b h (10 + 24/t) + 5 a s^2 b / t
-with tensor parallelism, counts 2-byte values, dropout masks and what
-Megatron's kernels keep; minidist keeps its own arrays, but the shape is
-the same: a part divided by n and a part every rank keeps whole). With
-sequence parallelism (n >= 2) the LayerNorms, the summed copy (now the
-reduce_scatter's T/n positions), the bias and residual sums are divided by
-n; what stays whole is the column layers' gathered input (BTC, kept for
-their weight gradient; Megatron re-gathers it in backward instead) and the
-row layers' partial product:
-
-    BTC (4 + 27/n) + 2 BT/n + B H T^2 / n.
+(16/n and 26/n when a rank has one head: its heads' output needs no copy).
 
 Outside the blocks: the embedding (lookup, mask product, sum: BTC each,
 with sequence parallelism the sum BTC/n; the position rows and their sum),
@@ -73,6 +57,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minidist.distributed.collectives.traffic import ring_all_gather_sent, ring_all_reduce_sent
+from minidist.memory import transformer_block_activation_bytes
 from minidist.parallel.tensor.vocab import vocab_range
 
 INDEX_BYTES = 8   # NumPy's int64 token ids and positions
@@ -197,25 +182,21 @@ class ActivationBytes:
 def gpt_activation_bytes(config, batch: int, steps: int, world_size: int, rank: int = 0,
                          sequence_parallel: bool = False, itemsize: int = 4) -> ActivationBytes:
     """The module docstring's formula: the activation bytes rank ``rank`` of
-    ``world_size`` keeps for one step of the split GPT (``world_size`` >= 2
-    with ``sequence_parallel``; on one rank its collectives copy nothing)."""
+    ``world_size`` keeps for one step of the split GPT, its blocks counted by
+    :func:`minidist.memory.transformer_block_activation_bytes` (``world_size``
+    >= 2 with ``sequence_parallel``; ``world_size`` 1 counts the unsplit
+    blocks)."""
     n, s = world_size, itemsize
-    B, T, C, H = batch, steps, config.n_embd, config.n_head
+    B, T, C = batch, steps, config.n_embd
     start, stop = vocab_range(config.vocab_size, rank, n)
     vocab = stop - start
-    btc, bt, attention = B * T * C, B * T, B * H * T * T // n
-    # One head per rank: (B, T, 1, D) -> (B, T, D) is a view, not a copy.
-    side_by_side = btc // n if H // n > 1 else 0
-    if not sequence_parallel:
-        values = 12 * btc + 16 * btc // n + side_by_side + 2 * bt + attention
-        t_local = T
-    else:
-        if n < 2 or T % n:
-            raise ValueError("gpt_activation_bytes: sequence parallelism needs world_size >= 2 "
-                             f"dividing steps={T}")
-        values = 4 * btc + 26 * btc // n + side_by_side + 2 * bt // n + attention
-        t_local = T // n
-    per_block = values * s
+    btc, bt = B * T * C, B * T
+    if sequence_parallel and (n < 2 or T % n):
+        raise ValueError("gpt_activation_bytes: sequence parallelism needs world_size >= 2 "
+                         f"dividing steps={T}")
+    t_local = T // n if sequence_parallel else T
+    per_block = transformer_block_activation_bytes(B, T, C, config.n_head, s, tp=n,
+                                                   sequence_parallel=sequence_parallel)
     residual = B * t_local * C
     outside = {
         "embedding (lookup, mask product, sum, + positions)": (
