@@ -188,7 +188,8 @@ say("""
 The model does not fit on one rank ({glue}`whole_model_gb`, {glue}`whole_model_ranks`
 ranks' worth), and data parallelism, which copies it to every rank, cannot
 help. Splitting each layer over n ranks divides the weights by n (at n = 8
-a rank keeps {glue}`states_8` of the model states); it divides only part of
+a rank keeps {glue}`states_8` of the model states: the LayerNorms and the
+row layers' biases stay whole); it divides only part of
 the activations ({glue}`plain_8` of them stay on each of 8 ranks): the
 LayerNorms, the residual sums and the row layers' outputs, all of shape
 (B, T, d), are kept whole on every rank. Sequence parallelism (section 3)

@@ -630,6 +630,7 @@ glue("split_verdict",
      "not pay here" if not faster else
      f"Only {'ring attention' if faster == ['ring'] else 'Ulysses'} was faster: on ranks "
      "that share a few cores, the split pays little, and not for every scheme")
+glue("machine_busy", bool(busy))
 glue("cores_busy", "the machine was busy, so these times include waiting for a core"
      if busy else "the machine was not busy beside the lesson")
 
@@ -798,8 +799,8 @@ attention across nodes (Megatron-LM's hierarchical context parallelism,
 # mean over every token of the batch. Each rank's gradients are its tokens'
 # share; `allreduce_grads` sums them over cp and averages over dp (the dp
 # ranks see other sequences). Three AdamW steps in float64 on a mesh of
-# (dp, cp), against one process on the whole batches; quick form: dp 1 x cp
-# 2, full form: dp 2 x cp 2 on 4 processes:
+# (dp, cp), against one process on the whole batches; quick form: (dp, cp) =
+# (1, 2), full form: (2, 2) on 4 processes:
 
 # %%
 CONFIG = GPTConfig(vocab_size=32, block_size=24, n_layer=2, n_head=4, n_embd=16)
