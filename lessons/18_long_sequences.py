@@ -285,15 +285,24 @@ def draw_work():
 
 
 show_figure(draw_work(), "zigzag_balance.png")
+triangle = SPLIT_T * (SPLIT_T + 1) // 2
+glue("triangle", triangle)
+glue("contiguous_total", int(work["contiguous"].sum()))
+glue("zigzag_total", int(work["zigzag"].sum()))
+assert triangle < work["zigzag"].sum() < work["contiguous"].sum()   # what the text says
+
+# %% jupyter={"source_hidden": true}
+say("""
+Contiguous blocks leave rank 0 idle after its first step and make every
+step as long as its busiest rank; the zig-zag split gives every rank the
+same work at every step. (A block that the diagonal cuts is computed whole
+and masked afterwards, so both totals, {glue}`contiguous_total` entries
+contiguous and {glue}`zigzag_total` zig-zag, are above the T (T + 1) / 2 =
+{glue}`triangle` entries of the causal triangle; the zig-zag's smaller
+diagonal chunks waste less.)
+""")
 
 # %% [markdown]
-# Contiguous blocks leave rank 0 idle after its first step and make every
-# step as long as its busiest rank; the zig-zag split gives every rank the
-# same work at every step. (A block that the diagonal cuts is computed
-# whole and masked afterwards, so both totals are a little above the
-# T (T + 1) / 2 entries of the causal triangle; the zig-zag's smaller
-# diagonal chunks waste less.)
-#
 # **The online softmax, by hand.** A rank never holds a whole row of
 # scores: it sees one block of keys at a time. Softmax needs the whole row's
 # maximum (for stability) and its sum of exponentials. The online softmax
@@ -427,13 +436,18 @@ for index in range(len(ring.frames)):
 for rank, (early, late) in enumerate(ring.frames[-1].holdings):
     # What the text below says: an early chunk merges the blocks of ranks 0..r, a late one all.
     assert early == frozenset(range(rank + 1)) and late == frozenset(range(WORLD))
+for frame in ring.frames[1:]:
+    # In the frame of step k rank r receives rank (r - k)'s block from its left neighbour.
+    for message in frame.messages:
+        assert message.source == (message.target - 1) % WORLD
+        assert message.text.endswith(f"of rank {(message.target - frame.index) % WORLD}")
 
 # %% [markdown]
 # Read a frame: each rank's output is two cells, its early and its late
 # chunk, and a cell's character says how many ranks' K, V blocks its
 # running (o, LSE) has merged ("1": its own, "A": all of them). Before any message each rank has attended
 # to its own block. In the frame of step k, rank r receives the block of
-# rank r - k - 1 from its left neighbour (which received it a step earlier)
+# rank r - k from its left neighbour (which received it a step earlier)
 # and merges it into the chunks that may see it: a late chunk sees every
 # block, an early chunk only the blocks of earlier positions. The arrows are the messages, each K and V of one block. The
 # same frames as an animation (a player in a notebook, a GIF beside the

@@ -28,3 +28,5 @@ def check(glued):
     assert value["block_intra"] >= value["hide_intra"]
     assert value["block_inter"] < value["hide_inter"]
     assert value["n_intra"] <= 8 < value["n_inter"]
+    # Section 2: both splits compute more than the causal triangle, the zig-zag less.
+    assert value["triangle"] < value["zigzag_total"] < value["contiguous_total"]
