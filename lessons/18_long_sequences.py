@@ -639,7 +639,9 @@ glue("ring_vs_whole", against_whole["ring"], ".2f")
 glue("ulysses_vs_whole", against_whole["ulysses"], ".2f")
 faster = [scheme for scheme, ratio in against_whole.items() if ratio < 1]
 glue("split_verdict",
-     "Both were faster: their ranks split the arithmetic" if len(faster) == 2 else
+     "Both were faster: their ranks split the arithmetic, and the ring's blocks skip the "
+     "keys the causal mask hides, where whole attention computes every score and masks "
+     "them" if len(faster) == 2 else
      "Neither was faster: on ranks that share a few cores, splitting the arithmetic did "
      "not pay here" if not faster else
      f"Only {'ring attention' if faster == ['ring'] else 'Ulysses'} was faster: on ranks "
