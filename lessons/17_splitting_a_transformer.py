@@ -355,7 +355,7 @@ for rank, found in enumerate(tp_runs):
               f"{what} {ranges(rows)}")
     heads = CONFIG.n_head // TP
     print(f"   heads {rank * heads}..{(rank + 1) * heads - 1}: c_attn's rows are "
-          f"qkv_rows(d={d}, n_head={CONFIG.n_head}, rank={rank}, world={TP})")
+          f"qkv_rows(n_embd={d}, n_head={CONFIG.n_head}, rank={rank}, world_size={TP})")
     assert holdings[(rank, "attn.c_attn")] == qkv_rows(d, CONFIG.n_head, rank, TP).tolist()
 heads_per_rank = CONFIG.n_head // TP
 glue("rows_per_block", d // TP)

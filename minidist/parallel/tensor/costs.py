@@ -2,7 +2,7 @@
 each rank sends per training step, and the activation bytes each rank keeps
 for backward (:mod:`minidist.parallel.tensor.gpt`).
 
-Notation: B sequences of T tokens, width C, H heads, L blocks, vocabulary V
+Notation: B sequences of T tokens, width d, H heads, L blocks, vocabulary V
 of which this rank holds V_r words, n ranks, s bytes a value.
 
 **Bytes** (:func:`gpt_step_bytes`), ring collectives as in
@@ -14,8 +14,8 @@ of N values ((n-1)/n N), AG(P) a ring all_gather of pieces of P values
 ==========  ===================================  ==========================================
             tensor parallel                      + sequence parallel
 ==========  ===================================  ==========================================
-forward     (2L + 1) AR(BTC) + 3 AR(BT)          (2L + 1) [RS(BTC) + AG(BTC/n)] + 3 AR(BT)
-backward    (2L + 1) AR(BTC)                     (2L + 1) [RS(BTC) + AG(BTC/n)] + AR(P_sp)
+forward     (2L + 1) AR(BTd) + 3 AR(BT)          (2L + 1) [RS(BTd) + AG(BTd/n)] + 3 AR(BT)
+backward    (2L + 1) AR(BTd)                     (2L + 1) [RS(BTd) + AG(BTd/n)] + AR(P_sp)
 ==========  ===================================  ==========================================
 
 2L + 1: the embedding and the L blocks' two row layers forward, the L
@@ -23,8 +23,8 @@ blocks' two column layers and ``lm_head`` backward; 3 AR(BT): the loss's
 max, target logit and exp sum. As AR(N) = RS(N) + AG(N/n) in a ring, the
 sequence-parallel step sends the same bytes plus P_sp, the gradients of the
 replicated parameters used on T/n positions: L (2 LayerNorms, 2 row-layer
-biases) + ln_f + the whole (block_size, C) ``wpe``; 6 L C + 2 C +
-block_size C values with biases.
+biases) + ln_f + the whole (block_size, d) ``wpe``; 6 L d + 2 d +
+block_size d values with biases.
 
 **Activations** (:func:`gpt_activation_bytes`): what the ledger of
 :mod:`minidist.memory` counts after the forward pass and the loss, the
@@ -33,16 +33,16 @@ local backward captured, each byte once). Per block it is the course's one
 count, :func:`minidist.memory.transformer_block_activation_terms` (its
 docstring gives it term by term): in values, tensor parallel
 
-    B T C (12 + 17/n) + 2 B T + B H T^2 / n
+    B T d (12 + 17/n) + 2 B T + B H T^2 / n
 
 and with sequence parallelism (n >= 2)
 
-    B T C (4 + 27/n) + 2 B T / n + B H T^2 / n
+    B T d (4 + 27/n) + 2 B T / n + B H T^2 / n
 
 (16/n and 26/n when a rank has one head: its heads' output needs no copy).
 
-Outside the blocks: the embedding (lookup, mask product, sum: BTC each,
-with sequence parallelism the sum BTC/n; the position rows and their sum),
+Outside the blocks: the embedding (lookup, mask product, sum: BTd each,
+with sequence parallelism the sum BTd/n; the position rows and their sum),
 ln_f, the logits (B T V_r), the loss's exp (B T V_r) and sums, and the
 integer arrays (8 bytes a value: the token rows looked up, the positions,
 the loss's target columns; 1 byte: its mask); :func:`gpt_activation_bytes`
@@ -120,9 +120,9 @@ def gpt_step_bytes(config, batch: int, steps: int, world_size: int,
     zero = (0,) * n
     if not sequence_parallel:
         whole = ring_all_reduce_sent(tokens * width, n)
-        lines = (("forward", f"all_reduce (B,T,C) {batch}x{steps}x{width}", halves, whole),
+        lines = (("forward", f"all_reduce (B,T,d) {batch}x{steps}x{width}", halves, whole),
                  ("forward", f"all_reduce (B,T) {batch}x{steps} (loss)", 3, loss),
-                 ("backward", f"all_reduce (B,T,C) {batch}x{steps}x{width}", halves, whole))
+                 ("backward", f"all_reduce (B,T,d) {batch}x{steps}x{width}", halves, whole))
     else:
         if steps % n:
             raise ValueError(f"gpt_step_bytes: sequence parallelism needs steps={steps} "
@@ -131,11 +131,11 @@ def gpt_step_bytes(config, batch: int, steps: int, world_size: int,
         gather = ring_all_gather_sent(tokens * width // n, n)
         grads = ring_all_reduce_sent(sequence_parallel_values(config), n)
         piece = f"{batch}x{steps // n}x{width}"
-        lines = (("forward", f"reduce_scatter (B,T,C) {batch}x{steps}x{width}", halves, scatter),
-                 ("forward", f"all_gather (B,T/n,C) {piece}", halves, gather),
+        lines = (("forward", f"reduce_scatter (B,T,d) {batch}x{steps}x{width}", halves, scatter),
+                 ("forward", f"all_gather (B,T/n,d) {piece}", halves, gather),
                  ("forward", f"all_reduce (B,T) {batch}x{steps} (loss)", 3, loss),
-                 ("backward", f"reduce_scatter (B,T,C) {batch}x{steps}x{width}", halves, scatter),
-                 ("backward", f"all_gather (B,T/n,C) {piece}", halves, gather),
+                 ("backward", f"reduce_scatter (B,T,d) {batch}x{steps}x{width}", halves, scatter),
+                 ("backward", f"all_gather (B,T/n,d) {piece}", halves, gather),
                  ("backward", "all_reduce of the sequence-parallel gradients", 1, grads))
     forward = _add(zero, *(_times(count, values) for p, _, count, values in lines if p == "forward"))
     backward = _add(zero, *(_times(count, values) for p, _, count, values in lines if p == "backward"))
