@@ -399,8 +399,8 @@ def transformer_block_activation_terms(batch: int, seq_len: int, n_embd: int, n_
       backward captured, each byte once), as the memory ledger measures it;
       the block's input is not counted (the block before holds it), its
       output is;
-    * all values s bytes, but for nothing: minidist keeps no masks or
-      integer arrays inside a block, and its GPT has no dropout;
+    * every value is s bytes: inside a block minidist keeps no masks or
+      integer arrays, and its GPT has no dropout;
     * the attention is the plain one: it keeps the probabilities P, B H T^2
       values (the scores are freed once P is made), the one term that grows
       with the square of the context. FlashAttention or ring attention keep
