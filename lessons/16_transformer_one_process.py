@@ -49,7 +49,7 @@ import numpy as np
 from minidist import Tensor, amp, flops, memory, nn, no_grad, optim
 from minidist.data import CharTokenizer, RandomWindows, load_shakespeare, split_tokens
 from minidist.experiments.mixed_precision import gradient_underflow
-from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
+from minidist.lesson import narrate, output_dir, quick, show_figure, use_headless_matplotlib
 from minidist.lesson_timing import timed
 from minidist.models import GPTConfig, KVCache, generate
 from minidist.models.gpt import Block
@@ -517,12 +517,15 @@ assert table["block 0"]["optimizer_state"] == 2 * table["block 0"]["parameters"]
 
 # %% [markdown]
 # Those bytes do not depend on the batch or the context. The activations,
-# what the graph keeps for the backward, do. For one block,
+# what the graph keeps for the backward, do. For one block (one layer),
 # `memory.transformer_block_activation_terms` writes them out as minidist's
-# ops keep them: with s the bytes of one (B, T, d) array, 25 s (q, k, v, the
-# LayerNorms' outputs, the MLP's 4d-wide arrays, ...) plus the attention
-# weights P, **B H T^2** numbers: the only term that grows with the square of
-# the context. `memory.activations_against_length` runs one block of the
+# ops keep them, values of s bytes each (s = 4 in float32): 25 B T d values
+# (q, k, v, the LayerNorms' outputs, the MLP's 4d-wide arrays, ...), 2 B T of
+# LayerNorm statistics, and the attention probabilities P, **B H T^2**
+# values: the only term that grows with the square of the context. It is
+# the course's one count of a block's activations: lesson 17 splits it over
+# tensor-parallel ranks and lesson 18 takes it to long contexts, with the
+# same function. `memory.activations_against_length` runs one block of the
 # default width on random inputs (batch 4) for several T and measures what its graph
 # keeps with the ledger, next to the formula, with and without
 # recomputation (`checkpoint`: keep the block's input and output only,
@@ -543,7 +546,7 @@ for row in rows:
           f"{row['attention_scores']:>13,} {row['attention_scores'] / row['formula']:>6.0%} "
           f"{row['formula_recompute']:>11,} {row['measured_recompute']:>11,}")
     assert row["formula"] == row["measured"] and row["formula_recompute"] == row["measured_recompute"]
-# Where P overtakes the other 25 s + 2 B T bytes: B H T^2 = (25 d + 2) B T.
+# Where P overtakes the other 25 B T d + 2 B T values: B H T^2 = (25 d + 2) B T.
 crossover = (25 * d + 2) / config.n_head
 print(f"P outweighs the rest of the block's activations from T = (25 d + 2) / H = {crossover:.0f}")
 
@@ -567,8 +570,7 @@ axis.set_ylabel("MB, one block")
 axis.set_title(f"one transformer block, width {d}, batch {B}", fontsize=10)
 axis.legend(fontsize=8, loc="upper left")
 figure.tight_layout()
-figure.savefig(OUT / "memory_per_layer.png", dpi=100)
-plt.show()
+show_figure(figure, "memory_per_layer.png")
 
 # %% [markdown]
 # The measured points sit on the formula to the byte. At short contexts the

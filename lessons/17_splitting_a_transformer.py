@@ -53,7 +53,15 @@ import minidist.distributed as dist
 from minidist import Tensor, memory, optim, trace
 from minidist.distributed.collectives.traffic import ring_all_reduce_sent
 from minidist.distributed.device_mesh import groups_along, mesh_layout
-from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
+from minidist.lesson import (
+    glue,
+    narrate,
+    output_dir,
+    quick,
+    say,
+    show_figure,
+    use_headless_matplotlib,
+)
 from minidist.models.gpt import GPT, GPTConfig
 from minidist.nn import functional as F
 from minidist.parallel import (
@@ -114,15 +122,20 @@ def calls(events, rank, label):
 # %% [markdown]
 # ## 1. Why split a transformer
 #
-# A GPT block holds four Linears: the attention's `c_attn` (C -> 3C: the
-# queries, keys and values of every head at once) and `c_proj` (C -> C), and
-# the MLP's `c_fc` (C -> 4C) and `c_proj` (4C -> C): 12 C^2 weights, plus
-# biases and two LayerNorms. Training with Adam in fp32 keeps 16 bytes per
-# parameter (lesson 12). For backward, each block also keeps its activations:
-# for a micro-batch of b sequences of s tokens, a few (s, b, C) arrays and
-# the attention weights, (b, heads, s, s), which grow with the square of the
-# context (Korthikanti et al.'s count, `GPTShape.layer_activation_bytes`,
-# 2-byte activations as in mixed precision).
+# A GPT block holds four Linears: the attention's `c_attn` (d -> 3d: the
+# queries, keys and values of every head at once) and `c_proj` (d -> d), and
+# the MLP's `c_fc` (d -> 4d) and `c_proj` (4d -> d): 12 d^2 weights, plus
+# biases and two LayerNorms (the symbols are the course's,
+# `lessons/NOTATION.md`: B sequences of T tokens, width d, H heads, L
+# layers, s bytes per value). Training with Adam in fp32 keeps 16 bytes per
+# parameter (lesson 12). For backward, each block also keeps its
+# activations: a few (B, T, d) arrays and the attention probabilities P,
+# (B, H, T, T), which grow with the square of the context. The count is
+# lesson 16's, `memory.transformer_block_activation_bytes`: what minidist's
+# ops keep for one block, P included (lesson 18 splits the same count into
+# P and the rest), here in values of s = 2 bytes as in mixed precision. The
+# planner of section 6 counts with the same function
+# (`GPTShape.layer_activation_bytes` calls it).
 #
 # A GPT of today's middle size, 32 layers of width 4096 with 32 heads, a
 # vocabulary of 50,304 and contexts of 4,096 tokens (the planner's example),
@@ -132,34 +145,60 @@ def calls(events, rank, label):
 BIG = plan_inputs.GPTShape(n_layer=32, n_embd=4096, n_head=32, vocab_size=50304, seq_len=4096,
                            global_batch=1024, micro_batch=1)
 RANK_MEMORY = 80e9
+ITEMSIZE = 2    # s: bytes per activation value, as in mixed precision
 layer_states = 16 * BIG.block_parameters()
-layer_activations = BIG.layer_activation_bytes()
+block_terms = memory.transformer_block_activation_terms(1, BIG.seq_len, BIG.n_embd, BIG.n_head,
+                                                        itemsize=ITEMSIZE)
+layer_activations = sum(block_terms.values())
+block_p = block_terms["attention: probabilities P (B H T T)"]
+assert layer_activations == BIG.layer_activation_bytes(itemsize=ITEMSIZE)   # one count
 print(f"GPT of {BIG.parameters() / 1e9:.2f} B parameters, {BIG.n_layer} layers, width "
       f"{BIG.n_embd}, {BIG.n_head} heads, context {BIG.seq_len}")
-print(f"one layer: {BIG.block_parameters() / 1e6:.1f} M parameters = "
-      f"{layer_states / 1e9:.2f} GB of model states (16 bytes each); "
-      f"{layer_activations / 1e9:.2f} GB of activations for one sequence")
+print(f"one block: {BIG.block_parameters() / 1e6:.1f} M parameters = "
+      f"{glue('block_states_gb', layer_states / 1e9, '{:.2f} GB')} of model states "
+      f"(16 bytes each); {glue('block_activations_gb', layer_activations / 1e9, '{:.2f} GB')} "
+      f"of activations for one sequence, P included "
+      f"({glue('block_p_gb', block_p / 1e9, '{:.2f} GB')} of P, "
+      f"{glue('block_rest_gb', (layer_activations - block_p) / 1e9, '{:.2f} GB')} the rest)")
 whole_model = 16 * BIG.parameters() + BIG.n_layer * layer_activations
-print(f"the whole model, one sequence in flight: {whole_model / 1e9:.0f} GB against "
-      f"{RANK_MEMORY / 1e9:.0f} GB a rank: {whole_model / RANK_MEMORY:.1f} ranks' worth")
-print(f"\n{'split over t ranks':>18} {'states GB':>10} {'activations GB':>15} "
-      f"{'+ sequence parallel':>20}")
-for t in (1, 2, 4, 8):
-    states = 16 * BIG.n_layer * BIG.block_parameters(t) / 1e9
-    plain = BIG.n_layer * BIG.layer_activation_bytes(t) / 1e9
-    sharded = BIG.n_layer * BIG.layer_activation_bytes(t, sequence_parallel=True) / 1e9
-    print(f"{t:>18} {states:>10.1f} {plain:>15.1f} {sharded:>20.1f}")
+print(f"the whole model, one sequence in flight: "
+      f"{glue('whole_model_gb', whole_model / 1e9, '{:.0f} GB')} against "
+      f"{RANK_MEMORY / 1e9:.0f} GB a rank: "
+      f"{glue('whole_model_ranks', whole_model / RANK_MEMORY, '{:.1f}')} ranks' worth")
+print(f"\n{'split over n ranks':>18} {'states GB':>10} {'activations GB':>15} "
+      f"{'+ sequence parallel':>20}   (L = {BIG.n_layer} blocks, P included)")
+split_rows = {}
+for n in (1, 2, 4, 8):
+    states = 16 * BIG.n_layer * BIG.block_parameters(n)
+    plain = BIG.n_layer * BIG.layer_activation_bytes(n, itemsize=ITEMSIZE)
+    sharded = (BIG.n_layer * BIG.layer_activation_bytes(n, sequence_parallel=True,
+                                                        itemsize=ITEMSIZE) if n > 1 else None)
+    split_rows[n] = (states, plain, sharded)
+    print(f"{n:>18} {states / 1e9:>10.1f} {plain / 1e9:>15.1f} "
+          + (f"{sharded / 1e9:>20.1f}" if sharded else f"{'-':>20}"))
+states8, plain8, sharded8 = split_rows[8]
+glue("states_8", states8 / split_rows[1][0], ".0%")
+glue("plain_8", plain8 / split_rows[1][1], ".0%")
+glue("sharded_8", sharded8 / split_rows[1][1], ".0%")
 assert whole_model > RANK_MEMORY
+assert sharded8 < plain8 and plain8 > split_rows[1][1] / 8   # what the text below says
+
+# %% jupyter={"source_hidden": true}
+say("""
+The model does not fit on one rank ({glue}`whole_model_gb`, {glue}`whole_model_ranks`
+ranks' worth), and data parallelism, which copies it to every rank, cannot
+help. Splitting each layer over n ranks divides the weights by n (at n = 8
+a rank keeps {glue}`states_8` of the model states: the LayerNorms and the
+row layers' biases stay whole); it divides only part of
+the activations ({glue}`plain_8` of them stay on each of 8 ranks): the
+LayerNorms, the residual sums and the row layers' outputs, all of shape
+(B, T, d), are kept whole on every rank. Sequence parallelism (section 3)
+cuts most of those ({glue}`sharded_8` at n = 8). Activations are also what
+pipeline stages and recomputation (lessons 9, 12) attack; section 6 puts
+them together.
+""")
 
 # %% [markdown]
-# The model does not fit on one rank, and data parallelism, which copies it
-# to every rank, cannot help. Splitting each layer over t ranks divides the
-# weights by t; it divides only part of the activations, and the rest
-# (LayerNorms, residual sums, the inputs of the split layers, all of shape
-# (s, b, C) and kept whole on every rank) is what sequence parallelism
-# (section 3) cuts. Activations are also what pipeline stages and
-# recomputation (lessons 9, 12) attack; section 6 puts them together.
-#
 # **The recap.** Lesson 10 ran both splits of Dettmers' 1000 x 500 layer at
 # batch 128 on 2 processes. The column split (each rank 250 of the 500
 # outputs) stacks its pieces forward and adds partial input gradients
@@ -180,7 +219,7 @@ print(format_table(seed_layer))
 #
 # ## 2. Tensor parallelism on one block, step by step
 #
-# The lesson's GPT is small enough for one core: 2 blocks of width 64 with 4
+# The lesson's GPT is small enough for one core: 2 blocks of width 64 with 8
 # heads, a vocabulary of 64 words, sequences of 32 tokens, 4 a batch.
 # `tensor_parallel_gpt(model, group)` turns the whole model into this rank's
 # shard; each rank builds the same model from the same seed and keeps its
@@ -191,20 +230,20 @@ print(format_table(seed_layer))
 # `c_attn` that make *their* queries, keys and values (a column split: the
 # outputs of a Linear are the rows of its (out, in) weight) and the columns
 # of `c_proj` that read their outputs (a row split). `c_attn` is fused, its
-# (3C, C) weight the q rows, then the k rows, then the v rows, so a rank's
+# (3d, d) weight the q rows, then the k rows, then the v rows, so a rank's
 # rows are three blocks, not one (`qkv_rows`).
 #
-# **The MLP**: `c_fc` column-split (4C / n hidden units a rank), the GELU on
+# **The MLP**: `c_fc` column-split (4d / n hidden units a rank), the GELU on
 # the units a rank holds, `c_proj` row-split.
 #
 # Which rows and columns each of 2 ranks holds, read from the shards the
 # ranks built (not from the formula) and drawn:
 
 # %%
-CONFIG = GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=64)
+CONFIG = GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=8, n_embd=64)
 BATCH, STEPS = 4, 32
 TP = 2          # section 2's ranks
-C = CONFIG.n_embd
+d = CONFIG.n_embd
 LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 
 
@@ -220,8 +259,8 @@ def tokens(step=0):
 
 def block_data():
     rng = np.random.default_rng(1)
-    return (rng.normal(size=(BATCH, STEPS, C)).astype(np.float32),
-            rng.normal(size=(BATCH, STEPS, C)).astype(np.float32))
+    return (rng.normal(size=(BATCH, STEPS, d)).astype(np.float32),
+            rng.normal(size=(BATCH, STEPS, d)).astype(np.float32))
 
 
 def layer_of(block, name):
@@ -316,11 +355,18 @@ for rank, found in enumerate(tp_runs):
               f"{what} {ranges(rows)}")
     heads = CONFIG.n_head // TP
     print(f"   heads {rank * heads}..{(rank + 1) * heads - 1}: c_attn's rows are "
-          f"qkv_rows(C={C}, n_head={CONFIG.n_head}, rank={rank}, world={TP})")
-    assert holdings[(rank, "attn.c_attn")] == qkv_rows(C, CONFIG.n_head, rank, TP).tolist()
+          f"qkv_rows(n_embd={d}, n_head={CONFIG.n_head}, rank={rank}, world_size={TP})")
+    assert holdings[(rank, "attn.c_attn")] == qkv_rows(d, CONFIG.n_head, rank, TP).tolist()
+heads_per_rank = CONFIG.n_head // TP
+glue("rows_per_block", d // TP)
+glue("heads_rank0", f"0 to {heads_per_rank - 1}")
+glue("heads_rank1", f"{heads_per_rank} to {2 * heads_per_rank - 1}")
+glue("heads_per_rank", heads_per_rank)
+# What the text below says: each third of rank r's c_attn rows is one block of d / n rows.
+assert all(len(ranges(holdings[(r, "attn.c_attn")]).split(", ")) == 3 for r in range(TP))
 
 
-def draw_holdings(path):
+def draw_holdings():
     figure, axes = plt.subplots(1, len(LINEARS), figsize=(11, 4.4),
                                 gridspec_kw=dict(width_ratios=[1, 1, 1, 4]))
     for axis, name in zip(axes, LINEARS):
@@ -341,27 +387,29 @@ def draw_holdings(path):
         axis.set_yticks([0, out - 1])
         if name == "attn.c_attn":
             for third, letter in enumerate("qkv"):
-                axis.text(inn + 2, third * C + C / 2, letter, va="center", fontsize=9)
+                axis.text(inn + 2, third * d + d / 2, letter, va="center", fontsize=9)
     handles = [plt.matplotlib.patches.Patch(color=COLOURS[r], label=f"rank {r}")
                for r in range(TP)]
     figure.legend(handles=handles, loc="lower center", ncol=TP, fontsize=9)
     figure.suptitle(f"one GPT block's four weights ((out, in) as stored) on {TP} ranks: "
                     "who holds what", fontsize=11)
     figure.tight_layout(rect=(0, 0.07, 1, 1))
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+    return figure
 
 
-print("saved", draw_holdings(OUT / "tp_block_weights.png"))
+show_figure(draw_holdings(), "tp_block_weights.png")
+
+# %% jupyter={"source_hidden": true}
+say("""
+Rank 0's `c_attn` rows are three blocks of d / n = {glue}`rows_per_block`:
+the queries, keys and values of heads {glue}`heads_rank0`; rank 1's those
+of heads {glue}`heads_rank1`. On each rank the weight keeps the [q; k; v]
+layout of a GPT with {glue}`heads_per_rank` heads, so the attention code
+runs unchanged on its share of heads. The two `c_proj` layers are split by
+columns (their inputs), `c_fc` by rows (its outputs).
+""")
 
 # %% [markdown]
-# Rank 0's `c_attn` rows are three blocks of C / 2 = 32: the queries, keys
-# and values of heads 0 and 1; rank 1's those of heads 2 and 3. On each rank
-# the weight keeps the [q; k; v] layout of a GPT with 2 heads, so the
-# attention code runs unchanged on its share of heads. The two `c_proj`
-# layers are split by columns (their inputs), `c_fc` by rows (its outputs).
-#
 # **The communication, and why there are only two.** Follow one half of the
 # block, `x + attn(ln_1(x))`, on rank r:
 #
@@ -392,7 +440,7 @@ inputs = Tensor(x, requires_grad=True)
 whole_y = whole_block(inputs)
 (whole_y * Tensor(upstream)).sum().backward()
 whole_grads = grads(whole_block)
-btc = BATCH * STEPS * C
+btd = BATCH * STEPS * d
 
 
 for rank, found in enumerate(tp_runs):
@@ -401,21 +449,21 @@ for rank, found in enumerate(tp_runs):
     print(f"rank {rank}: forward calls {calls(tp_events, rank, 'block forward')}, "
           f"backward calls {calls(tp_events, rank, 'block backward')}")
     print(f"   sent {sent(tp_events, rank, 'block forward'):,} bytes forward and "
-          f"{sent(tp_events, rank, 'block backward'):,} backward; formula 2 AR(B T C) = 2 x "
-          f"{4 * ring_all_reduce_sent(btc, TP)[rank]:,} = "
-          f"{2 * 4 * ring_all_reduce_sent(btc, TP)[rank]:,} bytes each way")
+          f"{sent(tp_events, rank, 'block backward'):,} backward; formula 2 AR(B T d) = 2 x "
+          f"{4 * ring_all_reduce_sent(btd, TP)[rank]:,} = "
+          f"{2 * 4 * ring_all_reduce_sent(btd, TP)[rank]:,} bytes each way")
     print(f"   largest relative difference from the unsplit block: "
           f"Y {relative_error(found['y'], whole_y.data):.1e}, "
           f"dX {relative_error(found['x_grad'], inputs.grad):.1e}, "
           f"weight gradients {weight_error:.1e}")
     for part in ("forward", "backward"):
         assert calls(tp_events, rank, f"block {part}") == ["all_reduce"] * 2
-        assert sent(tp_events, rank, f"block {part}") == 2 * 4 * ring_all_reduce_sent(btc, TP)[rank]
+        assert sent(tp_events, rank, f"block {part}") == 2 * 4 * ring_all_reduce_sent(btd, TP)[rank]
     assert weight_error < 1e-4
 
 # %% [markdown]
-# Two all_reduces of B x T x C = 4 x 32 x 64 values each way, and a ring on
-# 2 ranks sends each rank's half twice: 2 (n - 1)/n B T C values per
+# Two all_reduces of B x T x d = 4 x 32 x 64 values each way, and a ring on
+# 2 ranks sends each rank's half twice: 2 (n - 1)/n B T d values per
 # all_reduce. The differences are float32 rounding: the partial sums are
 # added in another order.
 #
@@ -425,7 +473,7 @@ for rank, found in enumerate(tp_runs):
 # vocab-parallel cross-entropy takes the maximum, the target's logit and the
 # sum of exponentials over the ranks (three all_reduces of B x T values),
 # never gathering the (B, T, V) logits. `gpt_step_bytes` counts it all:
-# (2L + 1) all_reduces of B T C forward (the embedding and the L blocks' two
+# (2L + 1) all_reduces of B T d forward (the embedding and the L blocks' two
 # row layers) and as many backward (the column layers and `lm_head`). Its
 # table, with what the trace counted:
 
@@ -476,7 +524,7 @@ for rank, found in enumerate(tp_runs):
 # ## 3. Sequence parallelism: the same bytes, less memory
 #
 # Between g (after a row layer) and the next f (before a column layer) every
-# rank computes the same thing on the same whole (B, T, C) array: the
+# rank computes the same thing on the same whole (B, T, d) array: the
 # residual sum, the LayerNorm (and dropout, in a model with dropout). The
 # work is repeated n times and the arrays are kept n times. Korthikanti et
 # al. cut that region **along the sequence**: each rank keeps T / n of the
@@ -548,7 +596,7 @@ assert [forward_calls.count(c) for c in ("reduce_scatter", "all_gather", "all_re
 # %%
 activation_rows = {}
 print(f"{'ranks':>5} {'rank':>4} {'mode':>7} {'ledger':>10} {'formula':>10} "
-      f"{'per block (formula)':>20}")
+      f"{'one block (formula, P included)':>32}")
 for world in SP_WORLDS:
     for rank, found in enumerate(sp_runs[world]):
         for name, sequence_parallel in (("tp", False), ("sp", True)):
@@ -556,8 +604,13 @@ for world in SP_WORLDS:
             counted = found[name]["activations"]
             activation_rows[(world, rank, name)] = counted
             print(f"{world:>5} {rank:>4} {'TP' if name == 'tp' else 'TP + SP':>7} "
-                  f"{counted:>10,} {formula.total:>10,} {formula.per_block:>20,}")
+                  f"{counted:>10,} {formula.total:>10,} {formula.per_block:>32,}")
             assert counted == formula.total
+            # The blocks' share is lesson 16's count, split: one function.
+            assert formula.per_block == memory.transformer_block_activation_bytes(
+                BATCH, STEPS, d, CONFIG.n_head, tp=world, sequence_parallel=sequence_parallel)
+unsplit_block = memory.transformer_block_activation_bytes(BATCH, STEPS, d, CONFIG.n_head)
+print(f"{1:>5} {0:>4} {'whole':>7} {'':>10} {'':>10} {unsplit_block:>32,}")
 
 whole_idx, whole_targets = tokens()
 whole_again = gpt()
@@ -568,18 +621,26 @@ whole_activations = memory.Ledger(whole_again).sample("forward", graph=whole_los
 print(f"the whole GPT in one process: {whole_activations:,} bytes of activations")
 
 # %% [markdown]
-# The ledger and the formula agree to the byte, on every rank. Per block,
-# without sequence parallelism a rank keeps B T C (12 + 17/n) values (plus
-# the attention weights, B H T^2 / n): the 12 B T C are the whole arrays
-# every rank repeats. With it, B T C (4 + 27/n): what stays whole is the
-# column layers' gathered input (kept for their weight gradient; Megatron
-# gathers it again in backward instead) and the row layers' partial
-# product. The formula, for more ranks than this machine has, and the
+# The ledger and the formula agree to the byte, on every rank, and the
+# formula's blocks are lesson 16's count of one block (P included),
+# `memory.transformer_block_activation_bytes`, split over n ranks. Unsplit
+# (the last row), a block keeps 25 B T d + 2 B T values and P's B H T^2.
+# Split by tensor parallelism, q, k, v, P, the heads' outputs and the MLP's
+# arrays are divided by n, but each row layer keeps three whole arrays (its
+# partial product, the all_reduce's summed copy, the bias added) where the
+# unsplit block keeps one: per block a rank keeps B T d (12 + 17/n) + 2 B T
+# values plus B H T^2 / n (16/n for 17/n once a rank holds a single head,
+# whose output needs no copy): the 12 B T d are the whole arrays every rank
+# repeats. With sequence parallelism, B T d (4 + 27/n) + 2 B T / n: what
+# stays whole is the column layers' gathered input (kept for their weight
+# gradient; Megatron gathers it again in backward instead) and the row
+# layers' partial product. The formula up to n = 8, where each rank holds
+# one of the 8 heads (more ranks than heads cannot split it), and the
 # ledger's counts as dots:
 
 # %%
-def draw_activations(path):
-    worlds = [2, 4, 8, 16]
+def draw_activations():
+    worlds = [2, 4, 8]
     figure, axis = plt.subplots(figsize=(7.5, 4.2))
     for name, sequence_parallel, style in (("tensor parallel", False, "-o"),
                                            ("+ sequence parallel", True, "--s")):
@@ -601,25 +662,40 @@ def draw_activations(path):
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8, loc="lower left")
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+    return figure
 
 
-print("saved", draw_activations(OUT / "sp_activations.png"))
-for w in (2, 4, 8, 16):
-    plain = gpt_activation_bytes(CONFIG, BATCH, STEPS, w).total
-    sharded = gpt_activation_bytes(CONFIG, BATCH, STEPS, w, sequence_parallel=True).total
-    print(f"n = {w:>2}: a rank keeps {plain / whole_activations:.0%} of the whole GPT's "
-          f"activations with TP, {sharded / whole_activations:.0%} with TP + SP")
-assert plain > whole_activations / 2 and round(sharded / whole_activations, 2) == 0.25  # text
+show_figure(draw_activations(), "sp_activations.png")
+kept = {}
+for w in (2, 4, 8):
+    plain = gpt_activation_bytes(CONFIG, BATCH, STEPS, w).total / whole_activations
+    sharded = gpt_activation_bytes(CONFIG, BATCH, STEPS, w, sequence_parallel=True).total \
+        / whole_activations
+    kept[w] = (plain, sharded)
+    print(f"n = {w}: a rank keeps {plain:.0%} of the whole GPT's activations with TP, "
+          f"{sharded:.0%} with TP + SP")
+glue("tp_kept_8", kept[8][0], ".0%")
+glue("sp_kept_8", kept[8][1], ".0%")
+glue("tp_kept_8_verdict", "more than half" if kept[8][0] > 0.5 else "less than half")
+glue("sp_kept_8_verdict", "less than a third" if kept[8][1] < 1 / 3 else "more than a third")
+glue("tp_kept_4", kept[4][0], ".0%")
+glue("tp_drops", [kept[2][0] - kept[4][0], kept[4][0] - kept[8][0]])
+glue("sp_kept", [kept[w][1] for w in (2, 4, 8)])
+assert kept[8][1] < kept[4][1] < kept[2][1]   # sequence parallelism: shrinks with n
+assert kept[4][0] - kept[8][0] < kept[2][0] - kept[4][0]   # plain TP: flattens out
+
+# %% jupyter={"source_hidden": true}
+say("""
+Plain tensor parallelism flattens out: whatever n, every rank keeps the
+12 B T d of whole arrays per block (from 4 to 8 ranks its share of the
+whole GPT's activations falls only from {glue}`tp_kept_4` to {glue}`tp_kept_8`). With sequence
+parallelism nearly everything shrinks with n: at 8 ranks a rank keeps
+{glue}`sp_kept_8` of the whole GPT's activations ({glue}`sp_kept_8_verdict`),
+where plain tensor parallelism still keeps {glue}`tp_kept_8`
+({glue}`tp_kept_8_verdict`).
+""")
 
 # %% [markdown]
-# Plain tensor parallelism flattens out: whatever n, every rank keeps the
-# 12 B T C of whole arrays per block. With sequence parallelism nearly
-# everything shrinks with n: at 16 ranks a rank keeps a quarter of the whole
-# GPT's activations, where plain tensor parallelism still keeps more than
-# half.
 #
 # ## 4. The device mesh
 #
@@ -639,9 +715,7 @@ assert plain > whole_activations / 2 and round(sharded / whole_activations, 2) =
 
 # %%
 MESH_SHAPE, MESH_NAMES = (2, 2, 2), ("pp", "dp", "tp")
-figure = mesh_figure(MESH_SHAPE, MESH_NAMES)
-figure.savefig(OUT / "device_mesh.png", dpi=100)
-print("saved", OUT / "device_mesh.png")
+show_figure(mesh_figure(MESH_SHAPE, MESH_NAMES), "device_mesh.png")
 layout = mesh_layout(MESH_SHAPE)
 for dim, name in enumerate(MESH_NAMES):
     print(f"{name} groups: {groups_along(layout, dim)}")
@@ -653,7 +727,6 @@ print("rank 5: " + ", ".join(f"{name} {index}" for name, index in zip(MESH_NAMES
 assert where_is_5 == (1, 0, 1)   # what the text below says of rank 5
 assert [next(g for g in groups_along(layout, dim) if 5 in g) for dim in range(3)] == \
     [[1, 5], [5, 7], [4, 5]]
-figure  # noqa: B018 - the notebook shows it
 
 # %% [markdown]
 # Rank 5 sits at pp 1, dp 0, tp 1: it all_reduces its blocks' activations
@@ -815,7 +888,7 @@ def run_events(events, name, step=None):
 
 print(f"{'mesh':>16} " + " ".join(f"{name + ' bytes':>12}" for name in MESH_NAMES)
       + "   (all ranks, all steps)")
-timelines, measured_bytes = [], {}
+timelines, measured_bytes = {}, {}
 for world, shapes in MESHES.items():
     events = trace.read_jsonl(mesh_traces[world]).events
     for shape in shapes:
@@ -826,20 +899,18 @@ for world, shapes in MESHES.items():
                  if totals.get("other") else ""))
         for dim, along in enumerate(MESH_NAMES):
             assert (totals[along] > 0) == (shape[dim] > 1), (shape, along)
-        path = OUT / f"timeline_{name.replace(' x ', '_')}.png"
-        timeline = draw_timeline(run_events(events, name, TRAIN_STEPS - 1), color_by="mesh",
-                                 mesh=(shape, MESH_NAMES), title=f"{name}: the last training step")
-        timeline.savefig(path, dpi=100)
-        timelines.append(path)
+        timelines[f"timeline_{name.replace(' x ', '_')}.png"] = draw_timeline(
+            run_events(events, name, TRAIN_STEPS - 1), color_by="mesh",
+            mesh=(shape, MESH_NAMES), title=f"{name}: the last training step")
         measured_bytes[name] = totals
-print("saved " + ", ".join(path.name for path in timelines))
 per_microbatch = gpt_step_bytes(CONFIG, BATCH // MICROBATCHES, STEPS, 2, itemsize=8)
 tp_formula = TRAIN_STEPS * MICROBATCHES * sum(per_microbatch.total)
 print(f"tp2 by section 2's formula: {TRAIN_STEPS} steps x {MICROBATCHES} micro-batches x "
       f"gpt_step_bytes of {BATCH // MICROBATCHES} sequences on 2 ranks, float64, both ranks = "
       f"{tp_formula:,} bytes")
 assert measured_bytes["tp2"]["tp"] == tp_formula
-timeline  # noqa: B018 - the notebook shows the last one: the 3D run's in the full form
+for file_name, timeline in timelines.items():
+    show_figure(timeline, file_name)
 
 # %% [markdown]
 # Each dimension sends only when it has more than one rank, and what it sends
@@ -901,7 +972,7 @@ assert comparison.too_big[-1].plan.dp == RANKS  # dp alone does not fit
 
 
 # %%
-def draw_plans(path, predictions, playbook_step):
+def draw_plans(predictions, playbook_step):
     parts = (("compute", "tab:blue"), ("tp_comm", "tab:orange"), ("pp_bubble", "tab:grey"),
              ("dp_comm", "tab:green"))
     too_big = {str(p.plan) for p in comparison.too_big}
@@ -931,16 +1002,14 @@ def draw_plans(path, predictions, playbook_step):
     right.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     right.set_title("memory a rank (limit dotted)", fontsize=10)
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+    return figure
 
 
 pictured = list(shown)
 if str(playbook.step.plan) not in [str(p.plan) for p in pictured]:
     pictured.append(playbook.step)
 pictured += comparison.too_big[:2]   # the smallest of those over the limit
-print("saved", draw_plans(OUT / "plans_1024.png", pictured, playbook.step))
+show_figure(draw_plans(pictured, playbook.step), "plans_1024.png")
 
 # %% [markdown]
 # Read the bars. Compute is the same for every plan: the same FLOPs shared

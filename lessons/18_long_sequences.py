@@ -49,7 +49,17 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, costmodel, memory, optim, trace
 from minidist.distributed import simulate
-from minidist.lesson import in_notebook, narrate, output_dir, quick, use_headless_matplotlib
+from minidist.lesson import (
+    glue,
+    in_notebook,
+    narrate,
+    output_dir,
+    quick,
+    say,
+    show_figure,
+    show_file,
+    use_headless_matplotlib,
+)
 from minidist.lesson_timing import Load, timed
 from minidist.models.gpt import GPT, Block, GPTConfig
 from minidist.nn import functional as F
@@ -97,13 +107,15 @@ def sent(events, rank, label):
 # %% [markdown]
 # ## 1. Attention's memory against the sequence length
 #
-# Lesson 16 counted what one transformer block keeps for its backward: with
-# s the bytes of one (B, T, d) array, 25 s of q, k, v, LayerNorm and MLP
-# arrays, 2 B T values of LayerNorm statistics, and the attention
-# probabilities P, **B H T^2** values: the one term that grows with the
-# square of the context. `memory.activations_against_length` measures a
-# block's graph with the memory ledger next to the formula (a block of
-# width 64 with 4 heads, one sequence, float32):
+# Lesson 16 counted what one transformer block (one layer) keeps for its
+# backward, `memory.transformer_block_activation_terms`, in values of s
+# bytes each: 25 B T d values of q, k, v, LayerNorm and MLP arrays, 2 B T
+# of LayerNorm statistics, and the attention probabilities P, **B H T^2**
+# values: the one term that grows with the square of the context. It is the
+# course's one count (lesson 17 split the same function over its ranks).
+# `memory.activations_against_length` measures a block's graph with the
+# memory ledger next to the formula (a block of width 64 with 4 heads, one
+# sequence, float32: s = 4):
 
 # %%
 D_MODEL, N_HEAD, B = 64, 4, 1
@@ -131,7 +143,8 @@ for shorter, longer in zip(rows, rows[1:]):             # each T double the one 
 # (section 2), keep one log-sum-exp per query, and rebuild P in the
 # backward. But what remains is still linear in T, and a long context
 # multiplies it. Lesson 17's GPT (32 layers of width 4096, 32 heads), one
-# sequence, 2-byte activations, by the formula:
+# sequence, 2-byte activations (s = 2), by the same formula, one block split
+# into P and the rest (lesson 17 printed their sum at T = 4,096):
 
 # %%
 BIG = plan_inputs.GPTShape(n_layer=32, n_embd=4096, n_head=32, vocab_size=50304, seq_len=4096,
@@ -139,21 +152,38 @@ BIG = plan_inputs.GPTShape(n_layer=32, n_embd=4096, n_head=32, vocab_size=50304,
 RANK_MEMORY = 80e9
 CONTEXTS = (4096, 16384, 32768, 65536, 131072)
 P_KEY = "attention: probabilities P (B H T T)"
-print(f"{'context T':>9} {'P a layer':>11} {'the rest a layer':>17} {'32 layers without P':>20} "
-      f"{'80 GB ranks for them':>21}")
+ITEMSIZE = 2   # s
+print(f"{'context T':>9} {'P, one block':>13} {'the rest, one block':>20} "
+      f"{'32 blocks without P':>20} {'80 GB ranks for them':>21}")
 big_rows = []
 for T in CONTEXTS:
-    terms = memory.transformer_block_activation_terms(1, T, BIG.n_embd, BIG.n_head, itemsize=2)
+    terms = memory.transformer_block_activation_terms(1, T, BIG.n_embd, BIG.n_head,
+                                                      itemsize=ITEMSIZE)
     p, rest = terms[P_KEY], sum(terms.values()) - terms[P_KEY]
     whole = BIG.n_layer * rest
     big_rows.append((T, p, rest))
-    print(f"{T:>9,} {p / 1e9:>9.1f} GB {rest / 1e9:>14.2f} GB {whole / 1e9:>17.0f} GB "
+    print(f"{T:>9,} {p / 1e9:>10,.1f} GB {rest / 1e9:>17.2f} GB {whole / 1e9:>17.0f} GB "
           f"{math.ceil(whole / RANK_MEMORY):>21}")
-assert BIG.n_layer * big_rows[-1][2] > RANK_MEMORY        # 128k does not fit, even without P
-assert big_rows[-1][1] > 1e12                              # P alone: a terabyte a layer
+T0, p0, rest0 = big_rows[0]
+print(f"one block at T = {T0:,}, P included: "
+      f"{glue('block_4096_gb', (p0 + rest0) / 1e9, '{:.2f} GB')} = "
+      f"{glue('block_4096_p_gb', p0 / 1e9, '{:.2f} GB')} of P + "
+      f"{glue('block_4096_rest_gb', rest0 / 1e9, '{:.2f} GB')} the rest (lesson 17's count)")
+assert p0 + rest0 == BIG.layer_activation_bytes(itemsize=ITEMSIZE)   # one count, one function
+T_long, p_long, rest_long = big_rows[-1]
+glue("p_128k_tb", p_long / 1e12, "{:.1f} TB")
+glue("rest_128k_gb", BIG.n_layer * rest_long / 1e9, "{:,.0f} GB")
+glue("ranks_128k", math.ceil(BIG.n_layer * rest_long / RANK_MEMORY))
+assert BIG.n_layer * rest_long > RANK_MEMORY        # 128k does not fit, even without P
+assert p_long > 1e12                                 # P alone: a terabyte a block
+# Cut over n ranks of context parallelism, each rank's T/n positions keep 1/n of the rest:
+for n in (2, 4, 8):
+    terms = memory.transformer_block_activation_terms(1, T_long // n, BIG.n_embd, BIG.n_head,
+                                                      itemsize=ITEMSIZE)
+    assert n * (sum(terms.values()) - terms[P_KEY]) == rest_long
 
 
-def draw_memory(path):
+def draw_memory():
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     T = np.array([row["T"] for row in rows])
     left.loglog(T, [row["measured"] / 1e6 for row in rows], "o", color="#C85200",
@@ -181,30 +211,33 @@ def draw_memory(path):
     right.legend(fontsize=8, loc="upper left")
     right.grid(alpha=0.3, which="both")
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+    return figure
 
 
-print("saved", draw_memory(OUT / "attention_memory.png"))
+show_figure(draw_memory(), "attention_memory.png")
+
+# %% jupyter={"source_hidden": true}
+say("""
+At 128k tokens P would be {glue}`p_128k_tb` a block, more than a terabyte,
+and even without it the other activations of 32 blocks need
+{glue}`rest_128k_gb`: {glue}`ranks_128k` ranks' memory. Data parallelism
+cannot help (it gives every rank whole sequences); tensor parallelism with
+sequence parallelism divides most of them by its n_tp ranks (lesson 17),
+but n_tp stops at the heads and at a node's fast links. Cut the *sequence*
+over n_cp more ranks and every one of these terms, linear in T, is divided
+by n_cp too: each rank keeps its T/n_cp positions. The layers that work
+position by position (embeddings, LayerNorms, the MLP, the projections)
+need no change. Attention needs every key for every query: the rest of the
+lesson is how (from here on n is the context-parallel group's ranks).
+""")
 
 # %% [markdown]
-# At 128k tokens P would be more than a terabyte per layer, and even
-# without it the other activations of 32 layers need several ranks' memory.
-# Data parallelism cannot help (it gives every rank whole sequences);
-# tensor parallelism with sequence parallelism divides them by its t ranks
-# (lesson 17), but t stops at the heads and at a node's fast links. Cut the
-# *sequence* over n more ranks and every one of these terms, linear in T, is
-# divided by n too:
-# each rank keeps its T/n positions. The layers that work position by
-# position (embeddings, LayerNorms, the MLP, the projections) need no change.
-# Attention needs every key for every query: the rest of the lesson is how.
 #
 # ## 2. Ring attention, step by step
 #
 # **The split, and why zig-zag.** Each rank holds the queries, keys and
 # values of its positions. In ring attention each rank keeps its queries and
-# passes K, V blocks round a ring: at step s rank r holds rank (r - s)'s
+# passes K, V blocks round a ring: at step k rank r holds rank (r - k)'s
 # block. With the causal mask a query sees only keys at or before it. Give
 # rank r the r-th contiguous block and rank 0's queries need only its own
 # block, while the last rank's need every block. `block_work` counts the
@@ -232,7 +265,7 @@ assert (work["zigzag"] == work["zigzag"][:, :1]).all() and busy_share["zigzag"] 
 assert (work["contiguous"][1:, 0] == 0).all()   # rank 0 idles after step 0
 
 
-def draw_work(path):
+def draw_work():
     figure, axes = plt.subplots(1, 2, figsize=(9, 3.8))
     top = max(table.max() for table in work.values())
     for axis, (layout, table) in zip(axes, work.items()):
@@ -248,21 +281,28 @@ def draw_work(path):
     figure.suptitle(f"causal attention over T = {SPLIT_T} on {SPLIT_N} ranks: score entries "
                     "per rank and ring step", fontsize=10)
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+    return figure
 
 
-print("saved", draw_work(OUT / "zigzag_balance.png"))
+show_figure(draw_work(), "zigzag_balance.png")
+triangle = SPLIT_T * (SPLIT_T + 1) // 2
+glue("triangle", triangle)
+glue("contiguous_total", int(work["contiguous"].sum()))
+glue("zigzag_total", int(work["zigzag"].sum()))
+assert triangle < work["zigzag"].sum() < work["contiguous"].sum()   # what the text says
+
+# %% jupyter={"source_hidden": true}
+say("""
+Contiguous blocks leave rank 0 idle after its first step and make every
+step as long as its busiest rank; the zig-zag split gives every rank the
+same work at every step. (A block that the diagonal cuts is computed whole
+and masked afterwards, so both totals, {glue}`contiguous_total` entries
+contiguous and {glue}`zigzag_total` zig-zag, are above the T (T + 1) / 2 =
+{glue}`triangle` entries of the causal triangle; the zig-zag's smaller
+diagonal chunks waste less.)
+""")
 
 # %% [markdown]
-# Contiguous blocks leave rank 0 idle after its first step and make every
-# step as long as its busiest rank; the zig-zag split gives every rank the
-# same work at every step. (A block that the diagonal cuts is computed
-# whole and masked afterwards, so both totals are a little above the
-# T (T + 1) / 2 entries of the causal triangle; the zig-zag's smaller
-# diagonal chunks waste less.)
-#
 # **The online softmax, by hand.** A rank never holds a whole row of
 # scores: it sees one block of keys at a time. Softmax needs the whole row's
 # maximum (for stability) and its sum of exponentials. The online softmax
@@ -284,13 +324,14 @@ scores = np.array([2.0, 1.0, 0.5, 3.0, -1.0, 4.0])
 values = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
 halves = [(scores[:3], values[:3]), (scores[3:], values[3:])]
 partial = []
-for index, (s, v) in enumerate(halves):
-    m = s.max()
-    weights = np.exp(s - m)
+for index, (block_scores, v) in enumerate(halves):
+    m = block_scores.max()
+    weights = np.exp(block_scores - m)
     total = weights.sum()
     o = weights @ v / total
     partial.append((m, total, o))
-    print(f"block {index}: scores {s}, values {v}: m = {m:.4f}, l = sum exp(s - m) = "
+    print(f"block {index}: scores {block_scores}, values {v}: m = {m:.4f}, "
+          f"l = sum exp(score - m) = "
           f"{total:.4f}, o = {o:.4f}, LSE = m + log l = {m + math.log(total):.4f}")
 (m1, l1, o1), (m2, l2, o2) = partial
 m = max(m1, m2)
@@ -380,28 +421,33 @@ def swap_to_heads(mine):
     ordered = np.empty_like(incoming)     # rank i's rows are its positions: put them in place
     ordered[np.concatenate([rank_positions(TINY_T, world, r) for r in range(world)])] = incoming
     return ordered.T
-    return found
+
 
 attention_trace = OUT / "ring_attention.trace.jsonl"
 attention_runs = minidist.launch(attention_run, world_size=WORLD, transport="shm",
                                  trace=str(attention_trace))
 attention_events = trace.read_jsonl(attention_trace)
 ring = ring_attention_replay(attention_events)   # the first call's forward
-print(f"ring attention on {ring.world_size} ranks: {ring.steps} steps with messages "
-      f"(n - 1), and step 0 before any")
+print(f"ring attention on {ring.world_size} ranks: {ring.steps} "
+      f"{'step' if ring.steps == 1 else 'steps'} with messages (n - 1), and step 0 before any")
 console = Console(width=88, color_system=None)
 for index in range(len(ring.frames)):
     console.print(render_frame(ring, index, color=False, width=88))
 for rank, (early, late) in enumerate(ring.frames[-1].holdings):
     # What the text below says: an early chunk merges the blocks of ranks 0..r, a late one all.
     assert early == frozenset(range(rank + 1)) and late == frozenset(range(WORLD))
+for frame in ring.frames[1:]:
+    # In the frame of step k rank r receives rank (r - k)'s block from its left neighbour.
+    for message in frame.messages:
+        assert message.source == (message.target - 1) % WORLD
+        assert message.text.endswith(f"of rank {(message.target - frame.index) % WORLD}")
 
 # %% [markdown]
 # Read a frame: each rank's output is two cells, its early and its late
 # chunk, and a cell's character says how many ranks' K, V blocks its
 # running (o, LSE) has merged ("1": its own, "A": all of them). Before any message each rank has attended
 # to its own block. In the frame of step k, rank r receives the block of
-# rank r - k - 1 from its left neighbour (which received it a step earlier)
+# rank r - k from its left neighbour (which received it a step earlier)
 # and merges it into the chunks that may see it: a late chunk sees every
 # block, an early chunk only the blocks of earlier positions. The arrows are the messages, each K and V of one block. The
 # same frames as an animation (a player in a notebook, a GIF beside the
@@ -409,9 +455,10 @@ for rank, (early, late) in enumerate(ring.frames[-1].holdings):
 
 # %%
 gif = save_gif(ring, OUT / "ring_attention.gif", fps=1)
-print("saved", gif)
-if in_notebook():  # the player, inline; a script has the GIF
+if in_notebook():  # the player, inline; a script names the GIF
     display(animate(ring))  # noqa: F821 - IPython's, in a notebook
+else:
+    show_file(gif)
 
 # %% [markdown]
 # **Equal to attention on the whole sequence.** The whole q, k, v in one
@@ -475,7 +522,8 @@ for rank, found in enumerate(attention_runs):
 # ## 4. When each wins
 #
 # **Bytes.** Per rank and attention layer, with T/n positions a rank and
-# D = Dv (`context_costs`):
+# D = Dv (the keys' and the values' head widths equal;
+# `minidist/parallel/context/costs.py` has the general table):
 #
 # * ring: forward 2 (n - 1) B H (T/n) D s (one K, V block a step, n - 1
 #   steps); backward those again plus every block's dK, dV on its way home:
@@ -580,21 +628,46 @@ comm = {formula.scheme: messages[formula.scheme] * shm.alpha
         + shm.xbeta * (formula.forward[0] + formula.backward[0]) for formula in formulas}
 for scheme, seconds in comm.items():
     print(f"the cost model's time for {scheme}'s messages on this machine's shared memory: "
-          f"{seconds * 1e3:.2f} ms, {seconds / best[scheme]:.0%} of its measured step")
+          f"{seconds * 1e3:.2f} ms, {seconds / best[scheme]:.1%} of its measured step")
     assert seconds < best[scheme] / 2   # "a small part of a measured step"
 
+share = {scheme: seconds / best[scheme] for scheme, seconds in comm.items()}
+glue("ring_comm_share", share["ring"], ".1%")
+glue("ulysses_comm_share", share["ulysses"], ".1%")
+against_whole = {scheme: best[scheme] / best["whole, one process"] for scheme in comm}
+glue("ring_vs_whole", against_whole["ring"], ".2f")
+glue("ulysses_vs_whole", against_whole["ulysses"], ".2f")
+faster = [scheme for scheme, ratio in against_whole.items() if ratio < 1]
+glue("split_verdict",
+     "Both were faster: their ranks split the arithmetic, and the ring's blocks skip the "
+     "keys the causal mask hides, where whole attention computes every score and masks "
+     "them" if len(faster) == 2 else
+     "Neither was faster: on ranks that share a few cores, splitting the arithmetic did "
+     "not pay here" if not faster else
+     f"Only {'ring attention' if faster == ['ring'] else 'Ulysses'} was faster: on ranks "
+     "that share a few cores, the split pays little, and not for every scheme")
+glue("machine_busy", bool(busy))
+glue("cores_busy", "the machine was busy, so these times include waiting for a core"
+     if busy else "the machine was not busy beside the lesson")
+
+# %% jupyter={"source_hidden": true}
+say("""
+On one machine's shared memory the messages' modelled time is a small part
+of a measured step ({glue}`ring_comm_share` of the ring's,
+{glue}`ulysses_comm_share` of Ulysses'): the rest is arithmetic, split over
+ranks that share this machine's cores with each other and with whatever
+else runs, and their waits for one another. Against whole attention on one
+process, ring attention took {glue}`ring_vs_whole` times its time and
+Ulysses {glue}`ulysses_vs_whole` times. {glue}`split_verdict`
+({glue}`cores_busy`). Where the link is a real network the bytes matter,
+and no laptop has 64 ranks: the choice is *predicted*.
+""")
+
 # %% [markdown]
-# On one machine's shared memory the messages' modelled time is a small
-# part of a measured step: both schemes take about the time of their
-# arithmetic, split over ranks that share this machine's cores with each
-# other and with whatever else runs (compare whole attention on one
-# process). Where the link is a real network the bytes matter, and no laptop has
-# 64 ranks: the choice is *predicted*.
-#
 # **Beyond this machine.** A long-context layer: one sequence of 128k
-# tokens, 32 heads of 128, 2-byte values, on section 1's cluster of lesson
-# 17 (`plan_inputs.CLUSTER`: 400 TFLOP/s a rank, NVLink within a node of 8,
-# InfiniBand between nodes). The messages' time comes from the simulator:
+# tokens, 32 heads of 128, 2-byte values, on the cluster of lesson 17's
+# section 6 (`plan_inputs.CLUSTER`: 400 TFLOP/s a rank, NVLink within a
+# node of 8, InfiniBand between nodes). The messages' time comes from the simulator:
 # ring attention's forward messages are exactly a ring all_gather's (n - 1
 # steps, each rank passing a block to its right), Ulysses' forward four
 # pairwise all_to_alls. Compute is the causal attention's 2 B H T^2 D
@@ -655,12 +728,29 @@ assert all(p["ring"] < p["ulysses"] for p in intra)               # the ring win
 assert by_n[64]["ulysses"] is None                                 # 32 heads cannot go to 64
 assert math.isclose(machine.inter.beta, 8 * machine.intra.beta)    # "eight times slower"
 # The block length above which a ring step's message hides behind its arithmetic:
+# a step's blocks, 2 B H (T/n)^2 D flops at a rank's FLOP/s, against its message,
+# 2 B H (T/n) D s bytes at beta a byte: equal at T/n = (FLOP/s) s beta.
+print("a ring step's message hides behind its blocks' arithmetic when T/n >= (FLOP/s) s beta "
+      f"({machine.flops / 1e12:.0f} TFLOP/s a rank, s = {LONG['itemsize']} bytes a value):")
+hide_at = {}
 for name, link in (("intra-node", machine.intra), ("inter-node", machine.inter)):
-    print(f"{name}: a ring message hides behind its step's blocks when T/n >= F s beta = "
-          f"{machine.flops * LONG['itemsize'] * link.beta:,.0f} positions")
+    hide_at[name] = machine.flops * LONG["itemsize"] * link.beta
+    print(f"   {name}: beta = 1 / ({1 / link.beta / 1e9:.0f} GB/s), (FLOP/s) s beta = "
+          f"{hide_at[name]:,.0f} positions")
+for p in predictions:   # the table's verdicts are these thresholds'
+    assert (p["message"] <= p["compute"] / p["n"]) == \
+        (LONG["seq_len"] / p["n"] >= hide_at[p["link"]] * (1 - 1e-12))
+glue("hide_intra", hide_at["intra-node"], ",.0f")
+glue("hide_inter", hide_at["inter-node"], ",.0f")
+largest_intra = max(p["n"] for p in intra)
+smallest_inter = min(p["n"] for p in predictions if p["link"] == "inter-node")
+glue("block_intra", LONG["seq_len"] // largest_intra, ",")
+glue("n_intra", largest_intra)
+glue("block_inter", LONG["seq_len"] // smallest_inter, ",")
+glue("n_inter", smallest_inter)
 
 
-def draw_choice(path):
+def draw_choice():
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     worlds = [p["n"] for p in predictions]
     u_worlds = [p["n"] for p in predictions if p["ulysses"]]
@@ -691,24 +781,30 @@ def draw_choice(path):
     right.set_title("time on lesson 17's cluster (simulated messages)", fontsize=10)
     figure.suptitle("one attention layer, T = 128k, 32 heads of 128, 2 bytes", fontsize=10)
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+    return figure
 
 
-print("saved", draw_choice(OUT / "ring_or_ulysses.png"))
+show_figure(draw_choice(), "ring_or_ulysses.png")
+
+# %% jupyter={"source_hidden": true}
+say("""
+Read the two panels together. Within a node, the ring's per-step message
+is shorter than the step's arithmetic (even at n = {glue}`n_intra` a block
+of T/n = {glue}`block_intra` positions is above (FLOP/s) s β =
+{glue}`hide_intra`, the block at which a step's arithmetic, 2 B H (T/n)^2 D
+flops, lasts as long as its message, 2 B H (T/n) D s bytes),
+so its bytes cost nothing: the ring's time is the compute's, and Ulysses
+pays its four all_to_alls on top. Across nodes the link is eight times
+slower, the blocks are shorter (T/n = {glue}`block_inter` at n =
+{glue}`n_inter`, below (FLOP/s) s β = {glue}`hide_inter`), and the ring's messages
+outlast the arithmetic: each step waits for its block, while Ulysses,
+sending 1/n as much, wins. And past H ranks Ulysses cannot go at all. Real
+systems combine them: Ulysses within a node (up to the heads), ring
+attention across nodes (Megatron-LM's hierarchical context parallelism,
+`cp_comm_type="a2a+p2p"`, and USP, Fang and Zhao, 2024).
+""")
 
 # %% [markdown]
-# Read the two panels together. Within a node, the ring's per-step message
-# is shorter than the step's arithmetic, so its bytes cost nothing: the
-# ring's time is the compute's, and Ulysses pays its four all_to_alls on
-# top. Across nodes the link is eight times slower, the blocks are shorter
-# (T/n), and the ring's messages outlast the arithmetic: each step waits
-# for its block, while Ulysses, sending 1/n as much, wins. And past H ranks
-# Ulysses cannot go at all. Real systems combine them: Ulysses within a
-# node (up to the heads), ring attention across nodes (Megatron-LM's
-# hierarchical context parallelism, `cp_comm_type="a2a+p2p"`, and USP, Fang
-# and Zhao, 2024).
 #
 # ## 5. The GPT with a context-parallel dimension
 #
@@ -719,8 +815,8 @@ print("saved", draw_choice(OUT / "ring_or_ulysses.png"))
 # mean over every token of the batch. Each rank's gradients are its tokens'
 # share; `allreduce_grads` sums them over cp and averages over dp (the dp
 # ranks see other sequences). Three AdamW steps in float64 on a mesh of
-# (dp, cp), against one process on the whole batches; quick form: dp 1 x cp
-# 2, full form: dp 2 x cp 2 on 4 processes:
+# (dp, cp), against one process on the whole batches; quick form: (dp, cp) =
+# (1, 2), full form: (2, 2) on 4 processes:
 
 # %%
 CONFIG = GPTConfig(vocab_size=32, block_size=24, n_layer=2, n_head=4, n_embd=16)

@@ -48,7 +48,9 @@ state by layer (a GPT's blocks, its embeddings); :func:`layer_activation_bytes`
 measures what one layer's graph keeps, with or without recomputation; and
 :func:`transformer_block_activation_terms` is the formula for a transformer
 block, term by term, among them attention's B H T^2 probabilities, the one
-that grows with the square of the context. :func:`activations_against_length`
+that grows with the square of the context: the course's one count of a
+block's activations, on one rank or split by tensor and sequence
+parallelism, which every cost function calls. :func:`activations_against_length`
 puts formula and measurement side by side for several lengths
 (tests/core/test_memory.py checks they agree to the byte).
 """
@@ -379,42 +381,120 @@ def layer_activation_bytes(layer, x, recompute: bool = False) -> int:
 
 def transformer_block_activation_terms(batch: int, seq_len: int, n_embd: int, n_head: int,
                                        itemsize: int = 4, recompute: bool = False,
-                                       mlp_ratio: int = 4) -> dict[str, int]:
-    """The formula: bytes a pre-LayerNorm transformer block (a GPT's
-    :class:`~minidist.models.gpt.Block`) keeps for the backward, term by term,
-    as minidist's ops keep them. With s = B T d itemsize (one (B, T, d) array):
+                                       mlp_ratio: int = 4, tp: int = 1,
+                                       sequence_parallel: bool = False) -> dict[str, int]:
+    """The course's one count of activation memory: the bytes one transformer
+    block (one layer: a GPT's pre-LayerNorm :class:`~minidist.models.gpt.Block`)
+    keeps for the backward, term by term, on one rank. Every lesson and cost
+    function that counts a block's activations calls it (lessons 16-18,
+    :func:`~minidist.parallel.tensor.costs.gpt_activation_bytes`, the 3D
+    planner's :meth:`~minidist.parallel.mesh.plan_inputs.GPTShape.layer_activation_bytes`).
 
-    * LayerNorms, two: each its output and x_hat (2 s) and 1/std (B T itemsize);
-    * attention: q, k, v from ``c_attn`` (3 s, the heads are views of it), the
-      probabilities P (B H T T itemsize: the one array that grows with T^2;
-      the scores are freed once P is made), the heads' output (s) and its
-      copy back to (B, T, d) (s), ``c_proj``'s output (s);
-    * MLP: ``c_fc``'s output (4 s), GELU's output and its Phi(x) (8 s),
-      ``c_proj``'s output (s);
-    * the two residual sums (2 s), the second the block's output.
+    Symbols as in lessons/NOTATION.md: B sequences of T positions, width d,
+    H heads, s bytes per value (``itemsize``: 4 in float32, 2 in float16 /
+    bfloat16), n the tensor-parallel ranks (``tp``). The assumptions:
 
-    25 s + 2 B T itemsize + B H T^2 itemsize in all. With ``recompute``
-    (the block run through ``checkpoint``) it keeps its output only, s: the
-    rest, P included, is rebuilt in the backward, one block at a time."""
-    s = batch * seq_len * n_embd * itemsize
+    * what is kept is what minidist's NumPy ops keep alive in the autograd
+      graph after the forward (every node's output and what each local
+      backward captured, each byte once), as the memory ledger measures it;
+      the block's input is not counted (the block before holds it), its
+      output is;
+    * every value is s bytes: inside a block minidist keeps no masks or
+      integer arrays, and its GPT has no dropout;
+    * the attention is the plain one: it keeps the probabilities P, B H T^2
+      values (the scores are freed once P is made), the one term that grows
+      with the square of the context. FlashAttention or ring attention keep
+      no P; this count does.
+
+    Per block, in values (times s for bytes), on one rank (n = 1):
+
+    * two LayerNorms: each its output and x_hat (2 B T d) and 1/std (B T);
+    * attention: q, k, v from ``c_attn`` (3 B T d; the heads are views of
+      it), P (B H T^2), the heads' output (B T d) and its copy back to
+      (B, T, d) (B T d; none with one head: then the reshape is a view);
+    * MLP: ``c_fc``'s output (4 B T d), GELU's output and its Phi(x)
+      (8 B T d);
+    * the two ``c_proj`` row layers: each its output, the bias added in the
+      product (B T d);
+    * the two residual sums (2 B T d), the second the block's output;
+
+    25 B T d + 2 B T + B H T^2 values in all. Split over n >= 2 tensor-
+    parallel ranks (lesson 17, :mod:`minidist.parallel.tensor.gpt`): q, k,
+    v, P, the heads' output and copy, the MLP's arrays are divided by n (a
+    rank holds H/n heads and 4d/n hidden units; the copy is a view when H/n
+    = 1), and each row layer keeps three whole arrays instead of one: its
+    partial product, the all_reduce's summed copy, the bias added:
+
+        B T d (12 + 17/n) + 2 B T + B H T^2 / n       (16/n for 17/n when H/n = 1)
+
+    With sequence parallelism (n >= 2) the LayerNorms, the summed copy (now
+    the reduce_scatter's T/n positions), the biases and the residual sums
+    are divided by n too; what stays whole is the column layers' gathered
+    input (2 B T d, kept for their weight gradient) and the row layers'
+    partial products (2 B T d):
+
+        B T d (4 + 27/n) + 2 B T / n + B H T^2 / n     (26/n when H/n = 1)
+
+    With ``recompute`` (the block run through :func:`minidist.nn.checkpoint`)
+    it keeps its output only, B T d (B T d / n with sequence parallelism):
+    the rest, P included, is rebuilt in the backward, one block at a time.
+
+    Measured: tests/core/test_memory.py holds the count to the ledger byte
+    for byte on one rank, with and without recomputation, in float32 and
+    float64; tests/parallel/test_tensor_parallel_gpt.py on 2 and 4 ranks,
+    with and without sequence parallelism. (Recomputation on split ranks is
+    the same rule, not measured.)
+
+    Megatron's kernels keep less: Korthikanti et al. ("Reducing Activation
+    Recomputation in Large Transformer Models", 2022) count 34 B T d + 5 B H
+    T^2 bytes a layer in 2-byte values with dropout (fused kernels keep
+    GELU's input only, a byte per dropout mask); the shape is the same: a
+    part linear in T, part of it divided by n, and the B H T^2 term."""
+    n = tp
+    if n < 1 or (sequence_parallel and n < 2):
+        raise ValueError(f"transformer_block_activation_terms: tp={tp} with "
+                         f"sequence_parallel={sequence_parallel}: tp must be >= 1, and >= 2 "
+                         "for sequence parallelism")
+    if n_head % n or (sequence_parallel and seq_len % n):
+        raise ValueError(f"transformer_block_activation_terms: tp={n} must divide the "
+                         f"{n_head} heads" + (f" and the {seq_len} positions"
+                                              if sequence_parallel else ""))
+    s = itemsize
+    btd, bt = batch * seq_len * n_embd, batch * seq_len
     if recompute:
-        return {"output (the next block's checkpointed input)": s}
-    hidden = mlp_ratio * s
-    return {
-        "layer norms: outputs, x_hat, 1/std": 2 * (2 * s + batch * seq_len * itemsize),
-        "attention: q, k, v": 3 * s,
-        "attention: probabilities P (B H T T)": batch * n_head * seq_len * seq_len * itemsize,
-        "attention: heads' output, its (B, T, d) copy, c_proj": 3 * s,
-        "mlp: c_fc, GELU and Phi(x), c_proj": 3 * hidden + s,
-        "residual sums": 2 * s,
+        return {"output (the next block's checkpointed input)":
+                (btd // n if sequence_parallel else btd) * s}
+    hidden = mlp_ratio * btd
+    copy = btd // n if n_head // n > 1 else 0
+    local = n if sequence_parallel else 1          # what the sequence split divides
+    terms = {
+        "layer norms: outputs, x_hat, 1/std": 2 * (2 * btd + bt) // local,
+        "attention: q, k, v": 3 * btd // n,
+        "attention: probabilities P (B H T T)": batch * n_head * seq_len * seq_len // n,
+        "attention: heads' output, its (B, T, d) copy": btd // n + copy,
+        "mlp: c_fc, GELU and Phi(x)": 3 * hidden // n,
     }
+    if n == 1:
+        terms["row layers (c_proj): outputs"] = 2 * btd
+    else:
+        if sequence_parallel:
+            terms["column layers: gathered inputs"] = 2 * btd
+        terms["row layers (c_proj): partial products"] = 2 * btd
+        terms["row layers: summed copies" + (" (T/n positions)" if sequence_parallel else "")] = \
+            2 * btd // local
+        terms["row layers: bias added"] = 2 * btd // local
+    terms["residual sums"] = 2 * btd // local
+    return {name: values * s for name, values in terms.items()}
 
 
 def transformer_block_activation_bytes(batch: int, seq_len: int, n_embd: int, n_head: int,
-                                       itemsize: int = 4, recompute: bool = False) -> int:
-    """The sum of :func:`transformer_block_activation_terms`."""
+                                       itemsize: int = 4, recompute: bool = False,
+                                       tp: int = 1, sequence_parallel: bool = False) -> int:
+    """The sum of :func:`transformer_block_activation_terms`: one block's
+    activation bytes on one rank, P included."""
     return sum(transformer_block_activation_terms(batch, seq_len, n_embd, n_head, itemsize,
-                                                  recompute).values())
+                                                  recompute, tp=tp,
+                                                  sequence_parallel=sequence_parallel).values())
 
 
 def activations_against_length(make_block, n_embd: int, n_head: int, batch: int, seq_lens,

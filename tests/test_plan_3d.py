@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from minidist import cli, costmodel
+from minidist import cli, costmodel, memory
 from minidist.alpha_beta import Params
 from minidist.distributed.simulator import simulate
 from minidist.models.gpt import GPT, GPTConfig
@@ -82,19 +82,24 @@ def test_flops_by_hand():
     assert shape.step_flops(recompute=True) == 4 * 3584 * 3 * 4
 
 
-def test_activations_are_korthikantis():
-    """e = 2 bytes with dropout masks: the paper's 34 sbh + 5 as^2 b, 10 + 24/t
-    with TP, 34/t with sequence parallelism, 2 sbh with full recomputation."""
+def test_activations_are_the_courses_one_count():
+    """A layer's activations are memory.transformer_block_activation_bytes
+    (what minidist's ops keep, the ledger's count): e (25 sbh + 2 sb + a s^2 b)
+    unsplit, e (sbh (12 + 17/t) + 2 sb + a s^2 b / t) with TP, e (sbh (4 +
+    27/t) + 2 sb / t + a s^2 b / t) with sequence parallelism, e sbh with
+    full recomputation (/ t with sequence parallelism)."""
     s, b, h, a = SMALL.seq_len, SMALL.micro_batch, SMALL.n_embd, SMALL.n_head
-    sbh, scores = s * b * h, 5 * a * s * s * b
+    sbh, sb, scores = s * b * h, s * b, a * s * s * b
     act = SMALL.layer_activation_bytes
-    assert act(itemsize=2, dropout=True) == 34 * sbh + scores
-    assert act(tp=4, itemsize=2, dropout=True) == sbh * (10 + 24 / 4) + scores / 4
-    assert act(tp=4, sequence_parallel=True, itemsize=2, dropout=True) == (34 * sbh + scores) / 4
-    assert act(recompute=True, itemsize=2, dropout=True) == 2 * sbh
-    assert act(tp=4, sequence_parallel=True, recompute=True, itemsize=2) == 2 * sbh / 4
-    # No dropout, fp32: 16 values of sbh and one of the scores, 4 bytes each.
-    assert act(itemsize=4) == 4 * (16 * sbh + a * s * s * b)
+    assert a // 4 > 1     # more than one head a rank at t = 4: 17/t, 27/t
+    assert act(itemsize=2) == 2 * (25 * sbh + 2 * sb + scores)
+    assert act(tp=4, itemsize=2) == 2 * (sbh * 12 + sbh * 17 // 4 + 2 * sb + scores // 4)
+    assert act(tp=4, sequence_parallel=True, itemsize=2) == \
+        2 * (sbh * 4 + sbh * 27 // 4 + 2 * sb // 4 + scores // 4)
+    assert act(recompute=True, itemsize=2) == 2 * sbh
+    assert act(tp=4, sequence_parallel=True, recompute=True, itemsize=2) == 2 * sbh // 4
+    assert act(tp=2, itemsize=4) == memory.transformer_block_activation_bytes(
+        b, s, h, a, 4, tp=2)
 
 
 def _costs(step, dimension):

@@ -60,6 +60,22 @@ def test_p_outweighs_the_rest_of_a_block_from_t_25d_plus_2_over_h(d, h):
     assert memory.transformer_block_activation_bytes(4, 100, d, h, recompute=True) == 4 * 100 * d * 4
 
 
+@pytest.mark.parametrize("s", [2, 4, 8])
+def test_a_block_keeps_25_btd_plus_2_bt_plus_bht2_values_of_s_bytes(s):
+    """Section 4: with s the bytes per value (lessons/NOTATION.md), one block
+    keeps 25 B T d + 2 B T values and P's B H T^2; the same function is the
+    count lessons 17 and 18 use (the planner's too)."""
+    from minidist.parallel.mesh.plan_inputs import GPTShape
+
+    B, T, d, H = 4, 64, 128, 4
+    assert memory.transformer_block_activation_bytes(B, T, d, H, s) == \
+        s * (25 * B * T * d + 2 * B * T + B * H * T * T)
+    shape = GPTShape(n_layer=2, n_embd=d, n_head=H, vocab_size=62, seq_len=T,
+                     global_batch=B, micro_batch=B)
+    assert shape.layer_activation_bytes(itemsize=s) == \
+        memory.transformer_block_activation_bytes(B, T, d, H, s)
+
+
 def test_at_short_contexts_a_blocks_model_states_outweigh_its_activations():
     """Section 4's picture: the dotted line (weights + gradients + Adam, 16
     bytes per parameter) is above the activations at T = 16 and below at

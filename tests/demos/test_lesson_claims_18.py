@@ -10,6 +10,7 @@ import itertools
 import numpy as np
 import pytest
 
+from minidist import memory
 from minidist.parallel.context.costs import ring_attention_bytes, ulysses_bytes
 from minidist.parallel.context.ring_attention import merge
 from minidist.parallel.context.split import block_work
@@ -90,7 +91,7 @@ def test_ulysses_stops_at_the_heads():
 def test_a_ring_step_hides_its_message_from_a_block_of_f_s_beta_positions(link):
     """Section 4: a ring step's arithmetic (causal, zig-zag: 2 B H T^2 D / n^2
     flops) outlasts its message (2 B H (T/n) D s bytes, beta alone) exactly
-    when T/n >= F s beta; a shorter context stops hiding at fewer ranks."""
+    when T/n >= (FLOP/s) s beta; a shorter context stops hiding at fewer ranks."""
     machine = plan_inputs.CLUSTER
     beta = getattr(machine, link).beta
     B, H, D, s = 1, 32, 128, 2
@@ -106,3 +107,33 @@ def test_a_ring_step_hides_its_message_from_a_block_of_f_s_beta_positions(link):
     largest = {T: max([n for n in (1, 2, 4, 8, 16, 32, 64) if hides(T, n)], default=0)
                for T in (16384, 131072)}
     assert largest[16384] <= largest[131072]
+
+
+P_KEY = "attention: probabilities P (B H T T)"
+
+
+def test_p_and_the_rest_of_a_block_are_lesson_17s_block():
+    """Section 1: one block of lesson 17's GPT at T = 4,096, split into P
+    and the rest, sums to the block lesson 17 prints (the planner's count
+    too): one function, one count. P is B H T^2 values of s bytes."""
+    shape = plan_inputs.GPTShape(n_layer=32, n_embd=4096, n_head=32, vocab_size=50304,
+                                 seq_len=4096, global_batch=1, micro_batch=1)
+    terms = memory.transformer_block_activation_terms(1, 4096, 4096, 32, itemsize=2)
+    assert terms[P_KEY] == 32 * 4096 * 4096 * 2
+    assert sum(terms.values()) == shape.layer_activation_bytes(itemsize=2)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8, 16])
+def test_context_parallelism_divides_the_rest_of_a_block_by_n(n):
+    """Section 1: cut the sequence over n ranks and every term but P, linear
+    in T, is divided by n; at 128k P alone is more than a terabyte a block,
+    and the rest of 32 blocks needs more than one rank of 80 GB."""
+    T = 131072
+
+    def rest(length):
+        terms = memory.transformer_block_activation_terms(1, length, 4096, 32, itemsize=2)
+        return sum(terms.values()) - terms[P_KEY], terms[P_KEY]
+
+    whole, p = rest(T)
+    assert n * rest(T // n)[0] == whole
+    assert p > 1e12 and 32 * whole > 80e9

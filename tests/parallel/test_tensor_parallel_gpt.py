@@ -76,8 +76,12 @@ def _run_split(sequence_parallel):
     with trace.region(f"{name} backward"):
         loss.backward()
         shard.allreduce_sequence_parallel_grads()
+    # One block alone, on this rank's input (T/n positions with sequence parallelism).
+    positions = STEPS // dist.get_world_size() if sequence_parallel else STEPS
+    x = np.random.default_rng(3).standard_normal((BATCH, positions, CONFIG.n_embd))
+    block = memory.layer_activation_bytes(shard.transformer.h[0], x)
     return dict(logits=logits.data, loss=loss.item(), grads=_grads(shard),
-                activations=activations)
+                activations=activations, block=block)
 
 
 def _train(sequence_parallel):
@@ -314,6 +318,22 @@ def test_activation_bytes_equal_the_formula(runs, world, sequence_parallel):
     for rank, result in enumerate(results):
         formula = gpt_activation_bytes(CONFIG, BATCH, STEPS, world, rank, sequence_parallel, itemsize=8)
         assert result["split"][sequence_parallel]["activations"] == formula.total, rank
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("sequence_parallel", MODES, ids=["tp", "tp+sp"])
+def test_one_blocks_activations_are_the_one_count(runs, world, sequence_parallel):
+    """The ledger on one split block alone against the course's one count,
+    memory.transformer_block_activation_bytes, with tp = n."""
+    results, _ = runs[world]
+    formula = memory.transformer_block_activation_bytes(
+        BATCH, STEPS, CONFIG.n_embd, CONFIG.n_head, itemsize=8, tp=world,
+        sequence_parallel=sequence_parallel)
+    for rank, result in enumerate(results):
+        assert result["split"][sequence_parallel]["block"] == formula, rank
+    assert formula == gpt_activation_bytes(CONFIG, BATCH, STEPS, world, 0, sequence_parallel,
+                                           itemsize=8).per_block
 
 
 def test_sequence_parallelism_keeps_less_per_block():

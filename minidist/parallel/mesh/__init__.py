@@ -43,7 +43,6 @@ from minidist.parallel.mesh.plan_3d import (  # noqa: F401
 from minidist.parallel.mesh.plan_command import plan_command  # noqa: F401
 from minidist.parallel.mesh.plan_inputs import (  # noqa: F401
     CLUSTER,
-    DROPOUT_MASK_BYTES,
     ZERO_COLLECTIVES,
     GPTShape,
     Machine,
@@ -51,7 +50,7 @@ from minidist.parallel.mesh.plan_inputs import (  # noqa: F401
     why_not,
 )
 
-__all__ = ["GPT3D", "GPTStage", "gpt_stages", "stage_blocks", "MESH_DIMS", "DROPOUT_MASK_BYTES",
+__all__ = ["GPT3D", "GPTStage", "gpt_stages", "stage_blocks", "MESH_DIMS",
            "ZERO_COLLECTIVES", "GPTShape", "Machine", "CLUSTER", "Plan", "why_not",
            "CollectiveCost", "StepPrediction", "parameters_per_rank", "predict_step", "peak_live",
            "factorisations", "PlanComparison", "format_table", "compare_plans", "PlaybookChoice",

@@ -123,8 +123,8 @@ def compare_plans(model: GPTShape, ranks: int, machine: Machine = CLUSTER,
     keep those whose fullest rank fits in ``memory_limit`` bytes, and rank
     them by step time. ``options``: the rest of :class:`Plan`
     (``schedule``, ``sequence_parallel``, ``zero_stage``, ...) for every plan,
-    and ``algorithm``, ``itemsize``, ``dropout`` of :func:`predict_step`."""
-    predict_options = {key: options.pop(key) for key in ("algorithm", "itemsize", "dropout")
+    and ``algorithm``, ``itemsize`` of :func:`predict_step`."""
+    predict_options = {key: options.pop(key) for key in ("algorithm", "itemsize")
                        if key in options}
     fitting, too_big, impossible = [], [], []
     for dp, tp, pp in factorisations(ranks, machine.node_size):
@@ -160,7 +160,7 @@ def playbook_plan(model: GPTShape, ranks: int, machine: Machine = CLUSTER,
     ``node_size``), then with pipeline stages across nodes (pp doubled);
     every rank left over goes to data parallelism, which grows the batch a
     step processes at once. ``options`` as :func:`compare_plans`'s."""
-    predict_options = {key: options.pop(key) for key in ("algorithm", "itemsize", "dropout")
+    predict_options = {key: options.pop(key) for key in ("algorithm", "itemsize")
                        if key in options}
     decisions = []
 

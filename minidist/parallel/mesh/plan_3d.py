@@ -82,17 +82,22 @@ step is ``makespan + dp_comm`` (the optimizer's update left out).
   (vocab-parallel) and the position embedding (block_size h); the last
   stage the final LayerNorm and, when it is not the first, a copy of the
   tied embedding.
-* activations: the layers' saved tensors (Korthikanti et al., 2022, with e
-  and the dropout of :data:`DROPOUT_MASK_BYTES` as parameters), bytes per
-  layer per micro-batch:
+* activations: the course's one count of what a layer (one block) keeps
+  for backward, :func:`minidist.memory.transformer_block_activation_bytes`
+  (its docstring gives it term by term), in e-byte values, per layer per
+  micro-batch:
 
-  - plain TP: ``s b h (4e + 2k) + 12 e s b h / t + a s^2 b (e + k (e + 1)) / t``
-  - with sequence parallelism: ``(s b h (16e + 2k) + a s^2 b (e + k (e + 1))) / t``
-  - with full recomputation: the layer's input, ``e s b h`` (``/ t`` with
-    sequence parallelism), plus one layer's full set while it is recomputed
+  - plain TP: ``e (s b h (12 + 17/t) + 2 s b + a s^2 b / t)`` (t >= 2;
+    ``e (25 s b h + 2 s b + a s^2 b)`` unsplit)
+  - with sequence parallelism: ``e (s b h (4 + 27/t) + 2 s b / t + a s^2 b / t)``
+  - with full recomputation: the layer's output, the next one's input,
+    ``e s b h`` (``/ t`` with sequence parallelism), plus one layer's full
+    set while it is recomputed
 
-  (k = 1 with dropout, 0 without; e = 2, k = 1, t = 1 gives the paper's
-  34 s b h + 5 a s^2 b). Times the layers of a stage and the micro-batches
+  (17/t and 27/t become 16/t and 26/t when a rank holds one head). What
+  minidist's ops keep, measured by its ledger; Megatron's fused kernels keep
+  less (Korthikanti et al., 2022: 34 s b h + 5 a s^2 b bytes with e = 2 and
+  dropout). Times the layers of a stage and the micro-batches
   the rank holds at its peak, counted along the schedule's actions as the
   clock's memory events count them (1F1B: p on the first stage). The attention weights are kept, as
   without flash attention; the embedding's and the logits' activations are
@@ -218,13 +223,12 @@ def parameters_per_rank(model: GPTShape, tp: int, pp: int, virtual_stages: int =
 
 
 def predict_step(model: GPTShape, plan: Plan, machine: Machine = CLUSTER, *,
-                 algorithm: str = "ring", itemsize: int = 2,
-                 dropout: bool = False) -> StepPrediction:
+                 algorithm: str = "ring", itemsize: int = 2) -> StepPrediction:
     """Predict one training step of ``model`` under ``plan`` on ``machine``
     (the module's formulas). ``algorithm``: the collectives' algorithm
     ("ring", NCCL's, or "auto": the cost model's fastest for each call);
     ``itemsize``: bytes of an activation, a gradient, a value sent
-    (2: bf16); ``dropout``: the layers keep dropout masks."""
+    (2: bf16)."""
     why = why_not(model, plan)
     if why is not None:
         raise ValueError(f"predict_step: {plan} cannot run this model: {why}")
@@ -289,8 +293,8 @@ def predict_step(model: GPTShape, plan: Plan, machine: Machine = CLUSTER, *,
 
     # Memory: the rank with the most model states and activations.
     live = peak_live(schedule)
-    layer = model.layer_activation_bytes(tp, plan.sequence_parallel, plan.recompute, e, dropout)
-    working = (model.layer_activation_bytes(tp, plan.sequence_parallel, False, e, dropout)
+    layer = model.layer_activation_bytes(tp, plan.sequence_parallel, plan.recompute, e)
+    working = (model.layer_activation_bytes(tp, plan.sequence_parallel, False, e)
                if plan.recompute else 0.0)
     layers_per_piece = model.n_layer // (pp * v)
     fullest = None

@@ -5,7 +5,9 @@ into one step's time and memory:
 
 * :class:`GPTShape`: the GPT's shape and its batch, with the counts the
   prediction reads off it: the parameters (all, and one block's on one of
-  t ranks), the FLOPs of a token, the bytes a layer keeps for backward;
+  t ranks), the FLOPs of a token, the bytes a layer (one block) keeps for
+  backward (:func:`minidist.memory.transformer_block_activation_bytes`, the
+  course's one count);
 * :class:`Machine`: a rank's FLOP/s and the links within and between nodes
   (:data:`CLUSTER`: a GPU cluster of today, its constants chosen);
 * :class:`Plan`: the mesh dp x tp x pp and how it runs (schedule, sequence
@@ -21,9 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minidist.alpha_beta import Params
-
-#: Bytes of one dropout mask entry (a byte per element, as Megatron keeps them).
-DROPOUT_MASK_BYTES = 1
+from minidist.memory import transformer_block_activation_bytes
 
 #: ZeRO's collectives on the dp group, per stage, as :mod:`minidist.parallel.data.zero` makes them.
 ZERO_COLLECTIVES = {
@@ -114,20 +114,15 @@ class GPTShape:
         return passes * self.forward_flops_per_token() * self.global_batch * self.seq_len
 
     def layer_activation_bytes(self, tp: int = 1, sequence_parallel: bool = False,
-                               recompute: bool = False, itemsize: int = 2,
-                               dropout: bool = False) -> float:
-        """Bytes one layer keeps for backward on one micro-batch (the formulas
-        of :mod:`.plan_3d`); with ``recompute``, only its input."""
-        s, b, h, a, e, t = (self.seq_len, self.micro_batch, self.n_embd, self.n_head,
-                            itemsize, tp)
-        k = DROPOUT_MASK_BYTES if dropout else 0
-        sbh = s * b * h
-        if recompute:
-            return e * sbh / t if sequence_parallel else e * sbh
-        scores = a * s * s * b * (e + k * (e + 1)) / t
-        if sequence_parallel:
-            return sbh * (16 * e + 2 * k) / t + scores
-        return sbh * (4 * e + 2 * k) + 12 * e * sbh / t + scores
+                               recompute: bool = False, itemsize: int = 2) -> int:
+        """Bytes one layer (one block) keeps for backward on one micro-batch,
+        on one of ``tp`` ranks, the attention probabilities included: the
+        course's one count, :func:`minidist.memory.transformer_block_activation_bytes`
+        (``itemsize`` 2: bf16 activations); with ``recompute``, only its
+        output, the next layer's input."""
+        return transformer_block_activation_bytes(
+            self.micro_batch, self.seq_len, self.n_embd, self.n_head, itemsize, recompute,
+            tp=tp, sequence_parallel=sequence_parallel and tp > 1)
 
 
 # --------------------------------------------------------------------------- the machine

@@ -2,7 +2,7 @@
 each rank sends per training step, and the activation bytes each rank keeps
 for backward (:mod:`minidist.parallel.tensor.gpt`).
 
-Notation: B sequences of T tokens, width C, H heads, L blocks, vocabulary V
+Notation: B sequences of T tokens, width d, H heads, L blocks, vocabulary V
 of which this rank holds V_r words, n ranks, s bytes a value.
 
 **Bytes** (:func:`gpt_step_bytes`), ring collectives as in
@@ -14,8 +14,8 @@ of N values ((n-1)/n N), AG(P) a ring all_gather of pieces of P values
 ==========  ===================================  ==========================================
             tensor parallel                      + sequence parallel
 ==========  ===================================  ==========================================
-forward     (2L + 1) AR(BTC) + 3 AR(BT)          (2L + 1) [RS(BTC) + AG(BTC/n)] + 3 AR(BT)
-backward    (2L + 1) AR(BTC)                     (2L + 1) [RS(BTC) + AG(BTC/n)] + AR(P_sp)
+forward     (2L + 1) AR(BTd) + 3 AR(BT)          (2L + 1) [RS(BTd) + AG(BTd/n)] + 3 AR(BT)
+backward    (2L + 1) AR(BTd)                     (2L + 1) [RS(BTd) + AG(BTd/n)] + AR(P_sp)
 ==========  ===================================  ==========================================
 
 2L + 1: the embedding and the L blocks' two row layers forward, the L
@@ -23,42 +23,26 @@ blocks' two column layers and ``lm_head`` backward; 3 AR(BT): the loss's
 max, target logit and exp sum. As AR(N) = RS(N) + AG(N/n) in a ring, the
 sequence-parallel step sends the same bytes plus P_sp, the gradients of the
 replicated parameters used on T/n positions: L (2 LayerNorms, 2 row-layer
-biases) + ln_f + the whole (block_size, C) ``wpe``; 6 L C + 2 C +
-block_size C values with biases.
+biases) + ln_f + the whole (block_size, d) ``wpe``; 6 L d + 2 d +
+block_size d values with biases.
 
 **Activations** (:func:`gpt_activation_bytes`): what the ledger of
 :mod:`minidist.memory` counts after the forward pass and the loss, the
 arrays the autograd graph keeps alive (every node's output and what each
-local backward captured, each byte once). Per block, from what minidist's
-ops keep:
+local backward captured, each byte once). Per block it is the course's one
+count, :func:`minidist.memory.transformer_block_activation_terms` (its
+docstring gives it term by term): in values, tensor parallel
 
-* LayerNorm: its output and x_hat (2 BTC), rstd (BT);
-* the column layers' outputs: q, k, v (3 BTC/n), c_fc (4 BTC/n);
-* attention: its output (BTC/n) and the weights P (B H T^2 / n), and the
-  heads put side by side again, a copy (BTC/n; none when a rank has one
-  head: then the reshape is a view);
-* GELU: its output and Phi(x) (8 BTC/n);
-* a row layer: its partial product (BTC), the summed copy (BTC), the bias
-  added (BTC), the residual sum (BTC).
+    B T d (12 + 17/n) + 2 B T + B H T^2 / n
 
-In values: per block, tensor parallel
+and with sequence parallelism (n >= 2)
 
-    BTC (12 + 17/n) + 2 BT + B H T^2 / n
+    B T d (4 + 27/n) + 2 B T / n + B H T^2 / n
 
-(Korthikanti et al.'s 34 s b h + 5 a s^2 b, or s b h (10 + 24/t) + 5 a s^2 b / t
-with tensor parallelism, counts 2-byte values, dropout masks and what
-Megatron's kernels keep; minidist keeps its own arrays, but the shape is
-the same: a part divided by n and a part every rank keeps whole). With
-sequence parallelism (n >= 2) the LayerNorms, the summed copy (now the
-reduce_scatter's T/n positions), the bias and residual sums are divided by
-n; what stays whole is the column layers' gathered input (BTC, kept for
-their weight gradient; Megatron re-gathers it in backward instead) and the
-row layers' partial product:
+(16/n and 26/n when a rank has one head: its heads' output needs no copy).
 
-    BTC (4 + 27/n) + 2 BT/n + B H T^2 / n.
-
-Outside the blocks: the embedding (lookup, mask product, sum: BTC each,
-with sequence parallelism the sum BTC/n; the position rows and their sum),
+Outside the blocks: the embedding (lookup, mask product, sum: BTd each,
+with sequence parallelism the sum BTd/n; the position rows and their sum),
 ln_f, the logits (B T V_r), the loss's exp (B T V_r) and sums, and the
 integer arrays (8 bytes a value: the token rows looked up, the positions,
 the loss's target columns; 1 byte: its mask); :func:`gpt_activation_bytes`
@@ -73,6 +57,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minidist.distributed.collectives.traffic import ring_all_gather_sent, ring_all_reduce_sent
+from minidist.memory import transformer_block_activation_bytes
 from minidist.parallel.tensor.vocab import vocab_range
 
 INDEX_BYTES = 8   # NumPy's int64 token ids and positions
@@ -135,9 +120,9 @@ def gpt_step_bytes(config, batch: int, steps: int, world_size: int,
     zero = (0,) * n
     if not sequence_parallel:
         whole = ring_all_reduce_sent(tokens * width, n)
-        lines = (("forward", f"all_reduce (B,T,C) {batch}x{steps}x{width}", halves, whole),
+        lines = (("forward", f"all_reduce (B,T,d) {batch}x{steps}x{width}", halves, whole),
                  ("forward", f"all_reduce (B,T) {batch}x{steps} (loss)", 3, loss),
-                 ("backward", f"all_reduce (B,T,C) {batch}x{steps}x{width}", halves, whole))
+                 ("backward", f"all_reduce (B,T,d) {batch}x{steps}x{width}", halves, whole))
     else:
         if steps % n:
             raise ValueError(f"gpt_step_bytes: sequence parallelism needs steps={steps} "
@@ -146,11 +131,11 @@ def gpt_step_bytes(config, batch: int, steps: int, world_size: int,
         gather = ring_all_gather_sent(tokens * width // n, n)
         grads = ring_all_reduce_sent(sequence_parallel_values(config), n)
         piece = f"{batch}x{steps // n}x{width}"
-        lines = (("forward", f"reduce_scatter (B,T,C) {batch}x{steps}x{width}", halves, scatter),
-                 ("forward", f"all_gather (B,T/n,C) {piece}", halves, gather),
+        lines = (("forward", f"reduce_scatter (B,T,d) {batch}x{steps}x{width}", halves, scatter),
+                 ("forward", f"all_gather (B,T/n,d) {piece}", halves, gather),
                  ("forward", f"all_reduce (B,T) {batch}x{steps} (loss)", 3, loss),
-                 ("backward", f"reduce_scatter (B,T,C) {batch}x{steps}x{width}", halves, scatter),
-                 ("backward", f"all_gather (B,T/n,C) {piece}", halves, gather),
+                 ("backward", f"reduce_scatter (B,T,d) {batch}x{steps}x{width}", halves, scatter),
+                 ("backward", f"all_gather (B,T/n,d) {piece}", halves, gather),
                  ("backward", "all_reduce of the sequence-parallel gradients", 1, grads))
     forward = _add(zero, *(_times(count, values) for p, _, count, values in lines if p == "forward"))
     backward = _add(zero, *(_times(count, values) for p, _, count, values in lines if p == "backward"))
@@ -197,25 +182,21 @@ class ActivationBytes:
 def gpt_activation_bytes(config, batch: int, steps: int, world_size: int, rank: int = 0,
                          sequence_parallel: bool = False, itemsize: int = 4) -> ActivationBytes:
     """The module docstring's formula: the activation bytes rank ``rank`` of
-    ``world_size`` keeps for one step of the split GPT (``world_size`` >= 2
-    with ``sequence_parallel``; on one rank its collectives copy nothing)."""
+    ``world_size`` keeps for one step of the split GPT, its blocks counted by
+    :func:`minidist.memory.transformer_block_activation_bytes` (``world_size``
+    >= 2 with ``sequence_parallel``; ``world_size`` 1 counts the unsplit
+    blocks)."""
     n, s = world_size, itemsize
-    B, T, C, H = batch, steps, config.n_embd, config.n_head
+    B, T, C = batch, steps, config.n_embd
     start, stop = vocab_range(config.vocab_size, rank, n)
     vocab = stop - start
-    btc, bt, attention = B * T * C, B * T, B * H * T * T // n
-    # One head per rank: (B, T, 1, D) -> (B, T, D) is a view, not a copy.
-    side_by_side = btc // n if H // n > 1 else 0
-    if not sequence_parallel:
-        values = 12 * btc + 16 * btc // n + side_by_side + 2 * bt + attention
-        t_local = T
-    else:
-        if n < 2 or T % n:
-            raise ValueError("gpt_activation_bytes: sequence parallelism needs world_size >= 2 "
-                             f"dividing steps={T}")
-        values = 4 * btc + 26 * btc // n + side_by_side + 2 * bt // n + attention
-        t_local = T // n
-    per_block = values * s
+    btc, bt = B * T * C, B * T
+    if sequence_parallel and (n < 2 or T % n):
+        raise ValueError("gpt_activation_bytes: sequence parallelism needs world_size >= 2 "
+                         f"dividing steps={T}")
+    t_local = T // n if sequence_parallel else T
+    per_block = transformer_block_activation_bytes(B, T, C, config.n_head, s, tp=n,
+                                                   sequence_parallel=sequence_parallel)
     residual = B * t_local * C
     outside = {
         "embedding (lookup, mask product, sum, + positions)": (
