@@ -53,7 +53,7 @@ def test_lesson14_int8_weights_are_four_times_smaller():
     quantized = quantize(model, calibration)
     float_bytes, int8_bytes = model_size_bytes(model), model_size_bytes(quantized)
     assert 3 < float_bytes / int8_bytes <= 4, "weights at a quarter, biases and scales float32"
-    assert "Four times smaller weights" in (LESSONS / "14_faster_inference.py").read_text()
+    assert "{glue}`weights_smaller` smaller weights" in (LESSONS / "14_faster_inference.py").read_text()
 
 
 @pytest.mark.parametrize("c_in, c_out, k", [(32, 64, 3), (16, 16, 3), (64, 128, 5)])
