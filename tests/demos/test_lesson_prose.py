@@ -30,6 +30,10 @@ MEASURED = re.compile(
 #: the lesson's own code sets them or a cited source published them (the
 #: constant or the source named after each)
 GIVEN: dict[str, dict[str, str]] = {
+    "15_hyperparameter_search": {
+        "80 %": "the training share digits_split keeps: 1 - VALIDATION_FRACTION (0.2)",
+        "20 %": "the validation share digits_split cuts: VALIDATION_FRACTION = 0.2",
+    },
     "13_communication_wall": {
         "1 %": "the ratio of top-k and random-k the lesson sets: TopKState(0.01)",
         "2 %": "two ranks' 1 % (TopKState(0.01)) with no index in common",
