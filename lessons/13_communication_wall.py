@@ -210,9 +210,12 @@ print(f"fp16 hook after 5 steps: largest weight difference {np.abs(half - plain)
 # 65,504, so the hook divides before it casts); bfloat16 keeps float32's
 # range and 8 bits. NumPy has no bfloat16 arithmetic, and int8 cannot hold a
 # sum, so those hooks all-gather the payloads and add in float32. int8 uses
-# QSGD's *stochastic rounding*: round up with probability equal to the
+# QSGD's *stochastic rounding* (Alistarh et al., "QSGD: Communication-Efficient
+# SGD via Gradient Quantization and Encoding", 2017): round up with probability equal to the
 # fraction, so the expected value is exact (unbiased). One bit keeps only
-# the sign and one scale per bucket (Seide et al., 2014): biased, so it needs
+# the sign and one scale per bucket (Seide et al., "1-Bit Stochastic Gradient
+# Descent and its Application to Data-Parallel Distributed Training of Speech
+# DNNs", 2014): biased, so it needs
 # error feedback (part 7). The round trip on a real gradient of the digits
 # MLP:
 
@@ -251,7 +254,8 @@ print(f"int8, mean of 200 draws: relative error {np.linalg.norm(draws - g) / np.
 # The Greek slides' own remedy: skip the parameters whose change is not
 # significant. Three ways to choose what to send:
 #
-# * **threshold** (Strom, 2015): the entries whose *accumulated* change
+# * **threshold** (Strom, "Scalable Distributed DNN Training Using Commodity
+#   GPU Cloud Computing", 2015): the entries whose *accumulated* change
 #   exceeds a threshold (the rest keeps accumulating); the count varies per
 #   step and per rank;
 # * **top-k**: the k entries of largest magnitude (here k = 1 % of the Ψ
@@ -301,8 +305,10 @@ something remembers it (part 7).
 #
 # ## 5. Low rank: PowerSGD
 #
-# A layer's gradient is a matrix (here 64 x 128 for the first layer's
-# weights). PowerSGD (Vogels, Karimireddy and Jaggi, 2019) sends a rank-r
+# A layer's gradient is a matrix (here 128 x 64 for the first layer's
+# weights: 128 outputs, 64 inputs). PowerSGD (Vogels, Karimireddy and Jaggi,
+# "PowerSGD: Practical Low-Rank Gradient Compression for Distributed
+# Optimization", 2019) sends a rank-r
 # approximation P Q^T, found by one step of power iteration started from
 # last step's Q (*warm start*):
 #

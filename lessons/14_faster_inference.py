@@ -21,7 +21,9 @@
 #    across worker processes, predict, gather in order;
 # 2. **INT8**: store the weights (and compute) in 8-bit integers;
 # 3. **teacher-student compression**: train a small student to imitate a
-#    big teacher (Hinton et al. 2015; FitNets, Romero et al. 2014);
+#    big teacher (Hinton, Vinyals and Dean, "Distilling the Knowledge in a
+#    Neural Network", 2015; Romero et al., "FitNets: Hints for Thin Deep
+#    Nets", 2014);
 # 4. **mobile architectures**: MobileNet's depthwise-separable convolution
 #    does a fraction of a standard convolution's multiply-adds.
 #
@@ -251,7 +253,8 @@ convolutional students).
 # ## 4. Mobile convolutions
 #
 # A standard k x k convolution from C_in to C_out channels does k^2 C_in
-# C_out multiply-adds per output pixel. MobileNet (Howard et al. 2017)
+# C_out multiply-adds per output pixel. MobileNet (Howard et al., "MobileNets:
+# Efficient Convolutional Neural Networks for Mobile Vision Applications", 2017)
 # splits it into a *depthwise* k x k convolution (one filter per channel,
 # `groups=C_in`: k^2 C_in) and a *pointwise* 1 x 1 one (C_in C_out): the
 # ratio is 1 / C_out + 1 / k^2: at k = 3 and C_out of 64 or more, about 8
