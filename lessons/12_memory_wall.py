@@ -277,7 +277,7 @@ all_reduce in the FSDP rows: the example count each step sums.)
 # %%
 LABELS = ("forward", "backward", "step")
 COLOURS = {"parameters": "tab:blue", "gradients": "tab:orange", "optimizer_state": "tab:green",
-           "buffers": "tab:purple", "activations": "tab:red"}
+           "buffers": "tab:purple", "activations": "tab:red", "gathered weights": "tab:pink"}
 
 
 def last_step(events, rank):
@@ -296,6 +296,15 @@ for axis, method in zip(axes, METHODS):
         where = np.arange(len(LABELS)) + (rank - (world - 1) / 2) * width
         for category in CATEGORIES:
             values = np.array([h[category] for h in held]) / 1e6
+            if category == "activations" and method == "stage 3":
+                # the gathered weights among the activations, drawn apart
+                gathered = np.array([runs[world][rank][method]["gathered"][-1]
+                                     if label == "forward" else 0 for label in LABELS]) / 1e6
+                axis.bar(where, gathered, width * 0.9, bottom=bottom,
+                         color=COLOURS["gathered weights"],
+                         label="gathered weights" if rank == 0 else None)
+                bottom += gathered
+                values = values - gathered
             axis.bar(where, values, width * 0.9, bottom=bottom, color=COLOURS[category],
                      label=category if rank == 0 else None)
             bottom += values
@@ -343,8 +352,9 @@ it: each rank keeps the activations of its own examples.
 
 Stage 3 shards the most, yet its peak per rank ({glue}`peak3`) is
 {glue}`peak3_vs_2` stage 2's ({glue}`peak2`). Its peak comes after
-{glue}`peak3_label`, and of the {glue}`activations3` of activations there,
-{glue}`gathered3` are the layers' gathered weights: minidist's `Linear`
+{glue}`peak3_label`, and of the {glue}`activations3` the ledger counts as
+activations there, {glue}`gathered3` are the layers' gathered weights (pink in
+the picture, a category of their own): minidist's `Linear`
 keeps its weight array in the backward closure, so each layer's full
 weights stay alive from its forward to its backward, and stage 3 refills
 that same array before the layer's backward (real FSDP frees it after
