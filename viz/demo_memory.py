@@ -43,7 +43,7 @@ from minidist.parallel.data import zero_stages
 from minidist.parallel.data.costs import zero_model_state_bytes
 from minidist.train import build_model
 from minidist.units import format_bytes
-from viz.memory_chart import REGION_PREFIX
+from viz.memory_chart import GATHERED_KIND, REGION_PREFIX
 
 #: (name, ZeRO stage) in the order they run.
 STRATEGIES = (("DDP", 0), ("ZeRO-1", 1), ("ZeRO-2", 2), ("ZeRO-3", 3))
@@ -139,6 +139,10 @@ def _train(status, steps):
                     # (each byte once: they are among the graph's arrays)
                     in_activations[after_forward.label] = min(
                         gathered.measure()["buffers"], after_forward.bytes["activations"])
+                    # in the trace too, at the sample's time, for the chart to draw apart
+                    trace.record(GATHERED_KIND, after_forward.time, after_forward.time,
+                                 nbytes=in_activations[after_forward.label],
+                                 label=f"gathered parameters {name} forward")
                 loss.backward()
                 ledger.sample(f"{name} backward")
                 optimizer.step()

@@ -44,6 +44,20 @@ def test_demo_measures_each_stage_and_plots(tmp_path, capsys):
     assert kib[3] < kib[2] and kib[4] < kib[1]
     assert kib[4] == pytest.approx(kib[0] - kib[3], abs=0.15)   # each rounded to 0.1 KiB
     assert picture.exists() and picture.stat().st_size > 0
+    # The chart counts the gathered weights where they belong: a category of
+    # their own, taken out of ZeRO-3's activations after forward; no other
+    # strategy has any.
+    from viz.memory_chart import memory_panels
+
+    panels = memory_panels(path)
+    for name, per_rank in panels.items():
+        for series in per_rank.values():
+            parts = [held.get("gathered_parameters", 0) for _, held in series]
+            if name == "ZeRO-3":
+                assert max(parts) == pytest.approx(4 * psi, abs=4 * 2 * 4), name
+                assert all(held["activations"] >= 0 for _, held in series)
+            else:
+                assert not any(parts), name
     timeline = memory_timeline(trace.read_jsonl(path).events)
     assert set(timeline) == {0, 1}
     assert all(len(samples) == 4 * 3 * 4 for samples in timeline.values())  # 4 samples x 3 steps x 4
