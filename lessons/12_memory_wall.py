@@ -42,8 +42,15 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, memory, nn, optim, trace
 from minidist.data import load_digits
-from minidist.lesson import (glue, narrate, output_dir, quick, say, show_figure,
-                             use_headless_matplotlib)
+from minidist.lesson import (
+    glue,
+    narrate,
+    output_dir,
+    quick,
+    say,
+    show_figure,
+    use_headless_matplotlib,
+)
 from minidist.lesson_timing import timed
 from minidist.nn.recompute import CheckpointedSequential, kept_for_backward
 from minidist.parallel.data import zero_stages

@@ -61,8 +61,16 @@ import minidist.distributed as dist
 from minidist import Tensor, nn, optim, trace
 from minidist.data import load_digits
 from minidist.experiments import compression as experiment
-from minidist.lesson import (glue, narrate, output_dir, quick, say, show_figure, show_file,
-                             use_headless_matplotlib)
+from minidist.lesson import (
+    glue,
+    narrate,
+    output_dir,
+    quick,
+    say,
+    show_figure,
+    show_file,
+    use_headless_matplotlib,
+)
 from minidist.parallel.data import compression as C
 from minidist.parallel.data.ddp import DistributedDataParallel
 from minidist.parallel.data.hooks import HOOKS

@@ -42,8 +42,16 @@ import numpy as np
 from minidist import Tensor, nn, no_grad
 from minidist.data import load_digits
 from minidist.experiments import distillation
-from minidist.lesson import (glue, narrate, output_dir, quick, say, show_file, show_figure,
-                             use_headless_matplotlib)
+from minidist.lesson import (
+    glue,
+    narrate,
+    output_dir,
+    quick,
+    say,
+    show_figure,
+    show_file,
+    use_headless_matplotlib,
+)
 from minidist.lesson_timing import Load, timed
 from minidist.nn import mobile
 from minidist.nn.quantization import model_size_bytes, quantize

@@ -51,8 +51,15 @@ import warnings
 from collections import Counter
 
 from minidist.distributed.launch import cores
-from minidist.lesson import (glue, narrate, output_dir, quick, say, show_figure,
-                             use_headless_matplotlib)
+from minidist.lesson import (
+    glue,
+    narrate,
+    output_dir,
+    quick,
+    say,
+    show_figure,
+    use_headless_matplotlib,
+)
 from minidist.lesson_timing import Load
 from minidist.runtime.errors import OversubscriptionWarning
 from minidist.search import (
