@@ -24,7 +24,8 @@
 # 1. the bytes one rank holds, by category, for DDP and ZeRO stages 1, 2, 3
 #    with Adam, measured by the ledger next to the formula;
 # 2. what sharding costs on the wire: the bytes each rank sends per step,
-#    from the trace, next to the formula (stage 3: 1.5 times DDP);
+#    from the trace, next to the formula (stage 3: 1.5 times DDP's, in
+#    ZeRO's paper);
 # 3. memory per rank over one step, side by side, from the trace's memory
 #    events;
 # 4. recomputation: the activations kept with and without
@@ -41,7 +42,15 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, memory, nn, optim, trace
 from minidist.data import load_digits
-from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
+from minidist.lesson import (
+    glue,
+    narrate,
+    output_dir,
+    quick,
+    say,
+    show_figure,
+    use_headless_matplotlib,
+)
 from minidist.lesson_timing import timed
 from minidist.nn.recompute import CheckpointedSequential, kept_for_backward
 from minidist.parallel.data import zero_stages
@@ -61,18 +70,26 @@ CATEGORIES = memory.CATEGORIES
 # ## 1. Model states: 16 bytes per parameter, on every rank
 #
 # Training in fp32 with Adam keeps, per parameter, the weight (4 bytes), its
-# gradient (4) and Adam's two moments (8): **16 bytes**. Under DDP every one
-# of the N ranks holds all of it. ZeRO gives each rank one N-th to own:
+# gradient (4) and Adam's two moments (8): **16 bytes**, 16Ψ for a model of
+# Ψ parameters. Under DDP every one of the n ranks holds all of it. ZeRO
+# gives each rank one n-th to own:
 #
 # | method | shards | bytes per parameter per rank |
 # |---|---|---|
 # | DDP | nothing | 4 + 4 + 8 = 16 |
-# | stage 1 (`ZeroRedundancyOptimizer`) | optimizer state | 4 + 4 + 8/N |
-# | stage 2 (`FSDP "SHARD_GRAD_OP"`) | + gradients | 4 + (4 + 8)/N |
-# | stage 3 (`FSDP "FULL_SHARD"`) | + parameters | 16/N |
+# | stage 1 (`ZeroRedundancyOptimizer`) | optimizer state | 4 + 4 + 8/n |
+# | stage 2 (`FSDP "SHARD_GRAD_OP"`) | + gradients | 4 + (4 + 8)/n |
+# | stage 3 (`FSDP "FULL_SHARD"`) | + parameters | 16/n |
+#
+# (ZeRO's paper, Rajbhandari, Rasley, Ruwase and He, "ZeRO: Memory
+# Optimizations Toward Training Trillion Parameter Models", writes Ψ for the
+# parameters, as here, and N_d for the data-parallel degree, this course's n;
+# it trains in mixed precision, where the same 16 bytes split differently:
+# 2 + 2 for the fp16 weights and gradients, 12 for the optimizer's fp32 copy
+# of the weights and its two moments.)
 #
 # The experiment: the digits MLP (64 -> 256 -> 256 -> 10), Adam, a few steps
-# on N processes. A `memory.Ledger` on every rank samples what exists at three
+# on n processes. A `memory.Ledger` on every rank samples what exists at three
 # labelled points of each step (after forward, after backward, after the
 # optimizer step); every sample is also a `memory` event in the trace. The
 # ledger walks the arrays, it does not use the formula: a view counts as the
@@ -113,14 +130,24 @@ def train_one(method, x, y, steps, limit_bytes=None, hidden=HIDDEN):
     ledger = memory.Ledger(wrapped, optimizer, limit_bytes=limit_bytes, rank=dist.get_rank())
     for array in scratch:
         ledger.track("buffers", array)
+    # Stage 3 only: a second ledger that sees the layers' gathered full weights
+    # (`track_memory` counts them as buffers), to tell them apart from the
+    # activations among which the first ledger finds them after forward.
+    gathered = None
+    if method == "stage 3":
+        gathered = memory.Ledger()
+        wrapped.track_memory(gathered)
     loss_fn = nn.CrossEntropyLoss()
-    losses = []
+    losses, gathered_after_forward = [], []
     try:
         for step in range(steps):
             with trace.region(f"step {step}", kind="step"):
                 optimizer.zero_grad()
                 loss = loss_fn(wrapped(Tensor(x)), y)
-                ledger.sample("forward", graph=loss)
+                after_forward = ledger.sample("forward", graph=loss)
+                if gathered is not None:
+                    gathered_after_forward.append(min(gathered.measure()["buffers"],
+                                                      after_forward.bytes["activations"]))
                 loss.backward()
                 ledger.sample("backward")
                 optimizer.step()
@@ -130,7 +157,7 @@ def train_one(method, x, y, steps, limit_bytes=None, hidden=HIDDEN):
         return {"error": str(error), "losses": losses}
     events = [dict(zip(trace.FIELDS, e)) for e in recorder.events[first:]] if recorder else []
     return {"samples": [(s.label, s.bytes) for s in ledger.samples], "events": events,
-            "losses": losses}
+            "losses": losses, "gathered": gathered_after_forward}
 
 
 def all_methods(steps):
@@ -151,7 +178,7 @@ model_for_count = digits_mlp()
 PSI = sum(p.data.size for p in model_for_count.parameters())
 NUMELS = [sum(p.data.size for p in layer.parameters(recurse=False))
           for layer in model_for_count.modules() if list(layer.parameters(recurse=False))]
-print(f"digits MLP 64-{HIDDEN}-{HIDDEN}-10: {PSI:,} parameters "
+print(f"digits MLP 64-{HIDDEN}-{HIDDEN}-10: Ψ = {PSI:,} parameters "
       f"(layers {', '.join(f'{n:,}' for n in NUMELS)})")
 
 # %% [markdown]
@@ -170,7 +197,7 @@ def after_step(result):
 
 
 for world in WORLDS:
-    print(f"\nN = {world} ranks, rank 0, after the step (bytes; per parameter in brackets)")
+    print(f"\nn = {world} ranks, rank 0, after the step (bytes; per parameter in brackets)")
     print(f"{'method':8} {'weights':>16} {'gradients':>16} {'Adam m, v':>16} {'buffers':>14}"
           f" {'model states':>14} {'formula':>14}")
     for stage, method in enumerate(METHODS):
@@ -181,18 +208,18 @@ for world in WORLDS:
         print(f"{method:8} {cells} {held['buffers']:>14,} {states:>7,} ({states / PSI:4.1f})"
               f" {formula:>7,.0f} ({formula / PSI:4.1f})")
         # The measure next to the formula: equal but for the padding (at most
-        # N - 1 elements of 16 bytes per flat buffer).
+        # n - 1 elements of 16 bytes per flat buffer).
         assert formula <= states <= formula + 16 * len(NUMELS) * (world - 1)
 
 # %% [markdown]
 # Read the columns: stage 1 leaves weights and gradients alone and divides
-# Adam's 8 bytes by N; stage 2 also keeps only its slice of the gradient
+# Adam's 8 bytes by n; stage 2 also keeps only its slice of the gradient
 # (each layer's full gradient lives from its backward to its reduce_scatter);
-# stage 3 keeps only its slice of everything: 16/N. The small extras are
+# stage 3 keeps only its slice of everything: 16/n. The small extras are
 # measured, not formula: DDP's and stage 1's gradients are views into DDP's
 # buckets, stage 1 keeps a scratch gradient of its slice (the *buffers*
 # column, left out of "model states"), and every flat buffer is padded to a
-# multiple of N (at most N - 1 elements per buffer).
+# multiple of n (at most n - 1 elements per buffer).
 #
 # ## 2. The price: bytes on the wire
 #
@@ -214,7 +241,7 @@ def sent_per_step(events, rank, collective, steps):
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 volume = {}
 for world in WORLDS:
-    print(f"\nN = {world}: bytes rank 0 sends per step (measured / formula)")
+    print(f"\nn = {world}: bytes rank 0 sends per step (measured / formula)")
     print(f"{'method':8} " + " ".join(f"{c:>24}" for c in COLLECTIVES) + f" {'total':>10}"
           f" {'x DDP':>6}")
     ddp_total = None
@@ -229,14 +256,25 @@ for world in WORLDS:
                                         for c in COLLECTIVES)
               + f" {total:>10,.0f} {total / ddp_total:>6.2f}")
 
+world = WORLDS[-1]
+glue("world", world)
+glue("stage1_volume", volume[(world, "stage 1")] / volume[(world, "DDP")], ".2f")
+glue("stage2_volume", volume[(world, "stage 2")] / volume[(world, "DDP")], ".2f")
+glue("stage3_volume", volume[(world, "stage 3")] / volume[(world, "DDP")], ".2f")
+
+# %% jupyter={"source_hidden": true}
+say("""
+Stage 1 and stage 2 move what DDP moves in theory (an all_reduce *is* a
+reduce_scatter followed by an all_gather): stage 2 sends {glue}`stage2_volume`
+times DDP's bytes at n = {glue}`world`. Stage 1 here sits beside DDP's full
+all_reduce, as torch's `ZeroRedundancyOptimizer` does, so it adds an
+all_gather: {glue}`stage1_volume` times. Stage 3 gathers the weights twice:
+**{glue}`stage3_volume` times DDP's volume** (ZeRO's paper: 1.5, 3Ψ values
+against 2Ψ), the price of 16/n bytes per parameter. (The 8 bytes of
+all_reduce in the FSDP rows: the example count each step sums.)
+""")
+
 # %% [markdown]
-# Stage 1 and stage 2 move what DDP moves in theory (an all_reduce *is* a
-# reduce_scatter followed by an all_gather); stage 1 here sits beside DDP's
-# full all_reduce, as torch's `ZeroRedundancyOptimizer` does, so it adds an
-# all_gather. Stage 3 gathers the weights twice: **1.5 times DDP's volume**,
-# the price of 16/N bytes per parameter. (The 8 bytes of all_reduce in the
-# FSDP rows: the example count each step sums.)
-#
 # ## 3. Memory over one step, per rank
 #
 # The ledger's samples are `memory` events in the trace; `memory_timeline`
@@ -246,7 +284,7 @@ for world in WORLDS:
 # %%
 LABELS = ("forward", "backward", "step")
 COLOURS = {"parameters": "tab:blue", "gradients": "tab:orange", "optimizer_state": "tab:green",
-           "buffers": "tab:purple", "activations": "tab:red"}
+           "buffers": "tab:purple", "activations": "tab:red", "gathered weights": "tab:pink"}
 
 
 def last_step(events, rank):
@@ -254,7 +292,6 @@ def last_step(events, rank):
     return [held for _, held in memory.memory_timeline(events)[rank][-len(LABELS):]]
 
 
-world = WORLDS[-1]
 figure, axes = plt.subplots(1, len(METHODS), figsize=(3.2 * len(METHODS), 3.4), sharey=True)
 top = 0
 for axis, method in zip(axes, METHODS):
@@ -266,6 +303,15 @@ for axis, method in zip(axes, METHODS):
         where = np.arange(len(LABELS)) + (rank - (world - 1) / 2) * width
         for category in CATEGORIES:
             values = np.array([h[category] for h in held]) / 1e6
+            if category == "activations" and method == "stage 3":
+                # the gathered weights among the activations, drawn apart
+                gathered = np.array([runs[world][rank][method]["gathered"][-1]
+                                     if label == "forward" else 0 for label in LABELS]) / 1e6
+                axis.bar(where, gathered, width * 0.9, bottom=bottom,
+                         color=COLOURS["gathered weights"],
+                         label="gathered weights" if rank == 0 else None)
+                bottom += gathered
+                values = values - gathered
             axis.bar(where, values, width * 0.9, bottom=bottom, color=COLOURS[category],
                      label=category if rank == 0 else None)
             bottom += values
@@ -274,24 +320,57 @@ for axis, method in zip(axes, METHODS):
     axis.set_title(f"{method} ({world} ranks)")
 axes[0].set_ylabel("MB held per rank")
 axes[-1].legend(fontsize=7, loc="upper right")
-figure.suptitle("one step of the digits MLP with Adam: bars = ranks 0..N-1")
+figure.suptitle(f"one step of the digits MLP with Adam: bars = ranks 0..{world - 1}")
 figure.tight_layout()
-figure.savefig(OUT / "memory_per_rank.png", dpi=90)
-plt.show()
+show_figure(figure, "memory_per_rank.png", dpi=90)
 
+peaks = {}
 for method in METHODS:
     events = [e for r in runs[world] for e in r[method]["events"]]
-    peaks = [max(sum(h.values()) for h in last_step(events, rank)) for rank in range(world)]
+    peaks[method] = [max(sum(h.values()) for h in last_step(events, rank))
+                     for rank in range(world)]
     print(f"{method:8} peak per rank over the step: "
-          + ", ".join(f"rank {r} {p / 1e6:.2f} MB" for r, p in enumerate(peaks)))
+          + ", ".join(f"rank {r} {p / 1e6:.2f} MB" for r, p in enumerate(peaks[method])))
+# Stage 3's peak, on rank 0: the sample after forward, when the gathered weights are alive.
+held = last_step([e for r in runs[world] for e in r["stage 3"]["events"]], 0)
+at_peak = max(range(len(LABELS)), key=lambda i: sum(held[i].values()))
+gathered = runs[world][0]["stage 3"]["gathered"][-1] if LABELS[at_peak] == "forward" else 0
+print(f"stage 3, rank 0, after {LABELS[at_peak]}: activations {held[at_peak]['activations']:,} "
+      f"bytes, of which the layers' gathered weights {gathered:,}")
+spread = max(max(p) - min(p) for p in peaks.values())
+glue("ranks_spread", spread)
+glue("ranks_verdict", "Every rank holds the same amount: ZeRO divides evenly." if spread == 0
+     else f"The ranks' peaks differ by up to {spread:,} bytes: ZeRO divides the model states "
+          "evenly, not everything else each rank holds.")
+peak2, peak3 = peaks["stage 2"][0], peaks["stage 3"][0]
+glue("peak2", peak2 / 1e6, "{:.2f} MB")
+glue("peak3", peak3 / 1e6, "{:.2f} MB")
+glue("peak3_vs_2", "above" if peak3 > peak2 else "not above")
+glue("peak3_label", LABELS[at_peak])
+glue("gathered3", gathered / 1e6, "{:.2f} MB")
+glue("activations3", held[at_peak]["activations"] / 1e6, "{:.2f} MB")
+glue("peak3_without", (peak3 - gathered) / 1e6, "{:.2f} MB")
+glue("without_vs_2", "below" if peak3 - gathered < peak2 else "still not below")
+
+# %% jupyter={"source_hidden": true}
+say("""
+{glue}`ranks_verdict` The red part, the activations, is what the batch costs, and no stage shards
+it: each rank keeps the activations of its own examples.
+
+Stage 3 shards the most, yet its peak per rank ({glue}`peak3`) is
+{glue}`peak3_vs_2` stage 2's ({glue}`peak2`). Its peak comes after
+{glue}`peak3_label`, and of the {glue}`activations3` the ledger counts as
+activations there, {glue}`gathered3` are the layers' gathered weights (pink in
+the picture, a category of their own): minidist's `Linear`
+keeps its weight array in the backward closure, so each layer's full
+weights stay alive from its forward to its backward, and stage 3 refills
+that same array before the layer's backward (real FSDP frees it after
+forward and allocates again). Without them stage 3's peak would be
+{glue}`peak3_without`, {glue}`without_vs_2` stage 2's. `minidist demo memory`
+says the same of its smaller MLP.
+""")
 
 # %% [markdown]
-# Every rank holds the same amount: ZeRO divides evenly. The red part, the
-# activations, is what the batch costs, and no stage shards it: each rank
-# keeps the activations of its own examples. (In stage 3 the "after forward"
-# bar also holds the layers' gathered weights: minidist's `Linear` keeps its
-# weight array in the backward closure, and stage 3 refills that same array
-# before the layer's backward; real FSDP frees it and allocates again.)
 #
 # ## 4. Recomputation: fewer activations, more compute
 #
@@ -359,19 +438,35 @@ print(f"(fastest of {REPEATS} interleaved repeats, one BLAS thread; {step_times.
 busy = step_times.load.note("the FLOP count says every recomputing row costs about 4/3 of plain")
 if busy:
     print(busy)
+plain_bytes = recompute_rows["plain"][0]
+times_of = {name: step_times.best[name] / step_times.best["plain"] for name in recompute_rows}
+glue("kept_every2", recompute_rows["every=2"][0] / plain_bytes, ".0%")
+glue("kept_every4", recompute_rows["every=4"][0] / plain_bytes, ".0%")
+glue("time_every2", times_of["every=2"], ".2f")
+glue("time_every4", times_of["every=4"], ".2f")
+# One more forward: a forward is about a third of forward + backward.
+within = all(1 < times_of[f"every={every}"] <= 4 / 3 * 1.15 for every in (2, 4))
+glue("flops_verdict", "near what the FLOPs say" if within else
+     "not what the FLOPs say" + (f" (the machine was busy: {step_times.load.describe()})"
+                                 if step_times.load.busy else
+                                 ": the replay also repeats the Python work of every operation "
+                                 "(building the graph), which a FLOP count does not see"))
+
+# %% jupyter={"source_hidden": true}
+say("""
+Recomputing in segments keeps about one input per segment plus, in backward,
+one segment at a time: fewer bytes as the segments shrink in number (here
+every=2 keeps {glue}`kept_every2` of the plain model's activations, every=4
+{glue}`kept_every4`), for about one more forward: in FLOPs a third of a step
+more. The three models take turns, repeat after repeat, on one BLAS thread,
+and each keeps its fastest repeat, so load beside the lesson slows all three
+alike. In this run every=2 cost {glue}`time_every2` times the plain step and
+every=4 {glue}`time_every4`, {glue}`flops_verdict`; a line under the table
+says when the machine was too busy for the times to mean much. The gradients
+are the same bits: the replay does the same operations on the same data.
+""")
 
 # %% [markdown]
-# Recomputing every k layers keeps about one input per segment plus, in
-# backward, one segment at a time: fewer bytes as the segments shrink in
-# number, for about one more forward: in FLOPs a third of a step more. The
-# three models take turns, repeat after repeat, on one BLAS thread, and each
-# keeps its fastest repeat, so load beside the lesson slows all three alike:
-# in our runs every=2 cost 1.35 to 1.5 times the plain step and every=4 1.05
-# to 1.15, idle and at a load of 5 on 2 cores (every=4 recomputes fewer
-# layers: its last segment is not recomputed). At a load of 11 even that
-# failed (5x): a line under the table says when the machine was too busy
-# for the times to mean much. The gradients
-# are the same bits: the replay does the same operations on the same data.
 #
 # ## 5. A model that does not fit under DDP
 #
@@ -406,14 +501,16 @@ for method in ("DDP", "stage 3"):
               f"({peak / CAP:.0%} of the cap); losses "
               + ", ".join(f"{v:.3f}" for v in results[0]["losses"]))
     assert ("error" in results[0]) == (method == "DDP")
+    if method == "DDP":   # what the text below says: at the first step, after the update
+        assert not results[0]["losses"] and "at 'step'" in results[0]["error"]
 
 # %% [markdown]
 # DDP fails at the first optimizer step, when Adam allocates its two moments:
 # the message names the rank, where, every category and what to do. Stage 3
 # keeps a half of every model state on each of the 2 ranks and trains under
-# the same cap; with N ranks the model states shrink as 16/N, and what is
+# the same cap; with n ranks the model states shrink as 16/n, and what is
 # left is the activations, for which section 4 is the answer.
 #
 # **Try**: run with more ranks (`WORLDS`) and watch stage 3's bar shrink as
-# 1/N while DDP's stays; lower `CAP` until stage 3 fails too, and find, from
+# 1/n while DDP's stays; lower `CAP` until stage 3 fails too, and find, from
 # the error message, which category to attack next.

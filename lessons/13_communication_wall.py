@@ -61,7 +61,16 @@ import minidist.distributed as dist
 from minidist import Tensor, nn, optim, trace
 from minidist.data import load_digits
 from minidist.experiments import compression as experiment
-from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
+from minidist.lesson import (
+    glue,
+    narrate,
+    output_dir,
+    quick,
+    say,
+    show_figure,
+    show_file,
+    use_headless_matplotlib,
+)
 from minidist.parallel.data import compression as C
 from minidist.parallel.data.ddp import DistributedDataParallel
 from minidist.parallel.data.hooks import HOOKS
@@ -85,12 +94,13 @@ OUT = output_dir()
 # ## 1. The wall in numbers
 #
 # A data-parallel step all-reduces the whole gradient. With the ring, each
-# rank sends `2 (N - 1) / N * P` bytes for a model of P bytes: about 2P,
-# whatever N is. The dense layer of Dettmers' "Model Parallelism in Deep
-# Learning" (2014; 1000 inputs, 500 outputs) has 500,500 parameters, 2 MB
-# in float32; the digits MLP 9,610 (38 KB).
-# Time on a link of bandwidth B is `bytes / B`, next to the compute time of
-# one step, measured here:
+# of the n ranks sends $2 \frac{n-1}{n} N$ bytes for a gradient of N bytes:
+# about 2N, whatever n is. The dense layer of Dettmers' "Model Parallelism in
+# Deep Learning" (2014; 1000 inputs, 500 outputs) has 500,500 parameters,
+# 2 MB in float32 (the table adds a 10-way output layer to train it); the
+# digits MLP 9,610 (38 KB). A link that takes β seconds per byte (a bandwidth
+# of 1/β) sends them in $N β$, next to the compute time of one step, measured
+# here:
 
 # %%
 def dense_step_seconds(layer_in, layer_out, batch, repeats=5):
@@ -110,20 +120,33 @@ def dense_step_seconds(layer_in, layer_out, batch, repeats=5):
     return float(np.median(times)), model.num_parameters()
 
 
-print(f"{'model':<28} {'params':>9} {'compute/step':>13} {'ring bytes (N=8)':>17} "
+print(f"{'model':<28} {'params':>9} {'compute/step':>13} {'ring bytes (n=8)':>17} "
       f"{'1 Gbit/s':>9} {'10 Gbit/s':>10}")
+wall = {}
 for label, (d_in, d_out, batch) in {"digits MLP 64-128-10, b=32": (64, 128, 32),
                                     "Dettmers' 1000x500, b=128": (1000, 500, 128)}.items():
     seconds, params = dense_step_seconds(d_in, d_out, batch)
     ring = experiment.dense_bytes(params, 8)
+    wall[label] = (seconds, ring * 8 / 1e9)   # compute, and sending over 1 Gbit/s
     print(f"{label:<28} {params:>9,} {1e3 * seconds:>10.2f} ms {ring:>17,.0f} "
           f"{1e3 * ring * 8 / 1e9:>6.2f} ms {1e3 * ring * 8 / 1e10:>7.2f} ms")
 
+compute, send = wall["Dettmers' 1000x500, b=128"]
+glue("dettmers_compute", 1e3 * compute, "{:.1f} ms")
+glue("dettmers_send", 1e3 * send, "{:.1f} ms")
+glue("send_verdict", "longer than that" if send > compute else
+     "less than that on this machine, but a faster processor computes it sooner")
+
+# %% jupyter={"source_hidden": true}
+say("""
+On this machine one step of Dettmers' layer computes in {glue}`dettmers_compute`;
+sending its gradient over a 1 Gbit/s link takes {glue}`dettmers_send`,
+{glue}`send_verdict`. Faster accelerators shrink the compute column, not the
+bytes: that is the wall.
+""")
+
 # %% [markdown]
-# On this machine one step of Dettmers' layer computes in a few
-# milliseconds; sending its gradient over a 1 Gbit/s link takes longer than
-# that. Faster accelerators shrink the compute column, not the bytes: that
-# is the wall. (On one machine, ranks talk through shared memory at
+# (On one machine, ranks talk through shared memory at
 # gigabytes per second, so the runs below cannot *feel* the wall; they
 # measure the bytes exactly, and part 9 turns bytes into time for slower
 # links.)
@@ -181,21 +204,26 @@ print(f"fp16 hook after 5 steps: largest weight difference {np.abs(half - plain)
 # %% [markdown]
 # ## 3. Fewer bits
 #
-# | hook | what travels | bytes per rank (n values, N ranks) |
+# | hook | what travels | bytes per rank (Ψ values, n ranks) |
 # |---|---|---|
-# | `allreduce_hook` | float32, ring all-reduce | 2 (N-1)/N * 4n |
-# | `fp16_compress_hook` | float16, ring all-reduce | 2 (N-1)/N * 2n |
-# | `bf16_compress_hook` | bfloat16 (float32's top 16 bits), all-gather | (N-1) * 2n |
-# | `int8_hook` | int8 + one scale, all-gather | (N-1) * (n + 8) |
-# | `sign_hook` | 1 bit + one scale, all-gather | (N-1) * (n/8 + 8) |
+# | `allreduce_hook` | float32, ring all-reduce | 2 (n-1)/n · 4Ψ |
+# | `fp16_compress_hook` | float16, ring all-reduce | 2 (n-1)/n · 2Ψ |
+# | `bf16_compress_hook` | bfloat16 (float32's top 16 bits), all-gather | (n-1) · 2Ψ |
+# | `int8_hook` | int8 + one scale, all-gather | (n-1) · (Ψ + 8) |
+# | `sign_hook` | 1 bit + one scale, all-gather | (n-1) · (Ψ/8 + 8) |
+#
+# (Ψ: the values in the bucket, here the whole gradient, one per parameter.)
 #
 # fp16 keeps 11 bits of precision and a small range (it overflows above
 # 65,504, so the hook divides before it casts); bfloat16 keeps float32's
 # range and 8 bits. NumPy has no bfloat16 arithmetic, and int8 cannot hold a
 # sum, so those hooks all-gather the payloads and add in float32. int8 uses
-# QSGD's *stochastic rounding*: round up with probability equal to the
+# QSGD's *stochastic rounding* (Alistarh et al., "QSGD: Communication-Efficient
+# SGD via Gradient Quantization and Encoding", 2017): round up with probability equal to the
 # fraction, so the expected value is exact (unbiased). One bit keeps only
-# the sign and one scale per bucket (Seide et al., 2014): biased, so it needs
+# the sign and one scale per bucket (Seide et al., "1-Bit Stochastic Gradient
+# Descent and its Application to Data-Parallel Distributed Training of Speech
+# DNNs", 2014): biased, so it needs
 # error feedback (part 7). The round trip on a real gradient of the digits
 # MLP:
 
@@ -234,10 +262,12 @@ print(f"int8, mean of 200 draws: relative error {np.linalg.norm(draws - g) / np.
 # The Greek slides' own remedy: skip the parameters whose change is not
 # significant. Three ways to choose what to send:
 #
-# * **threshold** (Strom, 2015): the entries whose *accumulated* change
-#   exceeds tau (the rest keeps accumulating); the count varies per step
-#   and per rank;
-# * **top-k**: the k entries of largest magnitude (here k = 1 % of n);
+# * **threshold** (Strom, "Scalable Distributed DNN Training Using Commodity
+#   GPU Cloud Computing", 2015): the entries whose *accumulated* change
+#   exceeds a threshold (the rest keeps accumulating); the count varies per
+#   step and per rank;
+# * **top-k**: the k entries of largest magnitude (here k = 1 % of the Ψ
+#   values);
 # * **random-k**: k entries at random.
 #
 # Each rank sends (index, value) pairs: 4 + 4 bytes per kept value. Why not
@@ -248,31 +278,45 @@ print(f"int8, mean of 200 draws: relative error {np.linalg.norm(draws - g) / np.
 # the non-zeros are spread evenly). The sparse hooks therefore all-gather:
 # first the counts (they differ between ranks), then the pairs, padded to
 # the largest count; every rank adds them up in rank order, so every rank
-# holds identical bits. That costs (N - 1) * k * 8 bytes: it grows with N,
-# while the ring's 2 (N-1)/N * 4n does not. Sparse wins while k is a small
-# fraction of n / N.
+# holds identical bits. That costs (n - 1) · 8k bytes: it grows with n,
+# while the ring's 2 (n-1)/n · 4Ψ does not. Sparse wins while k is below
+# Ψ / n.
 
 # %%
 p = g.astype(np.float64)
 k = C.TopKState(0.01).k(p.size)
+norm_kept = {}
 for name, (indices, values) in {
-    "threshold tau=1e-2": C.compress_threshold(p, 1e-2, quantize=False),
+    "threshold 1e-2": C.compress_threshold(p, 1e-2, quantize=False),
     "top-k 1%": C.compress_topk(p, k),
     "random-k 1%": C.compress_randomk(p, k, np.random.default_rng(0)),
 }.items():
     kept = C._scatter(indices, values, p.size, p.dtype)
+    norm_kept[name] = np.linalg.norm(kept) ** 2 / np.linalg.norm(p) ** 2
     print(f"{name:<20} keeps {indices.size:>5} of {p.size:,} values, "
-          f"{100 * np.linalg.norm(kept) ** 2 / np.linalg.norm(p) ** 2:5.1f} % of the squared norm")
+          f"{100 * norm_kept[name]:5.1f} % of the squared norm")
+glue("topk_norm", norm_kept["top-k 1%"], ".1%")
+glue("randomk_norm", norm_kept["random-k 1%"], ".1%")
+glue("topk_verdict", "far more" if norm_kept["top-k 1%"] > 5 * norm_kept["random-k 1%"]
+     else "more" if norm_kept["top-k 1%"] > norm_kept["random-k 1%"] else "no more")
+
+# %% jupyter={"source_hidden": true}
+say("""
+Top-k keeps {glue}`topk_verdict` of the gradient than random-k for the same k
+({glue}`topk_norm` of the squared norm against {glue}`randomk_norm`): a few
+weights carry most of it. Random-k keeps, in expectation, k/Ψ of the squared
+norm, the share of the values it sends: whatever it drops is lost unless
+something remembers it (part 7).
+""")
 
 # %% [markdown]
-# Top-k keeps far more of the gradient than random-k for the same k: a few
-# weights carry most of it. Random-k keeps about 1 % of the norm, so
-# without a memory of what it dropped it trains 100 times slower.
 #
 # ## 5. Low rank: PowerSGD
 #
-# A layer's gradient is a matrix (here 64 x 128 for the first layer's
-# weights). PowerSGD (Vogels, Karimireddy and Jaggi, 2019) sends a rank-r
+# A layer's gradient is a matrix (here 128 x 64 for the first layer's
+# weights: 128 outputs, 64 inputs). PowerSGD (Vogels, Karimireddy and Jaggi,
+# "PowerSGD: Practical Low-Rank Gradient Compression for Distributed
+# Optimization", 2019) sends a rank-r
 # approximation P Q^T, found by one step of power iteration started from
 # last step's Q (*warm start*):
 #
@@ -281,7 +325,8 @@ for name, (indices, values) in {
 # 3. `Q = M^T P`, all-reduced;
 # 4. the averaged gradient is `P Q^T`.
 #
-# Two all-reduces of small matrices: r (n + m) values instead of n m. Linear
+# Two all-reduces of small matrices: for a matrix of a rows and c columns,
+# r (a + c) values instead of a c. Linear
 # algebra, not thresholds, decides what to keep; and since P and Q are sums,
 # the ring works as usual. With r = 2 the first layer sends 2 * (64 + 128)
 # = 384 values instead of 8,192.
@@ -313,26 +358,70 @@ print(f"MLP, 2 ranks, {results[0].steps} steps, mean over seeds {list(SEEDS)}:")
 print(experiment.format_table(results, "mlp", 2))
 picture = experiment.plot(results, OUT / "compression_bytes_vs_accuracy.png",
                           title="digits MLP, 2 ranks: bytes per step against test accuracy")
-print("saved", picture)
+show_file(picture)
 
-# %% [markdown]
-# Open `compression_bytes_vs_accuracy.png`. What the runs show on this
-# model (the table above is this run's; the notes were written from a full
-# run with 3 seeds):
-#
-# * fp16, bfloat16 and int8 halve or quarter the bytes and lose nothing
-#   measurable: gradient noise from the batch is far larger than rounding
-#   at 8 to 16 bits.
-# * top-k at 1 % sends about 48x fewer bytes and, with error feedback,
-#   matches the uncompressed run; PowerSGD rank 2 sends about 12x fewer.
-# * one bit costs a couple of points here; random-k at 1 % fails: it keeps
-#   1 % of the gradient's norm per step.
-# * threshold's bytes depend on the data (the count over tau per step).
-#
-# The measured bytes equal the formulas (the "formula" column), so they fall
-# by the factor each formula states: fp16 2x; int8 4x at 2 ranks but 2x at 4
-# (it all-gathers, (N - 1) n bytes against the ring's 2 (N - 1)/N 4n);
-# sparse and one-bit payloads also grow with N for the same reason.
+by_name = {r.name: r for r in results}
+MLP_SHAPES = experiment.parameter_shapes("mlp")
+
+
+def fewer(name, world_size=2):
+    """How many times fewer bytes than the uncompressed run, by the formulas."""
+    return (experiment.formula_bytes("none", MLP_SHAPES, world_size)
+            / experiment.formula_bytes(name, MLP_SHAPES, world_size))
+
+
+def points(name, against="none"):
+    """Test accuracy of ``name`` minus ``against``'s, in points."""
+    return 100 * (by_name[name].test_accuracy - by_name[against].test_accuracy)
+
+
+same_bytes = all(abs(r.bytes_per_step - experiment.formula_bytes(r.name, MLP_SHAPES, 2)) < 0.5
+                 for r in results if experiment.formula_bytes(r.name, MLP_SHAPES, 2) is not None)
+assert same_bytes, "the bytes from the trace differ from the formulas"
+glue("seeds", f"{len(SEEDS)} seed{'s' if len(SEEDS) > 1 else ''}")
+glue("none_acc", 100 * by_name["none"].test_accuracy, "{:.1f} %")
+glue("fp16_fewer", fewer("fp16"), "{:.1f}x")
+glue("bf16_fewer", fewer("bf16"), "{:.1f}x")
+glue("int8_fewer", fewer("int8"), "{:.1f}x")
+glue("int8_fewer_at_4", fewer("int8", 4), "{:.1f}x")
+glue("topk_fewer", fewer("top-k 1%"), "{:.1f}x")
+glue("powersgd_fewer", fewer("PowerSGD r2"), "{:.1f}x")
+cast_loss = max(0.0, max(-points(name) for name in ("fp16", "bf16", "int8")))
+glue("cast_loss", cast_loss, ".1f")
+glue("cast_verdict", f"lose nothing measurable ({cast_loss:.1f} points at most): gradient noise "
+     "from the batch is larger than rounding at 8 to 16 bits" if cast_loss <= 0.5 else
+     f"lose up to {cast_loss:.1f} points")
+topk_gap = points("top-k 1%")
+glue("topk_gap", abs(topk_gap), ".1f")
+glue("topk_matches", "matches the uncompressed run" if abs(topk_gap) <= 0.5 else
+     f"ends {abs(topk_gap):.1f} points {'below' if topk_gap < 0 else 'above'} the "
+     "uncompressed run")
+glue("sign_points", -points("sign"), ".1f")
+glue("sign_verdict", "costs" if points("sign") < 0 else "gains")
+glue("randomk_acc", 100 * by_name["random-k 1%"].test_accuracy, "{:.1f} %")
+glue("randomk_verdict", "fails" if points("random-k 1%") < -10 else "falls behind")
+
+# %% jupyter={"source_hidden": true}
+say("""
+The picture above: bytes per step against test accuracy. What this run shows
+on this model (mean over {glue}`seeds`; the uncompressed run reaches
+{glue}`none_acc`):
+
+* fp16, bfloat16 and int8 send {glue}`fp16_fewer`, {glue}`bf16_fewer` and
+  {glue}`int8_fewer` fewer bytes and {glue}`cast_verdict`.
+* top-k at 1 % sends {glue}`topk_fewer` fewer bytes and, with error feedback,
+  {glue}`topk_matches`; PowerSGD rank 2 sends {glue}`powersgd_fewer` fewer.
+* one bit {glue}`sign_verdict` {glue}`sign_points` points here; random-k at
+  1 % {glue}`randomk_verdict` ({glue}`randomk_acc`): it keeps about k/Ψ of
+  the gradient's squared norm per step.
+* threshold's bytes depend on the data (the count over the threshold per step).
+
+The measured bytes equal the formulas (the "formula" column), so they fall
+by the factor each formula states: fp16 {glue}`fp16_fewer`; int8
+{glue}`int8_fewer` at 2 ranks but {glue}`int8_fewer_at_4` at 4 (it
+all-gathers, (n - 1) Ψ bytes against the ring's 2 (n - 1)/n · 4Ψ); sparse and
+one-bit payloads also grow with n for the same reason.
+""")
 
 # %% [markdown]
 # ## 7. Error feedback on and off
@@ -345,7 +434,6 @@ print("saved", picture)
 # per epoch, with and without:
 
 # %%
-by_name = {r.name: r for r in results}
 pairs = [("top-k 1%", "top-k 1%, no EF"), ("PowerSGD r2", "PowerSGD r2, no EF"),
          ("sign", "sign, no EF"), ("random-k 1%", "random-k 1%, no EF")]
 figure, axes = plt.subplots(1, len(pairs), figsize=(14, 3.5), sharey=True)
@@ -363,29 +451,43 @@ for axis, (with_ef, without) in zip(axes, pairs):
 axes[0].set_ylabel("test accuracy (%)")
 axes[0].set_ylim(0, 100)
 figure.tight_layout()
-figure.savefig(OUT / "compression_error_feedback.png", dpi=100)
-print("saved", OUT / "compression_error_feedback.png")
+show_figure(figure, "compression_error_feedback.png")
 for with_ef, without in pairs:
     a, b = by_name[with_ef], by_name[without]
     print(f"{with_ef:<14} with EF {100 * a.test_accuracy:6.2f} %   without {100 * b.test_accuracy:6.2f} %"
           f"   ({100 * (a.test_accuracy - b.test_accuracy):+.2f} points)")
+topk_ef = points("top-k 1%", "top-k 1%, no EF")
+glue("topk_no_ef", "ends lower" if topk_ef > 0 else "ends no lower")
+glue("topk_ef_points", abs(topk_ef), ".1f")
+glue("powersgd_ef_points", points("PowerSGD r2", "PowerSGD r2, no EF"), "+.1f")
+glue("sign_ef_points", points("sign", "sign, no EF"), "+.1f")
+glue("randomk_ef", 100 * by_name["random-k 1%"].test_accuracy, "{:.1f} %")
+glue("randomk_no_ef", 100 * by_name["random-k 1%, no EF"].test_accuracy, "{:.1f} %")
+behind = max(points("random-k 1%"), points("random-k 1%, no EF")) < -10
+glue("randomk_behind", "stays far behind with or without it" if behind else
+     "does not stay far behind in this run")
 
-# %% [markdown]
-# Top-k without error feedback throws away 99 % of the coordinates every
-# step, and the small ones are never sent: training still works (the large
-# ones matter most) but ends lower, on every seed and model of the tests
-# (1.5 to 4 points). With feedback, a small coordinate waits until it has
-# accumulated enough to be among the top k. PowerSGD's gap is small on the
-# MLP and large on the CNN (about 7 points in our runs).
-#
-# Feedback is not a cure for everything. Random-k at 1 % stays far behind
-# with or without it: what it sends is about 1 % of the gradient's norm, and
-# with feedback each coordinate waits about 1/ratio = 100 steps, so what
-# arrives is a hundred steps stale, and momentum amplifies the stale kick
-# (which of the two is worse changes from seed to seed). One bit moves by a
-# point or two either way between runs; Karimireddy et al. (2019) prove
-# EF-signSGD converges for plain SGD, not with momentum on top. Measure
-# before you believe.
+# %% jupyter={"source_hidden": true}
+say("""
+Top-k without error feedback throws away 99 % of the coordinates every
+step, and the small ones are never sent: training still works (the large
+ones matter most) but {glue}`topk_no_ef` here ({glue}`topk_ef_points`
+points between the two). With feedback, a small coordinate waits until it
+has accumulated enough to be among the top k. Feedback moves PowerSGD by
+{glue}`powersgd_ef_points` points on this MLP (the experiment's `--model cnn`
+runs the same on the CNN).
+
+Feedback is not a cure for everything. Random-k at 1 %
+{glue}`randomk_behind` ({glue}`randomk_ef` with, {glue}`randomk_no_ef`
+without, against {glue}`none_acc`): what it sends is about 1 % of the
+gradient's norm, and with feedback each coordinate waits about 1/ratio = 100
+steps, so what arrives is a hundred steps stale, and momentum amplifies the
+stale kick (which of the two is worse changes from seed to seed). Feedback
+moved one bit by {glue}`sign_ef_points` points in this run;
+Karimireddy et al. (2019, "Error Feedback Fixes SignSGD and other Gradient
+Compression Schemes") prove EF-signSGD converges for plain SGD, not with
+momentum on top. Measure before you believe.
+""")
 
 # %% [markdown]
 # ## 8. Overlap, with and without a compressor
@@ -425,6 +527,7 @@ def last_step(events):
     return [e for e in events if e["start"] >= begin]
 
 
+seen = {}
 for hook_name in (None, "PowerSGD r2"):
     for overlap in (True, False):
         path = OUT / f"overlap_{hook_name}_{overlap}.trace.jsonl"
@@ -435,23 +538,50 @@ for hook_name in (None, "PowerSGD r2"):
         backward = next(e for e in events if e["rank"] == 0 and e["label"] == "backward")
         first_send = min(e["start"] for e in events if e["rank"] == 0 and e["kind"] == "send")
         where = "inside" if first_send < backward["end"] else "after"
+        messages = sum(1 for e in events if e["kind"] == "send" and e["rank"] == 0)
         name = hook_name or "no hook"
+        seen[(name, overlap)] = (where, sent, messages, first_send - backward["start"])
         print(f"{name:<12} overlap={overlap!s:<5} {buckets} buckets: rank 0 sent {sent:>7,} bytes, "
               f"first message {(first_send - backward['start']) / 1e3:6.0f} us after backward "
               f"began (backward lasted {(backward['end'] - backward['start']) / 1e3:.0f} us)")
-        safe = name.replace(" ", "_")
-        save_timeline(events, OUT / f"compression_timeline_{safe}_overlap_{overlap}.png",
-                      title=f"one DDP step of the digits CNN, 2 ranks, {name}, overlap={overlap}")
+        if overlap:   # the two pictures the text reads
+            safe = name.replace(" ", "_")
+            timeline = OUT / f"compression_timeline_{safe}_overlap_{overlap}.png"
+            save_timeline(events, timeline,
+                          title=f"one DDP step of the digits CNN, 2 ranks, {name}, overlap=True")
+            show_file(timeline)
+plain_seen, powersgd_seen = seen[("no hook", True)], seen[("PowerSGD r2", True)]
+glue("start_verdict", "start inside backward in both" if plain_seen[0] == powersgd_seen[0] ==
+     "inside" else "do not start inside backward in both here")
+glue("plain_sent", plain_seen[1], "{:,}")
+glue("powersgd_sent", powersgd_seen[1], "{:,}")
+glue("plain_messages", plain_seen[2])
+glue("powersgd_messages", powersgd_seen[2])
+glue("bytes_verdict", "fewer" if powersgd_seen[1] < plain_seen[1] else "no fewer")
+glue("messages_verdict", "more" if powersgd_seen[2] > plain_seen[2] else "no more")
+# Without overlap DDP sends when backward has computed every gradient (still
+# inside the backward region, which ends after DDP's last message).
+later = all(seen[(name, False)][3] > seen[(name, True)][3] for name in ("no hook", "PowerSGD r2"))
+glue("first_overlap_us", seen[("no hook", True)][3] / 1e3, "{:,.0f} us")
+glue("first_no_overlap_us", seen[("no hook", False)][3] / 1e3, "{:,.0f} us")
+glue("no_overlap_verdict", "the first message waits until backward has computed every "
+     "gradient" if later else "the first message did not leave later than with overlap")
+
+# %% jupyter={"source_hidden": true}
+say("""
+The two timelines above are the same step, with overlap: the messages
+{glue}`start_verdict`; PowerSGD's are {glue}`bytes_verdict` bytes
+({glue}`powersgd_sent` against {glue}`plain_sent` from rank 0) but
+{glue}`messages_verdict` messages ({glue}`powersgd_messages` against
+{glue}`plain_messages`: two all-reduces per bucket), and its compute (the
+matrix products and the orthogonalisation) sits between them. With
+`overlap=False` {glue}`no_overlap_verdict` (without a hook it left
+{glue}`first_no_overlap_us` after backward began, against {glue}`first_overlap_us`
+with overlap).
+""")
 
 # %% [markdown]
-# Open `compression_timeline_no_hook_overlap_True.png` and
-# `compression_timeline_PowerSGD_r2_overlap_True.png`: the same step, the
-# messages start inside backward in both; PowerSGD's are fewer bytes but
-# more messages (two all-reduces per bucket) and its compute (the matrix
-# products and the orthogonalisation) sits between them. With
-# `overlap=False` every message waits for the end of backward.
-#
-# What 2 cores cannot show is a speed-up: nothing in minidist communicates
+# What one machine cannot show is a speed-up: nothing in minidist communicates
 # in the background, messages move only when backward hands DDP a gradient,
 # and shared memory is so fast that there is little to hide. On a network,
 # each bucket's transfer runs while the next layers compute, and
@@ -459,13 +589,14 @@ for hook_name in (None, "PowerSGD r2"):
 #
 # ## 9. When compression pays
 #
-# Compression trades bytes for compute. On a link of bandwidth B a step of
-# the uncompressed run costs about `compute + bytes / B`; a compressor adds
-# its own compute (cast, sort, QR: its *codec*) and removes bytes. It wins
-# when the link is slower than `B* = bytes saved / codec time`. The codec
+# Compression trades bytes for compute. On a link of β seconds per byte a
+# step of the uncompressed run that sends N bytes costs about
+# compute + N β; a compressor adds its own compute (cast, sort, QR: its
+# *codec*) and removes bytes. It wins when the link's bandwidth 1/β is below
+# `bytes saved / codec time`. The codec
 # time is measured on one process (world size 1: the hook runs, its
 # collectives have nobody to talk to), the median of many calls on a bucket
-# of the model's shapes; the bytes saved are the formulas' at N = 2 (which
+# of the model's shapes; the bytes saved are the formulas' at n = 2 (which
 # part 6 measured equal to the trace). For the digits MLP and for Dettmers'
 # layer:
 
@@ -516,6 +647,7 @@ CODECS = ["fp16", "bf16", "int8", "sign", "top-k 1%", "random-k 1%", "PowerSGD r
 codecs = minidist.launch(lambda: {m: codec_seconds(s, CODECS, 20 if QUICK else 100)
                                   for m, s in MODELS.items()}, world_size=1)[0]
 print(f"{'model':<18} {'compressor':<12} {'codec ms':>9} {'bytes saved':>12} {'wins below':>14}")
+crossover = {}
 for model_name, shapes in MODELS.items():
     dense = experiment.formula_bytes("none", shapes, 2)
     for name in CODECS:
@@ -523,25 +655,52 @@ for model_name, shapes in MODELS.items():
         saved = dense - experiment.formula_bytes(name, shapes, 2)
         verdict = "always" if extra <= 0 else f"{8 * saved / extra / 1e6:,.0f} Mbit/s"
         print(f"{model_name:<18} {name:<12} {1e3 * extra:9.3f} {saved:12,.0f} {verdict:>14}")
+        crossover[(model_name, name)] = (extra, saved,
+                                         float("inf") if extra <= 0 else 8 * saved / extra)
+
+SMALL, LARGE = MODELS
+cheap = ["fp16", "bf16", "top-k 1%"]
+cheap_ms = max(1e3 * crossover[(SMALL, name)][0] for name in cheap)
+cheap_bits = min(crossover[(SMALL, name)][2] for name in cheap)
+glue("cheap_ms", cheap_ms, "{:.3f} ms")
+glue("cheap_codec", "a fraction of a millisecond" if cheap_ms < 1 else "a millisecond or more")
+glue("cheap_crossover", cheap_bits / 1e9, "{:.1f} Gbit/s")
+glue("cheap_range", "in the gigabits per second" if cheap_bits >= 1e9 else
+     "below a gigabit per second")
+dearest = sorted(CODECS, key=lambda name: crossover[(SMALL, name)][2])[:2]
+glue("dearest", " and ".join(dearest))
+saved_ratio = np.median([crossover[(LARGE, n)][1] / crossover[(SMALL, n)][1] for n in CODECS])
+work_ratio = np.median([crossover[(LARGE, n)][0] / crossover[(SMALL, n)][0] for n in CODECS
+                        if crossover[(SMALL, n)][0] > 0])
+glue("saved_ratio", saved_ratio, ".0f")
+glue("work_ratio", work_ratio, ".0f")
+glue("crossover_verdict", "so its crossovers stay in the same range: compression is a "
+     "question of the link's speed against the processor's, not of the model's size"
+     if 1 / 3 <= saved_ratio / work_ratio <= 3 else
+     "so its crossovers lie " + ("lower" if work_ratio > saved_ratio else "higher")
+     + ": on this CPU the codec's work did not grow in step with the bytes it saves, so the "
+     "crossover depends on the model's size as well as on the link's speed against the "
+     "processor's")
+
+# %% jupyter={"source_hidden": true}
+say("""
+Read the last column as: on a link slower than this, the compressor's
+step is faster than the uncompressed one (with the compute of a step
+unchanged and the communication not hidden by overlap). On the digits MLP
+the casts and top-k cost {glue}`cheap_codec` (at most {glue}`cheap_ms`) and
+save most of the bytes, so their crossover lies {glue}`cheap_range` (the
+lowest at {glue}`cheap_crossover`) on this CPU: a 1 Gbit/s Ethernet link is
+slower than that, a 100 Gbit/s InfiniBand link faster. On the small model
+{glue}`dearest` cost the most per byte saved. The larger layer saves
+{glue}`saved_ratio` times more bytes for {glue}`work_ratio` times more codec
+work (medians over the compressors), {glue}`crossover_verdict`. The benchmark (`benchmarks/bench_compression.py`) measures whole
+steps with each compressor next to PyTorch's own hooks on gloo, and the
+crossover with the cost model. (A GPU runs the codec far faster than these
+CPU cores, which moves every crossover up.)
+""")
 
 # %% [markdown]
-# Read the last column as: on a link slower than this, the compressor's
-# step is faster than the uncompressed one (with the compute of a step
-# unchanged and the communication not hidden by overlap). The casts and
-# top-k cost a fraction of a millisecond and save most of the bytes, so
-# their crossover lies in the gigabits per second on this CPU: a 1 Gbit/s
-# Ethernet link is slower, a 100 Gbit/s InfiniBand link is faster.
-# On the small model one bit and PowerSGD (a QR and four matrix products)
-# cost the most per byte saved. The larger
-# layer saves 50 times more bytes for roughly 50 times more codec work, so
-# its crossover stays in the same range: compression is a question of the
-# link's speed against the processor's, not of the model's size. The
-# benchmark (`benchmarks/bench_compression.py`) measures whole steps with
-# each compressor next to PyTorch's own hooks on gloo, and the crossover with
-# the cost model. (A GPU runs the codec far faster than these 2 CPU cores,
-# which moves every crossover up.)
-#
 # What you can try: change the ratio of top-k (`TopKState(0.001)`), the rank
-# of PowerSGD, or tau; run `python -m minidist.experiments.compression
+# of PowerSGD, or the threshold; run `python -m minidist.experiments.compression
 # --model cnn --world-size 4 --full` to see how the bytes of the all-gather
-# compressors grow with N.
+# compressors grow with n.

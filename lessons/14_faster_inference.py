@@ -21,7 +21,9 @@
 #    across worker processes, predict, gather in order;
 # 2. **INT8**: store the weights (and compute) in 8-bit integers;
 # 3. **teacher-student compression**: train a small student to imitate a
-#    big teacher (Hinton et al. 2015; FitNets, Romero et al. 2014);
+#    big teacher (Hinton, Vinyals and Dean, "Distilling the Knowledge in a
+#    Neural Network", 2015; Romero et al., "FitNets: Hints for Thin Deep
+#    Nets", 2014);
 # 4. **mobile architectures**: MobileNet's depthwise-separable convolution
 #    does a fraction of a standard convolution's multiply-adds.
 #
@@ -40,7 +42,16 @@ import numpy as np
 from minidist import Tensor, nn, no_grad
 from minidist.data import load_digits
 from minidist.experiments import distillation
-from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
+from minidist.lesson import (
+    glue,
+    narrate,
+    output_dir,
+    quick,
+    say,
+    show_figure,
+    show_file,
+    use_headless_matplotlib,
+)
 from minidist.lesson_timing import Load, timed
 from minidist.nn import mobile
 from minidist.nn.quantization import model_size_bytes, quantize
@@ -60,7 +71,7 @@ QUICK = quick()
 OUT = output_dir()
 
 # %% [markdown]
-# ## 1. Batch prediction on N processes
+# ## 1. Batch prediction on n processes
 #
 # Prediction needs no communication between examples: the batches are dealt
 # to the workers in order (each takes a contiguous run of whole batches),
@@ -107,19 +118,32 @@ axis.set_xlabel("worker processes")
 axis.set_ylabel("images per second")
 axis.set_title(f"parallel prediction of the digits CNN ({os.cpu_count()} cores)")
 figure.tight_layout()
-figure.savefig(OUT / "inference_throughput.png", dpi=100)
-print("saved", OUT / "inference_throughput.png")
+show_figure(figure, "inference_throughput.png")
+assert all(same for _, _, same in rows)
+glue("cores", cores())
+best_workers, best_seconds, _ = min(rows, key=lambda row: row[1])
+glue("best_speedup", base / best_seconds, "{:.2f}x")
+glue("best_workers", best_workers)
+glue("most_workers", rows[-1][0])
+glue("cores_verdict", "no more than the cores allow" if base / best_seconds <= 1.1 * cores()
+     else "more than the cores allow: a number not to trust")
+
+# %% jupyter={"source_hidden": true}
+say("""
+The predictions are the same bits as one process's, in order, for any
+number of workers (the tests check n = 1..4 and sizes that n does not
+divide), and on any BLAS kernel: every batch is computed in the same shape,
+at the same place, on one BLAS thread, in one process as on n (on some
+kernels a row's last bits depend on all three; the module docstring of
+`minidist/parallel/data/inference.py` says why). The speed-up is bounded by
+the number of cores: {glue}`most_workers` workers on {glue}`cores` cores take
+turns. The best here, {glue}`best_speedup` with {glue}`best_workers` workers,
+is {glue}`cores_verdict`. Each run includes starting the processes, so small
+data sets gain less; `benchmarks/bench_inference.py` measures throughput with
+interleaved repeats.
+""")
 
 # %% [markdown]
-# The predictions are the same bits as one process's, in order, for any
-# number of workers (the tests check N = 1..4 and sizes that N does not
-# divide), and on any BLAS kernel: every batch is computed in the same shape,
-# at the same place, on one BLAS thread, in one process as on N (on some
-# kernels a row's last bits depend on all three; the module docstring of
-# `minidist/parallel/data/inference.py` says why). The speed-up stops at the number of cores: 4 workers on 2 cores
-# take turns. Each run includes starting the processes, so small data sets
-# gain less; `benchmarks/bench_inference.py` measures throughput with
-# interleaved repeats.
 #
 # ## 2. INT8
 #
@@ -159,15 +183,29 @@ print(f"{'int8':<8} {100 * accuracy_int8:8.2f}% {int8_weights:9,} {int8_bytes:9,
       f"{1e3 * forwards.best['int8']:12.2f} ms")
 print(f"weights {float_weights / int8_weights:.1f}x smaller, whole model "
       f"{float_bytes / int8_bytes:.1f}x (biases and scales stay float32)")
+glue("weights_smaller", float_weights / int8_weights, "{:.1f} times")
+accuracy_gap = 100 * abs(accuracy_float - accuracy_int8)
+glue("accuracy_gap", accuracy_gap, "{:.2f} points")
+glue("accuracy_verdict", "the same accuracy to within a point" if accuracy_gap <= 1
+     else "an accuracy that differs by more than a point")
+int8_slower = forwards.best["int8"] / forwards.best["float32"]
+glue("int8_slower", int8_slower, "{:.0f} times")
+glue("int8_verdict", "*slower* here" if int8_slower > 1 else "no slower here, this time")
+
+# %% jupyter={"source_hidden": true}
+say("""
+{glue}`weights_smaller` smaller weights, {glue}`accuracy_verdict`
+({glue}`accuracy_gap` apart). But {glue}`int8_verdict`: the int8 forward took
+{glue}`int8_slower` as long as float32's. NumPy has no integer matrix product
+in BLAS, so an int32 matmul is a plain loop without cache blocking, far
+slower than float32 BLAS. On hardware with int8 instructions (VNNI, tensor
+cores) the integer product is faster than float32's; in NumPy int8 buys
+memory, not speed (the benchmark shows that the same integer product done in
+float32 BLAS, exact up to K = 1040 terms, runs as fast as float32).
+`minidist predict --int8` says the same when it prints its times.
+""")
 
 # %% [markdown]
-# Four times smaller weights, the same accuracy to within a point. But
-# *slower* here: NumPy has no integer matrix product in BLAS, so an int32
-# matmul is a plain loop without cache blocking, tens of times slower than
-# float32 BLAS. On hardware with int8 instructions (VNNI, tensor cores) the
-# product is 2-4x faster than float32; in NumPy int8 buys memory, not speed
-# (the benchmark shows that the same integer product done in float32 BLAS,
-# exact up to K = 1040 terms, runs as fast as float32).
 #
 # ## 3. Teacher and student
 #
@@ -190,35 +228,54 @@ for results in all_results:
     print(distillation.format_table(results))
     print()
 picture = distillation.plot(all_results, OUT / "distillation.png")
-print("saved", picture)
+show_file(picture)
 last = all_results[0]
-print(f"budget {last['budget']}: Hinton beats hard labels on the mean of {len(seeds)} seeds: "
-      f"{100 * last['mean']['hinton']:.2f} % against {100 * last['mean']['hard']:.2f} %")
+beats = last["mean"]["hinton"] > last["mean"]["hard"]
+print(f"budget {last['budget']}: Hinton {'beats' if beats else 'does not beat'} hard labels on "
+      f"the mean of {len(seeds)} seeds: {100 * last['mean']['hinton']:.2f} % against "
+      f"{100 * last['mean']['hard']:.2f} %")
+glue("budget", last["budget"])
+glue("hinton_mean", 100 * last["mean"]["hinton"], "{:.1f} %")
+glue("hard_mean", 100 * last["mean"]["hard"], "{:.1f} %")
+glue("hinton_verdict", "beats" if beats else "does not beat")
+glue("fitnets_mean", 100 * last["mean"]["fitnets"], "{:.1f} %")
+glue("deep_hinton_mean", 100 * last["mean"]["deep_hinton"], "{:.1f} %")
+hints_help = last["mean"]["fitnets"] > last["mean"]["deep_hinton"] + 0.005
+glue("hints_verdict", "added a little" if hints_help else "did not add anything")
+
+# %% jupyter={"source_hidden": true}
+say("""
+The soft targets carry what the teacher learned about which digits look
+alike (a 7 that is a little like a 1), which hard labels cannot say: at a
+budget of {glue}`budget` examples the distilled student {glue}`hinton_verdict`
+the same student on hard labels on the mean of the seeds ({glue}`hinton_mean`
+against {glue}`hard_mean`). FitNets' hints {glue}`hints_verdict` over plain
+distillation of the same thin, deep student on these 8x8 digits
+({glue}`fitnets_mean` against {glue}`deep_hinton_mean`): a 3-hidden-layer MLP
+is not deep enough to need them (Romero et al. used 11- to 19-layer
+convolutional students).
+""")
 
 # %% [markdown]
-# The soft targets carry what the teacher learned about which digits look
-# alike (a 7 that is a little like a 1), which hard labels cannot say: the
-# distilled student beats the same student on hard labels on the mean of
-# the seeds. FitNets' hints did not add anything over plain distillation of
-# the same thin, deep student on these 8x8 digits: a 3-hidden-layer MLP is
-# not deep enough to need them (Romero et al. used 11- to 19-layer
-# convolutional students).
 #
 # ## 4. Mobile convolutions
 #
 # A standard k x k convolution from C_in to C_out channels does k^2 C_in
-# C_out multiply-adds per output pixel. MobileNet (Howard et al. 2017)
+# C_out multiply-adds per output pixel. MobileNet (Howard et al., "MobileNets:
+# Efficient Convolutional Neural Networks for Mobile Vision Applications", 2017)
 # splits it into a *depthwise* k x k convolution (one filter per channel,
 # `groups=C_in`: k^2 C_in) and a *pointwise* 1 x 1 one (C_in C_out): the
-# ratio is 1 / C_out + 1 / k^2, about 8-9 times fewer at k = 3.
+# ratio is 1 / C_out + 1 / k^2: at k = 3 and C_out of 64 or more, about 8
+# times fewer.
 
 # %%
-def timed(module, x, repeats=5):
+def conv_seconds(module, x, repeats=5):
     return forward_seconds(module, x, repeats)
 
 
 shapes = [(32, 64, 28), (64, 128, 14), (128, 128, 14)]
 print("batch of 8 images; multiply-adds per image, time per batch")
+madd_ratios, time_ratios, depthwise_shares = [], [], []
 print(f"{'C_in->C_out, HxW':<18} {'MAdds std':>11} {'MAdds sep':>11} {'ratio':>6} "
       f"{'ms std':>7} {'ms sep':>7} {'ratio':>6}")
 for c_in, c_out, size in shapes:
@@ -226,16 +283,43 @@ for c_in, c_out, size in shapes:
     x = np.random.default_rng(0).standard_normal((8, c_in, size, size)).astype(np.float32)
     standard = nn.Conv2d(c_in, c_out, 3, padding=1, bias=False)
     separable = mobile.DepthwiseSeparableConv2d(c_in, c_out, batch_norm=False).eval()
-    t_standard, t_separable = timed(standard, x), timed(separable, x)
+    t_standard, t_separable = conv_seconds(standard, x), conv_seconds(separable, x)
+    t_depthwise = conv_seconds(separable.depthwise, x)
+    madd_ratios.append(costs["multiply_add_ratio"])
+    time_ratios.append(t_separable / t_standard)
+    depthwise_shares.append(t_depthwise / t_separable)
     print(f"{f'{c_in}->{c_out}, {size}x{size}':<18} {costs['standard_multiply_adds']:11,} "
           f"{costs['separable_multiply_adds']:11,} {costs['multiply_add_ratio']:6.3f} "
-          f"{1e3 * t_standard:7.2f} {1e3 * t_separable:7.2f} {t_separable / t_standard:6.2f}")
+          f"{1e3 * t_standard:7.2f} {1e3 * t_separable:7.2f} {t_separable / t_standard:6.2f}"
+          f"  (depthwise {t_depthwise / t_separable:.0%} of it)")
+depthwise_madds = [9 * c_in / (9 * c_in + c_in * c_out) for c_in, c_out, _ in shapes]
+glue("madd_fewer_low", 1 / max(madd_ratios), "{:.1f}")
+glue("madd_fewer_high", 1 / min(madd_ratios), "{:.1f}x")
+glue("time_share_low", min(time_ratios), ".2f")
+glue("time_share_high", max(time_ratios), ".2f")
+glue("slower_somewhere", "; on one shape it was slower" if max(time_ratios) > 1 else "")
+glue("time_verdict", "far less" if max(1 / r for r in time_ratios) < 0.75 / max(madd_ratios)
+     else "less" if 1 / min(time_ratios) < 1 / max(madd_ratios) else "as much, here")
+glue("depthwise_madds_low", min(depthwise_madds), ".0%")
+glue("depthwise_madds_high", max(depthwise_madds), ".0%")
+glue("depthwise_time_low", min(depthwise_shares), ".0%")
+glue("depthwise_time_high", max(depthwise_shares), ".0%")
+most = min(depthwise_shares) > 0.5
+glue("depthwise_verdict", "most of the time" if most else
+     "more of the time than of the arithmetic" if min(depthwise_shares) > max(depthwise_madds)
+     else "a share of the time not far from its share of the arithmetic")
 
-# %% [markdown]
-# The multiply-adds fall 8-9x; the time falls far less (above; with
-# one BLAS thread in `benchmarks/bench_mobile.py`: 1.8-3.6x forward, 2-5x
-# forward + backward). The depthwise half does a few percent of
-# the arithmetic but takes most of the time: 9 multiply-adds per value it
-# reads (memory bound), and products too small for BLAS to be efficient.
-# Counting operations predicts speed only where the arithmetic is the
-# bottleneck.
+# %% jupyter={"source_hidden": true}
+say("""
+The multiply-adds fall {glue}`madd_fewer_low` to {glue}`madd_fewer_high`; the
+time falls {glue}`time_verdict`: the separable block takes {glue}`time_share_low`
+to {glue}`time_share_high` of the standard convolution's time, on one BLAS
+thread{glue}`slower_somewhere` (`benchmarks/bench_mobile.py` measures forward
+and backward with interleaved repeats). The depthwise half
+does {glue}`depthwise_madds_low` to {glue}`depthwise_madds_high` of the
+separable block's arithmetic but takes {glue}`depthwise_verdict`
+({glue}`depthwise_time_low` to {glue}`depthwise_time_high`): 9 multiply-adds
+per value it reads (memory bound), and products too small for BLAS to be
+efficient. Counting operations predicts speed only where the arithmetic is
+the bottleneck.
+""")

@@ -20,17 +20,17 @@
 # on many GPUs at once. Tsunashima did not get it running in time and left
 # the links. This chapter runs it.
 #
-# There are two ways to spend N workers on a search. Tsunashima's Optuna
+# There are two ways to spend n workers on a search. Tsunashima's Optuna
 # example makes each *trial* data-parallel (the workers train one model
 # together and aggregate its loss), which needs every collective of the
-# earlier chapters. The other way needs none: run N *trials* at once, one per
+# earlier chapters. The other way needs none: run n *trials* at once, one per
 # worker. Trial 7 (train with lr 0.03 and 64 hidden units) needs nothing
 # from trial 8: the search is **embarrassingly parallel**. The workers share
 # only two things: which trials are still to run, and what came out.
 #
 # 1. the objective: one trial trains the digits MLP and returns its
 #    validation accuracy;
-# 2. plain random search on N worker processes (no dependency): the results
+# 2. plain random search on n worker processes (no dependency): the results
 #    table, and the trials over time per worker; the same seed gives the same
 #    trials whatever the number of workers;
 # 3. a trial that raises and a worker that dies in the middle of a trial;
@@ -51,7 +51,15 @@ import warnings
 from collections import Counter
 
 from minidist.distributed.launch import cores
-from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
+from minidist.lesson import (
+    glue,
+    narrate,
+    output_dir,
+    quick,
+    say,
+    show_figure,
+    use_headless_matplotlib,
+)
 from minidist.lesson_timing import Load
 from minidist.runtime.errors import OversubscriptionWarning
 from minidist.search import (
@@ -119,7 +127,7 @@ print({k: round(v, 5) if isinstance(v, float) else v for k, v in params.items()}
 print(f"validation accuracy {accuracy:.3f} in {one_trial:.2f} s")
 
 # %% [markdown]
-# ## 2. Random search on N worker processes
+# ## 2. Random search on n worker processes
 #
 # `random_search(objective, space, n_trials, n_workers, seed)` starts the
 # workers with `minidist.launch`. Which worker runs which trial? A **shared
@@ -130,13 +138,13 @@ print(f"validation accuracy {accuracy:.3f} in {one_trial:.2f} s")
 # journal (`trials.jsonl`) when a trial starts and when it ends: the
 # search's whole state is in that file, not in any process.
 #
-# The same search with one worker, then with N:
+# The same search with one worker, then with n:
 
 # %%
 searches = {}
 walls = {count: [] for count in sorted({1, WORKERS})}
 load = Load.start()
-# Twice each, in the order 1, N, N, 1: a burst of other work, or load that
+# Twice each, in the order 1, n, n, 1: a burst of other work, or load that
 # grows or fades, weighs on both counts alike; each keeps its faster run.
 for count in sorted(walls) + sorted(walls, reverse=True):
     search = random_search(objective, DIGITS_SPACE, N_RANDOM, n_workers=count, seed=0)
@@ -152,7 +160,7 @@ print(f"\nsame parameters and values with 1 and {WORKERS} workers: {same}")
 assert same
 print(f"trials per worker: {many.trials_per_worker()}")
 speedup = min(walls[1]) / min(walls[WORKERS])
-limit = min(WORKERS, cores())   # N workers on C cores run at most min(N, C) trials at once
+limit = min(WORKERS, cores())   # n workers on C cores run at most min(n, C) trials at once
 print(f"speed-up with {WORKERS} workers (the faster of two runs each, the workers' start "
       f"included): {speedup:.2f}x; at most {limit}x on {cores()} cores ({load.describe()})")
 if speedup > 1.1 * limit or load.busy:
@@ -179,14 +187,32 @@ plot_trials_over_time(one, ax=axes[0], title=f"1 worker: {one.wall_time:.1f} s")
 plot_trials_over_time(many, ax=axes[1],
                       title=f"{WORKERS} workers: {many.wall_time:.1f} s, the same trials")
 figure.tight_layout()
-figure.savefig(OUT / "search_random_gantt.png", dpi=90)
-plt.show()
+show_figure(figure, "search_random_gantt.png", dpi=90)
+glue("workers", WORKERS)
+glue("speedup", speedup, ".2f")
+glue("limit", limit)
+glue("time_share", 1 / speedup, ".0%")
+glue("busy", load.busy)
+glue("speedup_verdict",
+     "more than the cores allow: a number not to trust" if speedup > 1.1 * limit
+     else f"but the machine was busy ({load.describe()}): other programs took the cores from "
+          "the runs unequally, so the number is not one to trust" if load.busy
+     else "near 1/n of the time, as many workers as cores allow" if speedup >= 0.8 * limit
+     else "more than 1/n of the time: the workers' start and the load beside the search "
+          "take their share")
+
+# %% jupyter={"source_hidden": true}
+say("""
+With as many workers as cores the same trials could take about 1/n of the
+time. Here {glue}`workers` workers took {glue}`time_share` of one worker's
+time (a speed-up of {glue}`speedup`, at most {glue}`limit` on these cores):
+{glue}`speedup_verdict`. The benchmark (`benchmarks/bench_search.py`)
+measures it with trials of equal cost and interleaved repeats; more workers
+than cores take turns and run no more trials per second than as many as the
+cores.
+""")
 
 # %% [markdown]
-# With as many workers as cores the same trials take about 1/N of the time.
-# The benchmark (`benchmarks/bench_search.py`, 2 cores) measures it with
-# trials of equal cost: 2 workers run 1.9 times the trials per second of
-# one; 4 workers on 2 cores take turns and run no more than 2 do.
 #
 # ## 3. When a trial fails, and when a worker dies
 #
@@ -277,16 +303,38 @@ if HAVE_OPTUNA:
     random_best, tuned_best = many.best, tuned.best
     print(f"best validation accuracy: random {random_best.value:.4f}, "
           f"Optuna {tuned_best.value:.4f}")
+    at_two = Counter(len(t.intermediate) for t in pruned)[2]
+    glue("pruned", len(pruned))
+    glue("trials", len(tuned.trials))
+    glue("pruned_share", len(pruned) / len(tuned.trials), ".0%")
+    glue("at_two", at_two)
+    glue("two_verdict", "Most pruned trials stop" if 2 * at_two > len(pruned) else
+         "Not most pruned trials stop, here, though many can")
+    glue("half_verdict", "about half the trials are" if 0.3 <= len(pruned) / len(tuned.trials)
+         <= 0.7 else "many trials can be")
+    glue("tuned_per_trial", busy / len(tuned.trials), "{:.3f} s")
+    glue("random_per_trial", sum(t.duration for t in many.trials) / len(many.trials),
+         "{:.3f} s")
+    glue("saving_verdict", "The saving is in worker time per trial" if
+         busy / len(tuned.trials) < sum(t.duration for t in many.trials) / len(many.trials)
+         else "This time pruning saved no worker time per trial")
+
+# %% jupyter={"source_hidden": true}
+if HAVE_OPTUNA:
+    say("""
+{glue}`two_verdict` after two epochs ({glue}`at_two` of {glue}`pruned`): the
+pruner judges from the second report on
+(`MedianPruner(n_startup_trials=4, n_warmup_steps=1)`), once four trials
+have finished. The median rule is blunt: once warm, any trial below the
+median curve so far is stopped, so {glue}`half_verdict` ({glue}`pruned` of
+{glue}`trials` here, {glue}`pruned_share`), and a late bloomer (slow start,
+good finish) can be among them. {glue}`saving_verdict` ({glue}`tuned_per_trial`
+against {glue}`random_per_trial` for the random search's full trials); the
+search, with the same number of trials, finishes sooner, or, in the same
+time, tries more.
+""")
 
 # %% [markdown]
-# Most pruned trials stop after two epochs: the pruner judges from the
-# second report on (`MedianPruner(n_startup_trials=4, n_warmup_steps=1)`),
-# once four trials have finished. The median rule is blunt: once warm, any
-# trial below the median curve so far is stopped, so about half the trials
-# are, and a late bloomer (slow start, good finish) can be among them. The
-# saving is in worker time per trial; the search, with the same number of
-# trials, finishes sooner, or, in the same time, tries more.
-#
 # The same two pictures for Optuna's search (the hatched bars are pruned
 # trials, short), and the best accuracy found against time for both
 # searches:
@@ -299,8 +347,7 @@ if HAVE_OPTUNA:
                      labels=[f"random, {WORKERS} workers", "Optuna TPE + median pruner"])
     axes[1].set_ylim(0.8, 1.0)
     figure.tight_layout()
-    figure.savefig(OUT / "search_optuna_gantt.png", dpi=90)
-    plt.show()
+    show_figure(figure, "search_optuna_gantt.png", dpi=90)
 
 # %% [markdown]
 # Optuna draws its own pictures from the study (`optuna.visualization.matplotlib`):
@@ -320,12 +367,11 @@ if HAVE_OPTUNA:
         curves.set_title("each trial's validation accuracy per epoch (cut short: pruned)")
         curves.figure.set_size_inches(7, 3.6)
         curves.figure.tight_layout()
-        curves.figure.savefig(OUT / "search_optuna_curves.png", dpi=90)
+        show_figure(curves.figure, "search_optuna_curves.png", dpi=90)
         history = optuna_plots.plot_optimization_history(tuned.study)
         history.figure.set_size_inches(7, 3.6)
         history.figure.tight_layout()
-        history.figure.savefig(OUT / "search_optuna_history.png", dpi=90)
-    plt.show()
+        show_figure(history.figure, "search_optuna_history.png", dpi=90)
 
 # %% [markdown]
 # ## 5. A crash under Optuna, and resuming the study
@@ -389,7 +435,7 @@ print(f"test accuracy {evaluate(final_model, x_test, y_test):.4f} on {len(x_test
 # %% [markdown]
 # ## What to take away
 #
-# * Independent trials need no communication: N workers run N trials at
+# * Independent trials need no communication: n workers run n trials at
 #   once, and the search scales with the cores until they run out.
 # * A shared counter hands out trials one at a time, so workers stay busy
 #   when trials cost different amounts (pruning makes them very different)

@@ -19,7 +19,11 @@ step of each strategy runs in a trace region ``memory step NAME``; the
 ledger's samples are ``memory`` events of the trace, and ``--plot OUT.png``
 draws them (:func:`viz.memory_chart.save_memory`): memory per rank over one
 step, the strategies side by side. At the end, each rank's model-state bytes
-(weights + gradients + optimizer state) next to ``zero_model_state_bytes``.
+(weights + gradients + optimizer state) next to ``zero_model_state_bytes``,
+and why ZeRO-3's peak is what it is next to ZeRO-2's (:func:`peak_note`): the
+layers' gathered weights stay alive in the autograd graph from each layer's
+forward to its backward, so the sample after forward counts them among the
+activations; the demo measures how many of those bytes they are.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from minidist.parallel.data import zero_stages
 from minidist.parallel.data.costs import zero_model_state_bytes
 from minidist.train import build_model
 from minidist.units import format_bytes
-from viz.memory_chart import REGION_PREFIX
+from viz.memory_chart import GATHERED_KIND, REGION_PREFIX
 
 #: (name, ZeRO stage) in the order they run.
 STRATEGIES = (("DDP", 0), ("ZeRO-1", 1), ("ZeRO-2", 2), ("ZeRO-3", 3))
@@ -66,6 +70,46 @@ def build(stage: int, model):
     return wrapped, optimizer, ledger
 
 
+def gathered_ledger(stage: int, wrapped):
+    """For ZeRO-3, a Ledger that sees only the layers' gathered full weights
+    (FullyShardedDataParallel.track_memory counts them as ``buffers``, and
+    nothing else is one at the forward sample); None for the other stages,
+    which gather nothing between forward and backward."""
+    if stage != 3:
+        return None
+    ledger = memory.Ledger()
+    wrapped.track_memory(ledger)
+    return ledger
+
+
+def peak_note(results: list[dict]) -> str:
+    """Why ZeRO-3's peak per rank is what it is next to ZeRO-2's, in the
+    demo's own numbers (the largest rank's): the layers' full weights, gathered
+    for forward, stay alive in the autograd graph until each layer's backward
+    (minidist's Linear keeps its weight array for it, and the backward gather
+    refills that same array), so the sample after forward counts them among
+    the activations. "" when there is no ZeRO-3 or ZeRO-2 result."""
+    if not results or not all(name in results[0] for name in ("ZeRO-2", "ZeRO-3")):
+        return ""
+    three = max((result["ZeRO-3"] for result in results), key=lambda r: r["peak"])
+    two = max(result["ZeRO-2"]["peak"] for result in results)
+    gathered = three["peak_gathered"]
+    without = three["peak"] - gathered
+    where = "above" if three["peak"] > two else "not above"
+    text = (f"ZeRO-3's peak per rank ({format_bytes(three['peak'])}) is {where} ZeRO-2's "
+            f"({format_bytes(two)})")
+    if not gathered:
+        return text + ": at its peak no gathered weights are alive."
+    label = (three["peak_label"] or "").split()[-1]
+    return (text + f". Of the {format_bytes(three['peak_activations'])} of activations at "
+            f"its peak (after {label}), {format_bytes(gathered)} are gathered parameters: "
+            "each layer's full weights, gathered for its forward and kept alive by the "
+            "autograd graph until its backward (Linear keeps its weight array for it; "
+            "torch's FSDP frees them after forward and gathers again). Without them "
+            f"ZeRO-3's peak would be {format_bytes(without)}, "
+            + ("below" if without < two else "still not below") + " ZeRO-2's.")
+
+
 def model_state(held: dict) -> int:
     return held["parameters"] + held["gradients"] + held["optimizer_state"]
 
@@ -78,6 +122,9 @@ def _train(status, steps):
     for name, stage in STRATEGIES:
         model = build_model("mlp", seed=0)
         wrapped, optimizer, ledger = build(stage, model)
+        gathered = gathered_ledger(stage, wrapped)
+        # bytes of the activations that are gathered weights, per sample label
+        in_activations = {}
         for step in range(steps):
             lo = (step * world_size + rank) * PER_RANK_BATCH
             # copies: a view of the data set would keep all of it alive (and counted)
@@ -86,7 +133,16 @@ def _train(status, steps):
                 optimizer.zero_grad(set_to_none=False)
                 ledger.sample(f"{name} zero_grad")
                 loss = loss_fn(wrapped(Tensor(xb)), yb)
-                ledger.sample(f"{name} forward", graph=loss)
+                after_forward = ledger.sample(f"{name} forward", graph=loss)
+                if gathered is not None:
+                    # what the gathered weights alive now add to the activations
+                    # (each byte once: they are among the graph's arrays)
+                    in_activations[after_forward.label] = min(
+                        gathered.measure()["buffers"], after_forward.bytes["activations"])
+                    # in the trace too, at the sample's time, for the chart to draw apart
+                    trace.record(GATHERED_KIND, after_forward.time, after_forward.time,
+                                 nbytes=in_activations[after_forward.label],
+                                 label=f"gathered parameters {name} forward")
                 loss.backward()
                 ledger.sample(f"{name} backward")
                 optimizer.step()
@@ -95,8 +151,12 @@ def _train(status, steps):
             status.put({"rank": rank, "strategy": name, "step": step + 1, "steps": steps,
                         "bytes": report.current, "peak": report.peak_total,
                         "loss": float(loss.item())})
+        report = ledger.report()
+        top = max(report.samples, key=lambda sample: sample.total)
         results[name] = {"model_state": model_state(last.bytes), "bytes": last.bytes,
-                         "peak": ledger.report().peak_total}
+                         "peak": report.peak_total, "peak_label": report.peak_label,
+                         "peak_activations": top.bytes["activations"],
+                         "peak_gathered": in_activations.get(top.label, 0)}
     status.close()
     status.join_thread()
     return results
@@ -197,6 +257,9 @@ def main(args) -> int:
                         sizes, nproc)
         console.print(f"  {name:7s} measured {measured}  formula {formula:,.0f}"
                       f"{f' ({gap})' if gap else ''}  (peak per rank {peaks})")
+    note = peak_note(results)
+    if note:
+        console.print(note)
     console.print(f"trace written to {trace_path}; its memory events per rank: "
                   f"minidist.memory.memory_timeline(trace.read_jsonl({trace_path!r}).events)")
     plot = getattr(args, "plot", None)

@@ -8,7 +8,11 @@ on each rank: the memory events inside it are that strategy's panel.
 :func:`memory_panels` returns exactly what is drawn; :func:`draw_memory`
 draws it, a grid of one row per rank and one column per strategy, each cell
 the bytes held by category (stacked, as steps) against the time since the
-region started::
+region started. ``gathered`` events (:data:`GATHERED_KIND`, which
+``minidist demo memory`` writes for ZeRO-3) at a memory sample's time say how
+many of its activation bytes are gathered parameters: the layers' full
+weights, gathered for forward and kept alive by the autograd graph until
+each layer's backward; the chart draws them as a category of their own::
 
     from viz.memory_chart import save_memory
     save_memory("memory.trace.jsonl", "memory.png")
@@ -28,9 +32,16 @@ from minidist.memory import CATEGORIES, memory_timeline
 
 #: The region a strategy's measured step runs in: ``REGION_PREFIX + name``.
 REGION_PREFIX = "memory step "
+#: The kind of the trace event that says how many bytes of a memory sample's
+#: activations are gathered parameters (its ``bytes``, at the sample's time).
+GATHERED_KIND = "gathered"
+GATHERED = "gathered_parameters"
+#: What the chart stacks: the ledger's categories, the gathered parameters
+#: apart from the activations that hold them.
+CHART_CATEGORIES = CATEGORIES[:-1] + (GATHERED,) + CATEGORIES[-1:]
 #: The palette of viz/timeline.py (Tableau's colour-blind ten), one per category.
 COLORS = {"parameters": "#006BA4", "gradients": "#FF800E", "optimizer_state": "#5F9ED1",
-          "buffers": "#ABABAB", "activations": "#C85200"}
+          "buffers": "#ABABAB", GATHERED: "#595959", "activations": "#C85200"}
 
 
 def _events_of(trace) -> list[dict]:
@@ -45,9 +56,16 @@ def memory_panels(trace) -> dict[str, dict[int, list[tuple[int, dict[str, int]]]
     """``{strategy: {rank: [(nanoseconds since the region started, bytes by
     category), ...]}}``: for each ``memory step NAME`` region of each rank,
     the :func:`memory_timeline` entries of that rank inside it, in time
-    order. Strategies keep the order of their first region in the trace."""
+    order. Strategies keep the order of their first region in the trace.
+    Where a ``gathered`` event marks a sample, its bytes move from
+    ``activations`` to ``gathered_parameters``."""
     events = _events_of(trace)
     timeline = memory_timeline(events)
+    gathered = {(event["rank"], event["start"]): int(event.get("bytes") or 0)
+                for event in events if event.get("kind") == GATHERED_KIND}
+    if gathered:
+        timeline = {rank: [(time, _split(held, gathered.get((rank, time), 0)))
+                           for time, held in samples] for rank, samples in timeline.items()}
     regions = sorted((event for event in events if event.get("kind") == "compute"
                       and (event.get("label") or "").startswith(REGION_PREFIX)),
                      key=lambda event: (event["start"], event["rank"]))
@@ -59,6 +77,14 @@ def memory_panels(trace) -> dict[str, dict[int, list[tuple[int, dict[str, int]]]
                   if start <= time <= end]
         panels.setdefault(name, {})[rank] = inside
     return {name: dict(sorted(per_rank.items())) for name, per_rank in panels.items()}
+
+
+def _split(held: dict[str, int], gathered: int) -> dict[str, int]:
+    part = min(gathered, held.get("activations", 0))
+    out = dict(held)
+    out["activations"] = held.get("activations", 0) - part
+    out[GATHERED] = part
+    return out
 
 
 def draw_memory(trace, title: str | None = None) -> Figure:
@@ -82,8 +108,8 @@ def draw_memory(trace, title: str | None = None) -> Figure:
                 # Hold the last sample a little so its step is visible.
                 times.append(times[-1] + max(times[-1] * 0.05, 0.01))
                 below = [0.0] * len(times)
-                for category in CATEGORIES:
-                    values = [held[category] / 1e3 for _, held in series]
+                for category in CHART_CATEGORIES:
+                    values = [held.get(category, 0) / 1e3 for _, held in series]
                     values.append(values[-1])
                     above = [low + value for low, value in zip(below, values)]
                     ax.fill_between(times, below, above, step="post", color=COLORS[category],
@@ -98,8 +124,11 @@ def draw_memory(trace, title: str | None = None) -> Figure:
             if column == 0:
                 ax.set_ylabel(f"rank {rank}\nKB held", fontsize=8)
             ax.tick_params(labelsize=7)
-    figure.legend(handles=[Patch(color=COLORS[c], label=c.replace("_", " ")) for c in CATEGORIES],
-                  loc="lower center", ncol=len(CATEGORIES), fontsize=8, frameon=False)
+    shown = [c for c in CHART_CATEGORIES if c != GATHERED or any(
+        held.get(GATHERED) for per_rank in panels.values() for series in per_rank.values()
+        for _, held in series)]
+    figure.legend(handles=[Patch(color=COLORS[c], label=c.replace("_", " ")) for c in shown],
+                  loc="lower center", ncol=len(shown), fontsize=8, frameon=False)
     figure.suptitle(title or "memory per rank over one training step", fontsize=11)
     figure.tight_layout(rect=(0, 0.06, 1, 0.96))
     return figure

@@ -168,7 +168,8 @@ class SearchResult:
     def summary(self) -> str:
         counts = ", ".join(f"{len(self.by_state(s))} {s}" for s in STATES)
         best = self.best
-        text = (f"{self.engine} search: {len(self.trials)} trials on {self.n_workers} workers in "
+        workers = f"{self.n_workers} worker{'' if self.n_workers == 1 else 's'}"
+        text = (f"{self.engine} search: {len(self.trials)} trials on {workers} in "
                 f"{self.wall_time:.2f} s ({counts})")
         if best is not None:
             text += f"; best {best.value:.4f} (trial {best.number})"

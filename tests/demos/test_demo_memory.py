@@ -29,7 +29,35 @@ def test_demo_measures_each_stage_and_plots(tmp_path, capsys):
         measured = {int(line.group(i).replace(",", "")) for i in (1, 2)}
         assert measured == {round(zero_model_state_bytes(psi, 2, stage))}
         assert int(line.group(3).replace(",", "")) == round(zero_model_state_bytes(psi, 2, stage))
+    # ZeRO-3's peak is above ZeRO-2's, and the demo says why from its numbers:
+    # the gathered weights (all of the model's, in float32) among its activations.
+    peaks = {name: re.search(rf"rank 0  {name}  step 3/3 .* peak ([\d.]+ KiB)", out).group(1)
+             for name in ("ZeRO-2", "ZeRO-3")}
+    note = re.search(r"ZeRO-3's peak per rank \(([\d.]+ KiB)\) is above ZeRO-2's \(([\d.]+ KiB)\)"
+                     r"\. Of the ([\d.]+ KiB) of activations at its peak \(after forward\), "
+                     r"([\d.]+ KiB) are gathered parameters: .* Without them ZeRO-3's peak would "
+                     r"be ([\d.]+) KiB, below ZeRO-2's\.", out)
+    assert note, out
+    assert (note.group(1), note.group(2)) == (peaks["ZeRO-3"], peaks["ZeRO-2"])
+    kib = [float(note.group(i).split()[0]) for i in (1, 2, 3, 4, 5)]
+    assert kib[3] == pytest.approx(4 * psi / 1024, abs=0.1)      # every weight, gathered
+    assert kib[3] < kib[2] and kib[4] < kib[1]
+    assert kib[4] == pytest.approx(kib[0] - kib[3], abs=0.15)   # each rounded to 0.1 KiB
     assert picture.exists() and picture.stat().st_size > 0
+    # The chart counts the gathered weights where they belong: a category of
+    # their own, taken out of ZeRO-3's activations after forward; no other
+    # strategy has any.
+    from viz.memory_chart import memory_panels
+
+    panels = memory_panels(path)
+    for name, per_rank in panels.items():
+        for series in per_rank.values():
+            parts = [held.get("gathered_parameters", 0) for _, held in series]
+            if name == "ZeRO-3":
+                assert max(parts) == pytest.approx(4 * psi, abs=4 * 2 * 4), name
+                assert all(held["activations"] >= 0 for _, held in series)
+            else:
+                assert not any(parts), name
     timeline = memory_timeline(trace.read_jsonl(path).events)
     assert set(timeline) == {0, 1}
     assert all(len(samples) == 4 * 3 * 4 for samples in timeline.values())  # 4 samples x 3 steps x 4
@@ -49,3 +77,21 @@ def test_the_formula_gap_names_the_uneven_shards():
         "psi / N")
     assert shard_gap(1_010, 1_000.0, [8, 4], 2).endswith("no known cause (every tensor "
                                                          "splits evenly)")
+
+
+def test_the_peak_note_chooses_its_words_from_the_numbers():
+    from viz.demo_memory import peak_note
+
+    def result(peak, activations, gathered):
+        return {"peak": peak, "peak_label": "ZeRO-3 forward", "peak_activations": activations,
+                "peak_gathered": gathered}
+
+    above = peak_note([{"ZeRO-2": result(144_392, 48_000, 0),
+                        "ZeRO-3": result(163_612, 86_700, 38_440)}])
+    assert above.startswith("ZeRO-3's peak per rank (159.8 KiB) is above ZeRO-2's (141.0 KiB). ")
+    assert "37.5 KiB are gathered parameters" in above and above.endswith("below ZeRO-2's.")
+    level = peak_note([{"ZeRO-2": result(100_000, 10_000, 0),
+                        "ZeRO-3": result(90_000, 20_000, 0)}])
+    assert level == ("ZeRO-3's peak per rank (87.9 KiB) is not above ZeRO-2's (97.7 KiB): at "
+                     "its peak no gathered weights are alive.")
+    assert peak_note([{"DDP": result(1, 1, 0)}]) == ""

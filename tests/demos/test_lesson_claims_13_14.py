@@ -25,16 +25,24 @@ def _ratios(world_size: int) -> dict[str, float]:
 
 
 def test_lesson13_each_compressor_cuts_the_bytes_by_the_factor_the_text_states():
+    """The factors are glued from the formulas (glued_claims/13_communication_wall.py
+    checks the run's); here, that the text cites them and what they are."""
     text = (LESSONS / "13_communication_wall.py").read_text()
     two, four = _ratios(2), _ratios(4)
     assert two["fp16"] == pytest.approx(2, rel=0.01) and two["bf16"] == pytest.approx(2, rel=0.01)
-    assert "fp16 2x; int8 4x at 2 ranks but 2x at 4" in text
     assert two["int8"] == pytest.approx(4, rel=0.01) and four["int8"] == pytest.approx(2, rel=0.01)
-    stated_topk = int(re.search(r"top-k at 1 % sends about (\d+)x fewer", text).group(1))
-    assert two["top-k 1%"] == pytest.approx(stated_topk, rel=0.05)
-    stated_powersgd = int(re.search(r"PowerSGD rank 2 sends about (\d+)x fewer", text).group(1))
-    assert two["PowerSGD r2"] == pytest.approx(stated_powersgd, rel=0.05)
     assert two["sign"] > 30, "one bit a value, plus a scale"
+    assert two["top-k 1%"] > 40 and two["PowerSGD r2"] > 10
+    for name in ("fp16_fewer", "int8_fewer", "int8_fewer_at_4", "topk_fewer", "powersgd_fewer"):
+        assert f"{{glue}}`{name}`" in text
+    assert not re.search(r"\d+x fewer", text), "a factor typed by hand"
+
+
+def test_lesson13_follows_the_notation():
+    """n ranks, N bytes (lessons/NOTATION.md): no "N ranks", no n values."""
+    text = (LESSONS / "13_communication_wall.py").read_text()
+    assert "n values, N ranks" not in text and "(Ψ values, n ranks)" in text
+    assert "2 (n-1)/n · 4Ψ" in text and "(N-1)" not in text and "(N - 1)" not in text
 
 
 def test_lesson14_int8_weights_are_four_times_smaller():
@@ -45,7 +53,7 @@ def test_lesson14_int8_weights_are_four_times_smaller():
     quantized = quantize(model, calibration)
     float_bytes, int8_bytes = model_size_bytes(model), model_size_bytes(quantized)
     assert 3 < float_bytes / int8_bytes <= 4, "weights at a quarter, biases and scales float32"
-    assert "Four times smaller weights" in (LESSONS / "14_faster_inference.py").read_text()
+    assert "{glue}`weights_smaller` smaller weights" in (LESSONS / "14_faster_inference.py").read_text()
 
 
 @pytest.mark.parametrize("c_in, c_out, k", [(32, 64, 3), (16, 16, 3), (64, 128, 5)])

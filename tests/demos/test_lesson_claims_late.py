@@ -103,6 +103,20 @@ def test_lesson12_sharding_shrinks_model_states_and_stage3_sends_more():
     assert stage3 == pytest.approx(1.5 * ddp, rel=0.01)
 
 
+def test_lesson12_follows_the_notation_and_explains_stage3s_peak():
+    """n ranks and 16/n bytes per parameter (lessons/NOTATION.md has N for
+    bytes); the peak of stage 3 above stage 2's is explained from the
+    measured gathered weights (glued_claims/12_memory_wall.py checks them)."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "lessons" / "12_memory_wall.py").read_text()
+    assert "16/N" not in text and "8/N" not in text and "N ranks" not in text
+    assert "| stage 3 (`FSDP \"FULL_SHARD\"`) | + parameters | 16/n |" in text
+    assert "N_d" in text and "Ψ" in text
+    for name in ("peak3", "peak2", "peak3_vs_2", "gathered3", "peak3_without"):
+        assert f"{{glue}}`{name}`" in text
+
+
 def _deep_mlp():
     nn.init.manual_seed(0)
     layers = [nn.Linear(16, 32), nn.ReLU()]

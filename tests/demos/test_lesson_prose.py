@@ -48,6 +48,15 @@ GIVEN: dict[str, dict[str, str]] = {
     "04_ring_allreduce": {
         "5 us": "the simulator's ALPHA = 5e-6 in section 3",
     },
+    "15_hyperparameter_search": {
+        "80 %": "the training share digits_split keeps: 1 - VALIDATION_FRACTION (0.2)",
+        "20 %": "the validation share digits_split cuts: VALIDATION_FRACTION = 0.2",
+    },
+    "13_communication_wall": {
+        "1 %": "the ratio of top-k and random-k the lesson sets: TopKState(0.01)",
+        "2 %": "two ranks' 1 % (TopKState(0.01)) with no index in common",
+        "3 %": "three ranks' 1 % (TopKState(0.01)) with no index in common",
+    },
 }
 
 

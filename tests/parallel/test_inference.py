@@ -132,8 +132,21 @@ def test_predict_command_reports_the_same_predictions_and_one_line_errors():
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.count("predictions equal the single-process ones bit for bit") == 2
     assert "int8: the 2-process" in ran.stdout
+    # The int8 row is many times slower than float32's, and the command says why, in one line.
+    why = [line for line in ran.stdout.splitlines() if line.startswith("int8 predicted")]
+    assert len(why) == 1 and "NumPy has no int8 matrix product kernel" in why[0], ran.stdout
     for args, message in ((("-n", "0"), "-n must be at least 1, got 0"),
                           (("--batch-size", "-3"), "--batch-size must be at least 1, got -3")):
         wrong = run_cli(*args)
         assert wrong.returncode == 2
         assert wrong.stderr.strip() == f"minidist predict: error: {message}"
+
+
+def test_the_int8_line_says_how_much_slower_and_why():
+    from minidist.commands import int8_speed_line
+
+    slow = int8_speed_line(0.010, 0.552)
+    assert slow.startswith("int8 predicted 55.2x slower than float32 on 1 process: ")
+    assert "NumPy has no int8 matrix product kernel" in slow and "\n" not in slow
+    even = int8_speed_line(0.010, 0.0105)
+    assert "slower" not in even and "NumPy has no int8 matrix product kernel" in even

@@ -1,0 +1,26 @@
+"""Lesson 15: every verdict its prose chose agrees with the run's numbers."""
+
+import pytest
+
+
+def check(glued):
+    value = {name: entry["value"] for name, entry in glued.items()}
+    speedup, limit = value["speedup"], value["limit"]
+    assert value["time_share"] == pytest.approx(1 / speedup)
+    verdict = value["speedup_verdict"]
+    if speedup > 1.1 * limit:
+        assert verdict.startswith("more than the cores allow")
+    elif value["busy"]:
+        assert verdict.startswith("but the machine was busy")
+    elif speedup >= 0.8 * limit:
+        assert verdict.startswith("near 1/n")
+    else:
+        assert verdict.startswith("more than 1/n")
+    if "pruned" not in value:        # Optuna not installed: sections 4 and 5 skipped
+        return
+    assert value["two_verdict"].startswith("Most") == (2 * value["at_two"] > value["pruned"])
+    share = value["pruned"] / value["trials"]
+    assert value["pruned_share"] == pytest.approx(share)
+    assert value["half_verdict"].startswith("about half") == (0.3 <= share <= 0.7)
+    assert value["saving_verdict"].startswith("The saving is") == (
+        value["tuned_per_trial"] < value["random_per_trial"])
