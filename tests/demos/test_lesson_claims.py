@@ -185,10 +185,24 @@ def test_lesson_7_the_server_carries_w_times_a_workers_bytes_and_the_text_says_o
                    and trace.label_info(e["label"]).get("call") is None)
 
     two, four = (server_bytes_received(w, tmp_path / f"ps{w}.jsonl") for w in (2, 4))
-    assert 1.95 < four / two < 2.05                      # "the single server's load doubles"
-    assert says(7, "the single server's load doubles")
+    assert 1.95 < four / two < 2.05                      # "(the formula: it doubles)"
+    assert 'glue("server_growth"' in source_of(7)        # the run's own factor is cited
     assert not says(7, "They grow with W at the server")  # the rates did not show it
     assert not says(7, "and at B = 10 GB/s and the measured points in their place")
+
+
+def test_lesson_7_keeps_the_notation_and_says_which_column_is_higher():
+    # The server receives a 40-byte request with each push and answers a pull
+    # with a 16-byte header: its received column is the higher one, which the
+    # lesson once said the other way round.
+    assert not says(7, "The servers' *sent* column is a little higher")
+    assert not says(7, "every worker pulls once more, the initial weights")
+    # n workers and N bytes (lessons/NOTATION.md), not W and P; B is a batch
+    for old in ("with P the parameters' bytes and W workers", "W P / S",
+                "2 (W - 1) / W P", "at B = 10 GB/s", "server s owns"):
+        assert not says(7, old), old
+    # The pictures the text points at are shown there, not only saved.
+    assert "savefig" not in source_of(7)
 
 
 # ------------------------------------------------------------------ lesson 8
