@@ -236,7 +236,7 @@ sizes = sorted(row["constant"])
 small, full, below = sizes[0], sizes[-1], [size for size in sizes if size < TRAIN_SIZE]
 points = lambda rule: [100 * row[rule][size]["mean"] for size in sizes]  # noqa: E731
 SEEDS = len(CONFIG["sweep"]["seeds"])
-glue("seeds", SEEDS, "d")
+glue("seeds", SEEDS, "{} seeds" if SEEDS != 1 else "{} seed")
 glue("sizes_run", ", ".join(f"{size:,}" for size in sizes))
 constant = points("constant")
 glue("constant_verdict", "falls steadily" if all(a > b for a, b in zip(constant, constant[1:]))
@@ -295,7 +295,7 @@ glue("lars_verdict", "far better than" if row["lars"][full]["mean"] >
 
 # %% jupyter={"source_hidden": true}
 say("""
-This run's table is printed above ({glue}`seeds` seed(s), batches of
+This run's table is printed above ({glue}`seeds`, batches of
 {glue}`sizes_run`; the reduced form runs one seed on every second batch size,
 so its numbers wobble more than the full form's five seeds). Reading it:
 
@@ -420,7 +420,8 @@ glue("final_hybrid", final["hybrid"], "{:.1f} %")
 glue("updates_decay_lr", updates["decay_lr"], ",")
 glue("updates_grow_batch", updates["grow_batch"], ",")
 glue("updates_hybrid", updates["hybrid"], ",")
-glue("growth_seeds", len(growth_config["seeds"]), "d")
+glue("growth_seeds", len(growth_config["seeds"]),
+     "{} seeds" if len(growth_config["seeds"]) != 1 else "{} seed")
 glue("growth_epochs", growth_config["epochs"], "d")
 glue("growth_milestones", " and ".join(str(m) for m in growth_config["milestones"]))
 lower = final["decay_lr"] - final["no_decay"]
@@ -454,7 +455,7 @@ show_file(lb.plot_batch_growth(growth, OUT / "batch_growth.png"))
 # %% jupyter={"source_hidden": true}
 say("""
 The runs ({glue}`growth_epochs` epochs, milestones at {glue}`growth_milestones`,
-{glue}`growth_seeds` seed(s)) ended at: no decay {glue}`final_no_decay`, rate
+{glue}`growth_seeds`) ended at: no decay {glue}`final_no_decay`, rate
 decay {glue}`final_decay_lr` after {glue}`updates_decay_lr` updates, batch
 growth {glue}`final_grow_batch` after {glue}`updates_grow_batch` updates, hybrid
 {glue}`final_hybrid` after {glue}`updates_hybrid` updates.

@@ -234,7 +234,7 @@ for servers in (1, 2):
     results = minidist.launch(train_linear_regression, world_size=3 + servers,
                               args=(LINEAR_STEPS,), kwargs=dict(servers=servers, lr=0.1))
     by_servers[servers] = results[0].weights
-    print(f"{servers} server(s), 3 workers: max |w_PS - w_single| = "
+    print(f"{servers} server{'s' if servers > 1 else ''}, 3 workers: max |w_PS - w_single| = "
           f"{np.abs(by_servers[servers] - single).max():.1e}")
 print("1 server and 2 servers give identical bits:", np.array_equal(by_servers[1], by_servers[2]))
 bsp_gap = max(np.abs(weights - single).max() for weights in by_servers.values())
