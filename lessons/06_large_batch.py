@@ -262,8 +262,10 @@ glue("linear_spread_verdict",
      "there is one seed in this form, so no seed-to-seed spread to compare that with (the "
      "full form runs five)" if SEEDS == 1 else
      "that is within the seed-to-seed spread ({} points at most)".format(glued("linear_spread"))
+     if linear_drop <= spread else
+     "that is about the seed-to-seed spread ({} points at most)".format(glued("linear_spread"))
      if linear_drop <= 2 * spread else
-     "that is a little more than the seed-to-seed spread ({} points at most)".format(
+     "that is more than the seed-to-seed spread ({} points at most)".format(
          glued("linear_spread")))
 linear_full, linear_1024 = 100 * row["linear"][full]["mean"], 100 * row["linear"][1024]["mean"]
 glue("linear_full", linear_full, "{:.1f} %")

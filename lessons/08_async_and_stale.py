@@ -611,13 +611,13 @@ show_figure(figure, "d2p_delay.png")
 
 # What the text below says of the curves, chosen from them.
 ends = {tau: objectives[-1] / d2p_objectives[0][-1] - 1 for tau, objectives in d2p_objectives.items()}
-glue("d2p_apart", max(abs(gap) for gap in ends.values()), ".3%")
+glue("d2p_apart", max(abs(gap) for gap in ends.values()), ".4%")
 glue("d2p_verdict", "end on top of each other" if max(abs(g) for g in ends.values()) < 1e-3
      else "do not end on top of each other")
 middle = len(d2p_objectives[0]) // 2
 behind = max(objectives[middle] / d2p_objectives[0][middle] - 1
              for objectives in d2p_objectives.values())
-glue("d2p_middle", behind, "+.2%")
+glue("d2p_middle", behind, "+.4%")
 glue("d2p_middle_verdict", "the delayed ones are not even behind" if behind <= 0 else
      "the delayed ones are hardly behind" if behind < 1e-3 else "the delayed ones are behind")
 counts = np.bincount(delays, minlength=5)

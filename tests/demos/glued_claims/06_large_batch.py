@@ -15,6 +15,12 @@ def check(glued):
         (value(glued, "constant_full_loss") > 2.0)
     assert value(glued, "updates_full") < value(glued, "updates_small")
     assert value(glued, "linear_full_lr") > 0.01
+    drop, spread = value(glued, "linear_drop"), value(glued, "linear_spread")
+    verdict = value(glued, "linear_spread_verdict")
+    if "within the seed-to-seed spread" in verdict:
+        assert drop <= spread
+    if "about the seed-to-seed spread" in verdict:
+        assert spread < drop <= 2 * spread
     breaks = value(glued, "linear_full") < value(glued, "linear_1024") - 1
     assert (value(glued, "breaks_verdict") == "It breaks at the end.") == breaks
     assert ("breaks down" in value(glued, "hot_verdict")) == \
