@@ -47,7 +47,17 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, optim, trace
 from minidist.data import DistributedSampler, load_digits
-from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
+from minidist.lesson import (
+    glue,
+    glued,
+    narrate,
+    output_dir,
+    quick,
+    say,
+    show_figure,
+    show_file,
+    use_headless_matplotlib,
+)
 from minidist.parallel.data.coordinator import CoordinatorDataParallel
 from minidist.parallel.data.ddp import DistributedDataParallel
 from minidist.parallel.parameter_server.straggler import Straggler
@@ -207,36 +217,67 @@ def train_single_process():
 
 single_weights, single_accuracy, single_seconds = train_single_process()
 print(f"single process, {EPOCHS} epochs: test accuracy {single_accuracy:.3f}, "
-      f"{single_seconds:.2f} s")
+      f"{glue('single_seconds', single_seconds, '{:.2f} s')}")
+flavours = {}
 for flavour in ("coordinator", "ddp"):
     results = minidist.launch(train, world_size=WORLD, transport="shm", args=(flavour,))
     weights, acc, seconds = results[0]
     identical = all(np.array_equal(weights, r[0]) for r in results)
     gap = np.abs(weights - single_weights).max()
+    flavours[flavour] = (acc, seconds, identical, gap)
     print(f"{flavour:>11}: rank 0 test accuracy {acc:.3f}, {seconds:.2f} s; "
           f"ranks identical: {identical}; max |w - w_single| = {gap:.1e}")
 
+# What the text below says of these runs, chosen from their numbers.
+STEPS_RUN = EPOCHS * len(shard_batches(0, WORLD, 0))
+glue("coordinator_seconds", flavours["coordinator"][1], "{:.2f} s")
+glue("ddp_seconds", flavours["ddp"][1], "{:.2f} s")
+accuracy_gap = max(abs(acc - single_accuracy) for acc, _, _, _ in flavours.values())
+largest_gap = max(gap for _, _, _, gap in flavours.values())
+glue("single_accuracy", single_accuracy, ".3f")
+glue("accuracy_gap", accuracy_gap, ".3f")
+glue("accuracy_verdict", "reach the single-process accuracy" if accuracy_gap == 0
+     else "end within " + glued("accuracy_gap") + " of the single-process accuracy")
+glue("largest_gap", largest_gap, ".1e")
+glue("gap_verdict", "up to float32 rounding" if largest_gap < 1e-4 else "only roughly")
+glue("identical_verdict", "hold bit-identical weights"
+     if all(same for _, _, same, _ in flavours.values()) else "do not hold identical weights")
+glue("speed_verdict", "are not faster"
+     if min(seconds for _, seconds, _, _ in flavours.values()) >= single_seconds
+     else "were faster this time")
+glue("single_step_ms", single_seconds / STEPS_RUN * 1e3, "{:.2f} ms")
+glue("steps_run", STEPS_RUN, ",")
+
+# %% jupyter={"source_hidden": true}
+say("""
+Both flavours {glue}`accuracy_verdict` ({glue}`single_accuracy`), and their
+weights match the single-process weights {glue}`gap_verdict` at the end of
+training (largest difference {glue}`largest_gap`); the two ranks
+{glue}`identical_verdict`. That is the whole promise of synchronous data
+parallelism: the same training, the work split. (Rounding differences can
+grow slowly over many steps; they are differences in the last bits, not in
+what is learnt.)
+
+On this machine the parallel runs {glue}`speed_verdict`: the single process
+took {glue}`single_seconds`, the coordinator {glue}`coordinator_seconds` and
+DDP {glue}`ddp_seconds`. The model is tiny: one step of the single process
+(a batch of 64) took {glue}`single_step_ms` on average over its
+{glue}`steps_run` steps, and 2 workers plus their messages share 2 cores.
+Data parallelism pays when the compute per step is large compared with the
+time to move the gradients.
+""")
+
 # %% [markdown]
-# Both flavours reach the single-process accuracy, and their weights match
-# the single-process weights up to float32 rounding at the end of
-# training, and the two ranks hold bit-identical weights. That is the whole promise of synchronous data parallelism: the
-# same training, the work split. (Rounding differences can grow slowly over
-# many steps; they are differences in the last bits, not in what is learnt.)
-#
-# On this machine the parallel runs are not faster: the model is tiny, a
-# step takes well under a millisecond of arithmetic, and 2 workers plus
-# their messages share 2 cores. Data parallelism pays when the compute per
-# step is large compared with the time to move the gradients.
-#
 # ## 3. Who sends how much?
 #
-# With M the size of the model's gradient in bytes and n workers, per step:
+# With N the size of the model's gradient in bytes (the message every
+# worker sends) and n workers, per step:
 #
 # * the coordinator **receives** a gradient from each of the n - 1 others,
-#   (n - 1) M, and sends the weights back, (n - 1) M more. Its link carries
+#   (n - 1) N, and sends the weights back, (n - 1) N more. Its link carries
 #   n - 1 times what any worker's does, so it is the bottleneck as n grows;
-# * with the ring all_reduce, **every** rank sends 2 (n - 1) / n M: under
-#   2 M whatever n is, and no rank is special.
+# * with the ring all_reduce, **every** rank sends 2 (n - 1) / n N: under
+#   2 N whatever n is, and no rank is special.
 #
 # We count it in a trace: every message of every rank is written down, and
 # `trace.label_info` tells which collective call a message belongs to.
@@ -282,8 +323,8 @@ def collective_bytes(events, rank, kind, collective=""):
                and e["label"].startswith(collective))
 
 
-M = sum(p.data.nbytes for p in traffic_model().parameters())
-print(f"model: {M} bytes of float32 parameters (M)")
+N = sum(p.data.nbytes for p in traffic_model().parameters())
+print(f"model: {N} bytes of float32 parameters (N)")
 traffic = {}
 for n in (2, 4):
     path = OUT / f"coordinator{n}.trace.jsonl"
@@ -297,22 +338,33 @@ for n in (2, 4):
     events = trace.read_jsonl(path).events
     ring_out = max(collective_bytes(events, r, "send", "all_reduce") for r in range(n)) / TRACE_STEPS
     traffic[n] = (coordinator_in, ring_out)
-    print(f"n={n}: coordinator receives {coordinator_in:9,.0f} B/step, (n-1)M = {(n - 1) * M:9,}; "
-          f"one ring rank sends {ring_out:9,.0f} B/step, 2(n-1)/n M = {2 * (n - 1) / n * M:9,.0f}")
+    print(f"n={n}: coordinator receives {coordinator_in:9,.0f} B/step, (n-1)N = {(n - 1) * N:9,}; "
+          f"one ring rank sends {ring_out:9,.0f} B/step, 2(n-1)/n N = {2 * (n - 1) / n * N:9,.0f}")
 
-# %% [markdown]
-# The measured numbers sit a few bytes above the formulas: each worker also
-# sends its number of examples with its gradient (the coordinator's
-# weighted average needs it), and DDP all-reduces one 8-byte example count
-# per step. Going from 2 to 4 workers, the coordinator's load triples while
-# the ring's grows by half, toward its ceiling of 2 M. The picture extends
-# the formulas to more workers than this machine can run.
+above = [measured - formula for n, (coordinator_in, ring_out) in traffic.items()
+         for measured, formula in ((coordinator_in, (n - 1) * N), (ring_out, 2 * (n - 1) / n * N))]
+glue("bytes_above_least", min(above), ",.0f")
+glue("bytes_above_most", max(above), ",.0f")
+glue("coordinator_growth", traffic[4][0] / traffic[2][0], ".2f")
+glue("ring_growth", traffic[4][1] / traffic[2][1], ".2f")
+
+# %% jupyter={"source_hidden": true}
+say("""
+The measured numbers sit {glue}`bytes_above_least` to {glue}`bytes_above_most`
+bytes above the formulas: each worker also sends its number of examples with
+its gradient (the coordinator's weighted average needs it), and DDP
+all-reduces one 8-byte example count per step. Going from 2 to 4 workers, the
+coordinator's load grows {glue}`coordinator_growth` times (the formulas:
+(4 - 1) / (2 - 1) = 3) while the ring's grows {glue}`ring_growth` times
+(the formulas: 1.5), toward its ceiling of 2 N. The picture below extends the
+formulas to more workers than this machine can run.
+""")
 
 # %%
 ns = np.arange(2, 33)
 figure, axis = plt.subplots(figsize=(7, 4))
-axis.plot(ns, (ns - 1) * M / 1e3, label="coordinator receives, (n-1) M")
-axis.plot(ns, 2 * (ns - 1) / ns * M / 1e3, label="one ring rank sends, 2(n-1)/n M")
+axis.plot(ns, (ns - 1) * N / 1e3, label="coordinator receives, (n-1) N")
+axis.plot(ns, 2 * (ns - 1) / ns * N / 1e3, label="one ring rank sends, 2(n-1)/n N")
 for n, (coordinator_in, ring_out) in traffic.items():
     axis.plot([n], [coordinator_in / 1e3], "o", color="C0")
     axis.plot([n], [ring_out / 1e3], "s", color="C1")
@@ -322,14 +374,13 @@ axis.set_title("bytes per step on the busiest link (dots: measured from the trac
 axis.grid(alpha=0.3)
 axis.legend()
 figure.tight_layout()
-figure.savefig(OUT / "dp_traffic.png", dpi=100)
-print("saved", OUT / "dp_traffic.png")
+show_figure(figure, "dp_traffic.png")
 
 # %% [markdown]
 # ## 4. Overlap: all_reduce while backward still runs
 #
 # Backward produces gradients from the last layer to the first. DDP packs
-# them into *buckets* (here tiny ones, 0.01 MB, so that this small model has
+# them into *buckets* (here tiny ones, 0.1 MB, so that this small model has
 # several) and starts a bucket's all_reduce as soon as the bucket is full,
 # without waiting for the rest of backward. We wrap backward in
 # `trace.region("backward")` and look at the timeline of one step.
@@ -380,35 +431,62 @@ def where_all_reduce_starts(events, rank=0):
     return (first_call - backward["start"]) / 1e3, (last_gradient - backward["start"]) / 1e3
 
 
+overlap_runs = {}
 for overlap in (True, False):
     path = OUT / f"ddp_overlap_{overlap}.trace.jsonl"
     buckets = minidist.launch(train_for_timeline, world_size=2, transport="shm",
                               args=(overlap,), trace=str(path))[0]
     events = last_step(trace.read_jsonl(path).events)
     first_call, last_gradient = where_all_reduce_starts(events)
+    overlap_runs[overlap] = (first_call, last_gradient)
     print(f"overlap={overlap!s:>5} ({buckets} buckets), rank 0, from the start of backward: "
           f"first all_reduce at {first_call:6.0f} us, last gradient ready at "
           f"{last_gradient:6.0f} us -> all_reduce starts "
           f"{'before' if first_call < last_gradient else 'after'} backward has finished")
     picture = save_timeline(events, OUT / f"ddp_timeline_overlap_{overlap}.png",
                             title=f"one DDP step, 2 ranks, overlap={overlap}")
-    print("saved", picture)
+    show_file(picture)
+    if overlap:
+        # the algorithm of rank 0's first all_reduce call, as the picture labels it
+        first = min((e for e in events if e["rank"] == 0 and e["kind"] == "collective"
+                     and trace.label_info(e["label"]).get("collective") == "all_reduce"),
+                    key=lambda e: e["start"])
+        glue("first_algorithm", trace.label_info(first["label"]).get("algorithm", "?"))
+
+(on_first, on_last), (off_first, off_last) = overlap_runs[True], overlap_runs[False]
+glue("overlap_first_us", on_first, "{:,.0f} us")
+glue("overlap_last_us", on_last, "{:,.0f} us")
+glue("no_overlap_first_us", off_first, "{:,.0f} us")
+glue("no_overlap_last_us", off_last, "{:,.0f} us")
+glue("overlap_verdict", "starts while backward is still computing the earlier layers"
+     if on_first < on_last else
+     "started only after the last gradient this time (the machine's scheduling reversed the "
+     "order; run the cell again)")
+glue("no_overlap_verdict", "waits until the last gradient, the first layer's, is ready"
+     if off_first >= off_last else
+     "started before the last gradient was marked, which should not happen: look at the "
+     "picture")
+
+# %% jupyter={"source_hidden": true}
+say("""
+With `overlap=True` the first all_reduce (the 8-byte example count, which the
+picture labels {glue}`first_algorithm`, then the last layer's bucket)
+{glue}`overlap_verdict`: it began {glue}`overlap_first_us` after the start of
+backward, the last gradient was ready at {glue}`overlap_last_us`. With
+`overlap=False` every all_reduce {glue}`no_overlap_verdict`
+({glue}`no_overlap_first_us` against {glue}`no_overlap_last_us`). (In both
+cases the all_reduces run inside `loss.backward()`: DDP finishes them from its
+hook on the last gradient, so that `.grad` is ready when backward returns.
+That is why the "backward" box in the pictures above also covers the
+communication; the moment the last gradient was ready, printed above, comes
+from a mark in the trace that the pictures do not draw.)
+
+The two pictures above, `ddp_timeline_overlap_True.png` and
+`ddp_timeline_overlap_False.png`, have one row per rank, with the calls
+(all_reduce), the compute regions, and the messages sent and received.
+""")
 
 # %% [markdown]
-# With `overlap=True` the first all_reduce (the 8-byte example count, which
-# the picture labels recursive_doubling, then the
-# last layer's bucket) starts while backward is still computing the
-# earlier layers; with `overlap=False` every all_reduce waits until the
-# last gradient, the first layer's, is ready. (In both cases the
-# all_reduces run inside `loss.backward()`: DDP finishes them from its
-# hook on the last gradient, so that `.grad` is ready when backward
-# returns. That is why the "backward" box in the picture also covers the
-# communication; the marks tell the gradient computation apart.)
-#
-# Open `ddp_timeline_overlap_True.png` and `ddp_timeline_overlap_False.png`
-# in the output folder: one row per rank, with the calls (all_reduce),
-# the compute regions, and the messages sent and received.
-#
 # What 2 cores cannot show: a speed-up from overlap. Here nothing runs in
 # the background. The all_reduce only moves forward when backward hands
 # over the next gradient (`Work.test()`), and the copying is done by the
@@ -490,15 +568,35 @@ axis.set_ylabel("median step time (ms)")
 axis.set_title("a synchronous step lasts as long as the slowest worker")
 axis.legend()
 figure.tight_layout()
-figure.savefig(OUT / "stragglers.png", dpi=100)
-print("saved", OUT / "stragglers.png")
+show_figure(figure, "stragglers.png")
 
-# %% [markdown]
-# Rank 0's own compute stays at 20 ms, yet its step grows to k x 20 ms: it
-# spends the difference waiting inside the all_reduce for rank 1's
-# gradient. The timeline of the 4x run shows where: on rank 1, the
-# compute region "forward" is followed by "straggler wait", three times as
-# long; on rank 0, the all_reduce call stretches over the same time, idle.
+rank0_computes = [straggler[k][0][0] for k in slowdowns]
+glue("rank0_compute_least", min(rank0_computes) * 1e3, "{:.1f} ms")
+glue("rank0_compute_most", max(rank0_computes) * 1e3, "{:.1f} ms")
+glue("rank0_step_1", straggler[1][0][1] * 1e3, "{:.1f} ms")
+glue("rank0_step_2", straggler[2][0][1] * 1e3, "{:.1f} ms")
+glue("rank0_step_4", straggler[4][0][1] * 1e3, "{:.1f} ms")
+glue("rank1_compute_1", straggler[1][1][0] * 1e3, "{:.1f} ms")
+glue("rank1_compute_2", straggler[2][1][0] * 1e3, "{:.1f} ms")
+glue("rank1_compute_4", straggler[4][1][0] * 1e3, "{:.1f} ms")
+follows = all(straggler[k][0][1] >= straggler[k][1][0] for k in slowdowns)
+glue("rank0_step_verdict", "lasts as long as rank 1's compute and a little more"
+     if follows else "lasted less than rank 1's compute in at least one run here (a median of "
+     "few steps on a busy machine; the picture shows each run)")
+
+# %% jupyter={"source_hidden": true}
+say("""
+Rank 0's own compute, 20 ms of pretend work and a real forward pass, took
+{glue}`rank0_compute_least` to {glue}`rank0_compute_most` whatever k, yet its
+step grows with k: {glue}`rank0_step_1`,
+{glue}`rank0_step_2` and {glue}`rank0_step_4` for k = 1, 2 and 4. It
+{glue}`rank0_step_verdict` (rank 1 computed {glue}`rank1_compute_1`,
+{glue}`rank1_compute_2` and {glue}`rank1_compute_4`): rank 0 spends the
+difference waiting inside the all_reduce for rank 1's gradient. The timeline
+of the 4x run below shows where: on rank 1, the compute region "forward" is
+followed by "straggler wait", three times as long; on rank 0, the all_reduce
+call stretches over the same time, idle.
+""")
 
 # %%
 events = trace.read_jsonl(OUT / "straggler4.trace.jsonl").events
@@ -506,7 +604,7 @@ last = min(e["start"] for e in events if e["label"] == f"step {STRAGGLER_STEPS -
 picture = save_timeline([e for e in events if e["start"] >= last],
                         OUT / "straggler_timeline.png",
                         title="one DDP step, rank 1 four times slower")
-print("saved", picture)
+show_file(picture)
 waits = [e for e in events if trace.label_text(e["label"]) == "straggler wait"]
 print(f"'straggler wait' regions: rank(s) {sorted({e['rank'] for e in waits})}, "
       f"factor {trace.label_info(waits[0]['label'])['factor']}")

@@ -54,7 +54,16 @@ import minidist
 import minidist.distributed as dist
 from minidist import Tensor, nn, optim
 from minidist.experiments import large_batch as lb
-from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
+from minidist.lesson import (
+    glue,
+    glued,
+    narrate,
+    output_dir,
+    quick,
+    say,
+    show_file,
+    use_headless_matplotlib,
+)
 from minidist.lesson_timing import timed
 from minidist.parallel.data.ddp import DistributedDataParallel
 
@@ -65,9 +74,9 @@ QUICK = quick()
 OUT = output_dir()
 data = lb.digits_data()
 x_train, y_train, x_test, y_test = data
-N = len(x_train)
-CONFIG = lb.configuration(full=not QUICK, dataset_size=N)
-print(f"digits: {N} training images, {len(x_test)} test images; "
+TRAIN_SIZE = len(x_train)
+CONFIG = lb.configuration(full=not QUICK, dataset_size=TRAIN_SIZE)
+print(f"digits: {TRAIN_SIZE} training images, {len(x_test)} test images; "
       f"{'reduced' if QUICK else 'full'} form of the experiment")
 
 # %% [markdown]
@@ -105,15 +114,25 @@ if timing.load.busy:
     print(timing.load.note("each rate is the fastest of its steps, so the order holds if one "
                            "step of each ran undisturbed"))
 
+glue("rate_1024_vs_1", rates[1024] / rates[1], ".0f")
+glue("rate_1024_vs_16", rates[1024] / rates[16], ".0f")
+glue("timing_load", timing.load.describe())
+glue("rate_verdict", "grew with the batch at every size" if
+     all(rates[a] < rates[b] for a, b in zip(SIZES, SIZES[1:])) else
+     "did not grow at every size this time (a busy machine: each rate is one fastest step)")
+
+# %% jupyter={"source_hidden": true}
+say("""
+Here the batch of 1,024 went through {glue}`rate_1024_vs_1` times more
+examples per second than a batch of one, and {glue}`rate_1024_vs_16` times
+more than a batch of 16; the rate {glue}`rate_verdict` ({glue}`timing_load`;
+the factors depend on the machine). On a GPU the gap is larger still: a batch
+of 16 leaves most of its thousands of cores idle. With n workers the same
+argument holds per worker: each one needs a batch large enough to be
+efficient, and the global batch is n times that.
+""")
+
 # %% [markdown]
-# On the course's machine the batch of 1,024 went through about a hundred
-# times more examples per second than a batch of one, and five to ten
-# times more than a batch of 16 (the printout gives this machine's
-# factors; they depend on the machine). On a GPU the gap is larger still: a batch of 16
-# leaves most of its thousands of cores idle. With n workers the same
-# argument holds per worker: each one needs a batch large enough to be
-# efficient, and the global batch is n times that.
-#
 # ## 2. One process stands in for many workers
 #
 # `tests/parallel/test_data_parallel.py` proves, for SGD with momentum and Adam and 1
@@ -134,11 +153,11 @@ def ddp_large_batch(rule_name, batch_size, epochs):
     model = lb.make_model(seed=0)
     ddp = DistributedDataParallel(model)
     optimizer, scheduler = lb.RULES[rule_name].build(ddp.parameters(), batch_size,
-                                                     lb.BASE_BATCH, N)
+                                                     lb.BASE_BATCH, TRAIN_SIZE)
     loss_fn = nn.CrossEntropyLoss()
     for epoch in range(epochs):
-        order = lb.epoch_order(N, 0, epoch)
-        for start in range(0, N, batch_size):
+        order = lb.epoch_order(TRAIN_SIZE, 0, epoch)
+        for start in range(0, TRAIN_SIZE, batch_size):
             mine = order[start:start + batch_size][rank::world]   # my half of the global batch
             optimizer.zero_grad(set_to_none=False)
             loss_fn(ddp(Tensor(x_train[mine])), y_train[mine]).backward()
@@ -151,12 +170,20 @@ single = lb.run_point(lb.RULES["linear_warmup"], DDP_BATCH, DDP_EPOCHS, seed=0, 
 single_weights = np.concatenate([p.data.reshape(-1) for p in single["model"].parameters()])
 workers = minidist.launch(ddp_large_batch, world_size=2, transport="shm",
                           args=("linear_warmup", DDP_BATCH, DDP_EPOCHS))
+ddp_gap = np.abs(workers[0] - single_weights).max()
 print(f"{single['updates']} updates at batch {DDP_BATCH} (peak rate {single['peak_lr']:.2f}): "
-      f"max |w_ddp - w_single| = {np.abs(workers[0] - single_weights).max():.1e}, "
+      f"max |w_ddp - w_single| = {ddp_gap:.1e}, "
       f"ranks identical: {np.array_equal(workers[0], workers[1])}")
+glue("ddp_gap", ddp_gap, ".1e")
+glue("ddp_verdict", "agree to float32 rounding" if ddp_gap < 1e-4 else "do not agree")
+
+# %% jupyter={"source_hidden": true}
+say("""
+The weights {glue}`ddp_verdict` (largest difference {glue}`ddp_gap`).
+""")
 
 # %% [markdown]
-# The weights agree to float32 rounding. A batch of 256 on 2 workers, or
+# A batch of 256 on 2 workers, or
 # 32 on each of 8, or 1 on each of 256: the arithmetic of the update is the
 # same, so the experiment below holds for any way of splitting the batch.
 #
@@ -165,8 +192,8 @@ print(f"{single['updates']} updates at batch {DDP_BATCH} (peak rate {single['pea
 # Every run trains the same MLP (64 -> 64 -> ReLU -> 10, momentum 0.9) from
 # the same initial weights, on the same shuffled order of examples, for the
 # same number of epochs. Only the batch size and the learning-rate rule
-# change. The base rate 0.01 was chosen at batch B0 = 16 (rates 0.01 to 0.05
-# all give about 97 % there) and never retuned:
+# change. The base rate 0.01 was chosen at batch B0 = 16 (rates from 0.01 to
+# 0.05 did about equally well there) and never retuned:
 #
 # * **constant**: the rate stays 0.01 whatever the batch;
 # * **linear**: `lr = 0.01 * B / 16` (Goyal et al., 2017). Reason: k small
@@ -194,60 +221,129 @@ print(f"{'batch':>6}  " + "  ".join(f"{rule:>13}" for rule in summary))
 for row_index, size in enumerate(row["batch_size"] for row in summary["constant"]):
     print(f"{size:>6}  " + "  ".join(f"{rows[row_index]['train_loss']:>13.3f}"
                                       for rows in summary.values()))
-picture = lb.plot_sweep(records, OUT / "large_batch_accuracy.png")
-print("saved", picture)
+show_file(lb.plot_sweep(records, OUT / "large_batch_accuracy.png"))
 
-# %% [markdown]
-# What the full form showed (5 seeds; `--full`; the reduced form runs one
-# seed on every second batch size, so its numbers wobble more):
-#
-# | batch | updates | constant | linear | linear_warmup | lars |
-# |---:|---:|---:|---:|---:|---:|
-# | 16 | 1820 | 97.1 | 97.1 | 97.1 | 97.1 |
-# | 128 | 240 | 92.4 | 97.5 | 97.5 | 96.9 |
-# | 512 | 60 | 74.4 | 97.3 | 97.4 | 96.3 |
-# | 1024 | 40 | 59.4 | 96.7 | 97.0 | 95.3 |
-# | 1442 | 20 | 31.1 | 91.6 | 87.2 | 89.4 |
-#
-# Reading it:
-#
-# * **Constant rate: the large-batch problem.** Accuracy falls steadily,
-#   from 97 % to about 31 % at the full batch. The training loss says why:
-#   at the full batch it ends near 2.2, hardly below the 2.3 (ln 10) of a
-#   model that guesses. The model is not overfitting, it is *undertrained*:
-#   it made 20 small steps where the small batch made 1,820.
-# * **Linear scaling fixes it over a wide range.** Up to a batch of 1,024,
-#   64 times the base, accuracy stays within the seed-to-seed spread of the
-#   small batch's. The update count fell 45-fold, and a larger step made up
-#   for it.
-# * **It breaks at the end.** At the full batch the rule asks for a rate of
-#   0.9 with 20 updates, and accuracy drops to about 90 % with a large
-#   spread between seeds. Two limits meet here. A rate cannot grow past
-#   what the curvature of the loss allows (with base rate 0.05, try it, the
-#   linear rule already diverges at batch 1,024). And 20 steps are 20 steps:
-#   the linear rule's argument assumes the gradient hardly changes over
-#   the k small steps it replaces, which is false when k is the whole
-#   epoch. Goyal et al. met the same wall on ImageNet beyond about 8k
-#   examples per batch.
-# * **Warm-up does not help here.** Below the full batch the curves with
-#   and without warm-up agree within noise. At the full batch, warm-up costs
-#   accuracy, because 2 of the 20 updates run at a lower rate. Warm-up
-#   protects deep networks (ResNets) from the first, violent updates at a
-#   large rate; this two-layer MLP has nothing of the kind to protect.
-# * **LARS does not beat linear scaling on this model.** It holds up far
-#   better than the constant rate, and it is a little below plain SGD with
-#   the linear rule at most sizes. Section 4 shows why: what LARS corrects
-#   barely differs between this model's layers.
-#
-# So the effect that motivates the rules is there and large, linear scaling
-# is the fix that matters on this problem, and its breakdown is visible at
-# the largest batch. The effects that motivate warm-up and LARS do not
-# appear on a model this small. They need depth.
+# The same point with a base rate of 0.05: how far the linear rule can go.
+hot = lb.run_point(lb.Rule("linear05", "sgd", "linear", base_lr=0.05), 1024, 20, seed=0,
+                   data=data)
+print(f"linear rule from base rate 0.05, batch 1,024: test accuracy "
+      f"{100 * hot['test_accuracy']:.1f} %, final training loss {hot['train_loss']:.3f}")
+
+# %%
+# What the text below says of the sweep, chosen from its numbers.
+row = {rule: {r["batch_size"]: r for r in rows} for rule, rows in summary.items()}
+sizes = sorted(row["constant"])
+small, full, below = sizes[0], sizes[-1], [size for size in sizes if size < TRAIN_SIZE]
+points = lambda rule: [100 * row[rule][size]["mean"] for size in sizes]  # noqa: E731
+SEEDS = len(CONFIG["sweep"]["seeds"])
+glue("seeds", SEEDS, "{} seeds" if SEEDS != 1 else "{} seed")
+glue("sizes_run", ", ".join(f"{size:,}" for size in sizes))
+constant = points("constant")
+glue("constant_verdict", "falls steadily" if all(a > b for a, b in zip(constant, constant[1:]))
+     else "falls, though not at every size")
+glue("constant_small", constant[0], "{:.1f} %")
+glue("constant_full", constant[-1], "{:.1f} %")
+glue("constant_full_loss", row["constant"][full]["train_loss"], ".2f")
+glue("constant_loss_verdict", "hardly below" if row["constant"][full]["train_loss"] > 2.0
+     else "well below")
+glue("updates_small", row["constant"][small]["updates"], ",")
+glue("updates_full", row["constant"][full]["updates"], ",")
+glue("updates_1024", row["linear"][1024]["updates"], ",")
+glue("update_fold", row["linear"][small]["updates"] / row["linear"][1024]["updates"], ".0f")
+linear_small = 100 * row["linear"][small]["mean"]
+linear_drop = max(linear_small - 100 * row["linear"][size]["mean"] for size in below)
+spread = 100 * max(row["linear"][size]["std"] for size in below)
+glue("linear_small", linear_small, "{:.1f} %")
+glue("linear_drop", max(linear_drop, 0.0), ".1f")
+glue("linear_drop_text", "no lower than" if linear_drop < 0.05 else
+     "within " + glued("linear_drop") + " points of")
+glue("linear_spread", spread, ".1f")
+glue("linear_spread_verdict",
+     "there is one seed in this form, so no seed-to-seed spread to compare that with (the "
+     "full form runs five)" if SEEDS == 1 else
+     "that is within the seed-to-seed spread ({} points at most)".format(glued("linear_spread"))
+     if linear_drop <= spread else
+     "that is about the seed-to-seed spread ({} points at most)".format(glued("linear_spread"))
+     if linear_drop <= 2 * spread else
+     "that is more than the seed-to-seed spread ({} points at most)".format(
+         glued("linear_spread")))
+linear_full, linear_1024 = 100 * row["linear"][full]["mean"], 100 * row["linear"][1024]["mean"]
+glue("linear_full", linear_full, "{:.1f} %")
+glue("linear_full_std", 100 * row["linear"][full]["std"], ".1f")
+glue("linear_1024", linear_1024, "{:.1f} %")
+glue("linear_full_lr", row["linear"][full]["peak_lr"], ".2f")
+glue("breaks_verdict", "It breaks at the end." if linear_full < linear_1024 - 1 else
+     "It bends at the end, barely, in this run.")
+glue("hot_accuracy", 100 * hot["test_accuracy"], "{:.1f} %")
+glue("hot_verdict", "the linear rule breaks down already at batch 1,024"
+     if hot["test_accuracy"] < row["linear"][1024]["mean"] - 0.1 else
+     "the linear rule still held at batch 1,024 in this run")
+warm_gap = max(abs(row["linear_warmup"][size]["mean"] - row["linear"][size]["mean"])
+               for size in below)
+glue("warm_gap", 100 * warm_gap, ".1f")
+glue("warm_full", 100 * row["linear_warmup"][full]["mean"], "{:.1f} %")
+glue("warm_verdict", "costs accuracy" if row["linear_warmup"][full]["mean"] <
+     row["linear"][full]["mean"] else "does not cost accuracy in this run")
+lars_below = sum(row["lars"][size]["mean"] < row["linear"][size]["mean"] for size in sizes)
+glue("lars_below", lars_below, "d")
+glue("lars_headline", "LARS does not beat linear scaling on this model." if 2 * lars_below >=
+     len(sizes) else "LARS and linear scaling are about even on this model.")
+glue("warm_headline", "Warm-up does not help here." if row["linear_warmup"][full]["mean"] <=
+     row["linear"][full]["mean"] else "Warm-up helps only a little here.")
+glue("sizes_count", len(sizes), "d")
+glue("lars_full", 100 * row["lars"][full]["mean"], "{:.1f} %")
+glue("lars_verdict", "far better than" if row["lars"][full]["mean"] >
+     row["constant"][full]["mean"] + 0.2 else "no better than")
+
+# %% jupyter={"source_hidden": true}
+say("""
+This run's table is printed above ({glue}`seeds`, batches of
+{glue}`sizes_run`; the reduced form runs one seed on every second batch size,
+so its numbers wobble more than the full form's five seeds). Reading it:
+
+* **Constant rate: the large-batch problem.** Accuracy {glue}`constant_verdict`,
+  from {glue}`constant_small` at batch 16 to {glue}`constant_full` at the full
+  batch. The training loss says why: at the full batch it ends at
+  {glue}`constant_full_loss`, {glue}`constant_loss_verdict` the 2.3 (ln 10) of a
+  model that guesses. The model is not overfitting, it is *undertrained*: it
+  made {glue}`updates_full` small steps where the small batch made
+  {glue}`updates_small`.
+* **Linear scaling fixes it over a wide range.** Up to a batch of 1,024, 64
+  times the base, accuracy stays {glue}`linear_drop_text` the small batch's
+  {glue}`linear_small`; {glue}`linear_spread_verdict`. The update count
+  fell {glue}`update_fold`-fold ({glue}`updates_small` to {glue}`updates_1024`),
+  and a larger step made up for it.
+* **{glue}`breaks_verdict`** At the full batch the rule asks for a rate of
+  {glue}`linear_full_lr` with {glue}`updates_full` updates, and accuracy is
+  {glue}`linear_full` (spread between seeds {glue}`linear_full_std` points),
+  against {glue}`linear_1024` at batch 1,024. Two limits meet here. A rate cannot
+  grow past what the curvature of the loss allows: from a base rate of 0.05,
+  {glue}`hot_verdict` ({glue}`hot_accuracy`, printed above). And 20 steps are 20
+  steps: the linear rule's argument assumes the gradient hardly changes over the
+  k small steps it replaces, which is false when k is the whole epoch. Goyal et
+  al. met the same wall on ImageNet beyond about 8k examples per batch.
+* **{glue}`warm_headline`** Below the full batch the accuracies with and
+  without warm-up differ by {glue}`warm_gap` points at most. At the full batch
+  warm-up {glue}`warm_verdict` ({glue}`warm_full` against {glue}`linear_full`),
+  since 2 of the 20 updates run at a lower rate. Warm-up protects deep networks
+  (ResNets) from the first, violent updates at a large rate; this two-layer MLP
+  has nothing of the kind to protect.
+* **{glue}`lars_headline`** It holds up
+  {glue}`lars_verdict` the constant rate ({glue}`lars_full` at the full batch),
+  and it is below plain SGD with the linear rule at {glue}`lars_below` of the
+  {glue}`sizes_count` sizes. Section 4 shows why: what LARS corrects barely
+  differs between this model's layers.
+
+So the effect that motivates the rules is there and large, and linear scaling
+is the fix that matters on this problem. The effects that motivate warm-up and
+LARS do not appear on a model this small. They need depth.
+""")
 
 # %% [markdown]
 # ## 4. Inside LARS: one trust ratio per layer
 #
-# LARS scales each tensor's step by `eta ||w|| / ||g||`, so that every
+# LARS scales each tensor's step by `c ||w|| / ||g||`, with c its trust
+# coefficient (`trust_coefficient`, 0.001 here), so that every
 # layer moves by the same *fraction* of its weights whatever its gradient's
 # scale. That matters when the ratio `||w|| / ||g||` differs widely between
 # tensors: You et al. found it varying by orders of magnitude between
@@ -255,29 +351,41 @@ print("saved", picture)
 # rate cannot suit them all. Here:
 
 # %%
-for batch_size in (16, N):
+trust_ratios = {}
+for batch_size in (16, TRAIN_SIZE):
     model = lb.make_model(seed=0)
     nn.CrossEntropyLoss()(model(Tensor(x_train[:batch_size])), y_train[:batch_size]).backward()
     ratios = [np.linalg.norm(p.data) / np.linalg.norm(p.grad) for p in model.parameters()]
     print(f"batch {batch_size:>5}, ||w|| / ||g|| per tensor (W1, b1, W2, b2): "
           + ", ".join(f"{ratio:6.1f}" for ratio in ratios))
+    trust_ratios[batch_size] = ratios
+spreads = [max(r) / min(r) for r in trust_ratios.values()]
+glue("ratio_spread_least", min(spreads), ".1f")
+glue("ratio_spread_most", max(spreads), ".1f")
+glue("ratio_verdict", "also grow with the batch" if all(
+    large > small for small, large in zip(trust_ratios[16], trust_ratios[TRAIN_SIZE]))
+    else "do not all grow with the batch, though most")
+
+# %% jupyter={"source_hidden": true}
+say("""
+The largest ratio is {glue}`ratio_spread_least` to {glue}`ratio_spread_most`
+times the smallest between this MLP's tensors, not a factor of 1,000. For a
+network this shallow one global rate is nearly as good as one rate per layer,
+which is what the sweep found. (The ratios {glue}`ratio_verdict`: a larger
+batch averages away more of the gradient noise, so `||g||` shrinks. LARS's step
+stays `lr c ||w||` regardless, which is one reason LARS's global rate can grow
+more slowly than linearly.)
+""")
 
 # %% [markdown]
-# The ratios differ by a factor of 2 to 5 between this MLP's tensors, not
-# by a factor of 1,000. For a network this shallow one global rate is
-# nearly as good as one rate per layer, which is what the sweep found. (The
-# ratios also grow with the batch: a larger batch averages away more of the
-# gradient noise, so `||g||` shrinks. LARS's step stays `lr eta ||w||`
-# regardless, which is one reason LARS's global rate can grow more slowly
-# than linearly.)
-#
 # ## 5. Don't decay the learning rate, increase the batch size
 #
 # Smith, Kindermans, Ying and Le (2017) look at SGD's noise. Each step's
-# gradient is an average over B of N examples. Their *noise scale*
-# `g = lr N / (B (1 - momentum))` sets how far the weights jiggle around a
-# minimum. The usual step decay of the rate lowers g to let training
-# settle. Multiplying the batch by the same factor lowers g just as much,
+# gradient is an average over B of the training set's examples. Their
+# *noise scale*, `lr * (training set size) / (B (1 - momentum))`, sets how
+# far the weights jiggle around a minimum. The usual step decay of the rate
+# lowers it to let training settle. Multiplying the batch by the same
+# factor lowers it just as much,
 # and it makes fewer, larger steps, which is what data parallelism wants.
 # `optim.BatchSizeSchedule` turns a rate schedule's milestones into batch
 # sizes. Past a largest batch (here 80, standing for what the workers hold)
@@ -295,37 +403,87 @@ print(f"ran in {time.perf_counter() - started:.1f} s")
 first, last = growth_config["milestones"][0], growth_config["epochs"] - 1
 for name, runs in growth.items():
     history = runs[0]
-    noise = [optim.noise_scale(history[epoch]["lr"], N, history[epoch]["batch_size"], 0.9)
+    noise = [optim.noise_scale(history[epoch]["lr"], TRAIN_SIZE, history[epoch]["batch_size"],
+                             0.9)
              for epoch in (0, first, last)]
     finals = [run[-1]["test_accuracy"] for run in runs]
     print(f"{name:>10}: noise scale {noise[0]:6.0f} -> {noise[1]:5.0f} -> {noise[2]:4.0f}; "
           f"test accuracy {100 * np.mean(finals):.1f} +- {100 * np.std(finals):.1f} % after "
           f"{history[-1]['updates']:>5} updates")
-picture = lb.plot_batch_growth(growth, OUT / "batch_growth.png")
-print("saved", picture)
+
+# What the text below says of these runs, chosen from their numbers.
+accuracy = {name: 100 * lb.mean_curve(runs) for name, runs in growth.items()}
+final = {name: curve[-1] for name, curve in accuracy.items()}
+updates = {name: runs[0][-1]["updates"] for name, runs in growth.items()}
+glue("final_no_decay", final["no_decay"], "{:.1f} %")
+glue("final_decay_lr", final["decay_lr"], "{:.1f} %")
+glue("final_grow_batch", final["grow_batch"], "{:.1f} %")
+glue("final_hybrid", final["hybrid"], "{:.1f} %")
+glue("updates_decay_lr", updates["decay_lr"], ",")
+glue("updates_grow_batch", updates["grow_batch"], ",")
+glue("updates_hybrid", updates["hybrid"], ",")
+glue("growth_seeds", len(growth_config["seeds"]),
+     "{} seeds" if len(growth_config["seeds"]) != 1 else "{} seed")
+glue("growth_epochs", growth_config["epochs"], "d")
+glue("growth_milestones", " and ".join(str(m) for m in growth_config["milestones"]))
+lower = final["decay_lr"] - final["no_decay"]
+glue("no_decay_lower", lower, ".1f")
+glue("decay_verdict", "The decay is needed." if lower > 0.5 else
+     "The decay helps little in this run.")
+after = accuracy["no_decay"][first:]
+glue("zigzag", np.abs(np.diff(after)).max(), ".1f")
+behind = accuracy["decay_lr"] - accuracy["grow_batch"]      # per epoch, epoch 1 first
+glue("growth_gap_end", behind[-1], ".1f")
+glue("growth_gap_most", behind.max(), ".1f")
+glue("growth_gap_epoch", int(behind.argmax()) + 1, "d")
+glue("growth_gap_where", ", the first epoch of a larger batch"
+     if int(behind.argmax()) in growth_config["milestones"] else "")
+glue("growth_verdict", "Growing the batch nearly replaces it." if behind[-1] < 1 else
+     "Growing the batch replaces only part of it in this run.")
+seed_noise = 100 * max(np.std([run[-1]["test_accuracy"] for run in runs])
+                       for runs in growth.values())
+glue("growth_noise", seed_noise, ".1f")
+glue("growth_noise_text", "one seed in this form, so no spread between seeds to compare with"
+     if len(growth_config["seeds"]) == 1 else
+     "the final accuracies' spread between seeds is up to " + glued("growth_noise") + " points")
+glue("update_share", updates["grow_batch"] / updates["decay_lr"], ".0%")
+glue("fewer_syncs", 1 - updates["grow_batch"] / updates["decay_lr"], ".0%")
+glue("hybrid_verdict", "lands in between in updates" if
+     updates["grow_batch"] < updates["hybrid"] < updates["decay_lr"] else
+     "does not land between the two in updates")
+glue("hybrid_gap", abs(final["hybrid"] - final["grow_batch"]), ".1f")
+show_file(lb.plot_batch_growth(growth, OUT / "batch_growth.png"))
+
+# %% jupyter={"source_hidden": true}
+say("""
+The runs ({glue}`growth_epochs` epochs, milestones at {glue}`growth_milestones`,
+{glue}`growth_seeds`) ended at: no decay {glue}`final_no_decay`, rate
+decay {glue}`final_decay_lr` after {glue}`updates_decay_lr` updates, batch
+growth {glue}`final_grow_batch` after {glue}`updates_grow_batch` updates, hybrid
+{glue}`final_hybrid` after {glue}`updates_hybrid` updates.
+
+* **{glue}`decay_verdict`** Without it the rate of 0.15 keeps the weights
+  jiggling: after the first milestone accuracy moves by up to {glue}`zigzag`
+  points from one epoch to the next, and it ends {glue}`no_decay_lower` points
+  below the rate decay (the lower left panel above).
+* **{glue}`growth_verdict`** Accuracy per *epoch* comes back to the decay
+  curve, because the noise scale drops by the same factor at the same epochs
+  (printed above): it ends {glue}`growth_gap_end` points below it
+  ({glue}`growth_noise_text`), after falling furthest behind, by
+  {glue}`growth_gap_most` points, in epoch
+  {glue}`growth_gap_epoch`{glue}`growth_gap_where`. Per *update*, batch growth gets there with
+  {glue}`update_share` of the updates (lower right). With one update per
+  all_reduce, that is {glue}`fewer_syncs` fewer synchronisations, each with a
+  larger per-worker batch.
+* The hybrid, capped at batch 80, {glue}`hybrid_verdict`, and ends
+  {glue}`hybrid_gap` points from batch growth.
+
+(The rate 0.15 is deliberately high for this model: at 0.05 the noise is
+smaller, and so is what the decay has to remove. Try it: `growth_config` with
+`base_lr=0.05`.)
+""")
 
 # %% [markdown]
-# The full form (30 epochs, milestones at 10 and 20, 5 seeds) gave:
-# no decay 95.3 %, rate decay 97.3 % after 2,730 updates, batch growth
-# 97.3 % after 1,140 updates, hybrid 97.4 % after 1,290 updates.
-#
-# * **The decay is needed.** Without it the rate of 0.15 keeps the weights
-#   jiggling: accuracy zig-zags by a couple of percent from epoch to
-#   epoch and ends about 2 points lower (the lower left panel).
-# * **Growing the batch replaces it.** Accuracy per *epoch* follows the
-#   decay curve within the seed noise, because the noise scale drops by
-#   the same factor at the same epochs (printed above). Per *update*,
-#   batch growth gets there with about 40 % of the updates (lower right).
-#   With one update per all_reduce, that is 60 % fewer synchronisations,
-#   each with a larger per-worker batch.
-# * The hybrid, capped at batch 80, lands in between in updates, and at
-#   the same accuracy.
-#
-# (The rate 0.15 is deliberately high for this model: at 0.05 the noise is
-# small enough that the digits reach about 97.5 % with or without any decay,
-# and then the comparison shows nothing. Try it: `growth_config` with
-# `base_lr=0.05`.)
-#
 # ## Summary
 #
 # * A larger global batch, whether it comes from more workers or more
@@ -335,12 +493,11 @@ print("saved", picture)
 #   meets the loss's stability limit or the updates become too few to
 #   train at all. Warm-up and LARS push that limit out for deep networks.
 #   A two-layer MLP does not show them at work.
-# * Instead of decaying the rate, grow the batch: same accuracy per
-#   epoch, fewer updates.
+# * Instead of decaying the rate, grow the batch: about the same accuracy
+#   per epoch, far fewer updates.
 #
 # Try: `lb.run_sweep([16, 256, 1024], rules=[lb.Rule("linear05", "sgd",
-# "linear", base_lr=0.05)], epochs=20, data=data)` to see linear scaling
-# break earlier (about 14 % at batch 1,024); or `lb.run_sweep([N],
-# epochs=60, seeds=(0, 1, 2), data=data)`, to see the full batch recover
-# once it gets enough updates (97.5 % for the linear rule, 72 % for the
-# constant rate).
+# "linear", base_lr=0.05)], epochs=20, data=data)` to see where linear
+# scaling from a larger base rate breaks (section 3 ran its batch of
+# 1,024); or `lb.run_sweep([TRAIN_SIZE], epochs=60, seeds=(0, 1, 2),
+# data=data)`, to see the full batch recover once it gets enough updates.

@@ -61,7 +61,17 @@ from minidist.examples.parameter_server import (
     train_linear_regression,
     train_mlp_on_digits,
 )
-from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
+from minidist.lesson import (
+    glue,
+    glued,
+    narrate,
+    output_dir,
+    quick,
+    say,
+    show_figure,
+    show_file,
+    use_headless_matplotlib,
+)
 from minidist.lesson_timing import Load
 from minidist.parallel.parameter_server.layout import (
     flat_parameters,
@@ -111,13 +121,31 @@ path = OUT / "ps_linear.trace.jsonl"
 results = minidist.launch(train_linear_regression, world_size=4, args=(LINEAR_STEPS,),
                           kwargs=dict(servers=1, mode="bsp", lr=0.1), trace=str(path))
 learnt = results[0].weights
-print("true weights and bias:", np.round(np.append(true_weights, true_bias), 3))
+truth = np.append(true_weights, true_bias)
+least_squares = np.linalg.lstsq(np.column_stack([x_all, np.ones(len(x_all))]), y_all,
+                                rcond=None)[0]
+print("true weights and bias:", np.round(truth, 3))
 print("learnt by the PS     :", np.round(learnt, 3))
-print(f"largest difference: {np.abs(learnt - np.append(true_weights, true_bias)).max():.3f} "
-      f"(noise 0.1 on 200 rows; the exact least-squares answer is as close as it gets)")
+print("least squares        :", np.round(least_squares, 3))
+print(f"largest difference from the truth: PS {np.abs(learnt - truth).max():.3f}, "
+      f"least squares {np.abs(least_squares - truth).max():.3f} (noise 0.1 on 200 rows)")
+glue("ps_error", np.abs(learnt - truth).max(), ".3f")
+glue("linear_steps", LINEAR_STEPS, "d")
+glue("lstsq_error", np.abs(least_squares - truth).max(), ".3f")
+glue("ps_from_lstsq", np.abs(learnt - least_squares).max(), ".3f")
+glue("linear_verdict", "come back to within the noise" if np.abs(learnt - truth).max() < 0.1
+     else "have not come back to within the noise yet")
+
+# %% jupyter={"source_hidden": true}
+say("""
+The weights {glue}`linear_verdict`: the largest difference from the true ones is
+{glue}`ps_error`, against {glue}`lstsq_error` for the exact least-squares fit of
+the same 200 noisy rows, the best any method can do with them (the PS ends
+{glue}`ps_from_lstsq` from that fit after its {glue}`linear_steps` steps).
+""")
 
 # %% [markdown]
-# The weights come back to within the noise. Now the picture: every message
+# Now the picture: every message
 # of the run is in the trace, labelled `kind=push` (worker to server, the
 # gradient), or `kind=pull` (the request and the server's answer with the
 # weights). We draw steps 1 and 2 (step 0 is mixed up with the processes
@@ -127,7 +155,8 @@ print(f"largest difference: {np.abs(learnt - np.append(true_weights, true_bias))
 # %%
 def draw_push_pull(events, steps, file, title):
     """Rows: ranks (server on top); arrows: messages; boxes: compute regions.
-    Shows the BSP steps ``steps`` (a range), from the end of the update before them."""
+    Shows the BSP steps ``steps`` (a range), from the end of the update before them,
+    saved as ``file`` in the lesson's folder and shown."""
     updates = {info(e)["step"]: e for e in events
                if e["kind"] == "compute" and info(e).get("kind") == "update"}
     t0 = updates[steps[0] - 1]["end"] if steps[0] > 0 else min(e["start"] for e in events)
@@ -163,17 +192,15 @@ def draw_push_pull(events, steps, file, title):
     axis.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4)
     axis.set_title(title)
     figure.tight_layout()
-    figure.savefig(file, dpi=100)
-    plt.close(figure)
-    return file
+    show_figure(figure, file)
 
 
 events = trace.read_jsonl(path).events
-print("saved", draw_push_pull(events, range(1, 3), OUT / "ps_push_pull.png",
-                              "BSP steps 1 and 2 of linear regression, from the trace"))
+draw_push_pull(events, range(1, 3), "ps_push_pull.png",
+               "BSP steps 1 and 2 of linear regression, from the trace")
 
 # %% [markdown]
-# In `ps_push_pull.png` the four steps of the LSML slide follow each other: each
+# In the picture above (`ps_push_pull.png`) the four steps of the LSML slide follow each other: each
 # worker computes (green), pushes (red arrows into the server's row); the
 # server's update (orange) starts only after the *last* push of the step has
 # arrived; then the server answers the waiting pulls (blue). Thin arrows are
@@ -187,7 +214,7 @@ print("saved", draw_push_pull(events, range(1, 3), OUT / "ps_push_pull.png",
 # The server averages the pushes weighted by each worker's number of
 # examples. The average of the gradients of the mean loss over each worker's
 # rows, weighted so, is the gradient of the mean loss over all rows. So BSP
-# with W workers takes exactly the steps of one process doing gradient
+# with n workers takes exactly the steps of one process doing gradient
 # descent on the whole data set. We check it, with 3 workers and with the
 # weights split over 1 and over 2 servers (200 rows over 3 workers: shards
 # of 67, 67 and 66, uneven on purpose).
@@ -207,19 +234,32 @@ for servers in (1, 2):
     results = minidist.launch(train_linear_regression, world_size=3 + servers,
                               args=(LINEAR_STEPS,), kwargs=dict(servers=servers, lr=0.1))
     by_servers[servers] = results[0].weights
-    print(f"{servers} server(s), 3 workers: max |w_PS - w_single| = "
+    print(f"{servers} server{'s' if servers > 1 else ''}, 3 workers: max |w_PS - w_single| = "
           f"{np.abs(by_servers[servers] - single).max():.1e}")
 print("1 server and 2 servers give identical bits:", np.array_equal(by_servers[1], by_servers[2]))
+bsp_gap = max(np.abs(weights - single).max() for weights in by_servers.values())
+glue("bsp_gap", bsp_gap, ".1e")
+glue("bsp_verdict", "There is no difference to the single process at all (largest "
+     f"difference {glued('bsp_gap')}), not even in the last bits, though rounding could have "
+     "made one: the sum over rows is taken in another order" if bsp_gap == 0 else
+     f"The difference to the single process is rounding only (largest difference "
+     f"{glued('bsp_gap')}): the sum over rows is taken in another order" if bsp_gap < 1e-9 else
+     f"The PS and the single process differ by {glued('bsp_gap')}, more than rounding")
+glue("shard_verdict", "Sharding changes nothing at all" if np.array_equal(
+    by_servers[1], by_servers[2]) else "Sharding changed the last bits")
+
+# %% jupyter={"source_hidden": true}
+say("""
+{glue}`bsp_verdict`. {glue}`shard_verdict`: each server runs the same arithmetic
+on its own keys.
+""")
 
 # %% [markdown]
-# The difference to the single process is rounding only (the sum over rows
-# is taken in another order), and sharding changes nothing at all: each
-# server runs the same arithmetic on its own keys.
-#
 # ## 3. Sharding: key ranges
 #
-# The parameters are one flat vector of P numbers. With S servers, server s
-# owns one contiguous key range: `shard_ranges(P, S)`, as even as possible.
+# The parameters are one flat vector of P numbers. With S servers, each
+# server owns one contiguous key range: `shard_ranges(P, S)`, as even as
+# possible.
 # A worker pushes each server only its slice of the gradient, and pulls
 # each slice from its owner. For the digits' MLP (64 -> 32 -> 10), the
 # ranges cut straight through the layers: a server does not care what its
@@ -240,19 +280,20 @@ for servers in (1, 2, 3):
 # %% [markdown]
 # ## 4. The server's bandwidth bottleneck
 #
-# Per step, with P the parameters' bytes and W workers:
+# Per step, with N the gradient's bytes (4 P for P float32 parameters: the
+# message a worker pushes, and the weights it pulls) and n workers:
 #
-# * a single server **receives** a gradient from every worker, W P, and
-#   **sends** the weights to every worker, W P more; each worker sends P and
-#   receives P. The server's link carries W times what a worker's does;
-# * with S servers, each one carries W P / S (each way);
-# * in a ring all_reduce of the same gradient among the W workers, with no
-#   server at all, every rank sends 2 (W - 1) / W P and receives as much:
-#   under 2 P whatever W is.
+# * a single server **receives** a gradient from every worker, n N, and
+#   **sends** the weights to every worker, n N more; each worker sends N and
+#   receives N. The server's link carries n times what a worker's does;
+# * with S servers, each one carries n N / S (each way);
+# * in a ring all_reduce of the same gradient among the n workers, with no
+#   server at all, every rank sends 2 (n - 1) / n N and receives as much:
+#   under 2 N whatever n is.
 #
 # We measure it: the same MLP, the same batches, the same number of steps,
-# trained by a PS (1 server with W = 2, 3, 4 workers; 2 servers with
-# W = 3) and by W ranks that all-reduce their gradient (ring) and each take
+# trained by a PS (1 server with n = 2, 3, 4 workers; 2 servers with
+# n = 3) and by n ranks that all-reduce their gradient (ring) and each take
 # the step themselves. From each trace we count the bytes the busiest rank
 # receives and sends during training, and divide by the steps and by the
 # time training took.
@@ -316,8 +357,8 @@ def end_of_first_all_reduce(events, rank):
     return min(e["end"] for e in events if e["rank"] == rank and e["kind"] == "collective")
 
 
-P_BYTES = P * 4   # float32
-print(f"P = {P} float32 parameters = {P_BYTES} bytes; {TRAFFIC_STEPS} steps, batches of {BATCH}")
+P_BYTES = P * 4   # float32: N, the gradient's bytes
+print(f"P = {P} float32 parameters: N = {P_BYTES} bytes; {TRAFFIC_STEPS} steps, batches of {BATCH}")
 traffic = []
 load = Load.start()
 for workers, servers in ((2, 1), (3, 1), (4, 1), (3, 2)):
@@ -340,47 +381,86 @@ for workers in (2, 3, 4):
     traffic.append(("ring rank", workers, 0, *busiest, 2 * (workers - 1) / workers * P_BYTES))
 load = load.finish()
 
-print(f"{'':>10} {'W':>2} {'S':>2} | {'recv B/step':>11} {'sent B/step':>11} {'formula':>9} "
+print(f"{'':>10} {'n':>2} {'S':>2} | {'recv B/step':>11} {'sent B/step':>11} {'formula':>9} "
       f"| {'MB/s after step 0':>17}")
 for who, workers, servers, received, sent, rate, formula in traffic:
     print(f"{who:>10} {workers:>2} {servers or '-':>2} | {received / TRAFFIC_STEPS:11,.0f} "
           f"{sent / TRAFFIC_STEPS:11,.0f} {formula:9,.0f} | {rate / 1e6:17.2f}")
 
-# %% [markdown]
-# Per step the counts sit on the formulas: W P into one server (plus a
-# 40-byte request header per push), W P / S into each of S servers, and
-# 2 (W - 1) / W P per ring rank. (The servers' *sent* column is a little
-# higher than their received one because every worker pulls once more, the
-# initial weights, than it pushes.) Going from 2 to 4 workers, the single
-# server's load doubles, the ring's grows from P toward its ceiling of 2 P.
-#
-# The megabytes per second are what *this* machine managed, measured after
-# the first step, and they say little about W: with 3 to 5 processes on 2
-# shared cores a step's time is set by Python and by processes taking
-# turns on the cores, not by a link, so the rate hardly changes with W (and
-# a busy machine moves it from run to run). The bytes are what the
-# formulas are about. On a real cluster every link has about the same
-# bandwidth B, so a step cannot be faster than the busiest link's bytes /
-# B: the server's, W times a worker's. The left picture extends the byte
-# formulas to 64 workers, with the measured points in their place; the
-# right one turns them into that least time per step at B = 10 GB/s.
-
 # %%
-server4 = next(rate for who, w, s, _, _, rate, _ in traffic if who == "PS server" and w == 4)
-ring4 = next(rate for who, w, s, _, _, rate, _ in traffic if who == "ring rank" and w == 4)
+# What the text below says of the table, chosen from its numbers.
+servers_row = {t[1]: t for t in traffic if t[0] == "PS server" and t[2] == 1}
+rings = {t[1]: t for t in traffic if t[0] == "ring rank"}
+sharded = next(t for t in traffic if t[0] == "PS server" and t[2] == 2)
+per_push = [(t[3] / TRAFFIC_STEPS - t[6]) / t[1] for t in servers_row.values()]
+per_pull = [(t[4] / TRAFFIC_STEPS - t[6]) / t[1] for t in servers_row.values()]
+
+
+def between(values):
+    """The format of a [least, most] pair: "47" when they round alike, else "41 to 47"."""
+    return ("{0[0]:.0f}" if f"{min(values):.0f}" == f"{max(values):.0f}"
+            else "{0[0]:.0f} to {0[1]:.0f}")
+
+
+glue("push_extra", [min(per_push), max(per_push)], between(per_push))
+glue("pull_extra", [min(per_pull), max(per_pull)], between(per_pull))
+glue("columns_verdict", "higher than" if all(t[3] > t[4] for t in servers_row.values())
+     else "lower than" if all(t[3] < t[4] for t in servers_row.values()) else "about")
+glue("sharded_share", sharded[3] / servers_row[3][3], ".2f")
+glue("server_growth", servers_row[4][3] / servers_row[2][3], ".2f")
+glue("ring_2_over_n", rings[2][3] / P_BYTES / TRAFFIC_STEPS, ".2f")
+glue("ring_4_over_n", rings[4][3] / P_BYTES / TRAFFIC_STEPS, ".2f")
+server_rates = [servers_row[w][5] / 1e6 for w in (2, 3, 4)]
+glue("server_rates", server_rates, "{0[0]:.1f}, {0[1]:.1f}, {0[2]:.1f}")
+glue("rate_verdict", "hardly changes with n" if max(server_rates) < 1.5 * min(server_rates)
+     else "changes with n, though not as the bytes do")
+server4 = servers_row[4][5]
+ring4 = rings[4][5]
 bytes_ratio = (4 * P_BYTES) / (2 * 3 / 4 * P_BYTES)
-print(f"W = 4: a server step carries {bytes_ratio:.1f} times a ring rank's bytes; this machine "
+glue("bytes_ratio", bytes_ratio, ".1f")
+glue("rate_ratio", server4 / ring4, ".1f")
+print(f"n = 4: a server step carries {bytes_ratio:.1f} times a ring rank's bytes; this machine "
       f"moved {server4 / ring4:.1f} times a ring rank's bytes per second there")
 if load.busy:
     print(load.note("the rates above measure the scheduler; the byte counts do not change"))
-print("saved", draw_ps_bandwidth(traffic, P_BYTES, TRAFFIC_STEPS, OUT / "ps_bandwidth.png"))
+
+# %% jupyter={"source_hidden": true}
+say("""
+Per step the counts sit on the formulas: n N into one server plus
+{glue}`push_extra` bytes per push (a 40-byte
+request header travels with each, and every worker sends one request more, at
+the start), n N / S into each of S servers (with 2
+servers and n = 3, {glue}`sharded_share` of what one server received), and
+2 (n - 1) / n N per ring rank. The servers' *received* column is
+{glue}`columns_verdict` their *sent* one: a reply with the weights carries a
+smaller header, {glue}`pull_extra` bytes per pull. Going from 2 to 4 workers, the single server's load grows
+{glue}`server_growth` times (the formula: it doubles), the ring's from
+{glue}`ring_2_over_n` N to {glue}`ring_4_over_n` N, toward its ceiling of 2 N.
+
+The megabytes per second are what *this* machine managed, measured after the
+first step, and they say little about n: with 3 to 5 processes on 2 shared
+cores a step's time is set by Python and by processes taking turns on the
+cores, not by a link. At the single server the rate was {glue}`server_rates`
+MB/s for n = 2, 3, 4: it {glue}`rate_verdict` (and a busy machine moves it from
+run to run). At n = 4 a server's step carries {glue}`bytes_ratio` times a ring
+rank's bytes, and this machine moved {glue}`rate_ratio` times a ring rank's
+bytes per second there. The bytes are what the formulas are about. On a real
+cluster every link has about the same bandwidth, 1/β bytes per second, so a
+step cannot be faster than the busiest link's bytes times β: the server's, n
+times a worker's. The left picture below extends the byte formulas to 64
+workers, with the measured points in their place; the right one turns them
+into that least time per step on links of 10 GB/s.
+""")
+
+# %%
+show_file(draw_ps_bandwidth(traffic, P_BYTES, TRAFFIC_STEPS, OUT / "ps_bandwidth.png"))
 
 # %% [markdown]
 # This is the second reason the LSML lecture gives for sharding ("the PS may be
-# many machines"), after memory: with S = W servers, each of them receives
-# P per step, like a worker. It is also why data-parallel training on GPUs
+# many machines"), after memory: with S = n servers, each of them receives
+# N per step, like a worker. It is also why data-parallel training on GPUs
 # moved from parameter servers to all_reduce: no rank is special, and the
-# load per rank does not grow with W.
+# load per rank does not grow with n.
 #
 # ## 5. The MLP on the digits
 #
@@ -411,15 +491,31 @@ axis.set_title("MLP on the digits, BSP parameter server (2 servers, 3 workers)")
 axis.legend(fontsize=8)
 axis.grid(alpha=0.3)
 figure.tight_layout()
-figure.savefig(OUT / "ps_mlp_loss.png", dpi=100)
-plt.close(figure)
-print("saved", OUT / "ps_mlp_loss.png")
+show_figure(figure, "ps_mlp_loss.png")
+
+versions = [r.version for r in results[:2]]
+mean_loss = losses.mean(axis=0)
+tenth = max(1, len(mean_loss) // 10)
+glue("mlp_steps", MLP_STEPS, "d")
+glue("versions", " and ".join(str(v) for v in versions))
+glue("versions_verdict", "one update per step" if all(v == MLP_STEPS for v in versions)
+     else "not one update per step")
+glue("loss_first", mean_loss[:tenth].mean(), ".2f")
+glue("loss_last", mean_loss[-tenth:].mean(), ".2f")
+glue("loss_verdict", "falls" if mean_loss[-tenth:].mean() < mean_loss[:tenth].mean()
+     else "does not fall")
+
+# %% jupyter={"source_hidden": true}
+say("""
+The servers end at versions {glue}`versions` after {glue}`mlp_steps` steps:
+{glue}`versions_verdict`. The workers' losses are those of their own batch on the
+weights they pulled, so they are noisy; their mean {glue}`loss_verdict`, from
+{glue}`loss_first` over the first tenth of the steps to {glue}`loss_last` over
+the last, as in lesson 5's data-parallel training.
+""")
 
 # %% [markdown]
-# Each server ends at version `MLP_STEPS`: one update per step. The workers'
-# losses are those of their own batch on the weights they pulled, so they
-# are noisy; their mean falls as in lesson 5's data-parallel training.
-#
+
 # ## 6. Idle BSP workers
 #
 # In BSP a worker's pull for step t + 1 is answered only once the server
@@ -472,20 +568,39 @@ for axis, (name, split) in zip(axes, idle.items()):
     axis.set_title(f"BSP, {IDLE_STEPS} steps: {name}")
     axis.legend(fontsize=8)
 figure.tight_layout()
-figure.savefig(OUT / "ps_idle.png", dpi=100)
-plt.close(figure)
-print("saved", OUT / "ps_idle.png")
+show_figure(figure, "ps_idle.png")
+
+calm, slowed = idle["no straggler"], idle["worker 2 sleeps 20 ms"]
+glue("idle_least", min(w / span for _, w, span in calm), ".0%")
+glue("idle_most", max(w / span for _, w, span in calm), ".0%")
+glue("idle_verdict", "already wait for most of each step"
+     if min(w / span for _, w, span in calm) > 0.5 else "wait for part of each step")
+glue("gradient_ms", np.mean([c for c, _, _ in calm]) / IDLE_STEPS * 1e3, "{:.2f} ms")
+glue("step_ms", np.mean([span for _, _, span in calm]) / IDLE_STEPS * 1e3, "{:.1f} ms")
+fast = [w / span for _, w, span in slowed[:2]]
+glue("fast_idle_least", min(fast), ".0%")
+glue("fast_idle_verdict", "wait almost the whole run" if min(fast) > 0.9 else
+     "wait for most of the run")
+glue("slow_step_ms", max(span for _, _, span in slowed) / IDLE_STEPS * 1e3, "{:.1f} ms")
+computing, waiting, _ = slowed[2]
+glue("straggler_green", computing / (computing + waiting), ".0%")
+glue("straggler_verdict", "mostly green" if computing > waiting else "not even mostly green")
+
+# %% jupyter={"source_hidden": true}
+say("""
+Without a straggler the workers {glue}`idle_verdict` ({glue}`idle_least` to
+{glue}`idle_most` of their time): a gradient of this small model takes
+{glue}`gradient_ms` on average, while a whole step, with its messages and the switching
+between 4 processes on 2 cores (shared with anything else the machine runs),
+takes {glue}`step_ms`. With the straggler, the two fast workers
+{glue}`fast_idle_verdict` (at least {glue}`fast_idle_least` idle): a step now
+lasts {glue}`slow_step_ms`, worker 2's 20 ms of sleep and a little more, as in
+lesson 5's stragglers. (The straggler's sleep counts as its "gradient" time,
+which is why its own bar is {glue}`straggler_verdict`: {glue}`straggler_green`
+of it.)
+""")
 
 # %% [markdown]
-# Without a straggler the workers already wait for most of each step: a
-# gradient of this small model takes well under a millisecond, while the
-# messages of a step and the switching between 4 processes on 2 cores
-# (shared with anything else the machine runs) take several. With the
-# straggler, the two fast workers wait almost the whole run: every step
-# lasts as long as worker 2's 20 ms, exactly as in lesson 5's stragglers.
-# (The straggler's sleep counts as its "gradient" time, which is why its
-# own bar is mostly green.)
-#
 # That waiting is what the asynchronous modes give up: lesson 8 lets the
 # fast workers go on, and measures what it costs in staleness.
 #

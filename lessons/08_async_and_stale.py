@@ -43,7 +43,16 @@ import minidist.distributed as dist
 from minidist import Tensor, nn, trace
 from minidist.data import load_digits, make_sparse_logistic
 from minidist.examples.parameter_server import digits_accuracy, digits_mlp, split_rows
-from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
+from minidist.lesson import (
+    glue,
+    glued,
+    narrate,
+    output_dir,
+    quick,
+    say,
+    show_figure,
+    use_headless_matplotlib,
+)
 from minidist.parallel.parameter_server import delayed_proximal as d2p
 from minidist.parallel.parameter_server import hogwild
 from minidist.parallel.parameter_server.layout import flat_parameters, load_flat_parameters
@@ -187,38 +196,94 @@ for row, straggler in enumerate((False, True)):
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
 figure.tight_layout()
-figure.savefig(OUT / "async_loss.png", dpi=100)
-plt.close(figure)
-print("saved", OUT / "async_loss.png")
+show_figure(figure, "async_loss.png")
+
+
+def largest_rise(loss):
+    """How far a loss curve climbs back above its lowest point so far."""
+    return float(np.max(loss - np.minimum.accumulate(loss)))
+
+
+# What the text below says of these runs, chosen from their numbers.
+final = {key: found["loss"][-1] for key, (_, found) in runs.items()}
+seconds = {key: found["time"][-1] for key, (_, found) in runs.items()}
+glue("steps", STEPS, "d")
+glue("bsp_final", final["bsp", False], ".2f")
+glue("ssp1_final", final["ssp(tau=1)", False], ".2f")
+glue("ssp4_final", final["ssp(tau=4)", False], ".2f")
+glue("ssp4_straggler_final", final["ssp(tau=4)", True], ".2f")
+glue("async_final", final["async", False], ".2f")
+glue("drop_final", final["drop(tau=3)", False], ".2f")
+glue("async_verdict", "so they get further with the same gradients" if
+     max(final["async", False], final["drop(tau=3)", False]) < final["bsp", False] else
+     "yet this time they did not get further with the same gradients")
+glue("ssp1_verdict", "SSP(1) follows BSP closely" if
+     abs(final["ssp(tau=1)", False] - final["bsp", False]) < 0.25 * final["bsp", False] else
+     "SSP(1) does not follow BSP closely this time")
+rise = largest_rise(runs["ssp(tau=4)", False][1]["loss"])
+glue("ssp4_rise", rise, ".2f")
+glue("bsp_rise", largest_rise(runs["bsp", False][1]["loss"]), ".2f")
+glue("ssp4_verdict", "its loss swings back up" if rise > 0.2 else
+     f"in the reduced form's {STEPS} steps its loss does not swing back up (the full "
+     "form's 150 give it the time)" if QUICK else
+     "its loss does not swing back up in this run")
+glue("ssp4_end_verdict", "ends well above" if final["ssp(tau=4)", False] >
+     1.15 * final["bsp", False] else "ends close to")
+calm_seconds = [seconds[mode_name(m, o), False] for m, o in MODES]
+glue("calm_least_s", min(calm_seconds), "{:.2f} s")
+glue("calm_most_s", max(calm_seconds), "{:.2f} s")
+glue("calm_verdict", ("all modes take about as long ({} to {}): each worker's 4 ms of \"compute\" "
+     "dominates and nobody waits much" if max(calm_seconds) < 1.3 * min(calm_seconds) else
+     "the modes took {} to {}: each worker's 4 ms of \"compute\" is the same in all of them, "
+     "and what differs is waiting, and on a busy machine the processes taking turns on its "
+     "cores (it changes from run to run)").format(glued("calm_least_s"), glued("calm_most_s")))
+glue("slow_factor", seconds["bsp", True] / seconds["bsp", False], ".1f")
+glue("ssp_straggler_s", seconds["ssp(tau=4)", True], "{:.2f} s")
+glue("bsp_straggler_s", seconds["bsp", True], "{:.2f} s")
+glue("ssp4_help", ("SSP(4) does not help ({} against BSP's {}): a bound on how far ahead the "
+     "others may run absorbs a *temporary* hiccup, not a worker that is always slower"
+     if seconds["ssp(tau=4)", True] > 0.8 * seconds["bsp", True] else
+     "SSP(4) finished sooner here ({} against BSP's {}), yet a bound on how far ahead the "
+     "others may run only absorbs a *temporary* hiccup: with a worker that is always slower "
+     "they reach the bound and then wait at its pace").format(glued("ssp_straggler_s"),
+                                                               glued("bsp_straggler_s")))
+async_run = runs["async", True][1]
+reached = np.argmax(async_run["loss"] <= final["bsp", True])
+glue("async_reach_share", async_run["time"][reached] / seconds["bsp", True]
+     if async_run["loss"][reached] <= final["bsp", True] else 1.0, ".0%")
+
+# %% jupyter={"source_hidden": true}
+say("""
+How to read the picture above, `async_loss.png` (asynchronous runs are not
+repeatable: the details change from run to run; the numbers here are this
+run's):
+
+* **Per gradient** (right), BSP and SSP are smooth and slow: one step, averaged
+  over 4 gradients (a batch of 128), per 4 gradients. Async and drop take a step
+  per gradient, 4 small steps where BSP takes one, {glue}`async_verdict` (final
+  loss {glue}`async_final` and {glue}`drop_final` against BSP's
+  {glue}`bsp_final`), but with spikes: each spike is a stale gradient applied to
+  weights that have moved since. {glue}`ssp1_verdict` ({glue}`ssp1_final`).
+  SSP(4) takes the same averaged steps on weights up to 4 versions old, and at
+  this rate that can be too old: {glue}`ssp4_verdict`, rising
+  at most {glue}`ssp4_rise` above its lowest point so far (BSP: {glue}`bsp_rise`),
+  and it
+  {glue}`ssp4_end_verdict` BSP: {glue}`ssp4_final` against {glue}`bsp_final`
+  ({glue}`ssp4_straggler_final` with the straggler). A gradient computed 4 steps
+  ago keeps pushing the way the weights were going then: with a large enough
+  step it overshoots, and the next stale gradients push back too late. Section
+  1b doubles the step.
+* **Per second without a straggler**, {glue}`calm_verdict`.
+* **With the straggler**, BSP runs at its pace, {glue}`slow_factor` times as
+  long for the same updates (its curve against gradients does not change).
+  {glue}`ssp4_help`. Async and drop let the fast workers push their {glue}`steps`
+  gradients first: async's loss is down to BSP's final one after
+  {glue}`async_reach_share` of the time BSP takes, and the flat tail is the
+  straggler finishing its own {glue}`steps` alone (every worker has a fixed
+  number of steps here).
+""")
 
 # %% [markdown]
-# How to read `async_loss.png` (asynchronous runs are not repeatable: the
-# details change from run to run, the shapes below did not in ours):
-#
-# * **Per gradient** (right), BSP and SSP are smooth and slow: one step,
-#   averaged over 4 gradients (a batch of 128), per 4 gradients. Async and
-#   drop take a step per gradient, 4 small steps where BSP takes one, so
-#   they get further with the same gradients, but with spikes: each spike
-#   is a stale gradient applied to weights that have moved since. SSP(1)
-#   follows BSP closely. SSP(4) takes the same averaged steps on weights
-#   up to 4 versions old, and at this rate that is too old: in the full
-#   form (150 steps) its loss swings back up, to about 1.9 in our runs,
-#   and ends at 0.4-0.5 where BSP ends at 0.24. (The quick form stops
-#   after 40 steps, before the swing, with SSP(4) a little behind BSP.)
-#   A gradient computed 4 steps ago keeps pushing the way the weights
-#   were going then: with a large enough step it overshoots, and the
-#   next stale gradients push back too late. Section 1b doubles the step.
-# * **Per second without a straggler**, all modes take about as long: each
-#   worker's 4 ms of "compute" dominates and nobody waits much.
-# * **With the straggler**, BSP and both SSPs run at its pace, about twice
-#   as long for the same updates (their curves against gradients do not
-#   change). SSP(4) does not help: a bound on how far ahead the others may
-#   run absorbs a *temporary* hiccup, not a worker that is always slower.
-#   Async and drop let the fast workers push their 40 gradients first; the
-#   loss falls in a fraction of the time, and the flat tail is the
-#   straggler finishing its own 40 alone (every worker has a fixed number
-#   of steps here).
-#
 # ## 1b. A larger step
 #
 # Staleness is harmless while the weights change little between the moment
@@ -244,20 +309,46 @@ axis.set_title(f"learning rate {LARGE_LR}, no straggler")
 axis.grid(alpha=0.3)
 axis.legend(fontsize=8)
 figure.tight_layout()
-figure.savefig(OUT / "async_large_lr.png", dpi=100)
-plt.close(figure)
-print("saved", OUT / "async_large_lr.png")
+show_figure(figure, "async_large_lr.png")
+
+hot = {name: found["loss"][-1] for name, found in large.items()}
+start_loss = large["bsp"]["loss"][0]
+glue("hot_bsp", hot["bsp"], ".2f")
+glue("hot_ssp1", hot["ssp(tau=1)"], ".2f")
+glue("hot_ssp4", hot["ssp(tau=4)"], ".2f")
+glue("hot_async", hot["async"], ".2f")
+glue("hot_drop", hot["drop(tau=3)"], ".2f")
+glue("start_loss", start_loss, ".1f")
+glue("hot_bsp_verdict", "still converges" if hot["bsp"] < 0.5 * start_loss else
+     "does not converge this time")
+glue("hot_ssp_verdict", "SSP(1) ends nearer to it than SSP(4)" if
+     abs(hot["ssp(tau=1)"] - hot["bsp"]) < abs(hot["ssp(tau=4)"] - hot["bsp"]) else
+     "SSP(4) ends as near to it as SSP(1) this time")
+glue("hot_async_verdict", "end far above BSP's loss" if
+     min(hot["async"], hot["drop(tau=3)"]) > 2 * hot["bsp"] else
+     "end not far above BSP's loss this time")
+glue("drop_verdict", "Dropping pushes staler than 3 does not rescue them" if
+     hot["drop(tau=3)"] > 2 * hot["bsp"] else
+     "Dropping pushes staler than 3 helped this time, though it cannot help much")
+async_staleness = [r.staleness for r in runs["async", False][0].pushes]
+glue("async_staleness", np.mean(async_staleness), ".1f")
+
+# %% jupyter={"source_hidden": true}
+say("""
+With the larger step BSP {glue}`hot_bsp_verdict` (final loss {glue}`hot_bsp`;
+it is full-batch SGD on a batch of 128), and {glue}`hot_ssp_verdict`
+({glue}`hot_ssp1` and {glue}`hot_ssp4`). Async and drop spike and
+{glue}`hot_async_verdict` ({glue}`hot_async` and {glue}`hot_drop`; the start is
+{glue}`start_loss`), and where between the two they end changes from run to
+run: a gradient 3 versions old is now 3 large steps old.
+{glue}`drop_verdict`, since an asynchronous push is about n - 1 = 3 versions
+stale anyway (the mean staleness of section 1's async run:
+{glue}`async_staleness`). This is why asynchronous SGD is run with smaller
+steps, or after a synchronous warm-up (`warmup_steps`, DistBelief's first
+epoch).
+""")
 
 # %% [markdown]
-# With the larger step BSP still converges (it is full-batch SGD on a
-# batch of 128), and SSP(1) ends nearer to it than SSP(4); async and
-# drop spike and end anywhere between BSP's loss and the starting one
-# (2.3), from run to run: a gradient 3 versions old is now 3 large steps
-# old. Dropping pushes staler than 3 does not rescue them, since most
-# asynchronous pushes are about W - 1 = 3 versions stale anyway.
-# This is why asynchronous SGD is run with smaller steps, or after a
-# synchronous warm-up (`warmup_steps`, DistBelief's first epoch).
-#
 # ## 2. Staleness, from the server's log
 #
 # Every push the server received is in `ServerResult.pushes`, with its
@@ -286,32 +377,68 @@ for row, straggler in enumerate((False, True)):
             axis.set_xlabel("staleness (versions)")
 axes[0, 0].legend(fontsize=8)
 figure.tight_layout()
-figure.savefig(OUT / "async_staleness.png", dpi=100)
-plt.close(figure)
-print("saved", OUT / "async_staleness.png")
+show_figure(figure, "async_staleness.png")
 for (name, straggler), (server, _) in runs.items():
     staleness = [r.staleness for r in server.pushes]
     print(f"{'straggler' if straggler else 'no straggler':>12} {name:>11}: staleness mean "
           f"{np.mean(staleness):4.1f}, max {max(staleness):2}; dropped "
           f"{server.dropped} of {len(server.pushes)}")
 
+# What the text below says of the histograms, chosen from the servers' logs.
+def pushes(name, straggler, slow=None):
+    """The staleness of a run's pushes: all, worker 0's (slow=True) or the others'."""
+    return [r.staleness for r in runs[name, straggler][0].pushes
+            if slow is None or (r.worker == 0) == slow]
+
+
+within = all(max(pushes(f"ssp(tau={tau})", straggler)) <= tau
+             for tau in (1, 4) for straggler in (False, True))
+glue("ssp_within", "stay within tau" if within else "do not all stay within tau")
+piled = int(np.bincount(pushes("ssp(tau=4)", True, slow=False)).argmax())
+glue("ssp_pile", piled, "d")
+glue("ssp_pile_verdict", "pile up *at* tau" if piled == 4 else
+     f"pile up below tau, most of them at {piled}")
+fresh = all(np.mean(pushes(f"ssp(tau={tau})", True, slow=True)) <
+            np.mean(pushes(f"ssp(tau={tau})", True, slow=False)) for tau in (1, 4))
+glue("straggler_fresh", "are the fresh ones" if fresh else "are not the freshest this time")
+glue("async_mean", np.mean(pushes("async", False)), ".1f")
+slow_pushes = pushes("async", True, slow=True)
+early = slow_pushes[:max(1, len(slow_pushes) // 3)]
+glue("early_stale", [int(np.percentile(early, 10)), int(np.percentile(early, 90))],
+     "{0[0]} to {0[1]}")
+glue("early_verdict", "far staler" if np.percentile(early, 90) > 2 * np.mean(pushes("async", False))
+     else "staler" if np.mean(early) > np.mean(pushes("async", False)) else "not staler")
+late = slow_pushes[-max(1, len(slow_pushes) // 10):]
+glue("late_stale", max(late), "d")
+glue("late_verdict", "Its late pushes have staleness 0" if max(late) == 0 else
+     f"Its late pushes are fresher, at most {max(late)} versions stale")
+dropped = [r for r in runs["drop(tau=3)", True][0].pushes if not r.accepted]
+glue("dropped_slow_share", np.mean([r.worker == 0 for r in dropped]) if dropped else 0.0, ".0%")
+glue("dropped_verdict", "mostly the straggler's early ones" if dropped and
+     np.mean([r.worker == 0 for r in dropped]) > 0.5 else "mostly the fast workers' ones")
+
+# %% jupyter={"source_hidden": true}
+say("""
+BSP's pushes all have staleness 0, by construction. SSP's {glue}`ssp_within`,
+and the fast workers' pushes {glue}`ssp_pile_verdict`: they run as far ahead as
+they are allowed to, and wait there. With the straggler, its own pushes (red)
+{glue}`straggler_fresh`: everybody else waits for it, so its weights are never
+old.
+
+Async is the other way round. Without a straggler a push is about n - 1 = 3
+versions stale (the three others pushed meanwhile; the mean here:
+{glue}`async_mean`). With the straggler, its early pushes are
+{glue}`early_verdict`, {glue}`early_stale` versions (the middle 80 % of its first third): in the time
+of one of its gradients the three others make about 3 x 4 = 12 updates.
+{glue}`late_verdict`: by then the others have finished and it runs alone.
+`drop(tau=3)` drops exactly the pushes right of the dashed line:
+{glue}`dropped_verdict` ({glue}`dropped_slow_share` of the dropped pushes are
+worker 0's). It keeps the updates fresh at the price of wasting the slow
+worker's work, and of learning less from the part of the data only that worker
+holds.
+""")
+
 # %% [markdown]
-# BSP's pushes all have staleness 0, by construction. SSP's stay within
-# tau, and the fast workers' pushes pile up *at* tau: they run as far ahead
-# as they are allowed to, and wait there. With the straggler, its own
-# pushes (red) are the fresh ones: everybody else waits for it, so its
-# weights are never old.
-#
-# Async is the other way round. Without a straggler a push is about
-# W - 1 = 3 versions stale (the three others pushed meanwhile). With the
-# straggler, its early pushes are far staler, 5 to 10 versions: in the time
-# of one of its gradients the three others make about 3 x 4 = 12 updates.
-# Its late pushes have staleness 0: by then the others have finished and it
-# runs alone. `drop(tau=3)` drops exactly the pushes right of the dashed
-# line: mostly the straggler's early ones. It keeps the updates fresh at
-# the price of wasting the slow worker's work, and of learning less from
-# the part of the data only that worker holds.
-#
 # ## 3. Hogwild: no server, no locks
 #
 # Hogwild takes asynchrony to the end: the weights are one array in shared
@@ -323,7 +450,7 @@ for (name, straggler), (server, _) in runs.items():
 # features nonzero per example) with the library's update, every worker
 # taking a snapshot of the shared weights every 100 updates so that we can
 # draw the loss along the way. In the straggler run, rank 0 sleeps 2 ms
-# every 100 updates (about twice as slow as the others here).
+# every 100 updates.
 
 # %%
 H_FEATURES, H_LABELS, _ = make_sparse_logistic(4000, 100, 5, seed=0, dtype=np.float64)
@@ -380,7 +507,8 @@ def hogwild_curve(world, slow_rank=None, slow_seconds=0.0):
                            hogwild.logistic_loss(weights, H_FEATURES, H_LABELS)))
     points.sort()
     lost = sum(intended for _, intended, _ in results) - int(results[0][2])
-    return np.array(points), lost, sum(i for _, i, _ in results)
+    seconds = [(times[-1] - times[0]) / 1e9 for times, _ in progress]   # each rank's run
+    return np.array(points), lost, sum(i for _, i, _ in results), seconds
 
 
 hogwild_runs = {"serial SGD (1 process)": hogwild_curve(1),
@@ -388,13 +516,13 @@ hogwild_runs = {"serial SGD (1 process)": hogwild_curve(1),
                 "Hogwild, 4 workers, rank 0 slow": hogwild_curve(4, 0, 0.002)}
 serial_final = hogwild.logistic_loss(
     hogwild.serial_sgd(H_FEATURES, H_LABELS, H_UPDATES, H_LR), H_FEATURES, H_LABELS)
-for name, (points, lost, intended) in hogwild_runs.items():
+for name, (points, lost, intended, _) in hogwild_runs.items():
     print(f"{name:>32}: final loss {points[-1, 2]:.4f} after {points[-1, 0]:.2f} s; "
           f"{lost} of {intended} counter writes lost to races ({lost / intended:.1%})")
 print(f"{'hogwild.serial_sgd':>32}: final loss {serial_final:.4f} (the library's reference)")
 
 figure, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-for name, (points, _, _) in hogwild_runs.items():
+for name, (points, _, _, _) in hogwild_runs.items():
     axes[0].plot(points[:, 0], points[:, 2], ".", ms=2, label=name)
     axes[1].plot(points[:, 1], points[:, 2], ".", ms=2, label=name)
 axes[0].set_xlabel("seconds")
@@ -406,30 +534,48 @@ for axis in axes:
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8, markerscale=4)
 figure.tight_layout()
-figure.savefig(OUT / "hogwild_loss.png", dpi=100)
-plt.close(figure)
-print("saved", OUT / "hogwild_loss.png")
+show_figure(figure, "hogwild_loss.png")
+
+# What the text below says of the runs, chosen from their numbers.
+serial, free, slowed = (hogwild_runs[name] for name in hogwild_runs)
+off = [abs(run[0][-1, 2] / serial_final - 1) for run in (free, slowed)]
+glue("hogwild_off", max(off), ".1%")
+glue("hogwild_verdict", "close to" if max(off) < 0.05 else "not close to")
+shares = [run[1] / run[2] for run in (free, slowed)]
+glue("lost_least", min(shares), ".1%")
+glue("lost_most", max(shares), ".1%")
+glue("hogwild_seconds", free[0][-1, 0], "{:.2f} s")
+glue("serial_seconds", serial[0][-1, 0], "{:.2f} s")
+glue("hogwild_speed", "faster than" if free[0][-1, 0] < serial[0][-1, 0] else
+     "no faster than")
+slow_rank, others = slowed[3][0], np.mean(slowed[3][1:])
+glue("slow_factor", slow_rank / others, ".1f")
+
+# %% jupyter={"source_hidden": true}
+say("""
+Per update, Hogwild's points fall on serial SGD's curve (the right panel above),
+and its final loss is {glue}`hogwild_verdict` the library's serial reference
+(at most {glue}`hogwild_off` away; the slow rank's updates come in last, but
+since every worker samples from all the data they do not pull the end towards
+one part of it, as they would if each worker had a shard): the races cost
+almost nothing, because each one loses a single term of a long sum. (Each
+snapshot is read without a lock too, so a point may mix two writes; the curve
+is still smooth.) The counter says how often a race struck:
+{glue}`lost_least` to {glue}`lost_most` of the writes here; with denser data
+or fewer features more updates collide. In time, 4 workers on 2 cores were
+{glue}`hogwild_speed` one process ({glue}`hogwild_seconds` against
+{glue}`serial_seconds`). The slow rank took {glue}`slow_factor` times as long
+as the others for its quarter of the updates, and delayed only that quarter:
+nobody waits for it until the final barrier.
+""")
 
 # %% [markdown]
-# Per update, Hogwild's points fall on serial SGD's curve and its final
-# loss is close to the library's serial reference (within a few percent in
-# our runs; the slow rank's updates come in last, but since every worker
-# samples from all the data they do not pull the end towards one part of
-# it, as they did when each worker had a shard): the races cost almost nothing, because each one
-# loses a single term of a long sum. (Each snapshot is read without a lock too, so a point
-# may mix two writes; the curve is still smooth.) The counter says how
-# often a race struck: the percentage printed above, a couple of percent of
-# the writes on this machine; with denser data or fewer features more
-# updates collide. In time, 4 workers on 2 cores are only about as fast as
-# 2 would be. The slow rank delays only its own quarter of the updates:
-# nobody waits for it until the final barrier.
-#
 # ## 4. D2P: what a delay bound costs
 #
 # The LSML lecture's D2P (delayed block proximal gradient) is L1-regularised
-# logistic regression on a PS: the coordinates are split into B blocks,
-# step t updates block t mod B, and a worker may compute on weights up to
-# tau steps old. `delayed_proximal_reference` runs it in one process with
+# logistic regression on a PS: the coordinates are split into a few blocks
+# (4 here), step t updates block t mod 4, and a worker may compute on
+# weights up to tau steps old. `delayed_proximal_reference` runs it in one process with
 # the worst delays the bound allows (every worker always tau steps behind),
 # so the effect of tau alone shows.
 
@@ -461,21 +607,38 @@ axis.set_title("D2P with the largest delays tau allows")
 axis.grid(alpha=0.3)
 axis.legend()
 figure.tight_layout()
-figure.savefig(OUT / "d2p_delay.png", dpi=100)
-plt.close(figure)
-print("saved", OUT / "d2p_delay.png")
+show_figure(figure, "d2p_delay.png")
+
+# What the text below says of the curves, chosen from them.
+ends = {tau: objectives[-1] / d2p_objectives[0][-1] - 1 for tau, objectives in d2p_objectives.items()}
+glue("d2p_apart", max(abs(gap) for gap in ends.values()), ".4%")
+glue("d2p_verdict", "end on top of each other" if max(abs(g) for g in ends.values()) < 1e-3
+     else "do not end on top of each other")
+middle = len(d2p_objectives[0]) // 2
+behind = max(objectives[middle] / d2p_objectives[0][middle] - 1
+             for objectives in d2p_objectives.values())
+glue("d2p_middle", behind, "+.4%")
+glue("d2p_middle_verdict", "the delayed ones are not even behind" if behind <= 0 else
+     "the delayed ones are hardly behind" if behind < 1e-3 else "the delayed ones are behind")
+counts = np.bincount(delays, minlength=5)
+glue("full_tau_share", counts[4] / counts.sum() if len(counts) > 4 else 0.0, ".0%")
+glue("ahead_share", 1 - counts[0] / counts.sum(), ".0%")
+
+# %% jupyter={"source_hidden": true}
+say("""
+With the largest delays allowed, the curves in the picture above
+{glue}`d2p_verdict`: {glue}`d2p_apart` apart at most (the printout). In the
+middle {glue}`d2p_middle_verdict` (the most behind tau = 0 at the middle step:
+{glue}`d2p_middle`): on this problem a block's gradient hardly depends on the
+latest updates of the other blocks, and the step size is half the safe one. The
+LSML lecture's promise, "tau times fewer synchronisations; the slower
+convergence is paid back by faster steps", is the trade: on real processes a
+worker waits only when it is more than tau steps ahead, and the delays printed
+show how far the workers ran ahead: {glue}`ahead_share` of the steps had a
+delay, {glue}`full_tau_share` the full tau = 4.
+""")
 
 # %% [markdown]
-# With the largest delays allowed, the curves end on top of each other,
-# within a few hundredths of a percent (the printout), and in the middle
-# the delayed ones are not even behind: on this problem a block's gradient
-# hardly depends on the latest updates of the other blocks, and the step
-# size is half the safe one. The LSML lecture's promise, "tau times fewer
-# synchronisations; the slower convergence is paid back by faster steps",
-# is the trade: on real processes a worker waits only when it is more than
-# tau steps ahead, and the delays printed show that the workers did run
-# ahead, often by the full tau.
-#
 # Try: add `warmup_steps=10` to async in section 1b (with
 # `("async", {"warmup_steps": 10})`) and see whether a synchronous start
 # steadies it; give SSP a larger tau with the straggler; in

@@ -27,8 +27,9 @@ def _workers_axis(axis) -> None:
 def draw_ps_bandwidth(traffic, parameter_bytes: int, steps: int, path, *,
                       link_bytes_per_s: float = 10e9, max_workers: int = 64) -> str:
     """Lesson 7's ``ps_bandwidth.png``: on the left, the bytes per step at the
-    busiest rank for one server (W P), two servers (W P / 2) and a ring rank
-    (2 (W-1)/W P) against the workers W, with the measured points (``traffic``
+    busiest rank for one server (n N), two servers (n N / 2) and a ring rank
+    (2 (n-1)/n N) against the workers n (N: the gradient's bytes,
+    ``parameter_bytes``; lessons/NOTATION.md), with the measured points (``traffic``
     rows ``(who, workers, servers, received, ...)``, ``received`` over
     ``steps`` steps); on the right, the least time that traffic takes on links
     of ``link_bytes_per_s``. Returns the PNG's path."""
@@ -37,9 +38,9 @@ def draw_ps_bandwidth(traffic, parameter_bytes: int, steps: int, path, *,
     figure = Figure(figsize=(11, 4))
     FigureCanvasAgg(figure)
     axes = figure.subplots(1, 2)
-    axes[0].plot(ws, ws * p / 1e3, label="one server: W P")
-    axes[0].plot(ws, ws * p / 2 / 1e3, label="each of 2 servers: W P / 2")
-    axes[0].plot(ws, 2 * (ws - 1) / ws * p / 1e3, label="one ring rank: 2 (W-1)/W P")
+    axes[0].plot(ws, ws * p / 1e3, label="one server: n N")
+    axes[0].plot(ws, ws * p / 2 / 1e3, label="each of 2 servers: n N / 2")
+    axes[0].plot(ws, 2 * (ws - 1) / ws * p / 1e3, label="one ring rank: 2 (n-1)/n N")
     for _, workers, servers, received, *_ in traffic:
         marker, colour = ("o", "C0") if servers == 1 else ("D", "C1") if servers else ("s", "C2")
         axes[0].plot([workers], [received / steps / 1e3], marker, color=colour)
@@ -54,7 +55,7 @@ def draw_ps_bandwidth(traffic, parameter_bytes: int, steps: int, path, *,
     axes[1].set_title(f"the least time a step's traffic takes\non {link / 1e9:g} GB/s links")
     for axis in axes:
         _workers_axis(axis)
-        axis.set_xlabel("workers W")
+        axis.set_xlabel("workers n")
         axis.legend(fontsize=8)
         axis.grid(alpha=0.3, which="both")
     figure.tight_layout()

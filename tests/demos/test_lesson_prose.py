@@ -57,6 +57,10 @@ GIVEN: dict[str, dict[str, str]] = {
         "2 %": "two ranks' 1 % (TopKState(0.01)) with no index in common",
         "3 %": "three ranks' 1 % (TopKState(0.01)) with no index in common",
     },
+    "05_data_parallel": {"20 ms": "COMPUTE = 0.02, the pretend compute of a step"},
+    "07_parameter_server": {"20 ms": "straggler=(2, 0.02): worker 2's sleep before each gradient"},
+    "08_async_and_stale": {"4 ms": "COMPUTE = 0.004, a worker's pretend compute per gradient",
+                           "2 ms": "hogwild_curve(4, 0, 0.002): the slow rank's sleep"},
 }
 
 

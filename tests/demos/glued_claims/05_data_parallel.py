@@ -1,0 +1,30 @@
+"""Lesson 5: what its prose chose to say of the run's numbers holds for them."""
+
+
+def value(glued, name):
+    return glued[name]["value"]
+
+
+def check(glued):
+    gap = value(glued, "accuracy_gap")
+    assert (value(glued, "accuracy_verdict") == "reach the single-process accuracy") == (gap == 0)
+    assert (value(glued, "gap_verdict") == "up to float32 rounding") == \
+        (value(glued, "largest_gap") < 1e-4)
+    single = value(glued, "single_seconds")
+    parallel = min(value(glued, "coordinator_seconds"), value(glued, "ddp_seconds"))
+    assert (value(glued, "speed_verdict") == "are not faster") == (parallel >= single)
+    # "sit ... bytes above the formulas"; "grows 3 times ... 1.5 times (the formulas)"
+    assert value(glued, "bytes_above_least") >= 0
+    assert abs(value(glued, "coordinator_growth") - 3) < 0.01
+    assert abs(value(glued, "ring_growth") - 1.5) < 0.01
+    on = value(glued, "overlap_first_us") < value(glued, "overlap_last_us")
+    assert value(glued, "overlap_verdict").startswith("starts while backward") == on
+    off = value(glued, "no_overlap_first_us") >= value(glued, "no_overlap_last_us")
+    assert value(glued, "no_overlap_verdict").startswith("waits until the last gradient") == off
+    assert value(glued, "first_algorithm") != "?"
+    # the step "grows with k"
+    steps = [value(glued, f"rank0_step_{k}") for k in (1, 2, 4)]
+    assert steps == sorted(steps), steps
+    follows = all(value(glued, f"rank0_step_{k}") >= value(glued, f"rank1_compute_{k}")
+                  for k in (1, 2, 4))
+    assert value(glued, "rank0_step_verdict").startswith("lasts as long as") == follows
