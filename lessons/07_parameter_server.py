@@ -257,7 +257,8 @@ on its own keys.
 # %% [markdown]
 # ## 3. Sharding: key ranges
 #
-# The parameters are one flat vector of P numbers. With S servers, each
+# The parameters are one flat vector of Ψ numbers (Ψ, the parameters'
+# count, as in lessons/NOTATION.md; `P` in the code). With S servers, each
 # server owns one contiguous key range: `shard_ranges(P, S)`, as even as
 # possible.
 # A worker pushes each server only its slice of the gradient, and pulls
@@ -270,7 +271,7 @@ mlp = digits_mlp()
 P = flat_parameters(mlp).size
 layer_bounds = np.cumsum([0] + [p.data.size for p in mlp.parameters()])
 names = ["layer 1 weights", "layer 1 bias", "layer 2 weights", "layer 2 bias"]
-print(f"MLP: P = {P} parameters, layers at keys "
+print(f"MLP: Ψ = {P} parameters, layers at keys "
       + ", ".join(f"{name} {a}:{b}" for name, a, b in zip(names, layer_bounds[:-1],
                                                           layer_bounds[1:])))
 for servers in (1, 2, 3):
@@ -280,7 +281,7 @@ for servers in (1, 2, 3):
 # %% [markdown]
 # ## 4. The server's bandwidth bottleneck
 #
-# Per step, with N the gradient's bytes (4 P for P float32 parameters: the
+# Per step, with N the gradient's bytes (4Ψ for Ψ float32 parameters: the
 # message a worker pushes, and the weights it pulls) and n workers:
 #
 # * a single server **receives** a gradient from every worker, n N, and
@@ -358,7 +359,7 @@ def end_of_first_all_reduce(events, rank):
 
 
 P_BYTES = P * 4   # float32: N, the gradient's bytes
-print(f"P = {P} float32 parameters: N = {P_BYTES} bytes; {TRAFFIC_STEPS} steps, batches of {BATCH}")
+print(f"Ψ = {P} float32 parameters: N = {P_BYTES} bytes; {TRAFFIC_STEPS} steps, batches of {BATCH}")
 traffic = []
 load = Load.start()
 for workers, servers in ((2, 1), (3, 1), (4, 1), (3, 2)):
