@@ -30,6 +30,9 @@ MEASURED = re.compile(
 #: the lesson's own code sets them or a cited source published them (the
 #: constant or the source named after each)
 GIVEN: dict[str, dict[str, str]] = {
+    "16_transformer_one_process": {
+        "46.2 %": "Chowdhery et al., PaLM: Scaling Language Modeling with Pathways (2022)"},
+    "19_experts": {"10 us": "plan_inputs.CLUSTER.inter.alpha, the links section 6 simulates"},
 }
 
 
