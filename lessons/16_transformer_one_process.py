@@ -49,7 +49,15 @@ import numpy as np
 from minidist import Tensor, amp, flops, memory, nn, no_grad, optim
 from minidist.data import CharTokenizer, RandomWindows, load_shakespeare, split_tokens
 from minidist.experiments.mixed_precision import gradient_underflow
-from minidist.lesson import narrate, output_dir, quick, show_figure, use_headless_matplotlib
+from minidist.lesson import (
+    glue,
+    narrate,
+    output_dir,
+    quick,
+    say,
+    show_figure,
+    use_headless_matplotlib,
+)
 from minidist.lesson_timing import timed
 from minidist.models import GPTConfig, KVCache, generate
 from minidist.models.gpt import Block
@@ -108,7 +116,7 @@ assert np.allclose(normed[0], normed[1], atol=1e-5)
 
 # %% [markdown]
 # **Causal attention.** Every position makes a query q, a key k and a value
-# v (d/H features per head). Position i's output is a weighted average of
+# v, for each of the H heads D = d/H features. Position i's output is a weighted average of
 # the values, the weights P = softmax(q k^T / sqrt(D)) over the keys. A
 # language model must not see the future: the *causal mask* lets query i
 # use keys 0..i only (the scores above the diagonal are set to minus
@@ -176,10 +184,11 @@ assert np.all(moved[:3] == 0) and np.all(moved[3:] > 0)
 
 # %% [markdown]
 # A GPT is then: token embedding + position embedding (an id says *what*,
-# the position row says *where*), n_layer blocks, a final LayerNorm, and the
-# logits: the token embedding's table used again as the output layer
-# (*weight tying*: one matrix, two uses). Where the parameters of the
-# default configuration (`minidist train --model gpt`) sit:
+# the position row says *where*), L blocks (`n_layer`; in this lesson's
+# formulas L counts the blocks, and the loss is called the loss), a final
+# LayerNorm, and the logits: the token embedding's table used again as the
+# output layer (*weight tying*: one matrix, two uses). Where the parameters
+# of the default configuration (`minidist train --model gpt`) sit:
 
 # %%
 text = load_shakespeare()
@@ -197,7 +206,7 @@ for name, param in default.named_parameters():
 for part, count in parts.items():
     print(f"{part:22} {count:>9,}")
 print(f"{'total':22} {default.num_parameters():>9,}  "
-      f"(12 n_layer d^2 = {12 * config.n_layer * d * d:,}: the blocks' matrices)")
+      f"(12 L d^2 = {12 * config.n_layer * d * d:,}, L = {config.n_layer}: the blocks' matrices)")
 assert parts["block 0"] == 12 * d * d + 13 * d       # 4 matrices, their biases, two LayerNorms
 
 # %% [markdown]
@@ -257,8 +266,7 @@ axis.set_title(f"GPT: {c.n_layer} block(s) x {c.n_head} heads, width {c.n_embd},
                f"{c.block_size}, batch {RUN['batch_size']}")
 axis.legend(fontsize=8, loc="upper right")
 figure.tight_layout()
-figure.savefig(OUT / "gpt_loss.png", dpi=100)
-plt.show()
+show_figure(figure, "gpt_loss.png")
 
 words = re.findall(r"[a-z]+", trained["sample"].lower())
 known = set(re.findall(r"[a-z]+", text.lower()))
@@ -269,15 +277,29 @@ print(f"validation loss {trained['val_loss']:.3f} after {RUN['steps']} steps "
       + (", ".join(beaten) or "none of the yardsticks"))
 print(f"{real} of the sample's {len(words)} words ({real / max(len(words), 1):.0%}) "
       "are words of the play")
+glue("val_loss", trained["val_loss"], ".3f")
+glue("train_steps", RUN["steps"], ",d")
+glue("pair_yardstick", YARDSTICKS["previous character known"], ".3f")
+glue("pair_side", "below" if trained["val_loss"] < YARDSTICKS["previous character known"]
+     else "above")
+glue("real_words", f"{real} of its {len(words)}")
 
 # %% [markdown]
 # The sample above is printed by `train_gpt` (temperature 0.8, from a
 # newline). Read it against the curve: above the "previous character known"
-# line the model has learned letters and spaces, below it words, names in
+# line a model has learned letters and spaces, below it words, names in
 # capitals followed by a colon, lines of verse. The line under the picture
 # says which yardsticks this run went below, and how many of the sample's
 # words are words of the play.
-#
+
+# %% jupyter={"source_hidden": true}
+say("""
+This run ended {glue}`pair_side` that line: a validation loss of {glue}`val_loss` after
+{glue}`train_steps` steps against the previous character's {glue}`pair_yardstick`, and
+{glue}`real_words` sampled words are words of the play.
+""")
+
+# %% [markdown]
 # **What the attention learned.** The weights P of the last block's heads on
 # a line of the validation text, recomputed here by hand from the trained
 # weights (q and k from `c_attn`, the mask, the softmax), and checked against
@@ -313,12 +335,47 @@ for h, axis in enumerate(np.atleast_1d(axes)):
     axis.set_xlabel("key (what is looked at)", fontsize=8)
 np.atleast_1d(axes)[0].set_ylabel("query (who looks)", fontsize=8)
 figure.suptitle(f"last block's attention on {line!r} ('_' = space)", fontsize=10)
-figure.savefig(OUT / "attention_pattern.png", dpi=110)
-plt.show()
-print("weight on the own position, mean per head:",
-      np.round([np.diag(P[0, h]).mean() for h in range(heads)], 2))
-print("weight on the previous position, mean per head:",
-      np.round([np.diag(P[0, h], -1).mean() for h in range(heads)], 2))
+show_figure(figure, "attention_pattern.png", dpi=110)
+own = [float(np.diag(P[0, h]).mean()) for h in range(heads)]
+previous = [float(np.diag(P[0, h], -1).mean()) for h in range(heads)]
+# An even spread: query i gives each of the i + 1 keys it may see 1 / (i + 1).
+even_own = float(np.mean(1 / np.arange(1, len(line) + 1)))
+even_previous = float(np.mean(1 / np.arange(2, len(line) + 1)))
+print("weight on the own position, mean per head:", np.round(own, 2))
+print("weight on the previous position, mean per head:", np.round(previous, 2))
+print(f"(an even spread over the keys a query may see: {even_own:.2f} and {even_previous:.2f})")
+glue("own_weights", own, "{}")
+glue("previous_weights", previous, "{}")
+glue("own_weight", ", ".join(f"{w:.2f}" for w in own))
+glue("previous_weight", ", ".join(f"{w:.2f}" for w in previous))
+glue("even_own", even_own, ".2f")
+glue("even_previous", even_previous, ".2f")
+# A head has specialised on the last characters when one of them takes half its weight.
+focused = [h for h in range(heads) if max(own[h], previous[h]) >= 0.5]
+near_even = all(o < 2 * even_own and p < 2 * even_previous for o, p in zip(own, previous))
+glue("heads_kind", "specialised" if focused else "near even" if near_even else "leaning")
+if focused:
+    glue("heads_verdict", "; ".join(
+        f"head {h} puts most of its weight on "
+        + ("its own position" if own[h] >= previous[h] else "the position before")
+        for h in focused) + ": the last few characters, where spelling is decided"
+        + ("" if len(focused) == heads else "; the other heads spread theirs over the line"))
+else:
+    glue("heads_verdict", "no head has specialised on the last characters: "
+         + ("each gives them hardly more than an even spread would"
+            if near_even else "some give them more than an even spread would, none half")
+         + f", after {RUN['steps']:,} steps of a {c.n_layer}-block model")
+
+# %% jupyter={"source_hidden": true}
+say("""
+Nothing above the diagonal: the mask. Below it, the means above say, head by head, that
+a query's own position gets {glue}`own_weight` of its weight and the position before it
+{glue}`previous_weight`, where an even spread over the keys a query may see would give
+{glue}`even_own` and {glue}`even_previous`. In this run {glue}`heads_verdict`. (Heads that
+have specialised show as a dark diagonal, or a dark line just below it; a head can also
+learn to look back to the last space, where the word began, which these two means do not
+measure: look for dark cells in the `_` columns.)
+""")
 
 # %% [markdown]
 # **Generating faster: the KV cache.** `generate` draws one character at a
@@ -365,53 +422,89 @@ for case in texts:
     print(f"{case:22} {fed[case]:>28,} {gen_times.best[case] * 1e3:>7.1f} ms "
           f"{NEW / gen_times.best[case]:>13,.0f}")
 same = np.array_equal(texts["recompute the context"], texts["KV cache"])
+# The cache as the draws left it: the prompt, then each drawn character but the
+# last (the last one drawn is never fed back).
+drawn = texts["KV cache"]
 cache = KVCache(c.n_layer, c.block_size)
 with no_grad():
-    model(prompt, cache=cache)
-assert cache.nbytes() == 2 * c.n_layer * c.block_size * c.n_embd * 4   # 2 n_layer T C float32
-print(f"the same {NEW} characters: {same}; the cache holds {cache.nbytes():,} bytes (K and V, "
-      f"{c.n_layer} layer(s), {c.block_size} positions, width {c.n_embd}, float32)")
+    model(drawn[:, :prompt.shape[1]], cache=cache)
+    for position in range(prompt.shape[1], drawn.shape[1] - 1):
+        model(drawn[:, position:position + 1], cache=cache)
+assert cache.length == fed["KV cache"] == prompt.shape[1] + NEW - 1
+assert cache.nbytes() == 2 * c.n_layer * c.block_size * c.n_embd * 4   # 2 L T d s, s = 4 (float32)
+print(f"the same {NEW} characters: {same}; the cache holds {cache.length} positions in the room "
+      f"it allocated for {c.block_size} (block_size): {cache.nbytes():,} bytes (K and V, "
+      f"{c.n_layer} layer(s), width {c.n_embd}, float32)")
 if gen_times.load.busy:
     print(gen_times.load.note("the positions column is what the cache saves"))
 print(repr(tokenizer.decode(texts["KV cache"][0])))
+recompute_s, cache_s = gen_times.best["recompute the context"], gen_times.best["KV cache"]
+glue("fed_recompute", fed["recompute the context"], ",d")
+glue("fed_cache", fed["KV cache"], ",d")
+glue("half_square", c.block_size ** 2 // 2, ",d")
+glue("context", c.block_size, "d")
+glue("prompt_length", prompt.shape[1], "d")
+glue("cache_bytes", cache.nbytes(), ",d")
+glue("work_ratio", fed["recompute the context"] / fed["KV cache"], ".1f")
+glue("time_ratio", recompute_s / cache_s, ".1f")
+glue("recompute_ms", recompute_s * 1e3, "{:.1f} ms")
+glue("cache_ms", cache_s * 1e3, "{:.1f} ms")
+faster = recompute_s / cache_s
+glue("cache_speed", "faster" if faster >= 1.1 else "slower" if faster <= 1 / 1.1 else "same")
+work_saved = fed["recompute the context"] / fed["KV cache"]
+glue("cache_time_verdict",
+     (f"the cache was {faster:.1f} times as fast for {work_saved:.1f} times less work: the time "
+      "follows the work less than in proportion" if faster >= 1.1 else
+      f"the cache saved no time here, for {work_saved:.1f} times less work" if faster > 1 / 1.1
+      else f"the cache was slower here, for {work_saved:.1f} times less work")
+     + (" (the machine was busy: see the line above)" if gen_times.load.busy else ""))
+glue("same_characters", "agree" if same else "differ")
+
+# %% jupyter={"source_hidden": true}
+say("""
+The positions column is the work, and it does not depend on the machine: without the cache
+the t-th character runs all t positions before it, {glue}`fed_recompute` positions here, about
+T^2 / 2 = {glue}`half_square` for a context of T = {glue}`context`; with it each position runs
+once: the {glue}`prompt_length` of the prompt, then each drawn character but the last (the
+last one drawn is never fed back), {glue}`fed_cache` in all, which is what the cache holds at
+the end, in the room it allocated for {glue}`context` ({glue}`cache_bytes` bytes). The time:
+{glue}`recompute_ms` without the cache, {glue}`cache_ms` with it, so
+{glue}`cache_time_verdict`. One position at a time is a matrix of one row, where a whole
+window's rows share each weight's trip from memory, and every call pays a fixed cost (Python,
+one NumPy call per operation) however few rows it multiplies.
+""")
 
 # %% [markdown]
-# The positions column is the work, and it does not depend on the machine:
-# without the cache the t-th character runs all t positions before it, about
-# T^2 / 2 for a context of T; with it each position runs once. The time
-# follows the work less than in proportion: one position at a time is a
-# matrix of one row, where a whole window's rows share each weight's trip
-# from memory. Past `block_size` the window slides (generate crops the
-# context to its last `block_size` characters): every position moves, and
-# with it every key and value, since the position embedding is added at the
-# input, so the cache starts again and each further character costs a whole
-# window, with or without the cache. (Models that rotate their queries and
-# keys by position instead can keep the cache across the slide.)
-# The characters agree because the cache changes where the keys and values
-# come from, not what they are (the tests hold it bit for bit in float64; in
-# float32 the two ways may round a logit's last bit differently, which can
-# flip a draw only where a random number falls within that bit of a
-# boundary). Serving systems keep such a cache for every sequence they
-# generate: its bytes, 2 n_layer T C per sequence, are what limits how many
-# sequences fit in memory at once.
-#
+# Past `block_size` the window slides (generate crops the context to its
+# last `block_size` characters): every position moves, and with it every key
+# and value, since the position embedding is added at the input, so the
+# cache starts again and each further character costs a whole window, with
+# or without the cache. (Models that rotate their queries and keys by
+# position instead can keep the cache across the slide.) Serving systems
+# keep such a cache for every sequence they generate: its bytes, 2 L T d s
+# per sequence (K and V, every layer, every position, s bytes a value), are
+# what limits how many sequences fit in memory at once.
+
+# %% jupyter={"source_hidden": true}
+say("""
+The characters {glue}`same_characters` in this run. The cache changes where the keys and values
+come from, not what they are: the tests hold the two ways equal bit for bit in float64; in
+float32 they may round a logit's last bit differently, which can flip a draw only where a
+random number falls within that bit of a boundary.
+""")
+
 # %% [markdown]
-# Nothing above the diagonal: the mask. Below it, heads specialise: some put
-# their weight on the last few characters (the diagonal and the one below
-# it: spelling), others spread it over the line or go back to the last
-# space (where a word began). The printed means say how much weight each
-# head gives to its own position and to the one before.
-#
 # ## 3. FLOPs per step and MFU
 #
 # Nearly all of a transformer's arithmetic is in matrix products. A product
-# of (M, K) by (K, N) is 2 M K N flops; per token the forward pass
+# costs 2 flops (a multiply and an add) for every term of every output: rows
+# x inner x columns of them, twice; per token the forward pass
 # multiplies every weight matrix once (2 flops per weight), the backward
 # twice (the input's gradient and the weight's): **6 flops per weight per
-# token**, with N the weights that enter a product (12 n_layer d^2 + d V).
-# Attention adds its two products per head, Q K^T and P V, 4 T d flops per
-# token per block forward, 12 T d per step: the term that grows with the
-# context. `flops.gpt_step_flops` counts both (tests/core/test_flops.py
+# token**, for the weights that enter a product, 12 L d^2 + d V (the blocks'
+# matrices and the tied output layer). Attention adds its two products per
+# head, q k^T and P v, 4 T d flops per token per block forward, 12 T d per
+# step: the term that grows with the context. `flops.gpt_step_flops` counts both (tests/core/test_flops.py
 # checks the count against every product the autograd runs).
 #
 # MFU, *model FLOPs utilisation*, is that count over the step's time over the
@@ -447,22 +540,31 @@ for width in WIDTHS:
 step_times = timed(steppers, repeats=5 if QUICK else 8)
 print(f"{MFU_LAYERS} blocks, {MFU_HEADS} heads, context {MFU_CONTEXT}, batch {MFU_BATCH} "
       f"({MFU_CONTEXT * MFU_BATCH} tokens per step)")
-print(f"{'width':>5} {'N (matmul weights)':>19} {'6 N tokens':>12} {'attention':>11} "
+print(f"{'width':>5} {'matmul weights':>19} {'6 x them x tokens':>17} {'attention':>11} "
       f"{'share':>6} {'step ms':>8} {'GFLOP/s':>8} {'MFU':>6}")
 mfu = {}
 for width in WIDTHS:
     count, seconds = counts[width], step_times.best[width]
     mfu[width] = flops.achieved(count.total, seconds) / peak
-    print(f"{width:>5} {count.matmul_parameters:>19,} {count.dense:>12,} {count.attention:>11,} "
+    print(f"{width:>5} {count.matmul_parameters:>19,} {count.dense:>17,} {count.attention:>11,} "
           f"{count.attention / count.total:>6.1%} {seconds * 1e3:>8.1f} {count.total / seconds / 1e9:>8.2f} {mfu[width]:>6.1%}")
 print(f"(fastest of {step_times.repeats} interleaved repeats; {step_times.load.describe()})")
 busy = step_times.load.note("the flop counts are exact; the times and MFU are not")
 if busy:
     print(busy)
 rising = all(mfu[a] < mfu[b] for a, b in zip(WIDTHS, WIDTHS[1:]))
-print("MFU rose with every step in width" if rising else
-      "MFU did not rise with every step in width in this run"
-      + (" (the machine was busy: see above)" if step_times.load.busy else ""))
+mfu_verdict = glue("mfu_verdict", "MFU rose with every step in width" if rising else
+                   "MFU did not rise with every step in width in this run"
+                   + (" (the machine was busy: see above)" if step_times.load.busy else ""))
+print(mfu_verdict)
+shares = [counts[w].attention / counts[w].total for w in WIDTHS]
+glue("attention_shares", shares, "{}")
+glue("attention_share_most", max(shares), ".1%")
+glue("attention_share_least", min(shares), ".1%")
+glue("mfu_context", MFU_CONTEXT, "d")
+glue("mfu_widths", f"{WIDTHS[0]} to {WIDTHS[-1]}")
+glue("mfu_range", f"{mfu[WIDTHS[0]]:.1%} at width {WIDTHS[0]} to {mfu[WIDTHS[-1]]:.1%} at "
+     f"{WIDTHS[-1]}")
 
 figure, axis = plt.subplots(figsize=(5.4, 3.4))
 axis.bar([str(w) for w in WIDTHS], [100 * mfu[w] for w in WIDTHS], color="#006BA4")
@@ -470,23 +572,30 @@ axis.set_xlabel("width d (n_embd)")
 axis.set_ylabel("MFU (% of the measured peak)")
 axis.set_title(f"a GPT training step against {peak / 1e9:.0f} GFLOP/s (1 thread)", fontsize=10)
 figure.tight_layout()
-figure.savefig(OUT / "mfu_by_width.png", dpi=100)
-plt.show()
+show_figure(figure, "mfu_by_width.png")
+
+# %% jupyter={"source_hidden": true}
+say("""
+At this context, T = {glue}`mfu_context`, attention is {glue}`attention_share_most` of a
+step's flops at the smallest width and {glue}`attention_share_least` at the largest (the share
+column). MFU went from {glue}`mfu_range`: {glue}`mfu_verdict`.
+""")
 
 # %% [markdown]
-# The attention column is small at this context: against the blocks' dense
-# products, 6 x 12 n_layer d^2 per token, attention's 12 n_layer d T is
-# T / 6d of them, so it matters once the context is several times the width
-# (GPT-2 small: d = 768, T = 1024, 2/9). MFU should rise with the width
-# while the products are small, and the line under the table says whether it
-# did here (at the largest widths the operands may leave the processor's caches,
-# and load beside the lesson weighs on the slowest steps most): a product of
+# Against the blocks' dense products, 6 x 12 L d^2 per token, attention's
+# 12 L d T is T / 6d of them: its share falls as the width grows, and it
+# matters once the context is several times the width (GPT-2 small: d = 768,
+# T = 1024, 2/9). MFU should rise with the width while the products are
+# small, and the line under the table says whether it did here (at the
+# largest widths the operands may leave the processor's caches, and load
+# beside the lesson weighs on the slowest steps most): a product of
 # (B T, d) by (d, 4d) is small at d = 32 (the BLAS kernel spends its time
 # starting up and moving data, not multiplying), and a step has work that is
 # not a product at all (LayerNorm, softmax, GELU, the optimizer's update:
 # elementwise and memory-bound, in the time but not in the count), whose
 # share shrinks as d grows (it is O(d), the products O(d^2) per token).
-# For scale: PaLM reported 46.2 % MFU training its 540B model on 6,144 TPU v4
+# For scale: Chowdhery et al. report in *PaLM: Scaling Language Modeling
+# with Pathways* (2022) 46.2 % MFU training its 540B model on 6,144 TPU v4
 # chips, counted the same way. `benchmarks/bench_gpt.py` puts minidist's step
 # next to PyTorch's on the same model.
 #
@@ -587,7 +696,8 @@ show_figure(figure, "memory_per_layer.png")
 #
 # float16 has 5 exponent bits: its smallest positive number is 2^-24 (6e-8),
 # and anything below half of that becomes 0. Gradients are often that small:
-# a logit's gradient is (softmax - onehot) / N for a mean over N examples.
+# a logit's gradient is (softmax - onehot) / B for a mean over a batch of B
+# examples.
 # **Loss scaling** multiplies the loss by S before the backward, so every
 # gradient is S times larger and clears the underflow; the gradients are
 # divided by S again in float32 before the step (GradScaler does both, and
@@ -599,7 +709,7 @@ show_figure(figure, "memory_per_layer.png")
 # loss over the whole training set, in float16 at several scales, against
 # float64. The MLP, not the GPT, because it needs many float16 backward
 # passes of a large batch, and float16 products in NumPy have no BLAS (the
-# timing below says how much slower they are).
+# timing of the GPT's step below compares them with float32's).
 
 # %%
 SCALES = (1.0, 2.0**4, 2.0**8, 2.0**12, 2.0**16)
@@ -624,25 +734,41 @@ axis.set_ylabel("% of nonzero entries lost (log)")
 axis.set_title("float16 gradients that underflow to 0 (digits MLP)", fontsize=10)
 axis.legend(fontsize=8)
 figure.tight_layout()
-figure.savefig(OUT / "gradient_underflow.png", dpi=100)
-plt.show()
+show_figure(figure, "gradient_underflow.png")
 assert all(a["activation_underflowed"] >= b["activation_underflowed"]
            for a, b in zip(underflow, underflow[1:]))
+lost = [row["activation_underflowed"] for row in underflow]
+glue("lost_unscaled", lost[0] / underflow[0]["activation_entries"], ".1%")
+glue("lost_weights_unscaled", underflow[0]["weight_underflowed"] / underflow[0]["weight_entries"],
+     ".1%")
+glue("lost_counts", lost, "{}")
+# What each factor of 16 rescued of what the scale before it left
+rescued = [1 - after / before if before else 1.0 for before, after in zip(lost, lost[1:])]
+glue("rescued", rescued, "{}")
+glue("rescued_least", min(rescued), ".0%")
+glue("rescued_most", max(rescued), ".0%")
+glue("rescue_verdict", "most of" if min(rescued) > 0.5 else "not always most of")
+glue("lost_largest_scale", lost[-1], ",d")
+
+# %% jupyter={"source_hidden": true}
+say("""
+Without scaling {glue}`lost_unscaled` of the activation gradients' nonzero entries (and
+{glue}`lost_weights_unscaled` of the weight gradients') are exactly 0 in float16: those
+weights do not learn from those examples at all. Each factor of 16 in S rescued
+{glue}`rescue_verdict` what was left (between {glue}`rescued_least` and
+{glue}`rescued_most` of it); at 2^16, {glue}`lost_largest_scale` activation entries are still
+lost. GradScaler starts at 2^16 and halves S only when something overflows.
+""")
 
 # %% [markdown]
-# Without scaling a share of the gradient entries is exactly 0: those
-# weights do not learn from those examples at all. Each factor of 16 in S
-# rescues most of what was left; GradScaler starts at 2^16 and halves S
-# only when something overflows.
-#
-# **Training the GPT in mixed precision.** The recipe of Micikevicius et al.
-# (2018), as `minidist.amp` implements it: the model in float16 (its
+# **Training the GPT in mixed precision.** The recipe of Micikevicius et al.,
+# *Mixed Precision Training* (2018), as `minidist.amp` implements it: the model in float16 (its
 # forward and backward compute in float16), float32 *master* copies of the
 # weights that the optimizer steps, the loss in float32 from float32 logits,
 # GradScaler around the backward. Against the same model, seed and windows
 # in float32, and, as the measure of noise, float32 on other windows. A
-# small GPT (one block of width 32): a float16 step costs many float32 ones
-# here.
+# small GPT (one block of width 32), because NumPy's float16 products have
+# no BLAS (the timing below).
 
 # %%
 MP = dict(n_layer=1, n_head=2, n_embd=32, block_size=32)
@@ -693,9 +819,16 @@ def forward_backward(model):
 
 speed = timed({"float32": forward_backward(build_gpt(V, **MP, seed=0)),
                "float16": forward_backward(build_gpt(V, **MP, seed=0).half())}, repeats=3)
+half_ratio = speed.best["float16"] / speed.best["float32"]
 print(f"forward + backward of this GPT: float32 {speed.best['float32'] * 1e3:.1f} ms, float16 "
-      f"{speed.best['float16'] * 1e3:.1f} ms ({speed.best['float16'] / speed.best['float32']:.0f}x"
-      f" slower: NumPy multiplies float16 matrices without BLAS)")
+      f"{speed.best['float16'] * 1e3:.1f} ms ("
+      + (f"{half_ratio:.0f}x slower: NumPy multiplies float16 matrices without BLAS)"
+         if half_ratio > 1 else f"{1 / half_ratio:.1f}x faster, in this run)"))
+if speed.load.busy:
+    print(speed.load.note())
+glue("half_ratio", half_ratio, ".2f")
+glue("half_timing", f"{half_ratio:.0f} times as long as float32's" if half_ratio > 1 else
+     f"less time than float32's ({half_ratio:.2f} of it)")
 
 curves = {"float32": train_precision("float32", MP_STEPS)}
 curves["mixed"] = train_precision("mixed", MP_STEPS)
@@ -725,19 +858,27 @@ axis.set_title(f"GPT: 1 block of width 32, float32 and mixed precision, {MP_STEP
                 fontsize=10)
 axis.legend(fontsize=8)
 figure.tight_layout()
-figure.savefig(OUT / "mixed_precision_gpt.png", dpi=100)
-plt.show()
+show_figure(figure, "mixed_precision_gpt.png")
+glue("gap_mixed", gap_mixed, ".4f")
+glue("gap_noise", gap_noise, ".4f")
+glue("gap_verdict", "closer" if gap_mixed < gap_noise else "less close")
+glue("gap_meaning", "smaller" if gap_mixed < gap_noise else "not smaller")
+
+# %% jupyter={"source_hidden": true}
+say("""
+Mixed precision followed float32's curve {glue}`gap_verdict` than float32 followed itself on
+other windows (a mean distance of {glue}`gap_mixed` against {glue}`gap_noise`): in this run the
+difference float16 makes is {glue}`gap_meaning` than the difference the data's order makes.
+A float16 forward and backward of this GPT took {glue}`half_timing` (the timing above).
+""")
 
 # %% [markdown]
-# Mixed precision follows float32's curve closer than float32 follows
-# itself on other windows: the difference float16 makes is smaller than the
-# difference the data's order makes. What mixed precision saves is memory
+# What mixed precision saves is memory
 # and, on hardware with float16 units, time: the activations are half the
 # bytes (the weights are not: float16 copy + float32 master + float32
 # gradient cost more per parameter than float32 alone), and a GPU's tensor
 # cores multiply float16 several times faster than float32. NumPy has
-# neither, hence the slower step above: here mixed precision is a lesson in
-# numerics, not in speed.
+# neither: here mixed precision is a lesson in numerics, not in speed.
 #
 # **Try**: train the full configuration (`minidist train --model gpt`) and
 # change `--context`: the step's attention flops and the block's activations

@@ -14,9 +14,13 @@
 # # Lesson 19: experts
 #
 # A transformer block spends most of its parameters and most of its work
-# per token in the MLP (lesson 16: 8 C^2 of the block's 12 C^2 weights). A
-# **mixture of experts** (MoE: Shazeer et al., 2017; GShard, Lepikhin et
-# al., 2020; the Switch Transformer, Fedus et al., 2021) keeps E such MLPs,
+# per token in the MLP (lesson 16: 8 d^2 of the block's 12 d^2 weights). A
+# **mixture of experts** (MoE: Shazeer et al., *Outrageously Large Neural
+# Networks: The Sparsely-Gated Mixture-of-Experts Layer*, 2017; Lepikhin et
+# al., *GShard: Scaling Giant Models with Conditional Computation and
+# Automatic Sharding*, 2020; Fedus, Zoph and Shazeer, *Switch Transformers:
+# Scaling to Trillion Parameter Models with Simple and Efficient Sparsity*,
+# 2021) keeps E such MLPs,
 # the *experts*, and a small *router* that sends each token to k of them:
 # E times the parameters for about k times the work of one MLP. The
 # experts do not fit on one rank for long, and they need not: **expert
@@ -44,6 +48,10 @@
 # `minidist/parallel/expert/dispatch.py` (the strategy),
 # `minidist/parallel/expert/costs.py` (the formulas), `viz/moe_dispatch.py` (the
 # picture).
+#
+# Symbols as in `lessons/NOTATION.md`: d the model width, E experts, k the
+# experts a token is sent to, n the ranks of a group, s bytes per value, N a
+# message's bytes; a batch of B sequences of T positions holds B T tokens.
 
 # %%
 import numpy as np
@@ -54,7 +62,15 @@ import minidist.distributed as dist
 from minidist import Tensor, optim, trace
 from minidist.data import CharTokenizer, load_shakespeare
 from minidist.distributed import simulate
-from minidist.lesson import narrate, output_dir, quick, use_headless_matplotlib
+from minidist.lesson import (
+    glue,
+    narrate,
+    output_dir,
+    quick,
+    say,
+    show_figure,
+    use_headless_matplotlib,
+)
 from minidist.models.gpt import MLP, GPTConfig
 from minidist.models.moe import MoE, MoEGPT, MoEGPTConfig, expert_capacity, moe_layers
 from minidist.parallel.expert.costs import (
@@ -76,7 +92,7 @@ use_headless_matplotlib()
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-from viz.moe_dispatch import dispatch_text, save_dispatch_figure  # noqa: E402
+from viz.moe_dispatch import dispatch_figure, dispatch_text  # noqa: E402
 
 QUICK = quick()
 OUT = output_dir()
@@ -99,13 +115,14 @@ def table(rows, header):
 # %% [markdown]
 # ## 1. What an MoE layer holds
 #
-# The GPT's MLP is C -> 4C -> GELU -> C: 8 C^2 weights and 5 C biases,
-# 16 C^2 flops per token forward (2 per multiply-add). An MoE layer of E
-# such experts with a router (a C -> E Linear without bias) holds
-# E (8 C^2 + 5 C) + C E parameters; a token goes through k experts, so it
-# costs k 16 C^2 flops plus the router's 2 C E. With experts of the GPT's
+# The GPT's MLP is d -> 4d -> GELU -> d: 8 d^2 weights and 5 d biases,
+# 16 d^2 flops per token forward (2 per multiply-add). An MoE layer of E
+# such experts with a router (a d -> E Linear without bias) holds
+# E (8 d^2 + 5 d) + d E parameters; a token goes through k experts, so it
+# costs k 16 d^2 flops plus the router's 2 d E. With experts of the GPT's
 # shape, for widths 768 (GPT-2 small's) and 4096, and E and k as in Mixtral
-# (8 experts, k = 2) or in the Switch Transformer (up to hundreds, k = 1):
+# (Jiang et al., *Mixtral of Experts*, 2024: 8 experts, k = 2) or in the
+# Switch Transformer (up to hundreds, k = 1):
 
 # %%
 def mlp_parameters(width):
@@ -115,7 +132,7 @@ def mlp_parameters(width):
 for width, experts, k in ((768, 8, 2), (768, 64, 1), (4096, 8, 2)):
     params = experts * mlp_parameters(width) + width * experts
     flops = k * 16 * width * width + 2 * width * experts
-    print(f"C = {width:>4}, E = {experts:>2}, k = {k}: {params / 1e6:7.1f} M parameters "
+    print(f"d = {width:>4}, E = {experts:>2}, k = {k}: {params / 1e6:7.1f} M parameters "
           f"({params / mlp_parameters(width):5.1f}x the MLP's), {flops / 1e6:6.1f} M flops a "
           f"token forward ({flops / (16 * width * width):.2f}x)")
 
@@ -196,9 +213,9 @@ assert (layer.routing.choices[:, 0] == first).all() and (pair.routing.choices[:,
 #
 # An expert's buffer has a fixed size, so that its work, and later what a
 # rank receives, has a bound. Each expert takes at most
-# `capacity = ceil(k N / E * capacity_factor)` of a batch's N tokens' k N
-# choices: a capacity factor of 1.0 gives each expert exactly its even
-# share. Places go in token order, and with k = 2 all first choices before
+# `capacity = ceil(k B T / E * capacity_factor)` of a batch's k B T choices
+# (k for each of its B T tokens): a capacity factor of 1.0 gives each
+# expert exactly its even share. Places go in token order, and with k = 2 all first choices before
 # any second choice (GShard's priority). A choice that finds its expert full
 # is **dropped**. The eight tokens above, capacity factor 1.0 (2 places an
 # expert for k = 1, 4 for k = 2):
@@ -302,16 +319,16 @@ assert switch_aux(collapsed, uniform) == 1.0
 
 # %% [markdown]
 # At perfect balance the loss is 1 (with k = 1; minidist divides the choices
-# by k N, so also with k = 2), and it grows to E when the router sends all
+# by k B T, so also with k = 2), and it grows to E when the router sends all
 # to one expert and is sure of it. The last value is a warning: a router
 # whose probabilities are nearly uniform scores about 1 *whatever* it
 # chooses, since then E sum_i f_i P_i is about sum_i f_i = 1. The loss's
 # value is a weak signal; the load itself is what to watch.
 #
 # **A short training run.** The MoE GPT (2 blocks of width 32, 4 experts a
-# block, k = 1, capacity factor 1.25) on the bundled Shakespeare, 8
-# sequences of 32 characters a step (256 tokens), three times from the same
-# seed and the same batches: without the auxiliary loss, with Switch's
+# block, k = 1, capacity factor 1.25) on the bundled Shakespeare, B = 8
+# sequences of T = 32 characters a step (256 tokens), three times from the
+# same seed and the same batches: without the auxiliary loss, with Switch's
 # coefficient 0.01, and with 0.1. Per step, each expert's share of the
 # first block's tokens and the share of choices dropped:
 
@@ -352,61 +369,124 @@ def balance_run(coefficient):
 
 
 balance = {c: balance_run(c) for c in COEFFICIENTS}
+LAST = 10   # steps the final loss is averaged over
 print(f"{TRAIN} steps; averaged over the run:")
 print(table([[c, f"{balance[c]['shares'].max(axis=1).mean():.2f}",
-              f"{balance[c]['dropped'].mean():.1%}", f"{balance[c]['losses'][-10:].mean():.3f}"]
+              f"{balance[c]['dropped'].mean():.1%}", f"{balance[c]['losses'][-LAST:].mean():.3f}"]
              for c in COEFFICIENTS],
             ["aux coefficient", "busiest expert's share", "choices dropped",
-             "LM loss, last 10 steps"]))
+             f"LM loss, last {LAST} steps"]))
 busiest = {c: balance[c]["shares"].max(axis=1).mean() for c in COEFFICIENTS}
 lost = {c: balance[c]["dropped"].mean() for c in COEFFICIENTS}
+final = {c: balance[c]["losses"][-LAST:].mean() for c in COEFFICIENTS}
+# The noise of a mean over LAST steps, each on its own batch: its standard error.
+noise = {c: balance[c]["losses"][-LAST:].std(ddof=1) / np.sqrt(LAST) for c in COEFFICIENTS}
 collapse = int(np.argmax(balance[0.0]["shares"].max(axis=1) > 0.7))
 print(f"without the loss, one expert first takes over 70% of block 0's tokens at step {collapse}")
-# What the text below says:
-assert busiest[0.0] > 0.7 and lost[0.0] > 0.35   # collapse: most tokens on one expert
-assert busiest[0.01] < busiest[0.0] - 0.15 and lost[0.01] < lost[0.0] / 1.5
-assert busiest[0.1] < busiest[0.01] and 0 < collapse < 40
+print("the final loss's noise (standard error of the mean of the last "
+      f"{LAST} steps' batch losses): " + ", ".join(f"{c}: {noise[c]:.3f}" for c in COEFFICIENTS))
+assert busiest[0.0] > 0.7 and lost[0.0] > 0.35 and 0 < collapse < 40   # the collapse
 
 
 # %%
-def draw_balance(path):
-    figure, axes = plt.subplots(1, len(COEFFICIENTS), figsize=(11, 3.9), sharey=True)
+def draw_balance():
+    figure, axes = plt.subplots(1, len(COEFFICIENTS), figsize=(11, 4.1), sharey=True)
     steps = np.arange(TRAIN)
     for axis, coefficient in zip(axes, COEFFICIENTS):
         run = balance[coefficient]
         axis.stackplot(steps, run["shares"].T, colors=COLOURS[:4],
                        labels=[f"expert {e}" for e in range(4)])
-        axis.plot(steps, run["dropped"], color="black", lw=1.2, label="share dropped (both blocks)")
-        axis.axhline(0.25, color="white", lw=0.8, ls=":")
+        axis.plot(steps, run["dropped"], color="black", lw=1.2,
+                  label="share of the choices dropped (both blocks)")
+        axis.axhline(0.25, color="white", lw=1.0, ls=":",
+                     label="an even share of the tokens, 1/E = 0.25")
         axis.set_title(f"aux coefficient {coefficient}", fontsize=10)
         axis.set_xlabel("training step")
         axis.set_xlim(0, TRAIN - 1)
         axis.set_ylim(0, 1)
-    axes[0].set_ylabel("share of block 0's tokens")
+    axes[0].set_ylabel("share of block 0's tokens, stacked")
     handles, labels = axes[0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="lower center", ncol=5, fontsize=8)
+    figure.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, facecolor="#C8C8C8")
     figure.suptitle("the router's load per expert (stacked), with and without Switch's loss",
                     fontsize=11)
-    figure.tight_layout(rect=(0, 0.08, 1, 1))
-    figure.savefig(path, dpi=100)
-    print("saved", path)
+    figure.tight_layout(rect=(0, 0.13, 1, 1))
     return figure
 
 
-draw_balance(OUT / "load_balance.png")  # the notebook shows it
+show_figure(draw_balance(), "load_balance.png")
+
+# %%
+EVEN = 1 / 4   # an even share of 4 experts
+glue("train_steps", TRAIN, "d")
+glue("collapse_step", collapse, "d")
+# The three runs: off (no auxiliary loss), switch (0.01), strong (0.1).
+glue("busiest_off", busiest[0.0], ".2f")
+glue("busiest_switch", busiest[0.01], ".2f")
+glue("busiest_strong", busiest[0.1], ".2f")
+glue("lost_off", lost[0.0], ".0%")
+glue("lost_switch", lost[0.01], ".0%")
+glue("lost_strong", lost[0.1], ".0%")
+glue("loss_off", final[0.0], ".3f")
+glue("loss_switch", final[0.01], ".3f")
+glue("loss_strong", final[0.1], ".3f")
+glue("noise_off", noise[0.0], ".3f")
+glue("noise_switch", noise[0.01], ".3f")
+glue("noise_strong", noise[0.1], ".3f")
+glue("noises", ", ".join(f"{noise[c]:.3f}" for c in COEFFICIENTS))
+glue("last_steps", LAST, "d")
+glue("even_times", busiest[0.01] / EVEN, ".1f")
+glue("switch_closeness", "close to an even quarter" if busiest[0.01] <= 1.2 * EVEN else
+     f"still {busiest[0.01] / EVEN:.1f} times an even quarter")
+glue("switch_dropped", "fewer" if lost[0.01] < lost[0.0] else "no fewer")
+glue("dropped_fraction", lost[0.01] / lost[0.0], ".0%")
+evens_more = busiest[0.1] < busiest[0.01] and lost[0.1] < lost[0.01]
+glue("strong_verdict", "evens them more" if evens_more else "does not even them more")
+
+
+def loss_against_none(c):
+    """How the final loss with coefficient c stands against none, beyond the noise."""
+    gap = final[c] - final[0.0]
+    band = 2 * np.hypot(noise[c], noise[0.0])
+    if abs(gap) <= band:
+        return (f"no different within the noise (a difference of {gap:+.3f}, where twice the "
+                f"combined noise is {band:.3f})")
+    return (f"{'higher' if gap > 0 else 'lower'} by {abs(gap):.3f}, more than twice the "
+            f"combined noise ({band:.3f})")
+
+
+glue("switch_loss_verdict", loss_against_none(0.01))
+glue("strong_loss_verdict", loss_against_none(0.1))
+glue("switch_hurt", "hurt" if final[0.01] - final[0.0] > 2 * np.hypot(noise[0.01], noise[0.0])
+     else "did not hurt")
+
+# %% jupyter={"source_hidden": true}
+say("""
+Without the loss the router collapses: at step {glue}`collapse_step` one expert first takes
+over 70% of the first block's tokens, the busiest expert's share averages
+{glue}`busiest_off` over the run, and with room for only 1.25 times an even share,
+{glue}`lost_off` of the choices are dropped (and pass through on the residual, uncomputed).
+With Switch's 0.01 the busiest share averages {glue}`busiest_switch`,
+{glue}`switch_closeness` (1/E = 0.25), and {glue}`switch_dropped` choices are dropped:
+{glue}`lost_switch`, {glue}`dropped_fraction` of the collapsed run's. 0.1
+{glue}`strong_verdict` (busiest {glue}`busiest_strong`, {glue}`lost_strong` dropped).
+
+The language model's loss over the last {glue}`last_steps` steps: {glue}`loss_off` without the
+auxiliary loss, {glue}`loss_switch` with 0.01, {glue}`loss_strong` with 0.1; each a mean of
+{glue}`last_steps` batches, whose noise (its standard error) is {glue}`noises` in the same
+order. Against no auxiliary loss, 0.01's is {glue}`switch_loss_verdict`; 0.1's
+{glue}`strong_loss_verdict`. In this run
+Switch's coefficient {glue}`switch_hurt` the loss beyond the noise.
+""")
 
 # %% [markdown]
-# Without the loss the router collapses within a few dozen steps: one
-# expert takes most of the first block's tokens, and with room for only
-# 1.25 times an even share, a large part of the choices is dropped every
-# step (and passes through on the residual, uncomputed). With Switch's 0.01
-# the shares stay much closer to a quarter each and far fewer choices are
-# dropped; 0.1 evens them a little more. Too large a coefficient would
-# trade the language model's loss for balance: Switch found 0.01 enough to
-# balance without hurting it. Perfect balance is not
-# the goal in itself: characters are not equally frequent, and a router
-# that sends every space to one expert is doing its job. The loss only stops
-# the rich-get-richer loop.
+# A run of this size, from one seed, says little about the loss: Fedus,
+# Zoph and Shazeer (*Switch Transformers*, above) chose 0.01 as large
+# enough to balance the load and small enough not to overwhelm the language
+# model's loss, over far longer trainings of far larger models.
+# Too large a coefficient trades the language model's loss for balance.
+# Perfect balance is not the goal in itself: characters are not equally
+# frequent, and a router that sends every space to one expert is doing its
+# job. The loss only stops the rich-get-richer loop.
 #
 # ## 5. Expert parallelism on 2 ranks
 #
@@ -508,8 +588,7 @@ for top_k in CASES:
 # %%
 steps = [[found[top_k]["routing"] for found in ep_runs] for top_k in CASES]
 labels = [f"k = {top_k}" for top_k in CASES]
-picture = save_dispatch_figure(steps, OUT / "moe_dispatch.png", labels)
-print("saved", picture)
+show_figure(dispatch_figure(steps, labels), "moe_dispatch.png", dpi=110)
 Console(width=110).print(dispatch_text(steps, labels, color=False))
 total_dropped = {top_k: sum(found[top_k]["routing"].dropped for found in ep_runs)
                  for top_k in CASES}
@@ -551,12 +630,14 @@ for top_k in CASES:
 # The same numbers to float64 rounding: the all_to_alls only move rows, the
 # arithmetic is one process's.
 #
-# **The bytes.** `expert_parallel_costs.dispatch_bytes` counts what each
-# rank sends, per layer, from the dispatch matrix M (M[i, j]: rank i's rows
-# for rank j's experts): forward, (n - 1) E/n counts of 8 bytes, then the
-# D_r rows it sends to other ranks and the R_r rows it sends back, C s bytes
-# each; backward the same two transposed. The tensor-parallel dense MLP
-# sends one ring all_reduce of the N C values per pass
+# **The bytes.** `dispatch_bytes` (`minidist/parallel/expert/costs.py`)
+# counts what each rank sends, per layer, from the dispatch matrix M
+# (M[i, j]: rank i's rows for rank j's experts): forward, (n - 1) E/n counts
+# of 8 bytes, then the rows rank r sends to the other ranks' experts (the sum
+# of M[r, j] over j != r) and the rows it sends back to the ranks whose rows
+# its experts computed (the sum of M[j, r] over j != r), d s bytes each;
+# backward the same two transposed. The tensor-parallel dense MLP sends one
+# ring all_reduce of the rank's B T d values per pass, N = B T d s bytes
 # (`dense_mlp_all_reduce_bytes`). Both against the trace:
 
 # %%
@@ -601,31 +682,44 @@ assert calls(ep_events, 0, "dense forward") == calls(ep_events, 0, "dense backwa
 print(table(rows, ["layer", "rank", "rows to ranks 0, 1", "forward (trace)",
                    "formula: counts + dispatch + combine", "backward (trace)", "formula"]))
 even = {k: balanced_dispatch_bytes(TOKENS, k, C, EP, itemsize=S) for k in CASES}
-print(f"\nspread evenly, nothing dropped, 2 (n-1)/n k N C s a pass: k = 1 {even[1]:,.0f}, "
-      f"k = 2 {even[2]:,.0f} bytes; the dense MLP's all_reduce, 2 (n-1)/n N C s: "
+print(f"\nspread evenly, nothing dropped, 2 (n-1)/n k B T d s a pass: k = 1 {even[1]:,.0f}, "
+      f"k = 2 {even[2]:,.0f} bytes; the dense MLP's all_reduce, 2 (n-1)/n N with N = B T d s: "
       f"{dense_formula[0]:,}")
 assert even[1] == dense_formula[0] and even[2] == 2 * dense_formula[0]
+sent_forward = {}
 for top_k in CASES:   # what the text below says of this run
     matrix = dispatch_matrix([found[top_k]["routing"] for found in ep_runs], EP)
     formula = dispatch_bytes(matrix, LAYER_EXPERTS, C, itemsize=S)
     assert all(formula.backward[r] < even[top_k] for r in range(EP)) and total_dropped[top_k] > 0
+    sent_forward[top_k] = " and ".join(f"{formula.forward[r]:,}" for r in range(EP))
+glue("sent_k1", sent_forward[1])
+glue("sent_k2", sent_forward[2])
+glue("even_k1", even[1], ",.0f")
+glue("even_k2", even[2], ",.0f")
 
 # %% [markdown]
 # Three all_to_alls forward (the counts, the dispatch, the combine), two
 # backward, and the trace's bytes are the formula's to the byte on every
 # rank. Where they stand against the dense MLP: spread evenly, an all_to_all
-# sends (n - 1)/n of a rank's k N rows each way, and a ring all_reduce of N
-# rows sends 2 (n - 1)/n of them: **with k = 1, the same bytes as the
+# sends (n - 1)/n of a rank's k B T rows each way, and a ring all_reduce of
+# B T rows sends 2 (n - 1)/n of them: **with k = 1, the same bytes as the
 # tensor-parallel MLP; with k = 2, twice**. Not the bytes, then, but their
 # shape is what differs: the all_reduce's pieces are equal by construction,
-# the all_to_all's are what the routers chose: this run's are below the
-# even figure (choices were dropped, and the rows for a rank's own experts
-# never cross a link), while an overloaded rank receives more and everyone
-# waits for it. And the
-# two groups do different work for those bytes: the tensor-parallel ranks
-# all hold the *same* N tokens, the expert-parallel ranks each their own,
-# so the expert-parallel group moves n times as many tokens through the
-# layer for the bytes.
+# the all_to_all's are what the routers chose.
+
+# %% jupyter={"source_hidden": true}
+say("""
+This run's are below the even figure: with k = 1 the two ranks sent {glue}`sent_k1` bytes
+forward against {glue}`even_k1` spread evenly, with k = 2 {glue}`sent_k2` against
+{glue}`even_k2` (choices were dropped, and the rows for a rank's own experts never cross a
+link), while an overloaded rank receives more and everyone waits for it.
+""")
+
+# %% [markdown]
+# And the two groups do different work for those bytes: the
+# tensor-parallel ranks all hold the *same* B T tokens, the expert-parallel
+# ranks each their own, so the expert-parallel group moves n times as many
+# tokens through the layer for the bytes.
 #
 # ## 6. At many ranks, simulated
 #
@@ -633,13 +727,14 @@ for top_k in CASES:   # what the text below says of this run
 # collective code on simulated ranks on a virtual clock (lesson 3): the
 # pairwise all_to_all twice (dispatch and combine; the counts' few bytes
 # left out) against the ring all_reduce once, for one pass of one layer.
-# The shapes of a large model: width 4096, 4096 tokens a rank, 2-byte
-# values, on the links between nodes of `plan_inputs.CLUSTER` (10 us a message,
-# 25 GB/s):
+# The shapes of a large model: width d = 4096, B T = 4096 tokens a rank,
+# s = 2 bytes a value, on the links between nodes of
+# `minidist.parallel.mesh.plan_inputs.CLUSTER` (10 us a message, 25 GB/s):
 
 # %%
 BIG_C, BIG_N, BIG_S = 4096, 4096, 2
 LINK = CLUSTER.inter
+assert (LINK.alpha, 1 / LINK.beta) == (10e-6, 25e9)   # as the text above says
 WORLDS = (8, 16, 32, 64, 128) if QUICK else (8, 16, 32, 64, 128, 256)
 simulated = {}
 for n in WORLDS:
@@ -668,7 +763,7 @@ assert latency_share[8] < 0.1 and 0.4 < latency_share[128] < 0.6
 
 
 # %%
-def draw_simulated(path):
+def draw_simulated():
     figure, axis = plt.subplots(figsize=(7.5, 4.3))
     worlds = list(simulated)
     for key, label, style in (("ring", "dense MLP, TP: ring all_reduce", "-o"),
@@ -686,30 +781,42 @@ def draw_simulated(path):
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8, loc="lower right")
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    print("saved", path)
     return figure
 
 
-draw_simulated(OUT / "all_to_all_vs_all_reduce.png")  # the notebook shows it
+show_figure(draw_simulated(), "all_to_all_vs_all_reduce.png")
+glue("fewest_ranks", WORLDS[0], "d")
+glue("most_ranks", WORLDS[-1], "d")
+glue("latency_fewest", latency_share[WORLDS[0]], ".0%")
+glue("latency_most", latency_share[WORLDS[-1]], ".0%")
+glue("k2_ratio_fewest", ratios[0], ".2f")
+glue("k2_ratio_most", ratios[-1], ".2f")
 
 # %% [markdown]
 # The simulated clocks equal the alpha-beta formulas. With k = 1 the two
 # pairwise all_to_alls take exactly the ring all_reduce's time: the same
-# 2 (n - 1) messages a rank, the same 2 (n - 1)/n N C s bytes. k = 2 sends
-# twice the bytes but the same number of messages. The bytes a rank sends
-# hardly change with n (the (n - 1)/n of its data), the message count grows
-# with it: at 8 ranks the latencies are a few per cent of the time, at 128
-# ranks about half, and k = 2's extra cost, being bytes, is a smaller and
-# smaller part.
-#
+# 2 (n - 1) messages a rank, the same 2 (n - 1)/n N bytes (N = B T d s, a
+# rank's tokens). k = 2 sends twice the bytes but the same number of
+# messages.
+
+# %% jupyter={"source_hidden": true}
+say("""
+The bytes a rank sends hardly change with n (the (n - 1)/n of its data), the message count
+grows with it: at {glue}`fewest_ranks` ranks the latencies are {glue}`latency_fewest` of the all_reduce's time,
+at {glue}`most_ranks` ranks {glue}`latency_most`, and k = 2's extra cost, being bytes, is a
+smaller and smaller part: k = 2 takes {glue}`k2_ratio_fewest` times k = 1's time at
+{glue}`fewest_ranks` ranks, {glue}`k2_ratio_most` times at {glue}`most_ranks`.
+""")
+
+# %% [markdown]
 # What the formula leaves out, and real systems fight, is the shape: these
 # are *even* all_to_alls. The pairwise exchange takes, in each of its n - 1
 # steps, the larger of what a rank sends and receives, so a rank whose
 # experts are popular sets the pace of the whole step. The capacity factor
 # bounds that rank's share (at most factor times the even one), the
-# auxiliary loss keeps it rare, and topology does the rest: DeepSeek-V3
-# sends each token to experts on at most 4 nodes, so that less of the
+# auxiliary loss makes it rarer, and topology does the rest: DeepSeek-V3
+# (DeepSeek-AI, *DeepSeek-V3 Technical Report*, 2024) sends each token to
+# experts on at most 4 nodes, so that less of the
 # all_to_all crosses the slow links between nodes. (A dense MLP would not be
 # split over 128 ranks at all; tensor parallelism stays inside a node,
 # lesson 17. Experts spread that far because each rank holds whole experts

@@ -12,7 +12,7 @@ rank e // (E / n)). :func:`dispatch_panels` computes what is drawn;
 * top, the tokens: a row per source rank and choice (1st, 2nd), a cell per
   token, coloured by the rank its expert is on; a hatched white cell is a
   dropped choice (its expert was full);
-* bottom, the load: per expert, the kept choices stacked by source rank,
+* bottom, the load: per expert (e, on rank r), the kept choices stacked by source rank,
   the dropped ones hatched on top, and a black tick at the expert's
   capacity (the sum of the ranks' capacities: each rank's tokens are one
   capacity group).
@@ -114,7 +114,7 @@ def _draw_tokens(axis, panel: DispatchPanel) -> None:
     axis.set_yticklabels([f"rank {rank}" + (f" {_ordinal(which)}" if k > 1 else "")
                           for rank, which in rows], fontsize=8)
     axis.set_xticks([])
-    axis.set_xlabel("tokens of each rank", fontsize=8)
+    axis.set_xlabel("tokens, coloured by their expert's rank", fontsize=8)
     for spine in axis.spines.values():
         spine.set_visible(False)
 
@@ -134,7 +134,8 @@ def _draw_load(axis, panel: DispatchPanel) -> None:
     axis.tick_params(axis="y", labelsize=7)
     axis.yaxis.set_major_locator(MaxNLocator(integer=True))
     axis.set_ylim(0, max(1, float((bottom + panel.dropped).max()), float(panel.capacity.max())) * 1.15)
-    axis.set_ylabel("choices, by source rank", fontsize=8)
+    axis.set_xlabel("expert e, on rank r", fontsize=8)
+    axis.set_ylabel("choices, coloured by source rank", fontsize=8)
     axis.spines[["top", "right"]].set_visible(False)
 
 
@@ -164,8 +165,8 @@ def dispatch_figure(steps, labels=None) -> Figure:
     ranks = panels[0].ranks
     handles = [Patch(facecolor=PALETTE[r % len(PALETTE)], label=f"rank {r}") for r in range(ranks)]
     handles.append(Patch(facecolor="white", edgecolor="#1B1B1B", hatch=DROPPED_HATCH,
-                         label="dropped"))
-    handles.append(Line2D([], [], color="black", lw=2, label="capacity"))
+                         label="dropped: its expert was full"))
+    handles.append(Line2D([], [], color="black", lw=2, label="capacity: an expert's places"))
     figure.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=8,
                   frameon=False, bbox_to_anchor=(0.5, 0.93))
     figure.suptitle(f"expert parallelism, {ranks} ranks, {panels[0].n_expert} experts: each "

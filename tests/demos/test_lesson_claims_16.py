@@ -174,3 +174,36 @@ def test_a_kv_cache_runs_each_position_once_where_recomputing_runs_t_squared_ove
     assert counted[False][1] == sum(range(3, 12))                      # 3 + 4 + ... + 11
     assert counted[True][1] == 11                                      # each position once
     assert np.array_equal(counted[False][0], counted[True][0])
+
+
+def test_the_cache_holds_one_position_fewer_than_the_context_it_has_room_for():
+    """Section 2, the KV cache: drawing from a prompt to a full context feeds
+    the prompt and every drawn character but the last, so the cache ends
+    with block_size - 1 positions, in the room it allocated for block_size
+    (2 L T d s bytes, s = 4 in float32)."""
+    from minidist import no_grad
+    from minidist.models import KVCache, generate
+
+    model = build_gpt(62, n_layer=2, n_head=2, n_embd=16, block_size=12)
+    prompt = np.arange(4)[None, :]
+    drawn = generate(model, prompt, 12 - 4, seed=0, use_cache=True)
+    cache = KVCache(2, 12)
+    with no_grad():
+        model(drawn[:, :4], cache=cache)
+        for position in range(4, drawn.shape[1] - 1):
+            model(drawn[:, position:position + 1], cache=cache)
+    assert drawn.shape[1] == 12 and cache.length == 11
+    assert cache.nbytes() == 2 * 2 * 12 * 16 * 4
+
+
+def test_an_even_spread_over_the_visible_keys_gives_the_own_position_the_mean_of_1_over_i():
+    """Section 2, the attention heads: the yardstick the text sets the heads'
+    means against, an even spread (query i gives each of its i + 1 keys
+    1 / (i + 1)), is what uniform attention scores give."""
+    T = 24
+    scores = np.zeros((T, T))
+    scores[np.triu_indices(T, 1)] = -np.inf
+    P = np.exp(scores)
+    P /= P.sum(axis=1, keepdims=True)
+    assert np.diag(P).mean() == pytest.approx(np.mean(1 / np.arange(1, T + 1)))
+    assert np.diag(P, -1).mean() == pytest.approx(np.mean(1 / np.arange(2, T + 1)))

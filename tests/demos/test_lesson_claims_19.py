@@ -111,3 +111,23 @@ def test_two_even_all_to_alls_take_the_ring_all_reduces_time(world):
     assert 2 * a2a[1] == pytest.approx(ring, rel=1e-9)
     assert 2 * (a2a[2] - a2a[1]) == pytest.approx(2 * (world - 1) / world * nbytes * beta,
                                                   rel=1e-9)
+
+
+def test_the_latencies_share_grows_with_the_group_and_k2s_extra_shrinks():
+    """Section 6: 'the message count grows with it': the latencies' share of
+    the ring all_reduce's time grows with n, and k = 2's extra cost, being
+    bytes, is a smaller and smaller part of its time (the lesson's link and
+    shapes, at more group sizes than it runs)."""
+    from minidist.parallel.mesh.plan_inputs import CLUSTER
+
+    link, nbytes = CLUSTER.inter, 4096 * 4096 * 2
+    shares, ratios = [], []
+    for world in (4, 8, 16, 32, 64, 128, 256, 512):
+        a2a = {k: simulate("all_to_all", "pairwise", world, k * nbytes, alpha=link.alpha,
+                           beta=link.beta, gamma=0.0).time for k in (1, 2)}
+        ring = simulate("all_reduce", "ring", world, nbytes, alpha=link.alpha, beta=link.beta,
+                        gamma=0.0).time
+        shares.append(2 * (world - 1) * link.alpha / ring)
+        ratios.append(a2a[2] / a2a[1])
+    assert all(a < b for a, b in zip(shares, shares[1:]))
+    assert all(a > b > 1 for a, b in zip(ratios, ratios[1:]))

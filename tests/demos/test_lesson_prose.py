@@ -61,6 +61,9 @@ GIVEN: dict[str, dict[str, str]] = {
     "07_parameter_server": {"20 ms": "straggler=(2, 0.02): worker 2's sleep before each gradient"},
     "08_async_and_stale": {"4 ms": "COMPUTE = 0.004, a worker's pretend compute per gradient",
                            "2 ms": "hogwild_curve(4, 0, 0.002): the slow rank's sleep"},
+    "16_transformer_one_process": {
+        "46.2 %": "Chowdhery et al., PaLM: Scaling Language Modeling with Pathways (2022)"},
+    "19_experts": {"10 us": "plan_inputs.CLUSTER.inter.alpha, the links section 6 simulates"},
 }
 
 

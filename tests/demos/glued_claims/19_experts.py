@@ -1,0 +1,45 @@
+"""What lesson 19's prose says of its run, against the values it glued."""
+
+EVEN = 0.25   # an even share of the 4 experts of section 4's model
+
+
+def value(glued, name):
+    return glued[name]["value"]
+
+
+def check(glued):
+    # Section 4: how close to an even quarter Switch's 0.01 left the busiest
+    # expert, whether fewer choices were dropped, and whether 0.1 evened more.
+    busiest = {name: value(glued, f"busiest_{name}") for name in ("off", "switch", "strong")}
+    lost = {name: value(glued, f"lost_{name}") for name in ("off", "switch", "strong")}
+    closeness = value(glued, "switch_closeness")
+    if busiest["switch"] <= 1.2 * EVEN:
+        assert closeness == "close to an even quarter"
+    else:
+        assert closeness == f"still {busiest['switch'] / EVEN:.1f} times an even quarter"
+        assert "close to" not in closeness
+    assert value(glued, "switch_dropped") == ("fewer" if lost["switch"] < lost["off"] else "no fewer")
+    more = busiest["strong"] < busiest["switch"] and lost["strong"] < lost["switch"]
+    assert value(glued, "strong_verdict") == ("evens them more" if more else "does not even them more")
+    assert busiest["off"] > 0.7   # "the router collapses"
+
+    # The loss: "hurt" only beyond twice the two means' combined noise; the
+    # sentence's direction is the numbers'.
+    loss = {name: value(glued, f"loss_{name}") for name in ("off", "switch", "strong")}
+    noise = {name: value(glued, f"noise_{name}") for name in ("off", "switch", "strong")}
+    for name in ("switch", "strong"):
+        gap = loss[name] - loss["off"]
+        band = 2 * (noise[name] ** 2 + noise["off"] ** 2) ** 0.5
+        verdict = value(glued, f"{name}_loss_verdict")
+        if abs(gap) <= band:
+            assert verdict.startswith("no different within the noise")
+        else:
+            assert verdict.startswith("higher" if gap > 0 else "lower")
+    band = 2 * (noise["switch"] ** 2 + noise["off"] ** 2) ** 0.5
+    hurt = loss["switch"] - loss["off"] > band
+    assert value(glued, "switch_hurt") == ("hurt" if hurt else "did not hurt")
+
+    # Section 6: the latencies' share grows with the ranks; k = 2's extra
+    # cost, being bytes, is a smaller part at more ranks.
+    assert value(glued, "latency_fewest") < value(glued, "latency_most")
+    assert value(glued, "k2_ratio_fewest") > value(glued, "k2_ratio_most") > 1
