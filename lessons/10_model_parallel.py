@@ -559,8 +559,8 @@ print(f"digits MLP, {EPOCHS} epochs: test accuracy {alone:.4f} in one process, "
 # %% jupyter={"source_hidden": true}
 glue("epochs", EPOCHS, "d")
 glue("epochs_note", f" (This is the quick form: {EPOCHS} epochs, where the full form, without "
-     "MINIDIST_LESSON_QUICK, trains 10 and reaches a higher accuracy; the comparison, one "
-     "process against the split, is the same.)" if QUICK else "")
+     "MINIDIST_LESSON_QUICK, trains 10: this accuracy is a shorter training's; the "
+     "comparison, one process against the split on the same batches, is the same.)" if QUICK else "")
 glue("same_accuracy", "The same accuracy" if alone == split[0] == split[1] else
      "Not quite the same accuracy (a sum taken in another order moved a prediction "
      "across a boundary)")

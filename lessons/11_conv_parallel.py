@@ -532,7 +532,7 @@ glue("sync_zero_note", f" On {glued('sync_zero_steps')} of the {STEPS} steps the
      f" No step's losses were exactly equal; the picture adds {FLOOR:.0e} to every distance "
      "all the same (the dashed line), so that a zero could be drawn.")
 glue("bn_quick", f" (This is the quick form: {STEPS} steps, where the full form, without "
-     "MINIDIST_LESSON_QUICK, trains 200 and every run reaches a higher accuracy.)"
+     "MINIDIST_LESSON_QUICK, trains 200: these accuracies are a shorter training's.)"
      if QUICK else "")
 glue("local_first_gap", float(local_gap[0]), ".1e")
 glue("local_gap", float(local_gap.max()), ".1e")
