@@ -106,11 +106,29 @@ def formula(p, m, v=1):
 naive = make_schedule("gpipe", 4, 1)
 print(naive)
 naive_events = simulate_schedule(naive, forward_time=1.0, backward_time=2.0)
-show_last_frame(pipeline_chart(naive_events))
+naive_chart = pipeline_chart(naive_events, schedule="gpipe")
+show_last_frame(naive_chart)
 print(f"bubble: {bubble_fraction(naive_events, 4):.3f}, (p-1)/p = {3 / 4:.3f}")
 
+# %% jupyter={"source_hidden": true}
+glue("naive_slots", naive_chart.slots, "d")
+glue("naive_ms", naive_chart.end / UNIT_NS, "{:g} ms")
+say("""
+How to read the chart. In the charts of this lesson **F**, **B** and **R** are the
+forward, the backward and the recomputation (section 5) of one micro-batch on one
+stage, F0 the forward of micro-batch 0 (not the batch size B of the other
+lessons); `st` is the optimizer step, `..` idle, `--` a box still running. A
+column is a *time slot*, not a fixed length of time: a new column begins when a
+box starts after some box has ended, so a column lasts as long as the work that
+fills it, and a 2 ms backward takes one column or two depending on whether
+another box ends while it runs. Here {glue}`naive_slots` columns cover
+{glue}`naive_ms`. The header counts the columns ("slot k of n": the k-th of n, and
+the time at which it begins), and its "started:" line lists the boxes that
+begin in that column: in the last one, stage 0's optimizer step (`st`).
+""")
+
 # %% [markdown]
-# Each column is a time slot. Stage 1 cannot start before stage 0 has
+# Stage 1 cannot start before stage 0 has
 # finished its forward, and stage 0 cannot run its backward before the
 # gradient has come back through every other stage: at any moment one stage
 # works and p - 1 wait. The **bubble** is the idle share of the pipeline's
@@ -136,7 +154,10 @@ print(f"bubble: {bubble_fraction(naive_events, 4):.3f}, (p-1)/p = {3 / 4:.3f}")
 # exactly the update of one process on the whole batch; `tests/parallel/test_pipeline.py`
 # checks that to 1e-10 for every schedule.
 #
-# The simulator against the formula, as exact fractions of nanoseconds:
+# The simulator against the formula. The simulator's clock counts whole
+# nanoseconds (a forward of 1 ms is 1,000,000 of them), so every time it
+# computes is an integer and its bubble an exact fraction, which the code
+# below compares with the formula for equality, not within a tolerance:
 
 # %%
 P = 4
@@ -151,7 +172,7 @@ for m in (1, 2, 4, 8, 16, 32):
           f"{str(formula(P, m)):>8} = {float(formula(P, m)):.4f}")
 
 planned = make_schedule("1f1b", 4, 8)
-planned_chart = pipeline_chart(simulate_schedule(planned))
+planned_chart = pipeline_chart(simulate_schedule(planned), schedule="1f1b")
 show_last_frame(planned_chart)
 show_file(save_pipeline_gantt(planned_chart, OUT / "pipeline_1f1b_planned.png"),
           "1F1B, p = 4, m = 8, planned on the simulator's clock")
@@ -271,8 +292,8 @@ for m in MICROBATCHES:
           f"{gaps[m]:>+19.3f}")
 print(f"({p2_load.describe()})")
 if p2_load.busy:
-    print(p2_load.note("the measured column is not the schedule's bubble here; the "
-                       "formula and the replay are"))
+    print(p2_load.note("so do the replay's durations, measured in the same run; only the "
+                       "formula is free of them"))
 
 # The chart's header carries the machine's cores and load, so that its
 # verdict on the gap can name a busy machine as the cause.
@@ -293,30 +314,72 @@ glue("small_gap", max(abs(gaps[m]) for m in small_m), ".3f")
 glue("last_m", last_m, "d")
 glue("last_gap", gaps[last_m], "+.3f")
 glue("replay_off", max(abs(replays[m] - float(formula(2, m))) for m in MICROBATCHES), ".3f")
-glue("extra_first", bubbles[1] - replays[1], "+.3f")
-glue("extra_last", bubbles[last_m] - replays[last_m], "+.3f")
-extra_grew = bubbles[last_m] - replays[last_m] > bubbles[1] - replays[1]
-glue("extra_trend", "grew, as these fixed costs predict" if extra_grew else
-     "did not grow: in this run something else (a wait for a core, most likely) decided")
+extras = [bubbles[m] - replays[m] for m in MICROBATCHES]
+glue("extras", extras)
+glue("m_values", list(MICROBATCHES))
+glue("quick_note", f"This is the quick form: m goes up to {last_m}, {STEPS} steps each; the "
+     "full form (without MINIDIST_LESSON_QUICK) adds m = 16 and runs 8 steps per m. "
+     if QUICK else "")
+glue("extra_list", ", ".join(f"{extra:+.3f}" for extra in extras))
+glue("m_list", ", ".join(str(m) for m in MICROBATCHES))
+glue("extra_first", extras[0], "+.3f")
+glue("extra_last", extras[-1], "+.3f")
+# The verdict looks at every step from one m to the next, not only at the ends.
+falls = [(MICROBATCHES[k], MICROBATCHES[k + 1]) for k in range(len(extras) - 1)
+         if extras[k + 1] <= extras[k]]
+if not falls:
+    trend = "grew at every step, as these fixed costs predict"
+elif extras[-1] > extras[0]:
+    trend = ("grew overall, but not at every step (it fell from m = " + " and from m = ".join(
+        f"{a} to {b}" for a, b in falls) + "): the fixed costs are not all that moves it; "
+        "a wait for a core, which lands on one micro-batch or another, does too")
+else:
+    trend = ("did not grow: in this run something else (a wait for a core, most likely) "
+             "decided")
+glue("extra_trend", trend)
+replay_list = [replays[m] for m in MICROBATCHES]
+glue("replays", replay_list)
+glue("replay_list", ", ".join(f"{value:.3f}" for value in replay_list))
+replay_rises = [(MICROBATCHES[k], MICROBATCHES[k + 1]) for k in range(len(replay_list) - 1)
+                if replay_list[k + 1] >= replay_list[k]]
+glue("replay_trend", "fell at every step, as the formula does" if not replay_rises else
+     "did not fall at every step (it rose from m = " + " and from m = ".join(
+         f"{a} to {b}" for a, b in replay_rises) + "), though the schedule's bubble only "
+     "falls with m: the smaller a micro-batch, the shorter its boxes, so one box slowed by a "
+     "wait for a core (or a page fault) is a larger share of the batch's time, and in the "
+     "replay the other stage waits for it as it did in the run")
+measured_list = [bubbles[m] for m in MICROBATCHES]
+measured_rises = [(MICROBATCHES[k], MICROBATCHES[k + 1]) for k in range(len(measured_list) - 1)
+                  if measured_list[k + 1] >= measured_list[k]]
+glue("measured", measured_list)
+glue("measured_trend", "fell at every step: more micro-batches, less bubble, here as on the "
+     "simulator" if not measured_rises else
+     "did not fall at every step (it rose from m = " + " and from m = ".join(
+         f"{a} to {b}" for a, b in measured_rises) + "): on this machine, past some m, more "
+     "micro-batches cost more than the bubble they save")
 glue("p2_busy", "was busy: the load above was over the cores, and the measured column also "
-     "counts the stages' waits for a core; only the formula and the replay describe the "
-     "schedule" if p2_load.busy else
+     "counts the stages' waits for a core. So does the replay: its durations are this run's "
+     "boxes, and a box that waited for a core in the middle of its work is that much longer. "
+     "Only the formula describes the schedule alone" if p2_load.busy else
      "was not busy (the load above stayed within the cores), so the measured column is the "
      "schedule's bubble plus the messages")
 say("""
-In this run ({glue}`p2_load`) the measured bubble was within {glue}`small_gap` of
+{glue}`quick_note`In this run ({glue}`p2_load`) the measured bubble was within {glue}`small_gap` of
 the formula at m = 1 and 2, and {glue}`last_gap` off it at m = {glue}`last_m` (the
 table above). Two reasons, which the replay column separates:
 
 * the stages do not cost exactly the same (the last one also computes the
   loss, and a micro-batch's time varies from one to the next): the replay
-  already sits up to {glue}`replay_off` off the formula;
-* the rest, measured minus replay, is what the formula leaves out: every
+  already sits up to {glue}`replay_off` off the formula. Over m = {glue}`m_list` the
+  replay was {glue}`replay_list`: it {glue}`replay_trend`;
+* the rest, measured minus replay, is what the replay leaves out: every
   micro-batch's activation and gradient cross between processes, and a
   process waiting in `recv` still has to be woken and scheduled. With more
   micro-batches each one computes for less time, so these fixed costs weigh
-  more. Here measured minus replay went from {glue}`extra_first` at m = 1 to
-  {glue}`extra_last` at m = {glue}`last_m`: it {glue}`extra_trend`.
+  more. Here measured minus replay was {glue}`extra_list` at m = {glue}`m_list`:
+  it {glue}`extra_trend`.
+
+The measured bubble itself {glue}`measured_trend`.
 
 So the tolerance to expect is not a fixed number: a few hundredths when
 compute per micro-batch is large next to a message, growing as it shrinks.
@@ -378,15 +441,16 @@ def peak_activation_bytes(events):
     return peaks
 
 
-print(f"{'stage':>5}  {'gpipe: live mb':>14}  {'bytes':>9}  {'1f1b: live mb':>13}  "
-      f"{'bytes':>9}  {'p - i':>5}")
+# "live micro-batches": those whose activations the stage holds at its peak
+print(f"{'stage':>5}  {'gpipe: live micro-batches':>25}  {'bytes':>9}  "
+      f"{'1f1b: live micro-batches':>24}  {'bytes':>9}  {'p - i':>5}")
 ledger = {}
 for name, m, recompute in cases_p4:
     events = step_events(results_p4, (name, m, recompute), 1)
     ledger[name] = (peak_live_microbatches(events), peak_activation_bytes(events))
 for stage in range(4):
-    print(f"{stage:>5}  {ledger['gpipe'][0][stage]:>14}  {ledger['gpipe'][1][stage]:>9,}  "
-          f"{ledger['1f1b'][0][stage]:>13}  {ledger['1f1b'][1][stage]:>9,}  {4 - stage:>5}")
+    print(f"{stage:>5}  {ledger['gpipe'][0][stage]:>25}  {ledger['gpipe'][1][stage]:>9,}  "
+          f"{ledger['1f1b'][0][stage]:>24}  {ledger['1f1b'][1][stage]:>9,}  {4 - stage:>5}")
 assert all(ledger["gpipe"][0][s] == MEMORY_M and ledger["1f1b"][0][s] == 4 - s
            for s in range(4))
 
@@ -499,8 +563,9 @@ the outputs of the one micro-batch being recomputed: 8. (The last stage has
 no ReLU after its last Linear: 16 arrays against 7.) The deeper the stage,
 the larger the saving, since only the inputs stay.
 
-The cost (each box's fastest run, so that a box the operating system
-interrupted does not count): R took {glue}`r_over_f_low` to {glue}`r_over_f_high` times a
+The cost (F, B and R are one micro-batch's forward, backward and
+recomputation on a stage, as in the charts; each box's fastest run, so that a
+box the operating system interrupted does not count): R took {glue}`r_over_f_low` to {glue}`r_over_f_high` times a
 forward, {glue}`r_against_f`; and {glue}`r_share_low` to {glue}`r_share_high` of the
 F + B time: {glue}`more_low` to {glue}`more_high` more compute per stage for that
 memory. With a backward costing twice a forward the textbook figure is a
@@ -519,8 +584,10 @@ nothing to save there.
 # pieces of the model: with 4 processes and v = 2, process 0 holds pieces 0
 # and 4, process 1 pieces 1 and 5, ... A micro-batch goes round the ranks v
 # times, each pass 1/v of a stage's work, so filling and draining take 1/v as
-# long: bubble (p - 1)/(v m + p - 1). The price: about v times as many
-# messages, and more (smaller) pieces of activations in flight.
+# long: bubble (p - 1)/(v m + p - 1). The price: more messages, since each
+# micro-batch now crosses p v - 1 links instead of p - 1, that is
+# (p v - 1)/(p - 1) times as many (close to v only when p is large), and more
+# (smaller) pieces of activations in flight.
 
 # %%
 print(f"{'v':>2}  {'bubble':>7}  {'(p-1)/(vm+p-1)':>15}  {'messages':>8}  "
@@ -595,7 +662,8 @@ print(f"2 stages x 2 replicas vs one process: largest weight difference {differe
 # * Recomputation trades about one more forward per micro-batch for
 #   keeping only the stage's input.
 # * Interleaving v chunks per process divides the fill and drain by v, for
-#   v times the messages.
+#   (p v - 1)/(p - 1) times the messages: a micro-batch crosses p v - 1
+#   links instead of p - 1 (with p = 4: 7/3 for v = 2, 5 for v = 4).
 #
 # Try `minidist demo pipeline --schedule 1f1b --stages 4 --microbatches 8`
 # (and `--simulate`, `--timeline gantt.png`) to step through a run yourself.

@@ -121,7 +121,10 @@ def relative_error(actual, wanted):
 #
 # Write a dense layer as Y = X A, with X the batch (B x in) and A the weight
 # (in x out), as Dettmers and Megatron-LM do. (minidist's `nn.Linear`, like
-# PyTorch's, stores W = A transposed, out x in.) Two ways to cut A into 4:
+# PyTorch's, stores W = A transposed, out x in; this lesson's shapes are A's,
+# and its tables write the weight's gradient dA, in x out like A.)
+# Here the layer is 1000 x 1000 and the batch B = 128 examples, so X is
+# 128 x 1000. Two ways to cut A into 4:
 #
 # * **by columns**: worker r holds the columns 250 r .. 250 r + 249, a
 #   1000 x 250 block, and the whole X. X A_r is its own 250 columns of Y;
@@ -195,8 +198,9 @@ for name, axis, what in (("column", 0, "columns"), ("row", 1, "rows")):
 # The column split's blocks are Dettmers' 1000 x 250; the row split's are
 # 250 x 1000. Every rank ends with the whole Y and the whole dX, equal to the
 # unsplit layer's up to float32 rounding (the sums are taken in another
-# order), and the four weight gradients put side by side are the unsplit
-# weight gradient: each worker computed the gradient of its own block, and
+# order), and the four weight gradients put back together are the unsplit
+# weight gradient (the column split's 1000 x 250 blocks side by side, the row
+# split's 250 x 1000 blocks one above the other): each worker computed the gradient of its own block, and
 # never needs anyone else's. That is the first difference from data
 # parallelism: there is **no gradient to all-reduce**.
 #
@@ -235,7 +239,7 @@ def draw_split():
 show_figure(draw_split(), "model_parallel_split.png")
 
 # %% [markdown]
-# ## 2. Dettmers' layer, 1000 x 500 at batch 128: forward adds, backward stacks
+# ## 2. Dettmers' layer, 1000 x 500 at batch 128: what one pass adds, the other stacks
 #
 # Backward needs the gradient of the layer's input, dX = dY A^T, to carry on
 # into the layers below. With A split, this product is split too, and the
@@ -390,7 +394,7 @@ section 4 pairs them.)
 # the weight gradient is 1000 x 500 whatever the batch. The row split sends
 # B (500 + 500) values, the column split B (250 + 1000); they cross data
 # parallel's 500,000 at B = 500 and B = 400. The same run measured batches
-# 32 and 512 too (dots in the picture below):
+# 32 and 512 too (the markers in the picture below):
 
 # %%
 batches = np.arange(8, 1025, 8)
@@ -420,7 +424,7 @@ axis.axvline(LAYER_BATCH, color="grey", linestyle="-.", alpha=0.5)
 axis.text(LAYER_BATCH + 10, 1.3, "Dettmers'\nbatch 128", fontsize=9)
 axis.set_xlabel("batch B")
 axis.set_ylabel("MB sent per rank per step")
-axis.set_title("the 1000 x 500 layer on 2 ranks: lines formula, dots the trace")
+axis.set_title("the 1000 x 500 layer on 2 ranks: lines the formula, markers the trace")
 axis.grid(alpha=0.3)
 axis.legend(fontsize=8, loc="upper left")
 figure.tight_layout()
@@ -501,7 +505,8 @@ for name in ("paired", "each stacked"):
     print(f"{'':13}  vs one process: Y {relative_error(y, wanted_y.data):.1e}, "
           f"dX {relative_error(x_grad, inputs.grad):.1e}")
 formula_bytes = sum(row.bytes_per_rank[0] for row in pair_formula)
-print(f"split_bytes for the pair: column_split_output + row_split_input = {formula_bytes:,} bytes")
+print(f"split_bytes for the pair (the table's \"{pair_formula[0].description}\" then "
+      f"\"{pair_formula[1].description}\"): {formula_bytes:,} bytes per rank")
 assert formula_bytes == sum(sent_in_region(block_events, 0, f"paired {part}")
                             for part in ("forward", "backward"))
 
@@ -552,12 +557,16 @@ print(f"digits MLP, {EPOCHS} epochs: test accuracy {alone:.4f} in one process, "
       f"{split[0]:.4f} and {split[1]:.4f} on the 2 ranks of the split")
 
 # %% jupyter={"source_hidden": true}
+glue("epochs", EPOCHS, "d")
+glue("epochs_note", f" (This is the quick form: {EPOCHS} epochs, where the full form, without "
+     "MINIDIST_LESSON_QUICK, trains 10: this accuracy is a shorter training's; the "
+     "comparison, one process against the split on the same batches, is the same.)" if QUICK else "")
 glue("same_accuracy", "The same accuracy" if alone == split[0] == split[1] else
      "Not quite the same accuracy (a sum taken in another order moved a prediction "
      "across a boundary)")
 say('''
 {glue}`same_accuracy`: the split computes the same function, up to the order of
-float32 sums. (`minidist demo model-parallel` runs this training, prints its
+float32 sums.{glue}`epochs_note` (`minidist demo model-parallel` runs this training, prints its
 bytes per step next to the formula and steps through the messages of its last
 step.)
 ''')
@@ -572,8 +581,10 @@ step.)
 # next layer reads every unit of this one, so after each layer the workers
 # exchange their activations with an **all_to_all**; backward, each
 # worker's partial gradient of the previous layer is cut by owner and sent
-# back the same way. `DistBeliefMLP` is that, for the digits MLP
-# 64 -> 128 -> 128 -> 10 on 2 workers, one SGD step against one process:
+# back the same way. `DistBeliefMLP` is that, for a deeper net on the same
+# digits, 64 -> 128 -> 128 -> 10 (one hidden layer more than section 4's MLP,
+# so that two hidden layers exchange), on 2 workers, one SGD step against one
+# process:
 
 # %%
 SIZES = (64, 128, 128, 10)
@@ -796,8 +807,8 @@ for batch in CNN_BATCHES:
 print(f"(step time: the fastest of {WINDOWS} interleaved windows of {STEPS} steps, slower rank; "
       f"one BLAS thread per rank; {cnn_load.describe()})")
 busy = cnn_load.note("the bytes are counts and hold; for the times, the model below (pure model "
-                     "parallel does twice the convolution work, the hybrid makes 5 blocking "
-                     "collectives to data parallel's 2) is what to go by")
+                     "parallel does twice the convolution work, the hybrid makes 5 collectives "
+                     "a step that the next layer waits for, data parallel 2) is what to go by")
 if busy:
     print(busy)
 print()
@@ -885,6 +896,11 @@ def against_dp(batch, name):
 
 
 glue("cnn_load", cnn_load.describe())
+glue("windows", WINDOWS, "d")
+glue("windows_note", f" This is the quick form: {WINDOWS} windows of {STEPS} steps per strategy "
+     "and batch, where the full form, without MINIDIST_LESSON_QUICK, takes 20 windows of 4; "
+     "fewer windows give a busy machine fewer chances of a quiet one, so its times are "
+     "rougher." if QUICK else "")
 glue("mp_time_small", against_dp(small_batch, "model_parallel"), ".2f")
 glue("mp_time_large", against_dp(large_batch, "model_parallel"), ".2f")
 glue("hybrid_time_small", against_dp(small_batch, "hybrid"), ".2f")
@@ -916,7 +932,7 @@ are this run's ({glue}`cnn_load`, each strategy keeping its fastest window):
 {glue}`fastest_verdict`. Pure model parallel took {glue}`mp_time_small` times data
 parallel's step at batch {glue}`small_batch` and {glue}`mp_time_large` times at batch
 {glue}`large_batch`; the hybrid {glue}`hybrid_time_small` and {glue}`hybrid_time_large` times.
-{glue}`busy_verdict` (A median of the windows would be worse: one window that
+{glue}`busy_verdict`{glue}`windows_note` (A median of the windows would be worse: one window that
 waited for a core can decide a median, and the fastest window is the one that
 waited least.) A step here sends well under a
 megabyte through shared memory, so its time is compute and the number of
@@ -924,7 +940,12 @@ collectives, not bytes. Pure model parallel runs the convolutions on the whole
 batch on *both* ranks (twice the convolution work in all), {glue}`mp_verdict`.
 The hybrid splits that work like data parallel, but makes five collectives a
 step (convolution gradients, features, partial outputs, feature gradients,
-labels) to data parallel's two, each of them blocking (section 3): a fixed
+labels), and the rank waits for each of them before it goes on (section 3:
+a split cannot hide its messages behind compute). Data parallel
+makes two: an all_reduce of one integer (the examples in the step, which its
+`DistributedDataParallel` divides the summed gradient by) and one all_reduce
+of the whole gradient, a single bucket for this small net, started without
+blocking as soon as backward has filled it. Five calls against two is a fixed
 cost, {glue}`hybrid_verdict`.
 """)
 
@@ -954,7 +975,8 @@ cost, {glue}`hybrid_verdict`.
 #
 # Try `minidist demo model-parallel -n 2` (and `--timeline step.png`) to
 # train the split MLP and step through the messages of its last step, or
-# change `CNN_BATCHES` above and watch the bytes cross.
+# change `CNN_BATCHES = (16, 128)`, the batch sizes section 6 measures (a
+# constant at the top of that section's code cell), and watch the bytes cross.
 
 # %% [markdown]
 # ## Your turn

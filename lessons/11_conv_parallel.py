@@ -71,6 +71,7 @@ use_headless_matplotlib()
 set_blas_threads(1)
 
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import NullLocator  # noqa: E402
 
 from viz.halo import draw_halo, halo_picture  # noqa: E402
 
@@ -91,10 +92,14 @@ def sent_bytes(events, rank, collective):
 #
 # `ChannelParallelConv2d.from_conv(conv)` gives rank r the slice
 # `band(out_channels, n, r)` of the weight's output channels, n the number
-# of ranks. Each rank
+# of ranks. (`band(total, n, r)`, in `split_conv.py`, is the (start, stop)
+# of the r-th of n consecutive, nearly equal slices of `range(total)`, as
+# `numpy.array_split` cuts them: 10 rows on 4 ranks are 3, 3, 2 and 2.)
+# Each rank
 # takes the *whole* input, computes its channels, and an **all_gather**
 # assembles the whole output on every rank: the next layer mixes all the
-# channels into each of its outputs, so no rank can go on with its quarter.
+# channels into each of its outputs, so no rank can go on with its share of
+# them (a half on 2 ranks, a quarter on 4).
 # Backward each rank computes a part of the input gradient, and an
 # **all_reduce** sums the parts. Per rank and step, with a ring, that is
 #
@@ -181,6 +186,18 @@ for world in (2,) if QUICK else (2, 4):
           f"{n_out / 1e3:.1f} kB")
 
 # %% jupyter={"source_hidden": true}
+glue("layer_shape", f"a 3x3 conv from C = {C_IN} to {C_OUT} channels on a batch of {BATCH} "
+     f"images of {SIDE}x{SIDE} pixels, float32: its input is {BATCH} x {C_IN} x {SIDE} x "
+     f"{SIDE} values, N_in = {BATCH * C_IN * SIDE * SIDE * 4 / 1e3:.1f} kB, and its output "
+     f"{BATCH} x {C_OUT} x {SIDE} x {SIDE}, N_out = {BATCH * C_OUT * SIDE * SIDE * 4 / 1e3:.1f} kB")
+glue("channel_quick", f" This is the quick form: images of {SIDE}x{SIDE} and {REPEATS} repeats, "
+     "where the full form (without MINIDIST_LESSON_QUICK) takes 32x32 images, 30 repeats and "
+     "adds a run on 4 ranks." if QUICK else "")
+say("""
+The layer measured: {glue}`layer_shape`.{glue}`channel_quick`
+""")
+
+# %% jupyter={"source_hidden": true}
 ratios = {world: best["split"] / best["unsplit"] for world, best in channel_times.items()}
 glue("channel_ratio_2", ratios[2], ".2f")
 if 4 in ratios:
@@ -222,7 +239,7 @@ those bytes are cheap, {glue}`channel_halved`. {glue}`channel_busy`
 # one row that lives on the neighbour: the halo. Before the conv the ranks
 # swap just those rows; backward sends the halo rows' gradients back to
 # their owners. First the check: 4 ranks, a 12-row image, the bands put
-# side by side against the unsplit conv.
+# back together against the unsplit conv.
 
 # %%
 HEIGHT, WORLD = 12, 4
@@ -248,21 +265,28 @@ y = small(x)
 y.sum().backward()
 output_error = float(np.abs(np.concatenate([r[0] for r in results], axis=2) - y.data).max())
 gradient_error = float(np.abs(np.concatenate([r[1] for r in results], axis=2) - x.grad).max())
-print(f"bands {[band(HEIGHT, WORLD, r) for r in range(WORLD)]}")
+print(f"bands (row start, row stop) of ranks 0-{WORLD - 1}: "
+      f"{[band(HEIGHT, WORLD, r) for r in range(WORLD)]}")
 print(f"max error vs the unsplit conv: output {output_error:.1e}, input gradient "
       f"{gradient_error:.1e}")
 assert output_error < 1e-5 and gradient_error < 1e-5
 
 plan = results[0][2]
 picture = halo_picture(path)
-print("planned transfers (source, destination, rows):", plan.transfers)
-print("rows the trace shows moving forward:          ", picture.forward)
+# Each transfer: (source rank, destination rank, start, stop), the rows
+# start .. stop - 1 of the image, as a Python slice start:stop.
+print("planned transfers (source, destination, row start, row stop):", plan.transfers)
+print("rows the trace shows moving forward:                         ", picture.forward)
 assert picture.forward == tuple(sorted(plan.transfers))
 print(f"halo bytes from the trace: {picture.forward_bytes} forward, {picture.backward_bytes} back")
 draw_halo(path, OUT / "halo_exchange.png")
 show_file(OUT / "halo_exchange.png", "the halo exchange of the run above")
 
 # %% [markdown]
+# Each transfer above is four numbers: the rank that sends, the rank that
+# receives, and the rows it carries as a slice start:stop of the whole image
+# (stop not included): (1, 0, 3, 4) is row 3, rank 1's first, sent to rank 0.
+#
 # The picture above is drawn by `viz.halo.draw_halo` from this run's trace
 # (`docs/halo_exchange.png` is the same picture). Each column is a rank's band of rows (its own rows solid, the halo rows
 # it receives hatched, in the owner's colour). Forward, each rank sends its
@@ -331,12 +355,16 @@ left.set_title("the halo's share falls as 1 / height")
 left.legend(fontsize=8)
 right.plot(SIDES, [t[0] for t in times], "o-", label="halo exchange")
 right.plot(SIDES, [t[1] for t in times], "s-", label="local conv")
-right.set_xscale("log", base=2)
 right.set_yscale("log")
 right.set_xlabel("image side (pixels)")
 right.set_ylabel("ms, rank 0, fastest of 5 forwards")
 right.set_title("the conv grows as height x width,\nthe halo as width", fontsize=10)
 right.legend(fontsize=8)
+for axis in (left, right):  # one plain label per image size, no crowded minor labels
+    axis.set_xscale("log", base=2)
+    axis.set_xticks(SIDES)
+    axis.set_xticklabels([str(side) for side in SIDES])
+    axis.xaxis.set_minor_locator(NullLocator())  # the y axis keeps its minor labels
 figure.tight_layout()
 show_figure(figure, "halo_share.png", dpi=90)
 
@@ -348,10 +376,17 @@ glue("halo_last_share", shares[-1], ".2%")
 glue("halo_share_fell", "fell" if all(a > b for a, b in zip(shares, shares[1:])) else
      "did not fall at every step")
 conv_grew = times[-1][1] > times[0][1]
-halo_growth = times[-1][0] / times[0][0]
-conv_growth = times[-1][1] / times[0][1]
+# The ratios of the times as the table prints them (3 decimals), so that a
+# reader dividing the table's numbers finds the same figure.
+printed = [(round(halo, 3), round(conv, 3)) for halo, conv in times]
+halo_growth = printed[-1][0] / printed[0][0]
+conv_growth = printed[-1][1] / printed[0][1]
+glue("halo_times", [list(pair) for pair in printed])
 glue("halo_growth", halo_growth, ".1f")
 glue("conv_growth", conv_growth, ".1f")
+glue("sides_quick", f" This is the quick form: images of {glued('halo_first_side')} to "
+     f"{glued('halo_last_side')}, where the full form (without MINIDIST_LESSON_QUICK) goes from "
+     "32x32 to 512x512 and shows the trend over a wider range." if QUICK else "")
 glue("time_verdict", "the conv's time grew more than the exchange's, as the picture's title "
      "says" if conv_growth > halo_growth else
      "here the exchange's time grew as much as the conv's: at these sizes both are a fraction "
@@ -363,7 +398,8 @@ share of the image falls as one over the image's height: here it
 {glue}`halo_share_fell` from {glue}`halo_first_share` of a {glue}`halo_first_side` image to
 {glue}`halo_last_share` at {glue}`halo_last_side`, while the conv's work grows with every
 pixel. From the smallest image to the largest, rank 0's exchange took
-{glue}`halo_growth` times as long and its conv {glue}`conv_growth` times: {glue}`time_verdict`.
+{glue}`halo_growth` times as long and its conv {glue}`conv_growth` times (the table's
+times divided): {glue}`time_verdict`.{glue}`sides_quick`
 ''')
 
 # %% [markdown]
@@ -463,16 +499,23 @@ assert np.abs(runs["local BN"][0] - single_losses).max() > 1e-2
 
 figure, (left, right) = plt.subplots(1, 2, figsize=(9, 3.2))
 window = 5 if QUICK else 10
+# A log axis cannot show 0: every distance is drawn FLOOR higher, so that a step
+# where a run's loss equals the one-process loss exactly sits on the FLOOR line.
+FLOOR = 1e-9
 for name, colour in (("local BN", "C1"), ("SyncBN", "C0")):
     left.plot(runs[name][0], colour, lw=1, label=f"{name}, {BN_WORLD} workers x {PER_WORKER}")
-    right.semilogy(np.abs(runs[name][0] - single_losses) + 1e-9, colour, lw=1, label=name)
+    right.semilogy(np.abs(runs[name][0] - single_losses) + FLOOR, colour, lw=1, label=name)
 left.plot(single_losses, "k:", lw=1.2, label=f"one process, batch {BN_WORLD * PER_WORKER}")
 left.set_xlabel("step")
 left.set_ylabel("training loss")
 left.set_title("loss per step")
 left.legend(fontsize=7)
 right.set_xlabel("step")
-right.set_ylabel("|loss - one-process loss|")
+right.axhline(FLOOR, color="grey", lw=0.8, ls="--")
+right.set_ylim(bottom=FLOOR / 30)
+right.text(0.99, FLOOR / 1.5, f"{FLOOR:.0e}: equal (a zero difference drawn here)", fontsize=7,
+           color="grey", ha="right", va="top", transform=right.get_yaxis_transform())
+right.set_ylabel(f"|loss - one-process loss| + {FLOOR:.0e}")
 right.set_title("distance from one process on the global batch")
 right.legend(fontsize=7)
 figure.tight_layout()
@@ -482,6 +525,17 @@ show_figure(figure, "sync_batchnorm.png", dpi=90)
 sync_gap = np.abs(runs["SyncBN"][0] - single_losses)
 local_gap = np.abs(runs["local BN"][0] - single_losses)
 glue("sync_gap", float(sync_gap.max()), ".1e")
+glue("sync_zero_steps", int((sync_gap == 0).sum()), "d")
+glue("bn_steps", STEPS, "d")
+glue("sync_zero_note", f" On {glued('sync_zero_steps')} of the {STEPS} steps the two losses were "
+     "exactly equal; the picture's log axis cannot show a zero, so it draws every distance "
+     f"{FLOOR:.0e} higher, and those steps sit on the dashed {FLOOR:.0e} line."
+     if (sync_gap == 0).any() else
+     f" No step's losses were exactly equal; the picture adds {FLOOR:.0e} to every distance "
+     "all the same (the dashed line), so that a zero could be drawn.")
+glue("bn_quick", f" (This is the quick form: {STEPS} steps, where the full form, without "
+     "MINIDIST_LESSON_QUICK, trains 200: these accuracies are a shorter training's.)"
+     if QUICK else "")
 glue("local_first_gap", float(local_gap[0]), ".1e")
 glue("local_gap", float(local_gap.max()), ".1e")
 glue("local_accuracy", runs["local BN"][1], ".3f")
@@ -493,7 +547,7 @@ glue("local_learns", "it still learns" if runs["local BN"][1] > 2 * chance else
 say('''
 With SyncBatchNorm the two workers follow the single process step for step:
 the distance stays at float32 round-off, at most {glue}`sync_gap` (the sums are
-taken in float64; the remaining difference is the order of additions). With
+taken in float64; the remaining difference is the order of additions).{glue}`sync_zero_note` With
 local BatchNorm each worker normalises its 4 images by their own mean and
 variance, and from the very first step the loss is a different one
 ({glue}`local_first_gap` apart at step 0, up to {glue}`local_gap` later): the model
@@ -501,7 +555,7 @@ trained is a different model. Here {glue}`local_learns` (test accuracy
 {glue}`local_accuracy`, against {glue}`sync_accuracy` with SyncBN and {glue}`single_accuracy` on
 one process; the digits are easy), but the gap is the kind that hurts with
 batch sizes of 1-2 images per GPU, common for large images and detection
-networks.
+networks.{glue}`bn_quick`
 ''')
 
 # %% [markdown]
@@ -567,6 +621,8 @@ glue("local_step", fastest["local BN"] * 1e3, "{:.2f} ms")
 glue("fastest_cost", fastest_cost, "+.0%")
 glue("median_cost", median_cost, "+.0%")
 glue("bn_load", load.describe())
+glue("timed_quick", f" (This is the quick form: {STEPS_TIMED} timed steps of each, where the "
+     "full form, without MINIDIST_LESSON_QUICK, times 200.)" if QUICK else "")
 glue("median_verdict", "the medians differ more than the fastest steps: a median step this "
      "short includes the scheduler's interruptions, the fastest one does not"
      if abs(median_cost) > abs(fastest_cost) else
@@ -581,7 +637,7 @@ messages between processes are a visible share of it: in this run
 ({glue}`bn_load`) the fastest steps gave SyncBN {glue}`fastest_cost` and the medians
 {glue}`median_cost`; {glue}`median_verdict`. The cost is per BN layer and per step,
 whatever the batch: next to the long steps of a real network the same two
-small messages are a few per cent.
+small messages are a few per cent.{glue}`timed_quick`
 """)
 
 # %% [markdown]

@@ -809,7 +809,8 @@ def _draw_chart(axis, chart: PipelineChart, *, x: str = "time", xmax: float | No
     axis.set_yticks([row + 0.5 for row in range(len(chart.rows))])
     labels = []
     for row in chart.rows:
-        peak = (f"\npeak {row.peak_live_microbatches} live mb"
+        live = "pieces" if chart.virtual_stages > 1 else "micro-batches"
+        peak = (f"\npeak {row.peak_live_microbatches} live\n{live}"
                 if peaks and row.peak_live_microbatches is not None else "")
         labels.append(row.label + peak)
     axis.set_yticklabels(labels, fontsize=8)
@@ -829,8 +830,28 @@ def _draw_chart(axis, chart: PipelineChart, *, x: str = "time", xmax: float | No
                              linestyle="dotted", label=f"{STEP_TEXT} optimizer step"))
         handles.append(Patch(facecolor=IDLE_COLOR, edgecolor="#BBBBBB", hatch="..",
                              label="idle (bubble)"))
-        axis.legend(handles=handles, loc="upper center", ncol=5, fontsize=7, frameon=False,
+        handles += colour_key(chart)
+        axis.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=7,
+                    frameon=False, handlelength=1.2, columnspacing=0.9,
                     bbox_to_anchor=(0.5, -0.55 / (0.55 * len(chart.rows))))
+
+
+def colour_key(chart: PipelineChart) -> list:
+    """Legend handles saying that a box's colour is its micro-batch: one patch
+    per micro-batch colour ("micro-batch 0", then "1", "2", ...), and, for an
+    interleaved chart, that a thinner box is a rank's later model chunk."""
+    from matplotlib.patches import Patch
+
+    shown = min(chart.microbatches, len(PALETTE))
+    handles = [Patch(facecolor=PALETTE[index], edgecolor="#222222",
+                     label=f"micro-batch {index}" if index == 0 else f"{index}")
+               for index in range(shown)]
+    if chart.microbatches > len(PALETTE):
+        handles[-1].set_label(f"{shown - 1} (colours repeat)")
+    if chart.virtual_stages > 1:
+        handles.append(Patch(facecolor="#FFFFFF", edgecolor="#222222",
+                             label="thinner box: the rank's chunk 1 (F3c1)"))
+    return handles
 
 
 def _gantt_heading(chart: PipelineChart, panels: bool = False) -> str:
@@ -936,6 +957,7 @@ def draw_schedule_comparison(events_by_schedule: dict, path, *, x: str = "time",
     :func:`pipeline_chart` reads, simulated events included) and, where the
     events carry the memory ledger, each stage's peak live activations
     (micro-batches). They must share p and m. Writes a PNG; returns the path."""
+    from matplotlib.patches import Patch
     from matplotlib.ticker import MaxNLocator
 
     if not events_by_schedule:
@@ -957,12 +979,12 @@ def draw_schedule_comparison(events_by_schedule: dict, path, *, x: str = "time",
     memory = any(row.peak_live_microbatches is not None for chart in charts
                  for row in chart.rows)
     rows = max(len(chart.rows) for chart in charts)
-    height = 1.2 + len(charts) * (0.75 + 0.45 * rows)
+    height = 1.45 + len(charts) * (0.75 + 0.45 * rows)
     figure = _figure(13.0, height)
     grid = figure.add_gridspec(len(charts), 2 if memory else 1,
                                width_ratios=(5, 1) if memory else None,
                                hspace=0.95 / (0.45 * rows), wspace=0.08, left=0.09,
-                               right=0.98, top=1 - 0.7 / height, bottom=0.55 / height)
+                               right=0.98, top=1 - 0.7 / height, bottom=0.8 / height)
     if x == "slot":
         xmax = max(chart.slots for chart in charts)
     else:
@@ -985,11 +1007,20 @@ def draw_schedule_comparison(events_by_schedule: dict, path, *, x: str = "time",
             bars.set_xlim(0, max(chart.microbatches, max(peaks, default=0)) * 1.25)
             bars.tick_params(labelleft=False)
             bars.xaxis.set_major_locator(MaxNLocator(integer=True))
-            bars.set_title("peak live activations\n(micro-batches)", fontsize=8)
+            held = ("pieces, each\n1/v of a stage" if chart.virtual_stages > 1
+                    else "micro-batches")
+            bars.set_title(f"peak live activations\n({held})", fontsize=8)
     p, m = next(iter(shapes))
     figure.suptitle(f"{' vs '.join(chart.schedule for chart in charts)}: {p} stages, "
-                    f"{m} micro-batches (idle hatched grey; B hatched ///, R xxx)",
+                    f"{m} micro-batches (idle hatched grey; B hatched ///, R xxx; "
+                    "a box's colour is its micro-batch, key below)",
                     fontsize=10, x=0.01, ha="left")
+    key = [Patch(facecolor="#BBBBBB", edgecolor="#222222", hatch=HATCHES[kind],
+                 label=f"{kind} {KIND_NAMES[kind]}") for kind in ("F", "B")]
+    key += colour_key(max(charts, key=lambda chart: chart.virtual_stages))
+    figure.legend(handles=key, loc="lower center", ncol=len(key), fontsize=7,
+                  frameon=False, handlelength=1.2, columnspacing=0.9,
+                  bbox_to_anchor=(0.5, 0.0))
     path = os.fspath(path)
     with atomic_path(path) as name:
         figure.savefig(name, dpi=dpi)

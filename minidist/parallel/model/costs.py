@@ -34,7 +34,8 @@ What :func:`split_bytes` counts, per rank and per training step of one layer
 a value):
 
 * ``data_parallel``: forward nothing; backward (the step) all_reduce of
-  the weight gradient dW, out x in values.
+  the weight gradient dA, in x out values (Y = X A: A is nn.Linear's
+  weight W transposed).
 * ``column`` (gather_output=True): forward all_gather of the output pieces,
   B x out/n each; backward all_reduce of the partial input gradients dX,
   B x in.
@@ -181,7 +182,7 @@ def split_bytes(in_features: int, out_features: int, batch: int, world_size: int
     y_piece, y_whole = _shape(B, out_features // n), _shape(B, out_features)
     x_piece, x_whole = _shape(B, in_features // n), _shape(B, in_features)
     specs = {
-        "data_parallel": ("-", f"all_reduce dW {dw}", none, ar_weight,
+        "data_parallel": ("-", f"all_reduce dA {dw}", none, ar_weight,
                           out_features * in_features),
         "column": (f"all_gather Y {y_piece}", f"all_reduce dX {x_whole}", ag_output, ar_input,
                    B * out_features // n + B * in_features),
@@ -205,7 +206,8 @@ def format_table(table: SplitBytes, measured: dict | None = None) -> str:
     """The table as text. ``measured`` (row name -> bytes sent per rank, e.g.
     counted from a trace) adds a column to compare with the formula."""
     header = (f"Dense layer {table.in_features} -> {table.out_features} "
-              f"(weight {table.in_features} x {table.out_features}), batch {table.batch}, "
+              f"(Y = X A, weight A in x out = {table.in_features} x {table.out_features}, "
+              f"its gradient dA), batch {table.batch}, "
               f"{table.world_size} ranks, {table.itemsize}-byte values, ring collectives; "
               "sent per rank per step (contributed: values of the matrices one rank puts "
               "into the collectives, Dettmers' count)")

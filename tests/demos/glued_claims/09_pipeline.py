@@ -7,9 +7,30 @@ def _value(glued, name):
 
 
 def check(glued):
-    # section 3: measured minus replay, at the first and the last m
-    grew = _value(glued, "extra_last") > _value(glued, "extra_first")
-    assert glued["extra_trend"]["text"].startswith("grew" if grew else "did not grow")
+    # section 3: measured minus replay at every m; the verdict looks at every step
+    extras, ms = _value(glued, "extras"), _value(glued, "m_values")
+    assert len(extras) == len(ms) and glued["extra_list"]["text"] == ", ".join(
+        f"{extra:+.3f}" for extra in extras)
+    trend = glued["extra_trend"]["text"]
+    steps_up = [later > earlier for earlier, later in zip(extras, extras[1:])]
+    if all(steps_up):
+        assert trend.startswith("grew at every step")
+    elif extras[-1] > extras[0]:
+        assert trend.startswith("grew overall, but not at every step")
+        for k, up in enumerate(steps_up):
+            if not up:
+                assert f"m = {ms[k]} to {ms[k + 1]}" in trend
+    else:
+        assert trend.startswith("did not grow")
+    # the replay: "fell at every step" only if it did
+    replays = _value(glued, "replays")
+    falls = all(later < earlier for earlier, later in zip(replays, replays[1:]))
+    assert glued["replay_trend"]["text"].startswith("fell at every step") == falls
+    measured = _value(glued, "measured")
+    falls = all(later < earlier for earlier, later in zip(measured, measured[1:]))
+    assert glued["measured_trend"]["text"].startswith("fell at every step") == falls
+    # the quick form says why its table stops early
+    assert (glued["quick_note"]["text"] != "") == (ms[-1] < 16)
     assert _value(glued, "small_gap") >= 0 and _value(glued, "replay_off") >= 0
 
     # section 4: the 4-process bubble against the formula, and why
@@ -33,5 +54,8 @@ def check(glued):
 
     # section 6: interleaving, more messages and more pieces held on stage 0
     assert 1 < _value(glued, "messages_v2") < _value(glued, "messages_v4")
+    # (p v - 1)/(p - 1) times the messages with p = 4, as the text says: not v
+    assert abs(_value(glued, "messages_v2") - 7 / 3) < 1e-9
+    assert abs(_value(glued, "messages_v4") - 5) < 1e-9
     assert _value(glued, "worth_v1") < min(_value(glued, "worth_v2"),
                                             _value(glued, "worth_v4"))

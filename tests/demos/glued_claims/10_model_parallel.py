@@ -37,3 +37,8 @@ def check(glued):
     assert glued["db_verdict"]["text"] == ("less than" if _value(glued, "db_sent")
                                            < _value(glued, "db_dp_bytes") else "no less than")
     assert _value(glued, "db_weights") > _value(glued, "db_hidden")
+
+    # the quick form says that it trains and times less than the full form
+    if "epochs" in glued:
+        assert (glued["epochs_note"]["text"] != "") == (_value(glued, "epochs") < 10)
+        assert (glued["windows_note"]["text"] != "") == (_value(glued, "windows") < 20)
