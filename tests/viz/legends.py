@@ -2,9 +2,10 @@
 
 :func:`unnamed` compares the texts a picture draws in its cells with the
 symbols its legend names: each legend entry names one symbol (its text up to
-the first ": "), and a family of symbols is named once: "Σk" names "Σ2",
-"Σ3", ...; "F3" (any letter and number) names "F0", "F1", ...; "10..15"
-names the numbers 10 to 15.
+the first ": "), and a family of symbols is named once: a lone letter a, b,
+k, n or r stands for any number ("Σk" names "Σ2", "Σ3", ...; "grad a:b"
+names "grad 3:5"; "n" every number); "F3" (letters and a number) names
+"F0", "F1", ...; "10..15" names the numbers 10 to 15.
 
     from legends import unnamed
     assert unnamed(["0", "Σ2", "A"], ["0: rank 0's data", "Σk: ...", "A: ..."]) == []
@@ -27,8 +28,8 @@ def symbol_of(entry: str) -> str:
 def _names(symbol: str, drawn: str) -> bool:
     if symbol == drawn:
         return True
-    if symbol.endswith("k") and len(symbol) > 1 and re.fullmatch(
-            re.escape(symbol[:-1]) + r"\d+", drawn):
+    pattern = re.sub(r"(?<![A-Za-z])[abknr](?![A-Za-z])", r"\\d+", re.escape(symbol))
+    if pattern != re.escape(symbol) and re.fullmatch(pattern, drawn):
         return True
     family = re.fullmatch(r"([^\d\s]+)\d+", symbol)
     if family and re.fullmatch(re.escape(family.group(1)) + r"\d+", drawn):
