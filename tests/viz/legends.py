@@ -2,10 +2,10 @@
 
 :func:`unnamed` compares the texts a picture draws in its cells with the
 symbols its legend names: each legend entry names one symbol (its text up to
-the first ": "), and a family of symbols is named once: a lone letter a, b,
+the first ": "; "F3c1, B3c1" names both), and a family of symbols is named once: a lone letter a, b,
 k, n or r stands for any number ("Σk" names "Σ2", "Σ3", ...; "grad a:b"
-names "grad 3:5"; "n" every number); "F3" (letters and a number) names
-"F0", "F1", ...; "10..15" names the numbers 10 to 15.
+names "grad 3:5"; "n" every number); "F3" (letters and numbers) names
+"F0", "F1", ..., "F3c1" names "F0c1"; "10..15" names the numbers 10 to 15.
 
     from legends import unnamed
     assert unnamed(["0", "Σ2", "A"], ["0: rank 0's data", "Σk: ...", "A: ..."]) == []
@@ -31,9 +31,9 @@ def _names(symbol: str, drawn: str) -> bool:
     pattern = re.sub(r"(?<![A-Za-z])[abknr](?![A-Za-z])", r"\\d+", re.escape(symbol))
     if pattern != re.escape(symbol) and re.fullmatch(pattern, drawn):
         return True
-    family = re.fullmatch(r"([^\d\s]+)\d+", symbol)
-    if family and re.fullmatch(re.escape(family.group(1)) + r"\d+", drawn):
-        return True
+    if re.search(r"[^\W\d_]", symbol) and re.search(r"\d", symbol) and re.fullmatch(
+            re.sub(r"\d+", r"\\d+", re.escape(symbol)), drawn):
+        return True  # letters and numbers: "F3c1" names "F0c1"
     span = re.fullmatch(r"(\d+)\.\.(\d+)", symbol)
     return bool(span and drawn.isdigit() and int(span.group(1)) <= int(drawn) <= int(span.group(2)))
 
@@ -41,7 +41,7 @@ def _names(symbol: str, drawn: str) -> bool:
 def unnamed(drawn, entries) -> list[str]:
     """The distinct texts of ``drawn`` that no entry of ``entries`` (legend
     texts "symbol: words", or bare symbols) names, sorted; [] when all are."""
-    symbols = [symbol_of(entry) for entry in entries]
+    symbols = [one for entry in entries for one in symbol_of(entry).split(", ")]
     return sorted({text for text in drawn
                    if not any(_names(symbol, text) for symbol in symbols)})
 
