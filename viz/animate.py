@@ -50,11 +50,13 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_hex, to_rgb
 from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
+from matplotlib.lines import Line2D
 from matplotlib.textpath import TextPath
 
 from minidist.atomic_file import atomic_path, atomic_write
 from minidist.units import format_bytes
-from viz.replay import cell_kinds, cell_symbol, cell_words, model_gap, rank_words, step_words
+from viz.replay import (alone_ranks, cell_kinds, cell_symbol, cell_words, model_gap, rank_words,
+                         step_words)
 
 #: matplotlib's tableau-colorblind10, the colour of rank r is PALETTE[r % 10].
 PALETTE = ("#006BA4", "#FF800E", "#ABABAB", "#595959", "#5F9ED1",
@@ -75,6 +77,11 @@ RANKS_HEIGHT = 0.69
 RING_STRETCH = 1.4
 #: Rank colours the legend lists one by one; above, they repeat.
 LEGEND_RANKS = len(PALETTE)
+#: Characters a line of the GIF's legend holds.
+LEGEND_WIDTH = 38
+#: What the receiver does with a message, as the legend says it.
+OP_WORDS = {"copy": "replaces its cells", "combine": "adds to them",
+            "merge": "merges the block in"}
 
 
 # --------------------------------------------------------------------------- cells
@@ -313,25 +320,32 @@ def _has_holdings(replay) -> bool:
 def legend_entries(replay) -> list[dict]:
     """The cells' legend: one entry per symbol and colour some frame of
     ``replay`` draws, in the terminal's words (:func:`viz.replay.cell_words`),
-    each ``{"symbol", "label", "note", "fill", "edge", "width"}`` (``label``:
-    "symbol: words"; ``note``: what its colour says, or ""; fill and edge as
-    hex colours). The GIF's side panel and the browser's player both draw these."""
+    each ``{"symbol", "label", "note", "fill", "edge", "width", "line"}``
+    (``label``: "symbol: words"; ``note``: what its colour says, or ""; fill
+    and edge as hex colours; ``line``: drawn as an arrow's line, not a
+    cell). Then the arrows: each rank's colour that only its messages show,
+    and what an arrow and its label say. The GIF's side panel and the
+    browser's player both draw these."""
     n, words = replay.world_size, cell_words(replay)
     kinds = cell_kinds(replay)
     entries = []
 
-    def entry(symbol, label, fill, edge="#777777", width=0.6, note=""):
+    def entry(symbol, label, fill, edge="#777777", width=0.6, note="", line=False):
         entries.append({"symbol": symbol, "label": label, "note": note, "fill": to_hex(fill),
-                        "edge": edge, "width": width})
+                        "edge": edge, "width": width, "line": line})
 
-    if not kinds or "one" in kinds:
+    shown = alone_ranks(replay) if not kinds or "one" in kinds else []
+
+    if shown:
         # A rank's number: its cells holding its data alone (or its box,
         # when the collective's cells are not tracked), in its colour.
-        for rank in range(min(n, LEGEND_RANKS)):
-            entry(str(rank), f"{rank}: {rank_words(replay, rank)}", PALETTE[rank])
-        if n > LEGEND_RANKS:
-            entry(f"{LEGEND_RANKS}..{n - 1}",
-                  f"{LEGEND_RANKS}..{n - 1}: the same, colours repeat (read the number)",
+        ranks = shown
+        for rank in ranks[:LEGEND_RANKS]:
+            entry(str(rank), f"{rank}: {rank_words(replay, rank)}", PALETTE[rank % len(PALETTE)])
+        if len(ranks) > LEGEND_RANKS:
+            rest = ranks[LEGEND_RANKS:]
+            span = f"{rest[0]}..{rest[-1]}" if len(rest) > 1 else str(rest[0])
+            entry(span, f"{span}: the same, colours repeat (read the number)",
                   EMPTY, edge="#FFFFFF")
     for kind in kinds:
         if kind == "one":
@@ -343,6 +357,19 @@ def legend_entries(replay) -> list[dict]:
         entry(symbol, f"{symbol}: {meaning}", fill, note=note)
     if any(_written(frame) for frame in replay.frames) and kinds:
         entry("outlined", "outlined: written in this step", EMPTY, edge=HIGHLIGHT, width=2.4)
+    messages = [message for frame in replay.frames for message in frame.messages]
+    # A sender whose colour no cell shows (a broadcast's relays): its arrows'.
+    listed = {rank % len(PALETTE) for rank in shown}
+    for rank in sorted({message.source for message in messages}):
+        if rank % len(PALETTE) not in listed:
+            entry(f"rank {rank}", f"rank {rank}: its arrows' colour", PALETTE[rank % len(PALETTE)],
+                  line=True)
+            listed.add(rank % len(PALETTE))
+    if messages:
+        ops = sorted({message.op for message in messages if message.op})
+        entry("arrow", "arrow: a message (its sender's colour)", PALETTE[0], line=True,
+              note="(label: its bytes" + "".join(f"; {op}: the receiver {OP_WORDS.get(op, op)}"
+                                                 for op in ops) + ")")
     return entries
 
 
@@ -724,10 +751,17 @@ class _Painter:
         axis.set_axis_off()
         # The same entries every frame: the legend names each symbol the
         # whole replay draws, so it stands still while the frames play.
-        handles = [patches.Patch(facecolor=item["fill"], edgecolor=item["edge"],
-                                 linewidth=item["width"],
-                                 label=item["label"] + (f"\n{item['note']}" if item["note"] else ""))
-                   for item in legend_entries(replay)]
+        handles = []
+        for item in legend_entries(replay):
+            # The panel holds about 38 characters a line at this size.
+            label = "\n".join([item["label"]] + textwrap.wrap(item["note"], LEGEND_WIDTH))
+            if item["line"]:
+                # A line ending in the arrows' head (the legend draws a line of two points).
+                handles.append(Line2D([0, 1], [0, 0], color=item["fill"], linewidth=2.2,
+                                      marker=">", markevery=[-1], label=label))
+            else:
+                handles.append(patches.Patch(facecolor=item["fill"], edgecolor=item["edge"],
+                                             linewidth=item["width"], label=label))
         title = "cells" if _has_holdings(replay) else "ranks (cells not tracked)"
         legend = axis.legend(handles=handles, loc="upper left", fontsize=9, frameon=False,
                              title=title, title_fontsize=10, alignment="left")
@@ -738,11 +772,15 @@ class _Painter:
         title = f"messages of this step ({len(frame.messages)})"
         if frame.messages and all(place is None for place in self._label_at[frame.index]):
             title += f"\nevery arrow: {message_line(frame.messages[0]).split('  ', 1)[1]}"
-        axis.text(0.0, 0.36, title, fontsize=10, weight="bold", va="top",
+        # Under the legend, however long the replay's legend is.
+        bottom = axis.transAxes.inverted().transform(
+            legend.get_window_extent(self.figure.canvas.get_renderer()))[0][1]
+        top = min(0.36, bottom - 0.02)
+        axis.text(0.0, top, title, fontsize=10, weight="bold", va="top",
                   transform=axis.transAxes)
         nothing = "(none yet: each rank holds its own data)" if frame.index == 0 \
             else "(none: this step is local work)"
-        axis.text(0.0, 0.27, "\n".join(lines) or nothing,
+        axis.text(0.0, top - 0.09, "\n".join(lines) or nothing,
                   fontsize=9, va="top", family="monospace", transform=axis.transAxes)
 
     # -- the summary view

@@ -155,6 +155,7 @@ BOX .legend span.swatch { display: inline-block; width: 0.9em; height: 0.9em;
   border: 1px solid #777; vertical-align: middle; margin: 0 0.3em 0 0; }
 BOX .legend { font-size: 0.85em; display: flex; flex-wrap: wrap; gap: 0.2em 0.9em; }
 BOX .legend .entry { white-space: nowrap; }
+BOX .legend .arrow { font-weight: bold; margin: 0 0.3em 0 0; }
 BOX .bar { position: relative; height: 0.7em; background: #eee; margin: 0.3em 0; }
 BOX .bar .so-far { position: absolute; left: 0; top: 0; bottom: 0; background: #006BA4; }
 BOX .bar .mark { position: absolute; top: -0.2em; bottom: -0.2em; width: 2px; }
@@ -224,7 +225,8 @@ function svgOf(scene, palette) {
 // The cells' legend: the entries of viz.animate.legend_entries, the GIF's own.
 function legend(panel) {
   const items = (panel.legend || []).map(e => `<span class="entry" data-symbol="${esc(e.symbol)}">`
-    + `<span class="swatch" style="background:${e.fill};border-color:${e.edge};border-width:${Math.max(1, Math.round(e.width))}px"></span>`
+    + (e.line ? `<span class="arrow" style="color:${e.fill}">&#x2192;</span>`
+       : `<span class="swatch" style="background:${e.fill};border-color:${e.edge};border-width:${Math.max(1, Math.round(e.width))}px"></span>`)
     + `${esc(e.label)}${e.note ? " " + esc(e.note) : ""}</span>`);
   return items.length ? "<b>cells</b> " + items.join("") : "";
 }

@@ -542,6 +542,17 @@ def cell_kinds(replay: Replay) -> list[str]:
     return [kind for kind in CELL_KINDS if kind in found]
 
 
+def alone_ranks(replay: Replay) -> list[int]:
+    """The ranks whose data some cell holds alone in some frame (those the
+    cells show by number): every rank in an all_reduce, the root alone in a
+    broadcast; every rank when the cells are not tracked (their boxes)."""
+    if replay.initial is None:
+        return list(range(replay.world_size))
+    return sorted({next(iter(holders)) for frame in replay.frames if frame.holdings is not None
+                   for row in frame.holdings for holders in row
+                   if len(holders) == 1})
+
+
 def cell_words(replay: Replay) -> dict[str, tuple[str, str]]:
     """kind -> (symbol, what it means) for this replay's collective: "Σk" is a
     partial sum in a reduction, K, V blocks merged in ring attention. The

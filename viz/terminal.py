@@ -47,8 +47,8 @@ from rich.tree import Tree
 
 from minidist.alpha_beta import EXCHANGE_BETA_LEGEND, SLOTS_ALPHA_LEGEND
 from minidist.units import format_bytes
-from viz.replay import (Frame, Replay, cell_kinds, cell_symbol, cell_words, model_gap,
-                         rank_words, step_words)
+from viz.replay import (Frame, Replay, alone_ranks, cell_kinds, cell_symbol, cell_words,
+                         model_gap, rank_words, step_words)
 
 #: matplotlib's "tableau-colorblind10": told apart with every common colour blindness.
 PALETTE = ("#006BA4", "#FF800E", "#ABABAB", "#595959", "#5F9ED1",
@@ -201,7 +201,12 @@ def legend(replay: Replay, *, color: bool = True) -> Text:
     for kind in kinds:
         symbol, meaning = words[kind]
         if kind == "one":
-            numbers = f"0..{n - 1}" if n > 2 else " ".join(map(str, range(n)))
+            ranks = alone_ranks(replay)
+            if len(ranks) == 1:
+                parts.append((str(ranks[0]), frozenset({0}), rank_words(replay, ranks[0])))
+                continue
+            consecutive = ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2
+            numbers = f"{ranks[0]}..{ranks[-1]}" if consecutive else " ".join(map(str, ranks))
             parts.append((numbers, frozenset({0}),
                           rank_words(replay, 0).replace("rank 0", "that rank")))
         else:
@@ -218,6 +223,7 @@ def legend(replay: Replay, *, color: bool = True) -> Text:
         text.append("\n       colour: a cell's first rank ")
         for rank in range(min(n, len(PALETTE))):
             text.append(str(rank), style=_cell_style(frozenset({rank}), n + 1, True))
+        text.append(", a message's its sender's")
     return text
 
 

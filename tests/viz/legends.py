@@ -118,9 +118,11 @@ def check_replay(replay, frames) -> list[str]:
                                  f"{printed.get(rank)!r}, the picture {expected!r}")
             legend = " ".join(terminal[terminal.index("cells:"):].split())
             for entry in player:
-                # The terminal outlines nothing; its ranks are one entry, "0..3".
+                # The terminal outlines nothing and draws no arrows' colours in
+                # its legend; its ranks are one entry, "0..3".
                 symbol, words = entry.split(": ", 1)
-                if symbol != "outlined" and not symbol[0].isdigit() and entry not in legend:
+                if symbol not in ("outlined", "arrow") and not symbol.startswith("rank ") \
+                        and not symbol[0].isdigit() and entry not in legend:
                     found.append(f"the terminal's legend lacks {entry!r}: {legend[:200]}")
         # A rank is "rank r" in both.
         titles = {text.get_text() for axis in figure.axes for text in axis.texts}

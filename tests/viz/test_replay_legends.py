@@ -27,13 +27,16 @@ def test_every_replay_legend_names_what_its_cells_show():
 
 def test_the_legend_names_only_what_the_replay_draws():
     ring = [entry["symbol"] for entry in animate.legend_entries(viz_samples.ring_all_reduce(4))]
-    assert ring == ["0", "1", "2", "3", "Σk", "A", "outlined"]  # no "·": no cell is empty
+    assert ring == ["0", "1", "2", "3", "Σk", "A", "outlined", "arrow"]  # no "·": none is empty
     broadcast = [entry["symbol"]
                  for entry in animate.legend_entries(viz_samples.binomial_broadcast(4))]
-    assert broadcast == ["0", "1", "2", "3", "·", "outlined"]  # a copy: no Σk, no A
+    # Only the root's data travels: no other rank's number, no Σk, no A; the
+    # ranks that pass it on are named by their arrows' colour.
+    assert broadcast == ["0", "·", "outlined", "rank 1", "arrow"]
     gather = animate.legend_entries(viz_samples.messages_only(4))
     assert [entry["label"] for entry in gather] == [f"{rank}: rank {rank}'s buffer"
-                                                   for rank in range(4)]
+                                                   for rank in range(4)] + [
+        "arrow: a message (its sender's colour)"]
 
 
 def test_one_symbol_per_cell_everywhere():

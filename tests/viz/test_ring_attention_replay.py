@@ -147,4 +147,4 @@ def test_legends_name_every_symbol_and_ranks_alike(events):
     ring = ring_attention_replay(events)
     assert check_replay(ring, range(len(ring.frames))) == []
     assert [entry["symbol"] for entry in animate.legend_entries(ring)] == \
-        ["0", "1", "2", "3", "Σk", "A", "outlined"]
+        ["0", "1", "2", "3", "Σk", "A", "outlined", "arrow"]
