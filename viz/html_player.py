@@ -18,7 +18,7 @@ in the terminal's words.
 
 Why drawn from data rather than images: highlighting a rank is then a
 class on some SVG elements, not one picture per rank and step, and the
-page stays small: a ring all_reduce on 4 ranks is 27 kB, on 8 ranks 91 kB,
+page stays small: a ring all_reduce on 4 ranks is 28 kB, on 8 ranks 92 kB,
 on 16 ranks 0.5 MB (one picture per rank and step of the 8-rank ring, as
 PNGs, would be megabytes). The places of everything (cells, arrows, labels, titles)
 come from the matplotlib painter of :mod:`viz.animate`
