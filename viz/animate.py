@@ -14,8 +14,11 @@ Each frame shows what the terminal step-through shows (``viz/terminal.py``):
 
 Colour is never the only signal: a cell holding one rank's data shows that
 rank's number, a partial reduction ``Σk`` (k ranks summed so far), a complete
-one ``A``, an empty one ``·``. The colours are matplotlib's
-tableau-colorblind10; a partial sum is the mix of its ranks' colours.
+one ``A``, an empty one ``·``, the symbols of the terminal
+(:func:`viz.replay.cell_symbol`), and the legend names each symbol and colour
+the replay draws, in the terminal's words (:func:`legend_entries`). The
+colours are matplotlib's tableau-colorblind10; a partial sum is the mix of
+its ranks' colours.
 
 Above 16 ranks (``replay.summary``) single cells are unreadable, so a frame
 is a summary instead: a heat map of how complete every rank's cells are,
@@ -47,11 +50,13 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_hex, to_rgb
 from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
+from matplotlib.lines import Line2D
 from matplotlib.textpath import TextPath
 
 from minidist.atomic_file import atomic_path, atomic_write
 from minidist.units import format_bytes
-from viz.replay import model_gap, step_words
+from viz.replay import (alone_ranks, cell_kinds, cell_symbol, cell_words, model_gap, rank_words,
+                         step_words)
 
 #: matplotlib's tableau-colorblind10, the colour of rank r is PALETTE[r % 10].
 PALETTE = ("#006BA4", "#FF800E", "#ABABAB", "#595959", "#5F9ED1",
@@ -70,23 +75,22 @@ WHY_WIDTH = 165
 #: The ranks' and the side panel's height (figure fraction), under the header.
 RANKS_HEIGHT = 0.69
 RING_STRETCH = 1.4
-REDUCING = ("all_reduce", "reduce", "reduce_scatter")
+#: Rank colours the legend lists one by one; above, they repeat.
+LEGEND_RANKS = len(PALETTE)
+#: Characters a line of the GIF's legend holds.
+LEGEND_WIDTH = 38
+#: What the receiver does with a message, as the legend says it.
+OP_WORDS = {"copy": "replaces its cells", "combine": "adds to them",
+            "merge": "merges the block in"}
 
 
 # --------------------------------------------------------------------------- cells
 
 
 def cell_text(holders: frozenset, world_size: int) -> str:
-    """The text a cell shows: "r2" rank 2's own data, "Σ3" a partial result of
-    three ranks, "A" all of them, "·" nothing yet. (The terminal, with one
-    character a cell, shows how many ranks: 1, 3, A.)"""
-    if not holders:
-        return "·"
-    if len(holders) == 1:
-        return f"r{next(iter(holders))}"
-    if len(holders) == world_size:
-        return "A"
-    return f"Σ{len(holders)}"
+    """The text a cell shows, as in the terminal: "2" rank 2's data alone,
+    "Σ3" a partial result of three ranks, "A" all of them, "·" nothing yet."""
+    return cell_symbol(holders, world_size)
 
 
 def cell_color(holders: frozenset, world_size: int):
@@ -313,6 +317,62 @@ def _has_holdings(replay) -> bool:
     return any(frame.holdings is not None for frame in replay.frames)
 
 
+def legend_entries(replay) -> list[dict]:
+    """The cells' legend: one entry per symbol and colour some frame of
+    ``replay`` draws, in the terminal's words (:func:`viz.replay.cell_words`),
+    each ``{"symbol", "label", "note", "fill", "edge", "width", "line"}``
+    (``label``: "symbol: words"; ``note``: what its colour says, or ""; fill
+    and edge as hex colours; ``line``: drawn as an arrow's line, not a
+    cell). Then the arrows: each rank's colour that only its messages show,
+    and what an arrow and its label say. The GIF's side panel and the
+    browser's player both draw these."""
+    n, words = replay.world_size, cell_words(replay)
+    kinds = cell_kinds(replay)
+    entries = []
+
+    def entry(symbol, label, fill, edge="#777777", width=0.6, note="", line=False):
+        entries.append({"symbol": symbol, "label": label, "note": note, "fill": to_hex(fill),
+                        "edge": edge, "width": width, "line": line})
+
+    shown = alone_ranks(replay) if not kinds or "one" in kinds else []
+
+    if shown:
+        # A rank's number: its cells holding its data alone (or its box,
+        # when the collective's cells are not tracked), in its colour.
+        ranks = shown
+        for rank in ranks[:LEGEND_RANKS]:
+            entry(str(rank), f"{rank}: {rank_words(replay, rank)}", PALETTE[rank % len(PALETTE)])
+        if len(ranks) > LEGEND_RANKS:
+            rest = ranks[LEGEND_RANKS:]
+            span = f"{rest[0]}..{rest[-1]}" if len(rest) > 1 else str(rest[0])
+            entry(span, f"{span}: the same, colours repeat (read the number)",
+                  EMPTY, edge="#FFFFFF")
+    for kind in kinds:
+        if kind == "one":
+            continue
+        symbol, meaning = words[kind]
+        fill = {"partial": cell_color(frozenset({0, 1}), 3), "complete": COMPLETE,
+                "empty": EMPTY}[kind]
+        note = {"partial": "(colour: the mix of theirs)", "complete": "(dark)"}.get(kind, "")
+        entry(symbol, f"{symbol}: {meaning}", fill, note=note)
+    if any(_written(frame) for frame in replay.frames) and kinds:
+        entry("outlined", "outlined: written in this step", EMPTY, edge=HIGHLIGHT, width=2.4)
+    messages = [message for frame in replay.frames for message in frame.messages]
+    # A sender whose colour no cell shows (a broadcast's relays): its arrows'.
+    listed = {rank % len(PALETTE) for rank in shown}
+    for rank in sorted({message.source for message in messages}):
+        if rank % len(PALETTE) not in listed:
+            entry(f"rank {rank}", f"rank {rank}: its arrows' colour", PALETTE[rank % len(PALETTE)],
+                  line=True)
+            listed.add(rank % len(PALETTE))
+    if messages:
+        ops = sorted({message.op for message in messages if message.op})
+        entry("arrow", "arrow: a message (its sender's colour)", PALETTE[0], line=True,
+              note="(label: its bytes" + "".join(f"; {op}: the receiver {OP_WORDS.get(op, op)}"
+                                                 for op in ops) + ")")
+    return entries
+
+
 # --------------------------------------------------------------------------- text
 
 
@@ -528,9 +588,10 @@ class _Painter:
                 origin, geometry.size, geometry.size, facecolor=fill,
                 edgecolor=HIGHLIGHT if outlined else "#777777",
                 linewidth=2.4 if outlined else 0.6, zorder=2 if outlined else 1))
+            text = cell_text(holders, n)
             axis.text(origin[0] + geometry.size / 2, origin[1] + geometry.size / 2,
-                      cell_text(holders, n), ha="center", va="center",
-                      fontsize=font * (0.8 if len(holders) > 1 else 1.0),
+                      text, ha="center", va="center",
+                      fontsize=font * (0.8 if len(text) > 1 else 1.0),
                       color=_text_color(fill), zorder=3)
 
     def _arrow(self, message):
@@ -587,11 +648,17 @@ class _Painter:
         frame's messages are all alike (one note says their size). A label
         sits on its arc, at the first of :data:`LABEL_STOPS` where its box
         covers no label placed before it (two arcs that cross, or two short
-        ones side by side, would otherwise stack their labels); none clear:
-        the stop covering the fewest."""
+        ones side by side, would otherwise stack their labels) and no rank's
+        cells (whose symbols it would hide); none clear: the stop covering
+        the fewest. Messages all alike whose labels would cover cells get the
+        note too."""
         if _uniform(frame.messages):
             return [None] * len(frame.messages)
         pad = 0.25 * label_font / points_per_unit  # the round box's pad, each side
+        geometry = self.geometry
+        grids = [(x - geometry.width / 2, y - geometry.height / 2,
+                  x + geometry.width / 2, y + geometry.height / 2)
+                 for x, y in self.where.values()]
         placed, boxes = [], []
         for message in frame.messages:
             start, end, _, control, _ = self._arrow(message)
@@ -602,13 +669,18 @@ class _Painter:
             for stop in self.LABEL_STOPS:
                 (x, y), = _bezier_points(start, control, end, stop=stop)
                 box = (x - half_w, y - half_h, x + half_w, y + half_h)
-                covered = sum(_boxes_overlap(box, other) for other in boxes)
+                covered = sum(_boxes_overlap(box, other) for other in boxes + grids)
                 if best is None or covered < best[0]:
                     best = (covered, (x, y), box)
                 if not covered:
                     break
             placed.append(best[1:])
             boxes.append(best[2])
+        if len({(m.nbytes, m.op) for m in frame.messages}) == 1 and any(
+                _boxes_overlap(box, grid) for box in boxes for grid in grids):
+            # Short arcs between big cells: labels alike would hide symbols,
+            # so one note says them all (as for many messages).
+            return [None] * len(frame.messages)
         return placed
 
     def _prepare_title_places(self, font: float, points_per_unit: float) -> None:
@@ -677,37 +749,38 @@ class _Painter:
         replay = self.replay
         axis = self.figure.add_axes((0.70, 0.09, 0.29, RANKS_HEIGHT))
         axis.set_axis_off()
-        handles = [patches.Patch(facecolor=PALETTE[rank % 10], edgecolor="#777777",
-                                 label=f"r{rank}: rank {rank}'s data")
-                   for rank in range(min(replay.world_size, len(PALETTE)))]
-        if replay.world_size > len(PALETTE):
-            handles.append(patches.Patch(facecolor="white", edgecolor="white",
-                                         label="(colours repeat: read the number)"))
-        if frame.holdings is not None:
-            if replay.collective in REDUCING:
-                handles.append(patches.Patch(facecolor=cell_color(frozenset({0, 1}), 3),
-                                             edgecolor="#777777",
-                                             label="Σk: sum of k ranks' data so far"))
-                handles.append(patches.Patch(facecolor=COMPLETE, edgecolor="#777777",
-                                             label="A: all ranks (complete)"))
-            handles.append(patches.Patch(facecolor=EMPTY, edgecolor="#777777",
-                                         label="·: nothing yet"))
-            handles.append(patches.Patch(facecolor="white", edgecolor=HIGHLIGHT, linewidth=2.4,
-                                         label="outlined: written in this step"))
+        # The same entries every frame: the legend names each symbol the
+        # whole replay draws, so it stands still while the frames play.
+        handles = []
+        for item in legend_entries(replay):
+            # The panel holds about 38 characters a line at this size.
+            label = "\n".join([item["label"]] + textwrap.wrap(item["note"], LEGEND_WIDTH))
+            if item["line"]:
+                # A line ending in the arrows' head (the legend draws a line of two points).
+                handles.append(Line2D([0, 1], [0, 0], color=item["fill"], linewidth=2.2,
+                                      marker=">", markevery=[-1], label=label))
+            else:
+                handles.append(patches.Patch(facecolor=item["fill"], edgecolor=item["edge"],
+                                             linewidth=item["width"], label=label))
+        title = "cells" if _has_holdings(replay) else "ranks (cells not tracked)"
         legend = axis.legend(handles=handles, loc="upper left", fontsize=9, frameon=False,
-                             title="cells", title_fontsize=10, alignment="left")
+                             title=title, title_fontsize=10, alignment="left")
         legend.get_title().set_weight("bold")
         lines = [message_line(message) for message in frame.messages[:MESSAGES_LISTED]]
         if len(frame.messages) > MESSAGES_LISTED:
             lines.append(f"... and {len(frame.messages) - MESSAGES_LISTED} more")
         title = f"messages of this step ({len(frame.messages)})"
-        if _uniform(frame.messages):
+        if frame.messages and all(place is None for place in self._label_at[frame.index]):
             title += f"\nevery arrow: {message_line(frame.messages[0]).split('  ', 1)[1]}"
-        axis.text(0.0, 0.36, title, fontsize=10, weight="bold", va="top",
+        # Under the legend, however long the replay's legend is.
+        bottom = axis.transAxes.inverted().transform(
+            legend.get_window_extent(self.figure.canvas.get_renderer()))[0][1]
+        top = min(0.36, bottom - 0.02)
+        axis.text(0.0, top, title, fontsize=10, weight="bold", va="top",
                   transform=axis.transAxes)
         nothing = "(none yet: each rank holds its own data)" if frame.index == 0 \
             else "(none: this step is local work)"
-        axis.text(0.0, 0.27, "\n".join(lines) or nothing,
+        axis.text(0.0, top - 0.09, "\n".join(lines) or nothing,
                   fontsize=9, va="top", family="monospace", transform=axis.transAxes)
 
     # -- the summary view
@@ -849,6 +922,7 @@ def player_panel(replay, caption: str = "") -> dict:
         "world": replay.world_size,
         "follow": not painter.summary,
         "palette": list(PALETTE),
+        "legend": [] if painter.summary else legend_entries(replay),
         "measured": replay.measured_s / total,
         "predicted": None if replay.predicted_s is None else replay.predicted_s / total,
         "steps": steps,

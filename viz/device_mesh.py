@@ -11,7 +11,8 @@ three, one panel per index of the first dimension, side by side. In a panel
 the groups of the last dimension are the rows (framed in its colour), those
 of the dimension before it the columns; a group of the first dimension of a
 3-D mesh holds the ranks at the same place in every panel. Under the panels,
-each dimension's groups are listed, in the order every rank makes them.
+each dimension's groups are listed, in the order every rank makes them; above
+them a legend names the numbers and each frame (:func:`legend_handles`).
 
 Drawing is free of processes: the layout is computed, not launched.
 """
@@ -101,6 +102,29 @@ def _group_lines(shape, names) -> list[tuple[int, str]]:
     return lines
 
 
+#: Inches under the title for each line of the legend.
+LEGEND_LINE_INCHES = 0.2
+
+
+def legend_handles(shape, names) -> list:
+    """The PNG's legend: a cell's number, and how each dimension's groups are
+    drawn (the rows' solid frames, the columns' dashed ones, the panels)."""
+    from matplotlib.lines import Line2D
+
+    ndim = len(shape)
+    handles = [Rectangle((0, 0), 1, 1, facecolor="#F2F2F2", edgecolor="#595959",
+                         label="n: global rank n")]
+    handles.append(Line2D([], [], color=DIM_COLOURS[0], lw=2,
+                          label=f"{names[-1]}: a group (framed, a row)"))
+    if ndim >= 2 and shape[-2] > 1:
+        handles.append(Line2D([], [], color=DIM_COLOURS[1], lw=2, ls="--",
+                              label=f"{names[-2]}: a group (dashed, a column)"))
+    if ndim == 3:
+        handles.append(Line2D([], [], color=DIM_COLOURS[2], lw=0, marker="s",
+                              label=f"{names[0]} = k: panel k (a group: one place in each)"))
+    return handles
+
+
 def mesh_figure(mesh_shape, names=None) -> Figure:
     """The picture of a mesh of ``mesh_shape`` (1 to 3 dimensions) with the
     dimensions' ``names``; a matplotlib Figure (see the module docstring)."""
@@ -117,12 +141,20 @@ def mesh_figure(mesh_shape, names=None) -> Figure:
     scale = min(1.0, 16.0 / width)
     font = 13 * scale * (0.75 if grid.size > 100 else 1.0)
     text_height = 0.3 * len(lines) + 0.3
-    figure = Figure(figsize=(min(width, 16.0), rows * cell * scale + 1.2 + text_height))
+    handles = legend_handles(shape, names)
+    legend_columns = len(handles) if width >= 9 else 1 if width < 5.5 else 2
+    legend_height = 0.15 + LEGEND_LINE_INCHES * -(-len(handles) // legend_columns)
+    figure = Figure(figsize=(min(width, 16.0),
+                             rows * cell * scale + 1.2 + text_height + legend_height))
     FigureCanvasAgg(figure)
     bottom = text_height / figure.get_figheight()
     axes = figure.subplots(1, panels, squeeze=False)[0]
-    figure.subplots_adjust(left=0.03, right=0.97, top=1 - 0.7 / figure.get_figheight(),
+    figure.subplots_adjust(left=0.03, right=0.97,
+                           top=1 - (0.7 + legend_height) / figure.get_figheight(),
                            bottom=bottom + 0.02, wspace=0.15)
+    figure.legend(handles=handles, loc="upper center", fontsize=8, frameon=False,
+                  ncol=legend_columns,
+                  bbox_to_anchor=(0.5, 1 - 0.4 / figure.get_figheight()))
     for panel, axis in enumerate(axes):
         for row in range(rows):
             for column in range(columns):

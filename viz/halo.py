@@ -17,7 +17,9 @@ cells per rank, a cell per image row coloured by the rank that owns it, the
 halo rows a rank receives as hatched cells beside its band, and an arrow for
 each message labelled with its rows; forward on the left, the gradients sent
 back on the right. Tall images are shortened: only the rows near a band's
-border are drawn, the runs between them are a gap marked with their size.
+border are drawn, the runs between them are a gap marked "⋮". A legend under
+the panels names each of these (:func:`legend_handles`): the numbers, the
+colours, the hatching, the gap and the two kinds of arrow.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from viz.animate import PALETTE
 BORDER_ROWS = 2
 #: Images up to this many rows are drawn whole.
 WHOLE_UP_TO = 40
+#: Inches under the panels for the legend.
+LEGEND_INCHES = 0.75
 
 
 @dataclass(frozen=True)
@@ -207,15 +211,56 @@ def _draw_panel(axis, picture: HaloPicture, direction: str, colours, rows) -> No
                                        linestyle="-" if direction == "forward" else "--",
                                        connectionstyle=f"arc3,rad={bend}"))
         text = f"{start}:{stop}" if direction == "forward" else f"grad {start}:{stop}"
-        axis.text((x0 + x1) / 2, y - 0.35 - (0.6 if bend else 0), text, ha="center",
-                  va="bottom", fontsize=6.5)
+        if bend:
+            # In the gap beside the sender's column, under the arc (a fifth of
+            # the way along, the curve is 0.32 of its control point's offset
+            # down): the middle of the arc passes over another rank's column.
+            sign = 1 if going_down else -1
+            axis.text(x0 + sign * (spacing - 1) / 2, y + 0.32 * abs(bend) * abs(x1 - x0) + 0.1,
+                      text, ha="center", va="top", fontsize=6.5)
+        else:
+            axis.text((x0 + x1) / 2, y - 0.35, text, ha="center", va="bottom", fontsize=6.5)
     axis.set_xlim(-0.6, (picture.world_size - 1) * spacing + 1.6)
-    axis.set_ylim(len(rows) + 1.2, -2.2)
+    low = max((abs(destination - source) * spacing / 2 * 0.35 + 1.0 for source, destination, *_
+               in moves if abs(destination - source) > 1), default=0.0)
+    axis.set_ylim(len(rows) + max(1.2, low), -2.2)
     axis.set_axis_off()
     total = sum(stop - start for _, _, start, stop in moves)
     title = ("forward: rows sent to the neighbours" if direction == "forward"
              else "backward: their gradients sent back")
     axis.set_title(f"{title}\n{len(moves)} messages, {total} rows", fontsize=8.5)
+
+
+#: Rank colours the legend lists one by one; above, "colours repeat".
+LEGEND_RANKS = 8
+
+
+def legend_handles(picture: HaloPicture, rows=None) -> list:
+    """The legend's entries for ``picture`` (matplotlib handles): each rank's
+    colour, what a cell's number is, a halo cell, the gap (when ``rows`` has
+    one), the forward and the backward arrow."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    colours = _colours(picture.world_size)
+    handles = [Patch(facecolor=colours[rank], edgecolor="black", linewidth=0.6,
+                     label=f"rank {rank}'s rows")
+               for rank in range(min(picture.world_size, LEGEND_RANKS))]
+    if picture.world_size > LEGEND_RANKS:
+        handles.append(Patch(facecolor="white", edgecolor="white",
+                             label="(colours repeat: see the column's rank)"))
+    handles += [Patch(facecolor="white", edgecolor="black", linewidth=0.6,
+                      label="n: image row n (a cell)"),
+                Patch(facecolor=colours[0], alpha=0.45, edgecolor="black", linewidth=0.6,
+                      hatch="///", label="hatched: a halo row received, its owner's colour")]
+    if rows is not None and None in rows:
+        handles.append(Line2D([], [], linestyle="none", marker="$⋮$", markersize=9,
+                              color="black", label="⋮: rows left out"))
+    handles += [Line2D([], [], color="#595959", linewidth=1.4, linestyle="-",
+                       label="a:b: forward, rows a to b-1 sent (owner's colour)"),
+                Line2D([], [], color="#595959", linewidth=1.4, linestyle="--",
+                       label="grad a:b: backward, their gradients sent back")]
+    return handles
 
 
 def draw_halo_figure(source, figure=None, **options):
@@ -227,8 +272,9 @@ def draw_halo_figure(source, figure=None, **options):
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
-        width = max(4.0, 0.75 * 3 * picture.world_size) * 2 / 1.6
-        figure = Figure(figsize=(min(width, 12), min(2.0 + 0.2 * len(rows), 13)), dpi=100)
+        width = max(6.0, 0.75 * 3 * picture.world_size * 2 / 1.6)
+        figure = Figure(figsize=(min(width, 12), min(2.0 + 0.2 * len(rows), 13) + LEGEND_INCHES),
+                        dpi=100)
         FigureCanvasAgg(figure)
     colours = _colours(picture.world_size)
     left, right = figure.subplots(1, 2)
@@ -242,8 +288,12 @@ def draw_halo_figure(source, figure=None, **options):
                     f"{picture.backward_bytes:,} B back")
     figure.suptitle(caption, fontsize=9, y=0.995, va="top")
     inches = figure.get_figheight()
+    handles = legend_handles(picture, rows)
+    columns = 4 if figure.get_figwidth() >= 10 else 2
+    figure.legend(handles=handles, loc="lower center", ncol=min(len(handles), columns), fontsize=7,
+                  frameon=False, bbox_to_anchor=(0.5, 0.0))
     figure.subplots_adjust(left=0.02, right=0.98, top=1 - (0.75 if picture.layer else 0.55) / inches,
-                           bottom=0.02, wspace=0.08)
+                           bottom=LEGEND_INCHES / inches, wspace=0.08)
     return figure
 
 
@@ -268,4 +318,4 @@ def draw_halo(source, path, *, dpi: int = 100, colors: int | None = 48, **option
 
 
 __all__ = ["HaloPicture", "halo_picture", "shown_rows", "draw_halo_figure", "draw_halo",
-           "BORDER_ROWS", "WHOLE_UP_TO"]
+           "legend_handles", "BORDER_ROWS", "WHOLE_UP_TO"]

@@ -12,11 +12,13 @@ keys (left and right arrows step back and forward, Home and End go to the
 first and last step, space plays and pauses). "Follow rank" highlights one
 rank in every frame: its buffer framed, the other ranks and the messages it
 neither sends nor receives faded, and a line saying what it sends and
-receives in the step.
+receives in the step. Under the picture a legend names every symbol and
+colour the cells show, the GIF's legend (:func:`viz.animate.legend_entries`)
+in the terminal's words.
 
 Why drawn from data rather than images: highlighting a rank is then a
 class on some SVG elements, not one picture per rank and step, and the
-page stays small: a ring all_reduce on 4 ranks is 27 kB, on 8 ranks 91 kB,
+page stays small: a ring all_reduce on 4 ranks is 28 kB, on 8 ranks 92 kB,
 on 16 ranks 0.5 MB (one picture per rank and step of the 8-rank ring, as
 PNGs, would be megabytes). The places of everything (cells, arrows, labels, titles)
 come from the matplotlib painter of :mod:`viz.animate`
@@ -150,8 +152,10 @@ BOX .rank-line { min-height: 1.2em; font-size: 0.9em; }
 BOX .messages { font-family: monospace; font-size: 0.85em; margin: 0; white-space: pre; }
 BOX .messages .mine { font-weight: bold; background: #FFF2B0; }
 BOX .legend span.swatch { display: inline-block; width: 0.9em; height: 0.9em;
-  border: 1px solid #777; vertical-align: middle; margin: 0 0.2em 0 0.6em; }
-BOX .legend { font-size: 0.85em; }
+  border: 1px solid #777; vertical-align: middle; margin: 0 0.3em 0 0; }
+BOX .legend { font-size: 0.85em; display: flex; flex-wrap: wrap; gap: 0.2em 0.9em; }
+BOX .legend .entry { white-space: nowrap; }
+BOX .legend .arrow { font-weight: bold; margin: 0 0.3em 0 0; }
 BOX .bar { position: relative; height: 0.7em; background: #eee; margin: 0.3em 0; }
 BOX .bar .so-far { position: absolute; left: 0; top: 0; bottom: 0; background: #006BA4; }
 BOX .bar .mark { position: absolute; top: -0.2em; bottom: -0.2em; width: 2px; }
@@ -203,7 +207,7 @@ function svgOf(scene, palette) {
     }
     cells.forEach(([cx, cy, fill, text, ink, outlined], i) => {
       out.push(`<rect class="cell" data-rank="${r.rank}" data-cell="${i}" data-text="${esc(text)}" x="${cx}" y="${-cy - s}" width="${s}" height="${s}" fill="${fill}" stroke="${outlined ? "#000" : "#777"}" stroke-width="${s * (outlined ? 0.07 : 0.02)}"/>`);
-      out.push(`<text x="${cx + s / 2}" y="${-cy - s / 2}" font-size="${f * (text.length > 1 && text[0] !== "r" ? 0.8 : 1)}" fill="${ink}" text-anchor="middle" dominant-baseline="central">${esc(text)}</text>`);
+      out.push(`<text x="${cx + s / 2}" y="${-cy - s / 2}" font-size="${f * (text.length > 1 ? 0.8 : 1)}" fill="${ink}" text-anchor="middle" dominant-baseline="central">${esc(text)}</text>`);
     });
     out.push("</g>");
   }
@@ -218,12 +222,13 @@ function svgOf(scene, palette) {
   return out.join("");
 }
 
+// The cells' legend: the entries of viz.animate.legend_entries, the GIF's own.
 function legend(panel) {
-  const swatch = (fill, words) => `<span class="swatch" style="background:${fill}"></span>${words}`;
-  const ranks = Array.from({length: Math.min(panel.world, panel.palette.length)},
-    (_, r) => swatch(panel.palette[r], "r" + r));
-  return `cells: ${ranks.join("")} (rank r's data)${swatch("#1B1B1B", "A all ranks")}`
-    + `${swatch("#FFFFFF", "· nothing yet")} Σk: the sum of k ranks' data; outlined: written in this step`;
+  const items = (panel.legend || []).map(e => `<span class="entry" data-symbol="${esc(e.symbol)}">`
+    + (e.line ? `<span class="arrow" style="color:${e.fill}">&#x2192;</span>`
+       : `<span class="swatch" style="background:${e.fill};border-color:${e.edge};border-width:${Math.max(1, Math.round(e.width))}px"></span>`)
+    + `${esc(e.label)}${e.note ? " " + esc(e.note) : ""}</span>`);
+  return items.length ? "<b>cells</b> " + items.join("") : "";
 }
 
 // What the followed rank does in a step, in words.

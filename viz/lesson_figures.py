@@ -41,9 +41,14 @@ def draw_ps_bandwidth(traffic, parameter_bytes: int, steps: int, path, *,
     axes[0].plot(ws, ws * p / 1e3, label="one server: n N")
     axes[0].plot(ws, ws * p / 2 / 1e3, label="each of 2 servers: n N / 2")
     axes[0].plot(ws, 2 * (ws - 1) / ws * p / 1e3, label="one ring rank: 2 (n-1)/n N")
+    named = set()  # each kind of point named once in the legend
     for _, workers, servers, received, *_ in traffic:
-        marker, colour = ("o", "C0") if servers == 1 else ("D", "C1") if servers else ("s", "C2")
-        axes[0].plot([workers], [received / steps / 1e3], marker, color=colour)
+        marker, colour, who = (("o", "C0", "one server") if servers == 1
+                               else ("D", "C1", f"{servers} servers") if servers
+                               else ("s", "C2", "a ring rank"))
+        axes[0].plot([workers], [received / steps / 1e3], marker, color=colour,
+                     label=None if who in named else f"measured: {who}")
+        named.add(who)
     axes[0].set_yscale("log")
     axes[0].set_ylabel("kB received per step")
     axes[0].set_title("bytes per step at the busiest rank\n(points: measured from the traces)")

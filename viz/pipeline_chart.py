@@ -636,19 +636,34 @@ def _cell_style(box: Box | None, color: bool) -> str:
     return f"{weight}{'black' if colour in LIGHT_COLOURS else 'white'} on {colour}"
 
 
+def legend_words(chart: PipelineChart) -> list[tuple[str, str, str]]:
+    """(symbol, words, how the PNG draws it) for each kind of box the chart
+    draws: the terminal and the PNG say the same words (the PNG adds its
+    hatching, the terminal its ".." and "--")."""
+    kinds = {box.kind for row in chart.rows for box in row.boxes}
+    entries = [("F3", "forward of micro-batch 3", "its colour"),
+               ("B3", "its backward", "///")]
+    if "R" in kinds:
+        entries.append(("R3", "its recompute", "xxx, dashed"))
+    if chart.virtual_stages > 1:
+        symbols = ["F3c1", "B3c1"] + (["R3c1"] if "R" in kinds else [])
+        entries.append((", ".join(symbols), "on the rank's model chunk 1", "narrower"))
+    if "step" in kinds:
+        entries.append((STEP_TEXT, "optimizer step", "dotted"))
+    return entries
+
+
 def _legend(chart: PipelineChart, color: bool) -> Text:
     width = len(chart.grid[0][0]) if chart.grid and chart.grid[0] else 2
-    text = Text("F forward  B backward  R recompute  ")
-    text.append(STEP_TEXT, style="bold" if color else "")
-    text.append(" optimizer step  ")
+    text = Text()
+    for symbol, words, _ in legend_words(chart):
+        text.append(symbol, style="bold" if color else "")
+        text.append(f": {words}" + (" (and its colour)" if color and symbol == "F3" else "")
+                    + "  ")
     text.append("." * width, style="dim" if color else "")
-    text.append(" idle  ")
+    text.append(": idle (the bubble)  ")
     text.append("-" * width)
-    text.append(" still running  F3: micro-batch 3")
-    if color:
-        text.append(" (and its colour)")
-    if chart.virtual_stages > 1:
-        text.append("  F3, F3c1: model chunk 0, 1 of the rank")
+    text.append(": still running")
     return text
 
 
@@ -767,7 +782,7 @@ def _draw_chart(axis, chart: PipelineChart, *, x: str = "time", xmax: float | No
                 xlabel: bool | str = True) -> None:
     """Draw ``chart`` on a matplotlib axis (rows top to bottom); ``xlabel``: the
     axis's own label (True), none (False) or this text."""
-    from matplotlib.patches import Patch, Rectangle
+    from matplotlib.patches import Rectangle
 
     if x not in ("time", "slot"):
         raise ValueError(f"x={x!r}: draw against 'time' (the clock) or 'slot' (time slots)")
@@ -823,34 +838,24 @@ def _draw_chart(axis, chart: PipelineChart, *, x: str = "time", xmax: float | No
     axis.set_title(title if title is not None else
                    f"{describe(chart)}\n{_wrapped(bubble_text(chart))}", fontsize=9, loc="left")
     if legend:
-        handles = [Patch(facecolor="#BBBBBB", edgecolor="#222222", hatch=HATCHES[kind],
-                         linestyle=EDGE_STYLES[kind], label=f"{kind} {KIND_NAMES[kind]}")
-                   for kind in WORK]
-        handles.append(Patch(facecolor="#FFFFFF", edgecolor="#222222", hatch=HATCHES["step"],
-                             linestyle="dotted", label=f"{STEP_TEXT} optimizer step"))
-        handles.append(Patch(facecolor=IDLE_COLOR, edgecolor="#BBBBBB", hatch="..",
-                             label="idle (bubble)"))
-        handles += colour_key(chart)
+        handles = legend_handles(chart)
         axis.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=7,
-                    frameon=False, handlelength=1.2, columnspacing=0.9,
-                    bbox_to_anchor=(0.5, -0.55 / (0.55 * len(chart.rows))))
+                    frameon=False, bbox_to_anchor=(0.5, -0.55 / (0.55 * len(chart.rows))))
 
 
-def colour_key(chart: PipelineChart) -> list:
-    """Legend handles saying that a box's colour is its micro-batch: one patch
-    per micro-batch colour ("micro-batch 0", then "1", "2", ...), and, for an
-    interleaved chart, that a thinner box is a rank's later model chunk."""
+def legend_handles(chart: PipelineChart) -> list:
+    """The PNG's legend: :func:`legend_words`' entries as swatches drawn like
+    the boxes, and the idle time."""
     from matplotlib.patches import Patch
 
-    shown = min(chart.microbatches, len(PALETTE))
-    handles = [Patch(facecolor=PALETTE[index], edgecolor="#222222",
-                     label=f"micro-batch {index}" if index == 0 else f"{index}")
-               for index in range(shown)]
-    if chart.microbatches > len(PALETTE):
-        handles[-1].set_label(f"{shown - 1} (colours repeat)")
-    if chart.virtual_stages > 1:
-        handles.append(Patch(facecolor="#FFFFFF", edgecolor="#222222",
-                             label="thinner box: the rank's chunk 1 (F3c1)"))
+    handles = []
+    for symbol, words, drawn in legend_words(chart):
+        kind = "step" if symbol == STEP_TEXT else symbol[0]
+        handles.append(Patch(facecolor="#FFFFFF" if kind == "step" else "#BBBBBB",
+                             edgecolor="#222222", hatch=HATCHES[kind],
+                             linestyle=EDGE_STYLES[kind], label=f"{symbol}: {words} ({drawn})"))
+    handles.append(Patch(facecolor=IDLE_COLOR, edgecolor="#BBBBBB", hatch="..",
+                         label="idle: the bubble (hatched grey)"))
     return handles
 
 
@@ -956,8 +961,17 @@ def draw_schedule_comparison(events_by_schedule: dict, path, *, x: str = "time",
     {"gpipe": ..., "1f1b": ..., "interleaved": ...}, each value anything
     :func:`pipeline_chart` reads, simulated events included) and, where the
     events carry the memory ledger, each stage's peak live activations
-    (micro-batches). They must share p and m. Writes a PNG; returns the path."""
-    from matplotlib.patches import Patch
+    (micro-batches), one legend under them. They must share p and m. Writes
+    a PNG (:func:`schedule_comparison_figure`); returns the path."""
+    figure = schedule_comparison_figure(events_by_schedule, x=x)
+    path = os.fspath(path)
+    with atomic_path(path) as name:
+        figure.savefig(name, dpi=dpi)
+    return path
+
+
+def schedule_comparison_figure(events_by_schedule: dict, *, x: str = "time"):
+    """The figure :func:`draw_schedule_comparison` writes."""
     from matplotlib.ticker import MaxNLocator
 
     if not events_by_schedule:
@@ -979,12 +993,12 @@ def draw_schedule_comparison(events_by_schedule: dict, path, *, x: str = "time",
     memory = any(row.peak_live_microbatches is not None for chart in charts
                  for row in chart.rows)
     rows = max(len(chart.rows) for chart in charts)
-    height = 1.45 + len(charts) * (0.75 + 0.45 * rows)
+    height = 1.6 + len(charts) * (0.75 + 0.45 * rows)
     figure = _figure(13.0, height)
     grid = figure.add_gridspec(len(charts), 2 if memory else 1,
                                width_ratios=(5, 1) if memory else None,
                                hspace=0.95 / (0.45 * rows), wspace=0.08, left=0.09,
-                               right=0.98, top=1 - 0.7 / height, bottom=0.8 / height)
+                               right=0.98, top=1 - 0.7 / height, bottom=0.95 / height)
     if x == "slot":
         xmax = max(chart.slots for chart in charts)
     else:
@@ -996,7 +1010,9 @@ def draw_schedule_comparison(events_by_schedule: dict, path, *, x: str = "time",
                     xlabel=index + 1 == len(charts),
                     title=_wrapped(f"{chart.schedule}: bubble {clock_word(chart)} "
                                    f"{chart.bubble:.3f}, "
-                                   f"expected {chart.expected.text} ({bubble_gap(chart)})"))
+                                   f"expected {chart.expected.text} ({bubble_gap(chart)})",
+                                   # Beside the memory column a panel is 5/6 as wide.
+                                   120 if memory else 160))
         if memory:
             bars = figure.add_subplot(grid[index, 1], sharey=axis)
             peaks = [row.peak_live_microbatches or 0 for row in chart.rows]
@@ -1012,19 +1028,15 @@ def draw_schedule_comparison(events_by_schedule: dict, path, *, x: str = "time",
             bars.set_title(f"peak live activations\n({held})", fontsize=8)
     p, m = next(iter(shapes))
     figure.suptitle(f"{' vs '.join(chart.schedule for chart in charts)}: {p} stages, "
-                    f"{m} micro-batches (idle hatched grey; B hatched ///, R xxx; "
-                    "a box's colour is its micro-batch, key below)",
-                    fontsize=10, x=0.01, ha="left")
-    key = [Patch(facecolor="#BBBBBB", edgecolor="#222222", hatch=HATCHES[kind],
-                 label=f"{kind} {KIND_NAMES[kind]}") for kind in ("F", "B")]
-    key += colour_key(max(charts, key=lambda chart: chart.virtual_stages))
-    figure.legend(handles=key, loc="lower center", ncol=len(key), fontsize=7,
-                  frameon=False, handlelength=1.2, columnspacing=0.9,
-                  bbox_to_anchor=(0.5, 0.0))
-    path = os.fspath(path)
-    with atomic_path(path) as name:
-        figure.savefig(name, dpi=dpi)
-    return path
+                    f"{m} micro-batches", fontsize=10, x=0.01, ha="left")
+    # One legend for the panels: the entries of every chart drawn.
+    handles = {}
+    for chart in charts:
+        for handle in legend_handles(chart):
+            handles.setdefault(handle.get_label(), handle)
+    figure.legend(handles=list(handles.values()), loc="lower center", ncol=len(handles),
+                  fontsize=7, frameon=False, bbox_to_anchor=(0.5, 0.0))
+    return figure
 
 
 def draw_planned_comparison(path, stages: int = 4, microbatches: int = 8,
@@ -1064,4 +1076,5 @@ __all__ = ["Box", "Row", "Column", "BubbleFormula", "PipelineChart", "pipeline_c
            "gantt_height",
            "render_pipeline_frame", "step_through_pipeline", "play_pipeline",
            "draw_pipeline_gantt", "save_pipeline_gantt", "draw_schedule_comparison",
+           "schedule_comparison_figure", "legend_words", "legend_handles",
            "draw_planned_comparison"]

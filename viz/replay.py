@@ -504,6 +504,80 @@ def _as_holdings(start, world):
 # --------------------------------------------------------------------------- words and costs
 
 
+# The cells' symbols, one vocabulary for every picture of a replay (the
+# terminal, the GIF, the browser's player): a rank is always "rank r", and a
+# cell holding rank r's data alone shows "r", never "r0" in one picture and
+# "1" in another.
+
+#: The kinds of cell, in the order every legend lists them.
+CELL_KINDS = ("one", "partial", "complete", "empty")
+
+
+def cell_kind(holders: frozenset, world_size: int) -> str:
+    """"empty", "one" (one rank's data), "complete" (every rank's) or "partial"."""
+    if not holders:
+        return "empty"
+    if len(holders) == world_size:
+        return "complete"
+    return "one" if len(holders) == 1 else "partial"
+
+
+def cell_symbol(holders: frozenset, world_size: int) -> str:
+    """What a cell shows: "2" rank 2's data alone, "Σ3" three ranks' data
+    combined so far, "A" all ranks', "·" nothing yet."""
+    kind = cell_kind(holders, world_size)
+    if kind == "one":
+        return str(next(iter(holders)))
+    return {"empty": "·", "complete": "A", "partial": f"Σ{len(holders)}"}[kind]
+
+
+def cell_kinds(replay: Replay) -> list[str]:
+    """The kinds of cell some frame of ``replay`` draws (:data:`CELL_KINDS`'
+    order): a legend names these and no others."""
+    if replay.initial is None:
+        return []
+    found = {cell_kind(holders, replay.world_size)
+             for frame in replay.frames if frame.holdings is not None
+             for row in frame.holdings for holders in row}
+    return [kind for kind in CELL_KINDS if kind in found]
+
+
+def alone_ranks(replay: Replay) -> list[int]:
+    """The ranks whose data some cell holds alone in some frame (those the
+    cells show by number): every rank in an all_reduce, the root alone in a
+    broadcast; every rank when the cells are not tracked (their boxes)."""
+    if replay.initial is None:
+        return list(range(replay.world_size))
+    return sorted({next(iter(holders)) for frame in replay.frames if frame.holdings is not None
+                   for row in frame.holdings for holders in row
+                   if len(holders) == 1})
+
+
+def cell_words(replay: Replay) -> dict[str, tuple[str, str]]:
+    """kind -> (symbol, what it means) for this replay's collective: "Σk" is a
+    partial sum in a reduction, K, V blocks merged in ring attention. The
+    symbol of "one" is "r" (the rank's number is drawn)."""
+    if replay.collective == "ring_attention":
+        return {"one": ("r", "rank r's own K, V block only"),
+                "partial": ("Σk", "k ranks' K, V blocks merged so far"),
+                "complete": ("A", "every rank's K, V block merged"),
+                "empty": ("·", "nothing merged yet")}
+    combined = ("summed so far" if replay.collective in _STARTS_WITH_OWN
+                else "combined so far")
+    return {"one": ("r", "rank r's data alone"),
+            "partial": ("Σk", f"k ranks' data {combined}"),
+            "complete": ("A", "all ranks' data (complete)"),
+            "empty": ("·", "nothing yet")}
+
+
+def rank_words(replay: Replay, rank: int) -> str:
+    """The legend's words for the cells (or box) of rank ``rank``'s number."""
+    if replay.initial is None:
+        return f"rank {rank}'s buffer"
+    return cell_words(replay)["one"][1].replace("rank r", f"rank {rank}")
+
+
+
 def step_words(replay: Replay, frame: Frame) -> str:
     """"step k of K", as every picture counts: step 0 is the state before any
     message, step K the end of the call."""

@@ -13,10 +13,12 @@ What a frame shows (:mod:`minidist.parallel.context.ring_attention`):
 * each rank's buffer is its *output*, one cell per chunk of its positions
   (two with the zig-zag split: chunks r and 2n - 1 - r). A cell holds the
   ranks whose K, V blocks its partial attention has merged so far, the
-  online softmax's running (O, LSE): "1" its own block, "3" three blocks,
-  "A" all of them. Under the causal mask a chunk never merges the blocks of
-  later positions: rank 0's early chunk ends holding {0} only, its late chunk
-  every block;
+  online softmax's running (O, LSE), and shows what every replay's cell
+  shows (:func:`viz.replay.cell_symbol`): "2" rank 2's own block alone,
+  "Σ3" three blocks, "A" all of them; the legend says so in these words
+  (:func:`viz.replay.cell_words`). Under the causal mask a chunk never
+  merges the blocks of later positions: rank 0's early chunk ends holding
+  {0} only ("0"), its late chunk every block ("A");
 * step 0 (before any message): each rank has attended to its own K, V
   block; step k: rank r has received the block of rank r - k from its left
   neighbour (the message's text names whose block it carries, the frame's

@@ -11,10 +11,13 @@ Each frame shows
   :mod:`viz.replay`);
 * the ranks laid out as the algorithm sees them (a ring for ring
   algorithms, a tree for trees, a list otherwise), each rank's buffer drawn
-  as its cells. A cell's character says how many ranks' data it holds
-  ("3": a partial result of three ranks, "A": all of them, "·": nothing yet)
-  and its colour is the first of those ranks (:func:`first_rank`), so colour
-  is never the only signal and ``color=False`` loses nothing;
+  as its cells. A cell shows the symbols of every picture of a replay
+  (:func:`viz.replay.cell_symbol`: "2" rank 2's data alone, "Σ3" a partial
+  result of three ranks, "A" all of them, "·" nothing yet) and its colour is
+  the first of those ranks (:func:`first_rank`), so colour is never the only
+  signal and ``color=False`` loses nothing. A rank is "rank r", as in the
+  GIF and the browser's player, and the legend under the frame names every
+  symbol the replay draws, in their words;
 * the step's messages as arrows with their byte counts ("0 -> 1  256 B
   combine"), the cost formula, and the time the cost model predicts for the
   whole call against the time measured up to the end of this step.
@@ -44,7 +47,8 @@ from rich.tree import Tree
 
 from minidist.alpha_beta import EXCHANGE_BETA_LEGEND, SLOTS_ALPHA_LEGEND
 from minidist.units import format_bytes
-from viz.replay import Frame, Replay, model_gap, step_words
+from viz.replay import (Frame, Replay, alone_ranks, cell_kinds, cell_symbol, cell_words,
+                         model_gap, rank_words, step_words)
 
 #: matplotlib's "tableau-colorblind10": told apart with every common colour blindness.
 PALETTE = ("#006BA4", "#FF800E", "#ABABAB", "#595959", "#5F9ED1",
@@ -62,12 +66,21 @@ MESSAGES_SHOWN = 12
 
 
 def cell_char(holding: frozenset, world_size: int) -> str:
-    """"·" nothing, "A" every rank, else how many ranks' data ("+" above 9)."""
-    if not holding:
-        return "·"
-    if len(holding) == world_size:
-        return "A"
-    return str(len(holding)) if len(holding) < 10 else "+"
+    """"·" nothing, "A" every rank, "2" rank 2's data alone, "Σ3" three ranks'
+    (:func:`viz.replay.cell_symbol`)."""
+    return cell_symbol(holding, world_size)
+
+
+def cell_width(replay: Replay) -> int:
+    """Characters a cell takes: its replay's longest symbol ("Σ3": 2)."""
+    return max((len(cell_symbol(holding, replay.world_size))
+                for frame in replay.frames if frame.holdings is not None
+                for row in frame.holdings for holding in row), default=1)
+
+
+def _cell_gap(replay: Replay) -> str:
+    # Ranks from 10 on are two digits: "1011" would read as one number.
+    return " " if replay.world_size > 10 else ""
 
 
 def rank_colour(rank: int) -> str:
@@ -94,16 +107,20 @@ def first_rank(holding: frozenset, world_size: int) -> int:
 
 
 def buffer_text(replay: Replay, frame: Frame | None, rank: int, *, color: bool = True) -> Text:
-    """Rank ``rank``'s buffer as its cells: "r3 │2A11│" (the cells of the
-    frame's holdings; of the initial holdings when ``frame`` is None)."""
-    text = Text(f"r{rank}", style="bold" if color else "")
+    """Rank ``rank``'s buffer as its cells: "rank 3 │Σ2 A 3 3│" (the cells of
+    the frame's holdings; of the initial holdings when ``frame`` is None)."""
+    digits = len(str(replay.world_size - 1))
+    text = Text(f"rank {rank:>{digits}} ", style="bold" if color else "")
     holdings = frame.holdings if frame is not None else replay.initial
     text.append("│")
     if holdings is None:
         text.append("?" * min(replay.cells, 8), style="dim" if color else "")
     else:
-        for holding in holdings[rank]:
-            text.append(cell_char(holding, replay.world_size),
+        width, gap = cell_width(replay), _cell_gap(replay)
+        for cell, holding in enumerate(holdings[rank]):
+            if cell and gap:
+                text.append(gap)
+            text.append(f"{cell_char(holding, replay.world_size):>{width}}",
                         style=_cell_style(holding, replay.world_size, color))
     text.append("│")
     return text
@@ -172,22 +189,41 @@ def _costs(replay: Replay, frame: Frame, color: bool) -> Text:
 
 
 def legend(replay: Replay, *, color: bool = True) -> Text:
-    """What the cell characters and colours mean."""
+    """What the cells' symbols and colours mean: each symbol the replay draws
+    in some frame, in the words of the GIF's legend (:func:`viz.replay.cell_words`)."""
     text = Text("cells: ")
-    if replay.initial is None:
+    kinds = cell_kinds(replay)
+    if not kinds:
         text.append("not tracked for this collective (messages only)")
         return text
-    text.append("·", style="dim" if color else "")
-    text.append(" none  ")
-    text.append("3", style=_cell_style(frozenset({0, 1, 2}), replay.world_size + 3, color))
-    text.append(" = 3 ranks' data  ")
-    text.append("A", style=COMPLETE_STYLE if color else "")
-    text.append(" = all")
+    words, n = cell_words(replay), replay.world_size
+    parts = []
+    for kind in kinds:
+        symbol, meaning = words[kind]
+        if kind == "one":
+            ranks = alone_ranks(replay)
+            if len(ranks) == 1:
+                parts.append((str(ranks[0]), frozenset({0}), rank_words(replay, ranks[0])))
+                continue
+            consecutive = ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2
+            numbers = f"{ranks[0]}..{ranks[-1]}" if consecutive else " ".join(map(str, ranks))
+            parts.append((numbers, frozenset({0}),
+                          rank_words(replay, 0).replace("rank 0", "that rank")))
+        else:
+            example = {"partial": frozenset({0, 1}), "complete": frozenset(range(n)),
+                       "empty": frozenset()}[kind]
+            parts.append((symbol, example, meaning))
+    for index, (symbol, example, meaning) in enumerate(parts):
+        if index:
+            text.append("   ")
+        text.append(symbol, style=("bold" if color else "") if example == {0}
+                    else _cell_style(example, n, color))
+        text.append(f": {meaning}")
     if color:
-        text.append("  colour: first rank ")
-        for rank in range(min(replay.world_size, len(PALETTE))):
-            text.append(str(rank), style=_cell_style(frozenset({rank}), replay.world_size + 1,
-                                                     True))
+        text.append("\n       colour: a cell's first rank ")
+        for rank in range(min(n, len(PALETTE))):
+            text.append(str(rank), style=_cell_style(frozenset({rank}), n + 1, True))
+        text.append(", a message's its sender's")
     return text
 
 

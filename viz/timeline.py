@@ -57,6 +57,8 @@ LANES = {"calls": (0.78, 0.17), "compute": (0.54, 0.2), "send": (0.29, 0.2),
 COLORS = {"calls": "#CFCFCF", "compute": "#006BA4", "send": "#FF800E", "recv": "#5F9ED1"}
 HATCHES = {"recv": "////", "calls": None, "compute": None, "send": None}
 IDLE_COLOR = "#F2F2F2"
+#: Inches of one more line of legend (the mesh's takes two).
+LEGEND_LINE_INCHES = 0.22
 #: Colours of the mesh dimensions, in the mesh's order (colour-blind safe,
 #: none of them the compute lane's blue), and of what runs along none.
 DIMENSION_COLORS = ("#C85200", "#2CA02C", "#9467BD", "#E377C2", "#8C564B", "#BCBD22")
@@ -264,8 +266,10 @@ def draw_timeline(trace, figure: Figure | None = None, *, max_events: int = MAX_
         notes.append(f"showing ranks {ranks[0]} to {ranks[max_ranks - 1]} of {len(ranks)}")
         ranks = ranks[:max_ranks]
     row_of = {rank: index for index, rank in enumerate(ranks)}
-    height = min(2.0 + 0.55 * max(len(ranks), 1), 30.0)
-    figure, axis = _figure_and_axis(figure, height)
+    # The mesh's legend takes two lines above the ranks: room for the second.
+    extra = LEGEND_LINE_INCHES if mesh is not None else 0.0
+    height = min(2.0 + 0.55 * max(len(ranks), 1), 30.0) + extra
+    figure, axis = _figure_and_axis(figure, height, extra)
     if not events:
         axis.text(0.5, 0.5, "this trace has no events", ha="center", va="center",
                   transform=axis.transAxes)
@@ -305,13 +309,15 @@ def draw_timeline(trace, figure: Figure | None = None, *, max_events: int = MAX_
     return figure
 
 
-def _figure_and_axis(figure: Figure | None, height: float):
-    """A figure ``height`` inches tall (or the one given) and the timeline's axis on it."""
+def _figure_and_axis(figure: Figure | None, height: float, extra: float = 0.0):
+    """A figure ``height`` inches tall (or the one given) and the timeline's
+    axis on it, ``extra`` inches more above it (for the legend)."""
     if figure is None:
         figure = Figure(figsize=(13.0, height), dpi=100)
     if not isinstance(figure.canvas, FigureCanvasAgg):
         FigureCanvasAgg(figure)
-    axis = figure.add_axes((0.08, 0.9 / height + 0.04, 0.9, 1 - (1.6 / height) - 0.04))
+    axis = figure.add_axes((0.08, 0.9 / height + 0.04,
+                            0.9, 1 - ((1.6 + extra) / height) - 0.04))
     return figure, axis
 
 
@@ -440,17 +446,21 @@ def _draw_legend(axis) -> None:
 
 def _draw_mesh_legend(axis, mesh, palette) -> None:
     """The legend of the colour-by-mesh mode: one swatch per dimension (its
-    size), "other", compute, recv hatched."""
+    size), "other", the spans of no group, compute, recv hatched, idle, the
+    messages' lines."""
     shape, names = mesh
     handles = [Patch(facecolor=palette[name], label=f"{name} ({size} ranks): messages, calls")
                for name, size in zip(names, shape)]
     handles += [Patch(facecolor=OTHER_COLOR, label="other group / world"),
+                Patch(facecolor=COLORS["calls"], label="other span (step, ...)"),
                 Patch(facecolor=COLORS["compute"], label="compute"),
                 Patch(facecolor="white", edgecolor="#333333", hatch=HATCHES["recv"],
                       label="recv (hatched)"),
-                Patch(facecolor=IDLE_COLOR, hatch="..", edgecolor="#BBBBBB", label="idle")]
+                Patch(facecolor=IDLE_COLOR, hatch="..", edgecolor="#BBBBBB", label="idle"),
+                Patch(facecolor="white", edgecolor="#333333",
+                      label="line: send start → recv end (its dimension's colour)")]
     axis.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0),
-                ncol=min(len(handles), 7), fontsize=8, frameon=False)
+                ncol=min(len(handles), 5), fontsize=8, frameon=False)
 
 
 def save_timeline(trace, path, dpi: int = 100, **options) -> str:

@@ -95,3 +95,18 @@ def test_parse_shape():
     assert parse_shape("8") == (8,)
     with pytest.raises(ValueError, match="at least one rank"):
         parse_shape("2x0")
+
+
+@pytest.mark.parametrize(("shape", "names"), CASES + [((1, 4), ("dp", "tp"))])
+def test_the_legend_names_the_numbers_and_every_dimensions_frame(shape, names):
+    from tests.viz.legends import legend_texts, unnamed
+
+    figure = mesh_figure(shape, names)
+    legend = legend_texts(figure)
+    drawn = [text.get_text() for axis in figure.axes for text in axis.texts]
+    assert unnamed(drawn, legend) == [], legend
+    names = names or tuple(f"dim {d}" for d in range(len(shape)))
+    # The rows' frames always; the columns' where a column holds two ranks; the panels in 3-D.
+    framed = [names[-1]] + ([names[-2]] if len(shape) >= 2 and shape[-2] > 1 else []) \
+        + ([f"{names[0]} = k"] if len(shape) == 3 else [])
+    assert [entry.split(":")[0] for entry in legend[1:]] == framed

@@ -19,7 +19,9 @@ import minidist.distributed as dist
 from minidist import Tensor, nn, trace
 from minidist.parallel.model.spatial_parallel import SpatialParallelConv2d, halo_plan
 from minidist.parallel.model.split_conv import band
-from viz.halo import draw_halo, halo_picture, shown_rows
+from tests.viz.legends import legend_texts, unnamed
+from tests.viz.text_layout import text_problems
+from viz.halo import draw_halo, draw_halo_figure, halo_picture, shown_rows
 
 N, C_IN, WIDTH = 2, 3, 5
 
@@ -103,3 +105,17 @@ def test_a_trace_without_halo_messages_says_so(tmp_path):
     header = trace.make_header(world_size=2)
     with pytest.raises(ValueError, match="no halo messages"):
         halo_picture((header, []))
+
+
+@pytest.mark.parametrize("height, kernel, padding, world", [(12, 3, 1, 4), (200, 3, 1, 4),
+                                                           (6, 5, 2, 4), (9, 3, 1, 2)])
+def test_the_legend_names_every_symbol_drawn(height, kernel, padding, world):
+    """Every text the panels draw (a row's number, "⋮", "3:4", "grad 3:4") is
+    named in the legend under them, and no text overlaps another."""
+    figure = draw_halo_figure(halo_plan(height, kernel, 1, padding, world))
+    drawn = [text.get_text() for axis in figure.axes for text in axis.texts
+             if not text.get_text().startswith("rank ")]
+    assert drawn and unnamed(drawn, legend_texts(figure)) == []
+    assert {"rank 0's rows", "hatched: a halo row received, its owner's colour"} <= \
+        set(legend_texts(figure))
+    assert text_problems(figure) == []

@@ -16,6 +16,7 @@ import shutil
 import numpy as np
 import pytest
 import viz_samples
+from legends import unnamed
 from PIL import Image
 
 from viz import animate
@@ -93,6 +94,10 @@ def _cells(page) -> list[str]:
     return page.eval_on_selector_all("rect.cell", "cells => cells.map(c => c.dataset.text)")
 
 
+def _legend_symbols(page) -> list[str]:
+    return page.eval_on_selector_all(".legend .entry", "es => es.map(e => e.dataset.symbol)")
+
+
 def _expected_cells(replay, index) -> list[str]:
     n = replay.world_size
     return [animate.cell_text(cell, n) for rank in replay.frames[index].holdings for cell in rank]
@@ -120,7 +125,7 @@ def test_the_page_loads_with_the_network_off(ring, open_page):
     labels = page.eval_on_selector_all("button", "buttons => buttons.map(b => b.innerText)")
     assert labels == ["|< first", "< back", "play", "forward >", "last >|"]
     # Step 0 is the state before any message: each rank its own data, no arrows.
-    assert _cells(page) == _expected_cells(replay, 0) == [f"r{r}" for r in range(4)
+    assert _cells(page) == _expected_cells(replay, 0) == [str(r) for r in range(4)
                                                            for _ in range(4)]
     assert page.locator(".msg").count() == 0
 
@@ -136,6 +141,8 @@ def test_buttons_slider_and_keys_move_through_the_steps(ring, open_page):
         assert _step(page) == step, button
         assert _cells(page) == _expected_cells(replay, step)
         assert page.locator(".msg").count() == len(replay.frames[step].messages)
+        # The legend under the picture names every symbol its cells show.
+        assert unnamed(_cells(page), _legend_symbols(page)) == []
     page.locator(".slider").fill("3")
     assert _step(page) == 3 and page.inner_text(".where") == "step 3 of 6"
     page.locator("body").click(position={"x": 5, "y": 600})  # focus off the slider

@@ -134,3 +134,18 @@ def test_the_checker_sees_overlaps_and_text_off_the_figure():
     assert "'step 2' overlaps 'all_reduce ring'" in problems
     assert any("runs off the right edge' leaves the figure" in p for p in problems)
     assert len(problems) == 2
+
+
+def test_the_ps_bandwidth_legend_names_every_line_and_kind_of_point(tmp_path):
+    """Each line and each kind of measured point (marker and colour) of lesson
+    7's picture has a legend entry."""
+    figure = PICTURES["ps bandwidth"](tmp_path)
+    for axis in figure.axes:
+        named = {(line.get_marker(), line.get_color()) for line in axis.get_lines()
+                 if not line.get_label().startswith("_")}
+        drawn = {(line.get_marker(), line.get_color()) for line in axis.get_lines()}
+        assert drawn <= named, drawn - named
+        labels = [text.get_text() for text in axis.get_legend().get_texts()]
+        assert len(labels) == len(named)
+    assert "measured: 2 servers" in [text.get_text()
+                                     for text in figure.axes[0].get_legend().get_texts()]

@@ -18,6 +18,8 @@ from minidist import trace
 from minidist.parallel.context.ring_attention import ring_attention
 from minidist.parallel.context.split import shard_sequence
 from minidist.tensor import Tensor
+from legends import check_replay
+
 from viz import animate
 from viz.ring_attention_replay import ring_attention_calls, ring_attention_replay
 from viz.terminal import render_frame
@@ -95,14 +97,19 @@ def test_terminal_frames(events):
     ring = ring_attention_replay(events)
     before = _text(render_frame(ring, 0, color=False))
     assert "ring_attention · ring · 4 ranks" in before and "step 0 of 3 (before any message)" in before
-    assert all(f"r{rank}│11│" in before for rank in range(WORLD))
+    # Each rank has attended to its own block: its number in both cells, as the GIF draws it.
+    assert all(f"rank {rank} │ {rank} {rank}│" in before for rank in range(WORLD))
     first = _text(render_frame(ring, 1, color=False))
     # Rank 1 merged rank 0's block into both chunks; rank 0 got rank 3's: only its late chunk sees it.
-    assert "r1│22│" in first and "r0│12│" in first
+    assert "rank 1 │Σ2Σ2│" in first and "rank 0 │ 0Σ2│" in first
     assert "0 -> 1" in first and "merge" in first and "K,V of rank 0" in first
     assert "(n - 1) (α + 2 B H L D s β)" in first
     last = _text(render_frame(ring, 3, color=False))
-    assert "r3│AA│" in last and "r0│1A│" in last
+    assert "rank 3 │ A A│" in last and "rank 0 │ 0 A│" in last
+    # The legend names every symbol, in ring attention's words.
+    assert "0..3: that rank's own K, V block only" in last
+    assert "Σk: k ranks' K, V blocks merged so far" in " ".join(first.split())
+    assert "A: every rank's K, V block merged" in " ".join(last.split())
 
 
 def test_gif_and_player_have_one_frame_per_step(events, tmp_path):
@@ -131,3 +138,13 @@ def test_minidist_viz_replays_the_ring_of_a_ring_attention_trace(trace_path, tmp
     gif = tmp_path / "ring.gif"
     assert show(trace_path, gif=str(gif), call=1, console=console) == 0
     assert Image.open(gif).n_frames == len(ring_attention_replay(trace_path, 1).frames)
+
+
+def test_legends_name_every_symbol_and_ranks_alike(events):
+    """The GIF's legend names the "A" it draws, the cells show the terminal's
+    symbols, and both call a rank "rank r" (the picture drew "r0" where the
+    terminal printed "1")."""
+    ring = ring_attention_replay(events)
+    assert check_replay(ring, range(len(ring.frames))) == []
+    assert [entry["symbol"] for entry in animate.legend_entries(ring)] == \
+        ["0", "1", "2", "3", "Σk", "A", "outlined", "arrow"]

@@ -21,6 +21,7 @@ from minidist.distributed.device_mesh import init_device_mesh, mesh_layout, trac
 from minidist.models.gpt import GPT, GPTConfig
 from minidist.parallel.mesh.gpt_3d import GPT3D, MESH_DIMS
 from minidist.parallel.pipeline.executor import annotate_trace
+from tests.viz.text_layout import text_problems
 from viz import timeline
 
 SHAPE = (2, 2, 2)
@@ -109,6 +110,10 @@ def test_the_figure_colours_each_dimension_and_names_it_in_the_legend(run, tmp_p
     faces = {to_hex(color) for collection in axis.collections
              for color in collection.get_facecolors()}
     assert {c.lower() for c in timeline.DIMENSION_COLORS[:3]} <= faces
+    # Every colour drawn has its swatch, and the two-line legend is clear of the title.
+    named = {to_hex(handle.get_facecolor()) for handle in axis.get_legend().legend_handles}
+    assert faces <= named, faces - named
+    assert text_problems(figure) == []
     plain = timeline.draw_timeline(path, color_by="lane").axes[0]
     assert "pp (2 ranks): messages, calls" not in [t.get_text() for t in plain.get_legend().get_texts()]
     timeline.save_timeline(path, tmp_path / "mesh.png")

@@ -76,7 +76,7 @@ def test_header_says_step_phase_and_times():
 def test_every_cell_shows_a_letter_or_number():
     n = 4
     assert animate.cell_text(frozenset(), n) == "·"
-    assert animate.cell_text(frozenset({2}), n) == "r2"
+    assert animate.cell_text(frozenset({2}), n) == "2"
     assert animate.cell_text(frozenset({0, 3}), n) == "Σ2"
     assert animate.cell_text(frozenset(range(n)), n) == "A"
 

@@ -256,7 +256,7 @@ def test_frame_k_shows_the_grid_up_to_slot_k():
     chart = pipeline_chart(gpipe_2x2())
     third = _text(render_pipeline_frame(chart, 2, color=False))
     assert "stage 0 │F0 F1 .." in third and "stage 1 │.. F0 F1" in third
-    assert "B1" not in third.split("started")[1].split("F forward")[0]
+    assert "B1" not in third.split("started")[1].split("F3: forward")[0]
     assert "slot 3 of 6" in third and "started: stage 1 F1 (warmup)" in third
     last = _text(render_pipeline_frame(chart, 5, color=False))
     assert "stage 0 │F0 F1 .. .. B1 B0" in last
@@ -403,3 +403,46 @@ def test_the_bubble_says_why_it_differs_from_the_formula():
     assert "is shorter than the waits between" in gap
     assert gap.endswith("the model holds on `minidist demo pipeline --simulate --schedule 1f1b "
                         "--stages 4 --microbatches 8` or with --stages 2")
+
+
+# --------------------------------------------------------------------------- the legends
+
+
+@pytest.mark.parametrize("name, stages, microbatches, chunks",
+                         [("gpipe", 2, 2, 1), ("interleaved_1f1b", 2, 3, 2)])
+def test_legends_name_every_box_and_agree(name, stages, microbatches, chunks):
+    """The PNG's legend names every text its boxes show (F0, B1, F0c1, st),
+    the terminal's names every cell of its grid ("..", "--" too), and both say
+    the same words for each."""
+    from minidist.parallel.pipeline.schedules import make_schedule
+    from minidist.parallel.pipeline.simulate import simulate_schedule
+    from tests.viz.legends import legend_texts, unnamed
+    from tests.viz.text_layout import text_problems
+    from viz.pipeline_chart import draw_pipeline_gantt, schedule_comparison_figure
+
+    events = simulate_schedule(make_schedule(name, stages, microbatches, chunks),
+                               1.0 / chunks, 2.0 / chunks)
+    chart = pipeline_chart(events)
+    figure = draw_pipeline_gantt(chart)
+    drawn = [text.get_text() for axis in figure.axes for text in axis.texts
+             if text.get_visible() and axis.get_legend() is not None]
+    png = legend_texts(figure)
+    assert drawn and unnamed(drawn, png) == [], png
+    assert text_problems(figure) == []
+    terminal = _text(render_pipeline_frame(chart, chart.slots - 1, color=False, width=300),
+                     width=300)
+    legend = next(line for line in terminal.splitlines() if line.startswith("F3: forward"))
+    entries = [entry.strip() for entry in legend.split("  ") if entry.strip()]
+    cells = [cell.strip() for row in chart.grid for cell in row]
+    assert unnamed(cells, entries) == [], entries
+    for entry in png:
+        if not entry.startswith("idle"):
+            assert entry.rsplit(" (", 1)[0] in legend, (entry, legend)
+    if chunks > 1:
+        assert any(entry.startswith("F3c1, B3c1: ") for entry in png)
+    # The schedules side by side: one legend under the panels, for every box.
+    comparison = schedule_comparison_figure({name: events})
+    drawn = [text.get_text() for axis in comparison.axes for text in axis.texts
+             if text.get_visible() and "peak live" not in axis.get_title()]
+    assert unnamed(drawn, legend_texts(comparison)) == []
+    assert text_problems(comparison) == []

@@ -69,33 +69,39 @@ def test_header_phase_messages_and_formula(ring4):
     assert "step 4 of 6 · allgather" in allgather and "copy" in allgather
 
 
-def test_cells_show_counts_and_all(ring4):
+def test_cells_show_ranks_sums_and_all(ring4):
     before = _text(render_frame(ring4, 0, color=False))
     assert "step 0 of 6 (before any message)" in before
-    assert all(f"r{rank}│1111│" in before for rank in range(4))  # each rank its own data
+    # Each rank its own data: its number in every cell, the rank named as in the GIF.
+    assert all(f"rank {rank} │{f' {rank}' * 4}│" in before for rank in range(4))
     assert "nothing sent yet" in before
     first = _text(render_frame(ring4, 1, color=False))
-    assert "r1│2111│" in first  # rank 1 combined rank 0's chunk 0
+    assert "rank 1 │Σ2 1 1 1│" in first  # rank 1 combined rank 0's chunk 0
     last = _text(render_frame(ring4, 6, color=False))
     for rank in range(4):
-        assert f"r{rank}│AAAA│" in last
+        assert f"rank {rank} │ A A A A│" in last
     assert cell_char(frozenset(), 4) == "·"
-    assert cell_char(frozenset({1, 2}), 4) == "2"
+    assert cell_char(frozenset({1, 2}), 4) == "Σ2"
+    assert cell_char(frozenset({3}), 4) == "3"
 
 
 def test_eight_ranks_fit_in_80_columns(ring8):
     for index in (0, 6, 13):
         text = _text(render_frame(ring8, index, width=80))
         assert max(len(line) for line in text.splitlines()) <= 80
-        # The ring is drawn (not the fallback list): four ranks on the top row.
-        assert any(line.count("│") == 8 for line in text.splitlines())
+        # In 120 columns (the most the step-through uses) the ring is drawn,
+        # not the fallback list: four ranks on the top row.
+        wide = _text(render_frame(ring8, index, width=120), width=120)
+        assert max(len(line) for line in wide.splitlines()) <= 120
+        assert any(line.count("│") == 8 for line in wide.splitlines())
 
 
 def test_color_and_no_color_say_the_same(ring8):
     plain = _text(render_frame(ring8, 4, color=False))
     coloured = _text(render_frame(ring8, 4, color=True))
-    strip = [line for line in plain.splitlines() if not line.startswith("cells:")]
-    assert strip == [line for line in coloured.splitlines() if not line.startswith("cells:")]
+    # Only the legend's line about colours is the coloured frame's own.
+    assert [line for line in coloured.splitlines()
+            if not line.strip().startswith("colour:")] == plain.splitlines()
 
 
 def test_64_ranks_render_the_summary_view():

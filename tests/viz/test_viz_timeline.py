@@ -125,3 +125,28 @@ def test_a_short_run_is_drawn_whole():
     assert "shown" not in " ".join(text.get_text() for text in figure.texts)
     assert timeline.step_starts(training_run(3)) == ("forward", [0, 10_000, 20_000])
     assert timeline.window_steps(ring_messages(2, 5))[1] == ""  # no compute: no steps
+
+
+def _colours_without_a_name(figure) -> set[str]:
+    """The fills the timeline draws that no legend swatch has."""
+    from matplotlib.colors import to_hex
+
+    axis = figure.axes[0]
+    drawn = {to_hex(colour) for collection in axis.collections
+             for colour in collection.get_facecolors()}
+    named = {to_hex(handle.get_facecolor()) for handle in axis.get_legend().legend_handles}
+    return drawn - named
+
+
+def test_the_legend_names_every_colour_drawn():
+    """Lane colours and, coloured by mesh dimension, each dimension's, the
+    spans of no group and the lines of the messages: all in the legend, whose
+    text stays clear of the rest."""
+    from legends import legend_texts
+    from text_layout import text_problems
+
+    for options in ({"color_by": "lane"}, {"color_by": "mesh", "mesh": ((3,), ("dp",))}):
+        figure = timeline.draw_timeline(events_with_compute(), **options)
+        assert _colours_without_a_name(figure) == set(), options
+        assert text_problems(figure) == [], options
+        assert any(text.startswith("line: send start → recv end") for text in legend_texts(figure))
