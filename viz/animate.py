@@ -55,8 +55,15 @@ from matplotlib.textpath import TextPath
 
 from minidist.atomic_file import atomic_path, atomic_write
 from minidist.units import format_bytes
-from viz.replay import (alone_ranks, cell_kinds, cell_symbol, cell_words, model_gap, rank_words,
-                         step_words)
+from viz.replay import (
+    alone_ranks,
+    cell_kinds,
+    cell_symbol,
+    cell_words,
+    model_gap,
+    rank_words,
+    step_words,
+)
 
 #: matplotlib's tableau-colorblind10, the colour of rank r is PALETTE[r % 10].
 PALETTE = ("#006BA4", "#FF800E", "#ABABAB", "#595959", "#5F9ED1",
@@ -326,7 +333,7 @@ def legend_entries(replay) -> list[dict]:
     cell). Then the arrows: each rank's colour that only its messages show,
     and what an arrow and its label say. The GIF's side panel and the
     browser's player both draw these."""
-    n, words = replay.world_size, cell_words(replay)
+    words = cell_words(replay)
     kinds = cell_kinds(replay)
     entries = []
 

@@ -47,8 +47,17 @@ from rich.tree import Tree
 
 from minidist.alpha_beta import EXCHANGE_BETA_LEGEND, SLOTS_ALPHA_LEGEND
 from minidist.units import format_bytes
-from viz.replay import (Frame, Replay, alone_ranks, cell_kinds, cell_symbol, cell_words,
-                         model_gap, rank_words, step_words)
+from viz.replay import (
+    Frame,
+    Replay,
+    alone_ranks,
+    cell_kinds,
+    cell_symbol,
+    cell_words,
+    model_gap,
+    rank_words,
+    step_words,
+)
 
 #: matplotlib's "tableau-colorblind10": told apart with every common colour blindness.
 PALETTE = ("#006BA4", "#FF800E", "#ABABAB", "#595959", "#5F9ED1",

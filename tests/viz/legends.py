@@ -16,7 +16,6 @@ from __future__ import annotations
 import re
 
 from rich.console import Console
-
 from text_layout import text_problems
 
 

@@ -9,6 +9,7 @@ import re
 
 import numpy as np
 import pytest
+from legends import check_replay
 from PIL import Image
 from rich.console import Console
 
@@ -18,8 +19,6 @@ from minidist import trace
 from minidist.parallel.context.ring_attention import ring_attention
 from minidist.parallel.context.split import shard_sequence
 from minidist.tensor import Tensor
-from legends import check_replay
-
 from viz import animate
 from viz.ring_attention_replay import ring_attention_calls, ring_attention_replay
 from viz.terminal import render_frame
