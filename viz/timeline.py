@@ -440,17 +440,21 @@ def _draw_legend(axis) -> None:
 
 def _draw_mesh_legend(axis, mesh, palette) -> None:
     """The legend of the colour-by-mesh mode: one swatch per dimension (its
-    size), "other", compute, recv hatched."""
+    size), "other", the calls lane's spans (a training step's region), compute,
+    recv hatched."""
     shape, names = mesh
-    handles = [Patch(facecolor=palette[name], label=f"{name} ({size} ranks): messages, calls")
+    handles = [Patch(facecolor=palette[name],
+                     label=f"{name} ({size} {'rank' if size == 1 else 'ranks'}): messages, calls")
                for name, size in zip(names, shape)]
     handles += [Patch(facecolor=OTHER_COLOR, label="other group / world"),
+                Patch(facecolor=COLORS["calls"], label="step / other span"),
                 Patch(facecolor=COLORS["compute"], label="compute"),
                 Patch(facecolor="white", edgecolor="#333333", hatch=HATCHES["recv"],
                       label="recv (hatched)"),
                 Patch(facecolor=IDLE_COLOR, hatch="..", edgecolor="#BBBBBB", label="idle")]
     axis.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0),
-                ncol=min(len(handles), 7), fontsize=8, frameon=False)
+                ncol=min(len(handles), 8), fontsize=8, frameon=False, columnspacing=1.0,
+                handlelength=1.4)
 
 
 def save_timeline(trace, path, dpi: int = 100, **options) -> str:
