@@ -35,7 +35,9 @@
 # 4. the device mesh: which rank sits in which group;
 # 5. a run of the GPT on a mesh of data x tensor x pipeline ranks;
 # 6. plans for one model on one budget of ranks (1,024 of them, simulated):
-#    every factorisation compared, and the Playbook's order of growing them.
+#    every factorisation compared, and the order in which *The Ultra-Scale
+#    Playbook* (Tazi et al., "The Ultra-Scale Playbook: Training LLMs on GPU
+#    Clusters", Hugging Face, 2025) grows them.
 #
 # Library code: `minidist/models/gpt.py` (the GPT),
 # `minidist/parallel/tensor/gpt.py` (TP and SP on it),
@@ -118,6 +120,25 @@ def calls(events, rank, label):
     return [trace.label_info(e["label"])["collective"] for e in inside(events, rank, label,
                                                                         "collective")]
 
+
+# What the quick form cuts (it is chosen by MINIDIST_LESSON_QUICK):
+glue("quick_form", QUICK)
+glue("lesson_form",
+     "This is the lesson's **quick form** (`MINIDIST_LESSON_QUICK=1`): every run is on 2 "
+     "processes. The full form also counts the activations on 4 tensor-parallel ranks "
+     "(section 3's table gets rows for n = 4), asks a 2 x 2 x 2 mesh of 8 processes "
+     "instead of a 1 x 1 x 2 one (section 4) and trains on it too (section 5). The model, its "
+     "sizes, and the predictions of sections 1 and 6 are the same in both forms."
+     if QUICK else
+     "This is the lesson's **full form**. The quick form (`MINIDIST_LESSON_QUICK=1`) runs "
+     "everything on 2 processes: no 4-rank rows in section 3, a 1 x 1 x 2 mesh in section 4, "
+     "and no 2 x 2 x 2 mesh of 8 processes in section 5; the model, its sizes, and the "
+     "predictions of sections 1 and 6 are the same in both forms.")
+
+# %% jupyter={"source_hidden": true}
+say("""
+{glue}`lesson_form`
+""")
 
 # %% [markdown]
 # ## 1. Why split a transformer
@@ -449,8 +470,9 @@ for rank, found in enumerate(tp_runs):
     print(f"rank {rank}: forward calls {calls(tp_events, rank, 'block forward')}, "
           f"backward calls {calls(tp_events, rank, 'block backward')}")
     print(f"   sent {sent(tp_events, rank, 'block forward'):,} bytes forward and "
-          f"{sent(tp_events, rank, 'block backward'):,} backward; formula 2 AR(B T d) = 2 x "
-          f"{4 * ring_all_reduce_sent(btd, TP)[rank]:,} = "
+          f"{sent(tp_events, rank, 'block backward'):,} backward; formula: 2 all_reduces x "
+          f"2 (n - 1)/n B T d s bytes (a ring all_reduce of B T d values of s = 4 bytes) "
+          f"= 2 x {4 * ring_all_reduce_sent(btd, TP)[rank]:,} = "
           f"{2 * 4 * ring_all_reduce_sent(btd, TP)[rank]:,} bytes each way")
     print(f"   largest relative difference from the unsplit block: "
           f"Y {relative_error(found['y'], whole_y.data):.1e}, "
@@ -460,6 +482,7 @@ for rank, found in enumerate(tp_runs):
         assert calls(tp_events, rank, f"block {part}") == ["all_reduce"] * 2
         assert sent(tp_events, rank, f"block {part}") == 2 * 4 * ring_all_reduce_sent(btd, TP)[rank]
     assert weight_error < 1e-4
+    assert 4 * ring_all_reduce_sent(btd, TP)[rank] == 2 * (TP - 1) * btd * 4 // TP   # the formula
 
 # %% [markdown]
 # Two all_reduces of B x T x d = 4 x 32 x 64 values each way, and a ring on
@@ -500,7 +523,9 @@ assert abs(whole_loss - tp_runs[0]["loss"]) < 1e-4
 # **torch's face.** A torch user does not call `tensor_parallel_gpt`: they
 # write a *plan*, a dictionary from module names to styles, and
 # `parallelize_module(model, mesh_or_group, plan)` swaps the layers. The
-# same run also built the GPT that way (`torch_plan` above): `ColwiseParallel`
+# same run also built the GPT that way (the plan below, written by the
+# function `torch_plan` in section 2's code, which each rank ran after
+# `tensor_parallel_gpt`): `ColwiseParallel`
 # is the column split (f before it), `RowwiseParallel` the row split (g
 # after it); `PackedColwiseParallel(3)` is the column split of a fused
 # q, k, v weight, taking the rank's rows from each third, as `qkv_rows` does;
@@ -512,9 +537,12 @@ for name, style in tp_runs[0]["plan"].items():
     print(f"   {name:28} {style}")
 for rank, found in enumerate(tp_runs):
     difference = np.abs(found["torch_logits"] - found["logits"]).max()
-    print(f"rank {rank}: logits {found['torch_logits'].shape}, largest difference from "
+    print(f"rank {rank}: logits {found['torch_logits'].shape} = (B, T, V/n: its "
+          f"{found['torch_logits'].shape[-1]} of the {CONFIG.vocab_size} words), "
+          f"largest difference from "
           f"tensor_parallel_gpt's {difference:.1e}; loss {found['torch_loss']:.6f}")
     assert difference < 1e-5
+    assert found["torch_logits"].shape == (BATCH, STEPS, CONFIG.vocab_size // TP)
 
 # %% [markdown]
 # The same split, the same numbers: `tensor_parallel_gpt` is the plan above
@@ -619,6 +647,20 @@ whole_loss = F.cross_entropy(whole_logits.reshape(-1, CONFIG.vocab_size), whole_
 whole_activations = memory.Ledger(whole_again).sample("forward", graph=whole_loss).bytes[
     "activations"]
 print(f"the whole GPT in one process: {whole_activations:,} bytes of activations")
+# The text's formulas for one block, in values of s = 4 bytes, against the table's column:
+B_, T_, H_ = BATCH, STEPS, CONFIG.n_head
+print(f"one block by the formulas below (B = {B_}, T = {T_}, d = {d}, H = {H_}, s = 4 bytes):")
+for w in SP_WORLDS:
+    tp_values = B_ * T_ * d * (12 + 17 / w) + 2 * B_ * T_ + B_ * H_ * T_ ** 2 / w
+    sp_values = B_ * T_ * d * (4 + 27 / w) + 2 * B_ * T_ / w + B_ * H_ * T_ ** 2 / w
+    print(f"   n = {w}: TP s (B T d (12 + 17/n) + 2 B T + B H T^2 / n) = {4 * tp_values:,.0f}; "
+          f"TP + SP s (B T d (4 + 27/n) + 2 B T / n + B H T^2 / n) = {4 * sp_values:,.0f}")
+    assert 4 * tp_values == memory.transformer_block_activation_bytes(B_, T_, d, H_, tp=w)
+    assert 4 * sp_values == memory.transformer_block_activation_bytes(
+        B_, T_, d, H_, tp=w, sequence_parallel=True)
+    if w == 2:
+        glue("sp_block_2", int(4 * sp_values), ",")
+        glue("tp_block_2", int(4 * tp_values), ",")
 
 # %% [markdown]
 # The ledger and the formula agree to the byte, on every rank, and the
@@ -631,8 +673,9 @@ print(f"the whole GPT in one process: {whole_activations:,} bytes of activations
 # unsplit block keeps one: per block a rank keeps B T d (12 + 17/n) + 2 B T
 # values plus B H T^2 / n (16/n for 17/n once a rank holds a single head,
 # whose output needs no copy): the 12 B T d are the whole arrays every rank
-# repeats. With sequence parallelism, B T d (4 + 27/n) + 2 B T / n: what
-# stays whole is the column layers' gathered input (kept for their weight
+# repeats. With sequence parallelism, B T d (4 + 27/n) + 2 B T / n values
+# plus the same B H T^2 / n (26/n for 27/n with a single head); the lines
+# just above put the run's sizes into both formulas. What stays whole is the column layers' gathered input (kept for their weight
 # gradient; Megatron gathers it again in backward instead) and the row
 # layers' partial product. The formula up to n = 8, where each rank holds
 # one of the 8 heads (more ranks than heads cannot split it), and the
@@ -948,8 +991,8 @@ print("too big: " + ", ".join(f"{p.plan} ({p.memory_total / 1e9:.0f} GB)"
       + (", ..." if len(comparison.too_big) > 6 else ""))
 
 # %% [markdown]
-# The Ultra-Scale Playbook's decision tree grows the dimensions in an order
-# instead of trying them all: first make one step fit, with tensor
+# The Ultra-Scale Playbook (Tazi et al., 2025) has a decision tree that
+# grows the dimensions in an order instead of trying them all: first make one step fit, with tensor
 # parallelism inside a node (it needs the fastest link), then with pipeline
 # stages across nodes; every rank left over goes to data parallelism.
 # `playbook_plan` follows it, step by step:
@@ -1044,7 +1087,9 @@ print(plan_3d.predict_step(BIG, plan_inputs.Plan(dp=8, tp=8, pp=16)))
 #
 #     minidist exercise start tensor_parallel_attention
 #
-# **Try**: `compare_plans(BIG, RANKS, memory_limit=RANK_MEMORY,
+# **Try**, with three constants of the lesson's code (`BIG`, section 1's
+# GPT shape; `RANK_MEMORY`, section 1's 80 GB a rank; `RANKS`, section 6's
+# 1,024 ranks): `compare_plans(BIG, RANKS, memory_limit=RANK_MEMORY,
 # sequence_parallel=True)` or `zero_stage=1`, `recompute=True`, or
 # `schedule="interleaved_1f1b", virtual_stages=2`, and see which plans start
 # to fit and which win; halve `global_batch` and watch the pipeline's bubble

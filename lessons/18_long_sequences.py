@@ -70,7 +70,13 @@ from minidist.parallel.context.costs import (
 )
 from minidist.parallel.context.gpt import context_parallel_gpt
 from minidist.parallel.context.ring_attention import merge, ring_attention
-from minidist.parallel.context.split import block_work, rank_chunks, rank_positions, shard_sequence
+from minidist.parallel.context.split import (
+    block_work,
+    chunk_bounds,
+    rank_chunks,
+    rank_positions,
+    shard_sequence,
+)
 from minidist.parallel.context.ulysses import ulysses_attention
 from minidist.parallel.mesh import plan_inputs
 
@@ -90,6 +96,28 @@ np.set_printoptions(precision=4, suppress=True)
 COLOURS = ("#006BA4", "#FF800E", "#ABABAB", "#595959")
 #: The ranks the lesson runs on: 2 in the quick form (this machine's cores), 4 in the full one.
 WORLD = 2 if QUICK else 4
+#: Section 4's measured layer: T = 256 on 2 ranks in the quick form, 1,024 on 4 in the full one.
+QUICK_MEASURE_T, FULL_MEASURE_T = 256, 1024
+glue("quick_form", QUICK)
+glue("lesson_form",
+     "This is the lesson's **quick form** (`MINIDIST_LESSON_QUICK=1`), smaller than the "
+     "full form: section 1 measures T up to 512 (full form: up to 2,048); sections "
+     "2 to 4 run on 2 ranks (full form: 4), so section 2's ring has T = 16 positions and one "
+     "step with messages (full form: T = 32, three steps) and section 3's swap T = 16 on 2 "
+     "ranks (full form: T = 32 on 4); section 4 measures a layer of T = 256 on 2 ranks with "
+     "5 repeats (full form: T = 1,024 on 4, 10 repeats), whose times can tell another story "
+     "(said there); section 5 trains on (dp, cp) = (1, 2), 2 processes (full form: (2, 2), "
+     "4). The 128k-token predictions of sections 1 and 4 are the same in both forms."
+     if QUICK else
+     "This is the lesson's **full form**. The quick form (`MINIDIST_LESSON_QUICK=1`) is "
+     "smaller: section 1 stops at T = 512, sections 2 to 4 run on 2 ranks (T = 16 in "
+     "sections 2 and 3), section 4 measures T = 256 with 5 repeats, and section 5 trains on "
+     "(dp, cp) = (1, 2); the 128k-token predictions are the same in both forms.")
+
+# %% jupyter={"source_hidden": true}
+say("""
+{glue}`lesson_form`
+""")
 
 
 def relative_error(actual, wanted):
@@ -162,7 +190,7 @@ for T in CONTEXTS:
     p, rest = terms[P_KEY], sum(terms.values()) - terms[P_KEY]
     whole = BIG.n_layer * rest
     big_rows.append((T, p, rest))
-    print(f"{T:>9,} {p / 1e9:>10,.1f} GB {rest / 1e9:>17.2f} GB {whole / 1e9:>17.0f} GB "
+    print(f"{T:>9,} {p / 1e9:>10,.2f} GB {rest / 1e9:>17.2f} GB {whole / 1e9:>17.0f} GB "
           f"{math.ceil(whole / RANK_MEMORY):>21}")
 T0, p0, rest0 = big_rows[0]
 print(f"one block at T = {T0:,}, P included: "
@@ -237,8 +265,9 @@ lesson is how (from here on n is the context-parallel group's ranks).
 #
 # **The split, and why zig-zag.** Each rank holds the queries, keys and
 # values of its positions. In ring attention each rank keeps its queries and
-# passes K, V blocks round a ring: at step k rank r holds rank (r - k)'s
-# block. With the causal mask a query sees only keys at or before it. Give
+# passes K, V blocks round a ring: at step j (j = 0 .. n - 1) rank r holds
+# the block of rank (r - j) mod n (rank 0, at step 1, rank n - 1's). With
+# the causal mask a query sees only keys at or before it. Give
 # rank r the r-th contiguous block and rank 0's queries need only its own
 # block, while the last rank's need every block. `block_work` counts the
 # score entries each rank computes at each step of the ring (T = 16 on 4
@@ -306,15 +335,15 @@ diagonal chunks waste less.)
 # **The online softmax, by hand.** A rank never holds a whole row of
 # scores: it sees one block of keys at a time. Softmax needs the whole row's
 # maximum (for stability) and its sum of exponentials. The online softmax
-# keeps, for each query row, the running maximum m, the running sum l of
-# exp(score - m), and the output so far o; a new block with its own (m_b,
+# keeps, for each query row, the running maximum M, the running sum l of
+# exp(score - M), and the output so far o; a new block with its own (M_b,
 # l_b, o_b) merges as
 #
-#     m' = max(m, m_b)
-#     l' = l exp(m - m') + l_b exp(m_b - m')          (rescale both sums to m')
-#     o' = (l exp(m - m') o + l_b exp(m_b - m') o_b) / l'
+#     M' = max(M, M_b)
+#     l' = l exp(M - M') + l_b exp(M_b - M')          (rescale both sums to M')
+#     o' = (l exp(M - M') o + l_b exp(M_b - M') o_b) / l'
 #
-# or, with the log-sum-exp LSE = m + log l in place of (m, l), as
+# or, with the log-sum-exp LSE = M + log l in place of (M, l), as
 # `ring_attention.merge` writes it: LSE' = log(exp(LSE) + exp(LSE_b)),
 # o' = exp(LSE - LSE') o + exp(LSE_b - LSE') o_b. One query row of six
 # scores, the values one number each, split into two blocks of three keys:
@@ -330,14 +359,14 @@ for index, (block_scores, v) in enumerate(halves):
     total = weights.sum()
     o = weights @ v / total
     partial.append((m, total, o))
-    print(f"block {index}: scores {block_scores}, values {v}: m = {m:.4f}, "
-          f"l = sum exp(score - m) = "
-          f"{total:.4f}, o = {o:.4f}, LSE = m + log l = {m + math.log(total):.4f}")
+    print(f"block {index}: scores {block_scores}, values {v}: M = {m:.4f}, "
+          f"l = sum exp(score - M) = "
+          f"{total:.4f}, o = {o:.4f}, LSE = M + log l = {m + math.log(total):.4f}")
 (m1, l1, o1), (m2, l2, o2) = partial
 m = max(m1, m2)
 total = l1 * math.exp(m1 - m) + l2 * math.exp(m2 - m)
 o = (l1 * math.exp(m1 - m) * o1 + l2 * math.exp(m2 - m) * o2) / total
-print(f"merged: m' = {m:.4f}, l' = {l1:.4f} exp({m1 - m:.1f}) + {l2:.4f} exp({m2 - m:.1f}) = "
+print(f"merged: M' = {m:.4f}, l' = {l1:.4f} exp({m1 - m:.1f}) + {l2:.4f} exp({m2 - m:.1f}) = "
       f"{total:.4f}, o' = {o:.6f}, LSE' = {m + math.log(total):.6f}")
 whole_weights = np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum()
 whole_out, whole_lse = whole_weights @ values, float(np.logaddexp.reduce(scores))
@@ -353,8 +382,10 @@ assert math.isclose(out_so_far[0, 0], whole_out, rel_tol=1e-12)
 # %% [markdown]
 # The merge is exact, not an approximation, and it does not care about the
 # order of the blocks (merge block 1 first and the numbers are the same, to
-# rounding). The maximum is what keeps it finite: exp(1000) overflows even
-# in float64, where exp(score - m) never exceeds 1:
+# rounding). The maximum is what keeps it finite. exp(1000) overflows even
+# in float64 (whose largest number is about 1.8e308; exp(1000) is about
+# 2e434). Whatever the precision, exp(score - M) never exceeds 1, because no
+# score of the row is above its maximum M:
 
 # %%
 large = scores + 1000.0
@@ -367,7 +398,8 @@ assert np.isnan(naive) and math.isclose(stable, whole_out, rel_tol=1e-9)
 
 # %% [markdown]
 # **The ring on real processes.** `ring_attention(q, k, v, T, is_causal=True)`
-# on each rank's (B, H, L_r, D) pieces (`shard_sequence` cuts them with the
+# on each rank's (B, H, T/n, D) pieces, its T/n positions of every head
+# (`shard_sequence` cuts them with the
 # zig-zag split). Forward: at each step a rank posts the send of the block
 # it holds to its right neighbour and the receive of the next from its left,
 # merges the block it holds into its queries' (o, LSE) while the messages
@@ -399,15 +431,15 @@ def attention_run():
         with trace.region(f"{scheme} backward"):
             (out * Tensor(upstream)).sum().backward()
         found[scheme] = dict(out=out.data, grads=(q.grad, k.grad, v.grad))
-    # Value 100 h + t at head h, position t: where each lands after the swap.
+    # Value 100 x head + position (203: head 2, position 3): where each lands after the swap.
     labelled = 100.0 * np.arange(TINY_H)[:, None] + np.arange(TINY_T)[None, :]     # (H, T)
-    mine = shard_sequence(labelled, TINY_T, world, rank, axis=1)                  # (H, L_r)
+    mine = shard_sequence(labelled, TINY_T, world, rank, axis=1)                  # (H, T/n)
     found["swap"] = dict(before=mine, after=swap_to_heads(mine))
     return found
 
 
 def swap_to_heads(mine):
-    """Ulysses' sequence -> heads all_to_all, on an (H, L_r) array of this
+    """Ulysses' sequence -> heads all_to_all, on an (H, T/n) array of this
     rank's positions: rank j gets head group j of them, and this rank gets its
     head group of every rank's positions, put back in order: (H/n, T)."""
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -428,8 +460,14 @@ attention_runs = minidist.launch(attention_run, world_size=WORLD, transport="shm
                                  trace=str(attention_trace))
 attention_events = trace.read_jsonl(attention_trace)
 ring = ring_attention_replay(attention_events)   # the first call's forward
-print(f"ring attention on {ring.world_size} ranks: {ring.steps} "
-      f"{'step' if ring.steps == 1 else 'steps'} with messages (n - 1), and step 0 before any")
+print(f"ring attention on {ring.world_size} ranks: a step 0 in which each rank attends to its "
+      f"own block, then n - 1 = {ring.steps} {'step' if ring.steps == 1 else 'steps'} with "
+      "messages; the frames of its forward:")
+block_bytes = 2 * 1 * TINY_H * (TINY_T // WORLD) * TINY_D * 8
+print(f"(B = 1, H = {TINY_H} heads of D = {TINY_D}, T = {TINY_T}: T/n = {TINY_T // WORLD} "
+      f"positions a rank, float64, s = 8: a message is one rank's K and V, "
+      f"2 B H (T/n) D s = {block_bytes:,} bytes = {block_bytes / 1024:g} KiB)")
+assert all(message.nbytes == block_bytes for frame in ring.frames[1:] for message in frame.messages)
 console = Console(width=88, color_system=None)
 for index in range(len(ring.frames)):
     console.print(render_frame(ring, index, color=False, width=88))
@@ -437,7 +475,7 @@ for rank, (early, late) in enumerate(ring.frames[-1].holdings):
     # What the text below says: an early chunk merges the blocks of ranks 0..r, a late one all.
     assert early == frozenset(range(rank + 1)) and late == frozenset(range(WORLD))
 for frame in ring.frames[1:]:
-    # In the frame of step k rank r receives rank (r - k)'s block from its left neighbour.
+    # In the frame of step j rank r receives rank ((r - j) mod n)'s block from its left.
     for message in frame.messages:
         assert message.source == (message.target - 1) % WORLD
         assert message.text.endswith(f"of rank {(message.target - frame.index) % WORLD}")
@@ -445,11 +483,17 @@ for frame in ring.frames[1:]:
 # %% [markdown]
 # Read a frame: each rank's output is two cells, its early and its late
 # chunk, and a cell's character says how many ranks' K, V blocks its
-# running (o, LSE) has merged ("1": its own, "A": all of them). Before any message each rank has attended
-# to its own block. In the frame of step k, rank r receives the block of
-# rank r - k from its left neighbour (which received it a step earlier)
+# running (o, LSE) has merged ("1": its own, "A": all of them; the key
+# under each frame, the same for any number of ranks, also shows a digit
+# such as "3" for a cell that has merged 3 ranks' blocks but not all, which
+# on 2 ranks cannot happen). Before any message each rank has attended to
+# its own block. In the frame of step j, rank r receives the block of rank
+# (r - j) mod n from its left neighbour (which received it a step earlier)
 # and merges it into the chunks that may see it: a late chunk sees every
-# block, an early chunk only the blocks of earlier positions. The arrows are the messages, each K and V of one block. The
+# block, an early chunk only the blocks of earlier positions. The arrows are
+# the messages, each K and V of one block. The cost line's formula writes L
+# for the positions a rank holds, T/n here (not the layers of
+# `lessons/NOTATION.md`). The
 # same frames as an animation (a player in a notebook, a GIF beside the
 # lesson's outputs):
 
@@ -494,9 +538,11 @@ for scheme in ("ring", "ulysses"):
 # of its positions to rank j. Afterwards each rank holds every position of
 # its H/n heads, (B, H/n, T, D), and runs ordinary attention on them; a
 # second all_to_all trades back. Watch it on values that say where they come
-# from, 100 h + t at head h and position t. The run above swapped them with
+# from: the value at head number a (0 to H - 1) and position number i is
+# 100 a + i, so 203 is head 2's position 3. The run above swapped them with
 # one `all_to_all_single` (`swap_to_heads`: the exchange of
-# `ulysses.sequence_to_heads`, on an (H, L_r) array):
+# `ulysses.sequence_to_heads`, on an (H, T/n) array: every head, the rank's
+# T/n positions):
 
 # %%
 for rank, found in enumerate(attention_runs):
@@ -504,8 +550,10 @@ for rank, found in enumerate(attention_runs):
           f"{rank_positions(TINY_T, WORLD, rank).tolist()}):\n{found['swap']['before'].astype(int)}")
 for rank, found in enumerate(attention_runs):
     group = TINY_H // WORLD
-    print(f"rank {rank} after (heads {rank * group}..{(rank + 1) * group - 1}, every position "
-          f"in order):\n{found['swap']['after'].astype(int)}")
+    heads = (f"head {rank * group}" if group == 1 else
+             f"heads {rank * group}..{(rank + 1) * group - 1}")
+    print(f"rank {rank} after ({heads}, every position in order):\n"
+          f"{found['swap']['after'].astype(int)}")
     expected = 100 * np.arange(rank * group, (rank + 1) * group)[:, None] + np.arange(TINY_T)
     assert np.array_equal(found["swap"]["after"], expected)
 
@@ -531,12 +579,15 @@ for rank, found in enumerate(attention_runs):
 # * Ulysses: 4 (n - 1) B H (T/n^2) D s each way (four all_to_alls, each
 #   sending (n - 1)/n of a (B, H, T/n, D) array).
 #
-# Ring's bytes per rank grow from B H T D s at n = 2 towards 2 B H T D s,
-# and stay there whatever n; Ulysses' fall as 1/n. A bigger layer (B = 1, H = 8 heads of D = 32, float32) on the
-# lesson's ranks, each pass a traced region, against the formulas:
+# Ring's forward bytes per rank grow from B H T D s at n = 2 towards 2 B H
+# T D s, and its backward's from 3 B H T D s towards 4 B H T D s, and they
+# stay there whatever n; Ulysses' fall as 1/n (each way, 4 (n - 1)/n^2 B H T
+# D s: the same as the ring's forward at n = 2, half of it at n = 4, 2/n of
+# it in general). A bigger layer (B = 1, H = 8 heads of D = 32, float32) on
+# the lesson's ranks, each pass a traced region, against the formulas:
 
 # %%
-MEASURE_T = 256 if QUICK else 1024
+MEASURE_T = QUICK_MEASURE_T if QUICK else FULL_MEASURE_T
 MEASURE_H, MEASURE_D = 8, 32
 REPEATS = 5 if QUICK else 10
 
@@ -603,8 +654,11 @@ for formula in formulas:
 ring_total = sum(formulas[0].forward) + sum(formulas[0].backward)
 ulysses_total = sum(formulas[1].forward) + sum(formulas[1].backward)
 print(f"all ranks, both passes: ring {ring_total:,} bytes, Ulysses {ulysses_total:,} "
-      f"({ring_total / ulysses_total:.1f}x less)")
+      f"({ring_total / ulysses_total:.1f}x less: ring's 2 (n - 1)/n + 2 (2n - 1)/n against "
+      f"Ulysses' 2 x 4 (n - 1)/n^2, a ratio of n (3n - 2) / (4 (n - 1)), "
+      f"{WORLD * (3 * WORLD - 2) / (4 * (WORLD - 1)):.1f} at n = {WORLD})")
 assert ulysses_total < ring_total
+assert math.isclose(ring_total / ulysses_total, WORLD * (3 * WORLD - 2) / (4 * (WORLD - 1)))
 
 # %% [markdown]
 # The trace and the formulas agree to the byte on every rank. And time, on
@@ -627,7 +681,8 @@ messages = {"ring": 3 * WORLD - 2, "ulysses": 8 * (WORLD - 1)}
 comm = {formula.scheme: messages[formula.scheme] * shm.alpha
         + shm.xbeta * (formula.forward[0] + formula.backward[0]) for formula in formulas}
 for scheme, seconds in comm.items():
-    print(f"the cost model's time for {scheme}'s messages on this machine's shared memory: "
+    whose = {"ring": "ring attention's", "ulysses": "Ulysses'"}[scheme]
+    print(f"the cost model's time for {whose} messages on this machine's shared memory: "
           f"{seconds * 1e3:.2f} ms, {seconds / best[scheme]:.1%} of its measured step")
     assert seconds < best[scheme] / 2   # "a small part of a measured step"
 
@@ -650,6 +705,29 @@ glue("machine_busy", bool(busy))
 glue("cores_busy", "the machine was busy, so these times include waiting for a core"
      if busy else "the machine was not busy beside the lesson")
 
+
+def score_bytes(T, n=1):
+    """float32 bytes of a (B, H, T/n, T/n) array of scores: whole attention's (n = 1), or
+    one ring step's block of a rank."""
+    value = MEASURE_H * (T // n) ** 2 * 4
+    return f"{value / 2 ** 20:g} MiB" if value >= 2 ** 20 else f"{value / 2 ** 10:g} KiB"
+
+
+sizes = {form: (T, n, score_bytes(T), score_bytes(T, n)) for form, T, n in
+         (("quick", QUICK_MEASURE_T, 2), ("full", FULL_MEASURE_T, 4))}
+here, other = ("quick", "full") if QUICK else ("full", "quick")
+glue("measure_T", MEASURE_T)
+glue("measure_n", WORLD)
+glue("size_note",
+     "The verdict depends on the sizes, and the {} form's can differ. Here T = {:,} on {} "
+     "ranks: whole attention's scores, (B, H, T, T), are {}, a rank's block of them in a ring "
+     "step, (B, H, T/n, T/n), {}. The {} form measures T = {:,} on {} ranks: {} and {}. "
+     "A larger T/n gives each step more arithmetic against what every step costs whatever "
+     "its size (a Python call per block, a message posted and waited for, a turn on a "
+     "shared core), and the messages grow only as T while the scores grow as T^2; on the "
+     "small sizes splitting the arithmetic is more likely not to pay, on the larger ones "
+     "more likely to.".format(other, *sizes[here], other, *sizes[other]))
+
 # %% jupyter={"source_hidden": true}
 say("""
 On one machine's shared memory the messages' modelled time is a small part
@@ -659,7 +737,7 @@ ranks that share this machine's cores with each other and with whatever
 else runs, and their waits for one another. Against whole attention on one
 process, ring attention took {glue}`ring_vs_whole` times its time and
 Ulysses {glue}`ulysses_vs_whole` times. {glue}`split_verdict`
-({glue}`cores_busy`). Where the link is a real network the bytes matter,
+({glue}`cores_busy`). {glue}`size_note` Where the link is a real network the bytes matter,
 and no laptop has 64 ranks: the choice is *predicted*.
 """)
 
@@ -748,6 +826,11 @@ glue("block_intra", LONG["seq_len"] // largest_intra, ",")
 glue("n_intra", largest_intra)
 glue("block_inter", LONG["seq_len"] // smallest_inter, ",")
 glue("n_inter", smallest_inter)
+glue("ulysses_share_inter", by_n[smallest_inter]["ulysses_bytes"] / by_n[smallest_inter]["ring_bytes"],
+     ".3f")
+glue("ulysses_share_formula", 2 / smallest_inter, ".3f")
+assert math.isclose(by_n[smallest_inter]["ulysses_bytes"] / by_n[smallest_inter]["ring_bytes"],
+                    2 / smallest_inter)   # Ulysses sends 2/n of the ring's bytes
 
 
 def draw_choice():
@@ -798,10 +881,15 @@ pays its four all_to_alls on top. Across nodes the link is eight times
 slower, the blocks are shorter (T/n = {glue}`block_inter` at n =
 {glue}`n_inter`, below (FLOP/s) s β = {glue}`hide_inter`), and the ring's messages
 outlast the arithmetic: each step waits for its block, while Ulysses,
-sending 1/n as much, wins. And past H ranks Ulysses cannot go at all. Real
-systems combine them: Ulysses within a node (up to the heads), ring
-attention across nodes (Megatron-LM's hierarchical context parallelism,
-`cp_comm_type="a2a+p2p"`, and USP, Fang and Zhao, 2024).
+sending 2/n of the ring's bytes ({glue}`ulysses_share_inter` of them at n =
+{glue}`n_inter`, 2/n = {glue}`ulysses_share_formula`), wins. And past H ranks
+Ulysses cannot go at all. Real systems combine them: Ulysses within a node
+(up to the heads), ring attention across nodes. Megatron-LM calls it
+hierarchical context parallelism, `cp_comm_type="a2a+p2p"`: all_to_all
+("a2a") within the node, the ring's point-to-point messages ("p2p") between
+nodes; and Fang and Zhao build the same two-level scheme in "USP: A Unified
+Sequence Parallelism Approach for Long Context Generative AI" (2024; USP:
+unified sequence parallelism).
 """)
 
 # %% [markdown]
@@ -816,7 +904,11 @@ attention across nodes (Megatron-LM's hierarchical context parallelism,
 # share; `allreduce_grads` sums them over cp and averages over dp (the dp
 # ranks see other sequences). Three AdamW steps in float64 on a mesh of
 # (dp, cp), against one process on the whole batches; quick form: (dp, cp) =
-# (1, 2), full form: (2, 2) on 4 processes:
+# (1, 2), full form: (2, 2) on 4 processes. The GPT is a small one (the
+# first lines below give its sizes), on sequences of T = 22 tokens: not a
+# multiple of the zig-zag's 2n chunks, so that the split is tried where the
+# chunks cannot be equal (`chunk_bounds` makes them as equal as they can
+# be, the first ones one position longer):
 
 # %%
 CONFIG = GPTConfig(vocab_size=32, block_size=24, n_layer=2, n_head=4, n_embd=16)
@@ -851,6 +943,16 @@ def train_cp(mesh_shape):
     return found
 
 
+print(f"the GPT: {CONFIG.n_layer} blocks of width {CONFIG.n_embd}, {CONFIG.n_head} heads, a "
+      f"vocabulary of {CONFIG.vocab_size} words; {BATCH} sequences of T = {SEQ} tokens a dp rank "
+      f"a step; on cp = {MESH[1]} ranks, 2n = {2 * MESH[1]} zig-zag chunks of "
+      + ", ".join(str(b - a) for a, b in zip(chunk_bounds(SEQ, 2 * MESH[1]),
+                                            chunk_bounds(SEQ, 2 * MESH[1])[1:]))
+      + " positions:")
+for r in range(MESH[1]):
+    print(f"   cp rank {r}: positions " + " + ".join(f"{a}..{b - 1}" for a, b in
+                                                   rank_chunks(SEQ, MESH[1], r)))
+assert SEQ % (2 * MESH[1])   # uneven chunks, as the text says
 cp_runs = minidist.launch(train_cp, world_size=int(np.prod(MESH)), transport="shm",
                           args=(MESH,), timeout=600)
 
@@ -866,7 +968,7 @@ for step in range(TRAIN_STEPS):
     one_optimizer.step()
     one_losses.append(loss.item())
 one_weights = {name: p.data for name, p in one.named_parameters()}
-print(f"one process, {MESH[0] * BATCH} sequences of {SEQ} a step: losses "
+print(f"one process, {MESH[0] * BATCH} sequences of {SEQ} tokens a step: losses "
       + ", ".join(f"{value:.6f}" for value in one_losses))
 for attention in ("ring", "ulysses"):
     worst = max(relative_error(found[attention]["weights"][name], whole_weight)

@@ -449,10 +449,11 @@ def _draw_mesh_legend(axis, mesh, palette) -> None:
     size), "other", the spans of no group, compute, recv hatched, idle, the
     messages' lines."""
     shape, names = mesh
-    handles = [Patch(facecolor=palette[name], label=f"{name} ({size} ranks): messages, calls")
+    handles = [Patch(facecolor=palette[name],
+                     label=f"{name} ({size} {'rank' if size == 1 else 'ranks'}): messages, calls")
                for name, size in zip(names, shape)]
     handles += [Patch(facecolor=OTHER_COLOR, label="other group / world"),
-                Patch(facecolor=COLORS["calls"], label="other span (step, ...)"),
+                Patch(facecolor=COLORS["calls"], label="step / other span"),
                 Patch(facecolor=COLORS["compute"], label="compute"),
                 Patch(facecolor="white", edgecolor="#333333", hatch=HATCHES["recv"],
                       label="recv (hatched)"),

@@ -94,3 +94,27 @@ def test_the_playbooks_plan_is_near_the_fastest_and_the_fastest_pipelines():
     assert best.pp_bubble < playbook.dp_comm - best.dp_comm
     assert best.total < playbook.total < 1.2 * best.total
     assert comparison.too_big[-1].plan.dp == 1024
+
+
+def test_the_step_byte_tables_have_column_headings():
+    """Sections 2 and 3 print gpt_step_bytes' tables: each names its columns."""
+    from minidist.parallel.tensor.costs import format_step_bytes, gpt_step_bytes
+
+    config = GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=8, n_embd=64)
+    for sequence_parallel in (False, True):
+        table = gpt_step_bytes(config, 4, 32, 2, sequence_parallel=sequence_parallel)
+        measured = {"forward": table.forward, "backward": table.backward}
+        heading = format_step_bytes(table, measured).splitlines()[0].split()
+        assert heading == ["pass", "collective,", "array", "calls", "bytes", "a", "rank",
+                           "in", "the", "trace"]
+        assert format_step_bytes(table).splitlines()[0].split()[-3:] == ["bytes", "a", "rank"]
+
+
+def test_a_tensor_parallel_block_sends_two_ring_all_reduces_each_way():
+    """Section 2's formula, written out: 2 all_reduces x 2 (n - 1)/n B T d s bytes."""
+    from minidist.distributed.collectives.traffic import ring_all_reduce_sent
+
+    B, T, d, s = 4, 32, 64, 4
+    for n in (2, 4, 8):
+        assert all(2 * s * sent == 2 * 2 * (n - 1) * B * T * d * s // n
+                   for sent in ring_all_reduce_sent(B * T * d, n))

@@ -69,7 +69,8 @@ def test_the_contiguous_busy_share_falls_with_the_ranks():
 @pytest.mark.parametrize("world", [2, 4, 8, 16, 32])
 def test_ring_bytes_stay_near_2bhtds_and_ulysses_fall_as_1_over_n(world):
     """Section 4: ring forward 2 (n-1)/n B H T D s, between B H T D s (n = 2)
-    and 2 B H T D s; Ulysses 4 (n-1)/n^2 B H T D s each way; ring / Ulysses = n/2."""
+    and 2 B H T D s, backward between 3 and 4 B H T D s; Ulysses 4 (n-1)/n^2
+    B H T D s each way: 2/n of the ring's forward."""
     B, H, T, D, s = 1, 32, 64 * world, 8, 2
     bhtds = B * H * T * D * s
     ring = ring_attention_bytes(B, H, T, D, world, itemsize=s)
@@ -78,6 +79,13 @@ def test_ring_bytes_stay_near_2bhtds_and_ulysses_fall_as_1_over_n(world):
     assert bhtds <= ring.forward[0] < 2 * bhtds
     assert set(ulysses.forward) == set(ulysses.backward) == {4 * (world - 1) * bhtds // world ** 2}
     assert ring.forward[0] * 2 == world * ulysses.forward[0]
+    # The backward, 2 (2n - 1)/n B H T D s: 3 B H T D s at n = 2, towards 4 B H T D s.
+    assert set(ring.backward) == {2 * (2 * world - 1) * bhtds // world}
+    assert 3 * bhtds <= ring.backward[0] < 4 * bhtds
+    assert (ring.backward[0] == 3 * bhtds) == (world == 2)
+    # Both passes, all ranks: ring / Ulysses = n (3n - 2) / (4 (n - 1)) (2.0 at n = 2).
+    both = (sum(ring.forward) + sum(ring.backward)) / (sum(ulysses.forward) + sum(ulysses.backward))
+    assert both == pytest.approx(world * (3 * world - 2) / (4 * (world - 1)))
 
 
 def test_ulysses_stops_at_the_heads():

@@ -126,3 +126,25 @@ def test_colour_by_mesh_needs_a_mesh():
         timeline.draw_timeline(events, color_by="mesh")
     with pytest.raises(ValueError, match="choose 'lane', 'mesh' or 'auto'"):
         timeline.draw_timeline(events, color_by="rainbow")
+
+
+def test_the_mesh_legend_counts_one_rank_and_names_the_step_span():
+    """A dimension of one rank reads "1 rank"; the light grey of a step's
+    region (the calls lane) has its own swatch, apart from the darker grey
+    of a call in no one dimension."""
+    events = [{"rank": 0, "kind": "step", "label": "pp2 step 0", "start": 0, "end": 10},
+              {"rank": 0, "kind": "compute", "label": "F0", "start": 1, "end": 4},
+              {"rank": 0, "kind": "send", "peer": 1, "bytes": 8, "start": 4, "end": 5,
+               "group": 0},
+              {"rank": 1, "kind": "recv", "peer": 0, "bytes": 8, "start": 4, "end": 6,
+               "group": 0}]
+    axis = timeline.draw_timeline(events, color_by="mesh",
+                                  mesh=((2, 1, 1), ("pp", "dp", "tp"))).axes[0]
+    legend = axis.get_legend()
+    texts = [text.get_text() for text in legend.get_texts()]
+    assert "pp (2 ranks): messages, calls" in texts and "dp (1 rank): messages, calls" in texts
+    assert not any("1 ranks" in text for text in texts), texts
+    swatch = {text.get_text(): to_hex(handle.get_facecolor())
+              for text, handle in zip(legend.get_texts(), legend.legend_handles)}
+    assert swatch["step / other span"] == timeline.COLORS["calls"].lower()
+    assert swatch["step / other span"] != swatch["other group / world"]

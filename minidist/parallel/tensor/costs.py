@@ -149,16 +149,22 @@ def _per_rank(values) -> str:
 
 def format_step_bytes(table: StepBytes, measured: dict | None = None) -> str:
     """The table as text; ``measured`` ({"forward": per rank, "backward": per
-    rank}, bytes counted from a trace) is printed next to the formula."""
-    rows = [(p, what, str(count), _per_rank(_times(count * table.itemsize, values)))
-            for p, what, count, values in table.lines]
+    rank}, bytes counted from a trace) is printed next to the formula. Its
+    columns: the pass, the collective and the array it moves (its shape and
+    sizes), how many calls of it a step makes, and the bytes a rank sends in
+    them (one number when every rank sends the same, else lowest..highest)."""
+    header = ("pass", "collective, array", "calls", "bytes a rank")
+    if measured is not None:
+        header += ("in the trace",)
+    rows = [header] + [(p, what, str(count), _per_rank(_times(count * table.itemsize, values)))
+                       for p, what, count, values in table.lines]
     for name in ("forward", "backward"):
         formula = getattr(table, name)
         cells = [name, "total", "", _per_rank(formula)]
         if measured is not None:
-            cells.append(f"{_per_rank(measured[name])} in the trace")
+            cells.append(_per_rank(measured[name]))
         rows.append(tuple(cells))
-    widths = [max(len(row[i]) for row in rows if len(row) > i) for i in range(4)]
+    widths = [max(len(row[i]) for row in rows if len(row) > i) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) if i < 2 else cell.rjust(w)
                                for i, (cell, w) in enumerate(zip(row, widths + [0])))
                      .rstrip() for row in rows)

@@ -5,6 +5,7 @@ import math
 
 def check(glued):
     value = {name: entry["value"] for name, entry in glued.items()}
+    text = {name: entry["text"] for name, entry in glued.items()}
     # Section 1: one block's activations are P and the rest; the model does not fit.
     assert math.isclose(value["block_activations_gb"],
                         value["block_p_gb"] + value["block_rest_gb"], rel_tol=1e-9)
@@ -27,3 +28,12 @@ def check(glued):
     assert (value["sp_kept_8"] < 1 / 3) == \
         (glued["sp_kept_8_verdict"]["text"] == "less than a third")
     assert value["tp_kept_4"] > value["tp_kept_8"]
+    # Section 3: one block's bytes at n = 2 are the text's formulas with the
+    # run's sizes (B = 4, T = 32, d = 64, H = 8, s = 4), P / n in both.
+    B, T, d, H, n, s = 4, 32, 64, 8, 2, 4
+    assert value["tp_block_2"] == s * (B * T * d * (12 + 17 / n) + 2 * B * T + B * H * T * T / n)
+    assert value["sp_block_2"] == s * (B * T * d * (4 + 27 / n) + 2 * B * T / n + B * H * T * T / n)
+    # The form the run was in is the one the opening says.
+    assert text["lesson_form"].startswith(
+        "This is the lesson's **quick form**" if value["quick_form"] else
+        "This is the lesson's **full form**")

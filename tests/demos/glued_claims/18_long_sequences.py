@@ -30,3 +30,13 @@ def check(glued):
     assert value["n_intra"] <= 8 < value["n_inter"]
     # Section 2: both splits compute more than the causal triangle, the zig-zag less.
     assert value["triangle"] < value["zigzag_total"] < value["contiguous_total"]
+    # Section 4, predicted: "Ulysses, sending 2/n of the ring's bytes".
+    assert math.isclose(value["ulysses_share_inter"], 2 / value["n_inter"], rel_tol=1e-9)
+    assert math.isclose(value["ulysses_share_formula"], 2 / value["n_inter"], rel_tol=1e-9)
+    # The opening says which form ran; section 4's size note names this run's T and n.
+    assert text["lesson_form"].startswith(
+        "This is the lesson's **quick form**" if value["quick_form"] else
+        "This is the lesson's **full form**")
+    assert f"Here T = {value['measure_T']:,} on {value['measure_n']} ranks" in text["size_note"]
+    assert ("the full form's can differ" if value["quick_form"] else
+            "the quick form's can differ") in text["size_note"]
