@@ -482,18 +482,17 @@ for frame in ring.frames[1:]:
 
 # %% [markdown]
 # Read a frame: each rank's output is two cells, its early and its late
-# chunk, and a cell's character says how many ranks' K, V blocks its
-# running (o, LSE) has merged ("1": its own, "A": all of them; the key
-# under each frame, the same for any number of ranks, also shows a digit
-# such as "3" for a cell that has merged 3 ranks' blocks but not all, which
-# on 2 ranks cannot happen). Before any message each rank has attended to
-# its own block. In the frame of step j, rank r receives the block of rank
-# (r - j) mod n from its left neighbour (which received it a step earlier)
-# and merges it into the chunks that may see it: a late chunk sees every
-# block, an early chunk only the blocks of earlier positions. The arrows are
-# the messages, each K and V of one block. The cost line's formula writes L
-# for the positions a rank holds, T/n here (not the layers of
-# `lessons/NOTATION.md`). The
+# chunk, and a cell's symbol says which ranks' K, V blocks its running
+# (o, LSE) has merged: a rank's number for its own block alone ("1": rank
+# 1's), "Σk" for k ranks' blocks merged but not yet all, "A" for every
+# rank's (the key under each frame names the symbols that frame draws).
+# Before any message each rank has attended to its own block. In the frame
+# of step j, rank r receives the block of rank (r - j) mod n from its left
+# neighbour (which received it a step earlier) and merges it into the
+# chunks that may see it: a late chunk sees every block, an early chunk
+# only the blocks of earlier positions. The arrows are the messages, each K
+# and V of one block. The cost line under the frames is the ring's
+# formula, (n - 1) (α + 2 B H (T/n) D s β) per rank. The
 # same frames as an animation (a player in a notebook, a GIF beside the
 # lesson's outputs):
 

@@ -23,7 +23,7 @@ What a frame shows (:mod:`minidist.parallel.context.ring_attention`):
   block; step k: rank r has received the block of rank r - k from its left
   neighbour (the message's text names whose block it carries, the frame's
   arrows show the ring) and merged it into the chunks that may see it;
-* the ring's n - 1 messages per step carry the K, V blocks, 2 B H L D s bytes
+* the ring's n - 1 messages per step carry the K, V blocks, 2 B H (T/n) D s bytes (a rank holds T/n positions)
   each.
 
 The replay is built from the trace's messages, their labels (step, owner of
@@ -42,7 +42,7 @@ from minidist import trace as _trace
 from minidist.parallel.context.split import SKIP, pair_kind, rank_chunks
 from viz.replay import Frame, Message, Replay
 
-FORMULA = "(n - 1) (α + 2 B H L D s β)  per rank, overlapped with the blocks' arithmetic"
+FORMULA = "(n - 1) (α + 2 B H (T/n) D s β)  per rank, overlapped with the blocks' arithmetic"
 
 
 def _load(source):

@@ -102,7 +102,7 @@ def test_terminal_frames(events):
     # Rank 1 merged rank 0's block into both chunks; rank 0 got rank 3's: only its late chunk sees it.
     assert "rank 1 │Σ2Σ2│" in first and "rank 0 │ 0Σ2│" in first
     assert "0 -> 1" in first and "merge" in first and "K,V of rank 0" in first
-    assert "(n - 1) (α + 2 B H L D s β)" in first
+    assert "(n - 1) (α + 2 B H (T/n) D s β)" in first
     last = _text(render_frame(ring, 3, color=False))
     assert "rank 3 │ A A│" in last and "rank 0 │ 0 A│" in last
     # The legend names every symbol, in ring attention's words.
