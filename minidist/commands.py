@@ -191,16 +191,18 @@ def simulate_command(args) -> int:
               f"alpha {_format_seconds(alpha)}, links {format_bytes(bandwidth)}/s, "
               + (f"combining {format_bytes(gamma_bandwidth)}/s"
                  if math.isfinite(gamma_bandwidth) else "combining free"),
-              markup=False, highlight=False, soft_wrap=True)
+              markup=False, highlight=False)
     table = Table()
-    # The names whole: at 80 columns Rich would cut "reduce_broadcast" to
-    # "reduce_bro…"; the headers of the numbers wrap instead.
-    table.add_column("algorithm", no_wrap=True, min_width=max(map(len, algorithms)))
-    table.add_column("simulated", justify="right")
-    table.add_column("cost model", justify="right")
-    table.add_column("messages", justify="right")
-    table.add_column("bytes moved", justify="right")
-    table.add_column("sim / model", justify="right")
+    # Every cell whole: at 80 columns Rich shrinks the widest columns first,
+    # and cut "reduce_broadcast" to "reduce_bro…" and 8,589,803,520 messages
+    # to "8,589,803,…". So no cell wraps, the headers take two lines to be
+    # no wider than their numbers, and a table that must still give way (a
+    # terminal narrower than 80) folds a cell onto a second line rather than
+    # losing its end.
+    table.add_column("algorithm", no_wrap=True, overflow="fold",
+                     min_width=max(map(len, algorithms)))
+    for header in ("simulated", "cost\nmodel", "messages", "bytes\nmoved", "sim /\nmodel"):
+        table.add_column(header, justify="right", no_wrap=True, overflow="fold")
     several = len(algorithms) > 1
     results = []
     written = []
@@ -234,10 +236,8 @@ def simulate_command(args) -> int:
                       "-" if result.predicted is None else _format_seconds(result.predicted),
                       f"{result.messages:,}", format_bytes(result.bytes), ratio, style=style)
     out.print(table)
-    for line in gaps:
-        out.print(line, markup=False, highlight=False, soft_wrap=True)
-    for line in written:
-        out.print(line, markup=False, highlight=False, soft_wrap=True)
+    for line in gaps + written:  # wrapped at the terminal's width, as the table
+        out.print(line, markup=False, highlight=False)
     return 0
 
 
