@@ -321,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--root", type=int, default=0, help="root of rooted collectives")
     demo.add_argument("--trace", default=None, metavar="FILE",
                       help="keep the trace in FILE (default: a temporary file)")
-    strategy = demo.add_argument_group("strategy demos (data-parallel, parameter-server, "
+    strategy = demo.add_argument_group("strategies (data-parallel, parameter-server, "
                                        "pipeline, model-parallel, memory)")
     strategy.add_argument("--servers", type=int, default=1,
                           help="parameter-server: server ranks (the rest are workers)")

@@ -43,6 +43,14 @@ def _format_seconds(seconds: float) -> str:
     return f"{seconds:g} s"
 
 
+def _format_duration(seconds: float) -> str:
+    """A wait as a person reads it: "40 s", "2 min 5 s"."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest} s" if rest else f"{minutes} min"
+
+
 def _trace_path(path: str, algorithm: str, several: bool) -> str:
     if not several:
         return path
@@ -50,11 +58,12 @@ def _trace_path(path: str, algorithm: str, several: bool) -> str:
     return f"{stem}.{algorithm}{suffix or '.jsonl'}"
 
 
-def _progress_bar(quiet: bool):
-    """A bar per algorithm on stderr: messages simulated of those the cost
-    model expects. Transient, so that the table is all that stays; Rich draws
-    it only on a terminal (a pipe or a log gets the table alone), and
-    ``--quiet`` turns it off."""
+def _progress_bar(quiet: bool, console=None):
+    """A bar per algorithm on stderr (or ``console``): messages simulated of
+    those the algorithm sends, counted before the first is sent (the
+    simulator's first report), so it never reads "0/?". Transient, so that
+    the table is all that stays; Rich draws it only on a terminal (a pipe or
+    a log gets the table alone), and ``--quiet`` turns it off."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -67,7 +76,8 @@ def _progress_bar(quiet: bool):
 
     return Progress(TextColumn("simulating {task.description}"), BarColumn(),
                     MofNCompleteColumn(), TextColumn("messages"), TimeElapsedColumn(),
-                    TimeRemainingColumn(), console=Console(stderr=True), transient=True,
+                    TimeRemainingColumn(), console=console or Console(stderr=True),
+                    transient=True,
                     disable=quiet)
 
 
@@ -77,15 +87,40 @@ REFUSE_SECONDS = 300.0
 WARN_SECONDS = 30.0
 
 
+#: An estimate above this many seconds is told at this machine's pace.
+PACE_ABOVE_SECONDS = 2.0
+#: The small simulation that measures it: the per-message work of the big
+#: ones (the double binary tree's are what take minutes), about 0.03 s of CPU.
+PACE_PROBE = ("all_reduce", "double_binary_tree", 64, 1 << 20)
+
+
+def _machine_pace() -> tuple[float, float]:
+    """How many times longer than :func:`~minidist.distributed.simulator.estimate`
+    says a simulation takes here: (in CPU time, on the wall clock now).
+
+    The estimate's constants were fitted on one idle machine; a faster one
+    takes half its time, and one shared with other work takes two, four
+    times it on the wall clock (94 s estimated, 2 min taken). A small
+    simulation timed here measures both, for about 0.03 s of CPU (more wall
+    time on a busy machine): its CPU time the machine's speed, its wall time
+    the speed and the load at this moment."""
+    simulate(*PACE_PROBE[:2], 2, 64)  # first-call costs (imports, tables) out of the probe
+    start, cpu = time.perf_counter(), time.process_time()
+    simulate(*PACE_PROBE)
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    expected = estimate(*PACE_PROBE).seconds
+    return max(cpu / expected, 0.1), max(wall / expected, cpu / expected, 0.1)
+
+
 def _check_cost(collective, algorithms, args, nbytes, dtype) -> None:
     """Refuse (ValueError, one line) a simulation estimated to outgrow this
     machine's memory or :data:`REFUSE_SECONDS`, saying what to run instead;
     warn about one over :data:`WARN_SECONDS`. See
-    :func:`minidist.distributed.simulator.estimate`."""
+    :func:`minidist.distributed.simulator.estimate`; the warning's seconds
+    are at this machine's pace (:func:`_machine_pace`)."""
     from rich.console import Console
 
     available = memory_available()
-
     def cost(name, nproc):
         return estimate(collective, name, nproc, nbytes, dtype=dtype,
                         root=min(args.root, nproc - 1), trace=bool(args.trace))
@@ -122,13 +157,25 @@ def _check_cost(collective, algorithms, args, nbytes, dtype) -> None:
             f"the limits are {MEMORY_SHARE:.0%} of it and {_format_seconds(REFUSE_SECONDS)}). "
             f"Run {', or '.join(instead)}; the cost model's formula alone is "
             "minidist.distributed.collectives.registry.predict(...).")
-    slow = {name: e for name, e in estimates.items() if e.seconds > WARN_SECONDS}
+    # A refusal needs the order of magnitude only (it is at once, and says what
+    # to run instead); the time a run will take is told at this machine's
+    # pace, measured when a simulation is long enough for it to matter.
+    pace = busy = 1.0
+    if any(e.seconds > PACE_ABOVE_SECONDS for e in estimates.values()):
+        pace, wall_pace = _machine_pace()
+        busy = wall_pace / pace  # wall seconds per second of work, now
+    slow = {name: e.seconds * pace * busy for name, e in estimates.items()
+            if e.seconds * pace * busy > WARN_SECONDS}
     if slow:
-        what = ", ".join(f"{name} about {_format_seconds(e.seconds)}"
-                         for name, e in slow.items())
-        Console(stderr=True).print(f"minidist simulate: this will take a while ({what}); "
-                                   "Ctrl-C stops it.", markup=False, highlight=False,
-                                   soft_wrap=True)
+        what = ", ".join(f"{name} about {_format_duration(seconds)}"
+                         for name, seconds in slow.items())
+        if len(slow) > 1:
+            what += f"; about {_format_duration(sum(slow.values()))} in all"
+        shared = (f", this machine being shared: {busy:.1f} s for each second of work"
+                  if busy > 1.5 else "")
+        Console(stderr=True).print(f"minidist simulate: this will take a while ({what} "
+                                   f"here{shared}); Ctrl-C stops it.", markup=False,
+                                   highlight=False, soft_wrap=True)
 
 
 def simulate_command(args) -> int:
@@ -208,10 +255,11 @@ def simulate_command(args) -> int:
     written = []
     with _progress_bar(quiet=getattr(args, "quiet", False)) as bar:
         for name in algorithms:
-            task = bar.add_task(name, total=None)
+            # Shown from the simulator's first report, which brings the total.
+            task = bar.add_task(name, total=None, visible=False)
 
             def progress(messages, total, task=task):
-                bar.update(task, completed=messages, total=total)
+                bar.update(task, completed=messages, total=total, visible=True)
 
             result = simulate(collective, name, args.nproc, nbytes, alpha=params.alpha,
                               beta=params.beta, gamma=params.gamma, dtype=dtype,
