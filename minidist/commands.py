@@ -99,17 +99,21 @@ def _machine_pace() -> tuple[float, float]:
     says a simulation takes here: (in CPU time, on the wall clock now).
 
     The estimate's constants were fitted on one idle machine; a faster one
-    takes half its time, and one shared with other work takes two, four
-    times it on the wall clock (94 s estimated, 2 min taken). A small
-    simulation timed here measures both, for about 0.03 s of CPU (more wall
-    time on a busy machine): its CPU time the machine's speed, its wall time
-    the speed and the load at this moment."""
+    takes half its time, and one shared with other work takes several times
+    it on the wall clock (94 s estimated, 2 min taken; 72 s told from the
+    probe alone, 4 min taken at a load of 10 on 2 cores). A small simulation
+    timed here gives the machine's speed (its CPU time, about 0.03 s); the
+    wall clock's share is the larger of the probe's own (too short to be
+    fair: a process just started is scheduled first) and the load average's,
+    (load + 1) / cores: a CPU-bound process's turn among the runnable ones."""
     simulate(*PACE_PROBE[:2], 2, 64)  # first-call costs (imports, tables) out of the probe
     start, cpu = time.perf_counter(), time.process_time()
     simulate(*PACE_PROBE)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     expected = estimate(*PACE_PROBE).seconds
-    return max(cpu / expected, 0.1), max(wall / expected, cpu / expected, 0.1)
+    pace = max(cpu / expected, 0.1)
+    queue = (os.getloadavg()[0] + 1) / (os.cpu_count() or 1) if hasattr(os, "getloadavg") else 1
+    return pace, pace * max(wall / max(cpu, 1e-9), queue, 1.0)
 
 
 def _check_cost(collective, algorithms, args, nbytes, dtype) -> None:
@@ -171,8 +175,8 @@ def _check_cost(collective, algorithms, args, nbytes, dtype) -> None:
                          for name, seconds in slow.items())
         if len(slow) > 1:
             what += f"; about {_format_duration(sum(slow.values()))} in all"
-        shared = (f", this machine being shared: {busy:.1f} s for each second of work"
-                  if busy > 1.5 else "")
+        shared = (f", this machine being shared: about {busy:.1f} s for each second of "
+                  "work" if busy > 1.5 else "")
         Console(stderr=True).print(f"minidist simulate: this will take a while ({what} "
                                    f"here{shared}); Ctrl-C stops it.", markup=False,
                                    highlight=False, soft_wrap=True)
