@@ -378,8 +378,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--trace", default=None, help="write the trace (JSON lines) to this file")
     run.add_argument("--timeout", type=_positive_float, default=None,
                      help="seconds before a hung run is stopped")
-    run.add_argument("script")
-    run.add_argument("script_args", nargs=argparse.REMAINDER)
+    run.add_argument("script", help="the Python file each rank runs")
+    run.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
+                     help="the script's own arguments (sys.argv[1:] on every rank)")
     run.set_defaults(handler=_cmd_run)
 
     bench = sub.add_parser(

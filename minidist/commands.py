@@ -160,7 +160,7 @@ def _check_cost(collective, algorithms, args, nbytes, dtype) -> None:
             f"simulate here ({what}; this machine has {format_bytes(available)} available, "
             f"the limits are {MEMORY_SHARE:.0%} of it and {_format_seconds(REFUSE_SECONDS)}). "
             f"Run {', or '.join(instead)}; the cost model's formula alone is "
-            "minidist.distributed.collectives.registry.predict(...).")
+            "minidist.costmodel.predict(collective, algorithm, n, nbytes).")
     # A refusal needs the order of magnitude only (it is at once, and says what
     # to run instead); the time a run will take is told at this machine's
     # pace, measured when a simulation is long enough for it to matter.
