@@ -61,24 +61,28 @@ def _trace_path(path: str, algorithm: str, several: bool) -> str:
 def _progress_bar(quiet: bool, console=None):
     """A bar per algorithm on stderr (or ``console``): messages simulated of
     those the algorithm sends, counted before the first is sent (the
-    simulator's first report), so it never reads "0/?". Transient, so that
-    the table is all that stays; Rich draws it only on a terminal (a pipe or
-    a log gets the table alone), and ``--quiet`` turns it off."""
+    simulator's first report), so it never reads "0/?". Its counts in
+    thousands or millions past 100,000 and no elapsed time, so that the
+    longest name and 8,590M messages fit in 80 columns. Transient, so that
+    the table is all that stays; Rich draws it only on a terminal (a pipe or a log gets the
+    table alone), and ``--quiet`` turns it off."""
     from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    return Progress(TextColumn("simulating {task.description}"), BarColumn(),
-                    MofNCompleteColumn(), TextColumn("messages"), TimeElapsedColumn(),
-                    TimeRemainingColumn(), console=console or Console(stderr=True),
-                    transient=True,
-                    disable=quiet)
+    return Progress(TextColumn("simulating {task.description}"), BarColumn(bar_width=20),
+                    TextColumn("{task.fields[counted]} messages"), TimeRemainingColumn(),
+                    console=console or Console(stderr=True), transient=True, disable=quiet)
+
+
+def _counted(messages: int, total: int | None) -> str:
+    """"done/total" for the bar, both in the total's unit: exact up to 100,000,
+    then thousands ("5k/778k"), past 100 million millions ("268M/8,590M")."""
+    if total is None:
+        return f"{messages:,}"
+    if total < 100_000:
+        return f"{messages:,}/{total:,}"
+    unit, scale = ("k", 1e3) if total < 100_000_000 else ("M", 1e6)
+    return f"{messages / scale:,.0f}{unit}/{total / scale:,.0f}{unit}"
 
 
 #: A simulation estimated to take longer than this is refused ...
@@ -260,10 +264,11 @@ def simulate_command(args) -> int:
     with _progress_bar(quiet=getattr(args, "quiet", False)) as bar:
         for name in algorithms:
             # Shown from the simulator's first report, which brings the total.
-            task = bar.add_task(name, total=None, visible=False)
+            task = bar.add_task(name, total=None, visible=False, counted="")
 
             def progress(messages, total, task=task):
-                bar.update(task, completed=messages, total=total, visible=True)
+                bar.update(task, completed=messages, total=total, visible=True,
+                           counted=_counted(messages, total))
 
             result = simulate(collective, name, args.nproc, nbytes, alpha=params.alpha,
                               beta=params.beta, gamma=params.gamma, dtype=dtype,

@@ -115,8 +115,9 @@ def test_the_simulators_progress_knows_its_total_before_the_first_message():
 
 
 @pytest.mark.timeout(120)
-def test_simulates_bar_never_reads_an_unknown_total(monkeypatch, capsys):
-    """The bar as a terminal shows it: "M/N messages" from its first frame."""
+def test_simulates_bar_has_its_total_from_the_first_frame_at_80_columns(monkeypatch, capsys):
+    """The bar as a terminal of 80 columns draws it: "M/N messages" from its
+    first frame, with N whole."""
     from rich.console import Console
 
     from minidist import commands
@@ -124,13 +125,17 @@ def test_simulates_bar_never_reads_an_unknown_total(monkeypatch, capsys):
     screen = io.StringIO()
     plain = commands._progress_bar
     monkeypatch.setattr(commands, "_progress_bar", lambda quiet: plain(
-        quiet, console=Console(file=screen, force_terminal=True, width=120)))
+        quiet, console=Console(file=screen, force_terminal=True, width=80)))
     assert main(["simulate", "all_reduce", "--algorithm", "ring", "-n", "65536"]) == 0
     capsys.readouterr()
     drawn = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue())  # no escape codes
-    frames = re.findall(r"(\S+)/(\S+) messages", drawn)
-    assert frames, screen.getvalue()[-2000:]
-    assert all(total == "8589803520" for _, total in frames), sorted(set(frames))[:5]
+    lines = [line for line in re.split(r"[\r\n]", drawn) if "messages" in line]
+    assert lines, screen.getvalue()[-2000:]
+    assert all("…" not in line and len(line) <= 80 for line in lines), lines[:3]
+    totals = {re.search(r"/(\S+) messages", line).group(1) for line in lines}
+    assert totals == {"8,590M"}, totals  # 8,589,803,520, never "?"
+    assert commands._counted(5_476, 778_260) == "5k/778k"
+    assert commands._counted(7, 99_999) == "7/99,999"
 
 
 def test_the_wait_simulate_announces_is_at_this_machines_pace(monkeypatch, capsys):
