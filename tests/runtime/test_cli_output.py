@@ -43,6 +43,7 @@ TABLES = [
     "demo ring-allreduce -n 4 --play --speed 1000",
     "demo broadcast --simulate -n 8 --play --speed 1000",
     "exercise check ring_allreduce wrong.py --no-processes --no-files",
+    "bench collectives --quick --world-sizes 2 --sizes 4KiB",  # with MPICH, gloo if there
 ]
 
 #: Each subcommand's --help, which argparse wraps at COLUMNS itself.
