@@ -33,7 +33,8 @@ TABLES = [
     "lesson",
     "simulate all_reduce -n 64 --size 1MB",
     "simulate all_reduce --algorithm ring -n 65536 --size 100MB",
-    "simulate all_to_all -n 16 --size 1KB --trace t.jsonl",
+    "simulate all_to_all -n 16 --size 1KB --algorithm bruck --trace t.jsonl",
+    "viz t.jsonl --play --speed 1000",  # the trace just written, replayed
     "simulate broadcast -n 8 --size 4KB --algorithm all",
     "plan --ranks 16 --n-layer 4",
     "plan --mesh 2x2x4",
