@@ -339,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--root", type=int, default=0, help="root of rooted collectives")
     demo.add_argument("--trace", default=None, metavar="FILE",
                       help="keep the trace in FILE (default: a temporary file)")
-    strategy = demo.add_argument_group("strategy demos (data-parallel, parameter-server, "
+    strategy = demo.add_argument_group("strategies (data-parallel, parameter-server, "
                                        "pipeline, model-parallel, memory)")
     strategy.add_argument("--servers", type=int, default=1,
                           help="parameter-server: server ranks (the rest are workers)")
@@ -396,8 +396,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--trace", default=None, help="write the trace (JSON lines) to this file")
     run.add_argument("--timeout", type=_positive_float, default=None,
                      help="seconds before a hung run is stopped")
-    run.add_argument("script")
-    run.add_argument("script_args", nargs=argparse.REMAINDER)
+    run.add_argument("script", help="the Python file each rank runs")
+    run.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
+                     help="the script's own arguments (sys.argv[1:] on every rank)")
     run.set_defaults(handler=_cmd_run)
 
     bench = sub.add_parser(

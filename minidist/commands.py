@@ -43,6 +43,14 @@ def _format_seconds(seconds: float) -> str:
     return f"{seconds:g} s"
 
 
+def _format_duration(seconds: float) -> str:
+    """A wait as a person reads it: "40 s", "2 min 5 s"."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest} s" if rest else f"{minutes} min"
+
+
 def _trace_path(path: str, algorithm: str, several: bool) -> str:
     if not several:
         return path
@@ -50,25 +58,31 @@ def _trace_path(path: str, algorithm: str, several: bool) -> str:
     return f"{stem}.{algorithm}{suffix or '.jsonl'}"
 
 
-def _progress_bar(quiet: bool):
-    """A bar per algorithm on stderr: messages simulated of those the cost
-    model expects. Transient, so that the table is all that stays; Rich draws
-    it only on a terminal (a pipe or a log gets the table alone), and
-    ``--quiet`` turns it off."""
+def _progress_bar(quiet: bool, console=None):
+    """A bar per algorithm on stderr (or ``console``): messages simulated of
+    those the algorithm sends, counted before the first is sent (the
+    simulator's first report), so it never reads "0/?". Its counts in
+    thousands or millions past 100,000 and no elapsed time, so that the
+    longest name and 8,590M messages fit in 80 columns. Transient, so that
+    the table is all that stays; Rich draws it only on a terminal (a pipe or a log gets the
+    table alone), and ``--quiet`` turns it off."""
     from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    return Progress(TextColumn("simulating {task.description}"), BarColumn(),
-                    MofNCompleteColumn(), TextColumn("messages"), TimeElapsedColumn(),
-                    TimeRemainingColumn(), console=Console(stderr=True), transient=True,
-                    disable=quiet)
+    return Progress(TextColumn("simulating {task.description}"), BarColumn(bar_width=20),
+                    TextColumn("{task.fields[counted]} messages"), TimeRemainingColumn(),
+                    console=console or Console(stderr=True), transient=True, disable=quiet)
+
+
+def _counted(messages: int, total: int | None) -> str:
+    """"done/total" for the bar, both in the total's unit: exact up to 100,000,
+    then thousands ("5k/778k"), past 100 million millions ("268M/8,590M")."""
+    if total is None:
+        return f"{messages:,}"
+    if total < 100_000:
+        return f"{messages:,}/{total:,}"
+    unit, scale = ("k", 1e3) if total < 100_000_000 else ("M", 1e6)
+    return f"{messages / scale:,.0f}{unit}/{total / scale:,.0f}{unit}"
 
 
 #: A simulation estimated to take longer than this is refused ...
@@ -77,15 +91,44 @@ REFUSE_SECONDS = 300.0
 WARN_SECONDS = 30.0
 
 
+#: An estimate above this many seconds is told at this machine's pace.
+PACE_ABOVE_SECONDS = 2.0
+#: The small simulation that measures it: the per-message work of the big
+#: ones (the double binary tree's are what take minutes), about 0.03 s of CPU.
+PACE_PROBE = ("all_reduce", "double_binary_tree", 64, 1 << 20)
+
+
+def _machine_pace() -> tuple[float, float]:
+    """How many times longer than :func:`~minidist.distributed.simulator.estimate`
+    says a simulation takes here: (in CPU time, on the wall clock now).
+
+    The estimate's constants were fitted on one idle machine; a faster one
+    takes half its time, and one shared with other work takes several times
+    it on the wall clock (94 s estimated, 2 min taken; 72 s told from the
+    probe alone, 4 min taken at a load of 10 on 2 cores). A small simulation
+    timed here gives the machine's speed (its CPU time, about 0.03 s); the
+    wall clock's share is the larger of the probe's own (too short to be
+    fair: a process just started is scheduled first) and the load average's,
+    (load + 1) / cores: a CPU-bound process's turn among the runnable ones."""
+    simulate(*PACE_PROBE[:2], 2, 64)  # first-call costs (imports, tables) out of the probe
+    start, cpu = time.perf_counter(), time.process_time()
+    simulate(*PACE_PROBE)
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    expected = estimate(*PACE_PROBE).seconds
+    pace = max(cpu / expected, 0.1)
+    queue = (os.getloadavg()[0] + 1) / (os.cpu_count() or 1) if hasattr(os, "getloadavg") else 1
+    return pace, pace * max(wall / max(cpu, 1e-9), queue, 1.0)
+
+
 def _check_cost(collective, algorithms, args, nbytes, dtype) -> None:
     """Refuse (ValueError, one line) a simulation estimated to outgrow this
     machine's memory or :data:`REFUSE_SECONDS`, saying what to run instead;
     warn about one over :data:`WARN_SECONDS`. See
-    :func:`minidist.distributed.simulator.estimate`."""
+    :func:`minidist.distributed.simulator.estimate`; the warning's seconds
+    are at this machine's pace (:func:`_machine_pace`)."""
     from rich.console import Console
 
     available = memory_available()
-
     def cost(name, nproc):
         return estimate(collective, name, nproc, nbytes, dtype=dtype,
                         root=min(args.root, nproc - 1), trace=bool(args.trace))
@@ -121,14 +164,26 @@ def _check_cost(collective, algorithms, args, nbytes, dtype) -> None:
             f"simulate here ({what}; this machine has {format_bytes(available)} available, "
             f"the limits are {MEMORY_SHARE:.0%} of it and {_format_seconds(REFUSE_SECONDS)}). "
             f"Run {', or '.join(instead)}; the cost model's formula alone is "
-            "minidist.distributed.collectives.registry.predict(...).")
-    slow = {name: e for name, e in estimates.items() if e.seconds > WARN_SECONDS}
+            "minidist.costmodel.predict(collective, algorithm, n, nbytes).")
+    # A refusal needs the order of magnitude only (it is at once, and says what
+    # to run instead); the time a run will take is told at this machine's
+    # pace, measured when a simulation is long enough for it to matter.
+    pace = busy = 1.0
+    if any(e.seconds > PACE_ABOVE_SECONDS for e in estimates.values()):
+        pace, wall_pace = _machine_pace()
+        busy = wall_pace / pace  # wall seconds per second of work, now
+    slow = {name: e.seconds * pace * busy for name, e in estimates.items()
+            if e.seconds * pace * busy > WARN_SECONDS}
     if slow:
-        what = ", ".join(f"{name} about {_format_seconds(e.seconds)}"
-                         for name, e in slow.items())
-        Console(stderr=True).print(f"minidist simulate: this will take a while ({what}); "
-                                   "Ctrl-C stops it.", markup=False, highlight=False,
-                                   soft_wrap=True)
+        what = ", ".join(f"{name} about {_format_duration(seconds)}"
+                         for name, seconds in slow.items())
+        if len(slow) > 1:
+            what += f"; about {_format_duration(sum(slow.values()))} in all"
+        shared = (f", this machine being shared: about {busy:.1f} s for each second of "
+                  "work" if busy > 1.5 else "")
+        Console(stderr=True).print(f"minidist simulate: this will take a while ({what} "
+                                   f"here{shared}); Ctrl-C stops it.", markup=False,
+                                   highlight=False, soft_wrap=True)
 
 
 def simulate_command(args) -> int:
@@ -191,25 +246,29 @@ def simulate_command(args) -> int:
               f"alpha {_format_seconds(alpha)}, links {format_bytes(bandwidth)}/s, "
               + (f"combining {format_bytes(gamma_bandwidth)}/s"
                  if math.isfinite(gamma_bandwidth) else "combining free"),
-              markup=False, highlight=False, soft_wrap=True)
+              markup=False, highlight=False)
     table = Table()
-    # The names whole: at 80 columns Rich would cut "reduce_broadcast" to
-    # "reduce_bro…"; the headers of the numbers wrap instead.
-    table.add_column("algorithm", no_wrap=True, min_width=max(map(len, algorithms)))
-    table.add_column("simulated", justify="right")
-    table.add_column("cost model", justify="right")
-    table.add_column("messages", justify="right")
-    table.add_column("bytes moved", justify="right")
-    table.add_column("sim / model", justify="right")
+    # Every cell whole: at 80 columns Rich shrinks the widest columns first,
+    # and cut "reduce_broadcast" to "reduce_bro…" and 8,589,803,520 messages
+    # to "8,589,803,…". So no cell wraps, the headers take two lines to be
+    # no wider than their numbers, and a table that must still give way (a
+    # terminal narrower than 80) folds a cell onto a second line rather than
+    # losing its end.
+    table.add_column("algorithm", no_wrap=True, overflow="fold",
+                     min_width=max(map(len, algorithms)))
+    for header in ("simulated", "cost\nmodel", "messages", "bytes\nmoved", "sim /\nmodel"):
+        table.add_column(header, justify="right", no_wrap=True, overflow="fold")
     several = len(algorithms) > 1
     results = []
     written = []
     with _progress_bar(quiet=getattr(args, "quiet", False)) as bar:
         for name in algorithms:
-            task = bar.add_task(name, total=None)
+            # Shown from the simulator's first report, which brings the total.
+            task = bar.add_task(name, total=None, visible=False, counted="")
 
             def progress(messages, total, task=task):
-                bar.update(task, completed=messages, total=total)
+                bar.update(task, completed=messages, total=total, visible=True,
+                           counted=_counted(messages, total))
 
             result = simulate(collective, name, args.nproc, nbytes, alpha=params.alpha,
                               beta=params.beta, gamma=params.gamma, dtype=dtype,
@@ -234,10 +293,8 @@ def simulate_command(args) -> int:
                       "-" if result.predicted is None else _format_seconds(result.predicted),
                       f"{result.messages:,}", format_bytes(result.bytes), ratio, style=style)
     out.print(table)
-    for line in gaps:
-        out.print(line, markup=False, highlight=False, soft_wrap=True)
-    for line in written:
-        out.print(line, markup=False, highlight=False, soft_wrap=True)
+    for line in gaps + written:  # wrapped at the terminal's width, as the table
+        out.print(line, markup=False, highlight=False)
     return 0
 
 

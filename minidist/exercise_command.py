@@ -59,17 +59,29 @@ def list_command(args) -> int:
 
     from minidist.exercises import all_exercises
 
+    exercises = all_exercises()
     table = Table(title="minidist exercises")
-    table.add_column("name")
-    table.add_column("write")
-    table.add_column("taught in")
-    for exercise in all_exercises():
-        table.add_row(exercise.name, exercise.summary, exercise.lesson)
+    # The name is what the student types: never cut, whatever the width (the
+    # summary wraps instead); the lesson by its number, as `minidist lesson N`
+    # takes it, so that no path is cut at 80 columns.
+    table.add_column("name", no_wrap=True, overflow="fold",
+                     min_width=max(len(exercise.name) for exercise in exercises))
+    table.add_column("write", overflow="fold")
+    table.add_column("taught in", no_wrap=True, overflow="fold")
+    for exercise in exercises:
+        table.add_row(exercise.name, exercise.summary, _lesson_words(exercise.lesson))
     console = _console()
     console.print(table)
     console.print("start one: minidist exercise start NAME; check it: "
-                  "minidist exercise check NAME")
+                  "minidist exercise check NAME; read its lesson: minidist lesson N")
     return 0
+
+
+def _lesson_words(path: str) -> str:
+    """"lessons/04_ring_allreduce.py" as "lesson 4"; any other path as it is."""
+    stem = Path(path).name
+    number = stem.split("_", 1)[0]
+    return f"lesson {int(number)}" if number.isdigit() else path
 
 
 def _exercise(name):

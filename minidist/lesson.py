@@ -275,10 +275,20 @@ def lesson_command(number: int | None, quick: bool = False, folder: Path | None 
         return 2
     lessons = find_lessons(folder)
     if number is None:
+        import shutil
+        import textwrap
+
+        # Wrapped at the terminal's width (80 when it is not a terminal), a
+        # file name never broken: the number is what `minidist lesson N` takes.
+        width = max(shutil.get_terminal_size().columns, 40)
         for index, title, path in lessons:
-            print(f"{index:3d}  {title}  ({path.name})")
-        print("Run one with `minidist lesson N` (--quick: the short form); open one as a "
-              "notebook in JupyterLab (pip install -e '.[notebook]', see the README).")
+            print(textwrap.fill(f"{index:3d}  {title}  ({path.name})", width,
+                                subsequent_indent=" " * 5, break_long_words=False,
+                                break_on_hyphens=False))
+        print(textwrap.fill("Run one with `minidist lesson N` (--quick: the short form); open "
+                            "one as a notebook in JupyterLab (pip install -e '.[notebook]', see "
+                            "the README).", width, break_long_words=False,
+                            break_on_hyphens=False))
         return 0
     chosen = [path for index, _, path in lessons if index == number]
     if not chosen:

@@ -556,11 +556,36 @@ def _describe_params(transport: str, params: dict) -> str:
             + f"1/gamma {rate(params['gamma'])}")
 
 
+def _tables(console, title: str, headers: list, lines: list) -> list:
+    """The table of one group: whole when it fits the console (a file or a
+    pipe is 150 wide), else in two, minidist's columns and then the peers'
+    (MPICH, gloo), each beginning with the size and the algorithm, so that at
+    80 columns no cell is cut ("recursive_doub…", "1,0…")."""
+    from rich.table import Table
+
+    def table(columns, heading):
+        made = Table(title=heading, title_justify="left")
+        for index in columns:
+            made.add_column(headers[index], justify="left" if index == 1 else "right",
+                            no_wrap=True, overflow="fold")
+        for first, cells in lines:
+            if first and made.row_count:
+                made.add_section()
+            made.add_row(*(cells[index] for index in columns))
+        return made
+
+    widths = [max(len(headers[i]), *(len(cells[i]) for _, cells in lines))
+              for i in range(len(headers))]
+    if len(headers) == 7 or sum(widths) + 3 * len(widths) + 1 <= console.width:
+        return [table(range(len(headers)), title)]
+    return [table(range(7), title),
+            table([0, 1, *range(7, len(headers))], f"{title}: next to the peers")]
+
+
 def print_report(report: dict, console=None) -> None:
     """One Rich table per transport, collective and world size, then the targets."""
     from rich.console import Console
     from rich.markup import escape
-    from rich.table import Table
 
     console = console or Console()
     show = {kind: bool(report[kind]["seconds"]) for kind in ("mpich", "gloo")}
@@ -573,21 +598,15 @@ def print_report(report: dict, console=None) -> None:
         title = f"{collective}, {world_size} ranks, {transport}"
         if world_size > available_cores:
             title += f" (oversubscribed: {world_size} ranks on {available_cores} cores)"
-        table = Table(title=title, title_justify="left")
-        table.add_column("size", justify="right", no_wrap=True)
-        table.add_column("algorithm", no_wrap=True)
-        for header in ("time us", "algbw", "busbw", "model us", "/model"):
-            table.add_column(header, justify="right", no_wrap=True)
+        headers = ["size", "algorithm", "time us", "algbw", "busbw", "model us", "/model"]
         for kind, label in (("mpich", "MPICH"), ("gloo", "gloo")):
             if show[kind]:
-                table.add_column(f"{label} us", justify="right", no_wrap=True)
-                table.add_column(f"/{label}", justify="right", no_wrap=True)
+                headers += [f"{label} us", f"/{label}"]
         rows = sorted(rows, key=lambda row: (row["size"], row["seconds"]))
+        lines = []  # (first of its size, cells)
         previous_size = None
         for row in rows:
             first = row["size"] != previous_size
-            if first and previous_size is not None:
-                table.add_section()
             previous_size = row["size"]
             cells = [format_bytes(row["bytes"]) if first and collective != "barrier" else "",
                      row["algorithm"], _us(row["seconds"]), _number(row["algbw_GBps"]),
@@ -597,8 +616,9 @@ def print_report(report: dict, console=None) -> None:
                 if show[kind]:
                     cells += [_us(row[f"{kind}_seconds"]) if first else "",
                               _number(row[f"over_{kind}"])]
-            table.add_row(*cells)
-        console.print(table)
+            lines.append((first, cells))
+        for table in _tables(console, title, headers, lines):
+            console.print(table)
         worst = max((row for row in rows if row["measured_over_predicted"]),
                     key=lambda row: abs(math.log(row["measured_over_predicted"])), default=None)
         if worst is not None:
@@ -666,8 +686,10 @@ def run_from_args(args, console=None) -> int:
 
     if console is None:
         console = Console()
-        if not console.is_terminal:
-            console = Console(width=150)  # a file or a pipe: no need to squeeze the tables
+        if not console.is_terminal and "COLUMNS" not in os.environ:
+            # A file or a pipe: no need to squeeze the tables (COLUMNS, when
+            # set, is the width asked for).
+            console = Console(width=150)
     try:
         options = options_from_args(args)
         report = run(options, console)

@@ -29,6 +29,7 @@ the results to the other ranks; ``mpiexec -n <world_size>`` runs it over MPI.
 
 from __future__ import annotations
 
+import logging
 import sys
 
 from minidist import trace as _trace
@@ -67,6 +68,12 @@ def _run_here(fn, args, kwargs, resources, world_size, trace, timeout, job):
     control = resources.control_block()  # shared with this machine's ranks: see mpi_node.py
     if trace is not None:
         _trace.start_recording(rank)
+    # What fn logs is printed by this rank, with its rank, as a forked
+    # worker's records are by its launcher (no parent gathers them here).
+    from minidist.runtime import console
+
+    level = logging.getLogger().level
+    logs = console.configure_mpi_logging(rank, "INFO")  # launch()'s default, as forked
     try:
         world.start_worker(rank, world_size, resources, control, timeout, "launch")
         result = fn(*args, **kwargs)
@@ -77,6 +84,9 @@ def _run_here(fn, args, kwargs, resources, world_size, trace, timeout, job):
         raise  # not reached: abort_reporting ends the process
     finally:
         resources.close()
+        if logs is not None:  # the script's own logging as it was
+            logging.getLogger().removeHandler(logs)
+            logging.getLogger().setLevel(level)
     events = _trace.stop_recording() if trace is not None else None
     return result, events
 

@@ -217,7 +217,7 @@ def init_process_group(backend: str | None = None, init_method=None, timeout=Non
     if "MINIDIST_RANK" in os.environ:
         _init_from_environment(transport, world_size, rank, timeout, log_level)
     elif launched_by_mpi():
-        _init_from_mpi(transport, world_size, rank, timeout)
+        _init_from_mpi(transport, world_size, rank, timeout, log_level)
     elif _torchrun_world() is not None:
         _init_from_torchrun(world_size, rank, timeout)
     elif transport == "mpi":
@@ -363,7 +363,7 @@ def _run_description() -> dict:
     return json.loads(b"".join(chunks))
 
 
-def _init_from_mpi(transport, world_size, rank, timeout) -> None:
+def _init_from_mpi(transport, world_size, rank, timeout, log_level="INFO") -> None:
     """Join the run mpiexec started, over the mpi transport. No minidist parent
     watches these ranks: the control block is shared by the ranks of this
     machine only (transport/mpi_node.py), and a rank that raises reports itself
@@ -382,6 +382,11 @@ def _init_from_mpi(transport, world_size, rank, timeout) -> None:
         raise ValueError(f"init_process_group(rank={rank}), but mpiexec made this process "
                          f"rank {env_rank}")
     resources = MpiResources.from_environment()
+    # No parent gathers these ranks' records (as `minidist run` does): each
+    # prints its own, with its rank.
+    from minidist.runtime import console
+
+    console.configure_mpi_logging(resources.rank, log_level)
     trace_dir = os.environ.get("MINIDIST_TRACE_DIR")
     if trace_dir:
         _trace.start_recording(resources.rank)

@@ -453,6 +453,14 @@ def traffic_of(result: SimulatedCall) -> tuple[int, int]:
             sum(send.nbytes for c in result.comms for send in c.sends))
 
 
+def _formula(spec: CollectiveSpec) -> str:
+    """The reference's cost formula as the lessons and the replay write it
+    (α, β, βₓ, γ), not in the registry's names (alpha, xbeta, ...)."""
+    from minidist.alpha_beta import in_symbols
+
+    return in_symbols(registry.text(spec.collective, spec.algorithm))
+
+
 def judge_traffic(spec: CollectiveSpec, result: SimulatedCall, n: int, count: int, root: int):
     """A Failure when the messages or bytes exceed the registered formula's."""
     if n < 2:
@@ -466,13 +474,13 @@ def judge_traffic(spec: CollectiveSpec, result: SimulatedCall, n: int, count: in
         return Failure("wasteful", (
             f"correct, but it sends {times:.1f} x the bytes of {spec.title} on {case} "
             f"({nbytes:,} bytes in all, where {spec.title} sends {want_bytes:,}: "
-            f"{registry.text(spec.collective, spec.algorithm)}). Send each piece "
+            f"{_formula(spec)}). Send each piece "
             "only where it is needed."))
     if messages > want_messages:
         return Failure("wasteful", (
             f"correct, but it sends {messages / want_messages:.1f} x the messages of "
             f"{spec.title} on {case} ({messages} where {spec.title} sends {want_messages}): "
-            "each message costs a latency alpha."))
+            "each message costs a latency α."))
     return None
 
 
@@ -521,7 +529,7 @@ def _check_simulated(spec, function, report):
                          f"1-{WORLD_SIZES[-1]} ranks (0, 1, < n, not divisible, divisible "
                          "elements" + (", several roots" if spec.rooted else "") + ")")
     report.passed.append(f"messages and bytes within {spec.title}'s: "
-                         f"{registry.text(spec.collective, spec.algorithm)}")
+                         f"{_formula(spec)}")
     count = 3 * BIG_WORLD + 5
     judged = judge_call(spec, function, BIG_WORLD, count, BIG_WORLD // 3)
     if isinstance(judged, Failure):

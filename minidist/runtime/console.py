@@ -254,6 +254,54 @@ def configure_script_logging(fd: int, rank: int, level) -> None:
     configure_worker_logging(rank, level, Connection(fd, readable=False), inherited=False)
 
 
+# ----------------------------------------------------------------- ranks started by mpiexec
+
+
+class RankConsoleHandler(logging.Handler):
+    """A rank's own printer of its records, ``[rank r]`` first, as the parent
+    of ``minidist run`` prints them (a Rich handler on stdout).
+
+    Under mpiexec no minidist parent gathers the ranks' records: each rank is
+    a program of its own, and mpiexec forwards what it writes. A program that
+    configured no logging would show only warnings (Python's last-resort
+    handler), so its INFO lines vanished. Rich is imported at the first record,
+    not at the rank's start; each record is one write, which the pipe to
+    mpiexec keeps whole, so ranks' lines never mix mid-line. They come out
+    in the order mpiexec reads them, not merged by time as ``minidist run``
+    merges its pipes."""
+
+    def __init__(self, rank: int):
+        super().__init__()
+        self.addFilter(RankPrefix(rank))
+        self._printer = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            if self._printer is None:
+                from rich.logging import RichHandler
+
+                self._printer = RichHandler(show_path=False, rich_tracebacks=False,
+                                            markup=False)
+            self._printer.handle(record)
+        except Exception:
+            self.handleError(record)
+
+
+def configure_mpi_logging(rank: int, level) -> RankConsoleHandler | None:
+    """Rank side, under mpiexec: the root logger prints its records itself,
+    tagged with the rank (:class:`RankConsoleHandler`), INFO through by
+    default, unless the program set up handlers of its own (then they are
+    its choice, left as they are). Returns the handler added, or None."""
+    root = logging.getLogger()
+    if root.handlers:
+        return None
+    handler = RankConsoleHandler(rank)
+    root.addHandler(handler)
+    if level is not None:
+        root.setLevel(level)
+    return handler
+
+
 # ----------------------------------------------------------------- rank 0 helpers
 
 

@@ -265,6 +265,8 @@ def test_minidist_run_starts_the_script_with_mpiexec_and_cleans_up(tmp_path):
                         capture_output=True, text=True, timeout=100, cwd=ROOT)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert ok.stdout.count("the ring of 2 ranks added up to 1 (expected 1)") == 1, ok.stdout
+    for rank in (0, 1):  # each rank's log lines, with its rank, as on shm and the pipe
+        assert f"[rank {rank}] hello from rank {rank} of 2" in ok.stdout, ok.stdout
     script = tmp_path / "raises.py"
     script.write_text("import numpy as np\nimport minidist.distributed as dist\n"
                       "dist.init_process_group()\ndist.all_reduce(np.ones(4))\n"
@@ -279,6 +281,22 @@ def test_minidist_run_starts_the_script_with_mpiexec_and_cleans_up(tmp_path):
     wrong = subprocess.run(cli + ["-n", "2", "--trace", "t.jsonl", str(script)], env=env,
                            capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert wrong.returncode != 0 and "MINIDIST_TRACE_DIR" in wrong.stderr
+
+
+@needs_mpi
+@pytest.mark.timeout(120)
+def test_each_ranks_log_lines_are_shown_under_plain_mpiexec():
+    """No minidist parent gathers the records of ranks mpiexec started: each
+    rank prints its own, prefixed with its rank as `minidist run` prints
+    them, rather than only its warnings (Python's default)."""
+    result, _ = _run(ROOT / "examples" / "hello.py", 2, timeout=100)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    for rank, said in ((0, "hello from rank 0 of 2"), (1, "hello from rank 1 of 2"),
+                       (0, "started the ring"), (1, "received 0 from rank 0"),
+                       (0, "got the total 1 back from rank 1")):
+        assert any(f"[rank {rank}] {said}" in line for line in lines), result.stdout
+    assert result.stdout.count("the ring of 2 ranks added up to 1 (expected 1)") == 1
 
 
 # --------------------------------------------------------------------------- the same script on a cluster

@@ -189,9 +189,9 @@ class StepPrediction:
         for name in ("compute", "tp_comm", "pp_bubble", "dp_comm"):
             value = getattr(self, name)
             share = value / self.total if self.total else 0.0
-            lines.append(f"  {name:<10} {_ms(value):>12}  {share:6.1%}")
+            lines.append(f"  {name.replace('_', ' '):<10} {_ms(value):>12}  {share:6.1%}")
         lines.append("  memory per rank: " + ", ".join(
-            f"{name} {_gb(value)}" for name, value in self.memory.items())
+            f"{name.replace('_', ' ')} {_gb(value)}" for name, value in self.memory.items())
             + f"; total {_gb(self.memory_total)}")
         for cost in self.collectives:
             lines.append(f"  {cost.dimension}: {cost.calls} x {cost.collective} "

@@ -87,22 +87,38 @@ def plan_command(args) -> int:
         why = why_not(model, plan)
         if why is not None:
             raise SystemExit(f"minidist plan: {plan} cannot split this model: {why}")
-    print(f"GPT of {model.parameters() / 1e9:.2f} B parameters: {model.n_layer} layers, "
+    _say(f"GPT of {model.parameters() / 1e9:.2f} B parameters: {model.n_layer} layers, "
           f"h {model.n_embd}, {model.n_head} heads, vocabulary {model.vocab_size}, "
           f"{model.global_batch} sequences of {model.seq_len} tokens a step, "
           f"{model.micro_batch} a micro-batch")
-    print(f"machine: {args.tflops:g} TFLOP/s a rank, {machine.node_size} ranks a node, "
+    _say(f"machine: {args.tflops:g} TFLOP/s a rank, {machine.node_size} ranks a node, "
           f"{args.intra} within a node, {args.inter} between nodes")
     if plan is not None:
         step = predict_step(model, plan, machine)
-        print(step)
+        _say(step)
         # --memory is the budget of the comparison; one plan is told against it too.
-        print(f"  {'fits' if step.fits(limit) else 'does NOT fit'} in --memory {args.memory} "
+        _say(f"  {'fits' if step.fits(limit) else 'does NOT fit'} in --memory {args.memory} "
               "a rank")
         return 0
-    print(compare_plans(model, ranks, machine, memory_limit=limit, **options))
-    print(playbook_plan(model, ranks, machine, memory_limit=limit, **options))
+    _say(compare_plans(model, ranks, machine, memory_limit=limit, **options))
+    _say(playbook_plan(model, ranks, machine, memory_limit=limit, **options))
     return 0
+
+
+def _say(text="") -> None:
+    """``print``, each line wrapped at the terminal's width (80 when it is not
+    a terminal), its indent kept and two more on the lines it continues
+    onto; a word (a plan's name, a size) is never broken. The tables' lines
+    are narrower than 80 and come out as they are."""
+    import shutil
+    import textwrap
+
+    width = max(shutil.get_terminal_size().columns, 40)
+    for line in str(text).split("\n"):
+        indent = " " * (len(line) - len(line.lstrip(" ")))
+        print(textwrap.fill(line, width, subsequent_indent=indent + "  ",
+                            break_long_words=False, break_on_hyphens=False)
+              if len(line) > width else line)
 
 
 def _product(mesh) -> int:
