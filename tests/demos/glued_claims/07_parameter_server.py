@@ -37,3 +37,11 @@ def check(glued):
     assert value(glued, "slow_step_ms") >= 20                     # worker 2's sleep
     assert (value(glued, "straggler_verdict") == "mostly green") == \
         (value(glued, "straggler_green") > 0.5)
+    # the straggler's green share is of the printed milliseconds
+    computing, waiting = value(glued, "straggler_computing"), value(glued, "straggler_waiting")
+    assert abs(value(glued, "straggler_green") - computing / (computing + waiting)) < 1e-9
+    # the MB/s trend is worded from its stated thresholds
+    growth = value(glued, "rate_growth")
+    verdict = value(glued, "rate_verdict")
+    assert verdict.startswith("hardly changes") == (abs(growth - 1) < 0.1)
+    assert verdict.startswith("grows") == (abs(growth - 1) >= 0.1 and growth > 1)
