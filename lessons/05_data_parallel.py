@@ -507,6 +507,11 @@ for overlap in (True, False):
 (on_first, on_last, on_messages), (off_first, off_last, _) = overlap_runs[True], overlap_runs[False]
 glue("overlap_messages_us", on_messages, "{:,.0f} us")
 glue("overlap_later_us", on_last - off_last, "{:,.0f} us")
+glue("overlap_rest_verdict",
+     "which is as much as the whole difference, or more: the messages alone account for it"
+     if on_messages >= on_last - off_last else
+     "and the rest of the difference is the machine (2 cores, shared by both ranks and "
+     "whatever else runs), which is why the two runs' times differ from one run to the next")
 glue("overlap_backward_verdict",
      "came later with overlap than without, by " + glued("overlap_later_us") if on_last > off_last
      else "came no later with overlap than without")
@@ -541,9 +546,7 @@ The last gradient {glue}`overlap_backward_verdict`. That is the price of
 overlap on one core: with `overlap=True` the hooks send and receive between
 the layers' gradients, on the same core that computes them, and backward
 resumes only when they return. Rank 0 spent {glue}`overlap_messages_us` in
-messages before its last gradient was ready; the rest of the difference is the
-machine (2 cores, shared by both ranks and whatever else runs), which is why
-the two runs' times can differ from one run to the next.
+messages before its last gradient was ready, {glue}`overlap_rest_verdict`.
 
 The two pictures above, `ddp_timeline_overlap_True.png` and
 `ddp_timeline_overlap_False.png`, have one row per rank: the grey bars on top

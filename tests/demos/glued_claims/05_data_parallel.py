@@ -43,3 +43,6 @@ def check(glued):
     assert abs(min(extras) - value(glued, "rank0_extra_least")) < 1e-9
     for k in (2, 4):
         assert k * 0.999 <= value(glued, f"region_ratio_{k}") < k * 1.5
+    covered = value(glued, "overlap_messages_us") >= \
+        value(glued, "overlap_last_us") - value(glued, "no_overlap_last_us")
+    assert value(glued, "overlap_rest_verdict").startswith("which is as much") == covered
