@@ -692,8 +692,10 @@ glue("d2p_ahead_8", ahead[8], "d")
 glue("d2p_points", len(d2p_objectives[0]), "d")
 glue("d2p_gradients", len(delays), "d")
 middle = len(d2p_objectives[0]) // 2
-behind = max(objectives[middle] / d2p_objectives[0][middle] - 1
-             for tau, objectives in d2p_objectives.items() if tau > 0)
+gaps_middle = {tau: objectives[middle] / d2p_objectives[0][middle] - 1
+               for tau, objectives in d2p_objectives.items() if tau > 0}
+behind = max(gaps_middle.values())
+glue("d2p_middle_tau", max(gaps_middle, key=gaps_middle.get), "d")
 glue("d2p_middle", behind, "+.4%")
 glue("d2p_middle_verdict", "the delayed ones are not even behind" if behind <= 0 else
      "the delayed ones are hardly behind" if behind < 1e-3 else "the delayed ones are behind")
@@ -709,8 +711,9 @@ With the largest delays allowed, the curves in the picture above
 line, and τ_max = 1 lie on top of each other.) Along the way, τ_max = 4 and 8
 were below τ_max = 0 at {glue}`d2p_ahead_4` and {glue}`d2p_ahead_8` of the
 {glue}`d2p_points` points of the curves, and at the middle step, step
-{glue}`d2p_middle_step`, {glue}`d2p_middle_verdict` (the largest gap of a
-delayed curve to τ_max = 0 there, positive when above it: {glue}`d2p_middle`). On this problem a block's gradient
+{glue}`d2p_middle_step`, {glue}`d2p_middle_verdict` (the highest of them
+there, τ_max = {glue}`d2p_middle_tau`, is {glue}`d2p_middle` from τ_max = 0;
+positive means above it, behind). On this problem a block's gradient
 hardly depends on the latest updates of the other blocks, and the step size is
 half the safe one, so an old view of them costs nothing, and the slightly
 different order of the updates can even come out ahead. The LSML lecture's
