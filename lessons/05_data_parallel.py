@@ -76,6 +76,15 @@ OUT = output_dir()
 x_train, y_train, x_test, y_test = load_digits()
 print(f"digits: {len(x_train)} training images, {len(x_test)} test images, 64 pixels each")
 
+# %% jupyter={"source_hidden": true}
+if QUICK:
+    say("""
+*This is the quick form of the lesson.* It trains for 2 epochs in section 2
+(the full form: 10) and times 4 straggler steps per run in section 5 (the
+full form: 10); everything else is the same. Its accuracies are therefore
+lower than the full form's, and its medians rest on fewer steps.
+""")
+
 
 def make_model(seed=0, hidden=32):
     """A small multilayer perceptron for the 8x8 digits."""
@@ -325,7 +334,7 @@ def collective_bytes(events, rank, kind, collective=""):
 
 N = sum(p.data.nbytes for p in traffic_model().parameters())
 print(f"model: {N} bytes of float32 parameters (N)")
-traffic = {}
+traffic, count_bytes = {}, {}
 for n in (2, 4):
     path = OUT / f"coordinator{n}.trace.jsonl"
     minidist.launch(train_traced, world_size=n, transport="shm", args=("coordinator",),
@@ -336,24 +345,52 @@ for n in (2, 4):
     minidist.launch(train_traced, world_size=n, transport="shm", args=("ddp",),
                     trace=str(path))
     events = trace.read_jsonl(path).events
-    ring_out = max(collective_bytes(events, r, "send", "all_reduce") for r in range(n)) / TRACE_STEPS
+    busiest = max(range(n), key=lambda r: collective_bytes(events, r, "send", "all_reduce"))
+    ring_out = collective_bytes(events, busiest, "send", "all_reduce") / TRACE_STEPS
+    # DDP's example count goes in its own small all_reduce (one-shot: to every other rank)
+    count_out = collective_bytes(events, busiest, "send", "all_reduce one_shot") / TRACE_STEPS
     traffic[n] = (coordinator_in, ring_out)
+    count_bytes[n] = count_out
     print(f"n={n}: coordinator receives {coordinator_in:9,.0f} B/step, (n-1)N = {(n - 1) * N:9,}; "
           f"one ring rank sends {ring_out:9,.0f} B/step, 2(n-1)/n N = {2 * (n - 1) / n * N:9,.0f}")
+    print(f"     of the ring rank's bytes: {count_out:,.0f} B the example count's all_reduce, "
+          f"{ring_out - count_out:,.0f} B the buckets' "
+          f"({ring_out - count_out - 2 * (n - 1) / n * N:,.0f} B above the formula)")
 
 above = [measured - formula for n, (coordinator_in, ring_out) in traffic.items()
          for measured, formula in ((coordinator_in, (n - 1) * N), (ring_out, 2 * (n - 1) / n * N))]
 glue("bytes_above_least", min(above), ",.0f")
 glue("bytes_above_most", max(above), ",.0f")
+coordinator_above = {n: c - (n - 1) * N for n, (c, _) in traffic.items()}
+bucket_above = {n: r - count_bytes[n] - 2 * (n - 1) / n * N for n, (_, r) in traffic.items()}
+glue("coordinator_above_2", coordinator_above[2], ",.0f")
+glue("coordinator_above_4", coordinator_above[4], ",.0f")
+glue("count_bytes_2", count_bytes[2], ",.0f")
+glue("count_bytes_4", count_bytes[4], ",.0f")
+glue("bucket_above_2", bucket_above[2], ",.0f")
+glue("bucket_above_4", bucket_above[4], ",.0f")
 glue("coordinator_growth", traffic[4][0] / traffic[2][0], ".2f")
 glue("ring_growth", traffic[4][1] / traffic[2][1], ".2f")
 
 # %% jupyter={"source_hidden": true}
 say("""
 The measured numbers sit {glue}`bytes_above_least` to {glue}`bytes_above_most`
-bytes above the formulas: each worker also sends its number of examples with
-its gradient (the coordinator's weighted average needs it), and DDP
-all-reduces one 8-byte example count per step. Going from 2 to 4 workers, the
+bytes above the formulas, and every byte of it is accounted for:
+
+* the coordinator receives {glue}`coordinator_above_2` and
+  {glue}`coordinator_above_4` bytes more at n = 2 and 4: each of the n - 1
+  workers packs its number of examples as one more float32 (4 bytes) at the
+  end of its gradient (the weighted average needs it);
+* DDP all-reduces the example count, one 8-byte integer, in a call of its own
+  before the first bucket's. So small a call goes *one-shot* (every rank
+  sends it to each of the n - 1 others): {glue}`count_bytes_2` and
+  {glue}`count_bytes_4` bytes, the lines "of the ring rank's bytes" above;
+* the rest, {glue}`bucket_above_2` and {glue}`bucket_above_4` bytes above
+  2 (n - 1) / n N, is the ring cutting a bucket whose number of floats is not
+  a multiple of n into n chunks that differ by one float: the printed rank
+  (the busiest) sends the larger ones.
+
+Going from 2 to 4 workers, the
 coordinator's load grows {glue}`coordinator_growth` times (the formulas:
 (4 - 1) / (2 - 1) = 3) while the ring's grows {glue}`ring_growth` times
 (the formulas: 1.5), toward its ceiling of 2 N. The picture below extends the
@@ -380,8 +417,9 @@ show_figure(figure, "dp_traffic.png")
 # ## 4. Overlap: all_reduce while backward still runs
 #
 # Backward produces gradients from the last layer to the first. DDP packs
-# them into *buckets* (here tiny ones, 0.1 MB, so that this small model has
-# several) and starts a bucket's all_reduce as soon as the bucket is full,
+# them into *buckets* of at most `bucket_cap_mb` megabytes (here 0.1 MiB,
+# 104,857 bytes, so that this section's model, larger than section 3's, has
+# several; the run prints each bucket's bytes) and starts a bucket's all_reduce as soon as the bucket is full,
 # without waiting for the rest of backward. We wrap backward in
 # `trace.region("backward")` and look at the timeline of one step.
 
@@ -411,7 +449,7 @@ def train_for_timeline(overlap):
                 loss.backward()
             with trace.region("update"):
                 optimizer.step()
-    return len(ddp.buckets)
+    return [sum(p.data.nbytes for p in bucket) for bucket in ddp.buckets]
 
 
 def last_step(events):
@@ -428,32 +466,55 @@ def where_all_reduce_starts(events, rank=0):
                      and e["kind"] == "collective"
                      and trace.label_info(e["label"]).get("collective") == "all_reduce")
     last_gradient = max(e["start"] for e in events if e["rank"] == rank and e["kind"] == "mark")
-    return (first_call - backward["start"]) / 1e3, (last_gradient - backward["start"]) / 1e3
+    # time this rank spent in its messages (sends, receives) before the last gradient was ready
+    in_messages = sum(min(e["end"], last_gradient) - e["start"] for e in events
+                      if e["rank"] == rank and e["kind"] in ("send", "recv")
+                      and e["start"] < last_gradient)
+    return ((first_call - backward["start"]) / 1e3, (last_gradient - backward["start"]) / 1e3,
+            in_messages / 1e3)
 
 
 overlap_runs = {}
 for overlap in (True, False):
     path = OUT / f"ddp_overlap_{overlap}.trace.jsonl"
-    buckets = minidist.launch(train_for_timeline, world_size=2, transport="shm",
-                              args=(overlap,), trace=str(path))[0]
+    bucket_bytes = minidist.launch(train_for_timeline, world_size=2, transport="shm",
+                                   args=(overlap,), trace=str(path))[0]
+    if overlap:
+        print(f"this section's model: {sum(bucket_bytes):,} bytes of float32 parameters, in "
+              f"{len(bucket_bytes)} buckets of at most {int(0.1 * 2**20):,} bytes: "
+              + ", ".join(f"{b:,}" for b in bucket_bytes) + " bytes, last layer first")
     events = last_step(trace.read_jsonl(path).events)
-    first_call, last_gradient = where_all_reduce_starts(events)
-    overlap_runs[overlap] = (first_call, last_gradient)
-    print(f"overlap={overlap!s:>5} ({buckets} buckets), rank 0, from the start of backward: "
+    first_call, last_gradient, in_messages = where_all_reduce_starts(events)
+    overlap_runs[overlap] = (first_call, last_gradient, in_messages)
+    print(f"overlap={overlap!s:>5} ({len(bucket_bytes)} buckets), rank 0, from the start of backward: "
           f"first all_reduce at {first_call:6.0f} us, last gradient ready at "
           f"{last_gradient:6.0f} us -> all_reduce starts "
-          f"{'before' if first_call < last_gradient else 'after'} backward has finished")
-    picture = save_timeline(events, OUT / f"ddp_timeline_overlap_{overlap}.png",
+          f"{'before' if first_call < last_gradient else 'after'} backward has finished; "
+          f"{in_messages:,.0f} us of it in messages before the last gradient")
+    # the step's own span is left out of the picture: its grey row is the all_reduce calls'
+    picture = save_timeline([e for e in events if e["kind"] != "step"], OUT / f"ddp_timeline_overlap_{overlap}.png",
                             title=f"one DDP step, 2 ranks, overlap={overlap}")
     show_file(picture)
     if overlap:
+        forward = next(e for e in events if e["rank"] == 0 and e["label"] == "forward")
+        glue("forward_us", (forward["end"] - forward["start"]) / 1e3, "{:,.0f} us")
         # the algorithm of rank 0's first all_reduce call, as the picture labels it
         first = min((e for e in events if e["rank"] == 0 and e["kind"] == "collective"
                      and trace.label_info(e["label"]).get("collective") == "all_reduce"),
                     key=lambda e: e["start"])
         glue("first_algorithm", trace.label_info(first["label"]).get("algorithm", "?"))
 
-(on_first, on_last), (off_first, off_last) = overlap_runs[True], overlap_runs[False]
+(on_first, on_last, on_messages), (off_first, off_last, _) = overlap_runs[True], overlap_runs[False]
+glue("overlap_messages_us", on_messages, "{:,.0f} us")
+glue("overlap_later_us", on_last - off_last, "{:,.0f} us")
+glue("overlap_rest_verdict",
+     "which is as much as the whole difference, or more: the messages alone account for it"
+     if on_messages >= on_last - off_last else
+     "and the rest of the difference is the machine (2 cores, shared by both ranks and "
+     "whatever else runs), which is why the two runs' times differ from one run to the next")
+glue("overlap_backward_verdict",
+     "came later with overlap than without, by " + glued("overlap_later_us") if on_last > off_last
+     else "came no later with overlap than without")
 glue("overlap_first_us", on_first, "{:,.0f} us")
 glue("overlap_last_us", on_last, "{:,.0f} us")
 glue("no_overlap_first_us", off_first, "{:,.0f} us")
@@ -481,9 +542,21 @@ That is why the "backward" box in the pictures above also covers the
 communication; the moment the last gradient was ready, printed above, comes
 from a mark in the trace that the pictures do not draw.)
 
+The last gradient {glue}`overlap_backward_verdict`. That is the price of
+overlap on one core: with `overlap=True` the hooks send and receive between
+the layers' gradients, on the same core that computes them, and backward
+resumes only when they return. Rank 0 spent {glue}`overlap_messages_us` in
+messages before its last gradient was ready, {glue}`overlap_rest_verdict`.
+
 The two pictures above, `ddp_timeline_overlap_True.png` and
-`ddp_timeline_overlap_False.png`, have one row per rank, with the calls
-(all_reduce), the compute regions, and the messages sent and received.
+`ddp_timeline_overlap_False.png`, have one row per rank: the grey bars on top
+are the all_reduce calls (the legend's "collective call"), the blue ones the
+compute regions, and below them the messages sent and received. Time 0 is the
+first event of the step on either rank, so the two ranks' rows need not start
+together: a rank that reaches its all_reduce first waits in it for the other.
+Each row's compute starts with the forward pass, {glue}`forward_us` on rank 0
+with overlap: a sliver at the left of the blue bar, so thin at this scale that
+the first all_reduce seems to start with the step.
 """)
 
 # %% [markdown]
@@ -499,13 +572,15 @@ The two pictures above, `ddp_timeline_overlap_True.png` and
 # ## 5. Stragglers: everyone waits for the slowest
 #
 # A synchronous step cannot finish before every worker has sent its
-# gradient. If one worker is k times slower (a busier machine, a slower
-# card, a bigger shard), every worker's step takes as long as that one's.
+# gradient. If one worker is c times slower (c, the slowdown factor: a
+# busier machine, a slower card, a bigger shard), every worker's step takes
+# as long as that one's.
 #
-# To show it without needing k times more cores, the library's `Straggler`
+# To show it without needing c times more cores, the library's `Straggler`
 # (`minidist/parallel/parameter_server/straggler.py`) times a rank's compute and, on the
-# ranks it is told are slow, sleeps k - 1 times as long again: the compute
-# region of a k times slower rank lasts k times as long. Sleeping uses no
+# ranks it is told are slow, sleeps c - 1 times as long again: in each step,
+# the compute region of a c times slower rank lasts c times as long as its
+# own body took in that step. Sleeping uses no
 # CPU, so 2 cores are enough for this experiment. To make the compute long
 # enough to measure, we pretend a step's compute takes 20 ms (`time.sleep`)
 # on top of the real forward pass.
@@ -519,13 +594,13 @@ COMPUTE = 0.02
 STRAGGLER_STEPS = 4 if QUICK else 10
 
 
-def straggler_run(k):
+def straggler_run(c):
     rank = dist.get_rank()
     model = make_model(seed=0)
     ddp = DistributedDataParallel(model)
     optimizer = optim.SGD(ddp.parameters(), lr=LR)
     loss_fn = nn.CrossEntropyLoss()
-    straggler = Straggler({1: k})                  # rank 1 is k times slower
+    straggler = Straggler({1: c})                  # rank 1 is c times slower
     steps, computes = [], []
     for step in range(STRAGGLER_STEPS):
         begin = time.perf_counter()
@@ -545,6 +620,7 @@ def straggler_run(k):
 
 slowdowns = [1, 2, 4]
 straggler = {}
+region_ratio = {}
 for k in slowdowns:
     path = OUT / f"straggler{k}.trace.jsonl"
     straggler[k] = minidist.launch(straggler_run, world_size=2, transport="shm", args=(k,),
@@ -552,6 +628,15 @@ for k in slowdowns:
     (c0, s0), (c1, s1) = straggler[k]
     print(f"rank 1 {k}x slower: rank 0 computes {c0 * 1e3:5.1f} ms, step {s0 * 1e3:5.1f} ms | "
           f"rank 1 computes {c1 * 1e3:5.1f} ms, step {s1 * 1e3:5.1f} ms")
+    # from the trace: rank 1's body and its added wait, step by step
+    waits = [e for e in trace.read_jsonl(path).events
+             if trace.label_text(e["label"]) == "straggler wait"]
+    if waits:
+        region_ratio[k] = float(np.median([
+            (trace.label_info(e["label"])["compute_ns"] + e["end"] - e["start"])
+            / trace.label_info(e["label"])["compute_ns"] for e in waits]))
+        print(f"    rank 1's forward + straggler wait, in the trace: {region_ratio[k]:.2f} times "
+              f"its forward of the same step (median over the steps)")
 
 figure, axis = plt.subplots(figsize=(7, 4))
 width = 0.35
@@ -580,28 +665,50 @@ glue("rank1_compute_1", straggler[1][1][0] * 1e3, "{:.1f} ms")
 glue("rank1_compute_2", straggler[2][1][0] * 1e3, "{:.1f} ms")
 glue("rank1_compute_4", straggler[4][1][0] * 1e3, "{:.1f} ms")
 follows = all(straggler[k][0][1] >= straggler[k][1][0] for k in slowdowns)
-glue("rank0_step_verdict", "lasts as long as rank 1's compute and a little more"
+extras = [round(straggler[k][0][1] * 1e3, 1) - round(straggler[k][1][0] * 1e3, 1)
+          for k in slowdowns]
+glue("rank0_extra_least", min(extras), "{:.1f} ms")
+glue("rank0_extra_most", max(extras), "{:.1f} ms")
+glue("region_ratio_2", region_ratio[2], ".2f")
+glue("region_ratio_4", region_ratio[4], ".2f")
+glue("rank1_growth_2", round(straggler[2][1][0] * 1e3, 1) / round(straggler[1][1][0] * 1e3, 1),
+     ".1f")
+glue("rank1_growth_4", round(straggler[4][1][0] * 1e3, 1) / round(straggler[1][1][0] * 1e3, 1),
+     ".1f")
+glue("rank0_step_verdict", "lasts as long as rank 1's compute plus " + glued("rank0_extra_least")
+     + " to " + glued("rank0_extra_most") + " (rank 0's backward, all_reduce and update, "
+     "after it has waited)"
      if follows else "lasted less than rank 1's compute in at least one run here (a median of "
      "few steps on a busy machine; the picture shows each run)")
 
 # %% jupyter={"source_hidden": true}
 say("""
 Rank 0's own compute, 20 ms of pretend work and a real forward pass, took
-{glue}`rank0_compute_least` to {glue}`rank0_compute_most` whatever k, yet its
-step grows with k: {glue}`rank0_step_1`,
-{glue}`rank0_step_2` and {glue}`rank0_step_4` for k = 1, 2 and 4. It
-{glue}`rank0_step_verdict` (rank 1 computed {glue}`rank1_compute_1`,
-{glue}`rank1_compute_2` and {glue}`rank1_compute_4`): rank 0 spends the
-difference waiting inside the all_reduce for rank 1's gradient. The timeline
+{glue}`rank0_compute_least` to {glue}`rank0_compute_most` whatever c, yet its
+step grows with c: {glue}`rank0_step_1`,
+{glue}`rank0_step_2` and {glue}`rank0_step_4` for c = 1, 2 and 4. It
+{glue}`rank0_step_verdict`; rank 1 computed {glue}`rank1_compute_1`,
+{glue}`rank1_compute_2` and {glue}`rank1_compute_4`. Rank 0 spends the
+difference waiting inside the all_reduce for rank 1's gradient.
+
+Rank 1's compute grew {glue}`rank1_growth_2` and {glue}`rank1_growth_4` times,
+not exactly 2 and 4: the straggler multiplies each step's *own* body, and by at
+least c (in the trace, forward plus wait is {glue}`region_ratio_2` and
+{glue}`region_ratio_4` times that step's forward: a sleep can only overshoot),
+and the body, a 20 ms sleep and a forward pass,
+itself took longer in those runs: a sleep on a busy machine overshoots, and
+the measured compute also holds the step's `zero_grad`. The timeline
 of the 4x run below shows where: on rank 1, the compute region "forward" is
-followed by "straggler wait", three times as long; on rank 0, the all_reduce
+followed by "straggler wait", three times as long (the picture draws both in
+blue, end to end, so they look like one bar: the forward is its first quarter);
+on rank 0, the all_reduce
 call stretches over the same time, idle.
 """)
 
 # %%
 events = trace.read_jsonl(OUT / "straggler4.trace.jsonl").events
 last = min(e["start"] for e in events if e["label"] == f"step {STRAGGLER_STEPS - 1}")
-picture = save_timeline([e for e in events if e["start"] >= last],
+picture = save_timeline([e for e in events if e["start"] >= last and e["kind"] != "step"],
                         OUT / "straggler_timeline.png",
                         title="one DDP step, rank 1 four times slower")
 show_file(picture)
@@ -621,7 +728,8 @@ print(f"'straggler wait' regions: rank(s) {sorted({e['rank'] for e in waits})}, 
 # (asynchronous or bounded-staleness updates, at the cost of training on
 # slightly old weights).
 #
-# Try: change `WORLD` to 4 in section 2 (the processes will take turns on
+# Try: in section 2's code cell, change the constant `WORLD = 2` (the number
+# of workers) to 4 (the processes will take turns on
 # 2 cores, so expect it to be slower, but the weights still match), or pass
 # `overlap=False` to `DistributedDataParallel` in section 2 and check that
 # the weights do not change.
@@ -636,16 +744,18 @@ print(f"'straggler wait' regions: rank(s) {sorted({e['rank'] for e in waits})}, 
 # unchanged:
 #
 # ```bash
-# pip install -e '.[mpi]'                        # mpi4py and MPICH (or your cluster's MPI)
+# # mpi4py and MPICH (or your cluster's own MPI):
+# pip install -e '.[mpi]'
 # mpiexec -n 2 python lessons/05_data_parallel.py
-# mpiexec -f hosts -n 8 python lessons/05_data_parallel.py    # MPICH, 8 ranks on the hosts' cores
+# # MPICH, 8 ranks on the cores of the machines listed in hosts:
+# mpiexec -f hosts -n 8 python lessons/05_data_parallel.py
 # ```
 #
 # with `hosts` listing one machine per line (`node1:4`, `node2:4`: a host
 # and how many ranks it takes; Open MPI spells it `--hostfile hosts` with
 # `node1 slots=4`). Under mpiexec every process runs the whole script, as
-# every MPI program does; each `minidist.launch(fn, world_size=k)` then runs
-# `fn` on the job's first k ranks over the **mpi transport** (point-to-point
+# every MPI program does; each `minidist.launch(fn, world_size=2)` then runs
+# `fn` on the job's first 2 ranks over the **mpi transport** (point-to-point
 # MPI messages: the ring, the trees and DDP's buckets are the same code), and
 # hands every rank the list of results, so the plotting after it works
 # everywhere. A launch that asks for more ranks than mpiexec started runs on

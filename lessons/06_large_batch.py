@@ -79,6 +79,18 @@ CONFIG = lb.configuration(full=not QUICK, dataset_size=TRAIN_SIZE)
 print(f"digits: {TRAIN_SIZE} training images, {len(x_test)} test images; "
       f"{'reduced' if QUICK else 'full'} form of the experiment")
 
+# %% jupyter={"source_hidden": true}
+if QUICK:
+    say("""
+*This is the quick form of the lesson* (the experiment's reduced form). Section
+1 times 20 steps per batch size (the full form: 100); section 3 runs one seed
+(the full form: five) at batch sizes 16, 64, 256, 1,024 and the whole
+training set (the full form: every power of two from 16 to 1,024, and the
+whole set); section 5 runs 15 epochs with milestones at 5 and 10 and one seed
+(the full form: 30 epochs, milestones at 10 and 20, five seeds). With one
+seed there is no spread between seeds to report.
+""")
+
 # %% [markdown]
 # ## 1. Why large batches: the hardware wants them
 #
@@ -126,7 +138,9 @@ say("""
 Here the batch of 1,024 went through {glue}`rate_1024_vs_1` times more
 examples per second than a batch of one, and {glue}`rate_1024_vs_16` times
 more than a batch of 16; the rate {glue}`rate_verdict` ({glue}`timing_load`;
-the factors depend on the machine). On a GPU the gap is larger still: a batch
+the factors depend on the machine; the load is the load average, the number of
+processes ready to run, before and after the timing, against the machine's
+cores). On a GPU the gap is larger still: a batch
 of 16 leaves most of its thousands of cores idle. With n workers the same
 argument holds per worker: each one needs a batch large enough to be
 efficient, and the global batch is n times that.
@@ -141,7 +155,8 @@ efficient, and the global batch is n times that.
 # this chapter trains in one process, which is faster here. Once more, for
 # the record, at one large-batch point of the experiment: global batch
 # 256, the linear scaling rule with warm-up, 2 epochs, once by
-# `lb.run_point` in this process and once by DDP on 2 workers, each taking
+# `run_point` of `minidist/experiments/large_batch.py` (imported as `lb`)
+# in this process and once by DDP on 2 workers, each taking
 # half of every global batch from the experiment's own epoch order.
 
 # %%
@@ -196,10 +211,10 @@ The weights {glue}`ddp_verdict` (largest difference {glue}`ddp_gap`).
 # 0.05 did about equally well there) and never retuned:
 #
 # * **constant**: the rate stays 0.01 whatever the batch;
-# * **linear**: `lr = 0.01 * B / 16` (Goyal et al., 2017). Reason: k small
-#   steps move the weights by about lr times the sum of k gradients; one
-#   step on a k times larger batch averages those k gradients, so it needs
-#   k lr to move as far;
+# * **linear**: η = 0.01 B / 16, η the learning rate (Goyal et al., 2017).
+#   Reason: k small steps move the weights by about η times the sum of k
+#   gradients; one step on a k times larger batch averages those k
+#   gradients, so it needs k η to move as far;
 # * **linear_warmup**: the same, reached by a linear ramp from 0.01 over
 #   the first 2 epochs' updates (Goyal et al. ramp over 5 of 90 epochs: the
 #   scaled rate is too large while the early gradients change fast);
@@ -214,7 +229,9 @@ started = time.perf_counter()
 records = lb.run_sweep(data=data, **CONFIG["sweep"])
 summary = lb.summarise(records)
 print(f"{len(records)} runs in {time.perf_counter() - started:.1f} s, "
-      f"test accuracy (%) at the end, mean +- std over seeds:")
+      "test accuracy (%) at the end, "
+      + ("mean +- std over seeds:" if len(CONFIG["sweep"]["seeds"]) > 1 else
+         "one seed (so every +- is 0.0: there is no spread to measure):"))
 print(lb.format_summary(summary))
 print("\nfinal training loss (mean over seeds):")
 print(f"{'batch':>6}  " + "  ".join(f"{rule:>13}" for rule in summary))
@@ -235,6 +252,7 @@ row = {rule: {r["batch_size"]: r for r in rows} for rule, rows in summary.items(
 sizes = sorted(row["constant"])
 small, full, below = sizes[0], sizes[-1], [size for size in sizes if size < TRAIN_SIZE]
 points = lambda rule: [100 * row[rule][size]["mean"] for size in sizes]  # noqa: E731
+shown = lambda rule, size: round(100 * row[rule][size]["mean"], 1)  # noqa: E731  as the table prints it
 SEEDS = len(CONFIG["sweep"]["seeds"])
 glue("seeds", SEEDS, "{} seeds" if SEEDS != 1 else "{} seed")
 glue("sizes_run", ", ".join(f"{size:,}" for size in sizes))
@@ -251,7 +269,7 @@ glue("updates_full", row["constant"][full]["updates"], ",")
 glue("updates_1024", row["linear"][1024]["updates"], ",")
 glue("update_fold", row["linear"][small]["updates"] / row["linear"][1024]["updates"], ".0f")
 linear_small = 100 * row["linear"][small]["mean"]
-linear_drop = max(linear_small - 100 * row["linear"][size]["mean"] for size in below)
+linear_drop = max(shown("linear", small) - shown("linear", size) for size in below)
 spread = 100 * max(row["linear"][size]["std"] for size in below)
 glue("linear_small", linear_small, "{:.1f} %")
 glue("linear_drop", max(linear_drop, 0.0), ".1f")
@@ -270,6 +288,8 @@ glue("linear_spread_verdict",
 linear_full, linear_1024 = 100 * row["linear"][full]["mean"], 100 * row["linear"][1024]["mean"]
 glue("linear_full", linear_full, "{:.1f} %")
 glue("linear_full_std", 100 * row["linear"][full]["std"], ".1f")
+glue("linear_full_spread", "" if SEEDS == 1 else
+     " (spread between seeds " + glued("linear_full_std") + " points)")
 glue("linear_1024", linear_1024, "{:.1f} %")
 glue("linear_full_lr", row["linear"][full]["peak_lr"], ".2f")
 glue("breaks_verdict", "It breaks at the end." if linear_full < linear_1024 - 1 else
@@ -278,14 +298,17 @@ glue("hot_accuracy", 100 * hot["test_accuracy"], "{:.1f} %")
 glue("hot_verdict", "the linear rule breaks down already at batch 1,024"
      if hot["test_accuracy"] < row["linear"][1024]["mean"] - 0.1 else
      "the linear rule still held at batch 1,024 in this run")
-warm_gap = max(abs(row["linear_warmup"][size]["mean"] - row["linear"][size]["mean"])
-               for size in below)
-glue("warm_gap", 100 * warm_gap, ".1f")
+warm_gap = max(abs(shown("linear_warmup", size) - shown("linear", size)) for size in below)
+glue("warm_gap", warm_gap, ".1f")
 glue("warm_full", 100 * row["linear_warmup"][full]["mean"], "{:.1f} %")
 glue("warm_verdict", "costs accuracy" if row["linear_warmup"][full]["mean"] <
      row["linear"][full]["mean"] else "does not cost accuracy in this run")
-lars_below = sum(row["lars"][size]["mean"] < row["linear"][size]["mean"] for size in sizes)
+lars_below = sum(shown("lars", size) < shown("linear", size) for size in sizes)
+lars_level = sum(shown("lars", size) == shown("linear", size) for size in sizes)
 glue("lars_below", lars_below, "d")
+glue("lars_level", lars_level, "d")
+glue("lars_level_text", "" if lars_level == 0 else
+     " and level with it at " + glued("lars_level"))
 glue("lars_headline", "LARS does not beat linear scaling on this model." if 2 * lars_below >=
      len(sizes) else "LARS and linear scaling are about even on this model.")
 glue("warm_headline", "Warm-up does not help here." if row["linear_warmup"][full]["mean"] <=
@@ -298,8 +321,9 @@ glue("lars_verdict", "far better than" if row["lars"][full]["mean"] >
 # %% jupyter={"source_hidden": true}
 say("""
 This run's table is printed above ({glue}`seeds`, batches of
-{glue}`sizes_run`; the reduced form runs one seed on every second batch size,
-so its numbers wobble more than the full form's five seeds). Reading it:
+{glue}`sizes_run`; the reduced form runs one seed at every second power of two
+from 16 and at the whole training set, so its numbers wobble more than the full
+form's five seeds). Reading it:
 
 * **Constant rate: the large-batch problem.** Accuracy {glue}`constant_verdict`,
   from {glue}`constant_small` at batch 16 to {glue}`constant_full` at the full
@@ -315,7 +339,7 @@ so its numbers wobble more than the full form's five seeds). Reading it:
   and a larger step made up for it.
 * **{glue}`breaks_verdict`** At the full batch the rule asks for a rate of
   {glue}`linear_full_lr` with {glue}`updates_full` updates, and accuracy is
-  {glue}`linear_full` (spread between seeds {glue}`linear_full_std` points),
+  {glue}`linear_full`{glue}`linear_full_spread`,
   against {glue}`linear_1024` at batch 1,024. Two limits meet here. A rate cannot
   grow past what the curvature of the loss allows: from a base rate of 0.05,
   {glue}`hot_verdict` ({glue}`hot_accuracy`, printed above). And 20 steps are 20
@@ -330,8 +354,8 @@ so its numbers wobble more than the full form's five seeds). Reading it:
   has nothing of the kind to protect.
 * **{glue}`lars_headline`** It holds up
   {glue}`lars_verdict` the constant rate ({glue}`lars_full` at the full batch),
-  and it is below plain SGD with the linear rule at {glue}`lars_below` of the
-  {glue}`sizes_count` sizes. Section 4 shows why: what LARS corrects barely
+  and it is below plain SGD with the linear rule at {glue}`lars_below`
+  of the {glue}`sizes_count` sizes{glue}`lars_level_text` (as the table rounds them). Section 4 shows why: what LARS corrects barely
   differs between this model's layers.
 
 So the effect that motivates the rules is there and large, and linear scaling
@@ -342,7 +366,8 @@ LARS do not appear on a model this small. They need depth.
 # %% [markdown]
 # ## 4. Inside LARS: one trust ratio per layer
 #
-# LARS scales each tensor's step by `c ||w|| / ||g||`, with c its trust
+# LARS scales each tensor's step by `c ||w|| / ||g||`, with w the tensor,
+# g its gradient, ||.|| their lengths (Euclidean norms) and c the trust
 # coefficient (`trust_coefficient`, 0.001 here), so that every
 # layer moves by the same *fraction* of its weights whatever its gradient's
 # scale. That matters when the ratio `||w|| / ||g||` differs widely between
@@ -373,7 +398,7 @@ times the smallest between this MLP's tensors, not a factor of 1,000. For a
 network this shallow one global rate is nearly as good as one rate per layer,
 which is what the sweep found. (The ratios {glue}`ratio_verdict`: a larger
 batch averages away more of the gradient noise, so `||g||` shrinks. LARS's step
-stays `lr c ||w||` regardless, which is one reason LARS's global rate can grow
+stays `η c ||w||` regardless, which is one reason LARS's global rate can grow
 more slowly than linearly.)
 """)
 
@@ -382,10 +407,12 @@ more slowly than linearly.)
 #
 # Smith, Kindermans, Ying and Le (2017) look at SGD's noise. Each step's
 # gradient is an average over B of the training set's examples. Their
-# *noise scale*, `lr * (training set size) / (B (1 - momentum))`, sets how
-# far the weights jiggle around a minimum. The usual step decay of the rate
-# lowers it to let training settle. Multiplying the batch by the same
-# factor lowers it just as much,
+# *noise scale*, `η (N_train / B - 1) / (1 - momentum)`, with η the learning
+# rate and N_train the training set's size (1,442 images here), sets how far
+# the weights jiggle around a minimum. While B is much smaller than N_train
+# it is about `η N_train / (B (1 - momentum))`. The usual step decay of the
+# rate lowers it to let training settle. Multiplying the batch by the same
+# factor lowers it at least as much (a little more, because of the "- 1"),
 # and it makes fewer, larger steps, which is what data parallelism wants.
 # `optim.BatchSizeSchedule` turns a rate schedule's milestones into batch
 # sizes. Past a largest batch (here 80, standing for what the workers hold)
@@ -401,14 +428,22 @@ started = time.perf_counter()
 growth = lb.run_batch_growth(data=data, **growth_config)
 print(f"ran in {time.perf_counter() - started:.1f} s")
 first, last = growth_config["milestones"][0], growth_config["epochs"] - 1
+print(f"noise scale = η ({TRAIN_SIZE} / B - 1) / (1 - 0.9), at epochs 1, {first + 1} "
+      f"and {last + 1}:")
+noise_scales = {}
 for name, runs in growth.items():
     history = runs[0]
     noise = [optim.noise_scale(history[epoch]["lr"], TRAIN_SIZE, history[epoch]["batch_size"],
                              0.9)
              for epoch in (0, first, last)]
     finals = [run[-1]["test_accuracy"] for run in runs]
-    print(f"{name:>10}: noise scale {noise[0]:6.0f} -> {noise[1]:5.0f} -> {noise[2]:4.0f}; "
-          f"test accuracy {100 * np.mean(finals):.1f} +- {100 * np.std(finals):.1f} % after "
+    noise_scales[name] = noise
+    spread = f" +- {100 * np.std(finals):.1f}" if len(runs) > 1 else ""
+    print(f"{name:>10}: (η, B) = " + " -> ".join(
+              f"({history[epoch]['lr']:.3g}, {history[epoch]['batch_size']})"
+              for epoch in (0, first, last))
+          + f"; noise scale {noise[0]:.1f} -> {noise[1]:.1f} -> {noise[2]:.1f}; "
+          f"test accuracy {100 * np.mean(finals):.1f}{spread} % after "
           f"{history[-1]['updates']:>5} updates")
 
 # What the text below says of these runs, chosen from their numbers.
@@ -426,6 +461,7 @@ glue("growth_seeds", len(growth_config["seeds"]),
      "{} seeds" if len(growth_config["seeds"]) != 1 else "{} seed")
 glue("growth_epochs", growth_config["epochs"], "d")
 glue("growth_milestones", " and ".join(str(m) for m in growth_config["milestones"]))
+final = {name: round(value, 1) for name, value in final.items()}  # as printed
 lower = final["decay_lr"] - final["no_decay"]
 glue("no_decay_lower", lower, ".1f")
 glue("decay_verdict", "The decay is needed." if lower > 0.5 else
@@ -433,12 +469,13 @@ glue("decay_verdict", "The decay is needed." if lower > 0.5 else
 after = accuracy["no_decay"][first:]
 glue("zigzag", np.abs(np.diff(after)).max(), ".1f")
 behind = accuracy["decay_lr"] - accuracy["grow_batch"]      # per epoch, epoch 1 first
-glue("growth_gap_end", behind[-1], ".1f")
+glue("growth_gap_end", final["decay_lr"] - final["grow_batch"], ".1f")
 glue("growth_gap_most", behind.max(), ".1f")
 glue("growth_gap_epoch", int(behind.argmax()) + 1, "d")
 glue("growth_gap_where", ", the first epoch of a larger batch"
      if int(behind.argmax()) in growth_config["milestones"] else "")
-glue("growth_verdict", "Growing the batch nearly replaces it." if behind[-1] < 1 else
+glue("growth_verdict", "Growing the batch nearly replaces it."
+     if final["decay_lr"] - final["grow_batch"] < 1 else
      "Growing the batch replaces only part of it in this run.")
 seed_noise = 100 * max(np.std([run[-1]["test_accuracy"] for run in runs])
                        for runs in growth.values())
@@ -446,6 +483,12 @@ glue("growth_noise", seed_noise, ".1f")
 glue("growth_noise_text", "one seed in this form, so no spread between seeds to compare with"
      if len(growth_config["seeds"]) == 1 else
      "the final accuracies' spread between seeds is up to " + glued("growth_noise") + " points")
+noise_decay = [round(v, 1) for v in noise_scales["decay_lr"]]
+noise_grow = [round(v, 1) for v in noise_scales["grow_batch"]]
+glue("noise_decay_last", noise_decay[-1], ".1f")
+glue("noise_grow_last", noise_grow[-1], ".1f")
+glue("noise_factor_decay", noise_decay[0] / noise_decay[-1], ".0f")
+glue("noise_factor_grow", noise_grow[0] / noise_grow[-1], ".0f")
 glue("update_share", updates["grow_batch"] / updates["decay_lr"], ".0%")
 glue("fewer_syncs", 1 - updates["grow_batch"] / updates["decay_lr"], ".0%")
 glue("hybrid_verdict", "lands in between in updates" if
@@ -467,8 +510,12 @@ growth {glue}`final_grow_batch` after {glue}`updates_grow_batch` updates, hybrid
   points from one epoch to the next, and it ends {glue}`no_decay_lower` points
   below the rate decay (the lower left panel above).
 * **{glue}`growth_verdict`** Accuracy per *epoch* comes back to the decay
-  curve, because the noise scale drops by the same factor at the same epochs
-  (printed above): it ends {glue}`growth_gap_end` points below it
+  curve, because the noise scale drops at the same epochs, and as far or
+  further (printed above: to {glue}`noise_decay_last` with the rate decay,
+  {glue}`noise_factor_decay` times lower than at the start, and to
+  {glue}`noise_grow_last` with batch growth, {glue}`noise_factor_grow` times
+  lower: a 5 times larger B divides N_train / B by 5 but leaves the "- 1"): it
+  ends {glue}`growth_gap_end` points below it
   ({glue}`growth_noise_text`), after falling furthest behind, by
   {glue}`growth_gap_most` points, in epoch
   {glue}`growth_gap_epoch`{glue}`growth_gap_where`. Per *update*, batch growth gets there with
@@ -479,8 +526,10 @@ growth {glue}`final_grow_batch` after {glue}`updates_grow_batch` updates, hybrid
   {glue}`hybrid_gap` points from batch growth.
 
 (The rate 0.15 is deliberately high for this model: at 0.05 the noise is
-smaller, and so is what the decay has to remove. Try it: `growth_config` with
-`base_lr=0.05`.)
+smaller, and so is what the decay has to remove. Try it: in section 5's code
+cell, the dictionary `growth_config` holds the arguments of
+`lb.run_batch_growth` (`lb` is `minidist.experiments.large_batch`); set its
+`"base_lr"` to 0.05.)
 """)
 
 # %% [markdown]
@@ -496,8 +545,12 @@ smaller, and so is what the decay has to remove. Try it: `growth_config` with
 # * Instead of decaying the rate, grow the batch: about the same accuracy
 #   per epoch, far fewer updates.
 #
-# Try: `lb.run_sweep([16, 256, 1024], rules=[lb.Rule("linear05", "sgd",
+# Try, in a cell after the first one (which imports
+# `minidist.experiments.large_batch` as `lb` and loads `data =
+# lb.digits_data()`):
+# `lb.run_sweep([16, 256, 1024], rules=[lb.Rule("linear05", "sgd",
 # "linear", base_lr=0.05)], epochs=20, data=data)` to see where linear
 # scaling from a larger base rate breaks (section 3 ran its batch of
-# 1,024); or `lb.run_sweep([TRAIN_SIZE], epochs=60, seeds=(0, 1, 2),
-# data=data)`, to see the full batch recover once it gets enough updates.
+# 1,024); or `lb.run_sweep([1442], epochs=60, seeds=(0, 1, 2),
+# data=data)` (1,442: the whole training set), to see the full batch
+# recover once it gets enough updates.

@@ -23,7 +23,7 @@
 # 3. the server updates its weights w from the pushes it receives;
 # 4. the worker **pulls** the updated w and goes on.
 #
-# Two promises come with the picture: the server can be *several* machines,
+# Two promises come with this scheme: the server can be *several* machines,
 # each owning a slice of the parameters (sharding), and the server can relax
 # *consistency*, letting workers go on without waiting for each other
 # (lesson 8). This chapter stays synchronous (BSP, "bulk synchronous
@@ -88,6 +88,15 @@ from viz.lesson_figures import draw_ps_bandwidth  # noqa: E402
 QUICK = quick()
 OUT = output_dir()
 
+# %% jupyter={"source_hidden": true}
+if QUICK:
+    say("""
+*This is the quick form of the lesson.* It counts the traffic over 6 steps in
+section 4 (the full form: 30), trains the digits MLP for 60 steps in section 5
+(the full form: 300, so its accuracy there is lower) and times 10 BSP steps
+in section 6 (the full form: 40); sections 1 to 3 are the same.
+""")
+
 
 def info(event):
     return trace.label_info(event["label"])
@@ -112,7 +121,10 @@ def paired_messages(events):
 # takes one SGD step; the workers pull the new weights.
 #
 # `train_linear_regression` is that program. It runs on every rank of the
-# launch: rank 0 becomes the server, ranks 1..3 the workers.
+# launch: rank 0 becomes the server, ranks 1..3 the workers. The workers
+# are also numbered among themselves, 0, 1, 2: with S servers on ranks
+# 0 .. S - 1, worker k is rank S + k (here rank k + 1). The lesson says
+# "worker" with the worker's own number, and "rank" with the launch's.
 
 # %%
 LINEAR_STEPS = 60
@@ -411,10 +423,16 @@ glue("sharded_share", sharded[3] / servers_row[3][3], ".2f")
 glue("server_growth", servers_row[4][3] / servers_row[2][3], ".2f")
 glue("ring_2_over_n", rings[2][3] / P_BYTES / TRAFFIC_STEPS, ".2f")
 glue("ring_4_over_n", rings[4][3] / P_BYTES / TRAFFIC_STEPS, ".2f")
-server_rates = [servers_row[w][5] / 1e6 for w in (2, 3, 4)]
+server_rates = [round(servers_row[w][5] / 1e6, 1) for w in (2, 3, 4)]   # as printed
 glue("server_rates", server_rates, "{0[0]:.1f}, {0[1]:.1f}, {0[2]:.1f}")
-glue("rate_verdict", "hardly changes with n" if max(server_rates) < 1.5 * min(server_rates)
-     else "changes with n, though not as the bytes do")
+rate_growth = server_rates[-1] / server_rates[0]
+glue("rate_growth", rate_growth, ".2f")
+glue("rate_verdict",
+     "hardly changes with n (less than 10 % from n = 2 to 4)" if abs(rate_growth - 1) < 0.1
+     else "grows " + glued("rate_growth") + " times from n = 2 to 4, while the bytes per step "
+     "grow " + glued("server_growth") + " times" if rate_growth > 1
+     else "falls from n = 2 to 4 (to " + glued("rate_growth") + " times), while the bytes per "
+     "step grow " + glued("server_growth") + " times")
 server4 = servers_row[4][5]
 ring4 = rings[4][5]
 bytes_ratio = (4 * P_BYTES) / (2 * 3 / 4 * P_BYTES)
@@ -465,7 +483,8 @@ show_file(draw_ps_bandwidth(traffic, P_BYTES, TRAFFIC_STEPS, OUT / "ps_bandwidth
 #
 # ## 5. The MLP on the digits
 #
-# `train_mlp_on_digits` trains the MLP by PS: worker k holds the k-th part
+# `train_mlp_on_digits` trains the MLP by PS: worker k (numbered among the
+# workers, from 0) holds the k-th part
 # of the training images and uses its next 32 of them each step. With
 # 3 workers a BSP step uses 96 images. Here with 2 servers, and momentum
 # 0.9 (each server keeps the momentum of its own keys).
@@ -519,11 +538,12 @@ the last, as in lesson 5's data-parallel training.
 
 # ## 6. Idle BSP workers
 #
-# In BSP a worker's pull for step t + 1 is answered only once the server
-# has every push of step t. The wait shows up in the trace as a long `recv`
+# In BSP a worker's pull for step i + 1 (i, a step's number) is answered
+# only once the server has every push of step i. The wait shows up in the trace as a long `recv`
 # of the pull reply. We compare, for every worker, the time spent in its
 # gradient computations with the time spent waiting for pulls, first as is,
-# then with worker 2 made a straggler (`straggler=(2, 0.02)`: it sleeps
+# then with worker 2 (rank 3, with the one server on rank 0) made a
+# straggler (`straggler=(2, 0.02)`, a worker's number and seconds: it sleeps
 # 20 ms before each gradient, as if its machine were slower).
 
 # %%
@@ -567,7 +587,8 @@ for axis, (name, split) in zip(axes, idle.items()):
     axis.set_xticklabels([f"worker {k}" for k in workers])
     axis.set_ylabel("ms")
     axis.set_title(f"BSP, {IDLE_STEPS} steps: {name}")
-    axis.legend(fontsize=8)
+    axis.set_ylim(0, 1.35 * max((c + w) * 1e3 for c, w, _ in split))   # room for the legend
+    axis.legend(fontsize=8, loc="upper center", ncol=2)
 figure.tight_layout()
 show_figure(figure, "ps_idle.png")
 
@@ -583,7 +604,9 @@ glue("fast_idle_least", min(fast), ".0%")
 glue("fast_idle_verdict", "wait almost the whole run" if min(fast) > 0.9 else
      "wait for most of the run")
 glue("slow_step_ms", max(span for _, _, span in slowed) / IDLE_STEPS * 1e3, "{:.1f} ms")
-computing, waiting, _ = slowed[2]
+computing, waiting, _ = (round(v * 1e3, 1) for v in slowed[2])   # ms, as printed
+glue("straggler_computing", computing, "{:.1f} ms")
+glue("straggler_waiting", waiting, "{:.1f} ms")
 glue("straggler_green", computing / (computing + waiting), ".0%")
 glue("straggler_verdict", "mostly green" if computing > waiting else "not even mostly green")
 
@@ -597,17 +620,22 @@ takes {glue}`step_ms`. With the straggler, the two fast workers
 {glue}`fast_idle_verdict` (at least {glue}`fast_idle_least` idle): a step now
 lasts {glue}`slow_step_ms`, worker 2's 20 ms of sleep and a little more, as in
 lesson 5's stragglers. (The straggler's sleep counts as its "gradient" time,
-which is why its own bar is {glue}`straggler_verdict`: {glue}`straggler_green`
-of it.)
+which is why its own bar, its gradient time on top of which sits its waiting,
+is {glue}`straggler_verdict`: {glue}`straggler_computing` of
+{glue}`straggler_computing` + {glue}`straggler_waiting`, {glue}`straggler_green`.
+The bar leaves out the rest of the worker's span, its sends and its
+bookkeeping.)
 """)
 
 # %% [markdown]
 # That waiting is what the asynchronous modes give up: lesson 8 lets the
 # fast workers go on, and measures what it costs in staleness.
 #
-# Try: in section 4, add `(4, 1)` with `mode="async"` and check that the
-# bytes per step do not change (asynchrony saves waiting, not bytes); in
-# section 6, try `servers=2`: the idle time stays, since it comes from the
+# Try: section 4's code cell launches `train_mlp_on_digits` once per
+# (workers, servers) pair of its loop, `for workers, servers in ((2, 1),
+# (3, 1), (4, 1), (3, 2))`; add `mode="async"` to the `kwargs` of that
+# launch for the pair (4, 1) and check that the bytes per step do not change (asynchrony saves waiting, not bytes); in
+# section 6's code cell, change `servers=1` in its launch to `servers=2`: the idle time stays, since it comes from the
 # barrier and not from the server's load.
 
 # %% [markdown]

@@ -323,3 +323,51 @@ def test_lesson_8_types_no_number_of_an_earlier_run():
                   "split into B blocks", "W - 1 = 3"):
         assert not says(8, stale), stale
     assert "savefig" not in source_of(8)       # every picture is shown where it is read
+
+
+# ------------------------------------------------- lessons 5-8, a fresh reading
+
+def test_lesson_5_keeps_k_for_a_batch_and_counts_its_bytes():
+    # k is "a batch k times larger" (NOTATION.md): the slowdown is c, a launch's size a number
+    for old in ("If one worker is k times slower", "world_size=k)",
+                "lasts as long as rank 1's compute and a little more",
+                "here tiny ones, 0.1 MB", "change `WORLD` to 4 in section 2"):
+        assert not prose_says(5, old), old
+    assert prose_says(5, "If one worker is c times slower")
+    # the bucket cap is bytes, as the text says: 0.1 MiB
+    assert int(0.1 * 2**20) == 104_857 and says(5, "104,857 bytes")
+    # the cluster block's lines fit 80 columns as printed
+    block = re.search(r"```bash\n(.*?)```", source_of(5), flags=re.S).group(1)
+    assert all(len(line) <= 80 for line in block.splitlines()), block
+
+
+def test_lesson_6_writes_the_noise_scale_the_code_computes():
+    from minidist.optim import noise_scale
+    # Smith & Le's eta (N / B - 1) / (1 - momentum): 0.15 (1442 / 16 - 1) / 0.1 = 133.7,
+    # what the lesson prints; the text's formula is that one
+    assert abs(noise_scale(0.15, 1442, 16, 0.9) - 133.7) < 0.05
+    assert says(6, "`η (N_train / B - 1) / (1 - momentum)`")
+    assert not says(6, "`lr * (training set size) / (B (1 - momentum))`")
+    # growing the batch 5-fold lowers it a little more than dividing the rate by 5
+    assert noise_scale(0.15, 1442, 400, 0.9) < noise_scale(0.006, 1442, 16, 0.9)
+    for old in ("runs one seed on every second batch size,", "`lb.run_sweep([TRAIN_SIZE]",
+                "drops by the same factor at the same epochs", "`lr = 0.01 * B / 16`"):
+        assert not prose_says(6, old), old
+
+
+def test_lesson_7_numbers_its_workers_and_steps_in_words():
+    for old in ("Two promises come with the picture", "pull for step t + 1",
+                "add `(4, 1)` with `mode=\"async\"`"):
+        assert not prose_says(7, old), old
+    assert says(7, "worker k is rank S + k")
+
+
+def test_lesson_8_bounds_tau_with_tau_max_and_names_its_sources():
+    for old in ("full-batch SGD on a batch of 128", "DistBelief's first epoch",
+                "step t updates block t mod 4", "\\\"compute\\\" \"\n     \"dominates",
+                "about 3 x 4 = 12 updates."):
+        assert not prose_says(8, old), old
+    assert "dominates and nobody waits much" not in source_of(8)
+    assert says(8, "*stale synchronous parallel*")
+    notation = (LESSONS / "NOTATION.md").read_text()
+    assert "| τ_max |" in notation and "| τ (tau) | staleness" in notation

@@ -32,7 +32,7 @@ def check(glued):
     assert 0 <= value(glued, "lars_below") <= value(glued, "sizes_count")
     assert value(glued, "ratio_spread_least") <= value(glued, "ratio_spread_most") < 100
     # batch growth
-    lower = value(glued, "final_decay_lr") - value(glued, "final_no_decay")
+    lower = round(value(glued, "final_decay_lr"), 1) - round(value(glued, "final_no_decay"), 1)
     assert abs(lower - value(glued, "no_decay_lower")) < 1e-9
     assert (value(glued, "decay_verdict") == "The decay is needed.") == (lower > 0.5)
     assert (value(glued, "growth_verdict") == "Growing the batch nearly replaces it.") == \
@@ -42,3 +42,15 @@ def check(glued):
     between = (value(glued, "updates_grow_batch") < value(glued, "updates_hybrid")
                < value(glued, "updates_decay_lr"))
     assert (value(glued, "hybrid_verdict") == "lands in between in updates") == between
+    # gaps are the differences of the printed (rounded) accuracies
+    gap = round(value(glued, "final_decay_lr"), 1) - round(value(glued, "final_grow_batch"), 1)
+    assert abs(value(glued, "growth_gap_end") - gap) < 1e-9
+    # "drops ... as far or further": batch growth's noise scale ends no higher
+    assert value(glued, "noise_grow_last") <= value(glued, "noise_decay_last")
+    assert value(glued, "noise_factor_grow") >= value(glued, "noise_factor_decay")
+    # one seed: no spread is spoken of
+    if value(glued, "seeds") == 1:
+        assert value(glued, "linear_full_spread") == ""
+        assert "spread" not in value(glued, "growth_noise_text") or \
+            "no spread" in value(glued, "growth_noise_text")
+    assert value(glued, "lars_below") + value(glued, "lars_level") <= value(glued, "sizes_count")

@@ -30,8 +30,8 @@ def check(glued):
         (value(glued, "hot_drop") > 2 * value(glued, "hot_bsp"))
     assert 1.5 < value(glued, "async_staleness") < 4    # "about n - 1 = 3"
     # 2. staleness
-    assert value(glued, "ssp_within") == "stay within tau"
-    assert (value(glued, "ssp_pile_verdict") == "pile up *at* tau") == \
+    assert value(glued, "ssp_within") == "stay within τ_max"
+    assert (value(glued, "ssp_pile_verdict") == "pile up *at* τ_max") == \
         (value(glued, "ssp_pile") == 4)
     assert value(glued, "late_verdict").startswith("Its late pushes have staleness 0") == \
         (value(glued, "late_stale") == 0)
@@ -49,3 +49,23 @@ def check(glued):
     assert value(glued, "d2p_middle_verdict").endswith(
         "not even behind" if middle <= 0 else "hardly behind" if middle < 1e-3 else "are behind")
     assert value(glued, "full_tau_share") <= value(glued, "ahead_share")
+    # section 1: the compute is a share of the run, not said to dominate
+    assert value(glued, "compute_share") < 1
+    assert "dominates" not in value(glued, "calm_verdict")
+    # staleness: "far staler" only if the median early push is twice the calm mean
+    median, mean = value(glued, "early_median"), round(value(glued, "async_mean"), 1)
+    assert (value(glued, "early_verdict") == "far staler") == (median > 2 * mean)
+    assert value(glued, "stalest_verdict").startswith("they also wait") == \
+        (value(glued, "straggler_async_max") < 12)
+    # Hogwild: 5 writes per update
+    assert value(glued, "writes_per_update") == 5
+    # D2P: the apartness is of the printed objectives; "cost nothing" only if one ends lower
+    apart = value(glued, "d2p_highest") / value(glued, "d2p_lowest") - 1
+    assert abs(apart - value(glued, "d2p_apart")) < 1e-12
+    same = value(glued, "d2p_highest") == value(glued, "d2p_lowest")
+    assert value(glued, "d2p_end_verdict").startswith("all end at") == same
+    if not same:
+        assert ("the delay cost nothing here" in value(glued, "d2p_end_verdict")) == \
+            (value(glued, "d2p_helped") != "")
+    assert 0 <= value(glued, "d2p_ahead_4") <= value(glued, "d2p_points")
+    assert value(glued, "d2p_gradients") % 3 == 0
