@@ -362,8 +362,12 @@ def _draw_boxes(axis, by_rank_lane, row_of, span, scale) -> None:
         bottom, lane_height = LANES[lane]
         boxes = [(start / scale, max(end - start, span / PIXELS / 4) / scale)
                  for start, end in intervals]
+        # A thin white edge, so that two regions end to end (a forward, then
+        # the straggler's wait) read as two boxes, not one bar.
         axis.broken_barh(boxes, (row_of[rank] + 1 - bottom - lane_height, lane_height),
-                         facecolor=color or COLORS[lane], edgecolor="none",
+                         facecolor=color or COLORS[lane],
+                         edgecolor="white" if lane == "compute" and len(boxes) < 500 else "none",
+                         linewidth=0.6,
                          hatch=HATCHES[lane] if len(boxes) < 500 else None, zorder=2)
 
 
