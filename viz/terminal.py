@@ -36,6 +36,7 @@ from __future__ import annotations
 import os
 import select
 import sys
+import textwrap
 import time
 from collections.abc import Iterable, Iterator
 
@@ -136,6 +137,29 @@ def buffer_text(replay: Replay, frame: Frame | None, rank: int, *, color: bool =
 
 
 # --------------------------------------------------------------------------- words
+
+
+def fold(text: str, width: int, indent: int = 2) -> str:
+    """``text`` in lines of at most ``width`` columns, broken at spaces only, so
+    that a name or a number is never cut in two; the lines after the first are
+    ``indent`` spaces further in than the first (a word longer than a line
+    keeps a line of its own, whole)."""
+    lead = " " * (len(text) - len(text.lstrip(" ")) + indent)
+    return "\n".join(textwrap.wrap(text, width, subsequent_indent=lead,
+                                   break_long_words=False, break_on_hyphens=False)) or text
+
+
+def print_folded(console: Console, text: str, indent: int = 2) -> None:
+    """Print plain ``text`` (no markup) folded to the console's width."""
+    console.print(fold(text, console.width, indent), markup=False, highlight=False,
+                  soft_wrap=True)
+
+
+def print_commands(console: Console, *commands: str) -> None:
+    """Commands to type, one a line, two spaces in, each whole even where it
+    is wider than the terminal: a command folded in two cannot be pasted."""
+    for command in commands:
+        console.print(f"  {command}", markup=False, highlight=False, soft_wrap=True)
 
 
 def format_seconds(seconds: float) -> str:
