@@ -219,8 +219,8 @@ def main(args) -> int:
             + (f"; the ring's {calls.get('all_reduce ring', 0):,.0f} vs the formula's "
                f"{formula:,.0f}: "
                f"{ring_gap(calls.get('all_reduce ring', 0), formula, nproc, model_bytes // 4)}"))
-    console.print(f"trace written to {trace_path}; draw it, or export it for Perfetto:",
-                  markup=False)
+    console.print(f"trace written to {trace_path}", markup=False)
+    console.print("draw it, or export it for Perfetto (ui.perfetto.dev):")
     print_commands(console, f"minidist viz {trace_path} --timeline data_parallel.png",
                    f"minidist viz {trace_path} --chrome data_parallel.json")
     if args.timeline:
