@@ -34,6 +34,7 @@ frame is printed, one after another.
 from __future__ import annotations
 
 import os
+import re
 import select
 import sys
 import textwrap
@@ -139,14 +140,22 @@ def buffer_text(replay: Replay, frame: Frame | None, rank: int, *, color: bool =
 # --------------------------------------------------------------------------- words
 
 
+#: Joins words :func:`fold` keeps on one line.
+NO_BREAK = "\u00a0"
+
+
 def fold(text: str, width: int, indent: int = 2) -> str:
     """``text`` in lines of at most ``width`` columns, broken at spaces only, so
     that a name or a number is never cut in two; the lines after the first are
     ``indent`` spaces further in than the first (a word longer than a line
-    keeps a line of its own, whole)."""
+    keeps a line of its own, whole). A number keeps its unit ("84.7 KiB"), and
+    a no-break space (\\u00a0) joins other words that stay on one line
+    ("rank 0 1,024"); it is printed as a space."""
+    text = re.sub(r"(\d) (B|KiB|MiB|GiB|TiB|ns|us|µs|ms|s)\b", rf"\1{NO_BREAK}\2", text)
     lead = " " * (len(text) - len(text.lstrip(" ")) + indent)
-    return "\n".join(textwrap.wrap(text, width, subsequent_indent=lead,
-                                   break_long_words=False, break_on_hyphens=False)) or text
+    lines = textwrap.wrap(text, width, subsequent_indent=lead, break_long_words=False,
+                          break_on_hyphens=False)
+    return ("\n".join(lines) or text).replace(NO_BREAK, " ")
 
 
 def print_folded(console: Console, text: str, indent: int = 2) -> None:
