@@ -566,3 +566,7 @@ def play_frames(render, frames: int, console: Console | None = None, speed: floa
         for index in range(frames):
             live.update(render(index), refresh=True)
             sleep(1.0 / speed)
+    if not console.is_terminal:
+        # Rich ends the last frame's last line only on a terminal: without
+        # this, what is printed next would run on from it.
+        console.line()
