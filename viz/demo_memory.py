@@ -173,8 +173,8 @@ class _nothing:
 
 #: The live table's columns; a terminal too narrow for all of them gets two
 #: tables, each with the first two (the ones before the split, then the rest).
-COLUMNS = ("rank", "strategy", "step", *SHORT.values(), "total", "peak")
-SPLIT = COLUMNS.index("buffers")
+TABLE_COLUMNS = ("rank", "strategy", "step", *SHORT.values(), "total", "peak")
+SPLIT = TABLE_COLUMNS.index("buffers")
 
 
 def _table(latest: dict, nproc: int, width: int = 80):
@@ -194,17 +194,17 @@ def _table(latest: dict, nproc: int, width: int = 80):
     title = f"memory ledger per rank, {nproc} processes (MLP 64-128-10, Adam)"
     # A cell never shorter than "1023.9 KiB": the table does not widen as bytes grow.
     widths = [max(len(column), 10 if index > 2 else 0, *(len(row[index]) for row in rows))
-              for index, column in enumerate(COLUMNS)]
+              for index, column in enumerate(TABLE_COLUMNS)]
     if sum(widths) + 3 * len(widths) + 1 <= width:
-        return _part(title, range(len(COLUMNS)), rows)
+        return _part(title, range(len(TABLE_COLUMNS)), rows)
     return Group(_part(title, range(SPLIT), rows),
-                 _part(f"{title}: the rest", [0, 1, *range(SPLIT, len(COLUMNS))], rows))
+                 _part(f"{title}: the rest", [0, 1, *range(SPLIT, len(TABLE_COLUMNS))], rows))
 
 
 def _part(title: str, columns, rows: list[list[str]]) -> Table:
     table = Table(title=title, title_justify="left")
     for index in columns:
-        table.add_column(COLUMNS[index], justify="right", no_wrap=True)
+        table.add_column(TABLE_COLUMNS[index], justify="right", no_wrap=True)
     for row in rows:
         table.add_row(*(row[index] for index in columns))
     return table
