@@ -13,8 +13,9 @@ bundled digits with Adam, a few steps under each strategy in turn:
 Each rank measures what it holds with a :class:`minidist.memory.Ledger`
 (after zero_grad, forward, backward and the optimizer step) and puts the
 latest sample on a queue; the parent shows one row per rank and strategy
-(bytes per category, the total and the peak) with Rich, or prints a plain
-line per rank and strategy when standard output is not a terminal. The last
+(bytes per category, the total and the peak) with Rich (in two tables on a
+narrow terminal), or prints a plain line per rank and strategy (two on a
+narrow one) when standard output is not a terminal. The last
 step of each strategy runs in a trace region ``memory step NAME``; the
 ledger's samples are ``memory`` events of the trace, and ``--plot OUT.png``
 draws them (:func:`viz.memory_chart.save_memory`): memory per rank over one

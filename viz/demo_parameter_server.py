@@ -17,7 +17,8 @@ runs, and a thread in each process reads its own trace recorder every few
 milliseconds and puts a summary on a multiprocessing queue created before
 the launch (so the forked processes inherit it). Nothing in the strategy
 knows about the view. When standard output is not a terminal, the parent
-prints a plain line twice a second instead.
+prints a plain report twice a second instead (the servers' line, then the
+workers').
 
 The run is traced; the parent writes the trace, the test accuracy and how
 to draw the trace.
