@@ -66,6 +66,14 @@ def evaluate(model: nn.Module, x, y, batch_size: int = 512) -> float:
     return correct / max(len(x), 1)
 
 
+def _metrics(loss: float | None = None, accuracy: float = 0.0, rate: float = 0.0) -> str:
+    """The progress line's numbers: "loss 0.1234  acc 0.953  8,123 samples/s",
+    or "loss -  acc -" before the first batch has a loss."""
+    if loss is None:
+        return "loss -  acc -"
+    return f"loss {loss:.4f}  acc {accuracy:.3f}  {rate:,.0f} samples/s"
+
+
 def train_digits(
     model: str = "mlp",
     epochs: int | None = None,
@@ -132,18 +140,20 @@ def _train(model, epochs, batch_size, lr, seed, progress, console) -> dict:
     console.print(
         f"[bold]minidist train[/bold]: {model} on the 8x8 digits "
         f"({len(x_train)} train / {len(x_test)} test), {network.num_parameters():,} parameters, "
-        f"batch {batch_size}, lr {lr}, {epochs} epochs, backend {backend.name()}"
+        f"batch {batch_size}, lr {lr}, {epochs} epoch{'s' if epochs != 1 else ''}, "
+        f"backend {backend.name()}"
     )
     history = []
     columns = (
         TextColumn("epoch {task.fields[epoch]:>3}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]:.4f}  acc {task.fields[accuracy]:.3f}  {task.fields[rate]:,.0f} samples/s"),
+        TextColumn("{task.fields[metrics]}"),
         TimeRemainingColumn(),
     )
     with Progress(*columns, console=console, disable=not progress, transient=False) as bar:
-        task = bar.add_task("train", total=epochs * len(loader), epoch=0, loss=float("nan"), accuracy=0.0, rate=0.0)
+        # Until the first batch is done there is no loss to show: "-", not nan.
+        task = bar.add_task("train", total=epochs * len(loader), epoch=0, metrics=_metrics())
         for epoch in range(epochs):
             start = time.perf_counter()
             loss_sum = correct = seen = 0
@@ -157,7 +167,8 @@ def _train(model, epochs, batch_size, lr, seed, progress, console) -> dict:
                 correct += int((backend.to_numpy(logits.data).argmax(axis=1) == yb).sum())
                 seen += len(yb)
                 rate = seen / max(time.perf_counter() - start, 1e-9)
-                bar.update(task, advance=1, epoch=epoch + 1, loss=loss_sum / seen, accuracy=correct / seen, rate=rate)
+                bar.update(task, advance=1, epoch=epoch + 1,
+                           metrics=_metrics(loss_sum / seen, correct / seen, rate))
             scheduler.step()
             history.append({"epoch": epoch + 1, "loss": loss_sum / seen, "train_accuracy": correct / seen, "samples_per_s": rate})
 

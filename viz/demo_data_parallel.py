@@ -33,6 +33,7 @@ from minidist.data import DataLoader, DistributedSampler, load_digits
 from minidist.parallel.data.ddp import DistributedDataParallel
 from minidist.train import build_model, evaluate
 from minidist.units import format_bytes
+from viz.terminal import print_commands, print_folded
 
 #: The demo trains at most this many epochs (the demo parser's default, 20,
 #: is the tour's single-process training): about 95 % accuracy in seconds.
@@ -126,7 +127,14 @@ def ring_gap(measured: float, formula: float, nproc: int, elements: int) -> str:
     return f"{measured - formula:+,.0f} B: no known cause (chunks are equal)"
 
 
-def _table(latest: dict, nproc: int) -> Table:
+#: The table's columns but the progress bar take this many of the terminal's.
+TABLE_WITHOUT_BAR = 62
+
+
+def _table(latest: dict, nproc: int, width: int = 80) -> Table:
+    """One row per rank; the progress bar as wide as the terminal leaves it
+    (at most 30), so the table fits in ``width`` columns."""
+    bar = max(8, min(30, width - TABLE_WITHOUT_BAR))
     table = Table(title=f"DistributedDataParallel on {nproc} processes (ring all_reduce)",
                   title_justify="left")
     for column in ("rank", "progress", "epoch", "step", "loss", "sent", "steps/s"):
@@ -134,10 +142,10 @@ def _table(latest: dict, nproc: int) -> Table:
     for rank in range(nproc):
         row = latest.get(rank)
         if row is None:
-            table.add_row(str(rank), ProgressBar(total=1, completed=0, width=30), "-", "-", "-",
+            table.add_row(str(rank), ProgressBar(total=1, completed=0, width=bar), "-", "-", "-",
                           "-", "-")
             continue
-        table.add_row(str(rank), ProgressBar(total=row["steps"], completed=row["step"], width=30),
+        table.add_row(str(rank), ProgressBar(total=row["steps"], completed=row["step"], width=bar),
                       f"{row['epoch']}/{row['epochs']}", f"{row['step']}/{row['steps']}",
                       f"{row['loss']:.4f}", format_bytes(row["sent"]),
                       f"{row['step'] / max(row['seconds'], 1e-9):,.0f}")
@@ -155,10 +163,11 @@ def _show(status, console: Console, nproc: int) -> None:
     """Draw the workers' status until the parent puts None on the queue."""
     latest: dict[int, dict] = {}
     if console.is_terminal:
-        with Live(_table(latest, nproc), console=console, refresh_per_second=10) as live:
+        with Live(_table(latest, nproc, console.width), console=console,
+                  refresh_per_second=10) as live:
             while (row := status.get()) is not None:
                 latest[row["rank"]] = row
-                live.update(_table(latest, nproc))
+                live.update(_table(latest, nproc, console.width))
         return
     while (row := status.get()) is not None:
         steps_per_epoch = row["steps"] // row["epochs"]
@@ -168,7 +177,7 @@ def _show(status, console: Console, nproc: int) -> None:
 
 def main(args) -> int:
     nproc = args.nproc
-    console = Console(no_color=args.no_color, highlight=False, soft_wrap=True)
+    console = Console(no_color=args.no_color, highlight=False)
     if nproc < 1:
         console.print(f"minidist demo data-parallel: -n must be at least 1, got {nproc}")
         return 2
@@ -199,19 +208,21 @@ def main(args) -> int:
                   f"({first['seconds']:.2f} s on rank 0), last loss {first['loss']:.4f}")
     per_step = [result["sent_in_steps"] / result["steps"] for result in results]
     formula = 2 * (nproc - 1) / nproc * model_bytes
-    console.print(f"bytes sent per step: {', '.join(f'rank {r} {b:,.0f}' for r, b in enumerate(per_step))}; "
-                  f"ring all_reduce 2(n-1)/n M = {formula:,.0f} "
-                  f"(M = {model_bytes:,} bytes of float32 gradients)")
+    print_folded(console, f"bytes sent per step: "
+                 f"{', '.join(f'rank {r} {b:,.0f}' for r, b in enumerate(per_step))}; "
+                 f"ring all_reduce 2(n-1)/n M = {formula:,.0f} "
+                 f"(M = {model_bytes:,} bytes of float32 gradients)")
     if nproc > 1:
         calls = bytes_per_step_by_call(trace.read_jsonl(trace_path).events, 0, first["steps"])
-        console.print("  rank 0's, by call: " + " + ".join(
+        print_folded(console, "  rank 0's, by call: " + " + ".join(
             f"{name} {nbytes:,.0f}" for name, nbytes in calls.items())
             + (f"; the ring's {calls.get('all_reduce ring', 0):,.0f} vs the formula's "
                f"{formula:,.0f}: "
                f"{ring_gap(calls.get('all_reduce ring', 0), formula, nproc, model_bytes // 4)}"))
-    console.print(f"trace written to {trace_path}; draw it with "
-                  f"`minidist viz {trace_path} --timeline data_parallel.png`, or export it "
-                  f"for Perfetto with `minidist viz {trace_path} --chrome data_parallel.json`")
+    console.print(f"trace written to {trace_path}", markup=False)
+    console.print("draw it, or export it for Perfetto (ui.perfetto.dev):")
+    print_commands(console, f"minidist viz {trace_path} --timeline data_parallel.png",
+                   f"minidist viz {trace_path} --chrome data_parallel.json")
     if args.timeline:
         from viz.timeline import save_timeline
 

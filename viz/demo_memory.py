@@ -13,8 +13,9 @@ bundled digits with Adam, a few steps under each strategy in turn:
 Each rank measures what it holds with a :class:`minidist.memory.Ledger`
 (after zero_grad, forward, backward and the optimizer step) and puts the
 latest sample on a queue; the parent shows one row per rank and strategy
-(bytes per category, the total and the peak) with Rich, or prints a plain
-line per rank and strategy when standard output is not a terminal. The last
+(bytes per category, the total and the peak) with Rich (in two tables on a
+narrow terminal), or prints a plain line per rank and strategy (two on a
+narrow one) when standard output is not a terminal. The last
 step of each strategy runs in a trace region ``memory step NAME``; the
 ledger's samples are ``memory`` events of the trace, and ``--plot OUT.png``
 draws them (:func:`viz.memory_chart.save_memory`): memory per rank over one
@@ -31,7 +32,7 @@ from __future__ import annotations
 import multiprocessing
 import threading
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
@@ -44,6 +45,7 @@ from minidist.parallel.data.costs import zero_model_state_bytes
 from minidist.train import build_model
 from minidist.units import format_bytes
 from viz.memory_chart import GATHERED_KIND, REGION_PREFIX
+from viz.terminal import NO_BREAK, fold, print_commands, print_folded
 
 #: (name, ZeRO stage) in the order they run.
 STRATEGIES = (("DDP", 0), ("ZeRO-1", 1), ("ZeRO-2", 2), ("ZeRO-3", 3))
@@ -170,42 +172,72 @@ class _nothing:
         return False
 
 
-def _table(latest: dict, nproc: int) -> Table:
-    table = Table(title=f"memory ledger per rank, {nproc} processes (MLP 64-128-10, Adam)",
-                  title_justify="left")
-    for column in ("rank", "strategy", "step", *SHORT.values(), "total", "peak"):
-        table.add_column(column, justify="right")
+#: The live table's columns; a terminal too narrow for all of them gets two
+#: tables, each with the first two (the ones before the split, then the rest).
+TABLE_COLUMNS = ("rank", "strategy", "step", *SHORT.values(), "total", "peak")
+SPLIT = TABLE_COLUMNS.index("buffers")
+
+
+def _table(latest: dict, nproc: int, width: int = 80):
+    """One row per rank and strategy; in two tables (step to optimizer state,
+    then buffers to the peak) where one would be wider than ``width``."""
+    rows = []
     for name, _ in STRATEGIES:
         for rank in range(nproc):
             row = latest.get((rank, name))
             if row is None:
-                table.add_row(str(rank), name, "-", *["-"] * (len(SHORT) + 2))
+                rows.append([str(rank), name, "-", *["-"] * (len(SHORT) + 2)])
                 continue
             held = row["bytes"]
-            table.add_row(str(rank), name, f"{row['step']}/{row['steps']}",
-                          *(format_bytes(held[c]) for c in memory.CATEGORIES),
-                          format_bytes(sum(held.values())), format_bytes(row["peak"]))
+            rows.append([str(rank), name, f"{row['step']}/{row['steps']}",
+                         *(format_bytes(held[c]) for c in memory.CATEGORIES),
+                         format_bytes(sum(held.values())), format_bytes(row["peak"])])
+    title = f"memory ledger per rank, {nproc} processes (MLP 64-128-10, Adam)"
+    # A cell never shorter than "1023.9 KiB": the table does not widen as bytes grow.
+    widths = [max(len(column), 10 if index > 2 else 0, *(len(row[index]) for row in rows))
+              for index, column in enumerate(TABLE_COLUMNS)]
+    if sum(widths) + 3 * len(widths) + 1 <= width:
+        return _part(title, range(len(TABLE_COLUMNS)), rows)
+    return Group(_part(title, range(SPLIT), rows),
+                 _part(f"{title}: the rest", [0, 1, *range(SPLIT, len(TABLE_COLUMNS))], rows))
+
+
+def _part(title: str, columns, rows: list[list[str]]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for index in columns:
+        table.add_column(TABLE_COLUMNS[index], justify="right", no_wrap=True)
+    for row in rows:
+        table.add_row(*(row[index] for index in columns))
     return table
 
 
-def _plain_line(row: dict) -> str:
+def _plain_line(row: dict, width: int = 80) -> str:
+    """"rank 0  DDP  step 3/3  params 37.5 KiB  ...  peak 197.3 KiB": one line,
+    or two where one is wider than ``width`` (buffers on, under the first)."""
     held = row["bytes"]
-    parts = "  ".join(f"{SHORT[c]} {format_bytes(held[c])}" for c in memory.CATEGORIES)
-    return (f"rank {row['rank']}  {row['strategy']}  step {row['step']}/{row['steps']}  "
-            f"{parts}  total {format_bytes(sum(held.values()))}  peak {format_bytes(row['peak'])}")
+    parts = [f"{SHORT[c]} {format_bytes(held[c])}" for c in memory.CATEGORIES]
+    ends = [f"total {format_bytes(sum(held.values()))}", f"peak {format_bytes(row['peak'])}"]
+    head = f"rank {row['rank']}  {row['strategy']}  step {row['step']}/{row['steps']}  "
+    line = head + "  ".join(parts + ends)
+    if len(line) <= width:
+        return line
+    split = list(memory.CATEGORIES).index("buffers")
+    return (fold(head + "  ".join(parts[:split]), width) + "\n"
+            + fold(" " * 9 + "  ".join(parts[split:] + ends), width))
 
 
 def _show(status, console: Console, nproc: int) -> None:
     latest: dict = {}
     if console.is_terminal:
-        with Live(_table(latest, nproc), console=console, refresh_per_second=10) as live:
+        with Live(_table(latest, nproc, console.width), console=console,
+                  refresh_per_second=10) as live:
             while (row := status.get()) is not None:
                 latest[(row["rank"], row["strategy"])] = row
-                live.update(_table(latest, nproc))
+                live.update(_table(latest, nproc, console.width))
         return
     while (row := status.get()) is not None:
         if row["step"] == row["steps"]:
-            console.print(_plain_line(row))
+            console.print(_plain_line(row, console.width), markup=False, soft_wrap=True)
 
 
 def shard_gap(measured: int, formula: float, sizes: list[int], nproc: int) -> str:
@@ -223,7 +255,7 @@ def shard_gap(measured: int, formula: float, sizes: list[int], nproc: int) -> st
 
 def main(args) -> int:
     nproc = args.nproc
-    console = Console(no_color=args.no_color, highlight=False, soft_wrap=True)
+    console = Console(no_color=args.no_color, highlight=False)
     if nproc < 1:
         console.print(f"minidist demo memory: -n must be at least 1, got {nproc}")
         return 2
@@ -246,22 +278,26 @@ def main(args) -> int:
     model = build_model("mlp")
     psi = model.num_parameters()
     sizes = [parameter.data.size for parameter in model.parameters()]
-    console.print(f"model-state bytes per rank after the step (weights + gradients + Adam's "
-                  f"moments; {psi:,} parameters), measured next to zero_model_state_bytes:")
+    print_folded(console, f"model-state bytes per rank after the step (weights + gradients + "
+                 f"Adam's moments; {psi:,} parameters), measured next to "
+                 f"zero_model_state_bytes:")
     for name, stage in STRATEGIES:
         formula = zero_model_state_bytes(psi, nproc, stage)
-        measured = ", ".join(f"rank {rank} {result[name]['model_state']:,}"
+        # "rank 0 153,760" and "formula 153,760" stay on one line each.
+        measured = ", ".join(f"rank{NO_BREAK}{rank}{NO_BREAK}{result[name]['model_state']:,}"
                              for rank, result in enumerate(results))
         peaks = ", ".join(f"{result[name]['peak']:,}" for result in results)
         gap = shard_gap(max(result[name]["model_state"] for result in results), formula,
                         sizes, nproc)
-        console.print(f"  {name:7s} measured {measured}  formula {formula:,.0f}"
-                      f"{f' ({gap})' if gap else ''}  (peak per rank {peaks})")
+        print_folded(console, f"  {name:7s} measured {measured}  formula{NO_BREAK}{formula:,.0f}"
+                     f"{f' ({gap})' if gap else ''}", indent=8)
+        print_folded(console, f"{'':9s} peak per rank {peaks}", indent=2)
     note = peak_note(results)
     if note:
-        console.print(note)
-    console.print(f"trace written to {trace_path}; its memory events per rank: "
-                  f"minidist.memory.memory_timeline(trace.read_jsonl({trace_path!r}).events)")
+        print_folded(console, note, indent=0)
+    console.print(f"trace written to {trace_path}; its memory events per rank:", markup=False)
+    print_commands(console, "from minidist import memory, trace",
+                   f"memory.memory_timeline(trace.read_jsonl({trace_path!r}).events)")
     plot = getattr(args, "plot", None)
     if plot:
         from viz.memory_chart import save_memory

@@ -35,6 +35,7 @@ from minidist.data import load_digits
 from minidist.distributed.collectives.traffic import ring_all_reduce_sent
 from minidist.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
 from minidist.train import build_model, evaluate
+from viz.terminal import fold, print_commands, print_folded
 
 #: -n when none is given (the demo parser's default of 4 is the collectives').
 DEFAULT_NPROC = 2
@@ -94,8 +95,10 @@ def sent_bytes(events: list[dict], rank: int) -> int:
     return sum(e["bytes"] for e in events if e["rank"] == rank and e["kind"] == "send")
 
 
-def bytes_table(events: list[dict], nproc: int) -> str:
-    """One step's bytes per rank: the formula per layer, the trace, and data parallel."""
+def bytes_table(events: list[dict], nproc: int, width: int = 80) -> str:
+    """One step's bytes per rank: the formula per layer, the trace, and data
+    parallel; a row's name and its bytes on one line (the bytes folded at
+    ", " where they do not fit), what moves on the lines under it."""
     itemsize = 4
     row = [v * itemsize for v in ring_all_reduce_sent(BATCH * 10, nproc)]
     data_parallel = [v * itemsize for v in
@@ -117,11 +120,15 @@ def bytes_table(events: list[dict], nproc: int) -> str:
         ("data parallel on the same MLP, formula", "all_reduce of every gradient, "
          f"{build_model('mlp').num_parameters():,} values", per_rank(data_parallel)),
     ]
-    widths = [max(len(line[i]) for line in lines) for i in range(2)]
-    head = (f"bytes sent per rank per step ({nproc} ranks, ring collectives, float32), "
-            "rank 0 first")
-    return "\n".join([head] + [f"  {a.ljust(widths[0])}  {b.ljust(widths[1])}  {c}"
-                               for a, b, c in lines])
+    names = max(len(line[0]) for line in lines)
+    head = fold(f"bytes sent per rank per step ({nproc} ranks, ring collectives, float32), "
+                "rank 0 first", width)
+    rows = []
+    for name, what, sent in lines:
+        # The bytes start where the longest name ends, and fold back under themselves.
+        row = fold(f"  {name.ljust(names)}  {sent}", width, indent=names + 2)
+        rows.append(row if not what else row + "\n" + fold(f"      {what}", width))
+    return "\n".join([head, *rows])
 
 
 def _show(events: list[dict], header: dict, console: Console, args) -> None:
@@ -130,7 +137,7 @@ def _show(events: list[dict], header: dict, console: Console, args) -> None:
 
     calls = replays(trace.Trace(header, events))
     color = not args.no_color
-    console.print(f"the last step's {len(calls)} collective call{'s' if len(calls) != 1 else ''}: "
+    print_folded(console, f"the last step's {len(calls)} collective call{'s' if len(calls) != 1 else ''}: "
                   + ", ".join(f"{c.collective} ({c.algorithm}, {c.count:,} x {c.itemsize} bytes)"
                               for c in calls))
     for index, call in enumerate(calls, 1):
@@ -142,7 +149,7 @@ def _show(events: list[dict], header: dict, console: Console, args) -> None:
 
 
 def main(args) -> int:
-    console = Console(no_color=args.no_color, highlight=False, soft_wrap=True)
+    console = Console(no_color=args.no_color, highlight=False)
     nproc = DEFAULT_NPROC if args.nproc is None else args.nproc
     if nproc < 1 or HIDDEN % nproc:
         console.print(f"minidist demo model-parallel: -n must divide the hidden layer's "
@@ -165,13 +172,14 @@ def main(args) -> int:
     first = results[0]
     for epoch, loss in enumerate(first["losses"], 1):
         console.print(f"epoch {epoch}: mean loss {loss:.4f}")
-    console.print(f"test accuracy {first['accuracy']:.3f} after {first['steps']} steps; rank r "
-                  f"holds hidden units {', '.join(f'{a}:{b}' for a, b in (r['shards'][0] for r in results))}")
+    print_folded(console, f"test accuracy {first['accuracy']:.3f} after {first['steps']} steps; "
+                 f"rank r holds hidden units "
+                 f"{', '.join(f'{a}:{b}' for a, b in (r['shards'][0] for r in results))}")
     written = trace.read_jsonl(trace_path)
     events = last_step_events(written.events, first["steps"] - 1)
-    console.print(bytes_table(events, nproc))
-    console.print(f"trace written to {trace_path} (draw it with `minidist viz {trace_path} "
-                  f"--timeline model_parallel.png`)")
+    console.print(bytes_table(events, nproc, console.width), markup=False, soft_wrap=True)
+    console.print(f"trace written to {trace_path}; draw it with", markup=False)
+    print_commands(console, f"minidist viz {trace_path} --timeline model_parallel.png")
     if args.timeline:
         from viz.timeline import save_timeline
 

@@ -17,7 +17,8 @@ runs, and a thread in each process reads its own trace recorder every few
 milliseconds and puts a summary on a multiprocessing queue created before
 the launch (so the forked processes inherit it). Nothing in the strategy
 knows about the view. When standard output is not a terminal, the parent
-prints a plain line twice a second instead.
+prints a plain report twice a second instead (the servers' line, then the
+workers').
 
 The run is traced; the parent writes the trace, the test accuracy and how
 to draw the trace.
@@ -45,6 +46,7 @@ from minidist.examples.parameter_server import (
 )
 from minidist.parallel.parameter_server.layout import Layout, flat_parameters, shard_ranges
 from minidist.parallel.parameter_server.shard import MODES
+from viz.terminal import fold, print_commands, print_folded
 
 #: At most this many epochs (the demo parser's default, 20, is the tour's).
 MAX_EPOCHS = 10
@@ -132,6 +134,10 @@ def _run(status, steps, servers, mode, options, straggler):
     return result
 
 
+#: The workers' table's columns but the progress bar take this many of the terminal's.
+WORKERS_WITHOUT_BAR = 52
+
+
 class _View:
     def __init__(self, layout: Layout, key_ranges, steps: int, title: str):
         self.layout, self.key_ranges, self.steps, self.title = layout, key_ranges, steps, title
@@ -158,7 +164,10 @@ class _View:
         updates = sum(s["version"] for s in self._servers()) / self.layout.servers
         return sum(self._worker_steps()) / seconds, updates / seconds
 
-    def table(self):
+    def table(self, width: int = 80):
+        """The servers' table and the workers', whose progress bars are as wide
+        as the terminal leaves them (at most 30): both fit in ``width`` columns."""
+        bar = max(8, min(30, width - WORKERS_WITHOUT_BAR))
         servers = Table(title=self.title, title_justify="left")
         for column in ("server", "keys", "version", "accepted", "dropped"):
             servers.add_column(column, justify="right")
@@ -173,38 +182,41 @@ class _View:
             staleness = self._staleness(k)
             name = f"{k} (straggler)" if k == self.layout.workers - 1 else str(k)
             workers.add_row(name, str(self.layout.worker_rank(k)),
-                            ProgressBar(total=self.steps, completed=steps, width=30),
+                            ProgressBar(total=self.steps, completed=steps, width=bar),
                             f"{steps}/{self.steps}", "-" if staleness is None else str(staleness))
         steps_per_second, updates_per_second = self.throughput()
         return Group(servers, workers, f"throughput: {steps_per_second:,.0f} worker steps/s, "
                                        f"{updates_per_second:,.0f} updates/s per server")
 
-    def line(self) -> str:
+    def line(self, width: int = 80) -> str:
+        """Two lines, folded to ``width``: the servers', then the workers'
+        under it."""
         steps_per_second, _ = self.throughput()
         servers = self._servers()
         staleness = [self._staleness(k) for k in range(self.layout.workers)]
-        return (f"{time.perf_counter() - self.start:5.1f} s  server versions "
-                f"{[s['version'] for s in servers]}  accepted {sum(s['accepted'] for s in servers)}"
-                f"  dropped {sum(s['dropped'] for s in servers)}  worker steps "
-                f"{self._worker_steps()}  staleness {['-' if x is None else x for x in staleness]}"
-                f"  {steps_per_second:,.0f} steps/s")
+        first = (f"{time.perf_counter() - self.start:5.1f} s  server versions "
+                 f"{[s['version'] for s in servers]}  accepted {sum(s['accepted'] for s in servers)}"
+                 f"  dropped {sum(s['dropped'] for s in servers)}  {steps_per_second:,.0f} steps/s")
+        second = (f"         worker steps {self._worker_steps()}  staleness "
+                  f"{['-' if x is None else x for x in staleness]}")
+        return fold(first, width) + "\n" + fold(second, width)
 
 
 def _show(status, console: Console, view: _View) -> None:
     """Draw the processes' reports until the parent puts None on the queue."""
     if console.is_terminal:
-        with Live(view.table(), console=console, refresh_per_second=10) as live:
+        with Live(view.table(console.width), console=console, refresh_per_second=10) as live:
             while (row := status.get()) is not None:
                 view.add(row)
-                live.update(view.table())
+                live.update(view.table(console.width))
         return
     printed = time.perf_counter()
     while (row := status.get()) is not None:
         view.add(row)
         if time.perf_counter() - printed >= 0.5:
-            console.print(view.line())
+            console.print(view.line(console.width), markup=False, soft_wrap=True)
             printed = time.perf_counter()
-    console.print(view.line())
+    console.print(view.line(console.width), markup=False, soft_wrap=True)
 
 
 def _problem(args) -> str | None:
@@ -223,7 +235,7 @@ def _problem(args) -> str | None:
 
 
 def main(args) -> int:
-    console = Console(no_color=args.no_color, highlight=False, soft_wrap=True)
+    console = Console(no_color=args.no_color, highlight=False)
     problem = _problem(args)
     if problem is not None:
         console.print(f"minidist demo parameter-server: {problem}")
@@ -260,15 +272,16 @@ def main(args) -> int:
     seconds = time.perf_counter() - view.start
     servers = results[:layout.servers]
     staleness = [record.staleness for server in servers for record in server.pushes]
-    console.print(f"test accuracy {digits_accuracy(results[0].weights):.3f} after {steps} steps "
+    print_folded(console, f"test accuracy {digits_accuracy(results[0].weights):.3f} after {steps} steps "
                   f"per worker ({seconds:.1f} s); server versions "
                   f"{[server.version for server in servers]}; pushes accepted "
                   f"{sum(s.accepted for s in servers)}, dropped {sum(s.dropped for s in servers)}"
                   f"; staleness mean {sum(staleness) / max(len(staleness), 1):.2f}, "
                   f"max {max(staleness, default=0)}")
-    console.print(f"trace written to {trace_path}; draw it with "
-                  f"`minidist viz {trace_path} --timeline parameter_server.png`, or export it "
-                  f"for Perfetto with `minidist viz {trace_path} --chrome parameter_server.json`")
+    console.print(f"trace written to {trace_path}", markup=False)
+    console.print("draw it, or export it for Perfetto (ui.perfetto.dev):")
+    print_commands(console, f"minidist viz {trace_path} --timeline parameter_server.png",
+                   f"minidist viz {trace_path} --chrome parameter_server.json")
     if args.timeline:
         from viz.timeline import save_timeline
 

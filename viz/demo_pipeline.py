@@ -45,6 +45,7 @@ from minidist.parallel.pipeline import (
     simulate_schedule,
 )
 from minidist.train import evaluate
+from viz.terminal import print_commands
 
 BATCH = 64
 HIDDEN = 128
@@ -106,7 +107,6 @@ def _count(number: int, one: str, many: str | None = None) -> str:
 
 def _show(chart, console: Console, args) -> None:
     from viz.pipeline_chart import (
-        bubble_text,
         play_pipeline,
         save_pipeline_gantt,
         step_through_pipeline,
@@ -117,9 +117,6 @@ def _show(chart, console: Console, args) -> None:
         play_pipeline(chart, console, speed=args.speed, color=color)
     else:
         step_through_pipeline(chart, console, color=color)
-    console.print(bubble_text(chart))
-    if chart.expected.note:
-        console.print(f"  ({chart.expected.note})")
     if args.timeline:
         console.print(f"Gantt chart written to {save_pipeline_gantt(chart, args.timeline)}")
 
@@ -147,7 +144,7 @@ def _simulate(schedule, console: Console, args) -> int:
 def main(args) -> int:
     from viz.pipeline_chart import pipeline_chart
 
-    console = Console(no_color=args.no_color, highlight=False, soft_wrap=True)
+    console = Console(no_color=args.no_color, highlight=False)
     stages, microbatches = args.stages, args.microbatches
     if stages < 1 or microbatches < 1:
         console.print(f"minidist demo pipeline: --stages and --microbatches must be at least 1, "
@@ -190,8 +187,9 @@ def main(args) -> int:
         param.data = trained[name]
     _, _, x_test, y_test = load_digits()
     console.print(f"test accuracy {evaluate(model, x_test, y_test):.3f}")
-    console.print(f"trace written to {trace_path} (draw it again with `minidist viz {trace_path}`"
-                  " or `--timeline pipeline.png`)")
+    console.print(f"trace written to {trace_path}; draw it again with", markup=False)
+    print_commands(console, f"minidist viz {trace_path}",
+                   f"minidist viz {trace_path} --timeline pipeline.png")
 
     chart = pipeline_chart(trace_path)
     cores = os.cpu_count() or 1

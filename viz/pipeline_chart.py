@@ -653,24 +653,45 @@ def legend_words(chart: PipelineChart) -> list[tuple[str, str, str]]:
     return entries
 
 
-def _legend(chart: PipelineChart, color: bool) -> Text:
-    width = len(chart.grid[0][0]) if chart.grid and chart.grid[0] else 2
-    text = Text()
-    for symbol, words, _ in legend_words(chart):
-        text.append(symbol, style="bold" if color else "")
-        text.append(f": {words}" + (" (and its colour)" if color and symbol == "F3" else "")
-                    + "  ")
-    text.append("." * width, style="dim" if color else "")
-    text.append(": idle (the bubble)  ")
-    text.append("-" * width)
-    text.append(": still running")
+def _packed(entries: list[Text], width: int, indent: str = "", gap: str = "  ") -> Text:
+    """``entries`` ``gap`` apart, in lines of at most ``width`` columns, each
+    entry whole on one line (a line breaks between entries, never inside one);
+    the lines after the first start with ``indent``."""
+    text, used = Text(), 0
+    for entry in entries:
+        if used and used + len(gap) + len(entry) > width:
+            text.append("\n" + indent)
+            used = len(indent)
+        elif used:
+            text.append(gap)
+            used += len(gap)
+        text.append_text(entry)
+        used += len(entry)
     return text
+
+
+def _legend(chart: PipelineChart, color: bool, width: int = 80) -> Text:
+    cell = len(chart.grid[0][0]) if chart.grid and chart.grid[0] else 2
+    entries = []
+    for symbol, words, _ in legend_words(chart):
+        entry = Text(symbol, style="bold" if color else "")
+        entry.append(f": {words}" + (" (and its colour)" if color and symbol == "F3" else ""))
+        entries.append(entry)
+    entries.append(Text("." * cell, style="dim" if color else "") + Text(": idle (the bubble)"))
+    entries.append(Text("-" * cell + ": still running"))
+    return _packed(entries, width)
+
+
+#: Starts each row of a frame whose first time slots scrolled off the left.
+SCROLLED = "<"
 
 
 def render_pipeline_frame(chart: PipelineChart, index: int, *, color: bool = True,
                           width: int | None = None):
     """Frame ``index``: the grid of time slots 0 .. ``index``, as a Rich renderable.
-    ``width``: the columns it may use (default 80); older slots scroll off the left."""
+    ``width``: the columns it may use (default 80); older slots scroll off the
+    left, each row then starts with ``<`` and a line under the grid says how
+    many columns the whole batch needs."""
     if not 0 <= index < chart.slots:
         raise IndexError(f"frame {index} out of range: the chart has time slots "
                          f"0..{chart.slots - 1}")
@@ -697,12 +718,15 @@ def render_pipeline_frame(chart: PipelineChart, index: int, *, color: bool = Tru
 
     label_width = max(len(row.label) for row in chart.rows)
     cell_width = len(chart.grid[0][0]) + 1
-    fits = max(1, (width - label_width - 3) // cell_width)
-    first = max(0, index + 1 - fits)
+    # "stage 0 │F0 F1": the label, a space, the bar, the cells a space apart.
+    if label_width + 1 + (index + 1) * cell_width <= width:
+        first = 0
+    else:  # "stage 0 < F5 F6": the cut slots' place said by "< "
+        first = index + 1 - max(1, (width - label_width - 3) // cell_width)
     lines = Text()
     for row_index, row in enumerate(chart.rows):
         line = Text(f"{row.label:<{label_width}} ", style=bold)
-        line.append("… " if first else "│")
+        line.append(f"{SCROLLED} " if first else "│")
         boxes = {box.slot: box for box in row.boxes}
         running = {slot: box for box in row.boxes
                    for slot in range(box.slot + 1, box.last_slot + 1)}
@@ -714,6 +738,12 @@ def render_pipeline_frame(chart: PipelineChart, index: int, *, color: bool = Tru
         lines.append_text(line)
         if row_index + 1 < len(chart.rows):
             lines.append("\n")
+    if first:
+        whole = label_width + 1 + chart.slots * cell_width
+        lines.append(f"\n{SCROLLED}: slot{'s 1-' if first > 1 else ' '}{first} scrolled off the "
+                     f"left at this width; the whole batch needs {whole} columns (a wider "
+                     f"terminal, or COLUMNS={whole}), or --timeline OUT.png draws it",
+                     style="dim" if color else "")
 
     footer = Text()
     footer.append(bubble_text(chart))
@@ -721,11 +751,15 @@ def render_pipeline_frame(chart: PipelineChart, index: int, *, color: bool = Tru
         footer.append(f"\n  ({chart.expected.note})", style="dim" if color else "")
     peaks = [row for row in chart.rows if row.peak_live_microbatches is not None]
     if peaks:
-        footer.append("\npeak live activations (micro-batches): " + ", ".join(
-            f"{row.label}: {row.peak_live_microbatches}"
-            + (f" ({format_bytes(row.peak_activation_bytes)})" if row.peak_activation_bytes
-               else "") for row in peaks))
-    return Group(header, Text(), lines, Text(), _legend(chart, color), footer)
+        footer.append("\n")
+        # a stage's "stage 0: 4 (40 KiB)" whole on one line
+        footer.append_text(_packed([Text("peak live activations (micro-batches):")] + [
+            Text(f"{row.label}: {row.peak_live_microbatches}"
+                 + (f" ({format_bytes(row.peak_activation_bytes)})"
+                    if row.peak_activation_bytes else "")
+                 + ("," if number + 1 < len(peaks) else ""))
+            for number, row in enumerate(peaks)], width, indent="  ", gap=" "))
+    return Group(header, Text(), lines, Text(), _legend(chart, color, width), footer)
 
 
 def _row_of(chart: PipelineChart, rank: int) -> int:
@@ -737,7 +771,8 @@ def step_through_pipeline(chart: PipelineChart, console: Console | None = None,
     """Step through the chart one time slot at a time (the keys of
     :func:`viz.terminal.step_through`; every frame printed without a terminal)."""
     console = console or Console()
-    width = min(console.width, 120)
+    # All of the terminal: a frame too narrow for the batch says COLUMNS shows it whole.
+    width = console.width
     return step_through_frames(
         lambda index: render_pipeline_frame(chart, index, color=color, width=width),
         chart.slots, console, keys, color=color)
@@ -747,7 +782,7 @@ def play_pipeline(chart: PipelineChart, console: Console | None = None, speed: f
                   *, color: bool = True, **options) -> None:
     """Show every time slot in turn, ``speed`` frames a second (rich.live)."""
     console = console or Console()
-    width = min(console.width, 120)
+    width = console.width
     play_frames(lambda index: render_pipeline_frame(chart, index, color=color, width=width),
                 chart.slots, console, speed, **options)
 

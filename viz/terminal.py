@@ -34,8 +34,10 @@ frame is printed, one after another.
 from __future__ import annotations
 
 import os
+import re
 import select
 import sys
+import textwrap
 import time
 from collections.abc import Iterable, Iterator
 
@@ -136,6 +138,37 @@ def buffer_text(replay: Replay, frame: Frame | None, rank: int, *, color: bool =
 
 
 # --------------------------------------------------------------------------- words
+
+
+#: Joins words :func:`fold` keeps on one line.
+NO_BREAK = "\u00a0"
+
+
+def fold(text: str, width: int, indent: int = 2) -> str:
+    """``text`` in lines of at most ``width`` columns, broken at spaces only, so
+    that a name or a number is never cut in two; the lines after the first are
+    ``indent`` spaces further in than the first (a word longer than a line
+    keeps a line of its own, whole). A number keeps its unit ("84.7 KiB"), and
+    a no-break space (\\u00a0) joins other words that stay on one line
+    ("rank 0 1,024"); it is printed as a space."""
+    text = re.sub(r"(\d) (B|KiB|MiB|GiB|TiB|ns|us|µs|ms|s)\b", rf"\1{NO_BREAK}\2", text)
+    lead = " " * (len(text) - len(text.lstrip(" ")) + indent)
+    lines = textwrap.wrap(text, width, subsequent_indent=lead, break_long_words=False,
+                          break_on_hyphens=False)
+    return ("\n".join(lines) or text).replace(NO_BREAK, " ")
+
+
+def print_folded(console: Console, text: str, indent: int = 2) -> None:
+    """Print plain ``text`` (no markup) folded to the console's width."""
+    console.print(fold(text, console.width, indent), markup=False, highlight=False,
+                  soft_wrap=True)
+
+
+def print_commands(console: Console, *commands: str) -> None:
+    """Commands to type, one a line, two spaces in, each whole even where it
+    is wider than the terminal: a command folded in two cannot be pasted."""
+    for command in commands:
+        console.print(f"  {command}", markup=False, highlight=False, soft_wrap=True)
 
 
 def format_seconds(seconds: float) -> str:
@@ -533,3 +566,7 @@ def play_frames(render, frames: int, console: Console | None = None, speed: floa
         for index in range(frames):
             live.update(render(index), refresh=True)
             sleep(1.0 / speed)
+    if not console.is_terminal:
+        # Rich ends the last frame's last line only on a terminal: without
+        # this, what is printed next would run on from it.
+        console.line()

@@ -75,3 +75,18 @@ def test_training_runs_on_one_blas_thread_and_restores_the_count(monkeypatch):
         assert seen == [1, max(before.values())]
     with pytest.raises(ValueError, match="threads must be a positive int"):
         train_digits("mlp", epochs=1, progress=False, threads=0)
+
+
+def test_the_progress_line_fits_80_columns_and_shows_no_nan():
+    """The first frame, before any batch has a loss, says "loss -", not nan."""
+    import io
+    import re
+
+    screen = io.StringIO()
+    train_digits("mlp", epochs=1, console=Console(file=screen, force_terminal=True, width=80))
+    drawn = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue())  # no escape codes
+    frames = [line for line in re.split(r"[\r\n]", drawn) if line.startswith("epoch")]
+    assert frames and "loss -" in frames[0], frames[:2]
+    assert not any("nan" in frame for frame in frames), frames
+    assert all(len(frame) <= 80 and "…" not in frame for frame in frames), frames
+    assert re.search(r"loss \d\.\d{4}  acc \d\.\d{3}", frames[-1]), frames[-1]

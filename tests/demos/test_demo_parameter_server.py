@@ -18,14 +18,16 @@ def test_demo_trains_reports_live_and_traces(tmp_path, capsys):
                  "--tau", "1", "--epochs", "1", "--trace", str(path)]) == 0
     out = capsys.readouterr().out
     steps = int(re.search(r"(\d+) steps per worker", out).group(1))
-    # Not a terminal: plain lines; the last one, after every process's final
-    # report, has each worker at its last step and the server at version `steps`.
-    lines = [line for line in out.splitlines() if "server versions [" in line
-             and "worker steps" in line]
-    assert lines, out
-    assert f"server versions [{steps}]" in lines[-1], out
-    assert f"worker steps [{steps}, {steps}]" in lines[-1], out
-    staleness = re.search(r"staleness \[(\d+), (\d+)\]", lines[-1])
+    # Not a terminal: plain reports, the servers' line then the workers'; the
+    # last one, after every process's final report, has each worker at its
+    # last step and the server at version `steps`.
+    reports = re.findall(r"^ *[\d.]+ s  (server versions \[.*)\n( +worker steps .*)$", out,
+                         re.MULTILINE)
+    assert reports, out
+    servers, workers = reports[-1]
+    assert f"server versions [{steps}]" in servers, out
+    assert f"worker steps [{steps}, {steps}]" in workers, out
+    staleness = re.search(r"staleness \[(\d+), (\d+)\]", workers)
     assert staleness and max(map(int, staleness.groups())) <= 1, out
     accuracy = float(re.search(r"test accuracy ([\d.]+)", out).group(1))
     assert 0.1 < accuracy <= 1.0, out

@@ -43,6 +43,12 @@ TABLES = [
     "demo --epochs 1 --play --speed 1000",
     "demo ring-allreduce -n 4 --play --speed 1000",
     "demo broadcast --simulate -n 8 --play --speed 1000",
+    "demo data-parallel -n 2 --epochs 1",
+    "demo parameter-server -n 3 --epochs 1",
+    "demo memory",
+    "demo model-parallel --epochs 1 --play --speed 1000",
+    "demo pipeline --epochs 1 --play --speed 1000",  # its chart wider than 80: scrolled, said
+    "demo pipeline --simulate --play --speed 1000",
     "exercise check ring_allreduce wrong.py --no-processes --no-files",
     "bench collectives --quick --world-sizes 2 --sizes 4KiB",  # with MPICH, gloo if there
 ]
@@ -92,6 +98,18 @@ def test_every_table_fits_in_80_columns_and_no_cell_is_cut(eighty, capsys):
     for algorithm in ALGORITHMS["all_reduce"]:
         assert re.search(rf"\b{algorithm}\b", table), algorithm
     assert "8,589,803,520" in outputs["simulate all_reduce --algorithm ring -n 65536 --size 100MB"]
+    # A demo's commands to draw its trace come out whole, one a line; a
+    # pipeline chart wider than the terminal says how to see all of it.
+    for command, name in (("demo data-parallel -n 2 --epochs 1", "data_parallel"),
+                          ("demo parameter-server -n 3 --epochs 1", "parameter_server"),
+                          ("demo model-parallel --epochs 1 --play --speed 1000", "model_parallel"),
+                          ("demo pipeline --epochs 1 --play --speed 1000", "pipeline")):
+        assert f"\n  minidist viz {name}.trace.jsonl --timeline {name}.png\n" in outputs[command]
+    for command in ("demo pipeline --epochs 1 --play --speed 1000",
+                    "demo pipeline --simulate --play --speed 1000"):
+        said = " ".join(outputs[command].split())
+        assert re.search(r"the whole batch needs (\d+) columns \(a wider terminal, or "
+                         r"COLUMNS=\1\), or --timeline OUT.png draws it", said), command
 
 
 def test_the_simulators_progress_knows_its_total_before_the_first_message():

@@ -273,8 +273,18 @@ def test_wide_grids_scroll_and_fit_the_width():
     text = _text(render_pipeline_frame(chart, chart.slots - 1, color=False, width=60), width=60)
     grid_lines = [line for line in text.splitlines() if line.startswith("stage ")]
     assert len(grid_lines) == 4 and all(len(line) <= 60 for line in grid_lines)
-    assert all("…" in line for line in grid_lines)
+    assert all(line.startswith("stage 0 < ".replace("0", line[6])) for line in grid_lines)
     assert grid_lines[0].rstrip().endswith("B1  B0  st")
+    # The frame says what it cut and how to see the whole batch.
+    whole = 8 + chart.slots * (len(chart.grid[0][0]) + 1)
+    assert whole > 60 and f"the whole batch needs {whole} columns" in " ".join(text.split())
+    assert f"COLUMNS={whole}" in text and "--timeline OUT.png" in text
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 60
+    wide = _text(render_pipeline_frame(chart, chart.slots - 1, color=False, width=whole),
+                 width=whole)
+    grid_lines = [line for line in wide.splitlines() if line.startswith("stage ")]
+    assert all("│" in line and "<" not in line for line in grid_lines)
+    assert "scrolled off" not in wide and max(map(len, grid_lines)) == whole
 
 
 def test_step_through_prints_every_frame_without_a_terminal():
