@@ -84,6 +84,27 @@ def test_lesson_1_batch_gd_needs_fewer_updates_and_sgd_fewer_examples():
     assert not says(1, "about 15 updates")    # counts typed by hand, not the run's
 
 
+def test_lesson_1_defines_what_it_uses_and_says_what_the_quick_form_cuts():
+    source = source_of(1)
+    # Section 1's matrices are P and Q (b is the bias, lessons/NOTATION.md), and
+    # the finite difference's f, epsilon and E_ij are said in words.
+    assert not says(1, "$z = \\sum (a\\,b)$")
+    assert says(1, "where $E_{ij}$ is the matrix with a 1 at $(i, j)$ and zeros elsewhere")
+    assert says(1, "$\\mathbf{1}$ is the 2x4 matrix of ones")
+    assert "assert np.allclose(P.grad, np.ones((2, 4)) @ Q.data.T)" in source
+    # The noise level the floor comes from, and why batch GD runs ten times the passes.
+    assert says(1, "a noise of standard deviation 0.1 (`NOISE` in the code below)")
+    assert prose_says(1, "Batch GD ran {glue}`gd_epochs` passes over the data, the others "
+                         "{glue}`epochs`")
+    assert not prose_says(1, "batch GD's curve is the smooth one that drops first")
+    # The loop is printed with its settings; the Try names the constant.
+    assert "print(inspect.getsource(train_step))" in source
+    assert says(1, "change the constant `BATCH_SIZE` in the code of section 3")
+    assert says(1, "BLAS, the Basic Linear Algebra Subprograms")
+    assert not says(1, "(batch GD, SGD, mini-batch)")
+    assert 'print("quick form: 3 passes over the regression data instead of 10' in source
+
+
 def test_lesson_1_a_large_batch_spends_less_time_per_example():
     rng = np.random.default_rng(0)
     layer = nn.Linear(64, 256)
