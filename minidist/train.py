@@ -139,7 +139,7 @@ def _train(model, epochs, batch_size, lr, seed, progress, console) -> dict:
         TextColumn("epoch {task.fields[epoch]:>3}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]:.4f}  acc {task.fields[accuracy]:.3f}  {task.fields[rate]:,.0f} samples/s"),
+        TextColumn("loss {task.fields[loss]:.4f}  train acc {task.fields[accuracy]:.3f}  {task.fields[rate]:,.0f} samples/s"),
         TimeRemainingColumn(),
     )
     with Progress(*columns, console=console, disable=not progress, transient=False) as bar:
