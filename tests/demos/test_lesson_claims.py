@@ -210,6 +210,47 @@ def test_lessons_3_and_4_the_simulated_ring_stays_flat_and_reduce_broadcast_grow
     assert says(4, "the fastest of the calls is kept")
 
 
+def test_lesson_3_says_where_its_numbers_come_from_and_names_its_algorithms():
+    source = source_of(3)
+    # scatter hands out rank 0's own array, and the one-element pieces are said
+    assert "np.array([100 + i])" not in source
+    assert says(3, "scatter cuts rank 0's array, [0 1 2 3], into one element per rank")
+    assert says(3, "gather and all_gather collect each rank's first element, 10r")
+    # the trace's transport and size, and why one_shot's messages are in it
+    assert "on the shm transport, \"\n      f\"N = " in source or "N = {COUNT * 4 // 1024} KiB" in source
+    assert says(3, "a traced run sends the messages instead, so that the trace shows them")
+    # every algorithm gets a line, barrier is in the table, isend / irecv are said
+    assert "summary(function)" in source
+    assert says(3, "| barrier |")
+    assert says(3, "the non-blocking send and receive")
+    assert says(3, "`tree_broadcast` is broadcast's `binomial` algorithm")
+    # the shm transport's buffer is not "the ring"
+    assert not says(3, "any message bigger than the ring")
+    # the largest gap is looked for both ways; the quick form says what it cuts
+    assert "max(gaps, key=lambda gap: max(gap[0], 1 / gap[0]))" in source
+    assert not says(3, "on large arrays the ones that send the fewest bytes per rank win: "
+                       "ring and Rabenseifner")
+    assert says(3, "simulate up to 1,024 ranks (the quick form stops at 256)")
+    assert 'print("quick form: section 3 times the all_reduce algorithms' in source
+    # the ring's line shows under Rabenseifner's
+    assert '"rabenseifner": ("x", "--", 7)' in source
+
+
+def test_lesson_4_counts_what_reduce_broadcast_sends_and_says_its_numberings():
+    source = source_of(4)
+    assert not says(4, "so reduce + broadcast sends little more than the ring")
+    assert prose_says(4, "the formulas have reduce + broadcast send {glue}`bytes_ratios` the "
+                         "ring's bytes")
+    assert says(4, "a message's label counts the steps of its phase from 0")
+    assert says(4, "Here, as in the titles, step k is frame step k")
+    assert not says(4, "tree-of-rings")
+    assert not says(4, "`minidist viz ring_allreduce.trace.jsonl`")
+    assert "`minidist viz {os.path.relpath(trace_path)}`" in source
+    assert "the sum of the four starting arrays" in source
+    assert 'print("quick form: section 3 times 5 calls of 1 MiB' in source
+    assert says(4, "simulate up to 1,024 ranks (the quick form: 128)")
+
+
 def test_lessons_1_to_4_write_n_for_ranks_and_N_for_bytes():
     """lessons/NOTATION.md: a message of N bytes costs alpha + N beta; n counts ranks."""
     for number in (1, 2, 3, 4):
