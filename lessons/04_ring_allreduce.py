@@ -13,8 +13,8 @@
 # %% [markdown]
 # # Lesson 4: the ring all-reduce, step by step
 #
-# Lesson 3 showed that the ring's all_reduce time stays almost flat as the
-# world grows. This chapter looks inside it. We run a real ring all_reduce
+# Lesson 3 showed that the ring's all_reduce time grows only a little as the
+# world grows, where reduce + broadcast's grows with log n. This chapter looks inside it. We run a real ring all_reduce
 # on four processes with a trace, and replay what moved, chunk by chunk:
 #
 # 1. run it and step through the trace, one frame per algorithm step;
@@ -145,10 +145,10 @@ else:
     show_file(gif, "the ring all_reduce, one frame per step")
 
 # %% [markdown]
-# ## 3. Does the time stay flat? Measured, then simulated
+# ## 3. Does the time level off? Measured, then simulated
 #
 # On this machine we can run 2, 3 and 4 processes. The ring's formula,
-# $2(n-1)\alpha + 2\frac{n-1}{n}N\beta + \frac{n-1}{n}N\gamma$, is nearly flat:
+# $2(n-1)\alpha + 2\frac{n-1}{n}N\beta + \frac{n-1}{n}N\gamma$, levels off:
 # its bytes grow from $N\beta$ at n = 2 to $1.5 N\beta$ at n = 4 and never
 # pass $2N\beta$; its additions grow from $N\gamma / 2$ to $0.75 N\gamma$ and
 # never pass $N\gamma$; only its latencies, $2(n-1)\alpha$, keep growing.
