@@ -226,9 +226,11 @@ elif all(bandwidth[size] >= 0.75 * bandwidth[peak] for size in after):
     glue("bandwidth_verdict", "and levels off near it: at every larger size it stays within "
                               f"a quarter of it (at the largest, {last})")
 else:
+    where = (f"at the largest size it is {last}" if lowest == largest else
+             f"at {lowest / KIB:,.0f} KiB it is {bandwidth[lowest] / 1e9:.2f} GB/s, at the "
+             f"largest size {last}")
     glue("bandwidth_verdict", "and falls again after it, as the messages outgrow the processor's "
-                              f"caches (more on that below){moved}: at {lowest / KIB:,.0f} KiB it "
-                              f"is {bandwidth[lowest] / 1e9:.2f} GB/s, at the largest size {last}")
+                              f"caches (more on that below){moved}: {where}")
 
 # %% jupyter={"source_hidden": true}
 say(r"""
