@@ -191,9 +191,13 @@ FLOOR_SIZES = [size for size in SIZES if size <= 4 * KIB]
 glue("floor_sizes", FLOOR_SIZES)
 small_times = [shm_times[size] for size in FLOOR_SIZES]
 listing = ", ".join(f"{shm_times[size] * 1e6:.1f} us at {size:,} bytes" for size in FLOOR_SIZES)
+idle_alpha = costmodel.PARAMS["shm"].alpha
 if max(small_times) < 1.5 * min(small_times):
+    high = (f"; at {min(small_times) / idle_alpha:.0f} times the {idle_alpha * 1e6:.1f} us the "
+            "course machine fits idle, it is mostly the wait for the receiver's process to be "
+            f"given a core ({load.describe()})" if min(small_times) > 10 * idle_alpha else "")
     glue("floor_verdict", f"hardly changes with the size (on shm, {listing}: that floor is "
-                          "the latency)")
+                          f"the latency{high})")
 elif all(b >= a for a, b in zip(small_times, small_times[1:])):
     glue("floor_verdict", f"already grows with the size on this run (on shm, {listing}), "
                           "where an undisturbed run shows a floor, the latency: a 4 KiB "
