@@ -35,6 +35,7 @@
 # %%
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 from rich.console import Console
@@ -94,8 +95,10 @@ print("every rank ends with", results[0], "- the sum of the four starting arrays
 ring = replays(trace_path)[0]
 print(f"{ring.collective} {ring.algorithm}: {ring.steps} steps = 2 (n - 1), "
       f"and step 0 before any message")
-print(f"the trace: {os.path.relpath(trace_path)}; in a terminal, "
-      f"`minidist viz {os.path.relpath(trace_path)}` replays it, moving with the keys")
+# The trace's path as a terminal here can use it: relative below this folder, else whole.
+shown = os.path.relpath(trace_path) if trace_path.resolve().is_relative_to(Path.cwd().resolve()) \
+    else str(trace_path)
+print(f"the trace: {shown}; in a terminal, `minidist viz {shown}` replays it, moving with the keys")
 
 # %% [markdown]
 # Each frame shows the ranks on their ring, each rank's array as its four

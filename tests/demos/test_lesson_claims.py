@@ -245,7 +245,7 @@ def test_lesson_4_counts_what_reduce_broadcast_sends_and_says_its_numberings():
     assert says(4, "Here, as in the titles, step k is frame step k")
     assert not says(4, "tree-of-rings")
     assert not says(4, "`minidist viz ring_allreduce.trace.jsonl`")
-    assert "`minidist viz {os.path.relpath(trace_path)}`" in source
+    assert "`minidist viz {shown}` replays it" in source
     assert "the sum of the four starting arrays" in source
     assert 'print("quick form: section 3 times 5 calls of 1 MiB' in source
     assert says(4, "simulate up to 1,024 ranks (the quick form: 128)")
