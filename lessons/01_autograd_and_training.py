@@ -22,13 +22,16 @@
 #
 # This chapter builds that step from the bottom: a tensor that remembers how it
 # was computed, gradient descent on a problem whose answer we know, the three
-# ways of batching (batch GD, SGD, mini-batch), and finally a real network
-# trained on real handwritten digits.
+# ways of choosing the examples of each update (batch gradient descent,
+# stochastic gradient descent and mini-batches, section 2 defines them), and
+# finally a real network trained on real handwritten digits.
 #
 # Run it as a script (`python lessons/01_autograd_and_training.py`) or open it
 # as a notebook (`jupytext --to notebook lessons/01_autograd_and_training.py`).
 
 # %%
+import inspect
+
 import numpy as np
 
 import minidist
@@ -36,6 +39,7 @@ from minidist import Tensor, nn, optim
 from minidist.data import DataLoader, load_digits, make_linear_regression
 from minidist.lesson import (
     glue,
+    in_notebook,
     narrate,
     output_dir,
     quick,
@@ -51,6 +55,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 QUICK = quick()
 OUT = output_dir()
+if QUICK:
+    print("quick form: 3 passes over the regression data instead of 10 (30 instead of 100 "
+          "for batch GD), 50 timing repeats per batch size instead of 200, and 5 epochs of "
+          "the digits network instead of 20")
 
 # %% [markdown]
 # ## 1. A tensor that remembers
@@ -69,34 +77,49 @@ print("y =", y.item(), " dy/dx =", x.grad)
 assert np.isclose(x.grad, 7.0)
 
 # %% [markdown]
-# The same works for whole arrays. For a matrix product $z = \sum (a\,b)$ the
-# gradient with respect to $a$ is every row of ones times $b^T$. We can check
-# any gradient numerically with a *finite difference*:
-# $\partial f/\partial a_{ij} \approx (f(a + \epsilon e_{ij}) - f(a - \epsilon e_{ij})) / 2\epsilon$.
+# The same works for whole arrays. Take a 2x3 matrix $P$ and a 3x4 matrix
+# $Q$, and $f(P) = \sum_{ij} (PQ)_{ij}$, the sum of all entries of their
+# product. Its gradient with respect to $P$ is $\mathbf{1}\,Q^T$, where
+# $\mathbf{1}$ is the 2x4 matrix of ones: entry $(i, j)$ of the gradient is
+# the sum of row $j$ of $Q$, the same in every row $i$.
+#
+# Any gradient can be checked numerically with a *finite difference*: move
+# one entry $P_{ij}$ by a small $\epsilon$ (here $10^{-6}$) up and down and
+# see how much $f$ moves,
+# $\partial f/\partial P_{ij} \approx (f(P + \epsilon E_{ij}) - f(P - \epsilon E_{ij})) / 2\epsilon$,
+# where $E_{ij}$ is the matrix with a 1 at $(i, j)$ and zeros elsewhere.
+# The code checks the first $f$ against $\mathbf{1}\,Q^T$, then a harder
+# one, $f(P) = \sum_{ij} \tanh(PQ)_{ij}$, against finite differences.
 
 # %%
 rng = np.random.default_rng(0)
-a = Tensor(rng.standard_normal((2, 3)), requires_grad=True)  # float64, for an exact check
-b = Tensor(rng.standard_normal((3, 4)))
-z = (a @ b).tanh().sum()
-z.backward()
+P = Tensor(rng.standard_normal((2, 3)), requires_grad=True)  # float64, for an exact check
+Q = Tensor(rng.standard_normal((3, 4)))
+(P @ Q).sum().backward()
+print("gradient of sum(P Q):\n", P.grad)
+assert np.allclose(P.grad, np.ones((2, 4)) @ Q.data.T)
+P.grad = None
+
+f = (P @ Q).tanh().sum()
+f.backward()
 
 eps = 1e-6
-numeric = np.zeros_like(a.data)
+numeric = np.zeros_like(P.data)
 for i in range(2):
     for j in range(3):
-        plus, minus = a.data.copy(), a.data.copy()
+        plus, minus = P.data.copy(), P.data.copy()
         plus[i, j] += eps
         minus[i, j] -= eps
-        numeric[i, j] = (np.tanh(plus @ b.data).sum() - np.tanh(minus @ b.data).sum()) / (2 * eps)
-print("autograd:\n", a.grad, "\nfinite differences:\n", numeric)
-assert np.allclose(a.grad, numeric, atol=1e-6)
+        numeric[i, j] = (np.tanh(plus @ Q.data).sum() - np.tanh(minus @ Q.data).sum()) / (2 * eps)
+print("gradient of sum(tanh(P Q)), autograd:\n", P.grad, "\nfinite differences:\n", numeric)
+assert np.allclose(P.grad, numeric, atol=1e-6)
 
 # %% [markdown]
 # ## 2. Gradient descent on a problem with a known answer
 #
 # Linear regression: $y = x\,w^* + b^* + \text{noise}$, with true weights $w^*$
-# we know. The loss is the mean squared error
+# and bias $b^*$ we know, and a noise of standard deviation 0.1 (`NOISE` in
+# the code below). The loss is the mean squared error
 # $L(w, b) = \frac{1}{B}\sum_i (x_i w + b - y_i)^2$ over the $B$ examples
 # $x_i$ of a batch, and gradient descent repeats $w \leftarrow w - \eta\,\nabla_w L$.
 #
@@ -109,7 +132,8 @@ assert np.allclose(a.grad, numeric, atol=1e-6)
 
 # %%
 features = 10
-x_data, y_data, w_true, b_true = make_linear_regression(n_samples=512, n_features=features, noise=0.1, seed=1)
+NOISE = 0.1
+x_data, y_data, w_true, b_true = make_linear_regression(n_samples=512, n_features=features, noise=NOISE, seed=1)
 
 
 def train_linear(batch_size, lr, epochs):
@@ -131,6 +155,8 @@ def train_linear(batch_size, lr, epochs):
 
 
 epochs = 3 if QUICK else 10
+# Batch GD makes one update per pass over the data, the others 16 and 512:
+# it gets ten times the passes, so that it too makes enough updates to converge.
 runs = {
     "batch GD (B = 512)": train_linear(512, 0.1, epochs * 10),
     "mini-batch (B = 32)": train_linear(32, 0.05, epochs),
@@ -140,7 +166,7 @@ for name, (w, history) in runs.items():
     print(f"{name:22s} updates {len(history):5d}  final loss {history[-1]:.4f}  "
           f"|w - w*| = {np.linalg.norm(w.data - w_true):.3f}")
 
-TARGET = 0.02  # twice the floor the noise sets
+TARGET = round(2 * NOISE ** 2, 6)  # twice the floor the noise sets: 0.02
 
 
 def first_below(history, target=TARGET):
@@ -158,6 +184,33 @@ for name, (_, history) in runs.items():
 
 (gd_updates, gd_read), (mini_updates, mini_read), (sgd_updates, sgd_read) = reached.values()
 glue("reached", [[name, *counts] for name, counts in reached.items()])
+glue("epochs", epochs, "d")
+glue("gd_epochs", 10 * epochs, "d")
+glue("noise", NOISE, "g")
+glue("floor", NOISE ** 2, "g")
+glue("target", TARGET, "g")
+# How often each curve goes up by more than 1%: a smooth descent hardly ever
+# does, a noisy one at many of its updates. (At the floor the loss still moves
+# in its last digits, float32 rounding: that is not what the eye sees as noise.)
+rises = {name: float(np.mean(np.asarray(history[1:]) > 1.01 * np.asarray(history[:-1])))
+         for name, (_, history) in runs.items()}
+glue("rises", [[name, share] for name, share in rises.items()])
+short = {name: name.split(" (")[0] for name in runs}    # "batch GD", "mini-batch", "SGD"
+smooth = {short[name]: share for name, share in rises.items() if share < 0.05}
+noisy = {short[name]: share for name, share in rises.items() if share >= 0.05}
+
+
+def curves(shares, what):
+    names = " and ".join(f"{name}'s" for name in shares)
+    percents = " and ".join(f"{share:.0%}" for share in shares.values())
+    return (f"{names} {'curve is' if len(shares) == 1 else 'curves are'} {what} "
+            f"(the loss rose by more than 1% at {percents} of the updates)")
+
+
+glue("smooth_text", "; ".join(curves(group, what) for group, what in
+                              ((smooth, "smooth"), (noisy, "noisy")) if group))
+first = min(reached, key=lambda name: reached[name][0])
+glue("first_curve", short[first])
 glue("farthest_w", max(np.linalg.norm(w.data - w_true) for w, _ in runs.values()), ".3f")
 glue("gd_updates", gd_updates, "d")
 glue("sgd_updates", sgd_updates, "d")
@@ -172,15 +225,18 @@ glue("mini_verdict", "sit in between on both counts" if between
 
 # %% jupyter={"source_hidden": true}
 say(r"""
-Every method finds weights close to $w^*$ (at most {glue}`farthest_w` away; the
-noise sets the floor of the loss at about $0.1^2 = 0.01$). Counted in
+Batch GD ran {glue}`gd_epochs` passes over the data, the others
+{glue}`epochs`: one update per pass would give it too few. Every method finds
+weights close to $w^*$ (at most {glue}`farthest_w` away; the noise, of
+standard deviation {glue}`noise`, sets the floor of the loss at about its
+square, {glue}`floor`). Counted in
 *updates*, batch GD is {glue}`updates_verdict`: its gradient is exact, so it
-reaches twice the floor in {glue}`gd_updates` updates, where SGD needs
+reaches twice the floor ({glue}`target`) in {glue}`gd_updates` updates, where SGD needs
 {glue}`sgd_updates`. But each of batch GD's updates reads all 512 examples:
 counted in *examples read*, the work a computer does, SGD gets there
 {glue}`read_ratio` {glue}`read_verdict`, on a noisy path. Mini-batches
-{glue}`mini_verdict`. In the picture below (against updates) batch GD's
-curve is the smooth one that drops first.
+{glue}`mini_verdict`. In the picture below (against updates)
+{glue}`smooth_text`; the first to reach twice the floor is {glue}`first_curve`.
 """)
 
 # %%
@@ -209,8 +265,10 @@ show_figure(fig, "01_gd_vs_sgd.png")
 #
 # The batches are timed the way lesson 2 explains: taking turns, many short
 # repeats each, keeping the fastest (a repeat the operating system
-# interrupted is slower, never faster), with one BLAS thread, and the
-# machine's load read before and after.
+# interrupted is slower, never faster), with one BLAS thread (BLAS, the
+# Basic Linear Algebra Subprograms, is the library NumPy hands its matrix
+# products to; it may use several threads, which would time the threads, not
+# the batch), and the machine's load read before and after.
 
 # %%
 layer = nn.Linear(64, 256)
@@ -271,15 +329,35 @@ batch 1 to {glue}`per_example_256` at batch 256: {glue}`batch_change`. {glue}`st
 # The bundled data set: 1,797 handwritten digits of 8x8 pixels (UCI, via
 # scikit-learn), split once and for all into 1,442 training and 355 test images.
 # A multilayer perceptron with one hidden layer, cross-entropy loss, SGD with
-# momentum. Every line of the step is visible:
+# momentum. The step is the function `train_step` in the code of this
+# section, printed below with the loop's settings (the constants `BATCH_SIZE`,
+# `HIDDEN`, `LR`, `MOMENTUM` and `EPOCHS` at the top of the section's code).
 
 # %%
-x_train, y_train, x_test, y_test = load_digits()
-print("train", x_train.shape, "test", x_test.shape)
+BATCH_SIZE, HIDDEN, LR, MOMENTUM = 64, 128, 0.1, 0.9
+EPOCHS = 5 if QUICK else 20
 
-model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
-optimizer = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+x_train, y_train, x_test, y_test = load_digits()
+print("train", x_train.shape, "test", x_test.shape, "(images, pixels)")
+
+model = nn.Sequential(nn.Linear(64, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, 10))
+optimizer = optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
 loss_fn = nn.CrossEntropyLoss()
+
+
+def train_step(xb, yb):
+    logits = model(Tensor(xb))          # 1. forward
+    loss = loss_fn(logits, yb)
+    optimizer.zero_grad()               # gradients accumulate, so clear them
+    loss.backward()                     # 2. backward
+    optimizer.step()                    # 3. update
+    return loss.item()
+
+
+print(f"64 pixels -> {HIDDEN} hidden (ReLU) -> 10 digits; batch size {BATCH_SIZE}, "
+      f"learning rate {LR}, momentum {MOMENTUM}, {EPOCHS} epochs")
+if not in_notebook():  # the notebook shows the code itself
+    print(inspect.getsource(train_step))
 
 
 def accuracy(model, x, y):
@@ -291,16 +369,10 @@ def accuracy(model, x, y):
 
 
 print(f"before training: test accuracy {accuracy(model, x_test, y_test):.3f} (chance is 0.1)")
-for epoch in range(5 if QUICK else 20):
-    losses = []
-    for xb, yb in DataLoader((x_train, y_train), batch_size=64, shuffle=True, seed=epoch):
-        logits = model(Tensor(xb))          # 1. forward
-        loss = loss_fn(logits, yb)
-        optimizer.zero_grad()               # gradients accumulate, so clear them
-        loss.backward()                     # 2. backward
-        optimizer.step()                    # 3. update
-        losses.append(loss.item())
-    if epoch % 2 == 0 or epoch == (4 if QUICK else 19):
+for epoch in range(EPOCHS):
+    losses = [train_step(xb, yb) for xb, yb in
+              DataLoader((x_train, y_train), batch_size=BATCH_SIZE, shuffle=True, seed=epoch)]
+    if epoch % 2 == 0 or epoch == EPOCHS - 1:
         print(f"epoch {epoch:2d}  loss {np.mean(losses):.4f}  test accuracy {accuracy(model, x_test, y_test):.3f}")
 
 final = accuracy(model, x_test, y_test)
@@ -317,6 +389,6 @@ assert final > 0.9, final
 #   property data parallel training exploits: split the batch over workers,
 #   average their gradients, and you have the gradient of the whole batch.
 #
-# **Try it:** change the batch size of the training loop to 1 and to 1,442 and
-# compare accuracy after the same number of epochs; run
+# **Try it:** change the constant `BATCH_SIZE` in the code of section 3 to 1
+# and to 1,442 and compare accuracy after the same number of epochs; run
 # `minidist train --model cnn` for a convolutional network.

@@ -70,6 +70,10 @@ QUICK = quick()
 OUT = output_dir()
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 print(f"{CORES} cores; quick mode: {QUICK}")
+if QUICK:
+    print("quick form: the ping-pong times 6 sizes from 8 bytes to 4 MiB (the full form 11, "
+          "up to 64 MiB) with fewer round trips, and the ring all-reduce runs on 2 ranks at "
+          "256 KiB to 4 MiB (the full form: 2 and 4 ranks, 1 to 64 MiB)")
 
 # %% [markdown]
 # ## 1. Two processes, one message
@@ -108,7 +112,9 @@ print(minidist.launch(hello, world_size=2, transport="shm"))
 # measures whole round trips, so the time of one message is
 # round trip / 2.
 #
-# Two habits of every careful benchmark are in the loop below: a **warm-up**
+# Two habits of every careful benchmark are in the function `pingpong` in
+# this section's code (the notebook shows it; in the script, see the
+# lesson's file): a **warm-up**
 # round trip that is not counted (the first touch of fresh memory is slow),
 # and timing every round trip on its own and keeping the **best** (the
 # machine is shared with other programs: a round trip during which either
@@ -166,7 +172,7 @@ for transport in ("shm", "pipe"):
                                           args=(SIZES, TRIPS, SECONDS))[0]
 load = load.finish()
 
-print(f"{'size (B)':>10} | {'shm':>24} | {'pipe':>24}")
+print(f"{'bytes':>10} | {'shm':>24} | {'pipe':>24}")
 for size in SIZES:
     cells = []
     for transport in ("shm", "pipe"):
@@ -178,13 +184,32 @@ if load.busy:
 
 shm_times = measured["shm"]
 glue("shm_pingpong", [[size, seconds] for size, seconds in sorted(shm_times.items())])
-small, kib = SIZES[0], 1 * KIB
-both = (f"on shm, {shm_times[small] * 1e6:.1f} us at {small:,} bytes, "
-        f"{shm_times[kib] * 1e6:.1f} us at 1 KiB")
-glue("floor_verdict", f"hardly changes with the size ({both}: that floor is the latency)"
-     if shm_times[kib] < 1.5 * shm_times[small] else
-     f"already grows with the size on this run ({both}), where an undisturbed run shows a "
-     "floor, the latency: a 1 KiB message costs little more than an 8-byte one")
+glue("pipe_pingpong", [[size, seconds] for size, seconds in sorted(measured["pipe"].items())])
+# The small sizes, where an undisturbed run shows a floor: up to 4 KiB, whose
+# bytes cost well under a microsecond at a few GB/s.
+FLOOR_SIZES = [size for size in SIZES if size <= 4 * KIB]
+glue("floor_sizes", FLOOR_SIZES)
+small_times = [shm_times[size] for size in FLOOR_SIZES]
+listing = ", ".join(f"{shm_times[size] * 1e6:.1f} us at {size:,} bytes" for size in FLOOR_SIZES)
+idle_alpha = costmodel.PARAMS["shm"].alpha
+if max(small_times) < 1.5 * min(small_times):
+    high = (f"; at {min(small_times) / idle_alpha:.0f} times the {idle_alpha * 1e6:.1f} us the "
+            "course machine fits idle, it is mostly the wait for the receiver's process to be "
+            f"given a core ({load.describe()})" if min(small_times) > 10 * idle_alpha else "")
+    glue("floor_verdict", f"hardly changes with the size (on shm, {listing}: that floor is "
+                          f"the latency{high})")
+elif (all(b >= a for a, b in zip(small_times, small_times[1:]))
+      and max(small_times) < 10 * min(small_times)):
+    glue("floor_verdict", f"already grows with the size on this run (on shm, {listing}), "
+                          "where an undisturbed run shows a floor, the latency: a 4 KiB "
+                          "message costs little more than an 8-byte one")
+else:
+    # Up and down, or jumps far bigger than a few KiB of bytes can cost.
+    glue("floor_verdict", f"shows no floor on this run: on shm, {listing}, jumps no number "
+                          "of bytes this small explains. These messages waited for a core, "
+                          f"not for their bytes ({load.describe()}); an undisturbed run shows "
+                          "a floor, the latency: a 4 KiB message costs little more than an "
+                          "8-byte one")
 # The two largest sizes: does the time grow in proportion to the size?
 before, largest = SIZES[-2], SIZES[-1]
 growth = shm_times[largest] / shm_times[before]
@@ -199,13 +224,20 @@ glue("peak_bandwidth", bandwidth[peak] / 1e9, "{:.2f} GB/s")
 glue("peak_size", peak / KIB, "{:,.0f} KiB")
 last = glue("last_bandwidth", bandwidth[largest] / 1e9, "{:.2f} GB/s")
 moved = f"; on this busy machine ({load.describe()}) the load moves it too" if load.busy else ""
+# "Levels off" must hold at every size after the peak, not only at the last.
+after = [size for size in SIZES if size > peak]
+lowest = min(after, key=bandwidth.get) if after else None
 if peak == largest:
     glue("bandwidth_verdict", "at the largest size: it has not levelled off yet")
-elif bandwidth[largest] >= 0.75 * bandwidth[peak]:
-    glue("bandwidth_verdict", f"and levels off near it: at the largest size it is {last}")
+elif all(bandwidth[size] >= 0.75 * bandwidth[peak] for size in after):
+    glue("bandwidth_verdict", "and levels off near it: at every larger size it stays within "
+                              f"a quarter of it (at the largest, {last})")
 else:
+    where = (f"at the largest size it is {last}" if lowest == largest else
+             f"at {lowest / KIB:,.0f} KiB it is {bandwidth[lowest] / 1e9:.2f} GB/s, at the "
+             f"largest size {last}")
     glue("bandwidth_verdict", "and falls again after it, as the messages outgrow the processor's "
-                              f"caches (more on that below){moved}: at the largest size it is {last}")
+                              f"caches (more on that below){moved}: {where}")
 
 # %% jupyter={"source_hidden": true}
 say(r"""
@@ -238,9 +270,12 @@ for transport in ("shm", "pipe"):
     assert params.beta > 0 and params.alpha >= 0
 if load.busy:
     idle = costmodel.PARAMS["shm"]
-    print(load.note(f"alpha measures the scheduler here; the course machine, idle, fitted "
-                    f"shm at alpha = {idle.alpha * 1e6:.1f} us and "
-                    f"{idle.bandwidth / 1e9:.1f} GB/s (costmodel.PARAMS)"))
+    side = "above" if fitted["shm"].alpha > idle.alpha else "below"
+    print(load.note(f"the fit's alpha measures the scheduler too, and can land on either side "
+                    f"of the latency: this run's shm alpha, {fitted['shm'].alpha * 1e6:.1f} us, "
+                    f"is {side} the {idle.alpha * 1e6:.1f} us (and "
+                    f"{idle.bandwidth / 1e9:.1f} GB/s) the course machine fitted idle "
+                    "(costmodel.PARAMS)"))
 
 glue("fits", [[name, fit.alpha, fit.beta] for name, fit in fitted.items()])
 glue("shm_alpha", fitted["shm"].alpha * 1e6, "{:.1f} us")
@@ -249,15 +284,26 @@ glue("pipe_alpha", fitted["pipe"].alpha * 1e6, "{:.1f} us")
 glue("pipe_bandwidth", fitted["pipe"].bandwidth / 1e9, "{:.2f} GB/s")
 pipe_dearer = (fitted["pipe"].alpha > fitted["shm"].alpha, fitted["pipe"].beta > fitted["shm"].beta)
 why_pipe = "each of its messages crosses into the kernel and back, and its bytes are copied twice"
-if all(pipe_dearer):
+# The fit is two numbers; the table has a row per size: where was the pipe faster?
+pipe_faster = [size for size in SIZES if measured["pipe"][size] < shm_times[size]]
+glue("pipe_faster", pipe_faster)
+faster_text = ", ".join(f"{size:,} bytes ({measured['pipe'][size] * 1e6:.1f} against "
+                        f"{shm_times[size] * 1e6:.1f} us)" for size in pipe_faster)
+if all(pipe_dearer) and not pipe_faster:
     glue("pipe_verdict", f"The pipe pays more on both counts: {why_pipe}.")
+elif all(pipe_dearer):
+    glue("pipe_verdict", f"The fit gives the pipe more on both counts, as expected ({why_pipe}), "
+                         f"but the table has it faster at {faster_text}: on a busy machine "
+                         f"({load.describe()}) one size's best round trip can still include a "
+                         "wait for a core, on either transport.")
 else:
     paid = {(True, False): "more latency, but not more per byte",
             (False, True): "more per byte, but not more latency",
             (False, False): "no more than shared memory on either count"}[pipe_dearer]
+    table = f" The table has it faster at {faster_text}." if pipe_faster else ""
     glue("pipe_verdict", f"On this run the pipe paid {paid}, against the expectation that it "
                          f"pays more on both counts ({why_pipe}): a fit on a busy machine "
-                         f"measures its waits for a core too ({load.describe()}).")
+                         f"measures its waits for a core too ({load.describe()}).{table}")
 
 # %% jupyter={"source_hidden": true}
 say(r"""
@@ -291,10 +337,15 @@ show_figure(fig, "02_pingpong_fit.png")
 
 # %% [markdown]
 # Real dots wander off the line, and for reasons worth knowing. Messages that
-# fit in a core's cache move faster than ones that spill to memory. Messages
-# bigger than the shared-memory ring change protocol (*rendezvous*: the
-# receiver reads straight out of the sender's memory, one copy instead of
-# two), as MPI libraries switch from *eager* to rendezvous. And the CPU itself
+# fit in a core's cache move faster than ones that spill to memory. The shm
+# transport copies a message through a *shared-memory buffer*: for every
+# pair of ranks, four slots of up to 1 MiB in memory both processes see,
+# which the sender fills and the receiver empties (`transport/shm.py`).
+# Messages bigger than that buffer change protocol: from *eager* (the sender
+# copies its message out at once, whether or not the receiver is ready, and
+# the receiver copies it in: two copies) to *rendezvous* (the sender waits
+# for the receiver, which then reads straight out of the sender's memory:
+# one copy), as MPI libraries do. And the CPU itself
 # has moods: on AMD Zen processors the copy instruction glibc uses runs ten
 # times slower when the destination starts a few bytes after the source,
 # modulo 4 KiB. A NumPy array starts 16 bytes into a page, so minidist's
@@ -376,6 +427,16 @@ for world_size in RING_WORLDS:
         why = explain(measured_seconds, predicted,
                       RunFacts(ranks=world_size, cores=CORES, transport="shm", params="fitted",
                                nbytes=size, load=max(load.before, load.after)))
+        # explain() advises fewer ranks than cores; this table has those rows: cite them.
+        fewer = [(world, seconds / model) for world, _, model, seconds in comparison
+                 if world <= CORES]
+        advice = f"; the model holds with -n {CORES}"
+        if world_size > CORES and advice in why and fewer:
+            close = all(1 / 1.25 <= ratio <= 1.25 for _, ratio in fewer)
+            ratios_text = ", ".join(f"{ratio:.2g}x" for _, ratio in fewer)
+            why = why.replace(advice, f"; with one rank per core the turns go away, "
+                                      f"{'and' if close else 'but'} the {CORES}-rank rows "
+                                      f"above were {ratios_text}")
         print(f"{world_size:>5} {size // KIB:>5} KiB | {predicted * 1e3:>7.2f} ms | "
               f"{measured_seconds * 1e3:>7.2f} ms | {why}")
     if load.busy:
@@ -396,6 +457,15 @@ for world_size, values in ratios.items():
     high = glue(f"ratio_high_{world_size}", max(values), "{:.2g}x")
     spans.append(f"from {low} to {high} on {world_size} ranks")
 glue("ratio_spans", " and ".join(spans))
+# The rows far from 1 (more than twice or less than half the prediction).
+far = [(world, size, seconds / predicted) for world, size, predicted, seconds in comparison
+       if not 0.5 <= seconds / predicted <= 2]
+glue("far_rows", [[world, size, ratio] for world, size, ratio in far])
+glue("far_text", "Every row is within a factor of 2 of its prediction." if not far else
+     "The rows " + ", ".join(f"{world} ranks at {size // KIB:,} KiB ({ratio:.2g}x)"
+                             for world, size, ratio in far)
+     + " are far from 1: there the run did not do what the formula says, for the reasons in "
+       "their last column.")
 if len(RING_WORLDS) > 1:
     first, last = RING_WORLDS[0], RING_WORLDS[-1]
     grew = np.median(ratios[last]) > np.median(ratios[first])
@@ -416,14 +486,20 @@ else:
 # %% jupyter={"source_hidden": true}
 say(r"""
 On this run measured / predicted went {glue}`ratio_spans`{glue}`ratio_verdict`.
+{glue}`far_text`
 """)
 
 # %% [markdown]
 # The same three numbers, $\alpha$, $\beta$ and $\gamma$, put into each
 # algorithm's formula, already tell us which all-reduce to pick (the `"auto"`
-# algorithm asks exactly this):
+# algorithm asks exactly this). Lesson 3 takes these algorithms apart and
+# lesson 4 the ring; the first line of each one's docstring says what it does:
 
 # %%
+for name, function in dist.ALGORITHMS["all_reduce"].items():
+    summary = " ".join((function.__doc__ or "").split("Cost:")[0].split())
+    print(f"{name:>18}: {summary.split('. ')[0].rstrip('.')}")
+print()
 for size in (4 * KIB, 64 * KIB, 1 * MIB, 64 * MIB):
     times = costmodel.predict_all("all_reduce", 8, size, params=shm)
     fastest = min(times, key=times.get)
@@ -443,5 +519,6 @@ for size in (4 * KIB, 64 * KIB, 1 * MIB, 64 * MIB):
 #   chooses.
 #
 # **Try it:** run `minidist bench collectives --quick` to see every algorithm
-# measured next to its prediction and next to MPICH; change the ring sizes
-# above and find the size below which recursive doubling beats the ring.
+# measured next to its prediction and next to MPICH; change the constant
+# `RING_SIZES` in the code of section 4 and find the size below which
+# recursive doubling beats the ring.

@@ -13,14 +13,14 @@
 # %% [markdown]
 # # Lesson 4: the ring all-reduce, step by step
 #
-# Lesson 3 showed that the ring's all_reduce time stays almost flat as the
-# world grows. This chapter looks inside it. We run a real ring all_reduce
+# Lesson 3 showed that the ring's all_reduce time grows only a little as the
+# world grows, where reduce + broadcast's grows with log n. This chapter looks inside it. We run a real ring all_reduce
 # on four processes with a trace, and replay what moved, chunk by chunk:
 #
 # 1. run it and step through the trace, one frame per algorithm step;
 # 2. watch the same replay as an animation;
 # 3. measure its time on 2, 3 and 4 processes, then simulate up to 1,024
-#    ranks, next to reduce + broadcast.
+#    ranks (the quick form: 128), next to reduce + broadcast.
 #
 # The algorithm (`ring` in `minidist/distributed/collectives/all_reduce.py`):
 # cut each rank's array into n chunks. **Reduce-scatter**, n - 1 steps: in
@@ -33,7 +33,9 @@
 # them into its own array.
 
 # %%
+import os
 import time
+from pathlib import Path
 
 import numpy as np
 from rich.console import Console
@@ -64,6 +66,9 @@ from viz.terminal import render_frame  # noqa: E402
 
 QUICK = quick()
 OUT = output_dir()
+if QUICK:
+    print("quick form: section 3 times 5 calls of 1 MiB per algorithm (the full form: 10 "
+          "calls of 8 MiB) and simulates up to 128 ranks (the full form: 1,024)")
 
 # %% [markdown]
 # ## 1. A real ring all_reduce, traced
@@ -84,19 +89,24 @@ def ring_once():
 
 trace_path = OUT / "ring_allreduce.trace.jsonl"
 results = minidist.launch(ring_once, world_size=N_RANKS, transport="shm", trace=str(trace_path))
-print("every rank ends with", results[0], "=", sum(np.arange(8) + 10 * r for r in range(4)))
+print("every rank ends with", results[0], "- the sum of the four starting arrays, computed "
+      "here with NumPy:", sum(np.arange(8) + 10 * r for r in range(4)))
 
 ring = replays(trace_path)[0]
 print(f"{ring.collective} {ring.algorithm}: {ring.steps} steps = 2 (n - 1), "
       f"and step 0 before any message")
+# The trace's path as a terminal here can use it: relative below this folder, else whole.
+shown = os.path.relpath(trace_path) if trace_path.resolve().is_relative_to(Path.cwd().resolve()) \
+    else str(trace_path)
+print(f"the trace: {shown}; in a terminal, `minidist viz {shown}` replays it, moving with the keys")
 
 # %% [markdown]
 # Each frame shows the ranks on their ring, each rank's array as its four
 # chunks, and the messages of the step. A cell's character says how many
 # ranks' data it holds so far ("2": a partial sum of two ranks, "A": all of
 # them); the arrows give the bytes sent and whether the receiver adds them
-# (`combine`) or just copies them (`copy`). In a terminal,
-# `minidist viz ring_allreduce.trace.jsonl` lets you move with the keys.
+# (`combine`) or just copies them (`copy`). In a terminal, `minidist viz`
+# with the trace's path, printed above, lets you move with the keys.
 #
 # The `cost` line is lesson 2's formula for the ring: $\alpha$ per message,
 # $\beta$ per byte sent, $\gamma$ per byte added. One more symbol appears,
@@ -114,10 +124,15 @@ for index in range(len(ring.frames)):
     console.print(render_frame(ring, index, color=False, width=80))
 
 # %% [markdown]
-# Read the reduce-scatter frames diagonally: in step k each rank passes on
-# the chunk it summed in step k - 1, so a partial sum grows by one rank per
-# step. After step n - 1 each rank holds exactly one complete chunk ("A"),
-# and the allgather copies those around.
+# Two numberings meet in the frames: a frame's title counts the steps of
+# the whole call from 1 ("step 1 of 6"), a message's label counts the steps
+# of its phase from 0 ("reduce-scatter step 0" is frame step 1, "allgather
+# step 0" is frame step n = 4). Here, as in the titles, step k is frame
+# step k. Read the reduce-scatter frames diagonally: in step k each rank
+# passes on the chunk it summed in step k - 1, so a partial sum grows by one
+# rank per step. After step n - 1 (the last of the reduce-scatter) each rank
+# holds exactly one complete chunk ("A"), and the allgather, steps n to
+# 2(n - 1), copies those around.
 #
 # ## 2. The same replay, animated
 #
@@ -133,10 +148,10 @@ else:
     show_file(gif, "the ring all_reduce, one frame per step")
 
 # %% [markdown]
-# ## 3. Does the time stay flat? Measured, then simulated
+# ## 3. Does the time level off? Measured, then simulated
 #
 # On this machine we can run 2, 3 and 4 processes. The ring's formula,
-# $2(n-1)\alpha + 2\frac{n-1}{n}N\beta + \frac{n-1}{n}N\gamma$, is nearly flat:
+# $2(n-1)\alpha + 2\frac{n-1}{n}N\beta + \frac{n-1}{n}N\gamma$, levels off:
 # its bytes grow from $N\beta$ at n = 2 to $1.5 N\beta$ at n = 4 and never
 # pass $2N\beta$; its additions grow from $N\gamma / 2$ to $0.75 N\gamma$ and
 # never pass $N\gamma$; only its latencies, $2(n-1)\alpha$, keep growing.
@@ -207,17 +222,36 @@ def processes(ns):
     return " and ".join(str(n) for n in ns) + " processes"
 
 
+# What each algorithm's formula sends and how many steps it takes, on these worlds:
+# the busiest rank's bytes (in N) and the messages in a row (each paying alpha).
+formula = {n: {"ring": (2 * (n - 1) / n, 2 * (n - 1)),
+               "reduce_broadcast": (2 * int(np.ceil(np.log2(n))), 2 * int(np.ceil(np.log2(n))))}
+           for n in worlds}
+glue("formula_counts", [[n, *formula[n]["ring"], *formula[n]["reduce_broadcast"]] for n in worlds])
+ratio_texts = [f"{formula[n]['reduce_broadcast'][0] / formula[n]['ring'][0]:.1f}" for n in worlds]
+glue("bytes_ratios", ", ".join(ratio_texts[:-1]) + " and " + ratio_texts[-1] + " times")
+glue("steps_text", "; ".join(
+    f"n = {n}: {formula[n]['reduce_broadcast'][1]} steps against the ring's {formula[n]['ring'][1]}"
+    for n in worlds))
+fewer = [n for n in worlds if formula[n]["reduce_broadcast"][1] < formula[n]["ring"][1]]
+glue("fewer_steps", "fewer steps only at " + processes(fewer).replace(" processes", " ranks")
+     if fewer else "never fewer steps")
 glue("ring_wins", "the ring was faster than reduce + broadcast on every world here"
      if not lost else "reduce + broadcast was as fast or faster on every world here"
      if not won else f"the ring was faster on {processes(won)}, reduce + broadcast as fast "
                      f"or faster on {processes(lost)}")
 
-# %% [markdown]
-# Look at the numbers before trusting the formula. At 2 to 4 ranks log2(n)
-# is small, so reduce + broadcast sends little more than the ring, in fewer
-# steps; and each ring step here pays for processes being scheduled onto
-# the cores, several times per call. Whether the ring wins on this machine
-# is a measurement, not a given.
+# %% jupyter={"source_hidden": true}
+say(r"""
+Look at the numbers before trusting the formula. On 2, 3 and 4 ranks the
+formulas have reduce + broadcast send {glue}`bytes_ratios` the ring's bytes
+($2\lceil\log_2 n\rceil N$ against $2\frac{n-1}{n}N$), but the ring pays
+$\alpha$ in more steps as $n$ grows ({glue}`steps_text`: {glue}`fewer_steps`),
+and each ring step here pays for processes being scheduled onto the cores,
+several times per call. On an idle machine, at a MiB and more, the bytes
+should decide; whether the ring wins on this machine is a measurement, not a
+given.
+""")
 
 # %% jupyter={"source_hidden": true}
 say(r"""
@@ -319,8 +353,9 @@ to {glue}`rb_last` at {glue}`last_n` ranks.
 """)
 
 # %% [markdown]
-# That is why data-parallel training uses ring (or tree-of-rings)
-# all-reduce for big gradients. Its weakness is the $2(n-1)\alpha$ term: on
+# That is why data-parallel training uses the ring all-reduce for big
+# gradients (NCCL, the library on NVIDIA GPUs, also has trees: the double
+# binary tree of lesson 3). Its weakness is the $2(n-1)\alpha$ term: on
 # small arrays and many ranks the latency of $2(n-1)$ steps dominates, which
 # is where recursive doubling and trees win (try
 # `minidist simulate all_reduce -n 1024 --size 4KB`).

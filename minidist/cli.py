@@ -163,13 +163,19 @@ def _tour(args) -> int:
     console.print("Each rank starts with its own array; after 2(n-1) steps every rank holds "
                   "the sum. A cell shows how many ranks' data it holds (A: all).")
     replay_demo("ring-allreduce", world_size=4, play=True, speed=3.0, console=console)
+    if console.is_terminal:
+        console.print("The frames played in place, one per step, and stopped on the last.")
+    else:
+        console.print("Shown: the replay's last frame (in a terminal every frame plays in place, "
+                      "one per step).")
+    console.print("To step through the frames with the keys: `minidist demo ring-allreduce -n 4`.")
     console.print()
 
     console.print(Rule("3. the same algorithms on 256 simulated ranks"))
     n, nbytes, sim = 256, 100_000_000, PARAMS["sim"]
-    table = Table(title=f"all_reduce of {nbytes / 1e6:.0f} MB: α {sim.alpha * 1e6:.0f} us, "
-                        f"β {sim.bandwidth / 1e9:.0f} GB/s links, γ {1 / sim.gamma / 1e9:.0f} GB/s "
-                        "adding")
+    table = Table(title=f"all_reduce of {nbytes / 1e6:.0f} MB: α = {sim.alpha * 1e6:.0f} us, "
+                        f"β = 1 / {sim.bandwidth / 1e9:.0f} GB/s (links), "
+                        f"γ = 1 / {1 / sim.gamma / 1e9:.0f} GB/s (adding)")
     algorithms = ("ring", "rabenseifner", "reduce_broadcast", "recursive_doubling")
     table.add_column("algorithm", no_wrap=True, min_width=max(map(len, algorithms)))
     for column in ("simulated", "cost model", "messages", "sim / model"):

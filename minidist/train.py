@@ -67,11 +67,12 @@ def evaluate(model: nn.Module, x, y, batch_size: int = 512) -> float:
 
 
 def _metrics(loss: float | None = None, accuracy: float = 0.0, rate: float = 0.0) -> str:
-    """The progress line's numbers: "loss 0.1234  acc 0.953  8,123 samples/s",
-    or "loss -  acc -" before the first batch has a loss."""
+    """The progress line's numbers: "loss 0.1234  train acc 0.953  8,123
+    samples/s" (the accuracy on the batches trained so far, not the test
+    set's), or "loss -  train acc -" before the first batch has a loss."""
     if loss is None:
-        return "loss -  acc -"
-    return f"loss {loss:.4f}  acc {accuracy:.3f}  {rate:,.0f} samples/s"
+        return "loss -  train acc -"
+    return f"loss {loss:.4f}  train acc {accuracy:.3f}  {rate:,.0f} samples/s"
 
 
 def train_digits(

@@ -89,4 +89,4 @@ def test_the_progress_line_fits_80_columns_and_shows_no_nan():
     assert frames and "loss -" in frames[0], frames[:2]
     assert not any("nan" in frame for frame in frames), frames
     assert all(len(frame) <= 80 and "…" not in frame for frame in frames), frames
-    assert re.search(r"loss \d\.\d{4}  acc \d\.\d{3}", frames[-1]), frames[-1]
+    assert re.search(r"loss \d\.\d{4}  train acc \d\.\d{3}", frames[-1]), frames[-1]

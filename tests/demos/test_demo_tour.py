@@ -28,4 +28,11 @@ def test_the_main_demo_trains_replays_a_ring_and_simulates(capsys):
     ring, latency, sending, adding, bytes_alone = map(float, terms.groups())
     assert abs(latency + sending + adding - ring) <= 0.15
     assert ring > 1.5 * bytes_alone
-    assert "α 5 us, β 10 GB/s links, γ 10 GB/s adding" in flat
+    # beta and gamma are seconds per byte (lessons/NOTATION.md), written as lessons write them
+    assert "α = 5 us, β = 1 / 10 GB/s (links), γ = 1 / 10 GB/s (adding)" in flat
+    assert "β 10 GB/s" not in flat
+    # the replay says it shows its last frame, and how to see every step
+    assert "Shown: the replay's last frame" in flat
+    assert "To step through the frames with the keys: `minidist demo ring-allreduce -n 4`" in flat
+    # the progress line's accuracy is the training batches', next to the test accuracy
+    assert "train acc" in flat

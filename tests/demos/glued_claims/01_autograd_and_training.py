@@ -29,3 +29,16 @@ def check(glued):
     reversed_steps = [[small, large] for small, large in zip(batches, batches[1:])
                       if per_example[large] >= per_example[small]]
     assert value["reversals"] == reversed_steps
+
+    # "X's curve is smooth, Y's noisy": chosen from how often each loss rose by 1%.
+    for name, share in value["rises"]:
+        short = name.split(" (")[0]
+        what = "smooth" if share < 0.05 else "noisy"
+        group = [part for part in text["smooth_text"].split("; ") if f"{short}'s" in part]
+        assert group and f" {what} (the loss rose by more than 1% at" in group[0], \
+            (name, share, text["smooth_text"])
+    first = min(value["reached"], key=lambda row: row[1])[0].split(" (")[0]
+    assert text["first_curve"] == first
+    # The floor is the noise's square and the target twice it.
+    assert abs(float(text["floor"]) - float(text["noise"]) ** 2) < 1e-12
+    assert abs(float(text["target"]) - 2 * float(text["floor"])) < 1e-12

@@ -33,3 +33,16 @@ def check(glued):
         assert abs(rb[large] - rb[small] - step) < 0.01 * step
         assert f"{(rb[large] - rb[small]) * 1e3:.1f} ms" in text["rb_step"]
     assert (text["model_verdict"] == "exactly") == (value["model_gap"] < 1e-9)
+
+    # "largest gap": the largest either way, measured above or below the model.
+    gaps = value["gap_ratios"]
+    widest = max(gaps, key=lambda gap: max(gap[2], 1 / gap[2]))
+    assert value["largest_gap"] == widest
+    # "ring, Rabenseifner and two_shot win on large arrays": the text says whether
+    # this run's largest size is large enough for the model to pick one of them.
+    large_pick = value["winners"][-1][2]
+    assert text["large_expect"].endswith("one of them") == \
+        (large_pick in ("ring", "rabenseifner", "two_shot"))
+    # The ring's growth is the run's, next to reduce + broadcast's.
+    assert text["ring_growth"] == f"{ring[largest] / ring[8] - 1:.0%}"
+    assert text["rb_growth"] == f"{rb[largest] / rb[8]:.1f} times"

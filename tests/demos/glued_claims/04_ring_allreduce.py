@@ -41,3 +41,17 @@ def check(glued):
     assert text["rb_step_model"] == f"{step * 1e3:.1f} ms"
     for part in text["rb_step"].split(" to "):
         assert abs(float(part.removesuffix(" ms")) - step * 1e3) < 0.01 * step * 1e3
+
+    # "reduce + broadcast sends X times the ring's bytes, in ... steps": from the formulas.
+    import math
+    ratios, fewer = [], []
+    for n, ring_bytes, ring_steps, rb_bytes, rb_steps in value["formula_counts"]:
+        assert abs(ring_bytes - 2 * (n - 1) / n) < 1e-12 and ring_steps == 2 * (n - 1)
+        assert rb_bytes == rb_steps == 2 * math.ceil(math.log2(n))
+        assert rb_bytes > ring_bytes          # more bytes on every world measured
+        ratios.append(f"{rb_bytes / ring_bytes:.1f}")
+        if rb_steps < ring_steps:
+            fewer.append(n)
+        assert f"n = {n}: {rb_steps} steps against the ring's {ring_steps}" in text["steps_text"]
+    assert text["bytes_ratios"] == ", ".join(ratios[:-1]) + " and " + ratios[-1] + " times"
+    assert text["fewer_steps"].startswith("fewer steps only at") == bool(fewer)
