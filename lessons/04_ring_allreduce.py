@@ -102,9 +102,10 @@ print(f"the trace: {shown}; in a terminal, `minidist viz {shown}` replays it, mo
 
 # %% [markdown]
 # Each frame shows the ranks on their ring, each rank's array as its four
-# chunks, and the messages of the step. A cell's character says how many
-# ranks' data it holds so far ("2": a partial sum of two ranks, "A": all of
-# them); the arrows give the bytes sent and whether the receiver adds them
+# chunks, and the messages of the step. A cell's symbol says whose data it
+# holds so far ("2": rank 2's alone, "Σ2": a partial sum of two ranks' data,
+# "A": all of them; the key under each frame names the symbols that frame
+# draws); the arrows give the bytes sent and whether the receiver adds them
 # (`combine`) or just copies them (`copy`). In a terminal, `minidist viz`
 # with the trace's path, printed above, lets you move with the keys.
 #
