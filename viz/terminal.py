@@ -262,10 +262,10 @@ def legend(replay: Replay, *, color: bool = True) -> Text:
                     else _cell_style(example, n, color))
         text.append(f": {meaning}")
     if color:
-        text.append("\n       colour: a cell's first rank ")
+        text.append("\n       colour: the cell's lowest rank ")
         for rank in range(min(n, len(PALETTE))):
             text.append(str(rank), style=_cell_style(frozenset({rank}), n + 1, True))
-        text.append(", a message's its sender's")
+        text.append("; a message: its sender's")
     return text
 
 
