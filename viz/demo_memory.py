@@ -203,9 +203,24 @@ def _show(status, console: Console, nproc: int) -> None:
                 latest[(row["rank"], row["strategy"])] = row
                 live.update(_table(latest, nproc))
         return
+    # The ranks finish a strategy in any order: each strategy's lines wait for
+    # every rank's last step and are printed in rank order.
+    done: dict = {}
+    printed: set = set()
     while (row := status.get()) is not None:
         if row["step"] == row["steps"]:
-            console.print(_plain_line(row))
+            done.setdefault(row["strategy"], {})[row["rank"]] = row
+            for name, _ in STRATEGIES:
+                rows = done.get(name, {})
+                if name in printed or len(rows) < nproc:
+                    continue
+                printed.add(name)
+                for rank in sorted(rows):
+                    console.print(_plain_line(rows[rank]))
+    for name, _ in STRATEGIES:   # a rank that failed: print what arrived, in rank order
+        if name not in printed:
+            for rank in sorted(done.get(name, {})):
+                console.print(_plain_line(done[name][rank]))
 
 
 def shard_gap(measured: int, formula: float, sizes: list[int], nproc: int) -> str:
@@ -252,11 +267,16 @@ def main(args) -> int:
         formula = zero_model_state_bytes(psi, nproc, stage)
         measured = ", ".join(f"rank {rank} {result[name]['model_state']:,}"
                              for rank, result in enumerate(results))
-        peaks = ", ".join(f"{result[name]['peak']:,}" for result in results)
+        peaks = ", ".join(f"{result[name]['peak']:,} after {(result[name]['peak_label'] or '? ?').split()[-1]}"
+                          for result in results)
         gap = shard_gap(max(result[name]["model_state"] for result in results), formula,
                         sizes, nproc)
         console.print(f"  {name:7s} measured {measured}  formula {formula:,.0f}"
                       f"{f' ({gap})' if gap else ''}  (peak per rank {peaks})")
+    console.print("(a peak is the largest of a rank's samples, taken after zero_grad, forward, "
+                  "backward and the step; zero_grad(set_to_none=False) zeroes the gradients in "
+                  "place, so they are held from the first backward on, and the sample after "
+                  "forward counts them next to the activations)")
     note = peak_note(results)
     if note:
         console.print(note)
