@@ -306,7 +306,9 @@ def plot(results, path, title: str | None = None):
             below = xs.index(sent) % 2 == 1
             labels.append(axis.annotate(", ".join(r.name for r in runs), (sent, accuracy),
                                         textcoords="offset points", fontsize=8,
-                                        xytext=(6, (-12 if below else 4) - 11 * row)))
+                                        xytext=(6, (-12 if below else 4) - 11 * row),
+                                        arrowprops={"arrowstyle": "-", "color": "grey",
+                                                    "lw": 0.6, "shrinkA": 0, "shrinkB": 4}))
         axis.set_xscale("log")
         axis.set_xlabel("bytes sent per rank per step (from the trace, log scale)")
         axis.set_ylabel("test accuracy (%)")
@@ -330,18 +332,23 @@ def plot(results, path, title: str | None = None):
 
 
 def _unstack(figure, labels, step_points: float = 11, tries: int = 12) -> None:
-    """Move each label down a line at a time until it covers no label placed
-    before it: runs a few bytes apart with close accuracies ("top-k 1%, no EF"
-    and "sign, no EF") would otherwise print over each other."""
+    """Move each label a line at a time, down or up, whichever is nearer its
+    own point, until it covers no label placed before it: runs a few bytes
+    apart with close accuracies ("top-k 1%, no EF" and "sign, no EF") would
+    otherwise print over each other. A label moved from its place gets a thin
+    line to its point, so that it cannot be read as a neighbour's."""
     renderer = figure.canvas.get_renderer()
     placed = []
     for label in labels:
-        for _ in range(tries):
+        x, y = label.xyann
+        for shift in [0] + [sign * step * step_points for step in range(1, tries + 1)
+                            for sign in (-1, 1)]:
+            label.xyann = (x, y + shift)
             box = label.get_window_extent(renderer)
             if not any(box.overlaps(other) for other in placed):
                 break
-            x, y = label.xyann
-            label.xyann = (x, y - step_points)
+        if label.arrow_patch is not None:
+            label.arrow_patch.set_visible(label.xyann != (x, y))
         placed.append(label.get_window_extent(renderer))
 
 
