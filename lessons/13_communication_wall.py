@@ -785,7 +785,8 @@ CPU cores, which moves every crossover up.)
 """)
 
 # %% [markdown]
-# What you can try: change the ratio of top-k (`TopKState(0.001)`), the rank
-# of PowerSGD, or the threshold; run `python -m minidist.experiments.compression
+# What you can try: change the ratio of top-k (`TopKState(0.001)`), the matrix
+# rank of PowerSGD (`PowerSGDState(matrix_approximation_rank=4)`), or the
+# threshold (the names of part 6's runs are in `minidist/experiments/compression.py`); run `python -m minidist.experiments.compression
 # --model cnn --world-size 4 --full` to see how the bytes of the all-gather
 # compressors grow with n.
