@@ -318,8 +318,10 @@ else:
 if HAVE_OPTUNA:
     journal = OUT / "digits_search.journal"
     journal.unlink(missing_ok=True)
+    optuna_load = Load.start()
     tuned = optuna_search(objective, DIGITS_SPACE, N_OPTUNA, n_workers=WORKERS, seed=0,
                           storage=str(journal), sampler="tpe", pruner="median")
+    optuna_load = optuna_load.finish()
     print(tuned.summary())
     print(tuned.table(limit=12))
 
@@ -386,10 +388,18 @@ if HAVE_OPTUNA:
          "tries more" if saved else
          "so the search took no less worker time than random search's for its trials. "
          "Pruning cut the epochs trained (by {}), but an epoch of Optuna's trials cost "
-         "{} against {} for random search's: TPE proposes more of what did well, and here "
-         "that was wider layers (a mean hidden width of {} against {}), whose epochs cost "
-         "more".format(glued("epochs_saved"), glued("tuned_epoch"), glued("random_epoch"),
-                       glued("hidden_tuned"), glued("hidden_random")))
+         "{} of worker time against {} for random search's. An Optuna trial's time, from "
+         "its creation in the study to its end, also holds what a random trial does not "
+         "do: TPE's proposal, made from every finished trial, and, after every epoch, the "
+         "report written to the shared journal and the pruner's reading of every other "
+         "trial's curve from it, costs that grow with the trials finished{}{}".format(
+             glued("epochs_saved"), glued("tuned_epoch"), glued("random_epoch"),
+             "; and TPE chose wider layers, whose epochs cost more (a mean hidden width of "
+             f"{hidden_tuned:.0f} against {hidden_random:.0f})"
+             if hidden_tuned > 1.1 * hidden_random else "",
+             "; and the machine was busy (random search: " + load.describe() + "; Optuna's: "
+             + optuna_load.describe() + "), which weighs on the two searches unequally"
+             if load.busy or optuna_load.busy else ""))
 
 # %% jupyter={"source_hidden": true}
 if HAVE_OPTUNA:
@@ -419,6 +429,7 @@ if HAVE_OPTUNA:
     plot_best_so_far([many, tuned], ax=axes[1],
                      labels=[f"random, {WORKERS} workers", "Optuna TPE + median pruner"])
     axes[1].set_ylim(0.8, 1.0)
+    axes[1].set_ylabel("best validation accuracy so far")
     figure.tight_layout()
     show_figure(figure, "search_optuna_gantt.png", dpi=90)
 
