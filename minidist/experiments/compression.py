@@ -306,9 +306,7 @@ def plot(results, path, title: str | None = None):
             below = xs.index(sent) % 2 == 1
             labels.append(axis.annotate(", ".join(r.name for r in runs), (sent, accuracy),
                                         textcoords="offset points", fontsize=8,
-                                        xytext=(6, (-12 if below else 4) - 11 * row),
-                                        arrowprops={"arrowstyle": "-", "color": "grey",
-                                                    "lw": 0.6, "shrinkA": 0, "shrinkB": 4}))
+                                        xytext=(6, (-12 if below else 4) - 11 * row)))
         axis.set_xscale("log")
         axis.set_xlabel("bytes sent per rank per step (from the trace, log scale)")
         axis.set_ylabel("test accuracy (%)")
@@ -335,21 +333,27 @@ def _unstack(figure, labels, step_points: float = 11, tries: int = 12) -> None:
     """Move each label a line at a time, down or up, whichever is nearer its
     own point, until it covers no label placed before it: runs a few bytes
     apart with close accuracies ("top-k 1%, no EF" and "sign, no EF") would
-    otherwise print over each other. A label moved from its place gets a thin
-    line to its point, so that it cannot be read as a neighbour's."""
+    otherwise print over each other, and a label pushed only downwards can end
+    nearer a neighbour's point than its own."""
+    from matplotlib.text import Text
+
     renderer = figure.canvas.get_renderer()
+
+    def text_box(label):
+        """The label's text alone (an Annotation's extent includes its line)."""
+        label.update_positions(renderer)
+        return Text.get_window_extent(label, renderer)
+
     placed = []
     for label in labels:
         x, y = label.xyann
         for shift in [0] + [sign * step * step_points for step in range(1, tries + 1)
                             for sign in (-1, 1)]:
             label.xyann = (x, y + shift)
-            box = label.get_window_extent(renderer)
+            box = text_box(label)
             if not any(box.overlaps(other) for other in placed):
                 break
-        if label.arrow_patch is not None:
-            label.arrow_patch.set_visible(label.xyann != (x, y))
-        placed.append(label.get_window_extent(renderer))
+        placed.append(text_box(label))
 
 
 def main(argv=None) -> int:
