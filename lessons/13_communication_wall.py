@@ -435,7 +435,7 @@ on this model (mean over {glue}`seeds`; the uncompressed run reaches
 * fp16, bfloat16 and int8 send {glue}`fp16_fewer`, {glue}`bf16_fewer` and
   {glue}`int8_fewer` fewer bytes and {glue}`cast_verdict`.
 * top-k at 1 % sends {glue}`topk_fewer` fewer bytes and, with error feedback,
-  {glue}`topk_matches`; PowerSGD rank 2 sends {glue}`powersgd_fewer` fewer.
+  {glue}`topk_matches`; PowerSGD of matrix rank 2 sends {glue}`powersgd_fewer` fewer.
 * one bit {glue}`sign_verdict` {glue}`sign_points` points here; random-k at
   1 % {glue}`randomk_verdict` ({glue}`randomk_acc`): it keeps about k/Ψ of
   the gradient's squared norm per step.
