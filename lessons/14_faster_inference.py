@@ -165,9 +165,9 @@ interleaved repeats.
 # Post-training quantisation: each output channel's weights get one scale
 # (`max |w_c| / 127`) and become int8; each layer's input gets a scale from
 # a few *calibration* batches run through the float model. A layer then
-# multiplies int8 by int8, adds in int32, and rescales by `c_x * c_w`: c_x
-# the input's scale, c_w the output channel's weight scale (this course
-# writes them c, as s is bytes per value in lessons/NOTATION.md).
+# multiplies int8 by int8, adds in int32, and rescales by σ_x σ_w: σ_x the
+# input's scale, σ_w the output channel's weight scale (this course writes
+# them σ, as s is bytes per value in lessons/NOTATION.md).
 # `quantize(model, calibration_data)` returns a quantised copy:
 
 # %%
