@@ -646,7 +646,7 @@ for tau in (0, 1, 4, 8):
     d2p_objectives[tau] = reference.objectives
     axis.plot(reference.objectives, label=f"tau = {tau}", **styles[tau])
 d2p_final = {tau: round(float(objectives[-1]), 5) for tau, objectives in d2p_objectives.items()}
-for tau, objectives in d2p_objectives.items():
+for tau in d2p_objectives:
     print(f"tau={tau}: final objective {d2p_final[tau]:.5f} "
           f"({(d2p_final[tau] / d2p_final[0] - 1):+.3%} from tau=0)")
 process_run = minidist.launch(d2p.delayed_proximal_gradient, world_size=1 + D_WORKERS,

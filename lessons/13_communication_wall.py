@@ -89,6 +89,19 @@ from viz.timeline import save_timeline  # noqa: E402
 
 QUICK = quick()
 OUT = output_dir()
+glue("form_note",
+     "This is the quick form (MINIDIST_LESSON_QUICK=1): part 6 trains every compressor for "
+     "12 epochs with one seed (the full form: 30 epochs, three seeds, whose mean and spread "
+     "decide what part 6 and part 7 conclude), and part 9 times each codec 20 times (the full "
+     "form: 100)." if QUICK else
+     "This is the full form: part 6 trains every compressor for 30 epochs with three seeds, "
+     "and part 9 times each codec 100 times (the quick form, MINIDIST_LESSON_QUICK=1: 12 "
+     "epochs, one seed, 20 timings).")
+
+# %% jupyter={"source_hidden": true}
+say("""
+{glue}`form_note`
+""")
 
 # %% [markdown]
 # ## 1. The wall in numbers
@@ -99,8 +112,10 @@ OUT = output_dir()
 # Deep Learning" (2014; 1000 inputs, 500 outputs) has 500,500 parameters,
 # 2 MB in float32 (the table adds a 10-way output layer to train it); the
 # digits MLP 9,610 (38 KB). A link that takes β seconds per byte (a bandwidth
-# of 1/β) sends them in $N β$, next to the compute time of one step, measured
-# here:
+# of 1/β) sends one rank's share of the ring in $2 \frac{n-1}{n} N β$ (the
+# gradient once, N β, would be about half of it); the table gives those ring
+# bytes for n = 8 ranks and their time on two links, next to the compute time
+# of one step, measured here:
 
 # %%
 def dense_step_seconds(layer_in, layer_out, batch, repeats=5):
@@ -132,16 +147,20 @@ for label, (d_in, d_out, batch) in {"digits MLP 64-128-10, b=32": (64, 128, 32),
           f"{1e3 * ring * 8 / 1e9:>6.2f} ms {1e3 * ring * 8 / 1e10:>7.2f} ms")
 
 compute, send = wall["Dettmers' 1000x500, b=128"]
+dettmers_params = 1000 * 500 + 500 + 500 * 10 + 10
 glue("dettmers_compute", 1e3 * compute, "{:.1f} ms")
 glue("dettmers_send", 1e3 * send, "{:.1f} ms")
+glue("dettmers_ring_bytes", experiment.dense_bytes(dettmers_params, 8), ",.0f")
+glue("dettmers_once", 1e3 * 4 * dettmers_params * 8 / 1e9, "{:.1f} ms")
 glue("send_verdict", "longer than that" if send > compute else
      "less than that on this machine, but a faster processor computes it sooner")
 
 # %% jupyter={"source_hidden": true}
 say("""
 On this machine one step of Dettmers' layer computes in {glue}`dettmers_compute`;
-sending its gradient over a 1 Gbit/s link takes {glue}`dettmers_send`,
-{glue}`send_verdict`. Faster accelerators shrink the compute column, not the
+its ring all-reduce over 8 ranks has each rank send {glue}`dettmers_ring_bytes`
+bytes, which a 1 Gbit/s link takes {glue}`dettmers_send` to carry (its gradient
+once, N β, would take {glue}`dettmers_once`), {glue}`send_verdict`. Faster accelerators shrink the compute column, not the
 bytes: that is the wall.
 """)
 
@@ -267,7 +286,7 @@ print(f"int8, mean of 200 draws: relative error {np.linalg.norm(draws - g) / np.
 #   exceeds a threshold (the rest keeps accumulating); the count varies per
 #   step and per rank;
 # * **top-k**: the k entries of largest magnitude (here k = 1 % of the Ψ
-#   values);
+#   values: the *ratio* k/Ψ = 0.01 that `TopKState(0.01)` takes);
 # * **random-k**: k entries at random.
 #
 # Each rank sends (index, value) pairs: 4 + 4 bytes per kept value. Why not
@@ -313,21 +332,25 @@ something remembers it (part 7).
 #
 # ## 5. Low rank: PowerSGD
 #
-# A layer's gradient is a matrix (here 128 x 64 for the first layer's
-# weights: 128 outputs, 64 inputs). PowerSGD (Vogels, Karimireddy and Jaggi,
-# "PowerSGD: Practical Low-Rank Gradient Compression for Distributed
-# Optimization", 2019) sends a rank-r
-# approximation P Q^T, found by one step of power iteration started from
-# last step's Q (*warm start*):
+# A layer's gradient is a matrix M (here 128 x 64 for the first layer's
+# weights: 128 outputs, 64 inputs; a rows and c columns in general).
+# PowerSGD (Vogels, Karimireddy and Jaggi, "PowerSGD: Practical Low-Rank
+# Gradient Compression for Distributed Optimization", 2019) sends an
+# approximation of *matrix rank* r (r columns in each factor; not a rank in
+# the sense of a process), U Y^T, with U of a x r and Y of c x r, found by one
+# step of power iteration started from last step's Y (*warm start*). The paper
+# calls the factors P and Q; this course writes U and Y, because P is lesson
+# 16's attention probabilities (lessons/NOTATION.md):
 #
-# 1. every rank computes `P = M Q` and the ranks all-reduce the Ps;
-# 2. orthogonalise P (same bits on every rank);
-# 3. `Q = M^T P`, all-reduced;
-# 4. the averaged gradient is `P Q^T`.
+# 1. every rank computes `U = M Y` from its own gradient M, and the ranks
+#    all-reduce the Us;
+# 2. orthogonalise U (a QR decomposition: U becomes r orthonormal columns;
+#    same bits on every rank);
+# 3. `Y = M^T U`, all-reduced;
+# 4. the averaged gradient is `U Y^T`.
 #
-# Two all-reduces of small matrices: for a matrix of a rows and c columns,
-# r (a + c) values instead of a c. Linear
-# algebra, not thresholds, decides what to keep; and since P and Q are sums,
+# Two all-reduces of small matrices: r (a + c) values instead of a c. Linear
+# algebra, not thresholds, decides what to keep; and since U and Y are sums,
 # the ring works as usual. With r = 2 the first layer sends 2 * (64 + 128)
 # = 384 values instead of 8,192.
 
@@ -337,7 +360,7 @@ shapes = experiment.parameter_shapes("mlp")
 for (_offset, size, n_rows, n_cols, r), shape in zip(state.layout(shapes), shapes):
     sent = r * (n_rows + n_cols) if r else size
     print(f"parameter {str(shape):<10} {size:>6} values -> sends {sent:>5} "
-          f"({'rank ' + str(r) if r else 'whole: too small to pay'})")
+          f"({'matrix rank ' + str(r) if r else 'whole: too small to pay'})")
 
 # %% [markdown]
 # ## 6. Every compressor, trained: bytes against accuracy
@@ -347,7 +370,9 @@ for (_offset, size, n_rows, n_cols, r), shape in zip(state.layout(shapes), shape
 # same weights, data order and seeds for every compressor; only the hook
 # differs. All runs happen in one launch, each in a traced region; the
 # bytes per step are *read from the trace* (the 8-byte example count DDP
-# all-reduces each step included) and set next to the formula.
+# all-reduces each step included) and set next to the formula. "EF" in the
+# names is *error feedback* (part 7): "sign, no EF" is one bit with it
+# switched off; the names without "no EF" keep it on.
 
 # %%
 SEEDS = (0,) if QUICK else (0, 1, 2)
@@ -410,7 +435,7 @@ on this model (mean over {glue}`seeds`; the uncompressed run reaches
 * fp16, bfloat16 and int8 send {glue}`fp16_fewer`, {glue}`bf16_fewer` and
   {glue}`int8_fewer` fewer bytes and {glue}`cast_verdict`.
 * top-k at 1 % sends {glue}`topk_fewer` fewer bytes and, with error feedback,
-  {glue}`topk_matches`; PowerSGD rank 2 sends {glue}`powersgd_fewer` fewer.
+  {glue}`topk_matches`; PowerSGD of matrix rank 2 sends {glue}`powersgd_fewer` fewer.
 * one bit {glue}`sign_verdict` {glue}`sign_points` points here; random-k at
   1 % {glue}`randomk_verdict` ({glue}`randomk_acc`): it keeps about k/Ψ of
   the gradient's squared norm per step.
@@ -436,7 +461,7 @@ one-bit payloads also grow with n for the same reason.
 # %%
 pairs = [("top-k 1%", "top-k 1%, no EF"), ("PowerSGD r2", "PowerSGD r2, no EF"),
          ("sign", "sign, no EF"), ("random-k 1%", "random-k 1%, no EF")]
-figure, axes = plt.subplots(1, len(pairs), figsize=(14, 3.5), sharey=True)
+figure, axes = plt.subplots(1, len(pairs), figsize=(14, 4.4), sharey=True)
 for axis, (with_ef, without) in zip(axes, pairs):
     for name, style in ((with_ef, "-"), (without, "--")):
         curve = 100 * np.mean(by_name[name].history, axis=0)
@@ -447,7 +472,8 @@ for axis, (with_ef, without) in zip(axes, pairs):
     axis.plot(np.arange(1, len(curve) + 1), curve, ":", color="grey", label="no compression")
     axis.set_title(with_ef)
     axis.set_xlabel("epoch")
-    axis.legend(fontsize=8, loc="lower right")
+    # under the panel, where it covers no curve
+    axis.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
 axes[0].set_ylabel("test accuracy (%)")
 axes[0].set_ylim(0, 100)
 figure.tight_layout()
@@ -466,6 +492,33 @@ glue("randomk_no_ef", 100 * by_name["random-k 1%, no EF"].test_accuracy, "{:.1f}
 behind = max(points("random-k 1%"), points("random-k 1%, no EF")) < -10
 glue("randomk_behind", "stays far behind with or without it" if behind else
      "does not stay far behind in this run")
+glue("randomk_norm_share", np.sqrt(norm_kept["random-k 1%"]), ".0%")
+glue("randomk_wait", 1 / 0.01, ".0f")
+
+
+def ef_seeds(with_ef, without):
+    """Per seed, with feedback minus without, in points."""
+    return [100 * (a - b) for a, b in zip(by_name[with_ef].accuracies, by_name[without].accuracies)]
+
+
+randomk_seeds = ef_seeds("random-k 1%", "random-k 1%, no EF")
+randomk_ef_points = points("random-k 1%", "random-k 1%, no EF")
+glue("randomk_ef_points", randomk_ef_points, "+.1f")
+if len(SEEDS) == 1:
+    glue("randomk_which", "In this run (one seed) feedback moved it by "
+         f"{randomk_ef_points:+.1f} points; one seed cannot say which of the two is worse in "
+         "general: the full form's three seeds decide")
+elif all(d > 0 for d in randomk_seeds) or all(d < 0 for d in randomk_seeds):
+    glue("randomk_which", f"Feedback moved it by {randomk_ef_points:+.1f} points, the same way "
+         f"in each of the {len(SEEDS)} seeds (" + ", ".join(f"{d:+.1f}" for d in randomk_seeds)
+         + ")")
+else:
+    glue("randomk_which", f"Feedback moved it by {randomk_ef_points:+.1f} points on average, "
+         "but not the same way in every seed (" + ", ".join(f"{d:+.1f}" for d in randomk_seeds)
+         + "): which of the two is worse changes from seed to seed")
+glue("ef_caution", "These are one seed's numbers (the quick form): the full form's three seeds "
+     "can move them by several points, even flip their sign" if len(SEEDS) == 1 else
+     f"These are means over {len(SEEDS)} seeds")
 
 # %% jupyter={"source_hidden": true}
 say("""
@@ -479,11 +532,14 @@ runs the same on the CNN).
 
 Feedback is not a cure for everything. Random-k at 1 %
 {glue}`randomk_behind` ({glue}`randomk_ef` with, {glue}`randomk_no_ef`
-without, against {glue}`none_acc`): what it sends is about 1 % of the
-gradient's norm, and with feedback each coordinate waits about 1/ratio = 100
-steps, so what arrives is a hundred steps stale, and momentum amplifies the
-stale kick (which of the two is worse changes from seed to seed). Feedback
-moved one bit by {glue}`sign_ef_points` points in this run;
+without, against {glue}`none_acc`): what it sends is about k/Ψ of the
+gradient's *squared* norm ({glue}`randomk_norm` in part 4, about
+{glue}`randomk_norm_share` of the norm itself), and with feedback each
+coordinate waits about Ψ/k = {glue}`randomk_wait` steps (one over the ratio
+of part 4) before it is sent, so what arrives is that many steps stale, and
+momentum amplifies the stale kick. {glue}`randomk_which`. Feedback
+moved one bit by {glue}`sign_ef_points` points in this run.
+{glue}`ef_caution`.
 Karimireddy et al. (2019, "Error Feedback Fixes SignSGD and other Gradient
 Compression Schemes") prove EF-signSGD converges for plain SGD, not with
 momentum on top. Measure before you believe.
@@ -495,16 +551,27 @@ momentum on top. Measure before you believe.
 # DDP starts a bucket's communication as soon as the bucket is full, while
 # backward still computes the earlier layers (lesson 5, part 4). A hook runs
 # at the same moment; what changes is what the communication lane holds.
-# One step of the digits CNN on 2 ranks with small buckets (several per
-# step), with no hook and with PowerSGD; the compute lane shows forward,
-# backward and the update, the send/recv lanes the messages.
+# With `overlap=False`, DDP starts nothing until the last gradient of the
+# step is ready: then, still inside that last gradient's hook, it sends every
+# bucket, one after the other, and `loss.backward()` returns only when they
+# are done. So the trace's "backward" region holds the communication in both
+# cases; what tells them apart is *when the first message leaves next to the
+# moment the last gradient was ready*, which the step below records (a hook
+# on every parameter, registered before DDP's, marks when its gradient is
+# complete). One step of the digits CNN on 2 ranks with small buckets
+# (several per step), with no hook and with PowerSGD; the compute lane shows
+# forward, backward and the update, the send/recv lanes the messages.
 
 # %%
 def one_traced_step(hook_name, overlap):
     rank, world = dist.get_rank(), dist.get_world_size()
     x, y = load_digits(flatten=False)[:2]
-    ddp = DistributedDataParallel(build_model("cnn", seed=0), bucket_cap_mb=0.02,
-                                  algorithm="ring", overlap=overlap)
+    model = build_model("cnn", seed=0)
+    for parameter in model.parameters():   # before DDP's hooks: marks when a gradient is complete
+        parameter.register_post_accumulate_grad_hook(
+            lambda tensor: trace.record("gradient", trace.now(), trace.now(),
+                                        label="gradient ready"))
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.02, algorithm="ring", overlap=overlap)
     if hook_name is not None:
         config = experiment.COMPRESSORS[hook_name]
         ddp.register_comm_hook(config.state(0), config.hook)
@@ -534,16 +601,24 @@ for hook_name in (None, "PowerSGD r2"):
         buckets = minidist.launch(one_traced_step, world_size=2, args=(hook_name, overlap),
                                   trace=str(path))[0]
         events = last_step(trace.read_jsonl(path).events)
+        ready = max(e["start"] for e in events if e["rank"] == 0 and e["kind"] == "gradient")
+        events = [e for e in events if e["kind"] != "gradient"]
         sent = sum(e["bytes"] for e in events if e["kind"] == "send" and e["rank"] == 0)
         backward = next(e for e in events if e["rank"] == 0 and e["label"] == "backward")
-        first_send = min(e["start"] for e in events if e["rank"] == 0 and e["kind"] == "send")
-        where = "inside" if first_send < backward["end"] else "after"
-        messages = sum(1 for e in events if e["kind"] == "send" and e["rank"] == 0)
+        sends = sorted(e["start"] for e in events if e["rank"] == 0 and e["kind"] == "send")
+        where = "inside" if sends[0] < backward["end"] else "after"
+        messages = len(sends)
+        early = sum(1 for start in sends if start < ready)
+        algorithms = sorted({e["label"].split()[1].rstrip(":") for e in events
+                             if e["rank"] == 0 and e["kind"] == "send"})
         name = hook_name or "no hook"
-        seen[(name, overlap)] = (where, sent, messages, first_send - backward["start"])
-        print(f"{name:<12} overlap={overlap!s:<5} {buckets} buckets: rank 0 sent {sent:>7,} bytes, "
-              f"first message {(first_send - backward['start']) / 1e3:6.0f} us after backward "
-              f"began (backward lasted {(backward['end'] - backward['start']) / 1e3:.0f} us)")
+        seen[(name, overlap)] = (where, sent, messages, sends[0] - ready, early, algorithms)
+        print(f"{name:<12} overlap={overlap!s:<5} {buckets} buckets: rank 0 sent {sent:>7,} bytes "
+              f"in {messages} messages ({', '.join(algorithms)}); first message "
+              f"{abs(sends[0] - ready) / 1e3:,.0f} us {'before' if sends[0] < ready else 'after'} "
+              f"the last gradient was ready, {early} of {messages} messages before it "
+              f"(backward, communication included, lasted "
+              f"{(backward['end'] - backward['start']) / 1e3:,.0f} us)")
         if overlap:   # the two pictures the text reads
             safe = name.replace(" ", "_")
             timeline = OUT / f"compression_timeline_{safe}_overlap_{overlap}.png"
@@ -551,33 +626,43 @@ for hook_name in (None, "PowerSGD r2"):
                           title=f"one DDP step of the digits CNN, 2 ranks, {name}, overlap=True")
             show_file(timeline)
 plain_seen, powersgd_seen = seen[("no hook", True)], seen[("PowerSGD r2", True)]
-glue("start_verdict", "start inside backward in both" if plain_seen[0] == powersgd_seen[0] ==
-     "inside" else "do not start inside backward in both here")
 glue("plain_sent", plain_seen[1], "{:,}")
 glue("powersgd_sent", powersgd_seen[1], "{:,}")
 glue("plain_messages", plain_seen[2])
 glue("powersgd_messages", powersgd_seen[2])
 glue("bytes_verdict", "fewer" if powersgd_seen[1] < plain_seen[1] else "no fewer")
 glue("messages_verdict", "more" if powersgd_seen[2] > plain_seen[2] else "no more")
-# Without overlap DDP sends when backward has computed every gradient (still
+# Without overlap DDP sends once backward has computed every gradient (still
 # inside the backward region, which ends after DDP's last message).
-later = all(seen[(name, False)][3] > seen[(name, True)][3] for name in ("no hook", "PowerSGD r2"))
-glue("first_overlap_us", seen[("no hook", True)][3] / 1e3, "{:,.0f} us")
-glue("first_no_overlap_us", seen[("no hook", False)][3] / 1e3, "{:,.0f} us")
-glue("no_overlap_verdict", "the first message waits until backward has computed every "
-     "gradient" if later else "the first message did not leave later than with overlap")
+NAMES = ("no hook", "PowerSGD r2")
+waits = all(seen[(name, False)][3] >= 0 and seen[(name, False)][4] == 0 for name in NAMES)
+ahead = all(seen[(name, True)][4] > 0 for name in NAMES)
+glue("early_plain", seen[("no hook", True)][4])
+glue("early_powersgd", seen[("PowerSGD r2", True)][4])
+glue("overlap_verdict", "leave while backward still computes: some messages go before the "
+     "last gradient is ready" if ahead else "do not all leave before the last gradient here")
+glue("no_overlap_verdict", "no message leaves before the last gradient is ready, with or "
+     "without the hook: the first one left " + " and ".join(
+         f"{seen[(name, False)][3] / 1e3:,.0f} us after it ({name})" for name in NAMES)
+     if waits else "a message left before the last gradient was ready, which overlap=False "
+     "should not allow")
+glue("count_algorithm", ", ".join(a for a in seen[("PowerSGD r2", True)][5] if a != "ring"))
 
 # %% jupyter={"source_hidden": true}
 say("""
 The two timelines above are the same step, with overlap: the messages
-{glue}`start_verdict`; PowerSGD's are {glue}`bytes_verdict` bytes
+{glue}`overlap_verdict` ({glue}`early_plain` of them without a hook,
+{glue}`early_powersgd` with PowerSGD); PowerSGD's are {glue}`bytes_verdict` bytes
 ({glue}`powersgd_sent` against {glue}`plain_sent` from rank 0) but
 {glue}`messages_verdict` messages ({glue}`powersgd_messages` against
 {glue}`plain_messages`: two all-reduces per bucket), and its compute (the
-matrix products and the orthogonalisation) sits between them. With
-`overlap=False` {glue}`no_overlap_verdict` (without a hook it left
-{glue}`first_no_overlap_us` after backward began, against {glue}`first_overlap_us`
-with overlap).
+matrix products and the orthogonalisation) sits between them. The first,
+short span of each step, `all_reduce {glue}`count_algorithm``, is the example
+count (one 8-byte integer) DDP sums before the first bucket: for so small a
+message the automatic choice of algorithm sends the whole array straight to
+the other rank in one message, where a ring would need more steps for nothing;
+the buckets' sums, and PowerSGD's U and Y, use the ring (`all_reduce ring`).
+With `overlap=False` {glue}`no_overlap_verdict`.
 """)
 
 # %% [markdown]
@@ -700,7 +785,8 @@ CPU cores, which moves every crossover up.)
 """)
 
 # %% [markdown]
-# What you can try: change the ratio of top-k (`TopKState(0.001)`), the rank
-# of PowerSGD, or the threshold; run `python -m minidist.experiments.compression
+# What you can try: change the ratio of top-k (`TopKState(0.001)`), the matrix
+# rank of PowerSGD (`PowerSGDState(matrix_approximation_rank=4)`), or the
+# threshold (the names of part 6's runs are in `minidist/experiments/compression.py`); run `python -m minidist.experiments.compression
 # --model cnn --world-size 4 --full` to see how the bytes of the all-gather
 # compressors grow with n.

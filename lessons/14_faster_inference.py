@@ -69,6 +69,21 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 QUICK = quick()
 OUT = output_dir()
+glue("form_note",
+     "This is the quick form (MINIDIST_LESSON_QUICK=1): the CNN of sections 1 and 2 trains 4 "
+     "epochs (the full form: 15, a better model), section 1 predicts the test digits 10 times "
+     "over (the full form: 40 times), and section 3 trains the students at one budget, 200 "
+     "labelled examples, with 3 seeds (the full form: budgets of 100, 200 and 400, 5 seeds "
+     "each)." if QUICK else
+     "This is the full form: the CNN trains 15 epochs, section 1 predicts the test digits 40 "
+     "times over, and section 3 trains the students at budgets of 100, 200 and 400 labelled "
+     "examples, 5 seeds each (the quick form, MINIDIST_LESSON_QUICK=1: 4 epochs, 10 copies, "
+     "one budget of 200 with 3 seeds).")
+
+# %% jupyter={"source_hidden": true}
+say("""
+{glue}`form_note`
+""")
 
 # %% [markdown]
 # ## 1. Batch prediction on n processes
@@ -150,7 +165,9 @@ interleaved repeats.
 # Post-training quantisation: each output channel's weights get one scale
 # (`max |w_c| / 127`) and become int8; each layer's input gets a scale from
 # a few *calibration* batches run through the float model. A layer then
-# multiplies int8 by int8, adds in int32, and rescales by `s_x * s_w`.
+# multiplies int8 by int8, adds in int32, and rescales by σ_x σ_w: σ_x the
+# input's scale, σ_w the output channel's weight scale (this course writes
+# them σ, as s is bytes per value in lessons/NOTATION.md).
 # `quantize(model, calibration_data)` returns a quantised copy:
 
 # %%
@@ -198,10 +215,13 @@ say("""
 ({glue}`accuracy_gap` apart). But {glue}`int8_verdict`: the int8 forward took
 {glue}`int8_slower` as long as float32's. NumPy has no integer matrix product
 in BLAS, so an int32 matmul is a plain loop without cache blocking, far
-slower than float32 BLAS. On hardware with int8 instructions (VNNI, tensor
-cores) the integer product is faster than float32's; in NumPy int8 buys
-memory, not speed (the benchmark shows that the same integer product done in
-float32 BLAS, exact up to K = 1040 terms, runs as fast as float32).
+slower than float32 BLAS. On hardware with int8 instructions (x86's VNNI,
+Vector Neural Network Instructions, or a GPU's tensor cores) the integer
+product is faster than float32's; in NumPy int8 buys memory, not speed.
+(`benchmarks/bench_inference.py` shows that the same integer product done in
+float32 BLAS runs as fast as float32, and is exact while each dot product
+sums at most 1,040 products of two int8 values: 1,040 × 127 × 127 still fits
+float32's 24-bit mantissa.)
 `minidist predict --int8` says the same when it prints its times.
 """)
 
@@ -212,12 +232,20 @@ float32 BLAS, exact up to K = 1040 terms, runs as fast as float32).
 # A big teacher (64-256-256-10, 85,002 parameters, trained on all the
 # training digits) and a student 70 times smaller (64-16-10). The student
 # sees only a limited budget of labelled examples, where soft targets
-# matter most. Trained three ways with the same seeds: on the hard labels;
-# with Hinton's `DistillationLoss` (the teacher's outputs softened by a
-# temperature T, weight alpha, times T^2 so their gradient keeps its size as
-# T changes); and FitNets: a thinner, deeper student whose middle layer is
-# first trained, through a `HintRegressor`, to predict the teacher's hidden
-# layer (the hint), then distilled.
+# matter most. Five methods, with the same seeds, two students:
+#
+# * `hard`: the small student on the hard labels alone;
+# * `hinton`: the small student with Hinton's `DistillationLoss`: the
+#   teacher's outputs softened by a temperature (written θ here, as T is the
+#   sequence length in lessons/NOTATION.md), given a weight λ against the
+#   labels' 1 - λ (Hinton's paper writes α, which this course keeps for
+#   latency), times θ^2 so their gradient keeps its size as θ changes;
+# * FitNets (Romero et al.) needs a *thinner, deeper* student (64-16-16-16-10):
+#   `fitnets` first trains its middle layer, through a `HintRegressor`, to
+#   predict the teacher's hidden layer (the hint), then distils it as
+#   `hinton` does; to tell what the hint adds, the same thin, deep student is
+#   also trained on hard labels (`fitnets_hard`) and distilled without the
+#   hint stage (`deep_hinton`).
 
 # %%
 budgets = (200,) if QUICK else (100, 200, 400)
@@ -229,44 +257,56 @@ for results in all_results:
     print()
 picture = distillation.plot(all_results, OUT / "distillation.png")
 show_file(picture)
-last = all_results[0]
-beats = last["mean"]["hinton"] > last["mean"]["hard"]
-print(f"budget {last['budget']}: Hinton {'beats' if beats else 'does not beat'} hard labels on "
-      f"the mean of {len(seeds)} seeds: {100 * last['mean']['hinton']:.2f} % against "
-      f"{100 * last['mean']['hard']:.2f} %")
-glue("budget", last["budget"])
-glue("hinton_mean", 100 * last["mean"]["hinton"], "{:.1f} %")
-glue("hard_mean", 100 * last["mean"]["hard"], "{:.1f} %")
-glue("hinton_verdict", "beats" if beats else "does not beat")
-glue("fitnets_mean", 100 * last["mean"]["fitnets"], "{:.1f} %")
-glue("deep_hinton_mean", 100 * last["mean"]["deep_hinton"], "{:.1f} %")
-hints_help = last["mean"]["fitnets"] > last["mean"]["deep_hinton"] + 0.005
-glue("hints_verdict", "added a little" if hints_help else "did not add anything")
+for results in all_results:
+    beats = results["mean"]["hinton"] > results["mean"]["hard"]
+    print(f"budget {results['budget']}: Hinton {'beats' if beats else 'does not beat'} hard "
+          f"labels on the mean of {len(seeds)} seeds: {100 * results['mean']['hinton']:.2f} % "
+          f"against {100 * results['mean']['hard']:.2f} %")
+wins = [r["mean"]["hinton"] > r["mean"]["hard"] for r in all_results]
+for method in ("hard", "hinton", "deep_hinton", "fitnets"):   # kept for the checks
+    glue(f"{method}_means", [100 * r["mean"][method] for r in all_results])
+glue("budgets", " and ".join(", ".join(str(r["budget"]) for r in all_results).rsplit(", ", 1)))
+glue("budget_word", "a budget" if len(all_results) == 1 else "budgets")
+glue("hinton_verdict", ("beats" if all(wins) else "does not beat" if not any(wins) else
+                        "beats at some budgets, not all:")
+     + ("" if len(all_results) == 1 else (" at every budget" if all(wins) else "")))
+glue("hinton_vs_hard", "; ".join(
+    f"{100 * r['mean']['hinton']:.1f} % against {100 * r['mean']['hard']:.1f} %"
+    + ("" if len(all_results) == 1 else f" at {r['budget']}") for r in all_results))
+helps = [r["mean"]["fitnets"] > r["mean"]["deep_hinton"] + 0.005 for r in all_results]
+glue("hints_verdict", "added a little" + ("" if len(helps) == 1 else
+                                          " at every budget" if all(helps) else " at some budgets")
+     if any(helps) else "did not add anything")
+glue("fitnets_vs_deep", "; ".join(
+    f"{100 * r['mean']['fitnets']:.1f} % against {100 * r['mean']['deep_hinton']:.1f} %"
+    + ("" if len(all_results) == 1 else f" at {r['budget']}") for r in all_results))
 
 # %% jupyter={"source_hidden": true}
 say("""
 The soft targets carry what the teacher learned about which digits look
-alike (a 7 that is a little like a 1), which hard labels cannot say: at a
-budget of {glue}`budget` examples the distilled student {glue}`hinton_verdict`
-the same student on hard labels on the mean of the seeds ({glue}`hinton_mean`
-against {glue}`hard_mean`). FitNets' hints {glue}`hints_verdict` over plain
-distillation of the same thin, deep student on these 8x8 digits
-({glue}`fitnets_mean` against {glue}`deep_hinton_mean`): a 3-hidden-layer MLP
-is not deep enough to need them (Romero et al. used 11- to 19-layer
-convolutional students).
+alike (a 7 that is a little like a 1), which hard labels cannot say: at
+{glue}`budget_word` of {glue}`budgets` examples the distilled student
+(`hinton`) {glue}`hinton_verdict` the same student on hard labels (`hard`) on
+the mean of the seeds ({glue}`hinton_vs_hard`). FitNets' hints
+{glue}`hints_verdict` over plain distillation of the same thin, deep student
+on these 8x8 digits (`fitnets` against `deep_hinton`: {glue}`fitnets_vs_deep`):
+a 3-hidden-layer MLP is not deep enough to need them (Romero et al. used 11-
+to 19-layer convolutional students).
 """)
 
 # %% [markdown]
 #
 # ## 4. Mobile convolutions
 #
-# A standard k x k convolution from C_in to C_out channels does k^2 C_in
-# C_out multiply-adds per output pixel. MobileNet (Howard et al., "MobileNets:
-# Efficient Convolutional Neural Networks for Mobile Vision Applications", 2017)
-# splits it into a *depthwise* k x k convolution (one filter per channel,
-# `groups=C_in`: k^2 C_in) and a *pointwise* 1 x 1 one (C_in C_out): the
-# ratio is 1 / C_out + 1 / k^2: at k = 3 and C_out of 64 or more, about 8
-# times fewer.
+# A standard convolution with a square kernel f values wide (f x f; the
+# letter f here, as k is top-k's in lessons/NOTATION.md) from C_in to C_out
+# channels does f^2 C_in C_out multiply-adds per output pixel. MobileNet
+# (Howard et al., "MobileNets: Efficient Convolutional Neural Networks for
+# Mobile Vision Applications", 2017) splits it into a *depthwise* f x f
+# convolution (one filter per channel, `groups=C_in`: f^2 C_in) and a
+# *pointwise* 1 x 1 one (C_in C_out): the
+# ratio is 1 / C_out + 1 / f^2: at f = 3 and C_out of 64 or more, about 8
+# times fewer. The table: channels in -> out, and the image's height x width.
 
 # %%
 def conv_seconds(module, x, repeats=5):
@@ -276,7 +316,7 @@ def conv_seconds(module, x, repeats=5):
 shapes = [(32, 64, 28), (64, 128, 14), (128, 128, 14)]
 print("batch of 8 images; multiply-adds per image, time per batch")
 madd_ratios, time_ratios, depthwise_shares = [], [], []
-print(f"{'C_in->C_out, HxW':<18} {'MAdds std':>11} {'MAdds sep':>11} {'ratio':>6} "
+print(f"{'C_in->C_out, hxw':<18} {'MAdds std':>11} {'MAdds sep':>11} {'ratio':>6} "
       f"{'ms std':>7} {'ms sep':>7} {'ratio':>6}")
 for c_in, c_out, size in shapes:
     costs = mobile.compare_costs(c_in, c_out, 3, size, size)

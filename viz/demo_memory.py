@@ -235,9 +235,26 @@ def _show(status, console: Console, nproc: int) -> None:
                 latest[(row["rank"], row["strategy"])] = row
                 live.update(_table(latest, nproc, console.width))
         return
+    # The ranks finish a strategy in any order: each strategy's lines wait for
+    # every rank's last step and are printed in rank order.
+    done: dict = {}
+    printed: set = set()
     while (row := status.get()) is not None:
         if row["step"] == row["steps"]:
-            console.print(_plain_line(row, console.width), markup=False, soft_wrap=True)
+            done.setdefault(row["strategy"], {})[row["rank"]] = row
+            for name, _ in STRATEGIES:
+                rows = done.get(name, {})
+                if name in printed or len(rows) < nproc:
+                    continue
+                printed.add(name)
+                for rank in sorted(rows):
+                    console.print(_plain_line(rows[rank], console.width), markup=False,
+                                  soft_wrap=True)
+    for name, _ in STRATEGIES:   # a rank that failed: print what arrived, in rank order
+        if name not in printed:
+            for rank in sorted(done.get(name, {})):
+                console.print(_plain_line(done[name][rank], console.width), markup=False,
+                              soft_wrap=True)
 
 
 def shard_gap(measured: int, formula: float, sizes: list[int], nproc: int) -> str:
@@ -286,12 +303,17 @@ def main(args) -> int:
         # "rank 0 153,760" and "formula 153,760" stay on one line each.
         measured = ", ".join(f"rank{NO_BREAK}{rank}{NO_BREAK}{result[name]['model_state']:,}"
                              for rank, result in enumerate(results))
-        peaks = ", ".join(f"{result[name]['peak']:,}" for result in results)
+        peaks = ", ".join(f"{result[name]['peak']:,} after {(result[name]['peak_label'] or '? ?').split()[-1]}"
+                          for result in results)
         gap = shard_gap(max(result[name]["model_state"] for result in results), formula,
                         sizes, nproc)
         print_folded(console, f"  {name:7s} measured {measured}  formula{NO_BREAK}{formula:,.0f}"
                      f"{f' ({gap})' if gap else ''}", indent=8)
         print_folded(console, f"{'':9s} peak per rank {peaks}", indent=2)
+    print_folded(console, "(a peak is the largest of a rank's samples, taken after zero_grad, "
+                 "forward, backward and the step; zero_grad(set_to_none=False) zeroes the "
+                 "gradients in place, so they are held from the first backward on, and the "
+                 "sample after forward counts them next to the activations)", indent=1)
     note = peak_note(results)
     if note:
         print_folded(console, note, indent=0)

@@ -282,6 +282,7 @@ def plot(results, path, title: str | None = None):
     best = max(r.test_accuracy for r in results)
     top = [r for r in results if r.test_accuracy >= best - 0.06]
     labels = []
+    markers = []   # (axis, x, y) of every point, which a label must not cover either
     for position, (shown, zoom) in enumerate(((results, False), (top, True))):
         axis = figure.add_subplot(1, 2, position + 1)
         # Runs at the same point share one label; labels of runs with the same
@@ -296,6 +297,7 @@ def plot(results, path, title: str | None = None):
         for (sent, accuracy), runs in sorted(points.items(), key=lambda kv: -kv[0][1]):
             for r in runs:
                 hollow = r.error_feedback is False
+                markers.append((axis, sent, accuracy))
                 axis.scatter(sent, accuracy, s=60, zorder=3, linewidths=1.5,
                              facecolors="none" if hollow else colors[r.family],
                              edgecolors=colors[r.family])
@@ -323,26 +325,42 @@ def plot(results, path, title: str | None = None):
             axis.set_title("every run (the ones on the right labelled there)", fontsize=10)
     figure.suptitle(title or "the communication wall: bytes against accuracy")
     figure.tight_layout()
-    _unstack(figure, labels)
+    _unstack(figure, labels, markers)
     with atomic_path(path) as name:
         figure.savefig(name, dpi=100)
     return path
 
 
-def _unstack(figure, labels, step_points: float = 11, tries: int = 12) -> None:
-    """Move each label down a line at a time until it covers no label placed
-    before it: runs a few bytes apart with close accuracies ("top-k 1%, no EF"
-    and "sign, no EF") would otherwise print over each other."""
+def _unstack(figure, labels, markers=(), step_points: float = 11, tries: int = 12) -> None:
+    """Move each label a line at a time, down or up, whichever is nearer its
+    own point, until it covers no label placed before it: runs a few bytes
+    apart with close accuracies ("top-k 1%, no EF" and "sign, no EF") would
+    otherwise print over each other, and a label pushed only downwards can end
+    nearer a neighbour's point than its own."""
+    from matplotlib.text import Text
+
     renderer = figure.canvas.get_renderer()
+
+    def text_box(label):
+        """The label's text alone (an Annotation's extent includes its line)."""
+        label.update_positions(renderer)
+        return Text.get_window_extent(label, renderer)
+
+    from matplotlib.transforms import Bbox
+
     placed = []
+    for axis, x, y in markers:   # a point's marker, about 9 px across at s=60
+        px, py = axis.transData.transform((x, y))
+        placed.append(Bbox.from_extents(px - 5, py - 5, px + 5, py + 5))
     for label in labels:
-        for _ in range(tries):
-            box = label.get_window_extent(renderer)
+        x, y = label.xyann
+        for shift in [0] + [sign * step * step_points for step in range(1, tries + 1)
+                            for sign in (-1, 1)]:
+            label.xyann = (x, y + shift)
+            box = text_box(label)
             if not any(box.overlaps(other) for other in placed):
                 break
-            x, y = label.xyann
-            label.xyann = (x, y - step_points)
-        placed.append(label.get_window_extent(renderer))
+        placed.append(text_box(label))
 
 
 def main(argv=None) -> int:

@@ -241,7 +241,7 @@ def format_table(results: dict) -> str:
         f"{'-'.join(map(str, FITNETS_SIZES))}: {results['fitnets_parameters']:,} "
         f"({results['teacher_parameters'] / results['fitnets_parameters']:.0f}x smaller)",
         f"students see {results['budget']} labelled examples, {results['epochs']} epochs; "
-        f"T = {results['temperature']}, alpha = {results['alpha']}",
+        f"temperature {results['temperature']}, soft-target weight {results['alpha']}",
         f"{'method':>13} " + " ".join(f"{'seed ' + str(s):>7}" for s in seeds) + f" {'mean':>7}",
     ]
     for method, values in results["accuracies"].items():

@@ -25,14 +25,31 @@ def plot_trials_over_time(result, ax=None, title: str | None = None):
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 0.6 * max(result.n_workers, 2) + 1.4))
     span = max((trial.end for trial in result.trials), default=1.0) or 1.0
-    for trial in result.trials:
+    # Every bar carries its trial's number: inside a wide bar on a white patch
+    # (legible on hatching too); above or below a narrow one, in the lane
+    # (above, below) where it lands nearest its bar without touching the
+    # number before it: in a run of narrow bars a number may sit a little to
+    # the right of its bar, never on another.
+    gap = 0.028 * span
+    last = {}   # (row, lane) -> where the lane's last number is
+    for trial in sorted(result.trials, key=lambda t: t.start):
         colour, hatch = STYLE.get(trial.state, STYLE["running"])
         row = -1 if trial.worker is None else trial.worker
         ax.barh(row, trial.duration, left=trial.start, height=0.7, color=colour, hatch=hatch,
                 edgecolor="white", linewidth=0.6)
+        middle = trial.start + trial.duration / 2
         if trial.duration > 0.035 * span:
-            ax.text(trial.start + trial.duration / 2, row, str(trial.number), ha="center",
-                    va="center", fontsize=7, color="white")
+            ax.text(middle, row, str(trial.number), ha="center", va="center", fontsize=7,
+                    color="black", bbox={"boxstyle": "round,pad=0.15", "facecolor": "white",
+                                         "edgecolor": "none", "alpha": 0.85})
+        else:
+            where = {lane: max(middle, last.get((row, lane), -span) + gap)
+                     for lane in ("above", "below")}
+            lane = min(where, key=lambda lane: (where[lane] - middle, lane != "above"))
+            last[(row, lane)] = where[lane]
+            ax.text(where[lane], row + (-0.37 if lane == "above" else 0.37), str(trial.number),
+                    ha="center", va="bottom" if lane == "above" else "top", fontsize=6,
+                    color="black")
     for rank in result.lost_workers:
         ax.text(span, rank, "  lost", va="center", fontsize=8, color=STYLE["failed"][0])
     ax.set_yticks(range(result.n_workers))

@@ -23,12 +23,20 @@ def test_demo_measures_each_stage_and_plots(tmp_path, capsys):
     for stage, name in enumerate(("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")):
         for rank in (0, 1):   # not a terminal: one plain line per rank and strategy
             assert re.search(rf"rank {rank}  {name}  step 3/3  params [\d.]+ KiB", out), out
+        # each strategy's lines come in rank order, whichever rank finished first
+        ranks = [int(r) for r in re.findall(rf"^rank (\d)  {name}  step 3/3", out, re.M)]
+        assert ranks == [0, 1], out
         line = re.search(rf"  {name} +measured rank 0 ([\d,]+), rank 1 ([\d,]+)  formula ([\d,]+)",
                          out)
         assert line, out
         measured = {int(line.group(i).replace(",", "")) for i in (1, 2)}
         assert measured == {round(zero_model_state_bytes(psi, 2, stage))}
         assert int(line.group(3).replace(",", "")) == round(zero_model_state_bytes(psi, 2, stage))
+    # Each peak says at which sample it was taken; the demo says its gradients
+    # are held at the sample after forward (zeroed in place, set_to_none=False).
+    assert re.search(r"  DDP +measured .*\n +peak per rank [\d,]+ after forward, [\d,]+ after "
+                     r"forward\n", out), out
+    assert "zero_grad(set_to_none=False) zeroes the gradients in place" in " ".join(out.split())
     # ZeRO-3's peak is above ZeRO-2's, and the demo says why from its numbers:
     # the gathered weights (all of the model's, in float32) among its activations.
     peaks = {name: re.search(rf"rank 0  {name}  step 3/3 .*(?:\n.*)? peak ([\d.]+ KiB)",

@@ -43,6 +43,12 @@ def test_lesson13_follows_the_notation():
     text = (LESSONS / "13_communication_wall.py").read_text()
     assert "n values, N ranks" not in text and "(Ψ values, n ranks)" in text
     assert "2 (n-1)/n · 4Ψ" in text and "(N-1)" not in text and "(N - 1)" not in text
+    # PowerSGD's factors are not written P (the attention probabilities), the
+    # matrix rank is not a process's rank, EF and QR are spelled out.
+    assert "P = M Q" not in text and "`U = M Y`" in text and "*matrix rank* r" in text
+    assert "'matrix rank ' + str(r)" in text
+    assert '"EF" in the' in text and "*error feedback*" in text and "QR decomposition" in text
+    assert "1/ratio" not in text and "1 % of the\ngradient's norm" not in text
 
 
 def test_lesson14_int8_weights_are_four_times_smaller():
@@ -60,4 +66,12 @@ def test_lesson14_int8_weights_are_four_times_smaller():
 def test_lesson14_the_separable_block_costs_one_over_c_out_plus_one_over_k_squared(c_in, c_out, k):
     costs = compare_costs(c_in, c_out, k, 14, 14)
     assert costs["multiply_add_ratio"] == pytest.approx(1 / c_out + 1 / k ** 2)
-    assert "the\n# ratio is 1 / C_out + 1 / k^2" in (LESSONS / "14_faster_inference.py").read_text()
+    text = (LESSONS / "14_faster_inference.py").read_text()
+    assert "the\n# ratio is 1 / C_out + 1 / f^2" in text
+    # the glossary's letters keep their meaning: no k x k kernel, no temperature T,
+    # no s_x scales, no alpha weight (NOTATION.md: k top-k, T length, s bytes, α latency)
+    for clash in ("k x k", "temperature T", "s_x", "weight alpha", "HxW", "K = 1040"):
+        assert clash not in text, clash
+    for method in ("`hard`", "`hinton`", "`fitnets`", "`fitnets_hard`", "`deep_hinton`"):
+        assert method in text, method
+    assert "benchmarks/bench_inference.py` shows" in text and "Vector Neural Network" in text

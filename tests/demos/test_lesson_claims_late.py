@@ -156,3 +156,30 @@ def test_lesson15_the_same_trials_on_1_and_2_workers():
     assert [(t.params, t.value) for t in one.trials] == [(t.params, t.value) for t in two.trials]
     assert sample_params(space, seed=0, number=3) == one.trials[3].params
     assert all(t.state == "complete" for t in two.trials)
+
+
+def test_lesson15_a_trial_on_its_own_is_the_searchs_trial():
+    """Lesson 15's lone trial takes the search's seed for trial 3 (trial_seed(0, 3)),
+    so the search gives it the same accuracy; its text names TPE and where the
+    constants it asks to change are."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "lessons" / "15_hyperparameter_search.py").read_text()
+    assert "Trial(3, params, seed=trial_seed(0, 3), worker=0)" in text
+    assert "assert trial_3.value == accuracy" in text
+    assert "Tree-structured Parzen Estimator" in text and "Trial k" not in text
+    assert "a constant at the top\n# of the lesson's first code cell" in text
+    assert "this part is skipped:" not in text
+
+
+
+def test_lesson12_names_what_it_asks_the_reader_to_change():
+    """Lesson 12 says what `every` is, where WORLDS and CAP are, and tells
+    the example count's bytes from the run (no "8 bytes" typed for n ranks)."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "lessons" / "12_memory_wall.py").read_text()
+    assert "`CheckpointedSequential(model, every=k)` cuts" in text
+    assert "(`WORLDS`, the tuple of world sizes" in text and "lower `CAP` (the cap in" in text
+    assert "The 8 bytes of\nall_reduce" not in text and "{glue}`count_note`" in text
+    assert "load beside the lesson slows all three\nalike" not in text
