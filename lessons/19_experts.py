@@ -482,7 +482,7 @@ glue("strong_general", (
     if strong_gap > strong_band else
     "this run shows the opposite: 0.1 ended "
     + ("with the lowest loss of the three" if lowest == 0.1 else "below no auxiliary loss")
-    + ", beyond the noise"
+    + ", below no auxiliary loss's by more than twice the combined noise"
     + (" (it also dropped the fewest choices, so more tokens were computed on by an expert;"
        " a short run of a small model)" if min(lost, key=lost.get) == 0.1 else
        " (a short run of a small model)")
