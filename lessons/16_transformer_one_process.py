@@ -307,6 +307,7 @@ glue("pair_yardstick", YARDSTICKS["previous character known"], ".3f")
 glue("pair_side", "below" if trained["val_loss"] < YARDSTICKS["previous character known"]
      else "above")
 glue("real_words", f"{real} of its {len(words)}")
+glue("run_size", f"{c.n_layer}-block model of width {c.n_embd}")
 
 # %% [markdown]
 # The sample above is printed by `train_gpt` (temperature 0.8, from a
@@ -318,9 +319,11 @@ glue("real_words", f"{real} of its {len(words)}")
 
 # %% jupyter={"source_hidden": true}
 say("""
-This run ended {glue}`pair_side` that line: a validation loss of {glue}`val_loss` after
-{glue}`train_steps` steps against the previous character's {glue}`pair_yardstick`, and
-{glue}`real_words` sampled words are words of the play.
+This run, a {glue}`run_size` trained for {glue}`train_steps` steps, ended {glue}`pair_side`
+that line: a validation loss of {glue}`val_loss` against the previous character's
+{glue}`pair_yardstick`, and {glue}`real_words` sampled words are words of the play. (The
+quick form's model is smaller and trains far fewer steps than the full form's, which is why
+the two forms can land on different sides of the line.)
 """)
 
 # %% [markdown]
