@@ -396,7 +396,13 @@ else:
     glue("heads_verdict", "no head has specialised on the last characters: "
          + ("each gives them less than twice what an even spread would"
             + (" (and some mean is below the even spread's)" if below_even else "")
-            if near_even else "some give them more than twice an even spread, none half")
+            if near_even else "some give them at least twice an even spread ("
+            + ", ".join(f"head {h} {where}: {ratio:.2f} times"
+                        for h in range(heads)
+                        for where, ratio in (("on its own position", own[h] / even_own),
+                                             ("on the one before", previous[h] / even_previous))
+                        if ratio >= 2)
+            + "), none half")
          + f", after {RUN['steps']:,} steps of a {c.n_layer}-block model")
 
 # %% jupyter={"source_hidden": true}

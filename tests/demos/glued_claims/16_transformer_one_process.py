@@ -30,6 +30,12 @@ def check(glued):
                     for o, p in zip(own, previous))
         assert "less than twice" in verdict and "hardly more" not in verdict
         assert ("below the even spread" in verdict) == below
+    if not focused and not near_even:
+        # "at least twice an even spread", naming each head and position that is
+        for h, (o, p) in enumerate(zip(own, previous)):
+            for where, ratio in (("on its own position", o / value(glued, "even_own")),
+                                 ("on the one before", p / value(glued, "even_previous"))):
+                assert (f"head {h} {where}: {ratio:.2f} times" in verdict) == (ratio >= 2)
     assert glued["own_weight"]["text"] == ", ".join(f"{w:.2f}" for w in own)
 
     # The KV cache: each position once, the prompt and every drawn character
