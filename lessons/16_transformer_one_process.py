@@ -36,8 +36,21 @@
 # Library code: `minidist/nn/` (`embedding.py`, `layernorm.py`, GELU in
 # `activation.py`, attention in `functional.py`), `minidist/models/gpt.py`
 # (the GPT), `minidist/train_gpt.py` (what `minidist train --model gpt`
-# runs), `minidist/flops.py` (FLOPs, GEMM peak, MFU), `minidist/memory.py`
-# (the ledger per layer), `minidist/amp/` (GradScaler, MasterWeights).
+# runs), `minidist/flops.py` (FLOPs, the measured matrix-product peak,
+# MFU), `minidist/memory.py` (the ledger per layer), `minidist/amp/`
+# (GradScaler, MasterWeights).
+#
+# **Quick and full form.** The quick form (`MINIDIST_LESSON_QUICK=1`) runs
+# every section on less: section 2 trains a one-block GPT of width 32,
+# context 32, batch 8, for 300 steps (the full form: the default
+# configuration, 4 blocks of width 128, context 64, batch 12, 2,000 steps);
+# section 3 times a model of 2 blocks, context 32, batch 8, at widths 32, 64
+# and 128 (full: 4 blocks, context 64, batch 12, widths 64, 128, 256 and
+# 384); section 4 measures the block at 4 context lengths, 16 to 1024 by
+# factors of 4 (full: 8, 16 to 2048 by factors of 2); section 5 trains the
+# digits MLP for 3 epochs before it counts the gradients that underflow
+# (full: 5 epochs) and the small GPT for 40 steps (full: 400). Where a
+# verdict can differ between the forms, the text says why.
 
 # %%
 import math
@@ -91,10 +104,11 @@ np.set_printoptions(precision=3, suppress=True)
 nn.init.manual_seed(0)
 embedding = nn.Embedding(5, 3)
 ids = np.array([[0, 2, 2, 4]])                   # (B=1, T=4): id 2 twice
-rows = embedding(ids)                            # (1, 4, 3)
+rows = embedding(ids)                            # shape (1, 4, 3)
 rows.sum().backward()
-print("table:\n", embedding.weight.data)
-print("looked up (1, 4, 3):\n", rows.data[0])
+print("table (5 rows of 3 numbers):\n", embedding.weight.data)
+print(f"ids {ids[0].tolist()}: the rows they pick, an array of shape {rows.shape}:\n",
+      rows.data[0])
 print("gradient of the sum, row by row (how often each id occurred):",
       embedding.weight.grad[:, 0])
 assert np.array_equal(embedding.weight.grad[:, 0], np.bincount(ids.ravel(), minlength=5))
@@ -188,7 +202,13 @@ assert np.all(moved[:3] == 0) and np.all(moved[3:] > 0)
 # formulas L counts the blocks, and the loss is called the loss), a final
 # LayerNorm, and the logits: the token embedding's table used again as the
 # output layer (*weight tying*: one matrix, two uses). Where the parameters
-# of the default configuration (`minidist train --model gpt`) sit:
+# of the default configuration (`minidist train --model gpt`) sit, under
+# the names the model gives them (`minidist/models/gpt.py`): `wte` the token
+# embedding (V rows of d), `wpe` the position embedding (one row of d for
+# each of the `block_size` positions: `block_size` is the context length T,
+# the most positions the model sees at once, 64 in this configuration),
+# `block 0` ... the blocks, `ln_f` the final LayerNorm; the output layer,
+# `lm_head`, is `wte` again, so it has no row of its own:
 
 # %%
 text = load_shakespeare()
@@ -224,7 +244,11 @@ assert parts["block 0"] == 12 * d * d + 13 * d       # 4 matrices, their biases,
 # default configuration, 4 blocks of width 128, for 2,000 steps (minutes of
 # one core).
 #
-# Two yardsticks first, counted from the text: a model that knows only how
+# The loss is the cross-entropy: the mean over positions of -ln p, p the
+# probability the model gave the character that came next. With the natural
+# logarithm its unit is the *nat*, so it reads in nats per character (a
+# model that guesses uniformly among V characters scores ln V). Two
+# yardsticks first, counted from the text: a model that knows only how
 # often each character occurs, and one that knows the previous character
 # (both estimated on the training text, scored on the validation text).
 
@@ -262,7 +286,7 @@ for (name, value), style in zip(YARDSTICKS.items(), (":", "--", "-.")):
 axis.set_xlabel("step")
 axis.set_ylabel("loss (nats per character)")
 c = model.config
-axis.set_title(f"GPT: {c.n_layer} block(s) x {c.n_head} heads, width {c.n_embd}, context "
+axis.set_title(f"GPT: {c.n_layer} block{'s' if c.n_layer > 1 else ''} x {c.n_head} heads, width {c.n_embd}, context "
                f"{c.block_size}, batch {RUN['batch_size']}")
 axis.legend(fontsize=8, loc="upper right")
 figure.tight_layout()
@@ -283,6 +307,7 @@ glue("pair_yardstick", YARDSTICKS["previous character known"], ".3f")
 glue("pair_side", "below" if trained["val_loss"] < YARDSTICKS["previous character known"]
      else "above")
 glue("real_words", f"{real} of its {len(words)}")
+glue("run_size", f"{c.n_layer}-block model of width {c.n_embd}")
 
 # %% [markdown]
 # The sample above is printed by `train_gpt` (temperature 0.8, from a
@@ -294,16 +319,20 @@ glue("real_words", f"{real} of its {len(words)}")
 
 # %% jupyter={"source_hidden": true}
 say("""
-This run ended {glue}`pair_side` that line: a validation loss of {glue}`val_loss` after
-{glue}`train_steps` steps against the previous character's {glue}`pair_yardstick`, and
-{glue}`real_words` sampled words are words of the play.
+This run, a {glue}`run_size` trained for {glue}`train_steps` steps, ended {glue}`pair_side`
+that line: a validation loss of {glue}`val_loss` against the previous character's
+{glue}`pair_yardstick`, and {glue}`real_words` sampled words are words of the play. (The
+quick form's model is smaller and trains far fewer steps than the full form's, which is why
+the two forms can land on different sides of the line.)
 """)
 
 # %% [markdown]
 # **What the attention learned.** The weights P of the last block's heads on
 # a line of the validation text, recomputed here by hand from the trained
-# weights (q and k from `c_attn`, the mask, the softmax), and checked against
-# the layer's own output:
+# weights (q and k from `c_attn`, the attention's d -> 3d Linear that makes q,
+# k and v for all heads at once; then the mask, the softmax), and checked
+# against the layer's own output. Each picture is one head, its colour the
+# weight, 0 (white) to 1 (dark blue), as the colour bar says:
 
 # %%
 line = tokenizer.decode(val_tokens[:200]).split("\n")
@@ -328,12 +357,14 @@ assert np.allclose(P @ v, layer_out, atol=1e-5)
 figure, axes = plt.subplots(1, heads, figsize=(3.3 * heads, 4.0), layout="constrained")
 labels = [ch if ch != " " else "_" for ch in line]
 for h, axis in enumerate(np.atleast_1d(axes)):
-    axis.imshow(P[0, h], cmap="Blues", vmin=0, vmax=1)
+    image = axis.imshow(P[0, h], cmap="Blues", vmin=0, vmax=1)
     axis.set_xticks(range(len(line)), labels, fontsize=6)
     axis.set_yticks(range(len(line)), labels, fontsize=6)
     axis.set_title(f"head {h}", fontsize=9)
     axis.set_xlabel("key (what is looked at)", fontsize=8)
 np.atleast_1d(axes)[0].set_ylabel("query (who looks)", fontsize=8)
+figure.colorbar(image, ax=np.atleast_1d(axes).tolist(), shrink=0.7,
+                label="attention weight P (each row sums to 1)")
 figure.suptitle(f"last block's attention on {line!r} ('_' = space)", fontsize=10)
 show_figure(figure, "attention_pattern.png", dpi=110)
 own = [float(np.diag(P[0, h]).mean()) for h in range(heads)]
@@ -361,9 +392,17 @@ if focused:
         for h in focused) + ": the last few characters, where spelling is decided"
         + ("" if len(focused) == heads else "; the other heads spread theirs over the line"))
 else:
+    below_even = any(o < even_own or p < even_previous for o, p in zip(own, previous))
     glue("heads_verdict", "no head has specialised on the last characters: "
-         + ("each gives them hardly more than an even spread would"
-            if near_even else "some give them more than an even spread would, none half")
+         + ("each gives them less than twice what an even spread would"
+            + (" (and some mean is below the even spread's)" if below_even else "")
+            if near_even else "some give them at least twice an even spread ("
+            + ", ".join(f"head {h} {where}: {ratio:.2f} times"
+                        for h in range(heads)
+                        for where, ratio in (("on its own position", own[h] / even_own),
+                                             ("on the one before", previous[h] / even_previous))
+                        if ratio >= 2)
+            + "), none half")
          + f", after {RUN['steps']:,} steps of a {c.n_layer}-block model")
 
 # %% jupyter={"source_hidden": true}
@@ -434,7 +473,7 @@ assert cache.length == fed["KV cache"] == prompt.shape[1] + NEW - 1
 assert cache.nbytes() == 2 * c.n_layer * c.block_size * c.n_embd * 4   # 2 L T d s, s = 4 (float32)
 print(f"the same {NEW} characters: {same}; the cache holds {cache.length} positions in the room "
       f"it allocated for {c.block_size} (block_size): {cache.nbytes():,} bytes (K and V, "
-      f"{c.n_layer} layer(s), width {c.n_embd}, float32)")
+      f"{c.n_layer} layer{'s' if c.n_layer > 1 else ''}, width {c.n_embd}, float32)")
 if gen_times.load.busy:
     print(gen_times.load.note("the positions column is what the cache saves"))
 print(repr(tokenizer.decode(texts["KV cache"][0])))
@@ -503,13 +542,18 @@ random number falls within that bit of a boundary.
 # twice (the input's gradient and the weight's): **6 flops per weight per
 # token**, for the weights that enter a product, 12 L d^2 + d V (the blocks'
 # matrices and the tied output layer). Attention adds its two products per
-# head, q k^T and P v, 4 T d flops per token per block forward, 12 T d per
-# step: the term that grows with the context. `flops.gpt_step_flops` counts both (tests/core/test_flops.py
+# head, q k^T and P v: per token and per block, 4 T d flops forward, 12 T d
+# forward and backward (the backward of a product costs twice its forward,
+# as above): the term that grows with the context. `flops.gpt_step_flops` counts both (tests/core/test_flops.py
 # checks the count against every product the autograd runs).
 #
 # MFU, *model FLOPs utilisation*, is that count over the step's time over the
 # machine's peak, here measured, not read from a datasheet: the best of a
-# few large float32 products on the one thread the lesson uses.
+# few large float32 products on the one thread the lesson uses. A matrix
+# product is a GEMM (*general matrix multiply*, the routine's name in BLAS,
+# the *Basic Linear Algebra Subprograms*: the library of tuned matrix
+# kernels NumPy calls for float32 and float64 products), so the line below
+# calls the result the GEMM peak.
 
 # %%
 peak = flops.measure_gemm_peak(threads=1, size=1024 if QUICK else 2048)
@@ -589,7 +633,7 @@ column). MFU went from {glue}`mfu_range`: {glue}`mfu_verdict`.
 # small, and the line under the table says whether it did here (at the
 # largest widths the operands may leave the processor's caches, and load
 # beside the lesson weighs on the slowest steps most): a product of
-# (B T, d) by (d, 4d) is small at d = 32 (the BLAS kernel spends its time
+# (B T, d) by (d, 4d) is small at the table's smallest widths (the BLAS kernel spends its time
 # starting up and moving data, not multiplying), and a step has work that is
 # not a product at all (LayerNorm, softmax, GELU, the optimizer's update:
 # elementwise and memory-bound, in the time but not in the count), whose
@@ -602,9 +646,11 @@ column). MFU went from {glue}`mfu_range`: {glue}`mfu_verdict`.
 # ## 4. Memory per layer against the sequence length
 #
 # What one process holds while it trains the default GPT with AdamW, layer by
-# layer, measured by the ledger after a step (`memory.layer_bytes`): each
-# weight's 4 bytes, its gradient's 4, Adam's two moments' 8. The tied matrix
-# counts once, with the token embedding.
+# layer, measured by the ledger after a step (`memory.layer_bytes`), in
+# bytes, not parameters: each weight's 4 bytes (4 times the counts of
+# section 1's table), its gradient's 4, Adam's two moments' 8. The tied
+# matrix counts once, with the token embedding (`wte (= lm_head)`: the
+# output layer is the same array).
 
 # %%
 gpt = build_gpt(V, seed=0)
@@ -616,7 +662,8 @@ t = gpt.transformer
 layers = {"wte (= lm_head)": t.wte, "wpe": t.wpe,
           **{f"block {i}": block for i, block in enumerate(t.h)}, "ln_f": t.ln_f}
 table = memory.layer_bytes(layers, optimizer)
-print(f"{'layer':16} {'parameters':>11} {'gradients':>11} {'Adam m, v':>11}")
+print("bytes per layer (4 a value: float32)")
+print(f"{'layer':16} {'weights':>11} {'gradients':>11} {'Adam m, v':>11}")
 for name, held in table.items():
     print(f"{name:16} {held['parameters']:>11,} {held['gradients']:>11,} "
           f"{held['optimizer_state']:>11,}")
@@ -637,8 +684,10 @@ assert table["block 0"]["optimizer_state"] == 2 * table["block 0"]["parameters"]
 # same function. `memory.activations_against_length` runs one block of the
 # default width on random inputs (batch 4) for several T and measures what its graph
 # keeps with the ledger, next to the formula, with and without
-# recomputation (`checkpoint`: keep the block's input and output only,
-# run its forward again in the backward):
+# recomputation (`minidist.nn.checkpoint`: the block's graph keeps only its
+# input and its output, and its forward runs again in the backward; the
+# input is the block before's output, counted there, so each block's own
+# count is one (B, T, d) array, its output):
 
 # %%
 B = 4
@@ -657,7 +706,9 @@ for row in rows:
     assert row["formula"] == row["measured"] and row["formula_recompute"] == row["measured_recompute"]
 # Where P overtakes the other 25 B T d + 2 B T values: B H T^2 = (25 d + 2) B T.
 crossover = (25 * d + 2) / config.n_head
-print(f"P outweighs the rest of the block's activations from T = (25 d + 2) / H = {crossover:.0f}")
+first_above = math.floor(crossover) + 1
+print(f"P outweighs the rest of the block's activations (25 B T d + 2 B T values) where "
+      f"T > (25 d + 2) / H = {crossover:g}: from T = {first_above:,}")
 
 figure, axis = plt.subplots(figsize=(6.4, 4.0))
 T = np.array([row["T"] for row in rows])
@@ -682,12 +733,14 @@ figure.tight_layout()
 show_figure(figure, "memory_per_layer.png")
 
 # %% [markdown]
-# The measured points sit on the formula to the byte. At short contexts the
-# activations grow linearly with T (slope 1 on the log-log axes) and the
-# model states dominate; past the vertical line the T^2 term takes over
-# (slope 2): doubling the context quadruples it. Recomputation keeps one
-# (B, T, d) array per block: P exists only while one block's backward runs,
-# at the price of a second forward. Flash attention goes further and never
+# The measured points sit on the formula to the byte. In the picture above
+# (`memory_per_layer.png`), at short contexts the activations grow linearly
+# with T (slope 1 on its log-log axes) and the model states (the dotted
+# line) dominate; past the vertical line, where P equals the rest, the T^2
+# term takes over (slope 2): doubling the context quadruples it.
+# Recomputation keeps one (B, T, d) array per block (its output, the next
+# block's input): P exists only while one block's backward runs, at the
+# price of a second forward. Flash attention goes further and never
 # materialises P at all (it recomputes P block by block inside the
 # attention's own backward); sequence and context parallelism split T across
 # processes.
@@ -704,8 +757,9 @@ show_figure(figure, "memory_per_layer.png")
 # skips a step whose gradients overflowed to inf, halving S).
 #
 # The experiment `minidist.experiments.mixed_precision.gradient_underflow`
-# measures it on the digits MLP after a few epochs (when most examples are
-# classified well and their gradients are tiny): the gradient of the mean
+# measures it on the digits MLP after a few epochs of training (3 in the
+# quick form, 5 in the full; by then most examples are classified well and
+# their gradients are tiny): the gradient of the mean
 # loss over the whole training set, in float16 at several scales, against
 # float64. The MLP, not the GPT, because it needs many float16 backward
 # passes of a large batch, and float16 products in NumPy have no BLAS (the
@@ -713,7 +767,10 @@ show_figure(figure, "memory_per_layer.png")
 
 # %%
 SCALES = (1.0, 2.0**4, 2.0**8, 2.0**12, 2.0**16)
-underflow = gradient_underflow(epochs=3 if QUICK else 5, scales=SCALES)
+UNDERFLOW_EPOCHS = 3 if QUICK else 5
+underflow = gradient_underflow(epochs=UNDERFLOW_EPOCHS, scales=SCALES)
+print(f"the digits MLP after {UNDERFLOW_EPOCHS} epochs; 'of' counts the entries that are not "
+      "0 in float64")
 print(f"{'loss scale':>10} {'activation gradients lost':>26} {'weight gradients lost':>22}")
 for row in underflow:
     print(f"{row['scale']:>10,.0f} {row['activation_underflowed']:>11,} of "
@@ -749,15 +806,42 @@ glue("rescued_least", min(rescued), ".0%")
 glue("rescued_most", max(rescued), ".0%")
 glue("rescue_verdict", "most of" if min(rescued) > 0.5 else "not always most of")
 glue("lost_largest_scale", lost[-1], ",d")
+# The same for the weight gradients' column (fewer entries, so coarser steps)
+lost_weights = [row["weight_underflowed"] for row in underflow]
+glue("lost_weight_counts", lost_weights, "{}")
+rescued_weights = [1 - after / before for before, after in zip(lost_weights, lost_weights[1:])
+                   if before]
+glue("rescued_weights", rescued_weights, "{}")
+glue("weights_rescue_verdict",
+     "no weight gradient was lost at any scale" if not lost_weights[0] else
+     f"each factor of 16 rescued between {min(rescued_weights):.0%} and "
+     f"{max(rescued_weights):.0%} of those left"
+     + (": most of them every time" if min(rescued_weights) > 0.5 else
+        ": not always most of them" if max(rescued_weights) > 0.5 else
+        ": never most of them")
+     + ("" if lost_weights[-1] else
+        f", and none is lost from 2^{int(math.log2(SCALES[lost_weights.index(0)]))} on"))
+glue("underflow_epochs", UNDERFLOW_EPOCHS, "d")
+glue("underflow_epochs_other", 5 if QUICK else 3, "d")
+glue("underflow_form_other", "full" if QUICK else "quick")
 
 # %% jupyter={"source_hidden": true}
 say("""
-Without scaling {glue}`lost_unscaled` of the activation gradients' nonzero entries (and
-{glue}`lost_weights_unscaled` of the weight gradients') are exactly 0 in float16: those
-weights do not learn from those examples at all. Each factor of 16 in S rescued
-{glue}`rescue_verdict` what was left (between {glue}`rescued_least` and
-{glue}`rescued_most` of it); at 2^16, {glue}`lost_largest_scale` activation entries are still
-lost. GradScaler starts at 2^16 and halves S only when something overflows.
+After {glue}`underflow_epochs` epochs, without scaling {glue}`lost_unscaled` of the
+activation gradients' nonzero entries (and {glue}`lost_weights_unscaled` of the weight
+gradients') are exactly 0 in float16: those weights do not learn from those examples at all.
+In the activation column each factor of 16 in S rescued {glue}`rescue_verdict` what was left
+(between {glue}`rescued_least` and {glue}`rescued_most` of it); at 2^16,
+{glue}`lost_largest_scale` activation entries are still lost. In the weight column
+{glue}`weights_rescue_verdict`. GradScaler starts at 2^16 and halves S only when something
+overflows.
+
+The {glue}`underflow_form_other` form trains the MLP {glue}`underflow_epochs_other` epochs
+instead, so its counts differ: the longer it trains, the more examples it fits well, the
+smaller their gradients and the more of them underflow; and the entries that are not 0 at
+all in float64 (the "of" column) change with the weights too: where a ReLU unit is off for an
+example, the gradient at its input is exactly 0, and which units are off depends on the
+weights.
 """)
 
 # %% [markdown]
@@ -884,5 +968,7 @@ A float16 forward and backward of this GPT took {glue}`half_timing` (the timing 
 # change `--context`: the step's attention flops and the block's activations
 # both grow with it; rerun section 4 with `recompute` in mind and find the
 # context where the T^2 term is half the block's memory. Set the GradScaler's
-# `init_scale` to 1 in `train_precision` (`amp.GradScaler(init_scale=1.0)`)
-# and watch how often it grows the scale back.
+# `init_scale` (the loss scale S it starts from) to 1 in `train_precision`
+# (the function of section 5 that trains the small GPT: replace its
+# `amp.GradScaler()` by `amp.GradScaler(init_scale=1.0)`) and watch how
+# often it grows the scale back.

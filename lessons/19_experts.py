@@ -24,9 +24,10 @@
 # the *experts*, and a small *router* that sends each token to k of them:
 # E times the parameters for about k times the work of one MLP. The
 # experts do not fit on one rank for long, and they need not: **expert
-# parallelism** puts each rank's share of the experts on it and sends every
-# token to the rank of its expert and back, with an all_to_all. This
-# chapter:
+# parallelism** (EP) puts each rank's share of the experts on it and sends
+# every token to the rank of its expert and back, with an all_to_all. It is
+# set against **tensor parallelism** (TP, lesson 17), which splits one dense
+# MLP's matrices over the ranks. This chapter:
 #
 # 1. what an MoE layer holds and costs, against the dense MLP;
 # 2. routing on tiny numbers, by hand: top-k, Switch's gate (k = 1) and
@@ -51,7 +52,18 @@
 #
 # Symbols as in `lessons/NOTATION.md`: d the model width, E experts, k the
 # experts a token is sent to, n the ranks of a group, s bytes per value, N a
-# message's bytes; a batch of B sequences of T positions holds B T tokens.
+# message's bytes, g a gate (the weight the router gives an expert's output;
+# p is kept for pipeline stages); a batch of B sequences of T positions
+# holds B T tokens.
+#
+# **Quick and full form.** The quick form (`MINIDIST_LESSON_QUICK=1`) trains
+# section 4's three MoE GPTs for 60 steps each (the full form: 200),
+# simulates section 6 at 8 to 128 ranks (full: to 256), and runs section 7
+# on one mesh of 2 processes (full: also two meshes of 4). Section 4's
+# verdict on the loss can differ between the forms: at 60 steps the loss is
+# still falling fast, and which run is ahead can change from one stretch of
+# steps to the next; in either form the text weighs the differences against
+# their noise.
 
 # %%
 import numpy as np
@@ -155,7 +167,7 @@ print(f"a real MoE(width 16, 4 experts) counts {counted:,} parameters = 4 x "
 # Linear: `probs = softmax(x W_r^T)`, one probability per expert for every
 # token. With k = 1 (Switch) each token goes to its most probable expert and
 # its output is that expert's output times the probability itself, the
-# **gate** p: were the gate normalised to 1, the router would get no
+# **gate** g: were the gate normalised to 1, the router would get no
 # gradient from the output and could not learn. With k = 2 (GShard, and
 # Mixtral's softmax over the top k is the same) a token goes to its two most
 # probable experts, gated by their probabilities divided by their sum.
@@ -181,8 +193,8 @@ pair_gates = probs[np.arange(8), first] / (probs[np.arange(8), first] + probs[np
 print(table([[t, *(f"{p:.3f}" for p in probs[t]), int(first[t]), f"{probs[t, first[t]]:.3f}",
               f"{first[t]},{second[t]}", f"{pair_gates[t]:.3f},{1 - pair_gates[t]:.3f}"]
              for t in range(8)],
-            ["token", "p(e0)", "p(e1)", "p(e2)", "p(e3)", "k=1: expert", "gate",
-             "k=2: experts", "gates"]))
+            ["token", "prob e0", "prob e1", "prob e2", "prob e3", "k=1: expert", "gate g",
+             "k=2: experts", "gates g"]))
 
 
 def expert_out(moe, expert, rows):
@@ -423,9 +435,9 @@ glue("collapse_step", collapse, "d")
 glue("busiest_off", busiest[0.0], ".2f")
 glue("busiest_switch", busiest[0.01], ".2f")
 glue("busiest_strong", busiest[0.1], ".2f")
-glue("lost_off", lost[0.0], ".0%")
-glue("lost_switch", lost[0.01], ".0%")
-glue("lost_strong", lost[0.1], ".0%")
+glue("lost_off", lost[0.0], ".1%")       # the table's digits
+glue("lost_switch", lost[0.01], ".1%")
+glue("lost_strong", lost[0.1], ".1%")
 glue("loss_off", final[0.0], ".3f")
 glue("loss_switch", final[0.01], ".3f")
 glue("loss_strong", final[0.1], ".3f")
@@ -458,6 +470,24 @@ glue("switch_loss_verdict", loss_against_none(0.01))
 glue("strong_loss_verdict", loss_against_none(0.1))
 glue("switch_hurt", "hurt" if final[0.01] - final[0.0] > 2 * np.hypot(noise[0.01], noise[0.0])
      else "did not hurt")
+# Switch's general finding, too large a coefficient costs the LM loss, against this run.
+strong_gap = final[0.1] - final[0.0]
+strong_band = 2 * np.hypot(noise[0.1], noise[0.0])
+lowest = min(COEFFICIENTS, key=lambda c: final[c])
+glue("strong_side", "higher" if strong_gap > strong_band else "lower" if strong_gap < -strong_band
+     else "within")
+glue("lowest_coefficient", lowest, "{}")
+glue("strong_general", (
+    "this run agrees: 0.1 cost the language model's loss beyond the noise"
+    if strong_gap > strong_band else
+    "this run shows the opposite: 0.1 ended "
+    + ("with the lowest loss of the three" if lowest == 0.1 else "below no auxiliary loss")
+    + ", below no auxiliary loss's by more than twice the combined noise"
+    + (" (it also dropped the fewest choices, so more tokens were computed on by an expert;"
+       " a short run of a small model)" if min(lost, key=lost.get) == 0.1 else
+       " (a short run of a small model)")
+    if strong_gap < -strong_band else
+    "this run cannot tell: 0.1's loss is within the noise of no auxiliary loss's"))
 
 # %% jupyter={"source_hidden": true}
 say("""
@@ -474,8 +504,10 @@ The language model's loss over the last {glue}`last_steps` steps: {glue}`loss_of
 auxiliary loss, {glue}`loss_switch` with 0.01, {glue}`loss_strong` with 0.1; each a mean of
 {glue}`last_steps` batches, whose noise (its standard error) is {glue}`noises` in the same
 order. Against no auxiliary loss, 0.01's is {glue}`switch_loss_verdict`; 0.1's
-{glue}`strong_loss_verdict`. In this run
-Switch's coefficient {glue}`switch_hurt` the loss beyond the noise.
+{glue}`strong_loss_verdict`. In this run of {glue}`train_steps` steps
+Switch's coefficient {glue}`switch_hurt` the loss beyond the noise. Fedus, Zoph and Shazeer
+found that too large a coefficient trades the language model's loss for balance;
+{glue}`strong_general`.
 """)
 
 # %% [markdown]
@@ -483,7 +515,6 @@ Switch's coefficient {glue}`switch_hurt` the loss beyond the noise.
 # Zoph and Shazeer (*Switch Transformers*, above) chose 0.01 as large
 # enough to balance the load and small enough not to overwhelm the language
 # model's loss, over far longer trainings of far larger models.
-# Too large a coefficient trades the language model's loss for balance.
 # Perfect balance is not the goal in itself: characters are not equally
 # frequent, and a router that sends every space to one expert is doing its
 # job. The loss only stops the rich-get-richer loop.
@@ -512,8 +543,9 @@ Switch's coefficient {glue}`switch_hurt` the loss beyond the noise.
 # Backward is the two row all_to_alls transposed. On 2 processes: one MoE
 # layer of 4 experts, width 16, 24 tokens a rank, float64, capacity factor
 # 1.0, once with k = 1 and once with k = 2, each pass a traced region; in
-# the same run the dense MLP split by tensor parallelism (`c_fc` by columns,
-# `c_proj` by rows, lesson 17) on the same 24 tokens:
+# the same run the dense MLP split by tensor parallelism (lesson 17: its
+# first Linear, `c_fc`, d -> 4d, by columns, its second, `c_proj`, 4d -> d,
+# by rows; in the table below "dense MLP, TP") on the same 24 tokens:
 
 # %%
 EP = 2
@@ -686,16 +718,40 @@ print(f"\nspread evenly, nothing dropped, 2 (n-1)/n k B T d s a pass: k = 1 {eve
       f"k = 2 {even[2]:,.0f} bytes; the dense MLP's all_reduce, 2 (n-1)/n N with N = B T d s: "
       f"{dense_formula[0]:,}")
 assert even[1] == dense_formula[0] and even[2] == 2 * dense_formula[0]
-sent_forward = {}
+crossed = {}
 for top_k in CASES:   # what the text below says of this run
     matrix = dispatch_matrix([found[top_k]["routing"] for found in ep_runs], EP)
     formula = dispatch_bytes(matrix, LAYER_EXPERTS, C, itemsize=S)
     assert all(formula.backward[r] < even[top_k] for r in range(EP)) and total_dropped[top_k] > 0
-    sent_forward[top_k] = " and ".join(f"{formula.forward[r]:,}" for r in range(EP))
-glue("sent_k1", sent_forward[1])
-glue("sent_k2", sent_forward[2])
+    # The rows that crossed a link in a pass (dispatch + combine, the counts aside: the
+    # backward column), rank by rank, against the even figure's 2 (n-1)/n k B T.
+    rows_crossed = [int(formula.backward[r] // (C * S)) for r in range(EP)]
+    kept = int(matrix.sum())
+    crossed[top_k] = dict(rows=rows_crossed, even_rows=int(round(even[top_k] / (C * S))),
+                          bytes=[int(formula.backward[r]) for r in range(EP)],
+                          dropped=total_dropped[top_k], choices=top_k * TOKENS * EP, kept=kept,
+                          remote_share=float((kept - np.trace(matrix)) / kept))
+glue("crossed", crossed, "{}")
+glue("rows_k1", " and ".join(str(v) for v in crossed[1]["rows"]))
+glue("rows_k2", " and ".join(str(v) for v in crossed[2]["rows"]))
+glue("even_rows_k1", crossed[1]["even_rows"], "d")
+glue("even_rows_k2", crossed[2]["even_rows"], "d")
+glue("crossed_bytes_k1", " and ".join(f"{v:,}" for v in crossed[1]["bytes"]))
+glue("crossed_bytes_k2", " and ".join(f"{v:,}" for v in crossed[2]["bytes"]))
+glue("dropped_k1", crossed[1]["dropped"], "d")
+glue("dropped_k2", crossed[2]["dropped"], "d")
+glue("choices_k1", crossed[1]["choices"], "d")
+glue("choices_k2", crossed[2]["choices"], "d")
+glue("row_bytes", C * S, "d")
+glue("counts_bytes", formula.counts[0], "d")
 glue("even_k1", even[1], ",.0f")
 glue("even_k2", even[2], ",.0f")
+glue("even_remote", (EP - 1) / EP, ".0%")
+glue("remote_verdict", "; ".join(
+    f"with k = {k}, {v['remote_share']:.0%} of the kept choices went to the other rank's "
+    "experts, " + ("more than" if v["remote_share"] > (EP - 1) / EP else
+                   "as many as" if v["remote_share"] == (EP - 1) / EP else "fewer than")
+    + " the even spread's share" for k, v in crossed.items()))
 
 # %% [markdown]
 # Three all_to_alls forward (the counts, the dispatch, the combine), two
@@ -709,10 +765,18 @@ glue("even_k2", even[2], ",.0f")
 
 # %% jupyter={"source_hidden": true}
 say("""
-This run's are below the even figure: with k = 1 the two ranks sent {glue}`sent_k1` bytes
-forward against {glue}`even_k1` spread evenly, with k = 2 {glue}`sent_k2` against
-{glue}`even_k2` (choices were dropped, and the rows for a rank's own experts never cross a
-link), while an overloaded rank receives more and everyone waits for it.
+This run's are below the even figure. Compare like with like, the rows that crossed a link
+(dispatch and combine; the backward column, since the forward adds the counts'
+{glue}`counts_bytes` bytes):
+with k = 1 the two ranks moved {glue}`rows_k1` rows of d s = {glue}`row_bytes` bytes
+({glue}`crossed_bytes_k1` bytes) against {glue}`even_rows_k1` rows ({glue}`even_k1` bytes)
+spread evenly; with k = 2 {glue}`rows_k2` against {glue}`even_rows_k2` ({glue}`crossed_bytes_k2`
+against {glue}`even_k2` bytes). The even figure already leaves out the rows for a rank's own
+experts ((n - 1)/n of the choices cross, {glue}`even_remote` here). What is missing is the
+dropped choices, which are never sent: {glue}`dropped_k1` of the {glue}`choices_k1` with
+k = 1, {glue}`dropped_k2` of the {glue}`choices_k2` with k = 2. Where the kept choices went
+moves the count too: {glue}`remote_verdict`. And an overloaded rank receives more than the
+even share, and everyone waits for it.
 """)
 
 # %% [markdown]
@@ -744,6 +808,8 @@ for n in WORLDS:
                     beta=LINK.beta, gamma=0.0)
     simulated[n] = dict(k1=2 * a2a[1].time, k2=2 * a2a[2].time, ring=ring.time,
                         predicted=(2 * a2a[1].predicted, ring.predicted))
+print("EP: the MoE layer's two all_to_alls, expert parallelism; TP: the dense MLP's all_reduce, "
+      "tensor parallelism; formula: the alpha-beta prediction, ms")
 print(table([[n, f"{v['k1'] * 1e3:.2f}", f"{v['k2'] * 1e3:.2f}", f"{v['ring'] * 1e3:.2f}",
               f"{v['predicted'][0] * 1e3:.2f}", f"{v['predicted'][1] * 1e3:.2f}"]
              for n, v in simulated.items()],
@@ -766,11 +832,15 @@ assert latency_share[8] < 0.1 and 0.4 < latency_share[128] < 0.6
 def draw_simulated():
     figure, axis = plt.subplots(figsize=(7.5, 4.3))
     worlds = list(simulated)
-    for key, label, style in (("ring", "dense MLP, TP: ring all_reduce", "-o"),
-                              ("k1", "MoE k = 1: 2 pairwise all_to_alls", "--s"),
-                              ("k2", "MoE k = 2: 2 pairwise all_to_alls", "--^")):
+    # The ring all_reduce and k = 1 take the same time: the ring is drawn wide and
+    # pale underneath, k = 1 thin and dashed on top, so that both show.
+    for key, label, style, width, size in (
+            ("ring", "dense MLP, TP: ring all_reduce (the same time as k = 1)", "-o", 6, 11),
+            ("k1", "MoE k = 1: 2 pairwise all_to_alls", "--s", 1.5, 6),
+            ("k2", "MoE k = 2: 2 pairwise all_to_alls", "--^", 1.5, 6)):
         axis.plot(worlds, [simulated[n][key] * 1e3 for n in worlds], style, label=label,
-                  markerfacecolor="none")
+                  markerfacecolor="none", linewidth=width, markersize=size,
+                  alpha=0.45 if key == "ring" else 1.0)
     axis.set_xscale("log", base=2)
     axis.set_xticks(worlds, [str(n) for n in worlds])
     axis.set_ylim(bottom=0)
@@ -794,7 +864,9 @@ glue("k2_ratio_most", ratios[-1], ".2f")
 
 # %% [markdown]
 # The simulated clocks equal the alpha-beta formulas. With k = 1 the two
-# pairwise all_to_alls take exactly the ring all_reduce's time: the same
+# pairwise all_to_alls take exactly the ring all_reduce's time (in the
+# picture the k = 1 line lies on the all_reduce's, drawn wide and pale under
+# it): the same
 # 2 (n - 1) messages a rank, the same 2 (n - 1)/n N bytes (N = B T d s, a
 # rank's tokens). k = 2 sends twice the bytes but the same number of
 # messages.
@@ -911,13 +983,15 @@ for world, shapes in MESHES.items():
     reference, reference_losses = one_process(world)
     for shape in shapes:
         dp, ep = shape
-        worst, held = 0.0, set()
+        worst, held, loss_worst = 0.0, set(), 0.0
         for rank, found in enumerate(results):
             run = found[shape]
             for name, value in run["weights"].items():
                 worst = max(worst, relative_error(value, reference[whole_name(name, run["start"])]))
                 held.add(whole_name(name, run["start"]))
             assert np.allclose(run["losses"], reference_losses[:, rank], rtol=1e-9)
+            loss_worst = max(loss_worst, float(np.abs(np.asarray(run["losses"])
+                                                      - reference_losses[:, rank]).max()))
         # an expert is 4 parameters (c_fc's and c_proj's weight and bias), in each block
         tensors = sum(".mlp.experts." in n for n in results[0][shape]["weights"])
         experts_a_rank = tensors // (4 * GPT_CONFIG.n_layer)
@@ -926,14 +1000,17 @@ for world, shapes in MESHES.items():
               f"the {GPT_CONFIG.n_expert} experts of each block; mean loss per step (a new "
               f"batch of random tokens each) "
               + ", ".join(f"{v:.6f}" for v in reference_losses.mean(axis=1))
-              + f"; weights against one process's: largest relative difference {worst:.1e}")
-        assert held == set(reference) and worst < 1e-9
+              + f"; weights against one process's: largest relative difference {worst:.1e}; "
+              f"every rank's loss at every step against one process's loss on that rank's "
+              f"batch: largest difference {loss_worst:.1e}")
+        assert held == set(reference) and worst < 1e-9 and loss_worst < 1e-9
 
 # %% [markdown]
 # Every rank ends with one process's weights to float64 rounding, the
 # experts on the ranks that hold them and the dense parameters everywhere,
 # and every rank's loss at every step is one process's loss on that rank's
-# batch.
+# batch (the last number of each line above: the largest difference, over
+# ranks and steps).
 #
 # **Your turn**: the exercise `moe_dispatch` has you write the dispatch of
 # section 5 yourself, the split sizes and the two all_to_alls, checked on
@@ -942,7 +1019,9 @@ for world, shapes in MESHES.items():
 #     minidist exercise start moe_dispatch
 #
 # **Try**: raise the capacity factor of section 5 to 2.0 and watch the
-# dropped choices and the bytes; set `aux_loss_coef=0.0` in section 4's
-# run with k = 2; in section 6, give the simulator `CLUSTER.intra` (a node's
+# dropped choices and the bytes; in section 4's `balance_run` (the function
+# that trains the MoE GPT; its `MoEGPTConfig` sets `top_k`, the k, and
+# `aux_loss_coef`, the auxiliary loss's coefficient) set `top_k=2` and see
+# whether the router still collapses without the auxiliary loss; in section 6, give the simulator `CLUSTER.intra` (a node's
 # links) instead, or a smaller model, and see where the latencies start to
 # count.

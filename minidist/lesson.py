@@ -167,6 +167,8 @@ def _plain(value):
         return float(value)
     if isinstance(value, (list, tuple)):
         return [_plain(item) for item in value]
+    if isinstance(value, dict):                  # keys as JSON keeps them: text
+        return {str(key): _plain(item) for key, item in value.items()}
     return str(value)
 
 

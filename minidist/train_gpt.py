@@ -294,9 +294,10 @@ def _train(s, seed, sample_chars, eval_batches, progress, console, text) -> dict
         return {"step": step, "train_loss": train, "val_loss": val, "lr": optimizer.param_groups[0]["lr"]}
 
     console = console or Console()
+    layers = f"{s['n_layer']} layer" + ("s" if s["n_layer"] != 1 else "")
     console.print(
         f"[bold]minidist train[/bold]: gpt on Shakespeare ({len(train_tokens):,} train / {len(val_tokens):,} "
-        f"validation characters, {tokenizer.vocab_size} tokens), {s['n_layer']} layers x {s['n_head']} heads, "
+        f"validation characters, {tokenizer.vocab_size} tokens), {layers} x {s['n_head']} heads, "
         f"width {s['n_embd']}, context {block}, {model.num_parameters():,} parameters, batch {batch}, "
         f"AdamW lr {s['lr']:g}, {s['steps']} steps, backend {backend.name()}"
     )

@@ -28,6 +28,13 @@ def test_a_value_is_formatted_once_and_kept(out):
         "ring 26.4 ms, $2N\\beta$, 57%"
 
 
+def test_a_dict_is_kept_as_a_dict_with_text_keys(out):
+    """A check may read a glued table: its keys come back as text, as JSON keeps them."""
+    lesson.glue("crossed", {1: {"rows": [22, 22], "share": 0.55}}, "{}")
+    record = json.loads((out / "glued.json").read_text())
+    assert record["crossed"]["value"] == {"1": {"rows": [22, 22], "share": 0.55}}
+
+
 def test_prose_citing_an_unglued_value_is_refused():
     lesson.glue("known", 1, "d")
     with pytest.raises(KeyError, match="no value is glued as 'unknown'.*glued so far: known"):

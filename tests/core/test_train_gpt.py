@@ -77,6 +77,7 @@ def test_cli_trains_a_gpt_and_prints_a_sample():
     out = done.stdout
     assert "gpt on Shakespeare" in out and "step     4: train" in out and "validation loss" in out
     assert "a sample" in out
+    assert "1 layer x 2 heads" in out                    # one layer, not "1 layers"
 
 
 @pytest.mark.parametrize("args, message", [

@@ -207,3 +207,48 @@ def test_an_even_spread_over_the_visible_keys_gives_the_own_position_the_mean_of
     P /= P.sum(axis=1, keepdims=True)
     assert np.diag(P).mean() == pytest.approx(np.mean(1 / np.arange(1, T + 1)))
     assert np.diag(P, -1).mean() == pytest.approx(np.mean(1 / np.arange(2, T + 1)))
+
+
+def test_attention_costs_12_t_d_flops_per_token_per_block_forward_and_backward():
+    """Section 3: 'per token and per block, 4 T d flops forward, 12 T d
+    forward and backward'."""
+    for layers, d, T in ((1, 32, 16), (3, 64, 32)):
+        config = GPTConfig(vocab_size=62, block_size=T, n_layer=layers, n_head=4, n_embd=d)
+        count = flops.gpt_step_flops(config, batch=3)
+        assert count.attention == 12 * T * d * layers * count.tokens
+        assert Fraction(count.attention, 3) == 4 * T * d * layers * count.tokens
+
+
+def test_p_overtakes_the_rest_of_the_default_block_from_t_801():
+    """Section 4's line: at width 128 and 4 heads the threshold (25 d + 2) / H
+    is 800.5, not a whole number: at T = 800 P is still the smaller part,
+    from T = 801 the larger."""
+    d, h = 128, 4
+    assert (25 * d + 2) / h == 800.5
+    for T, larger in ((800, False), (801, True)):
+        terms = memory.transformer_block_activation_terms(4, T, d, h)
+        p = terms["attention: probabilities P (B H T T)"]
+        assert (p > sum(terms.values()) - p) is larger
+
+
+def test_the_quick_and_full_settings_are_those_the_lesson_announces():
+    """The lesson's opening says what the quick form cuts: the full form
+    trains the default configuration (4 blocks of width 128, context 64,
+    batch 12, 2,000 steps); the settings in the lesson's code are the ones
+    it names."""
+    from pathlib import Path
+
+    from minidist.train_gpt import GPT_DEFAULTS
+
+    assert {k: GPT_DEFAULTS[k] for k in ("n_layer", "n_embd", "block_size", "batch_size",
+                                         "steps")} == \
+        dict(n_layer=4, n_embd=128, block_size=64, batch_size=12, steps=2000)
+    source = (Path(__file__).parents[2] / "lessons" / "16_transformer_one_process.py").read_text()
+    for line in ('RUN = dict(n_layer=1, n_head=2, n_embd=32, block_size=32, batch_size=8, steps=300,',
+                 "WIDTHS = (32, 64, 128) if QUICK else (64, 128, 256, 384)",
+                 "MFU_LAYERS, MFU_HEADS = (2, 4) if QUICK else (4, 4)",
+                 "MFU_CONTEXT, MFU_BATCH = (32, 8) if QUICK else (64, 12)",
+                 "LENGTHS = (16, 64, 256, 1024) if QUICK else (16, 32, 64, 128, 256, 512, 1024, 2048)",
+                 "UNDERFLOW_EPOCHS = 3 if QUICK else 5",
+                 "MP_BATCH, MP_STEPS, MP_LR = 8, (40 if QUICK else 400), 3e-3"):
+        assert line in source, line

@@ -131,3 +131,50 @@ def test_the_latencies_share_grows_with_the_group_and_k2s_extra_shrinks():
         ratios.append(a2a[2] / a2a[1])
     assert all(a < b for a, b in zip(shares, shares[1:]))
     assert all(a > b > 1 for a, b in zip(ratios, ratios[1:]))
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_the_even_figure_already_leaves_out_the_local_rows_and_drops_fall_short_of_it(top_k):
+    """Section 5: '2 (n-1)/n k B T d s' counts only the rows that cross a
+    link, as the backward column does (the forward adds the counts): an even
+    matrix with nothing dropped meets it exactly, one with dropped choices
+    (the same spread, fewer rows) falls short of it by the rows dropped."""
+    from minidist.parallel.expert.costs import dispatch_bytes
+
+    tokens, width, s, n = 24, 16, 8, 2
+    even = np.full((n, n), top_k * tokens // n)
+    counted = dispatch_bytes(even, 4, width, itemsize=s)
+    figure = balanced_dispatch_bytes(tokens, top_k, width, n, itemsize=s)
+    assert all(b == figure for b in counted.backward)
+    assert all(f == figure + c for f, c in zip(counted.forward, counted.counts))
+    dropped = even - np.array([[1, 1], [1, 1]])          # one choice dropped per cell
+    short = dispatch_bytes(dropped, 4, width, itemsize=s)
+    assert all(figure - b == 2 * width * s for b in short.backward)   # a row each way
+
+
+def test_the_gate_is_named_g_not_the_pipelines_p():
+    """lessons/NOTATION.md: p is the pipeline's stages, P_i Switch's mean
+    probability; lesson 19 calls the router's gate g, and NOTATION says so."""
+    from pathlib import Path
+
+    lessons = Path(__file__).parents[2] / "lessons"
+    notation = (lessons / "NOTATION.md").read_text()
+    assert "| g | a gate" in notation
+    source = (lessons / "19_experts.py").read_text()
+    assert "**gate** g" in source and "**gate** p" not in source and '"p(e0)"' not in source
+
+
+def test_the_dense_all_reduce_and_k1_all_to_alls_coincide_so_the_picture_draws_both():
+    """Section 6's picture: the ring all_reduce's line and k = 1's coincide
+    at every group size (their times are equal), so the lesson draws the ring
+    wide and pale under a dashed k = 1 line and says so in the legend."""
+    from pathlib import Path
+
+    for n in (8, 128):
+        a2a = simulate("all_to_all", "pairwise", n, 4096 * 4096 * 2, alpha=10e-6,
+                       beta=1 / 25e9, gamma=0.0)
+        ring = simulate("all_reduce", "ring", n, 4096 * 4096 * 2, alpha=10e-6,
+                        beta=1 / 25e9, gamma=0.0)
+        assert abs(2 * a2a.time / ring.time - 1) < 1e-6
+    source = (Path(__file__).parents[2] / "lessons" / "19_experts.py").read_text()
+    assert "(the same time as k = 1)" in source

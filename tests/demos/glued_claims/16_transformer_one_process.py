@@ -23,6 +23,19 @@ def check(glued):
     assert ("no head has specialised" in verdict) == (not focused)
     for h in focused:
         assert f"head {h} puts most of its weight" in verdict
+    if not focused and near_even:
+        # "less than twice what an even spread would", and said where some
+        # mean is below the even spread (not "hardly more than" it)
+        below = any(o < value(glued, "even_own") or p < value(glued, "even_previous")
+                    for o, p in zip(own, previous))
+        assert "less than twice" in verdict and "hardly more" not in verdict
+        assert ("below the even spread" in verdict) == below
+    if not focused and not near_even:
+        # "at least twice an even spread", naming each head and position that is
+        for h, (o, p) in enumerate(zip(own, previous)):
+            for where, ratio in (("on its own position", o / value(glued, "even_own")),
+                                 ("on the one before", p / value(glued, "even_previous"))):
+                assert (f"head {h} {where}: {ratio:.2f} times" in verdict) == (ratio >= 2)
     assert glued["own_weight"]["text"] == ", ".join(f"{w:.2f}" for w in own)
 
     # The KV cache: each position once, the prompt and every drawn character
@@ -52,6 +65,19 @@ def check(glued):
     assert value(glued, "rescue_verdict") == ("most of" if min(rescued) > 0.5
                                              else "not always most of")
     assert lost[0] > 0 and all(a >= b for a, b in zip(lost, lost[1:]))
+    # "between X and Y of it" speaks of the activation column only; the
+    # weight column has its own sentence, its range over every factor of 16.
+    weights = value(glued, "lost_weight_counts")
+    text = value(glued, "weights_rescue_verdict")
+    if weights[0]:
+        kept = [1 - after / before for before, after in zip(weights, weights[1:]) if before]
+        assert f"between {min(kept):.0%} and {max(kept):.0%}" in text
+        assert ("most of them every time" in text) == (min(kept) > 0.5)
+        assert ("not always most of them" in text) == (min(kept) <= 0.5 < max(kept))
+        assert ("never most of them" in text) == (max(kept) <= 0.5)
+    else:
+        assert "no weight gradient was lost" in text
+    assert value(glued, "underflow_epochs") != value(glued, "underflow_epochs_other")
     closer = value(glued, "gap_mixed") < value(glued, "gap_noise")
     assert value(glued, "gap_verdict") == ("closer" if closer else "less close")
     assert value(glued, "gap_meaning") == ("smaller" if closer else "not smaller")
