@@ -94,7 +94,8 @@ WARN_SECONDS = 30.0
 #: An estimate above this many seconds is told at this machine's pace.
 PACE_ABOVE_SECONDS = 2.0
 #: The small simulation that measures it: the per-message work of the big
-#: ones (the double binary tree's are what take minutes), about 0.03 s of CPU.
+#: ones (the double binary tree's are what take minutes), small enough to
+#: cost a fraction of the estimate it corrects.
 PACE_PROBE = ("all_reduce", "double_binary_tree", 64, 1 << 20)
 
 

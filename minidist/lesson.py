@@ -89,8 +89,16 @@ def _mpi_rank() -> int:
 
 def in_notebook() -> bool:
     """True inside a Jupyter kernel, where a cell's value is displayed; a
-    script shows its pictures as files instead."""
-    return "ipykernel" in sys.modules
+    script shows its pictures as files instead. (ipykernel imported is not
+    enough: a test or a tool may import it without running in a kernel.)"""
+    if "ipykernel" not in sys.modules:
+        return False
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
 
 
 def use_headless_matplotlib():

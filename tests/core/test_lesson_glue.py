@@ -65,3 +65,15 @@ def test_a_figure_is_saved_closed_and_named(out, capsys):
     assert (out / "line.png").stat().st_size > 0
     assert not plt.fignum_exists(figure.number)
     assert capsys.readouterr().out.strip() == "[picture: line.png] a line"
+
+
+def test_a_script_that_imported_ipykernel_still_prints(capsys):
+    """Importing ipykernel (as a test or a tool may) does not make a script a
+    notebook: the prose is printed, not handed to a display that is not there."""
+    pytest.importorskip("ipykernel")
+    import ipykernel  # noqa: F401
+
+    assert not lesson.in_notebook()
+    lesson.glue("share", 0.5, ".0%")
+    lesson.say("half: {glue}`share`")
+    assert "half: 50%" in capsys.readouterr().out
