@@ -516,7 +516,7 @@ else:
     glue("randomk_which", f"Feedback moved it by {randomk_ef_points:+.1f} points on average, "
          "but not the same way in every seed (" + ", ".join(f"{d:+.1f}" for d in randomk_seeds)
          + "): which of the two is worse changes from seed to seed")
-glue("ef_caution", "These are one seed's numbers (the quick form): the full form's three seeds "
+glue("ef_caution", "These are the numbers of one seed (the quick form): the full form's three seeds "
      "can move them by several points, even flip their sign" if len(SEEDS) == 1 else
      f"These are means over {len(SEEDS)} seeds")
 
