@@ -5,7 +5,8 @@ leaves out the files below, the end-to-end runs that take most of the
 suite's time on a 2-core machine: every lesson as a script and as a
 notebook, the MPI jobs, the accuracy runs of the compressors, the hostile
 exercise solutions, the fault-injection runs and the exhaustive grids of
-the rooted and all-to-all collectives. What is left still runs every
+the rooted and all-to-all collectives, every CLI table run at 80 columns,
+every replay's legend drawn. What is left still runs every
 collective, strategy, layer and command once, for an edit-run loop of a
 few minutes; run ``make test`` before you share a change.
 """
@@ -31,6 +32,9 @@ SLOW_FILES = {
     "collectives/test_collectives_all_to_all.py",
     "viz/test_viz_title_layout.py",
     "viz/test_pipeline_drawn.py",
+    "viz/test_replay_legends.py",
+    "runtime/test_cli_output.py",
+    "exercises/test_exercise_feedback.py",
 }
 
 TESTS = Path(__file__).resolve().parent
