@@ -134,7 +134,6 @@ def _train(model, epochs, batch_size, lr, seed, progress, console) -> dict:
         MofNCompleteColumn,
         Progress,
         TextColumn,
-        TimeRemainingColumn,
     )
 
     console = console or Console()
@@ -145,12 +144,14 @@ def _train(model, epochs, batch_size, lr, seed, progress, console) -> dict:
         f"backend {backend.name()}"
     )
     history = []
+    # A short bar and no time column: the line fits 80 columns whole (epoch,
+    # batches done of all, loss, train accuracy, speed), where Rich would
+    # otherwise cut the batch count to make room.
     columns = (
         TextColumn("epoch {task.fields[epoch]:>3}"),
-        BarColumn(),
+        BarColumn(bar_width=10),
         MofNCompleteColumn(),
         TextColumn("{task.fields[metrics]}"),
-        TimeRemainingColumn(),
     )
     with Progress(*columns, console=console, disable=not progress, transient=False) as bar:
         # Until the first batch is done there is no loss to show: "-", not nan.

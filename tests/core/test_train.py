@@ -90,3 +90,16 @@ def test_the_progress_line_fits_80_columns_and_shows_no_nan():
     assert not any("nan" in frame for frame in frames), frames
     assert all(len(frame) <= 80 and "…" not in frame for frame in frames), frames
     assert re.search(r"loss \d\.\d{4}  train acc \d\.\d{3}", frames[-1]), frames[-1]
+
+
+def test_the_progress_line_keeps_its_batch_count_whole_in_a_pipe():
+    """Written to a file or a pipe (make demo's output) at 80 columns, the
+    last line shows the batches done of all whole, never cut with "…"."""
+    import io
+    import re
+
+    screen = io.StringIO()   # make demo's 20 epochs: 460 batches, three digits each side
+    train_digits("mlp", epochs=20, console=Console(file=screen, width=80))
+    lines = [line for line in screen.getvalue().splitlines() if line.startswith("epoch")]
+    assert lines and all(len(line) <= 80 and "…" not in line for line in lines), lines
+    assert re.search(r" (\d+)/\1 loss \d\.\d{4}  train acc", lines[-1]), lines[-1]
