@@ -37,10 +37,14 @@ from minidist.parallel.pipeline.labels import (  # noqa: F401
 )
 from minidist.parallel.pipeline.schedules import (  # noqa: F401
     BACKWARD,
+    BACKWARD_INPUT,
+    BACKWARD_WEIGHT,
     FORWARD,
     KINDS,
+    LETTERS,
     OPTIMIZER_STEP,
     PHASES,
+    PLACEMENTS,
     RECV_ACTIVATION,
     RECV_GRAD,
     SCHEDULES,
@@ -69,7 +73,7 @@ from minidist.parallel.pipeline.split import (  # noqa: F401
     split_model,
 )
 
-__all__ = ["FORWARD", "BACKWARD", "SEND_ACTIVATION", "RECV_ACTIVATION", "SEND_GRAD", "RECV_GRAD",
+__all__ = ["FORWARD", "BACKWARD", "BACKWARD_INPUT", "BACKWARD_WEIGHT", "LETTERS", "PLACEMENTS", "SEND_ACTIVATION", "RECV_ACTIVATION", "SEND_GRAD", "RECV_GRAD",
            "OPTIMIZER_STEP", "KINDS", "PHASES", "UNIT_NS", "Action", "Schedule", "gpipe",
            "one_f_one_b", "interleaved_one_f_one_b", "schedule_from_order", "SCHEDULES",
            "make_schedule", "message_tag", "DeadlockError", "simulate_schedule", "bubble_fraction",

@@ -57,8 +57,21 @@ RECV_ACTIVATION = "recv_activation"
 SEND_GRAD = "send_grad"
 RECV_GRAD = "recv_grad"
 OPTIMIZER_STEP = "optimizer_step"
+# The backward split in two (zero-bubble schedules): its input half "I"
+# (the gradient of the stage's input, which the stage before waits for) and
+# its weight half "W" (the weights' gradients, needed only by the step).
+# Qi et al. call the input half B; here B stays the whole backward, as in
+# GPipe and 1F1B, and the halves take torch.distributed.pipelining's letters.
+BACKWARD_INPUT = "backward_input"
+BACKWARD_WEIGHT = "backward_weight"
 KINDS = (FORWARD, BACKWARD, SEND_ACTIVATION, RECV_ACTIVATION, SEND_GRAD, RECV_GRAD,
-         OPTIMIZER_STEP)
+         OPTIMIZER_STEP, BACKWARD_INPUT, BACKWARD_WEIGHT)
+#: The letter of each compute kind, in printouts, traces and charts.
+LETTERS = {FORWARD: "F", BACKWARD: "B", BACKWARD_INPUT: "I", BACKWARD_WEIGHT: "W"}
+#: Where a rank's chunks sit: "loop" puts chunk c of rank r at stage c p + r
+#: (interleaved 1F1B); "v" puts chunk 0 at stage r and chunk 1 at stage
+#: 2 p - 1 - r, so rank 0 holds the first and the last stage (ZB-V, DualPipeV).
+PLACEMENTS = ("loop", "v")
 PHASES = ("warmup", "steady", "cooldown", "step")
 
 #: The simulator's virtual clock: one unit of ``forward_time`` etc. is this many ns.
@@ -78,8 +91,8 @@ class Action:
     def __str__(self) -> str:
         if self.kind == OPTIMIZER_STEP:
             return "step"
-        if self.kind in (FORWARD, BACKWARD):
-            return compute_text("F" if self.kind == FORWARD else "B", self.microbatch, self.chunk)
+        if self.kind in LETTERS:
+            return compute_text(LETTERS[self.kind], self.microbatch, self.chunk)
         what = f"{self.microbatch}" + (f"c{self.chunk}" if self.chunk else "")
         name = {SEND_ACTIVATION: "send_act", RECV_ACTIVATION: "recv_act",
                 SEND_GRAD: "send_grad", RECV_GRAD: "recv_grad"}[self.kind]
@@ -92,13 +105,23 @@ class Schedule:
     """What every rank of a pipeline does in one batch, in order.
 
     ``stages`` is the number of pipeline ranks p; with ``virtual_stages`` v the
-    model has p v pieces. ``actions[rank]`` lists that rank's actions."""
+    model has p v pieces. ``actions[rank]`` lists that rank's actions.
+    ``placement`` says which pieces a rank holds (:data:`PLACEMENTS`)."""
 
     name: str
     stages: int
     microbatches: int
     virtual_stages: int
     actions: list
+    placement: str = "loop"
+
+    def __post_init__(self):
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"schedule {self.name!r}: placement must be one of {PLACEMENTS}, "
+                             f"got {self.placement!r}")
+        if self.placement == "v" and self.virtual_stages != 2:
+            raise ValueError(f"schedule {self.name!r}: the V placement holds 2 chunks per "
+                             f"rank, got virtual_stages={self.virtual_stages}")
 
     @property
     def total_stages(self) -> int:
@@ -107,16 +130,29 @@ class Schedule:
 
     def stage_of(self, rank: int, chunk: int = 0) -> int:
         """The global stage index of ``chunk`` on ``rank``."""
+        if self.placement == "v" and chunk == 1:
+            return 2 * self.stages - 1 - rank
         return chunk * self.stages + rank
 
+    def rank_of(self, stage: int) -> tuple[int, int]:
+        """``(rank, chunk)`` holding global ``stage`` (the inverse of :meth:`stage_of`)."""
+        chunk, rank = divmod(stage, self.stages)
+        if self.placement == "v" and chunk == 1:
+            rank = self.stages - 1 - rank
+        return rank, chunk
+
     def compute_order(self, rank: int) -> list[str]:
-        """The rank's forwards and backwards only, e.g. ``["F0", "F1", "B0", ...]``."""
-        return [str(a) for a in self.actions[rank] if a.kind in (FORWARD, BACKWARD)]
+        """The rank's compute actions only, e.g. ``["F0", "F1", "B0", ...]``
+        (``I0``, ``W0`` for a split backward)."""
+        return [str(a) for a in self.actions[rank] if a.kind in LETTERS]
 
     def header(self) -> dict:
         """The trace header fields of a run of this schedule."""
-        return {"schedule": self.name, "stages": self.stages,
-                "microbatches": self.microbatches, "virtual_stages": self.virtual_stages}
+        fields = {"schedule": self.name, "stages": self.stages,
+                  "microbatches": self.microbatches, "virtual_stages": self.virtual_stages}
+        if self.placement != "loop":
+            fields["placement"] = self.placement
+        return fields
 
     def __str__(self) -> str:
         rows = [f"{self.name}: {self.stages} stage{'s' if self.stages != 1 else ''}, "
@@ -141,42 +177,57 @@ class _RankBuilder:
     and backwards."""
 
     def __init__(self, rank: int, ranks: int, virtual_stages: int,
-                 microbatches: int | None = None):
+                 microbatches: int | None = None, placement: str = "loop"):
         self.rank = rank
         self.ranks = ranks
         self.last_stage = ranks * virtual_stages - 1
         # Micro-batches from here on are padding (interleaved rounds): left out.
         self.microbatches = microbatches
+        # Only its stage arithmetic is used: which stage a chunk is, which rank a stage.
+        self.layout = Schedule("", ranks, 1, virtual_stages, [], placement)
         self.actions: list[Action] = []
 
     def _exists(self, microbatch: int) -> bool:
         return self.microbatches is None or microbatch < self.microbatches
 
-    def _messages_cross_ranks(self) -> bool:
-        # With one rank every neighbouring chunk lives here: handed over in memory.
-        return self.ranks > 1
+    def _peer(self, stage: int) -> int | None:
+        """The rank holding ``stage``, or None when it is this rank: neighbouring
+        chunks on one rank hand over in memory, without a message."""
+        rank = self.layout.rank_of(stage)[0]
+        return None if rank == self.rank else rank
 
     def forward(self, microbatch: int, chunk: int, phase: str) -> None:
         if not self._exists(microbatch):
             return
-        stage = chunk * self.ranks + self.rank
-        previous, following = (self.rank - 1) % self.ranks, (self.rank + 1) % self.ranks
-        if stage > 0 and self._messages_cross_ranks():
+        stage = self.layout.stage_of(self.rank, chunk)
+        if stage > 0 and (previous := self._peer(stage - 1)) is not None:
             self.actions.append(Action(RECV_ACTIVATION, microbatch, chunk, phase, previous))
         self.actions.append(Action(FORWARD, microbatch, chunk, phase))
-        if stage < self.last_stage and self._messages_cross_ranks():
+        if stage < self.last_stage and (following := self._peer(stage + 1)) is not None:
             self.actions.append(Action(SEND_ACTIVATION, microbatch, chunk, phase, following))
 
-    def backward(self, microbatch: int, chunk: int, phase: str) -> None:
+    def backward(self, microbatch: int, chunk: int, phase: str,
+                 kind: str = BACKWARD) -> None:
+        """The whole backward (``kind`` BACKWARD) or its input half
+        (BACKWARD_INPUT): both take the gradient of the stage's output and
+        send the gradient of its input."""
         if not self._exists(microbatch):
             return
-        stage = chunk * self.ranks + self.rank
-        previous, following = (self.rank - 1) % self.ranks, (self.rank + 1) % self.ranks
-        if stage < self.last_stage and self._messages_cross_ranks():
+        stage = self.layout.stage_of(self.rank, chunk)
+        if stage < self.last_stage and (following := self._peer(stage + 1)) is not None:
             self.actions.append(Action(RECV_GRAD, microbatch, chunk, phase, following))
-        self.actions.append(Action(BACKWARD, microbatch, chunk, phase))
-        if stage > 0 and self._messages_cross_ranks():
+        self.actions.append(Action(kind, microbatch, chunk, phase))
+        if stage > 0 and (previous := self._peer(stage - 1)) is not None:
             self.actions.append(Action(SEND_GRAD, microbatch, chunk, phase, previous))
+
+    def backward_input(self, microbatch: int, chunk: int, phase: str) -> None:
+        """I: the input half of the backward, with its messages."""
+        self.backward(microbatch, chunk, phase, BACKWARD_INPUT)
+
+    def backward_weight(self, microbatch: int, chunk: int, phase: str) -> None:
+        """W: the weight half; no message (nobody else waits for it)."""
+        if self._exists(microbatch):
+            self.actions.append(Action(BACKWARD_WEIGHT, microbatch, chunk, phase))
 
     def step(self) -> list[Action]:
         self.actions.append(Action(OPTIMIZER_STEP, None, 0, "step"))
@@ -289,11 +340,12 @@ def interleaved_one_f_one_b(stages: int, microbatches: int, virtual_stages: int)
 
 
 def schedule_from_order(name: str, stages: int, microbatches: int, virtual_stages: int,
-                        orders: list) -> Schedule:
+                        orders: list, placement: str = "loop") -> Schedule:
     """The schedule whose ranks compute in the given order: ``orders[rank]``
-    lists that rank's forwards and backwards as ``(letter, micro-batch,
-    chunk, phase)`` with letter "F" or "B" (e.g. read back from a trace).
-    The messages around them and the optimizer step are added as every
+    lists that rank's compute actions as ``(letter, micro-batch, chunk,
+    phase)`` with letter "F" (forward), "B" (whole backward), "I" or "W"
+    (its input and weight halves), e.g. read back from a trace. The
+    messages around them and the optimizer step are added as every
     schedule adds them, so :func:`simulate_schedule` can replay the order
     on its clock: what a run did, without how long each piece took."""
     _check_sizes("schedule_from_order", stages, microbatches, virtual_stages)
@@ -302,14 +354,17 @@ def schedule_from_order(name: str, stages: int, microbatches: int, virtual_stage
                          f"{stages} stages")
     actions = []
     for rank, order in enumerate(orders):
-        builder = _RankBuilder(rank, stages, virtual_stages)
+        builder = _RankBuilder(rank, stages, virtual_stages, placement=placement)
+        steps = {"F": builder.forward, "B": builder.backward, "I": builder.backward_input,
+                 "W": builder.backward_weight}
         for letter, microbatch, chunk, phase in order:
-            if letter not in ("F", "B"):
+            if letter not in steps:
                 raise ValueError(f"schedule_from_order: rank {rank}: {letter!r} is not "
-                                 "F (forward) or B (backward)")
-            (builder.forward if letter == "F" else builder.backward)(microbatch, chunk, phase)
+                                 "F (forward), B (backward), I (its input half) or W (its "
+                                 "weight half)")
+            steps[letter](microbatch, chunk, phase)
         actions.append(builder.step())
-    return Schedule(name, stages, microbatches, virtual_stages, actions)
+    return Schedule(name, stages, microbatches, virtual_stages, actions, placement)
 
 
 SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved_1f1b": interleaved_one_f_one_b}
