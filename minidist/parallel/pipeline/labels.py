@@ -33,9 +33,19 @@ def message_label(kind: str, microbatch: int) -> str:
 
 
 def memory_label(stage: int, params: int, grads: int, optimizer: int, activations: int,
-                 live_microbatches: int) -> str:
-    return _trace.with_info("memory", params=params, grads=grads, optimizer=optimizer,
-                            activations=activations, live_microbatches=live_microbatches,
-                            stage=stage)
+                 live_microbatches: int, weights_pending: int | None = None,
+                 weights_pending_bytes: int | None = None) -> str:
+    """A memory event's label. With a split backward, ``weights_pending``
+    counts the (micro-batch, chunk) pieces whose input half I has run and
+    whose weight half W has not, and ``weights_pending_bytes`` what they keep
+    for W (included in ``activations``); schedules without a split leave
+    both out."""
+    pairs = dict(params=params, grads=grads, optimizer=optimizer, activations=activations,
+                 live_microbatches=live_microbatches, stage=stage)
+    if weights_pending is not None:
+        pairs["weights_pending"] = weights_pending
+    if weights_pending_bytes is not None:
+        pairs["weights_pending_bytes"] = weights_pending_bytes
+    return _trace.with_info("memory", **pairs)
 
 
