@@ -13,7 +13,7 @@ import re
 import numpy as np
 import pytest
 
-from minidist import Tensor, nn, no_grad
+from minidist import Tensor, memory, nn, no_grad
 from minidist.models import GPT, Block, GPTConfig
 from minidist.nn import conv_gemm_sizing
 from minidist.nn import functional as F
@@ -411,8 +411,11 @@ def test_nbytes_of_a_linear_stack_is_each_layers_input_and_output_gradient(dtype
     # Per Linear: its input x (batch x in) for dW = dY^T x, and dY (batch x out).
     expected = sum(batch * (a + b) * itemsize for a, b in zip(sizes, sizes[1:]))
     assert pending.nbytes == expected
+    ledger = memory.Ledger(model)
+    assert ledger.measure(weights_pending=pending)["activations"] == expected
+    assert ledger.sample("between I and W", weights_pending=[pending]).bytes["activations"] == expected
     pending.backward_weight()
-    assert pending.nbytes == 0
+    assert pending.nbytes == 0 and ledger.measure(weights_pending=pending)["activations"] == 0
 
 
 def test_a_convolution_keeps_its_columns_its_input_and_its_output_gradient():
