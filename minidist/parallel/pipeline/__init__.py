@@ -3,19 +3,22 @@ micro-batches that flow through them.
 
 Read in this order:
 
-1. :mod:`.schedules`: the schedules as data (GPipe, 1F1B, interleaved 1F1B),
-   built by pure functions;
-2. :mod:`.simulate`: a schedule on a virtual clock: time, bubble, peak memory;
-3. :mod:`.labels`: the words each action writes into the trace;
-4. :mod:`.split`: the model cut into stages of balanced cost, a batch into
+1. :mod:`.actions`: what a rank does, as data: the kinds of action, a
+   schedule of them, where each chunk sits, the messages around each
+   computation;
+2. :mod:`.schedules`: the schedules as data (GPipe, 1F1B, interleaved 1F1B),
+   built by pure functions, and every schedule by name;
+3. :mod:`.simulate`: a schedule on a virtual clock: time, bubble, peak memory;
+4. :mod:`.labels`: the words each action writes into the trace;
+5. :mod:`.split`: the model cut into stages of balanced cost, a batch into
    micro-batches;
-5. :mod:`.grid`: where a rank sits among p stages x d replicas, and its
+6. :mod:`.grid`: where a rank sits among p stages x d replicas, and its
    two groups;
-6. :mod:`.held_activations`: what a stage keeps from a micro-batch's forward
+7. :mod:`.held_activations`: what a stage keeps from a micro-batch's forward
    to its backward, with or without recomputation;
-7. :mod:`.ledger`: one batch of one rank in the trace: its regions and its
+8. :mod:`.ledger`: one batch of one rank in the trace: its regions and its
    memory events;
-8. :mod:`.executor`: ``Pipeline``, the runtime that runs a schedule's
+9. :mod:`.executor`: ``Pipeline``, the runtime that runs a schedule's
    actions on real ranks, one short step per kind of action.
 
 This face is what the mesh family uses (``Pipeline``, the schedules and the
