@@ -5,7 +5,9 @@ messages around each computation, so that a schedule function decides only
 the order of its computations.
 
 The schedules themselves are built on this in
-:mod:`~minidist.parallel.pipeline.schedules` (GPipe, 1F1B, interleaved).
+:mod:`~minidist.parallel.pipeline.schedules` (GPipe, 1F1B, interleaved) and
+:mod:`~minidist.parallel.pipeline.zero_bubble` (ZB-H1, ZB-H2, ZB-V,
+DualPipeV).
 
 Conventions of the data (shared with the simulator, the runtime and the
 drawings in ``viz/``):

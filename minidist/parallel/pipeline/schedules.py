@@ -27,6 +27,11 @@ backward time of one stage on one micro-batch; no transfer time):
   fill and drain shrink v-fold: bubble (p - 1) / (v m + p - 1), for v times
   as many messages.
 
+Splitting the backward into its input half and its weight half shrinks the
+bubble further: the zero-bubble schedules (ZB-H1, ZB-H2, ZB-V, DualPipeV)
+are in :mod:`~minidist.parallel.pipeline.zero_bubble`, and
+:func:`make_schedule` builds every one by name (:data:`SCHEDULES`).
+
 The data (:class:`Action`, :class:`Schedule`, the kinds of action and their
 conventions) is in :mod:`~minidist.parallel.pipeline.actions`, and is
 importable from here too.
@@ -55,6 +60,7 @@ from minidist.parallel.pipeline.actions import (  # noqa: F401
     _RankBuilder,
 )
 from minidist.parallel.pipeline.actions import check_sizes as _check_sizes
+from minidist.parallel.pipeline.zero_bubble import dualpipe_v, zb_h1, zb_h2, zb_v
 
 # --------------------------------------------------------------------------- schedules
 
@@ -189,21 +195,39 @@ def schedule_from_order(name: str, stages: int, microbatches: int, virtual_stage
     return Schedule(name, stages, microbatches, virtual_stages, actions, placement)
 
 
-SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved_1f1b": interleaved_one_f_one_b}
+SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved_1f1b": interleaved_one_f_one_b,
+             "zb_h1": zb_h1, "zb_h2": zb_h2, "zbv": zb_v, "dualpipev": dualpipe_v}
 _ALIASES = {"gpipe": "gpipe", "1f1b": "1f1b", "one_f_one_b": "1f1b",
             "interleaved": "interleaved_1f1b", "interleaved_1f1b": "interleaved_1f1b",
-            "interleaved-1f1b": "interleaved_1f1b"}
+            "interleaved-1f1b": "interleaved_1f1b",
+            # torch.distributed.pipelining's ScheduleInterleavedZeroBubble is ZB-H1 ("ZB1P")
+            "zb_h1": "zb_h1", "zb-h1": "zb_h1", "zbh1": "zb_h1", "zb1p": "zb_h1",
+            "zero_bubble": "zb_h1", "interleaved_zero_bubble": "zb_h1",
+            "zb_h2": "zb_h2", "zb-h2": "zb_h2", "zbh2": "zb_h2", "zb2p": "zb_h2",
+            "zbv": "zbv", "zb_v": "zbv", "zb-v": "zbv", "zbv_zero_bubble": "zbv",
+            "dualpipev": "dualpipev", "dualpipe_v": "dualpipev", "dualpipe-v": "dualpipev"}
+#: The schedules that hold two chunks a rank by their own design (the V placement).
+_TWO_CHUNKS = ("zbv", "dualpipev")
 
 
 def make_schedule(name: str, stages: int, microbatches: int, virtual_stages: int = 1) -> Schedule:
-    """The schedule called ``name`` ("gpipe", "1f1b", "interleaved_1f1b" or
-    "interleaved"). ``virtual_stages`` > 1 needs the interleaved schedule."""
+    """The schedule called ``name``: "gpipe", "1f1b", "interleaved_1f1b"
+    (or "interleaved"), "zb_h1" (or "zero_bubble"), "zb_h2", "zbv" (or
+    "zb-v"), "dualpipev". ``virtual_stages`` > 1 needs the interleaved
+    schedule; "zbv" and "dualpipev" hold 2 chunks a rank (the V placement)
+    and take virtual_stages 1 (the default) or 2."""
     key = _ALIASES.get(str(name).lower())
     if key is None:
         raise ValueError(f"unknown pipeline schedule {name!r}; choose one of "
                          f"{sorted(SCHEDULES)}")
     if key == "interleaved_1f1b":
         return interleaved_one_f_one_b(stages, microbatches, virtual_stages)
+    if key in _TWO_CHUNKS:
+        if virtual_stages not in (1, 2):
+            raise ValueError(f"schedule {key!r} holds 2 chunks per rank in a V; "
+                             f"virtual_stages={virtual_stages} cannot be given to it "
+                             "(pass 1 or 2)")
+        return SCHEDULES[key](stages, microbatches)
     if virtual_stages != 1:
         raise ValueError(f"schedule {key!r} has one stage per rank; virtual_stages="
                          f"{virtual_stages} needs schedule='interleaved_1f1b'")
