@@ -174,23 +174,36 @@ def schedule_from_order(name: str, stages: int, microbatches: int, virtual_stage
     phase)`` with letter "F" (forward), "B" (whole backward), "I" or "W"
     (its input and weight halves), e.g. read back from a trace. The
     messages around them and the optimizer step are added as every
-    schedule adds them, so :func:`simulate_schedule` can replay the order
-    on its clock: what a run did, without how long each piece took."""
+    schedule adds them (a forward and a backward that follow each other in
+    phase "overlap" as the pair they were), so :func:`simulate_schedule` can
+    replay the order on its clock: what a run did, without how long each
+    piece took."""
     _check_sizes("schedule_from_order", stages, microbatches, virtual_stages)
     if len(orders) != stages:
         raise ValueError(f"schedule_from_order: {len(orders)} ranks' orders for "
                          f"{stages} stages")
+    halves = {"B": BACKWARD, "I": BACKWARD_INPUT}
     actions = []
     for rank, order in enumerate(orders):
         builder = _RankBuilder(rank, stages, virtual_stages, placement=placement)
         steps = {"F": builder.forward, "B": builder.backward, "I": builder.backward_input,
                  "W": builder.backward_weight}
-        for letter, microbatch, chunk, phase in order:
+        order = list(order)
+        index = 0
+        while index < len(order):
+            letter, microbatch, chunk, phase = order[index]
             if letter not in steps:
                 raise ValueError(f"schedule_from_order: rank {rank}: {letter!r} is not "
                                  "F (forward), B (backward), I (its input half) or W (its "
                                  "weight half)")
+            following = order[index + 1] if index + 1 < len(order) else None
+            if (letter == "F" and phase == "overlap" and following is not None
+                    and following[0] in halves and following[3] == "overlap"):
+                builder.overlapped((microbatch, chunk), following[1:3], halves[following[0]])
+                index += 2
+                continue
             steps[letter](microbatch, chunk, phase)
+            index += 1
         actions.append(builder.step())
     return Schedule(name, stages, microbatches, virtual_stages, actions, placement)
 
