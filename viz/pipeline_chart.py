@@ -1,10 +1,14 @@
 """A pipeline run as a Gantt chart: one row per stage, one box per forward,
-backward, recompute and optimizer step, the idle time (the bubble) between.
+backward (or its input half I and weight half W), recompute and optimizer
+step, the idle time (the bubble) between.
 
 The same model draws three pictures: the PNG (:func:`save_pipeline_gantt`),
 the step-through in the terminal, one time slot per frame
-(:func:`step_through_pipeline`), and GPipe vs 1F1B vs interleaved side by
-side (:func:`draw_schedule_comparison`). It reads trace events only, so a
+(:func:`step_through_pipeline`; in the browser: :mod:`viz.pipeline_player`),
+and schedules side by side (:func:`draw_schedule_comparison`). A box is
+drawn in its micro-batch's colour, an I or a W in its own
+(:data:`HALF_COLOURS`), each kind with its hatch; a forward and a backward
+paired to overlap (DualPipeV's, phase "overlap") in one frame. It reads trace events only, so a
 real run and the simulator's planned schedule are drawn by the same code::
 
     from viz.pipeline_chart import pipeline_chart, save_pipeline_gantt
@@ -15,19 +19,20 @@ real run and the simulator's planned schedule are drawn by the same code::
     save_pipeline_gantt("run.jsonl", "run.png")
 
 What it reads (the format agreed with minidist/parallel/pipeline/labels.py
-and ledger.py): compute events whose label carries ``pipeline=F|B|R|step``,
-``mb``, ``chunk``, ``stage`` (the global virtual stage) and ``phase``;
-``memory`` events with ``activations`` and ``live_microbatches``; the
-header's ``schedule``, ``stages``, ``microbatches`` and ``virtual_stages``
-(read from the events when there is no header).
+and ledger.py): compute events whose label carries
+``pipeline=F|B|R|I|W|step``, ``mb``, ``chunk``, ``stage`` (the global
+virtual stage) and ``phase``; ``memory`` events with ``activations`` and
+``live_microbatches``; the header's ``schedule``, ``stages``,
+``microbatches``, ``virtual_stages`` and ``placement`` (read from the
+events when there is no header).
 
 Batches. A trace of a training run holds many batches; a rank's batch ends
 with its optimizer step. The chart shows one batch (the last by default: the
 first one also pays the processes' start-up).
 
-The bubble, measured: over the batch's makespan (first F/B/R start to last
-F/B/R end, all ranks), ``1 - busy / (ranks x makespan)`` where busy sums the
-F/B/R regions; the optimizer step is drawn but counted as neither. One
+The bubble, measured: over the batch's makespan (first F/B/R/I/W start to
+last one's end, all ranks), ``1 - busy / (ranks x makespan)`` where busy
+sums those regions; the optimizer step is drawn but counted as neither. One
 definition: the chart calls the runtime's
 :func:`minidist.parallel.pipeline.simulate.bubble_fraction` on the batch's events.
 
@@ -38,7 +43,13 @@ interleaved schedule with v model chunks per rank cuts the bubble to
 ``(1/v) (p-1)/m`` *of the ideal time* m(t_f+t_b) (Narayanan et al. 2021,
 "Efficient Large-Scale Language Model Training on GPU Clusters", sec. 2.2.2,
 which assumes m is a multiple of p); as a share of the makespan, the
-quantity measured here, that is ``(p-1)/(v m + p-1)``. Both are shown.
+quantity measured here, that is ``(p-1)/(v m + p-1)``. Both are shown. The
+zero-bubble schedules', with F = B = W (a forward, an input half, a weight
+half: the simulator's default costs), are their papers' idle times as a
+share of the makespan: (p-1) of 3m + p - 1 units for ZB-H1 (Qi et al.'s
+(p-1)(F+B-W)), ZB-H2 (none inside a rank; the slant of its parallelogram)
+and DualPipeV (DeepSeek's (p-1)(F&B+B-3W), F&B = F + B on one process), of
+6m + p - 1 half-stage units for ZB-V.
 
 Time slots (the terminal's columns and ``x="slot"``). Walking the boxes in
 the order they started, a box joins the current column when its row has no
