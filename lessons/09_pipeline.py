@@ -605,7 +605,8 @@ for v in (1, 2, 4):
     print(f"{v:>2}  {bubble:>7.3f}  {str(formula(4, 8, v)):>8} = {float(formula(4, 8, v)):.3f}"
           f"  {messages:>8}  {pieces:>3} pieces = {pieces / v:.2f} stages' worth")
 
-show_file(draw_planned_comparison(OUT / "pipeline_schedules.png"),
+show_file(draw_planned_comparison(OUT / "pipeline_schedules.png",
+                                  schedules=("gpipe", "1f1b", "interleaved_1f1b")),
           "GPipe vs 1F1B vs interleaved 1F1B (v = 2), p = 4, m = 8, planned")
 
 # %% jupyter={"source_hidden": true}
@@ -622,9 +623,10 @@ simulator, for {glue}`messages_v2` and {glue}`messages_v4` times the messages of
 ''')
 
 # %% [markdown]
-# The picture above (also `docs/pipeline_schedules.png`) puts the three
-# schedules on one time axis for p = 4, m = 8: GPipe and 1F1B take the same
-# time, 1F1B with far fewer activations held; interleaving with v = 2 ends
+# The picture above (`docs/pipeline_schedules.png` adds the zero-bubble
+# schedules under it) puts the three schedules on one time axis for p = 4,
+# m = 8: GPipe and 1F1B take the same time, 1F1B with far fewer activations
+# held; interleaving with v = 2 ends
 # earlier, holding more pieces (each half a stage's activations). With
 # m a multiple of p the simulator matches the formula exactly; otherwise the
 # schedule pads the last round and the bubble is larger.

@@ -7,9 +7,11 @@ timeline of the whole trace (PNG) and the Chrome / Perfetto export. A
 pipeline run (its header names a ``schedule``) is drawn as its Gantt chart
 instead: ``--timeline`` writes the PNG, no option steps through its time
 slots (:mod:`viz.pipeline_chart`); ``--gif`` / ``--html`` still animate its
-collective calls, if it has any (pipeline x data parallel), and without
-any they say so and exit with status 2 (an output option writes what it
-names or says why it cannot).
+collective calls, if it has any (pipeline x data parallel); without any,
+``--html`` writes its time slots as the browser's player
+(:mod:`viz.pipeline_player`) and ``--gif`` says why it cannot and exits
+with status 2 (an output option writes what it names or says why it
+cannot).
 
 ``minidist demo COLLECTIVE [--algorithm A] -n N``: run one call of the
 collective on N real processes (shared memory, a small int64 array), or on N
@@ -180,7 +182,9 @@ def show(path, *, call: int | None = None, play: bool = False, speed: float = 2.
     replays = replays_of(trace) if (gif or html or not pipeline) else []
     if not replays and not pipeline:
         replays = _ring_attention_replays(trace)
-    if gif or html:
+    # A pipeline run without collective calls: --html is its time slots' page.
+    pipeline_page = bool(html and pipeline and not replays and not gif)
+    if (gif or html) and not pipeline_page:
         # An output option writes what it names or says why it cannot (before
         # any file is written); it never writes something else in its place.
         _check_replayable(replays, path, pipeline, "--gif" if gif else "--html")
@@ -189,6 +193,8 @@ def show(path, *, call: int | None = None, play: bool = False, speed: float = 2.
             _trace.write_chrome(chrome, trace.events, trace.header)
         console.print(f"Chrome / Perfetto trace written to {chrome} (open it in "
                       "https://ui.perfetto.dev or chrome://tracing)")
+    if pipeline_page:
+        return _pipeline_page(trace, path, html, console)
     if pipeline and not (gif or html):
         return _show_pipeline(trace, path, play=play, speed=speed, timeline=timeline,
                               chrome=chrome, color=color, console=console)
@@ -261,10 +267,29 @@ def _check_replayable(replays, path, pipeline: bool, option: str) -> None:
         raise VizError(f"{option}: {path} is a pipeline run with no collective calls, and "
                        f"{option} animates collective calls; draw its schedule with "
                        f"`minidist viz {path} --timeline gantt.png`, or step through it "
-                       f"with `minidist viz {path}`")
+                       f"with `minidist viz {path}`"
+                       + (" (in the browser: --html PAGE)" if option == "--gif" else ""))
     raise VizError(f"{option}: {path} has no collective calls to animate (its messages carry "
                    "no collective labels, schema version 2); draw its timeline with "
                    f"`minidist viz {path} --timeline timeline.png`")
+
+
+def _pipeline_page(trace, path, html, console: Console) -> int:
+    """--html of a pipeline run with no collective calls: its batch's time
+    slots in the browser's player (:mod:`viz.pipeline_player`)."""
+    from viz import pipeline_chart
+    from viz.pipeline_player import save_pipeline_player
+
+    try:
+        chart = pipeline_chart.pipeline_chart(trace)
+    except (ValueError, IndexError) as error:
+        raise VizError(f"{path}: its header says it is a pipeline run "
+                       f"(schedule={trace.header.get('schedule')}), but {error}") from None
+    with _writing(html):
+        save_pipeline_player((trace.header, trace.events), html)
+    console.print(f"HTML player written to {html} (the batch's {chart.slots} time slots, "
+                  "one a step; it needs no network)")
+    return 0
 
 
 def _show_pipeline(trace, path, *, play: bool, speed: float, timeline, chrome, color: bool,

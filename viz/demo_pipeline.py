@@ -141,6 +141,16 @@ def _simulate(schedule, console: Console, args) -> int:
     return 0
 
 
+def _runtime_runs(schedule) -> bool:
+    """Whether the runtime has a step for every kind of action the schedule
+    holds (its own table of steps says; a runtime without one is trusted)."""
+    from minidist.parallel.pipeline import executor
+
+    steps = getattr(executor, "_STEPS", None)
+    return steps is None or all(action.kind in steps for actions in schedule.actions
+                                for action in actions)
+
+
 def main(args) -> int:
     from viz.pipeline_chart import pipeline_chart
 
@@ -162,6 +172,12 @@ def main(args) -> int:
         return 2
     if args.simulate:
         return _simulate(schedule, console, args)
+    if not _runtime_runs(schedule):
+        console.print(f"minidist demo pipeline: {schedule.name} splits each backward into its "
+                      "input and weight halves (I, W), which this Pipeline does not run; "
+                      f"see it planned with `minidist demo pipeline --simulate --schedule "
+                      f"{args.schedule}`")
+        return 2
 
     epochs = min(args.epochs, MAX_EPOCHS)
     if epochs < 1:

@@ -1,10 +1,14 @@
 """A pipeline run as a Gantt chart: one row per stage, one box per forward,
-backward, recompute and optimizer step, the idle time (the bubble) between.
+backward (or its input half I and weight half W), recompute and optimizer
+step, the idle time (the bubble) between.
 
 The same model draws three pictures: the PNG (:func:`save_pipeline_gantt`),
 the step-through in the terminal, one time slot per frame
-(:func:`step_through_pipeline`), and GPipe vs 1F1B vs interleaved side by
-side (:func:`draw_schedule_comparison`). It reads trace events only, so a
+(:func:`step_through_pipeline`; in the browser: :mod:`viz.pipeline_player`),
+and schedules side by side (:func:`draw_schedule_comparison`). A box is
+drawn in its micro-batch's colour, an I or a W in its own
+(:data:`HALF_COLOURS`), each kind with its hatch; a forward and a backward
+paired to overlap (DualPipeV's, phase "overlap") in one frame. It reads trace events only, so a
 real run and the simulator's planned schedule are drawn by the same code::
 
     from viz.pipeline_chart import pipeline_chart, save_pipeline_gantt
@@ -15,19 +19,20 @@ real run and the simulator's planned schedule are drawn by the same code::
     save_pipeline_gantt("run.jsonl", "run.png")
 
 What it reads (the format agreed with minidist/parallel/pipeline/labels.py
-and ledger.py): compute events whose label carries ``pipeline=F|B|R|step``,
-``mb``, ``chunk``, ``stage`` (the global virtual stage) and ``phase``;
-``memory`` events with ``activations`` and ``live_microbatches``; the
-header's ``schedule``, ``stages``, ``microbatches`` and ``virtual_stages``
-(read from the events when there is no header).
+and ledger.py): compute events whose label carries
+``pipeline=F|B|R|I|W|step``, ``mb``, ``chunk``, ``stage`` (the global
+virtual stage) and ``phase``; ``memory`` events with ``activations`` and
+``live_microbatches``; the header's ``schedule``, ``stages``,
+``microbatches``, ``virtual_stages`` and ``placement`` (read from the
+events when there is no header).
 
 Batches. A trace of a training run holds many batches; a rank's batch ends
 with its optimizer step. The chart shows one batch (the last by default: the
 first one also pays the processes' start-up).
 
-The bubble, measured: over the batch's makespan (first F/B/R start to last
-F/B/R end, all ranks), ``1 - busy / (ranks x makespan)`` where busy sums the
-F/B/R regions; the optimizer step is drawn but counted as neither. One
+The bubble, measured: over the batch's makespan (first F/B/R/I/W start to
+last one's end, all ranks), ``1 - busy / (ranks x makespan)`` where busy
+sums those regions; the optimizer step is drawn but counted as neither. One
 definition: the chart calls the runtime's
 :func:`minidist.parallel.pipeline.simulate.bubble_fraction` on the batch's events.
 
@@ -38,7 +43,13 @@ interleaved schedule with v model chunks per rank cuts the bubble to
 ``(1/v) (p-1)/m`` *of the ideal time* m(t_f+t_b) (Narayanan et al. 2021,
 "Efficient Large-Scale Language Model Training on GPU Clusters", sec. 2.2.2,
 which assumes m is a multiple of p); as a share of the makespan, the
-quantity measured here, that is ``(p-1)/(v m + p-1)``. Both are shown.
+quantity measured here, that is ``(p-1)/(v m + p-1)``. Both are shown. The
+zero-bubble schedules', with F = B = W (a forward, an input half, a weight
+half: the simulator's default costs), are their papers' idle times as a
+share of the makespan: (p-1) of 3m + p - 1 units for ZB-H1 (Qi et al.'s
+(p-1)(F+B-W)), ZB-H2 (none inside a rank; the slant of its parallelogram)
+and DualPipeV (DeepSeek's (p-1)(F&B+B-3W), F&B = F + B on one process), of
+6m + p - 1 half-stage units for ZB-V.
 
 Time slots (the terminal's columns and ``x="slot"``). Walking the boxes in
 the order they started, a box joins the current column when its row has no
@@ -78,19 +89,32 @@ from viz.terminal import (
     step_through_frames,
 )
 
-#: The kinds of box that count as work in the bubble.
-WORK = ("F", "B", "R")
+#: The kinds of box that count as work in the bubble: F, B, R, and a split
+#: backward's input half I and weight half W (the zero-bubble schedules).
+WORK = ("F", "B", "R", "I", "W")
 KINDS = WORK + ("step",)
 STEP_TEXT = "st"
+#: The legend's symbol of a forward and a backward that overlap (DualPipe's pairs).
+PAIR_TEXT = "[F B]"
 IDLE_COLOR = "#F2F2F2"
 #: The schedule's name when neither the header nor the caller gives one.
 UNNAMED = "pipeline"
 #: Inches of a Gantt figure above and below its rows (title, axis, legend).
 FIGURE_MARGINS = 1.8
 #: Hatch and edge of each kind in the PNG, so that no box is told apart by colour only.
-HATCHES = {"F": None, "B": "///", "R": "xxx", "step": ".."}
-EDGE_STYLES = {"F": "solid", "B": "solid", "R": "dashed", "step": "dotted"}
-KIND_NAMES = {"F": "forward", "B": "backward", "R": "recompute", "step": "optimizer step"}
+HATCHES = {"F": None, "B": "///", "R": "xxx", "I": "\\\\\\", "W": "++", "step": ".."}
+EDGE_STYLES = {"F": "solid", "B": "solid", "R": "dashed", "I": "solid", "W": "dashdot",
+               "step": "dotted"}
+KIND_NAMES = {"F": "forward", "B": "backward", "R": "recompute", "I": "input half",
+              "W": "weight half", "step": "optimizer step"}
+#: A split backward's halves in colours of their own (Okabe and Ito's
+#: colour-blind-safe bluish green and reddish purple, never a micro-batch's):
+#: the eye finds where the W's went, which is what a zero-bubble schedule is about.
+HALF_COLOURS = {"I": "#009E73", "W": "#CC79A7"}
+#: The colours of HALF_COLOURS on which dark text reads best.
+LIGHT_HALVES = {"#CC79A7"}
+#: The frame drawn round a forward and a backward that overlap (DualPipe's pairs).
+PAIR_EDGE = "#000000"
 
 
 @dataclass(frozen=True)
@@ -98,11 +122,11 @@ class Box:
     """One region of a stage's work in the chart's batch."""
 
     rank: int
-    kind: str                # "F" | "B" | "R" | "step"
+    kind: str                # "F" | "B" | "R" | "I" | "W" | "step"
     microbatch: int | None   # None for the optimizer step
     chunk: int               # model chunk on this rank (interleaved), else 0
     stage: int | None        # global virtual stage (chunk x ranks + rank when interleaved)
-    phase: str               # "warmup" | "steady" | "cooldown" | "step" | ""
+    phase: str               # "warmup" | "steady" | "cooldown" | "overlap" | "step" | ""
     start: int               # since the batch's first F/B/R start (trace time units)
     end: int
     slot: int                # the column it starts in
@@ -110,7 +134,7 @@ class Box:
 
     @property
     def text(self) -> str:
-        """"F3", "B3", "R3" ("F3c1": the rank's model chunk 1, interleaved) or
+        """"F3", "B3", "R3", "I3", "W3" ("F3c1": the rank's model chunk 1) or
         "st": the schedule's own words (:func:`compute_text`)."""
         if self.kind == "step":
             return STEP_TEXT
@@ -119,6 +143,21 @@ class Box:
     @property
     def duration(self) -> int:
         return self.end - self.start
+
+    @property
+    def face(self) -> str:
+        """Its colour: white for the step, its own for an I or a W, else its
+        micro-batch's (so that one micro-batch is followed down the stages)."""
+        if self.kind == "step":
+            return "#FFFFFF"
+        if self.kind in HALF_COLOURS:
+            return HALF_COLOURS[self.kind]
+        return PALETTE[self.microbatch % len(PALETTE)]
+
+
+def _dark_text(face: str) -> bool:
+    """Whether black text reads better than white on ``face``."""
+    return face in LIGHT_COLOURS or face in LIGHT_HALVES or face == "#FFFFFF"
 
 
 @dataclass(frozen=True)
@@ -184,6 +223,8 @@ class PipelineChart:
     #: Cores and load average of the machine it ran on (trace header; None: not recorded).
     cores: int | None = None
     load: float | None = None
+    #: Which stages a rank holds: "loop" (chunk c of rank r is stage c p + r) or "v".
+    placement: str = "loop"
 
     @property
     def capacity(self) -> int:
@@ -333,13 +374,23 @@ def _memory_peaks(events: list[dict], window: tuple[int, int]) -> dict[int, tupl
     return {rank: (peak[0], peak[1]) for rank, peak in peaks.items()}
 
 
-def expected_bubble(stages: int, microbatches: int, virtual_stages: int = 1) -> BubbleFormula:
+def expected_bubble(stages: int, microbatches: int, virtual_stages: int = 1,
+                    schedule: str | None = None) -> BubbleFormula:
     """The bubble the theory gives with equal stage costs and free transfers,
-    as a share of the makespan (the measured definition); see the module's docstring."""
+    as a share of the makespan (the measured definition); see the module's
+    docstring. A zero-bubble ``schedule`` ("zb_h1", "zb_h2", "zbv",
+    "dualpipev") has its own, with its paper's F = B = W (a forward, a
+    backward's input half, its weight half: the simulator's default costs)."""
     p, m, v = stages, microbatches, virtual_stages
     if p < 1 or m < 1 or v < 1:
         raise ValueError(f"stages, micro-batches and virtual stages must be at least 1, "
                          f"got p={p}, m={m}, v={v}")
+    if schedule in _ZERO_BUBBLE:
+        slots, note = _ZERO_BUBBLE[schedule]
+        fraction = Fraction(p - 1, slots * m + p - 1)
+        return BubbleFormula(f"(p-1)/({slots}m+p-1)", fraction,
+                             f"(p-1)/({slots}m+p-1) = {p - 1}/{slots * m + p - 1} = "
+                             f"{float(fraction):.3f}", note)
     if v == 1:
         fraction = Fraction(p - 1, m + p - 1)
         return BubbleFormula("(p-1)/(m+p-1)", fraction,
@@ -352,6 +403,21 @@ def expected_bubble(stages: int, microbatches: int, virtual_stages: int = 1) -> 
         f"(p-1)/(v·m+p-1) = {p - 1}/{v * m + p - 1} = {float(fraction):.3f}",
         f"interleaved: Megatron-LM's (1/v)(p-1)/m = {float(of_ideal):.3f} of the ideal time, "
         f"as a share of the makespan; assumes m a multiple of p, equal costs")
+
+
+#: A zero-bubble schedule's bubble as a share of the makespan, F = B = W:
+#: (p-1) units idle a rank out of m(F+B+W) + (p-1) (3m + p - 1 units; ZB-V's
+#: units are a chunk's, half a stage's: 6m + p - 1), and where it comes from.
+_ZERO_BUBBLE = {
+    "zb_h1": (3, "ZB-H1 (Qi et al.): (p-1)(F+B-W) idle, F = B = W (B, W: a backward's "
+                 "halves), m >= p"),
+    "zb_h2": (3, "ZB-H2 (Qi et al.): (p-1)(F+B-2W) = 0 idle inside a rank with F = B = W; "
+                 "left is its parallelogram's slant, rank r starting r F late; m >= 2p-1"),
+    "zbv": (6, "ZB-V (Qi et al.), 2 chunks a rank in a V, F = B = W a chunk: no rank idles "
+               "inside; left is the slant, rank r starting r F late; m >= 2p-1"),
+    "dualpipev": (3, "DualPipeV (DeepSeek): (p-1)(F&B+B-3W) idle, B the whole backward, "
+                     "F&B = F+B (one process runs a pair one after the other), F = B/2 = W"),
+}
 
 
 def _stage_boxes(events: list[dict]) -> dict[int, list[dict]]:
@@ -396,7 +462,19 @@ def _chart_shape(header: dict, chosen: dict[int, list[dict]], work: list[dict], 
                        or len({box["microbatch"] for box in work if box["kind"] == "F"}))
     if simulated is None:
         simulated = not header or header.get("transport") == "sim"
-    return schedule, stages, microbatches, virtual_stages, simulated
+    return schedule, stages, microbatches, virtual_stages, simulated, \
+        _placement(header, work, stages, virtual_stages)
+
+
+def _placement(header: dict, work: list[dict], stages: int, virtual_stages: int) -> str:
+    """"v" when rank r's chunk 1 is stage 2p - 1 - r (ZB-V, DualPipeV), else "loop"."""
+    if header.get("placement") in ("loop", "v"):
+        return header["placement"]
+    v_shaped = [box for box in work if box["chunk"] == 1 and box["stage"] is not None]
+    if virtual_stages == 2 and v_shaped and all(
+            box["stage"] == 2 * stages - 1 - box["rank"] for box in v_shaped):
+        return "v"
+    return "loop"
 
 
 def _row_places(chosen: dict[int, list[dict]], stages: int) -> dict[int, tuple[int, str]]:
@@ -479,7 +557,7 @@ def pipeline_chart(trace, *, batch: int = -1, schedule: str | None = None,
     """
     header, events = _load(trace)
     batch, batches, chosen, work = _choose_batch(_stage_boxes(events), batch)
-    schedule, stages, microbatches, virtual_stages, simulated = _chart_shape(
+    schedule, stages, microbatches, virtual_stages, simulated, placement = _chart_shape(
         header, chosen, work, schedule, stages, microbatches, virtual_stages, simulated)
     origin = min(box["start"] for box in work)
     makespan = max(box["end"] for box in work) - origin
@@ -504,11 +582,12 @@ def pipeline_chart(trace, *, batch: int = -1, schedule: str | None = None,
         grid=tuple(_grid_cells(row.boxes, len(columns), width) for row in rows),
         makespan=makespan, end=end,
         idle=sum(gap_end - gap_start for row in rows for gap_start, gap_end in row.idle),
-        expected=expected_bubble(stages, microbatches, virtual_stages), batch=batch,
+        expected=expected_bubble(stages, microbatches, virtual_stages, schedule), batch=batch,
         batches=batches, simulated=bool(simulated),
         bubble=bubble_fraction([box["event"] for box in work], len(chosen)),
         cores=header.get("cores") if isinstance(header.get("cores"), int) else None,
-        load=header.get("load") if isinstance(header.get("load"), (int, float)) else None)
+        load=header.get("load") if isinstance(header.get("load"), (int, float)) else None,
+        placement=placement)
 
 
 #: The costs of the schedule's-order view: a stage's forward 1 unit, its
@@ -519,9 +598,10 @@ ORDER_FORWARD, ORDER_BACKWARD = 1.0, 2.0
 def schedule_order_chart(chart: PipelineChart) -> PipelineChart | None:
     """The chart's batch in the schedule's order, without its clock.
 
-    Every rank's forwards and backwards, in the order the run started them,
-    are replayed on the simulator's clock with equal costs (a forward 1 unit,
-    a backward 2, a chunk 1/v of that; messages free). What is left is the
+    Every rank's forwards and backwards (whole, or their halves I and W, 1
+    unit each), in the order the run started them, are replayed on the
+    simulator's clock with equal costs (a forward 1 unit, a backward 2, a
+    chunk 1/v of that; messages free). What is left is the
     schedule's shape: each action at its place in the order, whatever the
     run's timing. A real run of p processes on fewer than p cores, whose
     wall clock is mostly waiting for a core, draws here the same picture as
@@ -532,12 +612,12 @@ def schedule_order_chart(chart: PipelineChart) -> PipelineChart | None:
     if [row.stage for row in rows] != list(range(chart.stages)):
         return None
     orders = [[(box.kind, box.microbatch, box.chunk, box.phase) for box in row.boxes
-               if box.kind in ("F", "B")] for row in rows]
+               if box.kind in ("F", "B", "I", "W")] for row in rows]
     recompute = any(box.kind == "R" for row in rows for box in row.boxes)
     v = chart.virtual_stages
     try:
         schedule = schedule_from_order(chart.schedule, chart.stages, chart.microbatches, v,
-                                       orders)
+                                       orders, placement=chart.placement)
         events = simulate_schedule(schedule, ORDER_FORWARD / v, ORDER_BACKWARD / v,
                                    recompute=recompute)
     except (ValueError, DeadlockError):
@@ -558,7 +638,9 @@ def describe(chart: PipelineChart) -> str:
     """"1f1b · 4 stages · 8 micro-batches" (and "· v=2" when interleaved)."""
     words = (f"{chart.schedule} · {_count(chart.stages, 'stage')} · "
              f"{_count(chart.microbatches, 'micro-batch', 'micro-batches')}")
-    if chart.virtual_stages > 1:
+    if chart.placement == "v":
+        words += " · 2 chunks per rank in a V"
+    elif chart.virtual_stages > 1:
         words += f" · v={chart.virtual_stages} chunks per rank"
     return words
 
@@ -631,9 +713,10 @@ def _cell_style(box: Box | None, color: bool) -> str:
         return "dim"
     if box.kind == "step":
         return "bold"
-    colour = PALETTE[box.microbatch % len(PALETTE)]
-    weight = "bold " if box.kind == "F" else "italic "
-    return f"{weight}{'black' if colour in LIGHT_COLOURS else 'white'} on {colour}"
+    colour = box.face
+    weight = {"F": "bold ", "W": ""}.get(box.kind, "italic ")
+    paired = "underline " if box.phase == "overlap" else ""
+    return f"{weight}{paired}{'black' if _dark_text(colour) else 'white'} on {colour}"
 
 
 def legend_words(chart: PipelineChart) -> list[tuple[str, str, str]]:
@@ -641,13 +724,23 @@ def legend_words(chart: PipelineChart) -> list[tuple[str, str, str]]:
     draws: the terminal and the PNG say the same words (the PNG adds its
     hatching, the terminal its ".." and "--")."""
     kinds = {box.kind for row in chart.rows for box in row.boxes}
-    entries = [("F3", "forward of micro-batch 3", "its colour"),
-               ("B3", "its backward", "///")]
+    split = bool(kinds & {"I", "W"})
+    entries = [("F3", "forward of micro-batch 3", "its colour")]
+    if "B" in kinds or not split:
+        entries.append(("B3", "its backward", "///"))
     if "R" in kinds:
         entries.append(("R3", "its recompute", "xxx, dashed"))
+    if "I" in kinds:
+        entries.append(("I3", "input half of its backward", "green, \\\\\\"))
+    if "W" in kinds:
+        entries.append(("W3", "its weight half", "purple, ++, dash-dot"))
     if chart.virtual_stages > 1:
-        symbols = ["F3c1", "B3c1"] + (["R3c1"] if "R" in kinds else [])
+        symbols = [f"{kind}3c1" for kind in ("F", "B", "R", "I", "W")
+                   if kind in kinds or (kind == "B" and not split)]
         entries.append((", ".join(symbols), "on the rank's model chunk 1", "narrower"))
+    if any(box.phase == "overlap" for row in chart.rows for box in row.boxes):
+        entries.append((PAIR_TEXT, "a forward and a backward paired (DualPipe overlaps them)",
+                        "framed"))
     if "step" in kinds:
         entries.append((STEP_TEXT, "optimizer step", "dotted"))
     return entries
@@ -835,10 +928,7 @@ def _draw_chart(axis, chart: PipelineChart, *, x: str = "time", xmax: float | No
                          edgecolor="#BBBBBB", hatch="..", linewidth=0, zorder=0)
         for box in row.boxes:
             left, width = _extent(chart, box, x, scale)
-            if box.kind == "step":
-                face = "#FFFFFF"
-            else:
-                face = PALETTE[box.microbatch % len(PALETTE)]
+            face = box.face
             # Interleaved chunks after the first are drawn a little narrower.
             inset = 0.1 + 0.08 * min(box.chunk, 3)
             axis.add_patch(Rectangle((left, row_index + inset), max(width, span / 2000),
@@ -848,9 +938,15 @@ def _draw_chart(axis, chart: PipelineChart, *, x: str = "time", xmax: float | No
             if width >= span / 60:
                 labels.append((axis.text(left + width / 2, row_index + 0.5, box.text, ha="center",
                           va="center", fontsize=8 if width >= span / 30 else 6, zorder=3,
-                          color="black" if face in LIGHT_COLOURS or face == "#FFFFFF" else "white",
+                          color="black" if _dark_text(face) else "white",
                           bbox={"boxstyle": "round,pad=0.12", "facecolor": face,
                                 "edgecolor": "none"}, clip_on=True), left, left + width))
+        # One frame round a pair that overlaps, as DualPipe draws them.
+        for first, second in paired_boxes(row):
+            left = _extent(chart, first, x, scale)[0]
+            right = sum(_extent(chart, second, x, scale))
+            axis.add_patch(Rectangle((left, row_index + 0.05), right - left, 0.9, fill=False,
+                                     edgecolor=PAIR_EDGE, linewidth=2.0, zorder=2.5))
     axis.set_xlim(0, limit * 1.01)
     axis.set_ylim(len(chart.rows), 0)
     # Short boxes (an interleaved chunk's, a busy rank's) lose their label
@@ -874,23 +970,68 @@ def _draw_chart(axis, chart: PipelineChart, *, x: str = "time", xmax: float | No
                    f"{describe(chart)}\n{_wrapped(bubble_text(chart))}", fontsize=9, loc="left")
     if legend:
         handles = legend_handles(chart)
-        axis.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=7,
-                    frameon=False, bbox_to_anchor=(0.5, -0.55 / (0.55 * len(chart.rows))))
+        axis.legend(handles=handles, loc="upper center", ncol=_legend_columns(len(handles)),
+                    fontsize=7, frameon=False,
+                    bbox_to_anchor=(0.5, -0.55 / (0.55 * len(chart.rows))))
+
+
+#: A legend of more entries than this (a DualPipeV chart's, a comparison with
+#: the zero-bubble schedules) takes lines of LEGEND_COLUMNS entries.
+LEGEND_ONE_LINE = 6
+LEGEND_COLUMNS = 4
+#: Inches of each line of a legend after its first.
+LEGEND_LINE = 0.2
+
+
+def _legend_columns(entries: int) -> int:
+    return entries if entries <= LEGEND_ONE_LINE else LEGEND_COLUMNS
+
+
+def _legend_extra(entries: int) -> float:
+    """Inches a legend of ``entries`` needs past one line."""
+    lines = -(-entries // _legend_columns(entries)) if entries else 1
+    return LEGEND_LINE * (lines - 1)
+
+
+def paired_boxes(row: Row) -> list[tuple[Box, Box]]:
+    """The row's forwards paired with a backward to overlap (phase
+    "overlap", DualPipe's pairs): each (forward, backward) that follow each
+    other."""
+    boxes = [box for box in row.boxes if box.kind in ("F", "B", "I", "W")]  # R rides along
+    return [(first, second) for first, second in zip(boxes, boxes[1:])
+            if first.phase == second.phase == "overlap" and first.kind == "F"
+            and second.kind in ("B", "I")]
 
 
 def legend_handles(chart: PipelineChart) -> list:
     """The PNG's legend: :func:`legend_words`' entries as swatches drawn like
     the boxes, and the idle time."""
+    return _handles(legend_words(chart) + [IDLE_ENTRY])
+
+
+#: The legend's entry of the idle time (the PNG's only: the terminal has its "..").
+IDLE_ENTRY = ("idle", "the bubble", "hatched grey")
+
+
+def _handles(entries) -> list:
+    """Swatches of (symbol, words, drawn) legend entries, drawn like their boxes."""
     from matplotlib.patches import Patch
 
     handles = []
-    for symbol, words, drawn in legend_words(chart):
+    for symbol, words, drawn in entries:
+        label = f"{symbol}: {words} ({drawn})"
+        if (symbol, words, drawn) == IDLE_ENTRY:
+            handles.append(Patch(facecolor=IDLE_COLOR, edgecolor="#BBBBBB", hatch="..",
+                                 label=label))
+            continue
+        if symbol == PAIR_TEXT:
+            handles.append(Patch(facecolor="#FFFFFF", edgecolor=PAIR_EDGE, linewidth=2.0,
+                                 label=label))
+            continue
         kind = "step" if symbol == STEP_TEXT else symbol[0]
-        handles.append(Patch(facecolor="#FFFFFF" if kind == "step" else "#BBBBBB",
-                             edgecolor="#222222", hatch=HATCHES[kind],
-                             linestyle=EDGE_STYLES[kind], label=f"{symbol}: {words} ({drawn})"))
-    handles.append(Patch(facecolor=IDLE_COLOR, edgecolor="#BBBBBB", hatch="..",
-                         label="idle: the bubble (hatched grey)"))
+        face = {"step": "#FFFFFF"}.get(kind, HALF_COLOURS.get(kind, "#BBBBBB"))
+        handles.append(Patch(facecolor=face, edgecolor="#222222", hatch=HATCHES[kind],
+                             linestyle=EDGE_STYLES[kind], label=label))
     return handles
 
 
@@ -938,7 +1079,7 @@ def gantt_height(chart: PipelineChart) -> float:
     (the bubble's why may take two or three), 0.55 a stage; a real run's second
     panel (its schedule's order, :func:`schedule_order_chart`) adds as much again."""
     order = _panels(chart)
-    rows = 0.55 * len(chart.rows)
+    rows = 0.55 * len(chart.rows) + _legend_extra(len(legend_handles(chart)))
     if order is None:
         return FIGURE_MARGINS + _heading_extra(_gantt_heading(chart)) + rows
     titles = _order_title(order).count("\n") + _clock_title(chart).count("\n")
@@ -964,8 +1105,10 @@ def draw_pipeline_gantt(trace, figure=None, *, x: str = "time", **options):
     if figure is None:
         figure = _figure(12.0, gantt_height(chart))
     height = figure.get_figheight()
+    bottom = 0.85 + _legend_extra(len(legend_handles(chart)))  # the x axis and the legend
     if order is None:
-        axis = figure.add_axes((0.12, 0.85 / height, 0.85, 1 - (1.65 + extra) / height))
+        axis = figure.add_axes((0.12, bottom / height, 0.85,
+                                1 - (1.65 + extra + bottom - 0.85) / height))
         _draw_chart(axis, chart, x=x, title="")
     else:
         order_title, clock_title = _order_title(order), _clock_title(chart)
@@ -976,7 +1119,7 @@ def draw_pipeline_gantt(trace, figure=None, *, x: str = "time", **options):
         _draw_chart(upper, order, x=x, title=order_title, legend=False,
                     xlabel=f"units of work (a forward 1, a backward {ORDER_BACKWARD:g})"
                     if x == "time" else True)
-        lower = figure.add_axes((0.12, 0.85 / height, 0.85, bottom_rows / height))
+        lower = figure.add_axes((0.12, bottom / height, 0.85, bottom_rows / height))
         _draw_chart(lower, chart, x=x, title=clock_title)
     figure.text(0.01, 1 - 0.1 / height, heading, fontsize=9, va="top")
     return figure
@@ -1028,12 +1171,16 @@ def schedule_comparison_figure(events_by_schedule: dict, *, x: str = "time"):
     memory = any(row.peak_live_microbatches is not None for chart in charts
                  for row in chart.rows)
     rows = max(len(chart.rows) for chart in charts)
-    height = 1.6 + len(charts) * (0.75 + 0.45 * rows)
+    # One legend for the panels: the entries of every chart drawn.
+    handles = _handles(_merged_words(charts))
+    legend_extra = _legend_extra(len(handles))
+    height = 1.6 + len(charts) * (0.75 + 0.45 * rows) + legend_extra
     figure = _figure(13.0, height)
     grid = figure.add_gridspec(len(charts), 2 if memory else 1,
                                width_ratios=(5, 1) if memory else None,
                                hspace=0.95 / (0.45 * rows), wspace=0.08, left=0.09,
-                               right=0.98, top=1 - 0.7 / height, bottom=0.95 / height)
+                               right=0.98, top=1 - 0.7 / height,
+                               bottom=(0.95 + legend_extra) / height)
     if x == "slot":
         xmax = max(chart.slots for chart in charts)
     else:
@@ -1062,38 +1209,61 @@ def schedule_comparison_figure(events_by_schedule: dict, *, x: str = "time"):
                     else "micro-batches")
             bars.set_title(f"peak live activations\n({held})", fontsize=8)
     p, m = next(iter(shapes))
+    # Never further from the top than 0.2 in, however tall the figure.
     figure.suptitle(f"{' vs '.join(chart.schedule for chart in charts)}: {p} stages, "
-                    f"{m} micro-batches", fontsize=10, x=0.01, ha="left")
-    # One legend for the panels: the entries of every chart drawn.
-    handles = {}
-    for chart in charts:
-        for handle in legend_handles(chart):
-            handles.setdefault(handle.get_label(), handle)
-    figure.legend(handles=list(handles.values()), loc="lower center", ncol=len(handles),
+                    f"{m} micro-batches", fontsize=10, x=0.01, ha="left",
+                    y=1 - min(0.02 * height, 0.2) / height)
+    figure.legend(handles=handles, loc="lower center", ncol=_legend_columns(len(handles)),
                   fontsize=7, frameon=False, bbox_to_anchor=(0.5, 0.0))
     return figure
+
+
+def _merged_words(charts) -> list[tuple[str, str, str]]:
+    """Every chart's :func:`legend_words` once: entries of the same words (the
+    chunk-1 symbols of different schedules) under the union of their symbols."""
+    merged: dict[str, list] = {}
+    for chart in charts:
+        for symbol, words, drawn in legend_words(chart) + [IDLE_ENTRY]:
+            if words not in merged:
+                merged[words] = [symbol.split(", "), drawn]
+            else:
+                merged[words][0] += [part for part in symbol.split(", ")
+                                     if part not in merged[words][0]]
+    order = {kind: index for index, kind in enumerate(("F", "B", "R", "I", "W"))}
+    return [(", ".join(sorted(symbols, key=lambda part: order.get(part[0], 9)))
+             if len(symbols) > 1 else symbols[0], words, drawn)
+            for words, (symbols, drawn) in merged.items()]
+
+
+#: The schedules of the planned comparison (the README's picture), in the
+#: order they are taught: lesson 9's three, then the zero-bubble ones.
+PLANNED = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2", "zbv", "dualpipev")
 
 
 def draw_planned_comparison(path, stages: int = 4, microbatches: int = 8,
                             virtual_stages: int = 2, *, forward_time: float = 1.0,
                             backward_time: float = 2.0, dpi: int = 80,
-                            colors: int | None = 64) -> str:
-    """GPipe vs 1F1B vs interleaved 1F1B as planned: each schedule of
-    ``stages`` ranks and ``microbatches`` micro-batches run by the simulator
+                            colors: int | None = 64, schedules=PLANNED) -> str:
+    """The ``schedules`` (:data:`PLANNED`: GPipe, 1F1B, interleaved 1F1B,
+    ZB-H1, ZB-H2, ZB-V, DualPipeV) as planned: each of ``stages`` ranks and
+    ``microbatches`` micro-batches run by the simulator
     (:func:`minidist.parallel.pipeline.simulate_schedule`; a stage's forward
-    ``forward_time``, backward ``backward_time``, an interleaved chunk 1/v of
-    that, messages free), drawn by :func:`draw_schedule_comparison` on one time
-    axis with each stage's peak live activations. ``colors``: write the PNG
-    with a palette of that many colours (a third of the bytes, the same
+    ``forward_time``, backward ``backward_time``, its halves half of it each,
+    a chunk of the interleaved schedule 1/v of that, of ZB-V and DualPipeV
+    1/2; messages free), drawn by :func:`draw_schedule_comparison` on one
+    time axis with each stage's peak live activations. ``colors``: write the
+    PNG with a palette of that many colours (a third of the bytes, the same
     picture: it has few colours), None for full colour. Returns the PNG's path."""
     from minidist.parallel.pipeline.schedules import make_schedule
     from minidist.parallel.pipeline.simulate import simulate_schedule
 
     planned = {}
-    for name, chunks in (("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", virtual_stages)):
+    for name in schedules:
+        chunks = virtual_stages if name == "interleaved_1f1b" else 1
         schedule = make_schedule(name, stages, microbatches, chunks)
-        planned[name] = simulate_schedule(schedule, forward_time / chunks,
-                                          backward_time / chunks)
+        per_rank = schedule.virtual_stages
+        planned[name] = simulate_schedule(schedule, forward_time / per_rank,
+                                          backward_time / per_rank)
     path = draw_schedule_comparison(planned, path, dpi=dpi)
     if colors:
         from PIL import Image  # matplotlib's own dependency
@@ -1111,5 +1281,5 @@ __all__ = ["Box", "Row", "Column", "BubbleFormula", "PipelineChart", "pipeline_c
            "gantt_height",
            "render_pipeline_frame", "step_through_pipeline", "play_pipeline",
            "draw_pipeline_gantt", "save_pipeline_gantt", "draw_schedule_comparison",
-           "schedule_comparison_figure", "legend_words", "legend_handles",
+           "schedule_comparison_figure", "legend_words", "legend_handles", "paired_boxes",
            "draw_planned_comparison"]

@@ -91,5 +91,28 @@ def test_demo_pipeline_bad_input(capsys):
     assert "--stages and --microbatches must be at least 1, got 0" in _printed(capsys)
     assert main(["demo", "pipeline", "--schedule", "zigzag", "--simulate"]) == 2
     assert "unknown pipeline schedule 'zigzag'" in _printed(capsys)
+
+
+def test_demo_pipeline_simulates_the_zero_bubble_schedules(capsys):
+    for name in ("zb_h1", "zb_h2", "zbv", "dualpipev"):
+        assert main(["demo", "pipeline", "--simulate", "--schedule", name, "--stages", "2",
+                     "--microbatches", "4", "--no-color"]) == 0
+        printed = _printed(capsys)
+        assert "I0" in printed and "W0" in printed and "input half" in printed, name
+    assert main(["demo", "pipeline", "--simulate", "--schedule", "dualpipev", "--stages", "3",
+                 "--microbatches", "4"]) == 2
+    assert "DualPipeV needs at least 2p = 6" in _printed(capsys)
+
+
+def test_demo_pipeline_runs_for_real_only_what_the_runtime_runs(capsys):
+    from minidist.parallel.pipeline import make_schedule
+    from viz.demo_pipeline import _runtime_runs
+
+    assert _runtime_runs(make_schedule("1f1b", 2, 4))
+    if not _runtime_runs(make_schedule("zb_h1", 2, 4)):
+        assert main(["demo", "pipeline", "--schedule", "zb_h1", "--stages", "2",
+                     "--microbatches", "4"]) == 2
+        printed = _printed(capsys)
+        assert "zb_h1 splits each backward" in printed and "--simulate" in printed
     assert main(["demo", "pipeline", "--microbatches", "65", "--simulate"]) == 2
     assert "use --microbatches <= 64" in _printed(capsys)

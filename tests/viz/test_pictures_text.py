@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
+from minidist import trace
 from minidist.experiments import compression
 from minidist.parallel.pipeline.schedules import make_schedule
 from minidist.parallel.pipeline.simulate import simulate_schedule
@@ -91,6 +92,14 @@ PICTURES = {
         simulate_schedule(make_schedule("1f1b", 4, 8), 1.0, 2.0))),
     "pipeline planned interleaved": _pipeline(lambda: pipeline_chart.pipeline_chart(
         simulate_schedule(make_schedule("interleaved", 4, 8, 2), 0.5, 1.0))),
+    # the zero-bubble schedules: a split backward's halves, DualPipeV's pairs
+    "pipeline planned zb_h1": _pipeline(lambda: pipeline_chart.pipeline_chart(
+        (dict(trace.make_header(4, transport="sim"), **make_schedule("zb_h1", 4, 8).header()),
+         simulate_schedule(make_schedule("zb_h1", 4, 8), 1.0, 2.0)))),
+    "pipeline planned dualpipev": _pipeline(lambda: pipeline_chart.pipeline_chart(
+        (dict(trace.make_header(4, transport="sim"),
+              **make_schedule("dualpipev", 4, 8).header()),
+         simulate_schedule(make_schedule("dualpipev", 4, 8), 0.5, 1.0)))),
     "pipeline recompute": _pipeline(lambda: pipeline_chart.pipeline_chart(
         simulate_schedule(make_schedule("gpipe", 2, 4), 1.0, 2.0, recompute=True))),
     # `minidist demo pipeline`: a real run, its order beside its wall clock
@@ -98,7 +107,10 @@ PICTURES = {
         real_pipeline_trace())),
     "pipeline real interleaved": _pipeline(lambda: pipeline_chart.pipeline_chart(
         real_pipeline_trace("interleaved", 4, 8, 2))),
-    # lesson 9's comparison (docs/pipeline_schedules.png)
+    # lesson 9's comparison of three, and the README's of all seven
+    # (docs/pipeline_schedules.png)
+    "pipeline lesson schedules": _saved(lambda tmp_path: pipeline_chart.draw_planned_comparison(
+        tmp_path / "schedules.png", schedules=("gpipe", "1f1b", "interleaved_1f1b"))),
     "pipeline schedules": _saved(lambda tmp_path: pipeline_chart.draw_planned_comparison(
         tmp_path / "schedules.png")),
     # lessons 5 and 13, `minidist viz --timeline`, the demos' --timeline

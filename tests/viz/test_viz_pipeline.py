@@ -370,19 +370,29 @@ def test_viz_play_and_chrome_of_a_pipeline_trace(pipeline_trace, tmp_path, capsy
     assert chrome.stat().st_size > 0 and "slot 1 of" not in out
 
 
-@pytest.mark.parametrize("option, name", [("--html", "pipe.html"), ("--gif", "pipe.gif")])
-def test_viz_animation_of_a_pipeline_trace_says_why_it_cannot(pipeline_trace, tmp_path, capsys,
-                                                              option, name):
-    # It used to write the trace's timeline PNG instead of the HTML, status 0.
+def test_viz_animation_of_a_pipeline_trace_says_why_it_cannot(pipeline_trace, tmp_path, capsys):
+    # --gif animates collective calls: without any it writes nothing and says why.
     chrome = tmp_path / "pipe.json"
-    assert main(["viz", str(pipeline_trace), option, str(tmp_path / name),
+    assert main(["viz", str(pipeline_trace), "--gif", str(tmp_path / "pipe.gif"),
                  "--chrome", str(chrome)]) == 2
     captured = capsys.readouterr()
     error = captured.err.strip()
-    assert error.startswith(f"minidist viz: {option}: ") and "\n" not in error
+    assert error.startswith("minidist viz: --gif: ") and "\n" not in error
     assert "pipeline run with no collective calls" in error and "--timeline" in error
+    assert "(in the browser: --html PAGE)" in error
     assert sorted(path.name for path in tmp_path.iterdir()) == [pipeline_trace.name]
     assert captured.out == ""
+
+
+def test_viz_html_of_a_pipeline_trace_is_its_time_slots_in_the_browser(pipeline_trace, tmp_path,
+                                                                       capsys):
+    page, chrome = tmp_path / "pipe.html", tmp_path / "pipe.json"
+    assert main(["viz", str(pipeline_trace), "--html", str(page), "--chrome", str(chrome)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"HTML player written to {page}" in out and "13 time slots" in out
+    assert chrome.stat().st_size > 0
+    text = page.read_text()
+    assert text.startswith("<!doctype html>") and "slot 13 of 13" in text
 
 
 # --------------------------------------------------------------------------- measured vs formula

@@ -3,20 +3,26 @@ micro-batches that flow through them.
 
 Read in this order:
 
-1. :mod:`.schedules`: the schedules as data (GPipe, 1F1B, interleaved 1F1B),
-   built by pure functions;
-2. :mod:`.simulate`: a schedule on a virtual clock: time, bubble, peak memory;
-3. :mod:`.labels`: the words each action writes into the trace;
-4. :mod:`.split`: the model cut into stages of balanced cost, a batch into
+1. :mod:`.actions`: what a rank does, as data: the kinds of action, a
+   schedule of them, where each chunk sits, the messages around each
+   computation;
+2. :mod:`.schedules`: the schedules as data (GPipe, 1F1B, interleaved 1F1B),
+   built by pure functions, and every schedule by name;
+3. :mod:`.zero_bubble`: the backward split in two to fill the bubble
+   (ZB-H1, ZB-H2, ZB-V, DualPipeV);
+4. :mod:`.validate`: the rules a schedule keeps, checked without running it;
+5. :mod:`.simulate`: a schedule on a virtual clock: time, bubble, peak memory;
+6. :mod:`.labels`: the words each action writes into the trace;
+7. :mod:`.split`: the model cut into stages of balanced cost, a batch into
    micro-batches;
-5. :mod:`.grid`: where a rank sits among p stages x d replicas, and its
+8. :mod:`.grid`: where a rank sits among p stages x d replicas, and its
    two groups;
-6. :mod:`.held_activations`: what a stage keeps from a micro-batch's forward
+9. :mod:`.held_activations`: what a stage keeps from a micro-batch's forward
    to its backward, with or without recomputation;
-7. :mod:`.ledger`: one batch of one rank in the trace: its regions and its
-   memory events;
-8. :mod:`.executor`: ``Pipeline``, the runtime that runs a schedule's
-   actions on real ranks, one short step per kind of action.
+10. :mod:`.ledger`: one batch of one rank in the trace: its regions and its
+    memory events;
+11. :mod:`.executor`: ``Pipeline``, the runtime that runs a schedule's
+    actions on real ranks, one short step per kind of action.
 
 This face is what the mesh family uses (``Pipeline``, the schedules and the
 simulator).
@@ -72,10 +78,18 @@ from minidist.parallel.pipeline.split import (  # noqa: F401
     split_microbatches,
     split_model,
 )
+from minidist.parallel.pipeline.validate import ScheduleError, validate_schedule  # noqa: F401
+from minidist.parallel.pipeline.zero_bubble import (  # noqa: F401
+    dualpipe_v,
+    zb_h1,
+    zb_h2,
+    zb_v,
+)
 
 __all__ = ["FORWARD", "BACKWARD", "BACKWARD_INPUT", "BACKWARD_WEIGHT", "LETTERS", "PLACEMENTS", "SEND_ACTIVATION", "RECV_ACTIVATION", "SEND_GRAD", "RECV_GRAD",
            "OPTIMIZER_STEP", "KINDS", "PHASES", "UNIT_NS", "Action", "Schedule", "gpipe",
-           "one_f_one_b", "interleaved_one_f_one_b", "schedule_from_order", "SCHEDULES",
+           "one_f_one_b", "interleaved_one_f_one_b", "zb_h1", "zb_h2", "zb_v", "dualpipe_v",
+           "schedule_from_order", "SCHEDULES", "validate_schedule", "ScheduleError",
            "make_schedule", "message_tag", "DeadlockError", "simulate_schedule", "bubble_fraction",
            "peak_live_microbatches", "compute_text", "compute_label", "step_label",
            "message_label", "memory_label", "balanced_partition", "layer_costs", "split_model",

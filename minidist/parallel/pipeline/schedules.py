@@ -27,212 +27,40 @@ backward time of one stage on one micro-batch; no transfer time):
   fill and drain shrink v-fold: bubble (p - 1) / (v m + p - 1), for v times
   as many messages.
 
-Conventions of the data (shared with the drawings in ``viz/``):
+Splitting the backward into its input half and its weight half shrinks the
+bubble further: the zero-bubble schedules (ZB-H1, ZB-H2, ZB-V, DualPipeV)
+are in :mod:`~minidist.parallel.pipeline.zero_bubble`, and
+:func:`make_schedule` builds every one by name (:data:`SCHEDULES`).
 
-* ``schedule.actions[rank]`` is the ordered list of :class:`Action` of that
-  rank; ``chunk`` is the virtual stage's index *on that rank* and the global
-  stage is ``chunk * p + rank``.
-* A forward at a stage other than the first is preceded by the receive of its
-  input activation; a forward is followed by the send of its output to the
-  next stage (unless it is the last stage). Backward mirrors it with
-  gradients. ``peer`` of a send or receive is the other pipeline rank. With
-  one rank and several chunks, neighbouring chunks hand over in memory and
-  there are no messages.
-* Sends never wait for their receive (the transports buffer them), so a
-  schedule can only deadlock through receives:
-  :func:`~minidist.parallel.pipeline.simulate.simulate_schedule`
-  finds such a schedule and names the actions that wait for ever.
+The data (:class:`Action`, :class:`Schedule`, the kinds of action and their
+conventions) is in :mod:`~minidist.parallel.pipeline.actions`, and is
+importable from here too.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from minidist.parallel.pipeline.labels import compute_text
-
-FORWARD = "forward"
-BACKWARD = "backward"
-SEND_ACTIVATION = "send_activation"
-RECV_ACTIVATION = "recv_activation"
-SEND_GRAD = "send_grad"
-RECV_GRAD = "recv_grad"
-OPTIMIZER_STEP = "optimizer_step"
-# The backward split in two (zero-bubble schedules): its input half "I"
-# (the gradient of the stage's input, which the stage before waits for) and
-# its weight half "W" (the weights' gradients, needed only by the step).
-# Qi et al. call the input half B; here B stays the whole backward, as in
-# GPipe and 1F1B, and the halves take torch.distributed.pipelining's letters.
-BACKWARD_INPUT = "backward_input"
-BACKWARD_WEIGHT = "backward_weight"
-KINDS = (FORWARD, BACKWARD, SEND_ACTIVATION, RECV_ACTIVATION, SEND_GRAD, RECV_GRAD,
-         OPTIMIZER_STEP, BACKWARD_INPUT, BACKWARD_WEIGHT)
-#: The letter of each compute kind, in printouts, traces and charts.
-LETTERS = {FORWARD: "F", BACKWARD: "B", BACKWARD_INPUT: "I", BACKWARD_WEIGHT: "W"}
-#: Where a rank's chunks sit: "loop" puts chunk c of rank r at stage c p + r
-#: (interleaved 1F1B); "v" puts chunk 0 at stage r and chunk 1 at stage
-#: 2 p - 1 - r, so rank 0 holds the first and the last stage (ZB-V, DualPipeV).
-PLACEMENTS = ("loop", "v")
-PHASES = ("warmup", "steady", "cooldown", "step")
-
-#: The simulator's virtual clock: one unit of ``forward_time`` etc. is this many ns.
-UNIT_NS = 1_000_000
-
-
-@dataclass(frozen=True)
-class Action:
-    """One thing one rank does; see the module's conventions."""
-
-    kind: str
-    microbatch: int | None
-    chunk: int = 0
-    phase: str = ""
-    peer: int | None = None
-
-    def __str__(self) -> str:
-        if self.kind == OPTIMIZER_STEP:
-            return "step"
-        if self.kind in LETTERS:
-            return compute_text(LETTERS[self.kind], self.microbatch, self.chunk)
-        what = f"{self.microbatch}" + (f"c{self.chunk}" if self.chunk else "")
-        name = {SEND_ACTIVATION: "send_act", RECV_ACTIVATION: "recv_act",
-                SEND_GRAD: "send_grad", RECV_GRAD: "recv_grad"}[self.kind]
-        arrow = "->" if self.kind.startswith("send") else "<-"
-        return f"{name}({what}){arrow}{self.peer}"
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """What every rank of a pipeline does in one batch, in order.
-
-    ``stages`` is the number of pipeline ranks p; with ``virtual_stages`` v the
-    model has p v pieces. ``actions[rank]`` lists that rank's actions.
-    ``placement`` says which pieces a rank holds (:data:`PLACEMENTS`)."""
-
-    name: str
-    stages: int
-    microbatches: int
-    virtual_stages: int
-    actions: list
-    placement: str = "loop"
-
-    def __post_init__(self):
-        if self.placement not in PLACEMENTS:
-            raise ValueError(f"schedule {self.name!r}: placement must be one of {PLACEMENTS}, "
-                             f"got {self.placement!r}")
-        if self.placement == "v" and self.virtual_stages != 2:
-            raise ValueError(f"schedule {self.name!r}: the V placement holds 2 chunks per "
-                             f"rank, got virtual_stages={self.virtual_stages}")
-
-    @property
-    def total_stages(self) -> int:
-        """Pieces of the model: p v."""
-        return self.stages * self.virtual_stages
-
-    def stage_of(self, rank: int, chunk: int = 0) -> int:
-        """The global stage index of ``chunk`` on ``rank``."""
-        if self.placement == "v" and chunk == 1:
-            return 2 * self.stages - 1 - rank
-        return chunk * self.stages + rank
-
-    def rank_of(self, stage: int) -> tuple[int, int]:
-        """``(rank, chunk)`` holding global ``stage`` (the inverse of :meth:`stage_of`)."""
-        chunk, rank = divmod(stage, self.stages)
-        if self.placement == "v" and chunk == 1:
-            rank = self.stages - 1 - rank
-        return rank, chunk
-
-    def compute_order(self, rank: int) -> list[str]:
-        """The rank's compute actions only, e.g. ``["F0", "F1", "B0", ...]``
-        (``I0``, ``W0`` for a split backward)."""
-        return [str(a) for a in self.actions[rank] if a.kind in LETTERS]
-
-    def header(self) -> dict:
-        """The trace header fields of a run of this schedule."""
-        fields = {"schedule": self.name, "stages": self.stages,
-                  "microbatches": self.microbatches, "virtual_stages": self.virtual_stages}
-        if self.placement != "loop":
-            fields["placement"] = self.placement
-        return fields
-
-    def __str__(self) -> str:
-        rows = [f"{self.name}: {self.stages} stage{'s' if self.stages != 1 else ''}, "
-                f"{self.microbatches} micro-batch{'es' if self.microbatches != 1 else ''}"
-                + (f", {self.virtual_stages} virtual stages per rank"
-                   if self.virtual_stages > 1 else "")]
-        for rank, actions in enumerate(self.actions):
-            rows.append(f"  rank {rank}: " + " ".join(map(str, actions)))
-        return "\n".join(rows)
-
-
-def _check_sizes(who: str, stages, microbatches, virtual_stages=1) -> None:
-    for name, value in (("stages", stages), ("microbatches", microbatches),
-                        ("virtual_stages", virtual_stages)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{who}: {name} must be a whole number >= 1, got {value!r}")
-
-
-class _RankBuilder:
-    """Appends one rank's compute actions together with the messages around
-    them, so that every schedule function only decides the order of forwards
-    and backwards."""
-
-    def __init__(self, rank: int, ranks: int, virtual_stages: int,
-                 microbatches: int | None = None, placement: str = "loop"):
-        self.rank = rank
-        self.ranks = ranks
-        self.last_stage = ranks * virtual_stages - 1
-        # Micro-batches from here on are padding (interleaved rounds): left out.
-        self.microbatches = microbatches
-        # Only its stage arithmetic is used: which stage a chunk is, which rank a stage.
-        self.layout = Schedule("", ranks, 1, virtual_stages, [], placement)
-        self.actions: list[Action] = []
-
-    def _exists(self, microbatch: int) -> bool:
-        return self.microbatches is None or microbatch < self.microbatches
-
-    def _peer(self, stage: int) -> int | None:
-        """The rank holding ``stage``, or None when it is this rank: neighbouring
-        chunks on one rank hand over in memory, without a message."""
-        rank = self.layout.rank_of(stage)[0]
-        return None if rank == self.rank else rank
-
-    def forward(self, microbatch: int, chunk: int, phase: str) -> None:
-        if not self._exists(microbatch):
-            return
-        stage = self.layout.stage_of(self.rank, chunk)
-        if stage > 0 and (previous := self._peer(stage - 1)) is not None:
-            self.actions.append(Action(RECV_ACTIVATION, microbatch, chunk, phase, previous))
-        self.actions.append(Action(FORWARD, microbatch, chunk, phase))
-        if stage < self.last_stage and (following := self._peer(stage + 1)) is not None:
-            self.actions.append(Action(SEND_ACTIVATION, microbatch, chunk, phase, following))
-
-    def backward(self, microbatch: int, chunk: int, phase: str,
-                 kind: str = BACKWARD) -> None:
-        """The whole backward (``kind`` BACKWARD) or its input half
-        (BACKWARD_INPUT): both take the gradient of the stage's output and
-        send the gradient of its input."""
-        if not self._exists(microbatch):
-            return
-        stage = self.layout.stage_of(self.rank, chunk)
-        if stage < self.last_stage and (following := self._peer(stage + 1)) is not None:
-            self.actions.append(Action(RECV_GRAD, microbatch, chunk, phase, following))
-        self.actions.append(Action(kind, microbatch, chunk, phase))
-        if stage > 0 and (previous := self._peer(stage - 1)) is not None:
-            self.actions.append(Action(SEND_GRAD, microbatch, chunk, phase, previous))
-
-    def backward_input(self, microbatch: int, chunk: int, phase: str) -> None:
-        """I: the input half of the backward, with its messages."""
-        self.backward(microbatch, chunk, phase, BACKWARD_INPUT)
-
-    def backward_weight(self, microbatch: int, chunk: int, phase: str) -> None:
-        """W: the weight half; no message (nobody else waits for it)."""
-        if self._exists(microbatch):
-            self.actions.append(Action(BACKWARD_WEIGHT, microbatch, chunk, phase))
-
-    def step(self) -> list[Action]:
-        self.actions.append(Action(OPTIMIZER_STEP, None, 0, "step"))
-        return self.actions
-
+# The data a schedule is made of, here too under the names it always had.
+from minidist.parallel.pipeline.actions import (  # noqa: F401
+    BACKWARD,
+    BACKWARD_INPUT,
+    BACKWARD_WEIGHT,
+    FORWARD,
+    KINDS,
+    LETTERS,
+    OPTIMIZER_STEP,
+    PHASES,
+    PLACEMENTS,
+    RECV_ACTIVATION,
+    RECV_GRAD,
+    SEND_ACTIVATION,
+    SEND_GRAD,
+    UNIT_NS,
+    Action,
+    Schedule,
+    _RankBuilder,
+)
+from minidist.parallel.pipeline.actions import check_sizes as _check_sizes
+from minidist.parallel.pipeline.zero_bubble import dualpipe_v, zb_h1, zb_h2, zb_v
 
 # --------------------------------------------------------------------------- schedules
 
@@ -346,42 +174,73 @@ def schedule_from_order(name: str, stages: int, microbatches: int, virtual_stage
     phase)`` with letter "F" (forward), "B" (whole backward), "I" or "W"
     (its input and weight halves), e.g. read back from a trace. The
     messages around them and the optimizer step are added as every
-    schedule adds them, so :func:`simulate_schedule` can replay the order
-    on its clock: what a run did, without how long each piece took."""
+    schedule adds them (a forward and a backward that follow each other in
+    phase "overlap" as the pair they were), so :func:`simulate_schedule` can
+    replay the order on its clock: what a run did, without how long each
+    piece took."""
     _check_sizes("schedule_from_order", stages, microbatches, virtual_stages)
     if len(orders) != stages:
         raise ValueError(f"schedule_from_order: {len(orders)} ranks' orders for "
                          f"{stages} stages")
+    halves = {"B": BACKWARD, "I": BACKWARD_INPUT}
     actions = []
     for rank, order in enumerate(orders):
         builder = _RankBuilder(rank, stages, virtual_stages, placement=placement)
         steps = {"F": builder.forward, "B": builder.backward, "I": builder.backward_input,
                  "W": builder.backward_weight}
-        for letter, microbatch, chunk, phase in order:
+        order = list(order)
+        index = 0
+        while index < len(order):
+            letter, microbatch, chunk, phase = order[index]
             if letter not in steps:
                 raise ValueError(f"schedule_from_order: rank {rank}: {letter!r} is not "
                                  "F (forward), B (backward), I (its input half) or W (its "
                                  "weight half)")
+            following = order[index + 1] if index + 1 < len(order) else None
+            if (letter == "F" and phase == "overlap" and following is not None
+                    and following[0] in halves and following[3] == "overlap"):
+                builder.overlapped((microbatch, chunk), following[1:3], halves[following[0]])
+                index += 2
+                continue
             steps[letter](microbatch, chunk, phase)
+            index += 1
         actions.append(builder.step())
     return Schedule(name, stages, microbatches, virtual_stages, actions, placement)
 
 
-SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved_1f1b": interleaved_one_f_one_b}
+SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved_1f1b": interleaved_one_f_one_b,
+             "zb_h1": zb_h1, "zb_h2": zb_h2, "zbv": zb_v, "dualpipev": dualpipe_v}
 _ALIASES = {"gpipe": "gpipe", "1f1b": "1f1b", "one_f_one_b": "1f1b",
             "interleaved": "interleaved_1f1b", "interleaved_1f1b": "interleaved_1f1b",
-            "interleaved-1f1b": "interleaved_1f1b"}
+            "interleaved-1f1b": "interleaved_1f1b",
+            # torch.distributed.pipelining's ScheduleInterleavedZeroBubble is ZB-H1 ("ZB1P")
+            "zb_h1": "zb_h1", "zb-h1": "zb_h1", "zbh1": "zb_h1", "zb1p": "zb_h1",
+            "zero_bubble": "zb_h1", "interleaved_zero_bubble": "zb_h1",
+            "zb_h2": "zb_h2", "zb-h2": "zb_h2", "zbh2": "zb_h2", "zb2p": "zb_h2",
+            "zbv": "zbv", "zb_v": "zbv", "zb-v": "zbv", "zbv_zero_bubble": "zbv",
+            "dualpipev": "dualpipev", "dualpipe_v": "dualpipev", "dualpipe-v": "dualpipev"}
+#: The schedules that hold two chunks a rank by their own design (the V placement).
+_TWO_CHUNKS = ("zbv", "dualpipev")
 
 
 def make_schedule(name: str, stages: int, microbatches: int, virtual_stages: int = 1) -> Schedule:
-    """The schedule called ``name`` ("gpipe", "1f1b", "interleaved_1f1b" or
-    "interleaved"). ``virtual_stages`` > 1 needs the interleaved schedule."""
+    """The schedule called ``name``: "gpipe", "1f1b", "interleaved_1f1b"
+    (or "interleaved"), "zb_h1" (or "zero_bubble"), "zb_h2", "zbv" (or
+    "zb-v"), "dualpipev". ``virtual_stages`` > 1 needs the interleaved
+    schedule; "zbv" and "dualpipev" hold 2 chunks a rank (the V placement)
+    and take virtual_stages 1 (the default) or 2."""
     key = _ALIASES.get(str(name).lower())
     if key is None:
         raise ValueError(f"unknown pipeline schedule {name!r}; choose one of "
                          f"{sorted(SCHEDULES)}")
     if key == "interleaved_1f1b":
         return interleaved_one_f_one_b(stages, microbatches, virtual_stages)
+    if key in _TWO_CHUNKS:
+        if virtual_stages not in (1, 2):
+            raise ValueError(f"schedule {key!r} holds 2 chunks per rank in a V; "
+                             f"virtual_stages={virtual_stages} cannot be given to it "
+                             "(pass 1 or 2)")
+        return SCHEDULES[key](stages, microbatches)
     if virtual_stages != 1:
         raise ValueError(f"schedule {key!r} has one stage per rank; virtual_stages="
                          f"{virtual_stages} needs schedule='interleaved_1f1b'")
@@ -396,11 +255,5 @@ def message_tag(kind: str, microbatch: int, receiving_stage: int, total_stages: 
     ``microbatch`` to ``receiving_stage``: both ends compute it, so any
     order of arrival matches the right receive."""
     return 2 * (microbatch * total_stages + receiving_stage) + (kind == "grad")
-
-
-# --------------------------------------------------------------------------- simulator
-
-
-# --------------------------------------------------------------------------- bubble
 
 
