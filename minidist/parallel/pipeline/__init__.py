@@ -3,8 +3,9 @@ micro-batches that flow through them.
 
 Read in this order:
 
-1. :mod:`.schedules`: the schedules as data (GPipe, 1F1B, interleaved 1F1B),
-   built by pure functions;
+1. :mod:`.schedules`: the schedules as data (GPipe, 1F1B, interleaved 1F1B;
+   any order of forwards, backwards and their halves I and W, on the loop
+   or the V placement), built by pure functions;
 2. :mod:`.simulate`: a schedule on a virtual clock: time, bubble, peak memory;
 3. :mod:`.labels`: the words each action writes into the trace;
 4. :mod:`.split`: the model cut into stages of balanced cost, a batch into
@@ -12,11 +13,14 @@ Read in this order:
 5. :mod:`.grid`: where a rank sits among p stages x d replicas, and its
    two groups;
 6. :mod:`.held_activations`: what a stage keeps from a micro-batch's forward
-   to its backward, with or without recomputation;
+   to its backward, with or without recomputation, and from a split
+   backward's input half I to its weight half W;
 7. :mod:`.ledger`: one batch of one rank in the trace: its regions and its
-   memory events;
-8. :mod:`.executor`: ``Pipeline``, the runtime that runs a schedule's
-   actions on real ranks, one short step per kind of action.
+   memory events (what waits for W among them);
+8. :mod:`.steps`: one batch on one rank, a schedule's actions in order, one
+   short step per kind of action (F, B, I, W, send, receive, the step);
+9. :mod:`.executor`: ``Pipeline``, the runtime that runs a schedule on real
+   ranks, p stages x d replicas, and its rules for a training step;
 
 This face is what the mesh family uses (``Pipeline``, the schedules and the
 simulator).
