@@ -21,6 +21,15 @@ Read in this order:
    short step per kind of action (F, B, I, W, send, receive, the step);
 9. :mod:`.executor`: ``Pipeline``, the runtime that runs a schedule on real
    ranks, p stages x d replicas, and its rules for a training step;
+10. :mod:`.pipelining`: torch.distributed.pipelining's names
+    (``PipelineStage``, ``ScheduleGPipe``, ``Schedule1F1B``,
+    ``ScheduleInterleaved1F1B``, ``ScheduleInterleavedZeroBubble``,
+    ``ScheduleZBVZeroBubble``, ``ScheduleDualPipeV``, ``pipeline``,
+    ``SplitPoint``) on that same runtime. A torch script's
+    ``from torch.distributed.pipelining import ...`` reads
+    ``from minidist.parallel.pipeline.pipelining import ...``; all but
+    ``pipeline`` (the name of this family) are also names of this face and
+    of :mod:`minidist.parallel`.
 
 This face is what the mesh family uses (``Pipeline``, the schedules and the
 simulator).
@@ -38,6 +47,19 @@ from minidist.parallel.pipeline.labels import (  # noqa: F401
     memory_label,
     message_label,
     step_label,
+)
+from minidist.parallel.pipeline.pipelining import (  # noqa: F401
+    Pipe,
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleDualPipeV,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+    ScheduleZBVZeroBubble,
+    SplitPoint,
+    build_stage,
+    pipe_split,
 )
 from minidist.parallel.pipeline.schedules import (  # noqa: F401
     BACKWARD,
@@ -83,4 +105,7 @@ __all__ = ["FORWARD", "BACKWARD", "BACKWARD_INPUT", "BACKWARD_WEIGHT", "LETTERS"
            "make_schedule", "message_tag", "DeadlockError", "simulate_schedule", "bubble_fraction",
            "peak_live_microbatches", "compute_text", "compute_label", "step_label",
            "message_label", "memory_label", "balanced_partition", "layer_costs", "split_model",
-           "split_microbatches", "Pipeline", "annotate_trace"]
+           "split_microbatches", "Pipeline", "annotate_trace", "PipelineStage",
+           "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
+           "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble", "ScheduleDualPipeV",
+           "SplitPoint", "Pipe", "build_stage", "pipe_split"]

@@ -57,6 +57,10 @@ Usage, the same code on every rank of a ``minidist.launch`` with p x d ranks::
     optimizer = optim.SGD(pipe.parameters(), lr=0.1)
     for x, y in batches:                  # every rank passes its replica's batch
         loss = pipe.step(x, y, nn.CrossEntropyLoss(), optimizer)  # float on the last stage
+
+torch.distributed.pipelining's names (``PipelineStage``, ``ScheduleGPipe``,
+...) build a Pipeline from this rank's stages and run the same steps:
+:mod:`~minidist.parallel.pipeline.pipelining`.
 """
 
 from __future__ import annotations

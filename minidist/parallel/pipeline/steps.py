@@ -1,7 +1,8 @@
 """One batch on one pipeline rank: the schedule's actions in order, one short
 step per kind of action. :class:`~minidist.parallel.pipeline.executor.Pipeline`
-runs its batches here; what is its own (how a loss is scaled, what ends the
-batch) it says in a small object of *rules*.
+and torch's names (:mod:`~minidist.parallel.pipeline.pipelining`) both run
+their batches here; what differs between them (how a loss is scaled, what
+ends the batch) each says in a small object of *rules*.
 
 The steps, in the order a micro-batch meets them:
 
@@ -67,10 +68,12 @@ __all__ = ["BatchRun", "message_tags"]
 
 class BatchRun:
     """One batch on one rank of ``pipe`` (a Pipeline: its schedule, pipeline
-    rank, chunks, groups and tags) under ``rules`` (see the module)."""
+    rank, chunks, groups and tags) under ``rules`` (see the module).
+    ``keep_for_backward=False`` runs forwards that keep nothing (inference)."""
 
-    def __init__(self, pipe, rules):
+    def __init__(self, pipe, rules, keep_for_backward: bool = True):
         self.pipe = pipe
+        self.keep_for_backward = keep_for_backward
         self.schedule = pipe.schedule
         self.rules = rules
         self.held = HeldActivations(pipe.chunks, pipe.recompute)
@@ -84,9 +87,9 @@ class BatchRun:
         self.ledger = Ledger(self.schedule, pipe.rank, pipe._parameters, rules.optimizer,
                              self.held)
 
-    def run(self) -> None:
-        """Every action of this rank's schedule, in order."""
-        for index, action in enumerate(self.schedule.actions[self.pipe.rank]):
+    def run(self, actions=None) -> None:
+        """Every action of this rank's schedule (or ``actions``), in order."""
+        for index, action in enumerate(actions or self.schedule.actions[self.pipe.rank]):
             self.execute(index, action)
 
     def execute(self, index: int, action: Action) -> None:
@@ -107,6 +110,8 @@ class BatchRun:
             self.examples += len(inputs.data)
         with self.ledger.region(action):
             outputs, loss = self.held.forward((microbatch, chunk), inputs, self._loss_of(stage))
+            if not self.keep_for_backward:
+                self.held.pop((microbatch, chunk))
         if stage < self.schedule.total_stages - 1:
             self._hand_over("act", action, outputs.data)
         else:
