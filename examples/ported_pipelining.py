@@ -7,8 +7,8 @@ Every line marked ``# torch:`` shows the torch line it replaces; every other
 line is the same in both (tests/parallel/test_pipelining_torch_names.py
 turns this file back into the torch script, runs both and compares). A
 Sequential of four Linear layers is cut by hand into one stage a rank
-(GPipe, 1F1B) or two (interleaved, zero bubble: stage c p + r on rank r; ZB-V
-and DualPipeV: stages r and 2p - 1 - r), and trained two SGD steps on 13
+(GPipe, 1F1B, the interleaved zero bubble) or two (interleaved 1F1B: stage
+c p + r on rank r; ZB-V and DualPipeV: stages r and 2p - 1 - r), and trained two SGD steps on 13
 examples in 4 micro-batches. Its weights come from one NumPy seed, so both
 scripts start equal. With ``--record FOLDER`` every rank writes there, for
 each schedule, each micro-batch's loss, the merged output and its
@@ -35,9 +35,10 @@ from minidist.parallel.pipeline.pipelining import (  # torch: from torch.distrib
 #: name -> (schedule class, stages per rank)
 SCHEDULES = {"gpipe": (ScheduleGPipe, 1), "1f1b": (Schedule1F1B, 1),
              "interleaved_1f1b": (ScheduleInterleaved1F1B, 2),
-             "interleaved_zero_bubble": (ScheduleInterleavedZeroBubble, 2),
+             "interleaved_zero_bubble": (ScheduleInterleavedZeroBubble, 1),
              "zbv": (ScheduleZBVZeroBubble, 2), "dualpipev": (ScheduleDualPipeV, 2)}
 V_SHAPED = (ScheduleZBVZeroBubble, ScheduleDualPipeV)
+ONE_STAGE = (ScheduleGPipe, Schedule1F1B)   # the others take a list of the rank's stages
 MICROBATCHES = 4
 
 
@@ -63,7 +64,7 @@ def train(name, rank, world, record):
     device = "cpu"  # torch: device = torch.device("cpu")
     stages = [PipelineStage(model[cuts[i]:cuts[i + 1]], i, num_stages, device)
               for i in stage_indices(schedule_class, per_rank, rank, world)]
-    schedule = schedule_class(stages[0] if per_rank == 1 else stages, MICROBATCHES,
+    schedule = schedule_class(stages[0] if schedule_class in ONE_STAGE else stages, MICROBATCHES,
                               loss_fn=nn.CrossEntropyLoss())
     parameters = [p for stage in stages for p in stage.submod.parameters()]
     names = {id(p): key for key, p in model.named_parameters()}

@@ -5,7 +5,7 @@ process on the whole batch, and fail cleanly inside I or W.
 One launch per world size (2, 4) and transport (pipe, shm) runs every case
 inside the workers, three SGD-with-momentum steps in float64 on a batch of
 13 examples (uneven micro-batches), on p = 2 and 4 stages and on 2 stages x
-2 data-parallel replicas, with m = p and 2p + 1 micro-batches:
+2 data-parallel replicas, with m = p and 2p + 1 micro-batches (2p and 2p + 1 for DualPipeV):
 
 * the schedules of before the split: GPipe, 1F1B, interleaved 1F1B (2
   chunks per rank), as a check that nothing they compute has moved;
@@ -139,11 +139,16 @@ NAMES = ["gpipe", "1f1b", "interleaved_1f1b", "1f1b next", "1f1b end",
 RECOMPUTED = ["1f1b next", "v end"]
 
 
+def _counts(name, stages):
+    """p and 2p + 1 micro-batches; DualPipeV needs at least 2p (DeepSeek's rule)."""
+    return (2 * stages, 2 * stages + 1) if name == "dualpipev" else (stages, 2 * stages + 1)
+
+
 def _cases(stages, replicas):
     return [dict(stages=stages, replicas=replicas, name=name, microbatches=m,
                  recompute=recompute)
-            for m in (stages, 2 * stages + 1)
-            for name in NAMES for recompute in ((False, True) if name in RECOMPUTED else (False,))]
+            for name in NAMES for m in _counts(name, stages)
+            for recompute in ((False, True) if name in RECOMPUTED else (False,))]
 
 
 def _key(case):

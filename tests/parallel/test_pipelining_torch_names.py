@@ -40,6 +40,7 @@ from minidist.parallel.pipeline.pipelining import (
     Schedule1F1B,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
     ScheduleZBVZeroBubble,
     SplitPoint,
     pipe_split,
@@ -291,6 +292,8 @@ def _refusals():
         from minidist.distributed.pipelining import PipelineStage  # noqa: F401
 
     _attempt(found, "minidist.distributed.pipelining", from_distributed)
+    _attempt(found, "zero bubble, 2 a rank", lambda: ScheduleInterleavedZeroBubble(
+        [PipelineStage(p, 2 * i + rank, 4) for i, p in enumerate(pieces)], 2))
     if "zbv" not in SCHEDULES:
         _attempt(found, "missing schedule", lambda: ScheduleZBVZeroBubble(
             [PipelineStage(p, i, 4) for i, p in zip((rank, 3 - rank), pieces)], 2))
@@ -392,6 +395,9 @@ def test_what_differs_from_torch_is_refused_saying_what_to_write(launched):
             in found["residual"]
         assert ("write `from minidist.parallel.pipeline.pipelining import PipelineStage`"
                 in found["minidist.distributed.pipelining"])
+        assert ("ScheduleInterleavedZeroBubble: minidist's 'zb_h1' holds 1 stage(s) a rank, "
+                "this rank passed 2; pass 1 a rank (several stages a rank: "
+                "ScheduleInterleaved1F1B") in found["zero bubble, 2 a rank"]
         if "missing schedule" in found:
             assert "runs minidist's 'zbv' schedule, which this minidist does not have" \
                 in found["missing schedule"]

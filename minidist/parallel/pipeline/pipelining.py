@@ -25,11 +25,11 @@ What each name does here, in torch's meaning:
    (:func:`~minidist.parallel.pipeline.schedules.make_schedule`) and its
    placement: :class:`ScheduleGPipe` ("gpipe") and :class:`Schedule1F1B`
    ("1f1b") take one stage per rank; :class:`ScheduleInterleaved1F1B`
-   ("interleaved_1f1b") and :class:`ScheduleInterleavedZeroBubble`
-   ("zb_h1" with the rank's stages as virtual stages) a list, stage
-   ``c p + r`` at rank r; :class:`ScheduleZBVZeroBubble` ("zbv") and
-   :class:`ScheduleDualPipeV` ("dualpipev") two stages a rank on the V
-   (stages r and 2p - 1 - r).
+   ("interleaved_1f1b") a list, stage ``c p + r`` at rank r;
+   :class:`ScheduleInterleavedZeroBubble` ("zb_h1", ZB-H1, what torch's
+   implements) a list of one stage a rank, the one minidist's ZB-H1 holds;
+   :class:`ScheduleZBVZeroBubble` ("zbv") and :class:`ScheduleDualPipeV`
+   ("dualpipev") two stages a rank on the V (stages r and 2p - 1 - r).
 3. ``step(*args, target=None, losses=None, return_outputs=True,
    loss_kwargs=None)`` cuts the inputs and the target along their first
    axis into the micro-batches (torch's ``tensor_split``: sizes differing
@@ -147,6 +147,7 @@ class _PipelineSchedule:
 
     _schedule = ""
     _placement = "loop"
+    _stages_a_rank = None   # any number, or the one minidist's schedule holds
 
     def _build(self, stages, n_microbatches, loss_fn, args_chunk_spec, kwargs_chunk_spec,
                output_merge_spec, scale_grads):
@@ -183,6 +184,10 @@ class _PipelineSchedule:
 
     def _minidist_schedule(self, ranks, microbatches, per_rank) -> Schedule:
         who = type(self).__name__
+        if self._stages_a_rank not in (None, per_rank):
+            raise ValueError(f"{who}: minidist's {self._schedule!r} holds {self._stages_a_rank} "
+                             f"stage(s) a rank, this rank passed {per_rank}; pass "
+                             f"{self._stages_a_rank} a rank ({_OTHER_SHAPES})")
         if self._schedule not in SCHEDULES:
             raise ValueError(f"{who} runs minidist's {self._schedule!r} schedule, which this "
                              f"minidist does not have (it has {sorted(SCHEDULES)})")
@@ -341,10 +346,11 @@ class ScheduleInterleaved1F1B(_MultiStage):
 
 
 class ScheduleInterleavedZeroBubble(_MultiStage):
-    """Zero bubble with the rank's stages interleaved (minidist's "zb_h1",
-    the stages as its virtual stages)."""
+    """Zero bubble, ZB-H1 ("ZB1P", torch's name for what it implements):
+    minidist's "zb_h1", one stage a rank, passed in a list as torch's."""
 
     _schedule = "zb_h1"
+    _stages_a_rank = 1
 
 
 class ScheduleZBVZeroBubble(_MultiStage):
@@ -352,6 +358,7 @@ class ScheduleZBVZeroBubble(_MultiStage):
 
     _schedule = "zbv"
     _placement = "v"
+    _stages_a_rank = 2
 
 
 class ScheduleDualPipeV(_MultiStage):
@@ -359,6 +366,11 @@ class ScheduleDualPipeV(_MultiStage):
 
     _schedule = "dualpipev"
     _placement = "v"
+    _stages_a_rank = 2
+
+
+_OTHER_SHAPES = ("several stages a rank: ScheduleInterleaved1F1B; two on the V with the "
+                 "backward split: ScheduleZBVZeroBubble or ScheduleDualPipeV")
 
 
 # --------------------------------------------------------------------------- pipeline()
