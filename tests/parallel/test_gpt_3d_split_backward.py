@@ -73,7 +73,9 @@ CASES = {
 
 def _train(shape, order, sequence_parallel):
     mesh = init_device_mesh("cpu", shape, mesh_dim_names=("pp", "dp", "tp"))
-    gpt = GPT3D(_model(), mesh, _schedule(order, shape[0]), microbatches=MICROBATCHES,
+    # DualPipeV needs at least 2p micro-batches (DeepSeek's rule): one sequence each
+    microbatches = 2 * shape[0] if order == "dualpipev" else MICROBATCHES
+    gpt = GPT3D(_model(), mesh, _schedule(order, shape[0]), microbatches=microbatches,
                 sequence_parallel=sequence_parallel)
     optimizer = optim.AdamW(gpt.parameters(), lr=1e-2, weight_decay=0.1)
     losses = [gpt.step(*_batch(step), optimizer) for step in range(TRAIN_STEPS)]
