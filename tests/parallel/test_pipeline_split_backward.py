@@ -45,6 +45,7 @@ from minidist.parallel.pipeline import (
     make_schedule,
     one_f_one_b,
     schedule_from_order,
+    simulate_schedule,
 )
 from tests.parallel import split_backward_standin
 
@@ -283,9 +284,50 @@ def test_the_trace_shows_the_order_and_what_waits_for_w(runs):
             pending = [entry["weights_pending"] for entry in ledger]
             assert all((n > 0) == (entry["weights_pending_bytes"] > 0)
                        for n, entry in zip(pending, ledger)), case
+            # a piece is live from its forward to its W, as the simulator counts it
+            assert all(entry["live_microbatches"] >= entry["weights_pending"] for entry in ledger)
             if case["name"].endswith(" end"):
                 # every W at the end: all of the rank's pieces wait at once
-                assert max(pending) == case["microbatches"] * schedule.virtual_stages, case
+                pieces = case["microbatches"] * schedule.virtual_stages
+                assert max(pending) == pieces, case
+                assert max(entry["live_microbatches"] for entry in ledger) == pieces, case
+
+
+def _after_compute(events):
+    """(live_microbatches, weights_pending) of each memory event that follows
+    a forward, a backward or one of its halves, in the order recorded (a
+    region is recorded as it ends, its memory event right after)."""
+    seen, letter = [], None
+    for event in events:
+        info = trace.label_info(event["label"])
+        if event["kind"] == "compute":
+            letter = info.get("pipeline")
+        elif event["kind"] == "memory" and letter in ("F", "B", "I", "W"):
+            seen.append((info["live_microbatches"], info.get("weights_pending", 0)))
+            letter = None
+    return seen
+
+
+def test_the_memory_events_count_as_the_simulator_counts(runs):
+    compared = 0
+    for world, transport, case in _all_cases():
+        schedule = _schedule(case["name"], case["stages"], case["microbatches"])
+        if transport != "shm" or case["replicas"] > 1 or not any(
+                a.kind == "backward_weight" for actions in schedule.actions for a in actions):
+            continue
+        try:
+            planned = simulate_schedule(schedule)
+        except ValueError as error:
+            pytest.skip(f"the simulator does not run split backwards here: {error}")
+        for results in runs[(world, transport)]:
+            result = results[_key(case)]
+            rank = result["rank"]
+            expected = [(info["live_microbatches"], info.get("weights_pending", 0))
+                        for info in (trace.label_info(e["label"]) for e in planned
+                                     if e["kind"] == "memory" and e["rank"] == rank)]
+            assert _after_compute(result["events"]) == expected, (case, rank)
+            compared += 1
+    assert compared
 
 
 # --------------------------------------------------------------------------- refusals

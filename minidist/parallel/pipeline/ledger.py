@@ -13,11 +13,12 @@ frees that and fills gradients, the step fills the optimizer's state. So an
 event after each region sees every change. Each ``memory`` event carries
 the bytes of the parameters, the gradients, the optimizer's state and the
 held activations, and ``live_microbatches``, the number of (micro-batch,
-chunk) activations held for a backward or an I. A schedule that splits its
-backwards also counts ``weights_pending``, the pieces whose I has run and
-whose W has not, and ``weights_pending_bytes``, what they keep (included in
-the activations); a schedule without the split writes neither, so its
-events are those of before the split existed.
+chunk) pieces whose forward has run and whose backward has not finished
+(its B, or its W: the simulator counts them the same way). A schedule that
+splits its backwards also counts ``weights_pending``, the pieces whose I
+has run and whose W has not, and ``weights_pending_bytes``, what they keep
+(included in the activations); a schedule without the split writes
+neither, so its events are those of before the split existed.
 
 Cost: with tracing off, one test per region, and no label is built; with it
 on, each event sums the bytes of every parameter, gradient and state array,
@@ -82,16 +83,16 @@ class Ledger:
             for per_parameter in self.optimizer.state.values():
                 state += sum(v.nbytes for v in per_parameter.values()
                              if isinstance(v, np.ndarray))
-        activations, split = self.held.nbytes, {}
+        activations, live, split = self.held.nbytes, len(self.held), {}
         if self.splits:
-            pending = self.held.weights_pending_bytes
-            activations += pending
-            split = dict(weights_pending=len(self.held.weights_pending),
-                         weights_pending_bytes=pending)
+            pending = self.held.weights_pending
+            kept = self.held.weights_pending_bytes
+            activations, live = activations + kept, live + len(pending)
+            split = dict(weights_pending=len(pending), weights_pending_bytes=kept)
         now = _trace.now()
         _trace.record("memory", now, now, label=memory_label(
             self.schedule.stage_of(self.rank), sum(p.data.nbytes for p in self.parameters),
-            grads, state, activations, len(self.held), **split))
+            grads, state, activations, live, **split))
 
 
 class _NotedRegion:
