@@ -120,6 +120,16 @@ class Pipeline:
     A parameter held by two of a rank's chunks (a tied weight, with one rank
     holding both ends) is in :meth:`parameters` once.
 
+    A schedule that splits its backwards (the zero-bubble ones, or any
+    order with I and W) runs each I as a B for its messages (the gradient of
+    the output in, the gradient of the input out) but leaves the weights'
+    gradients pending until the micro-batch's W; the step refuses a W that
+    never ran. Each split backward gives the bits of its whole one
+    (:mod:`minidist.split_backward`); the sum over micro-batches follows the
+    order of the Ws. On the V placement rank 0 holds the first and the last
+    stage, so it passes both the inputs and the targets, and its
+    :meth:`step` returns the loss.
+
     :meth:`step` runs one batch; :meth:`parameters` gives this rank's
     parameters, for its optimizer.
     """
