@@ -21,11 +21,13 @@ Read in this order:
    short step per kind of action (F, B, I, W, send, receive, the step);
 9. :mod:`.executor`: ``Pipeline``, the runtime that runs a schedule on real
    ranks, p stages x d replicas, and its rules for a training step;
-10. :mod:`.pipelining`: torch.distributed.pipelining's names
-    (``PipelineStage``, ``ScheduleGPipe``, ``Schedule1F1B``,
-    ``ScheduleInterleaved1F1B``, ``ScheduleInterleavedZeroBubble``,
-    ``ScheduleZBVZeroBubble``, ``ScheduleDualPipeV``, ``pipeline``,
-    ``SplitPoint``) on that same runtime. A torch script's
+10. :mod:`.pipeline_stage`, :mod:`.pipelining`, :mod:`.split_points`:
+    torch.distributed.pipelining's names on that same runtime: a
+    ``PipelineStage`` (a piece and where it sits); the schedule classes
+    (``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B``,
+    ``ScheduleInterleavedZeroBubble``, ``ScheduleZBVZeroBubble``,
+    ``ScheduleDualPipeV``) and their ``step``; ``pipeline`` and
+    ``SplitPoint``, a module cut between its children. A torch script's
     ``from torch.distributed.pipelining import ...`` reads
     ``from minidist.parallel.pipeline.pipelining import ...``; all but
     ``pipeline`` (the name of this family) are also names of this face and

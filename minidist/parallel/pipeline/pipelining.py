@@ -1,4 +1,9 @@
-"""torch.distributed.pipelining's names, run by minidist's pipeline.
+"""torch.distributed.pipelining's names, run by minidist's pipeline: the
+schedule classes here, :class:`PipelineStage`
+(:mod:`~minidist.parallel.pipeline.pipeline_stage`) and :func:`pipeline`
+with ``SplitPoint`` (:mod:`~minidist.parallel.pipeline.split_points`)
+imported with them, so that ``from torch.distributed.pipelining import ...``
+reads ``from minidist.parallel.pipeline.pipelining import ...``.
 
 A torch pipelining script builds this rank's stages and a schedule over
 them, then calls ``step`` once per batch and the optimizer itself::
@@ -46,10 +51,10 @@ What each name does here, in torch's meaning:
    No optimizer step: the user's ``optimizer.step()``, as in torch.
    ``eval(...)``, or a schedule without ``loss_fn``, runs the forwards only.
 4. :func:`pipeline` ``(module, mb_args, split_spec={name: SplitPoint})``
-   cuts a module between its children (:class:`Pipe`, whose
-   ``build_stage`` gives this rank's :class:`PipelineStage`), where its
-   forward is its children one after another: an ``nn.Sequential``, or a
-   module that runs ``mb_args`` to the same output as its children chained.
+   cuts a module between its children (``Pipe``, whose ``build_stage``
+   gives this rank's :class:`PipelineStage`), where its forward is its
+   children one after another: an ``nn.Sequential``, or a module that runs
+   ``mb_args`` to the same output as its children chained.
 
 What differs, each refused with a line saying what to write: a stage takes
 one input array and gives one (no tuples, no keyword inputs);
@@ -66,15 +71,11 @@ plus, with ``scale_grads``, one division of each gradient per batch.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from enum import Enum
-
 import numpy as np
 
 import minidist.distributed as dist
-from minidist import nn
-from minidist.nn.recompute import ForwardState
 from minidist.parallel.pipeline.executor import Pipeline
+from minidist.parallel.pipeline.pipeline_stage import PipelineStage
 from minidist.parallel.pipeline.schedules import (
     BACKWARD,
     BACKWARD_INPUT,
@@ -86,58 +87,19 @@ from minidist.parallel.pipeline.schedules import (
     make_schedule,
 )
 from minidist.parallel.pipeline.split import split_microbatches
+from minidist.parallel.pipeline.split_points import (  # noqa: F401  (torch's names, here too)
+    Pipe,
+    SplitPoint,
+    build_stage,
+    pipe_split,
+    pipeline,
+)
 from minidist.parallel.pipeline.steps import BatchRun
 from minidist.tensor import Tensor, no_grad
 
 __all__ = ["PipelineStage", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
            "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble", "ScheduleDualPipeV",
            "pipeline", "SplitPoint", "Pipe", "build_stage", "pipe_split"]
-
-
-class PipelineStage:
-    """One stage of the pipeline on this rank: ``submodule`` at
-    ``stage_index`` of ``num_stages``, talking over ``group`` (None: the
-    world), torch's arguments in torch's order. ``device`` is accepted as
-    torch's; where arrays live is minidist's backend's choice (NumPy, or
-    CuPy). The example tensors ``input_args`` ... ``input_grads`` (torch's
-    shape checks) are accepted and not needed: minidist's messages carry
-    their shapes."""
-
-    def __init__(self, submodule, stage_index: int, num_stages: int, device=None,
-                 input_args=None, output_args=None, output_grads=None, input_grads=None,
-                 group=None, dw_builder=None, get_mesh=None):
-        if not isinstance(submodule, nn.Module):
-            raise TypeError(f"PipelineStage takes an nn.Module, got {type(submodule).__name__}")
-        for name, value in (("stage_index", stage_index), ("num_stages", num_stages)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"PipelineStage: {name} must be an int, got {value!r}")
-        if not 0 <= stage_index < num_stages:
-            raise ValueError(f"Stage index {stage_index} is out of range of {num_stages}")
-        if dw_builder is not None:
-            raise ValueError("PipelineStage(dw_builder=...): minidist's split backward "
-                             "(minidist.split_backward) makes each weight half W itself; "
-                             "leave dw_builder out")
-        if get_mesh is not None:
-            raise ValueError("PipelineStage(get_mesh=...) infers DTensor meshes; minidist's "
-                             "stages pass plain arrays: leave get_mesh out")
-        self.submod, self.stage_index, self.num_stages = submodule, stage_index, num_stages
-        self.device, self.group = device, group
-        self.group_rank = dist.get_rank(group)
-        self.group_size = dist.get_world_size(group)
-        if self.group_size > num_stages:
-            raise ValueError(f"Pipeline group size {self.group_size} cannot be larger than "
-                             f"number of stages {num_stages}")
-
-    @property
-    def is_first(self) -> bool:
-        return self.stage_index == 0
-
-    @property
-    def is_last(self) -> bool:
-        return self.stage_index == self.num_stages - 1
-
-    def __repr__(self) -> str:
-        return f"PipelineStage({self.stage_index} of {self.num_stages}, rank {self.group_rank})"
 
 
 class _PipelineSchedule:
@@ -371,104 +333,3 @@ class ScheduleDualPipeV(_MultiStage):
 
 _OTHER_SHAPES = ("several stages a rank: ScheduleInterleaved1F1B; two on the V with the "
                  "backward split: ScheduleZBVZeroBubble or ScheduleDualPipeV")
-
-
-# --------------------------------------------------------------------------- pipeline()
-
-
-class SplitPoint(Enum):
-    """Where ``pipeline``'s ``split_spec`` cuts: before a child (BEGINNING) or after it (END)."""
-
-    BEGINNING = 1
-    END = 2
-
-
-class Pipe:
-    """A module cut into stages by :func:`pipeline`: ``num_stages``,
-    ``get_stage_module(i)`` (an ``nn.Sequential`` of the children, under
-    their names, sharing their weights) and ``build_stage``."""
-
-    def __init__(self, pieces: list):
-        self.pieces = pieces
-        self.num_stages = len(pieces)
-
-    def get_stage_module(self, stage_idx: int):
-        if not 0 <= stage_idx < self.num_stages:
-            raise ValueError(f"Invalid stage index {stage_idx}!")
-        return self.pieces[stage_idx]
-
-    def info(self) -> Pipe:
-        """What ``build_stage(module, index, pipe_info, ...)`` reads: the pipe itself."""
-        return self
-
-    def build_stage(self, stage_index: int, device=None, group=None) -> PipelineStage:
-        return PipelineStage(self.get_stage_module(stage_index), stage_index, self.num_stages,
-                             device, group=group)
-
-
-def build_stage(stage_module, stage_index: int, pipe_info: Pipe, device=None,
-                group=None) -> PipelineStage:
-    """torch's ``build_stage(stage_module, stage_index, pipe.info(), device, group)``."""
-    return PipelineStage(stage_module, stage_index, pipe_info.num_stages, device, group=group)
-
-
-def pipe_split():
-    """torch marks a cut inside ``forward`` with it, for its tracer: refused here."""
-    raise RuntimeError("pipe_split() marks a cut for torch's tracer, and minidist does not "
-                       "trace forward: cut with pipeline(module, mb_args, split_spec={child: "
-                       "SplitPoint.BEGINNING}), or build each PipelineStage by hand")
-
-
-def pipeline(module, mb_args, mb_kwargs=None, split_spec=None, split_policy=None) -> Pipe:
-    """``module`` cut between its children at ``split_spec`` ({child name:
-    SplitPoint}); ``mb_args`` is one micro-batch of inputs, used to check
-    that ``module``'s forward is its children chained (always so for an
-    ``nn.Sequential``). No split_spec: one stage."""
-    if split_policy is not None:
-        raise ValueError("pipeline(split_policy=...) rewrites torch's traced graph; minidist "
-                         "does not trace: give split_spec={child name: SplitPoint}")
-    if mb_kwargs:
-        raise ValueError("pipeline(mb_kwargs=...): minidist's stages take one positional "
-                         "input; leave mb_kwargs out")
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"pipeline cuts an nn.Module, got {type(module).__name__}")
-    children = list(module.named_children())
-    names = [name for name, _ in children]
-    cuts = set()
-    for name, point in (split_spec or {}).items():
-        if name not in names:
-            raise ValueError(f"pipeline: split_spec names {name!r}, which is not a child of "
-                             f"the {type(module).__name__}; minidist cuts between its own "
-                             f"children: {names}")
-        if not isinstance(point, SplitPoint):
-            raise TypeError(f"pipeline: split_spec[{name!r}] must be a SplitPoint, got {point!r}")
-        cuts.add(names.index(name) + (point is SplitPoint.END))
-    cuts = sorted(cuts - {0, len(children)})
-    bounds = [0, *cuts, len(children)]
-    pieces = [nn.Sequential(OrderedDict(children[a:b])) for a, b in zip(bounds, bounds[1:])]
-    if not isinstance(module, nn.Sequential):
-        _check_chained(module, pieces, mb_args)
-    return Pipe(pieces)
-
-
-def _check_chained(module, pieces, mb_args) -> None:
-    """A module that is not a Sequential may do more in its forward than
-    call its children in order: run both on ``mb_args``, with the same
-    random draws and nothing changed afterwards, and refuse a difference."""
-    args = mb_args if isinstance(mb_args, tuple) else (mb_args,)
-    if len(args) != 1:
-        raise ValueError(f"pipeline: mb_args has {len(args)} inputs; minidist's stages take one")
-    x = Tensor(args[0].data if isinstance(args[0], Tensor) else np.asarray(args[0]))
-    state = ForwardState(module)
-    with no_grad():
-        with state.replay():
-            whole = module(x)
-        with state.replay():
-            chained = x
-            for piece in pieces:
-                chained = piece(chained)
-    if whole.shape != chained.shape or not np.array_equal(whole.data, chained.data):
-        raise ValueError(f"pipeline: {type(module).__name__}'s forward is not its children "
-                         "called one after another (on mb_args they give another output), so "
-                         "it cannot be cut between them; wrap the pieces in nn.Sequential, or "
-                         "build each PipelineStage by hand")
