@@ -53,6 +53,12 @@ block's activations, on one rank or split by tensor and sequence
 parallelism, which every cost function calls. :func:`activations_against_length`
 puts formula and measurement side by side for several lengths
 (tests/core/test_memory.py checks they agree to the byte).
+
+Between the halves of a split backward (the zero-bubble pipelines' I and
+W, :mod:`minidist.split_backward`) a stage holds, for W alone, the output
+gradients of its deferred layers and the inputs their weight gradients
+read: a sample counts them as activations with ``weights_pending=``, and
+:func:`split_backward_bytes` measures them for a stage and an input.
 """
 
 from __future__ import annotations
@@ -62,8 +68,10 @@ from dataclasses import dataclass, field
 
 import numpy
 
+from minidist import backend
 from minidist import trace as _trace
-from minidist.nn.recompute import checkpoint
+from minidist.nn.recompute import ForwardState, checkpoint
+from minidist.split_backward import WeightGradients, backward_input
 from minidist.tensor import Tensor, graph_nodes
 
 #: The categories, in the order that claims shared memory.
@@ -227,9 +235,12 @@ class Ledger:
         for category, references in self._tracked.items():
             self._tracked[category] = [ref for ref in references if ref() is not target]
 
-    def arrays(self, graph=None) -> dict[str, list]:
+    def arrays(self, graph=None, weights_pending=()) -> dict[str, list]:
         """The arrays of each category that exist now. ``graph``: a Tensor
-        (or several) whose autograd graph's arrays count as activations."""
+        (or several) whose autograd graph's arrays count as activations.
+        ``weights_pending``: split backwards whose weight half has not run
+        (:class:`~minidist.split_backward.WeightGradients`, one or several):
+        what each keeps for it counts as activations too."""
         found: dict[str, list] = {category: [] for category in CATEGORIES}
         parameters = self.parameters()
         found["parameters"] = [param.data for param in parameters]
@@ -244,6 +255,10 @@ class Ledger:
             for node in graph_nodes(*roots):
                 found["activations"].append(node.data)
                 found["activations"].extend(node.saved_arrays())
+        if isinstance(weights_pending, WeightGradients):
+            weights_pending = (weights_pending,)
+        for pending in weights_pending:
+            found["activations"].extend(pending.arrays())
         for category, references in self._tracked.items():
             alive = [(reference, reference()) for reference in references]
             self._tracked[category] = [reference for reference, array in alive
@@ -251,17 +266,17 @@ class Ledger:
             found[category].extend(array for _, array in alive if array is not None)
         return found
 
-    def measure(self, graph=None) -> dict[str, int]:
+    def measure(self, graph=None, weights_pending=()) -> dict[str, int]:
         """The bytes of each category now (nothing recorded)."""
-        return count_bytes(self.arrays(graph))
+        return count_bytes(self.arrays(graph, weights_pending))
 
     # ------------------------------------------------------------------ samples
 
-    def sample(self, label: str = "", graph=None) -> Sample:
+    def sample(self, label: str = "", graph=None, weights_pending=()) -> Sample:
         """Measure, keep the sample (and so the peak), write a ``memory``
         event when tracing is on, and raise :class:`MemoryLimitError` if the
         total is over ``limit_bytes`` (after recording, so the trace shows it)."""
-        measured = Sample(label, _trace.now(), self.measure(graph))
+        measured = Sample(label, _trace.now(), self.measure(graph, weights_pending))
         self.samples.append(measured)
         if _trace.enabled():
             peak = max(sample.total for sample in self.samples)
@@ -377,6 +392,36 @@ def layer_activation_bytes(layer, x, recompute: bool = False) -> int:
     out = checkpoint(layer, x) if recompute else layer(x)
     ledger = Ledger(layer)
     return ledger.measure(graph=out)["activations"] - count_bytes({"activations": [x.data]})["activations"]
+
+
+def split_backward_bytes(stage, x, gradient=None) -> dict[str, int]:
+    """Measured: what a pipeline stage holds for its backward, after its
+    forward and between the two halves of a split backward
+    (:mod:`minidist.split_backward`, the zero-bubble schedules' I and W).
+
+    Runs ``stage(x)`` (``x`` floating: as a leaf that requires a gradient,
+    the stage's input activation; integer token ids: as they are, a first
+    stage), measures the activations its graph keeps (``"forward"``, the
+    input and the output included), runs the input half with ``gradient``
+    (ones of the output's shape when None; a scalar loss takes none), and
+    measures what the weight half keeps (``"weights_pending"``: the output
+    gradients of the deferred layers and their saved inputs, what
+    :attr:`WeightGradients.nbytes` counts, the parameters left out). The
+    weight half is not run: the stage's ``.grad`` are left as they were,
+    and its buffers and random generators too (the forward runs as a
+    replay, :class:`ForwardState`)."""
+    x = x if isinstance(x, Tensor) else Tensor(x)
+    floating = numpy.issubdtype(numpy.dtype(x.dtype), numpy.floating)
+    start = Tensor(x.data, requires_grad=True) if floating else x
+    ledger = Ledger(stage)
+    with ForwardState(stage).replay():
+        out = stage(start)
+    after_forward = ledger.measure(graph=out)["activations"]
+    if gradient is None and out.data.size != 1:
+        gradient = backend.of(out.data).ones_like(out.data)
+    pending = backward_input(out, gradient, inputs=[start] if floating else [])
+    between = ledger.measure(weights_pending=pending)["activations"]
+    return {"forward": after_forward, "weights_pending": between}
 
 
 def transformer_block_activation_terms(batch: int, seq_len: int, n_embd: int, n_head: int,

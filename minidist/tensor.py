@@ -150,6 +150,26 @@ def _owned_gradients(overwrites: bool = False):
     return mark
 
 
+def _split_by_requires_grad(backward):
+    """Mark a local backward whose weight half is worth running later
+    (:mod:`minidist.split_backward`, the zero-bubble pipelines' I and W).
+
+    A backward marked this way computes a parent's gradient only if that
+    parent requires one, reading ``parent.requires_grad`` when it runs, and
+    gives the input's gradient the same bits whether the parameters' are
+    computed or not, and the other way round. The split backward calls it
+    twice: in the input half with the parameters' ``requires_grad`` cleared
+    (only the input's gradient is computed), in the weight half with the
+    input's cleared. Mark only the backwards whose weight gradient is
+    GEMM-sized (linear, conv2d, matmul; a recomputed segment, whose replay
+    holds them): for the others (a LayerNorm's, a BatchNorm's, an
+    elementwise product's per-feature sums) the input half computes
+    everything at once and keeps the small weight gradients, which holds
+    less than the output gradient and saved inputs that deferring keeps."""
+    backward.splits_by_requires_grad = True
+    return backward
+
+
 class RemovableHandle:
     """What ``register_*hook`` returns: ``remove()`` takes the hook out again
     (torch's ``torch.utils.hooks.RemovableHandle``; also a context manager)."""
@@ -904,6 +924,7 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     out = A @ B
     xp = backend.of(out)
 
+    @_split_by_requires_grad  # dB = A^T dC is a GEMM of its own: deferred by a split backward
     def backward(g):
         if A.ndim == 2 and B.ndim == 2:
             return (g @ B.T if a.requires_grad else None, A.T @ g if b.requires_grad else None)

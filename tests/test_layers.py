@@ -21,6 +21,7 @@ LAYERS = [
     (0, "minidist.lesson"), (0, "minidist.model_gap"), (0, "minidist.units"),
     (0, "minidist.narration"),
     (1, "minidist.tensor"), (1, "minidist.trace"), (1, "minidist.runtime"),
+    (1, "minidist.split_backward"),  # the backward in two halves, I then W: the autograd's own
     (1, "minidist.virtual_clock"), (1, "minidist.lesson_timing"),
     (2, "minidist.nn"), (2, "minidist.optim"), (2, "minidist.data"), (2, "minidist.memory"),
     (2, "minidist.flops"),  # a step's flops counted, the measured GEMM peak, MFU

@@ -36,7 +36,13 @@ from minidist.nn.im2col import (
     output_size,
     window,
 )
-from minidist.tensor import Tensor, _owned_gradients, _shape_str, _unbroadcast
+from minidist.tensor import (
+    Tensor,
+    _owned_gradients,
+    _shape_str,
+    _split_by_requires_grad,
+    _unbroadcast,
+)
 
 # --------------------------------------------------------------------------
 # Helpers
@@ -222,6 +228,7 @@ def linear(input, weight, bias=None) -> Tensor:
         out += bias.data
 
     @_owned_gradients()  # new arrays: ReLU may mask them in place
+    @_split_by_requires_grad  # grad_W = g^T x is the GEMM a split backward defers
     def backward(g):
         g2 = g.reshape(-1, g.shape[-1])  # one tall GEMM for each product, as forward
         grad_x = (g2 @ w).reshape(*g.shape[:-1], w.shape[1]) if input.requires_grad else None
@@ -342,14 +349,22 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, groups: int = 1) -> Te
     xp = backend.of(x)
 
     @_owned_gradients()  # new arrays: ReLU may mask them in place
+    # grad_W, a GEMM over the columns, is what a split backward defers; the
+    # folded bias's gradient comes out of the same GEMM, both parameters.
+    @_split_by_requires_grad
     def backward(g):
         grad_x = grad_w = grad_b = None
         by_channel = g.transpose(1, 0, 2, 3)  # (OC, N, OH, OW), a view
-        if weight.requires_grad and groups == 1 and conv_gemm_sizing.weight_gradient_in_one_gemm(xp):
-            # One GEMM summing over every image and pixel, columns @ g^T with
-            # g copied channel-major (OC, N*OH*OW): what OpenBLAS's packed
-            # kernels run fastest (conv_gemm_sizing).
-            by_channel = xp.ascontiguousarray(by_channel)  # col2im reads it too
+        one_gemm = groups == 1 and conv_gemm_sizing.weight_gradient_in_one_gemm(xp)
+        if one_gemm and (weight.requires_grad or input.requires_grad):
+            # g copied channel-major (OC, N*OH*OW) for the weight's one GEMM;
+            # col2im reads the same copy, also when the weight needs no
+            # gradient, so that the input's gradient is the same bits either
+            # way (a split backward computes it with the weight left out).
+            by_channel = xp.ascontiguousarray(by_channel)
+        if weight.requires_grad and one_gemm:
+            # One GEMM summing over every image and pixel, columns @ g^T:
+            # what OpenBLAS's packed kernels run fastest (conv_gemm_sizing).
             product = (columns @ by_channel.reshape(oc, n * pixels).T).T  # (OC, C*KH*KW [+ 1 for the bias])
         elif weight.requires_grad and groups == 1:
             # Per image, columns (C*KH*KW [+1], OH*OW) @ g (OH*OW, OC), all N

@@ -52,7 +52,7 @@ from minidist.nn import init
 from minidist.nn.container import Sequential
 from minidist.nn.module import Module
 from minidist.nn.parameter import Parameter
-from minidist.tensor import Tensor, enable_grad, is_grad_enabled, no_grad
+from minidist.tensor import Tensor, _split_by_requires_grad, enable_grad, is_grad_enabled, no_grad
 
 
 class ForwardState:
@@ -135,6 +135,10 @@ def checkpoint(function, inputs, modules=None) -> Tensor:
     with no_grad():
         outputs = function(inputs)
 
+    # The replay records only what requires a gradient when it runs: a split
+    # backward's input half (the parameters cleared) rebuilds the input's
+    # path alone, its weight half (the input cleared) the parameters' alone.
+    @_split_by_requires_grad
     def backward(gradient):
         # A fresh leaf: the replayed graph ends here, and its .grad is what
         # the segment before receives.

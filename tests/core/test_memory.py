@@ -248,3 +248,41 @@ def test_parameters_gradients_and_adamw_state_per_layer_of_a_gpt():
     everything = memory.Ledger(model, optimizer).measure()
     for category in ("parameters", "gradients", "optimizer_state"):
         assert sum(row[category] for row in table.values()) == everything[category]
+
+
+def test_split_backward_bytes_measures_a_stage_and_leaves_it_as_it_was():
+    model = nn.Sequential(nn.Linear(6, 5, rng=18), nn.BatchNorm1d(5), nn.ReLU(), nn.Linear(5, 3, rng=19))
+    before = [b.data.copy() for b in model.buffers()]
+    batch = np.random.default_rng(0).standard_normal((8, 6)).astype(np.float32)
+    measured = memory.split_backward_bytes(model, batch)
+    # Linear(6, 5): x and dY; BatchNorm1d: its (5,) dweight and dbias,
+    # computed in I; Linear(5, 3): its input and dY.
+    assert measured["weights_pending"] == 4 * (8 * (6 + 5) + 5 + 5 + 8 * (5 + 3))
+    assert measured["forward"] > measured["weights_pending"]
+    assert all(p.grad is None for p in model.parameters())
+    assert all(np.array_equal(b.data, saved) for b, saved in zip(model.buffers(), before))
+
+
+def test_split_backward_bytes_of_a_first_stage_is_the_whole_backwards():
+    stage = nn.Sequential(nn.Embedding(10, 4, rng=1), nn.Linear(4, 3, rng=2))
+    measured = memory.split_backward_bytes(stage, np.array([[1, 2, 3], [4, 5, 5]]))
+    # Token ids need no gradient, so W is the whole backward and keeps all
+    # of it: the embedding's (6, 4) output, which the Linear's dW reads, the
+    # (6, 3) output and its gradient, and the (6,) int64 ids the embedding's
+    # gradient is scattered by.
+    assert measured["weights_pending"] == 6 * 4 * FLOAT + 2 * 6 * 3 * FLOAT + 6 * 8
+
+
+def test_a_sample_counts_what_a_split_backward_keeps_as_activations():
+    from minidist.split_backward import backward_input
+
+    model = _mlp()
+    x = Tensor(np.ones((5, 4), np.float32), requires_grad=True)
+    out = model(x)
+    pending = backward_input((out * out).sum(), inputs=[x])
+    ledger = memory.Ledger(model)
+    held = ledger.sample("between I and W", weights_pending=pending).bytes
+    assert held["activations"] == pending.nbytes > 0
+    assert held["parameters"] == PARAMETERS and held["gradients"] == 0
+    pending.backward_weight()
+    assert ledger.sample("after W", weights_pending=[pending]).bytes["activations"] == 0
