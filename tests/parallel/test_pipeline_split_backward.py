@@ -23,9 +23,6 @@ Every rank returns its weights and gradients by the full model's names, its
 loss and the trace events of its last step; the parent compares them with
 one process's training (rtol 1e-9) and reads the traces: the compute order
 is the schedule's, and the memory events count what waits for W.
-
-While ``minidist.split_backward`` is not in the tree, a stand-in with its
-interface does the split (``split_backward_standin``).
 """
 
 from __future__ import annotations
@@ -47,9 +44,6 @@ from minidist.parallel.pipeline import (
     schedule_from_order,
     simulate_schedule,
 )
-from tests.parallel import split_backward_standin
-
-split_backward_standin.install()
 
 BATCH = 13
 STEPS = 3

@@ -14,7 +14,7 @@ The steps, in the order a micro-batch meets them:
   input; a forward that kept only its input is run again first;
 * **its input half** (I): the same messages as B, but only the gradients
   of the chunk's input are computed
-  (``minidist.split_backward.backward_input``): the stage before gets
+  (:func:`minidist.split_backward.backward_input`): the stage before gets
   its gradient as early as the schedule allows, and what the weights'
   gradients need is kept;
 * **its weight half** (W): the parameters' gradients from what I kept, no
@@ -61,6 +61,7 @@ from minidist.parallel.pipeline.schedules import (
     Schedule,
     message_tag,
 )
+from minidist.split_backward import backward_input
 from minidist.tensor import Tensor
 
 __all__ = ["BatchRun", "message_tags"]
@@ -133,8 +134,6 @@ class BatchRun:
     def backward_input(self, action: Action) -> None:
         """I: as backward, but only the gradient of the stage's input; what
         the weights' gradients need is kept for the W of this micro-batch."""
-        from minidist.split_backward import backward_input
-
         held, gradient = self._ready_for_backward(action)
         first = self._stage(action) == 0
         # The first stage's input is the data: no gradient wanted, I computes
