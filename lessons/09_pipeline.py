@@ -34,10 +34,11 @@
 # 7. pipeline x data parallel in two lines.
 #
 # The library code is `minidist/parallel/pipeline/`: `schedules.py`
-# (schedules as data), `simulate.py` (the simulator, the bubble) and
-# `executor.py` (the runtime, one short step per kind of action), with
-# `held_activations.py` (what a stage keeps for its backward, recomputation)
-# and `ledger.py` (the memory ledger); the drawings are `viz/pipeline_chart.py`.
+# (schedules as data), `simulate.py` (the simulator, the bubble),
+# `steps.py` (the runtime's loop, one short step per kind of action) and
+# `executor.py` (`Pipeline`), with `held_activations.py` (what a stage keeps
+# for its backward, recomputation) and `ledger.py` (the memory ledger); the
+# drawings are `viz/pipeline_chart.py`.
 
 # %%
 import os

@@ -180,8 +180,9 @@ def pipeline():
     schedule's action to the bytes."""
     from minidist import Tensor, nn, optim
     from minidist.nn import functional as F
-    from minidist.parallel.pipeline.executor import Pipeline, _Batch
+    from minidist.parallel.pipeline.executor import Pipeline
     from minidist.parallel.pipeline.schedules import SEND_ACTIVATION
+    from minidist.parallel.pipeline.steps import BatchRun
 
     nn.init.manual_seed(0)
     pipe = Pipeline(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8)), "1f1b", 2)
@@ -194,7 +195,7 @@ def pipeline():
 
     pipe.step(x, y, loss_fn, optimizer)  # the first step builds what later ones reuse
     counted = []
-    plain = _Batch.execute
+    plain = BatchRun.execute
 
     def execute(run, index, action):
         if action.kind == SEND_ACTIVATION and not counted:
@@ -206,9 +207,9 @@ def pipeline():
         else:
             plain(run, index, action)
 
-    _Batch.execute = execute
+    BatchRun.execute = execute
     pipe.step(x, y, loss_fn, optimizer)
-    _Batch.execute = plain
+    BatchRun.execute = plain
     return counted[0] if counted else None
 
 

@@ -37,7 +37,9 @@ What travels where, per batch:
   gets the gradient of its own use; their sum is the tied weight's gradient,
   so the two ranks (same dp and tp coordinates, first and last pipeline
   rank) all_reduce it, and both copies then take the same step. With one
-  pipeline rank both ends are one Parameter and nothing is sent.
+  pipeline rank, or a schedule on the V placement (pipeline rank 0 holds
+  the first and the last stage: ZB-V, DualPipeV), both ends are one
+  Parameter and nothing is sent.
 
 Every rank runs :meth:`GPT3D.step` with the same global batch; a replica
 trains on its contiguous share. Cost of the model per rank: 1 / (p tp) of
@@ -52,7 +54,7 @@ import minidist.distributed as dist
 from minidist.distributed.device_mesh import DeviceMesh
 from minidist.models.gpt import GPT
 from minidist.nn.module import Module
-from minidist.parallel.pipeline import Pipeline, balanced_partition
+from minidist.parallel.pipeline import Pipeline, Schedule, balanced_partition, make_schedule
 from minidist.parallel.replicas import all_reduce_gradients
 from minidist.parallel.tensor import (
     DEFAULT_ALGORITHM,
@@ -180,21 +182,27 @@ class GPT3D:
 
     ``GPT3D(model, mesh, schedule="1f1b", microbatches=2, virtual_stages=1,
     sequence_parallel=False)``: every rank passes the same ``model`` (same
-    seed) and the same mesh. :meth:`parameters` are this rank's shards (for
-    its optimizer), :meth:`step` trains on one global batch.
+    seed) and the same mesh. ``schedule`` is a name of :func:`make_schedule`
+    (the zero-bubble ones among them) or a :class:`Schedule` built for the
+    mesh's pp ranks, whose micro-batches and virtual stages are then used.
+    :meth:`parameters` are this rank's shards (for its optimizer),
+    :meth:`step` trains on one global batch.
     """
 
-    def __init__(self, model: GPT, mesh, schedule: str = "1f1b", microbatches: int = 2, *,
+    def __init__(self, model: GPT, mesh, schedule="1f1b", microbatches: int = 2, *,
                  virtual_stages: int = 1, sequence_parallel: bool = False,
                  algorithm: str = DEFAULT_ALGORITHM):
         axes = _mesh_axes(mesh)
+        if not isinstance(schedule, Schedule):
+            schedule = make_schedule(schedule, mesh.size("pp"), microbatches, virtual_stages)
+        microbatches, virtual_stages = schedule.microbatches, schedule.virtual_stages
         # Every rank of the mesh builds its stage now: all must run one
         # schedule, or they would exchange other messages (or train to other
         # weights). Agreed over the world when the mesh is the world, so that
         # a majority names the odd rank even where a pipeline has two stages
         # (a mesh of part of the world: over its pipeline group).
         whole = mesh.size() == dist.get_world_size()
-        dist.agree("GPT3D", (str(schedule), int(microbatches), int(virtual_stages)),
+        dist.agree("GPT3D", (schedule.name, int(microbatches), int(virtual_stages)),
                    group=None if whole else mesh.get_group("pp"), describe=_pipeline_words,
                    hint="Build every rank's GPT3D with the same schedule, micro-batches and "
                         "virtual stages.")
@@ -203,26 +211,28 @@ class GPT3D:
         self.tp_group = mesh.get_group("tp")
         self.stages = gpt_stages(model, self.pp * virtual_stages, self.tp_group,
                                  sequence_parallel, algorithm)
-        self.embedding_group = self._embedding_group(axes)
-        self.pipeline = Pipeline(self.stages, schedule, microbatches,
-                                 virtual_stages=virtual_stages,
+        self.embedding_group = self._embedding_group(axes, schedule)
+        self.pipeline = Pipeline(self.stages, schedule,
                                  pipeline_group=mesh.get_group("pp"),
                                  data_parallel_group=mesh.get_group("dp"),
                                  finalize_grads=self.finalize_grads)
         self.chunks = self.pipeline.chunks
         self.sequence_parallel = bool(sequence_parallel)
 
-    def _embedding_group(self, axes: np.ndarray):
+    def _embedding_group(self, axes: np.ndarray, schedule: Schedule):
         """The two ranks that hold ``wte`` (first stage, pipeline rank 0) and
-        ``lm_head`` (last stage, pipeline rank p - 1) for this rank's dp and tp
-        coordinates; None on one pipeline rank or off its ends. Every rank
+        ``lm_head`` (last stage, pipeline rank p - 1 on the loop placement)
+        for this rank's dp and tp coordinates; None when one pipeline rank
+        holds both (one rank, the V placement) or off its ends. Every rank
         makes every such group, in the same order (``new_group``'s rule)."""
-        if self.pp == 1:
+        first = schedule.rank_of(0)[0]
+        last = schedule.rank_of(schedule.total_stages - 1)[0]
+        if first == last:
             return None
         me, mine = dist.get_rank(), None
         for d in range(self.dp):
             for t in range(self.tp):
-                members = [int(axes[0, d, t]), int(axes[-1, d, t])]
+                members = [int(axes[first, d, t]), int(axes[last, d, t])]
                 group = dist.new_group(members)
                 if me in members:
                     mine = group

@@ -18,11 +18,25 @@ Read in this order:
 8. :mod:`.grid`: where a rank sits among p stages x d replicas, and its
    two groups;
 9. :mod:`.held_activations`: what a stage keeps from a micro-batch's forward
-   to its backward, with or without recomputation;
+   to its backward, with or without recomputation, and from a split
+   backward's input half I to its weight half W;
 10. :mod:`.ledger`: one batch of one rank in the trace: its regions and its
-    memory events;
-11. :mod:`.executor`: ``Pipeline``, the runtime that runs a schedule's
-    actions on real ranks, one short step per kind of action.
+    memory events (what waits for W among them);
+11. :mod:`.steps`: one batch on one rank, a schedule's actions in order, one
+    short step per kind of action (F, B, I, W, send, receive, the step);
+12. :mod:`.executor`: ``Pipeline``, the runtime that runs a schedule on real
+    ranks, p stages x d replicas, and its rules for a training step;
+13. :mod:`.pipeline_stage`, :mod:`.pipelining`, :mod:`.split_points`:
+    torch.distributed.pipelining's names on that same runtime: a
+    ``PipelineStage`` (a piece and where it sits); the schedule classes
+    (``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B``,
+    ``ScheduleInterleavedZeroBubble``, ``ScheduleZBVZeroBubble``,
+    ``ScheduleDualPipeV``) and their ``step``; ``pipeline`` and
+    ``SplitPoint``, a module cut between its children. A torch script's
+    ``from torch.distributed.pipelining import ...`` reads
+    ``from minidist.parallel.pipeline.pipelining import ...``; all but
+    ``pipeline`` (the name of this family) are also names of this face and
+    of :mod:`minidist.parallel`.
 
 This face is what the mesh family uses (``Pipeline``, the schedules and the
 simulator).
@@ -40,6 +54,19 @@ from minidist.parallel.pipeline.labels import (  # noqa: F401
     memory_label,
     message_label,
     step_label,
+)
+from minidist.parallel.pipeline.pipelining import (  # noqa: F401
+    Pipe,
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleDualPipeV,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+    ScheduleZBVZeroBubble,
+    SplitPoint,
+    build_stage,
+    pipe_split,
 )
 from minidist.parallel.pipeline.schedules import (  # noqa: F401
     BACKWARD,
@@ -93,4 +120,7 @@ __all__ = ["FORWARD", "BACKWARD", "BACKWARD_INPUT", "BACKWARD_WEIGHT", "LETTERS"
            "make_schedule", "message_tag", "DeadlockError", "simulate_schedule", "bubble_fraction",
            "peak_live_microbatches", "compute_text", "compute_label", "step_label",
            "message_label", "memory_label", "balanced_partition", "layer_costs", "split_model",
-           "split_microbatches", "Pipeline", "annotate_trace"]
+           "split_microbatches", "Pipeline", "annotate_trace", "PipelineStage",
+           "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
+           "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble", "ScheduleDualPipeV",
+           "SplitPoint", "Pipe", "build_stage", "pipe_split"]

@@ -1,18 +1,22 @@
 """The pipeline runtime: :class:`Pipeline` runs a schedule's actions on
-real ranks, one stage of the model per rank, a batch cut into micro-batches
-that flow through them.
+real ranks, one stage of the model per rank (or several: virtual stages),
+a batch cut into micro-batches that flow through them.
 
 In the order it is taught (lesson 9):
 
-1. **Split** a Sequential model into p contiguous stages of about equal
+1. **Split** a Sequential model into p v contiguous stages of about equal
    cost, and each batch into m micro-batches
    (:mod:`~minidist.parallel.pipeline.split`).
 2. **Place** the ranks on a p x d grid: p stages, d data-parallel replicas
-   (:mod:`~minidist.parallel.pipeline.grid`).
+   (:mod:`~minidist.parallel.pipeline.grid`), and each rank's v chunks on
+   the schedule's placement: chunk c of rank r at stage c p + r ("loop"), or
+   stages r and 2p - 1 - r ("v": rank 0 holds the first and the last stage).
 3. **Run the schedule**: every rank runs its list of actions from a pure
    schedule function (:mod:`~minidist.parallel.pipeline.schedules`:
-   :func:`gpipe`, :func:`one_f_one_b`, :func:`interleaved_one_f_one_b`) in
-   one loop, one short step per kind of action:
+   :func:`gpipe`, :func:`one_f_one_b`, :func:`interleaved_one_f_one_b`, the
+   zero-bubble schedules, or any order :func:`schedule_from_order` builds)
+   in one loop, one short step per kind of action
+   (:mod:`~minidist.parallel.pipeline.steps`):
 
    * forward: receive the input, run the stage, keep what backward needs,
      send the output;
@@ -20,26 +24,31 @@ In the order it is taught (lesson 9):
      the gradient of the input. Micro-batch k's loss is scaled by b_k / B
      (its share of the batch's B examples), so the gradients accumulated
      over the micro-batches are the whole batch's mean;
+   * or the backward split in two (zero-bubble schedules): I, the input's
+     gradient, sent at once to the stage before, and later W, the
+     weights' gradients, where the rank would otherwise wait;
    * send and receive: an activation to the next stage, a gradient to the
-     one before (a send does not wait, a receive does);
+     one before (a send does not wait, a receive does; neighbouring stages
+     on one rank hand over in memory);
    * optimizer step, once per batch: wait for the sends, all-reduce each
      stage's gradient over its d replicas (replica r weighted by its B_r
      examples), one step.
 
 Beside the steps, each in a file of its own: what a stage keeps from a
 forward to its backward, all its layers' outputs or, with
-``recompute=True``, only its input
-(:mod:`~minidist.parallel.pipeline.held_activations`), and the trace's
+``recompute=True``, only its input, and what a split backward keeps from I
+to W (:mod:`~minidist.parallel.pipeline.held_activations`), and the trace's
 record of the batch, its regions and its memory events
 (:mod:`~minidist.parallel.pipeline.ledger`).
 
 Cost per batch, with f and b a stage's forward and backward time for one
 micro-batch: (m + p - 1)(f + b) for GPipe and 1F1B, a bubble of
 (p - 1) / (m + p - 1) of the time; interleaving v chunks per rank cuts it to
-(p - 1) / (v m + p - 1); recomputation adds about f per micro-batch and
-stage. Messages: each of the p - 1 links carries m activations forward and m
-gradients back (v times as many with interleaving), each of one
-micro-batch's activation size.
+(p - 1) / (v m + p - 1); splitting b into I and W lets a schedule fill the
+bubble with W (zero-bubble schedules), for the bytes each W keeps until it
+runs; recomputation adds about f per micro-batch and stage. Messages: each
+of the p - 1 links carries m activations forward and m gradients back (v
+times as many with interleaving), each of one micro-batch's activation size.
 
 Usage, the same code on every rank of a ``minidist.launch`` with p x d ranks::
 
@@ -48,6 +57,10 @@ Usage, the same code on every rank of a ``minidist.launch`` with p x d ranks::
     optimizer = optim.SGD(pipe.parameters(), lr=0.1)
     for x, y in batches:                  # every rank passes its replica's batch
         loss = pipe.step(x, y, nn.CrossEntropyLoss(), optimizer)  # float on the last stage
+
+torch.distributed.pipelining's names (``PipelineStage``, ``ScheduleGPipe``,
+...) build a Pipeline from this rank's stages and run the same steps:
+:mod:`~minidist.parallel.pipeline.pipelining`.
 """
 
 from __future__ import annotations
@@ -58,25 +71,11 @@ import minidist.distributed as dist
 from minidist import nn
 from minidist import trace as _trace
 from minidist.parallel.pipeline.grid import pipeline_grid
-from minidist.parallel.pipeline.held_activations import HeldActivations
-from minidist.parallel.pipeline.labels import message_label
-from minidist.parallel.pipeline.ledger import Ledger
-from minidist.parallel.pipeline.schedules import (
-    BACKWARD,
-    FORWARD,
-    OPTIMIZER_STEP,
-    RECV_ACTIVATION,
-    RECV_GRAD,
-    SEND_ACTIVATION,
-    SEND_GRAD,
-    Action,
-    Schedule,
-    make_schedule,
-    message_tag,
-)
+from minidist.parallel.pipeline.schedules import Schedule, make_schedule
 from minidist.parallel.pipeline.split import split_microbatches, split_model
+from minidist.parallel.pipeline.steps import BatchRun, message_tags
 from minidist.parallel.replicas import all_reduce_gradients, broadcast_module
-from minidist.tensor import Tensor, no_grad
+from minidist.tensor import no_grad
 
 __all__ = ["Pipeline", "annotate_trace"]
 
@@ -87,14 +86,19 @@ class Pipeline:
 
     * ``model``: an ``nn.Sequential`` built identically on every rank (cut
       with :func:`split_model` into p v pieces, ``split_by`` and ``sample``
-      passed on), or a list of p v modules already cut. Rank r keeps pieces
-      r, r + p, ... and drops the rest.
+      passed on), or a list of p v modules already cut. Rank r keeps the
+      pieces its chunks sit at (r, r + p, ... on the loop placement; r and
+      2p - 1 - r on the V) and drops the rest. Or a dict ``{stage index:
+      module}`` of this rank's pieces only (what torch's ``PipelineStage``
+      gives).
     * ``schedule``: "gpipe", "1f1b", "interleaved_1f1b" (with
-      ``virtual_stages`` v >= 1), or a :class:`Schedule` built for p stages.
+      ``virtual_stages`` v >= 1), a zero-bubble schedule of
+      :func:`make_schedule`, or a :class:`Schedule` built for p stages: its
+      actions may split a backward into I and W, on either placement.
     * ``microbatches``: m; a batch of B examples is cut into m pieces of
       B // m or B // m + 1 examples.
     * ``recompute``: keep only each stage's input in forward, recompute in
-      backward.
+      backward (before the I of a split one).
     * ``data_parallel``: d. Global rank g is stage g % p of replica g // p;
       ``pipeline_group`` holds one replica's p stages (the activations and
       gradients travel there), ``data_parallel_group`` one stage's d
@@ -115,6 +119,16 @@ class Pipeline:
 
     A parameter held by two of a rank's chunks (a tied weight, with one rank
     holding both ends) is in :meth:`parameters` once.
+
+    A schedule that splits its backwards (the zero-bubble ones, or any
+    order with I and W) runs each I as a B for its messages (the gradient of
+    the output in, the gradient of the input out) but leaves the weights'
+    gradients pending until the micro-batch's W; the step refuses a W that
+    never ran. Each split backward gives the bits of its whole one
+    (:mod:`minidist.split_backward`); the sum over micro-batches follows the
+    order of the Ws. On the V placement rank 0 holds the first and the last
+    stage, so it passes both the inputs and the targets, and its
+    :meth:`step` returns the loss.
 
     :meth:`step` runs one batch; :meth:`parameters` gives this rank's
     parameters, for its optimizer.
@@ -165,11 +179,21 @@ class Pipeline:
                 broadcast_module(chunk, group=self.data_parallel_group, group_src=0)
         # Both ends of a message compute its tag from the schedule, so that
         # any order of arrival finds the right receive: this rank's, once.
-        self.tags = {action: _tag(self.schedule, self.rank, action)
-                     for action in self.schedule.actions[self.rank] if action.kind in _CARGO}
+        self.tags = message_tags(self.schedule, self.rank)
 
-    def _pieces(self, model, split_by, sample) -> list:
+    def _pieces(self, model, split_by, sample):
         total = self.schedule.total_stages
+        if isinstance(model, dict) and all(isinstance(m, nn.Module) for m in model.values()):
+            # This rank's stages only, by global stage index (torch's PipelineStage).
+            mine = sorted(self.schedule.stage_of(self.rank, chunk)
+                          for chunk in range(self.virtual_stages))
+            if sorted(model) != mine:
+                raise ValueError(
+                    f"rank {self.global_rank}: got stages {sorted(model)}; on schedule "
+                    f"{self.schedule.name!r} ({self.schedule.placement} placement, "
+                    f"{self.stages} ranks x {self.virtual_stages} stages) this rank holds "
+                    f"stages {mine}")
+            return model
         if isinstance(model, nn.Sequential):
             return split_model(model, total, by=split_by, sample=sample)
         if isinstance(model, (list, tuple)) and all(isinstance(m, nn.Module) for m in model):
@@ -178,8 +202,9 @@ class Pipeline:
                                  f"schedule needs {total} ({self.stages} ranks x "
                                  f"{self.virtual_stages} virtual stages)")
             return list(model)
-        raise TypeError(f"rank {self.global_rank}: Pipeline takes an nn.Sequential or a list "
-                        f"of modules (one per stage), got {type(model).__name__}")
+        raise TypeError(f"rank {self.global_rank}: Pipeline takes an nn.Sequential, a list "
+                        "of modules (one per stage) or a dict {stage index: module} of this "
+                        f"rank's stages, got {type(model).__name__}")
 
     # ------------------------------------------------------------------ queries
 
@@ -189,12 +214,14 @@ class Pipeline:
 
     @property
     def is_first(self) -> bool:
-        return self.rank == 0
+        """Whether this rank holds the first stage, the one that reads the inputs."""
+        return self.schedule.rank_of(0)[0] == self.rank
 
     @property
     def is_last(self) -> bool:
-        """Whether this rank holds the last stage, the one that computes the loss."""
-        return self.rank == self.stages - 1
+        """Whether this rank holds the last stage, the one that computes the loss
+        (pipeline rank p - 1, or rank 0 with the V placement)."""
+        return self.schedule.rank_of(self.schedule.total_stages - 1)[0] == self.rank
 
     def trace_header(self) -> dict:
         """The header fields of this run's trace (see :func:`annotate_trace`)."""
@@ -212,25 +239,24 @@ class Pipeline:
         must be a mean over the examples. Returns the batch's mean loss (a
         float) on the last stage's rank, None elsewhere. ``optimizer`` may be
         None on a rank whose stages have no parameters."""
-        run = _Batch(self, x, y, loss_fn, optimizer)
-        for index, action in enumerate(self.schedule.actions[self.rank]):
-            run.execute(index, action)
-        return run.loss if self.is_last else None
+        rules = _Training(self, x, y, loss_fn, optimizer)
+        BatchRun(self, rules).run()
+        return rules.total if self.is_last else None
 
 
-class _Batch:
-    """One batch on one rank: the schedule's actions in order, each by the
-    step of its kind (:data:`_STEPS`)."""
+class _Training:
+    """:meth:`Pipeline.step`'s rules for its batch (see
+    :mod:`~minidist.parallel.pipeline.steps`): micro-batch k's loss is scaled
+    by b_k / B, so the gradients accumulated over the micro-batches are the
+    batch's mean; the batch ends with the replicas' all-reduce, the model's
+    own sums (``finalize_grads``) and one step of the optimizer."""
 
     def __init__(self, pipe: Pipeline, x, y, loss_fn, optimizer):
-        self.pipe = pipe
-        self.schedule = pipe.schedule
-        self.loss_fn = loss_fn
-        self.optimizer = optimizer
         rank = pipe.global_rank
         if optimizer is None and pipe._parameters:
             raise ValueError(f"rank {rank}: step() needs the optimizer of this rank's "
                              "parameters (pipe.parameters())")
+        self.pipe, self.loss_fn, self.optimizer = pipe, loss_fn, optimizer
         self.inputs = self.targets = None
         if pipe.is_first:
             if x is None:
@@ -241,18 +267,9 @@ class _Batch:
                 raise ValueError(f"rank {rank} holds the last stage: pass the targets y")
             self.targets = self._split(y)
             self.batch_size = sum(len(t) for t in self.targets)
-        self.held = HeldActivations(pipe.chunks, pipe.recompute)
-        # The schedule, not the order of arrival, says when a result leaves and
-        # when a message is used: both wait here for their action.
-        self.outbox: dict[tuple[str, int, int], np.ndarray] = {}
-        self.inbox: dict[tuple[str, int, int], np.ndarray] = {}
-        self.sends = []
-        self.examples = 0
-        self.loss = 0.0
-        self.index = 0  # the action running, for a failure to name
+        self.total = 0.0
         if optimizer is not None:
             optimizer.zero_grad()
-        self.ledger = Ledger(self.schedule, pipe.rank, pipe._parameters, optimizer, self.held)
 
     def _split(self, batch) -> list[np.ndarray]:
         try:
@@ -260,149 +277,27 @@ class _Batch:
         except ValueError as error:
             raise ValueError(f"rank {self.pipe.global_rank}: {error}") from None
 
-    def execute(self, index: int, action: Action) -> None:
-        """Action ``index`` of this rank's schedule: the step of its kind."""
-        self.index = index
-        step = _STEPS.get(action.kind)
-        if step is None:
-            self.fail(action, f"unknown action kind {action.kind!r}")
-        step(self, action)
-
-    # ------------------------------------------------------------------ the steps
-
-    def forward(self, action: Action) -> None:
-        """Receive the input, run the stage, keep what backward needs, send the output."""
-        microbatch, chunk, stage = action.microbatch, action.chunk, self._stage(action)
-        inputs = self._input(action, stage)
-        if chunk == 0:  # once per micro-batch: a replica's gradient is weighed by its examples
-            self.examples += len(inputs.data)
-        with self.ledger.region(action):
-            outputs, loss = self.held.forward((microbatch, chunk), inputs, self._loss_of(stage))
-        if loss is None:
-            self._hand_over("act", microbatch, chunk, outputs.data, chunk + 1)
-        else:
-            self.loss += float(loss.item())
-
-    def backward(self, action: Action) -> None:
-        """Receive the gradient of the output, run the backward, send the
-        gradient of the input; a forward that kept only its input is run
-        again first."""
-        key, stage = (action.microbatch, action.chunk), self._stage(action)
-        if key not in self.held:
-            self.fail(action, "runs before its forward")
-        loss_of = self._loss_of(stage)
-        if self.held.recomputing:
-            with self.ledger.region(action, "R"):
-                self.held.recompute(key, loss_of)
-        gradient = None  # the last stage's backward starts from its loss
-        if loss_of is None:
-            gradient = self._take("grad", action, "the gradient of its output has not been received")
-        held = self.held.pop(key)
-        with self.ledger.region(action):
-            if gradient is None:
-                held.loss.backward()
-            else:
-                held.outputs.backward(gradient)
-        if stage > 0:
-            self._hand_over("grad", action.microbatch, action.chunk, held.inputs.grad,
-                            action.chunk - 1)
-
-    def send(self, action: Action) -> None:
-        """Send what a forward (an activation) or a backward (a gradient) left
-        for the neighbouring stage; the send does not wait, the optimizer
-        step waits for them all."""
-        kind = _CARGO[action.kind]
-        array = self.outbox.pop((kind, action.microbatch, action.chunk), None)
-        if array is None:
-            self.fail(action, f"there is no {kind} of micro-batch {action.microbatch} to send: "
-                              "its forward/backward has not run")
-        self.sends.append(dist.isend(
-            array, group_dst=action.peer, group=self.pipe.pipeline_group,
-            tag=self.pipe.tags[action],
-            label=message_label(kind, action.microbatch) if self.ledger.tracing else ""))
-
-    def receive(self, action: Action) -> None:
-        """Receive an activation (for a forward) or a gradient (for a
-        backward) from the neighbouring stage, waiting for it."""
-        kind = _CARGO[action.kind]
-        self.inbox[(kind, action.microbatch, action.chunk)] = dist.recv_array(
-            group_src=action.peer, group=self.pipe.pipeline_group,
-            tag=self.pipe.tags[action],
-            label=message_label(kind, action.microbatch) if self.ledger.tracing else "")
-
-    def optimizer_step(self, action: Action) -> None:
-        """Wait for every send, all-reduce the gradients over the replicas,
-        one step of the optimizer."""
-        for request in self.sends:
-            request.wait()
-        if self.held:
-            raise RuntimeError(f"rank {self.pipe.global_rank}: the schedule steps with "
-                               f"micro-batches {sorted(self.held)} still waiting for their "
-                               "backward")
-        if self.pipe.data_parallel > 1:
-            # Replica r's gradient is its B_r examples' mean: weighed by B_r
-            # and divided by the sum of the B_r, exact with uneven replicas.
-            all_reduce_gradients(self.pipe._parameters, self.pipe.data_parallel_group,
-                                 weight=self.examples)
-        if self.pipe.finalize_grads is not None:
-            self.pipe.finalize_grads()
-        with self.ledger.region(action):
-            if self.optimizer is not None:
-                with no_grad():
-                    self.optimizer.step()
-
-    # ------------------------------------------------------------------ what the steps share
-
-    def _stage(self, action: Action) -> int:
-        return self.schedule.stage_of(self.pipe.rank, action.chunk)
-
-    def _input(self, action: Action, stage: int) -> Tensor:
-        """The micro-batch itself on the first stage; elsewhere the activation
-        the stage before sent, as a leaf that wants a gradient: what the
-        backward sends back."""
-        if stage == 0:
-            return Tensor(self.inputs[action.microbatch])
-        return Tensor(self._take("act", action, "its input activation has not been received"),
-                      requires_grad=True)
-
-    def _loss_of(self, stage: int):
-        """On the last stage, the loss of an output and its micro-batch; None before it."""
-        return self._loss if stage == self.schedule.total_stages - 1 else None
-
-    def _loss(self, outputs, microbatch):
+    def loss(self, outputs, microbatch):
         # b_k / B: the micro-batches' losses then add up to the batch's mean.
         targets = self.targets[microbatch]
         return self.loss_fn(outputs, targets) * (len(targets) / self.batch_size)
 
-    def _take(self, kind: str, action: Action, why: str) -> np.ndarray:
-        """What the neighbouring stage sent for ``action`` ("act" or "grad")."""
-        array = self.inbox.pop((kind, action.microbatch, action.chunk), None)
-        if array is None:
-            self.fail(action, why)
-        return array
+    def keep(self, microbatch, outputs, loss) -> None:
+        self.total += float(loss.item())
 
-    def _hand_over(self, kind, microbatch, chunk, array, neighbour_chunk) -> None:
-        """A result for the neighbouring stage: queued for its send action, or,
-        with one rank holding every chunk, put straight in this rank's inbox."""
-        if self.schedule.stages > 1:
-            self.outbox[(kind, microbatch, chunk)] = array
-        else:
-            self.inbox[(kind, microbatch, neighbour_chunk)] = array
+    def finish(self, run: BatchRun) -> None:
+        if self.pipe.data_parallel > 1:
+            # Replica r's gradient is its B_r examples' mean: weighed by B_r
+            # and divided by the sum of the B_r, exact with uneven replicas.
+            all_reduce_gradients(self.pipe._parameters, self.pipe.data_parallel_group,
+                                 weight=run.examples)
+        if self.pipe.finalize_grads is not None:
+            self.pipe.finalize_grads()
 
-    def fail(self, action: Action, why: str):
-        raise RuntimeError(f"rank {self.pipe.global_rank}, pipeline stage "
-                           f"{self.pipe.rank}: action {self.index} ({action}) of schedule "
-                           f"{self.schedule.name!r}: {why}")
-
-
-#: The step of each action kind.
-_STEPS = {FORWARD: _Batch.forward, BACKWARD: _Batch.backward,
-          SEND_ACTIVATION: _Batch.send, SEND_GRAD: _Batch.send,
-          RECV_ACTIVATION: _Batch.receive, RECV_GRAD: _Batch.receive,
-          OPTIMIZER_STEP: _Batch.optimizer_step}
-#: What a message action carries, and where a sent one goes.
-_CARGO = {SEND_ACTIVATION: "act", RECV_ACTIVATION: "act", SEND_GRAD: "grad", RECV_GRAD: "grad"}
-_TOWARDS = {SEND_ACTIVATION: 1, SEND_GRAD: -1}
+    def update(self) -> None:
+        if self.optimizer is not None:
+            with no_grad():
+                self.optimizer.step()
 
 
 def _schedule_key(schedule: Schedule) -> tuple:
@@ -415,14 +310,6 @@ def _schedule_words(key: tuple) -> str:
     name, stages, microbatches, virtual = key
     return (f"schedule {name!r} ({stages} stages, {microbatches} micro-batches, {virtual} "
             f"chunk{'s' if virtual != 1 else ''} per rank)")
-
-
-def _tag(schedule: Schedule, rank: int, action: Action) -> int:
-    """The tag of a send's or receive's message (:func:`message_tag`): what it
-    carries, its micro-batch and the stage receiving it (the next for an
-    activation sent, the one before for a gradient, this one for a receive)."""
-    receiver = schedule.stage_of(rank, action.chunk) + _TOWARDS.get(action.kind, 0)
-    return message_tag(_CARGO[action.kind], action.microbatch, receiver, schedule.total_stages)
 
 
 def annotate_trace(path, pipeline_or_schedule) -> None:

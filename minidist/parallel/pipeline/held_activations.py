@@ -22,8 +22,15 @@ stage s).
   backward runs), for one more forward per micro-batch and stage (about f
   more, f being the stage's forward time).
 
+With the backward split in two (zero-bubble schedules), the input half I
+frees the forward's record and leaves what the weight half W still needs:
+the split backward's pending weights, kept here from I to W
+(:meth:`HeldActivations.keep_for_weights`, :meth:`HeldActivations.take_for_weights`).
+Memory per pending piece: ``pending.nbytes`` (the layers' inputs and output
+gradients that the weights' gradients are made of), until its W runs.
+
 ``nbytes`` counts the input and each layer's output, the activations the
-memory ledger reports.
+memory ledger reports; ``weights_pending_bytes`` what waits for W.
 """
 
 from __future__ import annotations
@@ -66,6 +73,8 @@ class HeldActivations:
         self.chunks = chunks
         self.recomputing = recompute
         self._held: dict[tuple[int, int], Held] = {}
+        # (micro-batch, chunk) -> the split backward's pending weight half
+        self._weights: dict = {}
 
     def __len__(self) -> int:
         return len(self._held)
@@ -112,3 +121,22 @@ class HeldActivations:
     def pop(self, key) -> Held:
         """What the forward of ``key`` left, no longer held (its backward runs)."""
         return self._held.pop(key)
+
+    # ------------------------------------------------------------------ from I to W
+
+    def keep_for_weights(self, key, pending) -> None:
+        """Keep the split backward's ``pending`` weight half of ``key`` (its I has run)."""
+        self._weights[key] = pending
+
+    def take_for_weights(self, key):
+        """The pending weight half of ``key``, no longer held (its W runs), or None."""
+        return self._weights.pop(key, None)
+
+    @property
+    def weights_pending(self) -> list:
+        """The (micro-batch, chunk) pieces whose I has run and whose W has not."""
+        return sorted(self._weights)
+
+    @property
+    def weights_pending_bytes(self) -> int:
+        return sum(pending.nbytes for pending in self._weights.values())
