@@ -15,9 +15,11 @@ launcher names rank 1, kind "mismatch", with the same first line every run.
 Some calls rightly differ from rank to rank, and a rank whose arguments do
 not fit the others' shows it only as a piece that does not fit a receive,
 seen by one receiver or another: rank 1's split sizes disagree with ranks 0
-and 3's, rank 1 calls Ulysses attention with another sequence length. Each
-rank shows its split sizes in its record as it enters the call (no message
-more), and the receiver names the rank in the most disagreeing pairs.
+and 3's, rank 1 calls Ulysses attention or raw ring attention with another
+sequence length. Each rank shows its call's shape in its record as it
+enters the call (no message more), and the receiver judges them: the rank
+in the most disagreeing pairs of split sizes, the rank whose shape differs
+from the majority's.
 
 A mismatched call leaves the group's ranks in different calls, some asleep
 for good: no rank can catch the error and go on. So each run is a launch of
@@ -130,6 +132,13 @@ def _rank_1_calls_ulysses_with_another_length():
     ulysses_attention(x, x, x, _length())
 
 
+def _rank_1_calls_ring_attention_with_another_length():
+    from minidist.parallel.context import ring_attention
+
+    x = _attention_inputs()
+    ring_attention(x, x, x, _length(), is_causal=True)
+
+
 #: case -> (what rank 1 does, how the first line begins)
 CASES = {
     "split sizes on one rank": (
@@ -166,6 +175,12 @@ CASES = {
         _rank_1_calls_ulysses_with_another_length,
         "rank 1 is the odd rank in call 0 of the world: its all_to_all_single sends 6 "
         "elements to rank 0, which expects 8; expects 6 elements from rank 0, which sends 8"),
+    "a ring attention length": (
+        _rank_1_calls_ring_attention_with_another_length,
+        "rank 1 called ring_attention with seq_len 13, batch 1, 4 heads of width 2, causal, "
+        "zigzag split where ranks 0, 2 and 3 call it with seq_len 16, batch 1, 4 heads of "
+        "width 2, causal, zigzag split. Every rank must call ring_attention with the same "
+        "arguments."),
 }
 
 
