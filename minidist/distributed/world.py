@@ -458,6 +458,13 @@ def _finish_script() -> None:
     trace_dir = world.trace_dir
     try:
         finish_worker()
+        if world.mode == "mpi":
+            # MPI_Finalize, next, waits for every rank of the job: a peer of
+            # this machine stopped after its last message would hold it there
+            # for good. Watched until it ends its script too (mpi_node.py).
+            from minidist.distributed.transport.mpi_node import await_peers
+
+            await_peers(world.rank, world.control, world.resources.node_ranks)
     except BaseException as error:
         mark_failed()
         if world.mode == "mpi":

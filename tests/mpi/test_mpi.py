@@ -21,6 +21,7 @@ cores unless told --oversubscribe, which is added when mpiexec is Open MPI's.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -560,6 +561,111 @@ def test_a_stopped_rank_under_mpi_is_named_long_before_the_timeout(launcher, tmp
         "has not progressed for" in first, output
     assert seconds < STOPPED_SECONDS + 20, f"{seconds:.1f} s (the timeout is 60 s):\n{output}"
     assert _leftover(before) == set()
+    _no_ranks_left(str(script))
+
+
+#: Rank 1 is stopped WHERE: "collective" (by rank 2, while rank 1 waits in
+#: all_reduce call 3 for rank 0, which comes late), "after" (by itself, after
+#: its last collective, while the others end their scripts) or "debugger" (a
+#: debugger attaches while it sleeps before call 3; the test attaches one).
+_STOPPED = """
+import os, signal, time
+from pathlib import Path
+import numpy as np
+import minidist.distributed as dist
+
+WHERE = {where!r}
+dist.init_process_group(timeout={timeout})
+rank = dist.get_rank()
+pids = [None] * dist.get_world_size()
+dist.all_gather_object(pids, os.getpid())
+for step in range(20):
+    if step == 3 and WHERE == "collective":
+        if rank == 0:
+            time.sleep(1.0)
+        if rank == 2:
+            time.sleep(0.3)
+            os.kill(pids[1], signal.SIGSTOP)
+    if step == 3 and WHERE == "debugger" and rank == 1:
+        Path(__file__).with_name("attach").write_text(str(os.getpid()))
+        time.sleep(1.0)
+    dist.all_reduce(np.ones(1000))
+if WHERE == "after" and rank == 1:
+    os.kill(os.getpid(), signal.SIGSTOP)
+print("rank", rank, "went through every step", flush=True)
+"""
+
+
+@needs_mpi
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("launcher", ["mpiexec", "minidist run"])
+@pytest.mark.parametrize("where", ["collective", "after"])
+def test_a_rank_stopped_in_a_collective_or_after_its_last_is_named_within_seconds(
+        where, launcher, tmp_path):
+    """Stopped while it waits in a collective, its peers see it stopped (T)
+    as they wait for it. Stopped after its last collective, no minidist wait
+    is for it: the others' MPI_Finalize waited for it for ever (the job never
+    ended, with a timeout of 60 s); now a rank whose script ended watches its
+    machine's peers until they end theirs, and names one stopped for
+    STOPPED_SECONDS."""
+    from minidist.runtime.stopped_ranks import STOPPED_SECONDS
+
+    script = tmp_path / "stopped.py"
+    script.write_text(_STOPPED.format(where=where, timeout=60))
+    before = segments_now()
+    run = _run if launcher == "mpiexec" else _minidist_run
+    result, seconds = run(script, 3, timeout=100)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    first = _first_report(result.stderr)
+    assert first.startswith("minidist: rank 1 is stopped (its process") and \
+        "has not progressed for" in first, output
+    if where == "after":
+        assert "waits for it to end its script (MPI_Finalize waits for every rank)" in first
+        assert result.stdout.count("went through every step") == 2, output
+    assert seconds < STOPPED_SECONDS + 20, f"{seconds:.1f} s (the timeout is 60 s):\n{output}"
+    assert _leftover(before) == set()
+    _no_ranks_left(str(script))
+
+
+@needs_mpi
+@pytest.mark.skipif(not shutil.which("gdb"), reason="needs gdb, to attach a debugger")
+@pytest.mark.timeout(120)
+def test_a_rank_at_a_debuggers_stop_is_named_as_such_at_the_timeout(tmp_path):
+    """A rank stopped by a debugger (state t) is not ended early (someone is
+    at its breakpoint); at the others' timeout it is named first, as stopped
+    by a debugger, not by SIGSTOP."""
+    import threading
+
+    script = tmp_path / "debugged.py"
+    script.write_text(_STOPPED.format(where="debugger", timeout=5))
+    attach, debuggers = tmp_path / "attach", []
+
+    def attach_a_debugger():
+        deadline = time.monotonic() + 60
+        while not attach.exists() or not attach.read_text():
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
+        debuggers.append(subprocess.Popen(
+            ["gdb", "-p", attach.read_text(), "-batch", "-ex", "shell sleep 60"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    thread = threading.Thread(target=attach_a_debugger)
+    thread.start()
+    try:
+        result, seconds = _run(script, 3, timeout=60)
+    finally:
+        thread.join()
+        for debugger in debuggers:
+            debugger.kill()
+            debugger.wait()
+    output = result.stdout + result.stderr
+    assert debuggers, output
+    assert result.returncode != 0, output
+    assert _first_report(result.stderr).startswith(
+        "minidist: rank 1 is stopped by a debugger or tracer (its process"), output
+    assert "is in state t) and has not progressed for" in output, output
     _no_ranks_left(str(script))
 
 
