@@ -455,6 +455,50 @@ def _minidist_run(script: Path, ranks: int, timeout: float):
     return result, time.perf_counter() - start
 
 
+#: Rank 1 of 4 calls otherwise than ranks 0, 2 and 3: its split sizes
+#: disagree with ranks 0 and 3's, or it reduces with MAX in call 2.
+_ODD_CALLS = {
+    "split sizes": ("""
+send = [3, 2, 2, 1] if rank == 1 else [2, 2, 2, 2]
+dist.all_to_all_single(np.zeros(8, np.float32), np.ones(8, np.float32),
+                       output_split_sizes=[2, 2, 2, 2], input_split_sizes=send)
+""", "minidist: rank 1 is the odd rank in call 0 of the world: its all_to_all_single sends 3 "
+     "elements to rank 0, which expects 2; sends 1 element to rank 3, which expects 2."),
+    "another reduction": ("""
+x = np.ones(1000, np.float32)
+for step in range(4):
+    odd = rank == 1 and step == 2
+    dist.all_reduce(x, op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM, algorithm="ring")
+""", "minidist: rank 1 is the odd rank in call 2 of the world: all_reduce (ring, MAX, float32) "
+     "on rank 1; all_reduce (ring, SUM, float32) on ranks 0, 2 and 3 (most ranks)."),
+}
+
+
+@needs_mpi
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("launcher", ["mpiexec", "minidist run"])
+@pytest.mark.parametrize("case", list(_ODD_CALLS))
+def test_the_odd_rank_of_a_mismatch_is_named_first_under_mpi_every_time(case, launcher,
+                                                                         tmp_path):
+    """The ranks of one machine read each other's records, so the rank that
+    notices names the odd rank (the group's verdict); its report began with
+    itself ("rank 3 of 4 failed with CollectiveMismatchError: rank 1 is the
+    odd rank ..."), another rank from run to run. Now the verdict comes first."""
+    body, expected = _ODD_CALLS[case]
+    script = tmp_path / "odd.py"
+    script.write_text("import numpy as np\nimport minidist.distributed as dist\n\n"
+                      "dist.init_process_group(timeout=60)\nrank = dist.get_rank()\n" + body)
+    run = _run if launcher == "mpiexec" else _minidist_run
+    for _ in range(3):
+        result, seconds = run(script, 4, timeout=60)
+        output = result.stdout + result.stderr
+        assert result.returncode != 0, output
+        first = _first_report(result.stderr)
+        assert first.startswith(expected), output
+        assert seconds < 30, f"{seconds:.1f} s:\n{output}"
+    _no_ranks_left(str(script))
+
+
 #: Rank 1 leaves in the middle of a loop of all_reduces, in the way FAULT says.
 _FAULTY_LOOP = """
 import os, signal, sys

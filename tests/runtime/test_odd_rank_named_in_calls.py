@@ -278,3 +278,62 @@ def test_a_shown_call_is_read_under_its_key_and_waited_for():
         assert shown_calls.read_shown(block, [0], 8, 3, 0.0) == ({}, False)
     finally:
         block.close()
+
+
+#: The same mistakes as scripts of `minidist run` (each rank a script's
+#: process, its error reported through a file): the first line of the
+#: launcher's report, "minidist run: " and then the verdict.
+SCRIPTS = {
+    "split sizes that disagree": ("""
+        send = [3, 2, 2, 1] if rank == 1 else [2, 2, 2, 2]
+        dist.all_to_all_single(np.zeros(8, np.float32), np.ones(8, np.float32),
+                               output_split_sizes=[2, 2, 2, 2], input_split_sizes=send)
+        """, CASES["split sizes that disagree"][1]),
+    "a ring attention length": ("""
+        from minidist.parallel.context import ring_attention
+        from minidist.parallel.context.split import shard_sequence
+
+        length = 13 if rank == 1 else 16
+        x = shard_sequence(np.random.default_rng(0).normal(size=(1, 4, length, 2)), length, 4,
+                           rank, axis=2)
+        ring_attention(x, x, x, length, is_causal=True)
+        """, CASES["a ring attention length"][1]),
+    "another reduction": ("""
+        x = np.ones(1000, np.float32)
+        for step in range(4):
+            odd = rank == 1 and step == 2
+            dist.all_reduce(x, op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM,
+                            algorithm="ring")
+        """, "rank 1 is the odd rank in call 2 of the world: all_reduce (ring, MAX, float32) on "
+             "rank 1; all_reduce (ring, SUM, float32) on ranks 0, 2 and 3 (most ranks)"),
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("case", list(SCRIPTS))
+def test_minidist_run_names_the_rank_whose_call_differs_every_time(case, transport, tmp_path):
+    """A rank of `minidist run` that raised a mismatch named the rank that
+    noticed it ("rank 3 failed with CollectiveMismatchError: rank 1 is the
+    odd rank ..."), whichever that was; now the odd rank, as launch does."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    from tests.runtime.test_forking_rank import ROOT
+
+    body, expected = SCRIPTS[case]
+    script = tmp_path / "script.py"
+    script.write_text("import numpy as np\nimport minidist.distributed as dist\n\n"
+                      "dist.init_process_group(timeout=60)\nrank = dist.get_rank()\n"
+                      + textwrap.dedent(body))
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    for _ in range(REPEATS):
+        run = subprocess.run([sys.executable, "-m", "minidist.cli", "run", "-n", "4",
+                              "--transport", transport, str(script)], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=120)
+        first = next((line for line in run.stderr.splitlines()
+                      if line.startswith("minidist run:")), "")
+        assert run.returncode == 1, run.stderr
+        assert first.startswith(f"minidist run: {expected}"), run.stderr
