@@ -96,7 +96,7 @@ def _train(schedule_name, virtual_stages, microbatches, epochs):
             if pipe.is_last:
                 epoch.append(loss)
         losses.append(float(np.mean(epoch)) if epoch else None)
-    return {"rank": rank, "losses": losses, "header": pipe.trace_header(),
+    return {"rank": rank, "is_last": pipe.is_last, "losses": losses, "header": pipe.trace_header(),
             "weights": {names[id(p)]: p.data for p in pipe.parameters()}}
 
 
@@ -194,7 +194,9 @@ def main(args) -> int:
     results = minidist.launch(_train, world_size=stages, transport="shm",
                               args=(schedule.name, v, microbatches, epochs), trace=trace_path)
     annotate_trace(trace_path, results[0]["header"])
-    last = next(result for result in results if result["rank"] == stages - 1)
+    # The rank holding the last stage has the losses: rank p - 1 on the loop
+    # placement, rank 0 on the V (it holds the first and the last stage).
+    last = next(result for result in results if result["is_last"])
     for epoch, loss in enumerate(last["losses"], 1):
         console.print(f"epoch {epoch}: mean loss {loss:.4f}")
     model = build_mlp(stages * v)

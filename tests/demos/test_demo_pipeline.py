@@ -104,6 +104,19 @@ def test_demo_pipeline_simulates_the_zero_bubble_schedules(capsys):
     assert "DualPipeV needs at least 2p = 6" in _printed(capsys)
 
 
+@pytest.mark.timeout(120)
+def test_demo_pipeline_runs_the_v_placement_for_real(tmp_path, capsys):
+    """ZB-V on real processes: rank 0 holds the last stage, so its losses are printed."""
+    path = tmp_path / "zbv.jsonl"
+    assert main(["demo", "pipeline", "--schedule", "zbv", "--stages", "2", "--microbatches",
+                 "4", "--epochs", "1", "--trace", str(path), "--no-color", "--play",
+                 "--speed", "1000"]) == 0
+    out = _printed(capsys)
+    assert "zbv on 2 processes" in out and "epoch 1: mean loss" in out
+    assert "test accuracy" in out
+    assert trace.read_jsonl(path).header["placement"] == "v"
+
+
 def test_demo_pipeline_runs_for_real_only_what_the_runtime_runs(capsys):
     from minidist.parallel.pipeline import make_schedule
     from viz.demo_pipeline import _runtime_runs
