@@ -175,7 +175,11 @@ def units(value):
 #
 # The layer is the one lesson 10 ran (after Tim Dettmers, "Model Parallelism
 # in Deep Learning", 2014): 1000 inputs, 500 outputs, a batch of 128, in
-# float32. First the three products in plain NumPy:
+# float32. First the three products in plain NumPy; then the layer's plain
+# `backward()`; then the same backward split, by minidist's
+# `backward_input(y, dY, inputs=[x])`, which runs I (the gradient reaches
+# the inputs named) and returns W still to run, the *pending* W (its
+# `nbytes`: what it keeps until then), and its `backward_weight()`, W.
 
 # %%
 LAYER_IN, LAYER_OUT, LAYER_BATCH = 1000, 500, 128
@@ -207,7 +211,8 @@ y.backward(dY)                                              # the plain backward
 plain = {"dX": x.grad.copy(), "dW": layer.weight.grad.copy(), "db": layer.bias.grad.copy()}
 
 x, y = fresh_forward()
-pending = backward_input(y, dY, inputs=[x])                 # I
+# I: x.grad now; returns the weight half still to run, the *pending* W
+pending = backward_input(y, dY, inputs=[x])
 after_input = {"dX": x.grad is not None, "dW": layer.weight.grad is not None,
                "db": layer.bias.grad is not None}
 pending_bytes = pending.nbytes
@@ -294,8 +299,17 @@ def fastest(samples):
     return {letter: min(times) for letter, times in samples.items()}
 
 
+def timing_noise(samples):
+    """How far these timings move from run to run: the median's distance from
+    the fastest, for the whole backward and for the two halves together (s)."""
+    split_times = [i + w for i, w in zip(samples["I"], samples["W"])]
+    return (float(np.median(samples["B"])) - min(samples["B"])
+            + float(np.median(split_times)) - min(split_times))
+
+
 layer_load = Load.start()
-layer_times = fastest(time_halves(fresh_forward, TIMING_REPEATS, dY))
+layer_samples = time_halves(fresh_forward, TIMING_REPEATS, dY)
+layer_times, layer_noise = fastest(layer_samples), timing_noise(layer_samples)
 layer_load = layer_load.finish()
 gemm_flops = 2 * LAYER_BATCH * LAYER_IN * LAYER_OUT
 rows = [(part, f"{1e3 * layer_times[part]:.3f}", what) for part, what in (
@@ -306,6 +320,8 @@ print(f"one product: 2 x {LAYER_BATCH} x {LAYER_IN} x {LAYER_OUT} = {gemm_flops 
       f"Mflop; I / B = {layer_times['I'] / layer_times['B']:.2f}, "
       f"W / B = {layer_times['W'] / layer_times['B']:.2f}, "
       f"(I + W) / B = {(layer_times['I'] + layer_times['W']) / layer_times['B']:.2f}")
+print(f"I + W - B = {1e3 * (layer_times['I'] + layer_times['W'] - layer_times['B']):+.3f} ms; "
+      f"the timings' noise (median minus fastest, of B and of I + W): {1e3 * layer_noise:.3f} ms")
 print(f"({layer_load.describe()})")
 if layer_load.busy:
     print(layer_load.note("the flops above are what the halves do, whatever the clock says"))
@@ -318,21 +334,28 @@ glue("i_share", i_share, ".2f")
 glue("w_share", w_share, ".2f")
 glue("both_share", both_share, ".2f")
 glue("gemm_mflop", gemm_flops / 1e6, ".0f")
+halves = 0.35 <= i_share <= 0.65 and 0.35 <= w_share <= 0.65
 glue("halves_verdict", "each about half of the whole backward, as one product each predicts"
-     if 0.35 <= i_share <= 0.65 and 0.35 <= w_share <= 0.65 else
+     if halves else
      "not each about half of the whole backward here (the prediction is 0.5 each): on "
      "a machine this small one product's time is not its flops alone")
-glue("overhead_verdict", "more than the whole backward by over a twentieth: the split's extra "
-     "work shows here, a second walk of the graph to find which side each node is on (a Python "
-     "step per node)" if both_share > 1.05 else "within a twentieth of the whole backward: the "
-     "split's extra work, a second walk of the graph to find which side each node is on (a "
-     "Python step per node), is small next to two products of this size")
+layer_overhead = layer_times["I"] + layer_times["W"] - layer_times["B"]
+glue("layer_overhead", 1e3 * layer_overhead, "+.3f")
+glue("layer_noise", 1e3 * layer_noise, ".3f")
+glue("overhead_verdict", "more than the whole backward by more than the timings' noise: the "
+     "split's extra work shows here, a second walk of the graph to find which side each node "
+     "is on (a Python step per node)" if layer_overhead > layer_noise else
+     "no more than the whole backward beyond the timings' noise: the split's extra work, a "
+     "second walk of the graph to find which side each node is on (a Python step per node), "
+     "is too small to see next to two products of this size")
+glue("one_product", "it took about one product's time, not two" if halves else
+     "its time here does not tell it as clearly")
 say("""
 I took {glue}`i_share` and W {glue}`w_share` of the whole backward's time:
 {glue}`halves_verdict` ({glue}`gemm_mflop` Mflop each). Together they took
-{glue}`both_share` of it, {glue}`overhead_verdict`. That I computes no dW
-is known twice: the weight's `.grad` was still empty after it, and it did one
-product's work, not two.
+{glue}`both_share` of it, I + W - B = {glue}`layer_overhead` ms against a noise of
+{glue}`layer_noise` ms: {glue}`overhead_verdict`. That I computes no dW is known from
+the weight's `.grad`, still empty after it; and {glue}`one_product`.
 """)
 
 # %% [markdown]
@@ -352,9 +375,9 @@ product's work, not two.
 # * **ZB-V** (Qi et al.): the model cut into 2p pieces laid out in a V
 #   (below), F, I and W each half a stage's; no idle inside a stage when
 #   F = I = W, p stages' activations held;
-# * **DualPipeV** (DeepSeek-AI, the DualPipe repository and "DeepSeek-V3
-#   Technical Report", 2024, cut in half after Sea AI Lab's "cut-in-half"
-#   schedule): the same V, and in the middle of the batch a forward paired
+# * **DualPipeV** (DeepSeek-AI, "DeepSeek-V3 Technical Report", 2024, and
+#   their DualPipe repository: DualPipe cut in half, after Sea AI Lab's
+#   "cut-in-half" schedule): the same V, and in the middle of the batch a forward paired
 #   with another micro-batch's backward, which a GPU runs overlapped (one's
 #   computation hides the other's messages). On one CPU process the two
 #   run one after the other.
@@ -371,15 +394,19 @@ product's work, not two.
 #     ZB-V       0 when F = I = W                      (m >= 2p-1)
 #     DualPipeV  (p-1)(F&B + B - 3W), each a piece's   (m >= 2p, F = I, W <= F)
 #
-# A piece of ZB-V or DualPipeV costs half a stage, so DualPipeV's formula in
-# a stage's F, I, W is (p-1)(F + 2I - W)/2. The simulator plays each
+# (DualPipe's README writes PP/2 - 1 for p - 1: its PP counts the 2p
+# stages, on p ranks.) A piece of ZB-V or DualPipeV costs half a stage, so
+# DualPipeV's formula in a stage's F, I, W is (p-1)(F + 2I - W)/2. The simulator plays each
 # schedule with exactly these costs; its clock counts whole nanoseconds, so
 # every time below is exact, and the code checks each against its formula
 # for equality. The peak memory is counted in a stage's activations of one
 # micro-batch (a piece holds half of that). First p = 4, m = 8, then p = 2,
 # m = 4 (the shape section 3 runs), each with F = I = W = 1 and with
-# F = I = 2, W = 1 (a weight half half as long), in units of the
-# simulator's clock.
+# F = I = 2, W = 1 (W half as long as F and I), in units of the simulator's
+# clock (the charts' axis calls a unit a millisecond). In the tables,
+# *bubble* is that idle time of the busiest stage; *makespan* the batch's
+# time, from its first work to its last, on any stage; *idle share* lesson
+# 9's bubble, the idle part of p x makespan.
 
 # %%
 SHAPES = ((4, 8), (2, 4))
@@ -584,8 +611,9 @@ show_figure(figure, "zero_bubble_bars.png", "bubble, makespan and peak memory pe
 # through the second: the bottom of the V is the last rank, which hands its
 # activation from one of its stages to the other in memory, without a
 # message. Rank 0 starts the forward and ends it with the loss, so the
-# backward starts where the forward began, and the first I's come back at
-# once. Where each rank's pieces sit, for p = 4:
+# backward starts on the rank where the forward began. Where each rank's
+# pieces sit, for p = 4 (the printout below calls a rank's pieces its
+# "virtual stages"):
 
 # %%
 v_schedule = make_schedule("zbv", 4, 8)
@@ -706,11 +734,13 @@ glue("real_steps", STEPS, "d")
 glue("difference_verdict", "the same weights as one process to float64's rounding"
      if worst_difference < 1e-10 else "weights further from one process's than float64's "
      "rounding explains")
+glue("why_not_zero", "(Not zero: one process adds the whole batch's gradient in one product, "
+     "the pipeline adds the micro-batches' gradients one after the other, in another order of "
+     "rounding.)" if worst_difference > 0 else "(Zero: the same bits.)")
 say("""
 All five schedules end with {glue}`difference_verdict`: the largest difference over
-every weight, after {glue}`real_steps` steps, is {glue}`worst_difference`. (Not zero:
-one process adds the whole batch's gradient in one product, the pipeline adds the
-micro-batches' gradients one after the other, in another order of rounding.)
+every weight, after {glue}`real_steps` steps, is {glue}`worst_difference`.
+{glue}`why_not_zero`
 """)
 
 
@@ -802,16 +832,30 @@ def step_events(results, name, step):
 
 
 def idle_parts(events, rank):
-    """Where a rank's idle time went between its first and last work: in its
-    sends (copying a message out), in its receives (waiting for one, then
-    copying it in) and between actions (the runtime's own Python), in ms."""
-    regions = [event for event, _ in work_regions(events) if event["rank"] == rank]
-    first, last = min(e["start"] for e in regions), max(e["end"] for e in regions)
-    inside = [e for e in events if e["rank"] == rank and first <= e["start"] and e["end"] <= last]
-    sends = sum(e["end"] - e["start"] for e in inside if e["kind"] == "send") / UNIT_NS
-    receives = sum(e["end"] - e["start"] for e in inside if e["kind"] == "recv") / UNIT_NS
-    idle = (last - first - sum(e["end"] - e["start"] for e in regions)) / UNIT_NS
-    return dict(idle=idle, sends=sends, receives=receives, between=idle - sends - receives)
+    """Where a rank's idle time went between its first and last work, in ms:
+    each moment of a gap between two work regions is in a receive (waiting
+    for a message, then copying it in), else in a send (copying one out; an
+    isend's event runs until it completes, often under later work, which is
+    not counted), else between actions (the runtime's own Python)."""
+    regions = sorted((e["start"], e["end"]) for e, _ in work_regions(events) if e["rank"] == rank)
+    mine = [e for e in events if e["rank"] == rank]
+    receives = sorted((e["start"], e["end"]) for e in mine if e["kind"] == "recv")
+    sends = sorted((e["start"], e["end"]) for e in mine if e["kind"] == "send")
+    found = dict(receives=0, sends=0, between=0)
+    for (_, a), (b, _) in zip(regions, regions[1:]):
+        if b <= a:
+            continue
+        cuts = sorted({a, b} | {t for start, end in receives + sends for t in (start, end)
+                                if a < t < b})
+        for left, right in zip(cuts, cuts[1:]):
+            middle = (left + right) / 2
+            if any(start <= middle <= end for start, end in receives):
+                found["receives"] += right - left
+            elif any(start <= middle <= end for start, end in sends):
+                found["sends"] += right - left
+            else:
+                found["between"] += right - left
+    return {key: ticks / UNIT_NS for key, ticks in found.items()}
 
 
 def measure_run(results, names, p, m, steps):
@@ -967,7 +1011,8 @@ glue("later_w_over_i", later_w_over_i, ".2f")
 glue("later_w_over_i_value", later_w_over_i)
 glue("w_sentence", f"On stage 1, ZB-H1's W took {later_w_over_i:.2f} times its I, longer "
      "than it: dW = dYᵀ X sums over only a micro-batch's rows and writes a whole weight "
-     "matrix, a product BLAS runs less efficiently than dX = dY W of the same flops."
+     "matrix (and W adds db's sums), and on this machine that ran slower than dX = dY W of "
+     "the same flops."
      if later_w_over_i > 1 else f"On stage 1, ZB-H1's W took {later_w_over_i:.2f} times its "
      "I, no longer than it.")
 glue("fail_list", ", ".join(TITLES[name] for name in NAMES if not measured_p2[name]["holds"])
@@ -1082,8 +1127,9 @@ say("""
 # same F and B, of which the measured W is the weight half. The makespans'
 # difference is what the split saves when splitting costs nothing. It does
 # cost something: I + W - B per micro-batch, the second walk of the graph,
-# measured next to the noise of these timings (how far the median time of
-# B, and of I + W, lay above the fastest).
+# which by the same algebra as the formulas adds (m+p-1)(I+W-B) to ZB-H1's
+# step; it is measured next to the noise of these timings (how far the
+# median time of B, and of I + W, lay above the fastest).
 
 # %%
 BLOCK_T = (64, 512) if QUICK else (64, 1024)
@@ -1172,12 +1218,16 @@ def pays(share):
 def overhead_words(r):
     """The split's own cost per micro-batch against the timings' noise."""
     overhead, noise = r["overhead"], r["noise"]
+    steps = M_SIM + P_SIM - 1
     if abs(overhead) <= noise:
-        return (f"I + W - B = {overhead:+.2f} ms, within these timings' noise ({noise:.2f} "
-                "ms): too small to see here")
+        return (f"I + W - B = {overhead:+.2f} ms a micro-batch, within these timings' noise "
+                f"({noise:.2f} ms); taken at its word, {steps} of them a step on a stage's "
+                f"path cost {steps * overhead:.2f} ms against the "
+                f"{2 * (P_SIM - 1) * r['costs']['W']:.2f} ms the W's fill, but this run cannot "
+                "tell it from nothing")
     if overhead > 0:
         return (f"I + W - B = {overhead:+.2f} ms a micro-batch, above the noise ({noise:.2f} "
-                f"ms): {M_SIM + P_SIM - 1} of them a step on the slowest stage, "
+                f"ms): {M_SIM + P_SIM - 1} of them a step on a stage's path, "
                 f"{(M_SIM + P_SIM - 1) * overhead:.2f} ms against the "
                 f"{2 * (P_SIM - 1) * r['costs']['W']:.2f} ms saved")
     return (f"I + W - B = {overhead:+.2f} ms, below zero by more than the noise ({noise:.2f} "
@@ -1260,11 +1310,13 @@ v_over_h1 = peak_over_ranks("zbv") / peak_over_ranks("zb_h1")
 glue("h2_over_h1", h2_over_h1, ".2f")
 glue("h1_over_f1b", h1_over_f1b, ".2f")
 glue("v_over_h1", v_over_h1, ".2f")
-glue("h2_more", "more" if h2_over_h1 > 1 else "no more")
+glue("h2_more", "more than" if h2_over_h1 > 1 else "no more than")
 glue("f1b_rank1", memory_peaks[("1f1b", 1)]["activations"] / 2 ** 20, ".1f")
 glue("h1_rank1", memory_peaks[("zb_h1", 1)]["activations"] / 2 ** 20, ".1f")
-glue("rank1_more", "more" if memory_peaks[("zb_h1", 1)]["activations"]
-     > memory_peaks[("1f1b", 1)]["activations"] else "no more")
+rank1_more = (memory_peaks[("zb_h1", 1)]["activations"]
+              > memory_peaks[("1f1b", 1)]["activations"])
+glue("rank1_more", "more" if rank1_more else "no more")
+glue("rank1_text", "more: its W's wait" if rank1_more else "no more")
 glue("h2_pending_mib", peak_over_ranks("zb_h2", "pending_bytes") / 2 ** 20, ".1f")
 glue("h1_pending_mib", peak_over_ranks("zb_h1", "pending_bytes") / 2 ** 20, ".1f")
 glue("h2_live", peak_over_ranks("zb_h2", "live"), "d")
@@ -1301,15 +1353,17 @@ def bought(saved):
 
 glue("h2_bought", bought(h2_saved))
 glue("h1_bought", bought(h1_saved))
+glue("h2_vs_h1_real", "a shorter step than" if h2_saved > h1_saved else "no shorter step than")
 say("""
-ZB-H2's peak was {glue}`h2_over_h1` times ZB-H1's ({glue}`h2_more`): up to
-{glue}`h2_live` micro-batches held at once against {glue}`h1_live`, and
+ZB-H2 held {glue}`h2_more` ZB-H1 at its peak, {glue}`h2_over_h1` times as much: up to
+{glue}`h2_live` micro-batches at once against {glue}`h1_live`, and
 {glue}`h2_pending_mib` MiB waiting for W's at its peak against {glue}`h1_pending_mib`.
 That is ZB-H2's price for filling the bubble ZB-H1 leaves; in section 3's run it bought
-{glue}`h2_bought`, where ZB-H1 bought {glue}`h1_bought`.
+{glue}`h2_bought`, where ZB-H1 bought {glue}`h1_bought`: its extra memory bought
+{glue}`h2_vs_h1_real` ZB-H1's.
 ZB-H1's own peak was {glue}`h1_over_f1b` times 1F1B's. {glue}`first_rank_text` The last rank,
 which 1F1B lets hold one micro-batch ({glue}`f1b_rank1` MiB), held {glue}`h1_rank1` MiB
-under ZB-H1 ({glue}`rank1_more`): its W's wait. ZB-V held
+under ZB-H1, {glue}`rank1_text`. ZB-V held
 {glue}`v_over_h1` times ZB-H1's peak in pieces of half a stage.
 """)
 

@@ -25,8 +25,9 @@ def check(glued):
     i_share, w_share = value(glued, "i_share"), value(glued, "w_share")
     halves = 0.35 <= i_share <= 0.65 and 0.35 <= w_share <= 0.65
     assert text(glued, "halves_verdict").startswith("each about half") == halves
-    assert text(glued, "overhead_verdict").startswith("more than") == \
-        (value(glued, "both_share") > 1.05)
+    layer_over = value(glued, "layer_overhead") > value(glued, "layer_noise")
+    assert text(glued, "overhead_verdict").startswith("more than") == layer_over
+    assert text(glued, "one_product").startswith("it took about one product's") == halves
 
     # Section 2: the simulator's table.
     makespans = value(glued, "all_makespans")
@@ -104,9 +105,15 @@ def check(glued):
             assert ("above the noise" if overhead > 0 else "below zero") in words
 
     # The ledger's memory.
-    assert text(glued, "h2_more") == ("more" if value(glued, "h2_over_h1") > 1 else "no more")
-    assert text(glued, "rank1_more") == ("more" if value(glued, "h1_rank1")
-                                         > value(glued, "f1b_rank1") else "no more")
+    assert text(glued, "h2_more") == ("more than" if value(glued, "h2_over_h1") > 1
+                                      else "no more than")
+    more = value(glued, "h1_rank1") > value(glued, "f1b_rank1")
+    assert text(glued, "rank1_more") == ("more" if more else "no more")
+    assert text(glued, "rank1_text").startswith("more: its W's wait") == more
+    assert text(glued, "h2_vs_h1_real").startswith("a shorter") == \
+        (value(glued, "h2_saved_ms") > value(glued, "h1_saved_ms"))
+    assert text(glued, "why_not_zero").startswith("(Not zero") == \
+        (value(glued, "worst_difference") > 0)
     live0 = value(glued, "live0")
     first = text(glued, "first_rank_text")
     assert first.startswith("Both hold") == (live0[0] == live0[1])
