@@ -51,6 +51,13 @@
 # Symbols as in `lessons/NOTATION.md`: p stages (ranks), m micro-batches, i
 # a stage's index; F, B, I, W are both the chart letters and, in a formula,
 # the time one of them takes.
+#
+# **Quick and full form.** The quick form (`MINIDIST_LESSON_QUICK=1`) times
+# section 1's halves 8 times each (the full form: 25), runs 6 steps of each
+# schedule on 2 processes in section 3 (full: 10), leaves out section 3's
+# run on 4 processes, and measures section 4's block at T = 64 and 512
+# (full: 64 and 1024). The simulated numbers of section 2 are the same in
+# both.
 
 # %%
 import os
@@ -342,10 +349,10 @@ glue("halves_verdict", "each about half of the whole backward, as one product ea
 layer_overhead = layer_times["I"] + layer_times["W"] - layer_times["B"]
 glue("layer_overhead", 1e3 * layer_overhead, "+.3f")
 glue("layer_noise", 1e3 * layer_noise, ".3f")
-glue("overhead_verdict", "more than the whole backward by more than the timings' noise: the "
+glue("overhead_verdict", "more than the whole backward by more than the timings' noise; the "
      "split's extra work shows here, a second walk of the graph to find which side each node "
      "is on (a Python step per node)" if layer_overhead > layer_noise else
-     "no more than the whole backward beyond the timings' noise: the split's extra work, a "
+     "no more than the whole backward beyond the timings' noise; the split's extra work, a "
      "second walk of the graph to find which side each node is on (a Python step per node), "
      "is too small to see next to two products of this size")
 glue("one_product", "it took about one product's time, not two" if halves else
@@ -1376,23 +1383,22 @@ under ZB-H1, {glue}`rank1_text`. ZB-V held
 #   backward, for about the same work.
 # * Run the I's early and the W's where a stage would wait: ZB-H1 cuts
 #   1F1B's bubble from (p-1)(F + I + W) to (p-1)(F + I - W) for the same
-#   peak memory on its first stage; ZB-H2 to (p-1)(F + I - 2W), none when
+#   peak of micro-batches held on its first stage (p), now on every stage; ZB-H2 to (p-1)(F + I - 2W), none when
 #   F = I = W, for up to 2p - 1 micro-batches held; the V placement (rank r
 #   holds stages r and 2p - 1 - r) halves the fill and holds p stages'
 #   activations. DualPipeV adds pairs of a forward and a backward, which pay
 #   where a GPU overlaps them.
 # * The makespan is what counts: with a synchronous optimizer step a
 #   parallelogram's slant stays idle, whatever the bubble inside a stage.
-# * The split pays as much as there is W to move: 2(p-1)W against 1F1B,
-#   little when W is small next to I (long sequences), and every waiting W
-#   holds memory until it runs. A first stage has no I at all.
+# * The split pays as much as there is W to move, 2(p-1)W against 1F1B,
+#   less its own cost, (m+p-1)(I + W - B): little when W is small next to
+#   I (long sequences), and every waiting W holds memory until it runs. A
+#   first stage has no I at all.
 #
 # ## Try
 #
-# * The exercise: write ZB-H1 as data, each stage's order of F, I and W,
-#   checked on the simulator against the reference's bubble and memory:
-#   `minidist exercise show zb_h1`, then `minidist exercise start zb_h1`
-#   and `minidist exercise check zb_h1`.
+# * The exercise on this chapter's first zero-bubble schedule:
+#   `minidist exercise show zb_h1`.
 # * `minidist demo pipeline --schedule zbv` runs ZB-V on real processes
 #   over the digits and steps through its last batch in the terminal
 #   (`--simulate` plans it on the virtual clock instead, `--stages 4
