@@ -143,9 +143,26 @@ def check_command(args) -> int:
         from viz.pipeline_chart import draw_schedule_comparison
 
         out.mkdir(parents=True, exist_ok=True)
-        written = draw_schedule_comparison(result.schedules, out / f"{exercise.name}.gantt.png")
+        written = draw_schedule_comparison(_named_charts(result.schedules),
+                                           out / f"{exercise.name}.gantt.png")
         console.print(f"your schedule's Gantt chart above the reference's: {written}")
     return 1
+
+
+def _named_charts(schedules: dict) -> dict:
+    """Each schedule's chart titled by its key ("yours", "ZB-H1 (reference)"),
+    its expected bubble the formula of the schedule its header names (a
+    student's zb_h1 is measured against ZB-H1's, not 1F1B's)."""
+    from dataclasses import replace
+
+    from viz.pipeline_chart import pipeline_chart
+
+    charts = {}
+    for name, trace in schedules.items():
+        named = isinstance(trace, tuple) and trace[0].get("schedule")
+        chart = pipeline_chart(trace) if named else pipeline_chart(trace, schedule=name)
+        charts[name] = replace(chart, schedule=name)
+    return charts
 
 
 def _show_replay(result, name, out, args, console) -> None:
