@@ -270,8 +270,12 @@ def test_a_slow_placement_comes_with_both_gantt_charts():
 
 
 @pytest.mark.timeout(120)
-def test_the_command_checks_and_draws_the_exercise(tmp_path, capsys, monkeypatch):
+def test_the_command_shows_checks_and_draws_the_exercise(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "80")
+    assert main(["exercise", "show", "zb_h1"]) == 0
+    shown = capsys.readouterr().out
+    assert "def place_weights(orders" in shown and "minidist exercise check zb_h1" in shown
+    assert max(len(line) for line in shown.splitlines()) <= 80
     assert main(["exercise", "check", "zb_h1", str(WRONG / "zb_h1_weights_at_the_end.py"),
                  "--no-processes", "--out", str(tmp_path)]) == 1
     out = capsys.readouterr().out
