@@ -22,6 +22,8 @@ Where things are:
 * :mod:`.process_group`  ``ProcessGroup``: ranks, contexts, point-to-point calls
 * :mod:`.agreement`      ``agree``: ranks check that they pass the same value (a mesh's
   shape, a pipeline's schedule); the odd rank is named
+* :mod:`.shown_calls`    ``shown_call``: ranks show their call's shape in the control block
+  (no message); a message that does not fit is judged by them, the odd rank named
 * :mod:`.device_mesh`    ``init_device_mesh``, ``DeviceMesh``: the ranks as an n-D array,
   a group per slice along each dimension (torch's ``torch.distributed.device_mesh``)
 * :mod:`.torch_names`    torch's ``group.WORLD``, ``GroupMember``, ``Backend``,
@@ -109,6 +111,7 @@ _LAZY.update({
     "DeviceMesh": ("minidist.distributed.device_mesh", "DeviceMesh"),
     "init_device_mesh": ("minidist.distributed.device_mesh", "init_device_mesh"),
     "agree": ("minidist.distributed.agreement", "agree"),
+    "shown_call": ("minidist.distributed.shown_calls", "shown_call"),
 })
 _LAZY.update({name: ("minidist.distributed.torch_names", name) for name in (
     "Backend", "GroupMember", "get_process_group_ranks", "group", "is_available",
@@ -160,6 +163,7 @@ if TYPE_CHECKING:
     )
     from minidist.distributed.process_group import ProcessGroup
     from minidist.distributed.reduce_op import ReduceOp
+    from minidist.distributed.shown_calls import shown_call
     from minidist.distributed.simulator import SimulationResult, simulate
     from minidist.distributed.torch_names import (
         Backend,
@@ -222,4 +226,4 @@ __all__ += ["all_gather_object", "broadcast_object_list", "gather_object", "moni
             "scatter_object_list", "send_object_list", "recv_object_list"]
 __all__ += ["Backend", "GroupMember", "get_process_group_ranks", "group", "is_available",
             "is_torchelastic_launched", "new_subgroups", "new_subgroups_by_enumeration"]
-__all__ += ["DeviceMesh", "init_device_mesh", "agree"]
+__all__ += ["DeviceMesh", "init_device_mesh", "agree", "shown_call"]

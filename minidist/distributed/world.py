@@ -331,8 +331,11 @@ def _init_from_environment(transport, world_size, rank, timeout, log_level) -> N
         if error_dir:
             try:
                 with open(os.path.join(error_dir, f"rank{env_rank}.txt"), "w") as file:
+                    # The rank to follow: a mismatch's odd rank, or the peer a
+                    # PeerGoneError waited for (as a launch's worker reports).
+                    odd = getattr(value, "odd", ())
                     json.dump({"type": kind.__name__, "message": str(value), "traceback": text,
-                               "peer": getattr(value, "peer", None),
+                               "peer": odd[0] if odd else getattr(value, "peer", None),
                                "at": time.monotonic()}, file)
                 return  # the parent prints it, once, with the others' states
             except OSError:
@@ -437,13 +440,18 @@ def _headline(rank: int, size: int, error: BaseException) -> str:
     """The first line of an MPI rank's failure report: the rank that caused it
     first, as the launchers of pipe and shm say it. The error names its
     culprit (a peer that vanished or froze: ``error.culprit``, set by the mpi
-    transport), or it is a PeerGoneError of a peer that returned while this
-    rank still needed it; otherwise the cause is this rank."""
+    transport), or the odd rank of a CollectiveMismatchError (its first line,
+    the group's verdict), or it is a PeerGoneError of a peer that returned
+    while this rank still needed it; otherwise the cause is this rank."""
     from minidist.runtime.errors import PeerGoneError
 
     first = str(error).split("\n", 1)[0]
     culprit = getattr(error, "culprit", None)
     if culprit is not None and culprit != rank:
+        return f"{first} (seen by rank {rank} of {size})"
+    odd = getattr(error, "odd", ())
+    if odd:
+        # The group's verdict names the odd rank, whichever rank noticed.
         return f"{first} (seen by rank {rank} of {size})"
     if isinstance(error, PeerGoneError) and error.peer not in (None, rank):
         return (f"rank {error.peer} returned from its function (or ended its script) while "
@@ -458,6 +466,13 @@ def _finish_script() -> None:
     trace_dir = world.trace_dir
     try:
         finish_worker()
+        if world.mode == "mpi":
+            # MPI_Finalize, next, waits for every rank of the job: a peer of
+            # this machine stopped after its last message would hold it there
+            # for good. Watched until it ends its script too (mpi_node.py).
+            from minidist.distributed.transport.mpi_node import await_peers
+
+            await_peers(world.rank, world.control, world.resources.node_ranks)
     except BaseException as error:
         mark_failed()
         if world.mode == "mpi":

@@ -1,6 +1,6 @@
 """The run's control block: one small shared-memory segment every process maps.
 
-It holds two things:
+It holds:
 
 * the **abort flag**. The parent raises it when any rank fails, dies or the run
   is interrupted; every blocking wait in every transport checks it at least
@@ -19,6 +19,13 @@ It holds two things:
   groups. A rank still waiting in call c of a group whose member finished
   after fewer than c + 1 calls knows that member will never join, and says
   so instead of waiting out its timeout.
+* one **shown call per rank**: the shape of the call the rank is in, a few
+  integers under a key (the group's context and the call's number), written
+  as the rank enters a call whose ranks' arguments must fit together but
+  may rightly differ (an uneven all_to_all's split sizes; ring attention's
+  length). A rank that receives a message that does not fit its buffer
+  reads its peers' shown calls and names the rank whose arguments are odd,
+  without a message more (see ``distributed/shown_calls.py``).
 
 Records are read without locking: a report may catch a record half-updated,
 which for a diagnostic is an acceptable price for never slowing the fast path.
@@ -60,6 +67,13 @@ CALL_ENTRIES = 8
 _ENTRY = struct.Struct("<QQq")
 _CALLS_BYTES = 16 + _ENTRY.size * CALL_ENTRIES
 
+# The shown call: per rank a guard (odd while the rank writes), the key
+# (context, number), how many values, then the values. Room for an
+# all_to_all's split sizes on 64 ranks (sent and received) and a few more.
+SHOWN_VALUES = 2 * 64 + 8
+_SHOWN_HEAD = struct.Struct("<qQqq")  # guard context number length
+_SHOWN_BYTES = _SHOWN_HEAD.size + 8 * SHOWN_VALUES
+
 ANY = -1  # peer or tag wildcard as stored in a record
 NO_CULPRIT = -1
 
@@ -97,7 +111,7 @@ class ControlBlock:
 
     @classmethod
     def create(cls, world_size: int, shared: bool = True) -> ControlBlock:
-        size = _HEADER_BYTES + (_RECORD_BYTES + _CALLS_BYTES) * world_size
+        size = _HEADER_BYTES + (_RECORD_BYTES + _CALLS_BYTES + _SHOWN_BYTES) * world_size
         segment = Segment.create(size, "control") if shared else LocalSegment(size)
         block = cls(segment, world_size, owner=True)
         block._words[_W_MAGIC] = _MAGIC
@@ -105,6 +119,7 @@ class ControlBlock:
         block._words[_W_CULPRIT] = 0
         for rank in range(world_size):
             block._write(rank, STARTING, OP_NONE, -2, 0, 0, 0, 0, 0)
+            _SHOWN_HEAD.pack_into(block._buf, block._shown_offset(rank), 0, 0, -1, 0)
         return block
 
     @classmethod
@@ -217,6 +232,39 @@ class ControlBlock:
             if entry[0] == context:
                 return entry
         return False if overflow else None
+
+    # ------------------------------------------------------------------ shown calls
+
+    def _shown_offset(self, rank: int) -> int:
+        return (_HEADER_BYTES + (_RECORD_BYTES + _CALLS_BYTES) * self.world_size
+                + _SHOWN_BYTES * rank)
+
+    def show_call(self, rank: int, context: int, number: int, values) -> bool:
+        """Show that ``rank`` is in call ``number`` of ``context`` with these
+        ``values`` (ints); False, and nothing shown, when there are more than
+        SHOWN_VALUES. Cost: one write of 32 + 8 len(values) bytes."""
+        if len(values) > SHOWN_VALUES:
+            return False
+        offset = self._shown_offset(rank)
+        guard = _SHOWN_HEAD.unpack_from(self._buf, offset)[0]
+        # A seqlock: a reader that sees an odd guard, or the guard change
+        # while it reads, reads again.
+        _SHOWN_HEAD.pack_into(self._buf, offset, guard + 1, 0, -1, 0)
+        struct.pack_into(f"<{len(values)}q", self._buf, offset + _SHOWN_HEAD.size, *values)
+        _SHOWN_HEAD.pack_into(self._buf, offset, guard + 2, context, number, len(values))
+        return True
+
+    def shown_call(self, rank: int):
+        """(context, number, values) of the call ``rank`` showed last, None if
+        it showed none (or was writing one: read again)."""
+        offset = self._shown_offset(rank)
+        guard, context, number, length = _SHOWN_HEAD.unpack_from(self._buf, offset)
+        if guard % 2 or number < 0:
+            return None
+        values = struct.unpack_from(f"<{length}q", self._buf, offset + _SHOWN_HEAD.size)
+        if _SHOWN_HEAD.unpack_from(self._buf, offset)[0] != guard:
+            return None
+        return context, number, values
 
     # ------------------------------------------------------------------ lifetime
 

@@ -80,6 +80,17 @@ def describe_exit(exitcode) -> str:
     return f"exited with code {exitcode}"
 
 
+def _kind_of(type_name: str, blamed, kind: str) -> str:
+    """The kind of a rank's failure from its exception's class: a
+    PeerGoneError points at the peer it waited for, a CollectiveMismatchError
+    that names the odd rank (``blamed``) is that rank's "mismatch"."""
+    if type_name == "PeerGoneError":
+        return "peer_gone"
+    if type_name == "CollectiveMismatchError" and blamed is not None:
+        return "mismatch"  # blamed: the rank whose call differs from the majority
+    return kind
+
+
 class Supervisor:
     """Watches ``workers`` until all succeed, or stops them all and raises WorkerError."""
 
@@ -129,10 +140,7 @@ class Supervisor:
                 self.events.extend(events)
             else:
                 _, rank, kind, type_name, text, tb, events, blamed, failed_at = message
-                if type_name == "PeerGoneError":
-                    kind = "peer_gone"
-                elif type_name == "CollectiveMismatchError" and blamed is not None:
-                    kind = "mismatch"  # blamed: the rank whose call differs from the majority
+                kind = _kind_of(type_name, blamed, kind)
                 self._fail(rank, kind, type_name=type_name, message=text, traceback=tb,
                            peer=blamed, at=failed_at)
                 self.events.extend(events)
@@ -174,8 +182,9 @@ class Supervisor:
             return
         details = self._error_file(rank)
         if details:
-            kind = {"AbortedError": "aborted", "CommTimeoutError": "timeout",
-                    "PeerGoneError": "peer_gone"}.get(details["type"], "exception")
+            kind = _kind_of(details["type"], details.get("peer"),
+                            {"AbortedError": "aborted",
+                             "CommTimeoutError": "timeout"}.get(details["type"], "exception"))
             self._fail(rank, kind, type_name=details["type"], message=details["message"],
                        traceback=details["traceback"], exitcode=code,
                        peer=details.get("peer"), at=details.get("at"))

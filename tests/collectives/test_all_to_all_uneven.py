@@ -138,11 +138,18 @@ def _wrong_output_split():
 
 
 def test_output_split_sizes_that_do_not_match_the_sender_are_refused():
+    """Two ranks that disagree on one piece: a tie, so the lower rank's sizes
+    are taken as right (the majority rule's), and the piece's sizes are said."""
     with pytest.raises(dist.WorkerError) as caught:
         minidist.launch(_wrong_output_split, world_size=2, transport="shm", timeout=60)
-    first = str(caught.value).splitlines()[0]
-    assert "rank 1 failed with MessageMismatchError" in first, first
-    assert "shape (2,)" in first and "shape (4,)" in first, first
+    error = caught.value
+    first = str(error).splitlines()[0]
+    assert (error.rank, error.kind) == (1, "mismatch"), first
+    assert first.startswith(
+        "rank 1 is the odd rank in call 0 of the world: its all_to_all_single expects 4 "
+        "elements from rank 0, which sends 2 (a tie: the lower rank's sizes are taken as "
+        "right). Rank i's input_split_sizes[j] must be rank j's output_split_sizes[i]"), first
+    assert "shape (2,)" in error.remote_message and "shape (4,)" in error.remote_message
 
 
 def _local_errors():

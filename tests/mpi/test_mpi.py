@@ -21,6 +21,7 @@ cores unless told --oversubscribe, which is added when mpiexec is Open MPI's.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -454,6 +455,50 @@ def _minidist_run(script: Path, ranks: int, timeout: float):
     return result, time.perf_counter() - start
 
 
+#: Rank 1 of 4 calls otherwise than ranks 0, 2 and 3: its split sizes
+#: disagree with ranks 0 and 3's, or it reduces with MAX in call 2.
+_ODD_CALLS = {
+    "split sizes": ("""
+send = [3, 2, 2, 1] if rank == 1 else [2, 2, 2, 2]
+dist.all_to_all_single(np.zeros(8, np.float32), np.ones(8, np.float32),
+                       output_split_sizes=[2, 2, 2, 2], input_split_sizes=send)
+""", "minidist: rank 1 is the odd rank in call 0 of the world: its all_to_all_single sends 3 "
+     "elements to rank 0, which expects 2; sends 1 element to rank 3, which expects 2."),
+    "another reduction": ("""
+x = np.ones(1000, np.float32)
+for step in range(4):
+    odd = rank == 1 and step == 2
+    dist.all_reduce(x, op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM, algorithm="ring")
+""", "minidist: rank 1 is the odd rank in call 2 of the world: all_reduce (ring, MAX, float32) "
+     "on rank 1; all_reduce (ring, SUM, float32) on ranks 0, 2 and 3 (most ranks)."),
+}
+
+
+@needs_mpi
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("launcher", ["mpiexec", "minidist run"])
+@pytest.mark.parametrize("case", list(_ODD_CALLS))
+def test_the_odd_rank_of_a_mismatch_is_named_first_under_mpi_every_time(case, launcher,
+                                                                         tmp_path):
+    """The ranks of one machine read each other's records, so the rank that
+    notices names the odd rank (the group's verdict); its report began with
+    itself ("rank 3 of 4 failed with CollectiveMismatchError: rank 1 is the
+    odd rank ..."), another rank from run to run. Now the verdict comes first."""
+    body, expected = _ODD_CALLS[case]
+    script = tmp_path / "odd.py"
+    script.write_text("import numpy as np\nimport minidist.distributed as dist\n\n"
+                      "dist.init_process_group(timeout=60)\nrank = dist.get_rank()\n" + body)
+    run = _run if launcher == "mpiexec" else _minidist_run
+    for _ in range(3):
+        result, seconds = run(script, 4, timeout=60)
+        output = result.stdout + result.stderr
+        assert result.returncode != 0, output
+        first = _first_report(result.stderr)
+        assert first.startswith(expected), output
+        assert seconds < 30, f"{seconds:.1f} s:\n{output}"
+    _no_ranks_left(str(script))
+
+
 #: Rank 1 leaves in the middle of a loop of all_reduces, in the way FAULT says.
 _FAULTY_LOOP = """
 import os, signal, sys
@@ -560,6 +605,111 @@ def test_a_stopped_rank_under_mpi_is_named_long_before_the_timeout(launcher, tmp
         "has not progressed for" in first, output
     assert seconds < STOPPED_SECONDS + 20, f"{seconds:.1f} s (the timeout is 60 s):\n{output}"
     assert _leftover(before) == set()
+    _no_ranks_left(str(script))
+
+
+#: Rank 1 is stopped WHERE: "collective" (by rank 2, while rank 1 waits in
+#: all_reduce call 3 for rank 0, which comes late), "after" (by itself, after
+#: its last collective, while the others end their scripts) or "debugger" (a
+#: debugger attaches while it sleeps before call 3; the test attaches one).
+_STOPPED = """
+import os, signal, time
+from pathlib import Path
+import numpy as np
+import minidist.distributed as dist
+
+WHERE = {where!r}
+dist.init_process_group(timeout={timeout})
+rank = dist.get_rank()
+pids = [None] * dist.get_world_size()
+dist.all_gather_object(pids, os.getpid())
+for step in range(20):
+    if step == 3 and WHERE == "collective":
+        if rank == 0:
+            time.sleep(1.0)
+        if rank == 2:
+            time.sleep(0.3)
+            os.kill(pids[1], signal.SIGSTOP)
+    if step == 3 and WHERE == "debugger" and rank == 1:
+        Path(__file__).with_name("attach").write_text(str(os.getpid()))
+        time.sleep(1.0)
+    dist.all_reduce(np.ones(1000))
+if WHERE == "after" and rank == 1:
+    os.kill(os.getpid(), signal.SIGSTOP)
+print("rank", rank, "went through every step", flush=True)
+"""
+
+
+@needs_mpi
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("launcher", ["mpiexec", "minidist run"])
+@pytest.mark.parametrize("where", ["collective", "after"])
+def test_a_rank_stopped_in_a_collective_or_after_its_last_is_named_within_seconds(
+        where, launcher, tmp_path):
+    """Stopped while it waits in a collective, its peers see it stopped (T)
+    as they wait for it. Stopped after its last collective, no minidist wait
+    is for it: the others' MPI_Finalize waited for it for ever (the job never
+    ended, with a timeout of 60 s); now a rank whose script ended watches its
+    machine's peers until they end theirs, and names one stopped for
+    STOPPED_SECONDS."""
+    from minidist.runtime.stopped_ranks import STOPPED_SECONDS
+
+    script = tmp_path / "stopped.py"
+    script.write_text(_STOPPED.format(where=where, timeout=60))
+    before = segments_now()
+    run = _run if launcher == "mpiexec" else _minidist_run
+    result, seconds = run(script, 3, timeout=100)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    first = _first_report(result.stderr)
+    assert first.startswith("minidist: rank 1 is stopped (its process") and \
+        "has not progressed for" in first, output
+    if where == "after":
+        assert "waits for it to end its script (MPI_Finalize waits for every rank)" in first
+        assert result.stdout.count("went through every step") == 2, output
+    assert seconds < STOPPED_SECONDS + 20, f"{seconds:.1f} s (the timeout is 60 s):\n{output}"
+    assert _leftover(before) == set()
+    _no_ranks_left(str(script))
+
+
+@needs_mpi
+@pytest.mark.skipif(not shutil.which("gdb"), reason="needs gdb, to attach a debugger")
+@pytest.mark.timeout(120)
+def test_a_rank_at_a_debuggers_stop_is_named_as_such_at_the_timeout(tmp_path):
+    """A rank stopped by a debugger (state t) is not ended early (someone is
+    at its breakpoint); at the others' timeout it is named first, as stopped
+    by a debugger, not by SIGSTOP."""
+    import threading
+
+    script = tmp_path / "debugged.py"
+    script.write_text(_STOPPED.format(where="debugger", timeout=5))
+    attach, debuggers = tmp_path / "attach", []
+
+    def attach_a_debugger():
+        deadline = time.monotonic() + 60
+        while not attach.exists() or not attach.read_text():
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
+        debuggers.append(subprocess.Popen(
+            ["gdb", "-p", attach.read_text(), "-batch", "-ex", "shell sleep 60"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    thread = threading.Thread(target=attach_a_debugger)
+    thread.start()
+    try:
+        result, seconds = _run(script, 3, timeout=60)
+    finally:
+        thread.join()
+        for debugger in debuggers:
+            debugger.kill()
+            debugger.wait()
+    output = result.stdout + result.stderr
+    assert debuggers, output
+    assert result.returncode != 0, output
+    assert _first_report(result.stderr).startswith(
+        "minidist: rank 1 is stopped by a debugger or tracer (its process"), output
+    assert "is in state t) and has not progressed for" in output, output
     _no_ranks_left(str(script))
 
 

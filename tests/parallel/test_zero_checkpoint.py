@@ -1,4 +1,4 @@
-"""Checkpoints of sharded models (ZeRO stage 1, FSDP stages 2 and 3) round-trip.
+"""Checkpoints of sharded models (ZeRO stage 1, FSDP stages 2 and 3, FSDP's NO_SHARD) round-trip.
 
 ``save_checkpoint`` gathers a sharded model's weights and optimizer state into
 the file an unsharded model writes (one optimizer entry per parameter, the
@@ -12,8 +12,13 @@ MLP, a global batch of 12 split evenly over the ranks:
 * the same on 3 ranks: within float32 round-off (another split of the batch
   sums the gradient in another order; atol 1e-6);
 * a plain model and a plain Adam load it outside any launch: the weights are
-  the gathered ones bit for bit, and one step on the whole batch is within
-  round-off of the continuation.
+  the gathered ones bit for bit, they and Adam's state are within round-off
+  of one process's two steps on the whole batches, and one step on the whole
+  batch is within round-off of the continuation.
+
+NO_SHARD keeps every unit's whole flat buffer on every rank: its optimizer
+state was gathered as if sharded, and saving failed (an all_gather of the
+whole buffer into a buffer of its own size).
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ def _build(method, seed):
         wrapped = DistributedDataParallel(model)
         optimizer = ZeroRedundancyOptimizer(wrapped.parameters(), optim.Adam, lr=0.01)
     else:
-        strategy = "SHARD_GRAD_OP" if method == "fsdp2" else "FULL_SHARD"
+        strategy = {"fsdp2": "SHARD_GRAD_OP", "fsdp3": "FULL_SHARD",
+                    "fsdp_no_shard": "NO_SHARD"}[method]
         wrapped = FullyShardedDataParallel(model, sharding_strategy=strategy)
         optimizer = optim.Adam(wrapped.parameters(), lr=0.01)
     return model, wrapped, optimizer
@@ -89,7 +95,7 @@ def _load_and_continue(method, path):
 
 @pytest.mark.blas_kernel
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("method", ["zero1", "fsdp2", "fsdp3"])
+@pytest.mark.parametrize("method", ["zero1", "fsdp2", "fsdp3", "fsdp_no_shard"])
 def test_sharded_checkpoint_round_trips(tmp_path, method):
     path = str(tmp_path / "ckpt.npz")
     saved, continued = minidist.launch(_save_and_continue, world_size=2, transport="shm",
@@ -112,6 +118,21 @@ def test_sharded_checkpoint_round_trips(tmp_path, method):
     np.testing.assert_array_equal(flat, saved)
     assert all(adam.state[i]["exp_avg"].shape == p.data.shape
                for i, p in enumerate(model.parameters()))
+    # ... equal to one process's two steps on the whole batches, weights and
+    # Adam's state (float32 round-off: the ranks' halves summed in another order).
+    alone = build_model("mlp", seed=0)
+    alone_adam = optim.Adam(alone.parameters(), lr=0.01)
+    for step in range(2):
+        _step(alone, alone_adam, step, 0, 1)
+    np.testing.assert_allclose(
+        flat, np.concatenate([p.data.reshape(-1) for p in alone.parameters()]), rtol=0,
+        atol=1e-6)
+    for index in range(len(list(model.parameters()))):
+        loaded_state, alone_state = adam.state[index], alone_adam.state[index]
+        assert set(loaded_state) == set(alone_state)
+        for name, value in alone_state.items():
+            np.testing.assert_allclose(np.asarray(loaded_state[name]), np.asarray(value),
+                                       rtol=1e-5, atol=1e-7, err_msg=f"{index} {name}")
     x, y = _batch(extra["step"])
     adam.zero_grad()
     nn.CrossEntropyLoss()(model(Tensor(x)), y).backward()

@@ -6,8 +6,10 @@ memory the others waited out their whole timeout and the error blamed rank
 0, its report saying the dead rank was "running its own code"; over pipes
 the error said the rank "returned from its function", two seconds late. Now
 the rank is the cause as soon as another waits for it, and is named first,
-on every transport and inside a strategy (the tensor-parallel GPT's
-collectives take the same path). A rank that leaves that way after its last
+on every transport and inside a strategy: the tensor-parallel GPT's
+collectives, and a rank that leaves in the middle of a call of ring
+attention, Ulysses, the expert dispatch, GPT3D or FSDP (between its
+messages), all take the same path. A rank that leaves that way after its last
 exchange has done no harm: the run succeeds.
 """
 
@@ -64,6 +66,118 @@ for step in range(100_000):
     optimizer.step()
 """
 
+# Rank 1 leaves in the middle of a strategy's call of step 3: each source
+# wraps a function the strategy calls between its messages.
+INSIDE = PREAMBLE + """
+step = 0
+
+
+def leave_at_step_3():
+    if rank == 1 and step == 3:
+        os._exit(0)
+"""
+
+RING_ATTENTION = INSIDE + """
+from minidist.parallel.context import merge, ring_attention
+from minidist.parallel.context.split import shard_sequence
+
+
+def merging_then_leaving(*args):  # between two blocks of the ring
+    leave_at_step_3()
+    merge(*args)
+
+
+x = shard_sequence(np.random.default_rng(0).normal(size=(1, 4, 16, 2)), 16, 4, rank, axis=2)
+for step in range(100_000):
+    ring_attention(x, x, x, 16, is_causal=True, merge_block=merging_then_leaving)
+"""
+
+ULYSSES = INSIDE + """
+from minidist.nn import functional as F
+from minidist.parallel.context import ulysses_attention
+from minidist.parallel.context.split import shard_sequence
+
+attention = F.scaled_dot_product_attention
+
+
+def attending_then_leaving(*args, **kwargs):  # between the all_to_alls there and back
+    leave_at_step_3()
+    return attention(*args, **kwargs)
+
+
+F.scaled_dot_product_attention = attending_then_leaving
+x = shard_sequence(np.random.default_rng(0).normal(size=(1, 4, 16, 2)), 16, 4, rank, axis=2)
+for step in range(100_000):
+    ulysses_attention(x, x, x, 16, is_causal=True)
+"""
+
+EXPERTS = INSIDE + """
+from minidist.models.moe import MoEGPT, MoEGPTConfig
+from minidist.parallel.expert import dispatch
+
+experts = dispatch.run_experts
+
+
+def running_experts_then_leaving(*args):  # between the dispatch and the combine
+    leave_at_step_3()
+    return experts(*args)
+
+
+dispatch.run_experts = running_experts_then_leaving
+config = MoEGPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8, n_expert=4,
+                      top_k=2, capacity_factor=1.0, aux_loss_coef=0.01)
+model = dispatch.expert_parallel_gpt(MoEGPT(config, rng=0))
+idx = np.random.default_rng(rank).integers(0, 11, (2, 8))
+for step in range(100_000):
+    model.loss(model(idx), idx).backward()
+"""
+
+# A block's forward, wrapped: in GPT3D between a stage's messages and its
+# tensor-parallel all_reduces, in FSDP between two units' all_gathers.
+BLOCKS = INSIDE + """
+from minidist import nn, optim
+from minidist.models import gpt
+
+block_forward = gpt.Block.forward
+
+
+def block_then_leaving(self, *args):
+    leave_at_step_3()
+    return block_forward(self, *args)
+
+
+gpt.Block.forward = block_then_leaving
+"""
+
+GPT_3D = BLOCKS + """
+from minidist.parallel.mesh import GPT3D
+
+config = gpt.GPTConfig(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=8)
+mesh = dist.init_device_mesh("cpu", (2, 1, 2), mesh_dim_names=("pp", "dp", "tp"))
+model = GPT3D(gpt.GPT(config, rng=0), mesh, "1f1b", microbatches=2)
+optimizer = optim.SGD(model.parameters(), lr=0.1)
+idx = np.random.default_rng(0).integers(0, 16, (4, 8))
+for step in range(100_000):
+    model.step(idx, idx, optimizer)
+"""
+
+FSDP = BLOCKS + """
+from minidist.parallel.data import FullyShardedDataParallel
+
+config = gpt.GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=8)
+model = FullyShardedDataParallel(gpt.GPT(config, rng=0))
+optimizer = optim.SGD(model.parameters(), lr=0.1)
+idx = np.random.default_rng(rank).integers(0, 11, (2, 8))
+for step in range(100_000):
+    loss = nn.CrossEntropyLoss()(model(idx).reshape(-1, 11), idx.reshape(-1))
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+STRATEGIES = {"ring attention": RING_ATTENTION, "Ulysses": ULYSSES, "expert dispatch": EXPERTS,
+              "GPT3D": GPT_3D, "FSDP": FSDP}
+
 # Rank 1 leaves after the last collective; rank 0 still works on its own.
 AFTER_THE_LAST = PREAMBLE + """
 import time
@@ -112,6 +226,17 @@ def test_a_rank_that_exits_0_mid_loop_is_named_at_once(tmp_path, transport):
 @pytest.mark.timeout(TIMEOUT + 60)
 def test_a_rank_that_exits_0_inside_the_tensor_parallel_gpt_is_named_at_once(tmp_path):
     code, _, stderr, elapsed = _minidist_run(tmp_path, GPT, 4, "shm")
+    assert code == 1, stderr
+    assert _first_line(stderr).startswith("minidist run: rank 1 exited (status 0) while rank"), \
+        stderr
+    assert elapsed < NAMED_WITHIN + 10, f"took {elapsed:.1f} s (the timeout is {TIMEOUT} s)"
+
+
+@pytest.mark.timeout(TIMEOUT + 60)
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_a_rank_that_exits_0_inside_a_strategy_is_named_at_once(tmp_path, strategy):
+    """One launch each: the first rank to leave ends the run."""
+    code, _, stderr, elapsed = _minidist_run(tmp_path, STRATEGIES[strategy], 4, "shm")
     assert code == 1, stderr
     assert _first_line(stderr).startswith("minidist run: rank 1 exited (status 0) while rank"), \
         stderr

@@ -6,13 +6,20 @@ to all_to_all_single (the pairwise exchange where the others take Bruck's),
 rank 1 skips one all_reduce of the tensor-parallel GPT, its MoE
 has other expert counts, it shards the tensor-parallel GPT over the world
 where the others use mesh["tp"], its context-parallel GPT another sequence
-length, its GPT3D other micro-batches. (Ulysses attention called with
-another length on one rank is not here: its all_to_all's pieces do not fit,
-which a receiver alone sees, and which rank sees it first is chance.) Which
+length, its GPT3D other micro-batches. Which
 rank notices first is chance (the rank that receives the odd message, or
 sleeps next to the odd call); the noticing rank reads the group's status
 records and names the rank whose call differs from the majority's, so the
 launcher names rank 1, kind "mismatch", with the same first line every run.
+
+Some calls rightly differ from rank to rank, and a rank whose arguments do
+not fit the others' shows it only as a piece that does not fit a receive,
+seen by one receiver or another: rank 1's split sizes disagree with ranks 0
+and 3's, rank 1 calls Ulysses attention or raw ring attention with another
+sequence length. Each rank shows its call's shape in its record as it
+enters the call (no message more), and the receiver judges them: the rank
+in the most disagreeing pairs of split sizes, the rank whose shape differs
+from the majority's.
 
 A mismatched call leaves the group's ranks in different calls, some asleep
 for good: no rank can catch the error and go on. So each run is a launch of
@@ -103,6 +110,35 @@ def _rank_1_has_other_micro_batches():
     GPT3D(GPT(config), mesh, "1f1b", microbatches=4 if dist.get_rank() == 1 else 2)
 
 
+def _rank_1_sends_other_split_sizes():
+    # 3 elements to rank 0 and 1 to rank 3, which both expect 2.
+    send = [3, 2, 2, 1] if dist.get_rank() == 1 else [2, 2, 2, 2]
+    dist.all_to_all_single(np.zeros(8, np.float32), np.ones(8, np.float32),
+                           output_split_sizes=[2, 2, 2, 2], input_split_sizes=send)
+
+
+def _attention_inputs():
+    """This rank's (1, 4, L_r, 2) positions of a sequence of _length()."""
+    from minidist.parallel.context.split import shard_sequence
+
+    whole = np.random.default_rng(0).normal(size=(1, 4, _length(), 2))
+    return shard_sequence(whole, _length(), dist.get_world_size(), dist.get_rank(), axis=2)
+
+
+def _rank_1_calls_ulysses_with_another_length():
+    from minidist.parallel.context import ulysses_attention
+
+    x = _attention_inputs()
+    ulysses_attention(x, x, x, _length())
+
+
+def _rank_1_calls_ring_attention_with_another_length():
+    from minidist.parallel.context import ring_attention
+
+    x = _attention_inputs()
+    ring_attention(x, x, x, _length(), is_causal=True)
+
+
 #: case -> (what rank 1 does, how the first line begins)
 CASES = {
     "split sizes on one rank": (
@@ -130,6 +166,21 @@ CASES = {
     "micro-batches": (
         _rank_1_has_other_micro_batches,
         "rank 1 called GPT3D with schedule '1f1b', 4 micro-batches"),
+    "split sizes that disagree": (
+        _rank_1_sends_other_split_sizes,
+        "rank 1 is the odd rank in call 0 of the world: its all_to_all_single sends 3 "
+        "elements to rank 0, which expects 2; sends 1 element to rank 3, which expects 2. "
+        "Rank i's input_split_sizes[j] must be rank j's output_split_sizes[i]"),
+    "a Ulysses length": (
+        _rank_1_calls_ulysses_with_another_length,
+        "rank 1 is the odd rank in call 0 of the world: its all_to_all_single sends 6 "
+        "elements to rank 0, which expects 8; expects 6 elements from rank 0, which sends 8"),
+    "a ring attention length": (
+        _rank_1_calls_ring_attention_with_another_length,
+        "rank 1 called ring_attention with seq_len 13, batch 1, 4 heads of width 2, causal, "
+        "zigzag split where ranks 0, 2 and 3 call it with seq_len 16, batch 1, 4 heads of "
+        "width 2, causal, zigzag split. Every rank must call ring_attention with the same "
+        "arguments."),
 }
 
 
@@ -173,3 +224,116 @@ def test_the_records_name_the_majority_and_wait_for_ranks_on_their_way():
         assert calls.verdict(block, 1, other, {0: ours})[0] == [1]
     finally:
         block.close()
+
+
+def test_split_sizes_name_the_rank_in_the_most_disagreeing_pairs():
+    """The pair rule against cases worked by hand (group ranks; sends[i][j]
+    what rank i sends to j, receives[j][i] what rank j expects from i)."""
+    from minidist.distributed.collectives.split_sizes import odd_ranks
+
+    even = [2, 2, 2, 2]
+    # Rank 1 sends 3 to rank 0 and 1 to rank 3: in both disagreeing pairs.
+    sends = {0: even, 1: [3, 2, 2, 1], 2: even, 3: even}
+    receives = {rank: even for rank in range(4)}
+    assert odd_ranks(sends, receives) == [(1, [(1, 0), (1, 3)], False)]
+    # Ranks 1 and 3 both wrong, towards everyone: both named, 3 first
+    # (it is in as many pairs as rank 1, and the higher).
+    wrong = [5, 1, 1, 1]
+    sends = {0: even, 1: wrong, 2: even, 3: wrong}
+    named = odd_ranks(sends, receives)
+    assert [rank for rank, _, _ in named] == [3, 1]
+    assert named[0] == (3, [(3, 0), (3, 1), (1, 3), (3, 2)], True)
+    assert named[1] == (1, [(1, 0), (1, 2)], False)  # what is left once rank 3 is named
+    # One pair of two ranks: a tie, the lower rank's sizes taken as right.
+    assert odd_ranks({0: [2, 1], 1: [1, 2]}, {0: [2, 1], 1: [2, 2]}) == [(1, [(0, 1)], True)]
+    # Sizes that fit, however uneven: no one.
+    assert odd_ranks({0: [1, 4], 1: [0, 7]}, {0: [1, 0], 1: [4, 7]}) == []
+    # Only the ranks that showed their sizes are judged.
+    assert odd_ranks({0: [2, 5, 2], 2: [2, 2, 2]}, {0: even[:3], 2: even[:3]}) == []
+
+
+def test_a_shown_call_is_read_under_its_key_and_waited_for():
+    """The shown-call records: written and read back whole, one per rank;
+    the reading waits for a member on its way, and takes a member that
+    shows a later call, or finished, as not coming."""
+    from minidist.distributed import shown_calls
+    from minidist.runtime import control as ctl
+
+    block = ctl.ControlBlock.local(4)
+    try:
+        assert block.shown_call(0) is None  # nothing shown yet
+        assert block.show_call(0, 7, 3, (1, 2, 3))
+        assert block.shown_call(0) == (7, 3, (1, 2, 3))
+        assert not block.show_call(1, 7, 3, range(ctl.SHOWN_VALUES + 1))  # no room
+        assert block.shown_call(1) is None
+        block.show_call(1, 7, 3, (1, 2, 4))
+        block.show_call(2, 7, 4, (9,))       # went on to the next call
+        block.set_running(3, 1)              # on its way ...
+        shown, settled = shown_calls.read_shown(block, range(4), 7, 3, 0.05)
+        assert (shown, settled) == ({0: (1, 2, 3), 1: (1, 2, 4)}, False)  # ... waited for
+        block.set_state(3, ctl.FINISHED)
+        shown, settled = shown_calls.read_shown(block, range(4), 7, 3, 0.05)
+        assert (shown, settled) == ({0: (1, 2, 3), 1: (1, 2, 4)}, True)
+        # Another context's call of the same number is not this one.
+        assert shown_calls.read_shown(block, [0], 8, 3, 0.0) == ({}, False)
+    finally:
+        block.close()
+
+
+#: The same mistakes as scripts of `minidist run` (each rank a script's
+#: process, its error reported through a file): the first line of the
+#: launcher's report, "minidist run: " and then the verdict.
+SCRIPTS = {
+    "split sizes that disagree": ("""
+        send = [3, 2, 2, 1] if rank == 1 else [2, 2, 2, 2]
+        dist.all_to_all_single(np.zeros(8, np.float32), np.ones(8, np.float32),
+                               output_split_sizes=[2, 2, 2, 2], input_split_sizes=send)
+        """, CASES["split sizes that disagree"][1]),
+    "a ring attention length": ("""
+        from minidist.parallel.context import ring_attention
+        from minidist.parallel.context.split import shard_sequence
+
+        length = 13 if rank == 1 else 16
+        x = shard_sequence(np.random.default_rng(0).normal(size=(1, 4, length, 2)), length, 4,
+                           rank, axis=2)
+        ring_attention(x, x, x, length, is_causal=True)
+        """, CASES["a ring attention length"][1]),
+    "another reduction": ("""
+        x = np.ones(1000, np.float32)
+        for step in range(4):
+            odd = rank == 1 and step == 2
+            dist.all_reduce(x, op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM,
+                            algorithm="ring")
+        """, "rank 1 is the odd rank in call 2 of the world: all_reduce (ring, MAX, float32) on "
+             "rank 1; all_reduce (ring, SUM, float32) on ranks 0, 2 and 3 (most ranks)"),
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("case", list(SCRIPTS))
+def test_minidist_run_names_the_rank_whose_call_differs_every_time(case, transport, tmp_path):
+    """A rank of `minidist run` that raised a mismatch named the rank that
+    noticed it ("rank 3 failed with CollectiveMismatchError: rank 1 is the
+    odd rank ..."), whichever that was; now the odd rank, as launch does."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    from tests.runtime.test_forking_rank import ROOT
+
+    body, expected = SCRIPTS[case]
+    script = tmp_path / "script.py"
+    script.write_text("import numpy as np\nimport minidist.distributed as dist\n\n"
+                      "dist.init_process_group(timeout=60)\nrank = dist.get_rank()\n"
+                      + textwrap.dedent(body))
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    for _ in range(REPEATS):
+        run = subprocess.run([sys.executable, "-m", "minidist.cli", "run", "-n", "4",
+                              "--transport", transport, str(script)], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=120)
+        first = next((line for line in run.stderr.splitlines()
+                      if line.startswith("minidist run:")), "")
+        assert run.returncode == 1, run.stderr
+        assert first.startswith(f"minidist run: {expected}"), run.stderr

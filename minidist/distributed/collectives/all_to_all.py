@@ -42,8 +42,12 @@ refuses): in step s each pair moves its own counts, at a cost of
 sent, as an empty message: both sides of every pair then make the same calls
 in the same order whatever the counts, and an ``output_split_sizes[i]`` that
 is not what rank i sends is a message of the wrong size, which the
-transport refuses at once with a MessageMismatchError naming both sizes
-(instead of a rank waiting for a message that never comes). Every rank must
+transport refuses at once (instead of a rank waiting for a message that
+never comes). Which receiver sees it first is chance, so each rank shows
+its sizes as the call begins, and the receiver names the rank whose sizes
+disagree with the most ranks' (a CollectiveMismatchError,
+:mod:`.split_sizes`; a MessageMismatchError naming both sizes where the
+ranks' records cannot be read). Every rank must
 pass split sizes, or none: "auto" chooses by the bytes of an equal
 exchange, which differ between ranks of an uneven one, so the two kinds of
 call are told apart by their fingerprint (a rank with split sizes and one
@@ -57,7 +61,7 @@ from __future__ import annotations
 import numpy as np
 
 from minidist.alpha_beta import bruck_pieces, ceil_log2
-from minidist.distributed.collectives import call
+from minidist.distributed.collectives import call, split_sizes
 from minidist.distributed.collectives.chunks import split
 from minidist.distributed.collectives.registry import cost, register
 
@@ -176,6 +180,9 @@ def _exchange_uneven(group, source, result, send_counts, receive_counts, async_o
         return call.nothing_to_do(async_op, finish() if finish is not None else None)
     comm = call.start("all_to_all", group, "pairwise", nbytes=source.nbytes,
                       dtype=source.dtype, count=UNEVEN, buffer=source)
+    # Shown before any piece moves: a receiver whose piece does not fit
+    # reads every rank's sizes and names the odd rank (see split_sizes).
+    split_sizes.show(comm, collective, send_counts, receive_counts)
     return call.execute(comm, pairwise(comm, source, result, send_counts, receive_counts),
                         async_op, finish)
 
@@ -244,8 +251,9 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     sent to each rank) and ``output_split_sizes`` (rows received from each
     rank), as torch: each must add up to its array's dim 0, either may be
     left out for equal parts, and ``output_split_sizes[i]`` must be what rank
-    i sends here (else a MessageMismatchError). Uneven pieces run the pairwise
-    exchange. With ``async_op=True`` returns a Work.
+    i sends here (else a CollectiveMismatchError naming the odd rank).
+    Uneven pieces run the pairwise exchange. With ``async_op=True`` returns
+    a Work.
     """
     group = call.group_of(group)
     rank, n = group._global_rank, group.size
@@ -287,9 +295,10 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
 
     One array per rank in each list, all of one dtype; their sizes may differ
     (as in torch), ``output_tensor_list[i]`` being the size of what rank i
-    sends (else a MessageMismatchError). "auto" runs the pairwise exchange:
-    a rank cannot tell from its own lists whether another rank's pieces are
-    equal, and every rank must choose the same algorithm. With
+    sends (else a CollectiveMismatchError naming the odd rank). "auto" runs
+    the pairwise exchange: a rank cannot tell from its own lists whether
+    another rank's pieces are equal, and every rank must choose the same
+    algorithm. With
     ``async_op=True`` returns a Work; the output list is filled by ``wait()``.
     """
     group = call.group_of(group)

@@ -31,7 +31,10 @@ fingerprint are there, written as the member falls asleep in it. The call
 most ranks are in is the reference (a tie: the call of the lowest rank, the
 rule of :mod:`minidist.runtime.majority`), and the error's first line names
 the others, the same line whichever rank noticed; its ``odd`` lets the
-launcher name them. Where the records are not shared (MPI across machines)
+launcher name them. An uneven all_to_all's calls carry one fingerprint on
+every rank (their split sizes differ by right): a piece that does not fit
+is judged by the sizes the members showed as they entered the call
+(:meth:`CallRecord.misfit_verdict`, :mod:`.split_sizes`). Where the records are not shared (MPI across machines)
 or do not settle, the error says only what the noticing rank saw.
 
 One :class:`CallRecord` per group and context counts the calls and keeps
@@ -406,6 +409,16 @@ class CallRecord:
         parts.append(f"{theirs} on {name_ranks(holders, most=8)} "
                      + ("(most ranks)" if most else "(a tie: the lowest rank's call)"))
         return odd, f"{self._odd_in(odd, tag)}: " + "; ".join(parts)
+
+    def misfit_verdict(self, control, tag: int) -> tuple[list, str] | None:
+        """(the odd members, the line that names them) of the call tagged
+        ``tag``, in which a message did not fit its receive, judged by the
+        split sizes its members showed (an uneven all_to_all: see
+        :mod:`.split_sizes`); None where they do not tell."""
+        from minidist.distributed.collectives.split_sizes import verdict
+
+        return verdict(control, self.ranks, self.context, self._call_number(tag),
+                       lambda odd: self._odd_in(odd, tag))
 
     def returned_verdict(self, control, me: int, tag: int) -> tuple[list, str] | None:
         """(the odd members, the line that names them) when more members

@@ -232,7 +232,13 @@ class RecvRequest(Request):
         buffer = self.buffer
         if buffer.dtype == header.dtype and buffer.shape == header.shape:
             return None
-        return buffer_misfit(self._transport.rank, self.mode == _REDUCE, source, header, buffer)
+        transport = self._transport
+        error = buffer_misfit(transport.rank, self.mode == _REDUCE, source, header, buffer)
+        if header.context in transport.collective_groups:
+            # A collective's: which rank is odd, the group's shown calls may
+            # tell (see collective_hooks).
+            return transport._judged_misfit(header.context, self.tag, error)
+        return error
 
     def sink(self, header):
         """Where this message's payload goes."""

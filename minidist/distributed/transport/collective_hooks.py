@@ -20,6 +20,10 @@ collectives. The collectives' layer (:mod:`minidist.distributed.collectives`,
   found. Whoever notices a mismatch, the error leads with the group's
   verdict (:meth:`CollectiveHooks._judged` asks the record, which reads the
   members' status records): the ranks whose call differs from the majority's.
+  A collective's message that does not fit its receive is judged too
+  (:meth:`CollectiveHooks._judged_misfit`), by the shapes the group's ranks
+  showed as they entered the call (``show_call``: an uneven all_to_all's
+  split sizes).
 
 And the questions every transport answers for the collectives' cost
 accounting: ``tracing``, ``now_ns``, ``record_event``, ``charge_combine``,
@@ -147,6 +151,27 @@ class CollectiveHooks:
             return CollectiveMismatchError(f"rank {self.rank}: {why}")
         odd, line = verdict
         return CollectiveMismatchError(f"{line}.\nrank {self.rank}: {why}", odd=odd)
+
+    def _judged_misfit(self, context: int, tag: int, error):
+        """The error of a collective's message that does not fit its receive
+        (``error``, the MessageMismatchError): a CollectiveMismatchError that
+        names the odd ranks where the group's shown calls tell one (an uneven
+        all_to_all's split sizes: the collectives' ``CallRecord.misfit_verdict``),
+        else ``error`` itself."""
+        record = self.collective_groups.get(context)
+        if record is None or not self.shares_records(record.ranks):
+            return error
+        verdict = record.misfit_verdict(self._control, tag)
+        if verdict is None:
+            return error
+        odd, line = verdict
+        return CollectiveMismatchError(f"{line}.\n{error}", odd=odd)
+
+    def show_call(self, context: int, number: int, values) -> bool:
+        """Show ``values`` (ints) as this rank's call ``number`` of ``context``
+        in its shown-call record, where the group's other ranks can read it
+        (see ``distributed/shown_calls.py``); False if it does not fit."""
+        return self._control.show_call(self.rank, context, number, values)
 
     def shares_records(self, ranks) -> bool:
         """Whether this rank can read the status records of all ``ranks``: the

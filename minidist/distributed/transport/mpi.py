@@ -68,6 +68,11 @@ from minidist.distributed.transport.mpi_environment import (  # noqa: F401 - re-
     launched_by_mpi,
     mpi_environment,
 )
+from minidist.distributed.transport.mpi_node import (
+    stalled_error,
+    stopped_words,
+    vanished_error,
+)
 from minidist.distributed.transport.spin import SpinBeforeSleep
 from minidist.runtime import control as ctl
 from minidist.runtime.errors import PeerGoneError
@@ -552,17 +557,14 @@ class MpiTransport(SpinBeforeSleep, Transport):
         rank waits for that instead of adding a report of its own."""
         gone = self._node.vanished()
         if gone is not None:
-            culprit, pid = gone
-            error = PeerGoneError(
-                f"rank {culprit} exited in the middle of the run: its process (pid {pid}) is "
-                "gone and never finished its script (os._exit, a signal or a crash?), while "
-                f"rank {self.rank} waits in {self._describe(op, peer, tag, context)}.",
-                peer=culprit)
-            error.culprit = culprit  # the first line names it (report_failure_and_abort)
-            raise error
+            raise vanished_error(*gone, self.rank, f"in {self._describe(op, peer, tag, context)}")
         stalled = self._node.stalled()
         if stalled is not None:
-            raise self._stopped_error(op, peer, tag, context, *stalled)
+            culprit, pid, seconds = stalled
+            error = stalled_error(culprit, pid, seconds, self.rank,
+                                  f"in {self._describe(op, peer, tag, context)}")
+            error.peer, error.tag = peer, tag
+            raise error
         if request is not None and not request.done and peer != ANY_SOURCE \
                 and self._control.state_of(peer) == ctl.FINISHED and self._in_flight(request):
             return  # its message was on its way: it has arrived
@@ -589,21 +591,6 @@ class MpiTransport(SpinBeforeSleep, Transport):
             time.sleep(0.001)
         return False
 
-    def _stopped_error(self, op, peer, tag, context, culprit, pid, seconds):
-        """A peer of this machine stopped by a signal (state T) while this rank
-        waits: nothing in the job will continue it, so this rank stops waiting
-        now rather than at its timeout, and names it."""
-        from minidist.runtime.errors import CommTimeoutError
-
-        what = self._describe(op, peer, tag, context)
-        error = CommTimeoutError(
-            f"rank {culprit} is stopped (its process, pid {pid}, is in state T: SIGSTOP or "
-            f"Ctrl-Z) and has not progressed for {seconds:.1f} s while rank {self.rank} waits "
-            f"in {what}; only SIGCONT resumes a stopped process, so the job is ended.",
-            operation=what, peer=peer, tag=tag, report="")
-        error.culprit = culprit
-        return error
-
     def shares_records(self, ranks) -> bool:
         # Only the ranks of this machine share its control block: a group that
         # spans machines is judged by what this rank saw, not by the majority.
@@ -628,9 +615,8 @@ class MpiTransport(SpinBeforeSleep, Transport):
         headline = f"rank {self.rank} timed out after {timeout:g} s waiting in {what}."
         if stopped:
             # Alive but frozen: the cause, whoever this rank was waiting for.
-            culprit, pid, seconds = stopped[0]
-            headline = (f"rank {culprit} is stopped (its process, pid {pid}, is in state T: "
-                        f"SIGSTOP, Ctrl-Z or a debugger) and has not progressed for "
+            culprit, pid, seconds, state = stopped[0]
+            headline = (f"{stopped_words(culprit, pid, state)} and has not progressed for "
                         f"{seconds:.1f} s; {headline}")
         error = CommTimeoutError(
             f"{headline}\nWhat the ranks on this machine were doing:\n{report}\nIf the other "

@@ -24,7 +24,13 @@ launcher made, perhaps on several machines. What can be had:
   named and the job ended then, as ``minidist run``'s supervisor does on
   shared memory (:mod:`minidist.runtime.stopped_ranks`): nothing in a job
   ever continues it, and its peers would wait out their timeout. A peer in
-  ``t`` (a debugger) is only named if the wait times out.
+  ``t`` (a debugger) is only named if the wait times out;
+* a rank whose script has ended waits, before MPI_Finalize, for the peers of
+  its machine to end theirs (:func:`await_peers`): MPI_Finalize waits for
+  every rank of the job, so a peer stopped after its last message (no rank
+  waits in minidist for it, no timeout runs) held the whole job forever.
+  Stopped (T) for ``STOPPED_SECONDS``, or gone without finishing, it is
+  named and the job ended then.
 
 Across machines nothing of this holds: a peer on another machine is
 visible only through MPI, which says nothing until its messages come.
@@ -36,7 +42,8 @@ import os
 import time
 
 from minidist.runtime import control as ctl
-from minidist.runtime.stopped_ranks import STOPPED, STOPPED_SECONDS
+from minidist.runtime.errors import CommTimeoutError, PeerGoneError
+from minidist.runtime.stopped_ranks import STOPPED, STOPPED_SECONDS, TRACED
 
 #: How often a waiting rank looks whether its machine's peers still exist (seconds).
 LOOK_EVERY = 0.25
@@ -122,15 +129,16 @@ class NodeWatch:
                     return peer, pid
         return None
 
-    def stopped(self) -> list[tuple[int, int, float]]:
-        """(rank, pid, seconds since its record last changed) of each peer
-        whose process is stopped now."""
+    def stopped(self) -> list[tuple[int, int, float, str]]:
+        """(rank, pid, seconds since its record last changed, state letter) of
+        each peer whose process is stopped now."""
         now_ns = time.monotonic_ns()
         found = []
         for peer, pid, state in self._live_peers():
             if is_stopped(state):
                 since = self.control.status(peer).since_ns
-                found.append((peer, pid, max(now_ns - since, 0) / 1e9 if since else 0.0))
+                found.append((peer, pid, max(now_ns - since, 0) / 1e9 if since else 0.0,
+                              state))
         return found
 
     def stalled(self) -> tuple[int, int, float] | None:
@@ -158,3 +166,62 @@ class NodeWatch:
         """Has a peer of this machine failed? It reports itself and ends the job
         (MPI_Abort), so the others must not add reports of their own."""
         return any(self.control.state_of(peer) == ctl.FAILED for peer in self.peers)
+
+
+def stopped_words(culprit: int, pid: int, state: str) -> str:
+    """'rank 1 is stopped (its process, pid 80, is in state T: SIGSTOP or Ctrl-Z)'."""
+    if state == TRACED:
+        return (f"rank {culprit} is stopped by a debugger or tracer (its process, pid {pid}, "
+                "is in state t)")
+    return f"rank {culprit} is stopped (its process, pid {pid}, is in state T: SIGSTOP or Ctrl-Z)"
+
+
+def stalled_error(culprit: int, pid: int, seconds: float, rank: int, what: str):
+    """The error of rank ``rank``, waiting in ``what``, whose peer ``culprit``
+    has been stopped by a signal (state T) for ``seconds``: nothing in the job
+    will continue it, so the job is ended now rather than at the timeout."""
+    error = CommTimeoutError(
+        f"{stopped_words(culprit, pid, STOPPED)} and has not progressed for {seconds:.1f} s "
+        f"while rank {rank} waits {what}; only SIGCONT resumes a stopped process, so the "
+        "job is ended.", operation=what, report="")
+    error.culprit = culprit  # the first line names it (report_failure_and_abort)
+    return error
+
+
+def vanished_error(culprit: int, pid: int, rank: int, what: str) -> PeerGoneError:
+    """The error of rank ``rank``, waiting ``what``, whose peer ``culprit``'s
+    process is gone though it never finished its script."""
+    error = PeerGoneError(
+        f"rank {culprit} exited in the middle of the run: its process (pid {pid}) is gone "
+        f"and never finished its script (os._exit, a signal or a crash?), while rank {rank} "
+        f"waits {what}.", peer=culprit)
+    error.culprit = culprit
+    return error
+
+
+#: How often a rank whose script has ended looks whether its peers have.
+FINISHED_POLL = 0.02
+
+
+def await_peers(rank: int, control: ctl.ControlBlock, node_ranks) -> None:
+    """Return once every peer of this machine has finished its script (or
+    failed: it reports itself and ends the job); raise the error that names
+    a peer stopped by a signal (state T) for STOPPED_SECONDS, or one whose
+    process is gone without finishing. A peer stopped by a debugger (t) is
+    waited for: someone is at its breakpoint.
+
+    Called as this rank's script ends, before MPI_Finalize, which waits for
+    every rank of the job: a peer stopped after its last message kept the
+    whole job waiting there, with no minidist wait to notice and no timeout.
+    Cost for a healthy job: at most FINISHED_POLL seconds more at the end."""
+    watch = NodeWatch(rank, control, node_ranks)
+    what = "for it to end its script (MPI_Finalize waits for every rank)"
+    while any(control.state_of(peer) in (ctl.STARTING, ctl.RUNNING, ctl.WAITING)
+              for peer in watch.peers):
+        gone = watch.vanished()
+        if gone is not None:
+            raise vanished_error(*gone, rank, what)
+        stalled = watch.stalled()
+        if stalled is not None:
+            raise stalled_error(stalled[0], stalled[1], stalled[2], rank, what)
+        time.sleep(FINISHED_POLL)

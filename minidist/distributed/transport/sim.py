@@ -318,6 +318,12 @@ class SimTransport(RankClock):
     def recv_small(self, buffer, src, tag, context, label, ufunc=None) -> bool:
         return False
 
+    # ---------------------------------------------------------------- records (none)
+
+    def show_call(self, context: int, number: int, values) -> bool:
+        """No shown calls here: the simulated ranks share no control block."""
+        return False
+
     # ---------------------------------------------------------------- time
 
     def now_ns(self) -> int:

@@ -47,6 +47,9 @@ L_o the length of rank o's block; :mod:`minidist.parallel.context.costs`):
   for even blocks;
 * backward: those n - 1 K, V messages again, and n dK, dV messages (every
   block's gradient, its own included, one hop each): 2 (2n - 1) B H (T/n) D s;
+* no message more: each rank shows its call's shape (T, B, H, D, ...) in the
+  run's control block as it enters (``dist.shown_call``), so that the rank
+  whose block does not fit names the rank with another shape;
 * compute: the 4 L S D flops per head of attention (8 backward), split
   evenly by the zig-zag split; memory: the rank's Q, K, V, O, LSE and two K,V
   blocks in flight, never an (L, S) matrix across blocks.
@@ -62,7 +65,7 @@ import numpy as np
 import minidist.distributed as dist
 from minidist import backend, trace
 from minidist.distributed.device_mesh import as_group
-from minidist.parallel.context.split import DIAGONAL, SKIP, pair_kind, rank_chunks
+from minidist.parallel.context.split import DIAGONAL, LAYOUTS, SKIP, pair_kind, rank_chunks
 from minidist.tensor import Tensor
 
 #: Tags of the two kinds of message, so that a block and a gradient from the
@@ -256,6 +259,14 @@ def _backward(ring, q, k, v, out, lse, grad_out, scale):
     return grad_q, grad_key, grad_value
 
 
+def _shape_words(shape) -> str:
+    """A call's shape in words: 'seq_len 16, batch 2, 4 heads of width 8, causal, zigzag split'."""
+    seq_len, causal, layout, batch, heads, width, value_width = shape
+    values = f" (values {value_width})" if value_width != width else ""
+    return (f"seq_len {seq_len}, batch {batch}, {heads} heads of width {width}{values}, "
+            f"{'causal' if causal else 'not causal'}, {LAYOUTS[layout]} split")
+
+
 def ring_attention(query, key, value, seq_len: int, group=None, is_causal: bool = False,
                    scale=None, layout: str = "zigzag", merge_block=None) -> Tensor:
     """softmax(Q K^T * scale) V over the whole sequence of ``seq_len``
@@ -283,10 +294,17 @@ def ring_attention(query, key, value, seq_len: int, group=None, is_causal: bool 
     ring = _Ring(group, seq_len, bool(is_causal), layout, (q.shape, v.shape[-1]), next(_calls),
                  q.dtype.itemsize)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    out, lse = _forward(ring, q, k, v, scale, merge if merge_block is None else merge_block)
+    # Every rank computes every block's size from this shape; a rank with
+    # another one sends blocks that do not fit, and which neighbour sees it
+    # first is chance: shown, the shapes name the odd rank (no message more).
+    shape = (seq_len, int(is_causal), LAYOUTS.index(layout), *q.shape[:2], q.shape[3],
+             v.shape[-1])
+    with dist.shown_call("ring_attention", shape, group, describe=_shape_words):
+        out, lse = _forward(ring, q, k, v, scale, merge if merge_block is None else merge_block)
 
     def backward(grad):
-        grads = _backward(ring, q, k, v, out, lse, backend.to_numpy(grad), scale)
+        with dist.shown_call("ring_attention's backward", shape, group, describe=_shape_words):
+            grads = _backward(ring, q, k, v, out, lse, backend.to_numpy(grad), scale)
         return tuple(backend.from_numpy(g) for g in grads)
 
     return Tensor._make(backend.from_numpy(out), (query, key, value), backward, "ring_attention")

@@ -18,7 +18,9 @@ model's size (SGD with momentum: 2x, Adam: 3x).
 
 **Sharded models** (ZeRO, :mod:`minidist.parallel.data.zero`): a
 :class:`ZeroRedundancyOptimizer`'s state and a :class:`FullyShardedDataParallel`
-model's weights and optimizer state are spread over the ranks. Saving gathers
+model's weights and optimizer state are spread over the ranks (FSDP's
+``NO_SHARD`` keeps each unit's whole flat buffer on every rank: saved as it
+is, loaded in whole). Saving gathers
 them (all_gather, every rank calls it) into exactly the file an unsharded model
 writes: the module's names, one optimizer state entry per parameter in the
 shape of the parameter, the optimizer saved as its own class (``Adam``, not the
@@ -79,6 +81,10 @@ def _one_group(snapshot, who):
 
 
 def _gather_flat(shard_array, layout, group):
+    if layout.shard == layout.padded:
+        # Every rank holds the whole buffer (FSDP's NO_SHARD, a world of one):
+        # nothing to gather, and all_gather would ask for n times the buffer.
+        return layout.views(np.ascontiguousarray(shard_array))
     full = np.empty(layout.padded, layout.dtype)
     dist.all_gather_into_tensor(full, np.ascontiguousarray(shard_array), group=group)
     return layout.views(full)
