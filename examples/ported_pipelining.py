@@ -89,12 +89,16 @@ def train(name, rank, world, record):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("schedules", nargs="*", default=["1f1b"], choices=sorted(SCHEDULES))
+    # Checked below, not by choices=: argparse checks an empty list against them.
+    parser.add_argument("schedules", nargs="*", help=f"of {sorted(SCHEDULES)}; default: 1f1b")
     parser.add_argument("--record", help="a folder for each rank's .npz of each schedule")
     arguments = parser.parse_args()
+    unknown = sorted(set(arguments.schedules) - set(SCHEDULES))
+    if unknown:
+        parser.error(f"unknown schedules {unknown}; choose from {sorted(SCHEDULES)}")
     dist.init_process_group(backend="gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    for name in arguments.schedules:
+    for name in arguments.schedules or ["1f1b"]:
         record = {}
         train(name, rank, world, record)
         if arguments.record:

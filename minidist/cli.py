@@ -354,8 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
     strategy.add_argument("--tau", type=int, default=2,
                           help="parameter-server: staleness bound of ssp")
     strategy.add_argument("--schedule", default="1f1b",
-                          help="pipeline: gpipe, 1f1b, interleaved, or the zero-bubble "
-                               "zb_h1, zb_h2, zbv, dualpipev")
+                          help="pipeline: gpipe, 1f1b, interleaved, and the zero-bubble "
+                               "zb_h1, zb_h2, zbv, dualpipev (dualpipev: m >= 2p)")
     strategy.add_argument("--stages", type=int, default=4, help="pipeline: stages")
     strategy.add_argument("--microbatches", type=int, default=8,
                           help="pipeline: micro-batches per batch")

@@ -1,6 +1,7 @@
-"""``minidist exercise``: list the exercises, start one, check a solution.
+"""``minidist exercise``: list the exercises, read one, start it, check a solution.
 
     minidist exercise list
+    minidist exercise show ring_allreduce             # the statement, as start writes it
     minidist exercise start ring_allreduce            # writes ./ring_allreduce.py
     minidist exercise check ring_allreduce            # checks ./ring_allreduce.py
     minidist exercise check ring_allreduce my.py --step   # step through the replay
@@ -21,7 +22,7 @@ from pathlib import Path
 
 
 def add_parser(sub) -> None:
-    """The ``exercise`` verb and its three subcommands, on ``sub``."""
+    """The ``exercise`` verb and its four subcommands, on ``sub``."""
     exercise = sub.add_parser(
         "exercise", help="write a collective or a schedule yourself and have it checked",
         description="Exercises: fill in a function, then check it against the reference on "
@@ -29,6 +30,9 @@ def add_parser(sub) -> None:
     verbs = exercise.add_subparsers(dest="verb", metavar="VERB")
     listing = verbs.add_parser("list", help="the exercises and the lesson of each")
     listing.set_defaults(handler=list_command)
+    show = verbs.add_parser("show", help="print an exercise's statement (its skeleton)")
+    show.add_argument("name")
+    show.set_defaults(handler=show_command)
     start = verbs.add_parser("start", help="copy an exercise's skeleton into a folder")
     start.add_argument("name")
     start.add_argument("--dir", default=".", help="where to write NAME.py (default: here)")
@@ -94,6 +98,24 @@ def _exercise(name):
         return None
 
 
+def show_command(args) -> int:
+    """The skeleton as ``start`` would write it: the statement a student
+    reads, the function to fill in, its contract and what to reach."""
+    exercise = _exercise(args.name)
+    if exercise is None:
+        return 2
+    import textwrap
+
+    print(exercise.skeleton.read_text(), end="")
+    print()
+    print(textwrap.fill(f"{exercise.name}: {exercise.summary}", 79, initial_indent="# ",
+                        subsequent_indent="# "))
+    print(f"# taught in {_lesson_words(exercise.lesson)}")
+    print(f"# start it: minidist exercise start {exercise.name}")
+    print(f"# check it: minidist exercise check {exercise.name}")
+    return 0
+
+
 def start_command(args) -> int:
     exercise = _exercise(args.name)
     if exercise is None:
@@ -143,9 +165,26 @@ def check_command(args) -> int:
         from viz.pipeline_chart import draw_schedule_comparison
 
         out.mkdir(parents=True, exist_ok=True)
-        written = draw_schedule_comparison(result.schedules, out / f"{exercise.name}.gantt.png")
+        written = draw_schedule_comparison(_named_charts(result.schedules),
+                                           out / f"{exercise.name}.gantt.png")
         console.print(f"your schedule's Gantt chart above the reference's: {written}")
     return 1
+
+
+def _named_charts(schedules: dict) -> dict:
+    """Each schedule's chart titled by its key ("yours", "ZB-H1 (reference)"),
+    its expected bubble the formula of the schedule its header names (a
+    student's zb_h1 is measured against ZB-H1's, not 1F1B's)."""
+    from dataclasses import replace
+
+    from viz.pipeline_chart import pipeline_chart
+
+    charts = {}
+    for name, trace in schedules.items():
+        named = isinstance(trace, tuple) and trace[0].get("schedule")
+        chart = pipeline_chart(trace) if named else pipeline_chart(trace, schedule=name)
+        charts[name] = replace(chart, schedule=name)
+    return charts
 
 
 def _show_replay(result, name, out, args, console) -> None:
@@ -173,4 +212,4 @@ def _show_replay(result, name, out, args, console) -> None:
         console.print(render_pair(model, model.marked, width=min(console.width, 200)))
 
 
-__all__ = ["add_parser", "check_command", "list_command", "start_command"]
+__all__ = ["add_parser", "check_command", "list_command", "show_command", "start_command"]

@@ -2,11 +2,15 @@
 a pipeline trained for real on p processes, then stepped through.
 
 An MLP on the bundled 8x8 digits (64 -> 128 -> ... -> 10, ReLU, one Linear
-layer per stage: p of them, 2p with the interleaved schedule's two chunks
-per rank) is cut into stages by :class:`~minidist.parallel.pipeline.executor.Pipeline`,
+layer per stage: p of them, 2p with two chunks per rank: the interleaved
+schedule's, or ZB-V's and DualPipeV's in a V, where rank 0 holds the first
+and the last) is cut into stages by :class:`~minidist.parallel.pipeline.executor.Pipeline`,
 one per process; every batch of 64 examples is cut into m micro-batches and
 run by the schedule's list of actions, with SGD (momentum 0.9) after each
-batch. The run is traced; the parent prints the loss of each epoch and the
+batch. Every schedule of :func:`~minidist.parallel.pipeline.schedules.make_schedule`
+runs: GPipe, 1F1B, interleaved 1F1B, and the zero-bubble ones (zb_h1, zb_h2,
+zbv, dualpipev), whose backwards split into I and W, drawn as boxes of
+their own. The run is traced; the parent prints the loss of each epoch and the
 test accuracy, writes the trace with the schedule in its header, and shows
 its last batch: the measured bubble next to the formula, the terminal
 step-through one time slot at a time (``--play`` plays it; without a
@@ -96,7 +100,8 @@ def _train(schedule_name, virtual_stages, microbatches, epochs):
             if pipe.is_last:
                 epoch.append(loss)
         losses.append(float(np.mean(epoch)) if epoch else None)
-    return {"rank": rank, "is_last": pipe.is_last, "losses": losses, "header": pipe.trace_header(),
+    return {"rank": rank, "last": pipe.is_last, "losses": losses,
+            "header": pipe.trace_header(),
             "weights": {names[id(p)]: p.data for p in pipe.parameters()}}
 
 
@@ -143,12 +148,10 @@ def _simulate(schedule, console: Console, args) -> int:
 
 def _runtime_runs(schedule) -> bool:
     """Whether the runtime has a step for every kind of action the schedule
-    holds (its own table of steps says; a runtime without one is trusted)."""
-    from minidist.parallel.pipeline import executor
+    holds: its own table of steps (:mod:`minidist.parallel.pipeline.steps`) says."""
+    from minidist.parallel.pipeline.steps import _STEPS
 
-    steps = getattr(executor, "_STEPS", None)
-    return steps is None or all(action.kind in steps for actions in schedule.actions
-                                for action in actions)
+    return all(action.kind in _STEPS for actions in schedule.actions for action in actions)
 
 
 def main(args) -> int:
@@ -194,9 +197,9 @@ def main(args) -> int:
     results = minidist.launch(_train, world_size=stages, transport="shm",
                               args=(schedule.name, v, microbatches, epochs), trace=trace_path)
     annotate_trace(trace_path, results[0]["header"])
-    # The rank holding the last stage has the losses: rank p - 1 on the loop
-    # placement, rank 0 on the V (it holds the first and the last stage).
-    last = next(result for result in results if result["is_last"])
+    # The rank holding the last stage computes the loss: rank p - 1, or rank 0
+    # on the V placement (ZB-V, DualPipeV), where rank 0 holds both ends.
+    last = next(result for result in results if result["last"])
     for epoch, loss in enumerate(last["losses"], 1):
         console.print(f"epoch {epoch}: mean loss {loss:.4f}")
     model = build_mlp(stages * v)

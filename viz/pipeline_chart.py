@@ -1174,12 +1174,19 @@ def schedule_comparison_figure(events_by_schedule: dict, *, x: str = "time"):
     # One legend for the panels: the entries of every chart drawn.
     handles = _handles(_merged_words(charts))
     legend_extra = _legend_extra(len(handles))
-    height = 1.6 + len(charts) * (0.75 + 0.45 * rows) + legend_extra
+    # Beside the memory column a panel is 5/6 as wide.
+    titles = [_wrapped(f"{chart.schedule}: bubble {clock_word(chart)} {chart.bubble:.3f}, "
+                       f"expected {chart.expected.text} ({bubble_gap(chart)})",
+                       120 if memory else 160) for chart in charts]
+    # The first panel's title lines past two push the panels down, under
+    # the figure's own title (0.15 in a line of 9 points).
+    above = 0.15 * max(titles[0].count("\n") - 1, 0)
+    height = 1.6 + above + len(charts) * (0.75 + 0.45 * rows) + legend_extra
     figure = _figure(13.0, height)
     grid = figure.add_gridspec(len(charts), 2 if memory else 1,
                                width_ratios=(5, 1) if memory else None,
                                hspace=0.95 / (0.45 * rows), wspace=0.08, left=0.09,
-                               right=0.98, top=1 - 0.7 / height,
+                               right=0.98, top=1 - (0.7 + above) / height,
                                bottom=(0.95 + legend_extra) / height)
     if x == "slot":
         xmax = max(chart.slots for chart in charts)
@@ -1190,11 +1197,7 @@ def schedule_comparison_figure(events_by_schedule: dict, *, x: str = "time"):
         axis = figure.add_subplot(grid[index, 0])
         _draw_chart(axis, chart, x=x, xmax=xmax, legend=False, peaks=not memory,
                     xlabel=index + 1 == len(charts),
-                    title=_wrapped(f"{chart.schedule}: bubble {clock_word(chart)} "
-                                   f"{chart.bubble:.3f}, "
-                                   f"expected {chart.expected.text} ({bubble_gap(chart)})",
-                                   # Beside the memory column a panel is 5/6 as wide.
-                                   120 if memory else 160))
+                    title=titles[index])
         if memory:
             bars = figure.add_subplot(grid[index, 1], sharey=axis)
             peaks = [row.peak_live_microbatches or 0 for row in chart.rows]

@@ -13,7 +13,8 @@ runs on real processes (a strategy's step, a split layer, and the
 transformer exercises, whose student's function runs inside a layer of its
 own module: :mod:`.attention_shard`, :mod:`.dispatch_layer`,
 :mod:`.merge_recorder`), the pipeline simulator for a schedule
-(:mod:`.one_f_one_b`). The command runs a check in a supervised child
+(:mod:`.one_f_one_b`; :mod:`.zb_h1` also on real processes, its holes
+explained by :mod:`.schedule_holes`). The command runs a check in a supervised child
 process (:mod:`.supervised`), so that the student's code can neither end
 it with a false pass nor hold it.
 """
@@ -27,7 +28,7 @@ from minidist.exercises.exercise import CheckResult, Exercise, Failure, NotWritt
 #: name -> module holding ``EXERCISE``, in the order of the course
 NAMES = ("tree_broadcast", "ring_allreduce", "recursive_doubling_allreduce",
          "coordinator_data_parallel", "ddp_bucketing", "parameter_server_round",
-         "one_f_one_b", "tensor_parallel_linear", "tensor_parallel_attention",
+         "one_f_one_b", "zb_h1", "tensor_parallel_linear", "tensor_parallel_attention",
          "ring_attention_merge", "moe_dispatch")
 
 

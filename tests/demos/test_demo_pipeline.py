@@ -104,28 +104,50 @@ def test_demo_pipeline_simulates_the_zero_bubble_schedules(capsys):
     assert "DualPipeV needs at least 2p = 6" in _printed(capsys)
 
 
-@pytest.mark.timeout(120)
-def test_demo_pipeline_runs_the_v_placement_for_real(tmp_path, capsys):
-    """ZB-V on real processes: rank 0 holds the last stage, so its losses are printed."""
-    path = tmp_path / "zbv.jsonl"
-    assert main(["demo", "pipeline", "--schedule", "zbv", "--stages", "2", "--microbatches",
-                 "4", "--epochs", "1", "--trace", str(path), "--no-color", "--play",
-                 "--speed", "1000"]) == 0
-    out = _printed(capsys)
-    assert "zbv on 2 processes" in out and "epoch 1: mean loss" in out
-    assert "test accuracy" in out
-    assert trace.read_jsonl(path).header["placement"] == "v"
-
-
 def test_demo_pipeline_runs_for_real_only_what_the_runtime_runs(capsys):
     from minidist.parallel.pipeline import make_schedule
     from viz.demo_pipeline import _runtime_runs
 
-    assert _runtime_runs(make_schedule("1f1b", 2, 4))
-    if not _runtime_runs(make_schedule("zb_h1", 2, 4)):
-        assert main(["demo", "pipeline", "--schedule", "zb_h1", "--stages", "2",
-                     "--microbatches", "4"]) == 2
-        printed = _printed(capsys)
-        assert "zb_h1 splits each backward" in printed and "--simulate" in printed
+    for name in ("gpipe", "1f1b", "interleaved", "zb_h1", "zb_h2", "zbv", "dualpipev"):
+        assert _runtime_runs(make_schedule(name, 2, 4, 2 if name == "interleaved" else 1))
     assert main(["demo", "pipeline", "--microbatches", "65", "--simulate"]) == 2
     assert "use --microbatches <= 64" in _printed(capsys)
+
+
+#: (schedule, Linear layers a process holds, the formula's words)
+ZERO_BUBBLE_RUNS = [("zb_h1", 1, "(p-1)/(3m+p-1) = 1/13"), ("zb_h2", 1, "(p-1)/(3m+p-1)"),
+                    ("zbv", 2, "(p-1)/(6m+p-1) = 1/25"), ("dualpipev", 2, "(p-1)/(3m+p-1)")]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name,layers,formula", ZERO_BUBBLE_RUNS,
+                         ids=[case[0] for case in ZERO_BUBBLE_RUNS])
+def test_demo_pipeline_trains_the_zero_bubble_schedules_on_processes(
+        name, layers, formula, tmp_path, capsys, monkeypatch):
+    # One epoch on 2 processes, at 80 columns: the split backward's I and W
+    # are in the trace and drawn, and the rank holding the last stage (rank 0
+    # on the V placement) tells the loss. (A command to copy is printed
+    # whole, so the trace's path is short.)
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.chdir(tmp_path)
+    path = "zero_bubble.jsonl"
+    assert main(["demo", "pipeline", "--schedule", name, "--stages", "2", "--microbatches",
+                 "4", "--epochs", "1", "--trace", path, "--no-color"]) == 0
+    raw = capsys.readouterr().out
+    assert max(len(line) for line in raw.splitlines()) <= 80
+    out = " ".join(raw.split())
+    assert f"{name} on 2 processes" in out and f"({layers} per process)" in out
+    assert "epoch 1: mean loss" in out and "test accuracy" in out
+    assert formula in out and "input half" in out and "weight half" in out
+    written = trace.read_jsonl(path)
+    assert written.header["schedule"] == name
+    # the last batch drawn is the schedule's, split halves and all, rank by rank
+    from minidist.parallel.pipeline import make_schedule
+
+    chart, schedule = pipeline_chart(written), make_schedule(name, 2, 4)
+    for row in chart.rows:
+        ran = [box.text for box in sorted(row.boxes, key=lambda box: box.start)
+               if box.kind != "step"]
+        assert ran == schedule.compute_order(row.rank)
+    assert any(box.kind == "W" for row in chart.rows for box in row.boxes)
+    assert_no_part_exceeds_its_whole(out)

@@ -30,6 +30,7 @@ WRONG_RING = HERE.parent / "exercises" / "wrong" / "ring_off_by_one.py"
 #: Every command that prints a table, with sizes small enough to be quick.
 TABLES = [
     "exercise list",
+    "exercise show zb_h1",
     "lesson",
     "simulate all_reduce -n 64 --size 1MB",
     "simulate all_reduce --algorithm ring -n 65536 --size 100MB",
@@ -49,6 +50,7 @@ TABLES = [
     "demo model-parallel --epochs 1 --play --speed 1000",
     "demo pipeline --epochs 1 --play --speed 1000",  # its chart wider than 80: scrolled, said
     "demo pipeline --simulate --play --speed 1000",
+    "demo pipeline --schedule zbv --stages 2 --microbatches 4 --epochs 1 --play --speed 1000",
     "exercise check ring_allreduce wrong.py --no-processes --no-files",
     "bench collectives --quick --world-sizes 2 --sizes 4KiB",  # with MPICH, gloo if there
 ]
