@@ -1397,8 +1397,13 @@ under ZB-H1, {glue}`rank1_text`. ZB-V held
 #
 # ## Try
 #
-# * The exercise on this chapter's first zero-bubble schedule:
-#   `minidist exercise show zb_h1`.
+# * The exercise: `minidist exercise show zb_h1` prints it. You are given
+#   1F1B's order on every rank with each backward split into its I and its
+#   W, and you place the W's as ZB-H1 does; `minidist exercise start zb_h1`
+#   copies the skeleton, `minidist exercise check zb_h1` runs your orders on
+#   the simulator against ZB-H1 (with F = I = W and with F = I = 2, W = 1,
+#   this chapter's two ratios), tells a slower placement by the idle gap a
+#   W could fill, then runs them on real processes against one process.
 # * `minidist demo pipeline --schedule zbv` runs ZB-V on real processes
 #   over the digits and steps through its last batch in the terminal
 #   (`--simulate` plans it on the virtual clock instead, `--stages 4

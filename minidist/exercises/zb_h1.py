@@ -567,4 +567,4 @@ def _on_processes(function, report) -> Failure | None:
 EXERCISE = Exercise(
     name="zb_h1", function="place_weights",
     summary="ZB-H1: fill 1F1B's bubble with the backward's weight halves W",
-    lesson="lessons/09_pipeline.py", reference=place_weights, check=check)
+    lesson="lessons/20_zero_bubble.py", reference=place_weights, check=check)
