@@ -1180,15 +1180,22 @@ for steps in BLOCK_T:
                              predicted=2 * (P_SIM - 1) * W, whole=float(makespan(whole_run)),
                              share=saved / float(makespan(whole_run)),
                              conditions=W <= F and W <= B - W, overhead=I + W - B)
+    # The split's own cost, taken at its word: (m+p-1)(I+W-B) on a stage's path.
+    block_rows[steps]["cost"] = (M_SIM + P_SIM - 1) * (I + W - B)
+    block_rows[steps]["net"] = saved - block_rows[steps]["cost"]
+    block_rows[steps]["net_share"] = block_rows[steps]["net"] / float(makespan(whole_run))
 block_load = block_load.finish()
 rows = []
 for steps, r in block_rows.items():
     c = r["costs"]
     rows.append((steps, f"{c['F']:.2f}", f"{c['B']:.2f}", f"{c['I']:.2f}", f"{c['W']:.2f}",
-                 f"{c['W'] / c['I']:.2f}", f"{r['saved']:.2f}", f"{r['predicted']:.2f}",
-                 f"{r['share']:.1%}", f"{r['overhead']:+.2f}", f"{r['noise']:.2f}"))
-print(table(rows, ("T", "F ms", "B ms", "I ms", "W ms", "W / I", "saved ms", "2(p-1)W",
-                   "of 1F1B's step", "I + W - B", "noise")))
+                 f"{c['W'] / c['I']:.2f}", f"{c['B'] / c['F']:.2f}", f"{r['saved']:.2f}",
+                 f"{r['predicted']:.2f}", f"{r['share']:.1%}", f"{r['overhead']:+.3f}",
+                 f"{r['noise']:.3f}", f"{r['cost']:+.2f}", f"{r['net']:+.2f}",
+                 f"{r['net_share']:+.1%}"))
+print(table(rows, ("T", "F ms", "B ms", "I ms", "W ms", "W / I", "B / F", "saved ms",
+                   "2(p-1)W", "of 1F1B's step", "I + W - B", "noise", "(m+p-1)(I+W-B)",
+                   "net ms", "net of step")))
 print(f"({block_load.describe()})")
 if block_load.busy:
     print(block_load.note("the simulator's saving uses these times, the formula too"))
@@ -1222,31 +1229,54 @@ def pays(share):
     return "does not pay" if share <= 0 else "pays little" if share < PAYS_LITTLE else "pays"
 
 
-def overhead_words(r):
+def overhead_words(t, r):
     """The split's own cost per micro-batch against the timings' noise."""
     overhead, noise = r["overhead"], r["noise"]
-    steps = M_SIM + P_SIM - 1
     if abs(overhead) <= noise:
-        return (f"I + W - B = {overhead:+.2f} ms a micro-batch, within these timings' noise "
-                f"({noise:.2f} ms); taken at its word, {steps} of them a step on a stage's "
-                f"path cost {steps * overhead:.2f} ms against the "
-                f"{2 * (P_SIM - 1) * r['costs']['W']:.2f} ms the W's fill, but this run cannot "
-                "tell it from nothing")
-    if overhead > 0:
-        return (f"I + W - B = {overhead:+.2f} ms a micro-batch, above the noise ({noise:.2f} "
-                f"ms): {M_SIM + P_SIM - 1} of them a step on a stage's path, "
-                f"{(M_SIM + P_SIM - 1) * overhead:.2f} ms against the "
-                f"{2 * (P_SIM - 1) * r['costs']['W']:.2f} ms saved")
-    return (f"I + W - B = {overhead:+.2f} ms, below zero by more than the noise ({noise:.2f} "
-            "ms): the two halves ran faster than the whole here")
+        where = "within these timings' noise"
+    elif overhead > 0:
+        where = "above the noise"
+    else:
+        where = "below zero by more than the noise"
+    return (f"at T = {t}, I + W - B = {overhead:+.3f} ms a micro-batch, {where} "
+            f"({noise:.3f} ms), {M_SIM + P_SIM - 1} of them on a stage's path "
+            f"{r['cost']:+.2f} ms")
 
 
-glue("short_pays", pays(short["share"]))
-glue("long_pays", pays(long["share"]))
+def net_words(t, r):
+    return (f"{r['net']:+.2f} ms at T = {t} ({r['saved']:.2f} saved less {r['cost']:+.2f}, "
+            f"{r['net_share']:+.1%} of 1F1B's step)")
+
+
+glue("short_pays", pays(short["net_share"]))
+glue("long_pays", pays(long["net_share"]))
+glue("short_net_share", short["net_share"], "+.1%")
+glue("long_net_share", long["net_share"], "+.1%")
+glue("short_net", net_words(short_t, short))
+glue("long_net", net_words(long_t, long))
 glue("w_shrinks", "smaller" if long["costs"]["W"] / long["costs"]["I"]
      < short["costs"]["W"] / short["costs"]["I"] else "not smaller")
-glue("short_overhead", overhead_words(short))
-glue("long_overhead", overhead_words(long))
+glue("short_overhead", overhead_words(short_t, short))
+glue("long_overhead", overhead_words(long_t, long))
+unsure = [t for t, r in block_rows.items() if abs(r["overhead"]) <= r["noise"]]
+glue("unsure_ts", unsure)
+glue("noise_caveat", "Both costs lay within the timings' noise, so each net lies between "
+     "the one printed and the saving itself; the verdicts take the cost at its word."
+     if len(unsure) == 2 else f"At T = {unsure[0]} the cost lay within the timings' noise, "
+     "so the net there lies between the one printed and the saving itself; the verdict "
+     "takes the cost at its word." if unsure else "Both costs lay outside the timings' noise.")
+grew = long["costs"]["W"] > short["costs"]["W"] and long["saved"] > short["saved"]
+glue("w_grew", grew)
+glue("w_grew_text", f"In milliseconds W and the saving grew with T (W {short['costs']['W']:.2f} "
+     f"to {long['costs']['W']:.2f} ms); what shrank is W next to I and to the step"
+     if grew else "W and the saving did not both grow with T here")
+bf = [r["costs"]["B"] / r["costs"]["F"] for r in block_rows.values()]
+glue("bf_low", min(bf), ".2f")
+glue("bf_high", max(bf), ".2f")
+glue("bf_values", bf)
+glue("bf_text", "the backward took less time than the forward" if max(bf) < 1 else
+     "the backward took no less time than the forward" if min(bf) >= 1 else
+     "the backward took less time than the forward at one T and not at the other")
 glue("overheads", [r["overhead"] for r in block_rows.values()])
 glue("noises", [r["noise"] for r in block_rows.values()])
 glue("pending_share_long", long["held"]["weights_pending"] / long["held"]["forward"], ".0%")
@@ -1257,12 +1287,20 @@ At T = {glue}`short_t` the block's W was {glue}`short_w_over_i` of its I; at T =
 went to I. With the split free, ZB-H1 saved {glue}`short_saved_share` of 1F1B's step at
 T = {glue}`short_t` and {glue}`long_saved_share` at T = {glue}`long_t`
 ({glue}`long_saved` ms, with a W of {glue}`long_w` ms): the saving was
-{glue}`formula_words`. By this measure the split {glue}`short_pays` at the short
-sequence and {glue}`long_pays` at the long one (a twentieth of 1F1B's step is the line
-drawn here): the saving is as large as W, and at long T there is little W.
+{glue}`formula_words`. {glue}`w_grew_text`.
 
-The split's own cost: at T = {glue}`short_t`, {glue}`short_overhead`; at T =
-{glue}`long_t`, {glue}`long_overhead`.
+The split is not free. Its own cost: {glue}`short_overhead`; {glue}`long_overhead`.
+The net, the saving less that cost, was {glue}`short_net` and {glue}`long_net`. So the
+split {glue}`short_pays` at the short sequence and {glue}`long_pays` at the long one (a
+twentieth of 1F1B's step is the line drawn here). {glue}`noise_caveat`
+
+In this table (B / F) {glue}`bf_text` ({glue}`bf_low` to {glue}`bf_high` of it), not
+twice it as in sections 1 and 2. That count is of products' flops; at width 64 the
+block's products are small, and its time goes to passes over every element: the
+forward's attention masks the T x T scores, takes each row's maximum, its exp, its sum
+and divides (the backward of the softmax makes about half as many passes), and its
+GELU evaluates erf. The forward's time is taken after a warm-up round, with its graph
+built, which is a few dozen Python nodes for a block.
 
 It costs memory all the same: from its I to its W a micro-batch keeps what its W
 needs, {glue}`pending_share_short` of its forward's activations at T =
@@ -1385,16 +1423,22 @@ under ZB-H1, {glue}`rank1_text`. ZB-V held
 #   1F1B's bubble from (p-1)(F + I + W) to (p-1)(F + I - W) for the same
 #   peak of micro-batches held on its first stage (p), now on every stage; ZB-H2 to (p-1)(F + I - 2W), none when
 #   F = I = W, for up to 2p - 1 micro-batches held; the V placement (rank r
-#   holds stages r and 2p - 1 - r) halves the fill and holds p stages'
-#   activations. DualPipeV adds pairs of a forward and a backward, which pay
+#   holds pieces r and 2p - 1 - r) halves the slant (warm-up and cool-down)
+#   and holds p stages' activations. DualPipeV adds pairs of a forward and a backward, which pay
 #   where a GPU overlaps them.
 # * The makespan is what counts: with a synchronous optimizer step a
 #   parallelogram's slant stays idle, whatever the bubble inside a stage.
-# * The split pays as much as there is W to move, 2(p-1)W against 1F1B,
-#   less its own cost, (m+p-1)(I + W - B): little when W is small next to
-#   I (long sequences), and every waiting W holds memory until it runs. A
-#   first stage has no I at all.
-#
+
+# %% jupyter={"source_hidden": true}
+say("""
+* The split saves 2(p-1)W against 1F1B, less its own cost, (m+p-1)(I + W - B), a second
+  walk of the graph. For section 4's block, the cost taken at its word, it
+  {glue}`short_pays` at T = {glue}`short_t` (net {glue}`short_net_share` of 1F1B's step)
+  and {glue}`long_pays` at T = {glue}`long_t` (net {glue}`long_net_share`). Every waiting
+  W holds memory until it runs. A first stage has no I at all.
+""")
+
+# %% [markdown]
 # ## Try
 #
 # * The exercise: `minidist exercise show zb_h1` prints it. You are given
@@ -1409,5 +1453,5 @@ under ZB-H1, {glue}`rank1_text`. ZB-V held
 #   (`--simulate` plans it on the virtual clock instead, `--stages 4
 #   --microbatches 8` for section 2's shape, and `--schedule zb_h1`,
 #   `zb_h2`, `dualpipev` the others).
-# * In section 2, set W to a tenth of F and I (`RATIOS`) and watch ZB-H2's
-#   bubble come back; in section 4, give the block a longer T.
+# * In section 2's code, add a ratio with W a tenth of F and I to `RATIOS`
+#   and watch ZB-H2's bubble grow; in section 4, give the block a longer T.

@@ -93,8 +93,12 @@ def check(glued):
     def pays(share):
         return "does not pay" if share <= 0 else "pays little" if share < PAYS_LITTLE else "pays"
 
-    assert text(glued, "short_pays") == pays(value(glued, "short_saved_share"))
-    assert text(glued, "long_pays") == pays(value(glued, "long_saved_share"))
+    # The verdict is the net: the saving less the split's own cost.
+    assert text(glued, "short_pays") == pays(value(glued, "short_net_share"))
+    assert text(glued, "long_pays") == pays(value(glued, "long_net_share"))
+    assert ("grew with T" in text(glued, "w_grew_text")) == value(glued, "w_grew")
+    bf = value(glued, "bf_values")
+    assert text(glued, "bf_text").startswith("the backward took less") == (max(bf) < 1)
     assert text(glued, "formula_words").startswith("equal to") == value(glued, "formula_agrees")
     for label, overhead, noise in zip(("short", "long"), value(glued, "overheads"),
                                       value(glued, "noises")):
@@ -103,6 +107,9 @@ def check(glued):
             assert "within these timings' noise" in words
         else:
             assert ("above the noise" if overhead > 0 else "below zero") in words
+    unsure = sum(abs(o) <= n for o, n in zip(value(glued, "overheads"), value(glued, "noises")))
+    assert len(value(glued, "unsure_ts")) == unsure
+    assert text(glued, "noise_caveat").startswith("Both costs lay outside") == (unsure == 0)
 
     # The ledger's memory.
     assert text(glued, "h2_more") == ("more than" if value(glued, "h2_over_h1") > 1
