@@ -1041,7 +1041,8 @@ titles = {name: (f"{TITLES[name]}, as it ran: the busiest rank idles "
                  f"{float(makespan(events)):.1f} ms")
           for name, events in last_step.items()}
 show_comparison(last_step, 2, M_REAL, titles, "zero_bubble_real_p2.png",
-                f"the last step of each schedule on 2 processes, m = {M_REAL}, as it ran",
+                f"the last step of each schedule on 2 processes, m = {M_REAL}, as it ran "
+                "(one step: the table's medians and fastest steps are over all of them)",
                 transport="shm", cores=cores, load=max(real_load.before, real_load.after))
 
 # %% jupyter={"source_hidden": true}
@@ -1357,6 +1358,11 @@ def net_words(t, r):
             f"{r['net_share']:+.1%} of 1F1B's step)")
 
 
+glue("block_busy", block_load.busy)
+glue("block_busy_text", f"The machine was busy while the block was timed ({block_load.describe()}): "
+     "these times include waits for a core, and the verdicts rest on them."
+     if block_load.busy else f"The machine was not busy by its load while the block was "
+     f"timed ({block_load.describe()}).")
 glue("short_pays", pays(short["net_share"]))
 glue("long_pays", pays(long["net_share"]))
 glue("short_net_share", short["net_share"], "+.1%")
@@ -1402,6 +1408,7 @@ The split is not free. Its own cost: {glue}`short_overhead`; {glue}`long_overhea
 The net, the saving less that cost, was {glue}`short_net` and {glue}`long_net`. So the
 split {glue}`short_pays` at the short sequence and {glue}`long_pays` at the long one (a
 twentieth of 1F1B's step is the line drawn here). {glue}`noise_caveat`
+{glue}`block_busy_text`
 
 In this table (B / F) {glue}`bf_text` ({glue}`bf_low` to {glue}`bf_high` of it), not
 twice it as in sections 1 and 2. That count is of products' flops; at width 64 the
