@@ -418,7 +418,7 @@ the weight's `.grad`, still empty after it; and {glue}`one_product`.
 #
 # The simulator plays each schedule with exactly these costs. Its clock
 # counts whole nanoseconds and one unit of time here is 10^6 of them,
-# which the charts' axes and section 3 call a millisecond (1 unit = 1 ms =
+# which the charts' axes and section 3 call a millisecond (one unit = one ms =
 # 10^6 ns of the clock), so every time below is exact, and the code checks
 # each against its formula for equality. First p = 4, m = 8, then p = 2,
 # m = 4 (the shape section 3 runs), each with F = I = W = 1 and with

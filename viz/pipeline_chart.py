@@ -1010,7 +1010,7 @@ def legend_handles(chart: PipelineChart) -> list:
 
 
 #: The legend's entry of the idle time (the PNG's only: the terminal has its "..").
-IDLE_ENTRY = ("idle", "the bubble", "light grey with dots, no edge")
+IDLE_ENTRY = ("idle", "the bubble", "grey dots")
 
 
 def _handles(entries) -> list:

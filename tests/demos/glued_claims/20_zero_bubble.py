@@ -55,11 +55,13 @@ def check(glued):
     assert text(glued, "difference_verdict").startswith("the same weights") == \
         (value(glued, "worst_difference") < 1e-10)
     real = value(glued, "real_makespans")
-    noise = value(glued, "fastest_noise")
+    titles = {"1f1b": "1F1B", "zb_h1": "ZB-H1", "zb_h2": "ZB-H2", "zbv": "ZB-V",
+              "dualpipev": "DualPipeV"}
+    fast_noise = value(glued, "fastest_noise")
 
     def versus(a, b):
         gap = real[a] - real[b]
-        if abs(gap) <= max(noise[a], noise[b]):
+        if abs(gap) <= max(fast_noise[a], fast_noise[b]):
             return "equal"
         return "shorter" if gap < 0 else "longer"
 
@@ -70,8 +72,6 @@ def check(glued):
     for word, phrase in (("shorter", "shorter than 1F1B's"), ("equal", "within the noise"),
                          ("longer", "longer by more")):
         assert (phrase in verdict) == bool(value(glued, "beat_groups")[word])
-    titles = {"1f1b": "1F1B", "zb_h1": "ZB-H1", "zb_h2": "ZB-H2", "zbv": "ZB-V",
-              "dualpipev": "DualPipeV"}
     fastest = min(real, key=real.get)
     assert text(glued, "fastest_real") == titles[fastest]
     replayed = value(glued, "replay_makespans")
