@@ -44,7 +44,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -197,24 +196,9 @@ def torch_worker(rank, world_size, rendezvous, model_name, warmup, windows, step
 
 
 def run_torch(model_name, world_size, warmup, windows, steps) -> list[float]:
-    import multiprocessing
+    from minidist.bench.common import spawn_torch_ranks
 
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    with tempfile.TemporaryDirectory() as folder:
-        rendezvous = os.path.join(folder, "rendezvous")
-        processes = [context.Process(target=torch_worker,
-                                     args=(rank, world_size, rendezvous, model_name, warmup,
-                                           windows, steps, results))
-                     for rank in range(world_size)]
-        for process in processes:
-            process.start()
-        per_rank = dict(results.get(timeout=900) for _ in processes)
-        for process in processes:
-            process.join(60)
-            if process.exitcode != 0:
-                raise RuntimeError(f"PyTorch rank {processes.index(process)} exited with "
-                                   f"{process.exitcode}")
+    per_rank = spawn_torch_ranks(torch_worker, world_size, model_name, warmup, windows, steps)
     return [max(times) for times in zip(*(per_rank[r] for r in range(world_size)))]
 
 

@@ -236,24 +236,10 @@ def torch_worker(rank, ranks, rendezvous, names, width, size, microbatches, warm
 
 
 def run_torch(names, ranks, width, size, microbatches, warmup, steps):
-    import multiprocessing
+    from minidist.bench.common import spawn_torch_ranks
 
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    with tempfile.TemporaryDirectory() as folder:
-        rendezvous = os.path.join(folder, "rendezvous")
-        processes = [context.Process(target=torch_worker,
-                                     args=(rank, ranks, rendezvous, names, width, size,
-                                           microbatches, warmup, steps, results))
-                     for rank in range(ranks)]
-        for process in processes:
-            process.start()
-        per_rank = dict(results.get(timeout=900) for _ in processes)
-        for process in processes:
-            process.join(60)
-            if process.exitcode != 0:
-                raise RuntimeError(f"PyTorch rank {processes.index(process)} exited with "
-                                   f"{process.exitcode}")
+    per_rank = spawn_torch_ranks(torch_worker, ranks, names, width, size, microbatches,
+                                 warmup, steps)
     return {name: [max(values) for values in zip(*(per_rank[r][name] for r in range(ranks)))]
             for name in names}
 

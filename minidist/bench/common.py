@@ -59,3 +59,29 @@ def child_env(**extra) -> dict:
                PYTHONPATH=package_root + (os.pathsep + path if path else ""))
     env.update(extra)
     return env
+
+
+def spawn_torch_ranks(target, world_size: int, *args, timeout: float = 900) -> dict:
+    """Run ``target(rank, world_size, rendezvous, *args, results)`` in
+    ``world_size`` spawned processes (PyTorch's peers of a benchmark: gloo
+    meets through the ``rendezvous`` file) and return ``{rank: what it
+    put}``; each process puts ``(rank, value)`` on ``results`` once."""
+    import multiprocessing
+    import tempfile
+
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    with tempfile.TemporaryDirectory() as folder:
+        rendezvous = os.path.join(folder, "rendezvous")
+        processes = [context.Process(target=target,
+                                     args=(rank, world_size, rendezvous, *args, results))
+                     for rank in range(world_size)]
+        for process in processes:
+            process.start()
+        per_rank = dict(results.get(timeout=timeout) for _ in processes)
+        for process in processes:
+            process.join(60)
+            if process.exitcode != 0:
+                raise RuntimeError(f"PyTorch rank {processes.index(process)} exited with "
+                                   f"{process.exitcode}")
+    return per_rank
