@@ -170,6 +170,19 @@ def _split_by_requires_grad(backward):
     return backward
 
 
+#: Called with every new node's parents once DTensors exist
+#: (:mod:`minidist.distributed.tensor` sets it): an op on a DTensor that has
+#: no placement rule is refused there, instead of computing on the local
+#: shard alone as if it were the whole. None until then: no cost.
+_placement_guard = None
+
+
+def set_placement_guard(guard) -> None:
+    """Install the check every new node's parents go through (a DTensor's)."""
+    global _placement_guard
+    _placement_guard = guard
+
+
 class RemovableHandle:
     """What ``register_*hook`` returns: ``remove()`` takes the hook out again
     (torch's ``torch.utils.hooks.RemovableHandle``; also a context manager)."""
@@ -296,6 +309,8 @@ class Tensor:
         """A new node: ``backward(grad_out)`` returns one gradient (or None)
         per parent. Outside grad mode, or when no parent needs a gradient,
         nothing is recorded and the closure is dropped at once."""
+        if _placement_guard is not None:
+            _placement_guard(parents, op)
         out = Tensor.__new__(Tensor)
         out.data = data
         out.grad = None

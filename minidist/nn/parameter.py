@@ -20,6 +20,14 @@ class Parameter(Tensor):
     with an initialiser from :mod:`minidist.nn.init`.
     """
 
+    def __new__(cls, data=None, requires_grad: bool = True):
+        # nn.Parameter(dtensor) keeps the layout: the DTensor makes its own
+        # Parameter kind (minidist.distributed.tensor), as torch's does.
+        as_parameter = getattr(data, "_as_parameter", None)
+        if cls is Parameter and as_parameter is not None:
+            return as_parameter(requires_grad)
+        return super().__new__(cls)
+
     def __init__(self, data, requires_grad: bool = True):
         super().__init__(data, requires_grad=requires_grad)
 

@@ -1,0 +1,43 @@
+"""``minidist.distributed.tensor``: sharding as placements (torch's
+``torch.distributed.tensor``).
+
+A DTensor is one tensor laid out on a device mesh: on each mesh dim it is
+cut (``Shard(d)``), copied (``Replicate()``) or a sum still to be taken
+(``Partial()``). Every sharding of the course is one such layout: ZeRO and
+FSDP's parameters are ``Shard(0)`` on the data-parallel dim, a column-parallel
+weight ``Shard(0)``, a row-parallel one ``Shard(1)``, a row-parallel output
+``Partial()``, sequence parallelism's activations ``Shard(1)``. And every
+collective of those strategies is a change of layout (``redistribute``).
+
+Read in this order:
+
+1. ``placements.py``: Shard, Replicate, Partial; torch.chunk's sizes; which
+   box of the global tensor a rank holds.
+2. ``dtensor.py``: the DTensor, ``distribute_tensor``, ``from_local``,
+   ``to_local``, ``full_tensor``.
+3. ``redistribute.py``: each change of layout as one named collective, its
+   bytes, its backward; ``plan`` prints it before it runs.
+"""
+
+from __future__ import annotations
+
+from minidist.distributed.device_mesh import DeviceMesh, init_device_mesh
+from minidist.distributed.tensor.dtensor import (
+    DTensor,
+    DTensorParameter,
+    DTensorSpec,
+    distribute_tensor,
+)
+from minidist.distributed.tensor.placements import (
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    chunk_sizes,
+    local_shape_and_offset,
+)
+from minidist.distributed.tensor.redistribute import plan
+
+__all__ = ["DTensor", "DTensorParameter", "DTensorSpec", "DeviceMesh", "Partial", "Placement",
+           "Replicate", "Shard", "chunk_sizes", "distribute_tensor", "init_device_mesh",
+           "local_shape_and_offset", "plan"]
