@@ -11,6 +11,8 @@ family                    what it splits, and where to start reading
                           hybrid, conv splits, a dense layer's bytes (``distbelief.py``)
 ``tensor/``               one layer's weight matrix (Megatron): regions, split layers,
                           the vocabulary, the GPT, torch's styles (``regions.py``)
+``placements/``           the same splits written as DTensor layouts: torch's styles on
+                          DTensors, FSDP2's ``fully_shard``
 ``context/``              the sequence: the zig-zag split, ring attention, Ulysses, the
                           GPT (``split.py``)
 ``expert/``               a mixture's experts: the all_to_all dispatch (``dispatch.py``)
@@ -53,8 +55,8 @@ from minidist.parallel import moved as _moved
 _moved.install()
 
 #: The families, in the order of the table above.
-FAMILY_NAMES = ("data", "parameter_server", "model", "tensor", "context", "expert",
-                "pipeline", "mesh")
+FAMILY_NAMES = ("data", "parameter_server", "model", "tensor", "placements", "context",
+                "expert", "pipeline", "mesh")
 
 
 def _face_names(family: str) -> list[str]:

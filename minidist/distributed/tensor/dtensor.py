@@ -42,41 +42,16 @@ from minidist import backend
 from minidist.distributed.device_mesh import DeviceMesh
 from minidist.distributed.tensor import redistribute as _redistribute
 from minidist.distributed.tensor.placements import (
+    DTensorSpec,
     Partial,
     Replicate,
     Shard,
     chunk_sizes,
     layout_text,
-    local_shape_and_offset,
     normalize_placements,
 )
 from minidist.nn.parameter import Parameter
 from minidist.tensor import Tensor, _is_float, set_placement_guard
-
-
-class DTensorSpec:
-    """What a DTensor is beyond its local array: the mesh, the placements
-    (one per mesh dim), the global shape and the dtype."""
-
-    __slots__ = ("mesh", "placements", "shape", "dtype")
-
-    def __init__(self, mesh, placements, shape, dtype):
-        self.mesh, self.placements = mesh, tuple(placements)
-        self.shape, self.dtype = tuple(int(s) for s in shape), np.dtype(dtype)
-
-    def local_shape_and_offset(self, coordinate=None):
-        """The box of the global tensor that the rank at ``coordinate`` (this
-        rank's by default) holds."""
-        coordinate = self.mesh.get_coordinate() if coordinate is None else coordinate
-        return local_shape_and_offset(self.shape, self.mesh.shape, coordinate, self.placements)
-
-    def __eq__(self, other) -> bool:
-        return (isinstance(other, DTensorSpec) and self.mesh == other.mesh
-                and self.placements == other.placements and self.shape == other.shape)
-
-    def __repr__(self) -> str:
-        return (f"DTensorSpec({layout_text(self.placements)}, shape={self.shape}, "
-                f"mesh={self.mesh.shape})")
 
 
 def _check_mesh(mesh, what):
@@ -219,7 +194,7 @@ class DTensor(Tensor):
         if forward_dtype is not None or backward_dtype is not None:
             raise NotImplementedError("redistribute(forward_dtype=, backward_dtype=) is not "
                                       "supported in minidist; cast before with .astype")
-        return _redistribute.run(self, _redistribute.plan(self, placements))
+        return _redistribute.run(self, _redistribute.plan(self, placements), DTensor._node)
 
     # ------------------------------------------------------------------ refused
 

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 
 class Placement:
     """One mesh dimension's part of a layout (torch's base class)."""
@@ -180,10 +182,35 @@ def local_shape_and_offset(global_shape, mesh_shape, coordinate, placements):
     return tuple(shape), tuple(offset)
 
 
+class DTensorSpec:
+    """What a DTensor is beyond its local array: the mesh, the placements
+    (one per mesh dim), the global shape and the dtype."""
+
+    __slots__ = ("mesh", "placements", "shape", "dtype")
+
+    def __init__(self, mesh, placements, shape, dtype):
+        self.mesh, self.placements = mesh, tuple(placements)
+        self.shape, self.dtype = tuple(int(s) for s in shape), np.dtype(dtype)
+
+    def local_shape_and_offset(self, coordinate=None):
+        """The box of the global tensor that the rank at ``coordinate`` (this
+        rank's by default) holds."""
+        coordinate = self.mesh.get_coordinate() if coordinate is None else coordinate
+        return local_shape_and_offset(self.shape, self.mesh.shape, coordinate, self.placements)
+
+    def __eq__(self, other) -> bool:
+        return (isinstance(other, DTensorSpec) and self.mesh == other.mesh
+                and self.placements == other.placements and self.shape == other.shape)
+
+    def __repr__(self) -> str:
+        return (f"DTensorSpec({layout_text(self.placements)}, shape={self.shape}, "
+                f"mesh={self.mesh.shape})")
+
+
 def layout_text(placements) -> str:
     """``(S(0), R)``: a layout in the short notation the plans print."""
     return "(" + ", ".join(str(p) for p in placements) + ")"
 
 
 __all__ = ["Placement", "Shard", "Replicate", "Partial", "chunk_sizes", "chunk_offset",
-           "local_shape_and_offset", "normalize_placements", "layout_text", "REDUCE_OPS"]
+           "local_shape_and_offset", "normalize_placements", "DTensorSpec", "layout_text", "REDUCE_OPS"]

@@ -36,7 +36,9 @@ import numpy as np
 
 import minidist.distributed as dist
 from minidist import backend
+from minidist.distributed.collectives.traffic import ring_all_reduce_sent
 from minidist.distributed.tensor.placements import (
+    DTensorSpec,
     Partial,
     Replicate,
     Shard,
@@ -45,7 +47,6 @@ from minidist.distributed.tensor.placements import (
     local_shape_and_offset,
     normalize_placements,
 )
-from minidist.distributed.collectives.traffic import ring_all_reduce_sent
 from minidist.units import format_bytes
 
 ALGORITHM = "ring"
@@ -322,7 +323,7 @@ def _forward(array, spec, step):
 def _backward(grad, spec, step):
     """The opposite change, on the gradient (whose layout is ``step.after``,
     a Partial's gradient being Replicate)."""
-    before, after, i, src, dst = step.before, step.after, step.mesh_dim, step.src, step.dst
+    after, i, src = step.after, step.mesh_dim, step.src
     if step.collective == "all_gather":               # R -> S(d): own chunk
         return _chunk(grad, spec, after, i, src.dim)
     if step.collective == "all_reduce":
@@ -341,22 +342,21 @@ def _backward(grad, spec, step):
     return _all_to_all(grad, spec, after, i, src.dim)
 
 
-def run(dtensor, target_plan: Plan):
-    """Run the plan's steps on ``dtensor``, each an autograd node; returns the
-    redistributed DTensor."""
-    from minidist.distributed.tensor.dtensor import DTensor, DTensorSpec
+def run(dtensor, target_plan: Plan, make_node):
+    """Run the plan's steps on ``dtensor``, each an autograd node made by
+    ``make_node(data, spec, parent, backward, op)``; returns the last."""
     spec = dtensor._spec
     node = dtensor
     for step in target_plan.steps:
         here = DTensorSpec(spec.mesh, step.before, spec.shape, spec.dtype)
         data = backend.to_numpy(node.data)
         out = _forward(data, here, step)
-        node = DTensor._node(backend.from_numpy(out), DTensorSpec(spec.mesh, step.after,
+        node = make_node(backend.from_numpy(out), DTensorSpec(spec.mesh, step.after,
                                                                    spec.shape, spec.dtype),
                              node, _grad_function(here, step),
                              f"redistribute {step.src}->{step.dst}")
     if not target_plan.steps:
-        node = DTensor._node(dtensor.data, spec, dtensor, lambda g: g, "redistribute")
+        node = make_node(dtensor.data, spec, dtensor, lambda g: g, "redistribute")
     return node
 
 
@@ -370,7 +370,6 @@ def redistribute_array(array, spec, placements):
     """The local array of ``spec``'s layout turned into ``placements``'
     (no autograd): used by the gradients of the ops and the checkpoints."""
     steps = plan(spec, placements).steps
-    from minidist.distributed.tensor.dtensor import DTensorSpec
     for step in steps:
         array = _forward(array, DTensorSpec(spec.mesh, step.before, spec.shape, spec.dtype), step)
     return array
