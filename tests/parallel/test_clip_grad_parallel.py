@@ -13,7 +13,8 @@ below every total, so that every step clips (the references assert it).
   Shard), (Shard, Replicate) and a 1-D sub-mesh's Shard mixed in): the plain
   ``minidist.nn.utils.clip_grad_norm_`` for p = 2, 1, inf and 3;
 * DDP and ZeRO-1 (replicated gradients: the plain one), with ``no_sync``
-  accumulation over 2 micro-batches;
+  accumulation over 2 micro-batches; every ZeRO stage built by
+  ``zero_stages.wrap`` and clipped by ``zero_stages.clip_grad_norm_``;
 * FSDP1 / ZeRO-2 and 3 (SHARD_GRAD_OP, FULL_SHARD, NO_SHARD):
   ``fsdp.clip_grad_norm_``, accumulation with and without ``no_sync``; and
   the wrong-by-design case: the plain function on FULL_SHARD's local shards
@@ -115,9 +116,16 @@ def _dtensor_params(specs, mesh, seed):
 
 
 def _dtensor_cases(specs, mesh):
+    from minidist.distributed.tensor import DTensor
+    from minidist.nn.utils import get_total_norm
+
     out = {}
     for p in NORMS:
         params = _dtensor_params(specs, mesh, seed=3)
+        # torch 2.6's first half on the gradients as DTensors of their layout.
+        grads = [DTensor.from_local(Tensor(q.grad), q.device_mesh, q.placements, shape=q.shape)
+                 for q, _, _ in params]
+        out["get_total_norm", p] = float(get_total_norm(grads, p).data)
         total = clip_grad_norm_([q for q, _, _ in params], MAX_NORM, p)
         out[p] = (float(total.data), [(q.grad.copy(), o, s) for q, o, s in params])
     return out
@@ -143,6 +151,7 @@ def _check_dtensors(results, specs, key):
         for result in results:
             total, pieces = result[key][p]
             assert total == pytest.approx(float(expected.data), rel=NORM_RTOL), (p, total)
+            assert result[key]["get_total_norm", p] == pytest.approx(total, rel=NORM_RTOL)
             for w, (grad, offset, shape) in zip(whole, pieces):
                 box = tuple(slice(o, o + s) for o, s in zip(offset, shape))
                 np.testing.assert_allclose(grad, w.grad[box], rtol=NORM_RTOL, atol=ATOL)
@@ -202,6 +211,24 @@ def _fsdp_case(strategy, microbatches: int, use_no_sync: bool):
         norms.append(float(fsdp.clip_grad_norm_(MAX_NORM).data))
         optimizer.step()
     return norms, fsdp.full_weights(), local_norms
+
+
+def _stage_case(stage: int):
+    """zero_stages.wrap and its clip_grad_norm_, the same loop for every stage."""
+    from minidist.parallel.data import zero_stages
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = _mlp()
+    wrapped, optimizer = zero_stages.wrap(model, stage, optim.SGD, lr=LR)
+    norms = []
+    for step in range(2):
+        x, y = (_mine(a, rank, world) for a in _data(step))
+        optimizer.zero_grad(set_to_none=False)
+        F.cross_entropy(wrapped(Tensor(x)), y).backward()
+        norms.append(float(zero_stages.clip_grad_norm_(wrapped, MAX_NORM).data))
+        optimizer.step()
+    weights = wrapped.full_weights() if stage >= 2 else _weights(model.parameters())
+    return norms, weights
 
 
 def _reference_mlp():
@@ -375,6 +402,8 @@ def _worker_2():
         out[strategy] = _fsdp_case(strategy, 1, False)
         out[strategy + " no_sync"] = _fsdp_case(strategy, 2, True)
         out[strategy + " accumulated"] = _fsdp_case(strategy, 2, False)
+    for stage in range(4):
+        out[f"stage {stage}"] = _stage_case(stage)
     out["tp"] = _tp_case(1)
     out["tp accumulated"] = _tp_case(2)
     out["tp gpt"] = _tp_gpt_case()
@@ -429,6 +458,7 @@ def test_every_strategy_clips_as_one_process_on_2_ranks(transport, references):
     assert "redistribute it to Replicate()" in results[0]["partial"]
     _check_data_parallel(results, references["mlp"],
                          ["ddp", "ddp no_sync", "zero1", "zero1 no_sync"]
+                         + [f"stage {stage}" for stage in range(4)]
                          + [s + how for s in ("SHARD_GRAD_OP", "FULL_SHARD", "NO_SHARD")
                             for how in ("", " no_sync", " accumulated")])
     _check_wrong_by_design(results, references["mlp"])
