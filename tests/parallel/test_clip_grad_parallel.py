@@ -23,7 +23,8 @@ below every total, so that every step clips (the references assert it).
   layer, accumulated over 2 micro-batches; the TensorParallelGPT): the plain
   function, the split layers' flags saying what is sharded;
 * the Pipeline (``step(max_norm=)``, the stages summed over ``pp_mesh``);
-* GPT3D on pp2 (the tied weight on two stages, counted once), tp2, dp2; on
+* GPT3D on pp2 (the tied weight on two stages, counted once; also
+  interleaved, 2 stages a rank), tp2 (also with sequence parallelism), dp2; on
   4 ranks pp2 x tp2, dp2 x tp2, pp2 x dp2; on 8 ranks dp2 x tp2 x pp2.
 
 Accumulation in a pipeline is its micro-batches: that a Pipeline over m
@@ -357,11 +358,12 @@ def _pipeline_case():
     return norms, {index[id(p)]: p.data.copy() for p in pipe.parameters()}
 
 
-def _gpt3d_case(shape):
+def _gpt3d_case(shape, schedule="1f1b", virtual=1, sequence_parallel=False):
     from minidist.parallel.mesh.gpt_3d import GPT3D
 
     mesh = init_device_mesh("cpu", shape, mesh_dim_names=("pp", "dp", "tp"))
-    gpt = GPT3D(_gpt(), mesh, "1f1b", microbatches=2)
+    gpt = GPT3D(_gpt(), mesh, schedule, microbatches=2, virtual_stages=virtual,
+                sequence_parallel=sequence_parallel)
     optimizer = optim.SGD(gpt.parameters(), lr=LR)
     norms = []
     for step in range(2):
@@ -371,9 +373,13 @@ def _gpt3d_case(shape):
         mesh.get_local_rank("tp")
 
 
-GPT3D_SHAPES = {2: {"pp2": (2, 1, 1), "tp2": (1, 1, 2), "dp2": (1, 2, 1)},
+GPT3D_SHAPES = {2: {"pp2": (2, 1, 1), "tp2": (1, 1, 2), "dp2": (1, 2, 1),
+                    "tp2 +sp": (1, 1, 2), "pp2 interleaved": (2, 1, 1)},
                 4: {"pp2 x tp2": (2, 1, 2), "dp2 x tp2": (1, 2, 2), "pp2 x dp2": (2, 2, 1)},
                 8: {"pp2 x dp2 x tp2": (2, 2, 2)}}
+
+#: schedule, virtual stages, sequence parallelism, where not 1F1B on one stage a rank.
+GPT3D_OPTIONS = {"tp2 +sp": ("1f1b", 1, True), "pp2 interleaved": ("interleaved_1f1b", 2, False)}
 
 
 def _check_gpt3d(results, reference, world):
@@ -408,7 +414,8 @@ def _worker_2():
     out["tp accumulated"] = _tp_case(2)
     out["tp gpt"] = _tp_gpt_case()
     out["pipeline"] = _pipeline_case()
-    out["gpt3d"] = {case: _gpt3d_case(shape) for case, shape in GPT3D_SHAPES[2].items()}
+    out["gpt3d"] = {case: _gpt3d_case(shape, *GPT3D_OPTIONS.get(case, ()))
+                    for case, shape in GPT3D_SHAPES[2].items()}
     return out
 
 
