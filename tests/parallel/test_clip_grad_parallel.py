@@ -22,7 +22,9 @@ below every total, so that every step clips (the references assert it).
 * tensor parallelism with the split layers (an MLP of a column and a row
   layer, accumulated over 2 micro-batches; the TensorParallelGPT): the plain
   function, the split layers' flags saying what is sharded;
-* the Pipeline (``step(max_norm=)``, the stages summed over ``pp_mesh``);
+* the Pipeline (``step(max_norm=)``, the stages summed over the pipeline
+  group), and torch's pipelining names followed by torchtitan's
+  ``clip_grad_norm_(..., pp_mesh=mesh["pp"])`` and the optimizer's step;
 * GPT3D on pp2 (the tied weight on two stages, counted once; also
   interleaved, 2 stages a rank), tp2 (also with sequence parallelism), dp2; on
   4 ranks pp2 x tp2, dp2 x tp2, pp2 x dp2; on 8 ranks dp2 x tp2 x pp2.
@@ -358,6 +360,34 @@ def _pipeline_case():
     return norms, {index[id(p)]: p.data.copy() for p in pipe.parameters()}
 
 
+def _pipelining_case():
+    """torch's pipelining names, then torchtitan's clip_grad_norm_ with the
+    pipeline's mesh as pp_mesh, then the optimizer: a torchtitan loop."""
+    from minidist.parallel import PipelineStage, Schedule1F1B
+    from minidist.parallel import clip_grad_norm_ as titan_clip
+    from minidist.parallel.pipeline import split_model
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    pp_mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("pp",))
+    model = _mlp()
+    index = {id(p): i for i, p in enumerate(model.parameters())}
+    piece = split_model(model, world)[rank]
+    stage = PipelineStage(piece, stage_index=rank, num_stages=world, device=None)
+    schedule = Schedule1F1B(stage, n_microbatches=2, loss_fn=nn.CrossEntropyLoss())
+    optimizer = optim.SGD(piece.parameters(), lr=LR)
+    norms = []
+    for step in range(2):
+        x, y = _data(step)
+        optimizer.zero_grad()
+        if rank == 0:
+            schedule.step(x)
+        else:
+            schedule.step(target=y)
+        norms.append(float(titan_clip(piece.parameters(), MAX_NORM, pp_mesh=pp_mesh["pp"]).data))
+        optimizer.step()
+    return norms, {index[id(p)]: p.data.copy() for p in piece.parameters()}
+
+
 def _gpt3d_case(shape, schedule="1f1b", virtual=1, sequence_parallel=False):
     from minidist.parallel.mesh.gpt_3d import GPT3D
 
@@ -414,6 +444,7 @@ def _worker_2():
     out["tp accumulated"] = _tp_case(2)
     out["tp gpt"] = _tp_gpt_case()
     out["pipeline"] = _pipeline_case()
+    out["pipelining"] = _pipelining_case()
     out["gpt3d"] = {case: _gpt3d_case(shape, *GPT3D_OPTIONS.get(case, ()))
                     for case, shape in GPT3D_SHAPES[2].items()}
     return out
@@ -485,14 +516,16 @@ def test_every_strategy_clips_as_one_process_on_2_ranks(transport, references):
         np.testing.assert_allclose(norms, ref_norms, rtol=NORM_RTOL)
         _check_gpt_shards(shards, gpt_weights, rank, 2, "tp gpt")
     mlp_norms, mlp_weights = references["mlp"]
-    held = {}
-    for result in results:
-        norms, weights = result["pipeline"]
-        np.testing.assert_allclose(norms, mlp_norms, rtol=NORM_RTOL, err_msg="pipeline")
-        held.update(weights)
-    assert sorted(held) == list(range(len(mlp_weights)))
-    for i, got in held.items():
-        np.testing.assert_allclose(got, mlp_weights[i], rtol=WEIGHT_RTOL, atol=ATOL)
+    for case in ("pipeline", "pipelining"):
+        held = {}
+        for result in results:
+            norms, weights = result[case]
+            np.testing.assert_allclose(norms, mlp_norms, rtol=NORM_RTOL, err_msg=case)
+            held.update(weights)
+        assert sorted(held) == list(range(len(mlp_weights))), case
+        for i, got in held.items():
+            np.testing.assert_allclose(got, mlp_weights[i], rtol=WEIGHT_RTOL, atol=ATOL,
+                                       err_msg=case)
     _check_gpt3d(results, references["gpt"], 2)
 
 
