@@ -40,6 +40,10 @@ What travels where, per batch:
   pipeline rank, or a schedule on the V placement (pipeline rank 0 holds
   the first and the last stage: ZB-V, DualPipeV), both ends are one
   Parameter and nothing is sent.
+* **clipping** (``step(max_norm=)``): one total norm over the mesh, the tp
+  shards' terms summed over tp, the stages' over pp, the dp replicas and
+  the tied weight counted once (the last stage's copy is flagged
+  ``shared``, Megatron's flag); one all-reduce of one number per group.
 
 Every rank runs :meth:`GPT3D.step` with the same global batch; a replica
 trains on its contiguous share. Cost of the model per rank: 1 / (p tp) of
