@@ -28,9 +28,12 @@ Files, one idea each:
   CheckpointedSequential): keep segment inputs only, rerun in backward
 * ``quantization.py``: INT8 post-training quantisation for inference
   (``from minidist.nn.quantization import quantize, model_size_bytes``)
+* ``utils/``: torch's ``torch.nn.utils`` gradient clipping
+  (``nn.utils.clip_grad_norm_(model.parameters(), 1.0)``, ``clip_grad_value_``,
+  ``get_total_norm``, ``clip_grads_with_norm_``)
 """
 
-from minidist.nn import distillation, functional, init, mobile
+from minidist.nn import distillation, functional, init, mobile, utils
 from minidist.nn.activation import GELU, Identity, LogSoftmax, ReLU, Sigmoid, Softmax, Tanh
 from minidist.nn.attention import MultiheadAttention
 from minidist.nn.batchnorm import BatchNorm1d, BatchNorm2d
@@ -55,7 +58,7 @@ __all__ = [
     "Dropout", "Flatten", "ReLU", "Tanh", "Sigmoid", "GELU", "Softmax", "LogSoftmax",
     "Identity", "Embedding", "LayerNorm", "MultiheadAttention", "DepthwiseSeparableConv2d", "CheckpointedSequential", "checkpoint", "checkpoint_sequential",
     "CrossEntropyLoss", "NLLLoss", "MSELoss", "DistillationLoss", "HintRegressor",
-    "functional", "init", "mobile", "distillation",
+    "functional", "init", "mobile", "distillation", "utils",
 ]
 
 

@@ -17,6 +17,10 @@ Read in this order:
    ``to_local``, ``full_tensor``.
 3. ``redistribute.py``: each change of layout as one named collective, its
    bytes, its backward; ``plan`` prints it before it runs.
+4. ``grad_norm.py``: the norm of gradients spread over ranks (summed over
+   the mesh dims where a parameter is Shard), which makes
+   ``minidist.nn.utils.clip_grad_norm_`` right on DTensors; torchtitan's
+   ``clip_grad_norm_(..., pp_mesh=)``.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from minidist.distributed.tensor.dtensor import (
     DTensorSpec,
     distribute_tensor,
 )
+from minidist.distributed.tensor.grad_norm import clip_grad_norm_
 from minidist.distributed.tensor.placements import (
     Partial,
     Placement,
@@ -39,5 +44,5 @@ from minidist.distributed.tensor.placements import (
 from minidist.distributed.tensor.redistribute import plan
 
 __all__ = ["DTensor", "DTensorParameter", "DTensorSpec", "DeviceMesh", "Partial", "Placement",
-           "Replicate", "Shard", "chunk_sizes", "distribute_tensor", "init_device_mesh",
+           "Replicate", "Shard", "chunk_sizes", "clip_grad_norm_", "distribute_tensor", "init_device_mesh",
            "local_shape_and_offset", "plan"]

@@ -50,6 +50,8 @@ import numpy as np
 import minidist.distributed as dist
 from minidist import nn
 from minidist.distributed.device_mesh import as_group
+from minidist.distributed.tensor.grad_norm import SumOver
+from minidist.nn.utils import clip_grad as _clip
 from minidist.parallel.data.checks import _check_model, _examples_in
 from minidist.parallel.data.fsdp_units import units_of
 from minidist.parallel.data.zero import _FlatShard
@@ -206,6 +208,7 @@ class FullyShardedDataParallel(nn.Module):
         self._world_size = (dist.get_world_size() if process_group is None
                             else process_group.size)
         self._total = None
+        self._syncing = True
         self._ledgers = []
         broadcast_module(module, src=0, group=process_group)
         # NO_SHARD: one "shard" per unit, the whole buffer (a world of one's layout).
@@ -340,12 +343,59 @@ class FullyShardedDataParallel(nn.Module):
             unit.pending = len(unit.layout.parameters)
         return self.module(*args, **kwargs)
 
+    # -- gradient accumulation and clipping -----------------------------------
+    class _NoSync:
+        def __init__(self, fsdp):
+            self.fsdp = fsdp
+
+        def __enter__(self):
+            self.previous = self.fsdp._syncing
+            self.fsdp._syncing = False
+            return self
+
+        def __exit__(self, *exc):
+            self.fsdp._syncing = self.previous
+            return False
+
+    def no_sync(self):
+        """Context manager (torch's): backward inside it leaves each layer's
+        full gradients in the layers' parameters, adding up, and communicates
+        nothing (forward still all-reduces the example count); the first
+        backward after it reduce_scatters the sum into the shards. Costs one
+        full gradient's memory per rank, as torch's; without it, gradients
+        accumulate too, in the shards, for one reduce_scatter per backward.
+        As with DDP, divide each micro-batch's loss by the number of
+        micro-batches (exact when each rank's micro-batches are of one size)."""
+        return FullyShardedDataParallel._NoSync(self)
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0):
+        """torch's ``FullyShardedDataParallel.clip_grad_norm_``: the total
+        ``norm_type``-norm of the whole model's gradients, each rank's shard's
+        term (sum of ``|g|^p``, the padding's zeros adding nothing) summed over
+        the group (inf: the max), then every shard's gradient multiplied by
+        ``min(max_norm / (norm + 1e-6), 1)``. Returns the norm, a 0-d Tensor,
+        the same on every rank; call it after backward, before the step (all
+        ranks). NO_SHARD: each rank holds the whole gradient, nothing is sent.
+        Cost: one all-reduce of one element. ``minidist.nn.utils.clip_grad_norm_``
+        on ``fsdp.parameters()`` would take this rank's shard for the whole
+        and give each rank another, wrong norm."""
+        how = SumOver([self._group]) if self.sharded else None
+        pairs = [(shard.grad, how) for shard in self.shards if shard.grad is not None]
+        total = _clip._total_norm(pairs, _clip._norm_type(norm_type), error_if_nonfinite=False)
+        _clip.clip_grads_with_norm_(self.shards, max_norm, total)
+        return total
+
     # -- backward ---------------------------------------------------------
     def _gradient_ready(self, unit) -> None:
         unit.pending -= 1
         if unit.pending:
             return
         unit.pending = len(unit.layout.parameters)
+        if not self._syncing:
+            # no_sync: the full gradients stay in the parameters and add up.
+            if self.reshard_after_forward:
+                self._free(unit)
+            return
         layout = unit.layout
         # The layer's full gradient lives only from here to the reduce_scatter.
         gradient = layout.pack([p.grad for p in layout.parameters],

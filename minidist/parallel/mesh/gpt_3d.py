@@ -40,6 +40,10 @@ What travels where, per batch:
   pipeline rank, or a schedule on the V placement (pipeline rank 0 holds
   the first and the last stage: ZB-V, DualPipeV), both ends are one
   Parameter and nothing is sent.
+* **clipping** (``step(max_norm=)``): one total norm over the mesh, the tp
+  shards' terms summed over tp, the stages' over pp, the dp replicas and
+  the tied weight counted once (the last stage's copy is flagged
+  ``shared``, Megatron's flag); one all-reduce of one number per group.
 
 Every rank runs :meth:`GPT3D.step` with the same global batch; a replica
 trains on its contiguous share. Cost of the model per rank: 1 / (p tp) of
@@ -218,6 +222,13 @@ class GPT3D:
                                  finalize_grads=self.finalize_grads)
         self.chunks = self.pipeline.chunks
         self.sequence_parallel = bool(sequence_parallel)
+        # The last stage's copy of the tied weight is the first stage's, once
+        # their gradients are summed: clipping counts the first one only
+        # (Megatron's ``shared`` flag; each rank holds its own object).
+        tied = self.tied_parameter()
+        if self.embedding_group is not None and tied is not None and not any(
+                chunk.first for chunk in self.chunks):
+            tied.shared = True
 
     def _embedding_group(self, axes: np.ndarray, schedule: Schedule):
         """The two ranks that hold ``wte`` (first stage, pipeline rank 0) and
@@ -274,19 +285,26 @@ class GPT3D:
                                   for _, param in sequence_parallel_parameters(chunk)],
                                  self.tp_group)
 
-    def step(self, idx, targets, optimizer):
+    def step(self, idx, targets, optimizer, *, max_norm: float | None = None,
+             norm_type: float = 2.0):
         """One training step on the global batch (``idx`` and ``targets``,
         (B, T) token ids, the same on every rank): this rank's replica takes
         its share of the B sequences, the pipeline runs its schedule, the
         gradients are reduced over dp, the embedding group (and tp with
         sequence parallelism), ``optimizer`` steps. Returns the replica's
-        mean loss on the last pipeline stage's ranks, None elsewhere."""
+        mean loss on the last pipeline stage's ranks, None elsewhere.
+
+        ``max_norm``: clip first, the total norm over the whole mesh: the tp
+        shards summed over tp, the stages over pp, the dp replicas counted
+        once, the tied weight once (:meth:`Pipeline.step`; the norm is then
+        ``self.pipeline.total_norm``)."""
         replica = dist.get_rank(self.mesh.get_group("dp")) if self.dp > 1 else 0
         idx = np.array_split(np.asarray(idx), self.dp)[replica]
         targets = np.array_split(np.asarray(targets), self.dp)[replica]
         last = next((chunk for chunk in self.chunks if chunk.last), None)
         loss_fn = last.loss if last is not None else None
-        return self.pipeline.step(idx, targets, loss_fn, optimizer)
+        return self.pipeline.step(idx, targets, loss_fn, optimizer, max_norm=max_norm,
+                                  norm_type=norm_type)
 
 
 __all__ = ["GPT3D", "GPTStage", "gpt_stages", "stage_blocks", "MESH_DIMS"]

@@ -25,7 +25,10 @@ Read in this order:
 11. :mod:`.steps`: one batch on one rank, a schedule's actions in order, one
     short step per kind of action (F, B, I, W, send, receive, the step);
 12. :mod:`.executor`: ``Pipeline``, the runtime that runs a schedule on real
-    ranks, p stages x d replicas, and its rules for a training step;
+    ranks, p stages x d replicas, and its rules for a training step
+    (``step(max_norm=)`` clips over the stages with torchtitan's
+    ``clip_grad_norm_(..., pp_mesh=)``, a name of this face, from
+    :mod:`minidist.distributed.tensor.grad_norm`);
 13. :mod:`.pipeline_stage`, :mod:`.pipelining`, :mod:`.split_points`:
     torch.distributed.pipelining's names on that same runtime: a
     ``PipelineStage`` (a piece and where it sits); the schedule classes
@@ -47,6 +50,7 @@ from __future__ import annotations
 from minidist.parallel.pipeline.executor import (  # noqa: F401
     Pipeline,
     annotate_trace,
+    clip_grad_norm_,
 )
 from minidist.parallel.pipeline.labels import (  # noqa: F401
     compute_label,
@@ -123,4 +127,4 @@ __all__ = ["FORWARD", "BACKWARD", "BACKWARD_INPUT", "BACKWARD_WEIGHT", "LETTERS"
            "split_microbatches", "Pipeline", "annotate_trace", "PipelineStage",
            "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
            "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble", "ScheduleDualPipeV",
-           "SplitPoint", "Pipe", "build_stage", "pipe_split"]
+           "SplitPoint", "Pipe", "build_stage", "pipe_split", "clip_grad_norm_"]

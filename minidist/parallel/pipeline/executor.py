@@ -70,6 +70,7 @@ import numpy as np
 import minidist.distributed as dist
 from minidist import nn
 from minidist import trace as _trace
+from minidist.distributed.tensor.grad_norm import clip_grad_norm_, clip_over_stages
 from minidist.parallel.pipeline.grid import pipeline_grid
 from minidist.parallel.pipeline.schedules import Schedule, make_schedule
 from minidist.parallel.pipeline.split import split_microbatches, split_model
@@ -77,7 +78,7 @@ from minidist.parallel.pipeline.steps import BatchRun, message_tags
 from minidist.parallel.replicas import all_reduce_gradients, broadcast_module
 from minidist.tensor import no_grad
 
-__all__ = ["Pipeline", "annotate_trace"]
+__all__ = ["Pipeline", "annotate_trace", "clip_grad_norm_"]
 
 
 class Pipeline:
@@ -142,6 +143,7 @@ class Pipeline:
         world_size = dist.get_world_size()
         self.recompute = bool(recompute)
         self.finalize_grads = finalize_grads
+        self.total_norm = None     # the last step's gradient norm, when it clipped
         given_groups = pipeline_group is not None or data_parallel_group is not None
         (self.stages, self.rank, self.data_parallel, self.replica, self.pipeline_group,
          self.data_parallel_group) = pipeline_grid(data_parallel, pipeline_group,
@@ -230,9 +232,18 @@ class Pipeline:
 
     # ------------------------------------------------------------------ one batch
 
-    def step(self, x, y, loss_fn, optimizer):
+    def step(self, x, y, loss_fn, optimizer, *, max_norm: float | None = None,
+             norm_type: float = 2.0):
         """Train on one batch: zero the gradients, run this rank's actions of
         the schedule, all-reduce over the replicas, one optimizer step.
+
+        ``max_norm``: clip the gradients before the step, their total
+        ``norm_type``-norm summed over the stages (torchtitan's
+        ``clip_grad_norm_(..., pp_mesh=)``: the pipeline group; a replicated
+        or tensor-parallel parameter counted as ``clip_grad_norm_`` counts
+        it, a Parameter flagged ``shared`` not at all); the norm before
+        clipping is kept in ``self.total_norm`` (a 0-d Tensor, every rank).
+        One all-reduce of one element over the pipeline group.
 
         ``x`` (inputs) is needed on the first stage's rank and ``y`` (targets)
         on the last one's; other ranks may pass None. ``loss_fn(output, y)``
@@ -240,6 +251,7 @@ class Pipeline:
         float) on the last stage's rank, None elsewhere. ``optimizer`` may be
         None on a rank whose stages have no parameters."""
         rules = _Training(self, x, y, loss_fn, optimizer)
+        rules.max_norm, rules.norm_type = max_norm, norm_type
         BatchRun(self, rules).run()
         return rules.total if self.is_last else None
 
@@ -268,6 +280,7 @@ class _Training:
             self.targets = self._split(y)
             self.batch_size = sum(len(t) for t in self.targets)
         self.total = 0.0
+        self.max_norm, self.norm_type = None, 2.0
         if optimizer is not None:
             optimizer.zero_grad()
 
@@ -293,6 +306,12 @@ class _Training:
                                  weight=run.examples)
         if self.pipe.finalize_grads is not None:
             self.pipe.finalize_grads()
+        if self.max_norm is not None:
+            # After every sum over ranks: the gradients are the batch's, as
+            # one process would clip them.
+            self.pipe.total_norm = clip_over_stages(self.pipe._parameters, self.max_norm,
+                                                    self.norm_type, False,
+                                                    [self.pipe.pipeline_group])
 
     def update(self) -> None:
         if self.optimizer is not None:

@@ -78,6 +78,7 @@ from __future__ import annotations
 import numpy as np
 
 import minidist.distributed as dist
+import minidist.distributed.tensor.grad_norm  # noqa: F401  (the rule that sums a shard's norm over tp)
 import minidist.parallel.tensor.regions as regions
 from minidist.distributed.device_mesh import as_group
 from minidist.nn import functional as F
@@ -103,6 +104,22 @@ def _split_size(layer: str, dimension: str, size: int, group) -> tuple[int, int,
             f"{size} (e.g. {', '.join(str(d) for d in _divisors(size)[:6])}) or change "
             f"{dimension}.")
     return rank, world, size // world
+
+
+def set_tensor_model_parallel_attributes(param, is_parallel: bool, dim: int, stride: int = 1,
+                                         group=None):
+    """Megatron's flags on a split layer's Parameter: ``tensor_model_parallel``
+    (this rank holds a piece, the group the rest), ``partition_dim`` (the
+    dim it is cut along), ``partition_stride``, and minidist's
+    ``tensor_model_parallel_group`` (Megatron has one global tp group; here a
+    layer names its own). ``clip_grad_norm_`` sums a flagged gradient's norm
+    over the group and counts an unflagged one once
+    (:mod:`minidist.distributed.tensor.grad_norm`)."""
+    param.tensor_model_parallel = bool(is_parallel) and dist.get_world_size(group) > 1
+    param.partition_dim = dim
+    param.partition_stride = stride
+    param.tensor_model_parallel_group = group
+    return param
 
 
 def _divisors(size: int) -> list[int]:
@@ -168,9 +185,14 @@ class _ParallelLinear(Module):
         #: (a fused q, k, v weight split by heads).
         self.shard = shard
         weight, bias = self._pieces(linear)
-        self.weight = Parameter(weight.copy())
+        # The column layer cuts the weight's rows and the bias, the row layer
+        # the weight's columns only: its bias is whole on every rank.
+        column = self.split == "out_features"
+        self.weight = set_tensor_model_parallel_attributes(
+            Parameter(weight.copy()), True, 0 if column else 1, group=group)
         if bias is not None:
-            self.bias = Parameter(bias.copy())
+            self.bias = set_tensor_model_parallel_attributes(
+                Parameter(bias.copy()), column, 0, group=group)
         else:
             self.register_parameter("bias", None)
 

@@ -43,6 +43,7 @@ from minidist.nn import functional as F
 from minidist.nn.embedding import Embedding
 from minidist.nn.module import Module
 from minidist.nn.parameter import Parameter
+from minidist.parallel.tensor.layers import set_tensor_model_parallel_attributes
 from minidist.parallel.tensor.regions import (
     DEFAULT_ALGORITHM,
     reduce_from_parallel_region,
@@ -136,7 +137,9 @@ class VocabParallelEmbedding(Module):
         layer.vocab_start, layer.vocab_end = vocab_range(layer.num_embeddings, rank, world)
         layer.group, layer.algorithm = group, algorithm
         layer.sequence_parallel = bool(sequence_parallel)
-        layer.weight = Parameter(embedding.weight.data[layer.vocab_start:layer.vocab_end].copy())
+        layer.weight = set_tensor_model_parallel_attributes(
+            Parameter(embedding.weight.data[layer.vocab_start:layer.vocab_end].copy()), True, 0,
+            group=group)
         return layer
 
     def forward(self, idx):
