@@ -297,7 +297,9 @@ def _all_to_all(array, spec, placements, mesh_dim, e):
         part = array[tuple(index)]
         send[g][tuple(slice(0, s) for s in part.shape)] = part
     received = np.empty_like(send)
-    dist.all_to_all_single(received, send, group=group)
+    # pairwise, as the module says: "auto" would take Bruck's for small blocks, whose
+    # rounds forward other ranks' blocks and send more than the plan's (n-1) blocks
+    dist.all_to_all_single(received, send, group=group, algorithm="pairwise")
     ordered = [None] * n
     for g, cg in enumerate(coords):
         index = [slice(None)] * array.ndim
