@@ -69,7 +69,7 @@ def _along(array, dim, start, stop):
 def shard_to_shard(local, global_shape, dim_from, dim_to):
     """The reference. Cost per rank: one all_to_all of n blocks of
     ceil(L_from / n) x ceil(L_to / n) x (the other dims), (n - 1) of them
-    sent: (n - 1)/n of the padded whole."""
+    sent: (n - 1)/n of this rank's padded piece, (n - 1)/n^2 of the padded whole."""
     n, me = dist.get_world_size(), dist.get_rank()
     rows, columns = _sizes(global_shape[dim_from], n), _sizes(global_shape[dim_to], n)
     starts = np.cumsum([0] + columns)

@@ -48,7 +48,7 @@ def shard_to_shard(local, global_shape, dim_from, dim_to):
 
     Cost to reach, per rank: one all_to_all, sending each other rank one
     block padded to ceil(L_from / n) x ceil(L_to / n) (x the other dims):
-    (n - 1)/n of the padded whole, what redistribute's plan says. Nothing else.
+    (n - 1)/n of your padded piece, what redistribute's plan says. Nothing else.
     """
     raise NotWrittenYet("write shard_to_shard: cut your chunk along dim_to into the "
                         "blocks for each rank, pad them, one dist.all_to_all_single, "
