@@ -202,7 +202,7 @@ print(table(rows, ["layout"] + [f"rank {r}" for r in range(RANKS)]))
 terms_sum = sum(held_1d[rank]["P(sum)"] for rank in range(RANKS))
 partial_whole = bool(np.allclose(terms_sum, labelled(SHAPE_1D)))
 print(f"P(sum): the 4 ranks' terms added up give the tensor: {partial_whole}")
-for name in ("S(0)", "P(sum)"):
+for name in ("R", "P(sum)"):
     console.print(layout_text_view(SHAPE_1D, (RANKS,), LAYOUTS_1D[name], color=False))
 
 # %% jupyter={"source_hidden": true}
@@ -303,9 +303,10 @@ picture draws the two terms side by side, since adding them is what makes the te
 # ## 3. Every change of layout is one collective
 #
 # `dt.redistribute(mesh, placements)` turns a DTensor's layout into
-# another. Each mesh dim whose placement changes is one step, and each step
-# is one collective among the ranks along that mesh dim (n of them), named
-# by the change:
+# another. Each mesh dim whose placement changes is one step (two mesh
+# dims that cut the same tensor dim go through `R` first: the plan says
+# so), and each step is one collective among the ranks along that mesh dim
+# (n of them), named by the change:
 #
 # * `S(d) -> R`: every rank needs every piece: an **all_gather**;
 # * `P -> R`: every rank needs the sum of the terms: an **all_reduce**;
@@ -629,6 +630,6 @@ say("""
 `R -> S(0)`, which sent nothing, has the dearest backward, an all_gather of
 {glue}`gather_back_bytes` bytes per rank, and the all_gather of `S(0) -> R` has a backward
 that sends nothing: a change of layout moves its cost between the forward and the backward,
-it does not remove it. That is the rule behind lesson 17's pair of Megatron's f and g, one an
-identity forward and an all_reduce backward, the other the reverse.
+it does not remove it. Lesson 17's pair of Megatron's f and g make the same trade: f an
+identity forward and an all_reduce backward, g the reverse.
 """)

@@ -38,7 +38,7 @@ def check(glued):
     assert value(glued, "square_exact") is True
     assert text(glued, "square_text").startswith("two all_gathers")
     step1, step2 = value(glued, "step1_bytes"), value(glued, "step2_bytes")
-    assert step2 == 2 * step1 and step1 == 8 * 12 * 8 // 4 // 2   # a quarter sent once, then a half
+    assert step2 == 2 * step1 and step1 == 8 * 12 * 8 // 4   # its quarter sent once, then a half
     assert value(glued, "square_total") == step1 + step2
 
     # Section 4: uneven chunks.
