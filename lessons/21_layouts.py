@@ -136,6 +136,13 @@ def replay(events, label, ranks):
     return calls, sent, messages
 
 
+def rank0_messages(events, label):
+    """Rank 0's messages inside region ``label``, in order, as the trace replays them:
+    "192 B to rank 1, 192 B to rank 1, ..." (a rank's block to itself is a copy, left out)."""
+    sends = [e for e in in_region(events, 0, label) if e["kind"] == "send" and e["peer"] != 0]
+    return ", ".join(f"{e['bytes']} B to rank {e['peer']}" for e in sends) or "none"
+
+
 def calls_text(calls):
     if not calls:
         return "no collective"
@@ -367,7 +374,7 @@ def run_changes(shape):
     return found
 
 
-change_rows, all_right, all_exact = [], True, True
+change_rows, all_right, all_exact, peers = [], True, True, {}
 for n, shape in RUNS:
     path = OUT / f"changes_{n}_{shape[0]}x{shape[1]}.jsonl"
     results = minidist.launch(run_changes, world_size=n, args=(shape,), trace=str(path),
@@ -385,10 +392,14 @@ for n, shape in RUNS:
         all_right &= right
         all_exact &= exact
         if (n, shape) == RUNS[0]:
+            peers[name] = sorted({e["peer"] for e in in_region(events, 0, name)
+                                  if e["kind"] == "send" and e["peer"] != 0})
             print(f"\n{text}")
-            print(f"  the trace: {calls_text(calls)}; bytes sent per rank "
-                  f"{', '.join(map(str, sent))} in {', '.join(map(str, messages))} messages; "
-                  f"{formula_text} = {formula} B; every rank's piece right: {right}")
+            print(f"  the trace: {calls_text(calls)}; rank 0's messages: "
+                  f"{rank0_messages(events, name)}")
+            print(f"  bytes sent per rank {', '.join(map(str, sent))} in "
+                  f"{', '.join(map(str, messages))} messages; {formula_text} = {formula} B; "
+                  f"every rank's piece right: {right}")
         ran = calls[0]["collective"] if calls else "nothing sent"
         change_rows.append((n, f"{shape[0]}x{shape[1]}", name, ran, formula_text, formula,
                             planned, max(sent), "yes" if exact else "NO"))
@@ -413,6 +424,9 @@ glue("whole_bytes", int(np.prod(first_shape)) * 8, ",")
 glue("gather_bytes", round((first_n - 1) / first_n * int(np.prod(first_shape)) * 8), ",")
 glue("reduce_bytes", round(2 * (first_n - 1) / first_n * int(np.prod(first_shape)) * 8), ",")
 glue("runs_text", " and ".join(f"{n} ranks with a tensor of {s[0]} x {s[1]}" for n, s in RUNS))
+glue("ring_peers", ", ".join(map(str, peers["S(0) -> R"])))
+glue("ring_one_peer", len(peers["S(0) -> R"]) == 1)
+glue("a2a_peers", ", ".join(map(str, peers["S(0) -> S(1)"])))
 glue("swap_bytes", round((first_n - 1) / first_n ** 2 * int(np.prod(first_shape)) * 8), ",")
 say("""
 In every run ({glue}`runs_text`) {glue}`right_text`, and {glue}`exact_text`. On
@@ -421,7 +435,9 @@ rank to gather or to reduce-scatter, and twice that, {glue}`reduce_bytes`, to al
 Partial: the all_reduce is a reduce_scatter and an all_gather. To swap its cut from rows to
 columns (the all_to_all) cost {glue}`swap_bytes` bytes per rank, n times less than a
 gather: a rank sends only what other ranks lack of its own piece. Going from `R` to a Shard
-cost nothing: the trace holds no message in that region.
+cost nothing: the trace holds no message in that region. Rank 0's messages show the two
+shapes of exchange: every step of the ring's all_gather went to rank {glue}`ring_peers`, its
+neighbour, while the all_to_all sent one block to each of ranks {glue}`a2a_peers`.
 """)
 
 # %% [markdown]

@@ -102,7 +102,7 @@ class Holding:
         lines = []
         for rank, (coordinate, ((rows, columns), (top, left))) in sorted(self.boxes.items()):
             where = ("nothing (an empty chunk)" if rows * columns == 0 else
-                     f"rows {_span(top, rows)}, columns {_span(left, columns)}")
+                     f"{_span('row', top, rows)}, {_span('column', left, columns)}")
             term = f", term {self.term_of(rank)} of the sum" if self.partial_dims else ""
             lines.append((rank, f"rank {rank} {_coordinate(coordinate)}: {where}{term}, local shape "
                                 f"({rows}, {columns})"))
@@ -119,8 +119,9 @@ def _coordinate(coordinate) -> str:
     return "(" + ", ".join(map(str, coordinate)) + ")"
 
 
-def _span(start: int, length: int) -> str:
-    return f"{start}" if length == 1 else f"{start}-{start + length - 1}"
+def _span(word: str, start: int, length: int) -> str:
+    """"row 4", "rows 0-2"."""
+    return f"{word} {start}" if length == 1 else f"{word}s {start}-{start + length - 1}"
 
 
 #: Inches per element box, and between two terms of a Partial.

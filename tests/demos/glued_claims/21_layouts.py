@@ -35,6 +35,8 @@ def check(glued):
     assert value(glued, "gather_bytes") == (n - 1) * whole // n
     assert value(glued, "reduce_bytes") == 2 * value(glued, "gather_bytes")   # "twice that"
     assert value(glued, "swap_bytes") * n == value(glued, "gather_bytes")    # "n times less"
+    assert value(glued, "ring_one_peer") is True and text(glued, "ring_peers") == "1"
+    assert text(glued, "a2a_peers") == ", ".join(str(r) for r in range(1, n))   # each other rank
     assert value(glued, "square_exact") is True
     assert text(glued, "square_text").startswith("two all_gathers")
     step1, step2 = value(glued, "step1_bytes"), value(glued, "step2_bytes")
