@@ -373,16 +373,24 @@ def build_parser() -> argparse.ArgumentParser:
                     "next, b back, g/G start/end, q quit), or write it as a GIF / HTML "
                     "animation; draw the timeline of any trace; export it for Perfetto. "
                     "`minidist viz mesh 2x2x2 --names dp,tp,pp [--save mesh.png]` draws a "
-                    "device mesh instead: where each global rank sits, each dimension's groups.",
+                    "device mesh instead: where each global rank sits, each dimension's groups. "
+                    "`minidist viz layout 5x4 --mesh 2x2 --placements \"S(0),S(1)\"` draws a "
+                    "DTensor's layout: which rank holds which element.",
     )
-    viz.add_argument("trace", help="a trace file (JSON lines) written by minidist, or 'mesh'")
+    viz.add_argument("trace", help="a trace file (JSON lines) written by minidist, 'mesh' "
+                                   "or 'layout'")
     viz.add_argument("shape", nargs="?", default=None,
                      help="with 'mesh': the mesh's shape, such as 2x2x2 (row-major, as "
-                          "init_device_mesh lays out the ranks)")
+                          "init_device_mesh lays out the ranks); with 'layout': the 2-D "
+                          "tensor's shape, such as 5x4")
+    viz.add_argument("--mesh", default=None, metavar="2x2",
+                     help="layout: the mesh's shape (default 4)")
+    viz.add_argument("--placements", default=None, metavar="\"S(0),R\"",
+                     help="layout: one placement per mesh dim: S(d), R or P")
     viz.add_argument("--names", default=None, metavar="A,B,C",
                      help="mesh: the dimensions' names, such as dp,tp,pp")
     viz.add_argument("--save", default=None, metavar="OUT.png",
-                     help="mesh: also write the picture as a PNG")
+                     help="mesh, layout: also write the picture as a PNG")
     viz.add_argument("--call", type=int, default=None,
                      help="which collective call of the trace, from 0 (default: the first "
                           "all_reduce, else 0)")

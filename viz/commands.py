@@ -318,6 +318,19 @@ def _show_pipeline(trace, path, *, play: bool, speed: float, timeline, chrome, c
 
 
 def viz_command(args) -> int:
+    if args.trace == "layout" and getattr(args, "shape", None) is not None:
+        from viz.dtensor_layout import layout_command
+
+        return layout_command(args.shape, args.mesh, args.placements, args.save,
+                              color=not args.no_color)
+    if args.trace == "layout" and not os.path.exists("layout"):
+        print("minidist viz layout: give the tensor's shape, such as `minidist viz layout 5x4 "
+              "--mesh 2x2 --placements \"S(0),S(1)\"`", file=sys.stderr)
+        return 2
+    if getattr(args, "mesh", None) or getattr(args, "placements", None):
+        print("minidist viz: --mesh and --placements draw a DTensor's layout: `minidist viz "
+              "layout 5x4 --mesh 2x2 --placements \"S(0),S(1)\"`", file=sys.stderr)
+        return 2
     if args.trace == "mesh" and getattr(args, "shape", None) is not None:
         from viz.device_mesh import mesh_command
 

@@ -12,12 +12,14 @@ S(d) -> R         all_gather along d                 (n-1)/n x padded whole     
 P -> R            all_reduce                         2 (n-1)/n x whole          nothing
 P -> S(d)         reduce_scatter along d             (n-1)/n x padded whole     all_gather
 R -> S(d)         take own chunk (a copy)            0                          all_gather
-S(d) -> S(e)      all_to_all                         (n-1)/n x padded whole     all_to_all back
+S(d) -> S(e)      all_to_all                         (n-1)/n x padded local     all_to_all back
 R -> P, S -> P    refused, as torch ("for internal use only")
 ================  =================================  =========================  ===========
 
 "whole" is the box the group holds together (the local box before this mesh
-dim's cut); "padded": uneven chunks travel padded to the largest chunk, as
+dim's cut), "local" this rank's piece of it, 1/n of the whole: an all_to_all
+keeps 1/n of it and sends a block to each other rank, (n-1)/n^2 of the
+whole; "padded": uneven chunks travel padded to the largest chunk, as
 torch's do, and are trimmed on arrival. Every collective is the ring (the
 all_to_all pairwise), so the bytes are exactly the formulas above
 (:mod:`minidist.distributed.collectives.traffic`).
@@ -297,7 +299,9 @@ def _all_to_all(array, spec, placements, mesh_dim, e):
         part = array[tuple(index)]
         send[g][tuple(slice(0, s) for s in part.shape)] = part
     received = np.empty_like(send)
-    dist.all_to_all_single(received, send, group=group)
+    # pairwise, as the module says: "auto" would take Bruck's for small blocks, whose
+    # rounds forward other ranks' blocks and send more than the plan's (n-1) blocks
+    dist.all_to_all_single(received, send, group=group, algorithm="pairwise")
     ordered = [None] * n
     for g, cg in enumerate(coords):
         index = [slice(None)] * array.ndim

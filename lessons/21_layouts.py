@@ -1,0 +1,651 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lesson 21: layouts
+#
+# Every sharding of the course so far was written by hand: ZeRO cut the
+# optimizer's state into n pieces (lesson 12), Megatron's column split
+# kept rows of a weight and its row split columns (lessons 10 and 17),
+# sequence parallelism cut the activations along T (lesson 17). Each time
+# the lesson said in words which rank held which part, and chose the
+# collective that moved it. This lesson gives those words a name: a tensor's
+# **layout** on a device mesh, one **placement** per mesh dimension, which
+# says what each rank holds. PyTorch calls a tensor with a layout a
+# **DTensor** (`torch.distributed.tensor`); minidist has the same names.
+# Once the layout is named, the collective is not chosen any more: the
+# change from one layout to another says which one runs, and how many bytes
+# it sends, before it runs.
+#
+# 1. the three placements, `Shard(d)`, `Replicate()` and `Partial()`, on 4
+#    real processes, in torch's names and in the sharding notation of "How
+#    to Scale Your Model" (Austin et al., Google DeepMind, 2025);
+# 2. a layout on a 2 x 2 mesh: which rank holds which block, drawn;
+# 3. every change of layout is one collective: each run on 4 processes
+#    with the trace on, its plan printed first, then what the trace says
+#    ran, against the plan's bytes and the formula; the table of changes;
+# 4. uneven chunks: a 5-row tensor on 4 ranks, torch.chunk's sizes, and the
+#    padding they cost;
+# 5. the backward of a change of layout is the opposite change, read from
+#    the trace of a backward.
+#
+# Library code: `minidist/distributed/tensor/placements.py` (the
+# placements, torch.chunk's sizes, which box a rank holds), `dtensor.py`
+# (the DTensor), `redistribute.py` (each change as one collective, its
+# plan, its backward); the drawings are `viz/dtensor_layout.py` (also
+# `minidist viz layout 5x4 --mesh 2x2 --placements "S(0),S(1)"`).
+#
+# Symbols as in `lessons/NOTATION.md`: n ranks in a group, N the bytes of
+# a tensor (its whole), `S(d)`, `R` and `P(sum)` the short forms of the
+# placements the plans print, X and Y the axes of a mesh in the sharding
+# notation, inside whose brackets I and J name a tensor's dims.
+#
+# **Quick and full form.** The quick form (`MINIDIST_LESSON_QUICK=1`) runs
+# section 3's changes on 4 processes with an 8 x 12 tensor; the full form
+# also runs them on 2 processes and with a 64 x 96 tensor. Everything else
+# is the same in both.
+
+# %%
+import numpy as np
+from rich.console import Console
+
+import minidist
+from minidist import Tensor, trace
+from minidist.distributed.tensor import (
+    Partial,
+    Replicate,
+    Shard,
+    chunk_sizes,
+    distribute_tensor,
+    init_device_mesh,
+    local_shape_and_offset,
+    plan,
+)
+from minidist.lesson import (
+    glue,
+    narrate,
+    output_dir,
+    quick,
+    say,
+    show_figure,
+    use_headless_matplotlib,
+)
+
+narrate()  # run as a script: the text below is printed between the outputs
+use_headless_matplotlib()
+
+from viz.dtensor_layout import layout_figure, layout_text_view  # noqa: E402
+
+QUICK = quick()
+OUT = output_dir()
+console = Console(width=100, highlight=False)
+#: Every launch of this lesson: 4 processes on pipes, a generous timeout (a small machine).
+RANKS = 4
+LAUNCH = {"transport": "pipe", "timeout": 240}
+
+
+def table(rows, header):
+    """Rows under a header, right-aligned."""
+    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) for i, h in enumerate(header)]
+    lines = ["  ".join(f"{str(h):>{w}}" for h, w in zip(header, widths))]
+    lines += ["  ".join(f"{str(c):>{w}}" for c, w in zip(row, widths)) for row in rows]
+    return "\n".join(lines)
+
+
+def labelled(shape):
+    """A tensor whose every element is its flat index: a value says where it came from."""
+    return np.arange(int(np.prod(shape)), dtype=np.float64).reshape(shape)
+
+
+def box_of(local, shape):
+    """The box of the global tensor a rank's local piece holds, read from its values
+    (each element of ``labelled(shape)`` is its flat index), as numpy's slices:
+    "A[0:2, 0:6]", rows 0 and 1, all 6 columns."""
+    if local.size == 0:
+        return "nothing"
+    rows, columns = np.unravel_index(np.rint(local).astype(np.int64), shape)
+    return f"A[{rows.min()}:{rows.max() + 1}, {columns.min()}:{columns.max() + 1}]"
+
+
+def in_region(events, rank, label):
+    """Rank ``rank``'s trace events inside its region ``label``."""
+    region = next(e for e in events if e["rank"] == rank and e["kind"] == "compute"
+                  and e["label"] == label)
+    return [e for e in events if e["rank"] == rank and e is not region
+            and region["start"] <= e["start"] and e["end"] <= region["end"]]
+
+
+def replay(events, label, ranks):
+    """What ran inside region ``label``, from the trace: the collectives of rank 0
+    (name, algorithm, group size, steps), and every rank's bytes sent to other ranks."""
+    calls = [trace.label_info(e["label"]) for e in in_region(events, 0, label)
+             if e["kind"] == "collective"]
+    sent = [sum(e["bytes"] for e in in_region(events, rank, label)
+                if e["kind"] == "send" and e["peer"] != rank) for rank in range(ranks)]
+    messages = [sum(1 for e in in_region(events, rank, label)
+                    if e["kind"] == "send" and e["peer"] != rank) for rank in range(ranks)]
+    return calls, sent, messages
+
+
+def rank0_messages(events, label):
+    """Rank 0's messages inside region ``label``, in order, as the trace replays them:
+    "192 B to rank 1, 192 B to rank 1, ..." (a rank's block to itself is a copy, left out)."""
+    sends = [e for e in in_region(events, 0, label) if e["kind"] == "send" and e["peer"] != 0]
+    return ", ".join(f"{e['bytes']} B to rank {e['peer']}" for e in sends) or "none"
+
+
+def calls_text(calls):
+    if not calls:
+        return "no collective"
+    return "; ".join(f"{c['collective']} ({c['algorithm']}, {c['world']} ranks, {c['steps']} "
+                     f"step{'s' * (int(c['steps']) != 1)})" for c in calls)
+
+
+# %% [markdown]
+# ## 1. Three placements
+#
+# A **device mesh** arranges the ranks in a grid (lesson 17 drew them): 4
+# ranks as a row of 4, or as 2 x 2. A tensor's layout says, for each mesh
+# dimension, what the ranks along it hold:
+#
+# | placement | short | the ranks along the mesh dim hold | sharding notation (mesh axis X) |
+# |---|---|---|---|
+# | `Shard(0)` | `S(0)` | consecutive pieces of the tensor's dim 0, rank i the i-th | A[I_X, J] |
+# | `Shard(1)` | `S(1)` | consecutive pieces of dim 1 | A[I, J_X] |
+# | `Replicate()` | `R` | the same whole tensor, each a copy | A[I, J] |
+# | `Partial()` | `P(sum)` | a term each, of the tensor's shape; the tensor is their sum, which no rank holds yet | A[I, J]{U_X} |
+#
+# The notation is Austin et al.'s: A is a tensor of two dims named I and
+# J; a subscript says along which mesh axis a dim is cut (I_X: dim I cut
+# along X); a dim with no subscript is whole on every rank; {U_X} marks a
+# tensor *unreduced* along X, a sum still to be taken over X's ranks. torch
+# names the same things per mesh dim: `Shard(0)` on mesh dim X is I_X.
+# A Partial comes from an op: a matmul of a tensor cut along its columns
+# by one cut along its rows gives each rank a product of its two pieces,
+# one term of the whole product (Megatron's row split, lesson 10).
+#
+# Below, a 4 x 6 tensor whose every element is its own flat index (so that
+# a value says where it came from) is laid out each way on a row of 4
+# real processes by `distribute_tensor`, and every rank reports what it
+# holds. torch's `distribute_tensor` makes a `Partial()` by giving each
+# rank the tensor divided by n, so that the n terms add up to it.
+
+# %%
+SHAPE_1D = (4, 8)
+LAYOUTS_1D = {"S(0)": [Shard(0)], "S(1)": [Shard(1)], "R": [Replicate()], "P(sum)": [Partial()]}
+
+
+def hold_each_layout():
+    """On every rank: its local piece of SHAPE_1D under each 1-D layout."""
+    mesh = init_device_mesh("cpu", (RANKS,))
+    return {name: np.array(distribute_tensor(labelled(SHAPE_1D), mesh, placements,
+                                             src_data_rank=None).to_local().data)
+            for name, placements in LAYOUTS_1D.items()}
+
+
+held_1d = minidist.launch(hold_each_layout, world_size=RANKS, **LAUNCH)
+rows, agree_1d = [], True
+for name, placements in LAYOUTS_1D.items():
+    cells = [name]
+    for rank in range(RANKS):
+        local = held_1d[rank][name]
+        want_shape, _ = local_shape_and_offset(SHAPE_1D, (RANKS,), (rank,), placements)
+        agree_1d &= tuple(local.shape) == want_shape
+        if name == "P(sum)":
+            cells.append(f"{local.shape}: {box_of(local * RANKS, SHAPE_1D)} / {RANKS}")
+        else:
+            cells.append(f"{local.shape}: {box_of(local, SHAPE_1D)}")
+    rows.append(cells)
+print(table(rows, ["layout"] + [f"rank {r}" for r in range(RANKS)]))
+terms_sum = sum(held_1d[rank]["P(sum)"] for rank in range(RANKS))
+partial_whole = bool(np.allclose(terms_sum, labelled(SHAPE_1D)))
+print(f"P(sum): the 4 ranks' terms added up give the tensor: {partial_whole}")
+for name in ("R", "P(sum)"):
+    console.print(layout_text_view(SHAPE_1D, (RANKS,), LAYOUTS_1D[name], color=False))
+
+# %% jupyter={"source_hidden": true}
+glue("agree_1d", agree_1d)
+glue("agree_1d_text", "every rank's piece has the shape `local_shape_and_offset` computes "
+     "for it" if agree_1d else "some rank's piece does not have the shape "
+     "`local_shape_and_offset` computes for it")
+glue("partial_whole", partial_whole)
+glue("partial_text", "add up to the tensor" if partial_whole else "do not add up to the tensor")
+glue("s0_rows_per_rank", chunk_sizes(SHAPE_1D[0], RANKS)[0])
+glue("s1_columns", ", ".join(map(str, chunk_sizes(SHAPE_1D[1], RANKS))))
+say("""
+On the real processes {glue}`agree_1d_text`. Under `S(0)` each rank holds
+{glue}`s0_rows_per_rank` row of the 4, rank i row i (`A[i:i+1, 0:8]`, numpy's slices of the
+tensor A); under `S(1)` the 8 columns are cut into pieces of {glue}`s1_columns`; under `R`
+every rank holds everything; under `P(sum)` every rank holds a piece of the whole shape, a
+quarter of A, and the four terms {glue}`partial_text`. In the terminal views each element shows the ranks that hold it
+(`0123`: all four): under `P(sum)` there is one grid per term, since a term is no copy of the
+tensor.
+""")
+
+# %% [markdown]
+# ## 2. A layout on a 2 x 2 mesh
+#
+# On a mesh of two dims a layout has two placements, one per mesh dim, and
+# they apply left to right: `(Shard(0), Shard(1))` cuts dim 0 along mesh
+# dim X (the rows of the mesh), then dim 1 along Y: A[I_X, J_Y], a block
+# per rank. `(Shard(0), Shard(0))` cuts dim 0 along X, then cuts each piece
+# again along Y: A[I_XY, J], four bands of rows, rank (i, j) the band
+# 2i + j (torch's order; the book writes I_XY for the same). `(Replicate(),
+# Shard(1))` is A[I, J_Y]: the columns cut along Y, copied along X.
+# `(Shard(0), Partial())` is A[I_X, J]{U_Y}: the rows cut along X, and
+# along Y a term each.
+#
+# The ranks sit on the mesh as `init_device_mesh` puts them, row-major:
+# rank 2i + j at coordinate (i, j). Each of the 4 processes reports what
+# it holds of an 8 x 4 tensor, again of flat indices:
+
+# %%
+SHAPE_2D = (8, 4)
+MESH_2D = (2, 2)
+LAYOUTS_2D = {"(S(0), S(1))": ("A[I_X, J_Y]", [Shard(0), Shard(1)]),
+              "(S(0), S(0))": ("A[I_XY, J]", [Shard(0), Shard(0)]),
+              "(R, S(1))": ("A[I, J_Y]", [Replicate(), Shard(1)]),
+              "(S(0), P(sum))": ("A[I_X, J]{U_Y}", [Shard(0), Partial()])}
+
+
+def hold_on_a_square():
+    """On every rank: its coordinate and its piece of SHAPE_2D under each 2-D layout."""
+    mesh = init_device_mesh("cpu", MESH_2D, mesh_dim_names=("X", "Y"))
+    return mesh.get_coordinate(), {
+        name: np.array(distribute_tensor(labelled(SHAPE_2D), mesh, placements,
+                                         src_data_rank=None).to_local().data)
+        for name, (_, placements) in LAYOUTS_2D.items()}
+
+
+held_2d = minidist.launch(hold_on_a_square, world_size=RANKS, **LAUNCH)
+rows, agree_2d = [], True
+for name, (notation, placements) in LAYOUTS_2D.items():
+    cells = [name, notation]
+    for rank in range(RANKS):
+        coordinate, pieces = held_2d[rank]
+        local = pieces[name]
+        want_shape, want_offset = local_shape_and_offset(SHAPE_2D, MESH_2D, coordinate,
+                                                         placements)
+        if "P" in name:   # a term: 1/2 of the elements of its box
+            box = box_of(local * 2, SHAPE_2D) + " / 2"
+            agree_2d &= tuple(local.shape) == want_shape
+        else:
+            box = box_of(local, SHAPE_2D)
+            agree_2d &= bool(tuple(local.shape) == want_shape and local.flat[0] ==
+                             np.ravel_multi_index(want_offset, SHAPE_2D))
+        cells.append(box)
+    rows.append(cells)
+print(table(rows, ["layout", "notation"] + [f"rank {r} {tuple(held_2d[r][0])}"
+                                            for r in range(RANKS)]))
+for name in ("(S(0), S(1))", "(S(0), S(0))", "(S(0), P(sum))"):
+    show_figure(layout_figure(SHAPE_2D, MESH_2D, LAYOUTS_2D[name][1]),
+                f"layout_{name.strip('()').replace(', ', '_').replace('(', '').replace(')', '')}.png",
+                f"{name} = {LAYOUTS_2D[name][0]} on the 2 x 2 mesh: each element in the "
+                "colours of the ranks that hold it", dpi=90)
+
+# %% jupyter={"source_hidden": true}
+glue("agree_2d_text", "every rank holds the box `local_shape_and_offset` computes for its "
+     "coordinate, its first element where that box starts" if agree_2d else
+     "some rank holds another box than `local_shape_and_offset` computes")
+glue("agree_2d", agree_2d)
+band = box_of(held_2d[1][1]["(S(0), S(0))"], SHAPE_2D)
+glue("band_rank1", band)
+say("""
+On the real processes {glue}`agree_2d_text`. Under `(S(0), S(0))` rank 1, at (0, 1), holds
+{glue}`band_rank1`: the second band, inside rank 0's half of the X cut, as the left-to-right
+rule says. Under `(S(0), P(sum))` ranks 0 and 1 hold the same rows, each a term of them; the
+picture draws the two terms side by side, since adding them is what makes the tensor.
+""")
+
+# %% [markdown]
+# ## 3. Every change of layout is one collective
+#
+# `dt.redistribute(mesh, placements)` turns a DTensor's layout into
+# another. Each mesh dim whose placement changes is one step (two mesh
+# dims that cut the same tensor dim go through `R` first: the plan says
+# so), and each step is one collective among the ranks along that mesh dim
+# (n of them), named by the change:
+#
+# * `S(d) -> R`: every rank needs every piece: an **all_gather**;
+# * `P -> R`: every rank needs the sum of the terms: an **all_reduce**;
+# * `P -> S(d)`: every rank needs the sum of its piece only: a
+#   **reduce_scatter**;
+# * `R -> S(d)`: every rank holds everything already: it keeps its piece,
+#   and nothing is sent;
+# * `S(d) -> S(e)`: rank k needs from every rank the part of that rank's
+#   piece which falls in its own new piece: an **all_to_all**.
+#
+# (`R -> P` and `S -> P` are refused, as in torch: a Partial comes from an
+# op.) `plan(dt, placements)` says, before anything runs, which steps will
+# run and how many bytes each rank sends. Every step runs the ring
+# (lesson 4; the all_to_all its pairwise exchange), whose bytes per rank
+# are known exactly: for a tensor of N bytes on n ranks, (n - 1)/n N for
+# an all_gather and a reduce_scatter, 2 (n - 1)/n N for an all_reduce (its
+# reduce_scatter, then its all_gather), and (n - 1)/n² N for an
+# all_to_all: each rank holds a piece of N/n, keeps 1/n of it and sends
+# the rest, a block to each other rank.
+#
+# Each change below runs on 4 processes with the trace on, in a trace region
+# of its own; the lesson prints its plan, then what the trace says ran
+# inside that region: the collectives, and the bytes every rank sent to
+# the others.
+
+# %%
+CHANGES = [("S(0) -> R", [Shard(0)], [Replicate()]),
+           ("P -> R", [Partial()], [Replicate()]),
+           ("P -> S(0)", [Partial()], [Shard(0)]),
+           ("R -> S(0)", [Replicate()], [Shard(0)]),
+           ("S(0) -> S(1)", [Shard(0)], [Shard(1)])]
+#: the formula for each change's bytes sent per rank, as a multiple of N, and the
+#: collective the table above names
+FORMULA = {"S(0) -> R": ("all_gather", lambda n: (n - 1) / n, "(n-1)/n N"),
+           "P -> R": ("all_reduce", lambda n: 2 * (n - 1) / n, "2(n-1)/n N"),
+           "P -> S(0)": ("reduce_scatter", lambda n: (n - 1) / n, "(n-1)/n N"),
+           "R -> S(0)": ("local chunk", lambda n: 0, "0"),
+           "S(0) -> S(1)": ("all_to_all", lambda n: (n - 1) / n ** 2, "(n-1)/n^2 N")}
+#: (ranks, tensor shape) of each run: the full form adds 2 ranks and a bigger tensor
+RUNS = [(4, (8, 12))] + ([] if QUICK else [(2, (8, 12)), (4, (64, 96))])
+
+
+def run_changes(shape):
+    """On every rank: each change of CHANGES in its trace region; what the plan says
+    (its text on rank 0, its bytes) and whether the result is the right piece."""
+    n = minidist.distributed.get_world_size()
+    mesh = init_device_mesh("cpu", (n,))
+    whole = labelled(shape)
+    found = []
+    for name, source, target in CHANGES:
+        x = distribute_tensor(whole, mesh, source, src_data_rank=None)
+        the_plan = plan(x, target)
+        with trace.region(name):
+            y = x.redistribute(mesh, target)
+        want = distribute_tensor(whole, mesh, target, src_data_rank=None).to_local().data
+        found.append((str(the_plan), the_plan.nbytes, the_plan.collectives,
+                      bool(np.allclose(y.to_local().data, want))))
+    return found
+
+
+change_rows, all_right, all_exact, peers = [], True, True, {}
+for n, shape in RUNS:
+    path = OUT / f"changes_{n}_{shape[0]}x{shape[1]}.jsonl"
+    results = minidist.launch(run_changes, world_size=n, args=(shape,), trace=str(path),
+                              **LAUNCH)
+    events = trace.read_jsonl(path).events
+    whole_bytes = int(np.prod(shape)) * 8
+    print(f"\n=== {n} ranks, a float64 tensor of {shape[0]} x {shape[1]}: N = {whole_bytes:,} B ===")
+    for index, (name, _, _) in enumerate(CHANGES):
+        text, planned, collectives, _ = results[0][index]
+        right = all(result[index][3] for result in results)
+        calls, sent, messages = replay(events, name, n)
+        kind, share, formula_text = FORMULA[name]
+        formula = round(share(n) * whole_bytes)
+        exact = set(sent) == {planned} and planned == formula
+        all_right &= right
+        all_exact &= exact
+        if (n, shape) == RUNS[0]:
+            peers[name] = sorted({e["peer"] for e in in_region(events, 0, name)
+                                  if e["kind"] == "send" and e["peer"] != 0})
+            print(f"\n{text}")
+            print(f"  the trace: {calls_text(calls)}; rank 0's messages: "
+                  f"{rank0_messages(events, name)}")
+            print(f"  bytes sent per rank {', '.join(map(str, sent))} in "
+                  f"{', '.join(map(str, messages))} messages; {formula_text} = {formula} B; "
+                  f"every rank's piece right: {right}")
+        ran = calls[0]["collective"] if calls else "nothing sent"
+        change_rows.append((n, f"{shape[0]}x{shape[1]}", name, ran, formula_text, formula,
+                            planned, max(sent), "yes" if exact else "NO"))
+
+print("\nThe table, as this run measured it (bytes sent per rank):")
+print(table(change_rows, ("n", "tensor", "change", "collective (trace)", "formula", "formula B",
+                          "plan B", "trace B", "equal")))
+
+# %% jupyter={"source_hidden": true}
+glue("all_right", all_right)
+glue("right_text", "every rank ended with the piece of the new layout (compared with "
+     "`distribute_tensor` of the whole in that layout)" if all_right else
+     "some rank did not end with the piece of the new layout")
+glue("all_exact", all_exact)
+glue("exact_text", "the bytes every rank sent, read from the trace, were the plan's, and the "
+     "plan's were the formula's, for every change" if all_exact else
+     "the trace's bytes, the plan's and the formula's were not all the same (the table's "
+     "last column says where)")
+first_n, first_shape = RUNS[0]
+glue("first_n", first_n)
+glue("whole_bytes", int(np.prod(first_shape)) * 8, ",")
+glue("gather_bytes", round((first_n - 1) / first_n * int(np.prod(first_shape)) * 8), ",")
+glue("reduce_bytes", round(2 * (first_n - 1) / first_n * int(np.prod(first_shape)) * 8), ",")
+glue("runs_text", " and ".join(f"{n} ranks with a tensor of {s[0]} x {s[1]}" for n, s in RUNS))
+glue("ring_peers", ", ".join(map(str, peers["S(0) -> R"])))
+glue("ring_one_peer", len(peers["S(0) -> R"]) == 1)
+glue("a2a_peers", ", ".join(map(str, peers["S(0) -> S(1)"])))
+glue("swap_bytes", round((first_n - 1) / first_n ** 2 * int(np.prod(first_shape)) * 8), ",")
+say("""
+In every run ({glue}`runs_text`) {glue}`right_text`, and {glue}`exact_text`. On
+{glue}`first_n` ranks the tensor of {glue}`whole_bytes` bytes cost {glue}`gather_bytes` bytes per
+rank to gather or to reduce-scatter, and twice that, {glue}`reduce_bytes`, to all_reduce a
+Partial: the all_reduce is a reduce_scatter and an all_gather. To swap its cut from rows to
+columns (the all_to_all) cost {glue}`swap_bytes` bytes per rank, n times less than a
+gather: a rank sends only what other ranks lack of its own piece. Going from `R` to a Shard
+cost nothing: the trace holds no message in that region. Rank 0's messages show the two
+shapes of exchange: every step of the ring's all_gather went to rank {glue}`ring_peers`, its
+neighbour, while the all_to_all sent one block to each of ranks {glue}`a2a_peers`.
+""")
+
+# %% [markdown]
+# On a 2 x 2 mesh a change of both placements is two steps, one collective
+# on each mesh dim's groups of 2 ranks, the last mesh dim first (in torch,
+# too). From A[I_X, J_Y] to A[I, J] the plan gathers the columns along Y,
+# then the rows along X; each rank sends (2 - 1)/2 of the box its group
+# holds together, which doubles from the first step to the second:
+
+# %%
+def gather_a_square():
+    """On every rank: (S(0), S(1)) -> (R, R) of an 8 x 12 tensor on the 2 x 2 mesh."""
+    mesh = init_device_mesh("cpu", MESH_2D, mesh_dim_names=("X", "Y"))
+    x = distribute_tensor(labelled((8, 12)), mesh, [Shard(0), Shard(1)], src_data_rank=None)
+    the_plan = plan(x, [Replicate(), Replicate()])
+    with trace.region("two steps"):
+        y = x.redistribute(mesh, [Replicate(), Replicate()])
+    return (str(the_plan), [step.nbytes for step in the_plan.steps],
+            bool(np.array_equal(y.to_local().data, labelled((8, 12)))))
+
+
+square_path = OUT / "square.jsonl"
+square = minidist.launch(gather_a_square, world_size=RANKS, trace=str(square_path), **LAUNCH)
+square_events = trace.read_jsonl(square_path).events
+square_calls, square_sent, _ = replay(square_events, "two steps", RANKS)
+print(square[0][0])
+print(f"the trace: {calls_text(square_calls)}; bytes sent per rank "
+      f"{', '.join(map(str, square_sent))}; every rank holds the whole tensor: "
+      f"{all(result[2] for result in square)}")
+
+# %% jupyter={"source_hidden": true}
+step_bytes = square[0][1]
+glue("step1_bytes", step_bytes[0], ",")
+glue("step2_bytes", step_bytes[1], ",")
+glue("square_total", sum(step_bytes), ",")
+square_exact = set(square_sent) == {sum(step_bytes)} and \
+    [c["collective"] for c in square_calls] == ["all_gather", "all_gather"] and \
+    all(c["world"] == 2 for c in square_calls)
+glue("square_exact", square_exact)
+glue("square_text", "two all_gathers of 2 ranks each ran, and every rank sent the plan's "
+     "bytes" if square_exact else "the trace does not show the plan's two all_gathers of 2 "
+     "ranks with its bytes")
+say("""
+The trace agrees: {glue}`square_text`, {glue}`step1_bytes` bytes in the first step (a
+quarter of the tensor is each rank's block; it sends it to the other rank of its Y group) and
+{glue}`step2_bytes` in the second (a half: the two blocks its Y group now holds), in all
+{glue}`square_total`.
+""")
+
+# %% [markdown]
+# ## 4. Uneven chunks
+#
+# A dim of L elements on n ranks is cut as `torch.chunk` cuts it: pieces
+# of ceil(L / n), the last ones shorter, and the ones after the end empty.
+# It is not numpy's `array_split`, which spreads the remainder over the
+# first pieces. A tensor of 5 rows on 4 ranks:
+
+# %%
+SHAPE_UNEVEN = (5, 4)
+torch_sizes = chunk_sizes(SHAPE_UNEVEN[0], RANKS)
+numpy_sizes = [len(part) for part in np.array_split(np.arange(SHAPE_UNEVEN[0]), RANKS)]
+print(f"torch.chunk's sizes of 5 on 4: {torch_sizes}; numpy's array_split: {numpy_sizes}")
+
+
+def uneven_run():
+    """On every rank: its piece of a 5 x 4 tensor under S(0), and S(0) -> R traced."""
+    mesh = init_device_mesh("cpu", (RANKS,))
+    x = distribute_tensor(labelled(SHAPE_UNEVEN), mesh, [Shard(0)], src_data_rank=None)
+    the_plan = plan(x, [Replicate()])
+    with trace.region("uneven gather"):
+        y = x.redistribute(mesh, [Replicate()])
+    return (np.array(x.to_local().data), str(the_plan), the_plan.nbytes,
+            bool(np.array_equal(y.to_local().data, labelled(SHAPE_UNEVEN))))
+
+
+uneven_path = OUT / "uneven.jsonl"
+uneven = minidist.launch(uneven_run, world_size=RANKS, trace=str(uneven_path), **LAUNCH)
+uneven_calls, uneven_sent, _ = replay(trace.read_jsonl(uneven_path).events, "uneven gather",
+                                      RANKS)
+held_rows = [uneven[rank][0].shape[0] for rank in range(RANKS)]
+print(f"rows each rank holds on the real processes: {held_rows}")
+console.print(layout_text_view(SHAPE_UNEVEN, (RANKS,), [Shard(0)], color=False))
+print(uneven[0][1])
+print(f"the trace: {calls_text(uneven_calls)}; bytes sent per rank "
+      f"{', '.join(map(str, uneven_sent))}; every rank holds the whole tensor: "
+      f"{all(result[3] for result in uneven)}")
+uneven_whole = int(np.prod(SHAPE_UNEVEN)) * 8
+padded_whole = RANKS * max(torch_sizes) * SHAPE_UNEVEN[1] * 8
+print(f"(n-1)/n of the tensor: 3/4 x {uneven_whole} = {3 * uneven_whole / 4:g} B; of the "
+      f"padded tensor ({RANKS} pieces of {max(torch_sizes)} rows): 3/4 x {padded_whole} = "
+      f"{3 * padded_whole // 4} B")
+
+# %% jupyter={"source_hidden": true}
+glue("torch_sizes", ", ".join(map(str, torch_sizes)))
+glue("numpy_sizes", ", ".join(map(str, numpy_sizes)))
+glue("held_rows", ", ".join(map(str, held_rows)))
+glue("held_is_torch", held_rows == torch_sizes)
+glue("held_text", "the same as torch.chunk's" if held_rows == torch_sizes else
+     "not torch.chunk's")
+glue("uneven_planned", uneven[0][2])
+glue("padded_bytes", 3 * padded_whole // 4)
+glue("unpadded_bytes", 3 * uneven_whole / 4, "g")
+padding_exact = set(uneven_sent) == {uneven[0][2]} == {3 * padded_whole // 4}
+glue("padding_exact", padding_exact)
+glue("padding_text", "exactly (n-1)/n of the padded tensor, as the plan said" if padding_exact
+     else "not the padded tensor's (n-1)/n")
+glue("padding_share", padded_whole / uneven_whole, ".2f")
+say("""
+torch.chunk cuts 5 rows into {glue}`torch_sizes`, numpy's array_split into
+{glue}`numpy_sizes`; the real processes held {glue}`held_rows` rows, {glue}`held_text`, rank
+3 an empty piece of shape (0, 4). The all_gather's pieces must be of one size, so each
+travels padded to the largest, 2 rows, and is trimmed on arrival (torch does the same): every
+rank sent {glue}`uneven_planned` bytes, {glue}`padding_text`, where the tensor's own (n-1)/n
+would be {glue}`unpadded_bytes`. The padded tensor is {glue}`padding_share` times the tensor:
+an uneven cut pays for the rows it does not have.
+
+The exercise of this section is the all_to_all of this lesson with uneven
+chunks, written by hand: `minidist exercise start redistribute_layout`, then
+`minidist exercise check redistribute_layout` runs it on 2 and 4 processes
+against `redistribute`.
+""")
+
+# %% [markdown]
+# ## 5. The backward of a change of layout
+#
+# A change of layout is a step of the autograd graph like any other, and
+# its backward is the opposite change, applied to the gradient: the
+# gradient of a tensor has the tensor's layout. A `Shard -> Replicate`
+# gathered the pieces, so its backward gives each rank its own piece of
+# the gradient back (the gradient of a replicated tensor is taken to be
+# replicated: nothing is sent). A `Replicate -> Shard` sent nothing, so its
+# backward gathers: every rank's copy needs the whole gradient. The
+# gradient of a `Partial` term is the whole gradient (each term counts
+# once in the sum), so a `P -> S(0)` has for backward an all_gather. And
+# an all_to_all's backward is the all_to_all back.
+#
+# Each change below runs forward, then the backward of each rank's loss
+# sum(y * G), G a tensor of known values, each in a trace region:
+
+# %%
+BACKWARD_CHANGES = [("S(0) -> R", [Shard(0)], [Replicate()], "take own chunk"),
+                    ("R -> S(0)", [Replicate()], [Shard(0)], "all_gather"),
+                    ("P -> S(0)", [Partial()], [Shard(0)], "all_gather"),
+                    ("S(0) -> S(1)", [Shard(0)], [Shard(1)], "all_to_all")]
+SHAPE_BACKWARD = (8, 12)
+
+
+def forward_and_backward():
+    """On every rank: each change forward and backward in trace regions; the
+    gradient each leaf received and the one expected."""
+    mesh = init_device_mesh("cpu", (RANKS,))
+    whole = labelled(SHAPE_BACKWARD)
+    gradient = 1.0 + labelled(SHAPE_BACKWARD) / 100
+    found = []
+    for name, source, target, _ in BACKWARD_CHANGES:
+        x = distribute_tensor(Tensor(whole, requires_grad=True), mesh, source,
+                              src_data_rank=None)
+        with trace.region(f"forward {name}"):
+            y = x.redistribute(mesh, target)
+        # G's piece in y's layout: each rank's loss is sum(y * G) over what it holds
+        g = distribute_tensor(gradient, mesh, target, src_data_rank=None).to_local().data
+        loss = (y.to_local() * Tensor(g)).sum()
+        with trace.region(f"backward {name}"):
+            loss.backward()
+        # the gradient x should get: G in x's layout (a Partial's: G whole, each term's)
+        grad_layout = [Replicate() if isinstance(p, Partial) else p for p in source]
+        want = distribute_tensor(gradient, mesh, grad_layout, src_data_rank=None).to_local().data
+        opposite = plan(y, grad_layout)
+        found.append((bool(np.allclose(x.grad, want)), opposite.nbytes,
+                      opposite.collectives))
+    return found
+
+
+backward_path = OUT / "backward.jsonl"
+backward = minidist.launch(forward_and_backward, world_size=RANKS, trace=str(backward_path),
+                           **LAUNCH)
+backward_events = trace.read_jsonl(backward_path).events
+rows, backward_right, backward_exact = [], True, True
+for index, (name, _, _, expected) in enumerate(BACKWARD_CHANGES):
+    forward_calls, forward_sent, _ = replay(backward_events, f"forward {name}", RANKS)
+    back_calls, back_sent, _ = replay(backward_events, f"backward {name}", RANKS)
+    right = all(result[index][0] for result in backward)
+    opposite_bytes, opposite_collectives = backward[0][index][1], backward[0][index][2]
+    ran = back_calls[0]["collective"] if back_calls else "nothing sent"
+    backward_right &= right
+    backward_exact &= set(back_sent) == {opposite_bytes} and \
+        (ran == expected or (not back_calls and expected == "take own chunk"))
+    rows.append((name, forward_calls[0]["collective"] if forward_calls else "nothing sent",
+                 max(forward_sent), ran, max(back_sent), expected, opposite_bytes,
+                 "yes" if right else "NO"))
+print(table(rows, ("change", "forward (trace)", "B", "backward (trace)", "B",
+                   "the table's backward", "its plan B", "gradient right")))
+
+# %% jupyter={"source_hidden": true}
+glue("backward_right", backward_right)
+glue("backward_right_text", "every leaf got the gradient G in its own layout (its piece of "
+     "G, or for a Partial's term the whole of G)" if backward_right else
+     "some leaf did not get G in its own layout")
+glue("backward_exact", backward_exact)
+glue("backward_exact_text", "the collective the trace shows in each backward is the one the "
+     "table names, and its bytes per rank are the opposite change's plan" if backward_exact
+     else "the trace's backward does not always match the table's opposite change")
+glue("gather_back_bytes", backward[0][1][1], ",")
+say("""
+{glue}`backward_exact_text`; and {glue}`backward_right_text`. The cheapest forward,
+`R -> S(0)`, which sent nothing, has the dearest backward, an all_gather of
+{glue}`gather_back_bytes` bytes per rank, and the all_gather of `S(0) -> R` has a backward
+that sends nothing: a change of layout moves its cost between the forward and the backward,
+it does not remove it. Lesson 17's pair of Megatron's f and g make the same trade: f an
+identity forward and an all_reduce backward, g the reverse.
+""")
