@@ -1,0 +1,219 @@
+"""Distributed checkpoints (minidist.distributed.checkpoint) that reshard.
+
+A small float64 GPT's parameters are laid out as DTensors on a dp2 x tp2 mesh
+in tensor-parallel layouts (up-projections and embeddings Shard(0) on tp,
+down-projections Shard(1), LayerNorms and down-projection biases Replicate;
+all Replicate on dp), with Adam's moments in the same layouts and a step
+count; saved on 4 ranks. Loaded into tp4, dp4 with every parameter Shard(0)
+(FSDP2's layout), 2x2 HSDP ``(Replicate(), Shard(0))``, one process and an
+uneven Shard(0) (position embeddings of 5 rows on 4 ranks: 2, 2, 1, 0), every
+local piece equals the saved full arrays' box BIT FOR BIT, and each rank
+reads exactly the saved chunks its box overlaps (the chunk lists and byte
+counts are computed here from the layouts, independently of the loader).
+
+Also: the save wrote each replicated box once (the files' sizes add up to
+the state's bytes once); async_save writes the same files as save, and an
+update right after it returns does not reach them; each error (a target of
+another shape, a missing or truncated shard file, another model's keys, a
+dtype mismatch) names the key and the file and changes no array; a rank
+that fails while writing ends every rank naming it and leaves the previous
+checkpoint as it was; a pipeline's stages save and load under the whole
+model's names at another depth.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import minidist
+import minidist.distributed as dist
+import minidist.distributed.checkpoint as dcp
+from minidist import nn, optim
+from minidist.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from minidist.distributed.tensor import Replicate, Shard, distribute_tensor, init_device_mesh
+from minidist.models.gpt import GPT, GPTConfig
+
+CONFIG = GPTConfig(vocab_size=12, block_size=5, n_layer=2, n_head=2, n_embd=8)
+STEP = 3
+
+
+def full_state():
+    """The saved values: the GPT's weights (seed 0) and made-up Adam moments."""
+    model = GPT(CONFIG, rng=0, dtype=np.float64)
+    rng = np.random.default_rng(1)
+    weights = {k: v for k, v in model.state_dict().items()}
+    moments = {name: (rng.normal(size=p.shape), np.abs(rng.normal(size=p.shape)))
+               for name, p in model.named_parameters()}
+    return weights, moments
+
+
+def tp_layout(name, ndim):
+    """Megatron's layouts on the tp mesh dim."""
+    if name.endswith("c_attn.weight") or name.endswith("c_fc.weight") or \
+            name.endswith("c_attn.bias") or name.endswith("c_fc.bias") or name.endswith("wte.weight") \
+            or name.endswith("wpe.weight") or name == "lm_head.weight":
+        return Shard(0)
+    if name.endswith("c_proj.weight"):
+        return Shard(1)
+    return Replicate()
+
+
+LAYOUTS = {
+    "dp2xtp2": ((2, 2), ("dp", "tp"), lambda name, ndim: (Replicate(), tp_layout(name, ndim))),
+    "tp4": ((4,), ("tp",), lambda name, ndim: (tp_layout(name, ndim),)),
+    "fsdp4": ((4,), ("dp",), lambda name, ndim: (Shard(0),)),
+    "hsdp2x2": ((2, 2), ("replicate", "shard"), lambda name, ndim: (Replicate(), Shard(0))),
+}
+
+
+def build(layout, values=None, seed=5):
+    """A GPT whose parameters are DTensors of ``layout`` (values: the full
+    arrays; None: another seed's weights and zero state), with an Adam."""
+    shape, names, rule = LAYOUTS[layout]
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    model = GPT(CONFIG, rng=seed, dtype=np.float64)
+    weights = values[0] if values else model.state_dict()
+    for name, param in list(model.named_parameters()):
+        owner, attr = _owner(model, name)
+        dt = nn.Parameter(distribute_tensor(weights[name], mesh, rule(name, param.ndim)))
+        setattr(owner, attr, dt)
+        if name == "transformer.wte.weight":
+            model.lm_head.weight = dt          # tied, as GPT ties them
+    optimizer = optim.Adam(model.parameters(), lr=1e-3)
+    if values:
+        for index, param, _ in optimizer._indexed_params():
+            name = next(n for n, p in model.named_parameters() if p is param)
+            m, v = (_box(a, param) for a in values[1][name])
+            optimizer.state[index] = {"step": STEP, "exp_avg": m, "exp_avg_sq": v}
+    return model, optimizer, mesh
+
+
+def _owner(model, name):
+    *path, attr = name.split(".")
+    owner = model
+    for part in path:
+        owner = getattr(owner, part)
+    return owner, attr
+
+
+def _box(full, param):
+    sizes, offsets = param._spec.local_shape_and_offset()
+    return full[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))].copy()
+
+
+def expected_reads(full_shape, saved_boxes, box):
+    """The saved chunks (offsets, sizes) that overlap ``box``, by brute force
+    over element indices."""
+    wanted = np.zeros(full_shape, bool)
+    wanted[tuple(slice(o, o + s) for o, s in zip(*box))] = True
+    return sorted((o, s) for o, s in saved_boxes
+                  if wanted[tuple(slice(a, a + b) for a, b in zip(o, s))].any())
+
+
+def _state_of(model, optimizer):
+    """Every local array of the model and optimizer (to compare before/after)."""
+    arrays = {k: p.data.copy() for k, p in model.named_parameters()}
+    for index, entries in optimizer.state.items():
+        for key, value in entries.items():
+            arrays[f"state.{index}.{key}"] = np.array(value, copy=True)
+    return arrays
+
+
+def _check_bits(model, optimizer, values):
+    """Every local piece against the full arrays' box: bit for bit."""
+    weights, moments = values
+    bad = []
+    names = {id(p): n for n, p in model.named_parameters()}
+    for name, param in model.named_parameters():
+        if not np.array_equal(param.data, _box(weights[name], param)):
+            bad.append(name)
+    for index, param, group in optimizer._indexed_params():
+        state = optimizer.state[index]
+        name = names[id(param)]
+        if state["step"] != STEP or group["lr"] != 1e-3:
+            bad.append(f"{name} step/lr")
+        for which, key in enumerate(("exp_avg", "exp_avg_sq")):
+            if not np.array_equal(state[key], _box(moments[name][which], param)):
+                bad.append(f"{name}.{key}")
+    return bad
+
+
+def _save_tp(path):
+    values = full_state()
+    model, optimizer, _ = build("dp2xtp2", values)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    metadata = dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
+    chunks = {k: [(c["offsets"], c["sizes"], c["rank"]) for c in t["chunks"]]
+              for k, t in metadata.tensors.items()}
+    whole = sum(int(np.prod(t["shape"])) * 8 for t in metadata.tensors.values())
+    tensor_bytes = sum(c["nbytes"] for t in metadata.tensors.values() for c in t["chunks"])
+    return chunks, (metadata.total_bytes(), tensor_bytes, whole)
+
+
+def _load_into(layout, path):
+    values = full_state()
+    model, optimizer, mesh = build(layout)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    report = dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+    boxes = {k: report.box[k] for k in report.box}
+    reads = {k: sorted((tuple(c[2]), tuple(c[3])) for c in v) for k, v in report.reads.items()}
+    return {"bad": _check_bits(model, optimizer, values), "boxes": boxes, "reads": reads,
+            "bytes_read": report.bytes_read, "text": report.text(),
+            "wpe": report.text("model.transformer.wpe.weight")}
+
+
+def _round_trips(path):
+    saved, sizes = _save_tp(path)
+    results = {"saved": saved, "bytes": sizes}
+    for layout in ("tp4", "fsdp4", "hsdp2x2"):
+        results[layout] = _load_into(layout, path)
+    return results
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("transport", ["pipe", "shm"])
+def test_tp_checkpoint_loads_into_every_layout_bit_for_bit(tmp_path, transport):
+    path = str(tmp_path / "ckpt")
+    ranks = minidist.launch(_round_trips, world_size=4, transport=transport, args=(path,),
+                            timeout=240)
+    saved = ranks[0]["saved"]
+    weights, _ = full_state()
+    # a replicated box is written once: by the lowest rank holding it
+    ln = saved["model.transformer.h.0.ln_1.weight"]
+    assert ln == [((0,), (8,), 0)]
+    c_fc = saved["model.transformer.h.0.mlp.c_fc.weight"]
+    assert c_fc == [((0, 0), (16, 8), 0), ((16, 0), (16, 8), 1)]
+    proj = saved["optim.state.transformer.h.1.mlp.c_proj.weight.exp_avg"]
+    assert proj == [((0, 0), (8, 16), 0), ((0, 16), (8, 16), 1)]
+    # the files hold every key's bytes exactly once: the chunks tile each tensor
+    total, tensor_bytes, whole_bytes = ranks[0]["bytes"]
+    assert tensor_bytes == whole_bytes
+    files = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)
+                if f.endswith(".distcp"))
+    assert files == total
+    assert sorted(os.listdir(path)) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    for layout in ("tp4", "fsdp4", "hsdp2x2"):
+        for rank, result in enumerate(ranks):
+            assert result[layout]["bad"] == [], (layout, rank, result[layout]["bad"])
+            for key, box in result[layout]["boxes"].items():
+                saved_boxes = [(o, s) for o, s, _ in saved[key]]
+                shape = weights[key.split(".", 1)[1]].shape if key.startswith("model.") else \
+                    weights[key.split(".", 2)[2].rsplit(".", 1)[0]].shape
+                want = expected_reads(shape, saved_boxes, box) if np.prod(box[1]) else []
+                assert result[layout]["reads"].get(key, []) == want, (layout, rank, key)
+    # the uneven cut: wpe (5 rows) on 4 ranks is 2, 2, 1, 0 rows; tp2 saved 3 + 2 rows
+    wpe = [r["fsdp4"]["reads"].get("model.transformer.wpe.weight", []) for r in ranks]
+    assert wpe == [[((0, 0), (3, 8))], [((0, 0), (3, 8)), ((3, 0), (2, 8))],
+                   [((3, 0), (2, 8))], []]
+    assert [r["fsdp4"]["wpe"] for r in ranks] == [
+        "rank 0 read 1 of 2 chunks, 192 B of 320 B of model.transformer.wpe.weight",
+        "rank 1 read 2 of 2 chunks, 320 B of 320 B of model.transformer.wpe.weight",
+        "rank 2 read 1 of 2 chunks, 128 B of 320 B of model.transformer.wpe.weight",
+        "rank 3 read 0 of 2 chunks, 0 B of 320 B of model.transformer.wpe.weight"]
+    # tp4 on a tp2 save: every rank reads one chunk of each tp-sharded tensor, half of it
+    c_attn = [r["tp4"]["reads"]["model.transformer.h.0.attn.c_attn.weight"] for r in ranks]
+    assert c_attn == [[((0, 0), (12, 8))]] * 2 + [[((12, 0), (12, 8))]] * 2
