@@ -166,18 +166,208 @@ def _load_into(layout, path):
             "wpe": report.text("model.transformer.wpe.weight")}
 
 
+def _attempt(model, optimizer, state_dict, path):
+    """Load, expecting an error: its text, and whether any array changed."""
+    before = _state_of(model, optimizer)
+    try:
+        dcp.load(state_dict, checkpoint_id=path)
+    except Exception as error:  # noqa: BLE001 - the text is the result
+        message = str(error)
+    else:
+        message = None
+    after = _state_of(model, optimizer)
+    changed = [k for k in before if not np.array_equal(before[k], after[k])]
+    return message, changed
+
+
+def _copy_damaged(path, name, damage):
+    """Rank 0 copies the checkpoint to ``name`` and damages it; all wait."""
+    import shutil
+    target = os.path.join(os.path.dirname(path), name)
+    if dist.get_rank() == 0:
+        shutil.copytree(path, target)
+        damage(target)
+    dist.barrier()
+    return target
+
+
+def _truncate(folder):
+    shard = os.path.join(folder, "__1_0.distcp")
+    with open(shard, "r+b") as file:
+        file.truncate(os.path.getsize(shard) // 2)
+
+
+def _errors(path):
+    """Each damaged or foreign checkpoint: (message, arrays changed)."""
+    out = {}
+    model, optimizer, _ = build("fsdp4")
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    whole = {"model": model_sd, "optim": optim_sd}
+    missing = _copy_damaged(path, "missing", lambda f: os.remove(os.path.join(f, "__1_0.distcp")))
+    out["missing_file"] = _attempt(model, optimizer, whole, missing)
+    out["truncated"] = _attempt(model, optimizer, whole, _copy_damaged(path, "cut", _truncate))
+    wide = GPTConfig(vocab_size=13, block_size=5, n_layer=2, n_head=2, n_embd=8)
+    other = GPT(wide, rng=0, dtype=np.float64)
+    out["shape"] = _attempt(other, optim.Adam(other.parameters()),
+                            {"model": other.state_dict()}, path)
+    single = GPT(CONFIG, rng=0, dtype=np.float32)
+    out["dtype"] = _attempt(single, optim.Adam(single.parameters()),
+                            {"model": single.state_dict()}, path)
+    mlp = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2)).double()
+    foreign = os.path.join(os.path.dirname(path), "mlp")
+    dcp.save({"model": mlp.state_dict()}, checkpoint_id=foreign)
+    out["keys"] = _attempt(model, optimizer, whole, foreign)
+    return out
+
+
+def _async(path):
+    """async_save, then an update at once: the files are save's."""
+    values = full_state()
+    model, optimizer, _ = build("dp2xtp2", values)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    target = os.path.join(os.path.dirname(path), "async")
+    import sys
+    import threading
+    save_module = sys.modules["minidist.distributed.checkpoint.save"]
+    real, changed = save_module.write_bytes, threading.Event()
+
+    def after_the_change(file, payload, key):   # the thread writes only once the state changed
+        changed.wait(60)
+        real(file, payload, key)
+
+    save_module.write_bytes = after_the_change
+    try:
+        future = dcp.async_save({"model": model_sd, "optim": optim_sd}, checkpoint_id=target)
+        for sd in (model_sd, *optim_sd["state"].values()):      # the state changed at once
+            for value in sd.values():
+                if hasattr(value, "_spec"):
+                    value.data += 1.0
+        changed.set()
+        future.result(timeout=120)
+    finally:
+        save_module.write_bytes = real
+    dist.barrier()
+    return future.done(), _file_bytes(target) == _file_bytes(path)
+
+
+def _file_bytes(folder):
+    return {name: open(os.path.join(folder, name), "rb").read() for name in os.listdir(folder)}
+
+
+def _failing_save(path):
+    """Rank 1 fails half-way through its file: every rank names it, the old
+    checkpoint stays whole, nothing is left beside it."""
+    import sys
+    save_module = sys.modules["minidist.distributed.checkpoint.save"]  # the name is the function
+    before = _file_bytes(path)
+    values = full_state()
+    model, optimizer, _ = build("dp2xtp2", values)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    real = save_module.write_bytes
+
+    def disk_full(file, payload, key):
+        file.write(bytes(memoryview(payload).cast("B"))[:7])
+        raise OSError(28, "No space left on device")
+
+    if dist.get_rank() == 1:
+        save_module.write_bytes = disk_full
+    try:
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
+        message = None
+    except RuntimeError as error:
+        message = str(error)
+    finally:
+        save_module.write_bytes = real
+    dist.barrier()
+    partial = distribute_tensor(np.ones((4, 2)), init_device_mesh("cpu", (4,)),
+                                [minidist.distributed.tensor.Partial()])
+    try:
+        dcp.save({"p": partial}, checkpoint_id=os.path.join(os.path.dirname(path), "partial"))
+        refused = None
+    except RuntimeError as error:
+        refused = str(error)
+    left = sorted(os.listdir(os.path.dirname(path)))
+    return message, _file_bytes(path) == before, left, refused
+
+
+def _pipeline_values():
+    rng = np.random.default_rng(3)
+    model = _mlp()
+    weights = {k: rng.normal(size=tuple(p.shape)) for k, p in model.named_parameters()}
+    momenta = {k: rng.normal(size=tuple(p.shape)) for k, p in model.named_parameters()}
+    return weights, momenta
+
+
+def _mlp():
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(),
+                         nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+
+
+def _stage(model, stages, index):
+    """Stage ``index`` of ``stages``: the Linear layers cut evenly (a slice of a
+    Sequential keeps the whole model's names: "4.weight")."""
+    cuts = np.linspace(0, 4, stages + 1).astype(int) * 2
+    cuts[-1] = len(model)
+    return model[cuts[index]:cuts[index + 1]]
+
+
+def _pipeline_save(path):
+    weights, momenta = _pipeline_values()
+    model = _mlp()
+    model.load_state_dict(weights)
+    stage = _stage(model, dist.get_world_size(), dist.get_rank())
+    optimizer = optim.SGD(stage.parameters(), lr=0.05, momentum=0.9)
+    for index, param, _ in optimizer._indexed_params():
+        name = next(n for n, p in stage.named_parameters() if p is param)
+        optimizer.state[index] = {"momentum_buffer": momenta[name].copy()}
+    model_sd, optim_sd = get_state_dict(stage, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
+    return sorted(model_sd)
+
+
+def _pipeline_load(path, stages=None, index=0):
+    """Load into stage ``index`` of ``stages`` (None: the launch's world) and
+    compare with the saved values: the names wrong, or None."""
+    weights, momenta = _pipeline_values()
+    model = _mlp()
+    stages = dist.get_world_size() if stages is None else stages
+    index = dist.get_rank() if dist.is_initialized() else index
+    stage = _stage(model, stages, index)
+    optimizer = optim.SGD(stage.parameters(), lr=0.5, momentum=0.5)
+    model_sd, optim_sd = get_state_dict(stage, optimizer)
+    report = dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
+    set_state_dict(stage, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+    bad = [n for n, p in stage.named_parameters() if not np.array_equal(p.data, weights[n])]
+    for i, param, group in optimizer._indexed_params():
+        name = next(n for n, p in stage.named_parameters() if p is param)
+        if not np.array_equal(optimizer.state[i]["momentum_buffer"], momenta[name]) or \
+                group["lr"] != 0.05 or group["momentum"] != 0.9:
+            bad.append(f"{name} state")
+    return sorted(model_sd), bad, sorted(report.reads)
+
+
 def _round_trips(path):
     saved, sizes = _save_tp(path)
     results = {"saved": saved, "bytes": sizes}
     for layout in ("tp4", "fsdp4", "hsdp2x2"):
         results[layout] = _load_into(layout, path)
+    results["errors"] = _errors(path)
+    results["async"] = _async(path)
+    results["failing"] = _failing_save(path)
+    results["pipeline"] = _pipeline_load(os.path.join(os.path.dirname(path), "..", "pipe"))
     return results
 
 
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("transport", ["pipe", "shm"])
 def test_tp_checkpoint_loads_into_every_layout_bit_for_bit(tmp_path, transport):
-    path = str(tmp_path / "ckpt")
+    (tmp_path / "four").mkdir()
+    path = str(tmp_path / "four" / "ckpt")
+    pipe = str(tmp_path / "pipe")
+    held = minidist.launch(_pipeline_save, world_size=2, transport=transport, args=(pipe,),
+                           timeout=120)
+    assert held == [["0.bias", "0.weight", "2.bias", "2.weight"],
+                    ["4.bias", "4.weight", "6.bias", "6.weight"]]     # the whole model's names
     ranks = minidist.launch(_round_trips, world_size=4, transport=transport, args=(path,),
                             timeout=240)
     saved = ranks[0]["saved"]
@@ -217,3 +407,55 @@ def test_tp_checkpoint_loads_into_every_layout_bit_for_bit(tmp_path, transport):
     # tp4 on a tp2 save: every rank reads one chunk of each tp-sharded tensor, half of it
     c_attn = [r["tp4"]["reads"]["model.transformer.h.0.attn.c_attn.weight"] for r in ranks]
     assert c_attn == [[((0, 0), (12, 8))]] * 2 + [[((12, 0), (12, 8))]] * 2
+    # the errors: each names the key and the file, and changes nothing
+    for rank, result in enumerate(ranks):
+        errors = result["errors"]
+        for case, (message, changed) in errors.items():
+            assert message is not None and changed == [], (case, rank, message, changed)
+        assert "__1_0.distcp is missing" in errors["missing_file"][0]
+        assert "'model.transformer.h.0.attn.c_attn.weight'" in errors["missing_file"][0]
+        assert "__1_0.distcp is truncated" in errors["truncated"][0]
+        assert "size mismatch for 'model.transformer.wte.weight'" in errors["shape"][0]
+        assert "saved with shape (12, 8)" in errors["shape"][0] and path in errors["shape"][0]
+        assert "dtype mismatch for 'model.transformer.wpe.weight'" in errors["dtype"][0]
+        assert "saved as float64, the target is float32" in errors["dtype"][0]
+        assert "missing key 'model.transformer.wte.weight'" in errors["keys"][0]
+        assert "'model.0.weight'" in errors["keys"][0]          # what the other model had
+        assert result["async"] == (True, True)
+        message, unchanged, left, refused = result["failing"]
+        assert message.startswith("save to ") and "failed on rank(s) [1]" in message
+        assert "No space left on device" in message and "__1_0.distcp" in message
+        assert unchanged
+        assert left == ["async", "ckpt", "cut", "missing", "mlp"]
+        assert "Partial DTensor" in refused and "reduce it first" in refused
+
+    # a pipeline of 2 stages loaded on 4: each stage holds and reads one Linear's keys
+    for rank, result in enumerate(ranks):
+        keys, bad, read = result["pipeline"]
+        assert keys == [f"{2 * rank}.bias", f"{2 * rank}.weight"] and bad == []
+        assert read == sorted(f"{part}.{2 * rank}.{what}" for part in ("model",)
+                              for what in ("bias", "weight")) + sorted(
+            f"optim.state.{2 * rank}.{what}.momentum_buffer" for what in ("bias", "weight"))
+    # ... and on 1 stage, in one process: the whole model
+    keys, bad, _ = _pipeline_load(pipe, stages=1)
+    assert bad == [] and len(keys) == 8
+
+def test_one_process_loads_the_sharded_checkpoint_whole(tmp_path):
+    path = str(tmp_path / "ckpt")
+    minidist.launch(_save_tp, world_size=4, transport="pipe", args=(path,), timeout=240)
+    values = full_state()
+    model = GPT(CONFIG, rng=7, dtype=np.float64)
+    optimizer = optim.Adam(model.parameters(), lr=0.5)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    report = dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+    assert report.chunks_read == report.chunks_saved and report.bytes_read == report.bytes_saved
+    for name, param in model.named_parameters():
+        assert np.array_equal(param.data, values[0][name]), name
+    for index, param, group in optimizer._indexed_params():
+        name = next(n for n, p in model.named_parameters() if p is param)
+        state = optimizer.state[index]
+        assert state["step"] == STEP and group["lr"] == 1e-3 and group["betas"] == (0.9, 0.999)
+        assert np.array_equal(state["exp_avg"], values[1][name][0])
+        assert np.array_equal(state["exp_avg_sq"], values[1][name][1])
+

@@ -113,8 +113,9 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=N
 def _write_and_finish(folder, checkpoint_id, items, writes, metadata, rank, ranks, timeout):
     name = os.path.join(folder, shard_file(rank))
     try:
-        write_file(name + ".part", items, writes[rank])
-        os.rename(name + ".part", name)
+        if writes[rank]:                   # a rank holding only copies writes no file
+            write_file(name + ".part", items, writes[rank])
+            os.rename(name + ".part", name)
     except Exception as error:
         with open(os.path.join(folder, f"__{rank}_0.error"), "w", encoding="utf-8") as file:
             file.write(f"{type(error).__name__}: {error} (writing {shard_file(rank)})")

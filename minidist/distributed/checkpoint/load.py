@@ -47,7 +47,7 @@ from minidist.distributed.checkpoint.metadata import (
     slices,
     volume,
 )
-from minidist.distributed.checkpoint.save import all_gather, failure, group_of
+from minidist.distributed.checkpoint.save import all_gather, failure, group_of, listed
 from minidist.units import format_bytes
 
 
@@ -119,7 +119,7 @@ def _problems(state_dict, metadata: Metadata, folder, allow_partial_load):
             if met is not None and volume(met[1]) and volume(box):
                 reads.append((chunk, met))
         plan.append((key, container, name, value, "tensor", reads))
-    for key, container, name, value, kind, reads in plan:
+    for key, _, _, _, kind, reads in plan:
         for read in reads:
             where = read if kind == "object" else read[0]
             path = os.path.join(folder, where["file"])
@@ -176,7 +176,7 @@ def load(state_dict, *, checkpoint_id=None, storage_reader=None, planner=None,
         if problems:
             raise ValueError(
                 f"load from {folder}: {len(problems)} problem(s), nothing was loaded:\n  "
-                + "\n  ".join(problems)
+                + listed(problems)
                 + (f"\n  (the checkpoint also has {len(report.unexpected)} key(s) the target "
                    f"lacks, e.g. {report.unexpected[:3]})" if report.unexpected else ""))
         files = {}

@@ -83,7 +83,7 @@ def snapshot(state_dict, copy: bool):
             spec = getattr(value, "_spec", None)
             if spec is not None and any(p.is_partial() for p in spec.placements):
                 raise ValueError(
-                    f"rank {dist.get_rank() if dist.is_initialized() else 0}: save: {key!r} is a "
+                    f"save: {key!r} is a "
                     f"Partial DTensor (layout {local_box(value)[4]}): its pieces are terms of a "
                     f"sum, not parts of the tensor; reduce it first "
                     f"(.redistribute(mesh, [Replicate()]) or full_tensor())")
@@ -178,7 +178,7 @@ def write_file(path, items, writes_of_rank):
     """Step 3: this rank's entries end to end, as the plan placed them."""
     mine = {key: payload for key, _, payload in items}
     with open(path, "wb") as file:
-        for key, entry in writes_of_rank:
+        for key, _ in writes_of_rank:
             write_bytes(file, mine[key], key)
         file.flush()
         os.fsync(file.fileno())
@@ -207,12 +207,23 @@ def publish(folder, checkpoint_id, metadata: Metadata):
 
 
 def failure(verdicts, ranks, what):
-    """The error every rank raises when some rank's verdict is an error."""
+    """The error every rank raises when some rank's verdict is an error (ranks
+    with the same error listed together)."""
     bad = [(ranks[r], v) for r, v in enumerate(verdicts) if v is not None]
-    if bad:
-        lines = "\n  ".join(f"rank {r}: {v}" for r, v in bad)
-        return RuntimeError(f"{what} failed on rank(s) {[r for r, _ in bad]}:\n  {lines}")
-    return None
+    if not bad:
+        return None
+    by_text = {}
+    for rank, text in bad:
+        by_text.setdefault(text, []).append(rank)
+    lines = "\n  ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {text}"
+                        for text, rs in by_text.items())
+    return RuntimeError(f"{what} failed on rank(s) {[r for r, _ in bad]}:\n  {lines}")
+
+
+def listed(problems, most: int = 8) -> str:
+    """Problems one a line, the first ``most`` of them."""
+    more = len(problems) - most
+    return "\n  ".join(problems[:most] + ([f"... and {more} more"] if more > 0 else []))
 
 
 def save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None,
@@ -260,7 +271,8 @@ def save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None,
     if problem is not None:
         if rank == 0:
             shutil.rmtree(folder, ignore_errors=True)
-        raise problem
+        raise RuntimeError(f"{problem}\n(nothing was written to {checkpoint_id}: a checkpoint "
+                           f"there before is as it was)")
     done = [None]
     if rank == 0:                                             # 5. publish
         try:

@@ -137,7 +137,7 @@ def get_optimizer_state_dict(model, optimizers, *, submodules=None, options=None
     state, groups = {}, []
     for optimizer in _optimizers(optimizers):
         _init_state(model, optimizer)
-        for index, param, group in optimizer._indexed_params():
+        for index, param, _ in optimizer._indexed_params():
             if id(param) not in names:
                 raise ValueError(f"get_optimizer_state_dict: the optimizer's parameter "
                                  f"{index} (shape {tuple(param.shape)}) is not a parameter of "
@@ -208,9 +208,13 @@ def set_optimizer_state_dict(model, optimizers, optim_state_dict, *, options=Non
                 else:
                     restored[key] = copy.deepcopy(value)
             new_state[index] = restored
-        for group in optimizer.param_groups:
+        for position, group in enumerate(optimizer.param_groups):
             mine = {names[id(p)] for p in group["params"]}
             match = [g for g in saved_groups if mine & set(g.get("params", []))]
+            if not match and len(saved_groups) == len(optimizer.param_groups):
+                # a pipeline stage saved by another rank: the group's hyper-parameters
+                # were written once (by the lowest rank), listing that rank's names
+                match = [saved_groups[position]]
             for saved in match[:1]:
                 for key, value in saved.items():
                     if key != "params":
