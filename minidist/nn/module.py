@@ -535,10 +535,14 @@ def _layout_problem(name, source, target):
                 f"pass .full_tensor() of it",)
     if source_spec is not None and (source_spec.placements != target_spec.placements
                                     or source_spec.mesh != target_spec.mesh):
-        return (f"{name!r} is laid out {source_spec!r} in the state dict but {target_spec!r} "
-                f"in this model: redistribute it, or load through "
+        return (f"{name!r} is laid out {_layout(source_spec)} in the state dict but "
+                f"{_layout(target_spec)} in this model: redistribute it, or load through "
                 f"minidist.distributed.checkpoint, which reshards",)
     return None
+
+
+def _layout(spec) -> str:
+    return f"{spec.placements} on {spec.mesh!r}"
 
 
 def _local_of(value, target):

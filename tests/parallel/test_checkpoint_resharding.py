@@ -71,7 +71,7 @@ LAYOUTS = {
 
 def build(layout, values=None, seed=5):
     """A GPT whose parameters are DTensors of ``layout`` (values: the full
-    arrays; None: another seed's weights and zero state), with an Adam."""
+    arrays; None: weights drawn from another generator and no optimizer state yet), with an Adam."""
     shape, names, rule = LAYOUTS[layout]
     mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
     model = GPT(CONFIG, rng=seed, dtype=np.float64)
@@ -346,6 +346,34 @@ def _pipeline_load(path, stages=None, index=0):
     return sorted(model_sd), bad, sorted(report.reads)
 
 
+def _module_state_dict():
+    """Module.state_dict gives DTensors of the parameters' layouts (copies);
+    load_state_dict takes the same layout or a whole array, and refuses
+    another layout naming dcp.load; full_state_dict gathers whole."""
+    from minidist.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    values = full_state()
+    model, _, _ = build("fsdp4", values)
+    state = model.state_dict()
+    weight = state["transformer.h.0.mlp.c_fc.weight"]
+    layout = (type(weight).__name__, weight.placements, weight.shape, weight.to_local().shape)
+    copied = weight.data is not model.transformer.h[0].mlp.c_fc.weight.data
+    fresh, _, _ = build("fsdp4")
+    fresh.load_state_dict(state)
+    same = all(np.array_equal(p.data, q.data) for p, q in
+               zip(model.parameters(), fresh.parameters()))
+    whole, _, _ = build("tp4")
+    whole.load_state_dict(values[0])                        # whole arrays: cut to the box
+    cut = all(np.array_equal(p.data, _box(values[0][n], p)) for n, p in whole.named_parameters())
+    try:
+        whole.load_state_dict(state)
+        refused = None
+    except RuntimeError as error:
+        refused = str(error)
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    gathered = all(np.array_equal(full[k], values[0][k]) for k in values[0])
+    return layout, copied, same, cut, refused, gathered
+
+
 def _round_trips(path):
     saved, sizes = _save_tp(path)
     results = {"saved": saved, "bytes": sizes}
@@ -354,6 +382,7 @@ def _round_trips(path):
     results["errors"] = _errors(path)
     results["async"] = _async(path)
     results["failing"] = _failing_save(path)
+    results["module"] = _module_state_dict()
     results["pipeline"] = _pipeline_load(os.path.join(os.path.dirname(path), "..", "pipe"))
     return results
 
@@ -429,6 +458,15 @@ def test_tp_checkpoint_loads_into_every_layout_bit_for_bit(tmp_path, transport):
         assert left == ["async", "ckpt", "cut", "missing", "mlp"]
         assert "Partial DTensor" in refused and "reduce it first" in refused
 
+    # Module.state_dict and load_state_dict on DTensor parameters
+    for result in ranks:
+        layout, copied, same, cut, refused, gathered = result["module"]
+        assert layout == ("DTensor", (Shard(0),), (32, 8), (8, 8)) and copied and same and cut
+        assert ("'transformer.h.0.mlp.c_fc.weight' is laid out (Shard(dim=0),) on DeviceMesh((dp=4), "
+                "'cpu', mesh=[0, 1, 2, 3]) in the state dict but (Shard(dim=0),) on "
+                "DeviceMesh((tp=4), 'cpu', mesh=[0, 1, 2, 3]) in this model") in refused
+        assert "'transformer.h.0.attn.c_proj.weight' is laid out" in refused
+        assert "minidist.distributed.checkpoint, which reshards" in refused and gathered
     # a pipeline of 2 stages loaded on 4: each stage holds and reads one Linear's keys
     for rank, result in enumerate(ranks):
         keys, bad, read = result["pipeline"]
