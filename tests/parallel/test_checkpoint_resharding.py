@@ -279,6 +279,17 @@ def _failing_save(path):
     finally:
         save_module.write_bytes = real
     dist.barrier()
+    if dist.get_rank() == 1:
+        save_module.write_bytes = disk_full
+    try:
+        future = dcp.async_save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
+        future.result(timeout=120)
+        async_message = None
+    except RuntimeError as error:
+        async_message = str(error)
+    finally:
+        save_module.write_bytes = real        # after the thread has written
+    dist.barrier()
     partial = distribute_tensor(np.ones((4, 2)), init_device_mesh("cpu", (4,)),
                                 [minidist.distributed.tensor.Partial()])
     try:
@@ -287,7 +298,7 @@ def _failing_save(path):
     except RuntimeError as error:
         refused = str(error)
     left = sorted(os.listdir(os.path.dirname(path)))
-    return message, _file_bytes(path) == before, left, refused
+    return message, _file_bytes(path) == before, left, refused, async_message
 
 
 def _pipeline_values():
@@ -451,12 +462,14 @@ def test_tp_checkpoint_loads_into_every_layout_bit_for_bit(tmp_path, transport):
         assert "missing key 'model.transformer.wte.weight'" in errors["keys"][0]
         assert "'model.0.weight'" in errors["keys"][0]          # what the other model had
         assert result["async"] == (True, True)
-        message, unchanged, left, refused = result["failing"]
+        message, unchanged, left, refused, async_message = result["failing"]
         assert message.startswith("save to ") and "failed on rank(s) [1]" in message
         assert "No space left on device" in message and "__1_0.distcp" in message
         assert unchanged
         assert left == ["async", "ckpt", "cut", "missing", "mlp"]
         assert "Partial DTensor" in refused and "reduce it first" in refused
+        assert "failed on rank" in async_message and "rank 1" in async_message
+        assert "No space left on device" in async_message
 
     # Module.state_dict and load_state_dict on DTensor parameters
     for result in ranks:

@@ -12,9 +12,10 @@ would interleave with the training's own collectives on the same
 connections (torch gives async_save a process group of its own for that).
 They meet through the temporary folder instead: a rank's file appears
 under its final name only once complete (written as ``.part``, renamed),
-a rank that fails leaves ``__{rank}_0.error`` naming its error, and rank 0
-leaves ``FAILED`` if it cannot finish; every other rank's future is done
-when the folder has been renamed to ``checkpoint_id``. This asks for one
+a rank that fails leaves ``__{rank}_0.error`` naming its error; rank 0
+then writes ``FAILED`` with every rank's error, each other rank raises it
+and says so (``ack.{rank}``), and rank 0 removes the folder. Every other
+rank's future is done when the folder has been renamed to ``checkpoint_id``. This asks for one
 file system seen by every rank, as torch's ``FileSystemWriter`` does.
 
 Cost: as ``save``, plus one copy of this rank's arrays in memory until the
@@ -111,6 +112,7 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=N
 
 
 def _write_and_finish(folder, checkpoint_id, items, writes, metadata, rank, ranks, timeout):
+    """The background thread: this rank's file, then rank 0 finishes and the others wait."""
     name = os.path.join(folder, shard_file(rank))
     try:
         if writes[rank]:                   # a rank holding only copies writes no file
@@ -119,49 +121,66 @@ def _write_and_finish(folder, checkpoint_id, items, writes, metadata, rank, rank
     except Exception as error:
         with open(os.path.join(folder, f"__{rank}_0.error"), "w", encoding="utf-8") as file:
             file.write(f"{type(error).__name__}: {error} (writing {shard_file(rank)})")
-        raise RuntimeError(f"async_save to {checkpoint_id} failed on rank {ranks[rank]}: "
-                           f"{error}") from error
+        if rank != 0:                      # its error file tells rank 0, which cleans up
+            raise RuntimeError(f"async_save to {checkpoint_id} failed on rank {ranks[rank]}: "
+                               f"{error}") from error
     deadline = time.monotonic() + timeout
     if rank == 0:
-        while True:
-            errors = [None] * len(ranks)
-            for r in range(len(ranks)):
-                path = os.path.join(folder, f"__{r}_0.error")
-                if os.path.exists(path):
-                    with open(path, encoding="utf-8") as file:
-                        errors[r] = file.read()
-            problem = failure(errors, ranks, f"async_save to {checkpoint_id}")
-            if problem is not None:
-                _leave_failed(folder, str(problem))
-                raise problem
-            if all(os.path.exists(os.path.join(folder, shard_file(r)))
-                   for r in range(len(ranks)) if writes[r]):
-                break
-            if time.monotonic() > deadline:
-                _leave_failed(folder, f"timed out after {timeout} s")
-                raise TimeoutError(f"async_save to {checkpoint_id}: the other ranks' files did "
-                                   f"not appear in {timeout} s")
-            time.sleep(POLL_SECONDS)
-        try:
-            publish(folder, checkpoint_id, metadata)
-        except Exception as error:
-            _leave_failed(folder, f"rank {ranks[0]}: publishing failed: {error}")
-            raise
+        _finish(folder, checkpoint_id, writes, metadata, ranks, deadline, timeout)
         return
     while os.path.exists(folder):
         failed = os.path.join(folder, "FAILED")
         if os.path.exists(failed):
             with open(failed, encoding="utf-8") as file:
-                raise RuntimeError(file.read())
+                text = file.read()
+            with open(os.path.join(folder, f"ack.{rank}"), "w", encoding="utf-8"):
+                pass                       # rank 0 removes the folder once all have read it
+            raise RuntimeError(text)
         if time.monotonic() > deadline:
             raise TimeoutError(f"async_save to {checkpoint_id}: rank {ranks[0]} did not "
                                f"finish in {timeout} s")
         time.sleep(POLL_SECONDS)
 
 
-def _leave_failed(folder, text):
+def _finish(folder, checkpoint_id, writes, metadata, ranks, deadline, timeout):
+    """Rank 0: wait for every rank's file, then publish; or, if a rank failed,
+    tell the others and remove the folder once each has read it."""
+    while True:
+        errors = [None] * len(ranks)
+        for r in range(len(ranks)):
+            path = os.path.join(folder, f"__{r}_0.error")
+            if os.path.exists(path):
+                with open(path, encoding="utf-8") as file:
+                    errors[r] = file.read()
+        problem = failure(errors, ranks, f"async_save to {checkpoint_id}")
+        if problem is None and time.monotonic() > deadline:
+            problem = TimeoutError(f"async_save to {checkpoint_id}: the other ranks' files "
+                                   f"did not appear in {timeout} s")
+        if problem is not None:
+            _fail(folder, problem, ranks, deadline)
+            raise RuntimeError(f"{problem}\n(nothing was written to {checkpoint_id}: a "
+                               f"checkpoint there before is as it was)")
+        if all(os.path.exists(os.path.join(folder, shard_file(r)))
+               for r in range(len(ranks)) if writes[r]):
+            break
+        time.sleep(POLL_SECONDS)
+    try:
+        publish(folder, checkpoint_id, metadata)
+    except Exception as error:
+        _fail(folder, f"rank {ranks[0]}: publishing failed: {error}", ranks, deadline)
+        raise
+
+
+def _fail(folder, problem, ranks, deadline):
     with open(os.path.join(folder, "FAILED"), "w", encoding="utf-8") as file:
-        file.write(text + f"\n(the temporary folder {folder} may be removed)")
+        file.write(f"{problem}")
+    others, limit = range(1, len(ranks)), max(deadline, time.monotonic() + 60)
+    while time.monotonic() < limit:
+        if all(os.path.exists(os.path.join(folder, f"ack.{r}")) or
+               os.path.exists(os.path.join(folder, f"__{r}_0.error")) for r in others):
+            shutil.rmtree(folder, ignore_errors=True)
+            return
+        time.sleep(POLL_SECONDS)
 
 
 __all__ = ["AsyncSaveFuture", "async_save"]

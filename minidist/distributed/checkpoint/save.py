@@ -171,7 +171,22 @@ def prepare_folder(checkpoint_id) -> str:
                 f"a save replaces the whole folder, so name an empty or a checkpoint folder")
     parent, name = os.path.split(target)
     os.makedirs(parent, exist_ok=True)
+    _remove_stale(parent, name)
     return tempfile.mkdtemp(prefix=f".{name}.{os.getpid()}.", suffix=".tmp", dir=parent)
+
+
+def _remove_stale(parent, name):
+    """Temporary folders of saves whose rank 0 died (``.name.<pid>.<random>.tmp``):
+    never a checkpoint, since the rename is what makes one."""
+    for entry in os.listdir(parent):
+        parts = entry[len(name) + 2:].split(".")
+        if entry.startswith(f".{name}.") and entry.endswith(".tmp") and parts[0].isdigit():
+            try:
+                os.kill(int(parts[0]), 0)
+            except ProcessLookupError:
+                shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+            except PermissionError:
+                pass                   # another user's process: alive
 
 
 def write_file(path, items, writes_of_rank):
