@@ -4,8 +4,9 @@ PNG and in the terminal.
 One tensor of a checkpoint (``minidist.distributed.checkpoint``) is drawn as
 its global shape: every saved chunk a filled box, coloured by the rank that
 wrote it; every rank of the new layout its box outlined (dashed) and named.
-A new rank reads the chunks its outline meets, whole: the table beside it
-lists them, with the bytes read out of the tensor's whole. ::
+A new rank reads the chunks its outline meets (of each, the rows its
+outline spans): the table beside it lists them, with the bytes read out of
+the tensor's whole. ::
 
     from minidist.distributed.checkpoint import Metadata
     from viz.checkpoint_reads import layout_boxes, reads_figure, reads_table
@@ -30,7 +31,7 @@ from matplotlib.patches import Rectangle
 from rich.table import Table
 
 from minidist.atomic_file import atomic_path
-from minidist.distributed.checkpoint.metadata import overlap, volume
+from minidist.distributed.checkpoint.metadata import overlap, rows_to_read, volume
 from minidist.distributed.tensor import local_shape_and_offset
 from minidist.units import format_bytes
 
@@ -50,12 +51,17 @@ def layout_boxes(shape, mesh_shape, placements) -> dict:
 
 
 def reads_of(metadata, key, boxes) -> dict:
-    """``{new rank: [saved chunk, ...]}``: the chunks whose box meets the rank's."""
-    chunks = _entry(metadata, key)["chunks"]
+    """``{new rank: [(saved chunk, bytes read of it), ...]}``: the chunks whose
+    box meets the rank's, and the run of their rows a load reads."""
+    entry = _entry(metadata, key)
+    itemsize = np.dtype(entry["dtype"]).itemsize
     out = {}
     for rank, (offsets, sizes) in boxes.items():
-        out[rank] = [c for c in chunks if volume(sizes) and overlap(
-            offsets, sizes, c["offsets"], c["sizes"]) is not None]
+        out[rank] = []
+        for chunk in entry["chunks"]:
+            met = overlap(offsets, sizes, chunk["offsets"], chunk["sizes"])
+            if volume(sizes) and met is not None:
+                out[rank].append((chunk, rows_to_read(chunk, *met, itemsize)[0][1]))
     return out
 
 
@@ -121,7 +127,7 @@ def reads_figure(metadata, key, boxes) -> Figure:
 
 def _summary(rank, chunks, entry):
     whole = sum(c["nbytes"] for c in entry["chunks"])
-    nbytes = sum(c["nbytes"] for c in chunks)
+    nbytes = sum(n for _, n in chunks)
     return (f"new {rank}: {len(chunks)} of {len(entry['chunks'])} chunks, "
             f"{format_bytes(nbytes)} of {format_bytes(whole)}")
 
@@ -145,10 +151,9 @@ def reads_table(metadata, key, boxes) -> Table:
         offsets, sizes = boxes[rank]
         box = "empty" if not volume(sizes) else _box_text(offsets, sizes)
         read = ", ".join(f"rank {c['rank']} {_box_text(c['offsets'], c['sizes'])}"
-                         for c in chunks) or "none"
+                         for c, _ in chunks) or "none"
         table.add_row(str(rank), box, read,
-                      f"{format_bytes(sum(c['nbytes'] for c in chunks))} of "
-                      f"{format_bytes(whole)}")
+                      f"{format_bytes(sum(n for _, n in chunks))} of {format_bytes(whole)}")
     return table
 
 

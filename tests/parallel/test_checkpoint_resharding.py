@@ -113,6 +113,13 @@ def expected_reads(full_shape, saved_boxes, box):
                   if wanted[tuple(slice(a, a + b) for a, b in zip(o, s))].any())
 
 
+def _rows_met(offsets, sizes, box):
+    """How many of a chunk's rows (dim 0) fall in ``box``: what a load reads of it."""
+    if not sizes:
+        return 1
+    return min(offsets[0] + sizes[0], box[0][0] + box[1][0]) - max(offsets[0], box[0][0])
+
+
 def _state_of(model, optimizer):
     """Every local array of the model and optimizer (to compare before/after)."""
     arrays = {k: p.data.copy() for k, p in model.named_parameters()}
@@ -161,8 +168,9 @@ def _load_into(layout, path):
     set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
     boxes = {k: report.box[k] for k in report.box}
     reads = {k: sorted((tuple(c[2]), tuple(c[3])) for c in v) for k, v in report.reads.items()}
+    tensor_bytes = sum(c[4] for v in report.reads.values() for c in v)
     return {"bad": _check_bits(model, optimizer, values), "boxes": boxes, "reads": reads,
-            "bytes_read": report.bytes_read, "text": report.text(),
+            "bytes_read": tensor_bytes, "text": report.text(),
             "wpe": report.text("model.transformer.wpe.weight")}
 
 
@@ -429,20 +437,24 @@ def test_tp_checkpoint_loads_into_every_layout_bit_for_bit(tmp_path, transport):
     for layout in ("tp4", "fsdp4", "hsdp2x2"):
         for rank, result in enumerate(ranks):
             assert result[layout]["bad"] == [], (layout, rank, result[layout]["bad"])
+            expected_bytes = 0
             for key, box in result[layout]["boxes"].items():
                 saved_boxes = [(o, s) for o, s, _ in saved[key]]
                 shape = weights[key.split(".", 1)[1]].shape if key.startswith("model.") else \
                     weights[key.split(".", 2)[2].rsplit(".", 1)[0]].shape
                 want = expected_reads(shape, saved_boxes, box) if np.prod(box[1]) else []
                 assert result[layout]["reads"].get(key, []) == want, (layout, rank, key)
+                expected_bytes += sum(_rows_met(o, s, box) * int(np.prod(s[1:])) * 8
+                                      for o, s in want)
+            assert result[layout]["bytes_read"] == expected_bytes, (layout, rank)
     # the uneven cut: wpe (5 rows) on 4 ranks is 2, 2, 1, 0 rows; tp2 saved 3 + 2 rows
     wpe = [r["fsdp4"]["reads"].get("model.transformer.wpe.weight", []) for r in ranks]
     assert wpe == [[((0, 0), (3, 8))], [((0, 0), (3, 8)), ((3, 0), (2, 8))],
                    [((3, 0), (2, 8))], []]
     assert [r["fsdp4"]["wpe"] for r in ranks] == [
-        "rank 0 read 1 of 2 chunks, 192 B of 320 B of model.transformer.wpe.weight",
-        "rank 1 read 2 of 2 chunks, 320 B of 320 B of model.transformer.wpe.weight",
-        "rank 2 read 1 of 2 chunks, 128 B of 320 B of model.transformer.wpe.weight",
+        "rank 0 read 1 of 2 chunks, 128 B of 320 B of model.transformer.wpe.weight",
+        "rank 1 read 2 of 2 chunks, 128 B of 320 B of model.transformer.wpe.weight",
+        "rank 2 read 1 of 2 chunks, 64 B of 320 B of model.transformer.wpe.weight",
         "rank 3 read 0 of 2 chunks, 0 B of 320 B of model.transformer.wpe.weight"]
     # tp4 on a tp2 save: every rank reads one chunk of each tp-sharded tensor, half of it
     c_attn = [r["tp4"]["reads"]["model.transformer.h.0.attn.c_attn.weight"] for r in ranks]

@@ -1,8 +1,8 @@
 """The picture and the table of which saved chunks each new rank reads
 (viz/checkpoint_reads.py), on the table a tp2 save of a (8, 32) weight in
 Shard(1) writes: loaded as FSDP2's Shard(0) on 4 ranks every new rank meets
-both saved column halves; as Shard(1) on 4, each reads the one half holding
-its columns. The figure draws every chunk and box with readable text."""
+both saved column halves and reads its 2 rows of each; as Shard(1) on 4,
+each reads the whole half holding its columns. The figure draws every chunk and box with readable text."""
 
 from __future__ import annotations
 
@@ -37,11 +37,12 @@ def test_each_new_rank_reads_the_chunks_its_box_meets():
     rows = layout_boxes((8, 32), (4,), [Shard(0)])
     assert rows == {0: ((0, 0), (2, 32)), 1: ((2, 0), (2, 32)), 2: ((4, 0), (2, 32)),
                     3: ((6, 0), (2, 32))}
-    assert {r: [c["rank"] for c in cs] for r, cs in reads_of(metadata, KEY, rows).items()} == \
-        {0: [0, 1], 1: [0, 1], 2: [0, 1], 3: [0, 1]}
+    assert {r: [(c["rank"], n) for c, n in cs] for r, cs in reads_of(metadata, KEY, rows).items()} \
+        == {r: [(0, 2 * 16 * 8), (1, 2 * 16 * 8)] for r in range(4)}     # 2 rows of each half
     columns = layout_boxes((8, 32), (4,), [Shard(1)])
-    assert {r: [c["rank"] for c in cs] for r, cs in reads_of(metadata, KEY, columns).items()} == \
-        {0: [0], 1: [0], 2: [1], 3: [1]}
+    assert {r: [(c["rank"], n) for c, n in cs] for r, cs in
+            reads_of(metadata, KEY, columns).items()} == \
+        {0: [(0, 1024)], 1: [(0, 1024)], 2: [(1, 1024)], 3: [(1, 1024)]}   # a whole half each
     console = Console(width=160, record=True, no_color=True)
     console.print(reads_table(metadata, KEY, columns))
     text = console.export_text()

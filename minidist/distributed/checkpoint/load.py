@@ -14,19 +14,22 @@ whatever layout its state dict has (torch's ``torch.distributed.checkpoint.load`
    plain array's whole) against every saved chunk's box (:func:`overlap`):
    only the chunks that meet it are read. The files must exist and be long
    enough: a missing or truncated shard file is named before any read.
-4. **Read** the chunks into fresh arrays (a chunk's bytes at its offset;
-   the overlap copied out of it).
+4. **Read** into fresh arrays: of each chunk the run of rows the overlap
+   spans (bytes at a known offset), the overlap copied out of it.
 5. **Agree** (one ``all_gather_object`` of ok / the error, when launched):
    a failure on any rank leaves every rank's state untouched.
 6. **Copy** the fresh arrays into the targets in place (views of them stay
    valid), and put the saved objects (step counts, betas) where the target's
    were.
 
-Cost: this rank reads the bytes of the chunks that overlap its box, whole
-(torch's granularity): a Shard(0) box of n rows out of a save in Shard(1)
-columns reads every column chunk; an aligned layout reads exactly its own.
-One small message (the verdicts); memory: this rank's new state twice
-while it is staged.
+Cost: of each saved chunk that overlaps its box, this rank reads the rows
+(dim 0) the overlap spans, one contiguous run of bytes (torch reads the
+whole chunk): a box cut along dim 0 reads only its own rows, a Shard(0) box
+out of a save in Shard(1) columns reads its rows of every column chunk (the
+columns it does not need come along: a row is the unit). An aligned layout
+reads exactly its own bytes, a replicated tensor the whole. One small
+message (the verdicts); memory: this rank's new state twice while it is
+staged.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from minidist.distributed.checkpoint.metadata import (
     little_endian,
     local_box,
     overlap,
+    rows_to_read,
     slices,
     volume,
 )
@@ -193,15 +197,18 @@ def load(state_dict, *, checkpoint_id=None, storage_reader=None, planner=None,
                 _, dtype, offsets, box, _ = local_box(value)
                 out = np.empty(box, dtype=np.dtype(dtype))
                 for chunk, (met_offsets, met_sizes) in reads:
-                    data = _read(os.path.join(folder, chunk["file"]), chunk, files)
-                    piece = np.frombuffer(data, dtype=little_endian(dtype)).reshape(chunk["sizes"])
+                    (start, nbytes, run), first = rows_to_read(
+                        chunk, met_offsets, met_sizes, np.dtype(dtype).itemsize)
+                    where = {"byte_offset": start, "nbytes": nbytes}
+                    data = _read(os.path.join(folder, chunk["file"]), where, files)
+                    piece = np.frombuffer(data, dtype=little_endian(dtype)).reshape(run)
                     out[slices(met_offsets, met_sizes, offsets)] = \
-                        piece[slices(met_offsets, met_sizes, chunk["offsets"])]
+                        piece[slices(met_offsets, met_sizes, first)]
                     report.reads.setdefault(key, []).append(
                         (chunk["rank"], chunk["file"], chunk["offsets"], chunk["sizes"],
-                         chunk["nbytes"]))
+                         where["nbytes"]))
                     report.chunks_read += 1
-                    report.bytes_read += chunk["nbytes"]
+                    report.bytes_read += where["nbytes"]
                 report.box[key] = (offsets, box)
                 whole = sum(c["nbytes"] for c in saved["chunks"])
                 report._saved[key] = (len(saved["chunks"]), whole)

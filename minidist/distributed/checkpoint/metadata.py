@@ -73,6 +73,20 @@ def overlap(offsets_a, sizes_a, offsets_b, sizes_b):
     return tuple(start), tuple(e - s for s, e in zip(start, stop))
 
 
+def rows_to_read(chunk, met_offsets, met_sizes, itemsize):
+    """The bytes of ``chunk`` a load reads for the overlap ``(met_offsets,
+    met_sizes)``: the rows (dim 0) the overlap spans, one contiguous run of a
+    C-ordered chunk. Returns ``(byte_offset, nbytes, sizes)`` of the run and
+    the global index of its first element."""
+    sizes = tuple(chunk["sizes"])
+    if not sizes:
+        return (chunk["byte_offset"], chunk["nbytes"], ()), ()
+    row = volume(sizes[1:]) * itemsize
+    skip = met_offsets[0] - chunk["offsets"][0]
+    run = (chunk["byte_offset"] + skip * row, met_sizes[0] * row, (met_sizes[0],) + sizes[1:])
+    return run, (met_offsets[0],) + tuple(chunk["offsets"][1:])
+
+
 def slices(offsets, sizes, origin):
     """Index of the box ``(offsets, sizes)`` in an array whose [0, ...] is ``origin``."""
     return tuple(slice(o - g, o - g + s) for o, s, g in zip(offsets, sizes, origin))
@@ -135,4 +149,4 @@ class Metadata:
 
 
 __all__ = ["FORMAT", "METADATA", "Metadata", "little_endian", "local_box", "overlap",
-           "shard_file", "slices", "volume"]
+           "rows_to_read", "shard_file", "slices", "volume"]
