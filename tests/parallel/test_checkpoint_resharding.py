@@ -522,3 +522,36 @@ def test_one_process_loads_the_sharded_checkpoint_whole(tmp_path):
         assert np.array_equal(state["exp_avg"], values[1][name][0])
         assert np.array_equal(state["exp_avg_sq"], values[1][name][1])
 
+
+
+def test_one_process_save_replace_and_refusals(tmp_path):
+    """Outside a launch: a save, a second save over it (the old folder replaced
+    whole, nothing left beside), object leaves put back where the target had
+    them, allow_partial_load, and the folders a save refuses to replace."""
+    path = str(tmp_path / "ckpt")
+    model = GPT(CONFIG, rng=0, dtype=np.float64)
+    extra = {"step": 5, "betas": (0.9, 0.99), "note": {"text": "first"}}
+    dcp.save({"model": model.state_dict(), "extra": extra}, checkpoint_id=path)
+    extra["note"]["text"] = "second"
+    weights = model.state_dict()
+    weights["transformer.wpe.weight"] += 1.0
+    dcp.save({"model": weights, "extra": extra}, checkpoint_id=path)
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+    fresh = GPT(CONFIG, rng=9, dtype=np.float64)
+    target = {"model": fresh.state_dict(), "extra": {"step": 0, "betas": None, "note": {"text": ""}},
+              "not_saved": np.zeros(3)}
+    before = target["not_saved"]
+    report = dcp.load(target, checkpoint_id=path, allow_partial_load=True)
+    fresh.load_state_dict(target["model"])
+    assert all(np.array_equal(fresh.state_dict()[k], weights[k]) for k in weights)
+    assert target["extra"] == {"step": 5, "betas": (0.9, 0.99), "note": {"text": "second"}}
+    assert target["not_saved"] is before and report.unexpected == []
+    with pytest.raises(ValueError, match="missing key 'not_saved'"):
+        dcp.load(target, checkpoint_id=path)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match=r"holds files that are not a checkpoint's \(\['todo.txt'\]\)"):
+        dcp.save({"x": np.ones(2)}, checkpoint_id=str(tmp_path / "notes"))
+    assert (tmp_path / "notes" / "todo.txt").read_text() == "mine"
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        dcp.load({"x": np.ones(2)}, checkpoint_id=str(tmp_path / "nowhere"))

@@ -52,6 +52,7 @@ from minidist.distributed.checkpoint.metadata import (
     volume,
 )
 from minidist.distributed.checkpoint.save import all_gather, failure, group_of, listed
+from minidist.tensor import Tensor
 from minidist.units import format_bytes
 
 
@@ -171,7 +172,7 @@ def load(state_dict, *, checkpoint_id=None, storage_reader=None, planner=None,
     group, rank, size, ranks = group_of(None if no_dist else process_group)
     if no_dist:
         group, rank, size, ranks = None, 0, 1, (0,)
-    report, staged, problem = LoadReport(ranks[rank]), [], None
+    report, staged, problem, original = LoadReport(ranks[rank]), [], None, None
     report._saved = {}
     try:
         metadata = Metadata.read(folder)                     # 1. the table
@@ -219,18 +220,18 @@ def load(state_dict, *, checkpoint_id=None, storage_reader=None, planner=None,
             for file in files.values():
                 file.close()
     except Exception as error:
-        problem = f"{type(error).__name__}: {error}"
+        problem, original = f"{type(error).__name__}: {error}", error
     if not no_dist and dist.is_initialized():                # 5. agree
         verdict = failure(all_gather(problem, group, size), ranks, f"load from {folder}")
-    else:
-        verdict = RuntimeError(problem) if problem else None
-    if verdict is not None:
-        raise verdict
+        if verdict is not None:
+            raise verdict
+    elif problem is not None:
+        raise original                                   # one process: the error itself
     for container, name, value, kind, out in staged:          # 6. copy
         if kind == "object":
             container[name] = out
             continue
-        target = value if isinstance(value, np.ndarray) else value.data
+        target = value.data if isinstance(value, Tensor) else value
         xp = backend.of(target)
         target[...] = out if xp is np else xp.asarray(out)
     return report

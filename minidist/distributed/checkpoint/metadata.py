@@ -31,6 +31,8 @@ import os
 
 import numpy as np
 
+from minidist.tensor import Tensor
+
 FORMAT = "minidist.distributed.checkpoint"
 VERSION = 1
 METADATA = ".metadata"
@@ -55,7 +57,7 @@ def local_box(value):
         sizes, offsets = spec.local_shape_and_offset()
         layout = "(" + ", ".join(str(p) for p in spec.placements) + ")"
         return spec.shape, spec.dtype, tuple(offsets), tuple(sizes), layout
-    data = getattr(value, "data", value) if not isinstance(value, np.ndarray) else value
+    data = value.data if isinstance(value, Tensor) else value   # a NumPy or CuPy array
     shape = tuple(int(s) for s in data.shape)
     return shape, np.dtype(data.dtype), (0,) * len(shape), shape, "whole"
 

@@ -52,6 +52,7 @@ from minidist.distributed.checkpoint.metadata import (
     shard_file,
     volume,
 )
+from minidist.tensor import Tensor
 
 
 def group_of(process_group):
@@ -88,8 +89,7 @@ def snapshot(state_dict, copy: bool):
                     f"sum, not parts of the tensor; reduce it first "
                     f"(.redistribute(mesh, [Replicate()]) or full_tensor())")
             shape, dtype, offsets, sizes, _ = local_box(value)
-            data = value.data if hasattr(value, "_spec") or not isinstance(value, np.ndarray) \
-                else value
+            data = value.data if isinstance(value, Tensor) else value   # a DTensor's: local
             array = np.ascontiguousarray(backend.to_numpy(data), dtype=little_endian(dtype))
             if copy:
                 array = array.copy()
@@ -263,6 +263,8 @@ def save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None,
             folder = prepare_folder(checkpoint_id)
         mine = (None, folder, [(k, e) for k, e, _ in items])
     except Exception as error:
+        if size == 1:
+            raise                                          # one process: the error itself
         mine = (f"{type(error).__name__}: {error}", None, [])
     plans = gather(mine)                                      # 2. plan
     folder = plans[0][1]
@@ -281,6 +283,9 @@ def save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None,
             write_file(os.path.join(folder, shard_file(rank)), items, writes[rank])
         verdict = None
     except Exception as error:
+        if size == 1:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
         verdict = f"{type(error).__name__}: {error} (writing {shard_file(rank)})"
     problem = failure(gather(verdict), ranks, f"save to {checkpoint_id}")   # 4. agree
     if problem is not None:
