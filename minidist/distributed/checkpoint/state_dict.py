@@ -107,13 +107,14 @@ def get_model_state_dict(model, *, submodules=None, options=None) -> dict:
 
 def _init_state(model, optimizer):
     """torch's ``_init_optim_state``: an optimizer without state takes one
-    step on zero gradients with lr 0, which makes its state and leaves the
-    weights as they are."""
+    step on zero gradients with lr 0, which makes its state; the weights are
+    put back as they were (bit for bit) and the step counts set back to 0."""
     if optimizer.state:
         return
     params = [p for _, p, _ in optimizer._indexed_params()]
     grads = [p.grad for p in params]
-    rates = [group["lr"] for group in optimizer.param_groups]
+    weights = [p.data.copy() for p in params]   # put back after: lr 0 may still move them
+    rates = [group["lr"] for group in optimizer.param_groups]   # (LARS: 0 * (|w| / 0) is NaN)
     try:
         for p in params:
             p.grad = backend.of(p.data).zeros_like(p.data)
@@ -121,8 +122,9 @@ def _init_state(model, optimizer):
             group["lr"] = 0.0
         optimizer.step()
     finally:
-        for p, g in zip(params, grads):
+        for p, g, w in zip(params, grads, weights):
             p.grad = g
+            p.data[...] = w
         for group, lr in zip(optimizer.param_groups, rates):
             group["lr"] = lr
     for entries in optimizer.state.values():   # the made-up step is no step
