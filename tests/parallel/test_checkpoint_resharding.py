@@ -221,6 +221,10 @@ def _errors(path):
     single = GPT(CONFIG, rng=0, dtype=np.float32)
     out["dtype"] = _attempt(single, optim.Adam(single.parameters()),
                             {"model": single.state_dict()}, path)
+    odd = {"model": dict(model_sd), "optim": optim_sd}      # one rank's target is wrong
+    if dist.get_rank() == 2:
+        odd["model"]["transformer.wpe.weight"] = np.zeros((5, 9))
+    out["one_rank"] = _attempt(model, optimizer, odd, path)
     mlp = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2)).double()
     foreign = os.path.join(os.path.dirname(path), "mlp")
     dcp.save({"model": mlp.state_dict()}, checkpoint_id=foreign)
@@ -471,6 +475,8 @@ def test_tp_checkpoint_loads_into_every_layout_bit_for_bit(tmp_path, transport):
         assert "saved with shape (12, 8)" in errors["shape"][0] and path in errors["shape"][0]
         assert "dtype mismatch for 'model.transformer.wpe.weight'" in errors["dtype"][0]
         assert "saved as float64, the target is float32" in errors["dtype"][0]
+        assert "failed on rank(s) [2]:\n  rank 2: ValueError" in errors["one_rank"][0]
+        assert "size mismatch for 'model.transformer.wpe.weight'" in errors["one_rank"][0]
         assert "missing key 'model.transformer.wte.weight'" in errors["keys"][0]
         assert "'model.0.weight'" in errors["keys"][0]          # what the other model had
         assert result["async"] == (True, True)
