@@ -32,6 +32,7 @@ LAYERS = [
     (5, "minidist.distributed.collectives"),
     (6, "minidist.distributed.simulator"),
     (6, "minidist.distributed.tensor"),  # DTensor: layouts on a mesh, redistribute by collectives
+    (7, "minidist.distributed.checkpoint"),  # DCP: every rank saves its shards, any layout loads them
     (6, "minidist.costmodel"),
     (7, "minidist.parallel"), (7, "minidist.bench"), (7, "minidist.experiments"),
     (7, "minidist.train"), (7, "minidist.train_gpt"), (7, "minidist.examples"), (7, "minidist.search"),

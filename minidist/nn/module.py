@@ -399,9 +399,12 @@ class Module:
         """``{name: array}`` for every parameter and persistent buffer, as
         copies (later training does not change a saved state dict). The
         arrays stay on the backend they live on; ``numpy.savez(path,
-        **{k: backend.to_numpy(v) ...})`` writes a checkpoint."""
+        **{k: backend.to_numpy(v) ...})`` writes a checkpoint. A DTensor
+        parameter (tensor parallel, FSDP2) gives a DTensor of its layout
+        holding a copy of this rank's shard, as torch's does (save it with
+        ``minidist.distributed.checkpoint``)."""
         return OrderedDict(
-            (name, tensor.data.copy()) for name, tensor in self._state_tensors().items()
+            (name, _state_value(tensor)) for name, tensor in self._state_tensors().items()
         )
 
     def load_state_dict(self, state_dict, strict: bool = True) -> IncompatibleKeys:
@@ -419,24 +422,29 @@ class Module:
         mismatched = []
         for name, target in targets.items():
             if name in state_dict:
-                shape = tuple(_data_of(state_dict[name]).shape)
-                if shape != tuple(target.data.shape):
-                    mismatched.append((name, shape, tuple(target.data.shape)))
+                shape = _global_shape(state_dict[name])
+                if shape != _global_shape(target):
+                    mismatched.append((name, shape, _global_shape(target)))
+                else:
+                    problem = _layout_problem(name, state_dict[name], target)
+                    if problem:
+                        mismatched.append(problem)
 
         problems = []
-        for name, saved_shape, model_shape in mismatched:
+        for name, saved_shape, model_shape in (m for m in mismatched if len(m) == 3):
             problems.append(
                 f"size mismatch for {name!r}: the state dict has shape {_shape_str(saved_shape)}, "
                 f"this model has shape {_shape_str(model_shape)}"
             )
+        problems += [m[0] for m in mismatched if len(m) == 1]
         if strict:
             for name in missing:
                 problems.append(
                     f"missing key {name!r} (this model has it with shape "
-                    f"{_shape_str(targets[name].data.shape)}) is not in the state dict"
+                    f"{_shape_str(_global_shape(targets[name]))}) is not in the state dict"
                 )
             for name in unexpected:
-                shape = tuple(_data_of(state_dict[name]).shape)
+                shape = _global_shape(state_dict[name])
                 problems.append(
                     f"unexpected key {name!r} (shape {_shape_str(shape)}) in the state dict: "
                     "this model has no such parameter or buffer"
@@ -456,7 +464,7 @@ class Module:
 
         for name, target in targets.items():
             if name in state_dict:
-                value = _data_of(state_dict[name])
+                value = _local_of(state_dict[name], target)
                 xp = backend.of(target.data)
                 if backend.of(value) is not xp:
                     value = xp.asarray(backend.to_numpy(value))
@@ -502,6 +510,50 @@ def _data_of(value):
     if isinstance(value, Tensor):
         return value.data
     return value if hasattr(value, "shape") else numpy.asarray(value)
+
+
+def _state_value(tensor):
+    """A state dict's copy of ``tensor``: its array, or for a DTensor (duck
+    typed: nn may not import minidist.distributed) a DTensor of its layout."""
+    if getattr(tensor, "_spec", None) is not None:
+        out = tensor.detach()
+        out.data = tensor.data.copy()
+        return out
+    return tensor.data.copy()
+
+
+def _global_shape(value) -> tuple:
+    spec = getattr(value, "_spec", None)
+    return tuple(spec.shape) if spec is not None else tuple(_data_of(value).shape)
+
+
+def _layout_problem(name, source, target):
+    """``(message,)`` when ``source`` cannot go into ``target`` as laid out."""
+    source_spec, target_spec = getattr(source, "_spec", None), getattr(target, "_spec", None)
+    if source_spec is not None and target_spec is None:
+        return (f"{name!r} is a DTensor in the state dict and a plain tensor in this model: "
+                f"pass .full_tensor() of it",)
+    if source_spec is not None and (source_spec.placements != target_spec.placements
+                                    or source_spec.mesh != target_spec.mesh):
+        return (f"{name!r} is laid out {_layout(source_spec)} in the state dict but "
+                f"{_layout(target_spec)} in this model: redistribute it, or load through "
+                f"minidist.distributed.checkpoint, which reshards",)
+    return None
+
+
+def _layout(spec) -> str:
+    return f"{spec.placements} on {spec.mesh!r}"
+
+
+def _local_of(value, target):
+    """The array to copy into ``target``: a plain whole array into a DTensor
+    target gives the box this rank holds."""
+    spec = getattr(target, "_spec", None)
+    data = _data_of(value)
+    if spec is not None and getattr(value, "_spec", None) is None:
+        sizes, offsets = spec.local_shape_and_offset()
+        data = data[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))]
+    return data
 
 
 def _check_name(module, name):
