@@ -17,6 +17,11 @@ Read in this order:
    ``to_local``, ``full_tensor``.
 3. ``redistribute.py``: each change of layout as one named collective, its
    bytes, its backward; ``plan`` prints it before it runs.
+4. ``partial_gradient.py``: the backward all_reduce of a Replicate input
+   that met a sharded one (Megatron's f).
+5. ``ops.py``: the ops' placement rules (elementwise, matmul and linear,
+   reductions and shapes, layer_norm, embedding, softmax, the
+   vocabulary-parallel cross entropy), each a table in its docstring.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from minidist.distributed.tensor.dtensor import (
     DTensorSpec,
     distribute_tensor,
 )
+from minidist.distributed.tensor.ops import loss_parallel_depth  # installs the rules
 from minidist.distributed.tensor.placements import (
     Partial,
     Placement,
@@ -40,4 +46,4 @@ from minidist.distributed.tensor.redistribute import plan
 
 __all__ = ["DTensor", "DTensorParameter", "DTensorSpec", "DeviceMesh", "Partial", "Placement",
            "Replicate", "Shard", "chunk_sizes", "distribute_tensor", "init_device_mesh",
-           "local_shape_and_offset", "plan"]
+           "local_shape_and_offset", "loss_parallel_depth", "plan"]
