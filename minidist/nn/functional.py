@@ -212,7 +212,7 @@ def linear(input, weight, bias=None) -> Tensor:
     copied.
     """
     input = _tensor(input)
-    if input._is_distributed or weight._is_distributed or getattr(bias, "_is_distributed", False):
+    if weight._is_distributed:   # one look-up; a DTensor input with a plain weight is refused below
         return distributed_call("linear", input, weight, bias)
     x, w = input.data, weight.data
     if x.ndim == 0 or x.shape[-1] != w.shape[1]:
@@ -794,7 +794,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
     forward and 10 backward; x_hat and rstd are kept.
     """
     input = _tensor(input)
-    if input._is_distributed or getattr(weight, "_is_distributed", False):
+    if input._is_distributed:   # a DTensor weight on a plain input is refused by the node maker
         return distributed_call("layer_norm", input, normalized_shape, weight, bias, eps)
     dtype = weight.data.dtype if weight is not None else input.data.dtype
     x = _in_dtype(input.data, dtype)

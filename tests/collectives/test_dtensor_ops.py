@@ -233,3 +233,52 @@ def test_refusals_say_which_layouts_the_op_takes_and_what_to_call(runs, key):
     assert "mask" in errors["dropout"]
     assert "no placement rule" in errors["unruled"]
     assert runs[key][0]["eval_dropout"]
+
+
+def _minidist_peer():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from dtensor_torch_peer import cases, short
+
+    from minidist import Tensor
+    from minidist.distributed.tensor import Replicate, Shard, distribute_tensor, init_device_mesh
+    from minidist.nn import functional as F
+
+    mesh = init_device_mesh("cpu", (2,))
+
+    def make(array, placements):
+        return distribute_tensor(Tensor(array), mesh, placements)
+
+    return {name: (short(y.placements), tuple(y.to_local().data.shape), y.to_local().data.copy())
+            for name, y in cases(np, make, F, Replicate, Shard, mesh)}
+
+
+@pytest.mark.blas_kernel
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_rules_agree_with_live_torch_dtensor_on_gloo():
+    pytest.importorskip("torch")
+    import sys
+    from pathlib import Path
+
+    from minidist.bench.common import spawn_torch_ranks
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from dtensor_torch_peer import torch_rank
+
+    theirs = spawn_torch_ranks(torch_rank, 2, timeout=300)
+    ours = minidist.launch(_minidist_peer, world_size=2, transport="pipe", timeout=120)
+    for name, (placements, _, _) in theirs[0].items():
+        for rank in range(2):
+            mine = ours[rank][name]
+            assert mine[0] == theirs[rank][name][0], (rank, name, mine[0], placements)
+            assert mine[1] == theirs[rank][name][1], (rank, name)
+            if "P(sum)" not in placements:   # a Partial's terms may differ, their sum not
+                np.testing.assert_allclose(mine[2], theirs[rank][name][2], rtol=1e-12,
+                                           atol=1e-12)
+        if "P(sum)" in placements:
+            np.testing.assert_allclose(ours[0][name][2] + ours[1][name][2],
+                                       theirs[0][name][2] + theirs[1][name][2], rtol=1e-12,
+                                       atol=1e-12)

@@ -526,24 +526,24 @@ def _embedding(indices, weight, padding_idx=None):
                     "Replicate() or the table to one of these")
     table = _local(weight, partial)
     shape = tuple(ids_shape) + (weight.shape[1],)
-    if not vocab:
-        return _out(F.embedding(ids, table, padding_idx), mesh, out, shape, "embedding")
     (rows, _), (low, _) = weight._spec.local_shape_and_offset()
     ids = np.asarray(backend.to_numpy(ids))
     if ids.size and (ids.min() < 0 or ids.max() >= weight.shape[0]):
         raise IndexError(f"embedding: an index is out of range for a table of "
                          f"{weight.shape[0]} rows (valid 0..{weight.shape[0] - 1})")
-    mine = (ids >= low) & (ids < low + rows)
-    if rows == 0:   # an empty chunk (torch.chunk's trailing ones): nothing to look up
+    if table.data.size == 0:   # an empty chunk (torch.chunk's trailing ones): nothing to look up
         zeros = backend.of(table.data).zeros(ids.shape + (table.data.shape[1],),
                                              table.data.dtype)
         local = Tensor._make(zeros, (table,), lambda g: (backend.of(g).zeros_like(table.data),),
                              "embedding")
-    else:
-        pad = padding_idx - low if padding_idx is not None and low <= padding_idx < low + rows \
-            else None
-        looked = F.embedding(np.where(mine, ids - low, 0), table, pad)
-        local = looked * Tensor(mine[..., None].astype(table.data.dtype))
+        return _out(local, mesh, out, shape, "embedding")
+    if not vocab:
+        return _out(F.embedding(ids, table, padding_idx), mesh, out, shape, "embedding")
+    mine = (ids >= low) & (ids < low + rows)
+    pad = padding_idx - low if padding_idx is not None and low <= padding_idx < low + rows \
+        else None
+    looked = F.embedding(np.where(mine, ids - low, 0), table, pad)
+    local = looked * Tensor(mine[..., None].astype(table.data.dtype))
     return _out(local, mesh, out, shape, "embedding")
 
 

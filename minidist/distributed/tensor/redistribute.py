@@ -297,7 +297,7 @@ def _all_to_all(array, spec, placements, mesh_dim, e):
         part = array[tuple(index)]
         send[g][tuple(slice(0, s) for s in part.shape)] = part
     received = np.empty_like(send)
-    dist.all_to_all_single(received, send, group=group)
+    dist.all_to_all_single(received, send, group=group, algorithm="pairwise")  # bytes of the table
     ordered = [None] * n
     for g, cg in enumerate(coords):
         index = [slice(None)] * array.ndim

@@ -9,11 +9,11 @@ builds).
 
 Read in this order:
 
-1. ``styles.py``: torch's ColwiseParallel, RowwiseParallel,
+1. :mod:`.styles`: torch's ColwiseParallel, RowwiseParallel,
    SequenceParallel, PrepareModuleInput / PrepareModuleOutput on DTensors
    (and PackedColwiseParallel, which builds a split layer);
-2. ``parallelize.py``: ``parallelize_module``, a plan of styles by name;
-3. ``loss_parallel.py``: the cross entropy of class-sharded logits.
+2. :mod:`.parallelize`: ``parallelize_module``, a plan of styles by name;
+3. :mod:`.loss_parallel`: the cross entropy of class-sharded logits.
 """
 
 from __future__ import annotations
