@@ -11,7 +11,10 @@ against one process and against the by-hand split layers, float64:
   features (Linear(10, 33): torch.chunk's 17 / 16 on 2 ranks, 9, 9, 9, 6 on
   4) give the whole layer's values, also through a Rowwise Linear(33, 5);
 * SequenceParallel on a LayerNorm (activations Shard(1), weight Replicate,
-  its gradient all_reduced);
+  its gradient all_reduced), and a sequence-parallel MLP after it
+  (ColwiseParallel(input_layouts=Shard(1)): an all_gather;
+  RowwiseParallel(output_layouts=Shard(1)): a reduce_scatter);
+  PrepareModuleInput and PrepareModuleOutput;
 * the messages, from the trace: Colwise none forward and one all_reduce (dX)
   backward, Rowwise one all_reduce forward and none backward;
 * a rank whose batch disagrees inside a Rowwise forward's all_reduce ends
@@ -127,9 +130,11 @@ def _boxes(model):
 
 def _worker():
     from minidist import nn
-    from minidist.distributed.tensor import DTensor, Shard, init_device_mesh
+    from minidist.distributed.tensor import DTensor, Replicate, Shard, init_device_mesh
     from minidist.parallel import (
         ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleOutput,
         RowwiseParallel,
         SequenceParallel,
         loss_parallel,
@@ -195,6 +200,37 @@ def _worker():
                      value=float(np.abs(ys.full_tensor().data - ln_whole(Tensor(xs)).data).max()),
                      weight_grad=float(np.abs(ln.weight.grad - ln_whole.weight.grad).max()),
                      bias_grad=float(np.abs(ln.bias.grad - ln_whole.bias.grad).max()))
+
+    # a sequence-parallel MLP: LayerNorm on Shard(1) tokens, Colwise taking Shard(1) (an
+    # all_gather), Rowwise leaving Shard(1) (a reduce_scatter); PrepareModuleInput and
+    # PrepareModuleOutput on a module of its own
+    whole_mlp, sp_mlp = _mlp(), _mlp()
+    xw = np.random.default_rng(8).standard_normal((2, 4 * world, 8))
+    ln_whole.zero_grad()
+    (whole_mlp(ln_whole(Tensor(xw))) * Tensor(xw)).sum().backward()
+    ln2 = nn.LayerNorm(8, dtype=np.float64)
+    ln2.weight.data[:] = ln_whole.weight.data
+    parallelize_module(ln2, mesh, SequenceParallel())
+    parallelize_module(sp_mlp, mesh, {
+        "fc1": ColwiseParallel(input_layouts=Shard(1)),
+        "fc2": RowwiseParallel(output_layouts=Shard(1))})
+    part = slice(4 * rank, 4 * rank + 4)
+    with trace.region("sp forward"):
+        ysp = sp_mlp(ln2(Tensor(xw[:, part])))
+    (ysp * Tensor(xw[:, part])).sum().backward()
+    prepared = parallelize_module(nn.Identity(), mesh, PrepareModuleInput(
+        input_layouts=Shard(1), desired_input_layouts=Replicate(), use_local_output=True))
+    gathered = prepared(Tensor(xw[:, part]))
+    out_prepared = parallelize_module(nn.Identity(), mesh, PrepareModuleOutput(
+        output_layouts=Replicate(), desired_output_layouts=Shard(0)))
+    halves = out_prepared(Tensor(xw))
+    out["sp_mlp"] = dict(
+        value=float(np.abs(ysp.data - whole_mlp(ln_whole(Tensor(xw))).data[:, part]).max()),
+        fc1_grad=float(np.abs(sp_mlp.fc1.weight.grad - _piece(
+            whole_mlp.fc1.weight.grad, sp_mlp.fc1.weight._spec.local_shape_and_offset())).max()),
+        ln_grad=float(np.abs(ln2.weight.grad - ln_whole.weight.grad).max()),
+        gathered=float(np.abs(gathered.data - xw).max()), plain=type(gathered).__name__,
+        halves=halves.data.shape)
 
     # the GPT three ways
     def whole_loss(logits, targets):
@@ -311,6 +347,10 @@ def test_uneven_out_features_and_sequence_parallel(runs, key):
         sp = r["sp"]
         assert sp["placements"] == "(Shard(dim=1),)" and sp["weight_layout"] == "(Replicate(),)"
         assert max(sp["value"], sp["weight_grad"], sp["bias_grad"]) < 1e-12
+        m = r["sp_mlp"]
+        assert max(m["value"], m["fc1_grad"], m["ln_grad"], m["gathered"]) < 1e-12
+        assert m["plain"] == "Tensor"
+        assert m["halves"] == ({2: [1, 1], 4: [1, 1, 0, 0]}[world][rank], 4 * world, 8)
 
 
 def _called(events, rank, regions, label):
@@ -333,6 +373,7 @@ def test_the_messages_are_the_tables(runs, key):
         assert _called(events, rank, regions, "colwise backward") == ["all_reduce"]
         assert _called(events, rank, regions, "rowwise forward") == ["all_reduce"]
         assert _called(events, rank, regions, "rowwise backward") == []
+        assert _called(events, rank, regions, "sp forward") == ["all_gather", "reduce_scatter"]
 
 
 @pytest.mark.timeout(300)
