@@ -232,7 +232,7 @@ def _binary(name, x, y):
     return _out(fn(locals_[0], locals_[1]), mesh, out, shape, name)
 
 
-def _unary(name, x, fn, linear=False, dtype=None):
+def _unary(name, x, fn, linear=False):
     if not linear and any(isinstance(p, Partial) for p in x._spec.placements):
         _refuse(name, (x,), "Shard and Replicate (it is not linear: f of a sum of terms is not "
                 "the sum of f of each)", "Redistribute the Partial to Replicate() first")
@@ -283,9 +283,17 @@ def _matmul_rule(op, a_spec, b_spec, operands):
     return out, pa_dims, pb_dims
 
 
+def _all_dtensors(op, *xs):
+    for x in xs:
+        if not isinstance(x, DTensor):
+            raise TypeError(f"{op}: a DTensor with a {type(x).__name__} (mixed operands are "
+                            f"refused, as torch): make it a DTensor first, "
+                            f"DTensor.from_local(t, mesh, [Replicate()]) when every rank holds "
+                            f"the whole")
+
+
 def _check_matmul(op, a, b):
-    if not (isinstance(a, DTensor) and isinstance(b, DTensor)):
-        _operand(op, a if not isinstance(a, DTensor) else b)   # refuses the plain one
+    _all_dtensors(op, a, b)
     if a.ndim < 2 or b.ndim != 2:
         raise TypeError(f"{op} on DTensors of {a.ndim} and {b.ndim} dims: minidist's rule "
                         f"takes a of 2 or more dims and b of 2 (a batched b has no rule)")
@@ -308,8 +316,7 @@ def _transposed(spec, perm):
 
 
 def _linear(x, weight, bias=None):
-    if not isinstance(weight, DTensor) or not isinstance(x, DTensor):
-        _operand("linear", x if not isinstance(x, DTensor) else weight)
+    _all_dtensors("linear", x, weight, *([] if bias is None else [bias]))
     if weight.ndim != 2 or x.ndim < 2 or x.shape[-1] != weight.shape[1]:
         raise ValueError(f"linear: input {x.shape} and weight {weight.shape} do not fit "
                          f"(the input's last dim is the weight's second)")
@@ -321,8 +328,6 @@ def _linear(x, weight, bias=None):
     result = _out(y, mesh, out, shape, "linear")
     if bias is None:
         return result
-    if not isinstance(bias, DTensor):
-        _operand("linear", bias)
     partial_dims = [i for i, p in enumerate(out) if isinstance(p, Partial)]
     if not partial_dims:
         return _binary("add", result, bias)
