@@ -42,7 +42,7 @@
 # Library code: `minidist/models/gpt.py` (the GPT),
 # `minidist/parallel/tensor/gpt.py` (TP and SP on it),
 # `minidist/parallel/tensor/costs.py` (the formulas), `minidist/distributed/device_mesh.py`,
-# `minidist/parallel/tensor/parallelize.py` and `styles.py` (torch's face),
+# `minidist/parallel/placements/parallelize.py` and `styles.py` (torch's face, on DTensors),
 # `minidist/parallel/mesh/plan_3d.py` (a step predicted) and `choose_plan.py`
 # (the plans compared).
 
@@ -522,7 +522,9 @@ assert abs(whole_loss - tp_runs[0]["loss"]) < 1e-4
 # %% [markdown]
 # **torch's face.** A torch user does not call `tensor_parallel_gpt`: they
 # write a *plan*, a dictionary from module names to styles, and
-# `parallelize_module(model, mesh_or_group, plan)` swaps the layers. The
+# `parallelize_module(model, mesh_or_group, plan)` lays the layers' weights
+# out as DTensors (Shard(0) for a column split, Shard(1) for a row split)
+# and their ops follow the placement rules. The
 # same run also built the GPT that way (the plan below, written by the
 # function `torch_plan` in section 2's code, which each rank ran after
 # `tensor_parallel_gpt`): `ColwiseParallel`

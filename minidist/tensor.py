@@ -183,6 +183,25 @@ def set_placement_guard(guard) -> None:
     _placement_guard = guard
 
 
+#: name -> the function computing ``minidist.nn.functional.<name>`` on
+#: DTensors, filled by :mod:`minidist.distributed.tensor.ops` when it is
+#: imported (nn/ sits below minidist.distributed and may not import it). A
+#: function of nn.functional asks ``x._is_distributed`` of its tensor
+#: arguments (a class attribute: one look-up each, False on a Tensor) and
+#: hands the call here only when one is a DTensor.
+placement_rules: dict = {}
+
+
+def distributed_call(name, *args, **kwargs):
+    """``minidist.nn.functional.<name>(*args)`` on DTensors, by its placement
+    rule; a clear refusal where the rules are not loaded."""
+    rule = placement_rules.get(name)
+    if rule is None:
+        raise TypeError(f"{name} on a DTensor: no placement rule for it; the rules are listed in "
+                        f"minidist.distributed.tensor.ops; call .full_tensor() or .to_local() first")
+    return rule(*args, **kwargs)
+
+
 class RemovableHandle:
     """What ``register_*hook`` returns: ``remove()`` takes the hook out again
     (torch's ``torch.utils.hooks.RemovableHandle``; also a context manager)."""
@@ -284,6 +303,8 @@ class Tensor:
     )
     # NumPy defers to our reflected operators (array * tensor -> Tensor).
     __array_priority__ = 1000
+    #: True on a DTensor: nn.functional hands the call to its placement rule
+    _is_distributed = False
 
     def __init__(self, data, requires_grad: bool = False, dtype=None, name: str | None = None):
         self.data = _as_array(data, dtype)

@@ -42,6 +42,7 @@ from minidist.tensor import (
     _shape_str,
     _split_by_requires_grad,
     _unbroadcast,
+    distributed_call,
 )
 
 # --------------------------------------------------------------------------
@@ -171,6 +172,8 @@ def gelu(input, approximate: str = "none") -> Tensor:
     exactly: a handful of passes.
     """
     input = _tensor(input)
+    if input._is_distributed:
+        return distributed_call("gelu", input, approximate)
     x = input.data
     xp = backend.of(x)
     if approximate == "none":
@@ -209,6 +212,8 @@ def linear(input, weight, bias=None) -> Tensor:
     copied.
     """
     input = _tensor(input)
+    if weight._is_distributed:   # one look-up; a DTensor input with a plain weight is refused below
+        return distributed_call("linear", input, weight, bias)
     x, w = input.data, weight.data
     if x.ndim == 0 or x.shape[-1] != w.shape[1]:
         raise ValueError(
@@ -725,6 +730,8 @@ def embedding(input, weight, padding_idx: int | None = None) -> Tensor:
     Cost: a gather of len(input) rows forward; backward a zero-filled
     (num_embeddings, embedding_dim) gradient and a scatter-add of the rows.
     """
+    if weight._is_distributed or getattr(input, "_is_distributed", False):
+        return distributed_call("embedding", input, weight, padding_idx)
     w = weight.data
     if w.ndim != 2:
         raise ValueError(f"embedding: weight must be (num_embeddings, embedding_dim), got {_shape_str(w.shape)}")
@@ -787,6 +794,8 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
     forward and 10 backward; x_hat and rstd are kept.
     """
     input = _tensor(input)
+    if input._is_distributed:   # a DTensor weight on a plain input is refused by the node maker
+        return distributed_call("layer_norm", input, normalized_shape, weight, bias, eps)
     dtype = weight.data.dtype if weight is not None else input.data.dtype
     x = _in_dtype(input.data, dtype)
     axes = _normalized_axes(x, normalized_shape, "layer_norm")
@@ -1031,6 +1040,8 @@ def dropout(input, p: float = 0.5, training: bool = True, rng=None) -> Tensor:
     input = _tensor(input)
     if not training or p == 0.0:
         return input
+    if input._is_distributed:
+        return distributed_call("dropout", input, p)
     x = input.data
     xp = backend.of(x)
     if p == 1.0:
@@ -1174,6 +1185,8 @@ def cross_entropy(input, target, reduction: str = "mean", ignore_index: int = -1
     """
     _check_reduction(reduction, "cross_entropy")
     input = _tensor(input)
+    if input._is_distributed:
+        return distributed_call("cross_entropy", input, target, reduction, ignore_index)
     scores = input.data
     z, labels, shape = _class_labels(target, scores, "cross_entropy", ignore_index)
     xp = backend.of(z)

@@ -10,7 +10,7 @@ family                    what it splits, and where to start reading
 ``model/``                the course's model parallelism: DistBelief, the conv/dense
                           hybrid, conv splits, a dense layer's bytes (``distbelief.py``)
 ``tensor/``               one layer's weight matrix (Megatron): regions, split layers,
-                          the vocabulary, the GPT, torch's styles (``regions.py``)
+                          the vocabulary, the GPT (``regions.py``)
 ``placements/``           the same splits written as DTensor layouts: torch's styles on
                           DTensors, FSDP2's ``fully_shard``
 ``context/``              the sequence: the zig-zag split, ring attention, Ulysses, the
@@ -37,8 +37,9 @@ write them: ``DistributedDataParallel`` (``torch.nn.parallel``),
 ``FullyShardedDataParallel`` and ``ShardingStrategy``
 (``torch.distributed.fsdp``), ``ZeroRedundancyOptimizer``
 (``torch.distributed.optim``), ``SyncBatchNorm``, ``parallelize_module``,
-``ColwiseParallel``, ``RowwiseParallel``
-(``torch.distributed.tensor.parallel``). Three names are in two families each and
+``ColwiseParallel``, ``RowwiseParallel``, ``SequenceParallel``,
+``loss_parallel`` (``torch.distributed.tensor.parallel``, the placements
+family's, on DTensors). Three names are in two families each and
 are not here: ``DEFAULT_ALGORITHM``, ``STRATEGIES`` and ``format_table``;
 import them from their family. The paths of before the families still import, with a
 warning naming the new one (:mod:`.moved`).

@@ -17,7 +17,12 @@ Read in this order:
    ``to_local``, ``full_tensor``.
 3. ``redistribute.py``: each change of layout as one named collective, its
    bytes, its backward; ``plan`` prints it before it runs.
-4. ``grad_norm.py``: the norm of gradients spread over ranks (summed over
+4. ``partial_gradient.py``: the backward all_reduce of a Replicate input
+   that met a sharded one (Megatron's f).
+5. ``ops.py``: the ops' placement rules (elementwise, matmul and linear,
+   reductions and shapes, layer_norm, embedding, softmax, the
+   vocabulary-parallel cross entropy), each a table in its docstring.
+6. ``grad_norm.py``: the norm of gradients spread over ranks (summed over
    the mesh dims where a parameter is Shard), which makes
    ``minidist.nn.utils.clip_grad_norm_`` right on DTensors; torchtitan's
    ``clip_grad_norm_(..., pp_mesh=)``.
@@ -33,6 +38,7 @@ from minidist.distributed.tensor.dtensor import (
     distribute_tensor,
 )
 from minidist.distributed.tensor.grad_norm import clip_grad_norm_
+from minidist.distributed.tensor.ops import loss_parallel_depth  # installs the rules
 from minidist.distributed.tensor.placements import (
     Partial,
     Placement,
@@ -44,5 +50,5 @@ from minidist.distributed.tensor.placements import (
 from minidist.distributed.tensor.redistribute import plan
 
 __all__ = ["DTensor", "DTensorParameter", "DTensorSpec", "DeviceMesh", "Partial", "Placement",
-           "Replicate", "Shard", "chunk_sizes", "clip_grad_norm_", "distribute_tensor", "init_device_mesh",
-           "local_shape_and_offset", "plan"]
+           "Replicate", "Shard", "chunk_sizes", "clip_grad_norm_", "distribute_tensor",
+           "init_device_mesh", "local_shape_and_offset", "loss_parallel_depth", "plan"]

@@ -10,14 +10,14 @@ Read in this order:
 3. :mod:`.vocab`: the vocabulary split (embedding and cross-entropy);
 4. :mod:`.gpt`: the GPT split by heads and by the MLP's columns, with
    sequence parallelism;
-5. :mod:`.styles` and :mod:`.parallelize`: torch's ``ColwiseParallel``,
-   ``RowwiseParallel`` and ``parallelize_module``, which build the same split
-   layers;
-6. :mod:`.costs`: the GPT's bytes and activation memory, by formula.
+5. :mod:`.costs`: the GPT's bytes and activation memory, by formula.
 
 This face is what the other families use (the model family's DistBelief and
 hybrid take the regions and split layers, the context family a region, the
-mesh family the GPT's pieces).
+mesh family the GPT's pieces, the placements family the split layer of its
+``PackedColwiseParallel``). torch's ``ColwiseParallel``, ``RowwiseParallel``
+and ``parallelize_module`` are the placements family's: the same splits as
+DTensor layouts.
 """
 
 from __future__ import annotations
@@ -45,9 +45,6 @@ from minidist.parallel.tensor.layers import (  # noqa: F401
     RowParallelLinear,
     packed_rows,
 )
-from minidist.parallel.tensor.parallelize import (  # noqa: F401
-    parallelize_module,
-)
 from minidist.parallel.tensor.regions import (  # noqa: F401
     DEFAULT_ALGORITHM,
     copy_to_parallel_region,
@@ -56,12 +53,6 @@ from minidist.parallel.tensor.regions import (  # noqa: F401
     reduce_from_parallel_region,
     reduce_scatter_to_sequence_parallel_region,
     scatter_to_parallel_region,
-)
-from minidist.parallel.tensor.styles import (  # noqa: F401
-    ColwiseParallel,
-    PackedColwiseParallel,
-    ParallelStyle,
-    RowwiseParallel,
 )
 from minidist.parallel.tensor.vocab import (  # noqa: F401
     VocabParallelEmbedding,
@@ -75,7 +66,6 @@ __all__ = ["DEFAULT_ALGORITHM", "copy_to_parallel_region", "reduce_from_parallel
            "packed_rows", "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding",
            "vocab_parallel_cross_entropy", "vocab_range", "TensorParallelGPT",
            "tensor_parallel_gpt", "qkv_rows", "sequence_parallel_parameters", "shard_block",
-           "embed_tokens", "shard_index", "ParallelStyle", "ColwiseParallel", "RowwiseParallel",
-           "PackedColwiseParallel", "parallelize_module", "gpt_step_bytes", "gpt_activation_bytes",
+           "embed_tokens", "shard_index", "gpt_step_bytes", "gpt_activation_bytes",
            "format_step_bytes", "StepBytes", "ActivationBytes", "ring_reduce_scatter_sent",
            "sequence_parallel_values"]
