@@ -649,3 +649,242 @@ that sends nothing: a change of layout moves its cost between the forward and th
 it does not remove it. Lesson 17's pair of Megatron's f and g make the same trade: f an
 identity forward and an all_reduce backward, g the reverse.
 """)
+
+# %% [markdown]
+# ## 6. Megatron's MLP as placements
+#
+# Lesson 10 split an MLP by hand: the first weight by its columns, the
+# second by its rows, and one all_reduce at the end (Shoeybi et al.,
+# "Megatron-LM", 2019). In layouts the same MLP is four lines, and the ops'
+# rules say where the one message goes. The input X (tokens x d) is
+# `Replicate()`; the first weight, in the (in, out) view that X @ W1
+# multiplies, is `Shard(1)`: each rank holds some of its columns. torch
+# stores a Linear's weight as (out, in) and computes x @ weight.T, so the
+# same cut is `Shard(0)` of torch's weight: a `ColwiseParallel` weight is
+# `Shard(0)`. The product X @ W1 is then `Shard(1)`, each rank its columns
+# of the hidden layer; GELU acts on each element alone, so it keeps the
+# layout (`Shard(-1)`, the last dim). The second weight, (in, out), is
+# `Shard(0)`, its rows cut as the hidden columns are (torch's (out, in)
+# weight: `Shard(1)`, a `RowwiseParallel` weight), and a `Shard(1)` times
+# a `Shard(0)` gives each rank one term of the product: `Partial()`. No
+# message has run yet; the all_reduce appears when the Partial is made
+# `Replicate()`.
+#
+# Below, the MLP without biases on 4 processes, each op in a trace region
+# of its own: the layout every intermediate has, as the lesson prints it
+# on rank 0 (its global shape, its placements, the piece rank 0 holds),
+# and the collectives the trace shows in each region.
+
+# %%
+D_MODEL, D_HIDDEN, TOKENS = 8, 16, 6
+
+
+def mlp_arrays():
+    """X (tokens x d) and the two weights in the (in, out) view, float64."""
+    rng = np.random.default_rng(21)
+    return (rng.standard_normal((TOKENS, D_MODEL)),
+            rng.standard_normal((D_MODEL, D_HIDDEN)) / np.sqrt(D_MODEL),
+            rng.standard_normal((D_HIDDEN, D_MODEL)) / np.sqrt(D_HIDDEN))
+
+
+MLP_STEPS = ["X", "W1", "W2", "H = X @ W1", "GELU(H)", "Y = GELU(H) @ W2", "Y as R"]
+
+
+def mlp_by_placements():
+    """On every rank: Megatron's MLP written as layouts, each op in a trace region;
+    (step, global shape, placements, local shape) of every tensor, and the result."""
+    from minidist.nn import functional as F
+
+    mesh = init_device_mesh("cpu", (RANKS,))
+    x, w1, w2 = mlp_arrays()
+    X = distribute_tensor(Tensor(x), mesh, [Replicate()])
+    W1 = distribute_tensor(Tensor(w1), mesh, [Shard(1)])
+    W2 = distribute_tensor(Tensor(w2), mesh, [Shard(0)])
+    with trace.region("H = X @ W1"):
+        H = X @ W1
+    with trace.region("GELU(H)"):
+        G = F.gelu(H)
+    with trace.region("Y = GELU(H) @ W2"):
+        Y = G @ W2
+    the_plan = plan(Y, [Replicate()])
+    with trace.region("Y as R"):
+        Z = Y.redistribute(mesh, [Replicate()])
+    tensors = [X, W1, W2, H, G, Y, Z]
+    return ([(step, tuple(t.shape), "(" + ", ".join(map(str, t.placements)) + ")",
+              tuple(t.to_local().data.shape)) for step, t in zip(MLP_STEPS, tensors)],
+            np.array(Z.to_local().data), str(the_plan))
+
+
+placed_path = OUT / "mlp_placements.jsonl"
+placed = minidist.launch(mlp_by_placements, world_size=RANKS, trace=str(placed_path), **LAUNCH)
+placed_events = trace.read_jsonl(placed_path).events
+x_mlp, w1_mlp, w2_mlp = mlp_arrays()
+from minidist.nn import functional as F  # noqa: E402
+
+one_process_y = (F.gelu(Tensor(x_mlp) @ Tensor(w1_mlp)) @ Tensor(w2_mlp)).data
+rows, placed_calls = [], {}
+for step, shape, placements, local_shape in placed[0][0]:
+    if step in ("X", "W1", "W2"):
+        ran = "(given)"
+    else:
+        calls, _, _ = replay(placed_events, step, RANKS)
+        placed_calls[step] = [c["collective"] for c in calls]
+        ran = calls_text(calls)
+    rows.append((step, shape, placements, local_shape, ran))
+print(table(rows, ("tensor", "global shape", "layout", "rank 0 holds", "collectives (trace)")))
+print(placed[0][2])
+placed_error = max(float(np.abs(result[1] - one_process_y).max()) for result in placed)
+print(f"largest difference of any rank's Y from one process's: {placed_error:.1e}")
+
+# %% jupyter={"source_hidden": true}
+layouts_of = {step: placements for step, _, placements, _ in placed[0][0]}
+glue("h_layout", layouts_of["H = X @ W1"])
+glue("gelu_layout", layouts_of["GELU(H)"])
+glue("y_layout", layouts_of["Y = GELU(H) @ W2"])
+glue("z_layout", layouts_of["Y as R"])
+quiet_until_reduce = all(placed_calls[s] == [] for s in ("H = X @ W1", "GELU(H)",
+                                                         "Y = GELU(H) @ W2"))
+glue("quiet_until_reduce", quiet_until_reduce)
+glue("quiet_text", "no collective ran in the three ops" if quiet_until_reduce else
+     "a collective ran before the reduction")
+glue("reduce_calls", ", ".join(placed_calls["Y as R"]) or "nothing")
+glue("placed_error", placed_error, ".1e")
+glue("hidden_piece", placed[0][0][3][3][1])
+say("""
+The rules gave what Megatron's split is: X @ W1 came out {glue}`h_layout`, each rank
+{glue}`hidden_piece` of the 16 hidden columns; GELU kept {glue}`gelu_layout`; the product with
+W2 came out {glue}`y_layout`. In the trace {glue}`quiet_text`; the one message is the
+{glue}`reduce_calls` of the last line, the change `P(sum) -> R` (its plan printed above), and
+afterwards Y is {glue}`z_layout`, within {glue}`placed_error` of one process's Y on every rank.
+""")
+
+# %% [markdown]
+# The same MLP, with its biases, three ways on 4 processes: one process
+# (the reference), torch's styles (`parallelize_module(mlp, mesh, {"fc1":
+# ColwiseParallel(), "fc2": RowwiseParallel()})`, which turns the two
+# Linear layers' weights into DTensor parameters of the layouts above and
+# the activations into DTensors between them), and the split layers of
+# lesson 10 written by hand (`ColumnParallelLinear`, `RowParallelLinear`,
+# with Megatron's f and g). Each rank computes a forward and the backward
+# of sum(y * G), each in a trace region; every rank's output and every
+# rank's piece of each gradient is compared with one process's.
+
+# %%
+class MLP(minidist.nn.Module):
+    """Linear(d, 16), GELU, Linear(16, d), float64, the same weights every time."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = minidist.nn.Linear(D_MODEL, D_HIDDEN, rng=1, dtype=np.float64)
+        self.fc2 = minidist.nn.Linear(D_HIDDEN, D_MODEL, rng=2, dtype=np.float64)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+def mlp_batch():
+    rng = np.random.default_rng(22)
+    return rng.standard_normal((2, 3, D_MODEL)), rng.standard_normal((2, 3, D_MODEL))
+
+
+def forward_backward(model, name):
+    """A forward and the backward of sum(y * G), each in a trace region: y, the
+    gradient of every parameter (this rank's piece of it) and of the input."""
+    x, g = mlp_batch()
+    x = Tensor(x, requires_grad=True)
+    with trace.region(f"{name} forward"):
+        y = model(x)
+    with trace.region(f"{name} backward"):
+        (y * Tensor(g)).sum().backward()
+    grads = {n: np.array(p.grad) for n, p in model.named_parameters()}
+    grads["input"] = np.array(x.grad)
+    return np.array(y.data), grads
+
+
+def mlp_three_ways():
+    """On every rank: the MLP by torch's styles and by the split layers; their
+    outputs, gradients, and the box of every whole parameter each piece is."""
+    from minidist.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from minidist.parallel.tensor import ColumnParallelLinear, RowParallelLinear
+
+    mesh = init_device_mesh("cpu", (RANKS,))
+    styled = parallelize_module(MLP(), mesh, {"fc1": ColwiseParallel(),
+                                              "fc2": RowwiseParallel()})
+    layouts = {n: "(" + ", ".join(map(str, p.placements)) + ")"
+               for n, p in styled.named_parameters()}
+    boxes = {n: p._spec.local_shape_and_offset() for n, p in styled.named_parameters()}
+    styles = forward_backward(styled, "styles")
+    split = MLP()
+    split.fc1 = ColumnParallelLinear.from_linear(split.fc1)
+    split.fc2 = RowParallelLinear.from_linear(split.fc2)
+    cuts = {"input": (slice(None),), "fc1.weight": (split.fc1.shard, slice(None)),
+            "fc1.bias": (split.fc1.shard,),
+            "fc2.weight": (slice(None), split.fc2.shard), "fc2.bias": (slice(None),)}
+    return layouts, boxes, styles, forward_backward(split, "split"), cuts
+
+
+three_path = OUT / "mlp_three_ways.jsonl"
+three = minidist.launch(mlp_three_ways, world_size=RANKS, trace=str(three_path), **LAUNCH)
+three_events = trace.read_jsonl(three_path).events
+whole_mlp = MLP()
+x_batch, g_batch = mlp_batch()
+x_whole = Tensor(x_batch, requires_grad=True)
+whole_y = whole_mlp(x_whole)
+(whole_y * Tensor(g_batch)).sum().backward()
+whole_grads = {n: p.grad for n, p in whole_mlp.named_parameters()}
+whole_grads["input"] = x_whole.grad
+errors = {"styles": [0.0, 0.0], "split": [0.0, 0.0]}
+for layouts, boxes, styles, split, cuts in three:
+    for way, (y, grads) in (("styles", styles), ("split", split)):
+        errors[way][0] = max(errors[way][0], float(np.abs(y - whole_y.data).max()))
+        for n, grad in grads.items():
+            if way == "styles" and n in boxes:
+                shape, offset = boxes[n]
+                piece = whole_grads[n][tuple(slice(o, o + s) for o, s in zip(offset, shape))]
+            else:
+                piece = whole_grads[n][cuts[n]]
+            errors[way][1] = max(errors[way][1], float(np.abs(grad - piece).max()))
+print("torch's styles made the parameters DTensors of these layouts (torch's (out, in) "
+      "weights):")
+whole_shapes = {n: tuple(p.shape) for n, p in whole_mlp.named_parameters()}
+print(table([(n, whole_shapes[n], layout, tuple(three[0][2][1][n].shape))
+             for n, layout in three[0][0].items()],
+            ("parameter", "whole shape", "layout", "rank 0's piece")))
+messages = {}
+rows = []
+for way in ("styles", "split"):
+    for part in ("forward", "backward"):
+        calls, sent, _ = replay(three_events, f"{way} {part}", RANKS)
+        messages[way, part] = [c["collective"] for c in calls]
+        messages[way, part, "bytes"] = sent
+        rows.append((way, part, calls_text(calls), max(sent)))
+print(table(rows, ("way", "pass", "collectives (trace, rank 0)", "bytes sent per rank")))
+print(table([(way, f"{errors[way][0]:.1e}", f"{errors[way][1]:.1e}") for way in errors],
+            ("way", "largest output difference", "largest gradient difference")))
+
+# %% jupyter={"source_hidden": true}
+glue("fc1_layout", three[0][0]["fc1.weight"])
+glue("fc2_layout", three[0][0]["fc2.weight"])
+same_messages = all(messages["styles", part] == messages["split", part] and
+                    messages["styles", part, "bytes"] == messages["split", part, "bytes"]
+                    for part in ("forward", "backward"))
+glue("same_messages", same_messages)
+glue("messages_text", "the same collectives in each pass, every rank the same bytes"
+     if same_messages else "different collectives or bytes")
+glue("forward_calls", ", ".join(messages["styles", "forward"]) or "nothing")
+glue("backward_calls", ", ".join(messages["styles", "backward"]) or "nothing")
+worst_output = max(errors["styles"][0], errors["split"][0])
+worst_grad = max(errors["styles"][1], errors["split"][1])
+glue("worst_output", worst_output, ".1e")
+glue("worst_grad", worst_grad, ".1e")
+glue("three_agree", max(worst_output, worst_grad) < 1e-12)
+say("""
+torch's styles gave fc1's weight {glue}`fc1_layout` and fc2's {glue}`fc2_layout` of torch's
+(out, in) weights, the `S(1)` and `S(0)` of the (in, out) view above. Both ways sent
+{glue}`messages_text`: a forward of one {glue}`forward_calls` (the Partial made
+Replicate after fc2, Megatron's g) and a backward of one {glue}`backward_calls` (the input's
+gradient, a sum of every rank's columns' share, Megatron's f). The outputs differ from one
+process's by at most {glue}`worst_output` and every rank's piece of every gradient by at most
+{glue}`worst_grad`: the styles are the split layers with their layouts named, and the
+collectives are the ones the layouts' changes call for.
+""")
