@@ -888,3 +888,167 @@ process's by at most {glue}`worst_output` and every rank's piece of every gradie
 {glue}`worst_grad`: the styles are the split layers with their layouts named, and the
 collectives are the ones the layouts' changes call for.
 """)
+
+# %% [markdown]
+# ## 7. A checkpoint saved on one mesh, loaded on another
+#
+# A layout says which box of each tensor a rank holds, so a checkpoint
+# that records each saved box by its offsets and sizes can be loaded into
+# any other layout: each new rank reads, of the saved boxes, the parts
+# that meet its own. That is torch's distributed checkpoint
+# (`torch.distributed.checkpoint`, here `minidist.distributed.checkpoint`,
+# imported as `dcp`): `dcp.save(state_dict, checkpoint_id=folder)` has every
+# rank write its own boxes (a box that several ranks hold, replicated, is
+# written once, by the lowest of them) and rank 0 a table of them,
+# `.metadata`; `dcp.load` reads into whatever layout the target's tensors
+# have, and returns a report of what this rank read.
+#
+# A small GPT (float64) is laid out on 4 processes as a 2 x 2 mesh of
+# data parallel ("dp") by tensor parallel ("tp"): `parallelize_module` on
+# the tp sub-mesh (`mesh["tp"]`, each rank's group of 2 along tp) with
+# torch's styles, the embedding `RowwiseParallel` (its table cut by rows,
+# `S(0)`, lm_head tied to it), each block's `mlp.c_fc` `ColwiseParallel`
+# and its `mlp.c_proj` and `attn.c_proj` `RowwiseParallel`. (The attention's
+# fused c_attn is left whole here: its tensor-parallel form is a split
+# layer of packed rows, lesson 17, not a DTensor.) Along dp the two halves
+# of the mesh hold the same pieces. It is saved, then loaded in new
+# processes into two other layouts: tp4 (the same plan on a mesh of 4) and
+# dp4, every parameter `Shard(0)` on 4 ranks (the layout of FSDP2, below).
+# The models loaded into start from other random weights, so that a load
+# that missed a piece would show.
+
+# %%
+import minidist.distributed.checkpoint as dcp  # noqa: E402
+from minidist.distributed.checkpoint import Metadata  # noqa: E402
+from minidist.distributed.checkpoint.state_dict import (  # noqa: E402
+    get_model_state_dict,
+    set_model_state_dict,
+)
+from minidist.models.gpt import GPT, GPTConfig  # noqa: E402
+from viz.checkpoint_reads import layout_boxes, reads_figure, reads_of, reads_table  # noqa: E402
+
+CKPT_CONFIG = GPTConfig(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=8)
+CKPT_PATH = str(OUT / "gpt_dp2xtp2")
+#: the weight whose reads are drawn: saved S(1) on tp, loaded S(0) on dp4
+DRAWN = "model.transformer.h.0.mlp.c_proj.weight"
+
+
+def tp_plan():
+    from minidist.parallel import ColwiseParallel, RowwiseParallel
+
+    return {"transformer.wte": RowwiseParallel(),
+            "transformer.h.*.attn.c_proj": RowwiseParallel(),
+            "transformer.h.*.mlp.c_fc": ColwiseParallel(),
+            "transformer.h.*.mlp.c_proj": RowwiseParallel()}
+
+
+def gpt_in(layout, seed):
+    """A GPT (weights of ``seed``) laid out as ``layout``: "dp2 x tp2", "tp4" or "dp4"."""
+    from minidist.distributed.tensor import DTensor
+    from minidist.parallel import parallelize_module
+
+    model = GPT(CKPT_CONFIG, rng=seed, dtype=np.float64)
+    if layout == "dp4":
+        mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("dp",))
+        for name, param in list(model.named_parameters()):
+            *path, attr = name.split(".")
+            owner = model
+            for part in path:
+                owner = getattr(owner, part)
+            setattr(owner, attr, minidist.nn.Parameter(
+                distribute_tensor(param.data, mesh, [Shard(0)])))
+    else:
+        shape = (2, 2) if layout == "dp2 x tp2" else (4,)
+        names = ("dp", "tp") if layout == "dp2 x tp2" else ("tp",)
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+        parallelize_module(model, mesh["tp"], tp_plan())
+    model.lm_head.weight = model.transformer.wte.weight          # tied, as GPT ties them
+    layouts = {n: ("(" + ", ".join(map(str, p.placements)) + ")"
+                   if isinstance(p, DTensor) else "plain, whole")
+               for n, p in model.named_parameters()}
+    return model, layouts
+
+
+def box_of_param(full, param):
+    """The box of ``full`` a parameter holds (a plain one: all of it)."""
+    if not hasattr(param, "_spec"):
+        return full
+    sizes, offsets = param._spec.local_shape_and_offset()
+    return full[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))]
+
+
+def save_checkpoint():
+    """On every rank: the GPT of seed 0 in dp2 x tp2, saved; its layouts and the
+    saved chunks' table (rank 0's)."""
+    model, layouts = gpt_in("dp2 x tp2", seed=0)
+    metadata = dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=CKPT_PATH)
+    return layouts, metadata.total_bytes()
+
+
+def load_checkpoint(layout):
+    """On every rank: a GPT of seed 5 in ``layout``, loaded from the checkpoint;
+    whether every local piece equals the saved model's box of it bit for bit, and
+    what the load report says."""
+    model, layouts = gpt_in(layout, seed=5)
+    state = {"model": get_model_state_dict(model)}
+    report = dcp.load(state, checkpoint_id=CKPT_PATH)
+    set_model_state_dict(model, state["model"])
+    saved = GPT(CKPT_CONFIG, rng=0, dtype=np.float64).state_dict()
+    bad = [n for n, p in model.named_parameters()
+           if not np.array_equal(np.asarray(p.data), box_of_param(np.asarray(saved[n]), p))]
+    return dict(bad=bad, layouts=layouts, text=report.text(), drawn=report.text(DRAWN),
+                bytes_read=report.bytes_read, bytes_saved=report.bytes_saved,
+                chunks_read=report.chunks_read, chunks_saved=report.chunks_saved)
+
+
+saved = minidist.launch(save_checkpoint, world_size=RANKS, **LAUNCH)
+loaded = {layout: minidist.launch(load_checkpoint, world_size=RANKS, args=(layout,), **LAUNCH)
+          for layout in ("tp4", "dp4")}
+shown = ["transformer.wte.weight", "transformer.h.0.attn.c_attn.weight",
+         "transformer.h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_proj.weight",
+         "transformer.h.0.ln_1.weight"]
+print(table([(n, saved[0][0][n], loaded["tp4"][0]["layouts"][n], loaded["dp4"][0]["layouts"][n])
+             for n in shown], ("parameter (of block 0)", "saved: dp2 x tp2 (on tp)",
+                               "loaded: tp4", "loaded: dp4")))
+for layout, results in loaded.items():
+    print(f"\ninto {layout}:")
+    for result in results:
+        print(f"  {result['text']}; every piece bit for bit: {not result['bad']}")
+metadata = Metadata.read(CKPT_PATH)
+drawn_shape = tuple(metadata.tensors[DRAWN]["shape"])
+dp4_boxes = layout_boxes(drawn_shape, (RANKS,), [Shard(0)])
+console.print(reads_table(metadata, DRAWN, dp4_boxes))
+show_figure(reads_figure(metadata, DRAWN, dp4_boxes), "checkpoint_reads.png",
+            f"{DRAWN}: the chunks saved on dp2 x tp2 (filled, by writer) and the boxes of "
+            "dp4's ranks (dashed)", dpi=90)
+
+# %% jupyter={"source_hidden": true}
+bit_for_bit = all(not r["bad"] for results in loaded.values() for r in results)
+glue("bit_for_bit", bit_for_bit)
+glue("bits_text", "every parameter's local piece on every rank of both new layouts equals the "
+     "saved model's box of it, bit for bit" if bit_for_bit else
+     "some local piece does not equal the saved model's box")
+glue("saved_bytes", saved[0][1], ",")
+glue("whole_model_bytes", sum(np.asarray(a).nbytes for a in
+                              GPT(CKPT_CONFIG, rng=0, dtype=np.float64).state_dict().values()),
+     ",")
+glue("dp4_rank0", loaded["dp4"][0]["text"])
+glue("tp4_rank0", loaded["tp4"][0]["text"])
+drawn_reads = [r["drawn"] for r in loaded["dp4"]]
+glue("drawn_rank1", drawn_reads[1])
+glue("drawn_saved_layout", saved[0][0][DRAWN.removeprefix("model.")])
+reads_drawn = reads_of(metadata, DRAWN, dp4_boxes)
+glue("drawn_chunks_each", sorted({len(chunks) for chunks in reads_drawn.values()}) == [2])
+glue("drawn_chunks_text", "2 chunks, one of each tp rank's columns" if
+     sorted({len(chunks) for chunks in reads_drawn.values()}) == [2] else
+     "not 2 chunks each")
+say("""
+{glue}`bits_text`. The checkpoint holds {glue}`saved_bytes` bytes of tensors, and one
+process's state dict holds {glue}`whole_model_bytes` (lm_head's tied weight under its own name
+too, as torch's state dict lists it): the dp halves held the same pieces, the whole c_attn was
+on every rank, and each box went to disk once. Each rank of a new layout read only what its box needs: {glue}`tp4_rank0` in tp4,
+{glue}`dp4_rank0` in dp4 (a quarter of each tensor's rows). The picture draws one weight,
+block 0's `mlp.c_proj.weight`, saved {glue}`drawn_saved_layout` on tp (its columns cut, in two
+chunks) and loaded `S(0)` (its rows cut in four): each new rank's dashed box crosses
+{glue}`drawn_chunks_text`, and reads of each only the rows in its box ({glue}`drawn_rank1`).
+""")
