@@ -32,4 +32,4 @@ from minidist.parallel.placements.mixed_precision_policy import (  # noqa: F401
     MixedPrecisionPolicy,
 )
 
-__all__: list[str] = ["fully_shard", "FSDPModule", "UnshardHandle", "MixedPrecisionPolicy"]
+__all__ = ["fully_shard", "FSDPModule", "UnshardHandle", "MixedPrecisionPolicy"]

@@ -74,7 +74,8 @@ class FSDPParam:
         spec = DTensorSpec(mesh, placements, self.shape, self.dtype)
         (local_shape, offset) = spec.local_shape_and_offset()
         self.local_rows = local_shape[0]
-        local = np.ascontiguousarray(data[offset[0]:offset[0] + self.local_rows])
+        # A copy: a view would keep the whole weights alive behind the shard.
+        local = np.array(data[offset[0]:offset[0] + self.local_rows], copy=True)
         self.sharded = nn.Parameter(DTensor._node(local, spec, None, None, ""),
                                     requires_grad=self.requires_grad)
         self.unsharded = None                 # made by the first all_gather
@@ -169,10 +170,9 @@ class FSDPParamGroup:
         for p, offset in zip(self.params, offsets):
             block = rows[:, offset:offset + p.padded].reshape(
                 (self.shards * p.rows,) + p.shape[1:])[:p.shape[0]]
-            if p.kept is None:
-                p.kept = self._track(np.ascontiguousarray(block))
-            else:                             # refill the array the graph's backward reads
-                np.copyto(p.kept, block)
+            if p.kept is None:                # its own array: a view would keep the padding
+                p.kept = self._track(np.empty(p.shape, self.compute_dtype))
+            np.copyto(p.kept, block)          # (or refill the array the backward reads)
             if p.unsharded is None:
                 p.unsharded = nn.Parameter(p.kept, requires_grad=p.requires_grad)
                 if p.requires_grad:
