@@ -12,6 +12,8 @@ whole batch, rtol 1e-9:
   reshard_after_forward True and False;
 * the GPT with its tied embedding (a unit per block, the root holding wte,
   wpe, ln_f and lm_head, whose weight is wte's: one DTensor, still tied);
+* explicit prefetching (set_modules_to_forward_prefetch and _backward_prefetch)
+  trains the same;
 * set_requires_gradient_sync(False): 2 micro-batches, no reduce_scatter
   until the last, then one step, equal to one process's accumulation;
 * HSDP on a 2 x 2 mesh (world 4): layouts (Replicate(), Shard(0));
@@ -19,18 +21,24 @@ whole batch, rtol 1e-9:
   float16 weights, the masters and gradients stay float32, equal to one
   process doing the same casts;
 * what the layouts are: DTensorParameters, local shapes torch.chunk's, the
-  state dict's entries DTensors; the memory ledger measures the shards and
+  state dict's entries DTensors; unshard() registers the whole weights,
+  reshard() the DTensors again, unshard(async_op=True) gives a handle to
+  wait on; the memory ledger measures the shards and
   one unit's unsharded weights exactly;
 * refusals, each in one line: a tie torn by sharding one of its layers,
   an int reshard_after_forward, bfloat16, a ModuleList.
 
 The trace (shm, world 2 and 4, ring algorithms): one all_gather per unit per
 forward, one more per non-root unit per backward when resharded, one
-reduce_scatter per unit per backward, bytes equal to the formula; the
-prefetched all_gathers start before the previous unit's forward ends.
+reduce_scatter per unit per backward, bytes equal to the formula; HSDP's
+all_reduce once per unit; the prefetched all_gathers start inside the
+previous unit's forward (from the second step on, or from the first with
+set_modules_to_forward_prefetch).
 
-A rank whose parameter shape differs fails every rank within seconds,
-naming it, pipe and shm, leaving no shared memory.
+A rank whose parameter shape differs (its unit's all_gather then differs),
+or that raises before a unit's all_gather while the other waits in it,
+fails every rank, naming it (not a timeout), pipe and shm, leaving no
+shared memory.
 """
 
 from __future__ import annotations
@@ -162,7 +170,23 @@ def _layouts(world_size):
         classes=[type(model).__name__, type(model.transformer.h[0]).__name__],
         is_fsdp=[isinstance(model, FSDPModule), isinstance(model.transformer.h[0], FSDPModule)],
         state_dict=sorted({type(v).__name__ for v in model.state_dict().values()}),
-        count=len(params))
+        count=len(params), unshard=_unshard_reshard(model))
+
+
+def _unshard_reshard(model):
+    """unshard() registers the whole weights as plain Parameters, reshard() the
+    DTensors again; unshard(async_op=True) returns a handle to wait on."""
+    block = model.transformer.h[0]
+    shapes = [tuple(p.shape) for p in block.parameters()]     # the DTensors' global shapes
+    block.unshard()
+    whole = [(type(p).__name__, tuple(p.data.shape)) for p in block.parameters()]
+    block.reshard()
+    handle = model.transformer.h[1].unshard(async_op=True)
+    handle.wait()
+    waited = all(type(p) is nn.Parameter for p in model.transformer.h[1].parameters())
+    model.transformer.h[1].reshard()
+    return dict(whole=whole, waited=waited, shapes=shapes,
+                back=all(isinstance(p, DTensor) for p in model.parameters()))
 
 
 def _accumulation(world_size, share):
@@ -251,6 +275,13 @@ def _worker():
         if kind == "gpt":
             out.setdefault("tied_after", []).append(
                 model.lm_head.weight is model.transformer.wte.weight)
+    model = _shard_mlp(_mlp())
+    model[0].set_modules_to_forward_prefetch([model[2]])
+    model[2].set_modules_to_forward_prefetch([model[4]])
+    model[4].set_modules_to_backward_prefetch([model[2]])
+    model[2].set_modules_to_backward_prefetch([model[0]])
+    _train(model, _mlp_batches(world_size * PER_RANK), _mlp_loss, "adamw", share)
+    out["explicit_prefetch"] = _full(model)
     out["accumulation"] = _accumulation(world_size, share)
     if world_size == 4:
         mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
@@ -334,6 +365,7 @@ def test_fully_shard_trains_as_one_process(world_size, transport):
         for (kind, opt, reshard), weights in out["cases"].items():
             _close(weights, references[(kind, opt)], (rank, kind, opt, reshard, transport))
         assert out["tied_after"] == [True, True]
+        _close(out["explicit_prefetch"], references[("mlp", "adamw")], (rank, "explicit"))
         weights, between = out["accumulation"]
         _close(weights, accumulation, (rank, "accumulation"))
         assert between == [True] * STEPS        # no reduce_scatter before the last micro-batch
@@ -350,6 +382,10 @@ def test_fully_shard_trains_as_one_process(world_size, transport):
         assert layouts["classes"] == ["FSDPGPT", "FSDPBlock"] and layouts["is_fsdp"] == [True,
                                                                                           True]
         assert layouts["state_dict"] == ["DTensor"]
+        unshard = layouts["unshard"]
+        assert unshard["whole"] == [("Parameter", shape) for shape in unshard["shapes"]]
+        assert len(unshard["whole"]) == 12
+        assert unshard["waited"] and unshard["back"]
         for local, whole in zip(layouts["local_shapes"], layouts["global_shapes"]):
             rows = -(-whole[0] // world_size)
             assert local == (max(0, min(rows, whole[0] - rank * rows)),) + whole[1:]
@@ -369,10 +405,13 @@ def test_fully_shard_trains_as_one_process(world_size, transport):
 
 # --------------------------------------------------------------------------- the trace
 
-def _traced(reshard, hsdp):
+def _traced(reshard, hsdp, explicit):
     rank, world_size = dist.get_rank(), dist.get_world_size()
     mesh = (init_device_mesh("cpu", (2, 2)) if hsdp else init_device_mesh("cpu", (world_size,)))
     model = _shard_mlp(_mlp(), mesh=mesh, reshard_after_forward=reshard, algorithm="ring")
+    if explicit:   # the first step prefetches too
+        model[0].set_modules_to_forward_prefetch([model[2]])
+        model[2].set_modules_to_forward_prefetch([model[4]])
     optimizer = _optimizer("sgd", model.parameters())
     for step, (x, y) in enumerate(_mlp_batches(world_size * PER_RANK)):
         with trace.region(f"step {step}"):
@@ -402,13 +441,14 @@ def _unit_elements(n):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("world_size,reshard,hsdp", [(2, True, False), (2, False, False),
-                                                     (4, True, False), (4, True, True)])
+@pytest.mark.parametrize("world_size,reshard,hsdp,explicit", [
+    (2, True, False, False), (2, False, False, False), (2, True, False, True),
+    (4, True, False, False), (4, True, True, False)])
 def test_the_trace_shows_one_gather_per_unit_and_the_formula_bytes(tmp_path, world_size,
-                                                                   reshard, hsdp):
+                                                                   reshard, hsdp, explicit):
     path = tmp_path / "trace.jsonl"
-    minidist.launch(_traced, world_size=world_size, transport="shm", args=(reshard, hsdp),
-                    trace=str(path), timeout=240)
+    minidist.launch(_traced, world_size=world_size, transport="shm",
+                    args=(reshard, hsdp, explicit), trace=str(path), timeout=240)
     events = trace.read_jsonl(path).events
     shards = 2 if hsdp else world_size
     replicas = world_size // shards
@@ -430,15 +470,17 @@ def test_the_trace_shows_one_gather_per_unit_and_the_formula_bytes(tmp_path, wor
         if replicas > 1:   # ring all_reduce on 2 ranks: half of S each way, 2 (R-1)/R S
             assert _sent(events, rank, "all_reduce") == STEPS * sum(
                 2 * (replicas - 1) * s * 8 // replicas for s in sizes)
-        # Prefetch: from step 2 on, a unit's all_gather starts inside the
-        # previous unit's forward (it was issued in that unit's pre-hook).
+        # Prefetch: from step 2 on (explicit: from step 1), the second and third
+        # Linears' all_gathers start inside the previous Linear's forward (they
+        # were issued in its pre-hook).
         forwards = sorted((e for e in events if e["rank"] == rank and e["kind"] == "compute"
                            and e["label"].startswith("fully_shard forward Linear")),
                           key=lambda e: e["start"])
-        later = forwards[3:]                     # steps 2 and 3: 3 Linears each
-        started_inside = sum(any(f["start"] <= g["start"] < f["end"] for f in later)
-                             for g in gathers)
-        assert started_inside >= 2 * (STEPS - 1), (rank, started_inside)
+        assert len(forwards) == 3 * STEPS
+        prefetching = STEPS if explicit else STEPS - 1
+        inside = sum(any(f["start"] <= g["start"] < f["end"] for f in forwards[-3 * prefetching:])
+                     for g in gathers)
+        assert inside == 2 * prefetching, (rank, inside)
 
 
 def e_count(event):

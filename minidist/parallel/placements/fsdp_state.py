@@ -146,9 +146,11 @@ class FSDPState:
             self._root_pre_forward()
         if self not in root.order:
             root.order.append(self)
-        self._forward_start = trace.now()
         if self.group is not None:
             self.group.unshard()
+        # The trace's "fully_shard forward" region: from the weights' arrival to
+        # the forward hook, the time a prefetched all_gather overlaps.
+        self._forward_start = trace.now()
         for target in self._forward_targets():
             target.group.unshard(async_op=True)
         if self.policy.cast_forward_inputs and self.policy.param_dtype is not None:
