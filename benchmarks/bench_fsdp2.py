@@ -16,7 +16,9 @@ Both minidist flavours use ring collectives. A round is one minidist launch
 (2 ranks, shm: each flavour runs ``--steps`` steps after a barrier, the order
 rotating) then one torch spawn (2 processes, the same steps); the table gives
 the median over ``--rounds`` rounds of the slowest rank's time per step, and
-its ratio to FSDP2's. The first loss of each side is checked to agree.
+the median of each round's ratio to FSDP2's (a ratio of neighbours cancels
+most of what other work does to both), with their ranges. The first loss of
+each side is checked to agree.
 
 Bytes: one traced minidist launch (one step of each flavour) gives the bytes
 each rank sends per step, from the trace's send events; torch's are the
@@ -26,7 +28,7 @@ traced). And the bytes of the shards each rank holds (FSDP2 per parameter,
 FSDP1 one flat padded buffer per layer).
 
 Usage:
-  python benchmarks/bench_fsdp2.py [--rounds 5 --steps 10] [--json out.json]
+  python benchmarks/bench_fsdp2.py [--rounds 9 --steps 10] [--json out.json]
   OPENBLAS_CORETYPE=Haswell python benchmarks/bench_fsdp2.py     # NumPy's Haswell kernels
   python benchmarks/bench_fsdp2.py --quick                        # a smoke run
 """
@@ -240,13 +242,13 @@ def run_torch(cfg, steps: int) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run: a tiny GPT, 1 round")
-    parser.add_argument("--rounds", type=int, default=None, help="rounds (default 5; quick 1)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds (default 9; quick 1)")
     parser.add_argument("--steps", type=int, default=None,
                         help="timed steps per flavour and round (default 10; quick 2)")
     parser.add_argument("--no-torch", action="store_true", help="skip torch's fully_shard")
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args(argv)
-    rounds = args.rounds or (1 if args.quick else 5)
+    rounds = args.rounds or (1 if args.quick else 9)
     steps = args.steps or (2 if args.quick else 10)
     cfg = config(args.quick)
     have_torch = not args.no_torch and importlib.util.find_spec("torch") is not None
@@ -278,12 +280,19 @@ def main(argv=None) -> int:
     sent["torch FSDP2"] = dict(formula, shard_bytes=sent["FSDP2"]["shard_bytes"],
                                formula=True)
     median = {name: statistics.median(values) for name, values in times.items()}
+    # Each round's ratio to FSDP2's (the rounds run back to back, so a ratio
+    # cancels most of what other work on the machine does to both).
+    ratios = {name: [t / f for t, f in zip(values, times["FSDP2"])]
+              for name, values in times.items()}
     rows = []
     for name in times:
         moved = sum(v for k, v in sent[name].items() if k in ("all_gather", "reduce_scatter",
                                                             "all_reduce"))
         rows.append({"flavour": name, "step_ms": median[name] * 1e3,
-                     "over_fsdp2": median[name] / median["FSDP2"],
+                     "range_ms": [min(times[name]) * 1e3, max(times[name]) * 1e3],
+                     "rounds_ms": [t * 1e3 for t in times[name]],
+                     "over_fsdp2": statistics.median(ratios[name]),
+                     "over_fsdp2_range": [min(ratios[name]), max(ratios[name])],
                      "all_gather_bytes": sent[name].get("all_gather", 0),
                      "reduce_scatter_bytes": sent[name].get("reduce_scatter", 0),
                      "all_reduce_bytes": sent[name].get("all_reduce", 0),
@@ -294,12 +303,15 @@ def main(argv=None) -> int:
     blas = ", ".join(openblas_cores()) or "not OpenBLAS"
     print(f"\nGPT {cfg}, 2 ranks, {PER_RANK} sequences each, median of {rounds} rounds of "
           f"{steps} steps; NumPy's BLAS: {blas}")
-    print("| flavour | step ms | / FSDP2 | all_gather B | reduce_scatter B | all_reduce B "
+    print("| flavour | step ms [range] | / FSDP2 [range] | all_gather B | reduce_scatter B | all_reduce B "
           "| sent B / FSDP2 | shard bytes rank 0, 1 |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         source = " (formula)" if row["bytes_from"] == "formula" else ""
-        print(f"| {row['flavour']} | {row['step_ms']:.2f} | {row['over_fsdp2']:.2f} | "
+        low, high = row["range_ms"]
+        r_low, r_high = row["over_fsdp2_range"]
+        print(f"| {row['flavour']} | {row['step_ms']:.1f} [{low:.1f}-{high:.1f}] | "
+              f"{row['over_fsdp2']:.2f} [{r_low:.2f}-{r_high:.2f}] | "
               f"{row['all_gather_bytes']:,}{source} | {row['reduce_scatter_bytes']:,}{source} | "
               f"{row['all_reduce_bytes']:,} | {row['sent_over_fsdp2']:.3f} | "
               f"{row['shard_bytes'][0]:,}, {row['shard_bytes'][1]:,} |")

@@ -55,6 +55,7 @@ from minidist import Tensor, memory, nn, optim, trace
 from minidist.distributed.device_mesh import init_device_mesh
 from minidist.distributed.tensor import DTensor, Replicate, Shard
 from minidist.models.gpt import GPT, GPTConfig
+from minidist.parallel.data import FullyShardedDataParallel
 from minidist.parallel.placements import FSDPModule, MixedPrecisionPolicy, fully_shard
 from minidist.runtime.errors import WorkerError
 from minidist.runtime.segments import PREFIX
@@ -232,8 +233,10 @@ def _ledger(world_size):
     with minidist.no_grad():
         model(Tensor(np.ones((2, 5))))
     held = ledger.measure()
+    flat = FullyShardedDataParallel(_mlp(), sharding_strategy="FULL_SHARD")
     return dict(params=ledger.measure()["parameters"], shards=shards, seen=seen,
-                unit=shards - mine + (7 * 5 + 5) * 8, after=held["parameters"] + held["buffers"])
+                unit=shards - mine + (7 * 5 + 5) * 8, after=held["parameters"] + held["buffers"],
+                fsdp1=memory.Ledger(flat).measure()["parameters"])
 
 
 def _mixed(world_size, share):
@@ -392,6 +395,8 @@ def test_fully_shard_trains_as_one_process(world_size, transport):
         ledger = out["ledger"]
         assert ledger["params"] == ledger["shards"]
         assert ledger["seen"] == [ledger["unit"]] and ledger["after"] == ledger["shards"]
+        # FSDP1 holds a flat buffer per layer padded to a multiple of N elements.
+        assert ledger["fsdp1"] == 8 * sum(-(-n // world_size) for n in (42, 40, 18))
         refusals = out["refusals"]
         assert "lm_head.weight is the Parameter that fully_shard(Embedding) already" in \
             refusals["torn"]
@@ -399,6 +404,8 @@ def test_fully_shard_trains_as_one_process(world_size, transport):
         assert "bfloat16" in refusals["bf16"] and "float16" in refusals["bf16"]
         assert "ModuleList has no forward" in refusals["list"]
         assert "already sharded" in refusals["twice"]
+    # FSDP2 stores no padding: the ranks' shards add up to the model, 8 bytes a value.
+    assert sum(out["ledger"]["shards"] for out in results) == 8 * (42 + 40 + 18)
     if world_size == 4:   # the 13-row embedding on 4 ranks: 4, 4, 4, 1 rows
         assert results[3]["layouts"]["local_shapes"][0] == (1, CONFIG.n_embd)
 
