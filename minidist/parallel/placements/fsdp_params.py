@@ -41,6 +41,15 @@ the reduce_scatter (N - 1) S' b' (S' over the parameters with gradients),
 HSDP's all_reduce 2 (R - 1) / R S' b' on R replicas. Memory: the shards
 (their own dtype), and while the unit is unsharded its full weights and
 the gathered (N, S) array until they are copied out.
+
+Where NumPy keeps more than torch: minidist's layers keep the arrays their
+backward reads in the autograd closure (``Linear`` keeps its weight), so a
+unit resharded after its forward still has its full weights alive in the
+graph until its backward has run (FSDP1's module docstring says the same);
+the backward's all_gather refills those very arrays. Resharding after
+forward therefore sends what torch's sends, but does not lower the peak
+between forward and backward here; after backward (and after a forward
+without a graph, ``no_grad``) the arrays are dropped for real.
 """
 
 from __future__ import annotations
