@@ -247,7 +247,11 @@ def _mixed(world_size, share):
     model[2].register_forward_pre_hook(lambda m, a: seen.append(
         (str(m.weight.data.dtype), str(a[0].data.dtype))))
     _train(model, _mlp_batches(world_size * PER_RANK), _mlp_loss, "sgd", share)
-    return dict(weights=_full(model), seen=seen[0],
+    cast = _shard_mlp(_mlp(np.float32), mp_policy=MixedPrecisionPolicy(
+        param_dtype=np.float16, output_dtype=np.float32))
+    with minidist.no_grad():
+        output = str(cast(Tensor(np.ones((2, 5), np.float32))).data.dtype)
+    return dict(weights=_full(model), seen=seen[0], output=output,
                 masters=sorted({str(p.data.dtype) for p in model.parameters()}))
 
 
@@ -379,6 +383,7 @@ def test_fully_shard_trains_as_one_process(world_size, transport):
             _close(out["mixed"]["weights"], mixed, (rank, "mixed"), rtol=1e-6)
             assert out["mixed"]["seen"] == ("float16", "float16")
             assert out["mixed"]["masters"] == ["float32"]
+            assert out["mixed"]["output"] == "float32"       # output_dtype
         layouts = out["layouts"]
         assert layouts["all_dtensors"] and layouts["tied"] and layouts["root_holds_tie"]
         assert layouts["placements"] == [repr((Shard(dim=0),))]
@@ -488,6 +493,35 @@ def test_the_trace_shows_one_gather_per_unit_and_the_formula_bytes(tmp_path, wor
         inside = sum(any(f["start"] <= g["start"] < f["end"] for f in forwards[-3 * prefetching:])
                      for g in gathers)
         assert inside == 2 * prefetching, (rank, inside)
+
+
+def _accumulating(keep):
+    """One step of 2 micro-batches, the first without gradient sync; ``keep``:
+    the units stay unsharded after the first backward (set_reshard_after_backward)."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    model = _shard_mlp(_mlp(), algorithm="ring")
+    x, y = _mlp_batches(world_size * PER_RANK * 2, steps=1)[0]
+    x, y = x[share2(_share(rank))], y[share2(_share(rank))]
+    for index, rows in enumerate(np.array_split(np.arange(len(x)), 2)):
+        model.set_requires_gradient_sync(index == 1)
+        model.set_reshard_after_backward(index == 1 or not keep)
+        _mlp_loss(model(Tensor(x[rows])), y[rows]).backward()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("keep", [False, True])
+def test_accumulating_without_sync_sends_no_reduce_scatter_until_the_last(tmp_path, keep):
+    path = tmp_path / "trace.jsonl"
+    minidist.launch(_accumulating, world_size=2, transport="shm", args=(keep,),
+                    trace=str(path), timeout=60)
+    events = trace.read_jsonl(path).events
+    units = len(UNITS)
+    for rank in range(2):
+        # Each micro-batch: a gather per unit in forward and again in backward
+        # (resharded after forward); kept after the first backward, the second
+        # forward gathers nothing. One reduce_scatter per unit, at the end.
+        assert len(_calls(events, rank, "all_gather")) == (3 if keep else 4) * units
+        assert len(_calls(events, rank, "reduce_scatter")) == units
 
 
 def e_count(event):

@@ -27,9 +27,12 @@ unsharded original, so ``fully_shard`` refuses that, naming both.
 Against FSDP1 (:class:`minidist.parallel.FullyShardedDataParallel`, a
 wrapper over flat, padded buffers): the module stays itself, ``parameters()``
 are per-parameter DTensors that say their layout (torch.chunk's pieces, a
-rank may hold none), and the state dict holds them; the messages are the
-same three per unit (all_gather, all_gather, reduce_scatter), their padding
-per parameter. The data-parallel average is the ranks' mean, as torch's
+rank may hold none), and the state dict holds them; the messages are
+FSDP1's three per unit (all_gather, all_gather again in backward,
+reduce_scatter; the root's second all_gather is saved, its weights kept from
+its forward to its backward), padded per parameter rather than per flat
+buffer, and a unit is what ``fully_shard`` was applied to (a block), not
+every layer. The data-parallel average is the ranks' mean, as torch's
 (each rank's loss a mean over an equal share of the batch).
 
 What minidist supports of torch's arguments: ``mesh`` (1-D, or 2-D
