@@ -23,7 +23,8 @@ whole batch, rtol 1e-9:
 * what the layouts are: DTensorParameters, local shapes torch.chunk's, the
   state dict's entries DTensors; unshard() registers the whole weights,
   reshard() the DTensors again, unshard(async_op=True) gives a handle to
-  wait on; the memory ledger measures the shards and
+  wait on; load_state_dict takes the DTensors back, or a whole model's
+  arrays (each rank cuts its piece); the memory ledger measures the shards and
   one unit's unsharded weights exactly;
 * refusals, each in one line: a tie torn by sharding one of its layers,
   an int reshard_after_forward, bfloat16, a ModuleList.
@@ -171,7 +172,24 @@ def _layouts(world_size):
         classes=[type(model).__name__, type(model.transformer.h[0]).__name__],
         is_fsdp=[isinstance(model, FSDPModule), isinstance(model.transformer.h[0], FSDPModule)],
         state_dict=sorted({type(v).__name__ for v in model.state_dict().values()}),
-        count=len(params), unshard=_unshard_reshard(model))
+        count=len(params), unshard=_unshard_reshard(model), loads=_loads())
+
+
+def _loads():
+    """load_state_dict takes the DTensors state_dict() gave, or a whole model's
+    arrays (each rank cuts its piece): either way the weights come back."""
+    model = _shard_mlp(_mlp())
+    saved = model.state_dict()
+    _train(model, _mlp_batches(dist.get_world_size() * PER_RANK, steps=1), _mlp_loss, "sgd",
+           _share(dist.get_rank()))
+    model.load_state_dict(saved)
+    back = all(np.array_equal(p.data, saved[name].data) for name, p in model.named_parameters())
+    whole = _mlp()
+    for p in whole.parameters():
+        p.data = p.data + 1.0
+    model.load_state_dict(whole.state_dict())
+    cut = all(np.array_equal(a, b) for a, b in zip(_full(model), _full(whole)))
+    return back, cut
 
 
 def _unshard_reshard(model):
@@ -394,6 +412,7 @@ def test_fully_shard_trains_as_one_process(world_size, transport):
         assert unshard["whole"] == [("Parameter", shape) for shape in unshard["shapes"]]
         assert len(unshard["whole"]) == 12
         assert unshard["waited"] and unshard["back"]
+        assert layouts["loads"] == (True, True)
         for local, whole in zip(layouts["local_shapes"], layouts["global_shapes"]):
             rows = -(-whole[0] // world_size)
             assert local == (max(0, min(rows, whole[0] - rank * rows)),) + whole[1:]
