@@ -113,7 +113,7 @@ class FSDPModule:
         for state in self._states(recurse):
             state.requires_gradient_sync = bool(requires_gradient_sync)
 
-    def set_reshard_after_forward(self, reshard_after_forward: bool, *,
+    def set_reshard_after_forward(self, reshard_after_forward: bool,
                                   recurse: bool = True) -> None:
         """Change ``reshard_after_forward`` (the root's is never resharded after forward)."""
         for state in self._states(recurse):
