@@ -49,9 +49,6 @@ messages of :mod:`.fsdp_state`.
 from __future__ import annotations
 
 import weakref
-from collections import OrderedDict
-
-import numpy as np
 
 import minidist.distributed as dist
 from minidist import nn
@@ -135,32 +132,6 @@ class FSDPModule:
     def set_modules_to_backward_prefetch(self, modules) -> None:
         """Start these FSDP modules' all_gathers in this module's pre-backward."""
         self._state.backward_prefetch = _states_of(modules, "set_modules_to_backward_prefetch")
-
-    def state_dict(self) -> OrderedDict:
-        """As ``Module.state_dict``, the sharded parameters as DTensors (copies
-        of this rank's pieces, with their layout), as torch's."""
-        out = OrderedDict()
-        for name, tensor in self._state_tensors().items():
-            if isinstance(tensor, DTensor):
-                out[name] = DTensor._node(tensor.data.copy(), tensor._spec, None, None, "")
-            else:
-                out[name] = tensor.data.copy()
-        return out
-
-    def load_state_dict(self, state_dict, strict: bool = True):
-        """As ``Module.load_state_dict``; a sharded parameter takes a DTensor of
-        its layout, or the whole array (this rank's piece is cut from it)."""
-        targets = self._state_tensors()
-        local = OrderedDict()
-        for name, value in state_dict.items():
-            target = targets.get(name)
-            if (isinstance(target, DTensor) and not isinstance(value, DTensor)
-                    and tuple(np.shape(getattr(value, "data", value))) == tuple(target.shape)):
-                (shape, offset) = target._spec.local_shape_and_offset()
-                whole = np.asarray(getattr(value, "data", value))
-                value = whole[tuple(slice(o, o + s) for o, s in zip(offset, shape))]
-            local[name] = value
-        return nn.Module.load_state_dict(self, local, strict=strict)
 
     def track_memory(self, ledger):
         """minidist's: count the gathered arrays (the unsharded weights, the
