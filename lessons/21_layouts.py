@@ -834,7 +834,7 @@ whole_y = whole_mlp(x_whole)
 whole_grads = {n: p.grad for n, p in whole_mlp.named_parameters()}
 whole_grads["input"] = x_whole.grad
 errors = {"styles": [0.0, 0.0], "split": [0.0, 0.0]}
-for layouts, boxes, styles, split, cuts in three:
+for _layouts, boxes, styles, split, cuts in three:
     for way, (y, grads) in (("styles", styles), ("split", split)):
         errors[way][0] = max(errors[way][0], float(np.abs(y - whole_y.data).max()))
         for n, grad in grads.items():
@@ -890,7 +890,254 @@ collectives are the ones the layouts' changes call for.
 """)
 
 # %% [markdown]
-# ## 7. A checkpoint saved on one mesh, loaded on another
+# ## 7. FSDP2 against FSDP1
+#
+# Lesson 12's fully sharded data parallel, torch's
+# `FullyShardedDataParallel` (Zhao et al., "PyTorch FSDP", 2023), here
+# FSDP1, lays each unit's parameters end to end in one **flat** buffer,
+# pads it with zeros to a multiple of n, and gives each rank one slice of
+# it: a slice that cuts across parameters, with no layout a DTensor could
+# name. torch's newer `fully_shard` (FSDP2) keeps every parameter a
+# tensor of its own and makes it a `Shard(0)` DTensor on the data-parallel
+# mesh: each rank holds torch.chunk's rows of every weight, and the layout
+# says so. Both run the same messages per unit (a group of layers gathered
+# and freed together): an all_gather of the unit's weights before its
+# forward (and again before its backward), a reduce_scatter of its
+# gradients after its backward; FSDP2's unit is what `fully_shard` was
+# applied to, here each Linear.
+#
+# The same small MLP (Linear(5, 7), Tanh, Linear(7, 5), Tanh, Linear(5, 3),
+# float64, 100 parameters) trains 2 steps of Adam on 4 processes, each rank
+# 2 rows of a batch of 8, under FSDP1 (FULL_SHARD) and under FSDP2, with
+# the trace on. After the second step each rank's memory ledger
+# (`minidist/memory.py`'s `Ledger`, lesson 12) counts what it holds:
+
+# %%
+from minidist import memory, optim  # noqa: E402
+from minidist.parallel import FullyShardedDataParallel  # noqa: E402
+from minidist.parallel.placements import fully_shard  # noqa: E402
+from viz.timeline import draw_timeline  # noqa: E402
+
+FSDP_STEPS, FSDP_ROWS = 2, 2     # steps of Adam; rows of the batch per rank
+
+
+def fsdp_mlp():
+    minidist.nn.init.manual_seed(0)
+    nn_ = minidist.nn
+    return nn_.Sequential(nn_.Linear(5, 7), nn_.Tanh(), nn_.Linear(7, 5), nn_.Tanh(),
+                          nn_.Linear(5, 3)).to(np.float64)
+
+
+def fsdp_batch(step):
+    rng = np.random.default_rng(30 + step)
+    return rng.standard_normal((RANKS * FSDP_ROWS, 5)), rng.integers(0, 3, RANKS * FSDP_ROWS)
+
+
+def train_sharded(kind):
+    """On every rank: FSDP_STEPS steps of Adam under FSDP1 or FSDP2, each step a
+    trace region; the ledger after the last step, the whole weights, and the layout
+    and local shape of every parameter FSDP2 made."""
+    rank = minidist.distributed.get_rank()
+    if kind == "FSDP1":
+        model = FullyShardedDataParallel(fsdp_mlp(), sharding_strategy="FULL_SHARD")
+    else:
+        model = fsdp_mlp()
+        for index in (0, 2, 4):
+            fully_shard(model[index])
+        fully_shard(model)
+    optimizer = optim.Adam(model.parameters(), lr=0.01)
+    mine = slice(rank * FSDP_ROWS, (rank + 1) * FSDP_ROWS)
+    for step in range(FSDP_STEPS):
+        x, y = fsdp_batch(step)
+        with trace.region(f"{kind} step {step}"):
+            optimizer.zero_grad()
+            minidist.nn.CrossEntropyLoss()(model(Tensor(x[mine])), y[mine]).backward()
+            optimizer.step()
+    held = memory.Ledger(model, optimizer).measure()
+    if kind == "FSDP1":
+        return held, [np.array(w) for w in model.full_weights()], {}
+    shapes = {n: (str(p.placements[0]), tuple(p.to_local().data.shape))
+              for n, p in model.named_parameters()}
+    return held, [p.full_tensor().numpy() for p in model.parameters()], shapes
+
+
+def one_process_mlp():
+    model = fsdp_mlp()
+    optimizer = optim.Adam(model.parameters(), lr=0.01)
+    for step in range(FSDP_STEPS):
+        x, y = fsdp_batch(step)
+        optimizer.zero_grad()
+        minidist.nn.CrossEntropyLoss()(model(Tensor(x)), y).backward()
+        optimizer.step()
+    return [p.data.copy() for p in model.parameters()], {n: tuple(p.shape) for n, p in
+                                                         model.named_parameters()}
+
+
+sharded, fsdp_events = {}, {}
+for kind in ("FSDP1", "FSDP2"):
+    path = OUT / f"{kind.lower()}.jsonl"
+    sharded[kind] = minidist.launch(train_sharded, world_size=RANKS, args=(kind,),
+                                    trace=str(path), **LAUNCH)
+    fsdp_events[kind] = trace.read_jsonl(path).events
+reference_weights, whole_shapes_mlp = one_process_mlp()
+model_elements = sum(int(np.prod(s)) for s in whole_shapes_mlp.values())
+print("FSDP2's parameters (each rank's piece, torch.chunk's rows):")
+print(table([(n, whole_shapes_mlp[n], sharded["FSDP2"][0][2][n][0],
+              *(sharded["FSDP2"][r][2][n][1] for r in range(RANKS)))
+             for n in whole_shapes_mlp],
+            ("parameter", "whole", "layout", *(f"rank {r}" for r in range(RANKS)))))
+rows = []
+for kind in ("FSDP1", "FSDP2"):
+    for rank in range(RANKS):
+        held = sharded[kind][rank][0]
+        rows.append((kind, rank, held["parameters"], held["gradients"], held["optimizer_state"],
+                     held["parameters"] + held["gradients"] + held["optimizer_state"]))
+print("\nthe ledger after the last step, bytes per rank:")
+print(table(rows, ("", "rank", "parameters", "gradients", "optimizer state", "in all")))
+#: FSDP1 pads each unit (each Linear: its weight and bias, flat) to a multiple of n
+unit_elements = [7 * 5 + 7, 5 * 7 + 5, 3 * 5 + 3]
+fsdp1_padding = sum(-(-u // RANKS) * RANKS - u for u in unit_elements)
+#: FSDP2 pads each parameter's rows to a multiple of n, in its messages only
+fsdp2_padding = sum(-(-s[0] // RANKS) * RANKS * int(np.prod(s[1:])) - int(np.prod(s))
+                    for s in whole_shapes_mlp.values())
+fsdp1_params = [sharded["FSDP1"][r][0]["parameters"] for r in range(RANKS)]
+fsdp2_params = [sharded["FSDP2"][r][0]["parameters"] for r in range(RANKS)]
+print(f"parameters over the 4 ranks: FSDP1 {sum(fsdp1_params)} B, FSDP2 {sum(fsdp2_params)} B; "
+      f"the model: {model_elements * 8} B")
+print(f"zeros of padding: FSDP1 {fsdp1_padding} elements, in its shards (each unit's flat "
+      f"buffer to a multiple of {RANKS}); FSDP2 {fsdp2_padding} elements, in its all_gather "
+      f"and reduce_scatter buffers only (each parameter's rows to a multiple of {RANKS})")
+weight_error = {kind: max(float(np.abs(got - want).max())
+                          for r in sharded[kind]
+                          for got, want in zip(r[1], reference_weights, strict=True))
+                for kind in sharded}
+print(f"largest difference of the whole weights after {FSDP_STEPS} steps from one process's: "
+      + ", ".join(f"{kind} {error:.1e}" for kind, error in weight_error.items()))
+
+# %% jupyter={"source_hidden": true}
+glue("model_bytes", model_elements * 8)
+glue("fsdp1_per_rank", ", ".join(map(str, fsdp1_params)))
+glue("fsdp2_per_rank", ", ".join(map(str, fsdp2_params)))
+glue("fsdp1_sum", sum(fsdp1_params))
+glue("fsdp2_sum", sum(fsdp2_params))
+glue("fsdp1_padding", fsdp1_padding)
+glue("fsdp1_padding_bytes", fsdp1_padding * 8)
+glue("fsdp2_padding", fsdp2_padding)
+glue("fsdp2_sums_to_model", sum(fsdp2_params) == model_elements * 8)
+glue("fsdp1_pads_exactly", sum(fsdp1_params) == (model_elements + fsdp1_padding) * 8)
+glue("moments_twice", all(r[0]["optimizer_state"] == 2 * r[0]["parameters"]
+                          for kind in sharded for r in sharded[kind]))
+glue("fsdp_weight_error", max(weight_error.values()), ".1e")
+glue("fsdp_equal", max(weight_error.values()) < 1e-12)
+say("""
+FSDP1's ranks hold {glue}`fsdp1_per_rank` bytes of parameters: equal slices, which add up to
+{glue}`fsdp1_sum`, the model's {glue}`model_bytes` and {glue}`fsdp1_padding` zeros of padding
+({glue}`fsdp1_padding_bytes` bytes). FSDP2's ranks hold {glue}`fsdp2_per_rank`: torch.chunk's
+rows of each weight, so the last rank, given 1 row of the first weight and none of the two
+others, holds the least; their sum is {glue}`fsdp2_sum`, the model exactly, no padding kept.
+FSDP2 pads too ({glue}`fsdp2_padding` elements), but only in the buffers of its collectives,
+which need pieces of one size. The gradients take the parameters' bytes and Adam's two
+moments twice them, under both. After the two steps the whole weights of both equal one
+process's, the largest difference {glue}`fsdp_weight_error`.
+""")
+
+# %% [markdown]
+# The second step of FSDP2 on the timeline (`viz/timeline.py`), one row
+# per rank: the compute lane holds the root's forward ("fully_shard
+# forward Sequential", around the whole forward, each Linear's forward
+# inside it) and each unit's work after its backward ("fully_shard
+# post-backward Linear", where its reduce_scatter runs); the calls lane
+# above it the collectives, the send and recv lanes below it the messages. The trace is read for three things:
+# an all_gather before each unit's forward, a reduce_scatter after each
+# unit's backward, and the **prefetch**: from the second step on, the
+# next unit's all_gather is issued when the previous unit's forward
+# starts, so that it runs while that forward computes (on a GPU the two
+# overlap; here it shows as a gather that starts inside the previous
+# forward's region).
+
+# %%
+def step_events(events, label):
+    region = {e["rank"]: e for e in events if e["kind"] == "compute" and e["label"] == label}
+    return [e for e in events if e["rank"] in region and region[e["rank"]]["start"] <= e["start"]
+            and e["end"] <= region[e["rank"]]["end"] and e is not region[e["rank"]]]
+
+
+counts, prefetched = {}, {}
+for kind in ("FSDP1", "FSDP2"):
+    shown_events = step_events(fsdp_events[kind], f"{kind} step {FSDP_STEPS - 1}")
+    mine0 = [e for e in shown_events if e["rank"] == 0]
+    calls = [trace.label_info(e["label"]).get("collective") for e in mine0
+             if e["kind"] == "collective"]
+    counts[kind] = {name: calls.count(name) for name in ("all_gather", "reduce_scatter",
+                                                         "all_reduce")}
+    sends = [e for e in mine0 if e["kind"] == "send" and e["peer"] != 0]
+    counts[kind]["bytes"] = sum(e["bytes"] for e in sends if not e["label"].startswith(
+        "all_reduce"))
+    counts[kind]["other"] = sum(e["bytes"] for e in sends if e["label"].startswith("all_reduce"))
+    if kind == "FSDP2":
+        step2_events = shown_events
+        forwards = [e for e in mine0 if e["kind"] == "compute"
+                    and trace.label_text(e["label"]).startswith("fully_shard forward Linear")]
+        gathers = [e for e in mine0 if e["kind"] == "collective"
+                   and trace.label_info(e["label"]).get("collective") == "all_gather"]
+        prefetched = sum(any(f["start"] <= g["start"] < f["end"] for f in forwards)
+                         for g in gathers)
+#: each rank's piece of each unit in the collectives' buffers: FSDP1 a slice of the unit's
+#: padded flat buffer, FSDP2 every parameter's rows padded to a multiple of n
+piece = {"FSDP1": sum(-(-u // RANKS) for u in unit_elements),
+         "FSDP2": sum(-(-s[0] // RANKS) * int(np.prod(s[1:])) for s in whole_shapes_mlp.values())}
+#: 3 collectives of each unit per step (2 all_gathers, 1 reduce_scatter), each sending
+#: (n-1) pieces of 8 bytes: the bytes per rank per step
+step_formula = {kind: 3 * (RANKS - 1) * piece[kind] * 8 for kind in piece}
+print(table([(kind, c["all_gather"], c["reduce_scatter"], c["bytes"], step_formula[kind],
+              c["all_reduce"], c["other"]) for kind, c in counts.items()],
+            ("step 2, rank 0", "all_gathers", "reduce_scatters", "their bytes sent",
+             "3 (n-1) x piece x 8", "all_reduces", "their bytes")))
+print(f"FSDP2: all_gathers issued inside a previous unit's forward (prefetched): {prefetched}")
+show_figure(draw_timeline([e for e in step2_events if e["kind"] != "step"], max_steps=None,
+                          title="FSDP2, the second step: 4 ranks, a unit per Linear"),
+            "fsdp2_timeline.png", "FSDP2's second step: each unit's all_gather, forward, "
+            "backward and reduce_scatter, per rank", dpi=90)
+
+# %% jupyter={"source_hidden": true}
+glue("fsdp2_gathers", counts["FSDP2"]["all_gather"])
+glue("fsdp2_reduces", counts["FSDP2"]["reduce_scatter"])
+glue("fsdp1_gathers", counts["FSDP1"]["all_gather"])
+glue("fsdp1_reduces", counts["FSDP1"]["reduce_scatter"])
+glue("prefetched", prefetched)
+glue("fsdp1_step_bytes", counts["FSDP1"]["bytes"])
+glue("fsdp2_step_bytes", counts["FSDP2"]["bytes"])
+glue("fsdp1_piece", piece["FSDP1"])
+glue("fsdp2_piece", piece["FSDP2"])
+glue("fsdp_bytes_formula", all(counts[k]["bytes"] == step_formula[k] for k in counts))
+glue("fsdp_formula_text", "the formula's to the byte" if all(
+    counts[k]["bytes"] == step_formula[k] for k in counts) else "not the formula's")
+glue("fsdp1_all_reduces", counts["FSDP1"]["all_reduce"])
+glue("fsdp2_all_reduces", counts["FSDP2"]["all_reduce"])
+glue("fsdp1_count_bytes", counts["FSDP1"]["other"])
+say("""
+In the second step rank 0 ran {glue}`fsdp2_gathers` all_gathers and {glue}`fsdp2_reduces`
+reduce_scatters under FSDP2 (each of the 3 units gathered before its forward and again before
+its backward, and reduce-scattered its gradients once), and {glue}`fsdp1_gathers` and
+{glue}`fsdp1_reduces` under FSDP1: the same messages per unit. {glue}`prefetched` of FSDP2's
+gathers started inside the previous unit's forward: the second and the third unit's weights
+were on their way while the unit before them computed.
+
+The bytes differ with the padding. Each collective sends (n - 1) pieces of a unit, a piece
+being what one rank holds of it in the collective's buffer: under FSDP1 its slice of the
+padded flat buffer, {glue}`fsdp1_piece` values for the three units together; under FSDP2
+each parameter's rows padded to a multiple of n, {glue}`fsdp2_piece` values. Three
+collectives a unit make 3 (n - 1) pieces per step: {glue}`fsdp1_step_bytes` bytes sent by rank
+0 under FSDP1 and {glue}`fsdp2_step_bytes` under FSDP2, {glue}`fsdp_formula_text`. On a model
+this small, whose weights have 3 to 7 rows, a row of padding per parameter is much; on a real
+one's thousands of rows it is not. FSDP1 ran {glue}`fsdp1_all_reduces` all_reduce more
+({glue}`fsdp1_count_bytes` bytes): the number of examples over all ranks, by which it weighs
+each rank's gradient; FSDP2 ran {glue}`fsdp2_all_reduces`, since it averages the ranks'
+gradients, each rank's loss the mean over an equal share of the batch (torch's too).
+""")
+
+# %% [markdown]
+# ## 8. A checkpoint saved on one mesh, loaded on another
 #
 # A layout says which box of each tensor a rank holds, so a checkpoint
 # that records each saved box by its offsets and sizes can be loaded into
@@ -1051,4 +1298,129 @@ on every rank, and each box went to disk once. Each rank of a new layout read on
 block 0's `mlp.c_proj.weight`, saved {glue}`drawn_saved_layout` on tp (its columns cut, in two
 chunks) and loaded `S(0)` (its rows cut in four): each new rank's dashed box crosses
 {glue}`drawn_chunks_text`, and reads of each only the rows in its box ({glue}`drawn_rank1`).
+""")
+
+# %% [markdown]
+# ## 9. clip_grad_norm_ wrong and right
+#
+# `clip_grad_norm_(parameters, max_norm)` (torch's `torch.nn.utils`, here
+# `minidist.nn.utils`) computes the norm of all the gradients together,
+# the square root of the sum of their squares, and scales every gradient by
+# max_norm / norm when the norm is above max_norm. On one process it sees
+# every gradient. On a rank of a sharded model, handed the rank's local
+# shards as plain arrays, it sees only those: each rank gets the norm of its
+# own piece, another on every rank, each below the true one, and each rank
+# would scale its piece by another factor. The squares of the pieces'
+# norms add up to the true norm's square (the pieces cut the gradient
+# without overlap; FSDP1's padding adds zeros), so one all_reduce of the
+# ranks' squares fixes it. That is what the global versions do: on DTensor
+# parameters `clip_grad_norm_` sums each square over the mesh dims that
+# `Shard` (FSDP2's parameters are DTensors, so the plain call is right for
+# them, as in torch), and `FullyShardedDataParallel.clip_grad_norm_` sums
+# over FSDP1's group.
+#
+# The MLP of section 7, one backward on 4 processes (each rank 2 rows of
+# the batch of 8) under FSDP1 and FSDP2; every rank computes the norm of
+# its local shards' gradients alone (the plain function on plain copies of
+# them), then the global one, then clips with max_norm below the norm; one
+# process computes the norm of the whole gradients.
+
+# %%
+from minidist.nn.utils import clip_grad_norm_  # noqa: E402
+
+MAX_NORM = 0.05
+
+
+def norms_wrong_and_right(kind):
+    """On every rank: one backward under FSDP1 or FSDP2; the norm of this rank's
+    local shards alone, the global norm, and the whole gradients after clipping."""
+    rank = minidist.distributed.get_rank()
+    if kind == "FSDP1":
+        model = FullyShardedDataParallel(fsdp_mlp(), sharding_strategy="FULL_SHARD")
+    else:
+        model = fsdp_mlp()
+        for index in (0, 2, 4):
+            fully_shard(model[index])
+        fully_shard(model)
+    x, y = fsdp_batch(0)
+    mine = slice(rank * FSDP_ROWS, (rank + 1) * FSDP_ROWS)
+    minidist.nn.CrossEntropyLoss()(model(Tensor(x[mine])), y[mine]).backward()
+    local = []
+    for p in model.parameters():
+        plain = minidist.nn.Parameter(np.array(p.to_local().data if kind == "FSDP2" else p.data))
+        plain.grad = np.array(p.grad)
+        local.append(plain)
+    local_norm = float(clip_grad_norm_(local, 1e30).data)      # 1e30: measure, clip nothing
+    if kind == "FSDP1":
+        total = float(model.clip_grad_norm_(MAX_NORM).data)
+        clipped = None
+    else:
+        total = float(clip_grad_norm_(model.parameters(), MAX_NORM).data)
+        clipped = [full_gradient(p) for p in model.parameters()]
+    return local_norm, total, clipped
+
+
+def full_gradient(p):
+    """The whole clipped gradient of an FSDP2 parameter (an all_gather)."""
+    from minidist.distributed.tensor import DTensor
+
+    grad = DTensor.from_local(Tensor(np.array(p.grad)), p.device_mesh, p.placements,
+                              shape=p.shape)
+    return grad.full_tensor().numpy()
+
+
+clipping = {kind: minidist.launch(norms_wrong_and_right, world_size=RANKS, args=(kind,), **LAUNCH)
+            for kind in ("FSDP1", "FSDP2")}
+whole_model = fsdp_mlp()
+x0, y0 = fsdp_batch(0)
+minidist.nn.CrossEntropyLoss()(whole_model(Tensor(x0)), y0).backward()
+true_norm = float(clip_grad_norm_(whole_model.parameters(), MAX_NORM).data)
+rows = []
+for kind, results in clipping.items():
+    local = [r[0] for r in results]
+    rows.append((kind, *(f"{v:.6f}" for v in local), f"{np.sqrt(sum(v * v for v in local)):.6f}",
+                 f"{results[0][1]:.6f}"))
+rows.append(("one process", *([""] * RANKS), "", f"{true_norm:.6f}"))
+print(table(rows, ("", *(f"rank {r}: its shards" for r in range(RANKS)),
+                   "sqrt(sum of squares)", "global")))
+clip_error = max(float(np.abs(got - p.grad).max()) for got, p in
+                 zip(clipping["FSDP2"][0][2], whole_model.parameters(), strict=True))
+print("the factor each rank would scale by, max_norm / its norm: FSDP2 "
+      + ", ".join(f"{MAX_NORM / r[0]:.3f}" for r in clipping["FSDP2"])
+      + f"; the right one, max_norm / the global norm: {MAX_NORM / true_norm:.3f}")
+print(f"FSDP2's gradients after the global clip against one process's clipped ones: largest "
+      f"difference {clip_error:.1e}")
+
+# %% jupyter={"source_hidden": true}
+fsdp2_local = [r[0] for r in clipping["FSDP2"]]
+fsdp1_local = [r[0] for r in clipping["FSDP1"]]
+glue("fsdp2_local_norms", ", ".join(f"{v:.4f}" for v in fsdp2_local))
+glue("fsdp1_local_norms", ", ".join(f"{v:.4f}" for v in fsdp1_local))
+glue("true_norm", true_norm, ".4f")
+all_below = all(v < true_norm for v in fsdp1_local + fsdp2_local)
+glue("all_below", all_below)
+glue("below_text", "every one of them below the true norm" if all_below else
+     "not all of them below the true norm")
+squares_sum = all(abs(sum(v * v for v in local) - true_norm ** 2) <= 1e-12 * true_norm ** 2
+                  for local in (fsdp1_local, fsdp2_local))
+glue("squares_sum", squares_sum)
+glue("squares_text", "add up to the true norm's square (to 1e-12)" if squares_sum else
+     "do not add up to the true norm's square")
+global_right = all(abs(r[1] - true_norm) <= 1e-12 * true_norm
+                   for results in clipping.values() for r in results)
+glue("global_right", global_right)
+glue("global_text", "equals one process's on every rank (to 1e-12)" if global_right else
+     "differs from one process's")
+glue("clip_error", clip_error, ".1e")
+glue("distinct_norms", len({round(v, 12) for v in fsdp2_local}) == RANKS)
+glue("fsdp2_smallest_rank", int(np.argmin(fsdp2_local)))
+say("""
+Each rank's norm of its own shards: under FSDP1 {glue}`fsdp1_local_norms`, under FSDP2
+{glue}`fsdp2_local_norms`, against the true {glue}`true_norm`: another on every rank,
+{glue}`below_text`. Under FSDP2 the smallest is rank {glue}`fsdp2_smallest_rank`'s, which holds
+one row of the first weight and nothing of the others. Their squares {glue}`squares_text`, under both.
+The global norm {glue}`global_text`, and after clipping by it FSDP2's whole gradients are one
+process's clipped gradients, the largest difference {glue}`clip_error`. Clipped by its own
+norm, each rank would have scaled its piece by its own factor (the factors printed above): the clipped
+gradient would no longer point where the gradient points.
 """)
