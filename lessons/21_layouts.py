@@ -36,13 +36,33 @@
 # 4. uneven chunks: a 5-row tensor on 4 ranks, torch.chunk's sizes, and the
 #    padding they cost;
 # 5. the backward of a change of layout is the opposite change, read from
-#    the trace of a backward.
+#    the trace of a backward;
+# 6. Megatron's MLP as placements: the layout of every intermediate, no
+#    message until the Partial is made Replicate; then torch's styles
+#    (`parallelize_module`) and the split layers of lesson 10 against one
+#    process, with the same messages;
+# 7. FSDP2 (`fully_shard`, per-parameter `Shard(0)` DTensors) against FSDP1
+#    (flat, padded buffers): the memory ledger per rank, the padding each
+#    pads, one step's collectives on the timeline, equal weights;
+# 8. a checkpoint saved on one mesh (dp2 x tp2) and loaded on others (tp4,
+#    dp4), bit for bit, and which saved chunks each new rank read;
+# 9. `clip_grad_norm_` on each rank's shards alone, wrong on every rank,
+#    and the global one, right.
 #
 # Library code: `minidist/distributed/tensor/placements.py` (the
 # placements, torch.chunk's sizes, which box a rank holds), `dtensor.py`
 # (the DTensor), `redistribute.py` (each change as one collective, its
-# plan, its backward); the drawings are `viz/dtensor_layout.py` (also
-# `minidist viz layout 5x4 --mesh 2x2 --placements "S(0),S(1)"`).
+# plan, its backward), `ops.py` (each op's placement rule: matmul's
+# `S(1) x S(0) -> P`); `minidist/parallel/placements/` (torch's styles and
+# `parallelize_module` in `styles.py` and `parallelize.py`, FSDP2 in
+# `fully_shard.py`, `fsdp_params.py` and `fsdp_state.py`), the split
+# layers in `minidist/parallel/tensor/layers.py`, FSDP1 in
+# `minidist/parallel/data/fsdp.py`; `minidist/distributed/checkpoint/`
+# (`save.py`, `load.py`); `minidist/nn/utils/clip_grad.py` and
+# `minidist/distributed/tensor/grad_norm.py` (the norm of sharded
+# gradients). The drawings are `viz/dtensor_layout.py` (also
+# `minidist viz layout 5x4 --mesh 2x2 --placements "S(0),S(1)"`),
+# `viz/timeline.py` and `viz/checkpoint_reads.py`.
 #
 # Symbols as in `lessons/NOTATION.md`: n ranks in a group, N the bytes of
 # a tensor (its whole), `S(d)`, `R` and `P(sum)` the short forms of the
@@ -52,7 +72,8 @@
 # **Quick and full form.** The quick form (`MINIDIST_LESSON_QUICK=1`) runs
 # section 3's changes on 4 processes with an 8 x 12 tensor; the full form
 # also runs them on 2 processes and with a 64 x 96 tensor. Everything else
-# is the same in both.
+# is the same in both: sections 6 to 9 run on 4 processes, pipes, float64
+# models small enough to print.
 
 # %%
 import numpy as np
@@ -656,12 +677,12 @@ identity forward and an all_reduce backward, g the reverse.
 # Lesson 10 split an MLP by hand: the first weight by its columns, the
 # second by its rows, and one all_reduce at the end (Shoeybi et al.,
 # "Megatron-LM", 2019). In layouts the same MLP is four lines, and the ops'
-# rules say where the one message goes. The input X (tokens x d) is
-# `Replicate()`; the first weight, in the (in, out) view that X @ W1
+# rules say where the one message goes. The input x (tokens x d) is
+# `Replicate()`; the first weight, in the (in, out) view that x @ W1
 # multiplies, is `Shard(1)`: each rank holds some of its columns. torch
 # stores a Linear's weight as (out, in) and computes x @ weight.T, so the
 # same cut is `Shard(0)` of torch's weight: a `ColwiseParallel` weight is
-# `Shard(0)`. The product X @ W1 is then `Shard(1)`, each rank its columns
+# `Shard(0)`. The product x @ W1 is then `Shard(1)`, each rank its columns
 # of the hidden layer; GELU acts on each element alone, so it keeps the
 # layout (`Shard(-1)`, the last dim). The second weight, (in, out), is
 # `Shard(0)`, its rows cut as the hidden columns are (torch's (out, in)
@@ -680,14 +701,14 @@ D_MODEL, D_HIDDEN, TOKENS = 8, 16, 6
 
 
 def mlp_arrays():
-    """X (tokens x d) and the two weights in the (in, out) view, float64."""
+    """x (tokens x d) and the two weights in the (in, out) view, float64."""
     rng = np.random.default_rng(21)
     return (rng.standard_normal((TOKENS, D_MODEL)),
             rng.standard_normal((D_MODEL, D_HIDDEN)) / np.sqrt(D_MODEL),
             rng.standard_normal((D_HIDDEN, D_MODEL)) / np.sqrt(D_HIDDEN))
 
 
-MLP_STEPS = ["X", "W1", "W2", "H = X @ W1", "GELU(H)", "Y = GELU(H) @ W2", "Y as R"]
+MLP_STEPS = ["x", "W1", "W2", "h = x @ W1", "GELU(h)", "y = GELU(h) @ W2", "y as R"]
 
 
 def mlp_by_placements():
@@ -697,22 +718,22 @@ def mlp_by_placements():
 
     mesh = init_device_mesh("cpu", (RANKS,))
     x, w1, w2 = mlp_arrays()
-    X = distribute_tensor(Tensor(x), mesh, [Replicate()])
+    xd = distribute_tensor(Tensor(x), mesh, [Replicate()])
     W1 = distribute_tensor(Tensor(w1), mesh, [Shard(1)])
     W2 = distribute_tensor(Tensor(w2), mesh, [Shard(0)])
-    with trace.region("H = X @ W1"):
-        H = X @ W1
-    with trace.region("GELU(H)"):
-        G = F.gelu(H)
-    with trace.region("Y = GELU(H) @ W2"):
-        Y = G @ W2
-    the_plan = plan(Y, [Replicate()])
-    with trace.region("Y as R"):
-        Z = Y.redistribute(mesh, [Replicate()])
-    tensors = [X, W1, W2, H, G, Y, Z]
+    with trace.region("h = x @ W1"):
+        h = xd @ W1
+    with trace.region("GELU(h)"):
+        gelu = F.gelu(h)
+    with trace.region("y = GELU(h) @ W2"):
+        y = gelu @ W2
+    the_plan = plan(y, [Replicate()])
+    with trace.region("y as R"):
+        z = y.redistribute(mesh, [Replicate()])
+    tensors = [xd, W1, W2, h, gelu, y, z]
     return ([(step, tuple(t.shape), "(" + ", ".join(map(str, t.placements)) + ")",
               tuple(t.to_local().data.shape)) for step, t in zip(MLP_STEPS, tensors)],
-            np.array(Z.to_local().data), str(the_plan))
+            np.array(z.to_local().data), str(the_plan))
 
 
 placed_path = OUT / "mlp_placements.jsonl"
@@ -724,7 +745,7 @@ from minidist.nn import functional as F  # noqa: E402
 one_process_y = (F.gelu(Tensor(x_mlp) @ Tensor(w1_mlp)) @ Tensor(w2_mlp)).data
 rows, placed_calls = [], {}
 for step, shape, placements, local_shape in placed[0][0]:
-    if step in ("X", "W1", "W2"):
+    if step in ("x", "W1", "W2"):
         ran = "(given)"
     else:
         calls, _, _ = replay(placed_events, step, RANKS)
@@ -734,28 +755,29 @@ for step, shape, placements, local_shape in placed[0][0]:
 print(table(rows, ("tensor", "global shape", "layout", "rank 0 holds", "collectives (trace)")))
 print(placed[0][2])
 placed_error = max(float(np.abs(result[1] - one_process_y).max()) for result in placed)
-print(f"largest difference of any rank's Y from one process's: {placed_error:.1e}")
+print(f"largest difference of any rank's y from one process's: {placed_error:.1e}")
 
 # %% jupyter={"source_hidden": true}
 layouts_of = {step: placements for step, _, placements, _ in placed[0][0]}
-glue("h_layout", layouts_of["H = X @ W1"])
-glue("gelu_layout", layouts_of["GELU(H)"])
-glue("y_layout", layouts_of["Y = GELU(H) @ W2"])
-glue("z_layout", layouts_of["Y as R"])
-quiet_until_reduce = all(placed_calls[s] == [] for s in ("H = X @ W1", "GELU(H)",
-                                                         "Y = GELU(H) @ W2"))
+glue("h_layout", layouts_of["h = x @ W1"])
+glue("gelu_layout", layouts_of["GELU(h)"])
+glue("y_layout", layouts_of["y = GELU(h) @ W2"])
+glue("z_layout", layouts_of["y as R"])
+quiet_until_reduce = all(placed_calls[s] == [] for s in ("h = x @ W1", "GELU(h)",
+                                                         "y = GELU(h) @ W2"))
 glue("quiet_until_reduce", quiet_until_reduce)
 glue("quiet_text", "no collective ran in the three ops" if quiet_until_reduce else
      "a collective ran before the reduction")
-glue("reduce_calls", ", ".join(placed_calls["Y as R"]) or "nothing")
+glue("reduce_calls", ", ".join(placed_calls["y as R"]) or "nothing")
 glue("placed_error", placed_error, ".1e")
 glue("hidden_piece", placed[0][0][3][3][1])
+glue("d_hidden", D_HIDDEN)
 say("""
-The rules gave what Megatron's split is: X @ W1 came out {glue}`h_layout`, each rank
-{glue}`hidden_piece` of the 16 hidden columns; GELU kept {glue}`gelu_layout`; the product with
+The rules gave what Megatron's split is: x @ W1 came out {glue}`h_layout`, each rank
+{glue}`hidden_piece` of the {glue}`d_hidden` hidden columns; GELU kept {glue}`gelu_layout`; the product with
 W2 came out {glue}`y_layout`. In the trace {glue}`quiet_text`; the one message is the
 {glue}`reduce_calls` of the last line, the change `P(sum) -> R` (its plan printed above), and
-afterwards Y is {glue}`z_layout`, within {glue}`placed_error` of one process's Y on every rank.
+afterwards y is {glue}`z_layout`, within {glue}`placed_error` of one process's y on every rank.
 """)
 
 # %% [markdown]
@@ -1025,6 +1047,10 @@ glue("fsdp1_padding_bytes", fsdp1_padding * 8)
 glue("fsdp2_padding", fsdp2_padding)
 glue("fsdp2_sums_to_model", sum(fsdp2_params) == model_elements * 8)
 glue("fsdp1_pads_exactly", sum(fsdp1_params) == (model_elements + fsdp1_padding) * 8)
+glue("fsdp1_equal_slices", len(set(fsdp1_params)) == 1)
+glue("fsdp2_last_least", fsdp2_params[-1] == min(fsdp2_params) < max(fsdp2_params))
+glue("grads_equal_params", all(r[0]["gradients"] == r[0]["parameters"]
+                               for kind in sharded for r in sharded[kind]))
 glue("moments_twice", all(r[0]["optimizer_state"] == 2 * r[0]["parameters"]
                           for kind in sharded for r in sharded[kind]))
 glue("fsdp_weight_error", max(weight_error.values()), ".1e")
@@ -1281,6 +1307,7 @@ glue("whole_model_bytes", sum(np.asarray(a).nbytes for a in
      ",")
 glue("dp4_rank0", loaded["dp4"][0]["text"])
 glue("tp4_rank0", loaded["tp4"][0]["text"])
+glue("dp4_quarter", all(4 * r["bytes_read"] == r["bytes_saved"] for r in loaded["dp4"]))
 drawn_reads = [r["drawn"] for r in loaded["dp4"]]
 glue("drawn_rank1", drawn_reads[1])
 glue("drawn_saved_layout", saved[0][0][DRAWN.removeprefix("model.")])
@@ -1412,7 +1439,8 @@ glue("global_right", global_right)
 glue("global_text", "equals one process's on every rank (to 1e-12)" if global_right else
      "differs from one process's")
 glue("clip_error", clip_error, ".1e")
-glue("distinct_norms", len({round(v, 12) for v in fsdp2_local}) == RANKS)
+glue("distinct_norms", all(len({round(v, 12) for v in local}) == RANKS
+                           for local in (fsdp1_local, fsdp2_local)))
 glue("fsdp2_smallest_rank", int(np.argmin(fsdp2_local)))
 say("""
 Each rank's norm of its own shards: under FSDP1 {glue}`fsdp1_local_norms`, under FSDP2
