@@ -684,7 +684,8 @@ identity forward and an all_reduce backward, g the reverse.
 # same cut is `Shard(0)` of torch's weight: a `ColwiseParallel` weight is
 # `Shard(0)`. The product x @ W1 is then `Shard(1)`, each rank its columns
 # of the hidden layer; GELU acts on each element alone, so it keeps the
-# layout (`Shard(-1)`, the last dim). The second weight, (in, out), is
+# layout (`Shard(-1)`, the last dim: `S(1)` for this h of 2 dims). The
+# second weight, (in, out), is
 # `Shard(0)`, its rows cut as the hidden columns are (torch's (out, in)
 # weight: `Shard(1)`, a `RowwiseParallel` weight), and a `Shard(1)` times
 # a `Shard(0)` gives each rank one term of the product: `Partial()`. No
@@ -788,7 +789,8 @@ afterwards y is {glue}`z_layout`, within {glue}`placed_error` of one process's y
 # the activations into DTensors between them), and the split layers of
 # lesson 10 written by hand (`ColumnParallelLinear`, `RowParallelLinear`,
 # with Megatron's f and g). Each rank computes a forward and the backward
-# of sum(y * G), each in a trace region; every rank's output and every
+# of sum(y * G) (G known values, as in section 5), each in a trace
+# region; every rank's output and every
 # rank's piece of each gradient is compared with one process's.
 
 # %%
@@ -928,8 +930,8 @@ collectives are the ones the layouts' changes call for.
 # gradients after its backward; FSDP2's unit is what `fully_shard` was
 # applied to, here each Linear.
 #
-# The same small MLP (Linear(5, 7), Tanh, Linear(7, 5), Tanh, Linear(5, 3),
-# float64, 100 parameters) trains 2 steps of Adam on 4 processes, each rank
+# A small MLP (Linear(5, 7), Tanh, Linear(7, 5), Tanh, Linear(5, 3),
+# float64) trains 2 steps of Adam on 4 processes, each rank
 # 2 rows of a batch of 8, under FSDP1 (FULL_SHARD) and under FSDP2, with
 # the trace on. After the second step each rank's memory ledger
 # (`minidist/memory.py`'s `Ledger`, lesson 12) counts what it holds:
@@ -1186,7 +1188,7 @@ gradients, each rank's loss the mean over an equal share of the batch (torch's t
 # layer of packed rows, lesson 17, not a DTensor.) Along dp the two halves
 # of the mesh hold the same pieces. It is saved, then loaded in new
 # processes into two other layouts: tp4 (the same plan on a mesh of 4) and
-# dp4, every parameter `Shard(0)` on 4 ranks (the layout of FSDP2, below).
+# dp4, every parameter `Shard(0)` on 4 ranks (FSDP2's layout, section 7).
 # The models loaded into start from other random weights, so that a load
 # that missed a piece would show.
 
