@@ -1090,6 +1090,11 @@ def step_events(events, label):
             and e["end"] <= region[e["rank"]]["end"] and e is not region[e["rank"]]]
 
 
+def e_is(event, collective):
+    return event["kind"] == "collective" and \
+        trace.label_info(event["label"]).get("collective") == collective
+
+
 counts, prefetched = {}, {}
 for kind in ("FSDP1", "FSDP2"):
     shown_events = step_events(fsdp_events[kind], f"{kind} step {FSDP_STEPS - 1}")
@@ -1110,6 +1115,16 @@ for kind in ("FSDP1", "FSDP2"):
                    and trace.label_info(e["label"]).get("collective") == "all_gather"]
         prefetched = sum(any(f["start"] <= g["start"] < f["end"] for f in forwards)
                          for g in gathers)
+        # each unit's forward starts after its weights' all_gather ended (the first three
+        # gathers of the step, in order); each reduce_scatter runs inside a post-backward
+        forwards.sort(key=lambda e: e["start"])
+        gathers.sort(key=lambda e: e["start"])
+        gathered_first = len(forwards) == 3 and all(
+            g["end"] <= f["start"] for g, f in zip(gathers, forwards))
+        post = [e for e in mine0 if e["kind"] == "compute"
+                and trace.label_text(e["label"]).startswith("fully_shard post-backward")]
+        reduces_after = [any(p["start"] <= r["start"] and r["end"] <= p["end"] for p in post)
+                         for r in mine0 if e_is(r, "reduce_scatter")]
 #: each rank's piece of each unit in the collectives' buffers: FSDP1 a slice of the unit's
 #: padded flat buffer, FSDP2 every parameter's rows padded to a multiple of n
 piece = {"FSDP1": sum(-(-u // RANKS) for u in unit_elements),
@@ -1121,7 +1136,10 @@ print(table([(kind, c["all_gather"], c["reduce_scatter"], c["bytes"], step_formu
               c["all_reduce"], c["other"]) for kind, c in counts.items()],
             ("step 2, rank 0", "all_gathers", "reduce_scatters", "their bytes sent",
              "3 (n-1) x piece x 8", "all_reduces", "their bytes")))
-print(f"FSDP2: all_gathers issued inside a previous unit's forward (prefetched): {prefetched}")
+print(f"FSDP2, rank 0: each unit's forward started after its all_gather ended: "
+      f"{gathered_first}; reduce_scatters inside a unit's post-backward: "
+      f"{sum(reduces_after)} of {len(reduces_after)}; all_gathers issued inside a previous "
+      f"unit's forward (prefetched): {prefetched}")
 show_figure(draw_timeline([e for e in step2_events if e["kind"] != "step"], max_steps=None,
                           title="FSDP2, the second step: 4 ranks, a unit per Linear"),
             "fsdp2_timeline.png", "FSDP2's second step: each unit's all_gather, forward, "
@@ -1133,6 +1151,12 @@ glue("fsdp2_reduces", counts["FSDP2"]["reduce_scatter"])
 glue("fsdp1_gathers", counts["FSDP1"]["all_gather"])
 glue("fsdp1_reduces", counts["FSDP1"]["reduce_scatter"])
 glue("prefetched", prefetched)
+glue("gathered_first", gathered_first)
+glue("reduces_after", all(reduces_after) and len(reduces_after) == 3)
+glue("order_text", "each unit's forward began after its all_gather had ended, and each "
+     "reduce_scatter ran inside a unit's post-backward" if gathered_first and all(reduces_after)
+     else "the trace does not show every gather before its forward and every reduce_scatter "
+     "after its backward")
 glue("fsdp1_step_bytes", counts["FSDP1"]["bytes"])
 glue("fsdp2_step_bytes", counts["FSDP2"]["bytes"])
 glue("fsdp1_piece", piece["FSDP1"])
@@ -1147,7 +1171,8 @@ say("""
 In the second step rank 0 ran {glue}`fsdp2_gathers` all_gathers and {glue}`fsdp2_reduces`
 reduce_scatters under FSDP2 (each of the 3 units gathered before its forward and again before
 its backward, and reduce-scattered its gradients once), and {glue}`fsdp1_gathers` and
-{glue}`fsdp1_reduces` under FSDP1: the same messages per unit. {glue}`prefetched` of FSDP2's
+{glue}`fsdp1_reduces` under FSDP1: the same messages per unit. On FSDP2's trace
+{glue}`order_text`. {glue}`prefetched` of FSDP2's
 gathers started inside the previous unit's forward: the second and the third unit's weights
 were on their way while the unit before them computed.
 
@@ -1271,7 +1296,9 @@ def load_checkpoint(layout):
     saved = GPT(CKPT_CONFIG, rng=0, dtype=np.float64).state_dict()
     bad = [n for n, p in model.named_parameters()
            if not np.array_equal(np.asarray(p.data), box_of_param(np.asarray(saved[n]), p))]
+    drawn_reads = sorted((c[0], tuple(c[2]), tuple(c[3])) for c in report.reads[DRAWN])
     return dict(bad=bad, layouts=layouts, text=report.text(), drawn=report.text(DRAWN),
+                drawn_reads=drawn_reads,
                 bytes_read=report.bytes_read, bytes_saved=report.bytes_saved,
                 chunks_read=report.chunks_read, chunks_saved=report.chunks_saved)
 
@@ -1293,6 +1320,13 @@ metadata = Metadata.read(CKPT_PATH)
 drawn_shape = tuple(metadata.tensors[DRAWN]["shape"])
 dp4_boxes = layout_boxes(drawn_shape, (RANKS,), [Shard(0)])
 console.print(reads_table(metadata, DRAWN, dp4_boxes))
+reads_drawn = reads_of(metadata, DRAWN, dp4_boxes)     # from the metadata alone
+report_is_picture = all(                                # against what each load read
+    r["drawn_reads"] == sorted((c["rank"], tuple(c["offsets"]), tuple(c["sizes"]))
+                               for c, _ in reads_drawn[rank])
+    for rank, r in enumerate(loaded["dp4"]))
+print(f"the saved chunks of this weight each dp4 rank's LoadReport lists are the table's: "
+      f"{report_is_picture}")
 show_figure(reads_figure(metadata, DRAWN, dp4_boxes), "checkpoint_reads.png",
             f"{DRAWN}: the chunks saved on dp2 x tp2 (filled, by writer) and the boxes of "
             "dp4's ranks (dashed)", dpi=90)
@@ -1313,7 +1347,8 @@ glue("dp4_quarter", all(4 * r["bytes_read"] == r["bytes_saved"] for r in loaded[
 drawn_reads = [r["drawn"] for r in loaded["dp4"]]
 glue("drawn_rank1", drawn_reads[1])
 glue("drawn_saved_layout", saved[0][0][DRAWN.removeprefix("model.")])
-reads_drawn = reads_of(metadata, DRAWN, dp4_boxes)
+glue("report_is_picture", report_is_picture)
+glue("report_text", "are the table's" if report_is_picture else "are not the table's")
 glue("drawn_chunks_each", sorted({len(chunks) for chunks in reads_drawn.values()}) == [2])
 glue("drawn_chunks_text", "2 chunks, one of each tp rank's columns" if
      sorted({len(chunks) for chunks in reads_drawn.values()}) == [2] else
@@ -1322,8 +1357,10 @@ say("""
 {glue}`bits_text`. The checkpoint holds {glue}`saved_bytes` bytes of tensors, and one
 process's state dict holds {glue}`whole_model_bytes` (lm_head's tied weight under its own name
 too, as torch's state dict lists it): the dp halves held the same pieces, the whole c_attn was
-on every rank, and each box went to disk once. Each rank of a new layout read only what its box needs: {glue}`tp4_rank0` in tp4,
-{glue}`dp4_rank0` in dp4 (a quarter of each tensor's rows). The picture draws one weight,
+on every rank, and each box went to disk once. Each rank of a new layout read only what its
+box needs: {glue}`tp4_rank0` in tp4, {glue}`dp4_rank0` in dp4 (a quarter of each tensor's
+rows). The table and the picture are drawn from the checkpoint's `.metadata` alone; the chunks
+each rank's load report lists for that weight {glue}`report_text`. The picture draws one weight,
 block 0's `mlp.c_proj.weight`, saved {glue}`drawn_saved_layout` on tp (its columns cut, in two
 chunks) and loaded `S(0)` (its rows cut in four): each new rank's dashed box crosses
 {glue}`drawn_chunks_text`, and reads of each only the rows in its box ({glue}`drawn_rank1`).

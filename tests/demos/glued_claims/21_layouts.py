@@ -132,3 +132,7 @@ def check(glued):
     assert value(glued, "clip_error") < 1e-12
     fsdp2_local = [float(v) for v in text(glued, "fsdp2_local_norms").split(", ")]
     assert value(glued, "fsdp2_smallest_rank") == fsdp2_local.index(min(fsdp2_local)) == 3
+    assert value(glued, "report_is_picture") is True
+    assert text(glued, "report_text") == "are the table's"
+    assert value(glued, "gathered_first") is True and value(glued, "reduces_after") is True
+    assert text(glued, "order_text").startswith("each unit's forward began after")
