@@ -1180,7 +1180,8 @@ The bytes differ with the padding. Each collective sends (n - 1) pieces of a uni
 being what one rank holds of it in the collective's buffer: under FSDP1 its slice of the
 padded flat buffer, {glue}`fsdp1_piece` values for the three units together; under FSDP2
 each parameter's rows padded to a multiple of n, {glue}`fsdp2_piece` values. Three
-collectives a unit make 3 (n - 1) pieces per step: {glue}`fsdp1_step_bytes` bytes sent by rank
+collectives a unit make 3 (n - 1) pieces of 8-byte values per step (the table's formula
+column): {glue}`fsdp1_step_bytes` bytes sent by rank
 0 under FSDP1 and {glue}`fsdp2_step_bytes` under FSDP2, {glue}`fsdp_formula_text`. On a model
 this small, whose weights have 3 to 7 rows, a row of padding per parameter is much; on a real
 one's thousands of rows it is not. FSDP1 ran {glue}`fsdp1_all_reduces` all_reduce more
@@ -1380,9 +1381,9 @@ chunks) and loaded `S(0)` (its rows cut in four): each new rank's dashed box cro
 # norms add up to the true norm's square (the pieces cut the gradient
 # without overlap; FSDP1's padding adds zeros), so one all_reduce of the
 # ranks' squares fixes it. That is what the global versions do: on DTensor
-# parameters `clip_grad_norm_` sums each square over the mesh dims that
-# `Shard` (FSDP2's parameters are DTensors, so the plain call is right for
-# them, as in torch), and `FullyShardedDataParallel.clip_grad_norm_` sums
+# parameters `clip_grad_norm_` sums each square over the mesh dims on
+# which the parameter is a `Shard` (FSDP2's parameters are DTensors, so the
+# plain call is right for them, as in torch), and `FullyShardedDataParallel.clip_grad_norm_` sums
 # over FSDP1's group.
 #
 # The MLP of section 7, one backward on 4 processes (each rank 2 rows of
