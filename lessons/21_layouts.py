@@ -194,7 +194,7 @@ def calls_text(calls):
 # by one cut along its rows gives each rank a product of its two pieces,
 # one term of the whole product (Megatron's row split, lesson 10).
 #
-# Below, a 4 x 6 tensor whose every element is its own flat index (so that
+# Below, a 4 x 8 tensor whose every element is its own flat index (so that
 # a value says where it came from) is laid out each way on a row of 4
 # real processes by `distribute_tensor`, and every rank reports what it
 # holds. torch's `distribute_tensor` makes a `Partial()` by giving each
@@ -358,7 +358,8 @@ picture draws the two terms side by side, since adding them is what makes the te
 # Each change below runs on 4 processes with the trace on, in a trace region
 # of its own; the lesson prints its plan, then what the trace says ran
 # inside that region: the collectives, and the bytes every rank sent to
-# the others.
+# the others. (The full form's other runs, on 2 processes and with the
+# bigger tensor, are only rows of the table at the end.)
 
 # %%
 CHANGES = [("S(0) -> R", [Shard(0)], [Replicate()]),
@@ -402,7 +403,9 @@ for n, shape in RUNS:
                               **LAUNCH)
     events = trace.read_jsonl(path).events
     whole_bytes = int(np.prod(shape)) * 8
-    print(f"\n=== {n} ranks, a float64 tensor of {shape[0]} x {shape[1]}: N = {whole_bytes:,} B ===")
+    if (n, shape) == RUNS[0]:
+        print(f"\n=== {n} ranks, a float64 tensor of {shape[0]} x {shape[1]}: "
+              f"N = {whole_bytes:,} B ===")
     for index, (name, _, _) in enumerate(CHANGES):
         text, planned, collectives, _ = results[0][index]
         right = all(result[index][3] for result in results)
@@ -595,8 +598,9 @@ against `redistribute`.
 # once in the sum), so a `P -> S(0)` has for backward an all_gather. And
 # an all_to_all's backward is the all_to_all back.
 #
-# Each change below runs forward, then the backward of each rank's loss
-# sum(y * G), G a tensor of known values, each in a trace region:
+# Each change below takes a leaf x to y = x.redistribute(...) forward, then
+# runs the backward of each rank's loss sum(y * G), G a tensor of known
+# values in y's layout, each in a trace region:
 
 # %%
 BACKWARD_CHANGES = [("S(0) -> R", [Shard(0)], [Replicate()], "take own chunk"),
@@ -1075,7 +1079,11 @@ process's, the largest difference {glue}`fsdp_weight_error`.
 # forward Sequential", around the whole forward, each Linear's forward
 # inside it) and each unit's work after its backward ("fully_shard
 # post-backward Linear", where its reduce_scatter runs); the calls lane
-# above it the collectives, the send and recv lanes below it the messages. The trace is read for three things:
+# above it the collectives, the send and recv lanes below it the messages.
+# Each call's label names its algorithm: FSDP's all_gathers here run
+# recursive doubling and its reduce_scatters recursive halving (lesson 2),
+# in which each rank sends the same (n - 1) pieces as in the ring. The trace is
+# read for three things:
 # an all_gather before each unit's forward, a reduce_scatter after each
 # unit's backward, and the **prefetch**: from the second step on, the
 # next unit's all_gather is issued when the previous unit's forward
@@ -1311,7 +1319,7 @@ shown = ["transformer.wte.weight", "transformer.h.0.attn.c_attn.weight",
          "transformer.h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_proj.weight",
          "transformer.h.0.ln_1.weight"]
 print(table([(n, saved[0][0][n], loaded["tp4"][0]["layouts"][n], loaded["dp4"][0]["layouts"][n])
-             for n in shown], ("parameter (of block 0)", "saved: dp2 x tp2 (on tp)",
+             for n in shown], ("parameter", "saved: dp2 x tp2 (on tp)",
                                "loaded: tp4", "loaded: dp4")))
 for layout, results in loaded.items():
     print(f"\ninto {layout}:")
@@ -1359,8 +1367,8 @@ say("""
 process's state dict holds {glue}`whole_model_bytes` (lm_head's tied weight under its own name
 too, as torch's state dict lists it): the dp halves held the same pieces, the whole c_attn was
 on every rank, and each box went to disk once. Each rank of a new layout read only what its
-box needs: {glue}`tp4_rank0` in tp4, {glue}`dp4_rank0` in dp4 (a quarter of each tensor's
-rows). The table and the picture are drawn from the checkpoint's `.metadata` alone; the chunks
+box needs: in tp4 {glue}`tp4_rank0`; in dp4 {glue}`dp4_rank0` (a quarter of each
+tensor's rows). The table and the picture are drawn from the checkpoint's `.metadata` alone; the chunks
 each rank's load report lists for that weight {glue}`report_text`. The picture draws one weight,
 block 0's `mlp.c_proj.weight`, saved {glue}`drawn_saved_layout` on tp (its columns cut, in two
 chunks) and loaded `S(0)` (its rows cut in four): each new rank's dashed box crosses
@@ -1454,7 +1462,8 @@ clip_error = max(float(np.abs(got - p.grad).max()) for got, p in
                  zip(clipping["FSDP2"][0][2], whole_model.parameters(), strict=True))
 print("the factor each rank would scale by, max_norm / its norm: FSDP2 "
       + ", ".join(f"{MAX_NORM / r[0]:.3f}" for r in clipping["FSDP2"])
-      + f"; the right one, max_norm / the global norm: {MAX_NORM / true_norm:.3f}")
+      + f"; the right one, max_norm / the global norm: {MAX_NORM / true_norm:.3f} "
+      f"(max_norm = {MAX_NORM})")
 print(f"FSDP2's gradients after the global clip against one process's clipped ones: largest "
       f"difference {clip_error:.1e}")
 
