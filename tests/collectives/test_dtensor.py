@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import minidist
-from minidist import trace
+from minidist import Tensor, trace
 from minidist.distributed.tensor import Partial, Replicate, Shard, chunk_sizes
 from minidist.distributed.tensor.placements import local_shape_and_offset
 
@@ -177,3 +177,35 @@ def test_core_refusals_say_what_to_do(runs, key):
     assert "full_tensor()" in errors["numpy"] and "to_local()" in errors["numpy"]
     assert errors["from_local"].startswith("rank 0:") and "pass shape=" in errors["from_local"]
     assert "takes 1 placement" in errors["too_many"]
+
+
+def _whole_numbers_worker():
+    from minidist.distributed.tensor import Replicate, Shard, distribute_tensor, init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2,))
+    whole = np.arange(4.0).reshape(2, 2)
+    replicated = distribute_tensor(Tensor(whole), mesh, [Replicate()])
+    sharded = distribute_tensor(Tensor(whole), mesh, [Shard(0)])
+    out = {"numpy": replicated.numpy().tolist(), "tolist": replicated.tolist(),
+           "argmax": int(replicated.argmax()), "refused": []}
+    for what, call in (("item()", lambda: sharded.item()), ("numpy()", lambda: sharded.numpy()),
+                       (">", lambda: sharded > 0), ("<=", lambda: sharded <= 0),
+                       ("argmax()", lambda: sharded.argmax())):
+        try:
+            call()
+        except TypeError as error:
+            out["refused"].append((what, str(error)))
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_a_replicated_dtensor_gives_its_numbers_and_a_sharded_one_says_which_array():
+    for result in minidist.launch(_whole_numbers_worker, world_size=2, transport="pipe",
+                                  timeout=40):
+        assert result["numpy"] == result["tolist"] == [[0.0, 1.0], [2.0, 3.0]]
+        assert result["argmax"] == 3
+        assert [what for what, _ in result["refused"]] == ["item()", "numpy()", ">", "<=",
+                                                          "argmax()"]
+        for what, message in result["refused"]:
+            assert message.startswith(f"{what} of a DTensor ((S(0)))"), message
+            assert "full_tensor()" in message and "to_local()" in message, message

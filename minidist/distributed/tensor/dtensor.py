@@ -24,7 +24,8 @@ shard as if it were the whole.
 
 Where minidist answers differently from torch (the error says so): a DTensor's
 ``grad`` is its local array (above); ``redistribute(async_op=True)`` runs at
-once; ``numpy()``, ``item()`` and ``tolist()`` are refused (call
+once; ``numpy()``, ``item()``, ``tolist()``, ``argmax()`` and the comparisons are
+refused unless the DTensor is Replicate on every mesh dim (call
 ``full_tensor()`` or ``to_local()`` first, and say which you mean).
 
 Cost: a DTensor holds its local shard only; making one from a local tensor
@@ -198,19 +199,48 @@ class DTensor(Tensor):
 
     # ------------------------------------------------------------------ refused
 
+    # A DTensor replicated on every mesh dim holds the whole tensor on every
+    # rank, so its numbers are the tensor's (a loss, say); any other layout's
+    # local array is a piece, and the caller must say which array is meant.
+
     def numpy(self):
-        raise TypeError(self._which("numpy()"))
+        return self._whole("numpy()").numpy()
 
     def item(self):
-        raise TypeError(self._which("item()"))
+        return self._whole("item()").item()
 
     def tolist(self):
-        raise TypeError(self._which("tolist()"))
+        return self._whole("tolist()").tolist()
+
+    def _whole(self, what):
+        if all(isinstance(p, Replicate) for p in self._spec.placements):
+            return Tensor(self.data)
+        raise TypeError(self._which(what))
 
     def _which(self, what):
         return (f"{what} of a DTensor ({layout_text(self._spec.placements)}): say which "
                 f"array you mean, .full_tensor().{what} for the whole tensor (a collective) "
                 f"or .to_local().{what} for this rank's piece")
+
+    def _compare(self, what):
+        raise TypeError(self._which(what).replace(f".{what}", f" {what} ..."))
+
+    def __gt__(self, other):
+        self._compare(">")
+
+    def __ge__(self, other):
+        self._compare(">=")
+
+    def __lt__(self, other):
+        self._compare("<")
+
+    def __le__(self, other):
+        self._compare("<=")
+
+    def argmax(self, axis=None):
+        if all(isinstance(p, Replicate) for p in self._spec.placements):
+            return self.data.argmax(axis=axis)
+        raise TypeError(self._which("argmax()"))
 
     def detach(self) -> DTensor:
         """The same local data and layout, cut from the graph."""
