@@ -239,9 +239,11 @@ def _clipped(model, rows, sync, local_norm=False):
             sync(model)
         if local_norm:   # the one-process function on this rank's shards alone
             local.append(float(get_total_norm([p.grad for p in model.parameters()]).data))
-        norms.append(float(clip_grad_norm_(model.parameters(), MAX_NORM).data))
+        total = clip_grad_norm_(model.parameters(), MAX_NORM)
+        norms.append(total.full_tensor().item())     # torch's: a replicated DTensor
         optimizer.step()
-    return dict(norms=norms, local=local, after=_whole(model))
+    return dict(norms=norms, local=local, after=_whole(model), item=total.item(),
+                kind=(type(total).__name__, str(total.placements)))
 
 
 def _fsdp_over_tp(mesh):
@@ -414,6 +416,8 @@ def test_clip_grad_norm_on_the_tp_styles_and_fsdp2_is_one_process_norm(runs, ref
     for r in four:
         for case in ("clip_tp", "clip_fsdp"):
             np.testing.assert_allclose(r[case]["norms"], ref["norms"], rtol=NORM_RTOL)
+            assert r[case]["item"] == r[case]["norms"][-1]
+            assert r[case]["kind"] == ("DTensor", "(Replicate(),)")
             _close(r[case]["after"], ref["after"], WEIGHT_RTOL)
     # each rank's own shards give another number, and another on each rank
     local = [r["clip_fsdp"]["local"][0] for r in four]
