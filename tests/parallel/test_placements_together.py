@@ -8,14 +8,17 @@ on the whole batch (float64):
   ``get_state_dict`` saved by ``dcp.save``; loaded into the GPT on tp4, into
   one process (the plain GPT) and into FSDP2 on dp4: the gathered weights bit
   for bit the saved ones, and a third step equal to the unbroken run's
-  (rtol 1e-9);
+  (rtol 1e-9); a one-process state dict put into the tp4 GPT by
+  ``load_state_dict``; the plan with a vocabulary-parallel wte and lm_head
+  (tied, ``loss_parallel``) on tp4, saved and loaded in one process;
 * **FSDP2 + checkpoint**: the same saved under ``fully_shard`` on dp4, loaded
   on dp2 (2 ranks), HSDP 2x2 and one process;
 * a plain array that differs between ranks (a piece taken for the whole, or
   replicas drifted apart) is refused by ``dcp.save``, naming the ranks and the
   key, and nothing is written;
-* **clip_grad_norm_** on the DTensor TP styles' and FSDP2's parameters: the
-  total norm one process's (rtol 1e-12) and the clipped weights after 2 SGD
+* **clip_grad_norm_** on the DTensor TP styles', FSDP2's and HSDP's
+  parameters: the total norm one process's (rtol 1e-12; a replicated DTensor,
+  as torch's) and the clipped weights after 2 SGD
   steps (rtol 1e-10); the per-rank norm of FSDP2's local shards is another
   number on each rank; FSDP2 over TP on a 2-D mesh is refused (said below);
 * **gradient accumulation**: FSDP2's ``set_requires_gradient_sync(False)``
@@ -36,6 +39,7 @@ import minidist.distributed as dist
 import minidist.distributed.checkpoint as dcp
 from minidist import optim
 from minidist.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from minidist.distributed.tensor import Replicate
 from minidist.models.gpt import GPT, GPTConfig
 from minidist.nn import functional as F
 from minidist.nn.utils import clip_grad_norm_, get_total_norm
@@ -79,12 +83,12 @@ def _whole(model) -> dict:
     return out
 
 
-def _step(model, optimizer, step, rows, sync=None):
+def _step(model, optimizer, step, rows, sync=None, loss_of=None):
     """One training step on ``rows`` of the step's batch; ``sync``: averages
     the gradients over the data-parallel replicas (the TP runs' dp dim)."""
     idx, targets = _batch(step)
     optimizer.zero_grad()
-    loss = _loss(model, idx[rows], targets[rows])
+    loss = (loss_of or _loss)(model, idx[rows], targets[rows])
     loss.backward()
     if sync is not None:
         sync(model)
@@ -117,6 +121,23 @@ def _tp_plan(model, tp_mesh):
     for block in model.transformer.h:
         block.attn.n_head //= tp_mesh.size()
     return model
+
+
+def _vocab_plan(model, tp_mesh):
+    """The whole plan torch users write: also the vocabulary-parallel wte and
+    lm_head (tied again after), the logits left Shard(-1) for loss_parallel."""
+    from minidist.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    _tp_plan(model, tp_mesh)
+    parallelize_module(model, tp_mesh, {"transformer.wte": RowwiseParallel(),
+                                        "lm_head": ColwiseParallel(use_local_output=False)})
+    model.lm_head.weight = model.transformer.wte.weight
+    return model
+
+
+def _parallel_loss(model, idx, targets):
+    from minidist.parallel import loss_parallel
+    with loss_parallel():
+        return F.cross_entropy(model(idx).reshape(-1, CONFIG.vocab_size), targets.reshape(-1))
 
 
 def _fsdp(model, mesh):
@@ -160,7 +181,7 @@ def _tp_mesh():
     return mesh, _rows(dp, 2), _dp_average(mesh.get_group("dp"), 2)
 
 
-def _worker4(tp_folder, fsdp_folder):
+def _worker4(tp_folder, fsdp_folder, vocab_folder):
     from minidist.distributed.tensor import init_device_mesh
     rank = dist.get_rank()
     out = {}
@@ -181,6 +202,17 @@ def _worker4(tp_folder, fsdp_folder):
     out["tp_to_tp4"] = _loaded_step(model, _adamw(model), tp_folder, slice(None))
     model = _fsdp(_gpt(seed=1), flat)
     out["tp_to_fsdp4"] = _loaded_step(model, _adamw(model), tp_folder, _rows(rank, 4))
+    model = _tp_plan(_gpt(seed=1), flat)        # a one-process state dict, by load_state_dict
+    model.load_state_dict(_gpt().state_dict())
+    out["tp_from_plain"] = _whole(model)
+
+    # ... and the vocabulary-parallel plan on tp4 (loss_parallel), saved for one process
+    model = _vocab_plan(_gpt(), flat)
+    optimizer = _adamw(model)
+    for s in range(2):
+        _step(model, optimizer, s, slice(None), loss_of=_parallel_loss)
+    out["vocab_saved"] = _whole(model)
+    _save(model, optimizer, vocab_folder)
 
     # 2. FSDP2 on dp4: 2 steps, save, an unbroken third step; loaded on HSDP 2x2
     model = _fsdp(_gpt(), flat)
@@ -210,6 +242,8 @@ def _worker4(tp_folder, fsdp_folder):
     out["clip_tp"] = _clipped(model, rows, sync)
     model = _fsdp(_gpt(), flat)
     out["clip_fsdp"] = _clipped(model, _rows(rank, 4), None, local_norm=True)
+    model = _fsdp(_gpt(), hsdp)
+    out["clip_hsdp"] = _clipped(model, _rows(rank, 4), None)
     out["fsdp_over_tp"] = _fsdp_over_tp(mesh)
 
     # 4. accumulation: FSDP2 without sync for 2 micro-batches, then a synced one;
@@ -332,13 +366,14 @@ def runs(tmp_path_factory):
     outcome = {}
     for transport in TRANSPORTS:
         folder = tmp_path_factory.mktemp(f"together_{transport}")
-        tp, fsdp = str(folder / "tp"), str(folder / "fsdp")
-        four = minidist.launch(_worker4, world_size=4, transport=transport, args=(tp, fsdp),
-                               timeout=240)
+        tp, fsdp, vocab = str(folder / "tp"), str(folder / "fsdp"), str(folder / "vocab")
+        four = minidist.launch(_worker4, world_size=4, transport=transport,
+                               args=(tp, fsdp, vocab), timeout=240)
         two = minidist.launch(_worker2, world_size=2, transport=transport, args=(fsdp,),
                               timeout=240)
         outcome[transport] = dict(four=four, two=two, tp_to_one=_one_process_load(tp),
-                                  fsdp_to_one=_one_process_load(fsdp))
+                                  fsdp_to_one=_one_process_load(fsdp),
+                                  vocab_to_one=_one_process_load(vocab))
     return outcome
 
 
@@ -388,6 +423,20 @@ def test_tp_training_saves_and_reloads_on_tp4_one_process_and_fsdp2(runs, refere
         _same_bits(result["loaded"], saved)
         _close(result["after"], unbroken, STEP_RTOL)
     assert run["tp_to_one"]["loss"] == pytest.approx(ref["losses"][2], rel=STEP_RTOL)
+    plain = _whole(_gpt())
+    for r in four:
+        _same_bits(r["tp_from_plain"], plain)
+
+
+@_marked
+def test_the_vocabulary_parallel_plan_saves_for_one_process(runs, reference, transport):
+    run, ref = runs[transport], reference["adamw"]
+    saved = run["four"][0]["vocab_saved"]
+    _close(saved, ref["saved"], STEP_RTOL)
+    for r in run["four"]:
+        _same_bits(r["vocab_saved"], saved)
+    _same_bits(run["vocab_to_one"]["loaded"], saved)
+    assert run["vocab_to_one"]["loss"] == pytest.approx(ref["losses"][2], rel=STEP_RTOL)
 
 
 @_marked
@@ -414,10 +463,11 @@ def test_clip_grad_norm_on_the_tp_styles_and_fsdp2_is_one_process_norm(runs, ref
     assert all(n > MAX_NORM for n in ref["norms"])      # every step clips
     four = runs[transport]["four"]
     for r in four:
-        for case in ("clip_tp", "clip_fsdp"):
+        for case in ("clip_tp", "clip_fsdp", "clip_hsdp"):
             np.testing.assert_allclose(r[case]["norms"], ref["norms"], rtol=NORM_RTOL)
             assert r[case]["item"] == r[case]["norms"][-1]
-            assert r[case]["kind"] == ("DTensor", "(Replicate(),)")
+            mesh_dims = 2 if case == "clip_hsdp" else 1
+            assert r[case]["kind"] == ("DTensor", str((Replicate(),) * mesh_dims))
             _close(r[case]["after"], ref["after"], WEIGHT_RTOL)
     # each rank's own shards give another number, and another on each rank
     local = [r["clip_fsdp"]["local"][0] for r in four]
