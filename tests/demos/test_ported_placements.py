@@ -1,10 +1,12 @@
-"""examples/ported_fsdp2.py, a torch FSDP2 script (init_device_mesh,
-fully_shard, clip_grad_norm_, torch.distributed.checkpoint) ported line by
-line, runs under ``minidist run`` on 1 and 2 processes: the losses and the
-clipped gradients' norms are the same on both, the checkpoint loads back bit
-for bit, and one more step after the load gives the unbroken model's norm.
-Turned back into torch's script (every ``# torch:`` line put back), torch
-runs it with FSDP2 on 2 processes (gloo, CPU) and prints the same numbers."""
+"""examples/ported_fsdp2.py and examples/ported_tensor_parallel_dtensor.py,
+torch scripts (init_device_mesh, fully_shard or parallelize_module with
+ColwiseParallel / RowwiseParallel, clip_grad_norm_ and its norm's
+full_tensor(), torch.distributed.checkpoint) ported line by line, run under
+``minidist run`` on 1 and 2 processes: the losses and the clipped gradients'
+norms are the same on both, the checkpoint loads back bit for bit, and one
+more step after the load gives the unbroken model's norm. Turned back into
+torch's scripts (every ``# torch:`` line put back), torch runs them on 2
+processes (gloo, CPU) and prints the same numbers."""
 
 from __future__ import annotations
 
@@ -20,7 +22,11 @@ import pytest
 from tests.parallel.test_pipelining_torch_names import to_torch
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "examples" / "ported_fsdp2.py"
+#: script -> (its changed lines, the torch import that is its subject)
+SCRIPTS = {"ported_fsdp2.py": (6, "from torch.distributed.fsdp import fully_shard"),
+           "ported_tensor_parallel_dtensor.py": (
+               6, "from torch.distributed.tensor.parallel import (")}
+EACH = pytest.mark.parametrize("name", sorted(SCRIPTS))
 NUMBER = r"[-+0-9.e]+"
 
 
@@ -33,33 +39,36 @@ def _numbers(stdout: str) -> list[float]:
                                                            line)]
 
 
-def _minidist(world, folder):
+def _minidist(name, world, folder):
     done = subprocess.run([sys.executable, "-m", "minidist.cli", "run", "-n", str(world),
-                           str(SCRIPT), "--folder", str(folder)],
+                           str(ROOT / "examples" / name), "--folder", str(folder)],
                           capture_output=True, text=True, timeout=170, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     return _numbers(done.stdout)
 
 
+@EACH
 @pytest.mark.timeout(300)
-def test_the_ported_fsdp2_script_trains_saves_and_reloads_under_minidist_run(tmp_path):
-    one, two = _minidist(1, tmp_path / "one"), _minidist(2, tmp_path / "two")
+def test_the_ported_script_trains_saves_and_reloads_under_minidist_run(tmp_path, name):
+    one, two = _minidist(name, 1, tmp_path / "one"), _minidist(name, 2, tmp_path / "two")
     assert len(two) == 3 * 2 + 2
     np.testing.assert_allclose(two, one, rtol=1e-12)
     assert two[-1] == two[-2]                      # the loaded model's step: the unbroken one's
     assert all(n > 1.0 for n in two[1:6:2])        # every step clipped (max_norm 1)
     assert sorted(os.listdir(tmp_path / "two")) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     page = (ROOT / "docs" / "coming_from_torch.md").read_text()
-    assert "examples/ported_fsdp2.py" in page
+    assert f"examples/{name}" in page
 
 
-def test_every_marked_line_is_the_only_difference():
-    ported = SCRIPT.read_text().splitlines()
-    torch_lines = to_torch(SCRIPT.read_text()).splitlines()
+@EACH
+def test_every_marked_line_is_the_only_difference(name):
+    text = (ROOT / "examples" / name).read_text()
+    ported, torch_lines = text.splitlines(), to_torch(text).splitlines()
     changed = [a for a, b in zip(ported, torch_lines) if a != b]
+    count, subject = SCRIPTS[name]
     assert len(ported) == len(torch_lines)
-    assert all("# torch:" in line for line in changed) and len(changed) == 6
-    assert "from torch.distributed.fsdp import fully_shard" in torch_lines
+    assert all("# torch:" in line for line in changed) and len(changed) == count
+    assert subject in torch_lines
     # torch's own lines, kept: the clip and the norm's full_tensor()
     assert any("nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)" in line
                and "# torch:" not in line for line in ported)
@@ -67,12 +76,14 @@ def test_every_marked_line_is_the_only_difference():
                for line in ported)
 
 
+@EACH
 @pytest.mark.timeout(300)
-def test_torch_runs_the_script_it_came_from_on_two_processes(tmp_path):
+def test_torch_runs_the_script_it_came_from_on_two_processes(tmp_path, name):
     pytest.importorskip("torch.distributed.fsdp")
+    pytest.importorskip("torch.distributed.tensor.parallel")
     pytest.importorskip("torch.distributed.checkpoint")
-    script = tmp_path / "train_fsdp2.py"
-    script.write_text(to_torch(SCRIPT.read_text()))
+    script = tmp_path / "train.py"
+    script.write_text(to_torch((ROOT / "examples" / name).read_text()))
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)   # torch's script must not see minidist
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -81,5 +92,5 @@ def test_torch_runs_the_script_it_came_from_on_two_processes(tmp_path):
                           capture_output=True, text=True, timeout=280, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     theirs = _numbers(done.stdout)
-    ours = _minidist(2, tmp_path / "ours")
+    ours = _minidist(name, 2, tmp_path / "ours")
     np.testing.assert_allclose(ours, theirs, rtol=1e-10)
