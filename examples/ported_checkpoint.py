@@ -67,9 +67,10 @@ def main():
     model, optimizer = build(mesh, Shard(0), seed=0)
     model_sd, optim_sd = get_state_dict(model, optimizer)
     for state in optim_sd["state"].values():   # made-up moments, so that there is state to keep
-        for key, value in state.items():
+        for key, value in state.items():           # (a replicated one the same on every rank)
             if key != "step":
-                value.to_local().data[...] = rank + 0.5  # torch: value.to_local().fill_(rank + 0.5)
+                here = rank * value.placements[0].is_shard() + 0.5
+                value.to_local().data[...] = here  # torch: value.to_local().fill_(here)
     set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
     saved = whole(model, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=arguments.folder)

@@ -514,7 +514,12 @@ def _data_of(value):
 
 def _state_value(tensor):
     """A state dict's copy of ``tensor``: its array, or for a DTensor (duck
-    typed: nn may not import minidist.distributed) a DTensor of its layout."""
+    typed: nn may not import minidist.distributed) a DTensor of its layout,
+    or for a piece that no layout says (a packed shard, which flags
+    ``checkpoint_whole``) the whole tensor, gathered."""
+    whole = getattr(tensor, "checkpoint_whole", None)
+    if whole is not None:
+        return whole(tensor.data)
     if getattr(tensor, "_spec", None) is not None:
         out = tensor.detach()
         out.data = tensor.data.copy()
@@ -524,6 +529,8 @@ def _state_value(tensor):
 
 def _global_shape(value) -> tuple:
     spec = getattr(value, "_spec", None)
+    if spec is None and getattr(value, "checkpoint_shape", None) is not None:
+        return tuple(value.checkpoint_shape)
     return tuple(spec.shape) if spec is not None else tuple(_data_of(value).shape)
 
 
@@ -550,6 +557,9 @@ def _local_of(value, target):
     target gives the box this rank holds."""
     spec = getattr(target, "_spec", None)
     data = _data_of(value)
+    piece = getattr(target, "checkpoint_piece", None)
+    if piece is not None:
+        return piece(data)
     if spec is not None and getattr(value, "_spec", None) is None:
         sizes, offsets = spec.local_shape_and_offset()
         data = data[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))]

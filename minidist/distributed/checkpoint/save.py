@@ -38,6 +38,7 @@ import os
 import pickle
 import shutil
 import tempfile
+import zlib
 
 import numpy as np
 
@@ -95,7 +96,8 @@ def snapshot(state_dict, copy: bool):
                 array = array.copy()
             entry = {"kind": "tensor", "shape": shape, "dtype": np.dtype(dtype).str,
                      "offsets": offsets, "sizes": sizes,
-                     "nbytes": volume(sizes) * np.dtype(dtype).itemsize}
+                     "nbytes": volume(sizes) * np.dtype(dtype).itemsize,
+                     "crc": zlib.crc32(memoryview(array.reshape(-1)).cast("B")) if array.size else 0}
             items.append((key, entry, array))
         else:
             try:
@@ -133,9 +135,20 @@ def global_plan(plans, ranks):
                     f"earlier rank but {tuple(entry['shape'])} {entry['dtype']} on rank "
                     f"{ranks[rank]}: every rank must save the same tensor under one key")
             box = (tuple(entry["offsets"]), tuple(entry["sizes"]))
-            if volume(box[1]) == 0 or (key, box) in held:
-                continue            # an empty piece, or a copy a lower rank writes
-            held[key, box] = rank
+            if volume(box[1]) == 0:
+                continue            # an empty piece
+            if (key, box) in held:  # a copy a lower rank writes: it must be a copy
+                first, crc = held[key, box]
+                if crc != entry.get("crc", crc):
+                    raise ValueError(
+                        f"save: ranks {ranks[first]} and {ranks[rank]} hold different values "
+                        f"for the same box of {key!r} (offsets {box[0]}, sizes {box[1]}), so it "
+                        f"is not a copy and saving one of them would lose the other. A plain "
+                        f"array is taken as the whole tensor on every rank: if each rank holds "
+                        f"a piece, make it a DTensor of its layout; if the replicas should be "
+                        f"equal, they have drifted apart (gradients not averaged?)")
+                continue
+            held[key, box] = (rank, entry.get("crc"))
             writes[rank].append((key, entry))
     for rank, entries in enumerate(writes):
         position = 0

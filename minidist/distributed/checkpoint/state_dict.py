@@ -77,7 +77,11 @@ def _names(model):
 
 
 def _as_layout(array, param):
-    """A state array (this rank's piece) in its parameter's layout."""
+    """A state array (this rank's piece) in its parameter's layout (a packed
+    shard's, which no layout says: the whole, gathered)."""
+    whole = getattr(param, "checkpoint_whole", None)
+    if whole is not None:
+        return whole(array)
     spec = getattr(param, "_spec", None)
     if spec is None:
         return array.copy()
@@ -176,6 +180,9 @@ def _local(value, param):
     spec = getattr(param, "_spec", None)
     array = np.asarray(backend.to_numpy(value.data if hasattr(value, "data") and
                                         not isinstance(value, np.ndarray) else value))
+    piece = getattr(param, "checkpoint_piece", None)
+    if piece is not None:
+        return piece(array)
     if spec is not None:
         sizes, offsets = spec.local_shape_and_offset()
         array = array[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))]

@@ -40,7 +40,13 @@ import numpy as np
 import minidist.distributed as dist
 from minidist.distributed.device_mesh import as_group
 from minidist.distributed.tensor.dtensor import DTensor
-from minidist.distributed.tensor.placements import Partial, Shard, layout_text
+from minidist.distributed.tensor.placements import (
+    DTensorSpec,
+    Partial,
+    Replicate,
+    Shard,
+    layout_text,
+)
 from minidist.nn.utils import clip_grad as _clip
 from minidist.tensor import Tensor
 
@@ -82,6 +88,20 @@ def _rule(tensor):
 
 
 _clip.register_grad_norm_rule(_rule)
+
+
+def _total_layout(parameters, total):
+    """torch's clip_grad_norm_ of DTensor parameters returns a DTensor: the
+    total (the same on every rank) replicated on the first one's mesh."""
+    for param in parameters:
+        if isinstance(param, DTensor) and param.grad is not None:
+            mesh = param._spec.mesh
+            spec = DTensorSpec(mesh, [Replicate()] * mesh.ndim, (), total.data.dtype)
+            return DTensor._node(total.data, spec, None, None, "")
+    return None
+
+
+_clip.register_total_norm_layout(_total_layout)
 
 
 def _reduce_total(total: Tensor, p: float, group) -> Tensor:

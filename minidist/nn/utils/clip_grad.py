@@ -49,6 +49,18 @@ from minidist.tensor import Tensor
 
 #: The rules of the layers above, in the order they registered.
 _RULES: list = []
+#: ``layout(parameters, total) -> total or None``: the layers above give the
+#: total norm of their parameters the type torch gives it (a DTensor's: a
+#: replicated DTensor).
+_LAYOUTS: list = []
+
+
+def register_total_norm_layout(layout):
+    """Register ``layout(parameters, total)``, which returns the total norm as
+    :func:`clip_grad_norm_` should return it, or None (a plain Tensor)."""
+    if layout not in _LAYOUTS:
+        _LAYOUTS.append(layout)
+    return layout
 
 
 def register_grad_norm_rule(rule):
@@ -239,7 +251,9 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
     gradients, then :func:`clip_grads_with_norm_`. Parameters without a
     gradient are skipped. A parameter whose gradient lies on several ranks
     (a DTensor, a tensor-parallel shard) is summed over them, so every rank
-    gets one process's norm (the module docstring)."""
+    gets one process's norm (the module docstring); with DTensor parameters
+    the norm is, as torch's, a DTensor replicated on their mesh
+    (``.full_tensor()``, ``.item()``)."""
     _check_foreach(foreach)
     parameters = _parameters(parameters)
     p = _norm_type(norm_type)
@@ -247,6 +261,10 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
              if param.grad is not None]
     total = _total_norm(pairs, p, error_if_nonfinite)
     clip_grads_with_norm_(parameters, max_norm, total)
+    for layout in _LAYOUTS:
+        laid = layout(parameters, total)
+        if laid is not None:
+            return laid
     return total
 
 
@@ -265,4 +283,4 @@ def clip_grad_value_(parameters, clip_value: float, foreach: bool | None = None)
 
 
 __all__ = ["clip_grad_norm_", "clip_grad_value_", "clip_grads_with_norm_", "get_total_norm",
-           "register_grad_norm_rule"]
+           "register_grad_norm_rule", "register_total_norm_layout"]

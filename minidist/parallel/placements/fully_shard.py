@@ -175,23 +175,40 @@ def _check_reshard(value) -> bool:
     raise TypeError(f"fully_shard: reshard_after_forward is True or False, got {value!r}")
 
 
-def _managed(module):
+def _managed(module, label=""):
     """``[(name, parameter, [(holder, attribute)])]``: the parameters of
     ``module`` and of its descendants that no inner fully_shard took, each
-    once, with every place it is registered (a tied one several)."""
+    once, with every place it is registered (a tied one several). An inner
+    unit is an FSDPModule, not walked; a parameter laid out by another
+    strategy (a DTensor here, a split layer's piece) is refused."""
     found: dict[int, list] = {}
     stack = [("", module)]
     while stack:
         prefix, layer = stack.pop()
         for attribute, param in layer._parameters.items():
-            if param is None or isinstance(param, DTensor):
+            if param is None:
                 continue
+            if isinstance(param, DTensor) or getattr(param, "tensor_model_parallel", False):
+                _refuse_laid_out(label, prefix + attribute, param)
             entry = found.setdefault(id(param), [prefix + attribute, param, []])
             entry[2].append((layer, attribute))
         children = [(f"{prefix}{name}.", child) for name, child in layer.named_children()
                     if not isinstance(child, FSDPModule)]
         stack.extend(reversed(children))
     return list(found.values())
+
+
+def _refuse_laid_out(label, where, param) -> None:
+    layout = (f"a DTensor laid out {param.placements} on a mesh {param.device_mesh.shape}"
+              if isinstance(param, DTensor) else "a split layer's piece (tensor parallel)")
+    raise NotImplementedError(
+        f"rank {dist.get_rank()}: fully_shard({label}): {where} is already {layout}, by "
+        f"parallelize_module or distribute_tensor. FSDP2 over tensor parallelism (torch's 2-D "
+        f"dp x tp, which shards the TP shards again) is not supported in minidist, and sharding "
+        f"the other parameters only would train wrong. Use fully_shard on a model that is not "
+        f"laid out, or tensor parallelism alone with the data-parallel replicas' gradients "
+        f"averaged by hand (all_reduce over mesh['dp']), or minidist.parallel.mesh's GPT3D for "
+        f"dp x tp")
 
 
 def _refuse_torn_ties(module, label) -> None:
@@ -243,7 +260,7 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=True, shard_placemen
                          "2-D one (replicate, shard) for HSDP, e.g. init_device_mesh('cpu', "
                          f"(2, 2), mesh_dim_names=('replicate', 'shard')); got {mesh!r}")
     _refuse_torn_ties(module, label)
-    managed = _managed(module)
+    managed = _managed(module, label)
     params = [FSDPParam(f"{label}.{name}", param, holders, mesh)
               for name, param, holders in managed]
     group = (FSDPParamGroup(params, mesh, policy, algorithm, label) if params else None)

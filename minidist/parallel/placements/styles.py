@@ -60,7 +60,10 @@ from __future__ import annotations
 
 import abc
 
+import numpy as np
+
 import minidist.distributed as dist
+from minidist import backend
 from minidist.distributed.tensor import (
     DTensor,
     Replicate,
@@ -333,10 +336,50 @@ class PackedColwiseParallel(ColwiseParallel):
                              f"out_features={out} must be {pieces} blocks each divisible by the "
                              f"{world} ranks; choose a width (n_embd) that {world} divides")
         rows = packed_rows(out, pieces, rank, world)
-        return ColumnParallelLinear.from_linear(module, group, rows=rows)
+        layer = ColumnParallelLinear.from_linear(module, group, rows=rows)
+        for param in (layer.weight, layer.bias):
+            if param is not None:
+                _checkpoint_whole(param, group, out, pieces)
+        return layer
 
     def __repr__(self) -> str:
         return f"PackedColwiseParallel({self.pieces})"
+
+
+def _checkpoint_whole(param, group, out: int, pieces: int) -> None:
+    """A packed shard's Parameter as a state dict holds it: the whole tensor
+    (the one-process model's rows, so that a checkpoint loads into any tp
+    size, into the one-process model, or a DTensor layout): no Shard says
+    the packed rows, so ``state_dict()`` and the checkpoint's state dicts
+    gather them (one all_gather over the group, a collective every rank
+    calls) and a load keeps this rank's rows. The flags, duck typed by
+    ``Module.state_dict`` and ``minidist.distributed.checkpoint``:
+    ``checkpoint_shape``, ``checkpoint_whole(local)`` and
+    ``checkpoint_piece(whole)``."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    shape = (out,) + tuple(param.data.shape[1:])
+    rows = [packed_rows(out, pieces, r, world) for r in range(world)]
+
+    def whole(local):
+        local = np.ascontiguousarray(backend.to_numpy(local))
+        gathered = np.empty((world,) + local.shape, local.dtype)
+        if world > 1:
+            dist.all_gather_into_tensor(gathered, local, group=group)
+        else:
+            gathered[0] = local
+        full = np.empty(shape, local.dtype)
+        for r in range(world):
+            full[rows[r]] = gathered[r]
+        return full
+
+    def piece(full):
+        full = np.asarray(backend.to_numpy(full))
+        if tuple(full.shape) != shape:
+            raise ValueError(f"a packed shard's state is the whole tensor {shape}, got "
+                             f"{tuple(full.shape)}")
+        return full[rows[rank]].copy()
+
+    param.checkpoint_shape, param.checkpoint_whole, param.checkpoint_piece = shape, whole, piece
 
 
 __all__ = ["ParallelStyle", "ColwiseParallel", "RowwiseParallel", "SequenceParallel",
