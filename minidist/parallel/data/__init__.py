@@ -13,15 +13,20 @@ Read in this order:
    error feedback;
 4. :mod:`.powersgd`: the low-rank hook, PowerSGD; :mod:`.hooks` names every
    hook;
-5. :mod:`.zero`: ZeRO stage 1, the optimizer state sharded;
-6. :mod:`.fsdp`: stages 2 and 3 as ``FullyShardedDataParallel``, gradients
+5. :mod:`.local_sgd`: fewer messages instead of fewer bits, ``LocalSGD``
+   (every rank steps alone, the weights averaged every H steps); then
+   :mod:`.diloco`: ``DiLoCo``, an inner optimizer for H steps and an outer
+   Nesterov step on the averaged pseudo-gradient, its streaming form by
+   fragments;
+6. :mod:`.zero`: ZeRO stage 1, the optimizer state sharded;
+7. :mod:`.fsdp`: stages 2 and 3 as ``FullyShardedDataParallel``, gradients
    and then weights sharded, one layer (a unit) at a time; :mod:`.fsdp_units`:
    which unit holds each parameter, a tied one included; :mod:`.zero_stages`
    builds any stage by number;
-7. :mod:`.costs`: what each stage holds and sends, by formula;
-8. :mod:`.sync_batchnorm`: batch statistics over the global batch;
-9. :mod:`.checkpoint_files`: saving and resuming a data-parallel run;
-10. :mod:`.inference`: a data set's predictions split over ranks.
+8. :mod:`.costs`: what each stage holds and sends, by formula;
+9. :mod:`.sync_batchnorm`: batch statistics over the global batch;
+10. :mod:`.checkpoint_files`: saving and resuming a data-parallel run;
+11. :mod:`.inference`: a data set's predictions split over ranks.
 
 What the other families use from here: nothing (the replicas' glue,
 broadcasting weights and all-reducing gradients, is
@@ -71,6 +76,9 @@ from minidist.parallel.data.costs import (  # noqa: F401
 from minidist.parallel.data.ddp import (  # noqa: F401
     DistributedDataParallel,
 )
+from minidist.parallel.data.diloco import (  # noqa: F401
+    DiLoCo,
+)
 from minidist.parallel.data.fsdp import (  # noqa: F401
     STRATEGIES,
     FreedParameter,
@@ -86,6 +94,9 @@ from minidist.parallel.data.inference import (  # noqa: F401
     parallel_predict,
     predict,
     shard_bounds,
+)
+from minidist.parallel.data.local_sgd import (  # noqa: F401
+    LocalSGD,
 )
 from minidist.parallel.data.powersgd import (  # noqa: F401
     PowerSGDState,
@@ -111,6 +122,7 @@ __all__ = ["CoordinatorDataParallel", "GradBucket", "DistributedDataParallel",
            "compress_sign", "compress_threshold", "compress_topk", "compress_randomk",
            "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook", "int8_hook", "sign_hook",
            "threshold_hook", "topk_hook", "randomk_hook", "powersgd_hook", "HOOKS",
+           "LocalSGD", "DiLoCo",
            "ZeroRedundancyOptimizer", "ShardingStrategy", "STRATEGIES", "FreedParameter",
            "freed_parameter", "FullyShardedDataParallel", "STAGES", "wrap",
            "zero_model_state_bytes", "zero_bytes_per_step", "SyncBatchNorm", "sync_batch_norm",
