@@ -78,10 +78,23 @@ def spawn_torch_ranks(target, world_size: int, *args, timeout: float = 900) -> d
                      for rank in range(world_size)]
         for process in processes:
             process.start()
-        per_rank = dict(results.get(timeout=timeout) for _ in processes)
-        for process in processes:
-            process.join(60)
-            if process.exitcode != 0:
-                raise RuntimeError(f"PyTorch rank {processes.index(process)} exited with "
-                                   f"{process.exitcode}")
+        try:
+            per_rank = dict(results.get(timeout=timeout) for _ in processes)
+            for process in processes:
+                process.join(60)
+                if process.exitcode != 0:
+                    raise RuntimeError(f"PyTorch rank {processes.index(process)} exited with "
+                                       f"{process.exitcode}")
+        finally:
+            for process in processes:
+                if process.is_alive():
+                    process.kill()
+                    process.join(10)
+            # The spawn context starts multiprocessing's resource tracker, a process
+            # that would live as long as this interpreter: stop it, so that a test
+            # (or a lesson) calling this leaves no process behind.
+            from multiprocessing import resource_tracker
+            stop = getattr(resource_tracker._resource_tracker, "_stop", None)
+            if stop is not None:
+                stop()
     return per_rank
