@@ -63,6 +63,7 @@ from minidist.distributed.world import (
     DEFAULT_TIMEOUT,
     destroy_process_group,
     failed_ranks,
+    finished_ranks,
     get_backend,
     get_global_rank,
     get_group_rank,
@@ -218,7 +219,7 @@ __all__ = [
     "progress0", "recv", "recv_array", "recv_object", "recv_reduce", "send", "send_object",
     "wait_all", "simulate", "SimulationResult",
 ]
-__all__ += ["gather", "scatter", "failed_ranks", "shared_array"]
+__all__ += ["gather", "scatter", "failed_ranks", "finished_ranks", "shared_array"]
 __all__ += ["all_gather", "all_gather_into_tensor", "all_to_all", "all_to_all_single",
             "reduce_scatter", "reduce_scatter_tensor"]
 __all__ += ["all_gather_object", "broadcast_object_list", "gather_object", "monitored_barrier",

@@ -567,9 +567,34 @@ def failed_ranks() -> frozenset:
                      if world.control.state_of(rank) == ctl.FAILED)
 
 
-def new_group(ranks=None, timeout=None, backend=None) -> ProcessGroup:
+def finished_ranks() -> frozenset:
+    """World ranks that have returned from their function so far (left the run
+    with success). A fault-tolerant strategy reads it with
+    :func:`failed_ranks`: a peer that is gone without failing has finished,
+    and what it agreed before leaving still holds."""
+    world = current()
+    return frozenset(rank for rank in range(world.world_size)
+                     if world.control.state_of(rank) == ctl.FINISHED)
+
+
+#: Group ids of ``new_group(..., use_local_synchronization=True)`` lie above
+#: this, apart from the counted ids of the groups every rank creates.
+LOCAL_GROUP_IDS = 1 << 30
+
+
+def new_group(ranks=None, timeout=None, backend=None, *, use_local_synchronization=False,
+              group_desc=None) -> ProcessGroup:
     """A group of the given global ranks (sorted, as in torch); all ranks must call
-    it, in the same order. Members' group ranks follow the sorted order."""
+    it, in the same order. Members' group ranks follow the sorted order.
+
+    ``use_local_synchronization=True`` (torch's keyword): only the members
+    call it, in any order with respect to other groups. The group's context
+    is then computed from its members and ``group_desc`` instead of taken
+    from the count of groups this process made, so every member gets the
+    same one without the others' help; making the same group twice gives the
+    same context (its messages are the same group's). A fault-tolerant
+    strategy needs this: after a failure the survivors make a group of
+    themselves, and no rank outside it takes part."""
     world = current()
     members = list(range(world.world_size)) if ranks is None else [int(r) for r in ranks]
     if len(set(members)) != len(members):
@@ -581,6 +606,12 @@ def new_group(ranks=None, timeout=None, backend=None) -> ProcessGroup:
         raise ValueError("new_group needs at least one rank")
     from minidist.distributed.process_group import ProcessGroup
 
+    if use_local_synchronization:
+        import zlib
+
+        name = f"{group_desc or ''}:{','.join(map(str, sorted(members)))}"
+        group_id = LOCAL_GROUP_IDS | (zlib.crc32(name.encode()) % LOCAL_GROUP_IDS)
+        return ProcessGroup(world.transport, sorted(members), group_id)
     world.groups_created += 1
     return ProcessGroup(world.transport, sorted(members), world.groups_created)
 

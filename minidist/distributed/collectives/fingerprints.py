@@ -481,6 +481,11 @@ class CallRecord:
         * a member that finished (returned from its function) after fewer
           calls in this group than this one's number: :class:`PeerGoneError`
           naming it (it never joins);
+        * a member that failed (a run that tolerates failures goes on after
+          one): :class:`PeerGoneError` naming it. Its part of the call may
+          never come, and a rank waiting on a live peer that saw the failure
+          first and left the call would otherwise wait out its timeout; a
+          fault-tolerant strategy makes the call again in a group without it;
         * members asleep in the same call number with another fingerprint:
           :class:`CollectiveMismatchError` naming the collective each rank is
           in. Records are read without a lock, so a mismatch is believed only
@@ -497,6 +502,10 @@ class CallRecord:
             if rank == me:
                 continue
             status = control.status(rank)
+            if status.state == ctl.FAILED:
+                raise PeerGoneError(f"rank {me}: {self._what(tag)}, call {number} of "
+                                    f"{self._where()}, cannot complete: rank {rank}, a member, "
+                                    "failed.", peer=rank)
             if self._asleep_in(status, seq):
                 in_call.setdefault(status.tag, []).append(rank)
                 if status.tag != tag:
