@@ -11,7 +11,8 @@ Read in this order:
 3. :mod:`.recovery`: a spare that joins receives the weights and the
    optimizer's state from a live replica;
 4. :mod:`.faults`: failures made on purpose (raise, SIGKILL, os._exit,
-   SIGSTOP), for the tests, the chaos script and the lessons.
+   SIGSTOP), for the tests, the chaos script and the lessons;
+5. :mod:`.replay`: the check: one process replays the recorded quorums.
 # end of fault-tolerant data parallel
 
 What the other families use from here: nothing.
@@ -32,10 +33,11 @@ from minidist.parallel.resilience.fault_tolerant_ddp import (  # noqa: F401
 )
 from minidist.parallel.resilience.faults import InjectedFault, ReplicaFault  # noqa: F401
 from minidist.parallel.resilience.quorum import Quorum, QuorumAgreement, decide  # noqa: F401
+from minidist.parallel.resilience.replay import RegressionProblem, replay, train  # noqa: F401
 
 __all__ = [
     # fault-tolerant data parallel
     "Attempt", "CommitRecord", "FaultTolerantDDP", "InjectedFault", "MPI_REFUSAL", "Manager",
     "ManagerResult", "OptimizerWrapper", "Quorum", "QuorumAgreement", "ReplicaFault", "decide",
-    "model_and_optimizer_state",
+    "model_and_optimizer_state", "RegressionProblem", "replay", "train",
 ]

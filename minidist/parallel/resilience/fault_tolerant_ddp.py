@@ -275,7 +275,7 @@ class Manager:
         self._maybe_fail("compute")
         group = dist.new_group(quorum.members, use_local_synchronization=True,
                                group_desc="replicas")
-        self._maybe_fail("allreduce", array, group)
+        self._maybe_fail("allreduce")
         try:
             dist.all_reduce(array, op=dist.ReduceOp.SUM, group=group, algorithm="ring")
         except dist.PeerGoneError as error:
@@ -289,17 +289,14 @@ class Manager:
         array /= len(quorum.members)
         return array
 
-    def _maybe_fail(self, where: str, array=None, group=None) -> None:
+    def _maybe_fail(self, where: str) -> None:
         fault = self.fault
         if fault is None or not fault.due(self.rank, self.committed, where):
             return
         if where == "allreduce":
-            # Start the all_reduce and move it as far as it goes without
-            # waiting: its first messages leave, then the rank fails.
-            work = dist.all_reduce(array.copy(), op=dist.ReduceOp.SUM, group=group,
-                                   algorithm="ring", async_op=True)
-            work.test()
-        fault.happen()
+            fault.between_messages()  # fails at the all_reduce's second message
+        else:
+            fault.happen()
 
     def should_commit(self) -> bool:
         """True if this step's all_reduce completed with every member alive;

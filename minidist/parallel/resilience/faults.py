@@ -51,6 +51,22 @@ class ReplicaFault:
     def due(self, rank: int, step: int, where: str) -> bool:
         return rank == self.rank and step == self.step and where == self.where
 
+    def between_messages(self, after: int = 1) -> None:
+        """Fail at this process's collective message number ``after + 1``:
+        the first ``after`` left, the rest never will. (A hook on the
+        collectives' send, put in place in the failing process only.)"""
+        from minidist.distributed.collectives.comm import Comm
+
+        send, sent, fault = Comm.isend, [0], self
+
+        def isend_then_fail(comm, *args, **kwargs):
+            sent[0] += 1
+            if sent[0] > after:
+                fault.happen()
+            return send(comm, *args, **kwargs)
+
+        Comm.isend = isend_then_fail
+
     def happen(self) -> None:
         """Fail now, the chosen way."""
         if self.time_file:

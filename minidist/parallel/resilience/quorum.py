@@ -118,7 +118,7 @@ def decide(rows: np.ndarray, replicas: int, total_steps: int,
     if not holders:
         if last_id > 0 or not fresh:
             raise dist.PeerGoneError(
-                f"rank {dist.get_rank()}: every replica that held the weights is gone "
+                f"every replica that held the weights is gone "
                 f"(live ranks: {present}); nothing is left to recover from. Keep a checkpoint "
                 "and restart the run (elastic restarts), or give it more replicas.")
         holders, fresh = fresh[:1], fresh[1:]  # the run's start: the lowest replica's weights
