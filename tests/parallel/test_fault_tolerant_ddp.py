@@ -155,3 +155,18 @@ def test_under_mpi_it_is_refused_in_one_line(monkeypatch):
     assert str(error.value) == MPI_REFUSAL and "\n" not in MPI_REFUSAL
     assert "ULFM" in MPI_REFUSAL and "'pipe' or 'shm'" in MPI_REFUSAL
     assert Manager  # the manager calls refuse_mpi() first
+
+
+def test_the_chaos_script_briefly(capsys):
+    """One run of each fault on each transport: finished right or ended
+    naming the culprit, nothing left behind (the full run: --runs 50)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "chaos_ftdp.py"
+    spec = importlib.util.spec_from_file_location("chaos_ftdp", path)
+    chaos = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(chaos)
+    assert chaos.main(["--runs", "1", "--steps", "4"]) == 0, capsys.readouterr().out
+    table = capsys.readouterr().out
+    assert "nothing left behind" in table and table.count(" 1 ") >= 8

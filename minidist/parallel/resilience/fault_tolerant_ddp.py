@@ -58,6 +58,7 @@ to go on. Use the pipe or shm transports, or restarts from a checkpoint.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -114,6 +115,7 @@ class ManagerResult:
     history: list       # CommitRecord per committed step
     attempts: list      # Attempt per quorum this rank took part in
     events: list        # the warnings this rank logged
+    commit_times: list = field(default_factory=list)  # time.time() of each commit
 
 
 def refuse_mpi() -> None:
@@ -163,6 +165,7 @@ class Manager:
         self.history: list[CommitRecord] = []
         self.attempts: list[Attempt] = []
         self.events: list[str] = []
+        self.commit_times: list[float] = []
         self.quorum: Quorum | None = None
         self._before_step = None  # the state before the last committed step
         self._error = None
@@ -318,6 +321,7 @@ class Manager:
                                              batches))
             self.committed += 1
             self.role = HOLDER
+            self.commit_times.append(time.time())
         elif self._error is None:
             self._say(f"rank {self.rank}: replica rank {', '.join(map(str, sorted(lost)))} "
                       f"failed during step {quorum.step} (quorum {quorum.quorum_id}); the step "
@@ -333,7 +337,7 @@ class Manager:
     def result(self) -> ManagerResult:
         names = {SPARE: "spare", FRESH: "replica", HOLDER: "replica"}
         return ManagerResult(self.rank, names[self.role], self.committed, list(self.history),
-                             list(self.attempts), list(self.events))
+                             list(self.attempts), list(self.events), list(self.commit_times))
 
 
 class FaultTolerantDDP(nn.Module):
