@@ -170,3 +170,19 @@ def test_the_chaos_script_briefly(capsys):
     assert chaos.main(["--runs", "1", "--steps", "4"]) == 0, capsys.readouterr().out
     table = capsys.readouterr().out
     assert "nothing left behind" in table and table.count(" 1 ") >= 8
+
+
+def test_each_quorum_change_is_an_event_of_the_trace(tmp_path):
+    from minidist import trace
+
+    path = tmp_path / "ftdp.jsonl"
+    minidist.launch(train, world_size=5, transport="shm",
+                    args=(RegressionProblem(steps=4), 4, ReplicaFault(3, 1, "raise")),
+                    tolerate_failures=True, timeout=60, trace=path)
+    events = trace.read_jsonl(path).events
+    changes = [trace.label_info(e["label"]) for e in events
+               if e["kind"] == "quorum" and e["label"].startswith("quorum change")
+               and e["rank"] == 0]
+    assert [(c["quorum"], c["step"], c["members"]) for c in changes] == \
+        [(1, 0, "0,1,2,3"), (2, 1, "0,1,2"), (3, 2, "0,1,2,4")]
+    assert any(e["kind"] == "recovery" and e["rank"] == 4 for e in events)
