@@ -20,6 +20,8 @@ family                    what it splits, and where to start reading
                           the runtime (``schedules.py``)
 ``mesh/``                 several at once: the GPT on dp x tp x pp, the 3D planner
                           (``gpt_3d.py``)
+``resilience/``           training that survives a failed rank: checkpoints that resume on
+                          another world size after an elastic restart (``global_batches.py``)
 ========================  ==============================================================
 
 Each family's ``__init__`` gives its reading order (communication, then the
@@ -57,7 +59,7 @@ _moved.install()
 
 #: The families, in the order of the table above.
 FAMILY_NAMES = ("data", "parameter_server", "model", "tensor", "placements", "context",
-                "expert", "pipeline", "mesh")
+                "expert", "pipeline", "mesh", "resilience")
 
 
 def _face_names(family: str) -> list[str]:
