@@ -182,3 +182,36 @@ class RestartPolicy:
         return left, (f"attempt {self.restarts} of {self.attempts} failed ({summary}){gone}; "
                       f"restarting on {left} rank{'' if left == 1 else 's'} "
                       f"(restart {self.restarts} of {self.max_restarts})")
+
+
+def run_with_restarts(attempt, max_restarts: int, say=None):
+    """``attempt()`` up to ``max_restarts + 1`` times, for ``minidist.launch``:
+    each time with this process's environment holding the restarts' names
+    (which the forked workers inherit; put back after), again after a
+    :class:`~minidist.runtime.errors.WorkerError`, that error raised once the
+    restarts are spent. The world keeps its size: a function's workers have
+    no slot to lose. ``say(line)`` is told of each restart."""
+    from minidist.runtime.errors import WorkerError
+
+    names = (RESTART_COUNT, MAX_RESTARTS, RUN_ID)
+    before = {name: os.environ.get(name) for name in names}
+    os.environ[MAX_RESTARTS] = str(max_restarts)
+    os.environ[RUN_ID] = before[RUN_ID] or os.urandom(6).hex()
+    try:
+        for count in range(max_restarts + 1):
+            os.environ[RESTART_COUNT] = str(count)
+            try:
+                return attempt()
+            except WorkerError as error:
+                if count == max_restarts:
+                    raise
+                if say is not None:
+                    say(f"attempt {count + 1} of {max_restarts + 1} failed "
+                        f"({error.summary.splitlines()[0]}); restarting "
+                        f"(restart {count + 1} of {max_restarts})")
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
