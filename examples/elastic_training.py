@@ -11,7 +11,8 @@ trains on the same global batch whatever the world size. On the first
 attempt rank ``--kill-rank`` fails at ``--kill-step`` (``--fault``: SIGKILL,
 ``exit0``: ``os._exit(0)``, ``raise``, ``sigstop``, ``lost``: marks its slot
 lost and is killed, so the next attempt has one rank fewer; ``save``: killed
-in the middle of the checkpoint of that step). ``minidist run`` ends every
+in the middle of the checkpoint of that step, on a rank that writes one:
+rank 0, as dcp writes a replicated array once, by its lowest rank). ``minidist run`` ends every
 rank, starts them again, and the script resumes from the latest checkpoint
 ("resumed at step 20 from checkpoint of step 20; 3 steps lost").
 
@@ -153,6 +154,7 @@ def main(argv=None) -> None:
     sampler = GlobalBatchSampler(len(x), args.global_batch)
     checkpointer = ElasticCheckpointer(folder, model, optimizer, every=args.every,
                                        extra={"sampler": sampler.state_dict()})
+    note(args.times, event="start", attempt=attempt, rank=rank, pid=os.getpid())
     start = checkpointer.resume()
     if rank == 0:
         print(f"attempt {attempt} on {world} ranks: {checkpointer.report.text()}", flush=True)

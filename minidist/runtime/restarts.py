@@ -164,14 +164,16 @@ class RestartPolicy:
         who = f"rank {culprit}" if culprit is not None else "a rank"
         if no_restart:
             ranks = ", ".join(map(str, sorted(no_restart)))
-            return None, (f"{who} failed and rank {ranks} asked for no restart "
+            return None, (f"{who} failed and rank{'s' if len(no_restart) > 1 else ''} "
+                          f"{ranks} asked for no restart "
                           f"(mark_no_restart); giving up")
         if self.restarts >= self.max_restarts:
             if self.max_restarts == 0:
                 return None, f"{who} failed and --max-restarts 0 allows no restart; giving up"
-            return None, (f"{who} failed again and the {self.max_restarts} restart"
-                          f"{'s' if self.max_restarts != 1 else ''} of --max-restarts "
-                          f"{self.max_restarts} are spent; giving up")
+            spent = ("the 1 restart of --max-restarts 1 is spent" if self.max_restarts == 1
+                     else f"the {self.max_restarts} restarts of --max-restarts "
+                          f"{self.max_restarts} are spent")
+            return None, f"{who} failed again and {spent}; giving up"
         left = world - len(lost)
         if left < self.min_size:
             return None, (f"{left} rank{'' if left == 1 else 's'} left, below the minimum of "
