@@ -271,3 +271,14 @@ def test_launch_restarts_a_function_with_the_restart_count():
     assert restarts.RESTART_COUNT not in os.environ
     with pytest.raises(WorkerError, match="failing on attempt 1"):
         minidist.launch(fn, 2, max_restarts=1)
+
+
+@pytest.mark.timeout(180)
+def test_the_chaos_script_recovers_from_every_fault_on_both_transports():
+    """scripts/chaos_elastic.py, once per fault and transport (twice took about
+    45 s on two loaded cores; once, half that)."""
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "chaos_elastic.py"),
+                           "--each", "1"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=170)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "8 runs, 0 with problems" in done.stdout
