@@ -93,8 +93,9 @@ def run_attempt(args, world_size: int, extra_env: dict | None = None,
     with ``collect_trace`` the ranks' events come back in ``Attempt.events``
     instead of being written to ``--trace`` (the caller writes every
     attempt's at the end)."""
-    from minidist.trace import now
+    import time
 
+    now = time.monotonic_ns  # the trace's clock (minidist.trace.now), without its import here
     attempt = Attempt()
     attempt.started = now()
     transport = args.transport
