@@ -26,6 +26,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -146,8 +147,11 @@ def main(argv=None) -> None:
     dist.init_process_group()
     rank, world = dist.get_rank(), dist.get_world_size()
     attempt = restarts.restart_count()
+    # The same folder on every rank: the run's own under --max-restarts (gone
+    # when the run ends), else one named after the launcher (this rank's parent).
+    scratch = os.path.join(tempfile.gettempdir(), f"elastic-training-{os.getppid()}")
     folder = args.checkpoint_dir or os.path.join(
-        os.environ.get(restarts.ELASTIC_DIR) or tempfile.mkdtemp(), "checkpoints")
+        os.environ.get(restarts.ELASTIC_DIR) or scratch, "checkpoints")
     model, optimizer = build(args.width)
     ddp = DistributedDataParallel(model)
     x, y = data()
@@ -180,6 +184,9 @@ def main(argv=None) -> None:
               f"(largest relative difference {worst:.1e})", flush=True)
         if args.out:
             np.savez(args.out, **final)
+    dist.barrier()  # every rank done with the folder before it goes
+    if rank == 0 and not args.checkpoint_dir and os.path.isdir(scratch):
+        shutil.rmtree(scratch, ignore_errors=True)
     dist.destroy_process_group()
 
 

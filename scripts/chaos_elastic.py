@@ -141,7 +141,8 @@ def one_run(number, fault, transport, world, rank, step, work, references, deadl
     problems = []
     named = f"attempt 1 of 2 failed (rank {rank} " in err
     if not named:
-        line = next((l for l in err.splitlines() if "attempt 1 of 2 failed" in l), "no such line")
+        line = next((text for text in err.splitlines() if "attempt 1 of 2 failed" in text),
+                    "no such line")
         problems.append(f"culprit not named as rank {rank}: {line}")
     if status == 0:
         weights = dict(np.load(out))

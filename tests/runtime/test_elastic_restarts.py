@@ -35,7 +35,8 @@ def minidist_run(*arguments, timeout=90):
     except subprocess.TimeoutExpired:
         process.kill()
         out, err = process.communicate()
-        raise AssertionError(f"minidist run {' '.join(arguments)} ran past {timeout} s:\n{err}")
+        raise AssertionError(f"minidist run {' '.join(arguments)} ran past {timeout} s:\n{err}") \
+            from None
     left = [name for name in os.listdir("/dev/shm")
             if name.startswith(creator_prefix(process.pid))]
     assert not left, f"segments left in /dev/shm: {left}"
@@ -163,6 +164,11 @@ SCRIPT = textwrap.dedent("""
              "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID")
     print(json.dumps({name: os.environ[name] for name in names}), flush=True)
     mode = sys.argv[1]
+    if len(sys.argv) > 2 and rank == 0:   # the launcher's segments as this attempt sees them
+        prefix = f"minidist_{os.getppid()}_"
+        with open(os.path.join(sys.argv[2], f"segments{attempt}"), "w") as file:
+            json.dump([n for n in os.listdir("/dev/shm") if n.startswith(prefix)], file)
+    dist.barrier()
     if mode == "always" and rank == 1:
         raise RuntimeError("this rank always fails")
     if mode == "once" and rank == 1 and attempt == 0:
@@ -183,8 +189,10 @@ def script(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_the_script_sees_torchruns_names_on_every_attempt(script):
-    done = minidist_run("--max-restarts", "2", "-n", "3", "--transport", "pipe", script, "once")
+def test_the_script_sees_torchruns_names_on_every_attempt(script, tmp_path):
+    path = tmp_path / "run.jsonl"
+    done = minidist_run("--max-restarts", "2", "-n", "3", "--transport", "pipe", "--trace",
+                        str(path), script, "once", str(tmp_path))
     assert done.returncode == 0, done.stderr
     # (the ranks share one stdout: a line may be cut by another rank's)
     seen = [json.loads(found) for found in re.findall(r"\{[^{}]*\}", done.stdout)]
@@ -197,6 +205,28 @@ def test_the_script_sees_torchruns_names_on_every_attempt(script):
         assert {e["WORLD_SIZE"] for e in mine} == {"3"}
         assert {e["TORCHELASTIC_MAX_RESTARTS"] for e in mine} == {"2"}
     assert "attempt 2 of 3 succeeded on 3 ranks" in done.stderr
+    # Each attempt has a fresh control block: the first's were gone before the second began.
+    first, second = (set(json.loads((tmp_path / f"segments{n}").read_text())) for n in (0, 1))
+    assert first and second and not first & second
+
+
+def test_the_trace_holds_every_attempt_and_the_timeline_draws_the_restart(script, tmp_path):
+    from minidist import trace
+    from viz.timeline import draw_timeline
+
+    path = tmp_path / "run.jsonl"
+    done = minidist_run("--max-restarts", "1", "-n", "2", "--trace", str(path), script, "once")
+    assert done.returncode == 0, done.stderr
+    recorded = trace.read_jsonl(path)
+    assert [(a["attempt"], a["world_size"]) for a in recorded.header["attempts"]] == [(0, 2), (1, 2)]
+    assert recorded.header["attempts"][0]["outcome"].startswith("rank 1 failed with RuntimeError")
+    assert {event["attempt"] for event in recorded.events} == {0, 1}
+    for send, recv in trace.iter_messages(recorded.events):   # never across attempts
+        assert recv is None or recv["attempt"] == send["attempt"]
+    axis = draw_timeline(recorded).axes[0]
+    dashed = [line for line in axis.get_lines() if line.get_linestyle() == "--"]
+    assert len(dashed) == 1
+    assert any("attempt 2 (restart 1, 2 ranks)" in text.get_text() for text in axis.texts)
 
 
 @pytest.mark.timeout(60)

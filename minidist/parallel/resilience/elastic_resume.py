@@ -88,7 +88,8 @@ class ResumeReport:
 
 class ElasticCheckpointer:
     """Saves ``model`` and ``optimizer`` into ``folder`` every ``every`` steps
-    and resumes from the latest (the module docstring). Every rank calls
+    and resumes from the latest (the module docstring). Every rank passes
+    the same ``folder`` (one machine, or a file system they share) and calls
     every method, in the same order."""
 
     def __init__(self, folder, model, optimizer, every: int, keep: int = 2, extra=None):
