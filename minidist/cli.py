@@ -235,9 +235,40 @@ def _add_display_arguments(parser) -> None:
 
 
 def _cmd_run(args) -> int:
+    if args.max_restarts is not None:
+        from minidist.run_elastic import run_elastic
+
+        return run_elastic(args)
+    if isinstance(args.nproc, tuple):
+        low, high = args.nproc
+        print(f"minidist run: error: -n {low}:{high} (a range of sizes) is for elastic runs: "
+              f"add --max-restarts K, or give one size, -n {high}", file=sys.stderr)
+        return 2
     from minidist.run_script import run_command
 
     return run_command(args)
+
+
+def _ranks(text: str):
+    """``-n``: N, or MIN:MAX (torchrun's ``--nnodes MIN:MAX``, for --max-restarts)."""
+    if ":" not in text:
+        return _positive_int(text)
+    from minidist.runtime.restarts import parse_sizes
+
+    try:
+        return parse_sizes(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
 
 
 def _exit_now(code: int):
@@ -404,8 +435,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a script on N worker processes (like torchrun)",
         description="Start N workers running SCRIPT; each calls dist.init_process_group().",
     )
-    run.add_argument("-n", "--nproc", type=_positive_int, required=True,
-                     help="number of worker processes")
+    run.add_argument("-n", "--nproc", type=_ranks, required=True,
+                     help="number of worker processes; MIN:MAX with --max-restarts (start on "
+                          "MAX, go on with fewer down to MIN when ranks are lost)")
+    run.add_argument("--max-restarts", type=_count, default=None, metavar="K",
+                     help="restart every rank up to K times after a failure (torchrun's "
+                          "--max-restarts); the script resumes from its checkpoint")
     run.add_argument("--transport", default="shm", choices=["shm", "pipe", "mpi"],
                      help="shm, pipe, or mpi (starts the ranks with mpiexec)")
     run.add_argument("--trace", default=None, help="write the trace (JSON lines) to this file")

@@ -45,7 +45,9 @@ def run_command(args) -> int:
     """``minidist run -n N [--transport T] [--trace FILE] [--timeout S] script.py [args]``.
 
     Returns the exit status: 0 when every rank exits 0; otherwise the first
-    failure is printed (rank, traceback) and the status is 1.
+    failure is printed (rank, traceback) and the status is 1. (With
+    ``--max-restarts``, :mod:`minidist.run_elastic` runs attempts of
+    :func:`run_attempt` instead.)
     """
     world_size = args.nproc
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
@@ -54,19 +56,51 @@ def run_command(args) -> int:
         from minidist.commands import _run_under_mpiexec
 
         return _run_under_mpiexec(args, world_size)
-    transport = args.transport
-    late = transport == "shm"  # its segment is made after the workers start
-    if not late:
+    check_arguments(args)
+    return run_attempt(args, world_size).code
+
+
+def check_arguments(args) -> None:
+    """The mistakes a run can be refused for before anything starts, one line each."""
+    if args.transport != "shm":  # shm's names are checked when its segment is made
         from minidist.distributed.transport import check_name
 
-        check_name(transport)
-    script = args.script
-    if not os.path.isfile(script):
-        raise SystemExit(f"minidist run: error: no such script: {script} (give the path of a "
-                         "Python file, e.g. examples/hello.py)")
+        check_name(args.transport)
+    if not os.path.isfile(args.script):
+        raise SystemExit(f"minidist run: error: no such script: {args.script} (give the path "
+                         "of a Python file, e.g. examples/hello.py)")
     if args.trace is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.trace))):
         raise SystemExit(f"minidist run: error: --trace {args.trace}: the folder "
                          f"{os.path.dirname(os.path.abspath(args.trace))} does not exist")
+
+
+class Attempt:
+    """What one attempt of a run ended with: ``code`` (0 or 1), ``error`` (the
+    WorkerError naming the culprit, or None), ``exit_codes`` (rank -> exit
+    status, of the ranks that failed), ``events`` (its trace's events, when
+    the caller collects them), ``started``/``ended`` (the trace's clock)."""
+
+    def __init__(self):
+        self.code, self.error, self.exit_codes, self.events = 1, None, {}, None
+        self.started = self.ended = None
+
+
+def run_attempt(args, world_size: int, extra_env: dict | None = None,
+                collect_trace: bool = False) -> Attempt:
+    """Fork ``world_size`` ranks of the script, watch them, release everything.
+
+    ``extra_env`` is added to every rank's environment (the restarts' names);
+    with ``collect_trace`` the ranks' events come back in ``Attempt.events``
+    instead of being written to ``--trace`` (the caller writes every
+    attempt's at the end)."""
+    import time
+
+    now = time.monotonic_ns  # the trace's clock (minidist.trace.now), without its import here
+    attempt = Attempt()
+    attempt.started = now()
+    transport = args.transport
+    late = transport == "shm"  # its segment is made after the workers start
+    script = args.script
     script_args = list(args.script_args or [])
     if script_args[:1] == ["--"]:
         script_args = script_args[1:]
@@ -80,6 +114,7 @@ def run_command(args) -> int:
             blas_env = environment_for(world_size)
             _import_what_ranks_need()
             environ = {key: value for key, value in os.environ.items() if key != "MINIDIST_RUN"}
+            environ.update(extra_env or {})
             for rank in range(world_size):
                 with guard.deferred():  # a started program is always in `workers`
                     log_read, log_write = os.pipe()
@@ -150,8 +185,12 @@ def run_command(args) -> int:
                 stderr = _stderr_console()
                 stderr.print("minidist run:", style="bold red", end=" ")
                 stderr.print(str(error), markup=False, highlight=False, soft_wrap=True)
-                return 1
-            return 0
+                attempt.error = error
+                attempt.exit_codes = {rank: failure.get("exitcode")
+                                      for rank, failure in supervisor.failures.items()}
+                return attempt
+            attempt.code = 0
+            return attempt
         finally:
             with guard.deferred():
                 try:
@@ -172,8 +211,12 @@ def run_command(args) -> int:
                     for worker in workers:
                         worker.close()
                     if run_dir and args.trace and os.path.isdir(os.path.join(run_dir, "trace")):
-                        _merge_traces(os.path.join(run_dir, "trace"), args.trace, world_size,
-                                      transport)
+                        events = read_traces(os.path.join(run_dir, "trace"))
+                        if collect_trace:
+                            attempt.events = events
+                        else:
+                            write_trace(events, args.trace, world_size, transport)
+                    attempt.ended = now()
                 finally:
                     if resources is not None or control is not None:
                         from minidist.runtime.segments import release_run
@@ -247,11 +290,19 @@ def _stderr_console():
     return Console(stderr=True)
 
 
-def _merge_traces(trace_dir, path, world_size, transport) -> None:
+def read_traces(trace_dir) -> list[dict]:
+    """Every rank's events of one run, from the files the ranks wrote."""
     from minidist import trace as _trace
 
     events = []
     for name in sorted(os.listdir(trace_dir)):
         events.extend(_trace.read_jsonl(os.path.join(trace_dir, name)).events)
-    count = _trace.write_jsonl(path, events, _trace.make_header(world_size, transport=transport))
+    return events
+
+
+def write_trace(events, path, world_size, transport, **header) -> None:
+    from minidist import trace as _trace
+
+    count = _trace.write_jsonl(path, events, _trace.make_header(world_size, transport=transport,
+                                                                **header))
     _stderr_console().print(f"trace: {count} events written to {path}", highlight=False)

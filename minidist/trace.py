@@ -12,6 +12,11 @@ An event is one interval on one rank::
      "label": "ring step 2", "start": 81234567890, "end": 81234571234,
      "seq": 12, "group": 0, "channel": 0}
 
+An elastic run (``minidist run --max-restarts``) writes every attempt into
+one trace: each event has an ``attempt`` field (0, 1, ...) and the header an
+``attempts`` list (number, world size, start, end, outcome); a reader that
+knows neither reads it as before.
+
 ``kind`` is ``send`` / ``recv`` for messages (written by the transports),
 ``compute`` for regions a strategy marks with :func:`region`, and other words
 (``step``, ...) for what later layers add. ``seq`` numbers the messages from
@@ -365,7 +370,7 @@ def _incomplete(events: list[dict]) -> str:
         if event.get("kind") in ("send", "recv") and event.get("seq") is not None:
             me, peer = (event["rank"], event.get("peer")) if event["kind"] == "send" \
                 else (event.get("peer"), event["rank"])
-            ends.setdefault((me, peer, event["seq"]), []).append(event)
+            ends.setdefault((me, peer, event["seq"], event.get("attempt")), []).append(event)
     loose_ranks = set()
     for pair in ends.values():
         if {end["kind"] for end in pair} == {"send", "recv"}:
@@ -515,11 +520,12 @@ def to_chrome(events: Iterable[dict], header: dict | None = None) -> dict:
     sends = {}
     for index, event in enumerate(events):
         if event["kind"] == "send" and event.get("seq") is not None:
-            sends[(event["rank"], event["peer"], event["seq"])] = index
+            sends[(event["rank"], event["peer"], event["seq"], event.get("attempt"))] = index
     flows: dict[int, tuple[int, int]] = {}  # send index -> (recv index, bind id)
     for index, event in enumerate(events):
         if event["kind"] == "recv" and event.get("seq") is not None:
-            send_index = sends.get((event["peer"], event["rank"], event["seq"]))
+            send_index = sends.get((event["peer"], event["rank"], event["seq"],
+                                     event.get("attempt")))
             if send_index is not None and send_index not in flows:
                 flows[send_index] = (index, len(flows) + 1)
     flow_in = {recv_index: bind for recv_index, bind in flows.values()}
@@ -573,10 +579,13 @@ def write_chrome(path, events: Iterable[dict], header: dict | None = None) -> No
 
 
 def iter_messages(events: Iterable[dict]) -> Iterator[tuple[dict, dict | None]]:
-    """Pair each send with its recv (None when the recv was not recorded)."""
+    """Pair each send with its recv (None when the recv was not recorded).
+    The attempts of an elastic run (``attempt``, absent in one attempt's
+    trace) number their messages afresh: a send pairs within its attempt."""
     events = list(events)
-    receives = {(e["peer"], e["rank"], e["seq"]): e for e in events
+    receives = {(e["peer"], e["rank"], e["seq"], e.get("attempt")): e for e in events
                 if e["kind"] == "recv" and e.get("seq") is not None}
     for event in events:
         if event["kind"] == "send" and event.get("seq") is not None:
-            yield event, receives.get((event["rank"], event["peer"], event["seq"]))
+            yield event, receives.get((event["rank"], event["peer"], event["seq"],
+                                       event.get("attempt")))

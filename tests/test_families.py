@@ -38,8 +38,7 @@ def _imports(path: Path) -> set[str]:
 
 def test_the_families_are_the_ones_the_house_names():
     assert FAMILIES == sorted(["context", "data", "expert", "mesh", "model", "parameter_server",
-                               "pipeline", "placements", "tensor",
-                               "resilience"])
+                               "pipeline", "placements", "resilience", "tensor"])
 
 
 @pytest.mark.parametrize("family", FAMILIES)

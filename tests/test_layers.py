@@ -39,7 +39,7 @@ LAYERS = [
     (7, "minidist.exercises"),
     (8, "viz"),
     (9, "minidist.cli"), (9, "minidist.commands"), (9, "minidist.exercise_command"),
-    (9, "minidist.run_script"),
+    (9, "minidist.run_script"), (9, "minidist.run_elastic"),
     (1, "minidist"),  # the package's __init__ alone: the Tensor and friends
 ]
 

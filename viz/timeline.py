@@ -18,7 +18,9 @@ step: from one occurrence of the lowest rank's first compute region, such as
 Big traces stay readable and fast: above ``max_events`` boxes closer than
 one pixel are merged, above ``max_arrows`` only every k-th message is drawn,
 above ``max_ranks`` only the first ranks are shown; the figure says which
-of these it did. For an interactive view of every event, export the trace
+of these it did. An elastic run's attempts (``minidist run --max-restarts``)
+are drawn whole, a dashed line where each restart began (:mod:`viz.attempts`).
+For an interactive view of every event, export the trace
 for Perfetto instead (``minidist viz TRACE --chrome out.json``)::
 
     from viz.timeline import save_timeline
@@ -49,6 +51,7 @@ from matplotlib.patches import Patch
 
 from minidist import trace as _trace
 from minidist.atomic_file import atomic_path
+from viz.attempts import draw_attempt_lines, draws_attempts
 from viz.box_labels import fit_box_labels
 
 #: Lane of each kind inside a rank's row: (bottom, height) in row units.
@@ -258,7 +261,8 @@ def draw_timeline(trace, figure: Figure | None = None, *, max_events: int = MAX_
         mesh = None
     ranks = sorted({event["rank"] for event in events})
     notes = []
-    if max_steps is not None:
+    restarted = draws_attempts(header, events)  # every attempt shown, each after a dashed line
+    if max_steps is not None and not restarted:
         events, windowed = window_steps(events, max_steps)
         if windowed:
             notes.append(windowed)
@@ -294,6 +298,8 @@ def draw_timeline(trace, figure: Figure | None = None, *, max_events: int = MAX_
     labels = _draw_labels(axis, labelled, row_of, span, scale)
     messages = _draw_messages(axis, shown, row_of, origin, scale, max_arrows, notes, colors)
     _draw_axes(axis, ranks, span, scale, unit)
+    if restarted:
+        draw_attempt_lines(axis, header, events, origin, span, scale)
     fit_box_labels(axis, labels)
     if mesh is not None:
         _draw_mesh_legend(axis, mesh, palette)

@@ -193,7 +193,7 @@ def _check_call_arguments(args, kwargs, trace) -> None:
 
 def launch(fn, world_size: int = 2, transport: str = "shm", args=(), kwargs=None, *,
            trace=None, timeout=_DEFAULT, log_level="INFO", shared_arrays=None,
-           tolerate_failures=False) -> list:
+           tolerate_failures=False, max_restarts: int = 0) -> list:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` worker processes; return the
     list of their return values, by rank.
 
@@ -220,6 +220,16 @@ def launch(fn, world_size: int = 2, transport: str = "shm", args=(), kwargs=None
     catches to fail over (``dist.failed_ranks()`` lists who is gone). Its
     entry in the returned list is the :class:`WorkerError` describing its
     failure instead of a result.
+
+    ``max_restarts=K`` (torchrun's ``--max-restarts``): after a failure,
+    every worker is ended as above, everything released, and ``fn`` runs
+    again on fresh workers, up to K times; ``os.environ`` holds
+    ``TORCHELASTIC_RESTART_COUNT`` (0, 1, ...), ``TORCHELASTIC_MAX_RESTARTS``
+    and ``TORCHELASTIC_RUN_ID`` in the workers (``fn`` resumes from its own
+    checkpoint, see :mod:`minidist.parallel.resilience`). The world keeps its
+    size (``minidist run -n MIN:MAX`` shrinks a script's). The last
+    attempt's error is raised when the restarts are spent; ``trace`` holds
+    the last attempt.
     """
     if not callable(fn):
         raise TypeError(f"launch needs a function to run, got {type(fn).__name__}")
@@ -230,9 +240,9 @@ def launch(fn, world_size: int = 2, transport: str = "shm", args=(), kwargs=None
         # mpiexec started this script: the ranks exist already (see mpi_launch.py).
         from minidist.distributed.mpi_launch import launch_under_mpi
 
-        if tolerate_failures:
-            raise ValueError("launch(tolerate_failures=...) needs the forked workers' "
-                             "supervisor; under mpiexec a failing rank ends the job.")
+        if tolerate_failures or max_restarts:
+            raise ValueError("launch(tolerate_failures=..., max_restarts=...) needs the forked "
+                             "workers' supervisor; under mpiexec a failing rank ends the job.")
         local = "shm" if transport == "mpi" else transport
         if transport != "mpi":
             check_name(transport)
@@ -243,8 +253,18 @@ def launch(fn, world_size: int = 2, transport: str = "shm", args=(), kwargs=None
                                                   trace, timeout, log_level, shared_arrays,
                                                   tolerate_failures))
     check_name(transport)
-    return _launch_forked(fn, world_size, transport, args, kwargs, trace, timeout, log_level,
-                          shared_arrays, tolerate_failures)
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ValueError(f"max_restarts must be a whole number, 0 or more, got {max_restarts!r}")
+    if max_restarts == 0:
+        return _launch_forked(fn, world_size, transport, args, kwargs, trace, timeout,
+                              log_level, shared_arrays, tolerate_failures)
+    from minidist.runtime.restarts import run_with_restarts
+
+    return run_with_restarts(
+        lambda: _launch_forked(fn, world_size, transport, args, kwargs, trace, timeout,
+                               log_level, shared_arrays, tolerate_failures),
+        max_restarts, say=lambda line: print(f"minidist.launch: {line}", file=sys.stderr,
+                                             flush=True))
 
 
 def _launch_forked(fn, world_size, transport, args, kwargs, trace, timeout, log_level,

@@ -28,10 +28,12 @@ Where minidist must answer differently from torch, the docstring says so:
   ``init_process_group(backend="gloo")`` has always read it.
 * :func:`is_torchelastic_launched` is torch's test, ``TORCHELASTIC_RUN_ID``
   in the environment. ``minidist run`` sets torchrun's ``RANK``,
-  ``WORLD_SIZE``, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``, but not that: it
-  is no elastic agent (no restarts, no members joining or leaving), and a
-  script that believes it is would read ``TORCHELASTIC_*`` variables that
-  are not there. Under ``minidist run`` it is False.
+  ``WORLD_SIZE``, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``, and only with
+  ``--max-restarts`` the ``TORCHELASTIC_*`` names as well (restart count,
+  max restarts, run id: it is then torchrun's elastic agent on one machine,
+  :mod:`minidist.run_elastic`). So it is True under ``minidist run
+  --max-restarts`` and False under a plain ``minidist run``, and a script
+  that believes it reads ``TORCHELASTIC_*`` variables that are there.
 """
 
 from __future__ import annotations
@@ -48,8 +50,8 @@ def is_available() -> bool:
 
 def is_torchelastic_launched() -> bool:
     """Whether torchrun's elastic agent started this process (``TORCHELASTIC_RUN_ID``
-    is set), as torch decides it; False under ``minidist run`` (see the module
-    docstring)."""
+    is set), as torch decides it: under ``minidist run`` only with
+    ``--max-restarts`` (its elastic attempts set torchrun's names)."""
     return os.getenv("TORCHELASTIC_RUN_ID") is not None
 
 

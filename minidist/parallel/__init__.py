@@ -20,8 +20,10 @@ family                    what it splits, and where to start reading
                           the runtime (``schedules.py``)
 ``mesh/``                 several at once: the GPT on dp x tp x pp, the 3D planner
                           (``gpt_3d.py``)
-``resilience/``           survival of lost ranks: fault-tolerant data parallel (torchft's
-                          Manager and quorum, ``quorum.py``)
+``resilience/``           training that survives a failed rank: elastic restarts that
+                          resume from a checkpoint on another world size
+                          (``elastic_resume.py``), fault-tolerant data parallel
+                          (torchft's Manager and quorum, ``quorum.py``)
 ========================  ==============================================================
 
 Each family's ``__init__`` gives its reading order (communication, then the
@@ -59,8 +61,7 @@ _moved.install()
 
 #: The families, in the order of the table above.
 FAMILY_NAMES = ("data", "parameter_server", "model", "tensor", "placements", "context",
-                "expert", "pipeline", "mesh",
-                "resilience")
+                "expert", "pipeline", "mesh", "resilience")
 
 
 def _face_names(family: str) -> list[str]:

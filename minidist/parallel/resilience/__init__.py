@@ -1,26 +1,44 @@
-"""Resilience: training that survives the loss of ranks.
+"""Resilience: training that survives the failure of a rank.
 
 Read in this order:
 
-# fault-tolerant data parallel (torchft's Manager, a quorum every step)
-1. :mod:`.quorum`: who trains this step, agreed by every live rank from
+Elastic restarts (torchrun's ``--max-restarts``): the whole job starts again.
+
+1. :mod:`.global_batches`: the global batch of step ``s``, whatever the
+   world size (a data order that resumes on fewer ranks);
+2. :mod:`.elastic_resume`: ``ElasticCheckpointer``, a whole checkpoint every
+   ``every`` steps and the resume from the latest, on any world size
+   (the launcher's side is ``minidist/run_elastic.py`` and
+   ``minidist/runtime/restarts.py``).
+
+Fault-tolerant data parallel (torchft's Manager, a quorum every step): the
+others go on.
+
+3. :mod:`.quorum`: who trains this step, agreed by every live rank from
    the runtime's status records, with the spares waiting to join;
-2. :mod:`.fault_tolerant_ddp`: ``Manager`` (``start_quorum``, ``allreduce``
+4. :mod:`.fault_tolerant_ddp`: ``Manager`` (``start_quorum``, ``allreduce``
    over the live replicas, ``should_commit``), ``FaultTolerantDDP`` and
    ``OptimizerWrapper``: a step applied only if its all_reduce completed;
-3. :mod:`.recovery`: a spare that joins receives the weights and the
+5. :mod:`.recovery`: a spare that joins receives the weights and the
    optimizer's state from a live replica;
-4. :mod:`.faults`: failures made on purpose (raise, SIGKILL, os._exit,
+6. :mod:`.faults`: failures made on purpose (raise, SIGKILL, os._exit,
    SIGSTOP), for the tests, the chaos script and the lessons;
-5. :mod:`.replay`: the check: one process replays the recorded quorums.
-# end of fault-tolerant data parallel
+7. :mod:`.replay`: the check: one process replays the recorded quorums.
 
-What the other families use from here: nothing.
+What the other families use from here: nothing. This family uses the
+distributed checkpoints (``minidist.distributed.checkpoint``) and no other
+family.
 """
 
 from __future__ import annotations
 
-# fault-tolerant data parallel
+# Elastic restarts (torchrun's --max-restarts): resume from a checkpoint.
+from minidist.parallel.resilience.elastic_resume import (  # noqa: F401
+    CheckpointMismatchError,
+    ElasticCheckpointer,
+    ResumeReport,
+)
+# Fault-tolerant data parallel (torchft's Manager).
 from minidist.parallel.resilience.fault_tolerant_ddp import (  # noqa: F401
     MPI_REFUSAL,
     Attempt,
@@ -32,11 +50,18 @@ from minidist.parallel.resilience.fault_tolerant_ddp import (  # noqa: F401
     model_and_optimizer_state,
 )
 from minidist.parallel.resilience.faults import InjectedFault, ReplicaFault  # noqa: F401
+from minidist.parallel.resilience.global_batches import (  # noqa: F401
+    GlobalBatchSampler,
+    local_batch,
+)
 from minidist.parallel.resilience.quorum import Quorum, QuorumAgreement, decide  # noqa: F401
 from minidist.parallel.resilience.replay import RegressionProblem, replay, train  # noqa: F401
 
 __all__ = [
-    # fault-tolerant data parallel
+    # Elastic restarts
+    "CheckpointMismatchError", "ElasticCheckpointer", "GlobalBatchSampler", "ResumeReport",
+    "local_batch",
+    # Fault-tolerant data parallel
     "Attempt", "CommitRecord", "FaultTolerantDDP", "InjectedFault", "MPI_REFUSAL", "Manager",
     "ManagerResult", "OptimizerWrapper", "Quorum", "QuorumAgreement", "ReplicaFault", "decide",
     "model_and_optimizer_state", "RegressionProblem", "replay", "train",
