@@ -463,28 +463,43 @@ def _analyse(model: str, chosen, per_rank, events, config, world_size, transport
     return result
 
 
+def measure(model: str, config: dict | None = None, quick: bool = True, world_size: int = 2,
+            transport: str = "shm", seed: int = 0, target: float | None = None,
+            order: Sequence[str] | None = None, trace_dir=None) -> ModelResult:
+    """Every method on ``model`` in one launch of ``world_size`` ranks:
+    :func:`configuration`'s recipe (or ``config``), the methods trained in
+    ``order`` (names; default DDP first), the bytes read from the launch's
+    trace (kept in ``trace_dir`` when given); a :class:`ModelResult`."""
+    config = configuration(model, quick) if config is None else config
+    chosen = methods(config["sync_every"])
+    by_name = {method.name: method for method in chosen}
+    trained = chosen if order is None else [by_name[name] for name in order]
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(trace_dir or folder) / f"low_communication_{model}.jsonl"
+        per_rank = minidist.launch(_worker, world_size=world_size, transport=transport,
+                                   trace=str(path), args=(model, config, trained, seed),
+                                   timeout=900)
+        events = trace.read_jsonl(path).events
+    return _analyse(model, chosen, per_rank, events, config, world_size, transport, target)
+
+
 def run(models: Sequence[str] = MODELS, quick: bool = True, world_size: int = 2,
         transport: str = "shm", seed: int = 0, target: dict | None = None, output=None,
         progress: Callable[[str], None] | None = None, trace_dir=None) -> Result:
-    """Train every method on each of ``models`` (one launch of ``world_size``
-    ranks per model), and return a :class:`Result`. ``target``: model ->
-    target loss (default: the loosest best loss of the methods); ``output``:
-    a folder for the picture (None: none drawn); ``progress(line)`` after
-    each model."""
+    """Train every method on each of ``models`` (:func:`measure`: one launch
+    per model), and return a :class:`Result`. ``target``: model -> target
+    loss (default: the loosest best loss of the methods); ``output``: a
+    folder for the picture (None: none drawn); ``progress(line)`` after each
+    model."""
     result = Result(quick=quick)
     for model in models:
-        config = configuration(model, quick)
-        chosen = methods(config["sync_every"])
-        with tempfile.TemporaryDirectory() as folder:
-            path = Path(trace_dir or folder) / f"low_communication_{model}.jsonl"
-            per_rank = minidist.launch(_worker, world_size=world_size, transport=transport,
-                                       trace=str(path), args=(model, config, chosen, seed),
-                                       timeout=900)
-            events = trace.read_jsonl(path).events
-        result.models[model] = _analyse(model, chosen, per_rank, events, config, world_size,
-                                        transport, (target or {}).get(model))
+        result.models[model] = measure(model, quick=quick, world_size=world_size,
+                                       transport=transport, seed=seed,
+                                       target=(target or {}).get(model), trace_dir=trace_dir)
         if progress is not None:
-            progress(f"{model}: {len(chosen)} methods, {config['steps']} steps")
+            runs = result.models[model].runs
+            progress(f"{model}: {len(runs)} methods trained, target loss "
+                     f"{result.models[model].target_loss:.3f}")
     if output is not None:
         result.picture = plot(result, Path(output) / "low_communication.png")
     return result
@@ -493,7 +508,8 @@ def run(models: Sequence[str] = MODELS, quick: bool = True, world_size: int = 2,
 # --------------------------------------------------------------------------- reporting
 
 
-def _bandwidth(value) -> str:
+def format_bandwidth(value) -> str:
+    """Bytes per second in words ("144 MB/s"); None: "never", inf: "always"."""
     if value is None:
         return "never"
     if math.isinf(value):
@@ -519,13 +535,13 @@ def format_table(result: Result) -> str:
         for run in model.runs.values():
             steps = "-" if run.steps_to_target is None else str(run.steps_to_target)
             sent = "-" if run.bytes_to_target is None else f"{run.bytes_to_target:,.0f}"
-            below = "" if run.name == "ddp" else _bandwidth(model.beats_ddp_below.get(run.name))
+            below = "" if run.name == "ddp" else format_bandwidth(model.beats_ddp_below.get(run.name))
             lines.append(
                 f"  {run.name:<14} {run.bytes_per_step:11,.0f} {run.formula_bytes_per_step:11,.0f} "
                 f"{run.bytes_per_step / ddp.bytes_per_step:7.3f} {1e3 * run.seconds_per_step:8.2f} "
                 f"{run.seconds_per_step / ddp.seconds_per_step:7.2f} {steps:>6} {sent:>16} "
                 f"{below:>16}")
-        bands = ", ".join(f"{name} from {_bandwidth(low)} to {_bandwidth(high)}"
+        bands = ", ".join(f"{name} from {format_bandwidth(low)} to {format_bandwidth(high)}"
                           for low, high, name in model.fastest)
         lines.append(f"  fastest to the target: {bands}")
     return "\n".join(lines)
