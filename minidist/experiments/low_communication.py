@@ -427,11 +427,20 @@ def _analyse(model: str, chosen, per_rank, events, config, world_size, transport
             found[0]["seconds"] / steps, comm / steps)
     result.compute_seconds_per_step = float(np.median(
         [run.compute_seconds_per_step for run in result.runs.values()]))
-    # The target: by default the loosest of the methods' best synced losses,
-    # so that every method reaches it within the run.
+    return apply_target(result, target)
+
+
+def apply_target(result: ModelResult, target: float | None = None) -> ModelResult:
+    """Set ``result``'s target loss and what follows from it: the steps and
+    bytes of each method to reach it, the measured and modeled times, the
+    crossovers and the fastest bands. ``target`` None: the loosest of the
+    methods' best synced losses, so that every method reaches it."""
     result.target_loss = float(target) if target is not None else max(
         min(v for s, v in zip(r.steps, r.loss) if s and r.synced(s)) for r in result.runs.values())
+    result.measured_seconds_to_target, result.beats_ddp_below = {}, {}
+    result.crossovers = []
     for run in result.runs.values():
+        run.steps_to_target = run.bytes_to_target = None
         reached = [s for s, v in zip(run.steps, run.loss)
                    if s and run.synced(s) and v <= result.target_loss]
         if reached:
