@@ -51,7 +51,8 @@ def quorum_cells(attempts, world_size: int) -> list[list[str]]:
 def draw_quorum_timeline(cells, path=None, title="fault-tolerant data parallel: the quorums"):
     """The grid of :func:`quorum_cells` as a figure (written to ``path`` if given)."""
     ranks, steps = len(cells), len(cells[0]) if cells else 0
-    figure = Figure(figsize=(1.0 + 0.45 * steps, 0.8 + 0.45 * ranks))
+    # The key sits right of the grid, so that it can meet neither the steps' labels nor the cells.
+    figure = Figure(figsize=(2.6 + 0.45 * steps, 1.0 + 0.45 * ranks))
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
     for rank, row in enumerate(cells):
@@ -65,8 +66,11 @@ def draw_quorum_timeline(cells, path=None, title="fault-tolerant data parallel: 
     axes.set_yticks([r + 0.5 for r in range(ranks)], [f"rank {r}" for r in range(ranks)])
     axes.set_xlabel("step")
     axes.set_title(title, fontsize=9)
-    axes.text(steps, ranks + 0.9, "  ".join(f"{LETTERS[s]} {s}" for s in LETTERS),
-              ha="right", va="top", fontsize=7)
+    from matplotlib.patches import Patch
+
+    axes.legend(handles=[Patch(facecolor=COLOURS[state], label=f"{LETTERS[state]} {state}")
+                         for state in LETTERS],
+                loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7, frameon=False)
     figure.tight_layout()
     if path is not None:
         with atomic_path(path) as temporary:

@@ -103,7 +103,7 @@ def methods(sync_every: Sequence[int]) -> list[Method]:
     """DDP, then local SGD and DiLoCo at every H of ``sync_every``."""
     found = [Method("ddp", "ddp", 1)]
     for kind in ("local_sgd", "diloco"):
-        found += [Method(f"{kind} H{h}", kind, int(h)) for h in sync_every]
+        found += [Method(f"{kind} every {h}", kind, int(h)) for h in sync_every]
     return found
 
 
@@ -538,7 +538,7 @@ def format_table(result: Result) -> str:
         lines.append(f"{model.model}: {model.parameters:,} parameters ({model.parameter_bytes:,} "
                      f"bytes), {model.world_size} ranks ({model.transport}), target loss "
                      f"{model.target_loss:.3f}")
-        lines.append(f"  {'method':<14} {'bytes/step':>11} {'formula':>11} {'vs DDP':>7} "
+        lines.append(f"  {'method':<18} {'bytes/step':>11} {'formula':>11} {'vs DDP':>7} "
                      f"{'ms/step':>8} {'vs DDP':>7} {'steps':>6} {'bytes to target':>16} "
                      f"{'beats DDP below':>16}")
         for run in model.runs.values():
@@ -546,7 +546,7 @@ def format_table(result: Result) -> str:
             sent = "-" if run.bytes_to_target is None else f"{run.bytes_to_target:,.0f}"
             below = "" if run.name == "ddp" else format_bandwidth(model.beats_ddp_below.get(run.name))
             lines.append(
-                f"  {run.name:<14} {run.bytes_per_step:11,.0f} {run.formula_bytes_per_step:11,.0f} "
+                f"  {run.name:<18} {run.bytes_per_step:11,.0f} {run.formula_bytes_per_step:11,.0f} "
                 f"{run.bytes_per_step / ddp.bytes_per_step:7.3f} {1e3 * run.seconds_per_step:8.2f} "
                 f"{run.seconds_per_step / ddp.seconds_per_step:7.2f} {steps:>6} {sent:>16} "
                 f"{below:>16}")

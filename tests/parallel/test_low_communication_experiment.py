@@ -24,8 +24,8 @@ def result(tmp_path_factory):
 def test_the_quick_form_trains_every_method_on_both_models(result):
     assert result.quick and set(result.models) == {"gpt", "cnn"}
     for model in result.models.values():
-        assert list(model.runs) == ["ddp", "local_sgd H4", "local_sgd H16", "diloco H4",
-                                    "diloco H16"]
+        assert list(model.runs) == ["ddp", "local_sgd every 4", "local_sgd every 16",
+                                    "diloco every 4", "diloco every 16"]
         for run in model.runs.values():
             assert run.steps[0] == 0 and len(run.steps) == len(run.loss)
             assert run.loss[-1] < run.loss[0]               # every method trains
@@ -49,7 +49,7 @@ def test_bytes_from_the_trace_are_ddps_divided_by_h(result):
             assert run.bytes_per_step == run.ring_bytes_per_step     # nothing else sent
             assert run.bytes_per_step * run.sync_every == ddp.ring_bytes_per_step
             assert run.bytes_per_step == run.formula_bytes_per_step
-        assert model.bytes_ratio_to_ddp["local_sgd H16"] == pytest.approx(1 / 16, rel=1e-3)
+        assert model.bytes_ratio_to_ddp["local_sgd every 16"] == pytest.approx(1 / 16, rel=1e-3)
 
 
 def _terms(model, run):
@@ -103,7 +103,7 @@ def test_crossover_on_numbers():
 def test_the_picture_and_the_table(result):
     assert result.picture is not None and result.picture.stat().st_size > 10_000
     text = lc.format_table(result)
-    for name in ("ddp", "diloco H16", "beats DDP below", "fastest to the target"):
+    for name in ("ddp", "diloco every 16", "beats DDP below", "fastest to the target"):
         assert name in text
 
 
