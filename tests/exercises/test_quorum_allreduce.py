@@ -57,7 +57,9 @@ MISTAKES = [
     ("quorum_never_applies", "step not applied", ["step 0", "yet you returned False"]),
     ("quorum_uncaught", "raised", ["the survivors stopped with PeerGoneError",
                                    "except dist.PeerGoneError"]),
-    ("quorum_world_group", "deadlock", ["pass group=group"]),
+    # a deadlock when the runtime sees who waits for whom, a hang when the check's
+    # deadline rings first (a loaded machine)
+    ("quorum_world_group", ("deadlock", "hang"), ["pass group=group"]),
 ]
 
 
@@ -70,7 +72,7 @@ def test_each_mistake_is_named(file, kind, words):
                                           EXERCISE.name))
     assert time.monotonic() - started < 10
     assert result.failure is not None, f"{file} passed the checker"
-    assert result.failure.kind == kind, result.failure
+    assert result.failure.kind in ((kind,) if isinstance(kind, str) else kind), result.failure
     for word in words:
         assert word in result.failure.message, result.failure.message
     assert not _children() and _segments() == before

@@ -15,6 +15,9 @@ Read in this order:
 5. :mod:`.replay`: the check: one process replays the recorded quorums.
 # end of fault-tolerant data parallel
 
+To write the Manager's all_reduce over the live replicas yourself:
+``minidist exercise start quorum_allreduce``.
+
 What the other families use from here: nothing.
 """
 
