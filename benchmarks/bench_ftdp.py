@@ -1,8 +1,8 @@
 """Fault-tolerant data parallel against plain DDP: what the quorum costs a
 step when nothing fails, and what it saves when a replica dies.
 
-    .venv/bin/python benchmarks/bench_ftdp.py                # a few minutes
-    .venv/bin/python benchmarks/bench_ftdp.py --rounds 5     # what the results hold
+    .venv/bin/python benchmarks/bench_ftdp.py                # 9 rounds: what the results hold
+    .venv/bin/python benchmarks/bench_ftdp.py --rounds 3     # shorter
     .venv/bin/python benchmarks/bench_ftdp.py --quick        # a smoke run
 
 Two measurements, each interleaved (A, B, A, B, ...) so that a machine
@@ -206,6 +206,7 @@ def _restart(problem):
 
 def measure_death(rounds: int) -> dict:
     import minidist
+
     # Imported here, in the parent, so that the restart's workers fork with
     # them loaded: what a restart costs at least, not a first import.
     import minidist.parallel.data  # noqa: F401
@@ -344,19 +345,18 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=None, help="rounds (default 9; quick 1)")
     parser.add_argument("--steps", type=int, default=None,
-                        help="timed steps per side and round in (a) (default 30; quick 3)")
+                        help="timed steps per side and round in (a) (default 100; quick 3)")
     parser.add_argument("--quick", action="store_true", help="a smoke run")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "ftdp.md"),
                         help="the markdown file the tables are written to")
     args = parser.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 9)
-    n_steps = args.steps or (3 if args.quick else 30)
+    n_steps = args.steps or (3 if args.quick else 100)
 
+    import logging
     import warnings
 
     from minidist.bench.common import machine
-
-    import logging
 
     warnings.simplefilter("ignore")  # more ranks than cores: said once, known here
     # The launcher's warning that the tolerated rank died: killed on purpose here.

@@ -314,7 +314,7 @@ def _judge_run(scenario: int, results) -> Failure | None:
         if failure is not None:
             return failure
     where = _scenario_text(scenario)
-    for result, weights, _, finished in survivors:
+    for result, _, _, finished in survivors:
         if not finished or result.committed != PROBLEM.steps:
             return Failure("did not go on", (
                 f"{where}: rank {result.rank} committed {result.committed} of "
