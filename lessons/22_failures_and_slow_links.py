@@ -630,9 +630,11 @@ table shows where it did.
 #   beat sending it every step, once the link's β is large enough; the
 #   crossover is where the model's two straight lines meet.
 #
-# Try it: the exercise `minidist exercise show diloco_outer_step` asks you
-# to write DiLoCo's outer step, and tells each known mistake apart;
-# `minidist run --max-restarts 2 -n 2:4 examples/elastic_training.py
+# Try it: the exercise `minidist exercise start quorum_allreduce` asks you
+# to write section 2's all_reduce over the live replicas and the step's
+# verdict (a replica is killed while your code runs), and
+# `minidist exercise start diloco_outer_step` DiLoCo's outer step; each
+# tells the known mistakes apart. `minidist run --max-restarts 2 -n 2:4 examples/elastic_training.py
 # --kill-rank 1 --kill-step 23 --fault lost` restarts on fewer ranks; and
 # `python scripts/chaos_ftdp.py --runs 5` strikes random replicas.
 

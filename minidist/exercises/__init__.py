@@ -15,8 +15,10 @@ own module: :mod:`.attention_shard`, :mod:`.dispatch_layer`,
 :mod:`.merge_recorder`), the pipeline simulator for a schedule
 (:mod:`.one_f_one_b`; :mod:`.zb_h1` also on real processes, its holes
 explained by :mod:`.schedule_holes`), and a change of a DTensor's layout
-against ``redistribute`` (:mod:`.redistribute_layout`), and DiLoCo's outer step
-against NumPy's, each known mistake named (:mod:`.diloco_outer_step`). The command runs a check in a supervised child
+against ``redistribute`` (:mod:`.redistribute_layout`), DiLoCo's outer step
+against NumPy's, each known mistake named (:mod:`.diloco_outer_step`), and
+fault-tolerant data parallel's all_reduce over the live replicas, with a
+replica killed on purpose (:mod:`.quorum_allreduce`). The command runs a check in a supervised child
 process (:mod:`.supervised`), so that the student's code can neither end
 it with a false pass nor hold it.
 """
@@ -31,7 +33,8 @@ from minidist.exercises.exercise import CheckResult, Exercise, Failure, NotWritt
 NAMES = ("tree_broadcast", "ring_allreduce", "recursive_doubling_allreduce",
          "coordinator_data_parallel", "ddp_bucketing", "parameter_server_round",
          "one_f_one_b", "zb_h1", "tensor_parallel_linear", "tensor_parallel_attention",
-         "ring_attention_merge", "moe_dispatch", "redistribute_layout", "diloco_outer_step")
+         "ring_attention_merge", "moe_dispatch", "redistribute_layout", "diloco_outer_step",
+         "quorum_allreduce")
 
 
 def get(name: str) -> Exercise:

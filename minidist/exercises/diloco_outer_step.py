@@ -170,4 +170,4 @@ def check(function, **options) -> CheckResult:
 EXERCISE = Exercise(
     name="diloco_outer_step", function="diloco_outer_step",
     summary="DiLoCo's outer step: the averaged pseudo-gradient, then SGD with Nesterov momentum",
-    lesson="minidist/parallel/data/diloco.py", reference=diloco_outer_step, check=check)
+    lesson="lessons/22_failures_and_slow_links.py", reference=diloco_outer_step, check=check)

@@ -42,12 +42,14 @@ PROCESS_TIMEOUT = 3.0
 
 
 def launch_checked(worker, n: int, args, what: str, traffic: bool = False,
-                   transport: str = "pipe", events: bool = False):
+                   transport: str = "pipe", events: bool = False, **launch_options):
     """``launch(worker, n, args)`` on ``transport`` (the pipes by default);
     (results, None) or (None, Failure). With ``traffic``, results is
     (results, (messages, bytes)): every message of the run, summed over
     ranks, read from its trace. With ``events``, results is (results, the
-    trace's events, as dicts), for a checker that reads the run itself."""
+    trace's events, as dicts), for a checker that reads the run itself.
+    ``launch_options`` go to the launch as they are (``tolerate_failures``
+    for a checker that kills a rank on purpose, ``log_level``)."""
     from minidist.distributed.launch import launch
     from minidist.runtime.errors import DistributedError, OversubscriptionWarning, WorkerError
 
@@ -58,7 +60,7 @@ def launch_checked(worker, n: int, args, what: str, traffic: bool = False,
             warnings.simplefilter("ignore", OversubscriptionWarning)
             path = os.path.join(folder, "run.trace.jsonl") if traffic or events else None
             results = launch(worker, world_size=n, transport=transport, args=args,
-                             timeout=PROCESS_TIMEOUT, trace=path)
+                             timeout=PROCESS_TIMEOUT, trace=path, **launch_options)
             if events:
                 return (results, trace.read_jsonl(path).events), None
             if traffic:

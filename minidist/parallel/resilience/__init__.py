@@ -25,6 +25,9 @@ others go on.
    SIGSTOP), for the tests, the chaos script and the lessons;
 7. :mod:`.replay`: the check: one process replays the recorded quorums.
 
+To write the Manager's all_reduce over the live replicas yourself:
+``minidist exercise start quorum_allreduce``.
+
 What the other families use from here: nothing. This family uses the
 distributed checkpoints (``minidist.distributed.checkpoint``) and no other
 family.
