@@ -161,7 +161,8 @@ def main(argv=None) -> None:
     note(args.times, event="start", attempt=attempt, rank=rank, pid=os.getpid())
     start = checkpointer.resume()
     if rank == 0:
-        print(f"attempt {attempt} on {world} ranks: {checkpointer.report.text()}", flush=True)
+        print(f"attempt {attempt + 1} (restart {attempt}) on {world} ranks: "
+              f"{checkpointer.report.text()}", flush=True)
     faulty = attempt == 0 and rank == args.kill_rank and args.kill_step is not None
     for step in range(start, args.steps):
         if faulty and step == args.kill_step and args.fault != "save":

@@ -60,10 +60,15 @@
 # here H is a transformer's heads).
 #
 # **Quick and full form.** The quick form (`MINIDIST_LESSON_QUICK=1`) runs
-# section 1 for two checkpoint intervals and section 4's experiment in its
-# small form (fewer steps, two values of K); the full form runs three
-# intervals and the experiment's full form (a few minutes). Sections 2 and
-# 3 are the same in both.
+# section 1 for two checkpoint intervals (so section 3's table has two
+# elastic rows) and section 4's experiment in its small form: a GPT of 1
+# layer and width 32, 128 steps, K of 4 and 16. The full form runs three
+# intervals, and the experiment with a GPT of 2 layers and width 64, 512
+# steps, K of 4, 16 and 64 (a few minutes). Section 2 is the same in both.
+#
+# Attempts are counted from 1 (the first attempt, the second ...) and
+# restarts from 0, as torchrun's `TORCHELASTIC_RESTART_COUNT`: the second
+# attempt is restart 1.
 
 # %%
 import json
@@ -180,7 +185,7 @@ for every in INTERVALS:
     status, printed, launcher, notes, folder = run_example(
         "--every", str(every), "--kill-rank", "2", "--kill-step", str(KILL_STEP),
         "--fault", "sigkill", "--out", str(out), trace=trace)
-    resumed = re.search(r"attempt 1 on (\d+) ranks: resumed at step (\d+) from checkpoint of "
+    resumed = re.search(r"attempt 2 \(restart 1\) on (\d+) ranks: resumed at step (\d+) from checkpoint of "
                         r"step (\d+); (\d+) steps? lost", printed)
     fault = next(note["t"] for note in notes if note["event"] == "fault")
     again = next(note["t"] for note in notes
@@ -212,6 +217,7 @@ glue("last_every", INTERVALS[-1])
 glue("last_lost", last["lost"])
 glue("lost_is_modulo", all(run["lost"] == KILL_STEP % every for every, run in runs.items()))
 glue("first_recovery", first["recovery_s"], ".2f")
+glue("cores", os.cpu_count())
 glue("last_recovery", last["recovery_s"], ".2f")
 
 # %% jupyter={"source_hidden": true}
@@ -228,10 +234,12 @@ The steps lost are the steps since the last checkpoint: with a checkpoint
 every {glue}`first_every` steps, {glue}`first_lost` steps were done again;
 every {glue}`last_every` steps, {glue}`last_lost`. A failure at a random
 step loses half an interval on average. The time from the fault to the
-first step of the next attempt ({glue}`first_recovery` s and
-{glue}`last_recovery` s here) pays for ending the ranks, starting them
-again, importing and reading the checkpoint, whatever the interval; the
-lost steps come on top of it.
+first step of the next attempt ({glue}`first_recovery` s with the
+shortest interval, {glue}`last_recovery` s with the longest) pays for
+noticing the death and ending the other ranks, starting them again,
+importing and reading the checkpoint; the steps lost come on top of it.
+(This machine has {glue}`cores` cores for 4 ranks and the launcher, so
+these times include the operating system's turns between them.)
 """)
 
 # %% [markdown]
@@ -240,8 +248,9 @@ lost steps come on top of it.
 # torchrun's `--nnodes MIN:MAX` lets a job restart on fewer machines than
 # it began with. On one machine `minidist run -n MIN:MAX` counts ranks:
 # with `-n 3:4`, a rank whose slot is lost (its script called
-# `minidist.runtime.restarts.mark_rank_lost()`, as a host's agent would
-# report a dead machine) is not started again, and the next attempt runs
+# `minidist.runtime.restarts.mark_rank_lost()`, as torchrun's elastic
+# agent, the process that watches a machine's ranks, reports a machine
+# that will not come back) is not started again, and the next attempt runs
 # on 3 ranks. The checkpoint written by 4 ranks loads on 3 (dcp reads
 # whatever layout), and the sampler cuts the same global batch into 3
 # slices. The weights are the same up to the last bits: the sum of the
@@ -260,8 +269,8 @@ with np.load(out) as saved:
 print("\n".join(line for line in lost_launcher.splitlines() if line.startswith("minidist run")))
 print("\n".join(line for line in lost_printed.splitlines() if line.startswith("attempt")))
 print(f"largest relative difference from the unbroken 4-rank run: {worst:.1e}")
-glue("lost_world", int(re.search(r"attempt 1 on (\d+) ranks", lost_printed).group(1)))
-glue("lost_worst", worst, ".0e")
+glue("lost_world", int(re.search(r"attempt 2 \(restart 1\) on (\d+) ranks", lost_printed).group(1)))
+glue("lost_worst", worst, ".1e")
 glue("lost_close", worst < 1e-12)
 glue("lost_close_text", "within" if worst < 1e-12 else "NOT within")
 glue("lost_bitwise_text", "equal bit for bit as well" if bitwise else "not equal bit for bit")
@@ -287,9 +296,12 @@ which no checkpoint records.
 # carries its attempt, and the timeline draws a dashed line where the
 # launcher began the second attempt. Left of it: the first attempt, up to
 # the kill; rank 2's row is empty there, because a rank killed outright
-# never writes its part of the trace. Between the line and the first
-# events on the right: the new processes starting and importing. Then the
-# ranks read the checkpoint and train the last steps.
+# never writes its part of the trace. Between the last events on the left
+# and the line: the launcher noticing the death and ending ranks 0, 1 and
+# 3. Between the line and the first events on the right: the new processes
+# starting and importing. Then the ranks read the checkpoint and train the
+# last steps (this script marks no compute regions: its compute is the
+# gaps between the messages).
 
 # %%
 figure = draw_timeline(str(first["trace"]), max_steps=None)
@@ -358,6 +370,8 @@ for attempt in survivor.attempts:
     rows.append((attempt.step, attempt.quorum_id, ", ".join(map(str, attempt.members)),
                  ", ".join(map(str, attempt.joining)) or "-", attempt.outcome))
 print(table(rows, ["step", "quorum", "members", "joining", "outcome"]))
+print(f"every survivor's weights after every step against the replay (rtol 1e-9): "
+      f"{'equal' if agree else 'DIFFERENT'}")
 print()
 print("\n".join(survivor.events))
 after = [t for t in survivor.commit_times if t > fault_time]
@@ -381,11 +395,14 @@ glue("ft_recovery_ms", ((after[0] - fault_time) * 1e3) if after else float("nan"
 figure = draw_quorum_timeline(quorum_cells(survivor.attempts, 5))
 show_figure(figure, "quorums.png",
             f"4 replicas and a spare (rank 4); replica {FAULT.rank} killed at step {FAULT.step}: "
-            "L live, R the step redone, J joining, X dead, S spare")
+            "L live, R recovering (the step redone), J joining, X dead, S spare")
 
 # %% jupyter={"source_hidden": true}
 say("""
-Replica {glue}`ft_dead_rank` died at step {glue}`ft_fault_step`:
+At step 0 replicas 1, 2 and 3 are listed as joining: the first quorum
+copies rank 0's weights to all (torchft's first sync), so that every
+replica starts from the same ones. Replica {glue}`ft_dead_rank` died at
+step {glue}`ft_fault_step`:
 {glue}`ft_failed_text` (a member was lost inside the all_reduce), and no
 rank applied it; the next quorum, without the dead rank, did it again.
 {glue}`ft_short_text` ran at {glue}`ft_min_members` of 4 replicas; then
@@ -398,8 +415,11 @@ was read from disk.
 
 What it costs when nothing fails: one more all_reduce per step (the
 quorum's rows: a few integers per rank, so its time is latency, not
-bandwidth), and a copy of the state before each step (so that a step can
-be undone if the next quorum finds it was applied by some ranks only).
+bandwidth), and a copy of the state before each step. The copy is for a
+death at the very end of an all_reduce: a rank whose own part finished
+may apply the step while another member's part failed. The next quorum
+compares the steps every member has committed, and a rank that is one
+ahead puts its copy back, so that all redo the step together.
 Under `mpiexec` this is refused: MPICH ends the whole job when a rank dies
 (MPI's fault-tolerance extension, ULFM, is what would allow it), so
 there only elastic restarts apply.
@@ -411,12 +431,11 @@ there only elastic restarts apply.
 # A failure costs a restart the time to end and start every rank and read
 # the checkpoint, plus the steps lost since it; it costs fault-tolerant DP
 # the time to see the rank gone and agree on a new quorum, plus the one
-# step it was in, done again. With a checkpoint every `every` steps, a
-# failure at a random step loses `every / 2` steps on average, so for a
-# step of time t_step:
+# step it was in, done again. A failure at a random step loses half a
+# checkpoint interval on average, so for a step of time t_step:
 #
-# * elastic restart: t_restart + (every / 2) t_step per failure, and a
-#   checkpoint's save every `every` steps when nothing fails;
+# * elastic restart: t_restart + (interval / 2) t_step per failure, and a
+#   checkpoint's save every interval when nothing fails;
 # * fault-tolerant DP: t_quorum + t_step per failure, and one small
 #   all_reduce and a copy of the state every step when nothing fails; the
 #   group trains on fewer replicas (a smaller global batch) until a spare
@@ -468,23 +487,32 @@ on.
 # character-level GPT of lessons 16-18 and the digits CNN, AdamW inside. It
 # counts the bytes every rank sent from the trace, and reads the held-out
 # loss at the syncs. Then the model of time: a method that needs s steps to
-# reach a target loss takes s t_step of compute and s / K all_reduces of N
-# bytes, each 2(n-1)α + 2(n-1)/n Nβ + (n-1)/n Nγ (lesson 4's ring), so
-# its time is a + b β: a straight line in β. Two methods take the same time
-# at one β, the crossover; on a slower link (a larger β), the one that
-# sends fewer bytes wins.
+# reach a target loss in `steps` steps takes steps × t_step of compute
+# (t_step measured) and steps / K all_reduces of N bytes, each
+# 2(n-1)α + 2(n-1)/n Nβ + (n-1)/n Nγ (lesson 4's ring, α and γ as
+# measured for this machine's transport), so its time is a + b β with
+# a = steps × t_step + (steps / K)(2(n-1)α + (n-1)/n Nγ) and
+# b = (steps / K) 2(n-1)/n N: a straight line against β. Two methods take
+# the same time at one β, their crossover; on a slower link (a larger β)
+# the one that sends fewer bytes wins. The picture's right column draws
+# these times against the bandwidth 1/β on log axes (where the lines are
+# curves), the vertical dotted lines at the crossovers with DDP; a method
+# that never reached the target has no line there. The horizontal dotted
+# line in the other two columns is the target loss.
 
 # %%
 from minidist.experiments import low_communication as lowcomm  # noqa: E402
 
-experiment = lowcomm.run(quick=QUICK, world_size=2, transport="shm",
-                         progress=lambda line: print(line, flush=True))
+experiment = lowcomm.run(quick=QUICK, world_size=2, transport="shm")
 # The target: DDP's held-out loss half-way through its run, so that the
 # question is "how soon does each method get where DDP got in half its steps".
 for model in experiment.models.values():
     ddp = model.runs["ddp"]
     half = min(ddp.steps, key=lambda step: abs(step - ddp.steps[-1] / 2))
     lowcomm.apply_target(model, ddp.loss[ddp.steps.index(half)])
+    print(f"{model.model}: target loss {model.target_loss:.3f}, DDP's at step {half}")
+print("this machine's link (shm), as measured:",
+      lowcomm.format_bandwidth(experiment.models["gpt"].measured_bandwidth))
 print(lowcomm.format_table(experiment))
 picture = lowcomm.plot(experiment, OUT / "low_communication.png")
 show_file(picture, "loss against steps, loss against the bytes the trace counted, and the "
@@ -508,6 +536,11 @@ glue("gpt_target", gpt.target_loss, ".2f")
 glue("cnn_target", cnn.target_loss, ".3f")
 
 
+def display(name):
+    """A method's name as the prose writes it: "local SGD every 16"."""
+    return name.replace("local_sgd", "local SGD").replace("diloco", "DiLoCo").replace("ddp", "DDP")
+
+
 def steps_text(run):
     return "never" if run.steps_to_target is None else f"{run.steps_to_target}"
 
@@ -520,44 +553,59 @@ def bytes_ratio(model, run):
 
 
 def below(model, run):
-    return lowcomm.format_bandwidth(model.beats_ddp_below.get(run.name))
+    return "" if run.kind == "ddp" else lowcomm.format_bandwidth(model.beats_ddp_below.get(run.name))
 
 
-def method(model, kind, k):
-    return model.runs[f"{kind} every {k}"]
+# Every method of the run, as a Markdown table the prose shows whole.
+steps_rows = ["| method | steps, GPT | steps, CNN | bytes to target / DDP's, GPT "
+              "| beats DDP on the GPT below |", "|---|---|---|---|---|"]
+for name, run in gpt.runs.items():
+    steps_rows.append(f"| {display(name)} | {steps_text(run)} | {steps_text(cnn.runs[name])} "
+                      f"| {bytes_ratio(gpt, run)} | {below(gpt, run)} |")
+glue("steps_table", "\n".join(steps_rows))
+never = [display(name) for model in experiment.models.values()
+         for name, run in model.runs.items() if run.steps_to_target is None]
+never_gpt = [display(name) for name, run in gpt.runs.items() if run.steps_to_target is None]
+glue("never_count", len(never))
 
 
-glue("gpt_ddp_steps", steps_text(gpt.runs["ddp"]))
-glue("gpt_local_sgd_small_steps", steps_text(method(gpt, "local_sgd", small_k)))
-glue("gpt_local_sgd_large_steps", steps_text(method(gpt, "local_sgd", large_k)))
-glue("gpt_diloco_small_steps", steps_text(method(gpt, "diloco", small_k)))
-glue("gpt_diloco_large_steps", steps_text(method(gpt, "diloco", large_k)))
-glue("cnn_ddp_steps", steps_text(cnn.runs["ddp"]))
-glue("cnn_local_sgd_small_steps", steps_text(method(cnn, "local_sgd", small_k)))
-glue("cnn_local_sgd_large_steps", steps_text(method(cnn, "local_sgd", large_k)))
-glue("cnn_diloco_small_steps", steps_text(method(cnn, "diloco", small_k)))
-glue("cnn_diloco_large_steps", steps_text(method(cnn, "diloco", large_k)))
-glue("gpt_local_sgd_small_bytes_ratio", bytes_ratio(gpt, method(gpt, "local_sgd", small_k)))
-glue("gpt_local_sgd_small_below", below(gpt, method(gpt, "local_sgd", small_k)))
-glue("gpt_local_sgd_large_bytes_ratio", bytes_ratio(gpt, method(gpt, "local_sgd", large_k)))
-glue("gpt_local_sgd_large_below", below(gpt, method(gpt, "local_sgd", large_k)))
-glue("gpt_diloco_small_bytes_ratio", bytes_ratio(gpt, method(gpt, "diloco", small_k)))
-glue("gpt_diloco_small_below", below(gpt, method(gpt, "diloco", small_k)))
-glue("gpt_diloco_large_bytes_ratio", bytes_ratio(gpt, method(gpt, "diloco", large_k)))
-glue("gpt_diloco_large_below", below(gpt, method(gpt, "diloco", large_k)))
+def listed(names):
+    """"a", "a and b", "a, b and c"."""
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+glue("never_text", "every method reached the target on both models" if not never else
+     ("on the GPT " if len(never) == len(never_gpt) else "") + listed(never)
+     + " never reached the target")
+glue("gpt_ddp_target_step", gpt.runs["ddp"].steps_to_target)
+glue("cnn_ddp_target_step", cnn.runs["ddp"].steps_to_target)
+glue("gpt_half", gpt.runs["ddp"].steps[-1] // 2)
 glue("measured_link", lowcomm.format_bandwidth(gpt.measured_bandwidth))
 fastest_here = [name for low, high, name in gpt.fastest if low <= gpt.measured_bandwidth < high]
-
-
-
-def display(name):
-    """A method's name as the prose writes it: "local SGD every 16"."""
-    return name.replace("local_sgd", "local SGD").replace("diloco", "DiLoCo").replace("ddp", "DDP")
-
-
 glue("gpt_fastest_here", display(fastest_here[0]) if fastest_here else "none")
-glue("gpt_slowest_band", display(gpt.fastest[0][2]))
-glue("gpt_slowest_band_top", lowcomm.format_bandwidth(gpt.fastest[0][1]))
+measured = gpt.measured_seconds_to_target
+measured_best = min(measured, key=measured.get)
+glue("gpt_measured_fastest", display(measured_best))
+glue("model_agrees", bool(fastest_here) and measured_best == fastest_here[0])
+glue("model_agrees_text", "the measured points agree" if bool(fastest_here)
+     and measured_best == fastest_here[0] else
+     "the measured points disagree: measured, " + display(measured_best) + " got there first")
+
+
+def band(low, high, name, first, last):
+    """One band of the fastest method: "DDP above 77 MB/s"."""
+    if first and last:
+        return f"{display(name)} at every bandwidth"
+    if first:
+        return f"{display(name)} below {lowcomm.format_bandwidth(high)}"
+    if last:
+        return f"{display(name)} above {lowcomm.format_bandwidth(low)}"
+    return (f"{display(name)} from {lowcomm.format_bandwidth(low)} to "
+            f"{lowcomm.format_bandwidth(high)}")
+
+
+glue("bands_text", "; ".join(band(low, high, name, i == 0, i == len(gpt.fastest) - 1)
+                             for i, (low, high, name) in enumerate(gpt.fastest)))
 ddp_fewest = all(run.steps_to_target is None
                  or run.steps_to_target >= model.runs["ddp"].steps_to_target
                  for model in experiment.models.values() for run in model.runs.values())
@@ -581,37 +629,37 @@ glue("steps_verdict", f"needs at least as many steps as DDP (more, or never got 
 
 # %% jupyter={"source_hidden": true}
 say("""
-**Bytes.** The trace's bytes per step are {glue}`bytes_exact_text`, on both
-models and for every K (DDP sends {glue}`gpt_ddp_extra` bytes more on the
-GPT: the count of examples, one int64, that DDP all-reduces to average
-over the global batch).
+**Bytes.** The trace's bytes per step (the run's bytes over its steps,
+rounded in the table) are {glue}`bytes_exact_text`, on both models and
+for every K; the formula column is 2(n-1)/n N / K. DDP sends
+{glue}`gpt_ddp_extra` bytes a step more than its gradients, on both
+models: the count of examples, one int64, that it all-reduces to average
+over the global batch. The "vs DDP" columns are each method's bytes and
+time per step over DDP's.
 
-**Steps.** The target is DDP's held-out loss half-way through its run:
-{glue}`gpt_target` on the GPT ({glue}`gpt_params` parameters),
-{glue}`cnn_target` on the CNN. The steps each method took to reach it
-(the smallest and the largest K; the table printed above has every K):
+**Steps.** The target is DDP's held-out loss half-way through its run
+(step {glue}`gpt_half`): {glue}`gpt_target` on the GPT
+({glue}`gpt_params` parameters), {glue}`cnn_target` on the CNN. The loss
+is read at the syncs only (a method that syncs every K steps can reach
+the target at a multiple of K only), and it wobbles, so DDP itself may
+reach its half-way loss earlier (at step {glue}`gpt_ddp_target_step` on
+the GPT, {glue}`cnn_ddp_target_step` on the CNN). Every method:
 
-| method | GPT | CNN | bytes to target / DDP's, GPT | faster than DDP on the GPT below |
-|---|---|---|---|---|
-| DDP | {glue}`gpt_ddp_steps` | {glue}`cnn_ddp_steps` | 1 | |
-| local SGD every {glue}`small_k` | {glue}`gpt_local_sgd_small_steps` | {glue}`cnn_local_sgd_small_steps` | {glue}`gpt_local_sgd_small_bytes_ratio` | {glue}`gpt_local_sgd_small_below` |
-| local SGD every {glue}`large_k` | {glue}`gpt_local_sgd_large_steps` | {glue}`cnn_local_sgd_large_steps` | {glue}`gpt_local_sgd_large_bytes_ratio` | {glue}`gpt_local_sgd_large_below` |
-| DiLoCo every {glue}`small_k` | {glue}`gpt_diloco_small_steps` | {glue}`cnn_diloco_small_steps` | {glue}`gpt_diloco_small_bytes_ratio` | {glue}`gpt_diloco_small_below` |
-| DiLoCo every {glue}`large_k` | {glue}`gpt_diloco_large_steps` | {glue}`cnn_diloco_large_steps` | {glue}`gpt_diloco_large_bytes_ratio` | {glue}`gpt_diloco_large_below` |
+{glue}`steps_table`
 
 A method that syncs less often {glue}`steps_verdict`: its replicas drift
-apart between syncs. But it needs far
-fewer bytes to get there, and that is what a slow link charges for. The
-last column is the crossover of the model of time, the bandwidth 1/β
-below which the method reaches the target before DDP does; on this
-machine's shared memory (a measured {glue}`measured_link`) the fastest on
-the GPT is {glue}`gpt_fastest_here`, and below
-{glue}`gpt_slowest_band_top` it is {glue}`gpt_slowest_band`. The right
-column of the picture draws each method's time against the bandwidth,
-with the measured points on this link. In the DiLoCo paper the inner
-steps are hundreds (K = 500) between datacentres; at K as small as these
-its outer step with the paper's learning rate 0.7 can overshoot, and the
-table shows where it did.
+apart between syncs. But it needs far fewer bytes to get there, and that
+is what a slow link charges for. The last column is the crossover of the
+model of time: the bandwidth 1/β below which the method reaches the
+target before DDP does. Band by band, the fastest on the GPT is:
+{glue}`bands_text`. At this machine's shared memory (a measured
+{glue}`measured_link`) the model says {glue}`gpt_fastest_here`; and
+{glue}`model_agrees_text`. The model takes one compute time per step for
+all methods (their median), and leaves out what DDP does besides sending
+(its buckets and hooks); at a link this fast, such differences decide.
+The DiLoCo paper syncs every 500 inner steps, and its outer learning rate
+0.7 and momentum 0.9 are chosen for that; with K as small as here,
+{glue}`never_text`.
 """)
 
 # %% [markdown]
@@ -628,7 +676,7 @@ table shows where it did.
 #   never applied.
 # * On a slow link, sending the same all_reduce K times less often can
 #   beat sending it every step, once the link's β is large enough; the
-#   crossover is where the model's two straight lines meet.
+#   crossover is where the model's two lines, straight against β, meet.
 #
 # Try it: the exercise `minidist exercise start quorum_allreduce` asks you
 # to write section 2's all_reduce over the live replicas and the step's

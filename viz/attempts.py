@@ -42,7 +42,10 @@ def draw_attempt_lines(axis, header: dict, events: list[dict], origin: int, span
         x = (start - origin) / scale
         axis.axvline(x, color=ATTEMPT_COLOR, linestyle="--", linewidth=1.2, zorder=5)
         size = f", {world} ranks" if world else ""
-        axis.text(x, 0, f" attempt {number + 1} (restart {number}{size})", fontsize=8,
-                  color=ATTEMPT_COLOR, va="bottom", ha="left", clip_on=False, zorder=5)
+        # Inside the axes, just below the top edge: right of the line lies the
+        # gap while the new ranks start, and above the axes sits the legend.
+        axis.text(x, 0.98, f" attempt {number + 1} (restart {number}{size})", fontsize=8,
+                  color=ATTEMPT_COLOR, va="top", ha="left", zorder=5,
+                  transform=axis.get_xaxis_transform())
         drawn += 1
     return drawn

@@ -599,7 +599,7 @@ def plot(result: Result, path) -> Path:
                 time_axis.axvline(c.bandwidth, color="grey", linewidth=0.6, linestyle=":")
         time_axis.set_xscale("log")
         time_axis.set_yscale("log")
-        time_axis.set_xlabel("link bandwidth B (bytes/s); dots: measured here (shm)")
+        time_axis.set_xlabel("link bandwidth 1/β (bytes/s); dots: measured here (shm)")
         time_axis.set_ylabel(f"seconds to loss {model.target_loss:.2f}")
         time_axis.set_title(f"{model.model}: time to target, alpha-beta model")
         time_axis.grid(alpha=0.3, which="both")

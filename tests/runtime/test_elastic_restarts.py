@@ -99,8 +99,8 @@ def test_a_lost_rank_shrinks_the_next_attempt_and_the_weights_agree_to_rounding(
                           kill_rank=2, kill_step=17, fault="lost")
     assert done.returncode == 0, done.stderr
     assert "1 lost (rank 2); restarting on 2 ranks (restart 1 of 2)" in done.stderr, done.stderr
-    assert "attempt 1 on 2 ranks: resumed at step 10 from checkpoint of step 10; 7 steps lost" \
-        in done.stdout
+    assert ("attempt 2 (restart 1) on 2 ranks: resumed at step 10 from checkpoint of step 10; "
+            "7 steps lost") in done.stdout
     assert "equal within rtol 1e-9: yes" in done.stdout
     for world in (2, 3):   # steps 0-9 on 3 ranks, 10-29 on 2: neither run's sums exactly
         for key in weights:

@@ -55,3 +55,15 @@ def check(glued):
         assert value(glued, "more_steps") > value(glued, "other_runs") / 2   # "usually"
         assert f"fewer in {value(glued, 'fewer_steps')})" in text(glued, "steps_verdict")
     assert value(glued, "small_k") < value(glued, "large_k")
+    rows = text(glued, "steps_table").splitlines()
+    assert rows[2].startswith("| DDP |") and len(rows) >= 2 + 5        # DDP and every method
+    assert sum("| never |" in row for row in rows) <= value(glued, "never_count")
+    if value(glued, "never_count") == 0:
+        assert text(glued, "never_text") == "every method reached the target on both models"
+    else:
+        assert text(glued, "never_text").endswith("never reached the target")
+    if value(glued, "model_agrees"):
+        assert text(glued, "model_agrees_text") == "the measured points agree"
+    else:
+        assert text(glued, "model_agrees_text").startswith("the measured points disagree")
+        assert text(glued, "gpt_measured_fastest") in text(glued, "model_agrees_text")
