@@ -61,12 +61,7 @@ def plan_command(args) -> int:
     beside the best (the arguments: :mod:`minidist.cli`). Every argument is
     checked before anything is printed."""
     model, machine, limit, options, mesh, ranks = _inputs(args)
-    plan = None
-    if mesh is not None:
-        plan = Plan(*mesh, **options)
-        why = why_not(model, plan)
-        if why is not None:
-            raise SystemExit(f"minidist plan: {plan} cannot split this model: {why}")
+    plan = None if mesh is None else _checked_plan(model, mesh, options)
     _say(f"GPT of {model.parameters() / 1e9:.2f} B parameters: {model.n_layer} layers, "
           f"h {model.n_embd}, {model.n_head} heads, vocabulary {model.vocab_size}, "
           f"{model.global_batch} sequences of {model.seq_len} tokens a step, "
@@ -113,6 +108,15 @@ def _inputs(args):
     return model, machine, limit, options, mesh, ranks
 
 
+def _checked_plan(model: GPTShape, mesh, options: dict) -> Plan:
+    """The plan of ``--mesh``, or a one-line refusal saying why it cannot split the model."""
+    plan = Plan(*mesh, **options)
+    why = why_not(model, plan)
+    if why is not None:
+        raise SystemExit(f"minidist plan: {plan} cannot split this model: {why}")
+    return plan
+
+
 def page_settings(args) -> dict:
     """``minidist plan --html``: the arguments, checked as for the printed
     plan, as the planner page's settings (:mod:`viz.planner_page` writes the
@@ -120,7 +124,9 @@ def page_settings(args) -> dict:
     on the fastest plan of ``--ranks`` that fits (all of them on dp when none
     does: the page then shows by how much)."""
     model, machine, limit, options, mesh, ranks = _inputs(args)
-    if mesh is None:
+    if mesh is not None:
+        _checked_plan(model, mesh, options)
+    else:
         best = compare_plans(model, ranks, machine, memory_limit=limit, **options).best
         mesh = (best.plan.dp, best.plan.tp, best.plan.pp) if best else (ranks, 1, 1)
     dp, tp, pp = mesh
