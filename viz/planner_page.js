@@ -123,6 +123,22 @@
 
   // ------------------------------------------------------------ the schedules (schedules.py)
 
+  // An action is one number, so that a schedule of 128 stages and 16,384 micro-batches (8
+  // million actions) is built and run in a blink: kind + 8 (chunk + 8 micro-batch), the kinds
+  // numbered below (what schedules.Action holds: its kind, micro-batch and chunk).
+  const F = 0, B = 1, SEND_ACT = 2, RECV_ACT = 3, SEND_GRAD = 4, RECV_GRAD = 5, STEP = 6;
+  const KIND_NAMES = ["F", "B", "send_act", "recv_act", "send_grad", "recv_grad", "step"];
+  const action = (kind, mb, chunk) => kind + 8 * (chunk + 8 * mb);
+  const kindOf = (code) => code & 7;
+  const chunkOf = (code) => (code >> 3) & 7;
+  const microbatchOf = (code) => Math.floor(code / 64);
+
+  // An action as words, "F:3:1" (kind, micro-batch, chunk), to set beside Python's.
+  function describe(code) {
+    const kind = kindOf(code);
+    return `${KIND_NAMES[kind]}:${kind === STEP ? null : microbatchOf(code)}:${chunkOf(code)}`;
+  }
+
   // _RankBuilder (the loop placement): a rank's forwards and backwards with the messages
   // around them; chunks of one rank that neighbour hand over in memory.
   function rankBuilder(rank, ranks, virtualStages, microbatches) {
@@ -134,18 +150,18 @@
       forward(mb, chunk) {
         if (!exists(mb)) return;
         const stage = stageOf(chunk);
-        if (stage > 0 && peer(stage - 1) !== null) actions.push({ kind: "recv_act", mb, chunk });
-        actions.push({ kind: "F", mb, chunk });
-        if (stage < last && peer(stage + 1) !== null) actions.push({ kind: "send_act", mb, chunk });
+        if (stage > 0 && peer(stage - 1) !== null) actions.push(action(RECV_ACT, mb, chunk));
+        actions.push(action(F, mb, chunk));
+        if (stage < last && peer(stage + 1) !== null) actions.push(action(SEND_ACT, mb, chunk));
       },
       backward(mb, chunk) {
         if (!exists(mb)) return;
         const stage = stageOf(chunk);
-        if (stage < last && peer(stage + 1) !== null) actions.push({ kind: "recv_grad", mb, chunk });
-        actions.push({ kind: "B", mb, chunk });
-        if (stage > 0 && peer(stage - 1) !== null) actions.push({ kind: "send_grad", mb, chunk });
+        if (stage < last && peer(stage + 1) !== null) actions.push(action(RECV_GRAD, mb, chunk));
+        actions.push(action(B, mb, chunk));
+        if (stage > 0 && peer(stage - 1) !== null) actions.push(action(SEND_GRAD, mb, chunk));
       },
-      step() { actions.push({ kind: "step", mb: null, chunk: 0 }); return actions; },
+      step() { actions.push(action(STEP, 0, 0)); return actions; },
     };
   }
 
@@ -223,8 +239,9 @@
   function peakLive(schedule) {
     return schedule.actions.map((actions) => {
       let live = 0, peak = 0;
-      for (const a of actions) {
-        live += (a.kind === "F") - (a.kind === "B");
+      for (const code of actions) {
+        const kind = kindOf(code);
+        live += (kind === F) - (kind === B);
         peak = Math.max(peak, live);
       }
       return peak;
@@ -247,43 +264,53 @@
   // costs F, a backward B (after a recomputation of F), a send never waits, a receive waits for
   // its message's arrival, transfer after its send. Returns the first region's start and the
   // last one's end, in ns.
+  //
+  // Python sweeps the ranks in turn until none can move; here a rank that must wait is put
+  // aside until the message it waits for is sent, so each action is visited once (the times
+  // are the same: a rank's clock depends only on its own actions and on when its messages
+  // were sent, not on the order in which the ranks are visited).
   function simulate(schedule, forwardTime, backwardTime, transferTime, recompute) {
     const f = ticks(forwardTime), b = ticks(backwardTime), t = ticks(transferTime);
-    const p = schedule.stages, actions = schedule.actions;
-    const where = new Array(p).fill(0), clock = new Array(p).fill(0);
-    const inFlight = new Map();
+    const p = schedule.stages, actions = schedule.actions, total = p * schedule.virtual_stages;
+    const where = new Int32Array(p), clock = new Float64Array(p);
+    // A message by its tag (schedules.message_tag): what it carries, to which stage.
+    const tag = (grad, mb, stage) => 2 * (mb * total + stage) + (grad ? 1 : 0);
+    // Each message is sent once and received once: its arrival (-1: not sent yet) and the
+    // rank waiting for it (-1: none) are kept in arrays indexed by its tag.
+    const tags = 2 * schedule.microbatches * total;
+    const arrivals = new Float64Array(tags).fill(-1), waiting = new Int32Array(tags).fill(-1);
+    const ready = [];
+    for (let rank = p - 1; rank >= 0; rank--) ready.push(rank);
     let start = Infinity, end = -Infinity;
     const work = (rank, cost) => {
       start = Math.min(start, clock[rank]);
       clock[rank] += cost;
       end = Math.max(end, clock[rank]);
     };
-    let progress = true;
-    while (progress) {
-      progress = false;
-      for (let rank = 0; rank < p; rank++) {
-        while (where[rank] < actions[rank].length) {
-          const a = actions[rank][where[rank]], stage = a.chunk * p + rank;
-          if (a.kind === "recv_act" || a.kind === "recv_grad") {
-            const key = `${a.kind === "recv_act" ? "act" : "grad"}:${a.mb}:${stage}`;
-            const arrival = inFlight.get(key);
-            if (arrival === undefined) break;          // not sent yet: the rank waits
-            inFlight.delete(key);
-            if (arrival > clock[rank]) clock[rank] = arrival;
-          } else if (a.kind === "send_act" || a.kind === "send_grad") {
-            const act = a.kind === "send_act";
-            inFlight.set(`${act ? "act" : "grad"}:${a.mb}:${stage + (act ? 1 : -1)}`, clock[rank] + t);
-          } else if (a.kind === "step") {
-            work(rank, 0);                              // the optimizer step: 0 s on the clock
-          } else if (a.kind === "F") {
-            work(rank, f);
-          } else {
-            if (recompute) work(rank, f);
-            work(rank, b);
-          }
-          where[rank] += 1;
-          progress = true;
+    while (ready.length) {
+      const rank = ready.pop(), mine = actions[rank];
+      while (where[rank] < mine.length) {
+        const code = mine[where[rank]], kind = kindOf(code);
+        const mb = microbatchOf(code), stage = chunkOf(code) * p + rank;
+        if (kind === RECV_ACT || kind === RECV_GRAD) {
+          const key = tag(kind === RECV_GRAD, mb, stage);
+          const arrival = arrivals[key];
+          if (arrival < 0) { waiting[key] = rank; break; }   // not sent yet: the rank waits
+          if (arrival > clock[rank]) clock[rank] = arrival;
+        } else if (kind === SEND_ACT || kind === SEND_GRAD) {
+          const grad = kind === SEND_GRAD;
+          const key = tag(grad, mb, stage + (grad ? -1 : 1));
+          arrivals[key] = clock[rank] + t;
+          if (waiting[key] >= 0) ready.push(waiting[key]);
+        } else if (kind === STEP) {
+          work(rank, 0);                                // the optimizer step: 0 s on the clock
+        } else if (kind === F) {
+          work(rank, f);
+        } else {
+          if (recompute) work(rank, f);
+          work(rank, b);
         }
+        where[rank] += 1;
       }
     }
     if (where.some((w, rank) => w < actions[rank].length))
@@ -586,10 +613,20 @@
     render();
   }
 
+  // A slider dragged sends many input events; the page is redrawn once a frame at most, with
+  // the latest settings (at the sliders' far end, 16,384 micro-batches on 128 stages, one
+  // redraw takes a few seconds: the clock runs 8 million actions for the largest plan).
+  let drawing = false;
+  function redrawSoon() {
+    if (drawing) return;
+    drawing = true;
+    requestAnimationFrame(() => { drawing = false; render(); });
+  }
+
   document.addEventListener("DOMContentLoaded", () => {
     for (const control of controls()) {
-      control.addEventListener("input", render);
-      control.addEventListener("change", render);
+      control.addEventListener("input", redrawSoon);
+      control.addEventListener("change", redrawSoon);
     }
     $("model-preset").addEventListener("change", (event) => {
       applyPreset("models", event.target.value);
@@ -607,6 +644,6 @@
     render();
   });
 
-  window.planner = { predictStep, comparePlans, makeSchedule, simulate, peakLive,
+  window.planner = { predictStep, comparePlans, makeSchedule, describe, simulate, peakLive,
                      factorisations, whyNot, planName, readSettings, inputsOf, set, render };
 })();

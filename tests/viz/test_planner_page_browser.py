@@ -123,7 +123,7 @@ def test_a_slider_moved_moves_the_numbers_to_the_librarys(page_path, open_page):
     before = _shown(page)
     page.focus("#pp")
     page.keyboard.press("ArrowLeft")            # pp 16 -> 8, as a student's key would move it
-    assert page.text_content('output[for="pp"]') == "8"
+    page.wait_for_function("document.querySelector('output[for=\"pp\"]').textContent === '8'")
     after = _shown(page)
     assert after["time_total"] != before["time_total"]
     assert after["memory_total"] != before["memory_total"]
@@ -205,8 +205,7 @@ def test_the_ported_schedules_and_clock_are_pythons(page_path, open_page):
         python = [[f"{_KINDS[a.kind]}:{a.microbatch}:{a.chunk}" for a in actions]
                   for actions in schedule.actions]
         ported = page.evaluate("([n, p, m, v]) => planner.makeSchedule(n, p, m, v).actions"
-                               ".map(r => r.map(a => `${a.kind}:${a.mb}:${a.chunk}`))",
-                               [name, p, m, v])
+                               ".map(r => r.map(planner.describe))", [name, p, m, v])
         assert ported == [[word.replace(":None:", ":null:") for word in rank]
                           for rank in python], (name, p, m, v)
         for forward, backward, transfer, recompute in ((1.0, 2.0, 0.0, False),
