@@ -542,7 +542,17 @@
       `a GPT of ${(parameters(g) / 1e9).toFixed(2)} B parameters` +
       (step.why ? "" : `, ${step.microbatches} micro-batches a pipeline, ` +
        `${step.live_microbatches} held at the fullest rank's peak`);
-    if (!step.why) {
+    if (step.why) {
+      // No prediction: every number is blanked rather than left from the last plan.
+      for (const id of [...MEMORY.map((n) => `memory-${n}`), "memory-total",
+                        ...TIME.map((n) => `time-${n}`), "time-total"]) {
+        delete $(id).dataset.value;
+        $(id).textContent = "-";
+      }
+      $("fits").textContent = "";
+      delete $("fits").dataset.fits;
+      $("collectives").textContent = "";
+    } else {
       for (const name of MEMORY) show(`memory-${name}`, step.memory[name], gb(step.memory[name]));
       show("memory-total", step.memory_total, gb(step.memory_total));
       show("memory-limit", memoryLimit, gb(memoryLimit));

@@ -166,6 +166,7 @@ def test_a_plan_that_cannot_split_the_model_says_why_as_python_does(page_path, o
     assert page.get_attribute(".planner", "data-state") == "impossible"
     why = why_not(shape_of(full), plan_of(full))
     assert page.text_content("#why") == f"{plan_of(full)} cannot split this model: {why}"
+    assert page.text_content("#time-total") == "-" and page.text_content("#memory-total") == "-"
 
 
 @pytest.mark.timeout(120)
