@@ -23,7 +23,7 @@ import math
 import os
 
 import pytest
-from test_html_player_browser import browser, open_page  # noqa: F401  (fixtures)
+import test_html_player_browser as player_tests
 
 from minidist.parallel.mesh import compare_plans, predict_step, why_not
 from minidist.parallel.pipeline import make_schedule, simulate_schedule
@@ -36,6 +36,10 @@ from viz.planner_page import (
     shape_of,
     write_page,
 )
+
+# The HTML player's fixtures: the same Chromium, the same network refused, the same skip.
+browser = player_tests.browser
+open_page = player_tests.open_page
 
 MEMORY = ("parameters", "gradients", "optimizer_state", "activations")
 TIME = ("compute", "tp_comm", "pp_bubble", "dp_comm", "total")
