@@ -310,9 +310,15 @@ def _cmd_predict(args) -> int:
 
 
 def _cmd_plan(args) -> int:
-    from minidist.parallel.mesh.plan_command import plan_command
+    from minidist.parallel.mesh.plan_command import page_settings, plan_command
 
-    return plan_command(args)
+    if args.html is None:
+        return plan_command(args)
+    from viz.planner_page import write_page  # the page is drawn above the planner
+
+    path = write_page(args.html, page_settings(args))
+    print(f"wrote {path}: the planner page, offline (open it in a browser)")
+    return 0
 
 
 def _cmd_lesson(args) -> int:
@@ -536,6 +542,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--mesh", default=None, metavar="DPxTPxPP",
                       help="only this plan's breakdown, e.g. 8x8x16")
     plan.add_argument("--memory", default="80GB", help="memory a rank (default 80GB)")
+    plan.add_argument("--html", default=None, metavar="PATH",
+                      help="write the planner page instead: one offline HTML file whose "
+                           "sliders move these settings (the numbers: the same formulas)")
     for name, default, what in (("n-layer", 32, "layers"), ("n-embd", 4096, "width h"),
                                 ("n-head", 32, "heads"), ("vocab", 50304, "vocabulary"),
                                 ("seq-len", 4096, "tokens a sequence"),

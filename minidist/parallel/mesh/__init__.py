@@ -8,7 +8,8 @@ Read in this order:
 3. :mod:`.plan_3d`: one step's time and memory predicted for large meshes;
 4. :mod:`.choose_plan`: which dp x tp x pp to choose: every one compared,
    or the Ultra-Scale Playbook's order;
-5. :mod:`.plan_command`: ``minidist plan``, which prints them.
+5. :mod:`.plan_command`: ``minidist plan``, which prints them (with ``--html``,
+   the start of the planner page that ``viz/planner_page.py`` draws).
 
 From other families, through their faces: the tensor family's GPT pieces
 (:mod:`minidist.parallel.tensor`) and the pipeline family's runtime and

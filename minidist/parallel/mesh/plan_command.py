@@ -6,7 +6,9 @@ build the :class:`~.plan_inputs.GPTShape` and the
 :data:`~.plan_inputs.CLUSTER`, their bandwidths given), then print either
 one plan's breakdown (``--mesh DPxTPxPP``: :func:`~.plan_3d.predict_step`)
 and whether it fits in ``--memory``, or every plan of ``--ranks`` compared
-and the Playbook's choice (:mod:`.choose_plan`). A mistake in the
+and the Playbook's choice (:mod:`.choose_plan`); with ``--html PATH``, the
+same arguments as the start of the planner page (:func:`page_settings`;
+``viz/planner_page.py`` writes it, as :mod:`minidist.cli` asks). A mistake in the
 arguments (a size or bandwidth it cannot read, heads that do not divide the
 width, a mesh of other than ``--ranks`` ranks) is one line and exit status
 2, before anything is printed. Costs: those of the predictions it prints.
@@ -58,35 +60,8 @@ def plan_command(args) -> int:
     otherwise every plan of ``--ranks`` compared, and the Playbook's choice
     beside the best (the arguments: :mod:`minidist.cli`). Every argument is
     checked before anything is printed."""
-    limit = _amount("--memory", args.memory, parse_size, "80GB")
-    intra = _amount("--intra", args.intra, parse_bandwidth, "200GB/s")
-    inter = _amount("--inter", args.inter, parse_bandwidth, "25GB/s")
-    if args.n_embd % args.n_head:
-        raise _refuse(f"--n-head {args.n_head} does not divide --n-embd {args.n_embd}: each "
-                      "head takes an equal share of the width; choose heads that divide it "
-                      f"(such as {_divisor_near(args.n_embd, args.n_head)})")
-    mesh = _mesh(args.mesh) if args.mesh else None
-    if mesh is not None and args.ranks is not None and args.ranks != _product(mesh):
-        raise _refuse(f"--mesh {args.mesh} is {_product(mesh):,} ranks, but --ranks is "
-                      f"{args.ranks:,}: a mesh fixes the ranks, so give --mesh alone (one "
-                      "plan) or --ranks alone (every plan of that many ranks)")
-    ranks = DEFAULT_RANKS if args.ranks is None else args.ranks
-
-    model = GPTShape(args.n_layer, args.n_embd, args.n_head, args.vocab, args.seq_len,
-                     args.global_batch, args.micro_batch)
-    machine = Machine(flops=args.tflops * 1e12,
-                      intra=Params(CLUSTER.intra.alpha, 1 / intra),
-                      inter=Params(CLUSTER.inter.alpha, 1 / inter),
-                      node_size=args.node_size)
-    options = {"schedule": args.schedule, "virtual_stages": args.virtual_stages,
-               "sequence_parallel": args.sequence_parallel, "recompute": args.recompute,
-               "zero_stage": args.zero_stage}
-    plan = None
-    if mesh is not None:
-        plan = Plan(*mesh, **options)
-        why = why_not(model, plan)
-        if why is not None:
-            raise SystemExit(f"minidist plan: {plan} cannot split this model: {why}")
+    model, machine, limit, options, mesh, ranks = _inputs(args)
+    plan = None if mesh is None else _checked_plan(model, mesh, options)
     _say(f"GPT of {model.parameters() / 1e9:.2f} B parameters: {model.n_layer} layers, "
           f"h {model.n_embd}, {model.n_head} heads, vocabulary {model.vocab_size}, "
           f"{model.global_batch} sequences of {model.seq_len} tokens a step, "
@@ -103,6 +78,68 @@ def plan_command(args) -> int:
     _say(compare_plans(model, ranks, machine, memory_limit=limit, **options))
     _say(playbook_plan(model, ranks, machine, memory_limit=limit, **options))
     return 0
+
+
+def _inputs(args):
+    """The arguments checked and read: (model, machine, memory limit, the plan's
+    options, the mesh or None, the ranks); a mistake is one line and status 2."""
+    limit = _amount("--memory", args.memory, parse_size, "80GB")
+    intra = _amount("--intra", args.intra, parse_bandwidth, "200GB/s")
+    inter = _amount("--inter", args.inter, parse_bandwidth, "25GB/s")
+    if args.n_embd % args.n_head:
+        raise _refuse(f"--n-head {args.n_head} does not divide --n-embd {args.n_embd}: each "
+                      "head takes an equal share of the width; choose heads that divide it "
+                      f"(such as {_divisor_near(args.n_embd, args.n_head)})")
+    mesh = _mesh(args.mesh) if args.mesh else None
+    if mesh is not None and args.ranks is not None and args.ranks != _product(mesh):
+        raise _refuse(f"--mesh {args.mesh} is {_product(mesh):,} ranks, but --ranks is "
+                      f"{args.ranks:,}: a mesh fixes the ranks, so give --mesh alone (one "
+                      "plan) or --ranks alone (every plan of that many ranks)")
+    ranks = DEFAULT_RANKS if args.ranks is None else args.ranks
+    model = GPTShape(args.n_layer, args.n_embd, args.n_head, args.vocab, args.seq_len,
+                     args.global_batch, args.micro_batch)
+    machine = Machine(flops=args.tflops * 1e12,
+                      intra=Params(CLUSTER.intra.alpha, 1 / intra),
+                      inter=Params(CLUSTER.inter.alpha, 1 / inter),
+                      node_size=args.node_size)
+    options = {"schedule": args.schedule, "virtual_stages": args.virtual_stages,
+               "sequence_parallel": args.sequence_parallel, "recompute": args.recompute,
+               "zero_stage": args.zero_stage}
+    return model, machine, limit, options, mesh, ranks
+
+
+def _checked_plan(model: GPTShape, mesh, options: dict) -> Plan:
+    """The plan of ``--mesh``, or a one-line refusal saying why it cannot split the model."""
+    plan = Plan(*mesh, **options)
+    why = why_not(model, plan)
+    if why is not None:
+        raise SystemExit(f"minidist plan: {plan} cannot split this model: {why}")
+    return plan
+
+
+def page_settings(args) -> dict:
+    """``minidist plan --html``: the arguments, checked as for the printed
+    plan, as the planner page's settings (:mod:`viz.planner_page` writes the
+    page; this layer does not draw). The page starts on ``--mesh``, or else
+    on the fastest plan of ``--ranks`` that fits (all of them on dp when none
+    does: the page then shows by how much)."""
+    model, machine, limit, options, mesh, ranks = _inputs(args)
+    if mesh is not None:
+        _checked_plan(model, mesh, options)
+    else:
+        best = compare_plans(model, ranks, machine, memory_limit=limit, **options).best
+        mesh = (best.plan.dp, best.plan.tp, best.plan.pp) if best else (ranks, 1, 1)
+    dp, tp, pp = mesh
+    schedule = "interleaved_1f1b" if args.schedule == "interleaved" else args.schedule
+    return {"n_layer": model.n_layer, "n_embd": model.n_embd, "n_head": model.n_head,
+            "vocab_size": model.vocab_size, "seq_len": model.seq_len,
+            "global_batch": model.global_batch, "micro_batch": model.micro_batch,
+            "dp": dp, "tp": tp, "pp": pp, "schedule": schedule,
+            "virtual_stages": args.virtual_stages, "sequence_parallel": args.sequence_parallel,
+            "zero_stage": args.zero_stage, "recompute": "full" if args.recompute else "none",
+            "memory_gb": limit / 1e9, "tflops": args.tflops,
+            "intra_gbs": 1 / machine.intra.beta / 1e9, "inter_gbs": 1 / machine.inter.beta / 1e9,
+            "node_size": machine.node_size}
 
 
 def _say(text="") -> None:
