@@ -57,7 +57,7 @@ class Comm:
                  "prefix", "tracing", "algorithm",
                  "calls", "scratch_pool", "_charge_combine", "_byte_scale", "collective", "call", "step",
                  "phase", "buffer", "root", "_start", "_steps_seen", "yields", "_taken",
-                 "blocking", "_after")
+                 "blocking", "_after", "entered_at")
 
     def __init__(self, group, tag: int, ufunc, prefix: str, algorithm: str = "", calls=None,
                  *, collective: str = "", call: int = 0, buffer=None, root=None,
@@ -97,6 +97,7 @@ class Comm:
         self._taken = None
         self._after = None  # see when_released
         self.blocking = True  # False for async_op (set by call.execute)
+        self.entered_at = None  # the start of an async_op call's latest test() or wait()
 
     def at(self, step: int, phase: str) -> None:
         """Say which step of the algorithm the next messages belong to (the
@@ -224,6 +225,13 @@ class Comm:
             itemsize=0 if buffer is None else buffer.itemsize,
             root=-1 if self.root is None else self.root, steps=self._steps_seen,
             group=self.group.group_id)
+        # An async_op call is in flight while the rank does other work, until
+        # the test() or wait() in which it completes: say since when the rank
+        # was inside the call (blocked=, ns after its start), so that a profile
+        # can tell the two apart. A blocking call keeps the rank inside it throughout.
+        if not self.blocking:
+            label += " async=1" + ("" if self.entered_at is None
+                                   else f" blocked={self.entered_at - self._start}")
         transport = self.transport
         transport.record_event("collective", self._start, transport.now_ns(), label=label,
                                group=self.group.group_id)
@@ -285,6 +293,13 @@ class Work:
         self._error = None
         self.result = None
 
+    def _note_entry(self) -> None:
+        """In a traced run, when this test() or wait() began: the one in which
+        the call completes tells the trace since when the rank was inside it."""
+        comm = self._comm
+        if comm is not None and comm.tracing and not self._done:
+            comm.entered_at = comm.transport.now_ns()
+
     def _complete(self) -> None:
         self._done = True
         if self._comm is not None:
@@ -297,6 +312,7 @@ class Work:
         """Advance without blocking; True once the collective has finished."""
         if self._error is not None:
             raise self._error
+        self._note_entry()
         try:
             while not self._done:
                 for request in self._requests:
@@ -314,6 +330,7 @@ class Work:
         """Block until the collective has finished; returns True (as torch does)."""
         if self._error is not None:
             raise self._error
+        self._note_entry()
         try:
             while not self._done:
                 _wait_step(self._requests, timeout)
