@@ -5,7 +5,10 @@ event's end. Three sets of time are read straight from its events:
 
 * ``C``, compute: the union of its ``compute`` events (the regions a
   strategy or a script marks with :func:`minidist.trace.region`; a
-  pipeline's F, B, I, W and step, FSDP2's forward and backward of a unit);
+  pipeline's F, B, I, W and step, FSDP2's forward and backward of a unit),
+  less the time the rank sat inside a collective call (:func:`blocked`): a
+  rank has one thread, and a blocking all_reduce in a region marked
+  "backward" is not backward's computation;
 * ``M``, communication: the union of its ``send``, ``recv`` and
   ``collective`` events (a collective's event spans the call, its messages
   lie inside it; an ``async_op`` call's spans until it completed);
@@ -155,10 +158,10 @@ def classify(events: list[dict], waits: list[Wait], rule: str) -> Breakdown:
 
 def blocked(events: list[dict]) -> list[Interval]:
     """The time the rank sat inside a collective call: a blocking call's whole
-    event; an ``async_op`` call's (``async=1``) from the start of the
-    ``test()`` or ``wait()`` in which it completed (``blocked=``, ns after
-    the call's start) to its end. The short ``test()`` visits before that,
-    which found the call not done, count as in flight."""
+    event; of an ``async_op`` call (``async=1``), the time it spent in the
+    call's ``test()`` and ``wait()`` (``inside=``, ns), placed at the call's
+    end. The amount is exact; the place is the last wait's, and the short
+    ``test()`` visits before it are moved there (one interval, not many)."""
     found = []
     for event in events:
         if event["kind"] != "collective":
@@ -166,8 +169,8 @@ def blocked(events: list[dict]) -> list[Interval]:
         info = _trace.label_info(event.get("label") or "")
         if info.get("async") != 1:
             found.append((event["start"], event["end"]))
-        elif isinstance(info.get("blocked"), int):
-            found.append((event["start"] + info["blocked"], event["end"]))
+        elif isinstance(info.get("inside"), int):
+            found.append((max(event["start"], event["end"] - info["inside"]), event["end"]))
     return union(found)
 
 
@@ -242,13 +245,18 @@ def find_waits(events: list[dict]) -> tuple[list[Wait], dict]:
 
 
 def waited_time(waits: list[Wait], breakdown: Breakdown) -> dict[tuple[int, str], int]:
-    """Nanoseconds of ``breakdown``'s waiting spent on each (peer, what): each
-    wait's part that is in the waiting class (a wait under compute is not
-    one). Two waits at once each count their time."""
+    """Nanoseconds of ``breakdown``'s waiting spent on each (peer, what), each
+    moment given to one wait: the earliest begun that covers it (two receives
+    waiting at once share their time, they do not count it twice). A wait's
+    part under compute is no waiting. The values add up to the waiting time."""
     found: dict[tuple[int, str], int] = defaultdict(int)
-    for wait in waits:
-        found[(wait.peer, wait.what)] += length(intersect([(wait.start, wait.end)],
-                                                          breakdown.waiting))
+    covered = None  # the waits begun so far cover time up to here
+    for wait in sorted(waits, key=lambda w: (w.start, w.end)):
+        start = wait.start if covered is None else max(wait.start, covered)
+        if start < wait.end:
+            found[(wait.peer, wait.what)] += length(intersect([(start, wait.end)],
+                                                              breakdown.waiting))
+        covered = wait.end if covered is None else max(covered, wait.end)
     return dict(found)
 
 

@@ -16,6 +16,7 @@ import pytest
 from minidist import trace
 from minidist.cli import main
 from minidist.profile import ProfileError, chrome_with_profile, profile
+from minidist.profile.breakdown import waited_time
 from minidist.profile.intervals import intersect, length, subtract, union
 
 MS = 1_000_000
@@ -29,11 +30,11 @@ def event(rank, kind, start_ms, end_ms, **fields):
     return found
 
 
-def collective(rank, start_ms, end_ms, call=0, blocked_ms=None, world=2, group=0):
+def collective(rank, start_ms, end_ms, call=0, inside_ms=None, world=2, group=0):
     label = trace.with_info("all_reduce ring", call=call, collective="all_reduce",
                             algorithm="ring", world=world, group=group)
-    if blocked_ms is not None:  # an async_op call, completed in a wait() begun here
-        label += f" async=1 blocked={round(blocked_ms * MS)}"
+    if inside_ms is not None:  # an async_op call: the rank spent this long in its wait()
+        label += f" async=1 inside={round(inside_ms * MS)}"
     return event(rank, "collective", start_ms, end_ms, label=label, group=group)
 
 
@@ -56,6 +57,8 @@ def check_sums(found):
             for second in classes[i + 1:]:
                 assert not intersect(first, second)
         assert not subtract(breakdown.overlapped, breakdown.compute)
+        waits = found.waits.get(breakdown.rank, [])
+        assert sum(waited_time(waits, breakdown).values()) == breakdown.ns("waiting")
 
 
 def test_interval_arithmetic():
@@ -68,7 +71,7 @@ def test_interval_arithmetic():
 def test_an_all_reduce_half_under_compute_is_half_overlapped():
     """Compute 0-10 ms, an async_op all_reduce 5-15 ms waited on from 10 ms."""
     found = profile([event(0, "compute", 0, 10, label="backward"),
-                     collective(0, 5, 15, blocked_ms=5)])
+                     collective(0, 5, 15, inside_ms=5)])
     rank = found.ranks[0]
     assert rank.overlapped == [(5 * MS, 10 * MS)]
     assert rank.exposed == [(10 * MS, 15 * MS)]
