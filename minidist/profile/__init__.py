@@ -146,6 +146,10 @@ def profile(trace, compute: str = "auto") -> Profile:
     ranks = {rank: classify(by_rank[rank], waits[rank], rule) for rank in sorted(by_rank)}
     skipped = list(loaded.notes) + _incomplete(header, ranks, counts)
     remarks += _unclassified_kinds(events)
+    attempts = header.get("attempts")
+    if isinstance(attempts, list) and len(attempts) > 1:
+        remarks.append(f"an elastic run of {len(attempts)} attempts: a rank's span runs from "
+                       "its first attempt to its last, the time between them unmarked")
     found = Profile(ranks, summed(ranks.values()), rule, None, dict(waits), skipped=skipped,
                     remarks=remarks, header=header)
     found.slowest = _slowest(found)

@@ -187,7 +187,7 @@ def _what(event: dict) -> tuple[str, int | None]:
     text = _trace.label_text(label).strip()
     if "call" in info:  # a collective's message: "all_reduce ring: reduce-scatter step 2"
         return text.split(":", 1)[0].strip(), info["call"]
-    return text or f"{event['kind']} (no label)", None
+    return f"point-to-point '{text}'" if text else "point-to-point", None
 
 
 def find_waits(events: list[dict]) -> tuple[list[Wait], dict]:

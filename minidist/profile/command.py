@@ -73,7 +73,7 @@ def profile_command(args) -> int:
     if args.steps:
         _print_steps(console, found, args.rank, scale, unit)
     if len(found.dimensions) > 1 or found.header.get("mesh_shape"):
-        console.print(_dimension_table(found, ranks, scale, unit))
+        console.print(_dimension_table(console, found, ranks, scale, unit))
     for remark in found.remarks:
         console.print(f"note: {remark}")
     if args.picture:
@@ -109,11 +109,11 @@ def _table(title: str | None, rows: list[tuple[str, Breakdown]], scale: float):
     from rich import box
     from rich.table import Table
 
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("", no_wrap=True)
     for heading, _ in COLUMNS:
         table.add_column(heading, justify="right", min_width=len(heading))
-    table.add_column("overlap", justify="right")  # overlapped / all communication
+    table.add_column("overlap", justify="right", min_width=7)  # overlapped / all communication
     for name, breakdown in rows:
         percent = breakdown.overlap_percent
         table.add_row(name, *(f"{breakdown.ns(key) / scale:,.3f}" for _, key in COLUMNS),
@@ -153,16 +153,17 @@ def _print_steps(console, found: Profile, rank, scale: float, unit: str) -> None
         elif rank in step.ranks:
             rows.append((f"step {step.number + 1}", step.ranks[rank]))
     whose = "all ranks" if rank is None else f"rank {rank}"
-    console.print(_table(f"per step, {whose} ({unit}; {found.step_rule})", rows, scale))
+    console.print(f"per step, {whose}, in {unit} ({found.step_rule}):")
+    console.print(_table(None, rows, scale))
 
 
-def _dimension_table(found: Profile, ranks, scale: float, unit: str):
+def _dimension_table(console, found: Profile, ranks, scale: float, unit: str):
     from rich import box
     from rich.table import Table
 
-    table = Table(box=box.SIMPLE_HEAD, title=f"communication {found.dimension_rule} ({unit}, summed over "
-                        f"{'all ranks' if len(ranks) > 1 else f'rank {ranks[0]}'})",
-                  title_justify="left")
+    whose = "all ranks" if len(ranks) > 1 else f"rank {ranks[0]}"
+    console.print(f"communication {found.dimension_rule}, in {unit}, {whose}:")
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for heading in ("", "calls", "communication", "overlapped", "exposed", "waiting"):
         table.add_column(heading, justify="left" if not heading else "right")
     for name, per_rank in found.dimensions.items():

@@ -105,7 +105,7 @@ def test_a_rank_that_waits_for_a_late_peer():
     assert late.ns("exposed") == 1 * MS and late.ns("unmarked") == 0
     assert found.ranks[0].ns("waiting") == 0
     slowest = found.slowest
-    assert (slowest.rank, slowest.peer, slowest.what) == (1, 0, "act mb=0")
+    assert (slowest.rank, slowest.peer, slowest.what) == (1, 0, "point-to-point 'act mb=0'")
     assert slowest.waiting_ns == slowest.peer_ns == 3 * MS
     assert slowest.most_waited_for == 0
     check_sums(found)
@@ -194,6 +194,35 @@ def test_the_command_prints_the_table_the_slowest_rank_a_picture_and_chrome(tmp_
     assert "rank 1 " not in capsys.readouterr().out
 
 
+def test_the_command_prints_steps_and_mesh_dimensions(tmp_path, capsys):
+    header = {"schema": trace.SCHEMA, "version": 2, "world_size": 4, "mesh_shape": [2, 2],
+              "mesh_dim_names": ["dp", "tp"]}
+    events = []
+    for step in range(2):
+        for rank in (0, 1):
+            events += [event(rank, "compute", 10 * step, 10 * step + 6, label="forward"),
+                       collective(rank, 10 * step + 6, 10 * step + 9, call=step, group=1)]
+            events.append(message(rank, "send", 1 - rank, step, 10 * step + 6, 10 * step + 8,
+                                  label=f"all_reduce ring # call={step}", group=1))
+            events.append(message(1 - rank, "recv", rank, step, 10 * step + 6, 10 * step + 8,
+                                  label=f"all_reduce ring # call={step}", group=1))
+    path = write(tmp_path / "mesh.jsonl", dict(header, events=len(events)), events)
+    assert main(["profile", path, "--steps"]) == 1  # ranks 2 and 3 recorded nothing
+    out = capsys.readouterr().out
+    assert "step 1" in out and "step 2" in out
+    assert "by mesh dimension (dp x tp = 2 x 2)" in out and " tp " in out
+    assert "ranks 2, 3 of the 4 recorded no events" in out
+
+
+def test_an_older_trace_says_what_it_could_not_measure(tmp_path, capsys):
+    events = late_peer_trace()
+    for e in events:
+        del e["seq"]
+    path = write(tmp_path / "v1.jsonl", {"schema": trace.SCHEMA, "version": 1}, events)
+    assert main(["profile", path]) == 1
+    assert "carry no seq" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("case, status, words", [
     ("missing", 2, "no trace at"),
     ("empty", 2, "is empty"),
@@ -232,3 +261,16 @@ def test_bad_traces_are_one_line_and_a_status(tmp_path, capsys, case, status, wo
 def test_profile_refuses_what_is_no_trace_in_one_line(tmp_path):
     with pytest.raises(ProfileError, match="no events"):
         profile([])
+
+
+def test_an_elastic_runs_attempts_pair_their_messages_apart():
+    """Each attempt numbers its messages afresh: seq 0 twice, told apart by attempt."""
+    events = []
+    for attempt, at in ((0, 0), (1, 100)):
+        for e in late_peer_trace():
+            e.update(attempt=attempt, start=e["start"] + at * MS, end=e["end"] + at * MS)
+            events.append(e)
+    found = profile(trace.Trace({"schema": trace.SCHEMA, "attempts": [{}, {}]}, events))
+    assert found.ranks[1].ns("waiting") == 2 * 3 * MS
+    assert any("elastic run of 2 attempts" in line for line in found.remarks)
+    check_sums(found)
