@@ -4,7 +4,8 @@ Each bar is a rank's span (first event to last), cut into the classes of
 :mod:`minidist.profile.breakdown`, left to right: compute alone, compute
 with communication in flight (overlapped), exposed communication, waiting
 for a peer, unmarked time. The bars add up to the span by construction, so
-a rank whose bar is shorter began later or ended sooner. Each class has a
+a rank whose bar is shorter began later or ended sooner (above 64 ranks,
+the first 64 are drawn, and the title says so). Each class has a
 hatch as well as a colour (colour is never the only signal), and the
 legend sits below the axis, where no bar can be::
 
@@ -23,9 +24,11 @@ from matplotlib.patches import Patch
 from minidist.atomic_file import atomic_path
 from minidist.profile import Profile, profile
 
+#: Bars drawn at most: the first ranks, the title says how many of how many.
+MAX_RANKS = 64
 #: (class, legend text, colour, hatch), in the order of the bar.
 SEGMENTS = (
-    ("compute alone", "compute", "#006BA4", None),
+    ("compute alone", "compute, nothing in flight", "#006BA4", None),
     ("overlapped", "compute with communication in flight (overlapped)", "#5F9ED1", "//"),
     ("exposed", "exposed communication", "#FF800E", None),
     ("waiting", "waiting for a peer", "#C85200", "xx"),
@@ -44,6 +47,10 @@ def segment_lengths(breakdown) -> dict[str, int]:
 def draw_profile_bars(found: Profile, ranks=None, title: str | None = None) -> Figure:
     """A figure of one bar per rank (``ranks``: which, default all)."""
     shown = sorted(found.ranks if ranks is None else ranks)
+    if len(shown) > MAX_RANKS:
+        title = (title or "where each rank's time went") + \
+            f" (the first {MAX_RANKS} of {len(shown)} ranks)"
+        shown = shown[:MAX_RANKS]
     longest = max((found.ranks[r].ns("span") for r in shown), default=0)
     unit, scale = ("s", 1e9) if longest >= 1e9 else ("ms", 1e6) if longest >= 1e6 else ("us", 1e3)
     height = 1.6 + 0.45 * len(shown)

@@ -34,8 +34,9 @@ Each moment of the span then falls in exactly one class, tried in this order:
 compute         in ``C``; the part of it also in ``M`` is *overlapped*
                 communication (a bucket's all_reduce running under backward)
 waiting         in ``W`` and not in ``C``: blocked on a peer
-exposed         in ``M``, not in ``C``, not in ``W``: communication the rank
-                waited for although every peer was there (the bytes moving)
+exposed         in ``M``, not in ``C``, not in ``W``: the rank inside its
+                communication with every peer there (the bytes moving, the
+                chunks being added)
 unmarked        in none of them: work the trace does not name (an optimizer
                 step no region marks, Python between calls) or nothing
 ==============  ==========================================================
@@ -48,10 +49,18 @@ of the temporal breakdown and the communication/computation overlap of
 Meta's Holistic Trace Analysis (HTA), whose "idle" we split in two: the
 time a peer made this rank wait, and the time the trace says nothing about.
 
+What "overlapped" means here. On a GPU, NCCL moves the bytes on its own
+stream while kernels compute. A minidist rank has one thread and nothing
+runs in the background: an ``async_op`` call moves on only inside its
+``test()`` and ``wait()`` (DDP calls ``test()`` at each gradient). Its
+overlapped time is the time it was started and not yet done while the rank
+computed: what the rank did not have to sit in, the saving overlap is
+for; its ``test()`` visits are counted as the rank's communication.
+
 A trace with no compute region on any rank (the ranks only communicate, or
 a script marks nothing) is read the other way round: every moment that is
-neither communication nor waiting counts as compute, no communication can
-be called overlapped, and the profile says so (``Profile.rule``).
+not communication counts as compute, no communication can be called
+overlapped, and the profile says so (``Profile.rule``).
 
 The *overall* row adds the ranks' times (rank-seconds, as HTA's sums do); a
 step (below) and a mesh dimension are the same classes cut to their window
@@ -87,13 +96,19 @@ class Breakdown:
     waiting: list[Interval]
     unmarked: list[Interval]
 
-    def ns(self, name: str) -> int:
-        """The length of one class (or ``span``, ``communication``, ``idle``) in ns."""
+    def intervals(self, name: str) -> list[Interval]:
+        """The intervals of one class, of ``span``, or of the two unions:
+        ``communication`` (overlapped, exposed, waiting) and ``idle``
+        (waiting, unmarked)."""
         if name == "communication":
-            return self.ns("overlapped") + self.ns("exposed") + self.ns("waiting")
+            return sorted(self.overlapped + self.exposed + self.waiting)
         if name == "idle":
-            return self.ns("waiting") + self.ns("unmarked")
-        return length(getattr(self, name))
+            return sorted(self.waiting + self.unmarked)
+        return getattr(self, name)
+
+    def ns(self, name: str) -> int:
+        """The length of :meth:`intervals` ``(name)``, in ns."""
+        return length(self.intervals(name))
 
     @property
     def overlap_percent(self) -> float | None:

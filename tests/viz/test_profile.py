@@ -274,3 +274,26 @@ def test_an_elastic_runs_attempts_pair_their_messages_apart():
     assert found.ranks[1].ns("waiting") == 2 * 3 * MS
     assert any("elastic run of 2 attempts" in line for line in found.remarks)
     check_sums(found)
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 9])
+def test_the_pictures_legend_covers_nothing(ranks):
+    """The legend's box meets neither the axis (its bars, labels and
+    percentages) nor the figure's edge, whatever the number of rows."""
+    from viz.profile_bars import draw_profile_bars, segment_lengths
+
+    events = []
+    for rank in range(ranks):
+        events += [event(rank, "compute", 0, 10 + rank), collective(rank, 5, 15 + rank,
+                                                                    inside_ms=3)]
+    found = profile(events)
+    for breakdown in found.ranks.values():
+        assert sum(segment_lengths(breakdown).values()) == breakdown.ns("span")
+    figure = draw_profile_bars(found)
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    legend = figure.legends[0].get_window_extent(renderer)
+    axis = figure.axes[0].get_tightbbox(renderer)
+    assert not legend.overlaps(axis)
+    assert legend.y0 >= 0 and legend.x0 >= 0 and legend.x1 <= figure.bbox.x1
+    assert axis.y1 <= figure.bbox.y1
