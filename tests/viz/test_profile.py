@@ -214,6 +214,18 @@ def test_the_command_prints_steps_and_mesh_dimensions(tmp_path, capsys):
     assert "ranks 2, 3 of the 4 recorded no events" in out
 
 
+def test_the_command_fits_in_80_columns(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    events = []
+    for rank in range(12):  # rank 11's numbers are the widest
+        events += [event(rank, "compute", 0, 12_000), collective(rank, 500, 13_000, inside_ms=2)]
+    path = write(tmp_path / "wide.jsonl", {"schema": trace.SCHEMA, "world_size": 12}, events)
+    assert main(["profile", path, "--steps", "--rank", "11"]) == 0
+    assert main(["profile", path]) == 0
+    for line in capsys.readouterr().out.splitlines():
+        assert len(line) <= 80 and "…" not in line, line
+
+
 def test_an_older_trace_says_what_it_could_not_measure(tmp_path, capsys):
     events = late_peer_trace()
     for e in events:
