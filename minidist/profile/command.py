@@ -29,8 +29,9 @@ def add_parser(sub) -> None:
         description="Profile TRACE (in the spirit of Meta's Holistic Trace Analysis): per rank "
                     "and overall, compute, communication overlapped with it, exposed "
                     "communication, idle time (waiting for a peer, or unmarked), the overlap "
-                    "percentage, and the slowest rank with what it waited on. The rules: "
-                    "python -c 'import minidist.profile.breakdown as b; help(b)'.",
+                    "percentage, and the slowest rank with what it waited on. Which moment "
+                    "is which: the docstring of minidist/profile/breakdown.py. Exit status 1: "
+                    "partial numbers (a cut or failed run's trace), each gap said.",
     )
     parser.add_argument("trace", help="a trace file (JSON lines) written by minidist")
     parser.add_argument("--rank", type=int, default=None, metavar="R",

@@ -9,13 +9,17 @@ each strategy shows in the direction it should, and the sums hold.
   are communication, the units' forward and backward regions compute;
 * a 2-stage GPipe pipeline: the bubble, the first stage waiting for the
   gradients of the last and the last for the activations of the first, is
-  idle time on both stages.
+  idle time on both stages;
+* a run whose rank 1 raised: its trace gives partial numbers, and the
+  command says so in one line with status 1.
 
 Timings on a shared 2-core machine vary; the checks are directions and
 sums, not amounts.
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import pytest
@@ -123,3 +127,32 @@ def test_fsdp_and_a_pipeline_bubble(tmp_path):
         assert breakdown.ns("waiting") > 0, rank
         assert breakdown.ns("idle") > 0.05 * breakdown.ns("span"), (rank, breakdown.numbers())
     assert pipe.slowest.peer is not None
+
+
+def _fails():
+    import minidist.distributed as dist
+
+    x = np.ones(1000)
+    with trace.region("forward"):
+        x = x * 2
+    dist.all_reduce(x)
+    if dist.get_rank() == 1:
+        time.sleep(0.3)  # rank 0 is in its next call by then, its message sent
+        raise RuntimeError("rank 1 stops here")
+    dist.all_reduce(x)  # rank 0's half of a call rank 1 never makes
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_runs_trace_gives_partial_numbers_and_says_so(tmp_path, capsys):
+    from minidist.cli import main
+    from minidist.runtime.errors import WorkerError
+
+    path = tmp_path / "failed.jsonl"
+    with pytest.raises(WorkerError):
+        minidist.launch(_fails, world_size=2, transport="shm", trace=str(path), timeout=60)
+    found = profile(path)
+    assert any("one end only" in line for line in found.skipped), found.skipped
+    check_sums(found)
+    assert main(["profile", str(path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("minidist profile: partial numbers:"), err
