@@ -11,6 +11,8 @@ share a moment can be checked to share none (:func:`intersect` is empty).
 
 from __future__ import annotations
 
+from bisect import bisect_right
+
 Interval = tuple[int, int]
 
 
@@ -60,8 +62,18 @@ def subtract(a: list[Interval], b: list[Interval]) -> list[Interval]:
 
 
 def clip(a: list[Interval], start: int, end: int) -> list[Interval]:
-    """The part of ``a`` inside ``[start, end)``."""
-    return intersect(a, [(start, end)]) if start < end else []
+    """The part of ``a`` (sorted, disjoint) inside ``[start, end)``: a binary
+    search to the first interval that may reach it, so that cutting a long
+    run into many steps reads each step's intervals only."""
+    if start >= end:
+        return []
+    found = []
+    for first, last in a[max(bisect_right(a, (start, start)) - 1, 0):]:
+        if first >= end:
+            break
+        if last > start:
+            found.append((max(first, start), min(last, end)))
+    return found
 
 
 def length(a) -> int:
