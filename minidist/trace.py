@@ -35,7 +35,11 @@ call's buffer the message reads (send) or writes (recv), absent for a
 scratch array; ``op`` (recv) ``copy`` or ``combine``. Each rank also records
 one ``kind="collective"`` event spanning the call, whose label holds
 ``collective``, ``algorithm``, ``world``, ``count``, ``itemsize``, ``root``
-(-1: none), ``group`` and ``steps``. :func:`label_info` reads the pairs back,
+(-1: none), ``group`` and ``steps``; a call started with ``async_op=True``
+adds ``async=1`` and ``inside=``, the nanoseconds the rank spent inside the
+call's ``test()`` and ``wait()`` calls (the rest of the event the call was
+in flight while the rank did other work; a blocking call holds the rank
+throughout). :func:`label_info` reads the pairs back,
 :func:`label_text` the text. Version 1 traces (no pairs) still read.
 
 The clock. ``start`` and ``end`` are nanoseconds of ``CLOCK_MONOTONIC``

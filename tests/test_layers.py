@@ -25,6 +25,7 @@ LAYERS = [
     (1, "minidist.virtual_clock"), (1, "minidist.lesson_timing"),
     (2, "minidist.nn"), (2, "minidist.optim"), (2, "minidist.data"), (2, "minidist.memory"),
     (2, "minidist.flops"),  # a step's flops counted, the measured GEMM peak, MFU
+    (2, "minidist.profile"),  # where a traced run's time went: reads traces alone
     (2, "minidist.amp"),
     (2, "minidist.models"),  # whole models of nn's layers (the GPT); the strategies above split them
     (3, "minidist.distributed.transport"),
@@ -38,6 +39,7 @@ LAYERS = [
     (7, "minidist.train"), (7, "minidist.train_gpt"), (7, "minidist.examples"), (7, "minidist.search"),
     (7, "minidist.exercises"),
     (8, "viz"),
+    (9, "minidist.profile.command"),  # `minidist profile TRACE`
     (9, "minidist.cli"), (9, "minidist.commands"), (9, "minidist.exercise_command"),
     (9, "minidist.run_script"), (9, "minidist.run_elastic"),
     (1, "minidist"),  # the package's __init__ alone: the Tensor and friends

@@ -36,6 +36,7 @@ TABLES = [
     "simulate all_reduce --algorithm ring -n 65536 --size 100MB",
     "simulate all_to_all -n 16 --size 1KB --algorithm bruck --trace t.jsonl",
     "viz t.jsonl --play --speed 1000",  # the trace just written, replayed
+    "profile t.jsonl --steps",  # and profiled
     "simulate broadcast -n 8 --size 4KB --algorithm all",
     "plan --ranks 16 --n-layer 4",
     "plan --mesh 2x2x4",
@@ -58,7 +59,7 @@ TABLES = [
 #: Each subcommand's --help, which argparse wraps at COLUMNS itself.
 HELP = ["--help", "train --help", "demo --help", "viz --help", "run --help",
         "bench collectives --help", "simulate --help", "predict --help", "plan --help",
-        "lesson --help", "exercise --help", "exercise check --help"]
+        "lesson --help", "exercise --help", "exercise check --help", "profile --help"]
 
 
 def _at_80_columns(command: str, capsys) -> str:

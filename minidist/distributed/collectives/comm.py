@@ -57,7 +57,7 @@ class Comm:
                  "prefix", "tracing", "algorithm",
                  "calls", "scratch_pool", "_charge_combine", "_byte_scale", "collective", "call", "step",
                  "phase", "buffer", "root", "_start", "_steps_seen", "yields", "_taken",
-                 "blocking", "_after")
+                 "blocking", "_after", "entered_at", "inside_ns")
 
     def __init__(self, group, tag: int, ufunc, prefix: str, algorithm: str = "", calls=None,
                  *, collective: str = "", call: int = 0, buffer=None, root=None,
@@ -97,6 +97,8 @@ class Comm:
         self._taken = None
         self._after = None  # see when_released
         self.blocking = True  # False for async_op (set by call.execute)
+        self.entered_at = None  # traced async_op calls: when the current test() or wait() began,
+        self.inside_ns = 0  # and the time spent in the earlier ones
 
     def at(self, step: int, phase: str) -> None:
         """Say which step of the algorithm the next messages belong to (the
@@ -224,7 +226,17 @@ class Comm:
             itemsize=0 if buffer is None else buffer.itemsize,
             root=-1 if self.root is None else self.root, steps=self._steps_seen,
             group=self.group.group_id)
+        # An async_op call is in flight while the rank does other work, and
+        # moves only inside its test() and wait() calls: say how long the rank
+        # spent in them (inside=, ns), so that a profile can tell communication
+        # under compute from communication the rank sat in. A blocking call
+        # keeps the rank inside it throughout.
         transport = self.transport
+        if not self.blocking:
+            inside = self.inside_ns
+            if self.entered_at is not None:
+                inside += transport.now_ns() - self.entered_at
+            label += f" async=1 inside={inside}"
         transport.record_event("collective", self._start, transport.now_ns(), label=label,
                                group=self.group.group_id)
 
@@ -285,6 +297,18 @@ class Work:
         self._error = None
         self.result = None
 
+    def _note_entry(self) -> None:
+        """In a traced run, when this test() or wait() began (see Comm.record_call)."""
+        comm = self._comm
+        if comm is not None and comm.tracing and not self._done:
+            comm.entered_at = comm.transport.now_ns()
+
+    def _note_exit(self) -> None:
+        comm = self._comm
+        if comm is not None and comm.entered_at is not None:
+            comm.inside_ns += comm.transport.now_ns() - comm.entered_at
+            comm.entered_at = None
+
     def _complete(self) -> None:
         self._done = True
         if self._comm is not None:
@@ -297,6 +321,7 @@ class Work:
         """Advance without blocking; True once the collective has finished."""
         if self._error is not None:
             raise self._error
+        self._note_entry()
         try:
             while not self._done:
                 for request in self._requests:
@@ -306,6 +331,8 @@ class Work:
         except BaseException as error:
             self._abandon(error)
             raise
+        finally:
+            self._note_exit()
         return True
 
     is_completed = test
@@ -314,6 +341,7 @@ class Work:
         """Block until the collective has finished; returns True (as torch does)."""
         if self._error is not None:
             raise self._error
+        self._note_entry()
         try:
             while not self._done:
                 _wait_step(self._requests, timeout)
@@ -321,6 +349,8 @@ class Work:
         except BaseException as error:
             self._abandon(error)
             raise
+        finally:
+            self._note_exit()
         return True
 
     def _abandon(self, error: BaseException) -> None:
