@@ -219,12 +219,13 @@ HELP = ("'flat', a preset ('dgx', 'commodity', with ':NODES' such as 'dgx:4'), o
         "may be followed by pairs that change it: 'dgx:4,nics=1'")
 
 
-def parse_topology(text: str, world_size: int | None = None) -> Topology | None:
+def parse_topology(text: str, world_size: int | None = None, *,
+                   what: str = "the world") -> Topology | None:
     """The topology ``text`` names (see :data:`HELP`); None for ``"flat"``.
 
     Without a node count, the nodes are those ``world_size`` ranks fill (one
     node when no world is given). With ``world_size``, the world is checked
-    to fit (:meth:`Topology.check_world`). Every mistake is a TopologyError
+    to fit (:meth:`Topology.check_world`; ``what`` names it in the refusal). Every mistake is a TopologyError
     of one line saying what to write instead."""
     text = str(text).strip()
     if text.lower() in ("", "flat", "none"):
@@ -278,7 +279,7 @@ def parse_topology(text: str, world_size: int | None = None) -> Topology | None:
         name=base.name + ("+" if changed and base.name else ""),
         source=base.source)
     if world_size is not None:
-        topology.check_world(world_size)
+        topology.check_world(world_size, what)
     return topology
 
 
