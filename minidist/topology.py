@@ -295,8 +295,8 @@ def _value(text: str, key: str, value: str):
         if kind in ("intra", "inter", "gamma"):
             number = parse_bandwidth(value)
             if not (number > 0 and math.isfinite(number)):
-                raise TopologyError(f"--topology {text!r}: {key}={value} must be a positive "
-                                    "bandwidth, such as 25GB/s")
+                raise TopologyError(f"--topology {text!r}: {key}={value} is not a positive "
+                                    "bandwidth; give one such as 25GB/s")
             return number
         if kind in ("intra_alpha", "inter_alpha"):
             number = parse_time(value)

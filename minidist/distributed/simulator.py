@@ -54,7 +54,12 @@ makes a node's off-node messages share its NICs (see
 all alike, and one rank cannot stand for all: the symmetric shortcut runs
 node 0's ranks instead (R of them, R ranks a node), which is exact for the
 algorithms of :data:`SYMMETRIC` because shifting every rank by a whole node
-changes neither the algorithm nor the cluster. ``result.predicted`` is then
+changes neither the algorithm nor the cluster, as long as no two messages of
+a node wait for the same NIC: the order a NIC takes them in is then the
+driver's, which differs from node to node. So node 0 stands for all in the
+rings (:data:`RINGS`: one rank a node sends off it) and, for every
+symmetric algorithm, when each rank has a NIC of its own; otherwise every
+rank runs (see :func:`node_symmetric`). ``result.predicted`` is then
 the two-level formula of :mod:`~minidist.distributed.collectives.topology_costs`
 where one exists (None otherwise).
 
@@ -241,6 +246,23 @@ SYMMETRIC: frozenset = frozenset({
 })
 
 
+#: The rings of :data:`SYMMETRIC`: every step a rank sends to the next rank
+#: only, so a ring leaves each node from one rank and no NIC is ever asked
+#: for by two messages at once.
+RINGS: frozenset = frozenset({
+    ("all_reduce", "ring"), ("all_gather", "ring"), ("reduce_scatter", "ring"),
+})
+
+
+def node_symmetric(collective: str, algorithm: str, topology: Topology) -> bool:
+    """Whether node 0's ranks may stand for every node's on ``topology``: the
+    algorithm is symmetric (:data:`SYMMETRIC`), and no two of a node's
+    messages ever wait for the same NIC, whose order would be the driver's
+    (a ring, or a NIC a rank). Else every rank runs."""
+    return (collective, algorithm) in SYMMETRIC and (
+        (collective, algorithm) in RINGS or topology.ranks_per_nic == 1)
+
+
 # --------------------------------------------------------------------------- result
 
 
@@ -384,7 +406,8 @@ def estimate(collective: str, algorithm: str, world_size: int, nbytes: int, *,
     count, _ = plan_elements(n, nbytes, itemsize, spec.split,
                              None if grain is None else grain(n, nbytes),
                              whole=(collective, algorithm) in WHOLE_ARRAYS)
-    symmetric = (not trace and (collective, algorithm) in SYMMETRIC and count % n == 0)
+    symmetric = (not trace and (collective, algorithm) in SYMMETRIC and count % n == 0
+                 and (topology is None or node_symmetric(collective, algorithm, topology)))
     simulated = (1 if topology is None else topology.ranks_per_node) if symmetric else n
     memory = BASE_BYTES + BYTES_PER_RANK_PAIR * simulated * n + BYTES_PER_RANK * n
     seconds = SECONDS_PER_RANK_PAIR * simulated * n
@@ -497,7 +520,8 @@ def simulate(collective: str, algorithm: str = "auto", world_size: int = 8,
             None if grain is None else grain(world_size, int(nbytes)),
             whole=(collective, algorithm) in WHOLE_ARRAYS)
         symmetric = (symmetry and not trace and (collective, algorithm) in SYMMETRIC
-                     and count % world_size == 0)
+                     and count % world_size == 0
+                     and (topology is None or node_symmetric(collective, algorithm, topology)))
         stand_ins = (1 if topology is None else topology.ranks_per_node) if symmetric \
             else world_size
         arrays = [spec.inputs(rank, world_size, count, dtype, root)
