@@ -118,7 +118,8 @@ def _small(nodes, nics, gamma=1e-10):
 
 #: (collective, algorithm, topology): the ring on each preset and on shared NICs
 #: with combining; recursive doubling with a NIC a rank (exact) and across two
-#: nodes of one NIC; the binomial broadcast on each preset. Up to 4,096 ranks.
+#: nodes of one NIC; the binomial broadcast on each preset, the binomial reduce
+#: and the all_reduce that does both. Up to 4,096 ranks.
 FORMULA_CASES = [
     *[("all_reduce", "ring", make(nodes)) for make in (topology.dgx, topology.commodity)
       for nodes in (1, 2, 16, 512)],
@@ -130,6 +131,9 @@ FORMULA_CASES = [
     *[("broadcast", "binomial", make(nodes)) for make in (topology.dgx, topology.commodity)
       for nodes in (1, 2, 16, 512)],
     ("broadcast", "binomial", _small(5, 2)),
+    ("reduce", "binomial", _small(5, 2)), ("reduce", "binomial", topology.commodity(64)),
+    ("all_reduce", "reduce_broadcast", topology.dgx(512)),
+    ("all_reduce", "reduce_broadcast", _small(16, 1)),
 ]
 
 

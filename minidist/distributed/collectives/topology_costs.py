@@ -39,10 +39,15 @@ numbered node by node; gamma is the ranks' seconds per byte combined.
 * The **binomial broadcast** (root 0, R a power of two): the rounds of
   distance >= R cross nodes, from one rank a node (no NIC shared), the others
   stay inside: ``L_e h_e(N) + L_i h_i(N)`` with L = ceil(log2 n) rounds,
-  L_i = min(L, log2 R) of them inside a node.
+  L_i = min(L, log2 R) of them inside a node. The **binomial reduce** is the
+  same tree run backwards, each round also combining:
+  ``L_e (h_e(N) + N gamma) + L_i (h_i(N) + N gamma)``, and the all_reduce
+  **reduce_broadcast** the two one after the other.
 
 Any algorithm on a single node is its flat formula on the intra link. For
-the others (the trees of chunks, Rabenseifner, Bruck, pairwise...) no closed
+the others (the trees of chunks, Rabenseifner, Bruck, pairwise, the direct
+exchanges of two_shot and one_shot, whose many off-node messages at once
+wait for the NICs in the simulator's order...) no closed
 formula is given here: :func:`predict` says so, and
 ``simulate(..., topology=...)`` times them. The tests hold the simulator to
 these formulas on arrays that divide evenly, up to 4,096 ranks.
@@ -93,6 +98,27 @@ def _recursive_doubling(topology, n, N, gamma):
     return inside * (h_i(N) + N * gamma) + crossing
 
 
+def _binomial_rounds(topology, n):
+    """(rounds across nodes, rounds inside a node) of a binomial tree rooted at 0."""
+    R = topology.ranks_per_node
+    if R & (R - 1):
+        raise ValueError("the binomial tree's two-level formula needs the ranks a node to be "
+                         "a power of two; simulate it")
+    rounds = max(n - 1, 0).bit_length()
+    inside = min(rounds, int(math.log2(R)))
+    return rounds - inside, inside
+
+
+def _binomial_reduce(topology, n, N, gamma):
+    h_i, h_e = _hops(topology)
+    across, inside = _binomial_rounds(topology, n)
+    return across * (h_e(N) + N * gamma) + inside * (h_i(N) + N * gamma)
+
+
+def _reduce_broadcast(topology, n, N, gamma):
+    return _binomial_reduce(topology, n, N, gamma) + _binomial(topology, n, N, gamma)
+
+
 def _binomial(topology, n, N, gamma):
     R = topology.ranks_per_node
     if R & (R - 1):
@@ -107,10 +133,12 @@ def _binomial(topology, n, N, gamma):
 #: FORMULAS[collective][algorithm](topology, n, N, gamma) -> seconds, n > one node.
 FORMULAS = {
     "all_reduce": {"ring": _ring(lambda n: 2 * (n - 1), True),
-                   "recursive_doubling": _recursive_doubling},
+                   "recursive_doubling": _recursive_doubling,
+                   "reduce_broadcast": _reduce_broadcast},
     "reduce_scatter": {"ring": _ring(lambda n: n - 1, True)},
     "all_gather": {"ring": _ring(lambda n: n - 1, False)},
     "broadcast": {"binomial": _binomial},
+    "reduce": {"binomial": _binomial_reduce},
 }
 
 
