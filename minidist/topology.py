@@ -322,7 +322,9 @@ _CURRENT: list = [None]
 
 
 def use(topology: Topology | None) -> None:
-    """Set this process's topology (None: the flat network)."""
+    """Set this process's topology (None: the flat network): the cluster an
+    algorithm that asks :func:`current` runs on. The simulator sets it to its
+    own ``topology=`` while its ranks run, and puts the old one back."""
     if topology is not None and not isinstance(topology, Topology):
         raise TypeError(f"use() takes a Topology or None, got {type(topology).__name__}; "
                         "read one from text with parse_topology()")

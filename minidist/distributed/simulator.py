@@ -83,6 +83,7 @@ import numpy as np
 
 from minidist import alpha_beta
 from minidist import trace as _trace
+from minidist import topology as _topology
 from minidist.topology import Topology
 from minidist.atomic_file import atomic_write
 from minidist.distributed.collectives import (
@@ -476,7 +477,9 @@ def simulate(collective: str, algorithm: str = "auto", world_size: int = 8,
     neither with it; ``gamma`` defaults to the topology's). The world must
     fill whole nodes of it. The symmetric shortcut then runs node 0's ranks
     for all (see the module's docstring), and ``predicted`` is the two-level
-    formula, None where :mod:`~.collectives.topology_costs` has none.
+    formula, None where :mod:`~.collectives.topology_costs` has none. While
+    the ranks run, :func:`minidist.topology.current` is this topology (None
+    on the flat network), whatever :func:`minidist.topology.use` set before.
     """
     _check(collective, algorithm, world_size, nbytes, root)
     world_size = int(world_size)
@@ -542,7 +545,14 @@ def simulate(collective: str, algorithm: str = "auto", world_size: int = 8,
         progress(0, total)  # the total before the first message, for a bar's "0/N"
         if symmetric:
             _report_sends(network, reporter)
-    _run(network, spec, arrays, root, algorithm, op, collective, reporter)
+    # While it runs, the process's topology is the simulated cluster's (None:
+    # flat), so that an algorithm that asks topology.current() sees its nodes.
+    before = _topology.current()
+    _topology.use(topology)
+    try:
+        _run(network, spec, arrays, root, algorithm, op, collective, reporter)
+    finally:
+        _topology.use(before)
 
     try:
         if topology is None:

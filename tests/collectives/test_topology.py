@@ -61,6 +61,24 @@ def test_use_sets_this_process_topology():
     assert topology.current() is None
 
 
+def test_the_simulated_ranks_see_the_simulated_cluster(monkeypatch):
+    from minidist.distributed.collectives import registry
+    seen = []
+    table = registry.ALGORITHMS["all_reduce"]
+    ring = table["ring"]
+
+    def looking(*args, **kwargs):
+        seen.append(topology.current())
+        return (yield from ring(*args, **kwargs))
+    looking.cost = ring.cost
+    monkeypatch.setitem(table, "ring", looking)
+    made = topology.dgx(2)
+    simulate("all_reduce", "ring", 16, 1 << 10, topology=made)
+    simulate("all_reduce", "ring", 16, 1 << 10)
+    assert seen and seen[0] is made and seen[-1] is None
+    assert topology.current() is None
+
+
 REFUSALS = [
     # (text, world, words of the one line)
     ("dgx", 12, "does not fill whole nodes of 8 ranks"),
