@@ -64,7 +64,13 @@ beta within a node; off the node, the inter link's, and the message must
 also find its NIC free on both sides: a node's ranks share its
 ``nics_per_node`` NICs, each NIC a port out and a port in that take one
 message at a time (the first free slot, as the in port), so the 8 off-node
-messages of a node with one NIC leave one after another. The spine's
+messages of a node with one NIC leave one after another. The slots are
+booked in the order the driver reaches the messages, not strictly by their
+time: when two ranks of a node want one NIC in turns, a rank the driver
+moved on first may take it before another's earlier message (a real NIC
+would serve the earlier first). Where that matters the simulation is a
+little slower than a NIC by time order, never faster than the NIC busy
+without a break. The spine's
 oversubscription x multiplies every off-node byte's time by x (the model's
 worst case: every NIC busy). The rank keeps its one out port and one in
 port for all its messages, as the flat model. Ranks are no longer all
