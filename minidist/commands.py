@@ -23,13 +23,13 @@ import time
 import numpy as np
 
 from minidist import costmodel
-from minidist.topology import parse_topology
 from minidist.distributed.collectives import ALGORITHMS
 from minidist.distributed.launch import warn_if_oversubscribed
 from minidist.distributed.simulator import CALLS, SYMMETRIC, estimate, simulate
 from minidist.distributed.transport import check_name
 from minidist.model_gap import RunFacts, explain, ratio_text
 from minidist.runtime.machine_memory import MEMORY_SHARE, memory_available
+from minidist.topology import parse_topology
 from minidist.units import format_bytes
 
 # --------------------------------------------------------------------------- minidist simulate

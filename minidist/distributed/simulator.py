@@ -82,13 +82,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from minidist import alpha_beta
-from minidist import trace as _trace
 from minidist import topology as _topology
-from minidist.topology import Topology
+from minidist import trace as _trace
 from minidist.atomic_file import atomic_write
 from minidist.distributed.collectives import (
     ALGORITHMS,
-    topology_costs,
     all_gather_into_tensor,
     all_reduce,
     all_to_all_single,
@@ -99,6 +97,7 @@ from minidist.distributed.collectives import (
     reduce_scatter_tensor,
     registry,
     scatter,
+    topology_costs,
 )
 from minidist.distributed.collectives.broadcast import chain_segments
 from minidist.distributed.collectives.chunks import double_binary_tree_chunks, largest_power_of_two
@@ -109,6 +108,7 @@ from minidist.distributed.transport.sim import (  # noqa: F401 - the stall, rais
     SimulationStallError,
 )
 from minidist.runtime.errors import DistributedError
+from minidist.topology import Topology
 from minidist.virtual_clock import ReadyQueue
 
 MEMORY_BUDGET = 16 << 20

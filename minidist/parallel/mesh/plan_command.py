@@ -24,10 +24,10 @@ from __future__ import annotations
 import math
 
 from minidist.alpha_beta import Params, parse_bandwidth, parse_size
-from minidist.topology import Topology, TopologyError, parse_topology
 from minidist.parallel.mesh.choose_plan import compare_plans, playbook_plan
 from minidist.parallel.mesh.plan_3d import predict_step
 from minidist.parallel.mesh.plan_inputs import CLUSTER, GPTShape, Machine, Plan, why_not
+from minidist.topology import Topology, TopologyError, parse_topology
 
 #: The ranks compared when ``--ranks`` is not given (with ``--mesh``, the mesh's own).
 DEFAULT_RANKS = 1024
