@@ -295,10 +295,19 @@ class SimulationResult:
     topology: Topology | None = None
 
     def trace_header(self) -> dict:
+        # On a topology, alpha and beta are the intra link's; the shape says the rest.
+        shape = {} if self.topology is None else {"topology": {
+            "name": self.topology.name, "nodes": self.topology.nodes,
+            "ranks_per_node": self.topology.ranks_per_node,
+            "nics_per_node": self.topology.nics_per_node,
+            "spine_oversubscription": self.topology.spine_oversubscription,
+            "inter_alpha": self.topology.inter.alpha, "inter_beta": self.topology.inter.beta,
+            "described": self.topology.describe()}}
         return _trace.make_header(
             self.world_size, transport="sim", clock="virtual", collective=self.collective,
             algorithm=self.algorithm, nbytes=self.nbytes, alpha=self.params.alpha,
-            beta=self.params.beta, gamma=self.params.gamma, simulated_seconds=self.time)
+            beta=self.params.beta, gamma=self.params.gamma, simulated_seconds=self.time,
+            **shape)
 
     def event_dicts(self) -> list[dict]:
         """The events in the written form (one dict per message end)."""

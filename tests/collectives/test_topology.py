@@ -264,3 +264,19 @@ def test_the_flat_network_is_the_default_and_unchanged():
         assert shaped.time == pytest.approx(flat.time, rel=1e-12), algorithm
     with pytest.raises(ValueError, match="either topology= or alpha="):
         simulate("all_reduce", "ring", 64, 1 << 20, topology=same, alpha=1e-6)
+
+
+def test_a_trace_on_a_topology_says_its_shape(tmp_path):
+    import json
+
+    path = tmp_path / "ring.jsonl"
+    simulate("all_reduce", "ring", 16, 1 << 10, topology=topology.commodity(2), trace=str(path))
+    header = json.loads(path.read_text().splitlines()[0])
+    assert header["topology"]["nodes"] == 2 and header["topology"]["nics_per_node"] == 1
+    assert "topology" not in simulate("all_reduce", "ring", 16, 1 << 10).trace_header()
+    # ... and the replay's model column is the two-level formula, read back from it
+    from viz.replay import _predict
+
+    result = simulate("all_reduce", "ring", 16, 1 << 20, topology=topology.commodity(2))
+    assert _predict(result.trace_header(), "all_reduce", "ring", 16, 1 << 20) == \
+        pytest.approx(result.time, rel=1e-12)
