@@ -143,7 +143,8 @@ class Topology:
             raise TopologyError(
                 f"{what} of {world_size:,} ranks is larger than the cluster ({self.describe()}: "
                 f"{self.world_size:,} ranks); give more nodes (such as "
-                f"{self.name or 'nodes'}:{-(-world_size // self.ranks_per_node)}) or fewer ranks")
+                + (f"{self.name.rstrip('+')}:" if self.name else "nodes=")
+                + f"{-(-world_size // self.ranks_per_node)}) or fewer ranks")
         if world_size % self.ranks_per_node:
             raise TopologyError(
                 f"{what} of {world_size:,} ranks does not fill whole nodes of "
@@ -183,7 +184,8 @@ def dgx(nodes: int = 1) -> Topology:
         inter=Params(alpha=5e-6, beta=1 / 50e9, gamma=0.0),
         nics_per_node=8, name="dgx",
         source="NVIDIA DGX H100 datasheet (8x H100, 900 GB/s NVLink a GPU, 8x ConnectX-7 "
-               "400 Gb/s InfiniBand); latencies: NCCL src/graph/tuning.cc (hwLat), rounded")
+               "400 Gb/s InfiniBand); latencies: the order of magnitude of NCCL's "
+               "src/graph/tuning.cc (hwLat, NVLink and network)")
 
 
 def commodity(nodes: int = 1) -> Topology:
@@ -196,7 +198,8 @@ def commodity(nodes: int = 1) -> Topology:
         inter=Params(alpha=10e-6, beta=1 / 12.5e9, gamma=0.0),
         nics_per_node=1, name="commodity",
         source="PCI-SIG PCIe 4.0 specification (16 GT/s a lane, x16); IEEE 802.3 100 Gb "
-               "Ethernet; latencies: NCCL src/graph/tuning.cc (hwLat, PCI and network), rounded")
+               "Ethernet; latencies: the order of magnitude of NCCL's src/graph/tuning.cc "
+               "(hwLat, PCI and network)")
 
 
 #: name -> (nodes -> Topology).
