@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/bench_simulator.py --before main~3 --timeout 120
     .venv/bin/python benchmarks/bench_simulator.py --quick         # n = 256 and 1,024 only
     .venv/bin/python benchmarks/bench_simulator.py --floor         # the double binary tree's floor
+    .venv/bin/python benchmarks/bench_simulator.py --topology flat,dgx   # a cluster's shape
 
 The cases: every all_reduce algorithm at n = 1,024 and 4,096, and
 the ring at 16,384 and 65,536. Each case runs in a fresh process per version
@@ -26,6 +27,17 @@ irecv and irecv_reduce do nothing (no clock, no queue, no copy), in this
 process, at n = 1,024 and 4,096 and 100 MB. A simulator that runs the
 algorithm's code cannot take less; the double binary tree is not
 symmetric, so it cannot run one rank for all as the ring does.
+
+``--topology flat,dgx``: what a cluster's shape costs the simulator. The
+ring and a tree (``reduce_broadcast``: a binomial reduce, then a binomial
+broadcast) at n = 4,096 and 65,536, 100 MB, on each named topology
+(``flat``: one link for every pair; ``dgx``: :func:`minidist.topology.dgx`
+with the nodes n fills, or any text ``parse_topology`` reads), a fresh
+process per case: wall time, peak memory, the simulated time and the cost
+model's (the two-level formula, "-" where none is given). On a topology
+the ring runs node 0's 8 ranks for all instead of rank 0 alone, so 8 times
+the messages; the tree runs every rank either way. ``--write FILE``: the
+table as Markdown (benchmarks/results/simulator_topology.md).
 """
 
 from __future__ import annotations
@@ -58,6 +70,25 @@ CHILD = textwrap.dedent("""
         resource.RUSAGE_SELF).ru_maxrss / 1024, "time": result.time,
         "predicted": result.predicted, "messages": result.messages}))
 """)
+
+
+TOPOLOGY_CHILD = textwrap.dedent("""
+    import json, resource, sys, time
+    from minidist.distributed.simulator import simulate
+    from minidist.topology import parse_topology
+    algorithm, n, nbytes, text = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    topology = parse_topology(text, n)
+    start = time.perf_counter()
+    result = simulate("all_reduce", algorithm, n, nbytes, topology=topology)
+    wall = time.perf_counter() - start
+    print(json.dumps({"wall": wall, "peak_mb": resource.getrusage(
+        resource.RUSAGE_SELF).ru_maxrss / 1024, "time": result.time,
+        "predicted": result.predicted, "messages": result.messages,
+        "symmetric": result.symmetric}))
+""")
+
+#: The cases of --topology: the ring and a tree, at two sizes of world.
+TOPOLOGY_CASES = [(algorithm, n) for n in (4096, 65536) for algorithm in ("ring", "reduce_broadcast")]
 
 
 FLOOR = textwrap.dedent("""
@@ -114,8 +145,10 @@ def cases(quick: bool) -> list[tuple[str, int]]:
             + [("ring", 16384), ("ring", 65536)])
 
 
-def run_case(tree: str, algorithm: str, n: int, timeout: float, memory_gb: float) -> dict:
-    """One simulation in a fresh process on ``tree``'s minidist."""
+def run_case(tree: str, algorithm: str, n: int, timeout: float, memory_gb: float,
+             topology: str | None = None) -> dict:
+    """One simulation in a fresh process on ``tree``'s minidist (on
+    ``topology``, text for parse_topology, when given)."""
     env = dict(os.environ, PYTHONPATH=tree, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     limit = int(memory_gb * (1 << 30))
 
@@ -124,7 +157,11 @@ def run_case(tree: str, algorithm: str, n: int, timeout: float, memory_gb: float
 
     start = time.perf_counter()
     try:
-        done = subprocess.run([sys.executable, "-c", CHILD, algorithm, str(n), str(NBYTES)],
+        command = ([sys.executable, "-c", CHILD, algorithm, str(n), str(NBYTES)]
+                   if topology is None else
+                   [sys.executable, "-c", TOPOLOGY_CHILD, algorithm, str(n), str(NBYTES),
+                    topology])
+        done = subprocess.run(command,
                               cwd=tree, env=env, capture_output=True, text=True,
                               timeout=timeout, preexec_fn=limit_memory)
     except subprocess.TimeoutExpired:
@@ -163,6 +200,41 @@ def _same(after: dict, before: dict) -> str:
         f"NO ({before['time']!r} vs {after['time']!r})"
 
 
+def topology_table(names: list[str], timeout: float, memory_gb: float,
+                   write: str | None = None) -> int:
+    """--topology: each case of :data:`TOPOLOGY_CASES` on each topology named."""
+    load = os.getloadavg()
+    lines = ["| algorithm | n | topology | wall | peak memory | simulated | cost model "
+             "| messages | ranks run |", "|---|---:|---|---:|---:|---:|---:|---:|---|"]
+    print(lines[0] + "\n" + lines[1], flush=True)
+    for algorithm, n in TOPOLOGY_CASES:
+        for name in names:
+            result = run_case(ROOT, algorithm, n, timeout, memory_gb, topology=name)
+            if result["status"] == "ok":
+                predicted = result["predicted"]
+                ran = ("one node" if name != "flat" else "rank 0") if result["symmetric"] \
+                    else "all"
+                line = (f"| {algorithm} | {n:,} | {name} | {result['wall']:.3g} s | "
+                        f"{result['peak_mb']:.0f} MB | {result['time'] * 1e3:.4g} ms | "
+                        + (f"{predicted * 1e3:.4g} ms" if predicted is not None else "-")
+                        + f" | {result['messages']:,} | {ran} |")
+            else:
+                line = f"| {algorithm} | {n:,} | {name} | {result['status']} | - | - | - | - | - |"
+            lines.append(line)
+            print(line, flush=True)
+    end = os.getloadavg()
+    footer = (f"load average at the start: {load[0]:.2f}, at the end: {end[0]:.2f}; "
+              f"{os.cpu_count()} cores; N = 100 MB; a fresh process a case")
+    print("\n" + footer)
+    if write:
+        with open(write, "w") as file:
+            file.write("# The simulator on a cluster's shape (`bench_simulator.py --topology`)\n\n"
+                       f"`.venv/bin/python benchmarks/bench_simulator.py --topology "
+                       f"{','.join(names)} --write {os.path.relpath(write, ROOT)}`\n\n"
+                       + "\n".join(lines) + "\n\n" + footer + "\n")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", default="HEAD", help="git revision to compare with")
@@ -181,9 +253,19 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--floor", action="store_true",
                         help="only time the double binary tree's own code on a null comm")
+    parser.add_argument("--topology", default=None,
+                        help="only the ring and a tree at 4,096 and 65,536 ranks on each of "
+                             "these topologies, e.g. flat,dgx (separated by ; when one is "
+                             "given as key=value pairs)")
+    parser.add_argument("--write", default=None,
+                        help="with --topology: also write the table here as Markdown")
     args = parser.parse_args(argv)
     if args.floor:
         return floor()
+    if args.topology:
+        return topology_table(args.topology.split(";") if ";" in args.topology
+                              else args.topology.split(","), args.timeout, args.memory,
+                              args.write)
 
     todo = cases(args.quick)
     if args.only:

@@ -494,12 +494,17 @@ def build_parser() -> argparse.ArgumentParser:
                                "or the whole gathered array for scatter, gather and "
                                "all_gather, the input of reduce_scatter, what one rank sends "
                                "in all_to_all")
-    simulate.add_argument("--alpha", default="5us", help="latency per message (default 5us)")
-    simulate.add_argument("--bandwidth", default="10GB/s",
+    simulate.add_argument("--alpha", default=None, help="latency per message (default 5us)")
+    simulate.add_argument("--bandwidth", default=None,
                           help="bytes per second of a link (default 10GB/s)")
-    simulate.add_argument("--gamma-bandwidth", default="10GB/s",
+    simulate.add_argument("--gamma-bandwidth", default=None,
                           help="bytes per second a rank combines in a reduction (default "
-                               "10GB/s; inf: combining is free)")
+                               "10GB/s, or the topology's; inf: combining is free)")
+    simulate.add_argument("--topology", default="flat",
+                          help="the cluster's shape (default flat: one link for every pair): "
+                               "dgx, commodity, dgx:4 (nodes), or "
+                               "nodes=4,ranks_per_node=8,intra=300GB/s,inter=25GB/s,nics=1; "
+                               "its links replace --alpha and --bandwidth")
     simulate.add_argument("--root", type=int, default=0, help="root rank of rooted collectives")
     simulate.add_argument("--dtype", default="float32", help="element type (default float32)")
     simulate.add_argument("--trace", default=None,
@@ -562,11 +567,15 @@ def build_parser() -> argparse.ArgumentParser:
                       help="ZeRO's stage on the dp group (default 0: DDP)")
     plan.add_argument("--tflops", type=_positive_float, default=400.0,
                       help="TFLOP/s a rank sustains (default 400)")
-    plan.add_argument("--node-size", type=_positive_int, default=8,
+    plan.add_argument("--node-size", type=_positive_int, default=None,
                       help="ranks a node (default 8)")
-    plan.add_argument("--intra", default="200GB/s", help="bandwidth within a node (default 200GB/s)")
-    plan.add_argument("--inter", default="25GB/s",
+    plan.add_argument("--intra", default=None, help="bandwidth within a node (default 200GB/s)")
+    plan.add_argument("--inter", default=None,
                       help="bandwidth between nodes, a rank (default 25GB/s)")
+    plan.add_argument("--topology", default=None,
+                      help="the cluster (dgx, commodity, dgx:128, or key=value pairs as "
+                           "`minidist simulate --topology`): its node size and links replace "
+                           "--node-size, --intra and --inter")
     plan.set_defaults(handler=_cmd_plan)
 
     lesson = sub.add_parser(

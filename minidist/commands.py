@@ -29,6 +29,7 @@ from minidist.distributed.simulator import CALLS, SYMMETRIC, estimate, simulate
 from minidist.distributed.transport import check_name
 from minidist.model_gap import RunFacts, explain, ratio_text
 from minidist.runtime.machine_memory import MEMORY_SHARE, memory_available
+from minidist.topology import parse_topology
 from minidist.units import format_bytes
 
 # --------------------------------------------------------------------------- minidist simulate
@@ -121,7 +122,7 @@ def _machine_pace() -> tuple[float, float]:
     return pace, pace * max(wall / max(cpu, 1e-9), queue, 1.0)
 
 
-def _check_cost(collective, algorithms, args, nbytes, dtype) -> None:
+def _check_cost(collective, algorithms, args, nbytes, dtype, topology=None) -> None:
     """Refuse (ValueError, one line) a simulation estimated to outgrow this
     machine's memory or :data:`REFUSE_SECONDS`, saying what to run instead;
     warn about one over :data:`WARN_SECONDS`. See
@@ -132,7 +133,8 @@ def _check_cost(collective, algorithms, args, nbytes, dtype) -> None:
     available = memory_available()
     def cost(name, nproc):
         return estimate(collective, name, nproc, nbytes, dtype=dtype,
-                        root=min(args.root, nproc - 1), trace=bool(args.trace))
+                        root=min(args.root, nproc - 1), trace=bool(args.trace),
+                        topology=topology)
 
     def fits(e):
         return e.bytes <= MEMORY_SHARE * available and e.seconds <= REFUSE_SECONDS
@@ -156,6 +158,8 @@ def _check_cost(collective, algorithms, args, nbytes, dtype) -> None:
         fewer = args.nproc // 2
         while fewer > 1 and not all(fits(cost(name, fewer)) for name in too_big):
             fewer //= 2
+        if topology is not None and fewer % topology.ranks_per_node:
+            fewer = 0  # a world of whole nodes only
         if fewer > 1:
             instead.append(f"-n {fewer} or fewer")
         if CALLS[collective].sized:
@@ -215,10 +219,25 @@ def simulate_command(args) -> int:
         nbytes = costmodel.parse_size(args.size)
         if nbytes < 0:
             raise ValueError(f"--size must not be negative, got {args.size!r}")
-        alpha = costmodel.parse_time(args.alpha)
-        bandwidth = costmodel.parse_bandwidth(args.bandwidth)
-        gamma_bandwidth = (math.inf if str(args.gamma_bandwidth).strip().lower() == "inf"
-                           else costmodel.parse_bandwidth(args.gamma_bandwidth))
+        topology = parse_topology(getattr(args, "topology", None) or "flat", args.nproc)
+        if topology is not None:
+            given = [flag for flag, value in (("--alpha", args.alpha),
+                                              ("--bandwidth", args.bandwidth))
+                     if value is not None]
+            if given:
+                raise ValueError(f"--topology {args.topology} sets every link's latency and "
+                                 f"bandwidth, so {' and '.join(given)} would contradict it: "
+                                 "give the links in the topology (such as "
+                                 "nodes=4,ranks_per_node=8,intra=300GB/s,inter=25GB/s) or "
+                                 "drop --topology")
+        alpha = costmodel.parse_time(args.alpha or "5us")
+        bandwidth = costmodel.parse_bandwidth(args.bandwidth or "10GB/s")
+        if args.gamma_bandwidth is None and topology is not None:
+            gamma_bandwidth = 1 / topology.gamma if topology.gamma else math.inf
+        else:
+            gamma_text = args.gamma_bandwidth or "10GB/s"
+            gamma_bandwidth = (math.inf if str(gamma_text).strip().lower() == "inf"
+                               else costmodel.parse_bandwidth(gamma_text))
         for flag, value in (("--alpha", alpha), ("--bandwidth", bandwidth),
                             ("--gamma-bandwidth", gamma_bandwidth)):
             if not value >= 0 or (flag != "--alpha" and value == 0):
@@ -233,7 +252,7 @@ def simulate_command(args) -> int:
             folder = os.path.dirname(os.path.abspath(args.trace))
             if not os.path.isdir(folder):
                 raise ValueError(f"--trace {args.trace}: the folder {folder} does not exist")
-        _check_cost(collective, algorithms, args, nbytes, dtype)
+        _check_cost(collective, algorithms, args, nbytes, dtype, topology)
     except (ValueError, TypeError) as error:
         Console(stderr=True).print(f"minidist simulate: error: {error}", style="bold red",
                                    markup=False, highlight=False, soft_wrap=True)
@@ -243,8 +262,9 @@ def simulate_command(args) -> int:
                               gamma=1.0 / gamma_bandwidth if math.isfinite(gamma_bandwidth)
                               else 0.0)
     size = f"N = {format_bytes(nbytes)}; " if CALLS[collective].sized else ""
-    out.print(f"{collective} on {args.nproc:,} simulated ranks, {size}"
-              f"alpha {_format_seconds(alpha)}, links {format_bytes(bandwidth)}/s, "
+    links = (f"alpha {_format_seconds(alpha)}, links {format_bytes(bandwidth)}/s, "
+             if topology is None else f"{topology.describe()}; ")
+    out.print(f"{collective} on {args.nproc:,} simulated ranks, {size}{links}"
               + (f"combining {format_bytes(gamma_bandwidth)}/s"
                  if math.isfinite(gamma_bandwidth) else "combining free"),
               markup=False, highlight=False)
@@ -271,9 +291,11 @@ def simulate_command(args) -> int:
                 bar.update(task, completed=messages, total=total, visible=True,
                            counted=_counted(messages, total))
 
-            result = simulate(collective, name, args.nproc, nbytes, alpha=params.alpha,
-                              beta=params.beta, gamma=params.gamma, dtype=dtype,
-                              root=args.root, trace=bool(args.trace), progress=progress)
+            links = (dict(alpha=params.alpha, beta=params.beta) if topology is None
+                     else dict(topology=topology))
+            result = simulate(collective, name, args.nproc, nbytes, gamma=params.gamma,
+                              dtype=dtype, root=args.root, trace=bool(args.trace),
+                              progress=progress, **links)
             results.append(result)
             if args.trace:
                 path = _trace_path(args.trace, name, several)

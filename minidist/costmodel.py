@@ -21,6 +21,16 @@ total). p is the largest power of two not above n; xbeta the seconds per
 byte of a step in which a rank sends and receives at once (see
 :attr:`Params.xbeta`).
 
+On a cluster with a shape (:mod:`minidist.topology`: nodes, the links inside
+and between them, the NICs a node's ranks share), ``predict(...,
+topology=...)`` gives the two-level formula of
+:mod:`minidist.distributed.collectives.topology_costs` (the ring, recursive
+doubling, the binomial broadcast; any algorithm on one node), and says so
+where there is none::
+
+    costmodel.predict("all_reduce", "ring", 64, 100 << 20,
+                      topology=topology.parse_topology("dgx:8"))
+
 It stands above the collectives (importing them registers every algorithm),
 which themselves never import it: "auto" asks the registry directly.
 """
@@ -38,14 +48,33 @@ from minidist.alpha_beta import (  # noqa: F401  (the public face of the model)
     parse_size,
     parse_time,
 )
-from minidist.distributed.collectives import registry
+from minidist.distributed.collectives import registry, topology_costs
 from minidist.distributed.collectives.registry import (  # noqa: F401
     best,
     formula,
-    predict,
     predict_all,
     text,
 )
+from minidist.topology import Topology
+
+
+def predict(collective: str, algorithm: str, world_size: int, nbytes: float,
+            params: Params | None = None, transport: str | None = None,
+            topology: Topology | None = None) -> float:
+    """Predicted seconds for one call: the alpha-beta-gamma formula on the flat
+    network (``params``, or ``transport``'s), or with ``topology`` the
+    two-level formula (ValueError where none is given: simulate it). With a
+    topology, ``params`` may only set gamma, the ranks' combining speed; a
+    ``transport`` is refused (its links are not the cluster's)."""
+    if topology is None:
+        return registry.predict(collective, algorithm, world_size, nbytes, params, transport)
+    if transport is not None:
+        raise ValueError("give either topology= or transport=, not both: the topology's "
+                         "links are the cluster's")
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    gamma = None if params is None else params.gamma
+    return topology_costs.predict(collective, algorithm, world_size, nbytes, topology, gamma)
 
 #: FORMULAS[collective][algorithm]: ``f(n, N, params) -> seconds``.
 FORMULAS = {collective: {name: cost.seconds for name, cost in costs.items()}

@@ -654,7 +654,24 @@ def _modelled_bytes(header: dict, collective: str, nbytes: int) -> int:
 def _predict(header: dict, collective: str, algorithm: str, world: int,
              nbytes: int) -> float | None:
     """The cost model's time for the call, with the parameters the trace was
-    made under: the simulator's alpha / beta / gamma, or the transport's fit."""
+    made under: the simulator's alpha / beta / gamma (and its cluster's shape,
+    when it ran on one: the two-level formula, None where there is none), or
+    the transport's fit."""
+    shape = header.get("topology")
+    if shape and all(key in header for key in ("alpha", "beta")):
+        from minidist.topology import Topology
+
+        try:
+            cluster = Topology(
+                nodes=shape["nodes"], ranks_per_node=shape["ranks_per_node"],
+                intra=costmodel.Params(header["alpha"], header["beta"], header.get("gamma", 0.0)),
+                inter=costmodel.Params(shape["inter_alpha"], shape["inter_beta"],
+                                       header.get("gamma", 0.0)),
+                nics_per_node=shape["nics_per_node"],
+                spine_oversubscription=shape["spine_oversubscription"], name=shape.get("name", ""))
+            return costmodel.predict(collective, algorithm, world, nbytes, topology=cluster)
+        except (KeyError, TypeError, ValueError):
+            return None
     if all(key in header for key in ("alpha", "beta")):
         params = costmodel.Params(alpha=header["alpha"], beta=header["beta"],
                                   gamma=header.get("gamma", 0.0))

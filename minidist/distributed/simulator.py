@@ -47,6 +47,22 @@ given ``inputs``, a trace, or ``symmetry=False``, every rank runs. The
 tests hold each algorithm of :data:`SYMMETRIC` to the full simulation's
 exact times, message counts and bytes.
 
+A cluster with a shape. ``simulate(..., topology=Topology)`` (see
+:mod:`minidist.topology`) charges each message by the link it crosses and
+makes a node's off-node messages share its NICs (see
+:mod:`~minidist.distributed.transport.sim`). Then the ranks are no longer
+all alike, and one rank cannot stand for all: the symmetric shortcut runs
+node 0's ranks instead (R of them, R ranks a node), which is exact for the
+algorithms of :data:`SYMMETRIC` because shifting every rank by a whole node
+changes neither the algorithm nor the cluster, as long as no two messages of
+a node wait for the same NIC: the order a NIC takes them in is then the
+driver's, which differs from node to node. So node 0 stands for all in the
+rings (:data:`RINGS`: one rank a node sends off it) and, for every
+symmetric algorithm, when each rank has a NIC of its own; otherwise every
+rank runs (see :func:`node_symmetric`). ``result.predicted`` is then
+the two-level formula of :mod:`~minidist.distributed.collectives.topology_costs`
+where one exists (None otherwise).
+
 Every collective of :data:`~minidist.distributed.collectives.ALGORITHMS` has
 an entry in :data:`CALLS` saying which arrays a rank passes and how its
 public function is called; a new collective needs one there. An algorithm
@@ -66,6 +82,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from minidist import alpha_beta
+from minidist import topology as _topology
 from minidist import trace as _trace
 from minidist.atomic_file import atomic_write
 from minidist.distributed.collectives import (
@@ -80,6 +97,7 @@ from minidist.distributed.collectives import (
     reduce_scatter_tensor,
     registry,
     scatter,
+    topology_costs,
 )
 from minidist.distributed.collectives.broadcast import chain_segments
 from minidist.distributed.collectives.chunks import double_binary_tree_chunks, largest_power_of_two
@@ -90,6 +108,7 @@ from minidist.distributed.transport.sim import (  # noqa: F401 - the stall, rais
     SimulationStallError,
 )
 from minidist.runtime.errors import DistributedError
+from minidist.topology import Topology
 from minidist.virtual_clock import ReadyQueue
 
 MEMORY_BUDGET = 16 << 20
@@ -228,6 +247,23 @@ SYMMETRIC: frozenset = frozenset({
 })
 
 
+#: The rings of :data:`SYMMETRIC`: every step a rank sends to the next rank
+#: only, so a ring leaves each node from one rank and no NIC is ever asked
+#: for by two messages at once.
+RINGS: frozenset = frozenset({
+    ("all_reduce", "ring"), ("all_gather", "ring"), ("reduce_scatter", "ring"),
+})
+
+
+def node_symmetric(collective: str, algorithm: str, topology: Topology) -> bool:
+    """Whether node 0's ranks may stand for every node's on ``topology``: the
+    algorithm is symmetric (:data:`SYMMETRIC`), and no two of a node's
+    messages ever wait for the same NIC, whose order would be the driver's
+    (a ring, or a NIC a rank). Else every rank runs."""
+    return (collective, algorithm) in SYMMETRIC and (
+        (collective, algorithm) in RINGS or topology.ranks_per_nic == 1)
+
+
 # --------------------------------------------------------------------------- result
 
 
@@ -252,14 +288,26 @@ class SimulationResult:
     #: With tracing: one tuple per send and per receive, in
     #: :data:`minidist.trace.FIELDS` order, times in virtual nanoseconds.
     events: list[tuple] | None = field(default=None, repr=False)
-    #: True when rank 0 was simulated for all ranks (see :data:`SYMMETRIC`).
+    #: True when rank 0 (or, with a topology, node 0) was simulated for all
+    #: ranks (see :data:`SYMMETRIC`).
     symmetric: bool = False
+    #: The cluster's shape the messages were charged on (None: the flat network).
+    topology: Topology | None = None
 
     def trace_header(self) -> dict:
+        # On a topology, alpha and beta are the intra link's; the shape says the rest.
+        shape = {} if self.topology is None else {"topology": {
+            "name": self.topology.name, "nodes": self.topology.nodes,
+            "ranks_per_node": self.topology.ranks_per_node,
+            "nics_per_node": self.topology.nics_per_node,
+            "spine_oversubscription": self.topology.spine_oversubscription,
+            "inter_alpha": self.topology.inter.alpha, "inter_beta": self.topology.inter.beta,
+            "described": self.topology.describe()}}
         return _trace.make_header(
             self.world_size, transport="sim", clock="virtual", collective=self.collective,
             algorithm=self.algorithm, nbytes=self.nbytes, alpha=self.params.alpha,
-            beta=self.params.beta, gamma=self.params.gamma, simulated_seconds=self.time)
+            beta=self.params.beta, gamma=self.params.gamma, simulated_seconds=self.time,
+            **shape)
 
     def event_dicts(self) -> list[dict]:
         """The events in the written form (one dict per message end)."""
@@ -344,7 +392,8 @@ class Estimate:
 
 
 def estimate(collective: str, algorithm: str, world_size: int, nbytes: int, *,
-             dtype=np.float32, root: int = 0, trace: bool = False) -> Estimate:
+             dtype=np.float32, root: int = 0, trace: bool = False,
+             topology: Topology | None = None) -> Estimate:
     """About the seconds and bytes of ``simulate(...)`` with these arguments,
     from arithmetic alone (nothing is simulated; well under a second).
 
@@ -358,7 +407,7 @@ def estimate(collective: str, algorithm: str, world_size: int, nbytes: int, *,
 
     Within a factor of a few of what large cases take (benchmarks/README.md,
     "The simulator at scale"), which is what a refusal before minutes of work
-    needs."""
+    needs. With a ``topology``, a symmetric simulation runs a node's ranks."""
     n = int(world_size)
     spec = CALLS[collective]
     nbytes = int(nbytes) if spec.sized else 0
@@ -367,8 +416,9 @@ def estimate(collective: str, algorithm: str, world_size: int, nbytes: int, *,
     count, _ = plan_elements(n, nbytes, itemsize, spec.split,
                              None if grain is None else grain(n, nbytes),
                              whole=(collective, algorithm) in WHOLE_ARRAYS)
-    symmetric = (not trace and (collective, algorithm) in SYMMETRIC and count % n == 0)
-    simulated = 1 if symmetric else n
+    symmetric = (not trace and (collective, algorithm) in SYMMETRIC and count % n == 0
+                 and (topology is None or node_symmetric(collective, algorithm, topology)))
+    simulated = (1 if topology is None else topology.ranks_per_node) if symmetric else n
     memory = BASE_BYTES + BYTES_PER_RANK_PAIR * simulated * n + BYTES_PER_RANK * n
     seconds = SECONDS_PER_RANK_PAIR * simulated * n
     if simulated * n > MAX_RANK_PAIRS:
@@ -378,7 +428,7 @@ def estimate(collective: str, algorithm: str, world_size: int, nbytes: int, *,
     messages = _expected_messages(collective, algorithm, n, nbytes, itemsize, root)
     messages = float(n * max(n - 1, 1)) if messages is None else float(messages)
     if symmetric:
-        messages /= n
+        messages *= simulated / n
     seconds += SECONDS_PER_MESSAGE * messages
     if trace:
         memory += TRACE_BYTES_PER_MESSAGE * messages
@@ -410,7 +460,8 @@ def simulate(collective: str, algorithm: str = "auto", world_size: int = 8,
              nbytes: int | None = None, *, alpha: float | None = None, beta: float | None = None,
              gamma: float | None = None, dtype=np.float32, op=ReduceOp.SUM, root: int = 0,
              inputs=None, trace=None, symmetry: bool = True,
-             progress: Callable | None = None) -> SimulationResult:
+             progress: Callable | None = None,
+             topology: Topology | None = None) -> SimulationResult:
     """Simulate one call of ``collective`` with ``algorithm`` on ``world_size`` ranks.
 
     ``nbytes``: the size N the cost model means (each rank's array for
@@ -429,10 +480,29 @@ def simulate(collective: str, algorithm: str = "auto", world_size: int = 8,
     once at the end; ``total``: the messages the cost model's traffic
     formula counts, which is what every algorithm sends (None for one
     without a formula).
+    ``topology``: a :class:`~minidist.topology.Topology` (a cluster of nodes,
+    its links and NICs) on which each message is charged by the link it
+    crosses, instead of one ``alpha`` and ``beta`` for every pair (give
+    neither with it; ``gamma`` defaults to the topology's). The world must
+    fill whole nodes of it. The symmetric shortcut then runs node 0's ranks
+    for all (see the module's docstring), and ``predicted`` is the two-level
+    formula, None where :mod:`~.collectives.topology_costs` has none. While
+    the ranks run, :func:`minidist.topology.current` is this topology (None
+    on the flat network), whatever :func:`minidist.topology.use` set before.
     """
     _check(collective, algorithm, world_size, nbytes, root)
     world_size = int(world_size)
     defaults = alpha_beta.PARAMS["sim"]
+    if topology is not None:
+        if not isinstance(topology, Topology):
+            raise TypeError(f"topology= takes a minidist.topology.Topology, got "
+                            f"{type(topology).__name__}; read one with parse_topology('dgx:4')")
+        if alpha is not None or beta is not None:
+            raise ValueError("give either topology= or alpha= and beta=, not both: the "
+                             "topology's links set each message's alpha and beta")
+        topology.check_world(world_size, "the simulated world")
+        defaults = alpha_beta.Params(topology.intra.alpha, topology.intra.beta,
+                                     topology.gamma)
     params = alpha_beta.Params(alpha=defaults.alpha if alpha is None else float(alpha),
                               beta=defaults.beta if beta is None else float(beta),
                               gamma=defaults.gamma if gamma is None else float(gamma))
@@ -442,8 +512,12 @@ def simulate(collective: str, algorithm: str = "auto", world_size: int = 8,
     if algorithm == "auto":
         if nbytes is None and inputs is not None:
             nbytes = _size_of(spec, _given_inputs(inputs, world_size), world_size)
-        algorithm = registry.best(collective, world_size, nbytes or 0, params=params,
+        algorithm = (registry.best(collective, world_size, nbytes or 0, params=params,
                                    candidates=tuple(ALGORITHMS[collective]))
+                     if topology is None else
+                     topology_costs.best(collective, world_size, nbytes or 0, topology,
+                                         gamma=params.gamma,
+                                         candidates=tuple(ALGORITHMS[collective])))
     if inputs is not None:
         arrays = _given_inputs(inputs, world_size)
         real = _size_of(spec, arrays, world_size)
@@ -458,14 +532,18 @@ def simulate(collective: str, algorithm: str = "auto", world_size: int = 8,
             None if grain is None else grain(world_size, int(nbytes)),
             whole=(collective, algorithm) in WHOLE_ARRAYS)
         symmetric = (symmetry and not trace and (collective, algorithm) in SYMMETRIC
-                     and count % world_size == 0)
+                     and count % world_size == 0
+                     and (topology is None or node_symmetric(collective, algorithm, topology)))
+        stand_ins = (1 if topology is None else topology.ranks_per_node) if symmetric \
+            else world_size
         arrays = [spec.inputs(rank, world_size, count, dtype, root)
-                  for rank in range(1 if symmetric else world_size)]
+                  for rank in range(stand_ins)]
     if inputs is not None:
         symmetric = False
 
     network = SimNetwork(world_size, params.alpha, params.beta, params.gamma,
-                         byte_scale=byte_scale, record=bool(trace), symmetric=symmetric)
+                         byte_scale=byte_scale, record=bool(trace), symmetric=symmetric,
+                         topology=topology)
     reporter = None
     if progress is not None:
         total = _expected_messages(collective, algorithm, world_size, int(nbytes or 0),
@@ -476,19 +554,30 @@ def simulate(collective: str, algorithm: str = "auto", world_size: int = 8,
         progress(0, total)  # the total before the first message, for a bar's "0/N"
         if symmetric:
             _report_sends(network, reporter)
-    _run(network, spec, arrays, root, algorithm, op, collective, reporter)
+    # While it runs, the process's topology is the simulated cluster's (None:
+    # flat), so that an algorithm that asks topology.current() sees its nodes.
+    before = _topology.current()
+    _topology.use(topology)
+    try:
+        _run(network, spec, arrays, root, algorithm, op, collective, reporter)
+    finally:
+        _topology.use(before)
 
     try:
-        predicted = registry.predict(collective, algorithm, world_size, nbytes, params)
+        if topology is None:
+            predicted = registry.predict(collective, algorithm, world_size, nbytes, params)
+        else:
+            predicted = topology_costs.predict(collective, algorithm, world_size, nbytes,
+                                               topology, gamma=params.gamma)
     except ValueError:
-        predicted = None  # no formula for this algorithm
+        predicted = None  # no formula for this algorithm (on this topology)
     result = SimulationResult(
         collective=collective, algorithm=algorithm, world_size=world_size, nbytes=int(nbytes),
         params=params, time=network.time, clocks=network.clocks,
         messages=network.messages, bytes=network.bytes, byte_scale=byte_scale,
         predicted=predicted,
         buffers=None if symmetric else [a[0] if len(a) == 1 else a for a in arrays],
-        events=network.events, symmetric=symmetric)
+        events=network.events, symmetric=symmetric, topology=topology)
     if trace and not isinstance(trace, bool):
         result.write_trace(trace)
     return result

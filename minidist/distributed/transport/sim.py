@@ -58,6 +58,28 @@ times its own. The simulator uses this for the algorithms it lists in
 network in the tests); on any other algorithm rank 0 would wait for a
 message nobody sends, which ends as a stall error.
 
+**A cluster with a shape** (``topology=``, a :class:`~minidist.topology.Topology`).
+Each message is charged by the link it crosses: the intra link's alpha and
+beta within a node; off the node, the inter link's, and the message must
+also find its NIC free on both sides: a node's ranks share its
+``nics_per_node`` NICs, each NIC a port out and a port in that take one
+message at a time (the first free slot, as the in port), so the 8 off-node
+messages of a node with one NIC leave one after another. The slots are
+booked in the order the driver reaches the messages, not strictly by their
+time: when two ranks of a node want one NIC in turns, a rank the driver
+moved on first may take it before another's earlier message (a real NIC
+would serve the earlier first). Where that matters the simulation is a
+little slower than a NIC by time order, never faster than the NIC busy
+without a break. The spine's
+oversubscription x multiplies every off-node byte's time by x (the model's
+worst case: every NIC busy). The rank keeps its one out port and one in
+port for all its messages, as the flat model. Ranks are no longer all
+alike (rank 7 of a node may have a neighbour off the node, rank 0 not), so
+the symmetric network holds a whole node, ranks 0 .. R - 1: what rank r
+sends to rank d, rank r - kR (k = d's node) sends to rank d mod R, with
+everything shifted by k nodes, so the message is handed to rank d mod R of
+node 0 as coming from rank r - kR; node 0's NICs stand for every node's.
+
 Nothing blocks: all calls return at once, and a receive is completed by the
 sender's ``isend``. A ``wait()`` on a request that is not done cannot be
 served (the other ranks are generators that only the driver moves), so it
@@ -219,13 +241,19 @@ class SimNetwork:
     ``nbytes * byte_scale`` bytes. ``record``: keep every message as a trace
     event (``events``, tuples in :data:`minidist.trace.FIELDS` order, times
     in virtual nanoseconds). ``symmetric``: one transport, rank 0's, stands
-    for all ``world_size`` ranks (see the module's docstring).
+    for all ``world_size`` ranks (see the module's docstring); with a
+    ``topology``, node 0's ranks stand for all. ``topology``: a
+    :class:`~minidist.topology.Topology` whose links and NICs replace
+    ``alpha`` and ``beta`` (``gamma`` stays the ranks' combining speed).
     """
 
     def __init__(self, world_size: int, alpha: float, beta: float, gamma: float = 0.0, *,
-                 byte_scale: float = 1.0, record: bool = False, symmetric: bool = False):
+                 byte_scale: float = 1.0, record: bool = False, symmetric: bool = False,
+                 topology=None):
         if world_size < 1:
             raise ValueError(f"a simulated network needs at least one rank, got {world_size}")
+        if topology is not None:
+            topology.check_world(world_size, "a simulated world")
         for name, value in (("alpha", alpha), ("beta", beta), ("gamma", gamma),
                             ("byte_scale", byte_scale)):
             if not value >= 0:
@@ -241,9 +269,18 @@ class SimNetwork:
         self.events: list[tuple] | None = [] if record else None
         self.on_ready = None  # called with a rank whose receive just completed
         self.symmetric = bool(symmetric)
-        # Symmetric: rank 0 stands for every rank (see the module's docstring).
-        self.transports = [SimTransport(self, rank)
-                           for rank in range(1 if symmetric else world_size)]
+        self.topology = topology
+        # The ranks simulated: all; or, symmetric, rank 0 (flat) or node 0 (a
+        # topology) standing for every rank (see the module's docstring).
+        self.period = (world_size if not symmetric
+                       else 1 if topology is None else topology.ranks_per_node)
+        if topology is None:
+            self.transports = [SimTransport(self, rank) for rank in range(self.period)]
+        else:
+            nics = topology.nodes_used(self.period) * topology.nics_per_node
+            self.nic_out = [BusyPort() for _ in range(nics)]  # each NIC, sending off the node
+            self.nic_in = [BusyPort() for _ in range(nics)]   # ... and receiving from off it
+            self.transports = [TopologyTransport(self, rank) for rank in range(self.period)]
 
     @property
     def time(self) -> float:
@@ -254,21 +291,27 @@ class SimNetwork:
     def clocks(self) -> list:
         """Every rank's clock, in seconds (in a symmetric network all equal rank 0's)."""
         if self.symmetric:
-            return [self.transports[0].clock] * self.world_size
+            if self.period == 1:
+                return [self.transports[0].clock] * self.world_size
+            transports, period = self.transports, self.period
+            return [transports[rank % period].clock for rank in range(self.world_size)]
         return [transport.clock for transport in self.transports]
 
     @property
     def messages(self) -> int:
         sent = sum(transport.sent for transport in self.transports)
-        return sent * self.world_size if self.symmetric else sent
+        return sent * (self.world_size // self.period) if self.symmetric else sent
 
     @property
     def bytes(self) -> float:
         """Bytes charged for all messages (real bytes times byte_scale)."""
-        if self.symmetric:
+        if self.symmetric and self.period == 1:
             # Every rank charged what rank 0 did: add it up n times, in the
             # order the full network adds its ranks, to get its float exactly.
             return sum(itertools.repeat(self.transports[0].sent_bytes, self.world_size))
+        if self.symmetric:  # node 0's ranks stand for every node's: the same order
+            sent, period = [t.sent_bytes for t in self.transports], self.period
+            return sum(sent[rank % period] for rank in range(self.world_size))
         return sum(transport.sent_bytes for transport in self.transports)
 
 
@@ -296,7 +339,7 @@ class SimTransport(RankClock):
         self.alpha, self.beta, self.gamma = network.alpha, network.beta, network.gamma
         self.byte_scale = network.byte_scale
         self.events = network.events
-        self._mirror = network.symmetric
+        self._mirror = network.period if network.symmetric else 0
         self.sent = 0
         self.sent_bytes = 0.0
         # source -> messages nobody asked for yet: (copy of the data, tag, context,
@@ -347,7 +390,7 @@ class SimTransport(RankClock):
     def isend(self, array: np.ndarray, dst: int, tag: int, context: int = 0,
               label: str = "") -> SimSend:
         charged = array.nbytes * self.byte_scale
-        start, arrival = self.out_port.take(self.clock, self.alpha, charged * self.beta)
+        start, arrival = self._send_times(dst, charged)
         self.sent += 1
         self.sent_bytes += charged
         seq = None
@@ -359,7 +402,10 @@ class SimTransport(RankClock):
                                 context >> 32, context & 0xFFFFFFFF))
         if self._mirror:
             # Rank 0 stands for all: what it sends to dst, rank -dst sends to it.
-            peer, source = self, -dst % self.world_size
+            # (With a topology, node 0's ranks for all: dst's node shifted to 0.)
+            period = self._mirror
+            peer = self.network.transports[dst % period]
+            source = (self.rank - dst + dst % period) % self.world_size
         else:
             peer, source = self.network.transports[dst], self.rank
         if peer._posted:
@@ -370,6 +416,19 @@ class SimTransport(RankClock):
                 queue = peer._unexpected[source] = deque()
             queue.append((array.copy(), tag, context, arrival, charged, seq))
         return SimSend(self, dst, tag, context, arrival)
+
+    def _send_times(self, dst: int, charged: float) -> tuple:
+        """(start, arrival) of a message of ``charged`` bytes to ``dst``: it
+        leaves when the rank and its out port are free, alpha + m beta long."""
+        return self.out_port.take(self.clock, self.alpha, charged * self.beta)
+
+    def _receive_ready(self, source: int, arrival: float, charged: float) -> float:
+        """When a message from ``source`` that arrives at ``arrival`` is in: the
+        in port busy alpha + m beta for it, in its first free slot ending no
+        earlier than the arrival."""
+        duration = self.alpha + charged * self.beta
+        book = self.in_port.book
+        return book(arrival - duration, duration) + duration if duration else arrival
 
     def _arrive(self, source, array, tag, context, arrival, charged, seq) -> None:
         """A message from ``source`` reaches this rank (in simulation order)."""
@@ -488,9 +547,8 @@ class SimTransport(RankClock):
     def _settle(self, request: SimRecv, source, arrival, charged, seq) -> None:
         """Complete a receive whose data is in: book the in port for it (and for
         the combine), and set its completion time."""
-        duration = self.alpha + charged * self.beta
+        ready = self._receive_ready(source, arrival, charged)
         book = self.in_port.book
-        ready = book(arrival - duration, duration) + duration if duration else arrival
         if request.mode == _REDUCE:
             post = request.post
             combine = charged * self.gamma
@@ -550,3 +608,43 @@ class SimTransport(RankClock):
 
     def close(self) -> None:
         self.closed = True
+
+
+class TopologyTransport(SimTransport):
+    """A simulated rank of a cluster with a shape (see the module's docstring):
+    each message charged by the link it crosses, and an off-node one also
+    waits for its NIC, on the way out and on the way in."""
+
+    def __init__(self, network: SimNetwork, rank: int):
+        super().__init__(network, rank)
+        topology = network.topology
+        self.topology = topology
+        self.gamma = network.gamma
+        intra = topology.intra
+        self.intra_alpha, self.intra_beta = intra.alpha, intra.beta
+        self.inter_alpha, self.inter_beta = topology.inter.alpha, topology.inter_beta
+        # In a symmetric network node 0's NICs stand for every node's.
+        self.nic = topology.nic_of(rank)
+
+    def _send_times(self, dst: int, charged: float) -> tuple:
+        if self.topology.same_node(self.rank, dst):
+            return self.out_port.take(self.clock, self.intra_alpha, charged * self.intra_beta)
+        # Off the node: the rank's out port and its NIC's must both be free;
+        # the NIC takes the message in its first free slot from then on.
+        duration = self.inter_alpha + charged * self.inter_beta
+        out = self.out_port
+        ready = self.clock if self.clock > out.free else out.free
+        start = self.network.nic_out[self.nic].book(ready, duration)
+        out.free = arrival = start + duration
+        return start, arrival
+
+    def _receive_ready(self, source: int, arrival: float, charged: float) -> float:
+        book = self.in_port.book
+        if self.topology.same_node(source, self.rank):
+            duration = self.intra_alpha + charged * self.intra_beta
+            return book(arrival - duration, duration) + duration if duration else arrival
+        # Off the node: through this rank's NIC first (busy alpha + m beta,
+        # ending no earlier than the arrival), then the rank's own in port.
+        duration = self.inter_alpha + charged * self.inter_beta
+        through = self.network.nic_in[self.nic].book(arrival - duration, duration) + duration
+        return book(through - duration, duration) + duration

@@ -8,7 +8,14 @@ one plan's breakdown (``--mesh DPxTPxPP``: :func:`~.plan_3d.predict_step`)
 and whether it fits in ``--memory``, or every plan of ``--ranks`` compared
 and the Playbook's choice (:mod:`.choose_plan`); with ``--html PATH``, the
 same arguments as the start of the planner page (:func:`page_settings`;
-``viz/planner_page.py`` writes it, as :mod:`minidist.cli` asks). A mistake in the
+``viz/planner_page.py`` writes it, as :mod:`minidist.cli` asks). With ``--topology`` (a
+:class:`~minidist.topology.Topology`: ``dgx``, ``commodity:16``, or
+``key=value`` pairs) the machine's node size and links are the topology's:
+``intra`` its intra link, ``inter`` a rank's share of its node's NICs when
+every rank sends off the node at once (the NIC's bandwidth times
+nics_per_node / ranks_per_node, over the spine's oversubscription: the
+planner's data-parallel and pipeline traffic runs on every rank at once),
+and the mesh must fit the cluster. A mistake in the
 arguments (a size or bandwidth it cannot read, heads that do not divide the
 width, a mesh of other than ``--ranks`` ranks) is one line and exit status
 2, before anything is printed. Costs: those of the predictions it prints.
@@ -22,6 +29,7 @@ from minidist.alpha_beta import Params, parse_bandwidth, parse_size
 from minidist.parallel.mesh.choose_plan import compare_plans, playbook_plan
 from minidist.parallel.mesh.plan_3d import predict_step
 from minidist.parallel.mesh.plan_inputs import CLUSTER, GPTShape, Machine, Plan, why_not
+from minidist.topology import Topology, TopologyError, parse_topology
 
 #: The ranks compared when ``--ranks`` is not given (with ``--mesh``, the mesh's own).
 DEFAULT_RANKS = 1024
@@ -60,14 +68,13 @@ def plan_command(args) -> int:
     otherwise every plan of ``--ranks`` compared, and the Playbook's choice
     beside the best (the arguments: :mod:`minidist.cli`). Every argument is
     checked before anything is printed."""
-    model, machine, limit, options, mesh, ranks = _inputs(args)
+    model, machine, limit, options, mesh, ranks, links = _inputs(args)
     plan = None if mesh is None else _checked_plan(model, mesh, options)
     _say(f"GPT of {model.parameters() / 1e9:.2f} B parameters: {model.n_layer} layers, "
           f"h {model.n_embd}, {model.n_head} heads, vocabulary {model.vocab_size}, "
           f"{model.global_batch} sequences of {model.seq_len} tokens a step, "
           f"{model.micro_batch} a micro-batch")
-    _say(f"machine: {args.tflops:g} TFLOP/s a rank, {machine.node_size} ranks a node, "
-          f"{args.intra} within a node, {args.inter} between nodes")
+    _say(f"machine: {args.tflops:g} TFLOP/s a rank, {links}")
     if plan is not None:
         step = predict_step(model, plan, machine)
         _say(step)
@@ -82,10 +89,22 @@ def plan_command(args) -> int:
 
 def _inputs(args):
     """The arguments checked and read: (model, machine, memory limit, the plan's
-    options, the mesh or None, the ranks); a mistake is one line and status 2."""
+    options, the mesh or None, the ranks, the machine's links in words); a
+    mistake is one line and status 2."""
     limit = _amount("--memory", args.memory, parse_size, "80GB")
-    intra = _amount("--intra", args.intra, parse_bandwidth, "200GB/s")
-    inter = _amount("--inter", args.inter, parse_bandwidth, "25GB/s")
+    topology_text = getattr(args, "topology", None)
+    if topology_text is not None:
+        given = [flag for flag, value in (("--node-size", args.node_size),
+                                          ("--intra", args.intra), ("--inter", args.inter))
+                 if value is not None]
+        if given:
+            raise _refuse(f"--topology {topology_text} sets the node size and the links, so "
+                          f"{', '.join(given)} would contradict it: give them in the topology "
+                          "(such as nodes=128,ranks_per_node=8,intra=200GB/s,inter=25GB/s) or "
+                          "drop --topology")
+    else:
+        intra = _amount("--intra", args.intra or "200GB/s", parse_bandwidth, "200GB/s")
+        inter = _amount("--inter", args.inter or "25GB/s", parse_bandwidth, "25GB/s")
     if args.n_embd % args.n_head:
         raise _refuse(f"--n-head {args.n_head} does not divide --n-embd {args.n_embd}: each "
                       "head takes an equal share of the width; choose heads that divide it "
@@ -96,16 +115,43 @@ def _inputs(args):
                       f"{args.ranks:,}: a mesh fixes the ranks, so give --mesh alone (one "
                       "plan) or --ranks alone (every plan of that many ranks)")
     ranks = DEFAULT_RANKS if args.ranks is None else args.ranks
+    if mesh is not None:
+        ranks = _product(mesh)
     model = GPTShape(args.n_layer, args.n_embd, args.n_head, args.vocab, args.seq_len,
                      args.global_batch, args.micro_batch)
-    machine = Machine(flops=args.tflops * 1e12,
-                      intra=Params(CLUSTER.intra.alpha, 1 / intra),
-                      inter=Params(CLUSTER.inter.alpha, 1 / inter),
-                      node_size=args.node_size)
+    if topology_text is not None:
+        try:
+            topology = parse_topology(topology_text, ranks,
+                                      what="the mesh" if mesh is not None else "--ranks")
+        except TopologyError as error:
+            raise _refuse(str(error)) from None
+        if topology is None:
+            raise _refuse("--topology flat has no nodes for the planner; give --node-size, "
+                          "--intra and --inter instead, or a topology such as dgx")
+        machine = machine_of(topology, args.tflops * 1e12)
+        links = (f"{topology.describe()}; inter {1 / machine.inter.beta / 1e9:g}GB/s a rank "
+                 "when all send")
+    else:
+        machine = Machine(flops=args.tflops * 1e12,
+                          intra=Params(CLUSTER.intra.alpha, 1 / intra),
+                          inter=Params(CLUSTER.inter.alpha, 1 / inter),
+                          node_size=args.node_size or CLUSTER.node_size)
+        links = (f"{machine.node_size} ranks a node, {args.intra or '200GB/s'} within a node, "
+                 f"{args.inter or '25GB/s'} between nodes")
     options = {"schedule": args.schedule, "virtual_stages": args.virtual_stages,
                "sequence_parallel": args.sequence_parallel, "recompute": args.recompute,
                "zero_stage": args.zero_stage}
-    return model, machine, limit, options, mesh, ranks
+    return model, machine, limit, options, mesh, ranks, links
+
+
+def machine_of(topology: Topology, flops: float) -> Machine:
+    """The planner's :class:`~.plan_inputs.Machine` of a topology: its node
+    size, its intra link, and as the inter link a rank's share of its node's
+    NICs with every rank sending off the node (see the module's docstring)."""
+    share = topology.nics_per_node / topology.ranks_per_node
+    return Machine(flops=flops, intra=topology.intra,
+                   inter=Params(topology.inter.alpha, topology.inter_beta / share),
+                   node_size=topology.ranks_per_node)
 
 
 def _checked_plan(model: GPTShape, mesh, options: dict) -> Plan:
@@ -123,7 +169,7 @@ def page_settings(args) -> dict:
     page; this layer does not draw). The page starts on ``--mesh``, or else
     on the fastest plan of ``--ranks`` that fits (all of them on dp when none
     does: the page then shows by how much)."""
-    model, machine, limit, options, mesh, ranks = _inputs(args)
+    model, machine, limit, options, mesh, ranks, _ = _inputs(args)
     if mesh is not None:
         _checked_plan(model, mesh, options)
     else:
