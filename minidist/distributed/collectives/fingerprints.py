@@ -482,7 +482,8 @@ class CallRecord:
           calls in this group than this one's number: :class:`PeerGoneError`
           naming it (it never joins);
         * a member that failed (a run that tolerates failures goes on after
-          one): :class:`PeerGoneError` naming it. Its part of the call may
+          one), when no member finished early (that one is named first: the
+          failure may be its consequence): :class:`PeerGoneError` naming it. Its part of the call may
           never come, and a rank waiting on a live peer that saw the failure
           first and left the call would otherwise wait out its timeout; a
           fault-tolerant strategy makes the call again in a group without it;
@@ -497,15 +498,15 @@ class CallRecord:
         in_call = {tag: [me]}
         suspects = []
         finished = []
+        failed = []    # members that raised or died: often because of one that finished
         elsewhere = 0  # members neither asleep in this call number nor finished
         for rank in self.ranks:
             if rank == me:
                 continue
             status = control.status(rank)
             if status.state == ctl.FAILED:
-                raise PeerGoneError(f"rank {me}: {self._what(tag)}, call {number} of "
-                                    f"{self._where()}, cannot complete: rank {rank}, a member, "
-                                    "failed.", peer=rank)
+                failed.append(rank)
+                continue
             if self._asleep_in(status, seq):
                 in_call.setdefault(status.tag, []).append(rank)
                 if status.tag != tag:
@@ -528,6 +529,12 @@ class CallRecord:
             if mismatch is not None:
                 raise mismatch
             raise PeerGoneError(seen, peer=rank)
+        if failed:
+            # After the finished ones: a member that returned early is a cause,
+            # while a member that failed may have failed because of it.
+            raise PeerGoneError(f"rank {me}: {self._what(tag)}, call {number} of "
+                                f"{self._where()}, cannot complete: rank {failed[0]}, a member, "
+                                "failed.", peer=failed[0])
         suspects = frozenset(suspects)
         confirmed = bool(suspects) and suspects == self._suspects
         self._suspects = suspects or None
