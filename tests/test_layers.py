@@ -20,6 +20,7 @@ LAYERS = [
     (0, "minidist.backend"), (0, "minidist.atomic_file"), (0, "minidist.alpha_beta"),
     (0, "minidist.lesson"), (0, "minidist.model_gap"), (0, "minidist.units"),
     (0, "minidist.narration"),
+    (0, "minidist.topology"),  # nodes of ranks, the two links' alpha-beta
     (1, "minidist.tensor"), (1, "minidist.trace"), (1, "minidist.runtime"),
     (1, "minidist.split_backward"),  # the backward in two halves, I then W: the autograd's own
     (1, "minidist.virtual_clock"), (1, "minidist.lesson_timing"),

@@ -12,7 +12,8 @@ import functools
 
 import numpy as np
 
-from minidist.distributed.collectives import native, registry
+from minidist import topology
+from minidist.distributed.collectives import native, nodes, registry
 from minidist.distributed.collectives.comm import Comm, Work, completed_work, run
 from minidist.distributed.collectives.fingerprints import (
     CallRecord,
@@ -139,17 +140,23 @@ def choose(collective: str, algorithm: str, group, nbytes: int) -> tuple[str, in
         return native.NAME, native.INDEX
     if algorithm == "auto":
         algorithm = _auto(collective, group.size, nbytes,
-                          getattr(group.transport, "name", None), tuple(algorithms))
+                          getattr(group.transport, "name", None), tuple(algorithms),
+                          topology.current())
     elif algorithm not in algorithms:
         raise ValueError(f"rank {group._global_rank}: {collective} has no algorithm "
                          f"{algorithm!r}; choose one of {list(algorithms)}, 'auto', or "
                          "'native' (MPI's own, under mpiexec).")
+    elif registry.needs_topology(collective, algorithm):
+        nodes.check(collective, algorithm, group.size, group._global_rank)
     return algorithm, list(algorithms).index(algorithm)
 
 
 @functools.lru_cache(maxsize=1024)
-def _auto(collective: str, size: int, nbytes: int, transport, candidates) -> str:
-    return registry.best(collective, size, nbytes, transport=transport, candidates=candidates)
+def _auto(collective: str, size: int, nbytes: int, transport, candidates, machine) -> str:
+    """The cheapest algorithm; with a topology (``machine``) set, on its
+    two-level model among the flat ones and those the group's nodes fit."""
+    return registry.best(collective, size, nbytes, transport=transport, candidates=candidates,
+                         topology=machine)
 
 
 def calls_of(group) -> tuple:
@@ -180,8 +187,9 @@ def start(collective: str, group, algorithm: str, *, nbytes: int, op=None, ufunc
     """A :class:`Comm` for one call: the algorithm chosen, the call tagged."""
     context_group, calls, scratch_pool = calls_of(group)
     # The transport is part of the key: "auto" chooses with its alpha and beta.
+    # The topology too: "auto" chooses on it, a hierarchical algorithm refuses without it.
     key = (collective, algorithm, nbytes, group.size, op, dtype, count, root,
-           getattr(group.transport, "name", None))
+           getattr(group.transport, "name", None), topology.current())
     plan = _PLANS.get(key)
     if plan is None:
         name, index = choose(collective, algorithm, group, nbytes)
