@@ -46,13 +46,14 @@ from __future__ import annotations
 
 from minidist import topology as _topology
 from minidist.alpha_beta import ceil_log2
-from minidist.distributed.collectives import all_gather as _all_gather
-from minidist.distributed.collectives import all_reduce as _all_reduce
-from minidist.distributed.collectives import broadcast as _broadcast
-from minidist.distributed.collectives import reduce_scatter as _reduce_scatter
+from minidist.distributed.collectives.all_gather import ring as all_gather_ring
+from minidist.distributed.collectives.all_reduce import _rabenseifner_traffic as rabenseifner_traffic
+from minidist.distributed.collectives.all_reduce import rabenseifner
+from minidist.distributed.collectives.broadcast import binomial
 from minidist.distributed.collectives.chunks import chunk_bounds, largest_power_of_two, split
 from minidist.distributed.collectives.nodes import Subset, nodes_of
 from minidist.distributed.collectives.registry import cost, extend
+from minidist.distributed.collectives.reduce_scatter import ring as reduce_scatter_ring
 
 
 def per_node(topology) -> int:
@@ -83,7 +84,7 @@ def _all_reduce_traffic(n, count, itemsize, root=0, topology=None):
     # every chunk but one sent by each rank; across: Rabenseifner on each rail's chunk
     messages, elements = 2 * n * (g - 1), 2 * m * (g - 1) * count
     for local in range(g):
-        rail = _all_reduce._rabenseifner_traffic(m, bounds[local + 1] - bounds[local], 1)
+        rail = rabenseifner_traffic(m, bounds[local + 1] - bounds[local], 1)
         messages, elements = messages + rail[0], elements + rail[1]
     return messages, elements * itemsize
 
@@ -109,13 +110,13 @@ def all_reduce(comm, buffer):
     where = nodes_of(comm)
     g, m = where.per_node, where.nodes
     own = split(buffer, g)[where.local]
-    yield from _reduce_scatter.ring(Subset(comm, where.node_group(), 0, "inside node"),
+    yield from reduce_scatter_ring(Subset(comm, where.node_group(), 0, "inside node"),
                                     buffer, own)
     if m > 1:
-        yield from _all_reduce.rabenseifner(Subset(comm, where.rail(), g - 1, "across nodes"),
+        yield from rabenseifner(Subset(comm, where.rail(), g - 1, "across nodes"),
                                             own)
     after = g - 1 + (rabenseifner_steps(m) if m > 1 else 0)
-    yield from _all_gather.ring(Subset(comm, where.node_group(), after, "inside node"), buffer)
+    yield from all_gather_ring(Subset(comm, where.node_group(), after, "inside node"), buffer)
 
 
 # --------------------------------------------------------------------------- reduce_scatter
@@ -152,9 +153,9 @@ def reduce_scatter(comm, pieces, output):
     blocks = comm.scratch(pieces)
     blocks.reshape(g, m, piece)[...] = pieces.reshape(m, g, piece).transpose(1, 0, 2)
     block = blocks[where.local * m * piece:(where.local + 1) * m * piece]
-    yield from _reduce_scatter.ring(Subset(comm, where.node_group(), 0, "inside node"),
+    yield from reduce_scatter_ring(Subset(comm, where.node_group(), 0, "inside node"),
                                     blocks, block)
-    yield from _reduce_scatter.ring(Subset(comm, where.rail(), g - 1, "across nodes"),
+    yield from reduce_scatter_ring(Subset(comm, where.rail(), g - 1, "across nodes"),
                                     block, output)
 
 
@@ -189,8 +190,8 @@ def all_gather(comm, buffer):
     block = blocks[where.local * m * piece:(where.local + 1) * m * piece]
     block[where.node * piece:(where.node + 1) * piece] = \
         buffer[comm.rank * piece:(comm.rank + 1) * piece]
-    yield from _all_gather.ring(Subset(comm, where.rail(), 0, "across nodes"), block)
-    yield from _all_gather.ring(Subset(comm, where.node_group(), m - 1, "inside node"), blocks)
+    yield from all_gather_ring(Subset(comm, where.rail(), 0, "across nodes"), block)
+    yield from all_gather_ring(Subset(comm, where.node_group(), m - 1, "inside node"), blocks)
     buffer.reshape(m, g, piece)[...] = blocks.reshape(g, m, piece).transpose(1, 0, 2)
 
 
@@ -218,10 +219,10 @@ def broadcast(comm, buffer, root):
     g, m = where.per_node, where.nodes
     leader = root % g
     if where.local == leader and m > 1:
-        yield from _broadcast.binomial(Subset(comm, where.rail(leader), 0, "across nodes"),
+        yield from binomial(Subset(comm, where.rail(leader), 0, "across nodes"),
                                        buffer, root // g)
     if g > 1:
-        yield from _broadcast.binomial(
+        yield from binomial(
             Subset(comm, where.node_group(), ceil_log2(m), "inside node"), buffer, leader)
 
 

@@ -29,13 +29,13 @@ of a node send off-node at once and share its nics cards):
 
 from __future__ import annotations
 
-from minidist.distributed.collectives import all_gather as _all_gather
-from minidist.distributed.collectives import all_reduce as _all_reduce
-from minidist.distributed.collectives import reduce_scatter as _reduce_scatter
+from minidist.distributed.collectives.all_gather import ring as all_gather_ring
+from minidist.distributed.collectives.all_reduce import ring as all_reduce_ring
 from minidist.distributed.collectives.chunks import chunk_bounds, split
 from minidist.distributed.collectives.hierarchical import per_node
 from minidist.distributed.collectives.nodes import Subset, nodes_of
 from minidist.distributed.collectives.registry import cost, extend
+from minidist.distributed.collectives.reduce_scatter import ring as reduce_scatter_ring
 
 
 def _traffic(n, count, itemsize, root=0, topology=None):
@@ -65,10 +65,10 @@ def ring_2d(comm, buffer):
     where = nodes_of(comm)
     g, m = where.per_node, where.nodes
     own = split(buffer, g)[where.local]
-    yield from _reduce_scatter.ring(Subset(comm, where.node_group(), 0, "inside node"),
+    yield from reduce_scatter_ring(Subset(comm, where.node_group(), 0, "inside node"),
                                     buffer, own)
-    yield from _all_reduce.ring(Subset(comm, where.rail(), g - 1, "across nodes"), own)
-    yield from _all_gather.ring(Subset(comm, where.node_group(), g - 1 + 2 * (m - 1),
+    yield from all_reduce_ring(Subset(comm, where.rail(), g - 1, "across nodes"), own)
+    yield from all_gather_ring(Subset(comm, where.node_group(), g - 1 + 2 * (m - 1),
                                        "inside node"), buffer)
 
 
