@@ -23,6 +23,9 @@ one_shot                slots_alpha + N beta + (n - 1) N gamma if shared
 double_binary_tree      (k + 2 ceil(log2 n) - 1) (alpha + 2 N/k beta + N/k gamma)
 ======================  ========================================================
 
+For a machine of nodes, :mod:`.hierarchical`, :mod:`.ring_2d` and
+:mod:`.nccl_tree` add three more (``registry.NODE_ALGORITHMS``).
+
 (The last term of recursive doubling and Rabenseifner: the fold of a world
 that is not a power of two. shared: the array fits the shared slots, see
 :func:`one_shot`. k: the chunks each half is pipelined in, see

@@ -134,7 +134,7 @@ def _check_reduction(op, dtype: np.dtype, collective: str, rank: int):
 def choose(collective: str, algorithm: str, group, nbytes: int) -> tuple[str, int]:
     """The algorithm's name and index; "auto": the one whose registered cost is
     least; "native": the MPI library's own (see :mod:`.native`)."""
-    algorithms = ALGORITHMS[collective]
+    algorithms = registry.every_algorithm(collective)
     if algorithm == native.NAME:
         native.check_available(group, collective)
         return native.NAME, native.INDEX
@@ -216,7 +216,10 @@ def steps_of(comm: Comm):
     """The generator function of the algorithm ``comm`` runs."""
     if comm.algorithm == native.NAME:
         return native.ALGORITHMS[comm.collective]
-    return ALGORITHMS[comm.collective][comm.algorithm]
+    algorithms = ALGORITHMS[comm.collective]
+    if comm.algorithm in algorithms:
+        return algorithms[comm.algorithm]
+    return registry.NODE_ALGORITHMS[comm.collective][comm.algorithm]
 
 
 def execute(comm: Comm, steps, async_op: bool, finish=None, timeout=_DEFAULT):

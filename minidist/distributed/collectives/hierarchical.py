@@ -52,7 +52,7 @@ from minidist.distributed.collectives.all_reduce import rabenseifner
 from minidist.distributed.collectives.broadcast import binomial
 from minidist.distributed.collectives.chunks import chunk_bounds, largest_power_of_two, split
 from minidist.distributed.collectives.nodes import Subset, nodes_of
-from minidist.distributed.collectives.registry import cost, extend
+from minidist.distributed.collectives.registry import cost, register_for_nodes
 from minidist.distributed.collectives.reduce_scatter import ring as reduce_scatter_ring
 
 
@@ -226,9 +226,9 @@ def broadcast(comm, buffer, root):
             Subset(comm, where.node_group(), ceil_log2(m), "inside node"), buffer, leader)
 
 
-extend("all_reduce", {"hierarchical": all_reduce})
-extend("reduce_scatter", {"hierarchical": reduce_scatter})
-extend("all_gather", {"hierarchical": all_gather})
-extend("broadcast", {"hierarchical": broadcast})
+register_for_nodes("all_reduce", {"hierarchical": all_reduce})
+register_for_nodes("reduce_scatter", {"hierarchical": reduce_scatter})
+register_for_nodes("all_gather", {"hierarchical": all_gather})
+register_for_nodes("broadcast", {"hierarchical": broadcast})
 
 __all__ = ["all_gather", "all_reduce", "broadcast", "reduce_scatter"]

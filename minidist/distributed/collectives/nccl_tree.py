@@ -45,7 +45,7 @@ from minidist.distributed.collectives.all_reduce import (
 )
 from minidist.distributed.collectives.chunks import double_binary_tree_chunks
 from minidist.distributed.collectives.nodes import nodes_of
-from minidist.distributed.collectives.registry import cost, extend
+from minidist.distributed.collectives.registry import cost, register_for_nodes
 
 
 def node_trees(nodes: int, per_node: int) -> list[tuple[list[int], list[list[int]]]]:
@@ -104,4 +104,4 @@ def nccl_tree(comm, buffer):
     yield from pipelined_trees(comm, buffer, _tables(where.nodes, where.per_node))
 
 
-extend("all_reduce", {"nccl_tree": nccl_tree})
+register_for_nodes("all_reduce", {"nccl_tree": nccl_tree})

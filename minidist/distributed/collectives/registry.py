@@ -67,6 +67,13 @@ from minidist.alpha_beta import Params, params_for
 ALGORITHMS: dict[str, dict[str, Callable]] = {}
 #: The cost of each of them: COSTS[collective][algorithm].
 COSTS: dict[str, dict[str, Cost]] = {}
+#: The algorithms for a machine of nodes (they run only with a topology set),
+#: by collective, in their own table: every "for each algorithm" of the
+#: course runs the flat ones on any world, which these refuse. Their index in
+#: a message's tag follows the flat table's (append, never reorder).
+NODE_ALGORITHMS: dict[str, dict[str, Callable]] = {}
+#: Their costs, on the two-level model: NODE_COSTS[collective][algorithm].
+NODE_COSTS: dict[str, dict[str, Cost]] = {}
 
 
 @dataclass(frozen=True)
@@ -121,31 +128,32 @@ def register(collective: str, algorithms: dict) -> dict:
     return algorithms
 
 
-def extend(collective: str, algorithms: dict) -> dict:
-    """Append ``algorithms`` to ``collective``'s table (a module that builds on
-    the collective's own algorithms registers after them: the order is the
-    fingerprint's, so they come last)."""
-    table = ALGORITHMS[collective]
-    clash = sorted(set(algorithms) & set(table))
+def register_for_nodes(collective: str, algorithms: dict) -> dict:
+    """Add ``algorithms``, costed on the two-level model, to ``collective``'s
+    table of algorithms for a machine of nodes (:data:`NODE_ALGORITHMS`)."""
+    table = NODE_ALGORITHMS.setdefault(collective, {})
+    clash = sorted(set(algorithms) & (set(table) | set(ALGORITHMS.get(collective, {}))))
     if clash:
         raise ValueError(f"{collective}: algorithms {clash} are registered already")
-    missing = [name for name, function in algorithms.items() if not hasattr(function, "cost")]
-    if missing:
-        raise TypeError(f"{collective}: algorithms {missing} have no @cost")
+    wrong = [name for name, function in algorithms.items()
+             if not getattr(getattr(function, "cost", None), "needs_topology", False)]
+    if wrong:
+        raise TypeError(f"{collective}: algorithms {wrong} have no @cost(..., two_level=True)")
     for name, function in algorithms.items():
         table[name] = function
-        COSTS[collective][name] = function.cost
+        NODE_COSTS.setdefault(collective, {})[name] = function.cost
     return algorithms
 
 
 def needs_topology(collective: str, algorithm: str) -> bool:
     """Whether the algorithm runs only on a group cut into nodes (a topology set)."""
-    return _cost(collective, algorithm).needs_topology
+    return algorithm in NODE_COSTS.get(collective, {})
 
 
-def flat_algorithms(collective: str) -> list[str]:
-    """The names of ``collective``'s algorithms that run on any group, no topology needed."""
-    return [name for name, one in COSTS.get(collective, {}).items() if not one.needs_topology]
+def every_algorithm(collective: str) -> dict:
+    """Name -> generator of every algorithm of ``collective``: the flat ones,
+    then those for a machine of nodes (the order of their tags)."""
+    return {**ALGORITHMS.get(collective, {}), **NODE_ALGORITHMS.get(collective, {})}
 
 
 def whole_arrays(messages: Callable[[int], int]) -> Callable:
@@ -174,7 +182,7 @@ def traffic(collective: str, algorithm: str) -> Callable:
 
 def _cost(collective: str, algorithm: str) -> Cost:
     try:
-        algorithms = COSTS[collective]
+        algorithms = {**COSTS[collective], **NODE_COSTS.get(collective, {})}
     except KeyError:
         raise ValueError(f"no cost model for collective {collective!r}; known: "
                          f"{sorted(COSTS)}") from None
@@ -242,9 +250,9 @@ def predict_all(collective: str, world_size: int, nbytes: float,
                 topology=None) -> dict:
     """Predicted seconds of every algorithm of ``collective`` (with no
     ``topology``, of the flat ones; with one, of those the group fits)."""
-    names = [name for name in COSTS.get(collective, {})
-             if (fits(topology, world_size) if needs_topology(collective, name)
-                 else True)]
+    names = list(COSTS.get(collective, {}))
+    if fits(topology, world_size):
+        names += list(NODE_COSTS.get(collective, {}))
     return {name: predict(collective, name, world_size, nbytes, params, transport, topology)
             for name in names}
 
@@ -254,10 +262,10 @@ def best(collective: str, world_size: int, nbytes: float, *, transport: str | No
     """The algorithm predicted fastest (ties: the first listed). With no
     ``topology`` only the flat algorithms compete, on ``params``; with one,
     every algorithm the group fits, on its two-level model."""
-    algorithms = COSTS.get(collective, {})
-    names = [name for name in (candidates or algorithms) if name in algorithms
-             and (fits(topology, world_size) if algorithms[name].needs_topology
-                  else True)]
+    algorithms = dict(COSTS.get(collective, {}))
+    if fits(topology, world_size):
+        algorithms.update(NODE_COSTS.get(collective, {}))
+    names = [name for name in (candidates or algorithms) if name in algorithms]
     if not names:
         if candidates:
             return tuple(candidates)[0]

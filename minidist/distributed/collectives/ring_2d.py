@@ -34,7 +34,7 @@ from minidist.distributed.collectives.all_reduce import ring as all_reduce_ring
 from minidist.distributed.collectives.chunks import chunk_bounds, split
 from minidist.distributed.collectives.hierarchical import per_node
 from minidist.distributed.collectives.nodes import Subset, nodes_of
-from minidist.distributed.collectives.registry import cost, extend
+from minidist.distributed.collectives.registry import cost, register_for_nodes
 from minidist.distributed.collectives.reduce_scatter import ring as reduce_scatter_ring
 
 
@@ -72,4 +72,4 @@ def ring_2d(comm, buffer):
                                        "inside node"), buffer)
 
 
-extend("all_reduce", {"ring_2d": ring_2d})
+register_for_nodes("all_reduce", {"ring_2d": ring_2d})
