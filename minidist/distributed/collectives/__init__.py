@@ -19,7 +19,6 @@ with its alpha-beta-gamma cost (shown in its docstring, computed by
 * :mod:`.nodes` which ranks share a node (``minidist.topology.current()``), and a call
   seen by some of its ranks; :mod:`.hierarchical`, :mod:`.ring_2d`, :mod:`.nccl_tree`
   the algorithms for a machine of nodes, phases of flat algorithms inside and across
-* :mod:`.bus_bandwidth` nccl-tests' algbw and busbw of a measured time
 * :mod:`.trees` binomial trees for any n; :mod:`.halving` recursive halving and the
   fold of a non-power-of-two world
 
