@@ -391,3 +391,11 @@ def test_the_table_of_each_algorithm_for_nodes_holds_its_docstring_formula():
             assert "Cost: " + function.cost.text in " ".join(function.__doc__.split()), \
                 (collective, name)
             assert function.cost.traffic(1, 10, 4) == (0, 0)
+
+
+def test_a_mismatched_call_names_an_algorithm_for_nodes():
+    from minidist.distributed.collectives.fingerprints import describe_fingerprint, fingerprint
+
+    index = list(registry.every_algorithm("all_reduce")).index("ring_2d")
+    tag = fingerprint("all_reduce", index, ReduceOp.SUM, np.dtype("float32"), 10, 0, 0)
+    assert "ring_2d" in describe_fingerprint(tag, call._EveryAlgorithm())

@@ -171,12 +171,20 @@ def calls_of(group) -> tuple:
         transport = group.transport
         calls = transport.collective_groups.get(context_group.context)
         if calls is None:
-            calls = CallRecord(ALGORITHMS, group.ranks, context_group.context)
+            calls = CallRecord(_EveryAlgorithm(), group.ranks, context_group.context)
             # The transport asks the record when a message or a peer does not fit.
             transport.strict_contexts[context_group.context] = calls.explain
             transport.collective_groups[context_group.context] = calls
         known = group._collectives = (context_group, calls, {})
     return known
+
+
+class _EveryAlgorithm:
+    """ALGORITHMS with those for a machine of nodes after each collective's own,
+    as the tags number them (what a mismatched call's message names)."""
+
+    def get(self, collective, default=None):
+        return registry.every_algorithm(collective) or default
 
 
 _ROOTED = ("broadcast", "reduce", "gather", "scatter")
@@ -187,9 +195,10 @@ def start(collective: str, group, algorithm: str, *, nbytes: int, op=None, ufunc
     """A :class:`Comm` for one call: the algorithm chosen, the call tagged."""
     context_group, calls, scratch_pool = calls_of(group)
     # The transport is part of the key: "auto" chooses with its alpha and beta.
-    # The topology too: "auto" chooses on it, a hierarchical algorithm refuses without it.
+    # "auto" chooses on the topology too (an algorithm named checks it itself).
     key = (collective, algorithm, nbytes, group.size, op, dtype, count, root,
-           getattr(group.transport, "name", None), topology.current())
+           getattr(group.transport, "name", None),
+           topology.current() if algorithm == "auto" else None)
     plan = _PLANS.get(key)
     if plan is None:
         name, index = choose(collective, algorithm, group, nbytes)
