@@ -399,3 +399,32 @@ def test_a_mismatched_call_names_an_algorithm_for_nodes():
     index = list(registry.every_algorithm("all_reduce")).index("ring_2d")
     tag = fingerprint("all_reduce", index, ReduceOp.SUM, np.dtype("float32"), 10, 0, 0)
     assert "ring_2d" in describe_fingerprint(tag, call._EveryAlgorithm())
+
+
+def _sum_by_nodes():
+    array = np.full(5, dist.get_rank() + 1, np.int64)
+    dist.all_reduce(array, algorithm="hierarchical")
+    return array
+
+
+def test_a_topology_set_before_launch_reaches_the_forked_workers(nodes_of_the_run):
+    topology.use(machine(4, 2))
+    results = minidist.launch(_sum_by_nodes, world_size=4, transport="pipe")
+    assert all(np.array_equal(result, np.full(5, 10)) for result in results)
+
+
+def _asynchronous():
+    rank = dist.get_rank()
+    topology.use(machine(4, 2))
+    arrays = [np.arange(9, dtype=np.float64) * (rank + 1) for _ in ALL_REDUCE]
+    works = [dist.all_reduce(array, algorithm=name, async_op=True)
+             for array, name in zip(arrays, ALL_REDUCE)]
+    for work in works:
+        work.wait()
+    return arrays
+
+
+def test_async_calls_finish_on_wait():
+    for arrays in minidist.launch(_asynchronous, world_size=4, transport="shm"):
+        for array in arrays:
+            np.testing.assert_array_equal(array, np.arange(9) * 10.0)

@@ -1,26 +1,30 @@
 """Hierarchical collectives: inside the node, across the nodes, inside again.
 
 On a machine of nodes the links inside a node (NVLink, shared memory) are
-many times faster than the network between nodes, so a collective should
-send as few bytes as it can across. Each algorithm here is a flat algorithm
-run in phases on parts of the group (see :mod:`.nodes`: g ranks per node, m
-nodes; a rank's *node group*, and its *rail*, the ranks of its local index
-on every node), the split NCCL makes on a cluster of nodes:
+many times faster than the network between nodes. A flat ring crossing
+nodes waits at every one of its 2 (n - 1) steps for the message that
+crosses, so it pays 2 (n - 1) of the network's latencies and its bandwidth.
+Each algorithm here is a flat algorithm run in phases on parts of the group
+(see :mod:`.nodes`: g ranks per node, m nodes; a rank's *node group*, and
+its *rail*, the ranks of its local index on every node), the split NCCL
+makes on a cluster of nodes:
 
 * all_reduce: a ring reduce-scatter inside each node leaves local rank l
   with chunk l of the node's sum; the m ranks of rail l all_reduce that
-  chunk across the nodes (Rabenseifner's halving and doubling, so that the
-  slow network sees 2 log2 m latencies, not 2 (m - 1)); a ring all_gather
-  inside each node hands every rank the whole result. Only N/g bytes per
-  rank cross the network, where a flat ring sends 2 (n-1)/n N across at
-  each node boundary;
+  chunk across the nodes (Rabenseifner's halving and doubling); a ring all_gather
+  inside each node hands every rank the whole result. The network sees
+  2 log2 m latencies instead of 2 (n - 1). Its bytes: each rank sends
+  about 2 N/g across, so a node's card carries about 2 N, as in the ring;
+  with a card per rank (nics = g, the "rail" layout of NCCL's clusters) the
+  g ranks cross side by side, each at the card's full speed;
 * reduce_scatter: the same first two phases (a ring inside, a ring across);
 * all_gather: the mirror image (a ring across, then a ring inside);
 * broadcast: a binomial tree across the nodes among the root's rail (the
   node leaders), then a binomial tree inside each node.
 
 The nodes come from ``minidist.topology.current()`` (set it in every rank
-with ``minidist.topology.use(Topology(...))``); without one, or on a group
+with ``minidist.topology.use(Topology(...))``, or before ``minidist.launch``,
+whose forked workers inherit it); without one, or on a group
 that is not a whole number of nodes, the call is refused in one line.
 
 Costs on the two-level model (see :mod:`.registry`: alpha_intra, xbeta_intra

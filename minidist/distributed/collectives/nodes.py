@@ -5,8 +5,10 @@ A hierarchical algorithm (:mod:`.hierarchical`, :mod:`.ring_2d`,
 there is no machine to ask, so it is told: the group's ranks are cut into
 nodes of ``ranks_per_node`` consecutive group ranks, read from
 ``minidist.topology.current()``, which every rank sets the same way with
-``minidist.topology.use(Topology(...))`` before the call (a process-wide
-setting, as torch's NCCL reads its topology once per process). Group rank
+``minidist.topology.use(Topology(...))`` before the call, or that the
+launching process set before ``minidist.launch`` (its workers are forked
+and inherit it); a process-wide setting, as NCCL reads the machine's
+topology once per process. Group rank
 r = node * g + local, for g ranks per node: a rank's *node group* is the g
 ranks of its node, its *rail* the m ranks of its local index on every node
 (one per node, the ranks that talk across nodes in a hierarchical algorithm).
