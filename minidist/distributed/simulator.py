@@ -222,6 +222,7 @@ CALLS: dict[str, CollectiveCall] = {
 GRAINS: dict[tuple[str, str], Callable] = {
     ("broadcast", "chain"): lambda n, N: chain_segments(N),
     ("all_reduce", "double_binary_tree"): lambda n, N: 2 * double_binary_tree_chunks(N),
+    ("all_reduce", "nccl_tree"): lambda n, N: 2 * double_binary_tree_chunks(N),
 }
 
 
@@ -442,7 +443,7 @@ def _check(collective, algorithm, world_size, nbytes, root) -> None:
     if collective not in ALGORITHMS or collective not in CALLS:
         known = sorted(name for name in ALGORITHMS if name in CALLS)
         raise ValueError(f"cannot simulate collective {collective!r}; choose one of {known}")
-    algorithms = list(ALGORITHMS[collective])
+    algorithms = list(registry.every_algorithm(collective))
     if algorithm not in algorithms and algorithm != "auto":
         raise ValueError(f"{collective} has no algorithm {algorithm!r}; choose one of "
                          f"{algorithms} or 'auto'")

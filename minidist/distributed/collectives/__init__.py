@@ -16,6 +16,9 @@ with its alpha-beta-gamma cost (shown in its docstring, computed by
 * :mod:`.registry` every algorithm with its cost formula and traffic; "auto"'s choice
 * :mod:`.call`  what every call shares: checks, algorithm choice, running
 * :mod:`.chunks` cutting a buffer into pieces
+* :mod:`.nodes` which ranks share a node (``minidist.topology.current()``), and a call
+  seen by some of its ranks; :mod:`.hierarchical`, :mod:`.ring_2d`, :mod:`.nccl_tree`
+  the algorithms for a machine of nodes, phases of flat algorithms inside and across
 * :mod:`.trees` binomial trees for any n; :mod:`.halving` recursive halving and the
   fold of a non-power-of-two world
 
@@ -48,6 +51,10 @@ from minidist.distributed.collectives.objects import (
 from minidist.distributed.collectives.reduce import reduce
 from minidist.distributed.collectives.reduce_scatter import reduce_scatter, reduce_scatter_tensor
 from minidist.distributed.collectives.scatter import scatter
+
+# The algorithms for a machine of nodes, registered after every flat one
+# (their table index is part of each message's tag).
+from minidist.distributed.collectives import hierarchical, nccl_tree, ring_2d  # noqa: E402,F401
 
 if fast_paths.enabled():
     small_message_shortcut.install()
