@@ -60,8 +60,10 @@ driver's, which differs from node to node. So node 0 stands for all in the
 rings (:data:`RINGS`: one rank a node sends off it) and, for every
 symmetric algorithm, when each rank has a NIC of its own; otherwise every
 rank runs (see :func:`node_symmetric`). ``result.predicted`` is then
-the two-level formula of :mod:`~minidist.distributed.collectives.topology_costs`
-where one exists (None otherwise).
+the two-level figure of :func:`~minidist.distributed.collectives.topology_costs.predict`
+where one exists (None otherwise; ``topology_costs.kind`` says whether it is
+exact or a bound), and "auto" picks the least of them, the algorithms for
+nodes (:data:`~.collectives.registry.NODE_ALGORITHMS`) among them.
 
 Every collective of :data:`~minidist.distributed.collectives.ALGORITHMS` has
 an entry in :data:`CALLS` saying which arrays a rank passes and how its
@@ -486,8 +488,9 @@ def simulate(collective: str, algorithm: str = "auto", world_size: int = 8,
     crosses, instead of one ``alpha`` and ``beta`` for every pair (give
     neither with it; ``gamma`` defaults to the topology's). The world must
     fill whole nodes of it. The symmetric shortcut then runs node 0's ranks
-    for all (see the module's docstring), and ``predicted`` is the two-level
-    formula, None where :mod:`~.collectives.topology_costs` has none. While
+    for all (see the module's docstring), ``predicted`` is the two-level
+    figure of :func:`.collectives.topology_costs.predict`, None where it has
+    none, and "auto" is :func:`.collectives.topology_costs.best`. While
     the ranks run, :func:`minidist.topology.current` is this topology (None
     on the flat network), whatever :func:`minidist.topology.use` set before.
     """
@@ -513,12 +516,13 @@ def simulate(collective: str, algorithm: str = "auto", world_size: int = 8,
     if algorithm == "auto":
         if nbytes is None and inputs is not None:
             nbytes = _size_of(spec, _given_inputs(inputs, world_size), world_size)
-        algorithm = (registry.best(collective, world_size, nbytes or 0, params=params,
-                                   candidates=tuple(ALGORITHMS[collective]))
-                     if topology is None else
-                     topology_costs.best(collective, world_size, nbytes or 0, topology,
-                                         gamma=params.gamma,
-                                         candidates=tuple(ALGORITHMS[collective])))
+        # On a topology: the least two-level figure of every algorithm, flat or
+        # for nodes (topology_costs.best, as "auto" on processes); none: the flat choice.
+        chosen = (None if topology is None else
+                  topology_costs.best(collective, world_size, nbytes or 0, topology,
+                                      gamma=params.gamma))
+        algorithm = chosen or registry.best(collective, world_size, nbytes or 0, params=params,
+                                            candidates=tuple(ALGORITHMS[collective]))
     if inputs is not None:
         arrays = _given_inputs(inputs, world_size)
         real = _size_of(spec, arrays, world_size)

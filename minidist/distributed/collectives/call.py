@@ -13,7 +13,7 @@ import functools
 import numpy as np
 
 from minidist import topology
-from minidist.distributed.collectives import native, nodes, registry
+from minidist.distributed.collectives import native, nodes, registry, topology_costs
 from minidist.distributed.collectives.comm import Comm, Work, completed_work, run
 from minidist.distributed.collectives.fingerprints import (
     CallRecord,
@@ -153,10 +153,16 @@ def choose(collective: str, algorithm: str, group, nbytes: int) -> tuple[str, in
 
 @functools.lru_cache(maxsize=1024)
 def _auto(collective: str, size: int, nbytes: int, transport, candidates, machine) -> str:
-    """The cheapest algorithm; with a topology (``machine``) set, on its
-    two-level model among the flat ones and those the group's nodes fit."""
-    return registry.best(collective, size, nbytes, transport=transport, candidates=candidates,
-                         topology=machine)
+    """The cheapest algorithm. With a topology (``machine``) that holds the
+    group in whole nodes: the least two-level figure of every algorithm, flat
+    or for nodes (:func:`.topology_costs.best`, as the simulator's "auto");
+    otherwise, or when none has a figure, the flat formulas on the transport's
+    alpha and beta, exactly as with no topology."""
+    if machine is not None and size <= machine.world_size and size % machine.ranks_per_node == 0:
+        chosen = topology_costs.best(collective, size, nbytes, machine, candidates=candidates)
+        if chosen is not None:
+            return chosen
+    return registry.best(collective, size, nbytes, transport=transport, candidates=candidates)
 
 
 def calls_of(group) -> tuple:

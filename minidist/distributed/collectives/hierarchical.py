@@ -31,12 +31,12 @@ Costs on the two-level model (see :mod:`.registry`: alpha_intra, xbeta_intra
 inside a node, alpha_inter, xbeta_inter between nodes; N bytes as the flat
 algorithms count it; share = max(1, g / nics)):
 
-all_reduce      2 (g - 1) alpha_intra + 2 (g-1)/g N xbeta_intra + (g-1)/g N gamma
-                + 2 log2 q alpha_inter + 2 (q-1)/q N/g share xbeta_inter + (q-1)/q N/g gamma
-                + (2 (alpha_inter + N/g share beta_inter) + N/g gamma if m != q else 0)
-reduce_scatter  (g - 1) (alpha_intra + N/g (xbeta_intra + gamma))
-                + (m - 1) (alpha_inter + N/n (share xbeta_inter + gamma))
-all_gather      (m - 1) (alpha_inter + N/n share xbeta_inter) + (g - 1) (alpha_intra + N/g xbeta_intra)
+all_reduce      2 (g - 1) alpha_intra + 2 (g-1)/g N beta_intra + (g-1)/g N gamma
+                + 2 log2 q share alpha_inter + 2 (q-1)/q N/g share beta_inter + (q-1)/q N/g gamma
+                + (2 share (alpha_inter + N/g beta_inter) + N/g gamma if m != q else 0)
+reduce_scatter  (g - 1) (alpha_intra + N/g (beta_intra + gamma))
+                + (m - 1) (share (alpha_inter + N/n beta_inter) + N/n gamma)
+all_gather      (m - 1) share (alpha_inter + N/n beta_inter) + (g - 1) (alpha_intra + N/g beta_intra)
 broadcast       ceil(log2 m) (alpha_inter + N beta_inter) + ceil(log2 g) (alpha_intra + N beta_intra)
 
 What they assume about the network cards: in the phase across the nodes of
@@ -93,9 +93,9 @@ def _all_reduce_traffic(n, count, itemsize, root=0, topology=None):
     return messages, elements * itemsize
 
 
-@cost("2 (g - 1) alpha_intra + 2 (g-1)/g N xbeta_intra + (g-1)/g N gamma"
-      " + 2 log2 q alpha_inter + 2 (q-1)/q N/g share xbeta_inter + (q-1)/q N/g gamma"
-      " + (2 (alpha_inter + N/g share beta_inter) + N/g gamma if m != q else 0)",
+@cost("2 (g - 1) alpha_intra + 2 (g-1)/g N beta_intra + (g-1)/g N gamma"
+      " + 2 log2 q share alpha_inter + 2 (q-1)/q N/g share beta_inter + (q-1)/q N/g gamma"
+      " + (2 share (alpha_inter + N/g beta_inter) + N/g gamma if m != q else 0)",
       traffic=_all_reduce_traffic, two_level=True)
 def all_reduce(comm, buffer):
     """Hierarchical all_reduce: reduce-scatter inside the node, all_reduce across
@@ -106,9 +106,9 @@ def all_reduce(comm, buffer):
     of rail l (local rank l of every node) all_reduce that chunk with
     Rabenseifner's algorithm, so each holds chunk l summed over the world;
     a ring all_gather inside the node gives every rank every chunk.
-    Cost: 2 (g - 1) alpha_intra + 2 (g-1)/g N xbeta_intra + (g-1)/g N gamma
-    + 2 log2 q alpha_inter + 2 (q-1)/q N/g share xbeta_inter + (q-1)/q N/g gamma
-    + (2 (alpha_inter + N/g share beta_inter) + N/g gamma if m != q else 0)
+    Cost: 2 (g - 1) alpha_intra + 2 (g-1)/g N beta_intra + (g-1)/g N gamma
+    + 2 log2 q share alpha_inter + 2 (q-1)/q N/g share beta_inter + (q-1)/q N/g gamma
+    + (2 share (alpha_inter + N/g beta_inter) + N/g gamma if m != q else 0)
     (q: the largest power of two <= m; the last term the fold of an m that is not one).
     """
     where = nodes_of(comm)
@@ -135,8 +135,8 @@ def _reduce_scatter_traffic(n, count, itemsize, root=0, topology=None):
     return n * (g - 1) + n * (m - 1), (m * (g - 1) * count + (m - 1) * count) * itemsize
 
 
-@cost("(g - 1) (alpha_intra + N/g (xbeta_intra + gamma))"
-      " + (m - 1) (alpha_inter + N/n (share xbeta_inter + gamma))",
+@cost("(g - 1) (alpha_intra + N/g (beta_intra + gamma))"
+      " + (m - 1) (share (alpha_inter + N/n beta_inter) + N/n gamma)",
       traffic=_reduce_scatter_traffic, two_level=True)
 def reduce_scatter(comm, pieces, output):
     """Hierarchical reduce_scatter: a ring reduce-scatter inside the node, then
@@ -148,8 +148,8 @@ def reduce_scatter(comm, pieces, output):
     rank l with block l summed over its node; the ring across rail l leaves
     node j's rank with piece j of that block, summed over the world.
     Only reads ``pieces``.
-    Cost: (g - 1) (alpha_intra + N/g (xbeta_intra + gamma))
-    + (m - 1) (alpha_inter + N/n (share xbeta_inter + gamma)).
+    Cost: (g - 1) (alpha_intra + N/g (beta_intra + gamma))
+    + (m - 1) (share (alpha_inter + N/n beta_inter) + N/n gamma).
     """
     where = nodes_of(comm)
     g, m = where.per_node, where.nodes
@@ -175,7 +175,7 @@ def _all_gather_traffic(n, count, itemsize, root=0, topology=None):
     return n * (m - 1) + n * (g - 1), ((m - 1) * count + m * (g - 1) * count) * itemsize
 
 
-@cost("(m - 1) (alpha_inter + N/n share xbeta_inter) + (g - 1) (alpha_intra + N/g xbeta_intra)",
+@cost("(m - 1) share (alpha_inter + N/n beta_inter) + (g - 1) (alpha_intra + N/g beta_intra)",
       traffic=_all_gather_traffic, two_level=True)
 def all_gather(comm, buffer):
     """Hierarchical all_gather: a ring all_gather across the nodes, then one
@@ -185,7 +185,7 @@ def all_gather(comm, buffer):
     pieces j g + l of every node j. The ring across rail l fills block l on
     each of its ranks; the ring inside the node then passes the g blocks
     round; a local copy puts the pieces back in rank order.
-    Cost: (m - 1) (alpha_inter + N/n share xbeta_inter) + (g - 1) (alpha_intra + N/g xbeta_intra).
+    Cost: (m - 1) share (alpha_inter + N/n beta_inter) + (g - 1) (alpha_intra + N/g beta_intra).
     """
     where = nodes_of(comm)
     g, m = where.per_node, where.nodes

@@ -37,16 +37,21 @@ all_gather the gathered result). The tests compare it with traced runs.
 Two levels. An algorithm built for a machine of nodes (the hierarchical
 ones) states its cost on the two-level model instead, ``@cost(text,
 two_level=True, ...)``, in the names g (ranks per node), m (nodes, n / g), q
-(the largest power of two <= m), alpha_intra, beta_intra, xbeta_intra (a
-message inside a node), alpha_inter, beta_inter, xbeta_inter (between
-nodes), gamma (the intra link's), nics (network cards per node) and share
-(how many of a node's ranks share one card when all send off-node at once:
-max(1, g / nics)). Its formula is a function of (n, N, topology)
-(:class:`minidist.topology.Topology`, passed in, never imported here), and
-its traffic takes ``topology=`` too. A flat algorithm on a machine of nodes
-costs its own formula at its slowest hop (:func:`slowest_link`), so that
-"auto" with a topology compares every algorithm on one model
-(:func:`seconds_on`); with no topology "auto" never picks a two-level one.
+(the largest power of two <= m), alpha_intra, beta_intra (a message inside a
+node), alpha_inter, beta_inter (a message between nodes; beta_inter is the
+NIC's beta times the spine's oversubscription,
+:attr:`~minidist.topology.Topology.inter_beta`), gamma (a rank's, read from
+the intra link), nics (NICs per node) and share (the most ranks one NIC
+serves, ceil(g / nics): when every rank of a node sends off it at once, a NIC
+carries share messages one after another, each alpha_inter + m beta_inter).
+The links are full duplex, as the simulator's are: a rank sends and receives
+in the same step at no extra cost (no xbeta). Such a formula is a function
+of (n, N, topology) (:class:`minidist.topology.Topology`, passed in, never
+imported here), and its traffic takes ``topology=`` too; these algorithms
+have their own tables (:data:`NODE_ALGORITHMS`, :data:`NODE_COSTS`), and
+:func:`predict` and :func:`best` here, on the flat network, never see them.
+Every figure on a topology, of these and of the flat algorithms, comes from
+one place: :mod:`.topology_costs`.
 
 Imports only the message model (:mod:`minidist.alpha_beta`): everything
 above it (the algorithms, call.py, the cost model) may import this.
@@ -107,7 +112,7 @@ def cost(text: str, *, traffic: Callable, where: dict | None = None, two_level: 
 
         def seconds(n, N, P):
             raise ValueError(f"the cost {words!r} is on the two-level model: pass topology= "
-                             "(a minidist.topology.Topology) to predict it")
+                             "(a minidist.topology.Topology) to minidist.costmodel.predict")
     else:
         on_topology, seconds = None, compile_formula(text, where or {})
 
@@ -193,86 +198,40 @@ def _cost(collective: str, algorithm: str) -> Cost:
                          f"{sorted(algorithms)}") from None
 
 
-def slowest_link(topology, world_size: int) -> Params:
-    """The link a flat algorithm is costed at on a machine of nodes: inside a
-    node when the group fits in one (n <= ranks_per_node), else the slower of
-    the two links in each of alpha, beta and xbeta (gamma: the node's own).
-
-    The assumption: a flat ring crossing nodes runs at its slowest hop (every
-    step waits for the one message that crosses), and only one rank per node
-    sends off-node at a time, so no NIC is shared. For a flat tree or
-    recursive doubling, whose steps may send several ranks of a node off-node
-    at once, this is optimistic."""
-    intra, inter = topology.intra, topology.inter
-    if world_size <= topology.ranks_per_node:
-        return intra
-    return Params(alpha=max(intra.alpha, inter.alpha), beta=max(intra.beta, inter.beta),
-                  gamma=intra.gamma, exchange_beta=max(intra.xbeta, inter.xbeta))
-
-
-def seconds_on(collective: str, algorithm: str, world_size: int, nbytes: float,
-               topology) -> float:
-    """Predicted seconds of one algorithm on the two-level model of ``topology``:
-    its two-level formula, or a flat one's at :func:`slowest_link`."""
-    one = _cost(collective, algorithm)
-    if world_size <= 1:
-        return 0.0
-    if one.needs_topology:
-        return float(one.two_level(world_size, float(nbytes), topology))
-    return float(one.seconds(world_size, float(nbytes), slowest_link(topology, world_size)))
-
-
-def fits(topology, world_size: int) -> bool:
-    """Whether a group of ``world_size`` ranks cuts into whole nodes of ``topology``."""
-    return topology is not None and world_size % topology.ranks_per_node == 0
-
-
 def predict(collective: str, algorithm: str, world_size: int, nbytes: float,
-            params: Params | None = None, transport: str | None = None,
-            topology=None) -> float:
-    """Predicted seconds for one call (the alpha-beta-gamma formula; with
-    ``topology``, on its two-level model: see :func:`seconds_on`)."""
+            params: Params | None = None, transport: str | None = None) -> float:
+    """Predicted seconds for one call on the flat network (the
+    alpha-beta-gamma formula). On a topology: :func:`.topology_costs.predict`."""
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
     if world_size == 1:
         return 0.0
-    if topology is not None:
-        return seconds_on(collective, algorithm, world_size, nbytes, topology)
     if needs_topology(collective, algorithm):
         raise ValueError(f"{collective} algorithm={algorithm!r} is costed on a machine of "
-                         "nodes: pass topology= (a minidist.topology.Topology)")
+                         "nodes: pass topology= (a minidist.topology.Topology) to "
+                         "minidist.costmodel.predict")
     params = params or params_for(transport)
     return float(formula(collective, algorithm)(world_size, float(nbytes), params))
 
 
 def predict_all(collective: str, world_size: int, nbytes: float,
-                params: Params | None = None, transport: str | None = None,
-                topology=None) -> dict:
-    """Predicted seconds of every algorithm of ``collective`` (with no
-    ``topology``, of the flat ones; with one, of those the group fits)."""
-    names = list(COSTS.get(collective, {}))
-    if fits(topology, world_size):
-        names += list(NODE_COSTS.get(collective, {}))
-    return {name: predict(collective, name, world_size, nbytes, params, transport, topology)
-            for name in names}
+                params: Params | None = None, transport: str | None = None) -> dict:
+    """Predicted seconds of every flat algorithm of ``collective``."""
+    return {name: predict(collective, name, world_size, nbytes, params, transport)
+            for name in COSTS.get(collective, {})}
 
 
 def best(collective: str, world_size: int, nbytes: float, *, transport: str | None = None,
-         params: Params | None = None, candidates=None, topology=None) -> str:
-    """The algorithm predicted fastest (ties: the first listed). With no
-    ``topology`` only the flat algorithms compete, on ``params``; with one,
-    every algorithm the group fits, on its two-level model."""
-    algorithms = dict(COSTS.get(collective, {}))
-    if fits(topology, world_size):
-        algorithms.update(NODE_COSTS.get(collective, {}))
+         params: Params | None = None, candidates=None) -> str:
+    """The flat algorithm predicted fastest on the flat network (ties: the
+    first listed); an algorithm for nodes among ``candidates`` is passed over.
+    On a topology: :func:`.topology_costs.best`."""
+    algorithms = COSTS.get(collective, {})
     names = [name for name in (candidates or algorithms) if name in algorithms]
     if not names:
         if candidates:
             return tuple(candidates)[0]
         raise ValueError(f"no cost model for collective {collective!r}")
-    if topology is not None:
-        return min(names, key=lambda name: seconds_on(collective, name, world_size, nbytes,
-                                                      topology))
     params = params or params_for(transport)
     return min(names, key=lambda name: algorithms[name].seconds(world_size, float(nbytes),
                                                                 params))
@@ -293,9 +252,8 @@ _TOKEN = re.compile(r"\s*(?:(\d+(?:\.\d+)?)|([A-Za-z_]\w*)|(//|==|!=|<=|>=|[-+*/
 _TWO_LEVEL = {
     "g": "T.ranks_per_node", "m": "n // g", "q": "largest_power_of_two(m)",
     "alpha_intra": "T.intra.alpha", "beta_intra": "T.intra.beta",
-    "xbeta_intra": "T.intra.xbeta", "alpha_inter": "T.inter.alpha",
-    "beta_inter": "T.inter.beta", "xbeta_inter": "T.inter.xbeta", "gamma": "T.intra.gamma",
-    "nics": "T.nics_per_node", "share": "(g / nics if g > nics else 1)",
+    "alpha_inter": "T.inter.alpha", "beta_inter": "T.inter_beta", "gamma": "T.intra.gamma",
+    "nics": "T.nics_per_node", "share": "T.ranks_per_nic",
 }
 
 

@@ -23,8 +23,8 @@ across the network instead of 2 log2 m.
 
 Cost on the two-level model (see :mod:`.registry`; in phase 2 all g ranks
 of a node send off-node at once and share its nics cards):
-2 (g - 1) alpha_intra + 2 (g-1)/g N xbeta_intra + (g-1)/g N gamma
-+ 2 (m - 1) alpha_inter + 2 (m-1)/m N/g share xbeta_inter + (m-1)/m N/g gamma.
+2 (g - 1) alpha_intra + 2 (g-1)/g N beta_intra + (g-1)/g N gamma
++ 2 (m - 1) share alpha_inter + 2 (m-1)/m N/g share beta_inter + (m-1)/m N/g gamma.
 """
 
 from __future__ import annotations
@@ -52,15 +52,15 @@ def _traffic(n, count, itemsize, root=0, topology=None):
     return messages, elements * itemsize
 
 
-@cost("2 (g - 1) alpha_intra + 2 (g-1)/g N xbeta_intra + (g-1)/g N gamma"
-      " + 2 (m - 1) alpha_inter + 2 (m-1)/m N/g share xbeta_inter + (m-1)/m N/g gamma",
+@cost("2 (g - 1) alpha_intra + 2 (g-1)/g N beta_intra + (g-1)/g N gamma"
+      " + 2 (m - 1) share alpha_inter + 2 (m-1)/m N/g share beta_inter + (m-1)/m N/g gamma",
       traffic=_traffic, two_level=True)
 def ring_2d(comm, buffer):
     """2D ring all_reduce: a ring reduce-scatter inside the node, a ring
     all_reduce across the nodes of the chunk each rank finished, a ring
     all_gather inside the node (Ying et al., 2018; Mikami et al., 2018).
-    Cost: 2 (g - 1) alpha_intra + 2 (g-1)/g N xbeta_intra + (g-1)/g N gamma
-    + 2 (m - 1) alpha_inter + 2 (m-1)/m N/g share xbeta_inter + (m-1)/m N/g gamma.
+    Cost: 2 (g - 1) alpha_intra + 2 (g-1)/g N beta_intra + (g-1)/g N gamma
+    + 2 (m - 1) share alpha_inter + 2 (m-1)/m N/g share beta_inter + (m-1)/m N/g gamma.
     """
     where = nodes_of(comm)
     g, m = where.per_node, where.nodes
