@@ -22,10 +22,11 @@ import minidist.distributed as dist
 from minidist import costmodel, topology, trace
 from minidist.alpha_beta import Params
 from minidist.distributed import simulator
-from minidist.distributed.collectives import call, nodes, registry, topology_costs
+from minidist.distributed.collectives import call, registry, topology_costs
 from minidist.distributed.collectives.all_reduce import _tree_tables
 from minidist.distributed.collectives.chunks import double_binary_tree_chunks
 from minidist.distributed.collectives.nccl_tree import _tables, node_trees
+from minidist.distributed.collectives.nodes import check as check_nodes
 from minidist.distributed.reduce_op import ReduceOp
 from minidist.topology import Topology
 
@@ -429,7 +430,7 @@ def test_the_refusals_say_what_to_do(nodes_of_the_run):
         in message and "\n" not in message
     topology.use(machine(6, 3))
     with pytest.raises(ValueError) as refused:
-        nodes.check("broadcast", "hierarchical", 8, 0)
+        check_nodes("broadcast", "hierarchical", 8, 0)
     message = str(refused.value)
     assert "cuts the group's 8 ranks into nodes of ranks_per_node=3, but 8 is not a multiple " \
         "of 3" in message and "\n" not in message

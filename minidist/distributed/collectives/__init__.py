@@ -33,7 +33,16 @@ the plain function and every message goes straight to the transport.
 """
 
 from minidist.distributed import fast_paths
-from minidist.distributed.collectives import one_shot_shortcut, small_message_shortcut
+
+# The algorithms for a machine of nodes, registered after every flat one
+# (their table index is part of each message's tag).
+from minidist.distributed.collectives import (  # noqa: E402,F401
+    hierarchical,
+    nccl_tree,
+    one_shot_shortcut,
+    ring_2d,
+    small_message_shortcut,
+)
 from minidist.distributed.collectives.all_gather import all_gather, all_gather_into_tensor
 from minidist.distributed.collectives.all_reduce import all_reduce
 from minidist.distributed.collectives.all_to_all import all_to_all, all_to_all_single
@@ -51,10 +60,6 @@ from minidist.distributed.collectives.objects import (
 from minidist.distributed.collectives.reduce import reduce
 from minidist.distributed.collectives.reduce_scatter import reduce_scatter, reduce_scatter_tensor
 from minidist.distributed.collectives.scatter import scatter
-
-# The algorithms for a machine of nodes, registered after every flat one
-# (their table index is part of each message's tag).
-from minidist.distributed.collectives import hierarchical, nccl_tree, ring_2d  # noqa: E402,F401
 
 if fast_paths.enabled():
     small_message_shortcut.install()

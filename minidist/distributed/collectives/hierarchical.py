@@ -27,9 +27,10 @@ with ``minidist.topology.use(Topology(...))``, or before ``minidist.launch``,
 whose forked workers inherit it); without one, or on a group
 that is not a whole number of nodes, the call is refused in one line.
 
-Costs on the two-level model (see :mod:`.registry`: alpha_intra, xbeta_intra
-inside a node, alpha_inter, xbeta_inter between nodes; N bytes as the flat
-algorithms count it; share = max(1, g / nics)):
+Costs on the two-level model (see :mod:`.registry`: alpha_intra, beta_intra
+inside a node, alpha_inter, beta_inter between nodes, beta_inter with the
+spine's oversubscription; N bytes as the flat algorithms count it; share =
+ceil(g / nics), the ranks one NIC serves):
 
 all_reduce      2 (g - 1) alpha_intra + 2 (g-1)/g N beta_intra + (g-1)/g N gamma
                 + 2 log2 q share alpha_inter + 2 (q-1)/q N/g share beta_inter + (q-1)/q N/g gamma
@@ -39,11 +40,24 @@ reduce_scatter  (g - 1) (alpha_intra + N/g (beta_intra + gamma))
 all_gather      (m - 1) share (alpha_inter + N/n beta_inter) + (g - 1) (alpha_intra + N/g beta_intra)
 broadcast       ceil(log2 m) (alpha_inter + N beta_inter) + ceil(log2 g) (alpha_intra + N beta_intra)
 
-What they assume about the network cards: in the phase across the nodes of
-all_reduce, reduce_scatter and all_gather every rank of a node sends
-off-node at once, so the g ranks share the node's nics cards (share); in the
-broadcast's only the leader sends. Phases run one after the other; the
-spine is assumed to carry what the cards send (no oversubscription).
+What they assume, the simulator's NIC model
+(:class:`~minidist.distributed.transport.sim.TopologyTransport`): in the phase across the nodes of all_reduce,
+reduce_scatter and all_gather every rank of a node sends off it at once, and
+a NIC takes whole messages one after another, each busy alpha_inter + m
+beta_inter, so a step across costs share (alpha_inter + m beta_inter); in
+the broadcast only the leader sends. Phases follow one another, each
+starting when its slowest rank is done.
+
+How exact (``topology_costs.kind``): every formula is the simulated time when
+no NIC is shared (share 1, a DGX) or the phase across crosses once each way
+(two nodes), and the broadcast's always. With a shared NIC over several
+steps the figure keeps the NIC busy without a break; the simulator's NIC
+takes messages in the order its driver reaches them, so a rank ahead may
+take a slot before a late one's earlier message, and the simulated time is
+up to a few tens of percent longer: a lower bound (with gamma = 0; combining
+partly hidden by the queue makes it an estimate otherwise). On m nodes that
+are not a power of two, the all_reduce's fold with a shared NIC is an
+estimate.
 """
 
 from __future__ import annotations
@@ -51,13 +65,15 @@ from __future__ import annotations
 from minidist import topology as _topology
 from minidist.alpha_beta import ceil_log2
 from minidist.distributed.collectives.all_gather import ring as all_gather_ring
-from minidist.distributed.collectives.all_reduce import _rabenseifner_traffic as rabenseifner_traffic
+from minidist.distributed.collectives.all_reduce import (
+    _rabenseifner_traffic as rabenseifner_traffic,
+)
 from minidist.distributed.collectives.all_reduce import rabenseifner
 from minidist.distributed.collectives.broadcast import binomial
 from minidist.distributed.collectives.chunks import chunk_bounds, largest_power_of_two, split
 from minidist.distributed.collectives.nodes import Subset, nodes_of
-from minidist.distributed.collectives.registry import cost, register_for_nodes
 from minidist.distributed.collectives.reduce_scatter import ring as reduce_scatter_ring
+from minidist.distributed.collectives.registry import cost, register_for_nodes
 
 
 def per_node(topology) -> int:

@@ -31,7 +31,16 @@ nodes'); on one node, two chains, each rank receives four chunks and
 combines two. So:
 (k + 2 (g - 1 + ceil(log2 m)) - 1) (alpha_inter + 2 N/k beta_inter + 3/2 N/k gamma if m > 1
 else alpha_intra + 2 N/k beta_intra + N/k gamma), k = :func:`.chunks.double_binary_tree_chunks`.
-It assumes the chain's steps inside a node are no slower than the card's.
+It assumes the chain's steps inside a node are no slower than the card's,
+and charges one latency for the card's four messages of a step.
+
+An estimate, not a bound: there is no closed form for a pipeline on two
+levels. In the simulator a step's four messages through one NIC each take
+their latency (the figure is low when the heads share a NIC and latency
+counts), and the trees' steps overlap more than one step per chunk (the
+figure is high for small arrays). The tests hold it within a factor of 3
+either way of the simulated time on dgx, commodity and a one-NIC cluster, at
+64 and 4,096 ranks (``topology_costs.kind`` says "estimate").
 """
 
 from __future__ import annotations

@@ -22,7 +22,10 @@ only, which suits rings and tori of links; the price is 2 (m - 1) latencies
 across the network instead of 2 log2 m.
 
 Cost on the two-level model (see :mod:`.registry`; in phase 2 all g ranks
-of a node send off-node at once and share its nics cards):
+of a node send off it at once, and each NIC takes its share messages one
+after another, latency included; exact with a NIC a rank or on two nodes, a
+lower bound with a shared NIC, as the hierarchical all_reduce's, see
+:mod:`.hierarchical`):
 2 (g - 1) alpha_intra + 2 (g-1)/g N beta_intra + (g-1)/g N gamma
 + 2 (m - 1) share alpha_inter + 2 (m-1)/m N/g share beta_inter + (m-1)/m N/g gamma.
 """
@@ -34,8 +37,8 @@ from minidist.distributed.collectives.all_reduce import ring as all_reduce_ring
 from minidist.distributed.collectives.chunks import chunk_bounds, split
 from minidist.distributed.collectives.hierarchical import per_node
 from minidist.distributed.collectives.nodes import Subset, nodes_of
-from minidist.distributed.collectives.registry import cost, register_for_nodes
 from minidist.distributed.collectives.reduce_scatter import ring as reduce_scatter_ring
+from minidist.distributed.collectives.registry import cost, register_for_nodes
 
 
 def _traffic(n, count, itemsize, root=0, topology=None):

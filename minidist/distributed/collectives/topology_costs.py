@@ -1,4 +1,25 @@
-"""The flat algorithms' costs on a cluster with a shape (two levels).
+"""Every algorithm's cost on a cluster with a shape (two levels): the one place.
+
+:func:`predict` is the figure ``costmodel.predict(..., topology=)`` prints,
+``simulate(..., topology=)`` puts in ``predicted``, and "auto" compares
+(:func:`best`: in the simulator, and on processes after
+``minidist.topology.use``). It takes, in this order:
+
+* an algorithm for nodes (``registry.NODE_COSTS``: hierarchical, ring_2d,
+  nccl_tree): the two-level formula registered above its code, in the
+  registry's two-level names (see :mod:`.registry` and :mod:`.hierarchical`);
+* any flat algorithm on a single node: its flat formula on the intra link;
+* a flat algorithm across nodes: the closed formula below (:data:`FORMULAS`),
+  or none (ValueError; "auto" then passes it over).
+
+:func:`kind` says how each figure stands to the simulator, the reference of
+the model: "exact" (the ring; the binomial broadcast and reduce and
+reduce_broadcast; recursive doubling with a NIC a rank or on two nodes; the
+hierarchical algorithms and ring_2d with a NIC a rank, on two nodes, and the
+hierarchical broadcast always), "lower bound" (recursive doubling, the
+hierarchical all_reduce, reduce_scatter, all_gather and ring_2d when ranks
+share a NIC over several rounds), "estimate" (nccl_tree, and the shared-NIC
+cases with combining or a fold), "flat formula" (one node).
 
 The registry's formulas (:mod:`.registry`) give every message the same
 alpha and beta. On a :class:`~minidist.topology.Topology` a message within a
