@@ -139,9 +139,8 @@ def choose(collective: str, algorithm: str, group, nbytes: int) -> tuple[str, in
         native.check_available(group, collective)
         return native.NAME, native.INDEX
     if algorithm == "auto":
-        algorithm = _auto(collective, group.size, nbytes,
-                          getattr(group.transport, "name", None), tuple(algorithms),
-                          topology.current())
+        algorithm = _auto(collective, group.size, nbytes, getattr(group.transport, "name", None),
+                          tuple(algorithms), topology.current())
     elif algorithm not in algorithms:
         raise ValueError(f"rank {group._global_rank}: {collective} has no algorithm "
                          f"{algorithm!r}; choose one of {list(algorithms)}, 'auto', or "
@@ -153,16 +152,12 @@ def choose(collective: str, algorithm: str, group, nbytes: int) -> tuple[str, in
 
 @functools.lru_cache(maxsize=1024)
 def _auto(collective: str, size: int, nbytes: int, transport, candidates, machine) -> str:
-    """The cheapest algorithm. With a topology (``machine``) that holds the
-    group in whole nodes: the least two-level figure of every algorithm, flat
-    or for nodes (:func:`.topology_costs.best`, as the simulator's "auto");
-    otherwise, or when none has a figure, the flat formulas on the transport's
-    alpha and beta, exactly as with no topology."""
-    if machine is not None and size <= machine.world_size and size % machine.ranks_per_node == 0:
-        chosen = topology_costs.best(collective, size, nbytes, machine, candidates=candidates)
-        if chosen is not None:
-            return chosen
-    return registry.best(collective, size, nbytes, transport=transport, candidates=candidates)
+    """The cheapest algorithm: on a topology (``machine``) that holds the group,
+    :func:`.topology_costs.best`, as the simulator's; else (or with no figure) the flat one."""
+    fits = machine and size <= machine.world_size and size % machine.ranks_per_node == 0
+    chosen = fits and topology_costs.best(collective, size, nbytes, machine, candidates=candidates)
+    return chosen or registry.best(collective, size, nbytes, transport=transport,
+                                   candidates=candidates)
 
 
 def calls_of(group) -> tuple:
@@ -200,8 +195,7 @@ def start(collective: str, group, algorithm: str, *, nbytes: int, op=None, ufunc
           dtype=None, count: int = 0, root: int = 0, buffer=None) -> Comm:
     """A :class:`Comm` for one call: the algorithm chosen, the call tagged."""
     context_group, calls, scratch_pool = calls_of(group)
-    # The transport is part of the key: "auto" chooses with its alpha and beta.
-    # "auto" chooses on the topology too (an algorithm named checks it itself).
+    # The transport and the topology are part of the key: "auto" chooses with them.
     key = (collective, algorithm, nbytes, group.size, op, dtype, count, root,
            getattr(group.transport, "name", None),
            topology.current() if algorithm == "auto" else None)
@@ -231,10 +225,8 @@ def steps_of(comm: Comm):
     """The generator function of the algorithm ``comm`` runs."""
     if comm.algorithm == native.NAME:
         return native.ALGORITHMS[comm.collective]
-    algorithms = ALGORITHMS[comm.collective]
-    if comm.algorithm in algorithms:
-        return algorithms[comm.algorithm]
-    return registry.NODE_ALGORITHMS[comm.collective][comm.algorithm]
+    flat = ALGORITHMS[comm.collective]  # else one for nodes
+    return flat.get(comm.algorithm) or registry.NODE_ALGORITHMS[comm.collective][comm.algorithm]
 
 
 def execute(comm: Comm, steps, async_op: bool, finish=None, timeout=_DEFAULT):
