@@ -495,3 +495,23 @@ def test_async_calls_finish_on_wait():
     for arrays in minidist.launch(_asynchronous, world_size=4, transport="shm"):
         for array in arrays:
             np.testing.assert_array_equal(array, np.arange(9) * 10.0)
+
+
+def _on_a_group_across_nodes():
+    topology.use(machine(4, 2))
+    group = dist.new_group([1, 2])
+    if dist.get_rank() not in (1, 2):
+        return None
+    try:
+        dist.all_reduce(np.ones(3), algorithm="hierarchical", group=group)
+    except ValueError as error:
+        return str(error)
+    return "ran"
+
+
+def test_a_subgroup_is_cut_by_the_nodes_its_global_ranks_sit_on():
+    # the topology places global ranks; group ranks 0, 1 of [1, 2] are on two nodes
+    said = minidist.launch(_on_a_group_across_nodes, world_size=4, transport="pipe")
+    for line in said[1:3]:
+        assert "global ranks [1, 2] are on nodes [0, 1]: use a group whose ranks fill whole " \
+            "nodes in order, or a flat algorithm." in line and "\n" not in line

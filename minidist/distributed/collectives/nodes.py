@@ -22,6 +22,7 @@ one node group or one rail.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from minidist import topology as _topology
@@ -45,6 +46,17 @@ def check(collective: str, algorithm: str, group_size: int, rank: int):
     return machine
 
 
+@functools.lru_cache(maxsize=64)
+def _stray_block(ranks: tuple, per_node: int) -> int | None:
+    """The first block of ``per_node`` consecutive group ranks whose global
+    ranks are not all on one node, or None (made once per group, not per rank)."""
+    for block in range(len(ranks) // per_node):
+        nodes = {rank // per_node for rank in ranks[block * per_node:(block + 1) * per_node]}
+        if len(nodes) > 1:
+            return block
+    return None
+
+
 @dataclass(frozen=True)
 class Nodes:
     """Where one rank sits: g ranks per node, m nodes, its node and local index."""
@@ -66,9 +78,22 @@ class Nodes:
 
 
 def nodes_of(comm) -> Nodes:
-    """This rank's place in the current topology's nodes (checked, see :func:`check`)."""
+    """This rank's place in the current topology's nodes (checked, see :func:`check`).
+
+    The topology places global ranks (rank r on node r // ranks_per_node, as
+    the simulator charges them); a subgroup is cut by its group ranks, so each
+    block of ranks_per_node consecutive group ranks must sit on one node."""
     machine = check(comm.collective, comm.algorithm, comm.size, comm.rank)
     per_node = machine.ranks_per_node
+    if comm.ranks is not None:
+        stray = _stray_block(tuple(comm.ranks), per_node)
+        if stray is not None:
+            block = comm.ranks[stray * per_node:(stray + 1) * per_node]
+            raise ValueError(
+                f"rank {comm.rank}: {comm.collective} algorithm={comm.algorithm!r} cuts the "
+                f"group into nodes of {per_node} consecutive group ranks, but global ranks "
+                f"{list(block)} are on nodes {sorted({machine.node_of(r) for r in block})}: "
+                "use a group whose ranks fill whole nodes in order, or a flat algorithm.")
     return Nodes(per_node, comm.size // per_node, comm.rank // per_node, comm.rank % per_node)
 
 
