@@ -428,7 +428,7 @@ def estimate(collective: str, algorithm: str, world_size: int, nbytes: int, *,
         # Far past any machine already; counting the messages would take time
         # proportional to n for some traffic formulas.
         return Estimate(seconds, memory, math.nan, symmetric)
-    messages = _expected_messages(collective, algorithm, n, nbytes, itemsize, root)
+    messages = _expected_messages(collective, algorithm, n, nbytes, itemsize, root, topology)
     messages = float(n * max(n - 1, 1)) if messages is None else float(messages)
     if symmetric:
         messages *= simulated / n
@@ -552,7 +552,7 @@ def simulate(collective: str, algorithm: str = "auto", world_size: int = 8,
     reporter = None
     if progress is not None:
         total = _expected_messages(collective, algorithm, world_size, int(nbytes or 0),
-                                   np.dtype(dtype).itemsize, root)
+                                   np.dtype(dtype).itemsize, root, topology)
 
         def reporter(messages):
             progress(messages, total)
@@ -639,13 +639,17 @@ def _size_of(spec: CollectiveCall, arrays, world_size: int) -> int:
     return first.nbytes * world_size if spec.piece_first else first.nbytes
 
 
-def _expected_messages(collective, algorithm, world_size, nbytes, itemsize, root):
-    """The messages the cost model's traffic formula counts (None without one)."""
+def _expected_messages(collective, algorithm, world_size, nbytes, itemsize, root,
+                       topology=None):
+    """The messages the cost model's traffic formula counts (None without one;
+    an algorithm for nodes counts on ``topology``'s)."""
     count = nbytes // itemsize
     if collective in ("scatter", "gather"):
         count //= world_size  # their formulas count one rank's piece
+    on_nodes = {"topology": topology} if registry.needs_topology(collective, algorithm) else {}
     try:
-        return int(registry.traffic(collective, algorithm)(world_size, count, itemsize, root)[0])
+        return int(registry.traffic(collective, algorithm)(world_size, count, itemsize, root,
+                                                           **on_nodes)[0])
     except (ValueError, KeyError, AttributeError, TypeError):
         return None
 
