@@ -515,3 +515,20 @@ def test_a_subgroup_is_cut_by_the_nodes_its_global_ranks_sit_on():
     for line in said[1:3]:
         assert "global ranks [1, 2] are on nodes [0, 1]: use a group whose ranks fill whole " \
             "nodes in order, or a flat algorithm." in line and "\n" not in line
+
+
+def test_minidist_simulate_with_a_topology_lists_the_algorithms_for_nodes(capsys):
+    from minidist.cli import main
+
+    assert main("simulate all_reduce -n 16 --size 1MB --topology dgx --quiet".split()) == 0
+    rows = {line.split("│")[1].strip(): line for line in capsys.readouterr().out.splitlines()
+            if line.count("│") > 3}
+    for name in registry.every_algorithm("all_reduce"):
+        assert name in rows, name
+    layout = topology.dgx(2)
+    for name in ("hierarchical", "ring_2d", "nccl_tree"):  # each with its figure
+        figure = costmodel.predict("all_reduce", name, 16, 1_000_000, topology=layout)
+        assert rows[name].split("│")[3].strip() != "-", (name, figure)
+    # without a topology, the flat algorithms only, as before
+    assert main("simulate all_reduce -n 16 --size 1MB --quiet".split()) == 0
+    assert "hierarchical" not in capsys.readouterr().out
