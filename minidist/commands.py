@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from minidist import costmodel
-from minidist.distributed.collectives import ALGORITHMS
+from minidist.distributed.collectives import ALGORITHMS, registry, topology_costs
 from minidist.distributed.launch import warn_if_oversubscribed
 from minidist.distributed.simulator import CALLS, SYMMETRIC, estimate, simulate
 from minidist.distributed.transport import check_name
@@ -208,7 +208,10 @@ def simulate_command(args) -> int:
         if collective not in CALLS or collective not in ALGORITHMS:
             known = sorted(name for name in ALGORITHMS if name in CALLS)
             raise ValueError(f"cannot simulate {collective!r}; choose one of {known}")
-        names = list(ALGORITHMS[collective])
+        topology = parse_topology(getattr(args, "topology", None) or "flat", args.nproc)
+        # On a topology the algorithms for nodes run too (hierarchical, ring_2d, ...).
+        names = list(ALGORITHMS[collective] if topology is None
+                     else registry.every_algorithm(collective))
         algorithms = names if args.algorithm in (None, "all") else [args.algorithm]
         for name in algorithms:
             if name not in names:
@@ -219,7 +222,6 @@ def simulate_command(args) -> int:
         nbytes = costmodel.parse_size(args.size)
         if nbytes < 0:
             raise ValueError(f"--size must not be negative, got {args.size!r}")
-        topology = parse_topology(getattr(args, "topology", None) or "flat", args.nproc)
         if topology is not None:
             given = [flag for flag, value in (("--alpha", args.alpha),
                                               ("--bandwidth", args.bandwidth))
@@ -312,6 +314,12 @@ def simulate_command(args) -> int:
                           RunFacts(args.nproc, simulated=True, params="given"))
             if not why.endswith("the model holds here"):
                 gaps.append(f"{result.algorithm}: {why}")
+            figure = (None if topology is None else
+                      topology_costs.kind(collective, result.algorithm, args.nproc, topology))
+            if figure in ("lower bound", "estimate"):
+                article = "an" if figure == "estimate" else "a"
+                gaps.append(f"{result.algorithm}: the cost model's figure is {article} {figure} "
+                            "on this topology, not an exact time (topology_costs.kind)")
         table.add_row(result.algorithm, _format_seconds(result.time),
                       "-" if result.predicted is None else _format_seconds(result.predicted),
                       f"{result.messages:,}", format_bytes(result.bytes), ratio, style=style)

@@ -23,13 +23,16 @@ byte of a step in which a rank sends and receives at once (see
 
 On a cluster with a shape (:mod:`minidist.topology`: nodes, the links inside
 and between them, the NICs a node's ranks share), ``predict(...,
-topology=...)`` gives the two-level formula of
-:mod:`minidist.distributed.collectives.topology_costs` (the ring, recursive
-doubling, the binomial broadcast; any algorithm on one node), and says so
-where there is none::
+topology=...)``, ``predict_all`` and ``best`` give the two-level figures of
+:mod:`minidist.distributed.collectives.topology_costs`, the one place they
+come from (the flat algorithms with a closed formula, the algorithms for
+nodes with the formula above their code, any algorithm on one node; which
+are exact and which are bounds: ``topology_costs.kind``), and say so where
+there is none::
 
     costmodel.predict("all_reduce", "ring", 64, 100 << 20,
                       topology=topology.parse_topology("dgx:8"))
+    costmodel.best("all_reduce", 64, 64 << 20, topology=topology.parse_topology("dgx:8"))
 
 It stands above the collectives (importing them registers every algorithm),
 which themselves never import it: "auto" asks the registry directly.
@@ -50,9 +53,7 @@ from minidist.alpha_beta import (  # noqa: F401  (the public face of the model)
 )
 from minidist.distributed.collectives import registry, topology_costs
 from minidist.distributed.collectives.registry import (  # noqa: F401
-    best,
     formula,
-    predict_all,
     text,
 )
 from minidist.topology import Topology
@@ -75,6 +76,37 @@ def predict(collective: str, algorithm: str, world_size: int, nbytes: float,
         raise ValueError(f"world_size must be at least 1, got {world_size}")
     gamma = None if params is None else params.gamma
     return topology_costs.predict(collective, algorithm, world_size, nbytes, topology, gamma)
+
+def predict_all(collective: str, world_size: int, nbytes: float,
+                params: Params | None = None, transport: str | None = None,
+                topology: Topology | None = None) -> dict:
+    """Predicted seconds of every algorithm of ``collective``: the flat ones
+    on the flat network, or with ``topology`` every one that has a two-level
+    figure (:func:`.topology_costs.predict_all`; ``params`` may set gamma)."""
+    if topology is None:
+        return registry.predict_all(collective, world_size, nbytes, params, transport)
+    return topology_costs.predict_all(collective, world_size, nbytes, topology,
+                                      None if params is None else params.gamma)
+
+
+def best(collective: str, world_size: int, nbytes: float, *, transport: str | None = None,
+         params: Params | None = None, candidates=None,
+         topology: Topology | None = None) -> str:
+    """The algorithm predicted fastest (ties: the first listed): on the flat
+    network among the flat ones, or with ``topology`` among every one with a
+    two-level figure (:func:`.topology_costs.best`, what "auto" runs on it)."""
+    if topology is not None:
+        chosen = topology_costs.best(collective, world_size, nbytes, topology,
+                                     gamma=None if params is None else params.gamma,
+                                     candidates=candidates)
+        if chosen is None:
+            raise ValueError(f"no two-level figure for any algorithm of {collective} on "
+                             f"{world_size:,} ranks of {topology.describe()}; simulate them "
+                             "with simulate(..., topology=...)")
+        return chosen
+    return registry.best(collective, world_size, nbytes, transport=transport, params=params,
+                         candidates=candidates)
+
 
 #: FORMULAS[collective][algorithm]: ``f(n, N, params) -> seconds``.
 FORMULAS = {collective: {name: cost.seconds for name, cost in costs.items()}

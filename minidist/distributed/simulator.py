@@ -60,8 +60,10 @@ driver's, which differs from node to node. So node 0 stands for all in the
 rings (:data:`RINGS`: one rank a node sends off it) and, for every
 symmetric algorithm, when each rank has a NIC of its own; otherwise every
 rank runs (see :func:`node_symmetric`). ``result.predicted`` is then
-the two-level formula of :mod:`~minidist.distributed.collectives.topology_costs`
-where one exists (None otherwise).
+the two-level figure of :func:`~minidist.distributed.collectives.topology_costs.predict`
+where one exists (None otherwise; ``topology_costs.kind`` says whether it is
+exact or a bound), and "auto" picks the least of them, the algorithms for
+nodes (:data:`~.collectives.registry.NODE_ALGORITHMS`) among them.
 
 Every collective of :data:`~minidist.distributed.collectives.ALGORITHMS` has
 an entry in :data:`CALLS` saying which arrays a rank passes and how its
@@ -222,6 +224,7 @@ CALLS: dict[str, CollectiveCall] = {
 GRAINS: dict[tuple[str, str], Callable] = {
     ("broadcast", "chain"): lambda n, N: chain_segments(N),
     ("all_reduce", "double_binary_tree"): lambda n, N: 2 * double_binary_tree_chunks(N),
+    ("all_reduce", "nccl_tree"): lambda n, N: 2 * double_binary_tree_chunks(N),
 }
 
 
@@ -425,7 +428,7 @@ def estimate(collective: str, algorithm: str, world_size: int, nbytes: int, *,
         # Far past any machine already; counting the messages would take time
         # proportional to n for some traffic formulas.
         return Estimate(seconds, memory, math.nan, symmetric)
-    messages = _expected_messages(collective, algorithm, n, nbytes, itemsize, root)
+    messages = _expected_messages(collective, algorithm, n, nbytes, itemsize, root, topology)
     messages = float(n * max(n - 1, 1)) if messages is None else float(messages)
     if symmetric:
         messages *= simulated / n
@@ -442,7 +445,7 @@ def _check(collective, algorithm, world_size, nbytes, root) -> None:
     if collective not in ALGORITHMS or collective not in CALLS:
         known = sorted(name for name in ALGORITHMS if name in CALLS)
         raise ValueError(f"cannot simulate collective {collective!r}; choose one of {known}")
-    algorithms = list(ALGORITHMS[collective])
+    algorithms = list(registry.every_algorithm(collective))
     if algorithm not in algorithms and algorithm != "auto":
         raise ValueError(f"{collective} has no algorithm {algorithm!r}; choose one of "
                          f"{algorithms} or 'auto'")
@@ -485,8 +488,9 @@ def simulate(collective: str, algorithm: str = "auto", world_size: int = 8,
     crosses, instead of one ``alpha`` and ``beta`` for every pair (give
     neither with it; ``gamma`` defaults to the topology's). The world must
     fill whole nodes of it. The symmetric shortcut then runs node 0's ranks
-    for all (see the module's docstring), and ``predicted`` is the two-level
-    formula, None where :mod:`~.collectives.topology_costs` has none. While
+    for all (see the module's docstring), ``predicted`` is the two-level
+    figure of :func:`.collectives.topology_costs.predict`, None where it has
+    none, and "auto" is :func:`.collectives.topology_costs.best`. While
     the ranks run, :func:`minidist.topology.current` is this topology (None
     on the flat network), whatever :func:`minidist.topology.use` set before.
     """
@@ -512,12 +516,13 @@ def simulate(collective: str, algorithm: str = "auto", world_size: int = 8,
     if algorithm == "auto":
         if nbytes is None and inputs is not None:
             nbytes = _size_of(spec, _given_inputs(inputs, world_size), world_size)
-        algorithm = (registry.best(collective, world_size, nbytes or 0, params=params,
-                                   candidates=tuple(ALGORITHMS[collective]))
-                     if topology is None else
-                     topology_costs.best(collective, world_size, nbytes or 0, topology,
-                                         gamma=params.gamma,
-                                         candidates=tuple(ALGORITHMS[collective])))
+        # On a topology: the least two-level figure of every algorithm, flat or
+        # for nodes (topology_costs.best, as "auto" on processes); none: the flat choice.
+        chosen = (None if topology is None else
+                  topology_costs.best(collective, world_size, nbytes or 0, topology,
+                                      gamma=params.gamma))
+        algorithm = chosen or registry.best(collective, world_size, nbytes or 0, params=params,
+                                            candidates=tuple(ALGORITHMS[collective]))
     if inputs is not None:
         arrays = _given_inputs(inputs, world_size)
         real = _size_of(spec, arrays, world_size)
@@ -547,7 +552,7 @@ def simulate(collective: str, algorithm: str = "auto", world_size: int = 8,
     reporter = None
     if progress is not None:
         total = _expected_messages(collective, algorithm, world_size, int(nbytes or 0),
-                                   np.dtype(dtype).itemsize, root)
+                                   np.dtype(dtype).itemsize, root, topology)
 
         def reporter(messages):
             progress(messages, total)
@@ -634,13 +639,17 @@ def _size_of(spec: CollectiveCall, arrays, world_size: int) -> int:
     return first.nbytes * world_size if spec.piece_first else first.nbytes
 
 
-def _expected_messages(collective, algorithm, world_size, nbytes, itemsize, root):
-    """The messages the cost model's traffic formula counts (None without one)."""
+def _expected_messages(collective, algorithm, world_size, nbytes, itemsize, root,
+                       topology=None):
+    """The messages the cost model's traffic formula counts (None without one;
+    an algorithm for nodes counts on ``topology``'s)."""
     count = nbytes // itemsize
     if collective in ("scatter", "gather"):
         count //= world_size  # their formulas count one rank's piece
+    on_nodes = {"topology": topology} if registry.needs_topology(collective, algorithm) else {}
     try:
-        return int(registry.traffic(collective, algorithm)(world_size, count, itemsize, root)[0])
+        return int(registry.traffic(collective, algorithm)(world_size, count, itemsize, root,
+                                                           **on_nodes)[0])
     except (ValueError, KeyError, AttributeError, TypeError):
         return None
 

@@ -16,6 +16,9 @@ with its alpha-beta-gamma cost (shown in its docstring, computed by
 * :mod:`.registry` every algorithm with its cost formula and traffic; "auto"'s choice
 * :mod:`.call`  what every call shares: checks, algorithm choice, running
 * :mod:`.chunks` cutting a buffer into pieces
+* :mod:`.nodes` which ranks share a node (``minidist.topology.current()``), and a call
+  seen by some of its ranks; :mod:`.hierarchical`, :mod:`.ring_2d`, :mod:`.nccl_tree`
+  the algorithms for a machine of nodes, phases of flat algorithms inside and across
 * :mod:`.trees` binomial trees for any n; :mod:`.halving` recursive halving and the
   fold of a non-power-of-two world
 
@@ -30,7 +33,16 @@ the plain function and every message goes straight to the transport.
 """
 
 from minidist.distributed import fast_paths
-from minidist.distributed.collectives import one_shot_shortcut, small_message_shortcut
+
+# The algorithms for a machine of nodes, registered after every flat one
+# (their table index is part of each message's tag).
+from minidist.distributed.collectives import (  # noqa: E402,F401
+    hierarchical,
+    nccl_tree,
+    one_shot_shortcut,
+    ring_2d,
+    small_message_shortcut,
+)
 from minidist.distributed.collectives.all_gather import all_gather, all_gather_into_tensor
 from minidist.distributed.collectives.all_reduce import all_reduce
 from minidist.distributed.collectives.all_to_all import all_to_all, all_to_all_single

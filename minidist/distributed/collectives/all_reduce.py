@@ -23,6 +23,9 @@ one_shot                slots_alpha + N beta + (n - 1) N gamma if shared
 double_binary_tree      (k + 2 ceil(log2 n) - 1) (alpha + 2 N/k beta + N/k gamma)
 ======================  ========================================================
 
+For a machine of nodes, :mod:`.hierarchical`, :mod:`.ring_2d` and
+:mod:`.nccl_tree` add three more (``registry.NODE_ALGORITHMS``).
+
 (The last term of recursive doubling and Rabenseifner: the fold of a world
 that is not a power of two. shared: the array fits the shared slots, see
 :func:`one_shot`. k: the chunks each half is pipelined in, see
@@ -373,8 +376,13 @@ def _tree_tables(n: int) -> tuple:
     """Per tree: (parents, children, heights, depths, the root's height), made
     once per n and shared by every rank (read only): each rank building its
     own would cost O(n) each, n^2 in all, when the simulator runs n ranks."""
+    return tree_tables(double_binary_trees(n))
+
+
+def tree_tables(trees) -> tuple:
+    """:func:`_tree_tables` of any trees, each as (parents, children)."""
     tables = []
-    for parents, children in double_binary_trees(n):
+    for parents, children in trees:
         heights, depths = _heights_and_depths(parents, children)
         tables.append((tuple(parents), tuple(tuple(kids) for kids in children),
                        tuple(heights), tuple(depths), heights[parents.index(-1)]))
@@ -427,17 +435,24 @@ def double_binary_tree(comm, buffer):
     the ring's 2 N beta + N gamma with log n rather than n latency.
     Any n works (the trees simply stop at the last rank).
     """
-    n, rank = comm.size, comm.rank
+    yield from pipelined_trees(comm, buffer, _tree_tables(comm.size))
+
+
+def pipelined_trees(comm, buffer, tables):
+    """The double binary tree's schedule on any two trees, ``tables`` as
+    :func:`_tree_tables` makes them: half t of the array reduced up tree t and
+    broadcast down it, in k chunks (see :func:`double_binary_tree`)."""
+    rank = comm.rank
     count = double_binary_tree_chunks(comm.nbytes_of(buffer))
     plans = []
-    for half, (parents, children, heights, depths, top) in zip(split(buffer, 2),
-                                                                _tree_tables(n)):
+    for half, (parents, children, heights, depths, top) in zip(split(buffer, 2), tables):
         # Each chunk's view is made when a step uses it: a rank holds 2k chunks
         # and uses each in a few steps only, and the simulator runs thousands
         # of ranks (4,096 ranks x 1,526 views held for the whole call was 0.7 GB).
         plans.append((_LazyChunks(half, count), parents[rank], children[rank], heights,
                       depths[rank], top))
-    steps = count + 2 * (n - 1).bit_length() - 1
+    # the last chunk reaches the deepest rank 2 top - 1 steps after it left a leaf
+    steps = count + 2 * max(table[4] for table in tables) - 1
     for step in range(steps):
         comm.at(step, "pipeline")
         requests = []

@@ -12,7 +12,8 @@ import functools
 
 import numpy as np
 
-from minidist.distributed.collectives import native, registry
+from minidist import topology
+from minidist.distributed.collectives import native, nodes, registry, topology_costs
 from minidist.distributed.collectives.comm import Comm, Work, completed_work, run
 from minidist.distributed.collectives.fingerprints import (
     CallRecord,
@@ -133,23 +134,30 @@ def _check_reduction(op, dtype: np.dtype, collective: str, rank: int):
 def choose(collective: str, algorithm: str, group, nbytes: int) -> tuple[str, int]:
     """The algorithm's name and index; "auto": the one whose registered cost is
     least; "native": the MPI library's own (see :mod:`.native`)."""
-    algorithms = ALGORITHMS[collective]
+    algorithms = registry.every_algorithm(collective)
     if algorithm == native.NAME:
         native.check_available(group, collective)
         return native.NAME, native.INDEX
     if algorithm == "auto":
-        algorithm = _auto(collective, group.size, nbytes,
-                          getattr(group.transport, "name", None), tuple(algorithms))
+        algorithm = _auto(collective, group.size, nbytes, getattr(group.transport, "name", None),
+                          tuple(algorithms), topology.current())
     elif algorithm not in algorithms:
         raise ValueError(f"rank {group._global_rank}: {collective} has no algorithm "
                          f"{algorithm!r}; choose one of {list(algorithms)}, 'auto', or "
                          "'native' (MPI's own, under mpiexec).")
+    elif registry.needs_topology(collective, algorithm):
+        nodes.check(collective, algorithm, group.size, group._global_rank)
     return algorithm, list(algorithms).index(algorithm)
 
 
 @functools.lru_cache(maxsize=1024)
-def _auto(collective: str, size: int, nbytes: int, transport, candidates) -> str:
-    return registry.best(collective, size, nbytes, transport=transport, candidates=candidates)
+def _auto(collective: str, size: int, nbytes: int, transport, candidates, machine) -> str:
+    """The cheapest algorithm: on a topology (``machine``) that holds the group,
+    :func:`.topology_costs.best`, as the simulator's; else (or with no figure) the flat one."""
+    fits = machine and size <= machine.world_size and size % machine.ranks_per_node == 0
+    chosen = fits and topology_costs.best(collective, size, nbytes, machine, candidates=candidates)
+    return chosen or registry.best(collective, size, nbytes, transport=transport,
+                                   candidates=candidates)
 
 
 def calls_of(group) -> tuple:
@@ -164,12 +172,20 @@ def calls_of(group) -> tuple:
         transport = group.transport
         calls = transport.collective_groups.get(context_group.context)
         if calls is None:
-            calls = CallRecord(ALGORITHMS, group.ranks, context_group.context)
+            calls = CallRecord(_EveryAlgorithm(), group.ranks, context_group.context)
             # The transport asks the record when a message or a peer does not fit.
             transport.strict_contexts[context_group.context] = calls.explain
             transport.collective_groups[context_group.context] = calls
         known = group._collectives = (context_group, calls, {})
     return known
+
+
+class _EveryAlgorithm:
+    """ALGORITHMS with those for a machine of nodes after each collective's own,
+    as the tags number them (what a mismatched call's message names)."""
+
+    def get(self, collective, default=None):
+        return registry.every_algorithm(collective) or default
 
 
 _ROOTED = ("broadcast", "reduce", "gather", "scatter")
@@ -179,9 +195,10 @@ def start(collective: str, group, algorithm: str, *, nbytes: int, op=None, ufunc
           dtype=None, count: int = 0, root: int = 0, buffer=None) -> Comm:
     """A :class:`Comm` for one call: the algorithm chosen, the call tagged."""
     context_group, calls, scratch_pool = calls_of(group)
-    # The transport is part of the key: "auto" chooses with its alpha and beta.
+    # The transport and the topology are part of the key: "auto" chooses with them.
     key = (collective, algorithm, nbytes, group.size, op, dtype, count, root,
-           getattr(group.transport, "name", None))
+           getattr(group.transport, "name", None),
+           topology.current() if algorithm == "auto" else None)
     plan = _PLANS.get(key)
     if plan is None:
         name, index = choose(collective, algorithm, group, nbytes)
@@ -208,7 +225,8 @@ def steps_of(comm: Comm):
     """The generator function of the algorithm ``comm`` runs."""
     if comm.algorithm == native.NAME:
         return native.ALGORITHMS[comm.collective]
-    return ALGORITHMS[comm.collective][comm.algorithm]
+    flat = ALGORITHMS[comm.collective]  # else one for nodes
+    return flat.get(comm.algorithm) or registry.NODE_ALGORITHMS[comm.collective][comm.algorithm]
 
 
 def execute(comm: Comm, steps, async_op: bool, finish=None, timeout=_DEFAULT):

@@ -34,6 +34,25 @@ code sends them (empty pieces are sent too); ``count`` is the element count
 of the array each rank passes (one rank's piece for scatter and gather; for
 all_gather the gathered result). The tests compare it with traced runs.
 
+Two levels. An algorithm built for a machine of nodes (the hierarchical
+ones) states its cost on the two-level model instead, ``@cost(text,
+two_level=True, ...)``, in the names g (ranks per node), m (nodes, n / g), q
+(the largest power of two <= m), alpha_intra, beta_intra (a message inside a
+node), alpha_inter, beta_inter (a message between nodes; beta_inter is the
+NIC's beta times the spine's oversubscription,
+:attr:`~minidist.topology.Topology.inter_beta`), gamma (a rank's, read from
+the intra link), nics (NICs per node) and share (the most ranks one NIC
+serves, ceil(g / nics): when every rank of a node sends off it at once, a NIC
+carries share messages one after another, each alpha_inter + m beta_inter).
+The links are full duplex, as the simulator's are: a rank sends and receives
+in the same step at no extra cost (no xbeta). Such a formula is a function
+of (n, N, topology) (:class:`minidist.topology.Topology`, passed in, never
+imported here), and its traffic takes ``topology=`` too; these algorithms
+have their own tables (:data:`NODE_ALGORITHMS`, :data:`NODE_COSTS`), and
+:func:`predict` and :func:`best` here, on the flat network, never see them.
+Every figure on a topology, of these and of the flat algorithms, comes from
+one place: :mod:`.topology_costs`.
+
 Imports only the message model (:mod:`minidist.alpha_beta`): everything
 above it (the algorithms, call.py, the cost model) may import this.
 """
@@ -53,6 +72,13 @@ from minidist.alpha_beta import Params, params_for
 ALGORITHMS: dict[str, dict[str, Callable]] = {}
 #: The cost of each of them: COSTS[collective][algorithm].
 COSTS: dict[str, dict[str, Cost]] = {}
+#: The algorithms for a machine of nodes (they run only with a topology set),
+#: by collective, in their own table: every "for each algorithm" of the
+#: course runs the flat ones on any world, which these refuse. Their index in
+#: a message's tag follows the flat table's (append, never reorder).
+NODE_ALGORITHMS: dict[str, dict[str, Callable]] = {}
+#: Their costs, on the two-level model: NODE_COSTS[collective][algorithm].
+NODE_COSTS: dict[str, dict[str, Cost]] = {}
 
 
 @dataclass(frozen=True)
@@ -64,17 +90,34 @@ class Cost:
     #: (n ranks, N bytes, Params) -> seconds
     seconds: Callable
     #: (n, count, itemsize, root=0) -> (messages, bytes), summed over ranks
+    #: (a two-level algorithm's also takes topology=)
     traffic: Callable
+    #: (n ranks, N bytes, Topology) -> seconds, for an algorithm that needs a
+    #: topology (its ``seconds`` refuses); None for a flat algorithm
+    two_level: Callable | None = None
+
+    @property
+    def needs_topology(self) -> bool:
+        return self.two_level is not None
 
 
-def cost(text: str, *, traffic: Callable, where: dict | None = None):
+def cost(text: str, *, traffic: Callable, where: dict | None = None, two_level: bool = False):
     """Decorator: the algorithm's cost ``text`` (see the notation above) and its
     ``traffic``. ``where`` names more terms, each a function of
-    (n, N, params): ``where={"S": lambda n, N, P: chain_segments(int(N))}``."""
-    seconds = compile_formula(text, where or {})
+    (n, N, params): ``where={"S": lambda n, N, P: chain_segments(int(N))}``
+    (of (n, N, topology) with ``two_level``: the formula is on the two-level model)."""
+    words = " ".join(text.split())
+    if two_level:
+        on_topology = compile_formula(text, where or {}, two_level=True)
+
+        def seconds(n, N, P):
+            raise ValueError(f"the cost {words!r} is on the two-level model: pass topology= "
+                             "(a minidist.topology.Topology) to minidist.costmodel.predict")
+    else:
+        on_topology, seconds = None, compile_formula(text, where or {})
 
     def attach(function):
-        function.cost = Cost(" ".join(text.split()), seconds, traffic)
+        function.cost = Cost(words, seconds, traffic, on_topology)
         return function
 
     return attach
@@ -88,6 +131,34 @@ def register(collective: str, algorithms: dict) -> dict:
     ALGORITHMS[collective] = algorithms
     COSTS[collective] = {name: function.cost for name, function in algorithms.items()}
     return algorithms
+
+
+def register_for_nodes(collective: str, algorithms: dict) -> dict:
+    """Add ``algorithms``, costed on the two-level model, to ``collective``'s
+    table of algorithms for a machine of nodes (:data:`NODE_ALGORITHMS`)."""
+    table = NODE_ALGORITHMS.setdefault(collective, {})
+    clash = sorted(set(algorithms) & (set(table) | set(ALGORITHMS.get(collective, {}))))
+    if clash:
+        raise ValueError(f"{collective}: algorithms {clash} are registered already")
+    wrong = [name for name, function in algorithms.items()
+             if not getattr(getattr(function, "cost", None), "needs_topology", False)]
+    if wrong:
+        raise TypeError(f"{collective}: algorithms {wrong} have no @cost(..., two_level=True)")
+    for name, function in algorithms.items():
+        table[name] = function
+        NODE_COSTS.setdefault(collective, {})[name] = function.cost
+    return algorithms
+
+
+def needs_topology(collective: str, algorithm: str) -> bool:
+    """Whether the algorithm runs only on a group cut into nodes (a topology set)."""
+    return algorithm in NODE_COSTS.get(collective, {})
+
+
+def every_algorithm(collective: str) -> dict:
+    """Name -> generator of every algorithm of ``collective``: the flat ones,
+    then those for a machine of nodes (the order of their tags)."""
+    return {**ALGORITHMS.get(collective, {}), **NODE_ALGORITHMS.get(collective, {})}
 
 
 def whole_arrays(messages: Callable[[int], int]) -> Callable:
@@ -116,7 +187,7 @@ def traffic(collective: str, algorithm: str) -> Callable:
 
 def _cost(collective: str, algorithm: str) -> Cost:
     try:
-        algorithms = COSTS[collective]
+        algorithms = {**COSTS[collective], **NODE_COSTS.get(collective, {})}
     except KeyError:
         raise ValueError(f"no cost model for collective {collective!r}; known: "
                          f"{sorted(COSTS)}") from None
@@ -129,25 +200,32 @@ def _cost(collective: str, algorithm: str) -> Cost:
 
 def predict(collective: str, algorithm: str, world_size: int, nbytes: float,
             params: Params | None = None, transport: str | None = None) -> float:
-    """Predicted seconds for one call (the alpha-beta-gamma formula)."""
+    """Predicted seconds for one call on the flat network (the
+    alpha-beta-gamma formula). On a topology: :func:`.topology_costs.predict`."""
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
     if world_size == 1:
         return 0.0
+    if needs_topology(collective, algorithm):
+        raise ValueError(f"{collective} algorithm={algorithm!r} is costed on a machine of "
+                         "nodes: pass topology= (a minidist.topology.Topology) to "
+                         "minidist.costmodel.predict")
     params = params or params_for(transport)
     return float(formula(collective, algorithm)(world_size, float(nbytes), params))
 
 
 def predict_all(collective: str, world_size: int, nbytes: float,
                 params: Params | None = None, transport: str | None = None) -> dict:
-    """Predicted seconds of every algorithm of ``collective``."""
+    """Predicted seconds of every flat algorithm of ``collective``."""
     return {name: predict(collective, name, world_size, nbytes, params, transport)
             for name in COSTS.get(collective, {})}
 
 
 def best(collective: str, world_size: int, nbytes: float, *, transport: str | None = None,
          params: Params | None = None, candidates=None) -> str:
-    """The algorithm predicted fastest (ties: the first listed)."""
+    """The flat algorithm predicted fastest on the flat network (ties: the
+    first listed); an algorithm for nodes among ``candidates`` is passed over.
+    On a topology: :func:`.topology_costs.best`."""
     algorithms = COSTS.get(collective, {})
     names = [name for name in (candidates or algorithms) if name in algorithms]
     if not names:
@@ -170,25 +248,42 @@ _KEYWORDS = ("if", "else", "and", "or", "not")
 _TOKEN = re.compile(r"\s*(?:(\d+(?:\.\d+)?)|([A-Za-z_]\w*)|(//|==|!=|<=|>=|[-+*/()<>,]))")
 
 
-def compile_formula(text: str, where: dict) -> Callable:
-    """``text`` in the notation above as a function ``f(n, N, params) -> seconds``."""
-    expression = _to_python(text, set(where))
-    lines = ["def seconds(n, N, P):",
-             *(f"    {name} = P.{name}" for name in _PARAMETERS),
-             "    p = largest_power_of_two(n)",
-             *(f"    {name} = where[{name!r}](n, N, P)" for name in where),
-             f"    return {expression}"]
+#: The two-level model's names, read off a Topology T (see the module docstring).
+_TWO_LEVEL = {
+    "g": "T.ranks_per_node", "m": "n // g", "q": "largest_power_of_two(m)",
+    "alpha_intra": "T.intra.alpha", "beta_intra": "T.intra.beta",
+    "alpha_inter": "T.inter.alpha", "beta_inter": "T.inter_beta", "gamma": "T.intra.gamma",
+    "nics": "T.nics_per_node", "share": "T.ranks_per_nic",
+}
+
+
+def compile_formula(text: str, where: dict, two_level: bool = False) -> Callable:
+    """``text`` in the notation above as a function ``f(n, N, params) -> seconds``
+    (``two_level``: ``f(n, N, topology)``, in the two-level names)."""
+    expression = _to_python(text, set(where) | (set(_TWO_LEVEL) if two_level else set()),
+                            two_level)
+    if two_level:
+        lines = ["def seconds(n, N, T):",
+                 *(f"    {name} = {value}" for name, value in _TWO_LEVEL.items()),
+                 *(f"    {name} = where[{name!r}](n, N, T)" for name in where),
+                 f"    return {expression}"]
+    else:
+        lines = ["def seconds(n, N, P):",
+                 *(f"    {name} = P.{name}" for name in _PARAMETERS),
+                 "    p = largest_power_of_two(n)",
+                 *(f"    {name} = where[{name!r}](n, N, P)" for name in where),
+                 f"    return {expression}"]
     namespace = {"__builtins__": {}, "where": dict(where), **_FUNCTIONS,
                  "largest_power_of_two": alpha_beta.largest_power_of_two}
     exec(compile("\n".join(lines), f"<cost: {text}>", "exec"), namespace)
     return namespace["seconds"]
 
 
-def _to_python(text: str, extra: set) -> str:
+def _to_python(text: str, extra: set, two_level: bool = False) -> str:
     """Python for ``text``: side by side becomes *, ``log2 p`` becomes log2(p)."""
     # ceil(log2 n) exactly, also where the float log2 of a huge n would round.
     source = re.sub(r"ceil\(log2 (\w+)\)", r"ceil_log2(\1)", text)
-    values = {"n", "N", "p", *_PARAMETERS, *extra}
+    values = {"n", "N", *extra} if two_level else {"n", "N", "p", *_PARAMETERS, *extra}
     tokens, position = [], 0
     while position < len(source.rstrip()):
         match = _TOKEN.match(source, position)

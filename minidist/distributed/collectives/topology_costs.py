@@ -1,4 +1,25 @@
-"""The flat algorithms' costs on a cluster with a shape (two levels).
+"""Every algorithm's cost on a cluster with a shape (two levels): the one place.
+
+:func:`predict` is the figure ``costmodel.predict(..., topology=)`` prints,
+``simulate(..., topology=)`` puts in ``predicted``, and "auto" compares
+(:func:`best`: in the simulator, and on processes after
+``minidist.topology.use``). It takes, in this order:
+
+* an algorithm for nodes (``registry.NODE_COSTS``: hierarchical, ring_2d,
+  nccl_tree): the two-level formula registered above its code, in the
+  registry's two-level names (see :mod:`.registry` and :mod:`.hierarchical`);
+* any flat algorithm on a single node: its flat formula on the intra link;
+* a flat algorithm across nodes: the closed formula below (:data:`FORMULAS`),
+  or none (ValueError; "auto" then passes it over).
+
+:func:`kind` says how each figure stands to the simulator, the reference of
+the model: "exact" (the ring; the binomial broadcast and reduce and
+reduce_broadcast; recursive doubling with a NIC a rank or on two nodes; the
+hierarchical algorithms and ring_2d with a NIC a rank, on two nodes, and the
+hierarchical broadcast always), "lower bound" (recursive doubling, the
+hierarchical all_reduce, reduce_scatter, all_gather and ring_2d when ranks
+share a NIC over several rounds), "estimate" (nccl_tree, and the shared-NIC
+cases with combining or a fold), "flat formula" (one node).
 
 The registry's formulas (:mod:`.registry`) give every message the same
 alpha and beta. On a :class:`~minidist.topology.Topology` a message within a
@@ -58,6 +79,7 @@ Imports the registry (the flat formulas) and :mod:`minidist.topology`.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from minidist.alpha_beta import Params
 from minidist.distributed.collectives import registry
@@ -142,42 +164,104 @@ FORMULAS = {
 }
 
 
+def _figure(collective: str, algorithm: str, n: int, N: float, topology: Topology,
+            gamma: float) -> float:
+    """The two-level figure of one call (n > 1), or ValueError saying why none."""
+    if registry.needs_topology(collective, algorithm):
+        if n % topology.ranks_per_node:
+            raise ValueError(f"{collective} {algorithm} runs on whole nodes: {n:,} ranks are "
+                             f"not a multiple of {topology.ranks_per_node} ranks a node")
+        if gamma != topology.gamma:
+            topology = replace(topology, intra=replace(topology.intra, gamma=gamma))
+        return registry.NODE_COSTS[collective][algorithm].two_level(n, N, topology)
+    if topology.nodes_used(n) == 1:  # every message on the intra link: the flat formula
+        intra = topology.intra
+        return registry.predict(collective, algorithm, n, N,
+                                Params(intra.alpha, intra.beta, gamma))
+    formula = FORMULAS.get(collective, {}).get(algorithm)
+    if formula is None:
+        known = ", ".join(f"{c} {a}" for c, algorithms in FORMULAS.items() for a in algorithms)
+        raise ValueError(f"no closed two-level formula for {collective} {algorithm} across "
+                         f"nodes (there are for: {known}, and the algorithms for nodes); time "
+                         "it with simulate(..., topology=...)")
+    return formula(topology, n, N, gamma)
+
+
+def kind(collective: str, algorithm: str, world_size: int, topology: Topology) -> str:
+    """How :func:`predict`'s figure stands to the simulator's time on
+    ``topology``: "exact", "lower bound", "upper bound", "estimate" (no bound
+    either way, see the algorithm's docstring), or "flat formula" (one node:
+    the flat formula on the intra link, as exact as it is on a flat network)."""
+    n, share = int(world_size), topology.ranks_per_nic
+    if registry.needs_topology(collective, algorithm):
+        if algorithm == "nccl_tree":  # no closed form: see its docstring
+            return "estimate"
+        nodes = n // topology.ranks_per_node
+        if collective == "broadcast" or share == 1 or nodes <= 2:
+            return "exact"  # no NIC shared, or each rank crosses once each way
+        # a shared NIC over several rounds: busy without a break in the figure,
+        # in the driver's order in the simulator (see the module's docstring)
+        power_of_two = nodes & (nodes - 1) == 0
+        return "lower bound" if topology.gamma == 0 and power_of_two else "estimate"
+    if n <= 1:
+        return "exact"
+    if topology.nodes_used(n) == 1:
+        return "flat formula"
+    if (collective, algorithm) == ("all_reduce", "recursive_doubling") and share > 1 \
+            and topology.nodes_used(n) > 2:
+        return "lower bound"
+    return "exact"
+
+
 def predict(collective: str, algorithm: str, world_size: int, nbytes: float,
             topology: Topology, gamma: float | None = None) -> float:
     """Predicted seconds of one call on ``topology`` (root 0 for a rooted
-    collective), or ValueError naming why there is no closed formula."""
+    collective), or ValueError naming why there is no figure.
+
+    The one place every two-level figure comes from (``costmodel.predict(...,
+    topology=)``, ``simulate``'s ``predicted``, and "auto" on a topology, in
+    the simulator and on processes after ``minidist.topology.use``):
+
+    * a flat algorithm with a closed formula here (:data:`FORMULAS`): it;
+    * an algorithm for nodes (``registry.NODE_COSTS``: hierarchical, ring_2d,
+      nccl_tree): the two-level formula registered above its code;
+    * any flat algorithm on a single node: its flat formula on the intra link;
+    * any other flat algorithm across nodes: none (ValueError; simulate it).
+
+    :func:`kind` says which figures are exact and which are bounds."""
     n = int(world_size)
     topology.check_world(n)
     gamma = topology.gamma if gamma is None else float(gamma)
     registry.formula(collective, algorithm)  # an unknown algorithm: the registry's error
     if n == 1:
         return 0.0
-    if topology.nodes_used(n) == 1:  # every message on the intra link: the flat formula
-        intra = topology.intra
-        return registry.predict(collective, algorithm, n, nbytes,
-                                Params(intra.alpha, intra.beta, gamma))
-    formula = FORMULAS.get(collective, {}).get(algorithm)
-    if formula is None:
-        known = ", ".join(f"{c} {a}" for c, algorithms in FORMULAS.items() for a in algorithms)
-        raise ValueError(f"no closed two-level formula for {collective} {algorithm} across "
-                         f"nodes (there are for: {known}); time it with "
-                         "simulate(..., topology=...)")
-    return float(formula(topology, n, float(nbytes), gamma))
+    return float(_figure(collective, algorithm, n, float(nbytes), topology, gamma))
+
+
+def predict_all(collective: str, world_size: int, nbytes: float, topology: Topology,
+                gamma: float | None = None) -> dict:
+    """:func:`predict` of every algorithm of ``collective`` that has a figure
+    on ``topology`` (the flat ones first, then those for nodes)."""
+    times = {}
+    for name in registry.every_algorithm(collective):
+        try:
+            times[name] = predict(collective, name, world_size, nbytes, topology, gamma)
+        except ValueError:
+            continue
+    return times
 
 
 def best(collective: str, world_size: int, nbytes: float, topology: Topology, *,
-         gamma: float | None = None, candidates=None) -> str:
-    """The algorithm predicted fastest on ``topology`` among those with a
-    two-level formula (ties: the first listed); the first candidate when none has."""
-    names = list(candidates or registry.COSTS.get(collective, {}))
+         gamma: float | None = None, candidates=None) -> str | None:
+    """The algorithm of ``candidates`` (default: every one, flat and for nodes)
+    with the least :func:`predict` on ``topology`` (ties: the first listed);
+    None when none has a figure (the caller then chooses on the flat model).
+    A bound competes as its figure: see :func:`kind`."""
+    names = list(candidates or registry.every_algorithm(collective))
     timed = {}
     for name in names:
         try:
             timed[name] = predict(collective, name, world_size, nbytes, topology, gamma)
         except ValueError:
             continue
-    if not timed:
-        if names:
-            return names[0]
-        raise ValueError(f"no cost model for collective {collective!r}")
-    return min(timed, key=timed.get)
+    return min(timed, key=timed.get) if timed else None
