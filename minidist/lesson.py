@@ -215,6 +215,26 @@ def show_file(path, caption: str = "") -> None:
         print(f"{line} {caption}" if caption else line, flush=True)
 
 
+def show_page(path, caption: str = "", height: int = 720) -> None:
+    """Show an HTML page the lesson wrote (an offline page with its script
+    inline, such as the planner's): in a notebook inside a frame, as it
+    looks in a browser; in the terminal one line naming the file to open."""
+    path = Path(path)
+    if in_notebook():
+        import html
+
+        from IPython.display import HTML, display
+
+        page = html.escape(path.read_text(encoding="utf-8"), quote=True)
+        display(HTML(f'<iframe srcdoc="{page}" style="width:100%;height:{height}px;'
+                     'border:1px solid #ccc"></iframe>'))
+        if caption and speaks():
+            display(_markdown(f"*{caption}*"))
+    elif _mpi_rank() == 0:
+        line = f"[page: {_shown_path(path)}: open it in a browser]"
+        print(f"{line} {caption}" if caption else line, flush=True)
+
+
 def _markdown(text):
     from IPython.display import Markdown
 

@@ -50,7 +50,7 @@ def shown_inline(notebook):
             if any(kind.startswith("image/") for kind in data):
                 count += 1
             elif "text/html" in data and any(word in str(data["text/html"]) for word in
-                                            ("<img", "Animation", "<svg", "<canvas")):
+                                            ("<img", "Animation", "<svg", "<canvas", "<iframe")):
                 count += 1
     return count
 
