@@ -106,6 +106,29 @@ MACHINES = {
 }
 
 
+def _topology_machines() -> dict:
+    """The presets of :mod:`minidist.topology` as the planner sees them
+    (``minidist plan --topology``: :func:`machine_of`): the intra link, and
+    as the inter link a rank's share of its node's NICs. The page keeps
+    CLUSTER's latencies (its alpha is one for every machine), so the preset
+    sets the bandwidths and the node, as its label says."""
+    from minidist.parallel.mesh.plan_command import machine_of
+    from minidist.topology import PRESETS
+
+    found = {}
+    for name, make in PRESETS.items():
+        topology = make(1)
+        machine = machine_of(topology, 400e12)
+        found[f"{name} nodes (minidist.topology; CLUSTER's latencies)"] = {
+            "memory_gb": 80, "tflops": 400, "intra_gbs": round(1 / machine.intra.beta / 1e9, 6),
+            "inter_gbs": round(1 / machine.inter.beta / 1e9, 6),
+            "node_size": machine.node_size}
+    return found
+
+
+MACHINES.update(_topology_machines())
+
+
 def _powers(low: int, high: int) -> list[int]:
     values, value = [], low
     while value <= high:
@@ -133,6 +156,11 @@ SLIDER_VALUES = {
     "inter_gbs": [1, 3, 6, 12.5, 25, 50, 100, 200, 400],
     "node_size": [1, 2, 4, 8, 16, 32, 64, 72],
 }
+# Every machine preset's values are on its sliders (a preset moves the sliders).
+for _preset in MACHINES.values():
+    for _key, _value in _preset.items():
+        if _key in SLIDER_VALUES and _value not in SLIDER_VALUES[_key]:
+            SLIDER_VALUES[_key] = sorted(SLIDER_VALUES[_key] + [_value])
 
 # --------------------------------------------------------------------------- settings
 

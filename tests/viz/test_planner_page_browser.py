@@ -28,6 +28,7 @@ import test_html_player_browser as player_tests
 from minidist.parallel.mesh import compare_plans, predict_step, why_not
 from minidist.parallel.pipeline import make_schedule, simulate_schedule
 from viz.planner_page import (
+    MACHINES,
     machine_of,
     memory_limit_of,
     options_of,
@@ -159,6 +160,25 @@ def test_every_number_is_predict_steps_on_a_grid(page_path, open_page):
             assert _close(shown[f"time_{name}"], getattr(step, name)), (where, name)
         assert shown["fits"] == step.fits(memory_limit_of(full)), where
         assert shown["best"] == best and shown["highlighted"] == best, where
+    assert page.errors == []
+
+
+@pytest.mark.timeout(120)
+def test_each_machine_preset_moves_the_sliders_and_the_numbers_follow(page_path, open_page):
+    # The topology presets (dgx, commodity nodes) among them: their links as
+    # `minidist plan --topology` sees them, on the sliders, and the numbers
+    # predict_step's for the settings the preset made.
+    page = open_page(page_path)
+    for name, preset in MACHINES.items():
+        page.select_option("#machine-preset", name)
+        settings = page.evaluate("planner.readSettings()")
+        for key, value in preset.items():
+            assert settings[key] == value, (name, key)
+        full, step, best = _expected(settings)
+        shown = _shown(page)
+        assert _close(shown["time_total"], step.total), name
+        assert _close(shown["memory_total"], step.memory_total), name
+        assert shown["best"] == best, name
     assert page.errors == []
 
 
