@@ -71,6 +71,7 @@ narrate()  # run as a script: the text below is printed between the outputs
 use_headless_matplotlib()
 
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from minidist.distributed import simulate  # noqa: E402
 from minidist.topology import PRESETS  # noqa: E402
@@ -125,12 +126,16 @@ glue("com_ratio", commodity2.inter.beta / commodity2.intra.beta, ".1f")
 
 # %% [markdown]
 # What the second level does to lesson 4's ring. On one node, the ring's
-# 2(n-1) steps each send one n-th of the array over NVLink or PCIe. On two nodes, two
-# of the ring's links leave a node; each step waits for its slowest
-# message, so every step runs at the NIC's pace, and on the commodity
-# node the ranks that leave it at once share one card. The simulator
-# charges each message by the link it crosses (and the shared NIC by its
-# slots), and the same algorithm code runs on it.
+# 2(n-1) steps each send one n-th of the array over NVLink or PCIe. On
+# two nodes, two of the ring's links leave a node, one from each node;
+# every rank waits in each step for its neighbour's message, so every step
+# runs at the pace of the slowest hop, the NIC's:
+# 2(n-1)(α_inter + (N / n) β_inter), plus the reductions'
+# (n-1)/n Nγ (γ = 0 in both presets). Only one rank of a node leaves it
+# in a ring step, so the ring has the card to itself, even on the
+# commodity node. The simulator charges each message by the link it
+# crosses (a shared NIC takes one message at a time), and the same
+# algorithm code runs on it.
 
 # %%
 N = 64 << 20
@@ -151,7 +156,7 @@ glue("dgx_slowdown", ring["dgx", 2] / ring["dgx", 1], ".1f")
 glue("com_slowdown", ring["commodity", 2] / ring["commodity", 1], ".1f")
 exact = all(row[3] == row[4] for row in rows)
 glue("ring_exact", exact)
-glue("ring_exact_text", "equals the two-level formula to the printed digit" if exact else
+glue("ring_exact_text", "equals, to the printed digit, the two-level formula" if exact else
      "differs from the two-level formula")
 
 # %% jupyter={"source_hidden": true}
@@ -160,12 +165,12 @@ Inside a DGX node a byte costs {glue}`dgx_ratio` times less than between
 nodes ({glue}`dgx_intra` against {glue}`dgx_inter` a NIC); inside a
 commodity node {glue}`com_ratio` times less ({glue}`com_intra` against
 {glue}`com_inter`), and its one NIC is shared by 8 ranks: when all send
-off the node at once, each gets {glue}`com_share`. The ring of
-{glue}`N_mib` MiB on two nodes takes {glue}`dgx_slowdown` times its time
-on one DGX node, and {glue}`com_slowdown` times on commodity nodes: twice
-the ranks, but each step now runs at the pace of the link that leaves the
-node. The simulated time {glue}`ring_exact_text` (the ring's two-level
-formula: every step costs its slowest hop).
+off the node at once, each gets {glue}`com_share` (the ring does not do
+that; section 2's algorithms do). The ring of {glue}`N_mib` MiB on two
+nodes takes {glue}`dgx_slowdown` times its time on one DGX node, and
+{glue}`com_slowdown` times on commodity nodes: each step now runs at the
+pace of the link that leaves the node. The simulated time
+{glue}`ring_exact_text` written above.
 """)
 
 # %% [markdown]
@@ -176,23 +181,31 @@ formula: every step costs its slowest hop).
 # * the **ring** (lesson 4) sends 2(n-1)/n N bytes a rank, the fewest any
 #   all_reduce can, but in 2(n-1) steps one after another: its latency
 #   grows with n, and on two levels every step pays α_inter;
-# * a **tree** (lesson 3's reduce then broadcast, and recursive doubling)
-#   needs only about log₂ n steps, but sends the whole array N at each:
-#   few latencies, many bytes;
+# * a **tree** (lesson 3's reduce then broadcast) or recursive doubling's
+#   butterfly (lesson 3) needs only about log₂ n steps (2 log₂ n for the
+#   tree's two passes), but sends the whole array N at each: few latencies,
+#   many bytes;
 # * the **hierarchical** all_reduce does the work in two levels: a
 #   reduce_scatter inside each node (each of the G ranks ends with the sum
 #   of its node's N / G piece), an all_reduce of those pieces across the
-#   nodes (the ranks with the same place in their node talk to each other,
-#   each pair of nodes over its own NIC on a DGX), and an all_gather inside
-#   each node. Only N / G bytes a rank leave a node. The 2D ring does the
-#   same with a ring across the nodes; NCCL's tree runs a double binary
-#   tree across the nodes with a chain inside each.
+#   nodes among the ranks with the same place in their node (Rabenseifner's
+#   recursive halving and doubling: log₂ of the nodes steps; on a DGX each
+#   local rank over its own NIC), and an all_gather inside each node. Only
+#   N / G bytes a rank leave a node. The **2D ring** does the same with a
+#   ring across the nodes instead (2(n / G - 1) steps). **NCCL's tree**
+#   runs two binary trees over the nodes, each carrying half the array, so
+#   that every node sends and receives at full rate (a "double binary
+#   tree": Sanders, Speck and Träff, "Two-tree algorithms for full
+#   bandwidth broadcast, reduction and scan", 2009), and inside each node
+#   a chain: the node's ranks pass the data along one after another.
 #
 # The simulator runs each one's own code on both clusters, from 8 to
 # 4,096 ranks (512 in the quick form), for a small array and a large
-# one. The 2D ring and NCCL's tree stop at 512 ranks: no rank of theirs
-# stands for the others, so the simulator runs every one, and at 4,096
-# that takes minutes on two cores ("-" in the table).
+# one. In the full form the 2D ring and NCCL's tree stop at 512 ranks
+# ("-" in its table at 4,096): their ranks do different things, so the
+# simulator cannot let one rank's run stand for the others' and runs every
+# rank, which at 4,096 takes minutes on two cores. The picture below
+# draws the tables.
 
 # %%
 ALGORITHMS = ["ring", "recursive_doubling", "reduce_broadcast", "hierarchical", "ring_2d",
@@ -236,8 +249,12 @@ for row, name in enumerate(clusters):
             shown = [n for n in WORLDS if (name, n, label, algorithm) in times]
             axis.plot(shown, [times[name, n, label, algorithm] * 1e3 for n in shown],
                       marker="o", label=algorithm, color=f"C{index}")
-        axis.set_xscale("log", base=2)
+        axis.set_xscale("log")
+        axis.set_xticks(WORLDS, [f"{n:,}" for n in WORLDS])
+        axis.minorticks_off()
         axis.set_yscale("log")
+        # Plain numbers on the log axis (0.01, not 10 to the -2 in TeX's fonts).
+        axis.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
         axis.set_title(f"{name}: all_reduce of {label} a rank")
         axis.set_ylabel("simulated time (ms)")
         axis.grid(alpha=0.3, which="both")
@@ -277,12 +294,19 @@ glue("com_hier_over_ring_64", cell("commodity", 64, "64 MiB", "hierarchical")
 glue("com_large_big", winner("commodity", big, "64 MiB"))
 glue("com_ring_over_hier_big", cell("commodity", big, "64 MiB", "ring")
      / cell("commodity", big, "64 MiB", "hierarchical"), ".1f")
+ring_latency = 2 * (big - 1) * commodity2.inter.alpha
+ring_big = cell("commodity", big, "64 MiB", "ring")
+glue("com_ring_latency", ring_latency * 1e3, ".1f")
+glue("com_ring_big", ring_big * 1e3, ".1f")
+glue("com_latency_verdict", "more than its bytes" if ring_latency > ring_big - ring_latency
+     else "about half, the bytes the rest" if ring_latency > 0.4 * ring_big
+     else "the bytes the rest")
 glue("rd_over_rb_com_big", cell("commodity", big, "8 KiB", "recursive_doubling")
      / cell("commodity", big, "8 KiB", "reduce_broadcast"), ".1f")
 
 # %% jupyter={"source_hidden": true}
 say("""
-**Small arrays** (8 KiB) are latency: the fewest steps win. At
+**Small arrays** (8 KiB) are latency: few steps matter most. At
 {glue}`big_n` ranks the fastest on DGX nodes is {glue}`dgx_small_winner`
 (log₂ n exchanges). On commodity nodes it is {glue}`com_small_winner`,
 and recursive doubling takes {glue}`rd_over_rb_com_big` times as long:
@@ -291,9 +315,9 @@ once through the one NIC, one message after another, where a reduce and
 a broadcast move one message per node at a time.
 
 **Large arrays** (64 MiB) are bytes. On one node (8 ranks) the fastest is
-{glue}`one_node_dgx` on DGX and {glue}`one_node_com` on commodity nodes
-(the hierarchical all_reduce is the ring there: one node, no second
-level). On 64 DGX ranks the fastest is {glue}`dgx_large_64`,
+{glue}`one_node_dgx` on DGX and {glue}`one_node_com` on commodity nodes,
+tied with the hierarchical all_reduce and the 2D ring, which are the ring
+there (one node, no second level). On 64 DGX ranks the fastest is {glue}`dgx_large_64`,
 {glue}`dgx_hier_gain_64` times faster than the ring: only 1/G of the
 array crosses the network, each of the 8 ranks over its own NIC, and the
 reduce_scatter and all_gather inside the node run on NVLink. At
@@ -304,8 +328,9 @@ the hierarchical one takes {glue}`com_hier_over_ring_64` times its time:
 its middle phase sends from all 8 ranks of a node at once through the one
 NIC, while the ring's steps leave each node from one rank only, so
 splitting the array buys nothing there. At {glue}`big_n` ranks the
-fastest is {glue}`com_large_big`: the ring's 2(n-1) steps, each paying
-α_inter, now cost more than the bytes, and the ring takes
+fastest is {glue}`com_large_big`: the ring's 2(n-1) steps each pay
+α_inter, {glue}`com_ring_latency` ms of its {glue}`com_ring_big` ms
+({glue}`com_latency_verdict`), and the ring takes
 {glue}`com_ring_over_hier_big` times the hierarchical one's time. Which
 all_reduce is best depends on the cluster's shape and on n, which is why
 NCCL picks one by a model of both (and `algorithm="auto"` does here, on
@@ -350,21 +375,27 @@ glue("dgx_hier_busbw", busbw["dgx", "hierarchical"] / 1e9, ".3g")
 glue("dgx_hier_over_nic", busbw["dgx", "hierarchical"] * dgx2.inter.beta, ".1f")
 glue("com_ring_busbw", busbw["commodity", "ring"] / 1e9, ".3g")
 glue("com_hier_busbw", busbw["commodity", "hierarchical"] / 1e9, ".3g")
+glue("dgx_ring_latency", 2 * (n_bus - 1) * dgx2.inter.alpha * 1e3, ".2f")
+glue("dgx_ring_ms", times["dgx", n_bus, "64 MiB", "ring"] * 1e3, ".2f")
+glue("com_ring_busbw_share", busbw["commodity", "ring"] * commodity2.inter.beta * 100, ".0f")
 glue("com_nic_share", 1 / (commodity2.inter.beta * commodity2.ranks_per_node) / 1e9, ".3g")
 
 # %% jupyter={"source_hidden": true}
 say("""
 On DGX nodes the ring's busbw is {glue}`dgx_ring_busbw` GB/s:
 {glue}`dgx_ring_busbw_share` % of one NIC's {glue}`dgx_nic` GB/s, the
-slowest link its every step crosses. The hierarchical all_reduce's busbw
+slowest link its every step crosses; the rest of its time is its 2(n-1)
+latencies ({glue}`dgx_ring_latency` ms of {glue}`dgx_ring_ms` ms). The hierarchical all_reduce's busbw
 is {glue}`dgx_hier_busbw` GB/s, {glue}`dgx_hier_over_nic` times the NIC's:
 not because a link got faster, but because only one G-th of the array
 leaves each node, while busbw still counts the ring's 2(n-1)/n N bytes.
 So a busbw above the slowest link says the algorithm sent fewer bytes over
-it than a ring would. On commodity nodes, where 8 ranks share one NIC
-({glue}`com_nic_share` GB/s each when all send), the ring's busbw is
-{glue}`com_ring_busbw` GB/s and the hierarchical one's
-{glue}`com_hier_busbw` GB/s.
+it than a ring would. On commodity nodes the ring's busbw is
+{glue}`com_ring_busbw` GB/s, {glue}`com_ring_busbw_share` % of the whole
+NIC: in each ring step one rank of a node leaves it, so the ring has the
+card to itself. The hierarchical one's is {glue}`com_hier_busbw` GB/s,
+lower: it sends fewer bytes off the node, but all 8 ranks at once,
+{glue}`com_nic_share` GB/s each, so on this cluster it gains nothing.
 """)
 
 # %% [markdown]
@@ -377,7 +408,8 @@ it than a ring would. On commodity nodes, where 8 ranks share one NIC
 # pipeline, which send from every rank at once, on each rank's share of
 # its node's NICs. The 6.7 B GPT of `minidist plan` (32 layers, width
 # 4,096, 4,096 tokens a sequence, 1,024 sequences a step) on 1,024 ranks,
-# 128 nodes of each cluster, the GPUs' compute the planner's own:
+# 128 nodes of each cluster, with the same GPUs (the planner's FLOP/s,
+# printed below) and 80 GB of memory a rank:
 
 # %%
 from minidist.parallel.mesh import CLUSTER, GPTShape, Plan, compare_plans, predict_step  # noqa: E402
@@ -387,6 +419,7 @@ gpt = GPTShape(n_layer=32, n_embd=4096, n_head=32, vocab_size=50304, seq_len=409
                global_batch=1024, micro_batch=1)
 plans = [Plan(dp=8, tp=8, pp=16), Plan(dp=4, tp=16, pp=16)]
 rows, steps, best = [], {}, {}
+print(f"every rank {CLUSTER.flops / 1e12:g} TFLOP/s, 80 GB")
 for name in clusters:
     machine = machine_of(PRESETS[name](128), CLUSTER.flops)
     for plan in plans:
@@ -407,6 +440,10 @@ glue("dgx_tp_across", steps["dgx", across].tp_comm, ".2f")
 glue("dgx_tp_ratio", steps["dgx", across].tp_comm / steps["dgx", inside].tp_comm, ".0f")
 glue("com_step_inside", steps["commodity", inside].total, ".2f")
 glue("dgx_step_inside", steps["dgx", inside].total, ".2f")
+glue("com_bubble", steps["commodity", inside].pp_bubble, ".2f")
+glue("dgx_bubble", steps["dgx", inside].pp_bubble, ".2f")
+glue("com_tp", steps["commodity", inside].tp_comm, ".2f")
+glue("com_dp", steps["commodity", inside].dp_comm, ".2f")
 glue("com_over_dgx", steps["commodity", inside].total / steps["dgx", inside].total, ".1f")
 glue("dgx_best", str(best["dgx"].plan))
 glue("com_best", str(best["commodity"].plan))
@@ -417,15 +454,20 @@ glue("best_text", "another plan" if str(best["dgx"].plan) != str(best["commodity
 # %% jupyter={"source_hidden": true}
 say("""
 With tp = 8, tensor parallelism stays inside a node: its collectives
-take {glue}`dgx_tp_inside` s of a DGX step. With tp = 16 each tensor-parallel
+take {glue}`dgx_tp_inside` s of a DGX step (the table's TP column). With tp = 16 each tensor-parallel
 group spans two nodes, and the same collectives take {glue}`dgx_tp_across`
 s, {glue}`dgx_tp_ratio` times more: this is why tensor parallelism is kept
-inside a node (the Ultra-Scale Playbook's first rule). The same plan
-({glue}`tp_inside`) takes {glue}`com_step_inside` s a step on commodity
-nodes against {glue}`dgx_step_inside` s on DGX nodes,
-{glue}`com_over_dgx` times as long, with the same GPUs' compute: its
-pipeline's transfers and its data-parallel gradients squeeze through one
-shared 100 Gb NIC a node. The fastest plan that fits is
+inside a node (the Ultra-Scale Playbook's advice, Hugging Face, 2025). The
+same plan ({glue}`tp_inside`) takes {glue}`com_step_inside` s a step on
+commodity nodes against {glue}`dgx_step_inside` s on DGX nodes,
+{glue}`com_over_dgx` times as long, with the same GPUs' compute. Most of
+the difference is the pipeline's bubble ({glue}`com_bubble` s against
+{glue}`dgx_bubble` s): the planner's bubble is the time a stage does no
+work of its own, the fill and drain of lesson 9 and also every wait for
+an activation or a gradient from the next node, and those cross one
+shared 100 Gb NIC. Tensor parallelism on PCIe instead of NVLink adds
+{glue}`com_tp` s against {glue}`dgx_tp_inside` s; data parallel's
+gradients {glue}`com_dp` s. The fastest plan that fits is
 {glue}`dgx_best` on DGX nodes and {glue}`com_best` on commodity ones:
 {glue}`best_text`, chosen for the cluster.
 """)
@@ -493,10 +535,14 @@ for overlap, found in profiles.items():
                  f"{whole.ns('overlapped') / 1e6:.1f}", f"{whole.ns('exposed') / 1e6:.1f}",
                  f"{whole.ns('waiting') / 1e6:.1f}", f"{whole.overlap_percent:.0f} %"))
 print(f"DDP on 2 ranks, {PROFILE_STEPS} steps, both ranks together (ms)")
-print(table(rows, ["overlap", "compute", "comm overlapped", "comm exposed", "waiting",
-                   "overlapped share"]))
+print(table(rows, ["overlap", "compute (all)", "of it, comm in flight", "comm exposed",
+                   "waiting", "overlapped share"]))
+longest = max(max(rank.ns("span") for rank in found.ranks.values())
+              for found in profiles.values()) / 1e6
 for overlap, found in profiles.items():
-    show_figure(draw_profile_bars(found, title=f"DDP, overlap {'on' if overlap else 'off'}"),
+    figure = draw_profile_bars(found, title=f"DDP, overlap {'on' if overlap else 'off'}")
+    figure.axes[0].set_xlim(0, longest * 1.15)   # both pictures on one scale
+    show_figure(figure,
                 f"profile_overlap_{'on' if overlap else 'off'}.png",
                 f"where each rank's time went, DDP with overlap {'on' if overlap else 'off'}")
 on, off = profiles[True].overall, profiles[False].overall
@@ -506,19 +552,28 @@ glue("exposed_on", on.ns("exposed") / 1e6, ".1f")
 glue("exposed_off", off.ns("exposed") / 1e6, ".1f")
 glue("on_more", on.overlap_percent > off.overlap_percent)
 glue("on_more_text", "more" if on.overlap_percent > off.overlap_percent else "NOT more")
+glue("exposed_less", on.ns("exposed") < off.ns("exposed"))
+glue("exposed_verdict", "less with overlap on, the time overlap saves" if
+     on.ns("exposed") < 0.9 * off.ns("exposed") else
+     "about the same in this run: what moved under compute was not the part the step sat in")
 import shutil  # noqa: E402
 
 shutil.rmtree(folder, ignore_errors=True)
 
 # %% jupyter={"source_hidden": true}
 say("""
-With overlap on, {glue}`overlap_on` % of DDP's communication ran while
-the rank computed; with it off, {glue}`overlap_off` %: {glue}`on_more_text`
-with overlap on, as lessons 5 and 13 built it. The exposed communication, the
-part the step waits for, is {glue}`exposed_on` ms against
-{glue}`exposed_off` ms. On 2 cores shared by two ranks the amounts move
-from run to run (a rank can be taken off its core in the middle of a
-computation); the direction is what the profile shows each time.
+The "compute" column is all of a rank's compute, the "comm in flight"
+column the part of it during which a collective was in flight; the
+overlapped share is that part over all communication (in flight, exposed
+and waiting). With overlap on, {glue}`overlap_on` % of DDP's
+communication ran while the rank computed; with it off,
+{glue}`overlap_off` %: {glue}`on_more_text` with overlap on, as lessons 5
+and 13 built it. The exposed communication, the part the step sits in, is
+{glue}`exposed_on` ms against {glue}`exposed_off` ms:
+{glue}`exposed_verdict`. The pictures below draw each rank's time stacked
+by kind (not in time order), both on one scale. On 2 cores shared by two
+ranks the amounts move from run to run (a rank can be taken off its core
+in the middle of a computation), and the quick form's 3 steps are few.
 """)
 
 # %% [markdown]
@@ -534,10 +589,18 @@ computation); the direction is what the profile shows each time.
 # away. Its numbers are the library's: `predict_step` and `compare_plans`
 # ported to JavaScript line by line, held in the suite to the Python for a
 # grid of settings in a real browser. It starts here on the 6.7 B GPT of
-# section 4 on 1,024 ranks.
+# section 4, dp8 tp8 pp16, with the DGX preset's links (its list of
+# machines has both of section 4's clusters; the page keeps one latency
+# for every machine, its default cluster's, so its times differ a little
+# from section 4's). Its own labels name the model's sizes as the planner
+# does (h the width, a the heads, s the sequence, b the micro-batch),
+# not as NOTATION.md does.
 
 # %%
 from viz.planner_page import write_page  # noqa: E402
 
-page = write_page(OUT / "planner.html", {"dp": 8, "tp": 8, "pp": 16})
+from viz.planner_page import MACHINES  # noqa: E402
+
+dgx_machine = next(preset for name, preset in MACHINES.items() if name.startswith("dgx"))
+page = write_page(OUT / "planner.html", {"dp": 8, "tp": 8, "pp": 16, **dgx_machine})
 show_page(page, "the planner page: move a slider, the memory and the step's time follow")

@@ -48,6 +48,9 @@ def check(glued):
     assert value(glued, "com_hier_over_ring_64") > 1            # "buys nothing there"
     assert text(glued, "com_large_big") == fastest("commodity", big, "64 MiB")[0] == "hierarchical"
     assert value(glued, "com_ring_over_hier_big") > 1
+    latency, whole = value(glued, "com_ring_latency"), value(glued, "com_ring_big")
+    if text(glued, "com_latency_verdict") == "more than its bytes":
+        assert latency > whole - latency
     assert value(glued, "rd_over_rb_com_big") > 1               # "takes ... times as long"
     ring = fastest("dgx", 64, "64 MiB")[1]
     assert abs(ring["ring"] / ring["hierarchical"] - value(glued, "dgx_hier_gain_64")) < 1e-9
@@ -64,6 +67,8 @@ def check(glued):
     else:
         assert text(glued, "best_text") == "the same plan"
 
-    # Section 5: more overlapped with overlap on.
+    # Section 5: more overlapped with overlap on; the exposed verdict its numbers'.
+    if text(glued, "exposed_verdict").startswith("less"):
+        assert value(glued, "exposed_on") < 0.9 * value(glued, "exposed_off")
     assert value(glued, "on_more") is True and text(glued, "on_more_text") == "more"
     assert value(glued, "overlap_on") > value(glued, "overlap_off")
