@@ -592,7 +592,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the outputs only, without the lesson's text between them")
     lesson.set_defaults(handler=_cmd_lesson)
 
-    from minidist.profile.command import add_parser as add_profile_parser
+    from minidist.profile_command import add_parser as add_profile_parser
 
     add_profile_parser(sub)
 

@@ -178,9 +178,9 @@ def dgx(nodes: int = 1) -> Topology:
     """NVIDIA DGX H100 nodes: 8 GPUs on NVLink, 8 NICs of 400 Gb/s, one per GPU."""
     return Topology(
         nodes=nodes, ranks_per_node=8,
-        # 900 GB/s of NVLink a GPU, both directions together: 450 GB/s each way.
+        # NVLink: the datasheet counts both directions together; a link here is one way.
         intra=Params(alpha=1e-6, beta=1 / 450e9, gamma=0.0),
-        # ConnectX-7, 400 Gb/s InfiniBand: 50 GB/s each way.
+        # ConnectX-7 InfiniBand, in bytes (the datasheet gives bits).
         inter=Params(alpha=5e-6, beta=1 / 50e9, gamma=0.0),
         nics_per_node=8, name="dgx",
         source="NVIDIA DGX H100 datasheet (8x H100, 900 GB/s NVLink a GPU, 8x ConnectX-7 "
@@ -192,9 +192,9 @@ def commodity(nodes: int = 1) -> Topology:
     """8 GPUs a node on PCIe 4.0 x16, one 100 Gb Ethernet NIC for the node."""
     return Topology(
         nodes=nodes, ranks_per_node=8,
-        # PCIe 4.0 x16: 16 GT/s a lane, 128b/130b coding: about 32 GB/s each way.
+        # PCIe 4.0 x16: the lanes' transfer rate less its 128b/130b coding, one way.
         intra=Params(alpha=2e-6, beta=1 / 32e9, gamma=0.0),
-        # 100 GbE: 12.5 GB/s each way, shared by the node's 8 ranks.
+        # 100 GbE, in bytes, shared by the node's ranks (one NIC).
         inter=Params(alpha=10e-6, beta=1 / 12.5e9, gamma=0.0),
         nics_per_node=1, name="commodity",
         source="PCI-SIG PCIe 4.0 specification (16 GT/s a lane, x16); IEEE 802.3 100 Gb "

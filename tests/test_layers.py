@@ -40,7 +40,7 @@ LAYERS = [
     (7, "minidist.train"), (7, "minidist.train_gpt"), (7, "minidist.examples"), (7, "minidist.search"),
     (7, "minidist.exercises"),
     (8, "viz"),
-    (9, "minidist.profile.command"),  # `minidist profile TRACE`
+    (9, "minidist.profile_command"),  # `minidist profile TRACE`
     (9, "minidist.cli"), (9, "minidist.commands"), (9, "minidist.exercise_command"),
     (9, "minidist.run_script"), (9, "minidist.run_elastic"),
     (1, "minidist"),  # the package's __init__ alone: the Tensor and friends

@@ -51,6 +51,9 @@ from matplotlib.patches import Patch
 
 from minidist import trace as _trace
 from minidist.atomic_file import atomic_path
+
+# A trace header's mesh and a rank's place in it, read as the profile reads them.
+from minidist.profile.dimensions import _coordinates, header_mesh
 from viz.attempts import draw_attempt_lines, draws_attempts
 from viz.box_labels import fit_box_labels
 
@@ -122,23 +125,6 @@ def idle_intervals(events: list[dict], gap: float = 0) -> list[tuple[int, int]]:
     if cursor < last:
         gaps.append((cursor, last))
     return gaps
-
-
-def header_mesh(header: dict):
-    """(shape, names) of the device mesh the header names, or None."""
-    shape = header.get("mesh_shape")
-    if not shape:
-        return None
-    names = header.get("mesh_dim_names") or [f"dim {d}" for d in range(len(shape))]
-    return tuple(int(n) for n in shape), tuple(str(n) for n in names)
-
-
-def _coordinates(rank: int, shape) -> tuple[int, ...]:
-    coordinate = []
-    for size in reversed(shape):
-        coordinate.append(rank % size)
-        rank //= size
-    return tuple(reversed(coordinate))
 
 
 def message_dimension(rank: int, peer: int, shape, names) -> str | None:

@@ -17,7 +17,8 @@ communication ran while the rank computed). Read in this order:
 * this file: :func:`profile` puts them together, per rank, overall, per
   step, per mesh dimension, and names the slowest rank and what it waited
   on; :func:`chrome_with_profile` writes the breakdown beside the events;
-* :mod:`.command`: ``minidist profile TRACE``.
+* ``minidist/profile_command.py`` (above this package, as it draws with viz):
+  ``minidist profile TRACE``.
 
 ::
 
