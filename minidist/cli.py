@@ -316,6 +316,12 @@ def _cmd_plan(args) -> int:
         return plan_command(args)
     from viz.planner_page import write_page  # the page is drawn above the planner
 
+    import os
+
+    folder = os.path.dirname(os.path.abspath(args.html))
+    if not os.path.isdir(folder):
+        raise SystemExit(f"minidist plan: --html {args.html}: the folder {folder} does not "
+                         "exist; make it first or give a path in an existing folder")
     path = write_page(args.html, page_settings(args))
     print(f"wrote {path}: the planner page, offline (open it in a browser)")
     return 0

@@ -35,6 +35,7 @@ MISTAKES = [
     ("profile no_such_trace.jsonl", "no trace at no_such_trace.jsonl"),
     ("profile README.md", "README.md is not a minidist trace"),
     ("profile examples/hello.py --rank two", "invalid int value: 'two'"),
+    ("plan --html no_such_folder/plan.html", "the folder"),
     ("simulate all_reduce -n 0", "must be at least 1, got 0"),
     ("simulate all_reduce -n 4 --size banana", "'banana'"),
     ("simulate no_such_collective -n 4", "cannot simulate 'no_such_collective'"),
